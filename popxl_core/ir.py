@@ -1,0 +1,265 @@
+"""The IR: a main graph, subgraphs, IR-global naming counters and session options."""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import typing
+import weakref
+from typing import Any, Callable, Dict, List, Optional, Set
+
+from .graph import Graph
+from .replica_grouping import ReplicaGrouping
+from .tensor import Tensor, TensorByRef, TensorSpec, graph_input
+
+__all__ = ["Ir", "SessionOptions"]
+
+_IR_IDS = itertools.count()
+
+
+class SessionOptions:
+    """The session options user code sets through ``ir._pb_ir.getSessionOptions()``."""
+
+    def __init__(self) -> None:
+        self.numIOTiles = 0
+        self.engineOptions: Dict[str, str] = {}
+        self.partialsTypeMatMuls = ""
+        self.enableStochasticRounding = False
+        self.aliasZeroCopy = True
+        self.cachePath = ""
+        self.enableEngineCaching = False
+        self.availableMemoryProportions: Dict[str, float] = {}
+        self.constantWeights = True
+        self.dotChecks: Set[str] = set()
+        self.logDir = ""
+        self.globalReplicaOffset = 0
+        self.virtualGraphMode = "Manual"
+        self.useHostCopyOps = True
+        self.enableExplicitMainLoops = True
+        self.explicitRecomputation = True
+        self.enableInplaceAmbiguityChecking = True
+        self.decomposeGradSum = True
+        self.enableReplicatedGraphs = False
+        self.replicatedGraphCount = 1
+
+
+class _PbIr:
+    """The handful of PopART `_pb_ir` calls that tutorials and tests make."""
+
+    def __init__(self, ir: "Ir") -> None:
+        self._ir = weakref.proxy(ir)
+        self._options = SessionOptions()
+
+    def getSessionOptions(self) -> SessionOptions:  # noqa: N802 - popart spelling
+        return self._options
+
+    def getAllGraphs(self) -> List[Graph]:  # noqa: N802
+        return list(self._ir._graphs.values())
+
+    def getMainGraph(self) -> Graph:  # noqa: N802
+        return self._ir.main_graph
+
+    def logIr(self) -> None:  # noqa: N802
+        from .printing import format_graph
+
+        for g in self._ir._graphs.values():
+            print(format_graph(g))
+
+
+class Ir:
+    """A PopXL program: the main graph plus the subgraphs it calls."""
+
+    def __init__(self, replication: Any = 1) -> None:
+        if replication == "popdist":
+            replication = 1
+        if not isinstance(replication, int) or replication < 1:
+            raise ValueError(f"Ir(replication=...) must be a positive int, got {replication!r}.")
+        self._id = next(_IR_IDS)
+        self._graph_counter = itertools.count()
+        self._op_counter = itertools.count(100)
+        self._dedup_counter = itertools.count()
+        self._tensor_ids: Set[str] = set()
+        self._graphs: Dict[str, Graph] = {}
+        self._pb_ir = _PbIr(self)
+        self._replication_factor = 1
+        self._num_host_transfers = 1
+        self._session = None
+        self._remote_buffers: Dict[int, Any] = {}
+        self.main_graph = self._new_graph("")
+        self.replication_factor = replication
+
+    # properties --------------------------------------------------------------
+    @property
+    def id(self) -> int:
+        return self._id
+
+    @property
+    def num_host_transfers(self) -> int:
+        return self._num_host_transfers
+
+    @num_host_transfers.setter
+    def num_host_transfers(self, value: int) -> None:
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"num_host_transfers must be a positive int, got {value!r}.")
+        self._num_host_transfers = value
+
+    @property
+    def replication_factor(self) -> int:
+        return self._replication_factor
+
+    @replication_factor.setter
+    def replication_factor(self, value: int) -> None:
+        if self._session is not None:
+            raise RuntimeError("replication_factor cannot change after a Session owns the Ir.")
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"replication_factor must be a positive int, got {value!r}.")
+        self._replication_factor = value
+        opts = self._pb_ir.getSessionOptions()
+        opts.enableReplicatedGraphs = value > 1
+        opts.replicatedGraphCount = value
+
+    @property
+    def instance_replication_factor(self) -> int:
+        return self._replication_factor
+
+    def replica_grouping(self, stride: int = 1, group_size: Optional[int] = None) -> ReplicaGrouping:
+        return ReplicaGrouping._from_params(self._replication_factor, stride, group_size)
+
+    def replica_grouping_from_assignments(self, assignment: List[int]) -> ReplicaGrouping:
+        if len(assignment) != self._replication_factor:
+            raise ValueError(f"{len(assignment)} assignments for {self._replication_factor} replicas.")
+        return ReplicaGrouping._from_assignments(assignment)
+
+    def get_all_h2d_streams(self) -> Set[Any]:
+        return self._streams_used_by("HostLoad")
+
+    def get_all_d2h_streams(self) -> Set[Any]:
+        return self._streams_used_by("HostStore")
+
+    def _streams_used_by(self, op_type: str) -> Set[Any]:
+        return {op.attrs["stream"] for g in self._graphs.values() for op in g._ops
+                if op.type == op_type}
+
+    # graphs -------------------------------------------------------------------
+    def _new_graph(self, graph_id: str) -> Graph:
+        g = Graph._create(self, graph_id)
+        self._graphs[graph_id] = g
+        return g
+
+    def _unique_graph_id(self, name: str) -> str:
+        return f"{name}_subgraph({next(self._graph_counter)})"
+
+    def _unique_tensor_id(self, base: str) -> str:
+        tid = base
+        while tid in self._tensor_ids:
+            tid = f"{base}__t{next(self._dedup_counter)}"
+        self._tensor_ids.add(tid)
+        return tid
+
+    def _next_op_id(self) -> int:
+        return next(self._op_counter)
+
+    def create_empty_graph(self, name: Optional[str] = None) -> Graph:
+        """A new graph with no inputs, ops or outputs, named ``{name}_subgraph(N)``."""
+        return self._new_graph(self._unique_graph_id(name or "graph"))
+
+    def create_graph(self, fn: Callable, *args, **kwargs) -> Graph:
+        """Trace ``fn`` (or ``module.build``) into a new subgraph.
+
+        Tensor and TensorSpec arguments become graph inputs named after the parameters;
+        the returned tensors become the graph outputs, in order.
+        """
+        build, name = _traced_callable(fn)
+        g = self._new_graph(self._unique_graph_id(name))
+        with g:
+            bound = _bind_inputs(build, args, kwargs)
+            result = build(*bound.args, **bound.kwargs)
+            for t in _flatten_outputs(result, g):
+                g._add_output(t)
+        return g
+
+    # python protocol ---------------------------------------------------------------
+    def __hash__(self) -> int:
+        return hash(self._id)
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Ir):
+            raise TypeError(f"Cannot compare Ir with {type(other).__name__}.")
+        return self is other
+
+    def __repr__(self) -> str:
+        return f"Ir[id={self._id}]"
+
+    def dot_checkpoint(self, check: str, save_dir=None) -> None:
+        from .printing import format_graph
+
+        print(f"# dot checkpoint {check}")
+        for g in self._graphs.values():
+            print(format_graph(g))
+
+
+def _traced_callable(fn):
+    from .module import Module
+
+    if isinstance(fn, Module):
+        return fn.build, type(fn).__qualname__.replace(".<locals>", "")
+    if not callable(fn):
+        raise TypeError(f"create_graph expects a function or popxl.Module, got {type(fn).__name__}.")
+    qualname = getattr(fn, "__qualname__", getattr(fn, "__name__", "graph"))
+    return fn, qualname.replace(".<locals>", "")
+
+
+def _is_by_ref(annotation) -> bool:
+    if annotation is TensorByRef or annotation in ("TensorByRef", "popxl.TensorByRef"):
+        return True
+    inner = typing.get_args(annotation)
+    return any(a is TensorByRef for a in inner)
+
+
+def _bind_inputs(build: Callable, args, kwargs) -> inspect.BoundArguments:
+    sig = inspect.signature(build)
+    try:
+        bound = sig.bind(*args, **kwargs)
+    except TypeError as e:
+        raise ValueError(f"create_graph: arguments do not match {build.__qualname__}{sig}: {e}") from e
+    for pname, value in list(bound.arguments.items()):
+        param = sig.parameters[pname]
+        by_ref = _is_by_ref(param.annotation)
+        bound.arguments[pname] = _to_inputs(pname, value, param.kind, by_ref)
+    return bound
+
+
+def _to_inputs(pname: str, value, kind, by_ref: bool):
+    if _is_tensor_like(value):
+        return _make_input(pname, value, by_ref)
+    if kind is inspect.Parameter.VAR_KEYWORD and isinstance(value, dict):
+        return {k: _to_inputs(k, v, None, by_ref) for k, v in value.items()}
+    if isinstance(value, (list, tuple)) and any(_is_tensor_like(v) for v in value):
+        if not all(_is_tensor_like(v) for v in value):
+            raise TypeError(f"create_graph: argument {pname!r} mixes tensors and non-tensors.")
+        made = [_make_input(f"{pname}_{i}", v, by_ref) for i, v in enumerate(value)]
+        return type(value)(made) if isinstance(value, list) else tuple(made)
+    return value
+
+
+def _is_tensor_like(v) -> bool:
+    return isinstance(v, (Tensor, TensorSpec))
+
+
+def _make_input(name: str, v, by_ref: bool) -> Tensor:
+    spec = v.spec if isinstance(v, Tensor) else v
+    return graph_input(spec.shape, spec.dtype, name, by_ref=by_ref, meta_shape=spec.meta_shape)
+
+
+def _flatten_outputs(result, g: Graph) -> List[Tensor]:
+    if result is None:
+        return []
+    items = [result] if isinstance(result, Tensor) else list(result)
+    for t in items:
+        if not isinstance(t, Tensor):
+            raise TypeError(f"Graph {g.name!r} returned {type(t).__name__}; a traced function "
+                            "must return None, a Tensor or an iterable of Tensors.")
+        if t.graph is not g:
+            raise ValueError(f"Graph {g.name!r} returned {t.id!r}, which belongs to graph "
+                             f"{t.graph.name!r}. Pass it in as an argument instead.")
+    return items

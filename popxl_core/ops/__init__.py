@@ -1,0 +1,40 @@
+"""popxl.ops: every op function. Each op is declared once in the op table (registry.py)."""
+
+from . import var_updates
+from .call import *  # noqa: F401,F403
+from .call import __all__ as _call_all
+from .elementwise import *  # noqa: F401,F403
+from .elementwise import __all__ as _elementwise_all
+from .indexing import *  # noqa: F401,F403
+from .indexing import __all__ as _indexing_all
+from .io import *  # noqa: F401,F403
+from .io import __all__ as _io_all
+from .logical import *  # noqa: F401,F403
+from .logical import __all__ as _logical_all
+from .losses import *  # noqa: F401,F403
+from .losses import __all__ as _losses_all
+from .matmul import *  # noqa: F401,F403
+from .matmul import __all__ as _matmul_all
+from .nn import *  # noqa: F401,F403
+from .nn import __all__ as _nn_all
+from .random import *  # noqa: F401,F403
+from .random import __all__ as _random_all
+from .reduce import *  # noqa: F401,F403
+from .reduce import __all__ as _reduce_all
+from .shape import *  # noqa: F401,F403
+from .shape import __all__ as _shape_all
+
+__all__ = [
+    "var_updates",
+    *_call_all,
+    *_elementwise_all,
+    *_indexing_all,
+    *_io_all,
+    *_logical_all,
+    *_losses_all,
+    *_matmul_all,
+    *_nn_all,
+    *_random_all,
+    *_reduce_all,
+    *_shape_all,
+]

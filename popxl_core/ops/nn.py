@@ -1,0 +1,3 @@
+"""Op family: nn (filled in by its owner)."""
+
+__all__: list = []

@@ -1,0 +1,3 @@
+"""Op family: random (filled in by its owner)."""
+
+__all__: list = []

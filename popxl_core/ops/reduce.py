@@ -1,0 +1,3 @@
+"""Op family: reduce (filled in by its owner)."""
+
+__all__: list = []

@@ -1,0 +1,201 @@
+"""The op table. Each op is declared once, as an `OpDef`: its PopXL type name, its shape and
+dtype rule, its torch kernel, its gradient rule (written with our own ops) and its cost.
+
+Autodiff, the planner, the printer, the simulator and the op tests only look rows up here.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..context import gcg, get_current_context
+from ..graph import Graph, Op
+from ..tensor import Tensor, TensorSpec
+
+__all__ = [
+    "OpDef",
+    "Cost",
+    "Sample",
+    "register",
+    "get_opdef",
+    "all_opdefs",
+    "create_op",
+    "check_in_graph",
+    "check_tensor_ipu_and_tile_set",
+    "elementwise_cost",
+    "no_cost",
+]
+
+
+@dataclass(frozen=True)
+class Cost:
+    """Work of one op execution: floating point operations and bytes read + written."""
+
+    flops: int = 0
+    bytes: int = 0
+
+
+@dataclass
+class Sample:
+    """One test case of an op, used by the table-driven op tests.
+
+    Args:
+        inputs: host arrays, one per argument of ``build``.
+        build: builds the op under test from graph tensors (inside a subgraph).
+        reference: the same computation in eager torch, on torch tensors.
+        grad: check the gradient of every floating point input against torch autograd.
+        rtol, atol: tolerances of the comparison (float32 arithmetic).
+    """
+
+    inputs: Sequence[Any]
+    build: Callable[..., Any]
+    reference: Callable[..., Any]
+    grad: bool = True
+    rtol: float = 1e-5
+    atol: float = 1e-6
+    name: str = ""
+
+
+def elementwise_cost(ins: Sequence[TensorSpec], outs: Sequence[TensorSpec], attrs) -> Cost:
+    """One flop per output element; every input and output byte touched once."""
+    nbytes = sum(s.nbytes for s in ins) + sum(s.nbytes for s in outs)
+    return Cost(sum(s.nelms for s in outs), nbytes)
+
+
+def no_cost(ins, outs, attrs) -> Cost:
+    return Cost(0, 0)
+
+
+@dataclass(frozen=True)
+class OpDef:
+    """One row of the op table.
+
+    Args:
+        name: PopXL op type (what `print_schedule` shows), e.g. ``"MatMul"``.
+        infer: ``(input_specs, **attrs) -> output specs``; raises ValueError on bad shapes.
+        kernel: ``(*torch_inputs, **attrs) -> tensor | tuple``; the simulator's implementation.
+        grad: ``(GradContext) -> [grad per input | None]``, built with our ops; None if the op
+            has no gradient (integer outputs, state updates).
+        cost: ``(input_specs, output_specs, attrs) -> Cost``.
+        inplace: inputs the op writes to; output 0 aliases the first of them.
+        view: the kernel may return a view of input 0 (the compiler copies when needed).
+        samples: ``() -> [Sample]``; every registered op must have at least one.
+        out_name: base name of output tensors (popxl names them ``<op>_out``).
+        emit: custom code generator for control and IO ops (see sim/compile.py).
+        fp16_in_fp32: compute float16 inputs in float32 and round the outputs.
+    """
+
+    name: str
+    infer: Callable[..., Sequence[TensorSpec]]
+    kernel: Optional[Callable[..., Any]] = None
+    grad: Optional[Callable[..., Sequence[Optional[Tensor]]]] = None
+    cost: Callable[..., Cost] = elementwise_cost
+    inplace: Tuple[int, ...] = ()
+    view: bool = False
+    samples: Optional[Callable[[], List[Sample]]] = None
+    out_name: str = ""
+    emit: Optional[Callable[..., Any]] = None
+    fp16_in_fp32: bool = True
+    side_effect: bool = False
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+
+_TABLE: Dict[str, OpDef] = {}
+
+
+def register(opdef: OpDef) -> OpDef:
+    """Add a row to the op table; a type name can be declared only once."""
+    if opdef.name in _TABLE:
+        raise ValueError(f"Op type {opdef.name!r} is declared twice in the op table.")
+    _TABLE[opdef.name] = opdef
+    return opdef
+
+
+def get_opdef(name: str) -> OpDef:
+    try:
+        return _TABLE[name]
+    except KeyError:
+        raise KeyError(f"No op type {name!r} in the op table.") from None
+
+
+def all_opdefs() -> Dict[str, OpDef]:
+    return dict(_TABLE)
+
+
+def check_in_graph(graph: Graph, **tensors: Tensor) -> None:
+    """Raise if any tensor is not in ``graph``, naming the argument and both graphs."""
+    for arg, t in tensors.items():
+        if not isinstance(t, Tensor):
+            raise TypeError(f"Argument {arg!r} must be a popxl.Tensor, got {type(t).__name__}.")
+        if t.graph is not graph:
+            raise ValueError(
+                f"Argument {arg!r} ({t.id!r}) belongs to graph {t.graph.name or 'main'!r}, "
+                f"but the op is being created in graph {graph.name or 'main'!r}. Pass the "
+                "tensor into the subgraph as an input (graph_input / call inputs)."
+            )
+
+
+def check_tensor_ipu_and_tile_set(**tensors: Tensor) -> None:
+    """Raise if the tensors are placed on different IPUs or tile sets."""
+    placements = {(t.ipu, t.tile_set) for t in tensors.values()}
+    if len(placements) > 1:
+        where = ", ".join(f"{k}={t.id!r} on ipu {t.ipu}/{t.tile_set}" for k, t in tensors.items())
+        raise ValueError(f"Op inputs are on different IPUs or tile sets: {where}. "
+                         "Use copy_to_ipu / io_tile_copy first.")
+
+
+def create_op(opdef: OpDef | str, inputs: Sequence[Tensor], attrs: Optional[Dict] = None,
+              *, called_graphs: Tuple[Graph, ...] = (), out_names: Optional[Sequence[str]] = None,
+              graph: Optional[Graph] = None, check_placement: bool = True) -> List[Tensor]:
+    """Create an op in the current graph and return its output tensors.
+
+    Validation (graph membership, shapes, dtypes) happens before anything is added, so a
+    failure leaves the graph unchanged.
+    """
+    opdef = get_opdef(opdef) if isinstance(opdef, str) else opdef
+    g = graph or gcg()
+    attrs = dict(attrs or {})
+    check_in_graph(g, **{f"{opdef.name} input {i}": t for i, t in enumerate(inputs)})
+    if check_placement and inputs:
+        check_tensor_ipu_and_tile_set(**{f"input {i}": t for i, t in enumerate(inputs)})
+    specs = _infer(opdef, [t.spec for t in inputs], attrs, inputs)
+    op = Op(g.ir._next_op_id(), opdef, g, list(inputs), attrs, tuple(called_graphs), opdef.name)
+    names = list(out_names) if out_names else [opdef.out_name or f"{opdef.name.lower()}_out"] * len(specs)
+    op.outputs = [Tensor._create(g, g._create_tensor_id(n), s, producer=op) for n, s in zip(names, specs)]
+    g._add_op(op)
+    get_current_context().op_created(op)
+    return op.outputs
+
+
+def _infer(opdef: OpDef, specs: List[TensorSpec], attrs: Dict, inputs) -> List[TensorSpec]:
+    try:
+        out = opdef.infer(specs, **attrs)
+    except (ValueError, TypeError, IndexError) as e:
+        raise type(e)(f"{opdef.name}: {e} (inputs: {_describe(inputs)}){_user_frame()}") from None
+    return list(out)
+
+
+def _describe(inputs: Sequence[Tensor]) -> str:
+    return ", ".join(f"{t.id} {t.shape} {t.dtype.name}" for t in inputs) or "none"
+
+
+def _user_frame() -> str:
+    """The first stack frame outside this package: where the user created the op."""
+    f = sys._getframe(1)
+    pkg = __name__.rsplit(".", 2)[0]
+    while f is not None and f.f_globals.get("__name__", "").startswith(pkg):
+        f = f.f_back
+    return f" [at {f.f_code.co_filename}:{f.f_lineno}]" if f is not None else ""
+
+
+def broadcast_shapes(*shapes: Sequence[int]) -> Tuple[int, ...]:
+    """numpy broadcasting of shapes; ValueError naming both shapes if incompatible."""
+    try:
+        return tuple(np.broadcast_shapes(*[tuple(s) for s in shapes]))
+    except ValueError:
+        raise ValueError(f"shapes {' and '.join(str(tuple(s)) for s in shapes)} "
+                         "cannot be broadcast together") from None

@@ -1,0 +1,3 @@
+"""Op family: shape (filled in by its owner)."""
+
+__all__: list = []

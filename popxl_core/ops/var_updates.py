@@ -1,0 +1,3 @@
+"""Op family: var_updates (filled in by its owner)."""
+
+__all__: list = []

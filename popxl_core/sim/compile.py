@@ -1,0 +1,191 @@
+"""Compile each graph of an Ir into one flat Python function over torch kernels.
+
+Like torch.fx's code generation: the schedule is walked once, at Session construction,
+and turned into straight-line source; per step the simulator only calls kernels.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Dict, List, Set
+
+import torch
+
+from ..graph import Graph, Op
+from ..schedule import schedule
+from ..tensor import Constant, Tensor, Variable
+
+__all__ = ["Program", "CompiledGraph", "Emitter"]
+
+
+class CompiledGraph:
+    """One graph's generated function and its source (for debugging)."""
+
+    def __init__(self, graph: Graph, fn: Callable, source: str) -> None:
+        self.graph = graph
+        self.fn = fn
+        self.source = source
+
+
+class Emitter:
+    """Code generation state for one graph; custom `OpDef.emit` functions use it."""
+
+    def __init__(self, program: "Program", graph: Graph) -> None:
+        self.program = program
+        self.graph = graph
+        self.lines: List[str] = []
+        self.names: Dict[Tensor, str] = {}
+        self.modifying = _has_modifying_ops(graph)
+
+    def name(self, t: Tensor) -> str:
+        if t not in self.names:
+            if isinstance(t, Constant):
+                self.names[t] = self.program.add_global("c", torch.from_numpy(t._data.copy()))
+            else:
+                self.names[t] = f"v{len(self.names)}"
+        return self.names[t]
+
+    def bind_global(self, prefix: str, value: Any) -> str:
+        return self.program.add_global(prefix, value)
+
+    def emit(self, line: str) -> None:
+        self.lines.append(line)
+
+    def graph_fn(self, g: Graph) -> str:
+        """The global name of the compiled function of subgraph ``g``."""
+        return self.program.fn_name(g)
+
+
+class Program:
+    """All graphs of an Ir compiled to Python functions sharing one namespace."""
+
+    def __init__(self, ir, runtime: Any, check_specs: bool = False) -> None:
+        self.ir = ir
+        self.check_specs = check_specs
+        self.namespace: Dict[str, Any] = {"RT": runtime, "torch": torch}
+        self._counter = 0
+        self._fn_names: Dict[Graph, str] = {}
+        self.graphs: Dict[Graph, CompiledGraph] = {}
+        self.modified_inputs: Dict[Graph, Set[int]] = {}
+        self.main = self._compile(ir.main_graph, is_main=True)
+
+    def add_global(self, prefix: str, value: Any) -> str:
+        self._counter += 1
+        name = f"{prefix}{self._counter}"
+        self.namespace[name] = value
+        return name
+
+    def fn_name(self, g: Graph) -> str:
+        if g not in self._fn_names:
+            self._fn_names[g] = f"graph_{len(self._fn_names)}"
+            self.graphs[g] = self._compile(g, is_main=False)
+        return self._fn_names[g]
+
+    def _compile(self, g: Graph, is_main: bool) -> CompiledGraph:
+        em = Emitter(self, g)
+        params = ["V"] if is_main else [em.name(t) for t in g._inputs]
+        if is_main:
+            self.variables: List[Variable] = list(g.variables)
+            for i, v in enumerate(self.variables):
+                em.emit(f"{em.name(v)} = V[{i}]")
+        for op in schedule(g):
+            (op.opdef.emit or _emit_kernel)(op, em)
+        outs = ", ".join(em.name(t) for t in g._outputs)
+        fname = "main" if is_main else self._fn_names.get(g, f"graph_{id(g)}")
+        body = "\n    ".join(em.lines) or "pass"
+        source = f"def {fname}({', '.join(params)}):\n    {body}\n    return ({outs}{',' if outs else ''})\n"
+        exec(compile(source, f"<popxl graph {g.name or 'main'}>", "exec"), self.namespace)
+        self.modified_inputs[g] = _modified_graph_inputs(g)
+        return CompiledGraph(g, self.namespace[fname], source)
+
+
+def _emit_kernel(op: Op, em: Emitter) -> None:
+    """Default emission: ``outs = kernel(ins)`` with the op's attributes bound."""
+    kernel = _bound_kernel(op, em)
+    k = em.bind_global("k", kernel)
+    ins = ", ".join(em.name(t) for t in op.inputs)
+    outs = [em.name(t) for t in op.outputs]
+    if not outs:
+        em.emit(f"{k}({ins})")
+    elif len(outs) == 1:
+        em.emit(f"{outs[0]} = {k}({ins})")
+    else:
+        em.emit(f"{', '.join(outs)} = {k}({ins})")
+
+
+def _bound_kernel(op: Op, em: Emitter) -> Callable:
+    opdef = op.opdef
+    if opdef.kernel is None:
+        raise RuntimeError(f"{op.type}.{op.id} has no kernel and no emitter in the op table.")
+    kernel = functools.partial(opdef.kernel, **op.attrs) if op.attrs else opdef.kernel
+    if opdef.fp16_in_fp32 and _touches_fp16(op):
+        kernel = _fp16_via_fp32(kernel, op)
+    if opdef.view and (em.modifying or any(t in em.graph._outputs for t in op.outputs)):
+        kernel = _cloning(kernel)
+    if em.program.check_specs:
+        kernel = _spec_checked(kernel, op)
+    return kernel
+
+
+def _spec_checked(kernel: Callable, op: Op) -> Callable:
+    """Reference mode for tests: assert every kernel output matches the op's inferred spec."""
+    want = [(tuple(t.shape), t.dtype.as_torch()) for t in op.outputs]
+
+    def run(*args):
+        res = kernel(*args)
+        got = res if isinstance(res, tuple) else (res,)
+        have = [(tuple(r.shape), r.dtype) for r in got] if op.outputs else []
+        if have != want:
+            raise AssertionError(f"{op.type}.{op.id}: kernel produced {have}, the op table "
+                                 f"inferred {want}")
+        return res
+
+    return run
+
+
+def _touches_fp16(op: Op) -> bool:
+    from .. import dtypes
+
+    return any(t.dtype is dtypes.float16 for t in (*op.inputs, *op.outputs))
+
+
+def _fp16_via_fp32(kernel: Callable, op: Op) -> Callable:
+    """Compute in float32 and round results to the declared dtypes (IPU AMP semantics)."""
+    out_dtypes = [t.dtype.as_torch() for t in op.outputs]
+    target = op.opdef.inplace[0] if op.opdef.inplace else None
+
+    def run(*args):
+        up = [a.float() if a.dtype == torch.float16 else a for a in args]
+        res = kernel(*up)
+        many = isinstance(res, tuple)
+        res = tuple(r.to(d) for r, d in zip(res if many else (res,), out_dtypes))
+        if target is not None:
+            args[target].copy_(res[0])
+            res = (args[target], *res[1:])
+        return res if many else res[0]
+
+    return run
+
+
+def _cloning(kernel: Callable) -> Callable:
+    def run(*args):
+        return kernel(*args).clone()
+
+    return run
+
+
+def _has_modifying_ops(g: Graph) -> bool:
+    return any(op.modified_inputs() for op in g._ops)
+
+
+def _modified_graph_inputs(g: Graph) -> Set[int]:
+    """Indexes of ``g``'s inputs whose storage ``g`` writes (callers copy non-by-ref ones)."""
+    alias = {t: t for t in g._inputs}
+    for op in schedule(g):
+        if op.opdef.inplace and op.outputs:
+            src = op.inputs[op.opdef.inplace[0]]
+            if src in alias:
+                alias[op.outputs[0]] = alias[src]
+    written = {alias[op.inputs[i]] for op in g._ops for i in op.modified_inputs()
+               if op.inputs[i] in alias}
+    return {i for i, t in enumerate(g._inputs) if t in written}

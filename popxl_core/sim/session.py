@@ -1,0 +1,238 @@
+"""`Session`: owns an Ir, plans and compiles it once, then runs it on the simulator."""
+
+from __future__ import annotations
+
+from typing import Dict, Iterable, List, Mapping, Optional, Set
+
+import numpy as np
+import torch
+
+from ..schedule import verify
+from ..streams import DeviceToHostStream, HostToDeviceStream
+from ..tensor import Constant, Tensor, Variable
+from .compile import Program
+from .machine import machine_for
+from .plan import build_plan
+from .runtime import Runtime
+
+__all__ = ["Session"]
+
+_NOT_ATTACHED = ("Must be attached to device before calling a runtime function. Put the call "
+                 "inside a `Session` context, for example `with session: session.{}(...)`.")
+
+
+class Session:
+    """Runs an Ir on the simulated IPU ("ipu_hw", "ipu_model" or "cpu").
+
+    Building the Session verifies the IR, plans memory and cycles and compiles every graph
+    once; `run` then only feeds streams and calls the compiled kernels.
+    """
+
+    def __init__(self, ir, device_desc: str = "cpu", weights_to_host_on_exit: bool = True,
+                 _check_specs: bool = False) -> None:
+        self.machine = machine_for(device_desc)
+        if device_desc == "cpu" and ir.replication_factor > 1:
+            raise ValueError("The 'cpu' device does not support replication; use 'ipu_hw'.")
+        if ir._session is not None:
+            raise RuntimeError(f"{ir!r} is already owned by another Session.")
+        for g in ir._graphs.values():
+            verify(g)
+        self._ir = ir
+        self.device_desc = device_desc
+        self.weights_to_host_on_exit = weights_to_host_on_exit
+        self._runtime = Runtime()
+        self._program = Program(ir, self._runtime, check_specs=_check_specs)
+        self.plan = build_plan(ir, self.machine)
+        ir._session = self
+        self._variables: List[Variable] = self._program.variables
+        self._host: Dict[Variable, np.ndarray] = {v: _host_copy(v) for v in self._variables}
+        self._device: Optional[List[List[torch.Tensor]]] = None
+        self._attached = False
+        self._host_in_sync = True
+        self._context_stack: List[bool] = []
+
+    # properties --------------------------------------------------------------------
+    @property
+    def ir(self):
+        return self._ir
+
+    @property
+    def is_attached(self) -> bool:
+        return self._attached
+
+    @property
+    def report(self):
+        """The simulator's memory and cycle report (computed once, when the Session was built)."""
+        return self.plan.report()
+
+    # context -----------------------------------------------------------------------
+    def __enter__(self) -> "Session":
+        did_attach = not self._attached
+        if did_attach:
+            self._attached = True
+            self.weights_from_host()
+        self._context_stack.append(did_attach)
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        did_attach = self._context_stack.pop()
+        if not did_attach:
+            return
+        if exc_type is None and self.weights_to_host_on_exit:
+            self.weights_to_host()
+        self._attached = False
+
+    def _require_attached(self, what: str) -> None:
+        if not self._attached:
+            raise ValueError(_NOT_ATTACHED.format(what))
+
+    # weights -----------------------------------------------------------------------
+    def weights_from_host(self) -> None:
+        """Copy every variable's host value to every replica on the device."""
+        self._require_attached("weights_from_host")
+        replicas = self._ir.replication_factor
+        self._device = [[self._to_device(v, r) for v in self._variables] for r in range(replicas)]
+        self._host_in_sync = True
+
+    def weights_to_host(self) -> None:
+        """Copy every variable's device value back to its host buffer."""
+        self._require_attached("weights_to_host")
+        if self._device is None:
+            return
+        for i, v in enumerate(self._variables):
+            self._host[v][...] = self._from_device(v, i)
+        self._host_in_sync = True
+
+    def _to_device(self, v: Variable, replica: int) -> torch.Tensor:
+        data = self._host[v]
+        rg = v.replica_grouping
+        if rg is not None and rg.num_groups > 1:
+            data = data[rg.assignment[replica]]
+        return torch.from_numpy(np.array(data, copy=True))
+
+    def _from_device(self, v: Variable, index: int) -> np.ndarray:
+        rg = v.replica_grouping
+        if v.retrieval_mode == "all_replicas" and self._ir.replication_factor > 1:
+            return np.stack([rep[index].numpy() for rep in self._device])
+        if rg is not None and rg.num_groups > 1:
+            firsts = [rg.replicas_of_group(g)[0] for g in range(rg.num_groups)]
+            return np.stack([self._device[r][index].numpy() for r in firsts])
+        return self._device[0][index].numpy()
+
+    # reading and writing tensors ------------------------------------------------------
+    def get_tensor_data(self, tensor: Tensor) -> np.ndarray:
+        """The host value of a variable or constant (a view: `.copy()` it to keep it)."""
+        return self.get_tensors_data([tensor])[tensor]
+
+    def get_tensors_data(self, tensors: Iterable[Tensor]) -> Dict[Tensor, np.ndarray]:
+        tensors = list(tensors)
+        for t in tensors:
+            if not isinstance(t, (Variable, Constant)):
+                raise TypeError(f"get_tensor_data: {t!r} is not a Variable or Constant; stream "
+                                "intermediate tensors out with host_store instead.")
+        if self._attached and not self._host_in_sync and any(isinstance(t, Variable) for t in tensors):
+            self.weights_to_host()
+        return {t: self._host[t] if isinstance(t, Variable) else t._data for t in tensors}
+
+    def write_variable_data(self, tensor: Variable, data) -> None:
+        self.write_variables_data({tensor: data})
+
+    def write_variables_data(self, tensors: Mapping[Variable, object]) -> None:
+        """Write host values; all are checked first, so a bad one changes nothing."""
+        checked = {v: self._checked_value(v, d) for v, d in tensors.items()}
+        if self._attached and not self._host_in_sync:
+            self.weights_to_host()
+        for v, arr in checked.items():
+            self._host[v][...] = arr
+        if self._attached:
+            for v in checked:
+                index = self._variables.index(v)
+                for r, rep in enumerate(self._device):
+                    rep[index].copy_(self._to_device(v, r))
+
+    def _checked_value(self, v: Variable, data) -> np.ndarray:
+        if not isinstance(v, Variable):
+            raise TypeError(f"write_variable_data: {v!r} is not a Variable.")
+        if v not in self._host:
+            raise ValueError(f"write_variable_data: {v!r} is not a variable of this Session's Ir.")
+        want = v.dtype.as_numpy()
+        if np.isscalar(data) or isinstance(data, (int, float, bool)):
+            data = np.asarray(data, dtype=want)
+        if isinstance(data, torch.Tensor):
+            data = data.detach().numpy()
+        arr = np.asarray(data)
+        if arr.dtype != want:
+            raise TypeError(f"write_variable_data: {v.id!r} is {v.dtype.name}, data is {arr.dtype}.")
+        if arr.shape != self._host[v].shape:
+            raise ValueError(f"write_variable_data: {v.id!r} has host shape {self._host[v].shape}, "
+                             f"data has shape {arr.shape}.")
+        return arr
+
+    # running --------------------------------------------------------------------------
+    def expected_inputs(self) -> Set[HostToDeviceStream]:
+        return self._ir.get_all_h2d_streams()
+
+    def _full_input_shape(self, shape) -> tuple:
+        lead = tuple(n for n in (self._ir.num_host_transfers, self._ir.replication_factor) if n > 1)
+        return (*lead, *tuple(shape))
+
+    def create_host_outputs(self) -> Dict[DeviceToHostStream, np.ndarray]:
+        return {s: np.empty(self._full_input_shape(s.shape), s.dtype.as_numpy())
+                for s in self._ir.get_all_d2h_streams()}
+
+    def run(self, inputs: Optional[Mapping[HostToDeviceStream, object]] = None,
+            downcast_inputs: bool = True) -> Dict[DeviceToHostStream, np.ndarray]:
+        """Run the main graph once per replica; returns one array per device-to-host stream."""
+        outputs = self.create_host_outputs()
+        self.run_with_outputs(inputs, outputs, downcast_inputs)
+        return outputs
+
+    def run_with_outputs(self, inputs, outputs, downcast_inputs: bool = True) -> None:
+        self._require_attached("run")
+        feeds = self._checked_inputs(inputs or {}, downcast_inputs)
+        full = {s: _expand(a, self._ir) for s, a in outputs.items()}
+        self._runtime.start(feeds, full)
+        with torch.no_grad():
+            for r, state in enumerate(self._device):
+                self._runtime.start_replica(r)
+                self._program.main.fn(state)
+        self._host_in_sync = False
+
+    def _checked_inputs(self, inputs: Mapping, downcast: bool) -> Dict[object, np.ndarray]:
+        expected = self.expected_inputs()
+        given = set(inputs)
+        unexpected = [s for s in given if s not in expected]
+        missing = [s for s in expected if s not in given]
+        if unexpected or missing:
+            parts = [f"Unexpected input: {s.tensor_id!r}" for s in unexpected if hasattr(s, "tensor_id")]
+            parts += [f"Unexpected input: {s!r}" for s in unexpected if not hasattr(s, "tensor_id")]
+            parts += [f"Missing input: {s.tensor_id!r}" for s in missing]
+            raise ValueError("Session.run inputs do not match the streams the Ir loads from. "
+                             + "; ".join(parts))
+        return {s: self._checked_array(s, a, downcast) for s, a in inputs.items()}
+
+    def _checked_array(self, stream: HostToDeviceStream, value, downcast: bool) -> np.ndarray:
+        arr = value.detach().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+        want = stream.dtype.as_numpy()
+        if arr.dtype != want:
+            if not (downcast and arr.dtype.itemsize == 8 and np.can_cast(want, arr.dtype)):
+                raise TypeError(f"Input for stream {stream.tensor_id!r} has dtype {arr.dtype}, "
+                                f"the stream carries {stream.dtype.name}.")
+            arr = arr.astype(want)
+        full = self._full_input_shape(stream.shape)
+        if arr.shape != full:
+            raise ValueError(f"Input for stream {stream.tensor_id!r} has shape {arr.shape}; expected "
+                             f"{full} = [num_host_transfers, replicas (dims > 1 only), *{stream.shape}].")
+        return _expand(arr, self._ir)
+
+
+def _expand(arr: np.ndarray, ir) -> np.ndarray:
+    """View ``arr`` as ``[num_host_transfers, replicas, *shape]``."""
+    nht, reps = ir.num_host_transfers, ir.replication_factor
+    lead = (nht if nht > 1 else 1, reps if reps > 1 else 1)
+    skip = (nht > 1) + (reps > 1)
+    return arr.reshape(*lead, *arr.shape[skip:])
+
+
+def _host_copy(v: Variable) -> np.ndarray:
+    return np.array(v._data, copy=True)

@@ -1,0 +1,444 @@
+"""Tensors of the IR: intermediate tensors, variables, constants; specs and factories."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Tuple
+
+import numpy as np
+import torch
+
+from . import dtypes
+from .context import gcg, get_current_context
+from .dtypes import dtype
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .graph import Graph, Op
+
+__all__ = [
+    "Tensor",
+    "Variable",
+    "Constant",
+    "TensorSpec",
+    "TensorByRef",
+    "HostTensor",
+    "host_tensor_types",
+    "variable",
+    "constant",
+    "graph_input",
+    "graph_output",
+    "to_numpy",
+]
+
+HostTensor = Any  # numpy array, torch tensor, python scalar or nested list
+host_tensor_types = (np.ndarray, torch.Tensor, int, float, bool, list, tuple)
+
+
+class TensorSpec(Mapping):
+    """Shape, dtype and (replica-sharded) meta shape of a tensor; accepted by `create_graph`."""
+
+    __slots__ = ("shape", "dtype", "meta_shape")
+
+    def __init__(self, shape, dtype: dtype, meta_shape=()) -> None:
+        self.shape = tuple(int(s) for s in shape)
+        self.dtype = dtype
+        self.meta_shape = tuple(meta_shape or ())
+
+    def __getitem__(self, key):
+        if key not in ("shape", "dtype", "meta_shape"):
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(("shape", "dtype", "meta_shape"))
+
+    def __len__(self) -> int:
+        return 3
+
+    def to_dict(self) -> dict:
+        return {"shape": self.shape, "dtype": self.dtype, "meta_shape": self.meta_shape}
+
+    def to_tuple(self) -> tuple:
+        return (self.shape, self.dtype, self.meta_shape)
+
+    def __hash__(self) -> int:
+        return hash(self.to_tuple())
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, TensorSpec) and self.to_tuple() == other.to_tuple()
+
+    @property
+    def nelms(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        return self.nelms * self.dtype.itemsize
+
+    def __repr__(self) -> str:
+        return f"TensorSpec(shape={self.shape}, dtype={self.dtype!r}, meta_shape={self.meta_shape})"
+
+
+class _ByRef:
+    """The `TensorByRef` annotation: compared by identity in `create_graph`."""
+
+    __name__ = "TensorByRef"
+    __supertype__ = None
+
+    def __repr__(self) -> str:
+        return "popxl.TensorByRef"
+
+
+TensorByRef = _ByRef()
+
+
+class Tensor:
+    """A value in a graph. Made by ops and factories, never constructed directly."""
+
+    __array_ufunc__ = None  # numpy defers to our reflected dunders
+    __iter__ = None
+    __contains__ = None
+
+    def __init__(self) -> None:
+        raise RuntimeError("Tensors are created by ops or factories (popxl.variable, ...).")
+
+    @classmethod
+    def _create(cls, graph: "Graph", tensor_id: str, spec: TensorSpec, producer=None) -> "Tensor":
+        t = object.__new__(cls)
+        t._id = tensor_id
+        t._graph = graph
+        t._spec = spec
+        t._producer: Optional["Op"] = producer
+        t._ipu = get_current_context().ipu_id
+        t._tile_set = "io" if get_current_context().io_tile_set else "compute"
+        graph._register_tensor(t)
+        return t
+
+    # identity ------------------------------------------------------------
+    @property
+    def id(self) -> str:
+        return self._id
+
+    @property
+    def name(self) -> str:
+        scope = self._graph._scope_prefix
+        return self._id[len(scope):] if scope and self._id.startswith(scope) else self._id
+
+    @property
+    def scope(self) -> str:
+        return self._graph.name
+
+    @property
+    def graph(self) -> "Graph":
+        return self._graph
+
+    @property
+    def ir(self):
+        return self._graph.ir
+
+    @property
+    def producer(self) -> Optional["Op"]:
+        return self._producer
+
+    # spec ------------------------------------------------------------------
+    @property
+    def spec(self) -> TensorSpec:
+        return self._spec
+
+    @property
+    def dtype(self) -> dtype:
+        return self._spec.dtype
+
+    @property
+    def shape(self) -> Tuple[int, ...]:
+        return self._spec.shape
+
+    @property
+    def meta_shape(self) -> Tuple[int, ...]:
+        return self._spec.meta_shape
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def nelms(self) -> int:
+        return self._spec.nelms
+
+    @property
+    def ipu(self) -> int:
+        return self._ipu
+
+    @property
+    def tile_set(self) -> str:
+        return self._tile_set
+
+    @property
+    def location_info(self):
+        return None
+
+    @property
+    def in_sync_with_ipu(self) -> bool:
+        return True
+
+    def strides(self, shape=None) -> Tuple[int, ...]:
+        shape = self.shape if shape is None else tuple(shape)
+        out, acc = [], self.dtype.itemsize
+        for s in reversed(shape):
+            out.append(acc)
+            acc *= s
+        return tuple(reversed(out))
+
+    # methods -----------------------------------------------------------------
+    def transpose(self, permutation=None) -> "Tensor":
+        return _ops().transpose(self, permutation)
+
+    def transpose_(self, permutation=None) -> "Tensor":
+        return _ops().transpose_(self, permutation)
+
+    @property
+    def T(self) -> "Tensor":
+        return self.transpose()
+
+    @property
+    def T_(self) -> "Tensor":
+        return self.transpose_()
+
+    def reshape(self, shape) -> "Tensor":
+        return _ops().reshape(self, shape)
+
+    def reshape_(self, shape) -> "Tensor":
+        return _ops().reshape_(self, shape)
+
+    def flatten(self) -> "Tensor":
+        return _ops().flatten(self)
+
+    def flatten_(self) -> "Tensor":
+        return _ops().flatten_(self)
+
+    def detach(self) -> "Tensor":
+        return _ops().detach(self)
+
+    def detach_(self) -> "Tensor":
+        return _ops().detach_(self)
+
+    def diag(self) -> "Tensor":
+        if self.rank != 2:
+            raise ValueError(f"diag() needs a 2-D tensor, {self.id!r} has shape {self.shape}.")
+        n = min(self.shape)
+        idx = np.arange(n, dtype=np.int32)
+        rows = _ops().gather(self, constant(idx, dtypes.int32), axis=0)
+        return _ops().gather(rows, constant(idx.reshape(n, 1), dtypes.int32), axis=1).reshape((n,))
+
+    def copy_to_ipu(self, destination: int, source: Optional[int] = None) -> "Tensor":
+        return _ops().ipu_copy(self, destination, source)
+
+    def _ensure_tensor(self, value, dtype=None) -> "Tensor":
+        if isinstance(value, Tensor):
+            return value
+        data = np.asarray(value)
+        if data.size == 0:
+            raise ValueError(f"Cannot combine {self.id!r} with an empty value {value!r}.")
+        return constant(value, dtype or self.dtype)
+
+    # dunders -----------------------------------------------------------------
+    def __add__(self, other):
+        return _ops().add(self, self._ensure_tensor(other))
+
+    def __radd__(self, other):
+        return _ops().add(self._ensure_tensor(other), self)
+
+    def __iadd__(self, other):
+        _ops().add_(self, self._ensure_tensor(other))
+        return self
+
+    def __sub__(self, other):
+        return _ops().sub(self, self._ensure_tensor(other))
+
+    def __rsub__(self, other):
+        return _ops().sub(self._ensure_tensor(other), self)
+
+    def __mul__(self, other):
+        return _ops().mul(self, self._ensure_tensor(other))
+
+    def __rmul__(self, other):
+        return _ops().mul(self._ensure_tensor(other), self)
+
+    def __truediv__(self, other):
+        return _ops().div(self, self._ensure_tensor(other))
+
+    def __rtruediv__(self, other):
+        return _ops().div(self._ensure_tensor(other), self)
+
+    def __mod__(self, other):
+        return _ops().fmod(self, self._ensure_tensor(other))
+
+    def __rmod__(self, other):
+        return _ops().fmod(self._ensure_tensor(other), self)
+
+    def __pow__(self, other):
+        return _ops().pow(self, self._ensure_tensor(other))
+
+    def __rpow__(self, other):
+        return _ops().pow(self._ensure_tensor(other), self)
+
+    def __neg__(self):
+        return _ops().negate(self)
+
+    def __matmul__(self, other):
+        return _ops().matmul(self, self._ensure_tensor(other))
+
+    def __rmatmul__(self, other):
+        return _ops().matmul(self._ensure_tensor(other), self)
+
+    def __and__(self, other):
+        return _ops().logical_and(self, self._ensure_tensor(other))
+
+    def __rand__(self, other):
+        return _ops().logical_and(self._ensure_tensor(other), self)
+
+    def __or__(self, other):
+        return _ops().logical_or(self, self._ensure_tensor(other))
+
+    def __ror__(self, other):
+        return _ops().logical_or(self._ensure_tensor(other), self)
+
+    def __invert__(self):
+        return _ops().logical_not(self)
+
+    def __getitem__(self, key):
+        from .ops.indexing import getitem
+
+        return getitem(self, key)
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise ValueError(f"len() of a scalar tensor {self.id!r}.")
+        return self.shape[0]
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __eq__(self, other) -> bool:
+        return self is other
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __repr__(self) -> str:
+        # The seeds (SDK 3.0 era) print every tensor kind as `Tensor[...]`.
+        return f"Tensor[{self.id} {self.dtype!r} {self.shape}]"
+
+
+class Variable(Tensor):
+    """A main-graph tensor whose value persists across runs (weights, optimiser state)."""
+
+    @property
+    def replica_grouping(self):
+        return self._replica_grouping
+
+    @property
+    def retrieval_mode(self) -> str:
+        return self._retrieval_mode
+
+    @property
+    def shape_on_replica(self) -> Tuple[int, ...]:
+        return self.shape
+
+    @property
+    def shape_on_host(self) -> Tuple[int, ...]:
+        groups = self._replica_grouping.num_groups if self._replica_grouping else 1
+        return self.shape if groups == 1 else (groups, *self.shape)
+
+    def copy_to_ipu(self, dst: int, src: Optional[int] = None) -> Tensor:
+        return _ops().ipu_copy(self, dst, src)
+
+
+class Constant(Tensor):
+    """A tensor with a value fixed at build time."""
+
+    def copy_to_ipu(self, dst: int, src: Optional[int] = None) -> Tensor:
+        return _ops().ipu_copy(self, dst, src)
+
+
+def _ops():
+    from . import ops
+
+    return ops
+
+
+def to_numpy(data: HostTensor, dtype: Optional[dtype] = None, downcast: bool = True) -> np.ndarray:
+    """Host data as a C-contiguous numpy array, downcasting 64-bit types like popxl."""
+    if isinstance(data, torch.Tensor):
+        data = data.detach().cpu().numpy()
+    arr = np.array(data, copy=True)
+    if dtype is not None:
+        return np.ascontiguousarray(arr.astype(dtype.as_numpy(), copy=False))
+    if downcast:
+        arr = _downcast(arr)
+    return np.ascontiguousarray(arr)
+
+
+def _downcast(arr: np.ndarray) -> np.ndarray:
+    table = {np.dtype(np.int64): np.int32, np.dtype(np.uint64): np.uint32,
+             np.dtype(np.float64): np.float32}
+    target = table.get(arr.dtype)
+    return arr.astype(target) if target is not None else arr
+
+
+def variable(data: HostTensor, dtype: Optional[dtype] = None, name: Optional[str] = None,
+             downcast: bool = True, replica_grouping=None, retrieval_mode=None,
+             log2_scale=None, nan_on_overflow=None) -> Variable:
+    """Create a variable in the main graph (ValueError in any other graph)."""
+    g = gcg()
+    if g is not g.main_graph:
+        raise ValueError(
+            f"popxl.variable({name or 't'!r}) was called while building subgraph {g.name!r}: "
+            "variables can only be created in the main graph. Use a graph input (or an "
+            "addons VariableFactory) and pass the variable at the call site."
+        )
+    arr = to_numpy(data, dtype, downcast)
+    groups = replica_grouping.num_groups if replica_grouping is not None else 1
+    shape = arr.shape[1:] if groups > 1 else arr.shape
+    if groups > 1 and (not arr.shape or arr.shape[0] != groups):
+        raise ValueError(f"Variable {name!r}: data needs leading dim {groups} (replica groups), "
+                         f"got shape {arr.shape}.")
+    spec = TensorSpec(shape, dtype or dtypes.dtype.as_dtype(arr))
+    v = Variable._create(g, g._create_tensor_id(name), spec)
+    v._data = arr
+    v._replica_grouping = replica_grouping
+    v._retrieval_mode = retrieval_mode or "one_per_group"
+    return v
+
+
+def constant(data: HostTensor, dtype: Optional[dtype] = None, name: Optional[str] = None,
+             downcast: bool = True, log2_scale=None, nan_on_overflow=None) -> Constant:
+    """Create a constant in the current graph; the data is copied."""
+    g = gcg()
+    arr = to_numpy(data, dtype, downcast)
+    spec = TensorSpec(arr.shape, dtype or dtypes.dtype.as_dtype(arr))
+    c = Constant._create(g, g._create_tensor_id(name), spec)
+    c._data = arr
+    return c
+
+
+def graph_input(shape, dtype: dtype, name: Optional[str] = None, by_ref: bool = False,
+                meta_shape=None) -> Tensor:
+    """Add an input to the current graph."""
+    g = gcg()
+    if g is g.main_graph:
+        raise ValueError("graph_input cannot be used in the main graph; use a stream or variable.")
+    t = Tensor._create(g, g._create_tensor_id(name), TensorSpec(shape, dtype, meta_shape))
+    g._add_input(t, by_ref)
+    return t
+
+
+def graph_output(t: Tensor) -> None:
+    """Mark ``t`` as the next output of the current graph."""
+    g = gcg()
+    if not isinstance(t, Tensor):
+        raise TypeError(f"graph_output expects a Tensor, got {type(t).__name__}.")
+    if t.graph is not g:
+        raise ValueError(f"graph_output: tensor {t.id!r} belongs to {t.graph.name!r}, "
+                         f"not to the current graph {g.name!r}.")
+    g._outputs.append(t)
