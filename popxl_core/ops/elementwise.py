@@ -10,7 +10,7 @@ from ..tensor import Tensor
 from ._utils import as_tensor, broadcast_shapes, coerce_pair, rand, same_dtype, spec, unbroadcast
 from .registry import OpDef, Sample, create_op, register
 
-__all__ = ["add", "add_", "identity", "rename"]
+__all__ = ["add", "add_", "identity", "rename", "sub", "mul", "div", "negate"]
 
 
 def binary_infer(ins, **attrs):
@@ -75,3 +75,91 @@ def identity(t: Tensor, output_name: Optional[str] = None) -> Tensor:
 
 
 rename = identity
+
+
+# Binary arithmetic ---------------------------------------------------------------------------
+
+
+def _sub_grad(ctx):
+    from . import negate
+
+    g = ctx.grad_output(0)
+    a, b = ctx.op.inputs
+    return [unbroadcast(g, a.shape) if ctx.requires_grad(0) else None,
+            unbroadcast(negate(g), b.shape) if ctx.requires_grad(1) else None]
+
+
+def _mul_grad(ctx):
+    g = ctx.grad_output(0)
+    a, b = ctx.op.inputs
+    return [unbroadcast(mul(g, ctx.input(1)), a.shape) if ctx.requires_grad(0) else None,
+            unbroadcast(mul(g, ctx.input(0)), b.shape) if ctx.requires_grad(1) else None]
+
+
+def _div_grad(ctx):
+    g = ctx.grad_output(0)
+    a, b = ctx.op.inputs
+    ga = div(g, ctx.input(1))
+    # d(a/b)/db = -(a/b)/b, so the rhs gradient reuses ga and the forward output.
+    gb = negate(mul(ga, ctx.output(0))) if ctx.requires_grad(1) else None
+    return [unbroadcast(ga, a.shape) if ctx.requires_grad(0) else None,
+            unbroadcast(gb, b.shape) if gb is not None else None]
+
+
+def _binary_samples(fn, ref, low=-1.0, high=1.0, rlow=None, rhigh=None, seed=10):
+    rlow = low if rlow is None else rlow
+    rhigh = high if rhigh is None else rhigh
+    return [
+        Sample([rand(3, 4, low=low, high=high, seed=seed),
+                rand(3, 4, low=rlow, high=rhigh, seed=seed + 1)], fn, ref),
+        Sample([rand(2, 3, 4, low=low, high=high, seed=seed + 2),
+                rand(4, low=rlow, high=rhigh, seed=seed + 3)], fn, ref, name="broadcast"),
+        Sample([rand(3, 1, low=low, high=high, seed=seed + 4),
+                rand(1, 5, low=rlow, high=rhigh, seed=seed + 5)], fn, ref, name="both"),
+    ]
+
+
+SUB = register(OpDef("Sub", binary_infer, torch.sub, grad=_sub_grad, out_name="sub_out",
+                     samples=lambda: _binary_samples(lambda a, b: sub(a, b), torch.sub, seed=20)
+                     + [Sample([rand(3, 2, seed=26)], lambda a: 2 - a, lambda a: 2 - a,
+                               name="rsub_scalar")]))
+MUL = register(OpDef("Mul", binary_infer, torch.mul, grad=_mul_grad, out_name="mul_out",
+                     samples=lambda: _binary_samples(lambda a, b: mul(a, b), torch.mul, seed=30)
+                     + [Sample([rand(3, 2, seed=36)], lambda a: a * 2, lambda a: a * 2,
+                               name="scalar")]))
+def _div_kernel(a, b):
+    if a.dtype.is_floating_point:
+        return torch.div(a, b)
+    return torch.div(a, b, rounding_mode="trunc")  # integer division keeps the integer dtype
+
+
+DIV = register(OpDef("Div", binary_infer, _div_kernel, grad=_div_grad, out_name="div_out",
+                     samples=lambda: _binary_samples(lambda a, b: div(a, b), torch.div,
+                                                     rlow=0.5, rhigh=2.0, seed=40)))
+
+
+def sub(lhs: Tensor, rhs: Tensor) -> Tensor:
+    """lhs - rhs, broadcasting."""
+    return create_op(SUB, list(coerce_pair(lhs, rhs)))[0]
+
+
+def mul(lhs: Tensor, rhs: Tensor) -> Tensor:
+    """lhs * rhs, broadcasting."""
+    return create_op(MUL, list(coerce_pair(lhs, rhs)))[0]
+
+
+def div(lhs: Tensor, rhs: Tensor) -> Tensor:
+    """lhs / rhs, broadcasting (integer tensors divide with truncation, as on the IPU)."""
+    return create_op(DIV, list(coerce_pair(lhs, rhs)))[0]
+
+
+NEG = register(OpDef("Neg", lambda ins: [ins[0]], torch.neg, out_name="neg_out",
+                     grad=lambda ctx: [negate(ctx.grad_output(0))],
+                     samples=lambda: [Sample([rand(3, 4, seed=50)], lambda a: negate(a), torch.neg),
+                                      Sample([rand(2, seed=51)], lambda a: -a, torch.neg,
+                                             name="dunder")]))
+
+
+def negate(t: Tensor) -> Tensor:
+    """-t."""
+    return create_op(NEG, [t])[0]
