@@ -159,7 +159,10 @@ def create_op(opdef: OpDef | str, inputs: Sequence[Tensor], attrs: Optional[Dict
     opdef = get_opdef(opdef) if isinstance(opdef, str) else opdef
     g = graph or gcg()
     attrs = dict(attrs or {})
-    check_in_graph(g, **{f"{opdef.name} input {i}": t for i, t in enumerate(inputs)})
+    try:
+        check_in_graph(g, **{f"{opdef.name} input {i}": t for i, t in enumerate(inputs)})
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"{e}{_user_frame()}") from None
     if check_placement and inputs:
         check_tensor_ipu_and_tile_set(**{f"input {i}": t for i, t in enumerate(inputs)})
     specs = _infer(opdef, [t.spec for t in inputs], attrs, inputs)
