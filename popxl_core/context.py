@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Set
+from typing import TYPE_CHECKING, Callable, Dict, List, Set
 
 if TYPE_CHECKING:  # pragma: no cover
     from .graph import Graph, Op

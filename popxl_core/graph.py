@@ -17,11 +17,31 @@ __all__ = ["Graph", "Op"]
 class Op:
     """One op instance: a row of the op table applied to tensors of one graph."""
 
-    __slots__ = ("id", "opdef", "graph", "inputs", "outputs", "attrs", "called_graphs",
-                 "ipu", "tile_set", "name", "by_ref_modified", "__weakref__")
+    __slots__ = (
+        "id",
+        "opdef",
+        "graph",
+        "inputs",
+        "outputs",
+        "attrs",
+        "called_graphs",
+        "ipu",
+        "tile_set",
+        "name",
+        "by_ref_modified",
+        "__weakref__",
+    )
 
-    def __init__(self, opid: int, opdef: "OpDef", graph: "Graph", inputs: List["Tensor"],
-                 attrs: Dict[str, Any], called_graphs: Tuple["Graph", ...], name: str) -> None:
+    def __init__(
+        self,
+        opid: int,
+        opdef: "OpDef",
+        graph: "Graph",
+        inputs: List["Tensor"],
+        attrs: Dict[str, Any],
+        called_graphs: Tuple["Graph", ...],
+        name: str,
+    ) -> None:
         self.id = opid
         self.opdef = opdef
         self.graph = graph

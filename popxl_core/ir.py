@@ -122,12 +122,16 @@ class Ir:
     def instance_replication_factor(self) -> int:
         return self._replication_factor
 
-    def replica_grouping(self, stride: int = 1, group_size: Optional[int] = None) -> ReplicaGrouping:
+    def replica_grouping(
+        self, stride: int = 1, group_size: Optional[int] = None
+    ) -> ReplicaGrouping:
         return ReplicaGrouping._from_params(self._replication_factor, stride, group_size)
 
     def replica_grouping_from_assignments(self, assignment: List[int]) -> ReplicaGrouping:
         if len(assignment) != self._replication_factor:
-            raise ValueError(f"{len(assignment)} assignments for {self._replication_factor} replicas.")
+            raise ValueError(
+                f"{len(assignment)} assignments for {self._replication_factor} replicas."
+            )
         return ReplicaGrouping._from_assignments(assignment)
 
     def get_all_h2d_streams(self) -> Set[Any]:
@@ -137,8 +141,9 @@ class Ir:
         return self._streams_used_by("HostStore")
 
     def _streams_used_by(self, op_type: str) -> Set[Any]:
-        return {op.attrs["stream"] for g in self._graphs.values() for op in g._ops
-                if op.type == op_type}
+        return {
+            op.attrs["stream"] for g in self._graphs.values() for op in g._ops if op.type == op_type
+        }
 
     # graphs -------------------------------------------------------------------
     def _new_graph(self, graph_id: str) -> Graph:
@@ -204,7 +209,9 @@ def _traced_callable(fn):
     if isinstance(fn, Module):
         return fn.build, type(fn).__qualname__.replace(".<locals>", "")
     if not callable(fn):
-        raise TypeError(f"create_graph expects a function or popxl.Module, got {type(fn).__name__}.")
+        raise TypeError(
+            f"create_graph expects a function or popxl.Module, got {type(fn).__name__}."
+        )
     qualname = getattr(fn, "__qualname__", getattr(fn, "__name__", "graph"))
     return fn, qualname.replace(".<locals>", "")
 
@@ -221,7 +228,9 @@ def _bind_inputs(build: Callable, args, kwargs) -> inspect.BoundArguments:
     try:
         bound = sig.bind(*args, **kwargs)
     except TypeError as e:
-        raise ValueError(f"create_graph: arguments do not match {build.__qualname__}{sig}: {e}") from e
+        raise ValueError(
+            f"create_graph: arguments do not match {build.__qualname__}{sig}: {e}"
+        ) from e
     for pname, value in list(bound.arguments.items()):
         param = sig.parameters[pname]
         by_ref = _is_by_ref(param.annotation)
@@ -257,9 +266,13 @@ def _flatten_outputs(result, g: Graph) -> List[Tensor]:
     items = [result] if isinstance(result, Tensor) else list(result)
     for t in items:
         if not isinstance(t, Tensor):
-            raise TypeError(f"Graph {g.name!r} returned {type(t).__name__}; a traced function "
-                            "must return None, a Tensor or an iterable of Tensors.")
+            raise TypeError(
+                f"Graph {g.name!r} returned {type(t).__name__}; a traced function "
+                "must return None, a Tensor or an iterable of Tensors."
+            )
         if t.graph is not g:
-            raise ValueError(f"Graph {g.name!r} returned {t.id!r}, which belongs to graph "
-                             f"{t.graph.name!r}. Pass it in as an argument instead.")
+            raise ValueError(
+                f"Graph {g.name!r} returned {t.id!r}, which belongs to graph "
+                f"{t.graph.name!r}. Pass it in as an argument instead."
+            )
     return items

@@ -21,8 +21,9 @@ def format_schedule(graph: Graph, arg_names: Optional[Dict[Tensor, str]] = None)
     counter = iter(range(1, 1 << 30))
     ids: Dict[str, int] = defaultdict(lambda: next(counter))
     names = arg_names or {}
-    inputs = ", ".join(f"{names[t]}=%{ids[t.id]}" if t in names else f"%{ids[t.id]}"
-                       for t in graph.inputs)
+    inputs = ", ".join(
+        f"{names[t]}=%{ids[t.id]}" if t in names else f"%{ids[t.id]}" for t in graph.inputs
+    )
     lines = [_format_op(op, ids) for op in schedule(graph)]
     outputs = ", ".join(f"%{ids[t.id]}" for t in graph.outputs)
     body = "\n    ".join(lines)

@@ -14,14 +14,17 @@ class ReplicaGrouping:
         raise TypeError("Use ir.replica_grouping(stride, group_size) to create a ReplicaGrouping.")
 
     @classmethod
-    def _from_params(cls, num_replicas: int, stride: int = 1,
-                     group_size: Optional[int] = None) -> "ReplicaGrouping":
+    def _from_params(
+        cls, num_replicas: int, stride: int = 1, group_size: Optional[int] = None
+    ) -> "ReplicaGrouping":
         group_size = num_replicas // stride if group_size is None else group_size
         if stride < 1 or group_size < 1:
             raise ValueError(f"stride ({stride}) and group_size ({group_size}) must be >= 1.")
         if num_replicas % (stride * group_size) and not (stride == 1 and group_size == 1):
-            raise ValueError(f"stride {stride} x group_size {group_size} does not divide "
-                             f"the replication factor {num_replicas}.")
+            raise ValueError(
+                f"stride {stride} x group_size {group_size} does not divide "
+                f"the replication factor {num_replicas}."
+            )
         rg = object.__new__(cls)
         rg._num_replicas, rg._stride, rg._group_size = num_replicas, stride, group_size
         rg._assignment = None
@@ -88,8 +91,10 @@ class ReplicaGrouping:
     def __repr__(self) -> str:
         if self._assignment is not None:
             return f"ReplicaGrouping(assignment={self._assignment})"
-        return (f"ReplicaGrouping(num_replicas={self._num_replicas}, stride={self._stride}, "
-                f"group_size={self._group_size}, num_groups={self.num_groups})")
+        return (
+            f"ReplicaGrouping(num_replicas={self._num_replicas}, stride={self._stride}, "
+            f"group_size={self._group_size}, num_groups={self.num_groups})"
+        )
 
 
 def _infer_stride(assignment: List[int]) -> Optional[int]:

@@ -122,7 +122,7 @@ class Tensor:
     @property
     def name(self) -> str:
         scope = self._graph._scope_prefix
-        return self._id[len(scope):] if scope and self._id.startswith(scope) else self._id
+        return self._id[len(scope) :] if scope and self._id.startswith(scope) else self._id
 
     @property
     def scope(self) -> str:
@@ -373,22 +373,33 @@ def to_numpy(data: HostTensor, dtype: Optional[dtype] = None, downcast: bool = T
         data = data.detach().cpu().numpy()
     arr = np.array(data, copy=True)
     if dtype is not None:
-        return np.ascontiguousarray(arr.astype(dtype.as_numpy(), copy=False))
-    if downcast:
+        arr = arr.astype(dtype.as_numpy(), copy=False)
+    elif downcast:
         arr = _downcast(arr)
-    return np.ascontiguousarray(arr)
+    # ascontiguousarray turns 0-d arrays into (1,): keep scalars as shape ()
+    return np.ascontiguousarray(arr).reshape(arr.shape)
 
 
 def _downcast(arr: np.ndarray) -> np.ndarray:
-    table = {np.dtype(np.int64): np.int32, np.dtype(np.uint64): np.uint32,
-             np.dtype(np.float64): np.float32}
+    table = {
+        np.dtype(np.int64): np.int32,
+        np.dtype(np.uint64): np.uint32,
+        np.dtype(np.float64): np.float32,
+    }
     target = table.get(arr.dtype)
     return arr.astype(target) if target is not None else arr
 
 
-def variable(data: HostTensor, dtype: Optional[dtype] = None, name: Optional[str] = None,
-             downcast: bool = True, replica_grouping=None, retrieval_mode=None,
-             log2_scale=None, nan_on_overflow=None) -> Variable:
+def variable(
+    data: HostTensor,
+    dtype: Optional[dtype] = None,
+    name: Optional[str] = None,
+    downcast: bool = True,
+    replica_grouping=None,
+    retrieval_mode=None,
+    log2_scale=None,
+    nan_on_overflow=None,
+) -> Variable:
     """Create a variable in the main graph (ValueError in any other graph)."""
     g = gcg()
     if g is not g.main_graph:
@@ -401,8 +412,10 @@ def variable(data: HostTensor, dtype: Optional[dtype] = None, name: Optional[str
     groups = replica_grouping.num_groups if replica_grouping is not None else 1
     shape = arr.shape[1:] if groups > 1 else arr.shape
     if groups > 1 and (not arr.shape or arr.shape[0] != groups):
-        raise ValueError(f"Variable {name!r}: data needs leading dim {groups} (replica groups), "
-                         f"got shape {arr.shape}.")
+        raise ValueError(
+            f"Variable {name!r}: data needs leading dim {groups} (replica groups), "
+            f"got shape {arr.shape}."
+        )
     spec = TensorSpec(shape, dtype or dtypes.dtype.as_dtype(arr))
     v = Variable._create(g, g._create_tensor_id(name), spec)
     v._data = arr
@@ -411,8 +424,14 @@ def variable(data: HostTensor, dtype: Optional[dtype] = None, name: Optional[str
     return v
 
 
-def constant(data: HostTensor, dtype: Optional[dtype] = None, name: Optional[str] = None,
-             downcast: bool = True, log2_scale=None, nan_on_overflow=None) -> Constant:
+def constant(
+    data: HostTensor,
+    dtype: Optional[dtype] = None,
+    name: Optional[str] = None,
+    downcast: bool = True,
+    log2_scale=None,
+    nan_on_overflow=None,
+) -> Constant:
     """Create a constant in the current graph; the data is copied."""
     g = gcg()
     arr = to_numpy(data, dtype, downcast)
@@ -422,8 +441,9 @@ def constant(data: HostTensor, dtype: Optional[dtype] = None, name: Optional[str
     return c
 
 
-def graph_input(shape, dtype: dtype, name: Optional[str] = None, by_ref: bool = False,
-                meta_shape=None) -> Tensor:
+def graph_input(
+    shape, dtype: dtype, name: Optional[str] = None, by_ref: bool = False, meta_shape=None
+) -> Tensor:
     """Add an input to the current graph."""
     g = gcg()
     if g is g.main_graph:
@@ -439,6 +459,8 @@ def graph_output(t: Tensor) -> None:
     if not isinstance(t, Tensor):
         raise TypeError(f"graph_output expects a Tensor, got {type(t).__name__}.")
     if t.graph is not g:
-        raise ValueError(f"graph_output: tensor {t.id!r} belongs to {t.graph.name!r}, "
-                         f"not to the current graph {g.name!r}.")
+        raise ValueError(
+            f"graph_output: tensor {t.id!r} belongs to {t.graph.name!r}, "
+            f"not to the current graph {g.name!r}."
+        )
     g._outputs.append(t)

@@ -44,20 +44,29 @@ def run_sample(opdef: OpDef, sample: Sample) -> None:
     inputs = [np.asarray(a) for a in sample.inputs]
     ir = popxl.Ir()
     with ir.main_graph:
-        variables = [popxl.variable(a, popxl.dtype.as_dtype(a), name=f"in{i}", downcast=False)
-                     for i, a in enumerate(inputs)]
-        graph = ir.create_graph(lambda *xs: _as_tuple(sample.build(*xs)), *[v.spec for v in variables])
-        assert opdef.name in _ops_in(graph), f"sample {sample.name!r} does not create a {opdef.name} op"
+        variables = [
+            popxl.variable(a, popxl.dtype.as_dtype(a), name=f"in{i}", downcast=False)
+            for i, a in enumerate(inputs)
+        ]
+        graph = ir.create_graph(
+            lambda *xs: _as_tuple(sample.build(*xs)), *[v.spec for v in variables]
+        )
+        assert opdef.name in _ops_in(graph), (
+            f"sample {sample.name!r} does not create a {opdef.name} op"
+        )
         float_ins = [t for t, a in zip(graph.inputs, inputs) if _is_float(a)]
-        want_grad = sample.grad and float_ins and all(t.dtype.is_floating_point for t in graph.outputs)
+        want_grad = (
+            sample.grad and float_ins and all(t.dtype.is_floating_point for t in graph.outputs)
+        )
         bwd = transforms.autodiff(graph, grads_required=float_ins) if want_grad else None
         site = ops.call_with_info(graph, *variables)
         fwd_streams = _store_all(site.outputs[: len(_fwd_outputs(graph, bwd))])
         cotangents, grad_streams = [], []
         if bwd is not None:
             rng = np.random.default_rng(1234)
-            cotangents = [rng.standard_normal(t.shape).astype(t.dtype.as_numpy())
-                          for t in fwd_outputs_of(bwd)]
+            cotangents = [
+                rng.standard_normal(t.shape).astype(t.dtype.as_numpy()) for t in fwd_outputs_of(bwd)
+            ]
             consts = [popxl.constant(c, t.dtype) for c, t in zip(cotangents, fwd_outputs_of(bwd))]
             grads = ops.call(bwd.graph, *consts, inputs_dict=bwd.inputs_dict(site))
             grad_streams = _store_all(grads)
@@ -97,8 +106,9 @@ def _compare_forward(sample: Sample, inputs, got) -> None:
     for g, w in zip(got, want):
         w = w.detach().numpy()
         assert g.shape == w.shape, f"shape {g.shape} != reference {w.shape}"
-        np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64),
-                                   rtol=sample.rtol, atol=sample.atol)
+        np.testing.assert_allclose(
+            g.astype(np.float64), w.astype(np.float64), rtol=sample.rtol, atol=sample.atol
+        )
 
 
 def _compare_grads(sample: Sample, inputs, cotangents, got) -> None:
@@ -108,5 +118,9 @@ def _compare_grads(sample: Sample, inputs, cotangents, got) -> None:
     want = torch.autograd.grad(outs, leaves, cots, allow_unused=True)
     for g, w, leaf in zip(got, want, leaves):
         w = torch.zeros_like(leaf) if w is None else w
-        np.testing.assert_allclose(g.astype(np.float64), w.detach().numpy().astype(np.float64),
-                                   rtol=max(sample.rtol, 1e-5) * 10, atol=max(sample.atol, 1e-6) * 10)
+        np.testing.assert_allclose(
+            g.astype(np.float64),
+            w.detach().numpy().astype(np.float64),
+            rtol=max(sample.rtol, 1e-5) * 10,
+            atol=max(sample.atol, 1e-6) * 10,
+        )

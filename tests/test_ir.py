@@ -18,6 +18,7 @@ def _spec(*shape):
 def test_graph_ids_count_across_the_ir():
     ir = popxl.Ir()
     with ir.main_graph:
+
         def adder(x, y):
             return x + y
 
@@ -73,6 +74,7 @@ def test_op_ids_start_at_100_and_count_hidden_ops():
 def test_create_graph_inputs_follow_parameters_lists_and_by_ref():
     ir = popxl.Ir()
     with ir.main_graph:
+
         def fn(a, xs, w: popxl.TensorByRef, scale=2):
             ops.add_(w, a)
             return [a + x for x in xs]
@@ -98,6 +100,7 @@ def test_mixed_tensor_list_is_a_type_error():
 def test_variable_outside_main_graph_names_the_graph():
     ir = popxl.Ir()
     with ir.main_graph:
+
         def bad(x):
             popxl.variable(np.zeros(2, np.float32), name="w")
             return x
@@ -110,7 +113,11 @@ def test_tensor_from_another_graph_names_both_graphs():
     ir = popxl.Ir()
     with ir.main_graph:
         w = popxl.variable(np.zeros(2, np.float32), name="w")
-        with pytest.raises(ValueError, match=r"'w'.*belongs to graph 'main'.*graph '.*uses_w_subgraph\(0\)'.*test_ir.py"):
+        with pytest.raises(
+            ValueError,
+            match=r"'w'.*belongs to graph 'main'.*graph '.*uses_w_subgraph\(0\)'.*test_ir.py",
+        ):
+
             def uses_w(x):
                 return x + w
 
@@ -192,10 +199,12 @@ def test_reprs():
     assert repr(v) == "Tensor[bob popxl.dtypes.int32 (1,)]"
     assert repr(popxl.float16) == "popxl.dtypes.float16"
     assert repr(popxl.TensorSpec((2, 4), popxl.float32)) == (
-        "TensorSpec(shape=(2, 4), dtype=popxl.dtypes.float32, meta_shape=())")
+        "TensorSpec(shape=(2, 4), dtype=popxl.dtypes.float32, meta_shape=())"
+    )
     assert repr(ir).startswith("Ir[id=")
     assert repr(ir.replica_grouping()) == (
-        "ReplicaGrouping(num_replicas=1, stride=1, group_size=1, num_groups=1)")
+        "ReplicaGrouping(num_replicas=1, stride=1, group_size=1, num_groups=1)"
+    )
 
 
 def test_replica_grouping_assignments():
@@ -209,6 +218,7 @@ def test_replica_grouping_assignments():
 def test_format_schedule_golden():
     ir = popxl.Ir()
     with ir.main_graph:
+
         def step(x, w):
             y = x + w
             return ops.identity(y, "y")
@@ -220,7 +230,8 @@ def test_format_schedule_golden():
         "  (%1, weight=%2) -> (%4) {\n"
         "    Add.100 (%1 [(2, 4) float32], %2 [(4,) float32]) -> (%3 [(2, 4) float32])\n"
         "    Identity.101 (%3 [(2, 4) float32]) -> (%4 [(2, 4) float32])\n"
-        "  }")
+        "  }"
+    )
     verify(g)
     verify(ir.main_graph)
 

@@ -1,6 +1,8 @@
 """popxl.ops: every op function. Each op is declared once in the op table (registry.py)."""
 
 from . import var_updates
+from .activations import *  # noqa: F401,F403
+from .activations import __all__ as _activations_all
 from .call import *  # noqa: F401,F403
 from .call import __all__ as _call_all
 from .elementwise import *  # noqa: F401,F403
@@ -21,8 +23,12 @@ from .random import *  # noqa: F401,F403
 from .random import __all__ as _random_all
 from .reduce import *  # noqa: F401,F403
 from .reduce import __all__ as _reduce_all
+from .scaled_add import *  # noqa: F401,F403
+from .scaled_add import __all__ as _scaled_add_all
 from .shape import *  # noqa: F401,F403
 from .shape import __all__ as _shape_all
+from .unary import *  # noqa: F401,F403
+from .unary import __all__ as _unary_all
 
 __all__ = [
     "var_updates",
@@ -37,4 +43,7 @@ __all__ = [
     *_random_all,
     *_reduce_all,
     *_shape_all,
+    *_activations_all,
+    *_scaled_add_all,
+    *_unary_all,
 ]

@@ -34,7 +34,9 @@ def coerce_pair(lhs, rhs):
     """Binary-op operands as tensors; a python scalar takes the other operand's dtype."""
     if not isinstance(lhs, Tensor):
         if not isinstance(rhs, Tensor):
-            raise TypeError(f"At least one operand must be a popxl.Tensor, got {lhs!r} and {rhs!r}.")
+            raise TypeError(
+                f"At least one operand must be a popxl.Tensor, got {lhs!r} and {rhs!r}."
+            )
         lhs = constant(lhs, rhs.dtype)
     return lhs, as_tensor(rhs, lhs)
 
@@ -70,8 +72,9 @@ def unbroadcast(g: Tensor, shape: Sequence[int]) -> Tensor:
     from . import reduce_sum, reshape
 
     lead = len(g.shape) - len(shape)
-    axes = [i for i in range(len(g.shape))
-            if i < lead or (shape[i - lead] == 1 and g.shape[i] != 1)]
+    axes = [
+        i for i in range(len(g.shape)) if i < lead or (shape[i - lead] == 1 and g.shape[i] != 1)
+    ]
     summed = reduce_sum(g, axes, keepdims=True) if axes else g
     return reshape(summed, shape)
 
@@ -80,8 +83,9 @@ def current_graph_name() -> str:
     return gcg().name or "main"
 
 
-def rand(*shape: int, low: float = -1.0, high: float = 1.0, seed: Optional[int] = None,
-         dtype=np.float32) -> np.ndarray:
+def rand(
+    *shape: int, low: float = -1.0, high: float = 1.0, seed: Optional[int] = None, dtype=np.float32
+) -> np.ndarray:
     """Deterministic random test data for op samples."""
     rng = np.random.default_rng(seed if seed is not None else abs(hash(shape)) % (2**32))
     return rng.uniform(low, high, size=shape).astype(dtype)

@@ -11,8 +11,16 @@ from ..graph import Graph, Op
 from ..tensor import Tensor, constant
 from .registry import Cost, OpDef, Sample, create_op, register
 
-__all__ = ["call", "call_with_info", "CallSiteInfo", "repeat", "repeat_with_info",
-           "conditional", "conditional_with_info", "ConditionalSiteInfo"]
+__all__ = [
+    "call",
+    "call_with_info",
+    "CallSiteInfo",
+    "repeat",
+    "repeat_with_info",
+    "conditional",
+    "conditional_with_info",
+    "ConditionalSiteInfo",
+]
 
 
 class CallSiteInfo:
@@ -55,7 +63,9 @@ class CallSiteInfo:
             return g._inputs[self._op.inputs.index(parent_tensor)]
         if parent_tensor in self.outputs:
             return g._outputs[self._op.outputs.index(parent_tensor)]
-        raise ValueError(f"{parent_tensor.id!r} is not an input or output of this call of {g.id!r}.")
+        raise ValueError(
+            f"{parent_tensor.id!r} is not an input or output of this call of {g.id!r}."
+        )
 
     def graph_to_parent_input_index(self, idx: int) -> int:
         return idx
@@ -69,7 +79,9 @@ class CallSiteInfo:
     def parent_to_graph_output_index(self, idx: int) -> int:
         return idx
 
-    def set_parent_input_modified(self, parent_tensor: Tensor, infer_modified_regions: bool = False) -> None:
+    def set_parent_input_modified(
+        self, parent_tensor: Tensor, infer_modified_regions: bool = False
+    ) -> None:
         """Declare that the called graph writes ``parent_tensor`` (it is passed by reference)."""
         self._op.by_ref_modified.add(self._op.inputs.index(parent_tensor))
 
@@ -82,7 +94,7 @@ def sync_call_outputs(op: Op) -> None:
     g = op.called_graphs[0]
     if op.type != "Call" or len(op.outputs) >= len(g._outputs):
         return
-    for t in g._outputs[len(op.outputs):]:
+    for t in g._outputs[len(op.outputs) :]:
         op.outputs.append(Tensor._create(op.graph, op.graph._create_tensor_id(t.name), t.spec, op))
 
 
@@ -94,39 +106,56 @@ def _flatten_one_level(inputs: Sequence[Any]) -> List[Any]:
     return out
 
 
-def _prep_inputs(graph: Graph, inputs: Sequence[Any], inputs_dict: Optional[Mapping],
-                 check_inputs: bool, offset: int = 0) -> List[Tensor]:
+def _prep_inputs(
+    graph: Graph,
+    inputs: Sequence[Any],
+    inputs_dict: Optional[Mapping],
+    check_inputs: bool,
+    offset: int = 0,
+) -> List[Tensor]:
     """Parent tensors for every input of ``graph``, in graph-input order."""
     positional = _flatten_one_level(inputs)
     ins = graph._inputs[offset:]
     if len(positional) > len(ins):
-        raise ValueError(f"Too many inputs for graph {graph.id!r}: {len(positional)} given, "
-                         f"it has {len(ins)} inputs ({', '.join(t.name for t in ins)}).")
+        raise ValueError(
+            f"Too many inputs for graph {graph.id!r}: {len(positional)} given, "
+            f"it has {len(ins)} inputs ({', '.join(t.name for t in ins)})."
+        )
     chosen: Dict[Tensor, Any] = dict(zip(ins, positional))
     for sub, parent in (inputs_dict or {}).items():
         if sub not in ins:
-            raise ValueError(f"inputs_dict key {getattr(sub, 'id', sub)!r} is not an input of {graph.id!r}.")
+            raise ValueError(
+                f"inputs_dict key {getattr(sub, 'id', sub)!r} is not an input of {graph.id!r}."
+            )
         if sub in chosen:
-            raise ValueError(f"Input {sub.name!r} of {graph.id!r} is given both positionally and in inputs_dict.")
+            raise ValueError(
+                f"Input {sub.name!r} of {graph.id!r} is given both positionally and in inputs_dict."
+            )
         chosen[sub] = parent
     missing = [t for t in ins if t not in chosen]
     if missing and check_inputs:
         rows = "\n".join(f"  {t.name:<24} {str(t.shape):<16} {t.dtype.name}" for t in missing)
-        raise ValueError(f"Not enough inputs have been provided for the called graph {graph.id!r}. "
-                         f"Missing inputs:\n{rows}")
+        raise ValueError(
+            f"Not enough inputs have been provided for the called graph {graph.id!r}. "
+            f"Missing inputs:\n{rows}"
+        )
     return [_coerce(sub, chosen[sub]) for sub in ins if sub in chosen]
 
 
 def _coerce(sub: Tensor, value: Any) -> Tensor:
     if isinstance(value, Tensor):
         if value.shape != sub.shape or value.dtype is not sub.dtype:
-            raise ValueError(f"Input {sub.name!r} of {sub.graph.id!r} expects {sub.shape} "
-                             f"{sub.dtype.name}, got {value.id!r} {value.shape} {value.dtype.name}.")
+            raise ValueError(
+                f"Input {sub.name!r} of {sub.graph.id!r} expects {sub.shape} "
+                f"{sub.dtype.name}, got {value.id!r} {value.shape} {value.dtype.name}."
+            )
         return value
     try:
         return constant(np.broadcast_to(np.asarray(value), sub.shape), sub.dtype)
     except (TypeError, ValueError) as e:
-        raise TypeError(f"Cannot convert {value!r} to a constant for input {sub.name!r}: {e}") from None
+        raise TypeError(
+            f"Cannot convert {value!r} to a constant for input {sub.name!r}: {e}"
+        ) from None
 
 
 def _check_callable(graph: Graph) -> None:
@@ -148,11 +177,15 @@ def _emit_call(op: Op, em) -> None:
     fn = em.graph_fn(g)
     modified = em.program.modified_inputs[g]
     by_ref = {i for i, t in enumerate(g._inputs) if t in g._by_ref_inputs}
-    args = [f"{em.name(t)}.clone()" if i in modified and i not in by_ref else em.name(t)
-            for i, t in enumerate(op.inputs)]
+    args = [
+        f"{em.name(t)}.clone()" if i in modified and i not in by_ref else em.name(t)
+        for i, t in enumerate(op.inputs)
+    ]
     outs = [em.name(t) for t in op.outputs]
     call = f"{fn}({', '.join(args)})"
-    em.emit(f"{', '.join(outs)}{',' if len(outs) == 1 else ''} = {call}[:{len(outs)}]" if outs else call)
+    em.emit(
+        f"{', '.join(outs)}{',' if len(outs) == 1 else ''} = {call}[:{len(outs)}]" if outs else call
+    )
 
 
 def _call_cost(ins, outs, attrs) -> Cost:
@@ -171,11 +204,17 @@ def _call_grad(ctx) -> List[Optional[Tensor]]:
     for c in info.expected_inputs:
         if c.connection_type is ExpectedConnectionType.FwdGrad:
             idx = g._outputs.index(c.fwd_tensor)
-            args.append(ctx.grad_output(idx) if idx < len(op.outputs) and ctx.grad_output(idx)
-                        is not None else zeros_like_spec(c.fwd_tensor))
+            args.append(
+                ctx.grad_output(idx)
+                if idx < len(op.outputs) and ctx.grad_output(idx) is not None
+                else zeros_like_spec(c.fwd_tensor)
+            )
         else:
-            args.append(ctx.input(g._inputs.index(c.fwd_tensor)) if c.fwd_tensor in g._inputs
-                        else ctx.output(g._outputs.index(c.fwd_tensor)))
+            args.append(
+                ctx.input(g._inputs.index(c.fwd_tensor))
+                if c.fwd_tensor in g._inputs
+                else ctx.output(g._outputs.index(c.fwd_tensor))
+            )
     outs = call(info.graph, *args)
     grads: List[Optional[Tensor]] = [None] * len(op.inputs)
     for c, gt in zip(info.expected_outputs, outs):
@@ -193,15 +232,25 @@ def _call_samples():
     return [Sample(data, build, lambda x, w: x * w + x)]
 
 
-CALL = register(OpDef("Call", _call_infer, emit=_emit_call, grad=_call_grad, cost=_call_cost,
-                      samples=_call_samples))
+CALL = register(
+    OpDef(
+        "Call",
+        _call_infer,
+        emit=_emit_call,
+        grad=_call_grad,
+        cost=_call_cost,
+        samples=_call_samples,
+    )
+)
 
 
 def _make_call(graph: Graph, inputs, inputs_dict, check_inputs: bool) -> Op:
     _check_callable(graph)
     parents = _prep_inputs(graph, inputs, inputs_dict, check_inputs)
     names = [t.name for t in graph._outputs]
-    outs = create_op(CALL, parents, {"graph": graph}, called_graphs=(graph,), out_names=names or None)
+    outs = create_op(
+        CALL, parents, {"graph": graph}, called_graphs=(graph,), out_names=names or None
+    )
     op = outs[0].producer if outs else gcg()._ops[-1]
     op.by_ref_modified |= {i for i, t in enumerate(graph._inputs) if t in graph._by_ref_inputs}
     return op
@@ -212,8 +261,9 @@ def call(graph: Graph, *inputs, inputs_dict: Optional[Mapping] = None) -> Tuple[
     return tuple(_make_call(graph, inputs, inputs_dict, True).outputs)
 
 
-def call_with_info(graph: Graph, *inputs, inputs_dict: Optional[Mapping] = None,
-                   check_inputs: bool = True) -> CallSiteInfo:
+def call_with_info(
+    graph: Graph, *inputs, inputs_dict: Optional[Mapping] = None, check_inputs: bool = True
+) -> CallSiteInfo:
     """Like `call`, returning the `CallSiteInfo` of the new call site."""
     return CallSiteInfo(_make_call(graph, inputs, inputs_dict, check_inputs))
 
@@ -233,7 +283,9 @@ def _emit_repeat(op: Op, em) -> None:
     if loop:
         em.emit(f"{', '.join(loop)}, = {', '.join(names[:k])},")
     em.emit(f"for _ in range({n}):")
-    call_args = ", ".join([*(f"{x}.clone()" if i in modified else x for i, x in enumerate(loop)), *rest])
+    call_args = ", ".join(
+        [*(f"{x}.clone()" if i in modified else x for i, x in enumerate(loop)), *rest]
+    )
     em.emit(f"    {', '.join(loop)}, *_r = {fn}({call_args})" if loop else f"    {fn}({call_args})")
     if op.outputs:
         em.emit(f"{', '.join(em.name(t) for t in op.outputs)}, = {', '.join(loop)},")
@@ -249,8 +301,12 @@ def _repeat_grad(ctx) -> List[Optional[Tensor]]:
 
     op, diff = ctx.op, ctx.differentiator
     g, n, k = op.called_graphs[0], op.attrs["repeat_count"], op.attrs["carried"]
-    info = diff.known.get(g) or autodiff(g, grads_provided=g._outputs[:k], grads_required=g._inputs,
-                                         called_graphs_grad_info=diff.known)
+    info = diff.known.get(g) or autodiff(
+        g,
+        grads_provided=g._outputs[:k],
+        grads_required=g._inputs,
+        called_graphs_grad_info=diff.known,
+    )
     diff.known[g] = info
     init = [ctx.input(i) for i in range(len(op.inputs))]
     carried_grads = [ctx.grad_output_or_zero(i) for i in range(k)]
@@ -282,8 +338,16 @@ def _repeat_samples():
     return [Sample(data, build, ref)]
 
 
-REPEAT = register(OpDef("Loop", _repeat_infer, emit=_emit_repeat, grad=_repeat_grad,
-                        cost=_call_cost, samples=_repeat_samples))
+REPEAT = register(
+    OpDef(
+        "Loop",
+        _repeat_infer,
+        emit=_emit_repeat,
+        grad=_repeat_grad,
+        cost=_call_cost,
+        samples=_repeat_samples,
+    )
+)
 
 
 def _make_repeat(graph: Graph, repeat_count: int, inputs, inputs_dict, check_inputs) -> Op:
@@ -293,12 +357,16 @@ def _make_repeat(graph: Graph, repeat_count: int, inputs, inputs_dict, check_inp
     parents = _prep_inputs(graph, inputs, inputs_dict, check_inputs)
     carried = len(graph._outputs)
     if carried > len(graph._inputs):
-        raise ValueError(f"repeat: graph {graph.id!r} has {carried} outputs but only "
-                         f"{len(graph._inputs)} inputs; outputs are fed back to the first inputs.")
+        raise ValueError(
+            f"repeat: graph {graph.id!r} has {carried} outputs but only "
+            f"{len(graph._inputs)} inputs; outputs are fed back to the first inputs."
+        )
     for o, i in zip(graph._outputs, graph._inputs):
         if o.shape != i.shape or o.dtype is not i.dtype:
-            raise ValueError(f"repeat: output {o.name!r} {o.shape} {o.dtype.name} of {graph.id!r} "
-                             f"cannot feed input {i.name!r} {i.shape} {i.dtype.name}.")
+            raise ValueError(
+                f"repeat: output {o.name!r} {o.shape} {o.dtype.name} of {graph.id!r} "
+                f"cannot feed input {i.name!r} {i.shape} {i.dtype.name}."
+            )
     names = [t.name for t in graph._outputs]
     attrs = {"graph": graph, "repeat_count": repeat_count, "carried": carried}
     outs = create_op(REPEAT, parents, attrs, called_graphs=(graph,), out_names=names or None)
@@ -307,14 +375,16 @@ def _make_repeat(graph: Graph, repeat_count: int, inputs, inputs_dict, check_inp
     return op
 
 
-def repeat(graph: Graph, repeat_count: int, *inputs, inputs_dict: Optional[Mapping] = None
-           ) -> Tuple[Tensor, ...]:
+def repeat(
+    graph: Graph, repeat_count: int, *inputs, inputs_dict: Optional[Mapping] = None
+) -> Tuple[Tensor, ...]:
     """Call ``graph`` ``repeat_count`` times; its N outputs feed its first N inputs."""
     return tuple(_make_repeat(graph, repeat_count, inputs, inputs_dict, True).outputs)
 
 
-def repeat_with_info(graph: Graph, repeat_count: int, *inputs, inputs_dict=None,
-                     check_inputs: bool = True) -> CallSiteInfo:
+def repeat_with_info(
+    graph: Graph, repeat_count: int, *inputs, inputs_dict=None, check_inputs: bool = True
+) -> CallSiteInfo:
     return CallSiteInfo(_make_repeat(graph, repeat_count, inputs, inputs_dict, check_inputs))
 
 
@@ -327,8 +397,8 @@ def _emit_conditional(op: Op, em) -> None:
     then_g, else_g = op.called_graphs
     n = op.attrs["n_then"]
     names = [em.name(t) for t in op.inputs]
-    t_call = f"{em.graph_fn(then_g)}({', '.join(_clone_mod(em, then_g, names[1:1 + n]))})"
-    e_call = f"{em.graph_fn(else_g)}({', '.join(_clone_mod(em, else_g, names[1 + n:]))})"
+    t_call = f"{em.graph_fn(then_g)}({', '.join(_clone_mod(em, then_g, names[1 : 1 + n]))})"
+    e_call = f"{em.graph_fn(else_g)}({', '.join(_clone_mod(em, else_g, names[1 + n :]))})"
     outs = [em.name(t) for t in op.outputs]
     lhs = f"{', '.join(outs)}, = " if outs else ""
     em.emit(f"{lhs}({t_call} if bool({names[0]}) else {e_call})[:{len(outs)}]")
@@ -349,42 +419,94 @@ def _conditional_samples():
         flag = constant(True, dtypes.bool)
         return conditional(flag, then_g, else_g, then_inputs=[x], else_inputs=[x])[0]
 
-    return [Sample([np.arange(6, dtype=np.float32).reshape(2, 3)], build, lambda x: x * 2.0,
-                   grad=False)]
+    return [
+        Sample([np.arange(6, dtype=np.float32).reshape(2, 3)], build, lambda x: x * 2.0, grad=False)
+    ]
 
 
-CONDITIONAL = register(OpDef("If", _cond_infer, emit=_emit_conditional, cost=_call_cost,
-                             samples=_conditional_samples))
+CONDITIONAL = register(
+    OpDef("If", _cond_infer, emit=_emit_conditional, cost=_call_cost, samples=_conditional_samples)
+)
 
 
-def _make_conditional(cond, then_branch, else_branch, then_inputs, else_inputs,
-                      then_inputs_dict, else_inputs_dict, check_inputs) -> Op:
+def _make_conditional(
+    cond,
+    then_branch,
+    else_branch,
+    then_inputs,
+    else_inputs,
+    then_inputs_dict,
+    else_inputs_dict,
+    check_inputs,
+) -> Op:
     _check_callable(then_branch)
     _check_callable(else_branch)
     t_out, e_out = then_branch._outputs, else_branch._outputs
     if [(t.shape, t.dtype) for t in t_out] != [(t.shape, t.dtype) for t in e_out]:
-        raise ValueError(f"conditional: branches {then_branch.id!r} and {else_branch.id!r} must "
-                         "have the same number, shapes and dtypes of outputs.")
+        raise ValueError(
+            f"conditional: branches {then_branch.id!r} and {else_branch.id!r} must "
+            "have the same number, shapes and dtypes of outputs."
+        )
     if cond.nelms != 1:
-        raise ValueError(f"conditional: condition {cond.id!r} must have one element, has shape {cond.shape}.")
+        raise ValueError(
+            f"conditional: condition {cond.id!r} must have one element, has shape {cond.shape}."
+        )
     t_in = _prep_inputs(then_branch, then_inputs or [], then_inputs_dict, check_inputs)
     e_in = _prep_inputs(else_branch, else_inputs or [], else_inputs_dict, check_inputs)
     attrs = {"then_branch": then_branch, "else_branch": else_branch, "n_then": len(t_in)}
-    outs = create_op(CONDITIONAL, [cond, *t_in, *e_in], attrs,
-                     called_graphs=(then_branch, else_branch),
-                     out_names=[t.name for t in t_out] or None)
+    outs = create_op(
+        CONDITIONAL,
+        [cond, *t_in, *e_in],
+        attrs,
+        called_graphs=(then_branch, else_branch),
+        out_names=[t.name for t in t_out] or None,
+    )
     return outs[0].producer if outs else gcg()._ops[-1]
 
 
-def conditional(cond: Tensor, then_branch: Graph, else_branch: Graph, then_inputs=None,
-                else_inputs=None, then_inputs_dict=None, else_inputs_dict=None) -> Tuple[Tensor, ...]:
+def conditional(
+    cond: Tensor,
+    then_branch: Graph,
+    else_branch: Graph,
+    then_inputs=None,
+    else_inputs=None,
+    then_inputs_dict=None,
+    else_inputs_dict=None,
+) -> Tuple[Tensor, ...]:
     """Run ``then_branch`` if ``cond`` is true, else ``else_branch``."""
-    return tuple(_make_conditional(cond, then_branch, else_branch, then_inputs, else_inputs,
-                                   then_inputs_dict, else_inputs_dict, True).outputs)
+    return tuple(
+        _make_conditional(
+            cond,
+            then_branch,
+            else_branch,
+            then_inputs,
+            else_inputs,
+            then_inputs_dict,
+            else_inputs_dict,
+            True,
+        ).outputs
+    )
 
 
-def conditional_with_info(cond, then_branch, else_branch, then_inputs=None, else_inputs=None,
-                          then_inputs_dict=None, else_inputs_dict=None, check_inputs=True):
-    return CallSiteInfo(_make_conditional(cond, then_branch, else_branch, then_inputs,
-                                          else_inputs, then_inputs_dict, else_inputs_dict,
-                                          check_inputs))
+def conditional_with_info(
+    cond,
+    then_branch,
+    else_branch,
+    then_inputs=None,
+    else_inputs=None,
+    then_inputs_dict=None,
+    else_inputs_dict=None,
+    check_inputs=True,
+):
+    return CallSiteInfo(
+        _make_conditional(
+            cond,
+            then_branch,
+            else_branch,
+            then_inputs,
+            else_inputs,
+            then_inputs_dict,
+            else_inputs_dict,
+            check_inputs,
+        )
+    )

@@ -1,3 +1,16 @@
-"""Op family: nn (filled in by its owner)."""
+"""Op family: nn. The ops live in conv.py, norm.py and pool.py; this module gathers them."""
 
-__all__: list = []
+from .conv import PadType, conv, conv_transpose
+from .norm import batch_norm_inference, group_norm, layer_norm
+from .pool import average_pool, max_pool
+
+__all__ = [
+           "PadType",
+           "average_pool",
+           "batch_norm_inference",
+           "conv",
+           "conv_transpose",
+           "group_norm",
+           "layer_norm",
+           "max_pool",
+]

@@ -1,3 +1,325 @@
-"""Op family: reduce (filled in by its owner)."""
+"""Reductions over axes: sum, mean, max, min, prod, median, sumsquare, logsum, logsumexp, l1, l2.
 
-__all__: list = []
+All share one signature ``(t, axis=None, keepdims=False)``; ``axis=None`` reduces every axis and
+an empty axis list reduces nothing. Gradients are written with our own ops; the one helper op,
+``ReduceSumGrad``, broadcasts a reduced gradient back to the input shape (times a scale).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+import numpy as np
+import torch
+
+from ..tensor import Tensor
+from ._utils import normalize_axes, spec
+from .reduce_index import argmax, argmin, cumsum, topk
+from .registry import Cost, OpDef, create_op, register
+
+__all__ = [
+    "argmax",
+    "argmin",
+    "cumsum",
+    "l1",
+    "l2",
+    "logsum",
+    "logsumexp",
+    "max",
+    "mean",
+    "median",
+    "min",
+    "prod",
+    "reduce_sum",
+    "sum",
+    "sumsquare",
+    "topk",
+]
+
+Axis = int | Iterable[int] | None
+
+
+# shape rules -----------------------------------------------------------------------------
+def keep_shape(shape: Sequence[int], axes: tuple[int, ...]) -> tuple[int, ...]:
+    """``shape`` with the reduced axes kept as size 1."""
+    return tuple(1 if i in axes else s for i, s in enumerate(shape))
+
+
+def reduced_shape(shape: Sequence[int], axes: tuple[int, ...], keepdims: bool) -> tuple[int, ...]:
+    if keepdims:
+        return keep_shape(shape, axes)
+    return tuple(s for i, s in enumerate(shape) if i not in axes)
+
+
+def _make_infer(float_only: bool) -> Callable:
+    def infer(ins, axes, keepdims):
+        x = ins[0]
+        if float_only and not x.dtype.is_floating_point:
+            raise TypeError(f"input must be floating point, got {x.dtype.name}")
+        return [spec(reduced_shape(x.shape, axes, keepdims), x.dtype)]
+
+    return infer
+
+
+def _reduce_cost(ins, outs, attrs) -> Cost:
+    # One combine per input element (the reduction tree has nelms - 1 adds, plus the map).
+    return Cost(ins[0].nelms, ins[0].nbytes + outs[0].nbytes)
+
+
+# kernels ---------------------------------------------------------------------------------
+def _to_last(x: torch.Tensor, axes: tuple[int, ...]) -> torch.Tensor:
+    """Move the reduced axes to the end and flatten them into one (for 1-axis torch ops)."""
+    rest = [i for i in range(x.dim()) if i not in axes]
+    x = x.permute(*rest, *axes)
+    return x.reshape(*x.shape[: len(rest)], -1)
+
+
+def _make_kernel(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable:
+    """Kernel reducing the last axis with ``fn`` after flattening the reduced axes into it.
+
+    An empty axis list reduces over a new size-1 axis, so ``fn`` then acts elementwise
+    (torch would otherwise treat ``dim=()`` as "all axes").
+    """
+
+    def kernel(x, axes, keepdims):
+        y = fn(_to_last(x, axes) if axes else x.unsqueeze(-1))
+        if keepdims:
+            y = y.reshape(keep_shape(x.shape, axes))
+        return y.to(x.dtype)
+
+    return kernel
+
+
+def _median_last(x: torch.Tensor) -> torch.Tensor:
+    return torch.median(x, dim=-1).values
+
+
+def _logsum_last(x: torch.Tensor) -> torch.Tensor:
+    return torch.log(torch.sum(x, dim=-1))
+
+
+_KERNELS = {
+    "ReduceSum": lambda x: torch.sum(x, dim=-1),
+    "ReduceMean": lambda x: torch.mean(x, dim=-1),
+    "ReduceMax": lambda x: torch.amax(x, dim=-1),
+    "ReduceMin": lambda x: torch.amin(x, dim=-1),
+    "ReduceProd": lambda x: torch.prod(x, dim=-1),
+    "ReduceMedian": _median_last,
+    "ReduceSumSquare": lambda x: torch.sum(x * x, dim=-1),
+    "ReduceLogSum": _logsum_last,
+    "ReduceLogSumExp": lambda x: torch.logsumexp(x, dim=-1),
+    "ReduceL1": lambda x: torch.sum(torch.abs(x), dim=-1),
+    "ReduceL2": lambda x: torch.linalg.vector_norm(x, dim=-1),
+}
+
+
+# gradients -------------------------------------------------------------------------------
+def _expand_infer(ins, shape, axes, keepdims, scale):
+    want = reduced_shape(shape, axes, keepdims)
+    if tuple(ins[0].shape) != want:
+        raise ValueError(f"gradient shape {ins[0].shape} does not match the reduced shape {want}")
+    return [spec(shape, ins[0].dtype)]
+
+
+def _expand_kernel(g, shape, axes, keepdims, scale):
+    out = g.reshape(keep_shape(shape, axes)).expand(*shape)
+    return (out * scale).to(g.dtype) if scale != 1.0 else out.contiguous()
+
+
+def _expand_samples():
+    from ._reduce_samples import expand_samples
+
+    return expand_samples()
+
+
+def _expand_grad(ctx):
+    a = ctx.attrs
+    g = sum(ctx.grad_output(0), a["axes"], a["keepdims"])
+    if a["scale"] != 1.0:
+        from . import mul
+
+        g = mul(g, a["scale"])
+    return [g]
+
+
+REDUCE_SUM_GRAD = register(OpDef(
+    "ReduceSumGrad", _expand_infer, _expand_kernel, grad=_expand_grad, samples=_expand_samples,
+    out_name="reducesumgrad_out"))
+
+
+def expand_reduced(g: Tensor, shape: Sequence[int], axes: tuple[int, ...], keepdims: bool,
+                   scale: float = 1.0) -> Tensor:
+    """Broadcast a reduced tensor ``g`` back to ``shape`` (times ``scale``): sum's gradient."""
+    attrs = {"shape": tuple(shape), "axes": tuple(axes), "keepdims": keepdims,
+             "scale": float(scale)}
+    return create_op(REDUCE_SUM_GRAD, [g], attrs)[0]
+
+
+def _keep(ctx, t: Tensor) -> Tensor:
+    """A reduced tensor reshaped to keepdims form, so it broadcasts against the input."""
+    from . import reshape
+
+    a = ctx.attrs
+    shape = keep_shape(ctx.op.inputs[0].shape, a["axes"])
+    return t if tuple(t.shape) == shape else reshape(t, shape)
+
+
+def _sum_grad(ctx):
+    a = ctx.attrs
+    return [expand_reduced(ctx.grad_output(0), ctx.op.inputs[0].shape, a["axes"], a["keepdims"])]
+
+
+def _mean_grad(ctx):
+    a = ctx.attrs
+    shape = ctx.op.inputs[0].shape
+    n = int(np.prod([shape[i] for i in a["axes"]], dtype=np.int64))
+    return [expand_reduced(ctx.grad_output(0), shape, a["axes"], a["keepdims"], 1.0 / n)]
+
+
+def _select_grad(ctx):
+    """max/min/median: the gradient goes to the selected positions, split evenly among ties
+    (torch's amax/amin rule)."""
+    from . import cast, div, equal, mul
+
+    x, a = ctx.input(0), ctx.attrs
+    mask = cast(equal(x, _keep(ctx, ctx.output(0))), x.dtype)
+    count = sum(mask, a["axes"], keepdims=True)
+    return [mul(div(mask, count), _keep(ctx, ctx.grad_output(0)))]
+
+
+def _prod_grad(ctx):
+    from . import div, mul
+
+    y_over_x = div(_keep(ctx, ctx.output(0)), ctx.input(0))  # needs x != 0, as torch's fast path
+    return [mul(y_over_x, _keep(ctx, ctx.grad_output(0)))]
+
+
+def _sumsquare_grad(ctx):
+    from . import mul
+
+    return [mul(mul(ctx.input(0), 2.0), _keep(ctx, ctx.grad_output(0)))]
+
+
+def _logsum_grad(ctx):
+    from . import div, exp
+
+    g_over_sum = div(ctx.grad_output(0), exp(ctx.output(0)))
+    a = ctx.attrs
+    return [expand_reduced(g_over_sum, ctx.op.inputs[0].shape, a["axes"], a["keepdims"])]
+
+
+def _logsumexp_grad(ctx):
+    from . import exp, mul, sub
+
+    probs = exp(sub(ctx.input(0), _keep(ctx, ctx.output(0))))
+    return [mul(probs, _keep(ctx, ctx.grad_output(0)))]
+
+
+def _l1_grad(ctx):
+    from . import mul, sign
+
+    return [mul(sign(ctx.input(0)), _keep(ctx, ctx.grad_output(0)))]
+
+
+def _l2_grad(ctx):
+    from . import div, mul
+
+    return [mul(div(ctx.input(0), _keep(ctx, ctx.output(0))), _keep(ctx, ctx.grad_output(0)))]
+
+
+# declaration -----------------------------------------------------------------------------
+REDUCE_OPS = {}
+
+
+def _declare(name: str, grad, fn_name: str, *, float_only=False, low=-1.0, seed=0) -> OpDef:
+    def samples():
+        from ._reduce_samples import reduction_samples
+
+        return reduction_samples(name, globals()[fn_name], low, seed)
+
+    opdef = register(OpDef(name, _make_infer(float_only), _make_kernel(_KERNELS[name]), grad=grad,
+                           cost=_reduce_cost, samples=samples, out_name=f"{name.lower()}_out"))
+    REDUCE_OPS[name] = opdef
+    return opdef
+
+
+_declare("ReduceSum", _sum_grad, "sum", seed=100)
+_declare("ReduceMean", _mean_grad, "mean", float_only=True, seed=110)
+_declare("ReduceMax", _select_grad, "max", seed=120)
+_declare("ReduceMin", _select_grad, "min", seed=130)
+_declare("ReduceProd", _prod_grad, "prod", low=0.5, seed=140)
+_declare("ReduceMedian", _select_grad, "median", seed=150)
+_declare("ReduceSumSquare", _sumsquare_grad, "sumsquare", seed=160)
+_declare("ReduceLogSum", _logsum_grad, "logsum", float_only=True, low=0.5, seed=170)
+_declare("ReduceLogSumExp", _logsumexp_grad, "logsumexp", float_only=True, seed=180)
+_declare("ReduceL1", _l1_grad, "l1", seed=190)
+_declare("ReduceL2", _l2_grad, "l2", float_only=True, seed=200)
+
+
+def _reduce(opdef: OpDef, t: Tensor, axis: Axis, keepdims: bool) -> Tensor:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{opdef.name}: expected a popxl.Tensor, got {type(t).__name__}.")
+    try:
+        axes = normalize_axes(axis, t.rank)
+    except ValueError as e:
+        raise ValueError(f"{opdef.name}: {e} (input {t.id} {t.shape})") from None
+    return create_op(opdef, [t], {"axes": axes, "keepdims": bool(keepdims)})[0]
+
+
+# public functions ------------------------------------------------------------------------
+def sum(t: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
+    """Sum of ``t`` over ``axis`` (all axes if None)."""
+    return _reduce(REDUCE_OPS["ReduceSum"], t, axis, keepdims)
+
+
+reduce_sum = sum
+
+
+def mean(t: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
+    """Mean of ``t`` over ``axis`` (all axes if None)."""
+    return _reduce(REDUCE_OPS["ReduceMean"], t, axis, keepdims)
+
+
+def max(t: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
+    """Maximum of ``t`` over ``axis`` (all axes if None)."""
+    return _reduce(REDUCE_OPS["ReduceMax"], t, axis, keepdims)
+
+
+def min(t: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
+    """Minimum of ``t`` over ``axis`` (all axes if None)."""
+    return _reduce(REDUCE_OPS["ReduceMin"], t, axis, keepdims)
+
+
+def prod(t: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
+    """Product of ``t`` over ``axis`` (all axes if None)."""
+    return _reduce(REDUCE_OPS["ReduceProd"], t, axis, keepdims)
+
+
+def median(t: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
+    """Median of ``t`` over ``axis`` (the lower of the two middle values for even counts)."""
+    return _reduce(REDUCE_OPS["ReduceMedian"], t, axis, keepdims)
+
+
+def sumsquare(t: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
+    """Sum of squares of ``t`` over ``axis``."""
+    return _reduce(REDUCE_OPS["ReduceSumSquare"], t, axis, keepdims)
+
+
+def logsum(t: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
+    """log(sum(t)) over ``axis``."""
+    return _reduce(REDUCE_OPS["ReduceLogSum"], t, axis, keepdims)
+
+
+def logsumexp(t: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
+    """log(sum(exp(t))) over ``axis``, computed stably."""
+    return _reduce(REDUCE_OPS["ReduceLogSumExp"], t, axis, keepdims)
+
+
+def l1(t: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
+    """Sum of absolute values of ``t`` over ``axis``."""
+    return _reduce(REDUCE_OPS["ReduceL1"], t, axis, keepdims)
+
+
+def l2(t: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
+    """Euclidean norm of ``t`` over ``axis``."""
+    return _reduce(REDUCE_OPS["ReduceL2"], t, axis, keepdims)

@@ -144,13 +144,22 @@ def check_tensor_ipu_and_tile_set(**tensors: Tensor) -> None:
     placements = {(t.ipu, t.tile_set) for t in tensors.values()}
     if len(placements) > 1:
         where = ", ".join(f"{k}={t.id!r} on ipu {t.ipu}/{t.tile_set}" for k, t in tensors.items())
-        raise ValueError(f"Op inputs are on different IPUs or tile sets: {where}. "
-                         "Use copy_to_ipu / io_tile_copy first.")
+        raise ValueError(
+            f"Op inputs are on different IPUs or tile sets: {where}. "
+            "Use copy_to_ipu / io_tile_copy first."
+        )
 
 
-def create_op(opdef: OpDef | str, inputs: Sequence[Tensor], attrs: Optional[Dict] = None,
-              *, called_graphs: Tuple[Graph, ...] = (), out_names: Optional[Sequence[str]] = None,
-              graph: Optional[Graph] = None, check_placement: bool = True) -> List[Tensor]:
+def create_op(
+    opdef: OpDef | str,
+    inputs: Sequence[Tensor],
+    attrs: Optional[Dict] = None,
+    *,
+    called_graphs: Tuple[Graph, ...] = (),
+    out_names: Optional[Sequence[str]] = None,
+    graph: Optional[Graph] = None,
+    check_placement: bool = True,
+) -> List[Tensor]:
     """Create an op in the current graph and return its output tensors.
 
     Validation (graph membership, shapes, dtypes) happens before anything is added, so a
@@ -167,8 +176,14 @@ def create_op(opdef: OpDef | str, inputs: Sequence[Tensor], attrs: Optional[Dict
         check_tensor_ipu_and_tile_set(**{f"input {i}": t for i, t in enumerate(inputs)})
     specs = _infer(opdef, [t.spec for t in inputs], attrs, inputs)
     op = Op(g.ir._next_op_id(), opdef, g, list(inputs), attrs, tuple(called_graphs), opdef.name)
-    names = list(out_names) if out_names else [opdef.out_name or f"{opdef.name.lower()}_out"] * len(specs)
-    op.outputs = [Tensor._create(g, g._create_tensor_id(n), s, producer=op) for n, s in zip(names, specs)]
+    names = (
+        list(out_names)
+        if out_names
+        else [opdef.out_name or f"{opdef.name.lower()}_out"] * len(specs)
+    )
+    op.outputs = [
+        Tensor._create(g, g._create_tensor_id(n), s, producer=op) for n, s in zip(names, specs)
+    ]
     g._add_op(op)
     get_current_context().op_created(op)
     return op.outputs
@@ -200,5 +215,6 @@ def broadcast_shapes(*shapes: Sequence[int]) -> Tuple[int, ...]:
     try:
         return tuple(np.broadcast_shapes(*[tuple(s) for s in shapes]))
     except ValueError:
-        raise ValueError(f"shapes {' and '.join(str(tuple(s)) for s in shapes)} "
-                         "cannot be broadcast together") from None
+        raise ValueError(
+            f"shapes {' and '.join(str(tuple(s)) for s in shapes)} cannot be broadcast together"
+        ) from None

@@ -1,3 +1,374 @@
-"""Op family: shape (filled in by its owner)."""
+"""Shape ops: reshape, flatten, transpose, squeeze/unsqueeze, expand, concat, split.
 
-__all__: list = []
+Slicing ops (slice, subsample, dynamic_slice, dynamic_update) live in `slicing.py` and are
+re-exported here so that ``popxl.ops`` sees the whole shape family through this module.
+
+Kernels that only re-describe memory (reshape, transpose, expand) return torch views and
+declare ``view=True``; the compiler clones their result where a graph modifies tensors in
+place. The in-place variants (``ReshapeInplace``, ``TransposeInplace``) return the view
+uncloned: their output aliases input 0, as in popxl.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from ..tensor import Tensor
+from ._utils import broadcast_shapes, rand, same_dtype, spec, unbroadcast
+from .registry import Cost, OpDef, Sample, create_op, no_cost, register
+from .slicing import (
+    dynamic_slice,
+    dynamic_update,
+    dynamic_update_,
+    slice,
+    slice_,
+    subsample,
+)
+
+__all__ = [
+    "concat",
+    "concat_",
+    "dynamic_slice",
+    "dynamic_update",
+    "dynamic_update_",
+    "expand",
+    "flatten",
+    "flatten_",
+    "reshape",
+    "reshape_",
+    "slice",
+    "slice_",
+    "split",
+    "squeeze",
+    "subsample",
+    "transpose",
+    "transpose_",
+    "unsqueeze",
+]
+
+
+def copy_cost(ins, outs, attrs) -> Cost:
+    """Data movement: every output byte read once and written once."""
+    return Cost(0, 2 * sum(s.nbytes for s in outs))
+
+
+# Reshape -------------------------------------------------------------------------------
+def resolve_shape(in_shape: Sequence[int], shape: Sequence[int]) -> tuple:
+    """``shape`` with its (single) -1 resolved; ValueError naming both shapes on a mismatch."""
+    shape = tuple(int(s) for s in shape)
+    n_in = int(np.prod(in_shape, dtype=np.int64))
+    unknown = [i for i, s in enumerate(shape) if s == -1]
+    if len(unknown) > 1 or any(s < -1 for s in shape):
+        raise ValueError(f"invalid reshape target {shape}: sizes must be >= 0, with at most "
+                         "one -1")
+    known = int(np.prod([s for s in shape if s != -1], dtype=np.int64))
+    if unknown:
+        if known == 0 or n_in % known:
+            raise ValueError(f"cannot reshape a tensor of shape {tuple(in_shape)} ({n_in} "
+                             f"elements) to {shape}")
+        shape = shape[: unknown[0]] + (n_in // known,) + shape[unknown[0] + 1:]
+    elif known != n_in:
+        raise ValueError(f"cannot reshape a tensor of shape {tuple(in_shape)} ({n_in} elements) "
+                         f"to {shape} ({known} elements)")
+    return shape
+
+
+def _reshape_infer(ins, shape):
+    return [spec(resolve_shape(ins[0].shape, shape), ins[0].dtype)]
+
+
+def _reshape_grad(ctx):
+    return [reshape(ctx.grad_output(0), ctx.op.inputs[0].shape)]
+
+
+def _reshape_samples():
+    return [
+        Sample([rand(2, 3, 4)], lambda x: reshape(x, (6, 4)), lambda x: x.reshape(6, 4)),
+        Sample([rand(2, 3, 4, seed=1)], lambda x: reshape(x, (-1, 3)),
+               lambda x: x.reshape(-1, 3), name="minus1"),
+        Sample([rand(2, 3, seed=2)], lambda x: flatten(x), lambda x: x.reshape(-1),
+               name="flatten"),
+        Sample([rand(3, 1, 4, 1, seed=3)], lambda x: squeeze(x), lambda x: x.squeeze(),
+               name="squeeze"),
+        Sample([rand(3, 1, 4, 1, seed=4)], lambda x: squeeze(x, [-1]),
+               lambda x: x.squeeze(-1), name="squeeze_axis"),
+        Sample([rand(3, 4, seed=5)], lambda x: unsqueeze(x, [0, -1]),
+               lambda x: x[None, :, :, None], name="unsqueeze"),
+    ]
+
+
+def _reshape_kernel(x, shape):
+    return torch.reshape(x, shape)
+
+
+RESHAPE = register(OpDef("Reshape", _reshape_infer, _reshape_kernel, grad=_reshape_grad,
+                         cost=copy_cost, view=True, samples=_reshape_samples,
+                         out_name="reshape_out", fp16_in_fp32=False))
+# In-place variants return the view itself and leave ``view`` False, so the compiler never
+# clones it: the alias is the point. It is a true alias when torch can view the input's
+# strides with the new shape (always, unless a TransposeInplace came first).
+RESHAPE_INPLACE = register(OpDef(
+    "ReshapeInplace", _reshape_infer, _reshape_kernel, grad=_reshape_grad, cost=no_cost,
+    inplace=(0,), out_name="reshape_out", fp16_in_fp32=False,
+    samples=lambda: [
+        Sample([rand(4, 3, seed=6)], lambda x: reshape_(x * 1.0, (2, 6)),
+               lambda x: x.reshape(2, 6)),
+        Sample([rand(4, 3, seed=7)], lambda x: flatten_(x * 1.0), lambda x: x.reshape(-1),
+               name="flatten_"),
+    ]))
+
+
+def reshape(t: Tensor, shape: Sequence[int]) -> Tensor:
+    """``t`` with a new shape of the same number of elements (one -1 may be inferred)."""
+    return create_op(RESHAPE, [t], {"shape": _shape_attr(shape)})[0]
+
+
+def reshape_(t: Tensor, shape: Sequence[int]) -> Tensor:
+    """Like `reshape`, but the output aliases ``t``."""
+    return create_op(RESHAPE_INPLACE, [t], {"shape": _shape_attr(shape)})[0]
+
+
+def _shape_attr(shape) -> tuple:
+    if isinstance(shape, (int, np.integer)):
+        return (int(shape),)
+    return tuple(int(s) for s in shape)
+
+
+def flatten(t: Tensor) -> Tensor:
+    """``t`` as a 1-D tensor of shape ``(t.nelms,)`` (a Reshape)."""
+    return reshape(t, (-1,))
+
+
+def flatten_(t: Tensor) -> Tensor:
+    """Like `flatten`, but the output aliases ``t`` (a ReshapeInplace)."""
+    return reshape_(t, (-1,))
+
+
+def squeeze(t: Tensor, axes: int | Sequence[int] | None = None) -> Tensor:
+    """Drop size-1 axes (all of them if ``axes`` is None); built as a Reshape, like popxl."""
+    if axes is None:
+        drop = {i for i, s in enumerate(t.shape) if s == 1}
+    else:
+        drop = set(_axes_in_range(axes, t.rank, "squeeze"))
+        bad = [a for a in sorted(drop) if t.shape[a] != 1]
+        if bad:
+            raise ValueError(f"squeeze: axes {bad} of {t.id!r} {t.shape} do not have size 1")
+    return reshape(t, [s for i, s in enumerate(t.shape) if i not in drop])
+
+
+def unsqueeze(t: Tensor, axes: int | Sequence[int]) -> Tensor:
+    """Insert size-1 axes at positions ``axes`` of the output (not in popxl; a Reshape)."""
+    rank = t.rank + (1 if isinstance(axes, (int, np.integer)) else len(axes))
+    new = set(_axes_in_range(axes, rank, "unsqueeze"))
+    if len(new) != rank - t.rank:
+        raise ValueError(f"unsqueeze: axes {axes} repeat an axis")
+    dims = iter(t.shape)
+    return reshape(t, [1 if i in new else next(dims) for i in range(rank)])
+
+
+def _axes_in_range(axes, rank: int, what: str) -> list[int]:
+    axes = [axes] if isinstance(axes, (int, np.integer)) else list(axes)
+    for a in axes:
+        if not -rank <= a < rank:
+            raise ValueError(f"{what}: axis {a} is out of range for rank {rank}")
+    return [int(a) % rank for a in axes]
+
+
+# Transpose -----------------------------------------------------------------------------
+def _transpose_infer(ins, permutation):
+    rank = len(ins[0].shape)
+    if sorted(permutation) != list(range(rank)):
+        raise ValueError(f"permutation {tuple(permutation)} is not a permutation of the "
+                         f"{rank} axes of shape {ins[0].shape}")
+    return [spec([ins[0].shape[p] for p in permutation], ins[0].dtype)]
+
+
+def _transpose_grad(ctx):
+    inverse = tuple(int(i) for i in np.argsort(ctx.attrs["permutation"]))
+    return [transpose(ctx.grad_output(0), inverse)]
+
+
+def _transpose_kernel(x, permutation):
+    return x.permute(permutation)
+
+
+def _transpose_samples():
+    return [
+        Sample([rand(2, 3, 4)], lambda x: transpose(x), lambda x: x.permute(2, 1, 0)),
+        Sample([rand(2, 3, 4, seed=1)], lambda x: transpose(x, (1, 2, 0)),
+               lambda x: x.permute(1, 2, 0), name="perm"),
+        Sample([rand(3, 5, seed=2)], lambda x: x.T, lambda x: x.T, name="T"),
+    ]
+
+
+TRANSPOSE = register(OpDef("Transpose", _transpose_infer, _transpose_kernel,
+                           grad=_transpose_grad, cost=copy_cost, view=True,
+                           samples=_transpose_samples, out_name="transpose_out",
+                           fp16_in_fp32=False))
+TRANSPOSE_INPLACE = register(OpDef(
+    "TransposeInplace", _transpose_infer, _transpose_kernel, grad=_transpose_grad,
+    cost=no_cost, inplace=(0,), out_name="transpose_out", fp16_in_fp32=False,
+    samples=lambda: [Sample([rand(2, 3, 4, seed=3)], lambda x: transpose_(x * 1.0, (0, 2, 1)),
+                            lambda x: x.permute(0, 2, 1))]))
+
+
+def _perm_attr(t: Tensor, permutation) -> tuple:
+    if permutation is None:
+        return tuple(reversed(range(t.rank)))
+    return tuple(int(p) % max(t.rank, 1) if -t.rank <= p < 0 else int(p) for p in permutation)
+
+
+def transpose(t: Tensor, permutation: Sequence[int] | None = None) -> Tensor:
+    """Permute the axes of ``t`` (reverse them if ``permutation`` is None)."""
+    return create_op(TRANSPOSE, [t], {"permutation": _perm_attr(t, permutation)})[0]
+
+
+def transpose_(t: Tensor, permutation: Sequence[int] | None = None) -> Tensor:
+    """Like `transpose`, but the output aliases ``t``."""
+    return create_op(TRANSPOSE_INPLACE, [t], {"permutation": _perm_attr(t, permutation)})[0]
+
+
+# Expand --------------------------------------------------------------------------------
+def _expand_infer(ins, shape):
+    # ONNX Expand: bidirectional numpy broadcasting of the input shape and ``shape``.
+    return [spec(broadcast_shapes(ins[0].shape, shape), ins[0].dtype)]
+
+
+def _expand_kernel(x, shape):
+    return torch.broadcast_to(x, torch.broadcast_shapes(x.shape, shape))
+
+
+def _expand_grad(ctx):
+    return [unbroadcast(ctx.grad_output(0), ctx.op.inputs[0].shape)]
+
+
+EXPAND = register(OpDef(
+    "Expand", _expand_infer, _expand_kernel, grad=_expand_grad, cost=copy_cost, view=True,
+    out_name="expand_out", fp16_in_fp32=False,
+    samples=lambda: [
+        Sample([rand(3, 1)], lambda x: expand(x, (2, 3, 4)), lambda x: x.expand(2, 3, 4)),
+        Sample([rand(1, 4, seed=1)], lambda x: expand(x, (3, 1)), lambda x: x.expand(3, 4),
+               name="bidirectional"),
+    ]))
+
+
+def expand(t: Tensor, shape: Sequence[int]) -> Tensor:
+    """Broadcast ``t`` to ``shape`` (numpy rules, in both directions like ONNX Expand)."""
+    return create_op(EXPAND, [t], {"shape": _shape_attr(shape)})[0]
+
+
+# Concat / Split --------------------------------------------------------------------------
+def _concat_infer(ins, axis):
+    if not ins:
+        raise ValueError("concat needs at least one tensor")
+    same_dtype(*ins)
+    ranks = {len(s.shape) for s in ins}
+    if len(ranks) > 1:
+        raise ValueError(f"concat inputs must have the same rank, got shapes "
+                         f"{[s.shape for s in ins]}")
+    rank = ranks.pop()
+    if not -rank <= axis < rank:
+        raise ValueError(f"concat axis {axis} is out of range for rank {rank}")
+    axis %= rank
+    rest = {s.shape[:axis] + s.shape[axis + 1:] for s in ins}
+    if len(rest) > 1:
+        raise ValueError(f"concat inputs must match on every axis but {axis}, got shapes "
+                         f"{[s.shape for s in ins]}")
+    size = sum(s.shape[axis] for s in ins)
+    return [spec(ins[0].shape[:axis] + (size,) + ins[0].shape[axis + 1:], ins[0].dtype)]
+
+
+def _concat_kernel(*xs, axis):
+    return torch.cat(xs, axis)
+
+
+def _concat_grad(ctx):
+    g, axis = ctx.grad_output(0), ctx.attrs["axis"] % ctx.op.outputs[0].rank
+    grads, start = [], 0
+    for t in ctx.op.inputs:
+        grads.append(slice(g, start, start + t.shape[axis], axis=axis))
+        start += t.shape[axis]
+    return grads
+
+
+def _concat_samples(fn):
+    def samples():
+        return [
+            Sample([rand(2, 3), rand(4, 3, seed=1)], lambda a, b: fn([a, b]),
+                   lambda a, b: torch.cat([a, b])),
+            Sample([rand(2, 3, seed=2), rand(2, 1, seed=3), rand(2, 2, seed=4)],
+                   lambda a, b, c: fn([a, b, c], axis=-1),
+                   lambda a, b, c: torch.cat([a, b, c], -1), name="axis-1"),
+        ]
+    return samples
+
+
+CONCAT = register(OpDef(
+    "Concat", _concat_infer, _concat_kernel, grad=_concat_grad, cost=copy_cost,
+    samples=_concat_samples(lambda ts, axis=0: concat(ts, axis)), out_name="concat_out",
+    fp16_in_fp32=False))
+# popxl's ConcatInplace makes the output an alias of all its inputs. torch cannot express
+# that, so the simulator copies: writes into the output do not reach the inputs.
+CONCAT_INPLACE = register(OpDef(
+    "ConcatInplace", _concat_infer, _concat_kernel, grad=_concat_grad, cost=no_cost,
+    samples=_concat_samples(lambda ts, axis=0: concat_(ts, axis)), out_name="concat_out",
+    fp16_in_fp32=False))
+
+
+def concat(ts: Sequence[Tensor], axis: int = 0) -> Tensor:
+    """Join tensors along ``axis``."""
+    return create_op(CONCAT, list(ts), {"axis": int(axis)})[0]
+
+
+def concat_(ts: Sequence[Tensor], axis: int = 0) -> Tensor:
+    """Like `concat`; popxl aliases the inputs (the simulator copies, see ConcatInplace)."""
+    return create_op(CONCAT_INPLACE, list(ts), {"axis": int(axis)})[0]
+
+
+def _split_infer(ins, axis, splits):
+    shape = ins[0].shape
+    if not -len(shape) <= axis < len(shape):
+        raise ValueError(f"split axis {axis} is out of range for shape {shape}")
+    axis %= len(shape)
+    if sum(splits) != shape[axis] or any(s < 0 for s in splits):
+        raise ValueError(f"split sizes {list(splits)} do not add up to {shape[axis]}, the size "
+                         f"of axis {axis} of shape {shape}")
+    return [spec(shape[:axis] + (s,) + shape[axis + 1:], ins[0].dtype) for s in splits]
+
+
+def _split_kernel(x, axis, splits):
+    # Clones: a multi-output kernel cannot be wrapped by the compiler's view cloning.
+    return tuple(p.clone() for p in torch.split(x, list(splits), axis))
+
+
+def _split_grad(ctx):
+    n = len(ctx.op.outputs)
+    return [concat([ctx.grad_output_or_zero(i) for i in range(n)], ctx.attrs["axis"])]
+
+
+SPLIT = register(OpDef(
+    "Split", _split_infer, _split_kernel, grad=_split_grad, cost=copy_cost, out_name="split_out",
+    fp16_in_fp32=False,
+    samples=lambda: [
+        Sample([rand(6, 2)], lambda x: split(x, 3), lambda x: torch.split(x, 2)),
+        Sample([rand(2, 5, seed=1)], lambda x: split(x, [1, 4], axis=1),
+               lambda x: torch.split(x, [1, 4], 1), name="sizes"),
+        Sample([rand(2, 5, seed=2)], lambda x: split(x, [2, 3], axis=-1)[1],
+               lambda x: torch.split(x, [2, 3], -1)[1], name="one_used"),
+    ]))
+
+
+def split(t: Tensor, splits: int | list[int], axis: int = 0) -> list[Tensor]:
+    """Split ``t`` along ``axis`` into ``splits`` equal parts, or parts of the given sizes."""
+    if not -t.rank <= axis < t.rank:
+        raise ValueError(f"split: axis {axis} is out of range for {t.id!r} {t.shape}")
+    if isinstance(splits, (int, np.integer)):
+        size = t.shape[axis]
+        if splits <= 0 or size % splits:
+            raise ValueError(f"split: cannot split axis {axis} of {t.id!r} {t.shape} into "
+                             f"{splits} equal parts")
+        splits = [size // splits] * int(splits)
+    return create_op(SPLIT, [t], {"axis": int(axis), "splits": tuple(int(s) for s in splits)})

@@ -1,3 +1,287 @@
-"""Op family: var_updates (filled in by its owner)."""
+"""popxl.ops.var_updates: in-place optimiser state updates (accumulators, Adam, LAMB, copies).
 
-__all__: list = []
+A float factor is bound into the op as an attribute; a Tensor factor becomes an extra op
+input (this is what `print_schedule` shows). Kernels compute in float32 and write the
+result into the updated tensor, so float16 state is rounded once per update.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .. import dtypes
+from ..tensor import Tensor, constant
+from ._utils import broadcast_shapes, rand, randint
+from ._var_updates_adam import adam_updater, adam_var_update, adamax_updater, lamb_updater
+from ._var_updates_common import check_float, check_scalar, f32
+from .registry import Cost, OpDef, Sample, create_op, elementwise_cost, register
+
+__all__ = [
+    "accumulate_",
+    "accumulate_mean_",
+    "accumulate_moving_average_",
+    "accumulate_moving_average_square_",
+    "accumulate_square_",
+    "accumulator_scale_",
+    "accumulator_zero_",
+    "adam_updater",
+    "adam_var_update",
+    "adamax_updater",
+    "copy_var_update_",
+    "lamb_updater",
+    "sparse_accumulate_",
+]
+
+Factor = float | Tensor
+
+# kind -> (t, X, f) -> new t; all float32. `f` is the factor (or the step, for 'mean').
+_RULES = {
+    "add": lambda t, x, f: t + f * x,
+    "square": lambda t, x, f: t + f * (x * x),
+    "mean": lambda t, x, f: (f / (f + 1)) * t + x / (f + 1),
+    "moving_average": lambda t, x, f: f * t + (1 - f) * x,
+    "moving_average_square": lambda t, x, f: f * t + (1 - f) * (x * x),
+}
+
+
+def _factor_inputs(f: Factor | None) -> tuple[float | None, list[Tensor]]:
+    """A float factor is an attribute; a Tensor factor is an extra op input."""
+    if isinstance(f, Tensor):
+        return None, [f]
+    return (None if f is None else float(f)), []
+
+
+# Accumulate ---------------------------------------------------------------------------
+def _accumulate_infer(ins, kind, factor):
+    if kind not in _RULES:
+        raise ValueError(f"unknown accumulation kind {kind!r}; one of {sorted(_RULES)}")
+    t, x = ins[0], ins[1]
+    check_float("t", t)
+    check_float("X", x)
+    if broadcast_shapes(t.shape, x.shape) != t.shape:
+        raise ValueError(f"X {x.shape} must broadcast to the accumulator's shape {t.shape}")
+    if len(ins) > 2:
+        check_scalar("step" if kind == "mean" else "f", ins[2])
+    elif kind == "mean" or (factor is None and kind != "add"):
+        raise ValueError(f"accumulation kind {kind!r} needs a factor")
+    return [t]
+
+
+def _accumulate_kernel(t, x, *factor_in, kind, factor):
+    f = f32(factor_in[0] if factor_in else (1.0 if factor is None else factor))
+    t.copy_(_RULES[kind](t.float(), x.float(), f))
+    return t
+
+
+def _accumulate_cost(ins, outs, attrs) -> Cost:
+    base = elementwise_cost(ins, outs, attrs)
+    return Cost(base.flops * 3, base.bytes)
+
+
+def _acc_sample(kind, build, ref, *inputs, rtol=1e-5, name=""):
+    return Sample(list(inputs), build, ref, grad=False, rtol=rtol, atol=1e-6,
+                  name=name or kind)
+
+
+def _accumulate_samples():
+    t, x, x2 = rand(3, 4, seed=10), rand(3, 4, seed=11), rand(4, seed=12)
+    f, step = np.array(0.3, np.float32), np.array(2.0, np.float32)
+    h = rand(2, 2, seed=13, dtype=np.float16)
+    return [
+        _acc_sample("add", lambda a, b: accumulate_(a, b), lambda a, b: a + b, t, x),
+        _acc_sample("add", lambda a, b: accumulate_(a, b, 0.5), lambda a, b: a + 0.5 * b, t, x,
+                    name="add_float_f"),
+        _acc_sample("add", lambda a, b, c: accumulate_(a, b, c), lambda a, b, c: a + c * b,
+                    t, x2, f, name="add_tensor_f_broadcast"),
+        _acc_sample("square", lambda a, b: accumulate_square_(a, b, 0.25),
+                    lambda a, b: a + 0.25 * b * b, t, x),
+        _acc_sample("mean", lambda a, b, s: accumulate_mean_(a, b, s),
+                    lambda a, b, s: s / (s + 1) * a + b / (s + 1), t, x, step),
+        _acc_sample("moving_average", lambda a, b: accumulate_moving_average_(a, b, 0.9),
+                    lambda a, b: 0.9 * a + 0.1 * b, t, x),
+        _acc_sample("moving_average", lambda a, b, c: accumulate_moving_average_(a, b, c),
+                    lambda a, b, c: c * a + (1 - c) * b, t, x, f, name="moving_average_tensor_f"),
+        _acc_sample("moving_average_square",
+                    lambda a, b: accumulate_moving_average_square_(a, b, 0.999),
+                    lambda a, b: 0.999 * a + 0.001 * b * b, t, x),
+        # float16 state with a float32 update: the kernel runs in float32 and rounds into t
+        _acc_sample("moving_average", lambda a, b: accumulate_moving_average_(a, b, 0.9),
+                    lambda a, b: (0.9 * a.float() + 0.1 * b).half(), h, rand(2, 2, seed=14),
+                    rtol=1e-3, name="float16_state"),
+    ]
+
+
+ACCUMULATE = register(OpDef(
+    "Accumulate", _accumulate_infer, _accumulate_kernel, cost=_accumulate_cost, inplace=(0,),
+    samples=_accumulate_samples, out_name="accumulate_out"))
+
+
+def _accumulate(kind: str, t: Tensor, X: Tensor, f: Factor | None) -> Tensor:
+    factor, extra = _factor_inputs(f)
+    return create_op(ACCUMULATE, [t, X, *extra], {"kind": kind, "factor": factor})[0]
+
+
+def accumulate_(t: Tensor, X: Tensor, f: Factor | None = None) -> Tensor:
+    """In place: t += f * X (t += X when f is None); returns the updated alias of t."""
+    return _accumulate("add", t, X, f)
+
+
+def accumulate_square_(t: Tensor, X: Tensor, f: Factor = 1.0) -> Tensor:
+    """In place: t += f * X**2."""
+    return _accumulate("square", t, X, f)
+
+
+def accumulate_mean_(t: Tensor, X: Tensor, step: float | Tensor) -> Tensor:
+    """In place running mean: t = step/(step+1) * t + X/(step+1); step is a float32 input."""
+    if not isinstance(step, Tensor):
+        step = constant(step, dtypes.float32)
+    return create_op(ACCUMULATE, [t, X, step], {"kind": "mean", "factor": None})[0]
+
+
+def accumulate_moving_average_(t: Tensor, X: Tensor, f: Factor) -> Tensor:
+    """In place: t = f * t + (1 - f) * X."""
+    return _accumulate("moving_average", t, X, f)
+
+
+def accumulate_moving_average_square_(t: Tensor, X: Tensor, f: Factor) -> Tensor:
+    """In place: t = f * t + (1 - f) * X**2."""
+    return _accumulate("moving_average_square", t, X, f)
+
+
+# SparseAccumulate -----------------------------------------------------------------------
+def _sparse_infer(ins, axis, factor, has_f, has_w):
+    t, x = ins[0], ins[1]
+    idx = ins[3 if has_f else 2]
+    check_float("t", t)
+    check_float("X", x)
+    if has_f:
+        check_scalar("f", ins[2])
+    if not idx.dtype.is_int:
+        raise TypeError(f"indices must be an integer tensor, got {idx.dtype.name}")
+    rank = len(t.shape)
+    if not -rank <= axis < rank:
+        raise ValueError(f"axis {axis} is out of range for the accumulator's rank {rank}")
+    axis %= rank
+    want = (*t.shape[:axis], *idx.shape, *t.shape[axis + 1:])
+    if x.shape != want:
+        raise ValueError(f"X has shape {x.shape}; gathering {idx.shape} indices on axis {axis} "
+                         f"of {t.shape} gives {want}")
+    if has_w and ins[-1].shape != t.shape:
+        raise ValueError(f"W has shape {ins[-1].shape}, the accumulator has {t.shape}")
+    return [t]
+
+
+def _sparse_kernel(t, x, *rest, axis, factor, has_f, has_w):
+    f = f32(rest[0] if has_f else (1.0 if factor is None else factor))
+    idx = rest[1 if has_f else 0].reshape(-1).long()
+    axis %= t.dim()
+    src = x.float().reshape(*t.shape[:axis], idx.numel(), *t.shape[axis + 1:])
+    t.copy_(t.float().index_add(axis, idx, f * src))
+    return t
+
+
+def _sparse_samples():
+    t, w = rand(5, 3, seed=20), rand(5, 3, seed=23)
+    idx = np.array([4, 0, 4], np.int32)  # a repeated index accumulates twice
+    x = rand(3, 3, seed=21)
+
+    def ref(a, b, i, f=1.0):
+        return a.index_add(0, i.long(), f * b)
+
+    return [
+        Sample([t, x, idx], lambda a, b, i: sparse_accumulate_(a, b, i), ref, grad=False),
+        Sample([t, x, idx, np.array(0.5, np.float32)],
+               lambda a, b, i, f: sparse_accumulate_(a, b, i, f=f), ref, grad=False,
+               name="tensor_f"),
+        Sample([t, rand(5, 2, seed=22), np.array([2, 1], np.int32), w],
+               lambda a, b, i, ww: sparse_accumulate_(a, b, i, axis=1, f=-2.0, W=ww),
+               lambda a, b, i, ww: a.index_add(1, i.long(), -2.0 * b), grad=False,
+               name="axis1_float_f_W"),
+        Sample([rand(4, 2, seed=24), rand(2, 3, 2, seed=25), randint(2, 3, high=4, seed=3)],
+               lambda a, b, i: sparse_accumulate_(a, b, i),
+               lambda a, b, i: a.index_add(0, i.reshape(-1).long(), b.reshape(6, 2)),
+               grad=False, name="2d_indices"),
+    ]
+
+
+SPARSE_ACCUMULATE = register(OpDef(
+    "SparseAccumulate", _sparse_infer, _sparse_kernel, cost=elementwise_cost, inplace=(0,),
+    samples=_sparse_samples, out_name="sparseaccumulate_out"))
+
+
+def sparse_accumulate_(t: Tensor, X: Tensor, indices: Tensor, axis: int = 0,
+                       f: Factor | None = None, W: Tensor | None = None) -> Tensor:
+    """In place: t[indices along axis] += f * X (the update of a gather's gradient)."""
+    factor, extra = _factor_inputs(f)
+    ins = [t, X, *extra, indices, *([W] if W is not None else [])]
+    attrs = {"axis": int(axis), "factor": factor, "has_f": bool(extra), "has_w": W is not None}
+    return create_op(SPARSE_ACCUMULATE, ins, attrs)[0]
+
+
+# AccumulatorScale -----------------------------------------------------------------------
+def _scale_infer(ins, factor):
+    check_float("t", ins[0])
+    if len(ins) > 1:
+        check_scalar("f", ins[1])
+    elif factor is None:
+        raise ValueError("accumulator_scale_ needs a factor")
+    return [ins[0]]
+
+
+def _scale_kernel(t, *factor_in, factor):
+    if not factor_in and factor == 0.0:
+        return t.zero_()  # a constant 0 resets the accumulator, even when it holds inf/nan
+    t.copy_(t.float() * f32(factor_in[0] if factor_in else factor))
+    return t
+
+
+ACCUMULATOR_SCALE = register(OpDef(
+    "AccumulatorScale", _scale_infer, _scale_kernel, inplace=(0,),
+    out_name="accumulatorscale_out",
+    samples=lambda: [
+        Sample([rand(3, 4, seed=30)], lambda a: accumulator_scale_(a, 0.25),
+               lambda a: 0.25 * a, grad=False, name="float_f"),
+        Sample([rand(3, 4, seed=31), np.array(-1.5, np.float32)],
+               lambda a, f: accumulator_scale_(a, f), lambda a, f: f * a, grad=False,
+               name="tensor_f"),
+        Sample([np.array([1.0, np.inf, 3.0], np.float32)], lambda a: accumulator_zero_(a),
+               lambda a: torch.zeros(3), grad=False, name="zero"),
+    ]))
+
+
+def accumulator_scale_(t: Tensor, f: Factor) -> Tensor:
+    """In place: t = f * t; a float f of 0 zeroes t."""
+    factor, extra = _factor_inputs(f)
+    return create_op(ACCUMULATOR_SCALE, [t, *extra], {"factor": factor})[0]
+
+
+def accumulator_zero_(t: Tensor) -> Tensor:
+    """In place: t = 0."""
+    return accumulator_scale_(t, 0.0)
+
+
+# CopyVarUpdate ----------------------------------------------------------------------------
+def _copy_infer(ins):
+    t, x = ins
+    if t.shape != x.shape or t.dtype is not x.dtype:
+        raise ValueError(f"X {x.shape} {x.dtype.name} must match the updated tensor "
+                         f"{t.shape} {t.dtype.name}")
+    return [t]
+
+
+COPY_VAR_UPDATE = register(OpDef(
+    "CopyVarUpdate", _copy_infer, lambda t, x: t.copy_(x), inplace=(0,), fp16_in_fp32=False,
+    out_name="copyvarupdate_out",
+    samples=lambda: [
+        Sample([rand(2, 3, seed=40), rand(2, 3, seed=41)], lambda a, b: copy_var_update_(a, b),
+               lambda a, b: b * 1, grad=False),
+        Sample([rand(4, seed=42, dtype=np.float16), rand(4, seed=43, dtype=np.float16)],
+               lambda a, b: copy_var_update_(a, b), lambda a, b: b * 1, grad=False,
+               name="float16"),
+    ]))
+
+
+def copy_var_update_(t: Tensor, X: Tensor) -> Tensor:
+    """In place: t = X."""
+    return create_op(COPY_VAR_UPDATE, [t, X])[0]

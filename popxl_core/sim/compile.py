@@ -88,7 +88,7 @@ class Program:
             self.variables: List[Variable] = list(g.variables)
             for i, v in enumerate(self.variables):
                 em.emit(f"{em.name(v)} = V[{i}]")
-        for op in schedule(g):
+        for op in _live_ops(g):
             (op.opdef.emit or _emit_kernel)(op, em)
         outs = ", ".join(em.name(t) for t in g._outputs)
         fname = "main" if is_main else self._fn_names.get(g, f"graph_{id(g)}")
@@ -97,6 +97,24 @@ class Program:
         exec(compile(source, f"<popxl graph {g.name or 'main'}>", "exec"), self.namespace)
         self.modified_inputs[g] = _modified_graph_inputs(g)
         return CompiledGraph(g, self.namespace[fname], source)
+
+
+def _live_ops(g: Graph) -> List[Op]:
+    """The schedule without dead ops: no side effect, no writes, no output that is used."""
+    used = set(g._outputs)
+    live: List[Op] = []
+    for op in reversed(schedule(g)):
+        keep = (
+            op.opdef.side_effect
+            or op.modified_inputs()
+            or op.called_graphs
+            or any(t in used for t in op.outputs)
+        )
+        if keep:
+            live.append(op)
+            if not op.opdef.extra.get("ignores_inputs"):
+                used.update(op.inputs)
+    return live[::-1]
 
 
 def _emit_kernel(op: Op, em: Emitter) -> None:
@@ -136,8 +154,9 @@ def _spec_checked(kernel: Callable, op: Op) -> Callable:
         got = res if isinstance(res, tuple) else (res,)
         have = [(tuple(r.shape), r.dtype) for r in got] if op.outputs else []
         if have != want:
-            raise AssertionError(f"{op.type}.{op.id}: kernel produced {have}, the op table "
-                                 f"inferred {want}")
+            raise AssertionError(
+                f"{op.type}.{op.id}: kernel produced {have}, the op table inferred {want}"
+            )
         return res
 
     return run
@@ -179,13 +198,15 @@ def _has_modifying_ops(g: Graph) -> bool:
 
 
 def _modified_graph_inputs(g: Graph) -> Set[int]:
-    """Indexes of ``g``'s inputs whose storage ``g`` writes (callers copy non-by-ref ones)."""
+    """Indexes of ``g``'s non-by-ref inputs that ``g`` writes: every call site (call, repeat,
+    conditional) passes copies of these, and by-ref inputs are written in the caller."""
     alias = {t: t for t in g._inputs}
     for op in schedule(g):
         if op.opdef.inplace and op.outputs:
             src = op.inputs[op.opdef.inplace[0]]
             if src in alias:
                 alias[op.outputs[0]] = alias[src]
-    written = {alias[op.inputs[i]] for op in g._ops for i in op.modified_inputs()
-               if op.inputs[i] in alias}
-    return {i for i, t in enumerate(g._inputs) if t in written}
+    written = {
+        alias[op.inputs[i]] for op in g._ops for i in op.modified_inputs() if op.inputs[i] in alias
+    }
+    return {i for i, t in enumerate(g._inputs) if t in written and t not in g._by_ref_inputs}

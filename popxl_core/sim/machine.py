@@ -47,5 +47,7 @@ def machine_for(device_desc: str) -> Machine:
     try:
         return _TARGETS[device_desc]
     except (KeyError, TypeError):
-        raise ValueError(f"Unknown device {device_desc!r}: use one of "
-                         f"{', '.join(repr(k) for k in _TARGETS)}. All run on the simulator.") from None
+        raise ValueError(
+            f"Unknown device {device_desc!r}: use one of "
+            f"{', '.join(repr(k) for k in _TARGETS)}. All run on the simulator."
+        ) from None

@@ -35,14 +35,18 @@ class Runtime:
         buf = self.inputs[stream]
         i = self._next(stream)
         if i >= buf.shape[0]:
-            raise RuntimeError(f"Stream {stream.tensor_id!r} was loaded {i + 1} times in one run, "
-                               f"but only {buf.shape[0]} transfers were provided (num_host_transfers).")
+            raise RuntimeError(
+                f"Stream {stream.tensor_id!r} was loaded {i + 1} times in one run, "
+                f"but only {buf.shape[0]} transfers were provided (num_host_transfers)."
+            )
         return torch.from_numpy(buf[i, self.replica].copy())
 
     def store(self, stream, value: torch.Tensor) -> None:
         buf = self.outputs[stream]
         i = self._next(stream)
         if i >= buf.shape[0]:
-            raise RuntimeError(f"Stream {stream.tensor_id!r} was stored {i + 1} times in one run; "
-                               f"num_host_transfers is {buf.shape[0]}.")
+            raise RuntimeError(
+                f"Stream {stream.tensor_id!r} was stored {i + 1} times in one run; "
+                f"num_host_transfers is {buf.shape[0]}."
+            )
         buf[i, self.replica] = value.detach().numpy()

@@ -46,6 +46,11 @@ class Session:
         ir._session = self
         self._variables: List[Variable] = self._program.variables
         self._host: Dict[Variable, np.ndarray] = {v: _host_copy(v) for v in self._variables}
+        # retrieval_mode='all_replicas': what get_tensor_data returns, one row per replica
+        self._per_replica: Dict[Variable, np.ndarray] = {
+            v: np.stack([self._to_device(v, r).numpy() for r in range(ir.replication_factor)])
+            for v in self._variables
+            if v.retrieval_mode == "all_replicas" and ir.replication_factor > 1}
         self._device: Optional[List[List[torch.Tensor]]] = None
         self._attached = False
         self._host_in_sync = True
@@ -62,7 +67,8 @@ class Session:
 
     @property
     def report(self):
-        """The simulator's memory and cycle report (computed once, when the Session was built)."""
+        """The simulator's `SimReport` of memory and cycle estimates (planned once, when the
+        Session was built); ``session.report.summary()`` prints it."""
         return self.plan.report()
 
     # context -----------------------------------------------------------------------
@@ -101,6 +107,8 @@ class Session:
             return
         for i, v in enumerate(self._variables):
             self._host[v][...] = self._from_device(v, i)
+            if v in self._per_replica:
+                self._per_replica[v][...] = np.stack([rep[i].numpy() for rep in self._device])
         self._host_in_sync = True
 
     def _to_device(self, v: Variable, replica: int) -> torch.Tensor:
@@ -112,8 +120,6 @@ class Session:
 
     def _from_device(self, v: Variable, index: int) -> np.ndarray:
         rg = v.replica_grouping
-        if v.retrieval_mode == "all_replicas" and self._ir.replication_factor > 1:
-            return np.stack([rep[index].numpy() for rep in self._device])
         if rg is not None and rg.num_groups > 1:
             firsts = [rg.replicas_of_group(g)[0] for g in range(rg.num_groups)]
             return np.stack([self._device[r][index].numpy() for r in firsts])
@@ -132,7 +138,8 @@ class Session:
                                 "intermediate tensors out with host_store instead.")
         if self._attached and not self._host_in_sync and any(isinstance(t, Variable) for t in tensors):
             self.weights_to_host()
-        return {t: self._host[t] if isinstance(t, Variable) else t._data for t in tensors}
+        return {t: self._per_replica.get(t, self._host[t]) if isinstance(t, Variable) else t._data
+                for t in tensors}
 
     def write_variable_data(self, tensor: Variable, data) -> None:
         self.write_variables_data({tensor: data})
@@ -144,6 +151,9 @@ class Session:
             self.weights_to_host()
         for v, arr in checked.items():
             self._host[v][...] = arr
+            if v in self._per_replica:
+                self._per_replica[v][...] = np.stack(
+                    [self._to_device(v, r).numpy() for r in range(len(self._per_replica[v]))])
         if self._attached:
             for v in checked:
                 index = self._variables.index(v)

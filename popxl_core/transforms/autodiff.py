@@ -9,23 +9,31 @@ Gradient rules come from the op table (`OpDef.grad`) and are written with our ow
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 from ..graph import Graph, Op
 from ..tensor import Constant, Tensor, constant, graph_input, graph_output
 from .grad_info import ExpectedConnection, ExpectedConnectionType, GradGraphInfo
 
-__all__ = ["autodiff", "GradContext", "GradGraphInfo", "ExpectedConnection",
-           "ExpectedConnectionType"]
+__all__ = [
+    "autodiff",
+    "GradContext",
+    "GradGraphInfo",
+    "ExpectedConnection",
+    "ExpectedConnectionType",
+]
 
 _FWD = ExpectedConnectionType.Fwd
 _FWD_GRAD = ExpectedConnectionType.FwdGrad
 
 
-def autodiff(graph: Graph, grads_provided: Optional[Iterable[Tensor]] = None,
-             grads_required: Optional[Iterable[Tensor]] = None,
-             called_graphs_grad_info: Optional[Mapping[Graph, GradGraphInfo]] = None,
-             return_all_grad_graphs: bool = False):
+def autodiff(
+    graph: Graph,
+    grads_provided: Optional[Iterable[Tensor]] = None,
+    grads_required: Optional[Iterable[Tensor]] = None,
+    called_graphs_grad_info: Optional[Mapping[Graph, GradGraphInfo]] = None,
+    return_all_grad_graphs: bool = False,
+):
     """Differentiate ``graph``; see the module docstring.
 
     Args:
@@ -53,8 +61,10 @@ def _check_membership(graph: Graph, tensors: Sequence[Tensor], arg: str) -> None
     for t in tensors:
         if not isinstance(t, Tensor) or t.graph is not graph:
             where = t.graph.name if isinstance(t, Tensor) else type(t).__name__
-            raise ValueError(f"autodiff {arg}: {t!r} is not a tensor of graph {graph.name!r} "
-                             f"(it belongs to {where!r}).")
+            raise ValueError(
+                f"autodiff {arg}: {t!r} is not a tensor of graph {graph.name!r} "
+                f"(it belongs to {where!r})."
+            )
 
 
 def _grad_graph_id(fwd: Graph) -> str:
@@ -91,7 +101,7 @@ class GradContext:
         return g if g is not None else zeros_like_spec(self.op.outputs[i])
 
     def requires_grad(self, i: int) -> bool:
-        return self.op.inputs[i] in self._diff.needs_grad
+        return self._diff.reads[self.op][i] in self._diff.needs_grad
 
     @property
     def differentiator(self) -> "_Differentiator":
@@ -105,8 +115,13 @@ def zeros_like_spec(t: Tensor) -> Tensor:
 
 
 class _Differentiator:
-    def __init__(self, fwd: Graph, provided: List[Tensor], required: List[Tensor],
-                 known: Dict[Graph, GradGraphInfo]) -> None:
+    def __init__(
+        self,
+        fwd: Graph,
+        provided: List[Tensor],
+        required: List[Tensor],
+        known: Dict[Graph, GradGraphInfo],
+    ) -> None:
         self.fwd = fwd
         self.provided = provided
         self.required = required
@@ -116,7 +131,9 @@ class _Differentiator:
         self.fwd_values: Dict[Tensor, Tensor] = {}
         self.grads: Dict[Tensor, Tensor] = {}
         self.position = {op: i for i, op in enumerate(fwd._ops)}
-        self.needs_grad = _forward_reach(fwd, required)
+        self.reads = _read_versions(fwd)
+        self.needs_grad = _forward_reach(fwd, required, self.reads)
+        self._copies: Dict[Tuple[Tensor, int], Tensor] = {}
 
     # forward values --------------------------------------------------------------------
     def fwd_value(self, t: Tensor, reader: Optional[Op]) -> Tensor:
@@ -143,41 +160,55 @@ class _Differentiator:
         return g_in
 
     def _unclobbered(self, t: Tensor, reader: Optional[Op]) -> Tensor:
-        """``t`` itself, or a copy made before an in-place op overwrites it."""
-        start = self.position.get(t.producer, -1)
-        end = self.position[reader] if reader is not None else len(self.fwd._ops)
-        if not _modified_between(self.fwd, t, start, end, self.position):
+        """``t`` itself, or a copy of the value ``reader`` saw, if ``t`` is overwritten later.
+
+        Ops mutate tensors in creation order (like torch), so the value a gradient rule needs
+        is the one at the reading op; the grad graph reads forward values only after the
+        whole forward graph ran.
+        """
+        if reader is not None:
+            at = self.position[reader]
+        else:
+            at = self.position[t.producer] + 1 if t.producer in self.position else 0
+        if not _modified_from(self.fwd, t, at):
             return t
-        return _insert_copy_after(self.fwd, t, start, self.position)
+        if (t, at) not in self._copies:
+            self._copies[(t, at)] = _insert_copy_at(self.fwd, t, at, self.position)
+        return self._copies[(t, at)]
 
     # main loop ----------------------------------------------------------------------------
     def run(self) -> GradGraphInfo:
         with self.grad_graph:
             for t in self.provided:
-                self._add_grad(t, graph_input(t.shape, t.dtype, f"Gradient___{t.name}",
-                                              meta_shape=t.meta_shape))
+                self._add_grad(
+                    t,
+                    graph_input(t.shape, t.dtype, f"Gradient___{t.name}", meta_shape=t.meta_shape),
+                )
         grad_inputs = [ExpectedConnection(t, _FWD_GRAD) for t in self.provided]
-        contributing = _backward_reach(self.fwd, self.provided)
+        contributing = _backward_reach(self.fwd, self.provided, self.reads)
         for op in reversed(list(self.fwd._ops)):
-            if op in contributing and any(t in self.needs_grad for t in op.inputs):
+            if op in contributing and any(t in self.needs_grad for t in self.reads[op]):
                 self._backprop(op)
         with self.grad_graph:
             for t in self.required:
                 graph_output(self.grads[t] if t in self.grads else zeros_like_spec(t))
         outputs = [ExpectedConnection(t, _FWD_GRAD) for t in self.required]
-        return GradGraphInfo._create(self.grad_graph, self.fwd, grad_inputs + self.expected_inputs,
-                                     outputs)
+        return GradGraphInfo._create(
+            self.grad_graph, self.fwd, grad_inputs + self.expected_inputs, outputs
+        )
 
     def _backprop(self, op: Op) -> None:
         grads_out = [self.grads.get(t) for t in op.outputs]
         if all(g is None for g in grads_out):
             return
         if op.opdef.grad is None:
-            raise ValueError(f"autodiff: op {op.type}.{op.id} in graph {self.fwd.name!r} has no "
-                             "gradient rule, but a required gradient flows through it.")
+            raise ValueError(
+                f"autodiff: op {op.type}.{op.id} in graph {self.fwd.name!r} has no "
+                "gradient rule, but a required gradient flows through it."
+            )
         with self.grad_graph:
             grads_in = op.opdef.grad(GradContext(self, op, grads_out))
-        for t, g in zip(op.inputs, grads_in):
+        for t, g in zip(self.reads[op], grads_in):
             if g is not None and t in self.needs_grad:
                 self._add_grad(t, g)
 
@@ -185,27 +216,47 @@ class _Differentiator:
         from .. import ops
 
         if g.shape != t.shape:
-            raise ValueError(f"autodiff: gradient of {t.id!r} has shape {g.shape}, expected {t.shape}.")
+            raise ValueError(
+                f"autodiff: gradient of {t.id!r} has shape {g.shape}, expected {t.shape}."
+            )
         if t in self.grads:
             with self.grad_graph:
                 g = ops.add(self.grads[t], g)
         self.grads[t] = g
 
 
-def _forward_reach(graph: Graph, start: Iterable[Tensor]) -> Set[Tensor]:
+def _read_versions(graph: Graph) -> Dict[Op, List[Tensor]]:
+    """For each op, the tensor *version* each input reads.
+
+    Ops mutate in creation order, like torch: after ``add_(a, x)``, a later op that names
+    ``a`` reads the in-place op's output. Gradients must flow along these versions.
+    """
+    latest: Dict[Tensor, Tensor] = {}
+    reads: Dict[Op, List[Tensor]] = {}
+    for op in graph._ops:
+        reads[op] = [latest.get(t, t) for t in op.inputs]
+        if op.opdef.inplace and op.outputs:
+            target = op.inputs[op.opdef.inplace[0]]
+            group = {t for t, v in latest.items() if v is latest.get(target, target)}
+            for t in group | {target, reads[op][op.opdef.inplace[0]], op.outputs[0]}:
+                latest[t] = op.outputs[0]
+    return reads
+
+
+def _forward_reach(graph: Graph, start: Iterable[Tensor], reads) -> Set[Tensor]:
     reach = set(start)
     for op in graph._ops:
-        if any(t in reach for t in op.inputs):
+        if any(t in reach for t in reads[op]):
             reach.update(op.outputs)
     return reach
 
 
-def _backward_reach(graph: Graph, ends: Iterable[Tensor]) -> Set[Op]:
+def _backward_reach(graph: Graph, ends: Iterable[Tensor], reads) -> Set[Op]:
     wanted, ops = set(ends), set()
     for op in reversed(graph._ops):
         if any(t in wanted for t in op.outputs):
             ops.add(op)
-            wanted.update(op.inputs)
+            wanted.update(reads[op])
     return ops
 
 
@@ -223,24 +274,20 @@ def _alias_group(graph: Graph, t: Tensor) -> Set[Tensor]:
     return group
 
 
-def _modified_between(graph: Graph, t: Tensor, start: int, end: int, position) -> bool:
+def _modified_from(graph: Graph, t: Tensor, start: int) -> bool:
     group = _alias_group(graph, t)
-    for op in graph._ops[start + 1:]:
-        if position[op] >= end:
-            break
-        if any(op.inputs[i] in group for i in op.modified_inputs()):
-            return True
-    return False
+    return any(op.inputs[i] in group for op in graph._ops[start:] for i in op.modified_inputs())
 
 
-def _insert_copy_after(graph: Graph, t: Tensor, start: int, position: Dict[Op, int]) -> Tensor:
+def _insert_copy_at(graph: Graph, t: Tensor, index: int, position: Dict[Op, int]) -> Tensor:
     from .. import ops
 
     with graph:
         copy = ops.identity(t, f"{t.name}_saved")
     op = copy.producer
     graph._ops.remove(op)
-    graph._ops.insert(start + 1, op)
+    graph._ops.insert(index, op)
+    graph._topocons = [(a, b) for a, b in graph._topocons if op not in (a, b)]
     position.clear()
     position.update({o: i for i, o in enumerate(graph._ops)})
     return copy

@@ -49,9 +49,13 @@ class GradGraphInfo:
         raise TypeError("GradGraphInfo is created by popxl.transforms.autodiff.")
 
     @classmethod
-    def _create(cls, graph: "Graph", forward_graph: "Graph",
-                expected_inputs: Tuple[ExpectedConnection, ...],
-                expected_outputs: Tuple[ExpectedConnection, ...]) -> "GradGraphInfo":
+    def _create(
+        cls,
+        graph: "Graph",
+        forward_graph: "Graph",
+        expected_inputs: Tuple[ExpectedConnection, ...],
+        expected_outputs: Tuple[ExpectedConnection, ...],
+    ) -> "GradGraphInfo":
         info = object.__new__(cls)
         info._graph = graph
         info._forward_graph = forward_graph
@@ -91,25 +95,36 @@ class GradGraphInfo:
                 f"grad graph was made from {self._forward_graph.id!r}."
             )
         grad_inputs = self._graph.inputs
-        return {grad_inputs[i]: fwd_call_info.graph_to_parent(c.fwd_tensor)
-                for i, c in enumerate(self._expected_inputs)
-                if c.connection_type is ExpectedConnectionType.Fwd}
+        return {
+            grad_inputs[i]: fwd_call_info.graph_to_parent(c.fwd_tensor)
+            for i, c in enumerate(self._expected_inputs)
+            if c.connection_type is ExpectedConnectionType.Fwd
+        }
 
-    def fwd_graph_ins_to_grad_parent_outs(self, grad_call_info: "CallSiteInfo") -> Dict["Tensor", "Tensor"]:
+    def fwd_graph_ins_to_grad_parent_outs(
+        self, grad_call_info: "CallSiteInfo"
+    ) -> Dict["Tensor", "Tensor"]:
         """Forward-graph inputs mapped to the grad call's output tensors (their gradients)."""
-        return {c.fwd_tensor: grad_call_info.parent_output(i)
-                for i, c in enumerate(self._expected_outputs)}
+        return {
+            c.fwd_tensor: grad_call_info.parent_output(i)
+            for i, c in enumerate(self._expected_outputs)
+        }
 
-    def fwd_parent_ins_to_grad_parent_outs(self, fwd_call_info: "CallSiteInfo",
-                                           grad_call_info: "CallSiteInfo") -> Dict["Tensor", "Tensor"]:
+    def fwd_parent_ins_to_grad_parent_outs(
+        self, fwd_call_info: "CallSiteInfo", grad_call_info: "CallSiteInfo"
+    ) -> Dict["Tensor", "Tensor"]:
         """The forward call's input tensors mapped to the grad call's outputs (their gradients)."""
-        return {fwd_call_info.graph_to_parent(fwd_in): grad_out
-                for fwd_in, grad_out in self.fwd_graph_ins_to_grad_parent_outs(grad_call_info).items()}
+        return {
+            fwd_call_info.graph_to_parent(fwd_in): grad_out
+            for fwd_in, grad_out in self.fwd_graph_ins_to_grad_parent_outs(grad_call_info).items()
+        }
 
     def __repr__(self) -> str:
         def block(conns) -> str:
             return "".join(f"    {c!r}\n" for c in conns)
 
-        return (f"GradGraphInfo[\n  graph={self._graph.id}\n  expected_inputs=[\n"
-                f"{block(self._expected_inputs)}  ]\n  expected_outputs=[\n"
-                f"{block(self._expected_outputs)}  ]\n]")
+        return (
+            f"GradGraphInfo[\n  graph={self._graph.id}\n  expected_inputs=[\n"
+            f"{block(self._expected_inputs)}  ]\n  expected_outputs=[\n"
+            f"{block(self._expected_outputs)}  ]\n]"
+        )

@@ -1,0 +1,187 @@
+"""Activations: relu, gelu (tanh approximation), geluerf (exact), swish, sigmoid.
+
+The gelu and swish gradients are single ops (GeluGrad, GeluErfGrad, SwishGrad, as in PopART)
+rather than a dozen primitives: one pass over memory in the backward graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from ..tensor import Tensor
+from ._utils import rand, same_dtype
+from .registry import Cost, OpDef, Sample, create_op, register
+from .unary import same_spec, unary_samples
+
+__all__ = [
+    "gelu",
+    "gelu_",
+    "geluerf",
+    "geluerf_",
+    "relu",
+    "relu_",
+    "sigmoid",
+    "swish",
+    "swish_",
+]
+
+
+def _flops(per_element: int) -> Callable:
+    """Cost of an elementwise op that needs ``per_element`` flops per output element."""
+
+    def cost(ins, outs, attrs) -> Cost:
+        nbytes = sum(s.nbytes for s in ins) + sum(s.nbytes for s in outs)
+        return Cost(per_element * sum(s.nelms for s in outs), nbytes)
+
+    return cost
+
+
+# relu, sigmoid (gradients from primitives) ---------------------------------------------------
+
+
+def _relu_grad(ctx):
+    from .elementwise import where
+    from .logical import greater
+
+    # relu(x) > 0 exactly where x > 0, so the output (not the overwritten input) decides.
+    return [where(greater(ctx.output(0), 0.0), ctx.grad_output(0), 0.0)]
+
+
+def _sigmoid_grad(ctx):
+    from .elementwise import mul, sub
+
+    y = ctx.output(0)
+    return [mul(ctx.grad_output(0), mul(y, sub(1.0, y)))]
+
+
+def _relu_inplace_kernel(x):
+    return x.relu_()
+
+
+RELU = register(OpDef("Relu", same_spec, torch.relu, grad=_relu_grad,
+                      samples=unary_samples(lambda x: relu(x), torch.relu, seed=300)))
+RELU_INPLACE = register(OpDef(
+    "ReluInplace", same_spec, _relu_inplace_kernel, grad=_relu_grad, inplace=(0,),
+    out_name="relu_out", samples=unary_samples(lambda x: relu_(x * 1.0), torch.relu, seed=302)))
+SIGMOID = register(OpDef(
+    "Sigmoid", same_spec, torch.sigmoid, grad=_sigmoid_grad, cost=_flops(4),
+    samples=unary_samples(lambda x: sigmoid(x), torch.sigmoid, -4.0, 4.0, seed=304)))
+
+
+def relu(t: Tensor) -> Tensor:
+    """max(t, 0) elementwise."""
+    return create_op(RELU, [t])[0]
+
+
+def relu_(t: Tensor) -> Tensor:
+    """t <- max(t, 0) in place; returns the updated alias of t."""
+    return create_op(RELU_INPLACE, [t])[0]
+
+
+def sigmoid(t: Tensor) -> Tensor:
+    """1 / (1 + exp(-t)) elementwise."""
+    return create_op(SIGMOID, [t])[0]
+
+
+# gelu, geluerf, swish: forward ops, in-place forms and one fused gradient op each ----------
+
+
+def _gelu_tanh(x):
+    return F.gelu(x, approximate="tanh")
+
+
+def _gelu_erf(x):
+    return F.gelu(x)
+
+
+def _grad_op_infer(ins, **attrs):
+    same_dtype(*ins)
+    if ins[0].shape != ins[1].shape:
+        raise ValueError(f"gradient {ins[0].shape} and input {ins[1].shape} shapes differ")
+    return [ins[1]]
+
+
+def _grad_reference(fwd: Callable) -> Callable:
+    """Torch autograd's vector-Jacobian product of ``fwd`` at x, for the grad op samples."""
+
+    def vjp(g, x):
+        with torch.enable_grad():
+            x = x.detach().requires_grad_()
+            return torch.autograd.grad(fwd(x), x, g)[0]
+
+    return vjp
+
+
+def _grad_samples(build: Callable, fwd: Callable, seed: int) -> Callable:
+    return lambda: [Sample([rand(3, 4, seed=seed), rand(3, 4, low=-3.0, high=3.0, seed=seed + 1)],
+                           build, _grad_reference(fwd), grad=False)]
+
+
+def _activation(name: str, public: str, fwd: Callable, backward: Callable, flops: int,
+                seed: int):
+    """Register ``name``, ``name + 'Inplace'`` and ``name + 'Grad'``; returns the three defs.
+
+    ``public`` is the op function's name; samples call it and its ``public + '_'`` form.
+    """
+    grad_def = register(OpDef(
+        f"{name}Grad", _grad_op_infer, backward, cost=_flops(2 * flops),
+        samples=_grad_samples(lambda g, x: create_op(grad_def, [g, x])[0], fwd, seed)))
+
+    def grad(ctx):
+        return [create_op(grad_def, [ctx.grad_output(0), ctx.input(0)])[0]]
+
+    def inplace_kernel(x):
+        return x.copy_(fwd(x))
+
+    lo, hi = -3.0, 3.0
+    fwd_def = register(OpDef(
+        name, same_spec, fwd, grad=grad, cost=_flops(flops),
+        samples=unary_samples(lambda x: globals()[public](x), fwd, lo, hi, seed + 2)))
+    inplace_def = register(OpDef(
+        f"{name}Inplace", same_spec, inplace_kernel, grad=grad, cost=_flops(flops),
+        inplace=(0,), out_name=f"{name.lower()}_out",
+        samples=unary_samples(lambda x: globals()[public + "_"](x * 1.0), fwd, lo, hi,
+                              seed + 4)))
+    return fwd_def, inplace_def, grad_def
+
+
+GELU, GELU_INPLACE, GELU_GRAD = _activation(
+    "Gelu", "gelu", _gelu_tanh, lambda g, x: torch.ops.aten.gelu_backward(g, x, approximate="tanh"),
+    8, 310)
+GELU_ERF, GELU_ERF_INPLACE, GELU_ERF_GRAD = _activation(
+    "GeluErf", "geluerf", _gelu_erf, lambda g, x: torch.ops.aten.gelu_backward(g, x), 10, 320)
+SWISH, SWISH_INPLACE, SWISH_GRAD = _activation(
+    "Swish", "swish", F.silu, torch.ops.aten.silu_backward, 5, 330)
+
+
+def gelu(t: Tensor) -> Tensor:
+    """GELU, tanh approximation: 0.5 t (1 + tanh(sqrt(2/pi) (t + 0.044715 t^3)))."""
+    return create_op(GELU, [t])[0]
+
+
+def gelu_(t: Tensor) -> Tensor:
+    """In-place gelu; returns the updated alias of t."""
+    return create_op(GELU_INPLACE, [t])[0]
+
+
+def geluerf(t: Tensor) -> Tensor:
+    """Exact GELU: 0.5 t (1 + erf(t / sqrt(2)))."""
+    return create_op(GELU_ERF, [t])[0]
+
+
+def geluerf_(t: Tensor) -> Tensor:
+    """In-place geluerf; returns the updated alias of t."""
+    return create_op(GELU_ERF_INPLACE, [t])[0]
+
+
+def swish(t: Tensor) -> Tensor:
+    """t * sigmoid(t) elementwise."""
+    return create_op(SWISH, [t])[0]
+
+
+def swish_(t: Tensor) -> Tensor:
+    """In-place swish; returns the updated alias of t."""
+    return create_op(SWISH_INPLACE, [t])[0]

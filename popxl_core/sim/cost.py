@@ -1,0 +1,262 @@
+"""Cycle and code-size estimates of ops on a simulated IPU: the BSP model of ipu_model.md §2.
+
+Every op that does work is one BSP superstep: a global sync, an exchange of the operands that
+must move between tiles, then compute on the tiles the op is spread over. Host, IPU-Link and
+Streaming-Memory transfers cost latency + bytes / bandwidth. Control flow walks into the called
+graphs: a Call costs its callee, a Loop ``repeat_count`` times its body, an If its dearer
+branch. All numbers are estimates, like the IPU Model's own cycle counts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from math import ceil, prod
+from operator import add
+
+from ..graph import Graph, Op
+from ..schedule import schedule
+from .machine import Machine
+
+__all__ = [
+    "CODE_BYTES_PER_OP",
+    "CODE_BYTES_PER_TILE",
+    "CONTROL_CYCLES",
+    "GRAIN_BYTES",
+    "CostModel",
+    "Cycles",
+    "Work",
+    "nbytes_of",
+    "sync_cycles",
+]
+
+# Assumed, not measured: the program, compute-set and copy descriptors of one op instance...
+CODE_BYTES_PER_OP = 512
+# ...plus, on every tile the op uses, its vertex state and exchange code.
+CODE_BYTES_PER_TILE = 48
+# Poplar spreads a tensor over tiles in grains; a small tensor lands on few tiles.
+GRAIN_BYTES = 256
+# Control-flow cost of entering a call, one loop iteration or a branch.
+CONTROL_CYCLES = 10
+
+_CONTROL_OPS = frozenset({"Call", "Loop", "If"})
+_HOST_IN, _HOST_OUT = frozenset({"HostLoad"}), frozenset({"HostStore"})
+_REMOTE = frozenset({"RemoteLoad", "RemoteLoadInplace", "RemoteStore"})
+_TILE_COPIES = frozenset({"IoTileCopy"})
+_LINK_COPIES = frozenset({"IpuCopy"})
+# ring collectives over the replicas: bytes each replica sends, as a fraction of the tensor
+_RING = (("ReplicatedAllReduce", 2.0), ("ReplicatedReduceScatter", 1.0),
+         ("ReplicatedAllGather", 1.0))
+
+
+@dataclass(slots=True)  # not frozen: frozen dataclasses are slow to build
+class Cycles:
+    """Estimated cycles split like PopVision's BSP trace, plus transfers and control flow."""
+
+    compute: int = 0
+    exchange: int = 0
+    sync: int = 0
+    host: int = 0
+    link: int = 0
+    remote: int = 0
+    control: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(self._values())
+
+    def _values(self) -> tuple[int, ...]:
+        # explicit (not dataclasses.fields): planning adds these once per op
+        return (self.compute, self.exchange, self.sync, self.host, self.link, self.remote,
+                self.control)
+
+    def __add__(self, other: Cycles) -> Cycles:
+        return Cycles(*map(add, self._values(), other._values()))
+
+    def scaled(self, n: int) -> Cycles:
+        return Cycles(*(v * n for v in self._values()))
+
+    def to_dict(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self)} | {"total": self.total}
+
+
+@dataclass(slots=True)  # not frozen: frozen dataclasses are slow to build
+class Work:
+    """What one execution (of an op or a whole graph) costs: cycles, FLOPs and traffic."""
+
+    cycles: Cycles = field(default_factory=Cycles)
+    flops: int = 0
+    host_bytes_in: int = 0
+    host_bytes_out: int = 0
+    link_bytes: int = 0
+    remote_bytes: int = 0
+
+    def _values(self) -> tuple[int, ...]:
+        return (self.flops, self.host_bytes_in, self.host_bytes_out, self.link_bytes,
+                self.remote_bytes)
+
+    def __add__(self, other: Work) -> Work:
+        return Work(self.cycles + other.cycles, *map(add, self._values(), other._values()))
+
+    def scaled(self, n: int) -> Work:
+        return Work(self.cycles.scaled(n), *(v * n for v in self._values()))
+
+    @staticmethod
+    def total_of(works: list[Work]) -> Work:
+        """The sum of many Works, field by field."""
+        cycles = Cycles(*map(sum, zip(*(w.cycles._values() for w in works))))
+        return Work(cycles, *map(sum, zip(*(w._values() for w in works))))
+
+
+def nbytes_of(t) -> int:
+    """Bytes of a tensor or stream (plain ints: much cheaper than numpy for planning)."""
+    return prod(t.shape) * t.dtype.itemsize
+
+
+def sync_cycles(machine: Machine, num_ipus: int) -> int:
+    """One global BSP sync: 2 x 15 ns per hop, one hop more per 4 IPUs (poplibs IPUModel)."""
+    hops = 1 + num_ipus // 4
+    return ceil(2 * machine.sync_ns_per_hop * 1e-9 * hops * machine.clock_hz)
+
+
+def _cdiv(a: float, b: float) -> int:
+    return ceil(a / b) if a > 0 else 0
+
+
+class CostModel:
+    """Estimates ops and graphs on ``machine``; results per graph are cached.
+
+    Args:
+        machine: the target's constants.
+        num_ipus: IPUs taking part in a global sync (IPUs per replica x replicas).
+        io_tiles: tiles reserved for IO (``SessionOptions.numIOTiles``).
+        replicas: replication factor, for the ring collectives.
+    """
+
+    def __init__(self, machine: Machine, num_ipus: int = 1, io_tiles: int = 0,
+                 replicas: int = 1) -> None:
+        self.machine = machine
+        self.replicas = replicas
+        self.sync = sync_cycles(machine, num_ipus)
+        self.io_tiles = min(max(io_tiles, 0), machine.tiles_per_ipu)
+        self.compute_tiles = max(1, machine.tiles_per_ipu - self.io_tiles)
+        self._graphs: dict[Graph, Work] = {}
+        self._runs: dict[Graph, dict[Graph, int]] = {}
+        self._leaves: dict[Op, Work] = {}
+        self._tiles: dict[Op, int] = {}
+
+    # placement and code -------------------------------------------------------------
+    def tiles_used(self, op: Op) -> int:
+        """Tiles an op is spread over: its largest tensor in grains, capped by its tile set."""
+        if op not in self._tiles:
+            avail = self.io_tiles if op.tile_set == "io" and self.io_tiles else self.compute_tiles
+            largest = max((nbytes_of(t) for t in (*op.inputs, *op.outputs)), default=0)
+            self._tiles[op] = max(1, min(avail, _cdiv(largest, GRAIN_BYTES)))
+        return self._tiles[op]
+
+    def code_bytes(self, op: Op) -> int:
+        """Code of one op instance; a called graph's code is counted with that graph."""
+        if op.type in _CONTROL_OPS:
+            return CODE_BYTES_PER_OP
+        return CODE_BYTES_PER_OP + CODE_BYTES_PER_TILE * self.tiles_used(op)
+
+    # cycles ------------------------------------------------------------------------
+    def graph_work(self, graph: Graph) -> Work:
+        """One execution of ``graph``, walking into the graphs it calls."""
+        if graph not in self._graphs:
+            works = [self.op_work(op) for op in schedule(graph)]
+            self._graphs[graph] = Work.total_of(works) if works else Work()
+        return self._graphs[graph]
+
+    def op_work(self, op: Op) -> Work:
+        """One execution of ``op``, including the graphs it calls."""
+        if op.type in _CONTROL_OPS:
+            return self._control(op)
+        return self.leaf_work(op)
+
+    def _control(self, op: Op) -> Work:
+        step = Work(Cycles(control=CONTROL_CYCLES))
+        if op.type == "Loop":
+            return (self.graph_work(op.called_graphs[0]) + step).scaled(op.attrs["repeat_count"])
+        branches = [self.graph_work(g) for g in op.called_graphs]
+        return step + max(branches, key=lambda w: w.cycles.total, default=Work())
+
+    def leaf_work(self, op: Op) -> Work:
+        """One execution of an op that calls no graph."""
+        if op not in self._leaves:
+            self._leaves[op] = self._leaf_work(op)
+        return self._leaves[op]
+
+    def _leaf_work(self, op: Op) -> Work:
+        special = self._transfer(op)
+        if special is not None:
+            return special
+        ins = [t.spec for t in op.inputs]
+        outs = [t.spec for t in op.outputs]
+        cost = op.opdef.cost(ins, outs, op.attrs)
+        if cost.flops == 0 and cost.bytes == 0:
+            return Work()  # no compute set (e.g. an undefined Init, a print)
+        m, tiles = self.machine, self.tiles_used(op)
+        compute = max(_cdiv(cost.flops, tiles * self.flops_per_cycle(op)),
+                      _cdiv(cost.bytes, tiles * m.sram_bytes_per_cycle_per_tile))
+        exchange = _cdiv(_exchanged_bytes(op), tiles * m.exchange_bytes_per_cycle_per_tile)
+        cycles = Cycles(compute=compute + m.compute_set_overhead_cycles, exchange=exchange,
+                        sync=self.sync)
+        return Work(cycles, flops=int(cost.flops))  # int: op tables may hand back numpy ints
+
+    def flops_per_cycle(self, op: Op) -> int:
+        """Per tile: the FP16 AMP rate when an operand is 16-bit or narrower float, else FP32."""
+        narrow = any(t.dtype.is_floating_point and t.dtype.itemsize <= 2
+                     for t in (*op.inputs, *op.outputs))
+        m = self.machine
+        return m.fp16_flops_per_cycle_per_tile if narrow else m.fp32_flops_per_cycle_per_tile
+
+    def _transfer(self, op: Op) -> Work | None:
+        """Host, Streaming-Memory, IPU-Link and tile-set copies: latency + bytes / bandwidth."""
+        m, t = self.machine, op.type
+        if t in _HOST_IN or t in _HOST_OUT:
+            nbytes = nbytes_of((op.outputs if t in _HOST_IN else op.inputs)[0])
+            host = ceil((m.host_latency_s + nbytes / m.host_bytes_per_s) * m.clock_hz)
+            return Work(Cycles(sync=self.sync, host=host), host_bytes_in=nbytes * (t in _HOST_IN),
+                        host_bytes_out=nbytes * (t in _HOST_OUT))
+        if t in _REMOTE:
+            nbytes = max(nbytes_of(x) for x in (*op.inputs[:1], *op.outputs[:1]))
+            remote = _cdiv(nbytes * m.clock_hz, m.streaming_bytes_per_s)
+            return Work(Cycles(sync=self.sync, remote=remote), remote_bytes=nbytes)
+        if t in _TILE_COPIES:
+            nbytes = nbytes_of(op.inputs[0])
+            tiles = self.tiles_used(op)
+            exchange = _cdiv(nbytes, tiles * m.exchange_bytes_per_cycle_per_tile)
+            return Work(Cycles(sync=self.sync, exchange=exchange))
+        if t in _LINK_COPIES:
+            return self._link(nbytes_of(op.inputs[0]))
+        for prefix, factor in _RING:
+            if t.startswith(prefix):
+                n = self.replicas
+                big = max(nbytes_of(x) for x in (*op.inputs[:1], *op.outputs[:1]))
+                return self._link(ceil(factor * (n - 1) / n * big))
+        return None
+
+    def _link(self, nbytes: int) -> Work:
+        m = self.machine
+        link = _cdiv(nbytes * m.clock_hz, m.ipu_link_bytes_per_s)
+        return Work(Cycles(sync=self.sync, link=link), link_bytes=nbytes)
+
+    # executions -------------------------------------------------------------------
+    def graph_runs(self, graph: Graph) -> dict[Graph, int]:
+        """How often each graph runs in one execution of ``graph`` (both If branches count)."""
+        if graph not in self._runs:
+            runs: dict[Graph, int] = {graph: 1}
+            for op in graph._ops:
+                times = op.attrs.get("repeat_count", 1) if op.type == "Loop" else 1
+                for callee in op.called_graphs:
+                    for g, n in self.graph_runs(callee).items():
+                        runs[g] = runs.get(g, 0) + n * times
+            self._runs[graph] = runs
+        return self._runs[graph]
+
+
+def _exchanged_bytes(op: Op) -> int:
+    """Operands shaped like the output are assumed co-located with it (Poplar maps elementwise
+    operands alike); the others (matmul operands, broadcasts, reductions) are exchanged."""
+    shape = op.outputs[0].shape if op.outputs else None
+    return sum(nbytes_of(t) for t in op.inputs if t.shape != shape)

@@ -1,0 +1,152 @@
+"""Liveness of not-always-live tensors over each graph's schedule, per IPU.
+
+A tensor's buffer is live from the step of the op that produces it to the step of its last
+consumer; graph outputs stay live to the graph's last step. An in-place or view output, and the
+tensor a HostLoad fills, share their input's buffer: they add no bytes but keep it alive. At a
+call step the callee's own peak is added to what the caller keeps live across the call (the
+call's outputs are the callee's outputs, so they are counted inside the callee).
+Variables, constants, graph inputs and stream tensors are not part of it: the first two are
+always-live, graph inputs belong to the caller, stream tensors are stream buffers.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+from ..graph import Graph, Op
+from ..schedule import schedule
+from ..tensor import Tensor
+from .cost import nbytes_of
+
+__all__ = ["TOP_N", "Liveness", "LivenessAnalysis"]
+
+TOP_N = 5  # how many of the largest tensors live at a peak are kept for reports
+
+# A HostLoad writes the stream data into the buffer its Init input allocated (as in PopART).
+_FILLS_INPUT = frozenset({"HostLoad", "RemoteLoadInplace"})
+
+
+@dataclass
+class Liveness:
+    """Not-always-live bytes of one graph.
+
+    Attributes:
+        steps: ``"<OpType>.<id>"`` of every op, in schedule order.
+        curve: bytes live per IPU at each step, callees' peaks included.
+        peak: the largest value of ``curve`` per IPU.
+        peak_step: the step index of that peak per IPU.
+        top: per IPU, the largest tensors live at the peak as ``(tensor id, bytes)``.
+    """
+
+    graph: Graph
+    steps: list[str] = field(default_factory=list)
+    curve: list[dict[int, int]] = field(default_factory=list)
+    peak: dict[int, int] = field(default_factory=dict)
+    peak_step: dict[int, int] = field(default_factory=dict)
+    top: dict[int, list[tuple[str, int]]] = field(default_factory=dict)
+
+
+class LivenessAnalysis:
+    """Computes (and caches) the liveness of a graph and of every graph it calls."""
+
+    def __init__(self) -> None:
+        self._cache: dict[Graph, Liveness] = {}
+
+    def of(self, graph: Graph) -> Liveness:
+        if graph not in self._cache:
+            self._cache[graph] = self._analyse(graph)
+        return self._cache[graph]
+
+    def _analyse(self, graph: Graph) -> Liveness:
+        order = schedule(graph)
+        spans = _buffer_spans(graph, order)
+        curve = _live_curve(spans, len(order))
+        live = Liveness(graph, [f"{op.type}.{op.id}" for op in order])
+        for i, op in enumerate(order):
+            step = curve[i]
+            if op.called_graphs:
+                step = self._call_step(op, step)
+            live.curve.append(step)
+        for i, step in enumerate(live.curve):
+            for ipu, nbytes in step.items():
+                if nbytes > live.peak.get(ipu, -1):
+                    live.peak[ipu], live.peak_step[ipu] = nbytes, i
+        for ipu, i in live.peak_step.items():
+            live.top[ipu] = self._top_at(order[i], i, ipu, spans)
+        return live
+
+    def _call_step(self, op: Op, step: dict[int, int]) -> dict[int, int]:
+        """Caller's live bytes without the call's outputs, plus the (largest) callee peak."""
+        step = dict(step)
+        for t in _own_outputs(op):
+            step[t.ipu] -= nbytes_of(t)
+        peaks = [self.of(g).peak for g in op.called_graphs]
+        for ipu in {i for p in peaks for i in p}:
+            step[ipu] = step.get(ipu, 0) + max(p.get(ipu, 0) for p in peaks)
+        return step
+
+    def _top_at(self, op: Op, i: int, ipu: int, spans) -> list[tuple[str, int]]:
+        skip = set(_own_outputs(op)) if op.called_graphs else set()
+        found = [(t.id, nbytes_of(t)) for t, (a, b) in spans.items()
+                 if a <= i <= b and t.ipu == ipu and t not in skip]
+        if op.called_graphs:
+            callee = max((self.of(g) for g in op.called_graphs), key=lambda lv: lv.peak.get(ipu, 0))
+            found += callee.top.get(ipu, [])
+        return heapq.nlargest(TOP_N, found, key=lambda x: x[1])
+
+
+def _alias_source(op: Op) -> Tensor | None:
+    """The input whose buffer output 0 shares, if any."""
+    if not op.inputs or not op.outputs:
+        return None
+    if op.opdef.inplace:
+        return op.inputs[op.opdef.inplace[0]]
+    if op.opdef.view or op.type in _FILLS_INPUT:
+        return op.inputs[0]
+    return None
+
+
+def _buffer_spans(graph: Graph, order: list[Op]) -> dict[Tensor, tuple[int, int]]:
+    """First and last step of every buffer the graph's ops allocate."""
+    root: dict[Tensor, Tensor] = {}
+    first: dict[Tensor, int] = {}
+    last: dict[Tensor, int] = {}
+    for i, op in enumerate(order):
+        for t in op.inputs:
+            b = root.get(t)
+            if b is not None:
+                last[b] = i
+        src = _alias_source(op)
+        for k, t in enumerate(op.outputs):
+            if k == 0 and src is not None:
+                root[t] = root.get(src, src)  # may be a variable or input: then not a buffer
+            else:
+                root[t] = t
+                first[t] = last[t] = i
+    for t in graph._outputs:
+        b = root.get(t)
+        if b in first:
+            last[b] = len(order) - 1
+    return {b: (first[b], last[b]) for b in first}
+
+
+def _live_curve(spans: dict[Tensor, tuple[int, int]], n: int) -> list[dict[int, int]]:
+    delta: dict[int, list[int]] = {}
+    for t, (a, b) in spans.items():
+        d = delta.setdefault(t.ipu, [0] * (n + 1))
+        d[a] += nbytes_of(t)
+        d[b + 1] -= nbytes_of(t)
+    curve: list[dict[int, int]] = [{} for _ in range(n)]
+    for ipu, d in delta.items():
+        acc = 0
+        for i in range(n):
+            acc += d[i]
+            curve[i][ipu] = acc
+    return curve
+
+
+def _own_outputs(op: Op) -> list[Tensor]:
+    """Outputs of ``op`` that are new buffers (not aliases of an input)."""
+    src = _alias_source(op)
+    return [t for k, t in enumerate(op.outputs) if not (k == 0 and src is not None)]
