@@ -226,9 +226,9 @@ class Tensor:
         if self.rank != 2:
             raise ValueError(f"diag() needs a 2-D tensor, {self.id!r} has shape {self.shape}.")
         n = min(self.shape)
-        idx = np.arange(n, dtype=np.int32)
-        rows = _ops().gather(self, constant(idx, dtypes.int32), axis=0)
-        return _ops().gather(rows, constant(idx.reshape(n, 1), dtypes.int32), axis=1).reshape((n,))
+        # element (i, i) sits at i * (cols + 1) in row-major order
+        idx = np.arange(n, dtype=np.int32) * (self.shape[1] + 1)
+        return _ops().gather(self.flatten(), constant(idx, dtypes.int32))
 
     def copy_to_ipu(self, destination: int, source: Optional[int] = None) -> "Tensor":
         return _ops().ipu_copy(self, destination, source)

@@ -239,3 +239,16 @@ def test_format_schedule_golden():
 def test_get_current_graph_without_context_raises():
     with pytest.raises(RuntimeError, match="no graph has been selected"):
         popxl.gcg()
+
+
+def test_tensor_diag_and_scalar_constants():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        v = popxl.variable(np.arange(12, dtype=np.float32).reshape(3, 4), name="m")
+        d = v.diag()
+        c = popxl.constant(2)
+        s = popxl.d2h_stream(d.shape, d.dtype, "d")
+        ops.host_store(s, d)
+    assert c.shape == () and c.dtype is popxl.int32
+    with popxl.Session(ir, "ipu_hw") as session:
+        np.testing.assert_array_equal(session.run()[s], [0.0, 5.0, 10.0])

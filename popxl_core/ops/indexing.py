@@ -23,7 +23,8 @@ from .gather import gather, scatter, tied_gather
 from .onehot import onehot
 from .scatter_reduce import scatter_reduce
 
-__all__ = ["gather", "getitem", "onehot", "scatter", "scatter_reduce", "tied_gather"]
+# getitem is used by Tensor.__getitem__ and is not a popxl.ops name.
+__all__ = ["gather", "onehot", "scatter", "scatter_reduce", "tied_gather"]
 
 _BASIC = (int, np.integer, builtins.slice, type(Ellipsis), type(None))
 
