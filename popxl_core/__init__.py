@@ -38,6 +38,7 @@ from .dtypes import (
 from .graph import Graph
 from .ir import Ir
 from .module import Module
+from .random_seed import create_seeds
 from .replica_grouping import ReplicaGrouping
 from .sim.session import Session
 from .streams import DeviceToHostStream, HostToDeviceStream, d2h_stream, h2d_stream
@@ -60,7 +61,7 @@ __all__ = [
     "dtype", "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
     "half", "float8_143", "float8_152", "float16", "float", "float32", "double", "float64",
     "complex64", "complex128",
-    "Graph", "Ir", "Module", "ReplicaGrouping", "Session",
+    "Graph", "Ir", "Module", "create_seeds", "ReplicaGrouping", "Session",
     "HostToDeviceStream", "DeviceToHostStream", "h2d_stream", "d2h_stream",
     "Tensor", "Variable", "Constant", "TensorSpec", "TensorByRef",
     "variable", "constant", "graph_input", "graph_output",
