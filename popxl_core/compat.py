@@ -1,9 +1,15 @@
 """Make ``import popxl`` and ``import popxl_addons`` resolve to this project.
 
 `install()` adds an import hook: ``popxl.X.Y`` loads ``popxl_core``'s module for that path
-(after the renames in `_RENAMES`) and registers it under both names, so user code written for
-PopXL and popxl.addons runs unchanged on the simulator. ``python -m popxl_core.compat SCRIPT
-[ARGS...]`` runs a script with the hook in place.
+(after the renames in `_RENAMES`) and registers the same module object under both names, so
+user code written for PopXL and popxl.addons runs unchanged on the simulator.
+``python -m popxl_core.compat SCRIPT [ARGS...]`` runs a script with the hook in place.
+
+>>> install()
+>>> import popxl, popxl.ops
+>>> popxl.ops.add is popxl_core.ops.add, repr(popxl.float32)
+(True, 'popxl.dtypes.float32')
+>>> uninstall()
 """
 
 from __future__ import annotations
@@ -11,25 +17,28 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.util
+import os
 import runpy
 import sys
 from typing import Dict, List, Optional
 
+import popxl_core  # noqa: F401 - the doctest names it
+
 __all__ = ["install", "uninstall", "main"]
 
-# Paths whose module lives elsewhere in this project than the same dotted path would say.
+# popxl paths whose module lives elsewhere in this project than the same dotted path says.
 _RENAMES: Dict[str, str] = {
     "popxl": "popxl_core",
     "popxl.session": "popxl_core.sim.session",
     "popxl.ops.negative_log_likelihood": "popxl_core.ops.losses",
-    "popxl.ops.conv": "popxl_core.ops.nn",
-    "popxl.ops.utils": "popxl_core.ops.registry",
     "popxl_addons": "addons",
 }
 _ROOTS = {"popxl": "popxl_core", "popxl_addons": "addons"}
+_ALIAS_OF = {real: alias for alias, real in _RENAMES.items()}
 
 
 def _target(fullname: str) -> Optional[str]:
+    """The project module behind a popxl / popxl_addons path (None for other paths)."""
     if fullname in _RENAMES:
         return _RENAMES[fullname]
     root, _, rest = fullname.partition(".")
@@ -40,15 +49,43 @@ def _target(fullname: str) -> Optional[str]:
     return f"{base}.{leaf}" if base else f"{_ROOTS[root]}.{rest}"
 
 
+def _alias(real: str) -> Optional[str]:
+    """The popxl path of a project module: the inverse of `_target`."""
+    if real in _ALIAS_OF:
+        return _ALIAS_OF[real]
+    parent, _, leaf = real.rpartition(".")
+    base = _alias(parent) if parent else None
+    return f"{base}.{leaf}" if base else None
+
+
+def _register_loaded() -> None:
+    """Put every loaded project module into sys.modules under its popxl path too.
+
+    Otherwise importing ``popxl.ops.call`` for the first time would make the import system
+    set the attribute ``call`` of ``popxl.ops`` to the module, hiding the op function
+    ``popxl.ops.call`` (popxl has both, like here; a registered alias is never re-imported).
+    """
+    for name, module in list(sys.modules.items()):
+        alias = _alias(name) if name.split(".")[0] in _ALIAS_OF else None
+        if alias is not None and module is not None:
+            sys.modules.setdefault(alias, module)
+
+
 class _AliasLoader(importlib.abc.Loader):
     def __init__(self, target: str) -> None:
         self.target = target
+        self.real_spec = None
 
     def create_module(self, spec):
-        return importlib.import_module(self.target)
+        module = importlib.import_module(self.target)
+        self.real_spec = module.__spec__
+        _register_loaded()
+        return module
 
     def exec_module(self, module) -> None:
-        pass  # the target module is already executed
+        # The module is already executed; the import system has just overwritten its
+        # __spec__ with the alias spec, which would confuse relative imports and reloads.
+        module.__spec__ = self.real_spec
 
 
 class _AliasFinder(importlib.abc.MetaPathFinder):
@@ -58,8 +95,7 @@ class _AliasFinder(importlib.abc.MetaPathFinder):
         real = _target(fullname)
         if real is None or importlib.util.find_spec(real) is None:
             return None
-        spec = importlib.util.spec_from_loader(fullname, _AliasLoader(real))
-        return spec
+        return importlib.util.spec_from_loader(fullname, _AliasLoader(real))
 
 
 _FINDER = _AliasFinder()
@@ -80,12 +116,17 @@ def uninstall() -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    """``python -m popxl_core.compat SCRIPT [ARGS...]``."""
+    """``python -m popxl_core.compat SCRIPT [ARGS...]``: run SCRIPT as ``__main__``.
+
+    ``sys.argv`` becomes ``[SCRIPT, ARGS...]`` and the script's directory goes first on
+    ``sys.path``, as when running ``python SCRIPT ARGS...``.
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
         raise SystemExit("usage: python -m popxl_core.compat SCRIPT [ARGS...]")
     install()
     sys.argv = argv
+    sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
     runpy.run_path(argv[0], run_name="__main__")
 
 

@@ -41,6 +41,9 @@ class Session:
         self.device_desc = device_desc
         self.weights_to_host_on_exit = weights_to_host_on_exit
         self._runtime = Runtime()
+        # the Session owns the Ir from here on, so its streams are fixed
+        self._h2d = frozenset(ir.get_all_h2d_streams())
+        self._d2h = tuple(ir.get_all_d2h_streams())
         self._program = Program(ir, self._runtime, check_specs=_check_specs)
         self.plan = build_plan(ir, self.machine)
         ir._session = self
@@ -180,7 +183,7 @@ class Session:
 
     # running --------------------------------------------------------------------------
     def expected_inputs(self) -> Set[HostToDeviceStream]:
-        return self._ir.get_all_h2d_streams()
+        return set(self._h2d)
 
     def _full_input_shape(self, shape) -> tuple:
         lead = tuple(n for n in (self._ir.num_host_transfers, self._ir.replication_factor) if n > 1)
@@ -188,7 +191,7 @@ class Session:
 
     def create_host_outputs(self) -> Dict[DeviceToHostStream, np.ndarray]:
         return {s: np.empty(self._full_input_shape(s.shape), s.dtype.as_numpy())
-                for s in self._ir.get_all_d2h_streams()}
+                for s in self._d2h}
 
     def run(self, inputs: Optional[Mapping[HostToDeviceStream, object]] = None,
             downcast_inputs: bool = True) -> Dict[DeviceToHostStream, np.ndarray]:
@@ -209,7 +212,7 @@ class Session:
         self._host_in_sync = False
 
     def _checked_inputs(self, inputs: Mapping, downcast: bool) -> Dict[object, np.ndarray]:
-        expected = self.expected_inputs()
+        expected = self._h2d
         given = set(inputs)
         unexpected = [s for s in given if s not in expected]
         missing = [s for s in expected if s not in given]

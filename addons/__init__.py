@@ -1,0 +1,41 @@
+"""addons: popxl.addons re-implemented on popxl_core (Modules, named tensors, factories,
+graphs with named args, graph caching and gradient transforms)."""
+
+from . import transforms
+from .dot_tree import DotTree, to_mapping
+from .graph import BoundGraph, GraphWithNamedArgs
+from .graph_cache import GraphCache, function
+from .module import Module, NameScopeMeta, create_grad_graph_info
+from .named_tensors import NamedTensorData, NamedTensors, print_named_tensors
+from .transforms import autodiff, autodiff_with_accumulation, recompute_graph
+from .utils import OrderedDict
+from .variable_factory import (
+    NamedVariableFactories,
+    VariableFactory,
+    add_replica_sharded_variable_input,
+    add_variable_input,
+)
+
+__all__ = [
+    "BoundGraph",
+    "DotTree",
+    "GraphCache",
+    "GraphWithNamedArgs",
+    "Module",
+    "NameScopeMeta",
+    "NamedTensorData",
+    "NamedTensors",
+    "NamedVariableFactories",
+    "OrderedDict",
+    "VariableFactory",
+    "add_replica_sharded_variable_input",
+    "add_variable_input",
+    "autodiff",
+    "autodiff_with_accumulation",
+    "create_grad_graph_info",
+    "function",
+    "print_named_tensors",
+    "recompute_graph",
+    "to_mapping",
+    "transforms",
+]

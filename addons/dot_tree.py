@@ -1,0 +1,284 @@
+"""`DotTree`: a tree of named leaves addressed by dotted keys (``"fc1.weight"``, ``t[0]``)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Generic, TypeVar
+
+from .utils import OrderedDict
+
+__all__ = ["DotTree", "check_key", "sanitise", "to_mapping"]
+
+T = TypeVar("T")
+Key = str | int
+
+
+def sanitise(name: str) -> str:
+    """``name`` as a valid key component: non-word characters become ``_``, and a leading
+    digit gets a ``_`` in front.
+
+    >>> sanitise("layer-1/w")
+    'layer_1_w'
+    """
+    return re.sub(r"\W|^(?=\d)", "_", name)
+
+
+def _component(part: str, key: Key) -> str:
+    """One validated path component; numeric components are normalised (``"01"`` -> ``"1"``)."""
+    if part.isidentifier():
+        return part
+    if part.isnumeric():
+        try:
+            return str(int(part))
+        except ValueError:
+            pass
+    raise ValueError(
+        f"Invalid DotTree key {key!r}: component {part!r} must be a python identifier or a "
+        "non-negative integer (components are separated by '.')."
+    )
+
+
+def check_key(key: Key) -> None:
+    """Raise ValueError/TypeError if ``key`` is not a valid (dotted) DotTree key."""
+    _split(key)
+
+
+def _split(key: Key) -> list[str]:
+    """A key as its validated list of components."""
+    if isinstance(key, bool) or not isinstance(key, (str, int)):
+        raise TypeError(f"DotTree keys must be str or int, got {type(key).__name__} {key!r}.")
+    if isinstance(key, int):
+        if key < 0:
+            raise ValueError(f"Invalid DotTree key {key}: integer keys must be >= 0.")
+        return [str(key)]
+    return [_component(p, key) for p in key.split(".")]
+
+
+class DotTree(Generic[T]):
+    """An insertion-ordered tree of leaves; sub-trees are DotTrees of the same class.
+
+    Keys are python identifiers or non-negative integers; a dotted string walks sub-trees.
+
+    >>> t = DotTree.from_dict({"a.b": 1, "a.c": 2, "d": 3})
+    >>> t.a.c, t["a.b"], t.keys_flat()
+    (2, 1, ['a.b', 'a.c', 'd'])
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        self._map: OrderedDict[str, Any] = OrderedDict()
+        for k, v in kwargs.items():
+            self.insert(k, v)
+
+    # access ---------------------------------------------------------------------------
+    def _resolve(self, key: Key) -> tuple[DotTree, str]:
+        """The sub-tree holding ``key`` and the final component (KeyError if a step is missing)."""
+        if isinstance(key, int) and not isinstance(key, bool) and key < 0:
+            return self, self._negative(key)
+        parts = _split(key)
+        node: DotTree = self
+        for i, part in enumerate(parts[:-1]):
+            child = node._map.get(part)
+            if not isinstance(child, DotTree):
+                where = ".".join(parts[: i + 1])
+                raise KeyError(f"{key!r}: {where!r} is not a sub-tree (available keys: "
+                               f"{node.keys()})" if child is not None else
+                               f"{key!r}: no key {where!r} (available keys: {node.keys()})")
+            node = child
+        return node, parts[-1]
+
+    def _negative(self, key: int) -> str:
+        """A negative int key counted back from the largest numeric key + 1."""
+        numeric = [int(k) for k in self._map if k.isnumeric()]
+        if not numeric:
+            raise KeyError(f"Negative key {key}: this tree has no integer keys ({self.keys()}).")
+        resolved = max(numeric) + 1 + key
+        if resolved < 0:
+            raise KeyError(f"Negative key {key} is out of range (largest integer key "
+                           f"{max(numeric)}).")
+        return str(resolved)
+
+    def get(self, key: Key) -> Any:
+        """The leaf or sub-tree at ``key`` (int, identifier or dotted path)."""
+        node, last = self._resolve(key)
+        try:
+            return node._map[last]
+        except KeyError:
+            raise KeyError(f"No key {key!r} in {type(self).__name__} (available keys: "
+                           f"{node.keys()}).") from None
+
+    def __getitem__(self, key: Key) -> Any:
+        return self.get(key)
+
+    def __getattr__(self, key: str) -> Any:
+        # Only reached when normal lookup fails; "_map" may be missing during unpickling/copy.
+        if "_map" not in self.__dict__:
+            raise AttributeError(key)
+        try:
+            return self.get(key)
+        except (KeyError, ValueError):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute or key "
+                                 f"{key!r}. Available keys: {self.keys()}") from None
+
+    def __contains__(self, key: Key) -> bool:
+        try:
+            self.get(key)
+        except (KeyError, ValueError, TypeError):
+            return False
+        return True
+
+    __iter__ = None  # iterate keys(), values() or to_dict() explicitly
+
+    # mutation ---------------------------------------------------------------------------
+    def insert(self, key: Key, value: Any, overwrite: bool = False) -> None:
+        """Add ``value`` at ``key``; ValueError if it exists and ``overwrite`` is False.
+
+        A dotted insert builds a copy of the sub-tree and swaps it in, so a failed insert
+        leaves the tree unchanged. With ``overwrite=True`` a tree inserted over a tree merges.
+        """
+        parts = _split(key)
+        head = parts[0]
+        if len(parts) > 1:
+            existing = self._map.get(head)
+            if existing is not None and not isinstance(existing, DotTree):
+                raise ValueError(f"Cannot insert {key!r}: {head!r} is a leaf, not a sub-tree.")
+            sub = existing.copy() if existing is not None else type(self)()
+            sub.insert(".".join(parts[1:]), value, overwrite)
+            self._map[head] = sub
+            return
+        if head in self._map:
+            if not overwrite:
+                raise ValueError(f"Key {key!r} already exists in {type(self).__name__}. "
+                                 "Use overwrite=True to replace it.")
+            current = self._map[head]
+            if isinstance(current, DotTree) and isinstance(value, DotTree):
+                merged = current.copy()
+                merged.update(value, overwrite=True)
+                value = merged
+        self._map[head] = value
+
+    def update(self, other: DotTree, overwrite: bool = False) -> None:
+        """Insert every top-level item of (a copy of) ``other``."""
+        if not isinstance(other, DotTree):
+            raise TypeError(f"update expects a DotTree, got {type(other).__name__}.")
+        for k, v in other.copy()._map.items():
+            self.insert(k, v, overwrite)
+
+    def pop(self, key: Key) -> Any:
+        """Remove and return the leaf or sub-tree at ``key``."""
+        node, last = self._resolve(key)
+        if last not in node._map:
+            raise KeyError(f"No key {key!r} in {type(self).__name__} (available keys: "
+                           f"{node.keys()}).")
+        return node._map.pop(last)
+
+    def _set(self, key: str, value: Any) -> None:
+        """Put ``value`` at top-level ``key`` as is (keeps its position if the key exists)."""
+        self._map[_split(key)[0]] = value
+
+    def _clear(self) -> None:
+        """Remove every leaf, keeping (now empty) sub-tree objects in place."""
+        for k, v in list(self._map.items()):
+            if isinstance(v, DotTree):
+                v._clear()
+            else:
+                del self._map[k]
+
+    # copies and views ------------------------------------------------------------------
+    def copy(self) -> DotTree:
+        """A new tree: sub-trees are copied, leaves are shared."""
+        new = type(self)()
+        for k, v in self._map.items():
+            new._map[k] = v.copy() if isinstance(v, DotTree) else v
+        return new
+
+    def filter_keys(self, keys: Iterable[Key]) -> DotTree:
+        """A new tree with only ``keys`` (dotted keys allowed); ValueError on duplicates."""
+        keys = list(keys)
+        if len({str(k) for k in keys}) != len(keys):
+            raise ValueError(f"filter_keys: duplicate keys in {keys}.")
+        new = type(self)()
+        for k in keys:
+            v = self.get(k)
+            new.insert(k, v.copy() if isinstance(v, DotTree) else v)
+        return new
+
+    def map(self, fn: Callable[[Any], Any]) -> DotTree:
+        """A tree of the same shape with ``fn(leaf)`` at every leaf."""
+        new = type(self)()
+        for k, v in self._map.items():
+            new._map[k] = v.map(fn) if isinstance(v, DotTree) else fn(v)
+        return new
+
+    def keys(self) -> list[str]:
+        """Top-level keys, in insertion order."""
+        return list(self._map.keys())
+
+    def values(self) -> list[Any]:
+        """Top-level values (leaves and sub-trees), in insertion order."""
+        return list(self._map.values())
+
+    def items(self) -> list[tuple[str, Any]]:
+        return list(self._map.items())
+
+    def __len__(self) -> int:
+        return len(self._map)
+
+    def to_dict(self) -> dict[str, T]:
+        """Flattened ``{dotted key: leaf}`` in insertion (depth-first) order."""
+        out: dict[str, T] = {}
+        for k, v in self._map.items():
+            if isinstance(v, DotTree):
+                out.update({f"{k}.{sk}": sv for sk, sv in v.to_dict().items()})
+            else:
+                out[k] = v
+        return out
+
+    def keys_flat(self) -> list[str]:
+        return list(self.to_dict().keys())
+
+    def values_flat(self) -> list[T]:
+        return list(self.to_dict().values())
+
+    def len_flat(self) -> int:
+        return len(self.to_dict())
+
+    @classmethod
+    def from_dict(cls: type, d: Mapping[Key, Any]) -> DotTree:
+        """A nested tree from a flat mapping of dotted (or int) keys."""
+        tree = cls()
+        for k, v in d.items():
+            tree.insert(k, v)
+        return tree
+
+    def unpack(self) -> tuple[tuple[str, ...], tuple[T, ...]]:
+        """``(keys, leaves)`` of the flattened tree, sorted by key."""
+        items = sorted(self.to_dict().items(), key=lambda kv: kv[0])
+        if not items:
+            return [], []  # type: ignore[return-value]
+        keys, values = zip(*items)
+        return keys, values
+
+    @classmethod
+    def pack(cls, keys: Iterable[Key], values: Iterable[Any]) -> DotTree:
+        """The inverse of `unpack`: a tree from parallel sequences of keys and leaves."""
+        keys, values = list(keys), list(values)
+        if len(keys) != len(values):
+            raise ValueError(f"pack: {len(keys)} keys but {len(values)} values.")
+        return cls.from_dict(dict(zip(keys, values)))
+
+    def to_mapping(self, other: DotTree) -> dict[Any, Any]:
+        """``{self leaf: other leaf}`` for every flattened key both trees have."""
+        return to_mapping(self, other)
+
+    sanitise = staticmethod(sanitise)
+
+    def __repr__(self) -> str:
+        # The seeds' printed output shows the flattened dict in python's dict format.
+        return repr(self.to_dict())
+
+
+def to_mapping(a: DotTree, b: DotTree) -> dict[Any, Any]:
+    """``{a leaf: b leaf}`` over the flattened keys common to ``a`` and ``b`` (``a``'s order)."""
+    bd = b.to_dict()
+    return {v: bd[k] for k, v in a.to_dict().items() if k in bd}

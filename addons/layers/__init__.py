@@ -1,0 +1,11 @@
+"""addons.layers: Modules for common layers, each with a `torch_mapping` that copies the
+parameters of the equivalent torch module."""
+
+from .conv import Conv2D
+from .embedding import Embedding
+from .group_norm import GroupNorm
+from .layer_norm import LayerNorm
+from .linear import Linear
+from .weights_dict import WeightsDict
+
+__all__ = ["Conv2D", "Embedding", "GroupNorm", "LayerNorm", "Linear", "WeightsDict"]

@@ -1,0 +1,57 @@
+"""`Embedding`: look rows (or columns) of a learned table up by integer index."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import numpy as np
+import torch
+
+from popxl_core import Tensor, dtype, float32, ops
+
+from ..module import Module
+from ..named_tensors import NamedTensors
+from .weights_dict import WeightsDict, host_value
+
+__all__ = ["Embedding"]
+
+
+class Embedding(Module):
+    """An embedding table gathered along ``axis``.
+
+    The ``weight`` variable is (vocab_size, hidden_size) for ``axis=0`` (the torch layout)
+    and (hidden_size, vocab_size) for ``axis=1``; it starts as N(0, 0.02) draws.
+    ``build(indices)`` returns ``gather(weight, indices, axis)``.
+    """
+
+    def __init__(self, dtype: dtype, vocab_size: int, hidden_size: int, axis: int = 0,
+                 replica_grouping=None) -> None:
+        super().__init__()
+        if axis not in (0, 1):
+            raise ValueError(f"Embedding axis must be 0 or 1, got {axis!r}.")
+        self.dtype = dtype
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.axis = axis
+        self.replica_grouping = replica_grouping
+
+    def _shape(self) -> tuple[int, int]:
+        shape = (self.vocab_size, self.hidden_size)
+        return shape if self.axis == 0 else shape[::-1]
+
+    def build(self, indices: Tensor) -> Tensor:
+        if not indices.dtype.is_int:
+            raise TypeError(f"Embedding indices must be integers, got {indices.dtype.name}.")
+        w = self.add_variable_input(
+            "weight", partial(np.random.normal, 0, 0.02, self._shape()), self.dtype,
+            replica_grouping=self.replica_grouping)
+        return ops.gather(w, indices, axis=self.axis)
+
+    @staticmethod
+    def torch_mapping(variables: NamedTensors, nn_layer: torch.nn.Embedding,
+                      dtype: dtype = float32, axis: int = 0) -> WeightsDict:
+        """Host data for ``variables`` from ``nn_layer``; pass the layer's ``axis`` (an
+        axis-1 table is the transposed torch weight)."""
+        weight = nn_layer.weight.detach()
+        weight = weight.T if axis == 1 else weight
+        return WeightsDict({variables.weight: host_value(variables.weight, weight, dtype)})

@@ -1,0 +1,395 @@
+"""`addons.Module`: a popxl Module whose `build` declares its variables as named inputs.
+
+`create_graph` traces `build` into a subgraph and returns the variable factories and the
+graph with its named inputs. Submodules assigned as attributes are inlined when called;
+`call_module` and `add_variable_inputs` outline them instead.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import popxl_core
+from popxl_core import Graph, Tensor, dtype, gcg
+from popxl_core.transforms import GradGraphInfo
+
+from .dot_tree import DotTree, check_key
+from .graph import BoundGraph, GraphWithNamedArgs
+from .graph_cache import GraphCache, tensor_inputs
+from .named_tensors import NamedTensors
+from .variable_factory import (
+    DataIter,
+    NamedVariableFactories,
+    VariableFactory,
+    add_replica_sharded_variable_input,
+    add_variable_input,
+)
+
+__all__ = [
+    "BoundGraph",
+    "GradGraphInfo",
+    "GraphCache",
+    "GraphWithNamedArgs",
+    "Module",
+    "NameScopeMeta",
+    "NamedTensors",
+    "NamedVariableFactories",
+    "VariableFactory",
+    "add_replica_sharded_variable_input",
+    "add_variable_input",
+    "create_grad_graph_info",
+]
+
+_GRAD_INLINING = ("error", "warning", "none")
+_CALL_AUTODIFF = ("auto", "build_grad", "autodiff", "none")
+
+
+def _scoped(build: Callable) -> Callable:
+    @functools.wraps(build)
+    def scoped_build(self, *args, **kwargs):
+        scope = self.__dict__.get("_name_scope")
+        # A subclass build calling super().build() must not nest the scope twice.
+        if not scope or self.__dict__.get("_in_scope"):
+            return build(self, *args, **kwargs)
+        self.__dict__["_in_scope"] = True
+        try:
+            with popxl_core.name_scope(scope):
+                return build(self, *args, **kwargs)
+        finally:
+            self.__dict__["_in_scope"] = False
+
+    return scoped_build
+
+
+class NameScopeMeta(type):
+    """Wraps every `build` a class defines in ``popxl.name_scope(module._name_scope)``."""
+
+    def __new__(mcs, name, bases, namespace, **kwargs):
+        if callable(namespace.get("build")):
+            namespace["build"] = _scoped(namespace["build"])
+        return super().__new__(mcs, name, bases, namespace, **kwargs)
+
+
+class Module(popxl_core.Module, metaclass=NameScopeMeta):
+    """Base class of addons layers and models. Subclasses call ``super().__init__()``.
+
+    Args:
+        cache: True (or a GraphCache) reuses the graph when `create_graph` is called again
+            with matching argument specs.
+        grad_inlining_error: what to do when a module with `build_grad` is called inline
+            (which skips the custom gradient): 'error', 'warning' or 'none'.
+    """
+
+    def __init__(self, cache: bool | GraphCache | None = False,
+                 grad_inlining_error: str = "error") -> None:
+        if grad_inlining_error not in _GRAD_INLINING:
+            raise ValueError(f"grad_inlining_error must be one of {_GRAD_INLINING}, got "
+                             f"{grad_inlining_error!r}.")
+        self._variable_factories = NamedVariableFactories()
+        self._named_inputs = NamedTensors()
+        self._name_scope: str | None = None
+        self._submodules: dict[str, Module] = {}
+        self._called_graphs_grad_info: dict[Graph, GradGraphInfo] = {}
+        self._cached_args: weakref.WeakKeyDictionary[Graph, tuple] = (
+            weakref.WeakKeyDictionary())
+        self._list_len: int | None = None
+        self.grad_inlining_error = grad_inlining_error
+        self.aux: dict[str, Tensor] = {}
+        self.var_grad: dict[str, Tensor] = {}
+        if cache and self.implements_grad_graph:
+            raise ValueError(f"{type(self).__name__}: cache=True cannot be used with a "
+                             "custom build_grad.")
+        self._graph_cache = cache if isinstance(cache, GraphCache) else (
+            GraphCache() if cache else None)
+
+    # submodules ---------------------------------------------------------------------
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, Module) and not name.startswith("_"):
+            self._adopt(name, value)
+        super().__setattr__(name, value)
+
+    def _adopt(self, name: str, child: Module) -> None:
+        """Nest ``child``'s factories and named inputs under ``name`` (shared trees)."""
+        if "_variable_factories" not in self.__dict__:
+            raise RuntimeError(f"{type(self).__name__}.__init__ must call super().__init__() "
+                               f"before assigning the submodule {name!r}.")
+        child.set_name_scope(name)
+        for mine, theirs in ((self._variable_factories, child._variable_factories),
+                             (self._named_inputs, child._named_inputs)):
+            if name in mine:
+                mine.pop(name)
+            mine.insert(name, theirs)
+        self._submodules[name] = child
+
+    def set_name_scope(self, name: str) -> None:
+        self._name_scope = name
+
+    def get(self, key: str | int) -> Module:
+        """The submodule at a dotted ``key`` (ints index `from_list` modules)."""
+        node: Module = self
+        for part in str(key).split("."):
+            if part.lstrip("-").isdigit() and int(part) < 0 and node._list_len is not None:
+                part = str(node._list_len + int(part))
+            if part not in node._submodules:
+                raise KeyError(f"{type(node).__name__} has no submodule {part!r} "
+                               f"(submodules: {list(node._submodules)}).")
+            node = node._submodules[part]
+        return node
+
+    def __getitem__(self, key: str | int) -> Module:
+        return self.get(key)
+
+    def __iter__(self) -> Iterator[Module]:
+        if self._list_len is None:
+            raise TypeError(f"{type(self).__name__} is not iterable; only modules made with "
+                            "Module.from_list are.")
+        return (self._submodules[str(i)] for i in range(self._list_len))
+
+    def __len__(self) -> int:
+        if self._list_len is None:
+            raise TypeError(f"{type(self).__name__} has no len(); only Module.from_list has.")
+        return self._list_len
+
+    @classmethod
+    def from_list(cls, modules: Iterable[Module]) -> Module:
+        """A container module whose submodules are ``"0"``, ``"1"``, ... (iterable, indexable)."""
+        container = Module()
+        modules = list(modules)
+        for i, m in enumerate(modules):
+            setattr(container, str(i), m)
+        container._list_len = len(modules)
+        return container
+
+    # named inputs -------------------------------------------------------------------
+    def _check_building(self, what: str) -> None:
+        try:
+            g = gcg()
+        except RuntimeError:
+            g = None
+        if g is None or g is g.main_graph:
+            raise RuntimeError(
+                f"{type(self).__name__}.{what} was called outside graph construction. Call it "
+                "inside build(), and build the graph with module.create_graph(...) (or call "
+                "the module inside another module's build).")
+
+    def _taken(self, name: str | int) -> tuple:
+        """What the trees hold at ``name``: (any value?, any non-placeholder value?)."""
+        held = [tree.get(name) for tree in (self._variable_factories, self._named_inputs)
+                if name in tree]
+        return bool(held), any(not isinstance(v, DotTree) or v.len_flat() for v in held)
+
+    def _check_free(self, name: str | int, overwrite: bool) -> bool:
+        """Validate ``name``; True if the insert must overwrite an empty placeholder tree
+        (a submodule's slot, or what a previous create_graph left)."""
+        check_key(name)
+        if overwrite:
+            return True
+        held, used = self._taken(name)
+        if used:
+            raise ValueError(f"{type(self).__name__} already has a named input {name!r}. "
+                             "Use another name or overwrite=True.")
+        return held
+
+    def _record(self, name: str | int, t: Any, f: Any, overwrite: bool) -> None:
+        self._variable_factories.insert(name, f, overwrite)
+        self._named_inputs.insert(name, t, overwrite)
+
+    def add_variable_input(self, name: str, data_iter: DataIter, dtype: dtype | None = None,
+                           by_ref: bool = False, replica_grouping=None,
+                           overwrite: bool = False) -> Tensor:
+        """A graph input named ``name`` plus a factory for the variable that feeds it."""
+        self._check_building(f"add_variable_input({name!r})")
+        overwrite = self._check_free(name, overwrite)
+        t, f = add_variable_input(name, data_iter, dtype, by_ref, replica_grouping)
+        self._record(name, t, f, overwrite)
+        return t
+
+    def add_replica_sharded_variable_input(self, name: str, data_iter: DataIter,
+                                           dtype: dtype | None = None, by_ref: bool = False,
+                                           replica_grouping=None,
+                                           shard_over: int | None = None) -> Tensor:
+        """Like `add_variable_input`, for a replica-sharded variable (the input is the shard)."""
+        self._check_building(f"add_replica_sharded_variable_input({name!r})")
+        overwrite = self._check_free(name, False)
+        t, f = add_replica_sharded_variable_input(name, data_iter, dtype, by_ref,
+                                                  replica_grouping, shard_over)
+        self._record(name, t, f, overwrite)
+        return t
+
+    def add_variable_factory(self, variable_f: VariableFactory, name: str | None = None,
+                             overwrite: bool = False) -> Tensor:
+        """A graph input for an existing factory, stored under ``name`` (default its name)."""
+        name = name if name is not None else variable_f.name
+        self._check_building(f"add_variable_factory({name!r})")
+        overwrite = self._check_free(name, overwrite)
+        t = variable_f.create_input()
+        self._record(name, t, variable_f, overwrite)
+        return t
+
+    def add_variable_inputs(self, name: str | int, variable_f: NamedVariableFactories,
+                            overwrite: bool = False) -> NamedTensors:
+        """New graph inputs for every factory of ``variable_f``, stored under ``name.*``.
+
+        Use it to outline: bind one subgraph to several sets of named inputs.
+        """
+        prefix = str(name)
+        self._check_building(f"add_variable_inputs({prefix!r})")
+        overwrite = self._check_free(prefix, overwrite)
+        inputs = {k: f.input_named(f"{prefix}.{k}") for k, f in variable_f.to_dict().items()}
+        named = NamedTensors.from_dict(inputs)
+        self._variable_factories.insert(prefix, variable_f.copy(), overwrite)
+        self._named_inputs.insert(prefix, named.copy(), overwrite)
+        return named
+
+    # graphs -----------------------------------------------------------------------------
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Inline ``build`` into the current graph."""
+        if self.implements_grad_graph and self.grad_inlining_error != "none":
+            msg = (f"{type(self).__name__} implements build_grad, but calling it inline skips "
+                   "the custom gradient. Outline it with `self.call_module(module)(...)`, or "
+                   "set grad_inlining_error='none'.")
+            if self.grad_inlining_error == "error":
+                raise RuntimeError(msg)
+            warnings.warn(msg, stacklevel=2)
+        return self.build(*args, **kwargs)
+
+    def create_graph(self, *args: Any, **kwargs: Any
+                     ) -> tuple[NamedVariableFactories, GraphWithNamedArgs]:
+        """Trace `build` into a new subgraph ``{ClassName}_subgraph(N)``.
+
+        Tensor/TensorSpec arguments become graph inputs. Returns the factories of the named
+        inputs and the graph; the module keeps no state afterwards.
+        """
+        try:
+            ir = gcg().ir
+        except RuntimeError:
+            raise RuntimeError(f"{type(self).__name__}.create_graph needs a graph context: "
+                               "call it inside `with ir.main_graph:`.") from None
+        try:
+            if self._graph_cache is None:
+                graph = ir.create_graph(self, *args, **kwargs)
+                state = self._state()
+            else:
+                graph = self._graph_cache.create_graph(self, *args, **kwargs)
+                state = self._cached_args.get(graph) or self._state()
+                self._cached_args[graph] = state
+            facts, named, aux, called = state
+            return facts.copy(), GraphWithNamedArgs(graph, named.copy(), from_module=self,
+                                                    aux=aux, called_graphs_grad_info=called)
+        finally:
+            self._reset()
+
+    def _state(self) -> tuple:
+        return (self._variable_factories.copy(), self._named_inputs.copy(), dict(self.aux),
+                self._all_called_graphs_grad_info())
+
+    def _all_called_graphs_grad_info(self) -> dict[Graph, GradGraphInfo]:
+        info = dict(self._called_graphs_grad_info)
+        for child in self._submodules.values():
+            info.update(child._all_called_graphs_grad_info())
+        return info
+
+    def _reset(self) -> None:
+        for tree, attr in ((self._variable_factories, "_variable_factories"),
+                           (self._named_inputs, "_named_inputs")):
+            tree._clear()
+            for key in tree.keys():  # only (empty) sub-trees are left
+                if key not in self._submodules:
+                    tree.pop(key)
+            for key, child in self._submodules.items():
+                tree._set(key, getattr(child, attr))  # re-link slots an outline replaced
+        self.aux = {}
+        self.var_grad = {}
+        self._called_graphs_grad_info = {}
+        for child in self._submodules.values():
+            child._reset()
+
+    def call_module(self, module: Module, name: str | int | None = None,
+                    autodiff: str = "auto", grads_provided: Iterable[Tensor] | None = None,
+                    grads_required: Iterable[Tensor] | None = None) -> Callable:
+        """A callable that outlines ``module``: create_graph + add_variable_inputs + call.
+
+        With ``autodiff='auto'`` a module with `build_grad` gets its custom gradient recorded
+        for when this module's graph is differentiated; 'autodiff' records popxl's gradient.
+        """
+        if autodiff not in _CALL_AUTODIFF:
+            raise ValueError(f"autodiff must be one of {_CALL_AUTODIFF}, got {autodiff!r}.")
+
+        def outlined(*args: Any, **kwargs: Any) -> tuple[Tensor, ...]:
+            facts, graph = module.create_graph(*args, **kwargs)
+            n_outputs = len(graph.graph.outputs)
+            # Autodiff adds forward outputs, so it must run before the call site exists.
+            self._outline_grad(graph, autodiff, grads_provided, grads_required)
+            named = self.add_variable_inputs(self._outline_name(module, name), facts)
+            outs = graph.bind(named).call(*tensor_inputs(module.build, args, kwargs))
+            return tuple(outs[:n_outputs])
+
+        return outlined
+
+    def _outline_grad(self, graph: GraphWithNamedArgs, mode: str, provided, required) -> None:
+        custom = graph.from_module is not None and graph.from_module.implements_grad_graph
+        if mode == "build_grad" or (mode == "auto" and custom):
+            grad = graph.autodiff(provided, required, method="build_grad")
+        elif mode == "autodiff":
+            grad = graph.autodiff(provided, required, method="autodiff")
+        else:
+            return
+        self._called_graphs_grad_info.update(grad.called_graphs_grad_info)
+        self._called_graphs_grad_info[graph.graph] = grad.grad_graph_info
+
+    def _outline_name(self, module: Module, name: str | int | None) -> str:
+        if name is not None:
+            return str(name)
+        base = module._name_scope or DotTree.sanitise(type(module).__name__.lower())
+        candidate, k = base, 0
+        while self._taken(candidate)[1]:
+            k += 1
+            candidate = f"{base}_{k}"
+        return candidate
+
+    # custom gradients -----------------------------------------------------------------
+    def build_grad(self, *grads: Tensor) -> Any:
+        """Override to define a custom gradient; see `create_grad_graph`."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement build_grad.")
+
+    @property
+    def implements_grad_graph(self) -> bool:
+        return type(self).build_grad is not Module.build_grad
+
+    def create_grad_graph(self, fwd_graph: GraphWithNamedArgs,
+                          grads_provided: Iterable[Tensor] | None = None,
+                          grads_required: Iterable[Tensor] | None = None
+                          ) -> GraphWithNamedArgs:
+        """The gradient graph of ``fwd_graph`` from `build_grad`.
+
+        ``build_grad(*grads)`` gets one gradient per provided forward output, reads forward
+        tensors stashed in `build` as ``self.aux[key]``, returns the gradients of the
+        unnamed (positional) inputs in order and sets ``self.var_grad[arg name]``.
+        """
+        from ._custom_grad import build_custom_grad_graph
+
+        try:
+            return build_custom_grad_graph(self, fwd_graph, grads_provided, grads_required)
+        finally:
+            self.aux, self.var_grad = {}, {}
+
+
+def create_grad_graph_info(ir, fwd_graph: Graph, grad_graph: Graph,
+                           grad_input_to_fwd_output: dict[Tensor, Tensor],
+                           grad_output_to_fwd_input: dict[Tensor, Tensor],
+                           fwd_tensors: dict[Tensor, Tensor]) -> GradGraphInfo:
+    """A GradGraphInfo for a hand-built gradient graph.
+
+    Args:
+        grad_input_to_fwd_output: grad-graph input -> the forward output it is the grad of.
+        grad_output_to_fwd_input: grad-graph output -> the forward input it is the grad of.
+        fwd_tensors: grad-graph input -> the forward tensor (activation) it carries.
+    """
+    from ._custom_grad import grad_info_from_maps
+
+    return grad_info_from_maps(fwd_graph, grad_graph, grad_input_to_fwd_output,
+                               grad_output_to_fwd_input, fwd_tensors)

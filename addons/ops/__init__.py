@@ -1,0 +1,10 @@
+"""addons.ops: composite ops built from popxl ops (cross entropy, host IO helpers).
+
+The custom C++ ops of popxl.addons (sharded cross entropy, rotary embeddings, ...) are not
+part of this package: they need poplar codelets.
+"""
+
+from .cross_entropy import cross_entropy, cross_entropy_with_grad
+from .host import host_load, host_store
+
+__all__ = ["cross_entropy", "cross_entropy_with_grad", "host_load", "host_store"]
