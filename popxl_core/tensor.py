@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Iterator, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Optional, Tuple
 
 import numpy as np
 import torch
@@ -12,6 +10,7 @@ import torch
 from . import dtypes
 from .context import gcg, get_current_context
 from .dtypes import dtype
+from .tensor_spec import TensorByRef, TensorSpec
 
 if TYPE_CHECKING:  # pragma: no cover
     from .graph import Graph, Op
@@ -33,64 +32,6 @@ __all__ = [
 
 HostTensor = Any  # numpy array, torch tensor, python scalar or nested list
 host_tensor_types = (np.ndarray, torch.Tensor, int, float, bool, list, tuple)
-
-
-class TensorSpec(Mapping):
-    """Shape, dtype and (replica-sharded) meta shape of a tensor; accepted by `create_graph`."""
-
-    __slots__ = ("shape", "dtype", "meta_shape")
-
-    def __init__(self, shape, dtype: dtype, meta_shape=()) -> None:
-        self.shape = tuple(int(s) for s in shape)
-        self.dtype = dtype
-        self.meta_shape = tuple(meta_shape or ())
-
-    def __getitem__(self, key):
-        if key not in ("shape", "dtype", "meta_shape"):
-            raise KeyError(key)
-        return getattr(self, key)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(("shape", "dtype", "meta_shape"))
-
-    def __len__(self) -> int:
-        return 3
-
-    def to_dict(self) -> dict:
-        return {"shape": self.shape, "dtype": self.dtype, "meta_shape": self.meta_shape}
-
-    def to_tuple(self) -> tuple:
-        return (self.shape, self.dtype, self.meta_shape)
-
-    def __hash__(self) -> int:
-        return hash(self.to_tuple())
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, TensorSpec) and self.to_tuple() == other.to_tuple()
-
-    @property
-    def nelms(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        return self.nelms * self.dtype.itemsize
-
-    def __repr__(self) -> str:
-        return f"TensorSpec(shape={self.shape}, dtype={self.dtype!r}, meta_shape={self.meta_shape})"
-
-
-class _ByRef:
-    """The `TensorByRef` annotation: compared by identity in `create_graph`."""
-
-    __name__ = "TensorByRef"
-    __supertype__ = None
-
-    def __repr__(self) -> str:
-        return "popxl.TensorByRef"
-
-
-TensorByRef = _ByRef()
 
 
 class Tensor:

@@ -17,8 +17,10 @@ from .runtime import Runtime
 
 __all__ = ["Session"]
 
-_NOT_ATTACHED = ("Must be attached to device before calling a runtime function. Put the call "
-                 "inside a `Session` context, for example `with session: session.{}(...)`.")
+_NOT_ATTACHED = (
+    "Must be attached to device before calling a runtime function. Put the call "
+    "inside a `Session` context, for example `with session: session.{}(...)`."
+)
 
 
 class Session:
@@ -28,8 +30,13 @@ class Session:
     once; `run` then only feeds streams and calls the compiled kernels.
     """
 
-    def __init__(self, ir, device_desc: str = "cpu", weights_to_host_on_exit: bool = True,
-                 _check_specs: bool = False) -> None:
+    def __init__(
+        self,
+        ir,
+        device_desc: str = "cpu",
+        weights_to_host_on_exit: bool = True,
+        _check_specs: bool = False,
+    ) -> None:
         self.machine = machine_for(device_desc)
         if device_desc == "cpu" and ir.replication_factor > 1:
             raise ValueError("The 'cpu' device does not support replication; use 'ipu_hw'.")
@@ -53,7 +60,8 @@ class Session:
         self._per_replica: Dict[Variable, np.ndarray] = {
             v: np.stack([self._to_device(v, r).numpy() for r in range(ir.replication_factor)])
             for v in self._variables
-            if v.retrieval_mode == "all_replicas" and ir.replication_factor > 1}
+            if v.retrieval_mode == "all_replicas" and ir.replication_factor > 1
+        }
         self._device: Optional[List[List[torch.Tensor]]] = None
         self._attached = False
         self._host_in_sync = True
@@ -137,12 +145,20 @@ class Session:
         tensors = list(tensors)
         for t in tensors:
             if not isinstance(t, (Variable, Constant)):
-                raise TypeError(f"get_tensor_data: {t!r} is not a Variable or Constant; stream "
-                                "intermediate tensors out with host_store instead.")
-        if self._attached and not self._host_in_sync and any(isinstance(t, Variable) for t in tensors):
+                raise TypeError(
+                    f"get_tensor_data: {t!r} is not a Variable or Constant; stream "
+                    "intermediate tensors out with host_store instead."
+                )
+        if (
+            self._attached
+            and not self._host_in_sync
+            and any(isinstance(t, Variable) for t in tensors)
+        ):
             self.weights_to_host()
-        return {t: self._per_replica.get(t, self._host[t]) if isinstance(t, Variable) else t._data
-                for t in tensors}
+        return {
+            t: self._per_replica.get(t, self._host[t]) if isinstance(t, Variable) else t._data
+            for t in tensors
+        }
 
     def write_variable_data(self, tensor: Variable, data) -> None:
         self.write_variables_data({tensor: data})
@@ -156,7 +172,8 @@ class Session:
             self._host[v][...] = arr
             if v in self._per_replica:
                 self._per_replica[v][...] = np.stack(
-                    [self._to_device(v, r).numpy() for r in range(len(self._per_replica[v]))])
+                    [self._to_device(v, r).numpy() for r in range(len(self._per_replica[v]))]
+                )
         if self._attached:
             for v in checked:
                 index = self._variables.index(v)
@@ -175,10 +192,14 @@ class Session:
             data = data.detach().numpy()
         arr = np.asarray(data)
         if arr.dtype != want:
-            raise TypeError(f"write_variable_data: {v.id!r} is {v.dtype.name}, data is {arr.dtype}.")
+            raise TypeError(
+                f"write_variable_data: {v.id!r} is {v.dtype.name}, data is {arr.dtype}."
+            )
         if arr.shape != self._host[v].shape:
-            raise ValueError(f"write_variable_data: {v.id!r} has host shape {self._host[v].shape}, "
-                             f"data has shape {arr.shape}.")
+            raise ValueError(
+                f"write_variable_data: {v.id!r} has host shape {self._host[v].shape}, "
+                f"data has shape {arr.shape}."
+            )
         return arr
 
     # running --------------------------------------------------------------------------
@@ -190,11 +211,13 @@ class Session:
         return (*lead, *tuple(shape))
 
     def create_host_outputs(self) -> Dict[DeviceToHostStream, np.ndarray]:
-        return {s: np.empty(self._full_input_shape(s.shape), s.dtype.as_numpy())
-                for s in self._d2h}
+        return {s: np.empty(self._full_input_shape(s.shape), s.dtype.as_numpy()) for s in self._d2h}
 
-    def run(self, inputs: Optional[Mapping[HostToDeviceStream, object]] = None,
-            downcast_inputs: bool = True) -> Dict[DeviceToHostStream, np.ndarray]:
+    def run(
+        self,
+        inputs: Optional[Mapping[HostToDeviceStream, object]] = None,
+        downcast_inputs: bool = True,
+    ) -> Dict[DeviceToHostStream, np.ndarray]:
         """Run the main graph once per replica; returns one array per device-to-host stream."""
         outputs = self.create_host_outputs()
         self.run_with_outputs(inputs, outputs, downcast_inputs)
@@ -217,11 +240,14 @@ class Session:
         unexpected = [s for s in given if s not in expected]
         missing = [s for s in expected if s not in given]
         if unexpected or missing:
-            parts = [f"Unexpected input: {s.tensor_id!r}" for s in unexpected if hasattr(s, "tensor_id")]
+            parts = [
+                f"Unexpected input: {s.tensor_id!r}" for s in unexpected if hasattr(s, "tensor_id")
+            ]
             parts += [f"Unexpected input: {s!r}" for s in unexpected if not hasattr(s, "tensor_id")]
             parts += [f"Missing input: {s.tensor_id!r}" for s in missing]
-            raise ValueError("Session.run inputs do not match the streams the Ir loads from. "
-                             + "; ".join(parts))
+            raise ValueError(
+                "Session.run inputs do not match the streams the Ir loads from. " + "; ".join(parts)
+            )
         return {s: self._checked_array(s, a, downcast) for s, a in inputs.items()}
 
     def _checked_array(self, stream: HostToDeviceStream, value, downcast: bool) -> np.ndarray:
@@ -229,13 +255,17 @@ class Session:
         want = stream.dtype.as_numpy()
         if arr.dtype != want:
             if not (downcast and arr.dtype.itemsize == 8 and np.can_cast(want, arr.dtype)):
-                raise TypeError(f"Input for stream {stream.tensor_id!r} has dtype {arr.dtype}, "
-                                f"the stream carries {stream.dtype.name}.")
+                raise TypeError(
+                    f"Input for stream {stream.tensor_id!r} has dtype {arr.dtype}, "
+                    f"the stream carries {stream.dtype.name}."
+                )
             arr = arr.astype(want)
         full = self._full_input_shape(stream.shape)
         if arr.shape != full:
-            raise ValueError(f"Input for stream {stream.tensor_id!r} has shape {arr.shape}; expected "
-                             f"{full} = [num_host_transfers, replicas (dims > 1 only), *{stream.shape}].")
+            raise ValueError(
+                f"Input for stream {stream.tensor_id!r} has shape {arr.shape}; expected "
+                f"{full} = [num_host_transfers, replicas (dims > 1 only), *{stream.shape}]."
+            )
         return _expand(arr, self._ir)
 
 

@@ -1,0 +1,69 @@
+"""`TensorSpec` (shape, dtype, meta shape) and the `TensorByRef` annotation."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Iterator
+
+from .dtypes import dtype
+
+__all__ = ["TensorSpec", "TensorByRef"]
+
+
+class TensorSpec(Mapping):
+    """Shape, dtype and (replica-sharded) meta shape of a tensor; accepted by `create_graph`."""
+
+    __slots__ = ("shape", "dtype", "meta_shape")
+
+    def __init__(self, shape, dtype: dtype, meta_shape=()) -> None:
+        self.shape = tuple(int(s) for s in shape)
+        self.dtype = dtype
+        self.meta_shape = tuple(meta_shape or ())
+
+    def __getitem__(self, key):
+        if key not in ("shape", "dtype", "meta_shape"):
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(("shape", "dtype", "meta_shape"))
+
+    def __len__(self) -> int:
+        return 3
+
+    def to_dict(self) -> dict:
+        return {"shape": self.shape, "dtype": self.dtype, "meta_shape": self.meta_shape}
+
+    def to_tuple(self) -> tuple:
+        return (self.shape, self.dtype, self.meta_shape)
+
+    def __hash__(self) -> int:
+        return hash(self.to_tuple())
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, TensorSpec) and self.to_tuple() == other.to_tuple()
+
+    @property
+    def nelms(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.nelms * self.dtype.itemsize
+
+    def __repr__(self) -> str:
+        return f"TensorSpec(shape={self.shape}, dtype={self.dtype!r}, meta_shape={self.meta_shape})"
+
+
+class _ByRef:
+    """The `TensorByRef` annotation: compared by identity in `create_graph`."""
+
+    __name__ = "TensorByRef"
+    __supertype__ = None
+
+    def __repr__(self) -> str:
+        return "popxl.TensorByRef"
+
+
+TensorByRef = _ByRef()
