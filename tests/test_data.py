@@ -1,0 +1,119 @@
+"""popxl_fx.data: staging IDX files into torchvision's layout, and the error when none exist."""
+
+import gzip
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import torchvision
+
+from popxl_fx import data
+
+DEBIAN_DIR = Path(data.DEBIAN_FASHION_DIR)
+
+
+@pytest.fixture
+def fashion_gz() -> Path:
+    """The real Fashion-MNIST files from Debian's package (the test needs real IDX files)."""
+    if data._find_idx_files(DEBIAN_DIR) is None:
+        pytest.skip(
+            f"Fashion-MNIST not installed in {DEBIAN_DIR}: apt-get install -y dataset-fashion-mnist"
+        )
+    return DEBIAN_DIR
+
+
+@pytest.fixture
+def offline(monkeypatch):
+    """No download and no system directories: only what a test puts in its temp dir counts."""
+    monkeypatch.setattr(data, "_mirror_reachable", lambda dataset: False)
+    monkeypatch.setattr(data, "SYSTEM_DIRS", {"fashion-mnist": (), "mnist": ()})
+
+
+def _gunzip_into(src: Path, dest: Path) -> None:
+    dest.mkdir(parents=True)
+    for name in data.IDX_FILES:
+        with gzip.open(src / f"{name}.gz", "rb") as fin, open(dest / name, "wb") as fout:
+            shutil.copyfileobj(fin, fout)
+
+
+def test_stage_from_debian_package(fashion_gz, tmp_path, monkeypatch):
+    monkeypatch.setattr(data, "_mirror_reachable", lambda dataset: False)
+    root = data.prepare("fashion-mnist", data_dir=tmp_path, download=True)
+    raw = tmp_path / "FashionMNIST" / "raw"
+    assert root == tmp_path
+    assert sorted(p.name for p in raw.iterdir()) == sorted(data.IDX_FILES)
+    # torchvision's own class must find them without downloading.
+    train = torchvision.datasets.FashionMNIST(str(root), train=True, download=False)
+    test = torchvision.datasets.FashionMNIST(str(root), train=False, download=False)
+    assert train.data.shape == (60000, 28, 28) and test.data.shape == (10000, 28, 28)
+    assert sorted(torch.unique(train.targets).tolist()) == list(range(10))
+
+
+def test_stage_from_user_dir_of_plain_idx_files(fashion_gz, tmp_path, offline):
+    src = tmp_path / "idx"
+    _gunzip_into(fashion_gz, src)
+    test = data.mnist(False, data_dir=src, dataset="fashion-mnist")
+    assert (src / "FashionMNIST" / "raw" / "t10k-labels-idx1-ubyte").is_file()
+    image, label = test[0]
+    assert image.shape == (1, 28, 28) and image.dtype == torch.float32
+    # Normalize uses the training set's statistics, so the test set is near (0, 1), not equal.
+    assert abs(float(image.mean())) < 2.0 and 0 <= label < 10
+
+
+def test_already_staged_is_not_copied_again(fashion_gz, tmp_path, monkeypatch):
+    monkeypatch.setattr(data, "_mirror_reachable", lambda dataset: False)
+    data.prepare("fashion-mnist", data_dir=tmp_path)
+    monkeypatch.setattr(data, "SYSTEM_DIRS", {"fashion-mnist": (), "mnist": ()})
+    # With every source gone the staged copy alone must be enough.
+    assert data.prepare("fashion-mnist", data_dir=tmp_path) == tmp_path
+
+
+def test_clear_error_when_nothing_found(tmp_path, offline):
+    with pytest.raises(data.DataNotFoundError) as info:
+        data.prepare("fashion-mnist", data_dir=tmp_path / "empty")
+    msg = str(info.value)
+    assert "No fashion-mnist data found" in msg
+    assert "apt-get install -y dataset-fashion-mnist" in msg
+    assert "--data-dir" in msg and "train-images-idx3-ubyte" in msg
+    assert isinstance(info.value, FileNotFoundError)
+
+
+def test_mnist_is_not_replaced_by_fashion_unless_asked(fashion_gz, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(data, "_mirror_reachable", lambda dataset: False)
+    with pytest.raises(data.DataNotFoundError, match="allow_fashion_as_mnist=True"):
+        data.prepare("mnist", data_dir=tmp_path)
+    root = data.prepare("mnist", data_dir=tmp_path, allow_fashion_as_mnist=True)
+    assert "NOTICE" in capsys.readouterr().out
+    mnist = torchvision.datasets.MNIST(str(root), train=False, download=False)
+    data.prepare("fashion-mnist", data_dir=tmp_path)
+    fashion = torchvision.datasets.FashionMNIST(str(root), train=False, download=False)
+    assert torch.equal(mnist.targets, fashion.targets)
+    # The stand-in is remembered as such: without the option it is refused again.
+    with pytest.raises(data.DataNotFoundError):
+        data.prepare("mnist", data_dir=tmp_path)
+
+
+def test_loaders_are_reproducible_and_fixed_shape(fashion_gz, tmp_path, monkeypatch):
+    monkeypatch.setattr(data, "_mirror_reachable", lambda dataset: False)
+    a_train, a_test = data.get_data_loaders(64, 1000, data_dir=tmp_path, seed=3)
+    b_train, _ = data.get_data_loaders(64, 1000, data_dir=tmp_path, seed=3)
+    (xa, ya), (xb, yb) = next(iter(a_train)), next(iter(b_train))
+    assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    assert xa.shape == (64, 1, 28, 28) and ya.dtype == torch.int64
+    assert len(a_train) == 60000 // 64 and len(a_test) == 10
+
+
+def test_preloaded_equals_per_image_transform(fashion_gz, tmp_path, monkeypatch):
+    monkeypatch.setattr(data, "_mirror_reachable", lambda dataset: False)
+    per_image = data.mnist(True, data_dir=tmp_path)
+    fast = data.preload(per_image, "fashion-mnist")
+    assert len(fast) == len(per_image)
+    for i in (0, 1, 12345, 59999):
+        (a, la), (b, lb) = per_image[i], fast[i]
+        assert torch.equal(a, b) and la == int(lb)
+
+
+def test_unknown_dataset():
+    with pytest.raises(ValueError, match="Unknown dataset"):
+        data.prepare("cifar")
