@@ -245,6 +245,8 @@ def _direct_infer(ins, reduction, ignore_index, loss_grad):
 
 
 def _direct_kernel(probs, labels, *loss_grad_t, reduction, ignore_index, loss_grad):
+    if ignore_index is None:
+        return _direct_kernel_all_valid(probs, labels, loss_grad_t, reduction, loss_grad)
     loss = _nll_value(probs, labels, reduction, ignore_index, False)
     _, valid, safe = _pick(probs, labels, ignore_index)
     onehot = torch.zeros_like(probs).scatter(-1, safe.unsqueeze(-1), 1.0)
@@ -252,6 +254,20 @@ def _direct_kernel(probs, labels, *loss_grad_t, reduction, ignore_index, loss_gr
     if reduction == "mean":
         scale = scale / _count(valid, probs.dtype)
     dlogits = (probs - onehot) * valid.unsqueeze(-1).to(probs.dtype) * scale
+    return loss.to(probs.dtype), dlogits.to(probs.dtype)
+
+
+def _direct_kernel_all_valid(probs, labels, loss_grad_t, reduction, loss_grad):
+    """The common case, no ignored labels: fewer kernels on the training hot path."""
+    lab = labels.long().unsqueeze(-1)
+    loss = -torch.log(probs.gather(-1, lab)).squeeze(-1)
+    scale = loss_grad_t[0].reshape(()).to(probs.dtype) if loss_grad_t else loss_grad
+    if reduction != "none":
+        loss = loss.sum()
+    if reduction == "mean":
+        count = max(labels.numel(), 1)
+        loss, scale = loss / count, scale / count
+    dlogits = probs.scatter_add(-1, lab, torch.full_like(lab, -1, dtype=probs.dtype)) * scale
     return loss.to(probs.dtype), dlogits.to(probs.dtype)
 
 
