@@ -1,12 +1,14 @@
 """addons: popxl.addons re-implemented on popxl_core (Modules, named tensors, factories,
 graphs with named args, graph caching and gradient transforms)."""
 
-from . import transforms
+from . import layers, ops, optimizers, transforms
 from .dot_tree import DotTree, to_mapping
 from .graph import BoundGraph, GraphWithNamedArgs
 from .graph_cache import GraphCache, function
+from .layers.weights_dict import WeightsDict
 from .module import Module, NameScopeMeta, create_grad_graph_info
 from .named_tensors import NamedTensorData, NamedTensors, print_named_tensors
+from .ops import cross_entropy, cross_entropy_with_grad, host_load, host_store
 from .transforms import autodiff, autodiff_with_accumulation, recompute_graph
 from .utils import OrderedDict
 from .variable_factory import (
@@ -38,4 +40,12 @@ __all__ = [
     "recompute_graph",
     "to_mapping",
     "transforms",
+    "WeightsDict",
+    "cross_entropy",
+    "cross_entropy_with_grad",
+    "host_load",
+    "host_store",
+    "layers",
+    "ops",
+    "optimizers",
 ]

@@ -59,11 +59,12 @@ def _run(layer, x_data, torch_layer, mapping, grads=(), build_kwargs=None, seed=
     return result, (dy_data if dgraph is not None else None)
 
 
-def _torch_grads(torch_layer, x_data, dy, params, x_grad=True):
-    x = torch.from_numpy(x_data).requires_grad_(x_grad)
+def _torch_grads(torch_layer, x_data, dy, params):
+    x = torch.from_numpy(x_data).requires_grad_()
     y = torch_layer(x)
-    wrt = ([x] if x_grad else []) + [getattr(torch_layer, p) for p in params]
-    return y.detach().numpy(), [g.numpy() for g in torch.autograd.grad(y, wrt, torch.from_numpy(dy))]
+    wrt = [x] + [getattr(torch_layer, p) for p in params]
+    grads = torch.autograd.grad(y, wrt, torch.from_numpy(dy))
+    return y.detach().numpy(), [g.numpy() for g in grads]
 
 
 def _close(actual, expected):

@@ -350,3 +350,15 @@ def test_variable_inside_a_subgraph_raises_naming_the_graph():
 
     with ir.main_graph, pytest.raises(ValueError, match=r"make_var_subgraph\(0\)"):
         ir.create_graph(make_var, popxl.TensorSpec((2,), popxl.float32))
+
+
+def test_scalar_stream_round_trip():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        s = popxl.h2d_stream((), popxl.float32, "lr")
+        x = ops.host_load(s)
+        out = popxl.d2h_stream((), popxl.float32, "out")
+        ops.host_store(out, x * 2.0)
+    with popxl.Session(ir, "ipu_hw") as session:
+        result = session.run({s: np.float32(3.0)})[out]
+    assert result.shape == () and result == 6.0

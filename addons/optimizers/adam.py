@@ -26,7 +26,7 @@ def _grad_scale(loss_scaling: Value, global_norm: Tensor | None,
         1.0 / _as_float32(loss_scaling))
     if global_norm is None:
         return scale
-    true_norm = _as_float32(global_norm)
+    true_norm = _as_float32(global_norm) * scale
     norm_max = _as_float32(global_norm_max)
     # min(1, max / norm) without dividing by a zero norm
     return scale * (norm_max / ops.maximum(true_norm, norm_max))

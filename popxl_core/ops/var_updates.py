@@ -1,8 +1,14 @@
 """popxl.ops.var_updates: in-place optimiser state updates (accumulators, Adam, LAMB, copies).
 
 A float factor is bound into the op as an attribute; a Tensor factor becomes an extra op
-input (this is what `print_schedule` shows). Kernels compute in float32 and write the
-result into the updated tensor, so float16 state is rounded once per update.
+input (this is what `print_schedule` shows).
+
+Accumulator ops (Accumulate, SparseAccumulate, AccumulatorScale) compute in the accumulator's
+dtype, as the IPU's var-update ops do: the coefficients are formed in float32 (``1 - f``,
+``f / (f + 1)``), then they and the update ``X`` are cast to the accumulator's dtype and the
+rule is evaluated in that dtype, each operation rounded. For float32 accumulators this is plain
+float32 arithmetic; for float16 state it is what the tutorial's Adam prints after one step
+(first order 0.9*0 + 0.1h*0.1h = 0.009995, not the float32-then-rounded 0.01).
 """
 
 from __future__ import annotations
@@ -35,14 +41,20 @@ __all__ = [
 
 Factor = float | Tensor
 
-# kind -> (t, X, f) -> new t; all float32. `f` is the factor (or the step, for 'mean').
+# kind -> (t, X, f, c) -> new t. t and X are in the accumulator's dtype, f is a float32 scalar
+# and c casts a float32 coefficient to the accumulator's dtype (`f` is the step, for 'mean').
 _RULES = {
-    "add": lambda t, x, f: t + f * x,
-    "square": lambda t, x, f: t + f * (x * x),
-    "mean": lambda t, x, f: (f / (f + 1)) * t + x / (f + 1),
-    "moving_average": lambda t, x, f: f * t + (1 - f) * x,
-    "moving_average_square": lambda t, x, f: f * t + (1 - f) * (x * x),
+    "add": lambda t, x, f, c: t + c(f) * x,
+    "square": lambda t, x, f, c: t + c(f) * (x * x),
+    "mean": lambda t, x, f, c: c(f / (f + 1)) * t + x / c(f + 1),
+    "moving_average": lambda t, x, f, c: c(f) * t + c(1 - f) * x,
+    "moving_average_square": lambda t, x, f, c: c(f) * t + c(1 - f) * (x * x),
 }
+
+
+def _in_dtype_of(t: torch.Tensor):
+    """Casts to the accumulator's dtype (IPU var-updates compute in it)."""
+    return lambda v: v.to(t.dtype)
 
 
 def _factor_inputs(f: Factor | None) -> tuple[float | None, list[Tensor]]:
@@ -70,7 +82,8 @@ def _accumulate_infer(ins, kind, factor):
 
 def _accumulate_kernel(t, x, *factor_in, kind, factor):
     f = f32(factor_in[0] if factor_in else (1.0 if factor is None else factor))
-    t.copy_(_RULES[kind](t.float(), x.float(), f))
+    c = _in_dtype_of(t)
+    t.copy_(_RULES[kind](t, c(x), f, c))
     return t
 
 
@@ -105,16 +118,24 @@ def _accumulate_samples():
         _acc_sample("moving_average_square",
                     lambda a, b: accumulate_moving_average_square_(a, b, 0.999),
                     lambda a, b: 0.999 * a + 0.001 * b * b, t, x),
-        # float16 state with a float32 update: the kernel runs in float32 and rounds into t
+        # float16 state with a float32 update: X and the float32 coefficients 0.9 and
+        # 1 - 0.9 are cast to float16 and the rule runs in float16 (IPU var-update semantics)
         _acc_sample("moving_average", lambda a, b: accumulate_moving_average_(a, b, 0.9),
-                    lambda a, b: (0.9 * a.float() + 0.1 * b).half(), h, rand(2, 2, seed=14),
-                    rtol=1e-3, name="float16_state"),
+                    lambda a, b: _h(0.9) * a + _h(1 - np.float32(0.9)) * b.half(), h,
+                    rand(2, 2, seed=14), rtol=0, name="float16_state"),
+        _acc_sample("square", lambda a, b: accumulate_square_(a, b, 0.25),
+                    lambda a, b: a + _h(0.25) * (b.half() * b.half()), h, rand(2, 2, seed=15),
+                    rtol=0, name="float16_state_square"),
     ]
+
+
+def _h(value: float) -> torch.Tensor:
+    return torch.tensor(np.float32(value), dtype=torch.float16)
 
 
 ACCUMULATE = register(OpDef(
     "Accumulate", _accumulate_infer, _accumulate_kernel, cost=_accumulate_cost, inplace=(0,),
-    samples=_accumulate_samples, out_name="accumulate_out"))
+    samples=_accumulate_samples, out_name="accumulate_out", fp16_in_fp32=False))
 
 
 def _accumulate(kind: str, t: Tensor, X: Tensor, f: Factor | None) -> Tensor:
@@ -176,8 +197,9 @@ def _sparse_kernel(t, x, *rest, axis, factor, has_f, has_w):
     f = f32(rest[0] if has_f else (1.0 if factor is None else factor))
     idx = rest[1 if has_f else 0].reshape(-1).long()
     axis %= t.dim()
-    src = x.float().reshape(*t.shape[:axis], idx.numel(), *t.shape[axis + 1:])
-    t.copy_(t.float().index_add(axis, idx, f * src))
+    c = _in_dtype_of(t)
+    src = c(x).reshape(*t.shape[:axis], idx.numel(), *t.shape[axis + 1:])
+    t.index_add_(axis, idx, c(f) * src)
     return t
 
 
@@ -202,12 +224,16 @@ def _sparse_samples():
                lambda a, b, i: sparse_accumulate_(a, b, i),
                lambda a, b, i: a.index_add(0, i.reshape(-1).long(), b.reshape(6, 2)),
                grad=False, name="2d_indices"),
+        Sample([rand(5, 3, seed=26, dtype=np.float16), x, idx],
+               lambda a, b, i: sparse_accumulate_(a, b, i, f=0.3),
+               lambda a, b, i: a.index_add(0, i.long(), _h(0.3) * b.half()), grad=False,
+               rtol=0, atol=0, name="float16_state"),
     ]
 
 
 SPARSE_ACCUMULATE = register(OpDef(
     "SparseAccumulate", _sparse_infer, _sparse_kernel, cost=elementwise_cost, inplace=(0,),
-    samples=_sparse_samples, out_name="sparseaccumulate_out"))
+    samples=_sparse_samples, out_name="sparseaccumulate_out", fp16_in_fp32=False))
 
 
 def sparse_accumulate_(t: Tensor, X: Tensor, indices: Tensor, axis: int = 0,
@@ -232,13 +258,13 @@ def _scale_infer(ins, factor):
 def _scale_kernel(t, *factor_in, factor):
     if not factor_in and factor == 0.0:
         return t.zero_()  # a constant 0 resets the accumulator, even when it holds inf/nan
-    t.copy_(t.float() * f32(factor_in[0] if factor_in else factor))
+    t.mul_(_in_dtype_of(t)(f32(factor_in[0] if factor_in else factor)))
     return t
 
 
 ACCUMULATOR_SCALE = register(OpDef(
     "AccumulatorScale", _scale_infer, _scale_kernel, inplace=(0,),
-    out_name="accumulatorscale_out",
+    out_name="accumulatorscale_out", fp16_in_fp32=False,
     samples=lambda: [
         Sample([rand(3, 4, seed=30)], lambda a: accumulator_scale_(a, 0.25),
                lambda a: 0.25 * a, grad=False, name="float_f"),
@@ -247,6 +273,8 @@ ACCUMULATOR_SCALE = register(OpDef(
                name="tensor_f"),
         Sample([np.array([1.0, np.inf, 3.0], np.float32)], lambda a: accumulator_zero_(a),
                lambda a: torch.zeros(3), grad=False, name="zero"),
+        Sample([rand(3, 4, seed=32, dtype=np.float16)], lambda a: accumulator_scale_(a, 0.3),
+               lambda a: a * _h(0.3), grad=False, rtol=0, atol=0, name="float16_state"),
     ]))
 
 

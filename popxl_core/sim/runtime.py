@@ -39,7 +39,7 @@ class Runtime:
                 f"Stream {stream.tensor_id!r} was loaded {i + 1} times in one run, "
                 f"but only {buf.shape[0]} transfers were provided (num_host_transfers)."
             )
-        return torch.from_numpy(buf[i, self.replica].copy())
+        return torch.from_numpy(np.array(buf[i, self.replica]))  # 0-d slices are scalars
 
     def store(self, stream, value: torch.Tensor) -> None:
         buf = self.outputs[stream]

@@ -1,0 +1,172 @@
+"""popxl_core.compat: PopXL / popxl.addons import paths resolve to this project.
+
+Scripts run in a subprocess (``python -m popxl_core.compat SCRIPT ARGS``) so the aliases never
+leak into this test process.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _run(tmp_path: Path, source: str, *args: str, check: bool = True, files=None):
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(source))
+    for name, text in (files or {}).items():
+        (tmp_path / name).write_text(textwrap.dedent(text))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [sys.executable, "-W", "error::ImportWarning", "-m", "popxl_core.compat", str(script),
+         *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+IMPORTS = """
+import sys
+import popxl
+import popxl.ops
+from popxl import ops
+from popxl.ops.call import CallSiteInfo
+from popxl.ops.utils import check_in_graph, check_tensor_ipu_and_tile_set, convert_optional_float
+from popxl.ops.negative_log_likelihood import REDUCTION_TYPE
+from popxl.ops.conv import PadType
+from popxl.ops import var_updates
+from popxl.transforms.autodiff import (ExpectedConnection, ExpectedConnectionType,
+                                       GradGraphInfo, autodiff)
+from popxl.tensor import (Constant, HostTensor, Tensor, TensorByRef, Variable, graph_input,
+                          host_tensor_types)
+from popxl.context import (debug_context_frame_offset, get_current_context,
+                           get_current_graph, op_debug_context)
+from popxl.dtypes import _NP_TO_POPXL, _PT_TO_POPXL, dtype, np_dtype_float8_143
+from popxl.streams import DeviceToHostStream, HostToDeviceStream
+from popxl.session import Session
+from popxl.utils import downcast_np_dtypes, table_to_string, to_numpy
+from popxl.graph import Graph
+from popxl.ir import Ir
+from popxl.replica_grouping import ReplicaGrouping
+from popxl.errors import UndefinedValue
+from popxl.random_seed import create_seeds
+from popxl.testing import get_all_dtypes, get_all_int_dtypes
+from popxl.module import Module
+import popxl_addons as addons
+from popxl_addons.named_tensors import NamedTensorData, NamedTensors, print_named_tensors
+from popxl_addons.dot_tree import DotTree
+from popxl_addons.variable_factory import NamedVariableFactories, VariableFactory
+from popxl_addons.graph import BoundGraph, GraphWithNamedArgs
+from popxl_addons.module import Module as AddonsModule
+from popxl_addons.graph_cache import GraphCache
+from popxl_addons.transforms import autodiff as addons_autodiff, autodiff_with_accumulation
+from popxl_addons.transforms.autodiff import autodiff as addons_autodiff2
+from popxl_addons.layers import Conv2D, Embedding, GroupNorm, LayerNorm, Linear
+from popxl_addons.optimizers.adam import AdamOptimizerStep
+from popxl_addons.ops import cross_entropy, cross_entropy_with_grad, host_load, host_store
+from popxl_addons.utils import OrderedDict
+"""
+
+
+def test_every_supported_path_imports_and_is_this_project(tmp_path):
+    proc = _run(tmp_path, IMPORTS + """
+import addons as real_addons, popxl_core
+assert popxl is popxl_core and addons is real_addons
+assert popxl.ops.call is popxl_core.ops.call and callable(popxl.ops.call)  # the op, not the module
+assert popxl.ops.conv is popxl_core.ops.conv and callable(popxl.ops.conv)
+assert Session is popxl.Session and Linear is real_addons.layers.Linear
+assert AddonsModule is addons.Module and addons_autodiff is addons_autodiff2
+assert popxl.__spec__.name == "popxl_core"  # aliasing leaves the real module intact
+assert sys.modules["popxl.ops.call"] is sys.modules["popxl_core.ops.call"]
+print(repr(popxl.float32))
+print(repr(popxl.dtypes.float16))
+""")
+    assert proc.stdout.splitlines() == ["popxl.dtypes.float32", "popxl.dtypes.float16"]
+
+
+def test_popxl_ops_is_reachable_after_plain_import(tmp_path):
+    proc = _run(tmp_path, """
+import popxl
+ir = popxl.Ir()
+with ir.main_graph:
+    a = popxl.constant(1.0, popxl.float32)
+    print(popxl.ops.add(a, a).dtype)
+""")
+    assert proc.stdout.strip() == "popxl.dtypes.float32"
+
+
+def test_argv_main_and_script_directory(tmp_path):
+    proc = _run(tmp_path, """
+import sys
+import helper  # a module next to the script, as with `python script.py`
+print(__name__, sys.argv[1:], helper.VALUE, sys.argv[0].endswith("script.py"))
+""", "--steps", "3", "x y", files={"helper.py": "VALUE = 42\n"})
+    assert proc.stdout.strip() == "__main__ ['--steps', '3', 'x y'] 42 True"
+
+
+def test_script_errors_and_exit_codes_propagate(tmp_path):
+    proc = _run(tmp_path, "import sys\nsys.exit(3)\n", check=False)
+    assert proc.returncode == 3
+    proc = _run(tmp_path, "import popxl.no_such_module\n", check=False)
+    assert proc.returncode != 0 and "ModuleNotFoundError" in proc.stderr
+    assert "popxl.no_such_module" in proc.stderr
+
+
+def test_usage_without_a_script():
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-m", "popxl_core.compat"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "usage" in proc.stderr
+
+
+def test_popxl_addons_program_runs_unchanged(tmp_path):
+    proc = _run(tmp_path, """
+import numpy as np
+import popxl
+import popxl_addons as addons
+from popxl_addons.layers import Linear
+from popxl_addons.ops import host_store
+
+np.random.seed(0)
+x = np.random.rand(2, 3).astype(np.float32)
+ir = popxl.Ir()
+with ir.main_graph:
+    facts, graph = Linear(4).create_graph(popxl.TensorSpec((2, 3), popxl.float32))
+    variables = facts.init()
+    (y,) = graph.bind(variables).call(popxl.variable(x, name="x"))
+    stream = host_store(y)
+session = popxl.Session(ir, "ipu_hw")
+with session:
+    out = session.run()[stream]
+w, b = session.get_tensors_data([variables.weight, variables.bias]).values()
+np.testing.assert_allclose(out, x @ w + b, rtol=1e-6)
+print(stream.tensor_id, repr(y))
+""")
+    assert proc.stdout.strip() == "add_out_stream Tensor[add_out popxl.dtypes.float32 (2, 4)]"
+
+
+def test_install_and_uninstall_in_process():
+    from popxl_core import compat
+
+    try:
+        compat.install()
+        compat.install()  # idempotent
+        assert sys.meta_path.count(compat._FINDER) == 1
+        import popxl.ops.call  # noqa: F401
+
+        import popxl_core
+
+        assert sys.modules["popxl"] is popxl_core
+        assert callable(sys.modules["popxl.ops"].call)
+        assert popxl_core.__spec__.name == "popxl_core"
+    finally:
+        compat.uninstall()
+    assert not [n for n in sys.modules if n.split(".")[0] in ("popxl", "popxl_addons")]
+    with pytest.raises(ModuleNotFoundError):
+        import popxl  # noqa: F401
