@@ -206,7 +206,8 @@ def prepare(
         DataNotFoundError: no source has the files.
     """
     _dataset_class(dataset)
-    root = Path(data_dir) if data_dir is not None else default_data_dir()
+    data_dir = Path(data_dir).expanduser() if data_dir is not None else None  # "~/..." as seeds pass
+    root = data_dir if data_dir is not None else default_data_dir()
     if _is_staged(root, dataset, allow_stand_in=False):
         return root
     if download and _mirror_reachable(dataset) and _download(dataset, root):

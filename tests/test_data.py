@@ -117,3 +117,15 @@ def test_preloaded_equals_per_image_transform(fashion_gz, tmp_path, monkeypatch)
 def test_unknown_dataset():
     with pytest.raises(ValueError, match="Unknown dataset"):
         data.prepare("cifar")
+
+
+def test_prepare_expands_a_home_relative_data_dir(tmp_path, monkeypatch):
+    from popxl_fx import data
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    try:
+        root = data.prepare("fashion-mnist", data_dir="~/datasets", download=False)
+    except data.DataNotFoundError:
+        pytest.skip("no Fashion-MNIST source on this machine")
+    assert root == tmp_path / "datasets"
+    assert not (tmp_path / "~").exists()
