@@ -82,3 +82,19 @@ def test_subgraph_writing_a_plain_input_leaves_the_caller_value_alone():
     with popxl.Session(ir, "ipu_hw") as session:
         np.testing.assert_array_equal(session.run()[out], [1.0, 1.0, 1.0])
         np.testing.assert_array_equal(session.get_tensor_data(w), [0.0, 0.0, 0.0])
+
+
+def test_conditional_takes_the_branch_the_runtime_value_selects():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        flag_stream = popxl.h2d_stream((), popxl.bool, "flag")
+        flag = ops.host_load(flag_stream)
+        x = popxl.variable(np.arange(3, dtype=np.float32), name="x")
+        double = ir.create_graph(lambda a: a * 2.0, x)
+        negate = ir.create_graph(lambda a: -a, x)
+        (y,) = ops.conditional(flag, double, negate, then_inputs=[x], else_inputs=[x])
+        out = popxl.d2h_stream(y.shape, y.dtype, "y")
+        ops.host_store(out, y)
+    with popxl.Session(ir, "ipu_hw") as session:
+        np.testing.assert_array_equal(session.run({flag_stream: np.bool_(True)})[out], [0, 2, 4])
+        np.testing.assert_array_equal(session.run({flag_stream: np.bool_(False)})[out], [0, -1, -2])

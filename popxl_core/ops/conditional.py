@@ -103,18 +103,10 @@ def conditional(
     else_inputs_dict=None,
 ) -> Tuple[Tensor, ...]:
     """Run ``then_branch`` if ``cond`` is true, else ``else_branch``."""
-    return tuple(
-        _make_conditional(
-            cond,
-            then_branch,
-            else_branch,
-            then_inputs,
-            else_inputs,
-            then_inputs_dict,
-            else_inputs_dict,
-            True,
-        ).outputs
+    info = conditional_with_info(
+        cond, then_branch, else_branch, then_inputs, else_inputs, then_inputs_dict, else_inputs_dict
     )
+    return info.outputs
 
 
 def conditional_with_info(
