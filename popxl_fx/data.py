@@ -206,7 +206,8 @@ def prepare(
         DataNotFoundError: no source has the files.
     """
     _dataset_class(dataset)
-    data_dir = Path(data_dir).expanduser() if data_dir is not None else None  # "~/..." as seeds pass
+    # seeds pass "~/.torch/datasets"
+    data_dir = Path(data_dir).expanduser() if data_dir is not None else None
     root = data_dir if data_dir is not None else default_data_dir()
     if _is_staged(root, dataset, allow_stand_in=False):
         return root

@@ -40,7 +40,7 @@ def test_binary_shape_mismatch_names_both_shapes():
 def test_where_needs_bool_condition():
     g, (c, a, b) = _graph_with(((3,), dtypes.float32), ((3,), dtypes.float32),
                                ((3,), dtypes.float32))
-    with g, pytest.raises(TypeError, match="Where: the condition must be a bool tensor, got float32"):
+    with g, pytest.raises(TypeError, match="Where: the condition must be a bool tensor, got float32"):  # noqa: E501
         where(c, a, b)
 
 

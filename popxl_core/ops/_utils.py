@@ -24,7 +24,7 @@ __all__ = [
 
 
 def as_tensor(value, like: Tensor) -> Tensor:
-    """A Tensor as is; a python/numpy value as a constant of ``like``'s dtype in the current graph."""
+    """A Tensor as is; a python/numpy value as a constant of ``like``'s dtype (current graph)."""
     if isinstance(value, Tensor):
         return value
     return constant(value, like.dtype)

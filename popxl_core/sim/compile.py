@@ -93,7 +93,8 @@ class Program:
         outs = ", ".join(em.name(t) for t in g._outputs)
         fname = "main" if is_main else self._fn_names.get(g, f"graph_{id(g)}")
         body = "\n    ".join(em.lines) or "pass"
-        source = f"def {fname}({', '.join(params)}):\n    {body}\n    return ({outs}{',' if outs else ''})\n"
+        ret = f"({outs},)" if outs else "()"
+        source = f"def {fname}({', '.join(params)}):\n    {body}\n    return {ret}\n"
         exec(compile(source, f"<popxl graph {g.name or 'main'}>", "exec"), self.namespace)
         self.modified_inputs[g] = _modified_graph_inputs(g)
         return CompiledGraph(g, self.namespace[fname], source)
