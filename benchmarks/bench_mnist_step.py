@@ -11,7 +11,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import importlib
 import statistics
 import sys
 import time
@@ -26,11 +26,10 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "mnist_popxl.py"
 
 
 def _load_example():
-    spec = importlib.util.spec_from_file_location("mnist_popxl", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
+    # examples/ is a folder of scripts, not a package: import the script as a module
+    if str(EXAMPLE.parent) not in sys.path:
+        sys.path.insert(0, str(EXAMPLE.parent))
+    return importlib.import_module(EXAMPLE.stem)
 
 
 def _timed(fn, x, labels) -> float:

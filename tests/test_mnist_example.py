@@ -4,7 +4,7 @@ Same initial weights, same Fashion-MNIST batches, float32. Training is capped at
 (of the 750 in one epoch at batch 80) to keep CI fast.
 """
 
-import importlib.util
+import importlib
 import sys
 from pathlib import Path
 
@@ -20,11 +20,10 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "mnist_popxl.py"
 
 
 def _load_example():
-    spec = importlib.util.spec_from_file_location("mnist_popxl", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
+    # examples/ is a folder of scripts, not a package: import the script as a module
+    if str(EXAMPLE.parent) not in sys.path:
+        sys.path.insert(0, str(EXAMPLE.parent))
+    return importlib.import_module(EXAMPLE.stem)
 
 
 @pytest.fixture(scope="module")

@@ -55,6 +55,7 @@ class Session:
         self.plan = build_plan(ir, self.machine)
         ir._session = self
         self._variables: List[Variable] = self._program.variables
+        self._variable_index = {v: i for i, v in enumerate(self._variables)}
         self._host: Dict[Variable, np.ndarray] = {v: _host_copy(v) for v in self._variables}
         # retrieval_mode='all_replicas': what get_tensor_data returns, one row per replica
         self._per_replica: Dict[Variable, np.ndarray] = {
@@ -122,12 +123,14 @@ class Session:
                 self._per_replica[v][...] = np.stack([rep[i].numpy() for rep in self._device])
         self._host_in_sync = True
 
-    def _to_device(self, v: Variable, replica: int) -> torch.Tensor:
+    def _host_value(self, v: Variable, replica: int) -> np.ndarray:
+        """The host buffer (a view) that ``replica`` holds for ``v``."""
         data = self._host[v]
         rg = v.replica_grouping
-        if rg is not None and rg.num_groups > 1:
-            data = data[rg.assignment[replica]]
-        return torch.from_numpy(np.array(data, copy=True))
+        return data[rg.assignment[replica]] if rg is not None and rg.num_groups > 1 else data
+
+    def _to_device(self, v: Variable, replica: int) -> torch.Tensor:
+        return torch.from_numpy(np.array(self._host_value(v, replica), copy=True))
 
     def _from_device(self, v: Variable, index: int) -> np.ndarray:
         rg = v.replica_grouping
@@ -172,13 +175,13 @@ class Session:
             self._host[v][...] = arr
             if v in self._per_replica:
                 self._per_replica[v][...] = np.stack(
-                    [self._to_device(v, r).numpy() for r in range(len(self._per_replica[v]))]
+                    [self._host_value(v, r) for r in range(len(self._per_replica[v]))]
                 )
         if self._attached:
             for v in checked:
-                index = self._variables.index(v)
+                index = self._variable_index[v]
                 for r, rep in enumerate(self._device):
-                    rep[index].copy_(self._to_device(v, r))
+                    rep[index].copy_(torch.from_numpy(self._host_value(v, r)))
 
     def _checked_value(self, v: Variable, data) -> np.ndarray:
         if not isinstance(v, Variable):
