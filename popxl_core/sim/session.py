@@ -24,7 +24,8 @@ _NOT_ATTACHED = (
 
 
 class Session:
-    """Runs an Ir on the simulated IPU ("ipu_hw", "ipu_model" or "cpu").
+    """Runs an Ir on the simulated IPU ("ipu_hw", "ipu_hw:bow", "ipu_model", "cpu" or a
+    `popxl_core.sim.machine.target(...)` with overridden tiles, IPUs, memory or clock).
 
     Building the Session verifies the IR, plans memory and cycles and compiles every graph
     once; `run` then only feeds streams and calls the compiled kernels.
@@ -38,7 +39,7 @@ class Session:
         _check_specs: bool = False,
     ) -> None:
         self.machine = machine_for(device_desc)
-        if device_desc == "cpu" and ir.replication_factor > 1:
+        if self.machine.name == "cpu" and ir.replication_factor > 1:
             raise ValueError("The 'cpu' device does not support replication; use 'ipu_hw'.")
         if ir._session is not None:
             raise RuntimeError(f"{ir!r} is already owned by another Session.")
@@ -51,8 +52,9 @@ class Session:
         # the Session owns the Ir from here on, so its streams are fixed
         self._h2d = frozenset(ir.get_all_h2d_streams())
         self._d2h = tuple(ir.get_all_d2h_streams())
-        self._program = Program(ir, self._runtime, check_specs=_check_specs)
+        # plan first: an out-of-memory program fails before anything is compiled or copied
         self.plan = build_plan(ir, self.machine)
+        self._program = Program(ir, self._runtime, check_specs=_check_specs)
         ir._session = self
         self._variables: List[Variable] = self._program.variables
         self._variable_index = {v: i for i, v in enumerate(self._variables)}
