@@ -46,8 +46,8 @@ class Machine:
     sync_ns_per_hop: float = 15.0
     ipu_link_bytes_per_s: float = 16e9 * 0.85
     host_bytes_per_s: float = 5.5e9
-    host_latency_s: float = 38e-6
-    run_overhead_s: float = 0.64e-3
+    host_latency_s: float = 0.183e-3
+    run_overhead_s: float = 0.382e-3
     streaming_mem_bytes: float = 112e9
     streaming_bytes_per_s: float = 16e9
     compute_set_overhead_cycles: int = 200
