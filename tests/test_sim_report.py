@@ -105,7 +105,7 @@ def test_summary_op_table_and_program_tree():
     text = report.summary()
     assert "Streaming Memory: 0 remote buffer(s), 0 B" in text and "not a measurement" in text
     tree = report.program_tree().splitlines()
-    assert tree[0].startswith("main 'main'")
+    assert tree[0].startswith("main graph: ")
     assert any(line.startswith("  HostLoad.") for line in tree)
     repeat = next(i for i, line in enumerate(tree) if line.startswith("  repeat(3) "))
     assert tree[repeat + 1].startswith("    call ") and tree[repeat + 2].startswith(

@@ -34,7 +34,7 @@ def plot_liveness(report, path: Path, ipu: int = 0, title: str | None = None) ->
     fig, ax = plt.subplots(figsize=(9, 4.5), dpi=100)
     ax.fill_between(xs, 0, [floor / mib] * len(xs), step="mid", color="#9ab", label="always-live")
     ax.fill_between(xs, floor / mib, ys, step="mid", color="#e83", label="not-always-live")
-    ax.axhline(mem.capacity / mib, color="red", ls="--", lw=1, label="capacity")
+    cap = mem.capacity / mib
     if steps:
         peak = max(xs, key=lambda i: ys[i])
         ax.annotate(
@@ -48,9 +48,11 @@ def plot_liveness(report, path: Path, ipu: int = 0, title: str | None = None) ->
     ax.set_xlabel("program step (calls and repeats expanded)")
     ax.set_ylabel("MiB on IPU %d" % ipu)
     top = max([*ys, floor / mib, 1e-9]) * 1.25
-    if top > 0.5 * mem.capacity / mib:  # near or over capacity: keep the line in view
-        top = max(top, 1.05 * mem.capacity / mib)
+    if top > 0.5 * cap:  # near or over capacity: keep the line in view
+        top = max(top, 1.05 * cap)
     ax.set_ylim(0, top)
+    off = "" if cap <= top else ", above the plot"
+    ax.axhline(cap, color="red", ls="--", lw=1, label=f"capacity {cap:.2f} MiB{off}")
     ax.set_title(
         title
         or f"Liveness (estimate), {report.plan.machine.name}: capacity "

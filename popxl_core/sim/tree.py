@@ -81,7 +81,9 @@ def _fold_compute(children: list[dict[str, Any]], cycles: int) -> None:
 def tree_text(node: dict[str, Any], depth: int = 0) -> str:
     """One line per node, indented by depth."""
     pad = "  " * depth
-    if node["kind"] == "compute":
+    if node["kind"] == "main":
+        line = f"main graph: {node['cycles']:,} cycles per run (without the fixed run overhead)"
+    elif node["kind"] == "compute":
         line = f"{pad}{node['ops']} compute op(s): {node['cycles']:,} cycles"
     elif "times" in node:
         line = f"{pad}{node['kind']} {node['name']!r}: {node['cycles']:,} cycles per execution"
