@@ -26,3 +26,13 @@ def test_sim_report_example(tmp_path, capsys):
     inlined, outlined = (float(w.rstrip(",")) for w in losses.split()[-3::2])
     assert inlined == outlined  # the same kernels in the same order: bit-identical
     assert (tmp_path / "inlined.json").is_file() and (tmp_path / "outlined.json").is_file()
+
+
+def test_report_overhead_benchmark_runs():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        bench = importlib.import_module("bench_report_overhead")
+        times = bench.run(rounds=3, warmup=1)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    assert {k: len(v) for k, v in times.items()} == {"plain": 3, "report": 3}

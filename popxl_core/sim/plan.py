@@ -62,12 +62,14 @@ class IpuMemory:
 
 @dataclass
 class GraphInfo:
-    """One graph that runs: its op count, code bytes and executions per Session.run."""
+    """One graph that runs: its op count, code bytes, executions per Session.run and the
+    cycles of one execution (callees included)."""
 
     name: str
     ops: int
     code_bytes: int
     runs: int
+    cycles: int = 0
 
 
 @dataclass
@@ -246,7 +248,7 @@ def _memory(ir, graphs: list[Graph], model: CostModel, live: Liveness) -> dict[i
 def _graph_infos(graphs: list[Graph], model: CostModel,
                  runs: dict[Graph, int]) -> list[GraphInfo]:
     return [GraphInfo(g.name or "main", len(g._ops), sum(model.code_bytes(op) for op in g._ops),
-                      runs.get(g, 0)) for g in graphs]
+                      runs.get(g, 0), model.graph_work(g).cycles.total) for g in graphs]
 
 
 def _op_rows(graphs: list[Graph], model: CostModel, runs: dict[Graph, int]) -> list[OpRow]:
