@@ -165,3 +165,25 @@ def test_report_cli_writes_every_session_a_script_builds(tmp_path):
         data = json.loads((out / f"session_{i}.json").read_text())
         assert data["variable_bytes"] == 4 * n
         assert (out / f"session_{i}.txt").read_text().startswith("IPU memory (estimate, ipu_hw")
+
+
+def test_report_cli_reports_a_session_that_ran_out_of_memory(tmp_path):
+    script = tmp_path / "oom.py"
+    script.write_text(
+        "import numpy as np\nimport popxl_core as popxl\n"
+        "ir = popxl.Ir()\n"
+        "with ir.main_graph:\n"
+        "    popxl.variable(np.broadcast_to(np.float32(0), (30000, 10000)), name='huge')\n"
+        "popxl.Session(ir, 'ipu_hw')\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-m", "popxl_core.report", "--out", str(tmp_path / "r"), str(script)],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
+    )
+    assert done.returncode == 1 and "Out of memory on IPU 0 of 'ipu_hw'" in done.stderr
+    data = json.loads((tmp_path / "r" / "session_1.json").read_text())
+    assert data["out_of_memory"] == [0] and data["variable_bytes"] == 1_200_000_000
