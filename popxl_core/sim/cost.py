@@ -26,6 +26,7 @@ __all__ = [
     "Cycles",
     "Work",
     "nbytes_of",
+    "rts_shard",
     "sync_cycles",
 ]
 
@@ -112,6 +113,14 @@ class Work:
 def nbytes_of(t) -> int:
     """Bytes of a tensor or stream (plain ints: much cheaper than numpy for planning)."""
     return prod(t.shape) * t.dtype.itemsize
+
+
+def rts_shard(numel: int, replicas: int) -> int:
+    """Elements each replica holds of a replica-sharded tensor: ``ceil(numel / R)``; the last
+    replicas' shards are zero-padded (30 elements over 4: 8, 8, 7 + 1 pad, 7 + 1 pad)."""
+    if replicas < 1:
+        raise ValueError(f"rts_shard: replicas must be >= 1, got {replicas}.")
+    return -(-numel // replicas)
 
 
 def sync_cycles(machine: Machine, num_ipus: int) -> int:
