@@ -54,3 +54,19 @@ def test_average_pool_default_stride_is_one_1d_and_3d():
     # float32 sums of <= 12 values then one division: a few ulps
     np.testing.assert_allclose(y1, ref1, rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(y3, ref3, rtol=1e-6, atol=1e-7)
+
+
+# gather / tied_gather: out-of-range indices never raise ----------------------------------
+def test_gather_and_tied_gather_out_of_range_give_zero_rows():
+    w = _rand(4, 6, seed=3)
+    idx = np.array([3, 2**31 - 1, 0, 9], np.uint32)  # unsigned, two out of range
+    outs = run_main(
+        lambda t, i: [
+            f(t, i, zero_OOR=z) for f in (ops.gather, ops.tied_gather) for z in (True, False)
+        ],
+        w,
+        idx,
+    )
+    ref = np.stack([w[3], np.zeros(6, np.float32), w[0], np.zeros(6, np.float32)])
+    for out in outs:
+        np.testing.assert_array_equal(out, ref)  # a copy: exact
