@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Callable, List
 
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -70,3 +71,19 @@ def test_gather_and_tied_gather_out_of_range_give_zero_rows():
     ref = np.stack([w[3], np.zeros(6, np.float32), w[0], np.zeros(6, np.float32)])
     for out in outs:
         np.testing.assert_array_equal(out, ref)  # a copy: exact
+
+
+# subsample: an int stride and short stride lists (trailing axes keep stride 1) ------------
+def test_subsample_int_and_short_strides():
+    x = np.arange(7 * 5 * 4, dtype=np.int32).reshape(7, 5, 4)
+    a, b = run_main(lambda t: (ops.subsample(t, 3), ops.subsample(t, [2, 2])), x)
+    np.testing.assert_array_equal(a, x[::3])
+    np.testing.assert_array_equal(b, x[::2, ::2])
+
+
+def test_subsample_rejects_more_strides_than_axes():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        t = popxl.variable(np.zeros((4, 4), np.float32), name="w")
+        with pytest.raises(ValueError, match=r"3 strides \[1, 1, 1\].*'w'"):
+            ops.subsample(t, [1, 1, 1])
