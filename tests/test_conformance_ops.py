@@ -87,3 +87,51 @@ def test_subsample_rejects_more_strides_than_axes():
         t = popxl.variable(np.zeros((4, 4), np.float32), name="w")
         with pytest.raises(ValueError, match=r"3 strides \[1, 1, 1\].*'w'"):
             ops.subsample(t, [1, 1, 1])
+
+
+# uint32 arithmetic (seed + 1): computed exactly, wrapping modulo 2**32 like the IPU -------
+def test_uint32_arithmetic_wraps():
+    a = np.array([0, 7, 2**32 - 1, 2**31], np.uint32)
+    s, p, d = run_main(lambda t: (t + 1, t * 3, t - 8), a)
+    wide = a.astype(np.int64)
+    np.testing.assert_array_equal(s, ((wide + 1) % 2**32).astype(np.uint32))
+    np.testing.assert_array_equal(p, ((wide * 3) % 2**32).astype(np.uint32))
+    np.testing.assert_array_equal(d, ((wide - 8) % 2**32).astype(np.uint32))
+    assert s.dtype == p.dtype == d.dtype == np.uint32
+
+
+def test_dropout_with_seed_plus_one_runs_and_differs_from_seed():
+    x = np.ones((64,), np.float32)
+    seed = popxl.create_seeds(1984)
+    y0, y1 = run_main(
+        lambda t, s: (ops.dropout(t, s, p=0.5), ops.dropout(t, s + 1, p=0.5)), x, seed
+    )
+    assert set(np.unique(y0)) <= {0.0, 2.0} and set(np.unique(y1)) <= {0.0, 2.0}
+    assert not np.array_equal(y0, y1)
+
+
+# accumulate_ on integer tensors: exact integer arithmetic --------------------------------
+def test_accumulate_integer_tensors_exactly():
+    t = np.array([[2**30, -5], [7, 0]], np.int32)
+    x = np.array([[3, 4], [-7, 2**29]], np.int32)
+
+    def build(a, b):
+        ops.var_updates.accumulate_(a, b)
+        ops.var_updates.accumulate_(a, b, 2.0)
+        return a
+
+    (out,) = run_main(build, t, x)
+    np.testing.assert_array_equal(out, t + 3 * x)
+
+
+def test_accumulate_integer_rejects_fractional_factor_and_mixed_dtypes():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        t = popxl.variable(np.zeros(3, np.int32), name="counts")
+        f = popxl.variable(np.zeros(3, np.float32), name="grads")
+        with pytest.raises(ValueError, match="whole number"):
+            ops.var_updates.accumulate_(t, t, 0.5)
+        with pytest.raises(TypeError, match="X is float32.*int32"):
+            ops.var_updates.accumulate_(t, f)
+        with pytest.raises(TypeError, match="'moving_average' needs a floating point t"):
+            ops.var_updates.accumulate_moving_average_(t, t, 0.9)
