@@ -49,3 +49,45 @@ def test_session_tensor_data_errors_use_popxl_wording():
     with session:
         with pytest.raises(TypeError, match=f"^Tensor {c.id} is not of type Variable"):
             session.write_variable_data(c, np.zeros(2, np.float32))
+
+
+# print_tensor: PopXL's default title, gradient title and bracket/separator options --------
+def _run_printing(build) -> str:
+    import contextlib
+    import io
+
+    ir = popxl.Ir()
+    with ir.main_graph:
+        x = popxl.variable(np.array([0.0, 1.5, -2.0], np.float32), name="x")
+        graph = ir.create_graph(build, x)
+        grad = popxl.transforms.autodiff(graph)
+        site = ops.call_with_info(graph, x)
+        ops.call(
+            grad.graph, popxl.constant(np.ones(3, np.float32)), inputs_dict=grad.inputs_dict(site)
+        )
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), popxl.Session(ir, "ipu_model") as session:
+        session.run()
+    return err.getvalue()
+
+
+def test_print_tensor_default_title_and_gradient_title():
+    text = _run_printing(lambda x: ops.print_tensor(x, print_gradient=True) * 2.0)
+    assert text.splitlines() == ["print_x: [ 0.   1.5 -2. ]", "print_x_gradient: [2. 2. 2.]"]
+
+
+def test_print_tensor_brackets_separator_and_fixed_format():
+    text = _run_printing(
+        lambda t: ops.print_tensor(
+            t,
+            "w",
+            open_bracket="<",
+            close_bracket=">",
+            separator=", ",
+            float_format="fixed",
+            digits=2,
+        )
+    )
+    assert text.splitlines() == ["w: <0.00, 1.50, -2.00>"]
+    with pytest.raises(ValueError, match="float_format must be one of"):
+        _run_printing(lambda t: ops.print_tensor(t, float_format="hex"))
