@@ -170,7 +170,8 @@ def _emit_call(op: Op, em) -> None:
     g = op.called_graphs[0]
     fn = em.graph_fn(g)
     modified = em.program.modified_inputs[g]
-    by_ref = {i for i, t in enumerate(g._inputs) if t in g._by_ref_inputs}
+    # by reference: TensorByRef graph inputs, and set_parent_input_modified at this call site
+    by_ref = {i for i, t in enumerate(g._inputs) if t in g._by_ref_inputs} | op.by_ref_modified
     args = [
         f"{em.name(t)}.clone()" if i in modified and i not in by_ref else em.name(t)
         for i, t in enumerate(op.inputs)

@@ -150,9 +150,11 @@ class Session:
         tensors = list(tensors)
         for t in tensors:
             if not isinstance(t, (Variable, Constant)):
+                # PopXL's wording (its tests match on it), then what to do instead
                 raise TypeError(
-                    f"get_tensor_data: {t!r} is not a Variable or Constant; stream "
-                    "intermediate tensors out with host_store instead."
+                    f"Tensor {getattr(t, 'id', t)} is not of type Constant or Variable ({t!r}); "
+                    "get_tensor_data reads only those: stream intermediate tensors out with "
+                    "host_store instead."
                 )
         if (
             self._attached
@@ -187,7 +189,10 @@ class Session:
 
     def _checked_value(self, v: Variable, data) -> np.ndarray:
         if not isinstance(v, Variable):
-            raise TypeError(f"write_variable_data: {v!r} is not a Variable.")
+            raise TypeError(
+                f"Tensor {getattr(v, 'id', v)} is not of type Variable ({v!r}); "
+                "write_variable_data writes only variables."
+            )
         if v not in self._host:
             raise ValueError(f"write_variable_data: {v!r} is not a variable of this Session's Ir.")
         want = v.dtype.as_numpy()
