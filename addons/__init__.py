@@ -5,10 +5,12 @@ from . import layers, ops, optimizers, transforms
 from .dot_tree import DotTree, to_mapping
 from .graph import BoundGraph, GraphWithNamedArgs
 from .graph_cache import GraphCache, function
+from .graph_utils import is_subgraph, seed_variable
 from .layers.weights_dict import WeightsDict
 from .module import Module, NameScopeMeta, create_grad_graph_info
 from .named_tensors import NamedTensorData, NamedTensors, print_named_tensors
 from .ops import cross_entropy, cross_entropy_with_grad, host_load, host_store
+from .streams import InputStreams, OutputStreams
 from .transforms import autodiff, autodiff_with_accumulation, recompute_graph
 from .utils import OrderedDict
 from .variable_factory import (
@@ -23,6 +25,10 @@ __all__ = [
     "DotTree",
     "GraphCache",
     "GraphWithNamedArgs",
+    "InputStreams",
+    "OutputStreams",
+    "is_subgraph",
+    "seed_variable",
     "Module",
     "NameScopeMeta",
     "NamedTensorData",

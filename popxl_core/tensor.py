@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from . import dtypes
+from .arg_checks import check_host_data, checked_dtype, checked_shape
 from .context import gcg, get_current_context
 from .dtypes import dtype
 from .tensor_spec import TensorByRef, TensorSpec
@@ -347,6 +348,11 @@ def _downcast(arr: np.ndarray) -> np.ndarray:
     return arr.astype(target) if target is not None else arr
 
 
+def _check_data(data, dt, where: str) -> None:
+    checked_dtype(dt, where, optional=True)
+    check_host_data(data, where)
+
+
 def variable(
     data: HostTensor,
     dtype: Optional[dtype] = None,
@@ -365,6 +371,7 @@ def variable(
             "variables can only be created in the main graph. Use a graph input (or an "
             "addons VariableFactory) and pass the variable at the call site."
         )
+    _check_data(data, dtype, f"popxl.variable({name or 't'!r})")
     arr = to_numpy(data, dtype, downcast)
     groups = replica_grouping.num_groups if replica_grouping is not None else 1
     shape = arr.shape[1:] if groups > 1 else arr.shape
@@ -391,6 +398,7 @@ def constant(
 ) -> Constant:
     """Create a constant in the current graph; the data is copied."""
     g = gcg()
+    _check_data(data, dtype, f"popxl.constant({name or 't'!r})")
     arr = to_numpy(data, dtype, downcast)
     spec = TensorSpec(arr.shape, dtype or dtypes.dtype.as_dtype(arr))
     c = Constant._create(g, g._create_tensor_id(name), spec)
@@ -405,7 +413,9 @@ def graph_input(
     g = gcg()
     if g is g.main_graph:
         raise ValueError("graph_input cannot be used in the main graph; use a stream or variable.")
-    t = Tensor._create(g, g._create_tensor_id(name), TensorSpec(shape, dtype, meta_shape))
+    where = f"graph_input({name or 't'!r})"
+    spec = TensorSpec(checked_shape(shape, where), checked_dtype(dtype, where), meta_shape)
+    t = Tensor._create(g, g._create_tensor_id(name), spec)
     g._add_input(t, by_ref)
     return t
 
@@ -420,4 +430,5 @@ def graph_output(t: Tensor) -> None:
             f"graph_output: tensor {t.id!r} belongs to {t.graph.name!r}, "
             f"not to the current graph {g.name!r}."
         )
+    g.ir._check_editable(f"marking {t.id!r} as an output of graph {g.name!r}")
     g._outputs.append(t)
