@@ -130,6 +130,7 @@ def test_liveness_lists_and_expands_calls_and_repeats():
     assert [b for _, b in expanded] == [k, 2 * k, 2 * k, 2 * k, 3 * k, 3 * k]
     assert [n.split("/")[1].split(".")[0] for n, _ in expanded] == ["MatMul", "Add", "Gelu"] * 2
     assert max(b for _, b in expanded) == plan.memory[0].activations
+    assert report.to_dict()["liveness_expanded"]["0"] == [list(x) for x in expanded]
 
 
 def test_liveness_plot_is_a_png(tmp_path):
