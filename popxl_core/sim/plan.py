@@ -167,7 +167,8 @@ def build_plan(ir, machine: Machine) -> Plan:
     if plan.out_of_memory and machine.oom_is_error:
         raise OutOfMemoryError(oom_message(plan, plan.out_of_memory[0]), plan)
     if plan.out_of_memory and machine.oom_warns:
-        warnings.warn(oom_message(plan, plan.out_of_memory[0]), OutOfMemoryWarning, stacklevel=3)
+        warnings.warn(oom_message(plan, plan.out_of_memory[0], fatal=False), OutOfMemoryWarning,
+                      stacklevel=3)
     return plan
 
 
