@@ -188,3 +188,23 @@ def test_report_cli_reports_a_session_that_ran_out_of_memory(tmp_path):
     assert done.returncode == 1 and "Out of memory on IPU 0 of 'ipu_hw'" in done.stderr
     data = json.loads((tmp_path / "r" / "session_1.json").read_text())
     assert data["out_of_memory"] == [0] and data["variable_bytes"] == 1_200_000_000
+
+
+class _Untouchable:
+    def __getattr__(self, name):
+        raise AssertionError(f"Session.run used the plan ({name})")
+
+
+def test_run_never_touches_the_plan():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        s = popxl.h2d_stream((4,), popxl.float32, "x")
+        w = popxl.variable(np.ones(4, np.float32), name="w")
+        o = popxl.d2h_stream((4,), popxl.float32, "y")
+        ops.host_store(o, ops.host_load(s) * w)
+    session = popxl.Session(ir, "ipu_hw")
+    session.plan = _Untouchable()  # any per-step use of the estimate would raise
+    with session:
+        for _ in range(3):
+            out = session.run({s: np.arange(4, dtype=np.float32)})
+    np.testing.assert_array_equal(out[o], np.arange(4, dtype=np.float32))
