@@ -9,7 +9,16 @@ from .layers.weights_dict import WeightsDict
 from .module import Module, NameScopeMeta, create_grad_graph_info
 from .named_tensors import NamedTensorData, NamedTensors, print_named_tensors
 from .ops import cross_entropy, cross_entropy_with_grad, host_load, host_store
-from .transforms import autodiff, autodiff_with_accumulation, recompute_graph
+from .transforms import (
+    BatchSerialResult,
+    RemoteHandle,
+    autodiff,
+    autodiff_with_accumulation,
+    batch_serial_buffer,
+    batch_serialise,
+    batch_serialise_fwd_and_grad,
+    recompute_graph,
+)
 from .utils import OrderedDict
 from .variable_factory import (
     NamedVariableFactories,
@@ -33,6 +42,11 @@ __all__ = [
     "add_replica_sharded_variable_input",
     "add_variable_input",
     "autodiff",
+    "BatchSerialResult",
+    "RemoteHandle",
+    "batch_serial_buffer",
+    "batch_serialise",
+    "batch_serialise_fwd_and_grad",
     "autodiff_with_accumulation",
     "create_grad_graph_info",
     "function",
