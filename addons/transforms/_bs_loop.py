@@ -132,16 +132,20 @@ def _emit_loads(plan: LoopPlan, row: Tensor, step: Tensor) -> Dict[Tensor, Tenso
 
 def _emit_step(plan: LoopPlan, row: Tensor, step: Tensor, feeds: Mapping[Tensor, Tensor]) -> None:
     g = plan.graph
+    stored_inputs = {t: h for t, h in plan.store_buffers.items() if t in g.inputs}
+    _emit_stores(plan, row, step, stored_inputs, feeds)  # as loaded, before the call
     outs = ops.call(g, inputs_dict=dict(feeds))
+    values = dict(zip(g.outputs, outs))
     for t, s in plan.store_streams.items():
-        _io_out(plan.io, outs[g.outputs.index(t)], lambda v, s=s: ops.host_store(s, v))
-    for t, h in plan.store_buffers.items():
+        _io_out(plan.io, values[t], lambda v, s=s: ops.host_store(s, v))
+    stored_outputs = {t: h for t, h in plan.store_buffers.items() if t not in stored_inputs}
+    _emit_stores(plan, row, step, stored_outputs, values)
+
+
+def _emit_stores(plan: LoopPlan, row: Tensor, step: Tensor, handles: Dict, values) -> None:
+    for t, h in handles.items():
         idx = _index(plan, h, row, step)
-        _io_out(
-            plan.io,
-            outs[g.outputs.index(t)],
-            lambda v, h=h, i=idx: ops.remote_store(h.buffer, i, v),
-        )
+        _io_out(plan.io, values[t], lambda v, h=h, i=idx: ops.remote_store(h.buffer, i, v))
 
 
 def _index(plan: LoopPlan, h, row: Tensor, step: Tensor) -> Tensor:

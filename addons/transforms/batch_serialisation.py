@@ -94,7 +94,8 @@ def batch_serialise(
         steps: loop trip count (e.g. the gradient accumulation factor).
         load_handles: graph input -> host stream, ``(buffer, row)`` or `RemoteHandle`.
         store_streams: graph output -> device-to-host stream.
-        store_buffers: graph output -> ``(buffer, row)`` or `RemoteHandle`.
+        store_buffers: graph output (or input: its loaded value) -> ``(buffer, row)`` or
+            `RemoteHandle`.
         seed_input: a uint32[2] seed input that gets a fresh seed each step.
         rows: rows of the remote buffers this graph addresses (row_offset is < rows).
         io_mode: "compute" (IO on compute tiles), "io" (IO tiles) or "io_overlapped" (IO
@@ -217,7 +218,8 @@ def _load_handle(g, t: Tensor, h, steps: int, rows: int):
 
 
 def _store_handle(g, t: Tensor, h, steps: int, rows: int) -> RemoteHandle:
-    _check_output(g, t, "store_buffers")
+    if t not in g.inputs:  # an input can be stored too: its value as loaded
+        _check_output(g, t, "store_buffers")
     handle = _as_handle(t, h, "store_buffers")
     _check_buffer(t, handle, steps, rows)
     return handle
