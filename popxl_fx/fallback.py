@@ -77,8 +77,24 @@ def decompose(node: fx.Node, root: torch.nn.Module) -> Decomposition:
 
     inputs = [*state, *(leaves[i] for i in positions)]
     with torch.random.fork_rng(devices=[]):
-        gm = make_fx(flat_call, decomposition_table=core_aten_decompositions())(*inputs)
+        # Decompose, then functionalize the ATen graph: in-place ops (also those that the
+        # decompositions introduce) become pure ones; a mutated input shows as one
+        # aten.copy_ into it at the end (a buffer update).
+        aten_gm = make_fx(flat_call, decomposition_table=core_aten_decompositions())(*inputs)
+        pure = torch.func.functionalize(aten_gm, remove="mutations")
+        gm = make_fx(pure, decomposition_table=core_aten_decompositions())(*inputs)
+    _mark_buffer_updates(gm, names)
     return Decomposition(gm, names)
+
+
+def _mark_buffer_updates(gm: fx.GraphModule, names: list[str]) -> None:
+    """Tag each ``aten.copy_`` into a module-state input with that state's name."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    state = dict(zip(placeholders, names))
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.aten.copy_.default:
+            if node.args[0] in state:
+                node.meta["buffer_update"] = state[node.args[0]]
 
 
 def missing_lowerings(dec: Decomposition) -> list[Any]:
