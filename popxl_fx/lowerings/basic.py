@@ -1,4 +1,4 @@
-"""A first handful of lowerings: linear, reshapes, getitem, getattr.
+"""A first handful of lowerings: linear, reshapes, getattr (getitem moved to shape.py).
 
 Family files (activations, linear, shape, ...) may take these entries over: move an entry,
 do not register a target twice.
@@ -6,7 +6,6 @@ do not register a target twice.
 
 from __future__ import annotations
 
-import operator
 from typing import Any
 
 import torch
@@ -51,11 +50,6 @@ def _flatten(
 @lowers(nn.Flatten)
 def _flatten_module(ctx: LoweringContext, module: nn.Flatten, x: popxl.Tensor) -> popxl.Tensor:
     return ops.reshape(x, tuple(ctx.expected().shape))
-
-
-@lowers(operator.getitem)
-def _getitem(ctx: LoweringContext, obj: Any, index: Any) -> Any:
-    return obj[index]  # popxl.Tensor indexing, or a tuple/list of outputs (split, lstm...)
 
 
 @lowers(getattr)
