@@ -15,6 +15,7 @@ goes on with the example's concrete value so that one pass finds every problem.
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import os
 import traceback
@@ -29,7 +30,7 @@ from torch import nn
 from .errors import Issue
 from .lowering import lookup
 
-__all__ = ["Captured", "capture", "is_leaf", "user_frame"]
+__all__ = ["CaptureTracer", "Captured", "capture", "is_leaf", "preserved", "user_frame"]
 
 # Tensor attributes and methods whose result only depends on the shape/dtype: folded.
 _FOLDED_ATTRS = frozenset(
@@ -324,6 +325,19 @@ def _fetch(root: nn.Module, target: str) -> Any:
     return value
 
 
+@contextlib.contextmanager
+def preserved(model: nn.Module) -> Iterator[None]:
+    """Run eager code on ``model`` without changing its buffers or the torch RNG."""
+    saved = {name: b.detach().clone() for name, b in model.named_buffers()}
+    with torch.random.fork_rng(devices=[]):
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for name, b in model.named_buffers():
+                    b.copy_(saved[name])
+
+
 def capture(model: nn.Module, example_inputs: Sequence[Any]) -> Captured:
     """Trace ``model`` on ``example_inputs`` (see the module docstring).
 
@@ -331,13 +345,7 @@ def capture(model: nn.Module, example_inputs: Sequence[Any]) -> Captured:
     on the model even in train mode (batch-norm statistics, dropout).
     """
     tracer = CaptureTracer(model, example_inputs)
-    saved = {name: b.detach().clone() for name, b in model.named_buffers()}
-    with torch.random.fork_rng(devices=[]):
-        try:
-            graph = tracer.trace(model)
-        finally:
-            with torch.no_grad():
-                for name, b in model.named_buffers():
-                    b.copy_(saved[name])
+    with preserved(model):
+        graph = tracer.trace(model)
     gm = fx.GraphModule(model, graph, class_name=type(model).__name__)
     return Captured(gm, tracer.issues)

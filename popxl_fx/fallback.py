@@ -147,7 +147,8 @@ def decomposition_issue(node: fx.Node, root: torch.nn.Module) -> Issue | None:
             )
         )
     )
-    hint = f"it has no lowering, and its ATen decomposition needs {names}, which have none."
+    which = "which has no lowering" if len(missing) == 1 else "which have no lowerings"
+    hint = f"it has no lowering, and its ATen decomposition needs {names}, {which}."
     if near:
         hint += f" Nearby supported: {', '.join(near)}."
     return unsupported(node, what, kind, hint)

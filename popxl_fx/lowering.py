@@ -72,6 +72,16 @@ def _get(target: Any) -> Callable | None:
         return None
 
 
+_PUBLIC_MODULES = {
+    "_operator": "operator",
+    "torch._C._nn": "torch.nn.functional",
+    "torch._C._VariableFunctions": "torch",
+    "torch._C._fft": "torch.fft",
+    "torch._C._linalg": "torch.linalg",
+    "torch._C._special": "torch.special",
+}
+
+
 def target_name(target: Any) -> str:
     """A readable name for an fx target: 'torch.nn.functional.relu', 'Tensor.view', ..."""
     if isinstance(target, str):
@@ -82,11 +92,14 @@ def target_name(target: Any) -> str:
         return f"aten.{target.__name__}"
     module = getattr(target, "__module__", None) or ""
     name = getattr(target, "__qualname__", None) or getattr(target, "__name__", repr(target))
-    module = {
-        "_operator": "operator",
-        "torch._C._nn": "torch.nn.functional",
-        "torch._C._VariableFunctions": "torch",
-    }.get(module, module)
+    if name.startswith("_VariableFunctionsClass."):  # torch.relu and friends
+        module, name = "torch", name.split(".", 1)[1]
+    if isinstance(target, type) and module.startswith("torch.nn.modules."):
+        module = "torch.nn"
+    for private, public in _PUBLIC_MODULES.items():
+        if module == private:  # torch._C._fft.fft_rfft is torch.fft.rfft
+            module, prefix = public, public.rsplit(".", 1)[-1] + "_"
+            name = name[len(prefix) :] if public != "torch" and name.startswith(prefix) else name
     return f"{module}.{name}" if module else name
 
 
