@@ -155,14 +155,16 @@ class OptimizerProgram:
                     update = self._sgd if self.kind == "sgd" else self._adam
                     update(n, params[n], grads[n], hp, pg)
 
-    def _state_var(self, name: str, key: str, like: popxl.Tensor) -> popxl.Variable:
+    def _initial(self, name: str, key: str, shape: tuple) -> np.ndarray:
+        """The torch optimizer's state value (zeros where it has none) as float32."""
         value = self.optimizer.state.get(self.params[name], {}).get(key)
+        if value is None:
+            return np.zeros(shape, np.float32)
+        return value.detach().cpu().numpy().astype(np.float32).reshape(shape)
+
+    def _state_var(self, name: str, key: str, like: popxl.Tensor) -> popxl.Variable:
         shape = () if key == "step" else like.shape
-        data = (
-            np.zeros(shape, np.float32)
-            if value is None
-            else value.detach().cpu().numpy().astype(np.float32).reshape(shape)
-        )
+        data = self._initial(name, key, shape)
         var = popxl.variable(data, popxl.float32, name=f"optimizer.{name}.{key}")
         self.state.setdefault(name, {})[key] = var
         return var
@@ -226,6 +228,17 @@ class OptimizerProgram:
             for key, var in vars_.items():
                 t = torch.from_numpy(np.array(values[var], np.float32))
                 state[key] = t.reshape(()) if key == "step" else t.reshape(p.shape).to(p.dtype)
+
+    def state_from_torch(self) -> dict[popxl.Variable, np.ndarray]:
+        """The state variables' values from the torch optimizer now (for
+        ``session.write_variables_data``); the step counts restart from its state too."""
+        for g in self.groups:
+            g.step = self._initial_step(g)
+        return {
+            var: self._initial(name, key, tuple(var.shape))
+            for name, vars_ in self.state.items()
+            for key, var in vars_.items()
+        }
 
     def variables(self) -> list[popxl.Variable]:
         return [v for vs in self.state.values() for v in vs.values()]
