@@ -94,10 +94,13 @@ def is_leaf(module: nn.Module) -> bool:
 
 @dataclass
 class Captured:
-    """A traced model: the graph module (root's parameters shared, not copied) and its issues."""
+    """A traced model: the graph module (root's parameters shared, not copied), the issues
+    found while tracing, and (once `check_captured` ran) every issue including unsupported
+    targets."""
 
     gm: fx.GraphModule
     issues: list[Issue] = field(default_factory=list)
+    checked: list[Issue] | None = None
 
 
 def _value(arg: Any) -> Any:
@@ -238,16 +241,16 @@ class CaptureTracer(fx.Tracer):
     def _evaluate(self, node: fx.Node) -> Any:
         if node.op == "placeholder":
             return self._next_input(node)
-        if node.op == "get_attr":
-            return _fetch(self.root_module, node.target)
         args, kwargs = _value((node.args, node.kwargs))
-        self._evaluating = True
+        self._evaluating = True  # plain attribute reads and module calls while computing
         try:
             return self._call(node, args, kwargs)
         finally:
             self._evaluating = False
 
     def _call(self, node: fx.Node, args: tuple, kwargs: dict) -> Any:
+        if node.op == "get_attr":
+            return _fetch(self.root_module, node.target)
         with torch.no_grad():
             if node.op == "call_module":
                 return self.root_module.get_submodule(node.target)(*args, **kwargs)

@@ -21,7 +21,7 @@ import popxl_core as popxl
 from popxl_core import ops
 
 from .capture import Captured, capture
-from .errors import UnsupportedError
+from .errors import Issue, UnsupportedError
 from .lowering import LoweringContext, run_graph
 
 __all__ = ["Module", "SEED_NAME", "signature"]
@@ -75,6 +75,15 @@ class Module(addons.Module):
             self._captures[key] = capture(self.torch_module, examples)
         return self._captures[key]
 
+    def issues(self, *example_inputs: Any) -> list[Issue]:
+        """Everything that stops the capture for these inputs from lowering (all at once)."""
+        captured = self.capture(*example_inputs)
+        if captured.checked is None:
+            from .check import check_captured  # check imports the lowering table
+
+            captured.checked = check_captured(captured, self.torch_module)
+        return list(captured.checked)
+
     def torch_names(self) -> dict[str, tuple[str, torch.Tensor]]:
         """Variable name -> ("param" | "buffer", torch tensor), for every torch tensor."""
         names = {n: ("param", t) for n, t in self.torch_module.named_parameters()}
@@ -84,8 +93,9 @@ class Module(addons.Module):
     # build -----------------------------------------------------------------------------
     def build(self, *xs: popxl.Tensor) -> Any:
         captured = self.capture(*xs)
-        if captured.issues:
-            raise UnsupportedError(type(self.torch_module).__name__, list(captured.issues))
+        issues = self.issues(*xs)
+        if issues:
+            raise UnsupportedError(type(self.torch_module).__name__, issues)
         self._vars, self._seed = {}, []
         self._canonical = {id(t): n for n, (_, t) in self.torch_names().items()}
         try:

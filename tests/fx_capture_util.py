@@ -30,7 +30,7 @@ def run_module(model: nn.Module, *xs: torch.Tensor, dy: torch.Tensor | None = No
     With ``dy`` (the cotangent of the single output), also runs popxl's autodiff graph and
     returns the gradients of the inputs ("x0", ...) and of every variable (torch names).
     """
-    mod = Module(model)
+    mod = Module(model, flatten_outputs=True)
     ir = popxl.Ir()
     streams: dict[str, popxl.DeviceToHostStream] = {}
     with ir.main_graph:
