@@ -134,13 +134,14 @@ def _compare_grads(model, tin, want, cots, grads, got, rtol, atol) -> float:
     leaves = {f"input{i}": t for i, t in enumerate(tin) if t.requires_grad}
     leaves.update({n: p for n, p in model.named_parameters() if n in grads})
     keys = [k for k in leaves if k in grads]
-    outs = [w for w in want if w.is_floating_point()]
-    ref = torch.autograd.grad(
-        outs,
-        [leaves[k] for k in keys],
-        [torch.from_numpy(c) for c in cots[: len(outs)]],
-        allow_unused=True,
-    )
+    # cotangents go with the float outputs; those torch computes without a graph add nothing
+    pairs = [(w, c) for w, c in zip([w for w in want if w.is_floating_point()], cots)]
+    pairs = [(w, torch.from_numpy(c)) for w, c in pairs if w.requires_grad]
+    if pairs:
+        outs, cot = zip(*pairs)
+        ref = torch.autograd.grad(outs, [leaves[k] for k in keys], cot, allow_unused=True)
+    else:
+        ref = [None] * len(keys)
     worst = 0.0
     for k, r in zip(keys, ref):
         r = torch.zeros_like(leaves[k]) if r is None else r

@@ -117,6 +117,10 @@ _BINARY = {
         ops.logical_and,
         operator.and_,
     ),
+    (operator.xor, torch.logical_xor, "logical_xor", torch.bitwise_xor, "__xor__"): (
+        _ne,
+        operator.xor,
+    ),
     (operator.or_, torch.logical_or, "logical_or", torch.bitwise_or, "__or__"): (
         ops.logical_or,
         operator.or_,
