@@ -7,5 +7,21 @@ Ways in: `training_model` (forward, loss, autodiff and a torch optimizer as one 
 
 from . import testing
 from .api import Options, Trainer, compile, training_model
+from .check import CheckReport, check
+from .errors import Issue, UnsupportedError
+from .inference import InferenceModel, inference_model
+from .lowering import LoweringContext, lowers
+from .module import Module
 
 __all__ = ["Options", "Trainer", "compile", "testing", "training_model"]
+__all__ += [
+    "CheckReport",
+    "InferenceModel",
+    "Issue",
+    "LoweringContext",
+    "Module",
+    "UnsupportedError",
+    "check",
+    "inference_model",
+    "lowers",
+]

@@ -32,7 +32,9 @@ SEED_NAME = "fx_random_seed"
 def signature(model: nn.Module, inputs: tuple) -> tuple:
     """What a trace is specialised to: input shapes/dtypes and every module's train mode."""
     shapes = tuple(
-        (tuple(x.shape), str(x.dtype)) if isinstance(x, (torch.Tensor, popxl.Tensor)) else repr(x)
+        (tuple(x.shape), popxl.dtype.as_dtype(x.dtype).name)
+        if isinstance(x, (torch.Tensor, popxl.Tensor, popxl.TensorSpec))
+        else repr(x)
         for x in inputs
     )
     return shapes, tuple(m.training for m in model.modules())
