@@ -7,7 +7,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-__all__ = ["Fn", "randn", "seq"]
+__all__ = ["Fn", "WithBuffers", "randn", "seq"]
 
 
 class _Fn(nn.Module):
@@ -35,6 +35,21 @@ def Fn(fn: Callable, arity: int = 1) -> nn.Module:
     """A root module whose forward calls ``fn`` on its ``arity`` inputs (fx traces through a
     root module, so ``fn``'s calls are the nodes being lowered)."""
     return {1: _Fn1, 2: _Fn2, 3: _Fn3}[arity](fn)
+
+
+class WithBuffers(nn.Module):
+    """``forward(x, t) = fn(x, t, **consts)``: constant tensors (class weights, ...) held as
+    frozen parameters (requires_grad=False), so they become variables."""
+
+    def __init__(self, fn: Callable, **buffers) -> None:
+        super().__init__()
+        self.fn = fn
+        self.names = sorted(buffers)
+        for name in self.names:
+            self.register_parameter(name, nn.Parameter(buffers[name], requires_grad=False))
+
+    def forward(self, x, t):
+        return self.fn(x, t, **{n: getattr(self, n) for n in self.names})
 
 
 def seq(*modules: nn.Module) -> nn.Sequential:

@@ -22,7 +22,8 @@ from popxl_fx.module import Module
 
 __all__ = ["Result", "check_lowering", "lowered_ops"]
 
-_NARROW = {torch.int64: torch.int32, torch.float64: torch.float32}
+# inputs keep torch's dtypes (int64 labels stay int64), as popxl_fx's programs feed them
+_NARROW = {torch.float64: torch.float32}
 
 
 @dataclass
@@ -60,7 +61,7 @@ def _build(model, inputs, grad: bool, rng):
         names = dict(zip(graph.args.to_dict().values(), graph.args.to_dict().keys()))
         n_out = len(graph.graph.outputs)
         float_ins = [t for t, x in zip(graph.graph.inputs, inputs) if x.is_floating_point()]
-        params = {n for n, _ in model.named_parameters()}
+        params = {n for n, p in model.named_parameters() if p.requires_grad}
         wrt = float_ins + [t for t, n in names.items() if n in params]
         provided = [t for t in graph.graph.outputs if t.dtype.is_floating_point]
         bwd = None
@@ -132,7 +133,7 @@ def check_lowering(
 
 def _compare_grads(model, tin, want, cots, grads, got, rtol, atol) -> float:
     leaves = {f"input{i}": t for i, t in enumerate(tin) if t.requires_grad}
-    leaves.update({n: p for n, p in model.named_parameters() if n in grads})
+    leaves.update({n: p for n, p in model.named_parameters() if n in grads and p.requires_grad})
     keys = [k for k in leaves if k in grads]
     # cotangents go with the float outputs; those torch computes without a graph add nothing
     pairs = [(w, c) for w, c in zip([w for w in want if w.is_floating_point()], cots)]
