@@ -68,19 +68,25 @@ _DATA_FUNCTIONS = frozenset(
     {torch.nonzero, torch.masked_select, torch.unique, torch.argwhere, torch.unique_consecutive}
 )
 
-_SKIP_DIRS = (
-    os.path.dirname(torch.__file__),
-    os.path.dirname(__file__),
-    os.path.dirname(os.__file__),
-)
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_OWN_DIR = os.path.dirname(__file__) + os.sep
+_STDLIB_DIR = os.path.dirname(os.__file__) + os.sep
+
+
+def _internal(path: str) -> bool:
+    """torch, popxl_fx and the standard library (not packages installed beside it)."""
+    if path.startswith((_TORCH_DIR, _OWN_DIR)):
+        return True
+    return path.startswith(_STDLIB_DIR) and not any(
+        part in ("site-packages", "dist-packages") for part in path.split(os.sep)
+    )
 
 
 def user_frame(stack: Sequence[traceback.FrameSummary] | None = None) -> str:
     """``file:line`` of the innermost frame outside torch, popxl_fx and the stdlib."""
     frames = stack if stack is not None else traceback.extract_stack()
     for frame in reversed(frames):
-        path = os.path.abspath(frame.filename)
-        if not path.startswith(_SKIP_DIRS) and not frame.filename.startswith("<"):
+        if not frame.filename.startswith("<") and not _internal(os.path.abspath(frame.filename)):
             return f"{frame.filename}:{frame.lineno}"
     return "<unknown>"
 

@@ -9,6 +9,7 @@ shapes that change between calls (the model traced twice).
 
 from __future__ import annotations
 
+import dataclasses
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -73,17 +74,40 @@ def check(model: nn.Module, *example_inputs: Any) -> CheckReport:
 def check_captured(captured: Captured, model: nn.Module) -> list[Issue]:
     """The capture's own issues plus every call with no lowering and no decomposition."""
     issues = list(captured.issues)
+    verdicts: dict[tuple, Issue | None] = {}  # one decomposition per kind of call
     for node in captured.gm.graph.nodes:
         if node.op not in ("call_function", "call_method", "call_module"):
             continue
         if node.meta.get("data_dependent"):
             continue  # reported where the data dependence starts
-        target = type(model.get_submodule(node.target)) if node.op == "call_module" else node.target
-        if lookup(target) is None:
-            issue = decomposition_issue(node, model)
-            if issue is not None:
-                issues.append(issue)
+        module = model.get_submodule(node.target) if node.op == "call_module" else None
+        if lookup(type(module) if module is not None else node.target) is not None:
+            continue
+        key = _call_key(node, module)
+        if key not in verdicts:
+            verdicts[key] = decomposition_issue(node, model)
+        if verdicts[key] is not None:
+            issues.append(
+                dataclasses.replace(
+                    verdicts[key],
+                    source=node.meta.get("source", "<unknown>"),
+                    module_path=node.meta.get("module_path", ""),
+                    node=node.name,
+                )
+            )
     return issues
+
+
+def _call_key(node: fx.Node, module: nn.Module | None) -> tuple:
+    """Calls with equal keys decompose alike: same target/module config, shapes and dtypes."""
+
+    def spec(v: Any) -> Any:
+        return (tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else repr(v)
+
+    args = fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("example_value"))
+    leaves = [spec(v) for v in torch.utils._pytree.tree_leaves(args)]
+    what = repr(module) if module is not None else (node.op, node.target)
+    return (str(what), tuple(map(str, leaves)))
 
 
 def _add(report: CheckReport, issue: Issue | None) -> None:

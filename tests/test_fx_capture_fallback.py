@@ -20,6 +20,25 @@ def odd_activation(x):
 torch.fx.wrap("odd_activation")
 
 
+def gated(x):
+    """Not in the table: softmax, select, unsqueeze, expand, any, logical_not, full_like."""
+    first = x.select(1, 0).unsqueeze(1).expand(-1, x.shape[1])
+    keep = torch.logical_not((x > 0.5).any(-1, keepdim=True))
+    return torch.where(keep, torch.softmax(x, -1) * first, torch.full_like(x, 0.5)).squeeze()
+
+
+torch.fx.wrap("gated")
+
+
+class Gated(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(5, 5)
+
+    def forward(self, x):
+        return gated(self.fc(x))
+
+
 class Wrapped(nn.Module):
     def __init__(self):
         super().__init__()
@@ -68,6 +87,14 @@ def test_wrapped_function_decomposes_and_matches_eager():
     torch.manual_seed(0)
     # log1p is lowered as log(1 + x): a few ulps from torch's log1p, hence 1e-6.
     _check(Wrapped(), torch.randn(4, 6), rtol=1e-6, atol=1e-6)
+
+
+def test_wrapped_function_with_shape_and_mask_ops_matches_eager():
+    torch.manual_seed(3)
+    model, x = Gated(), torch.randn(6, 5)
+    keep = torch.logical_not((model.fc(x) > 0.5).any(-1))
+    assert 0 < int(keep.sum()) < 6  # both branches of the where are taken
+    _check(model, x, rtol=1e-6, atol=1e-6)
 
 
 def test_torchvision_wrapped_stochastic_depth_in_eval_mode():

@@ -119,3 +119,24 @@ def test_standard_module_without_lowering_but_with_children_is_traced_through():
     gm = capture(model, [torch.randn(2, 3, 8)]).gm
     leaves = {n.target for n in gm.graph.nodes if n.op == "call_module"}
     assert {"layer.linear1", "layer.linear2", "layer.norm1"} <= leaves
+
+
+def test_user_frames_skip_torch_popxl_fx_and_stdlib_but_not_installed_packages():
+    import os
+    import traceback
+
+    import torchvision
+
+    from popxl_fx.capture import user_frame
+
+    def frame(path):
+        return traceback.FrameSummary(path, 7, "f", lookup_line=False)
+
+    vision = os.path.join(os.path.dirname(torchvision.__file__), "models", "resnet.py")
+    inner = [
+        frame(os.path.join(os.path.dirname(torch.__file__), "nn", "modules", "linear.py")),
+        frame(os.path.join(os.path.dirname(os.__file__), "contextlib.py")),
+    ]
+    assert user_frame([frame(__file__), frame(vision), *inner]) == f"{vision}:7"
+    assert user_frame([frame(__file__), *inner]) == f"{__file__}:7"
+    assert user_frame(inner) == "<unknown>"

@@ -239,3 +239,53 @@ def _copy_(ctx: LoweringContext, dst: popxl.Tensor, src: popxl.Tensor, *_: Any) 
         )
     ctx.update_buffer(name, src)
     return src
+
+
+@lowers(aten.unsqueeze)
+def _unsqueeze(ctx: LoweringContext, x: popxl.Tensor, dim: int) -> popxl.Tensor:
+    return ops.unsqueeze(x, dim % (x.rank + 1))
+
+
+@lowers(aten.squeeze)
+def _squeeze(ctx: LoweringContext, x: popxl.Tensor, dims: Any = None) -> popxl.Tensor:
+    # torch ignores listed dimensions whose size is not 1; popxl's squeeze rejects them.
+    listed = range(x.rank) if dims is None else ([dims] if isinstance(dims, int) else dims)
+    ones = [d % x.rank for d in listed if x.shape[d % x.rank] == 1]
+    return ops.squeeze(x, ones) if ones else x
+
+
+@lowers(aten.select)
+def _select(ctx: LoweringContext, x: popxl.Tensor, dim: int, index: int) -> popxl.Tensor:
+    dim, index = dim % x.rank, index % x.shape[dim % x.rank]
+    part = ops.slice(x, start=[index], stop=[index + 1], axis=[dim])
+    return ops.squeeze(part, [dim])
+
+
+@lowers(aten.expand)
+def _expand(ctx: LoweringContext, x: popxl.Tensor, shape: Sequence[int], **_: Any) -> Any:
+    lead = len(shape) - x.rank  # -1 keeps the input's size (only allowed on its own dims)
+    full = [x.shape[i - lead] if s == -1 else int(s) for i, s in enumerate(shape)]
+    return ops.expand(x, full)
+
+
+@lowers(aten._softmax)
+def _softmax(ctx: LoweringContext, x: popxl.Tensor, dim: int, half_to_float: bool) -> Any:
+    return ops.softmax(x, dim % x.rank)
+
+
+@lowers(aten.logical_not)
+def _logical_not(ctx: LoweringContext, x: popxl.Tensor) -> popxl.Tensor:
+    return ops.logical_not(x if x.dtype == popxl.bool else ops.cast(x, popxl.bool))
+
+
+@lowers(aten.any)
+def _any(ctx: LoweringContext, x: popxl.Tensor, dim: Any = None, keepdim: bool = False) -> Any:
+    counts = ops.sum(ops.cast(ops.cast(x, popxl.bool), popxl.int32), _dims(x, dim), keepdim)
+    return ops.greater(counts, _tensor(0, counts))
+
+
+@lowers(aten.full_like)
+def _full_like(ctx: LoweringContext, x: popxl.Tensor, value: Any, **kwargs: Any) -> Any:
+    dtype = kwargs.get("dtype")
+    dt = popxl.dtype.as_dtype(dtype) if dtype is not None else x.dtype
+    return popxl.constant(np.full(x.shape, value, dtype=dt.as_numpy()), dt)
