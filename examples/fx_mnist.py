@@ -3,9 +3,9 @@
 The model is plain PyTorch (a small CNN, or an MLP with ``--model mlp``). `training_model`
 traces it, lowers forward, cross-entropy loss, autodiff and the SGD-momentum update into one
 PopXL program and runs one step per call. The same model is trained beside it in eager PyTorch
-from the same initial weights on the same batches; both test accuracies are printed (the
-simulated model is evaluated on the simulator, through `popxl_fx.compile`), followed by the
-simulator's memory and time estimate for one training step.
+from the same initial weights on the same batches; both test accuracies are printed, then the
+simulator's memory and time estimate for one training step. The trained weights are evaluated
+on the simulator with `popxl_fx.inference_model`.
 
 Usage::
 
@@ -67,12 +67,11 @@ def train(steps: dict[str, Callable], data: Iterable, total: int) -> dict[str, l
 
 
 @torch.no_grad()
-def accuracy(model: nn.Module, data: Iterable) -> float:
-    """Test accuracy in percent (``model`` in eval mode)."""
-    model.eval()
+def accuracy(predict: Callable[[torch.Tensor], torch.Tensor], data: Iterable) -> float:
+    """Test accuracy in percent of ``predict`` (logits of a batch)."""
     correct = seen = 0
     for x, y in data:
-        correct += int((model(x).argmax(-1) == y).sum())
+        correct += int((predict(x).argmax(-1) == y).sum())
         seen += len(y)
     return 100.0 * correct / seen
 
@@ -118,9 +117,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     train(steps, capped(train_loader, args.max_steps), total)
 
     # trainer.model holds the simulated weights; evaluate them on the simulator
-    simulated = popxl_fx.compile(copy.deepcopy(trainer.model), options)
+    simulated = popxl_fx.inference_model(trainer.model.eval(), options)
     test = list(capped(test_loader, args.test_batches))
-    acc = {"popxl_fx": accuracy(simulated, test), "torch": accuracy(eager, test)}
+    acc = {"popxl_fx": accuracy(simulated, test), "torch": accuracy(eager.eval(), test)}
     print(
         f"Test accuracy ({args.dataset}, {args.model}): popxl_fx simulator "
         f"{acc['popxl_fx']:.2f}%, eager PyTorch {acc['torch']:.2f}%"

@@ -30,8 +30,9 @@ def _as_tuple(x: Any) -> tuple:
 
 def compare(
     name: str, actual: torch.Tensor, expected: torch.Tensor, rtol: float, atol: float
-) -> None:
-    """Raise an AssertionError with the max abs/rel error if ``actual`` is not close."""
+) -> float:
+    """Raise an AssertionError with the max abs/rel error if ``actual`` is not close;
+    returns the max abs error."""
     actual, expected = actual.detach().cpu(), expected.detach().cpu()
     if actual.shape != expected.shape:
         raise AssertionError(
@@ -41,7 +42,7 @@ def compare(
         if not torch.equal(actual.to(expected.dtype), expected):
             diff = (actual.to(expected.dtype) != expected).sum().item()
             raise AssertionError(f"{name}: {diff} of {expected.numel()} values differ")
-        return
+        return 0.0
     a, e = actual.double(), expected.double()
     err = (a - e).abs()
     bad = err > atol + rtol * e.abs()
@@ -51,6 +52,7 @@ def compare(
             f"{name}: max abs error {err.max().item():.3e}, max rel error {rel:.3e} "
             f"({int(bad.sum())} of {e.numel()} values beyond rtol={rtol}, atol={atol})"
         )
+    return err.max().item() if err.numel() else 0.0
 
 
 def _check_argmax(name: str, actual: torch.Tensor, expected: torch.Tensor, atol: float) -> None:
@@ -146,7 +148,7 @@ def assert_matches_eager(
     rtol: float | None = None,
     atol: float | None = None,
     via: str = "training_model",
-) -> None:
+) -> dict[str, float]:
     """Train ``model`` for ``steps`` steps on the simulator and eagerly; assert they agree.
 
     Args:
@@ -158,6 +160,10 @@ def assert_matches_eager(
             parameters to one (default SGD lr=0.01 momentum=0.9); the eager copy gets its twin.
         via: ``"training_model"`` or ``"compile"`` (unchanged torch loop, torch's optimizer).
         rtol, atol: tolerances of every comparison (default 1e-4 and 1e-5, float32).
+
+    Returns:
+        the largest absolute difference seen in each kind of tensor: ``loss``, ``outputs``,
+        ``gradients``, ``parameters`` (and buffers), ``optimizer state``.
 
     Example:
         >>> assert_matches_eager(nn.Linear(4, 2), torch.randn(3, 4), targets=torch.randn(3, 2),
@@ -173,36 +179,57 @@ def assert_matches_eager(
         raise ValueError(f"via must be one of {sorted(runners)}, got {via!r}")
     runner = runners[via](model, sim_opt, loss_fn, options)
     twin_loss_fn = copy.deepcopy(loss_fn) if isinstance(loss_fn, nn.Module) else loss_fn
+    worst = _Worst(rtol, atol)
     for step in range(steps):
-        e_loss, e_out, e_grads = _eager_step(twin, eager_opt, twin_loss_fn, inputs, targets)
-        s_loss, s_out, s_grads = runner.step(inputs, targets)
-        where = f"step {step}"
-        compare(f"{where}: loss", s_loss, e_loss, rtol, atol)
-        e_leaves = _outputs(e_out, loss_fn, via == "training_model")
-        s_leaves = pytree.tree_leaves(s_out) if via == "compile" else s_out
-        for i, (s, e) in enumerate(zip(s_leaves, e_leaves)):
-            compare(f"{where}: forward output {i}", s, e, rtol, atol)
-            _check_argmax(f"{where}: forward output {i}", s, e, atol)
-        if set(s_grads) != set(e_grads):
-            raise AssertionError(
-                f"{where}: gradients for {sorted(s_grads)}, eager has {sorted(e_grads)}"
-            )
-        for name in e_grads:
-            compare(f"{where}: gradient of {name!r}", s_grads[name], e_grads[name], rtol, atol)
+        eager = _eager_step(twin, eager_opt, twin_loss_fn, inputs, targets)
+        simulated = runner.step(inputs, targets)
+        _compare_step(f"step {step}", simulated, eager, loss_fn, via, worst)
     runner.finish()
-    _compare_state(model, twin, sim_opt, eager_opt, rtol, atol)
+    _compare_state(model, twin, sim_opt, eager_opt, worst)
+    return worst.errors
 
 
-def _compare_state(model, twin, sim_opt, eager_opt, rtol, atol) -> None:
+class _Worst:
+    """`compare` with fixed tolerances, keeping the largest error of each kind."""
+
+    def __init__(self, rtol: float, atol: float) -> None:
+        self.rtol, self.atol = rtol, atol
+        self.errors: dict[str, float] = {}
+
+    def __call__(self, kind: str, name: str, actual, expected) -> None:
+        err = compare(name, actual, expected, self.rtol, self.atol)
+        self.errors[kind] = max(self.errors.get(kind, 0.0), err)
+
+
+def _compare_step(where: str, simulated, eager, loss_fn, via: str, worst: _Worst) -> None:
+    (s_loss, s_out, s_grads), (e_loss, e_out, e_grads) = simulated, eager
+    worst("loss", f"{where}: loss", s_loss, e_loss)
+    e_leaves = _outputs(e_out, loss_fn, via == "training_model")
+    s_leaves = pytree.tree_leaves(s_out) if via == "compile" else s_out
+    for i, (s, e) in enumerate(zip(s_leaves, e_leaves)):
+        worst("outputs", f"{where}: forward output {i}", s, e)
+        _check_argmax(f"{where}: forward output {i}", s, e, worst.atol)
+    if set(s_grads) != set(e_grads):
+        raise AssertionError(
+            f"{where}: gradients for {sorted(s_grads)}, eager has {sorted(e_grads)}"
+        )
+    for name in e_grads:
+        worst("gradients", f"{where}: gradient of {name!r}", s_grads[name], e_grads[name])
+
+
+def _compare_state(model, twin, sim_opt, eager_opt, worst: _Worst) -> None:
     sim_sd, eager_sd = model.state_dict(), twin.state_dict()
     for name, expected in eager_sd.items():
-        compare(f"final {name!r}", sim_sd[name], expected, rtol, atol)
+        worst("parameters", f"final {name!r}", sim_sd[name], expected)
     sim_state, eager_state = sim_opt.state_dict()["state"], eager_opt.state_dict()["state"]
     by_id = {id(p): n for n, p in model.named_parameters()}
     names = [by_id[id(p)] for g in sim_opt.param_groups for p in g["params"]]
     for i, expected in eager_state.items():
         for key, value in expected.items():
             if isinstance(value, torch.Tensor):
-                compare(
-                    f"final optimizer {key} of {names[i]!r}", sim_state[i][key], value, rtol, atol
+                worst(
+                    "optimizer state",
+                    f"final optimizer {key} of {names[i]!r}",
+                    sim_state[i][key],
+                    value,
                 )
