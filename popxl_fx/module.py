@@ -158,6 +158,9 @@ class Module(addons.Module):
                 lambda: data.cpu().numpy().copy(),
                 popxl.dtype.as_dtype(data.dtype),
                 by_ref=kind == "buffer",
+                # torch names are dotted ("fc1.bias" after "fc1.weight"): merge into the
+                # sub-tree; the name itself is new (checked above), so nothing is replaced
+                overwrite=True,
             )
         return self._vars[name]
 
