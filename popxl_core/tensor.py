@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from . import dtypes
-from .arg_checks import check_host_data, checked_dtype, checked_shape
+from .arg_checks import check_conversion, check_host_data, checked_dtype, checked_shape
 from .context import gcg, get_current_context
 from .dtypes import dtype
 from .tensor_spec import TensorByRef, TensorSpec
@@ -29,6 +29,7 @@ __all__ = [
     "graph_input",
     "graph_output",
     "to_numpy",
+    "scalar_operand",
 ]
 
 HostTensor = Any  # numpy array, torch tensor, python scalar or nested list
@@ -182,7 +183,7 @@ class Tensor:
         data = np.asarray(value)
         if data.size == 0:
             raise ValueError(f"Cannot combine {self.id!r} with an empty value {value!r}.")
-        return constant(value, dtype or self.dtype)
+        return scalar_operand(value, dtype or self.dtype, self)
 
     # dunders -----------------------------------------------------------------
     def __add__(self, other):
@@ -304,6 +305,15 @@ class Constant(Tensor):
         return _ops().ipu_copy(self, dst, src)
 
 
+def scalar_operand(value, dt: dtype, peer: Tensor) -> "Constant":
+    """``value`` as a constant of its peer tensor's dtype (PopXL's rule), naming the peer
+    if the value does not fit that dtype."""
+    try:
+        return constant(value, dt)
+    except ValueError as e:
+        raise ValueError(f"Combining {peer.id!r} ({peer.dtype.name}) with {value!r}: {e}") from None
+
+
 def _ops():
     from . import ops
 
@@ -316,7 +326,8 @@ def to_numpy(data: HostTensor, dtype: Optional[dtype] = None, downcast: bool = T
         data = data.detach().cpu().numpy()
     arr = np.array(data, copy=True)
     if dtype is not None:
-        arr = arr.astype(dtype.as_numpy(), copy=False)
+        with np.errstate(all="ignore"):  # check_conversion reports values that change
+            arr = arr.astype(dtype.as_numpy(), copy=False)
     elif downcast:
         arr = _downcast(arr)
     # ascontiguousarray turns 0-d arrays into (1,): keep scalars as shape ()
@@ -356,8 +367,10 @@ def variable(
             "variables can only be created in the main graph. Use a graph input (or an "
             "addons VariableFactory) and pass the variable at the call site."
         )
-    _check_data(data, dtype, f"popxl.variable({name or 't'!r})")
+    where = f"popxl.variable({name or 't'!r})"
+    _check_data(data, dtype, where)
     arr = to_numpy(data, dtype, downcast)
+    check_conversion(data, arr, where)
     groups = replica_grouping.num_groups if replica_grouping is not None else 1
     shape = arr.shape[1:] if groups > 1 else arr.shape
     if groups > 1 and (not arr.shape or arr.shape[0] != groups):
@@ -383,8 +396,10 @@ def constant(
 ) -> Constant:
     """Create a constant in the current graph; the data is copied."""
     g = gcg()
-    _check_data(data, dtype, f"popxl.constant({name or 't'!r})")
+    where = f"popxl.constant({name or 't'!r})"
+    _check_data(data, dtype, where)
     arr = to_numpy(data, dtype, downcast)
+    check_conversion(data, arr, where)
     spec = TensorSpec(arr.shape, dtype or dtypes.dtype.as_dtype(arr))
     c = Constant._create(g, g._create_tensor_id(name), spec)
     c._data = arr
