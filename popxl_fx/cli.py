@@ -27,11 +27,16 @@ SEEDS_ENV = "POPXL_FX_SEEDS_DIR"
 _REPO = Path(__file__).resolve().parent.parent
 
 
+class _Parser(argparse.ArgumentParser):
+    def add_argument(self, *args, **kwargs):
+        # argparse prints no line (so no default) for an option without help text
+        kwargs.setdefault("help", "(default: %(default)s)")
+        return super().add_argument(*args, **kwargs)
+
+
 def make_parser(description: str) -> argparse.ArgumentParser:
-    """An ArgumentParser whose --help shows the defaults."""
-    return argparse.ArgumentParser(
-        description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
+    """An ArgumentParser whose --help shows the default of every option."""
+    return _Parser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
 
 
 def positive_int(text: str) -> int:
