@@ -11,6 +11,7 @@ from . import dtypes
 from .arg_checks import check_conversion, check_host_data, checked_dtype, checked_shape
 from .context import gcg, get_current_context
 from .dtypes import dtype
+from .host_data import to_numpy
 from .tensor_spec import TensorByRef, TensorSpec
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -318,30 +319,6 @@ def _ops():
     from . import ops
 
     return ops
-
-
-def to_numpy(data: HostTensor, dtype: Optional[dtype] = None, downcast: bool = True) -> np.ndarray:
-    """Host data as a C-contiguous numpy array, downcasting 64-bit types like popxl."""
-    if isinstance(data, torch.Tensor):
-        data = data.detach().cpu().numpy()
-    arr = np.array(data, copy=True)
-    if dtype is not None:
-        with np.errstate(all="ignore"):  # check_conversion reports values that change
-            arr = arr.astype(dtype.as_numpy(), copy=False)
-    elif downcast:
-        arr = _downcast(arr)
-    # ascontiguousarray turns 0-d arrays into (1,): keep scalars as shape ()
-    return np.ascontiguousarray(arr).reshape(arr.shape)
-
-
-def _downcast(arr: np.ndarray) -> np.ndarray:
-    table = {
-        np.dtype(np.int64): np.int32,
-        np.dtype(np.uint64): np.uint32,
-        np.dtype(np.float64): np.float32,
-    }
-    target = table.get(arr.dtype)
-    return arr.astype(target) if target is not None else arr
 
 
 def _check_data(data, dt, where: str) -> None:
