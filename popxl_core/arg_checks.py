@@ -100,6 +100,9 @@ def check_conversion(data: Any, arr: np.ndarray, where: str) -> None:
     if isinstance(data, torch.Tensor):
         data = data.detach().cpu().numpy()
     src = np.asarray(data)
+    if src.size > 1 and not any(src.strides) and not any(arr.strides):
+        # a broadcast fill: one value, checked once (the full array is never materialised)
+        src, arr = src.flat[0:1], arr.flat[0:1]
     if src.dtype == arr.dtype or src.dtype.kind not in "biuf" or arr.dtype.kind not in "iuf":
         return
     with np.errstate(invalid="ignore", over="ignore"):

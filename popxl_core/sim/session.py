@@ -26,7 +26,8 @@ _NOT_ATTACHED = (
 
 
 class Session:
-    """Runs an Ir on the simulated IPU ("ipu_hw", "ipu_model" or "cpu").
+    """Runs an Ir on the simulated IPU ("ipu_hw", "ipu_hw:bow", "ipu_model", "cpu" or a
+    `popxl_core.sim.machine.target(...)` with overridden tiles, IPUs, memory or clock).
 
     Building the Session verifies the IR, plans memory and cycles and compiles every graph
     once; `run` then only feeds streams and calls the compiled kernels.
@@ -41,7 +42,7 @@ class Session:
     ) -> None:
         self.machine = machine_for(device_desc)
         self._built_at = checks.built_at()
-        if device_desc == "cpu" and ir.replication_factor > 1:
+        if self.machine.name == "cpu" and ir.replication_factor > 1:
             raise ValueError("The 'cpu' device does not support replication; use 'ipu_hw'.")
         if ir._session is not None:
             raise RuntimeError(
@@ -60,8 +61,9 @@ class Session:
         counts = checks.transfer_counts(ir.main_graph)
         checks.check_transfer_counts(self, counts)
         self._data_dependent = [s for s, n in counts.items() if n < 0]
-        self._program = Program(ir, self._runtime, check_specs=_check_specs)
+        # plan first: an out-of-memory program fails before anything is compiled or copied
         self.plan = build_plan(ir, self.machine)
+        self._program = Program(ir, self._runtime, check_specs=_check_specs)
         ir._session = self
         self._variables: List[Variable] = self._program.variables
         self._variable_index = {v: i for i, v in enumerate(self._variables)}
@@ -161,9 +163,11 @@ class Session:
         checks.check_tensors_of(self, tensors, "get_tensor_data")
         for t in tensors:
             if not isinstance(t, (Variable, Constant)):
+                # PopXL's wording (its tests match on it), then what to do instead
                 raise TypeError(
-                    f"get_tensor_data: {t!r} is not a Variable or Constant; stream "
-                    "intermediate tensors out with host_store instead."
+                    f"Tensor {getattr(t, 'id', t)} is not of type Constant or Variable ({t!r}); "
+                    "get_tensor_data reads only those: stream intermediate tensors out with "
+                    "host_store instead."
                 )
         if (
             self._attached
@@ -199,7 +203,10 @@ class Session:
 
     def _checked_value(self, v: Variable, data) -> np.ndarray:
         if not isinstance(v, Variable):
-            raise TypeError(f"write_variable_data: {v!r} is not a Variable.")
+            raise TypeError(
+                f"Tensor {getattr(v, 'id', v)} is not of type Variable ({v!r}); "
+                "write_variable_data writes only variables."
+            )
         if v not in self._host:
             raise ValueError(f"write_variable_data: {v!r} is not a variable of this Session's Ir.")
         want = v.dtype.as_numpy()
