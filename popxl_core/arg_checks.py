@@ -93,10 +93,15 @@ def check_host_data(data: Any, where: str) -> None:
         )
 
 
-def check_conversion(data: Any, arr: np.ndarray, where: str) -> None:
+def check_conversion(data: Any, arr: np.ndarray, where: str, downcast: bool = False) -> None:
     """Raise if converting host ``data`` to ``arr``'s dtype changed a value: a fraction or an
     out-of-range number into an integer type (numpy would truncate or wrap it), or a finite
-    number into a float type that makes it inf. PopXL converts silently; we refuse."""
+    number into a float type that makes it inf. PopXL converts silently; we refuse.
+
+    ``downcast``: the conversion is PopXL's implicit 64-bit downcast (no dtype given). Its
+    float64 -> float32 overflow to inf is let through as PopXL documents it (and Graphcore's
+    own examples pass uninitialised ``np.ndarray(shape)`` data); an int64 that wraps is not.
+    """
     if isinstance(data, torch.Tensor):
         data = data.detach().cpu().numpy()
     src = np.asarray(data)
@@ -104,6 +109,8 @@ def check_conversion(data: Any, arr: np.ndarray, where: str) -> None:
         # a broadcast fill: one value, checked once (the full array is never materialised)
         src, arr = src.flat[0:1], arr.flat[0:1]
     if src.dtype == arr.dtype or src.dtype.kind not in "biuf" or arr.dtype.kind not in "iuf":
+        return
+    if downcast and arr.dtype.kind == "f":
         return
     with np.errstate(invalid="ignore", over="ignore"):
         if arr.dtype.kind == "f":

@@ -347,7 +347,7 @@ def variable(
     where = f"popxl.variable({name or 't'!r})"
     _check_data(data, dtype, where)
     arr = to_numpy(data, dtype, downcast)
-    check_conversion(data, arr, where)
+    check_conversion(data, arr, where, downcast=dtype is None)
     groups = replica_grouping.num_groups if replica_grouping is not None else 1
     shape = arr.shape[1:] if groups > 1 else arr.shape
     if groups > 1 and (not arr.shape or arr.shape[0] != groups):
@@ -376,7 +376,7 @@ def constant(
     where = f"popxl.constant({name or 't'!r})"
     _check_data(data, dtype, where)
     arr = to_numpy(data, dtype, downcast)
-    check_conversion(data, arr, where)
+    check_conversion(data, arr, where, downcast=dtype is None)
     spec = TensorSpec(arr.shape, dtype or dtypes.dtype.as_dtype(arr))
     c = Constant._create(g, g._create_tensor_id(name), spec)
     c._data = arr

@@ -97,3 +97,18 @@ def test_host_values_that_fit_are_accepted():
         assert popxl.constant(3.0, popxl.int32).dtype is popxl.int32
         assert popxl.constant(2**31 - 1, popxl.int32)._data == 2**31 - 1
         assert popxl.constant(65504.0, popxl.float16)._data == 65504.0
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
+def test_implicit_float64_downcast_follows_popxl_explicit_dtype_refuses():
+    """PopXL's documented downcast (no dtype given) turns an out-of-range float64 into inf
+    silently, and Graphcore's own examples rely on it (``np.ndarray(shape)`` garbage data);
+    we follow it there. With an explicit dtype the same overflow is refused."""
+    ir = popxl.Ir()
+    with ir.main_graph:
+        v = popxl.variable(np.array([1e300, 1.0]), name="wide")
+        assert v.dtype is popxl.float32 and np.isinf(v._data[0])
+        with pytest.raises(ValueError, match=r"variable\('narrow'\).*1e\+300 does not fit"):
+            popxl.variable(np.array([1e300]), popxl.float32, name="narrow")
+        with pytest.raises(ValueError, match=r"variable\('count'\).*does not fit int32"):
+            popxl.variable(np.array([2**40, 1]), name="count")  # an int64 that would wrap
