@@ -115,6 +115,13 @@ def uninstall() -> None:
         del sys.modules[name]
 
 
+_USAGE = (
+    "usage: python -m popxl_core.compat SCRIPT [ARGS...]\n"
+    "Runs SCRIPT (code written for Graphcore's popxl / popxl_addons) with those imports "
+    "resolved to this project; ARGS are passed to SCRIPT."
+)
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     """``python -m popxl_core.compat SCRIPT [ARGS...]``: run SCRIPT as ``__main__``.
 
@@ -122,8 +129,13 @@ def main(argv: Optional[List[str]] = None) -> None:
     ``sys.path``, as when running ``python SCRIPT ARGS...``.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (["-h"], ["--help"]):
+        print(_USAGE)
+        raise SystemExit(0)
     if not argv:
-        raise SystemExit("usage: python -m popxl_core.compat SCRIPT [ARGS...]")
+        raise SystemExit(_USAGE)
+    if not os.path.isfile(argv[0]):
+        raise SystemExit(f"popxl_core.compat: error: no such script {argv[0]!r}\n{_USAGE}")
     install()
     sys.argv = argv
     sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))

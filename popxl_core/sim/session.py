@@ -258,7 +258,7 @@ class Session:
                 self._runtime.start_replica(r)
                 try:
                     self._program.main.fn(state)
-                except OpDataError as e:
+                except (OpDataError, IndexError) as e:
                     raise checks.with_op_context(self._program, e) from None
                 if self._data_dependent:
                     checks.check_run_counts(self, self._runtime, self._data_dependent)
