@@ -75,3 +75,37 @@ def test_seed_variable_one_seed_per_replica_group():
     want = popxl.create_seeds(7, replicas=2).reshape(2, 2)
     np.testing.assert_array_equal(out, want[[0, 0, 1, 1]])  # replicas 0,1 | 2,3 share a seed
     np.testing.assert_array_equal(session.get_tensor_data(seed_v), want)
+
+
+def test_run_module_with_torch_mapping_and_string_padding():
+    import torch
+
+    from addons.layers import Conv2D, LayerNorm
+    from addons.testing_utils import TensorInput, ops_of_type, run_module
+
+    torch.manual_seed(0)
+    x = np.random.default_rng(0).random((2, 3, 6, 6), dtype=np.float32)
+    conv = torch.nn.Conv2d(3, 4, 3, padding="same")
+    (y,) = run_module(
+        Conv2D(4, 3, paddings="same_upper"),  # a pad type given as the paddings
+        TensorInput(x),
+        weights=lambda v: Conv2D.torch_mapping(v, conv),
+    )
+    ref = conv(torch.from_numpy(x)).detach().numpy()
+    # 27-term float32 dot products, bias added after (torch fuses it): a few ulps of |y| <= ~2
+    np.testing.assert_allclose(y, ref, rtol=0, atol=2e-6)
+
+    norm = torch.nn.LayerNorm([6, 6])  # weights (6, 6) map onto the flattened (36,) variables
+    torch.nn.init.normal_(norm.weight)
+    flat = x.reshape(6, 36)
+    (z,) = run_module(
+        LayerNorm(), TensorInput(flat), weights=lambda v: LayerNorm.torch_mapping(v, norm)
+    )
+    ref = norm(torch.from_numpy(x.reshape(6, 6, 6))).detach().numpy().reshape(6, 36)
+    np.testing.assert_allclose(z, ref, rtol=1e-5, atol=2e-6)
+
+    ir = popxl.Ir()
+    with ir.main_graph:
+        a = popxl.variable(np.ones(2, np.float32))
+        _ = (a + a) * a + a
+    assert ops_of_type(ir.main_graph, "Add") == 2 and ops_of_type(ir.main_graph, "Mul") == 1
