@@ -157,8 +157,33 @@ def _check_callable(graph: Graph) -> None:
         raise TypeError(f"Expected a popxl.Graph to call, got {type(graph).__name__}.")
     if graph is graph.main_graph:
         raise ValueError("The main graph cannot be called.")
-    if graph.ir is not gcg().ir:
-        raise ValueError(f"Graph {graph.id!r} belongs to another Ir.")
+    caller = gcg()
+    if graph.ir is not caller.ir:
+        raise ValueError(
+            f"Graph {graph.id!r} belongs to {graph.ir!r}, but it is called from graph "
+            f"{caller.name or 'main'!r} of {caller.ir!r}."
+        )
+    path = _call_path(graph, caller)
+    if path is not None:
+        raise ValueError(
+            f"Graph {caller.name!r} cannot call {graph.id!r}: "
+            f"{' -> '.join(repr(g.id) for g in (caller, *path))} would be a recursive call, "
+            "and graphs cannot call themselves. Use ops.repeat for a loop."
+        )
+
+
+def _call_path(graph: Graph, target: Graph):
+    """The chain of graphs from ``graph`` to ``target`` through call sites, or None."""
+    stack, seen = [(graph, (graph,))], set()
+    while stack:
+        g, path = stack.pop()
+        if g is target:
+            return path
+        if g in seen:
+            continue
+        seen.add(g)
+        stack.extend((c, (*path, c)) for op in g._ops for c in op.called_graphs)
+    return None
 
 
 # Call -------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from typing import Optional
 import torch
 
 from .. import dtypes
+from ..arg_checks import checked_dtype, checked_shape
 from ..streams import DeviceToHostStream, HostToDeviceStream
 from ..tensor import Tensor, TensorSpec
 from ._print_format import format_tensor, print_options
@@ -48,6 +49,8 @@ def init(
     shape, dtype: dtypes.dtype, name: Optional[str] = None, init_type: str = "zero", meta_shape=None
 ) -> Tensor:
     """A new tensor in the current graph, zero-filled ('zero') or left undefined ('undef')."""
+    where = f"ops.init({name or 'init'!r})"
+    shape, dtype = checked_shape(shape, where), checked_dtype(dtype, where)
     if init_type not in ("zero", "undef"):
         raise ValueError(f"init_type must be 'zero' or 'undef', got {init_type!r}.")
     attrs = dict(

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from ..tensor import Tensor
 from . import _spatial as sp
+from ._dtype_rules import check_float
 from ._utils import rand, same_dtype, spec
 from .registry import Cost, OpDef, Sample, create_op, register
 
@@ -41,8 +42,7 @@ def _pool_infer(ins, kernel, strides, pads, ceil_mode, dilation=None, **_):
     if len(kernel) != r:
         raise ValueError(f"kernel_size {tuple(kernel)} must have {r} values for the input "
                          f"{tuple(x.shape)}")
-    if not x.dtype.is_floating_point:
-        raise TypeError(f"pooling needs a floating point input, got {x.dtype.name}")
+    check_float(x, "the pooling input")
     dil = dilation or (1,) * r
     out = [_out_size(x.shape[2 + i], kernel[i], strides[i], pads[i], pads[r + i], dil[i],
                      ceil_mode) for i in range(r)]

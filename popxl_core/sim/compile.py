@@ -66,6 +66,7 @@ class Program:
         self._counter = 0
         self._fn_names: Dict[Graph, str] = {}
         self.graphs: Dict[Graph, CompiledGraph] = {}
+        self.kernel_ops: Dict[str, Op] = {}  # kernel global -> op, to name a failing op
         self.modified_inputs: Dict[Graph, Set[int]] = {}
         self.main = self._compile(ir.main_graph, is_main=True)
 
@@ -95,6 +96,7 @@ class Program:
         body = "\n    ".join(em.lines) or "pass"
         ret = f"({outs},)" if outs else "()"
         source = f"def {fname}({', '.join(params)}):\n    {body}\n    return {ret}\n"
+        self.namespace.setdefault("__popxl_sources__", {})[fname] = source
         exec(compile(source, f"<popxl graph {g.name or 'main'}>", "exec"), self.namespace)
         self.modified_inputs[g] = _modified_graph_inputs(g)
         return CompiledGraph(g, self.namespace[fname], source)
@@ -122,6 +124,7 @@ def _emit_kernel(op: Op, em: Emitter) -> None:
     """Default emission: ``outs = kernel(ins)`` with the op's attributes bound."""
     kernel = _bound_kernel(op, em)
     k = em.bind_global("k", kernel)
+    em.program.kernel_ops[k] = op
     ins = ", ".join(em.name(t) for t in op.inputs)
     outs = [em.name(t) for t in op.outputs]
     if not outs:
