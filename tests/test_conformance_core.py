@@ -91,3 +91,24 @@ def test_print_tensor_brackets_separator_and_fixed_format():
     assert text.splitlines() == ["w: <0.00, 1.50, -2.00>"]
     with pytest.raises(ValueError, match="float_format must be one of"):
         _run_printing(lambda t: ops.print_tensor(t, float_format="hex"))
+
+
+def test_remote_code_load():
+    # All code stays resident in the simulator: loading a graph's code changes no number,
+    # and the loaded graph still runs once per call.
+    ir = popxl.Ir()
+    with ir.main_graph:
+        x = popxl.variable(np.float32(2.0), name="x")
+        g = ir.create_graph(lambda t: t * 3.0, x.spec)
+        with popxl.in_sequence():
+            ops.remote_code_load(g, destination="executable")
+            (y,) = ops.call(g, x)
+            ops.remote_code_load(g, destination="compute_buffer")
+            (z,) = ops.call(g, y)
+        s = popxl.d2h_stream(z.shape, z.dtype, "z")
+        ops.host_store(s, z)
+        assert [op.type for op in ir.main_graph.ops].count("RemoteCodeLoad") == 2
+        with pytest.raises(ValueError, match="destination must be one of"):
+            ops.remote_code_load(g, destination="sram")
+    with popxl.Session(ir, "ipu_model") as session:
+        assert session.run()[s] == 18.0
