@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import popxl_core as popxl
 from addons import GraphCache, Module
@@ -109,3 +110,61 @@ def test_run_module_with_torch_mapping_and_string_padding():
         a = popxl.variable(np.ones(2, np.float32))
         _ = (a + a) * a + a
     assert ops_of_type(ir.main_graph, "Add") == 2 and ops_of_type(ir.main_graph, "Mul") == 1
+
+
+def test_route_tensor_into_graph_through_calls_and_repeat_runs():
+    from addons import route_tensor_into_graph
+
+    ir = popxl.Ir()
+    main = ir.main_graph
+    inner, outer, body = (ir.create_empty_graph(n) for n in ("inner", "outer", "body"))
+    with main:
+        w = popxl.variable(np.array([1.0, 2.0], np.float32), name="w")
+        w2 = popxl.variable(np.zeros(2, np.float32), name="w2")
+        x = popxl.variable(np.array([3.0, 4.0], np.float32), name="x")
+    with inner:  # inner(t) = 2 t
+        t = popxl.graph_input((2,), popxl.float32, "t")
+        popxl.graph_output(t * 2.0)
+    with outer:  # outer(u) = inner(inner(u)): two call sites of inner
+        u = popxl.graph_input((2,), popxl.float32, "u")
+        (v,) = popxl.ops.call(inner, u)
+        (v,) = popxl.ops.call(inner, v)
+        popxl.graph_output(v)
+    with body:  # c -> c + 1, repeated 3 times
+        c = popxl.graph_input((2,), popxl.float32, "c")
+        popxl.graph_output(c + 1.0)
+    with main:
+        (y,) = popxl.ops.call(outer, x)
+        (z,) = popxl.ops.repeat(body, 3, x)
+    # after the call sites exist: inner adds its input to w, body its carried value to w2
+    with inner:
+        popxl.ops.var_updates.accumulate_(route_tensor_into_graph(w, modified=True), t)
+    with body:
+        popxl.ops.var_updates.accumulate_(route_tensor_into_graph(w2, modified=True), c)
+    # one routed input per graph, shared by all call sites
+    assert len(inner.inputs) == 2 and len(outer.inputs) == 2 and len(body.inputs) == 2
+    assert route_tensor_into_graph(w, inner, modified=True) is inner.inputs[1]
+    with main:
+        streams = [popxl.d2h_stream((2,), popxl.float32, n) for n in "yz"]
+        for s, r in zip(streams, (y, z)):
+            popxl.ops.host_store(s, r)
+    with popxl.Session(ir, "ipu_model") as session:
+        out = session.run()
+        wv, w2v = session.get_tensor_data(w), session.get_tensor_data(w2)
+    np.testing.assert_array_equal(out[streams[0]], [12.0, 16.0])  # 4 x, exact
+    np.testing.assert_array_equal(out[streams[1]], [6.0, 7.0])  # x + 3
+    np.testing.assert_array_equal(wv, [10.0, 14.0])  # w + x + 2 x
+    np.testing.assert_array_equal(w2v, [12.0, 15.0])  # x + (x + 1) + (x + 2)
+
+
+def test_route_tensor_into_graph_needs_a_call_path():
+    from addons import route_tensor_into_graph
+
+    ir = popxl.Ir()
+    sg = ir.create_empty_graph("lonely")
+    with ir.main_graph:
+        a = popxl.variable(1.0, name="a")
+    with pytest.raises(
+        ValueError, match="is not in the graph 'lonely.*not in a known parent graph"
+    ):
+        route_tensor_into_graph(a, sg)
