@@ -43,8 +43,10 @@ class AuxStore:
 
     def __getitem__(self, key: str) -> Any:
         if self._fetch is None:
-            raise RuntimeError(f"aux[{key!r}]: you cannot get items {_OUTSIDE}; aux holds "
-                               "forward tensors for `build_grad` to read.")
+            raise RuntimeError(
+                f"aux[{key!r}]: you cannot get items {_OUTSIDE}; aux holds "
+                "forward tensors for `build_grad` to read."
+            )
         if key not in self._fetched:
             value = self._items[key]
             self._fetched[key] = self._fetch(value) if isinstance(value, Tensor) else value
@@ -68,8 +70,9 @@ class VarGradStore:
 
     def _check_open(self, key: str) -> dict[str, Tensor]:
         if self._named is None:
-            raise RuntimeError(f"var_grad[{key!r}]: you can only use var_grad inside "
-                               f"`build_grad`, not {_OUTSIDE}.")
+            raise RuntimeError(
+                f"var_grad[{key!r}]: you can only use var_grad inside `build_grad`, not {_OUTSIDE}."
+            )
         return self._named
 
     def __setitem__(self, key: str, value: Any) -> None:
@@ -77,12 +80,16 @@ class VarGradStore:
         if not isinstance(value, Tensor):
             raise TypeError(f"var_grad[{key!r}]: Not a tensor: {value!r}.")
         if key not in named:
-            raise KeyError(f"var_grad[{key!r}]: Not a variable of the forward graph (named "
-                           f"inputs: {sorted(named)}).")
+            raise KeyError(
+                f"var_grad[{key!r}]: Not a variable of the forward graph (named "
+                f"inputs: {sorted(named)})."
+            )
         var = named[key]
         if value.shape != var.shape or tuple(value.meta_shape) != tuple(var.meta_shape):
-            raise ValueError(f"var_grad[{key!r}]: Shape or meta-shape of Tensor does not match "
-                             f"variable. Got {value.shape}, the variable is {var.shape}.")
+            raise ValueError(
+                f"var_grad[{key!r}]: Shape or meta-shape of Tensor does not match "
+                f"variable. Got {value.shape}, the variable is {var.shape}."
+            )
         self._grads[key] = value
 
     def __getitem__(self, key: str) -> Tensor:
@@ -123,7 +130,8 @@ def check_safe_to_autodiff(graph: Graph, known: Mapping[Graph, GradGraphInfo]) -
                 f"Graph {g.id!r}, called from {graph.id!r}, was built by a module with a custom "
                 "`build_grad` and is marked as unsafe to autodiff. Pass its GradGraphInfo in "
                 "`called_graphs_grad_info` (outline the module with `call_module`, which records "
-                "it).")
+                "it)."
+            )
         todo.extend(g.called_graphs)
 
 
