@@ -1,68 +1,66 @@
-"""popxl_addons.testing_utils: run one Module on host data in a fresh Ir (for tests).
-
-Unlike popxl.addons' version this needs no popart binding: op types are strings here.
-"""
+"""Run one addons Module on the simulator with host inputs: the quickest check of a layer."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
 import popxl_core
-from popxl_core import Graph, Tensor
+from popxl_core import Graph, ops
 
 from .module import Module
 from .named_tensors import NamedTensors
-from .ops.host import host_store
 
 __all__ = ["TensorInput", "run_module", "ops_of_type"]
 
 
 @dataclass
 class TensorInput:
-    """Host data that `run_module` turns into a variable of ``dtype`` (default: its own)."""
+    """Host data for a module input; it becomes a main-graph variable of ``dtype``."""
 
     data: Any
-    dtype: popxl_core.dtype | None = None
+    dtype: Optional[popxl_core.dtype] = None
 
 
-Weights = Mapping[Tensor, Any] | Callable[[NamedTensors], Mapping[Tensor, Any]] | None
+WeightsFn = Callable[[NamedTensors], Mapping[popxl_core.Variable, np.ndarray]]
 
 
-def _as_tensor(arg: Any, i: int) -> Any:
-    if not isinstance(arg, TensorInput):
-        return arg
-    return popxl_core.variable(np.asarray(arg.data), arg.dtype, name=f"input_{i}")
+def run_module(
+    module: Module, *args: Any, weights: Optional[WeightsFn] = None, **kwargs: Any
+) -> list[np.ndarray]:
+    """Build ``module`` on ``args`` (TensorInputs become variables), initialise its variables,
+    overwrite them with ``weights(variables)`` if given, call it, and return its outputs.
 
-
-def run_module(module: Module, *args: Any, weights: Weights = None, **kwargs: Any) -> list:
-    """Build ``module`` on ``args`` in a new Ir, run it once, return its outputs as numpy.
-
-    ``TensorInput`` arguments become variables; the module's variables are initialised by
-    their factories, then overwritten by ``weights``: a ``{variable: data}`` mapping, or a
-    function of the module's variables (a `NamedTensors`) returning one, such as a layer's
-    ``torch_mapping`` with its torch layer bound.
+    A by-ref input (``popxl.TensorByRef``) modifies its variable, as on the IPU.
     """
     ir = popxl_core.Ir()
     with ir.main_graph:
-        inputs = [_as_tensor(a, i) for i, a in enumerate(args)]
-        facts, graph = module.create_graph(*inputs, **kwargs)
+        ins = [_to_tensor(a, f"input_{i}") for i, a in enumerate(args)]
+        kw = {k: _to_tensor(v, k) for k, v in kwargs.items()}
+        facts, graph = module.create_graph(*ins, **kw)
         variables = facts.init()
-        tensor_args = [t for t in inputs if isinstance(t, Tensor)]
-        outputs = graph.bind(variables).call(*tensor_args)
-        streams = [host_store(t) for t in outputs]
-    data = weights(variables) if callable(weights) else weights
-    with popxl_core.Session(ir, "ipu_hw") as session:
-        if data:
-            session.write_variables_data(dict(data))
+        outs = graph.bind(variables).call(*ins, *kw.values())
+        streams = []
+        for t in outs:
+            streams.append(popxl_core.d2h_stream(t.shape, t.dtype, f"{t.name}_out"))
+            ops.host_store(streams[-1], t)
+    session = popxl_core.Session(ir, "ipu_hw")
+    if weights is not None:
+        session.write_variables_data(dict(weights(variables)))
+    with session:
         results = session.run()
     return [results[s] for s in streams]
 
 
-def ops_of_type(graph: Graph, op_type: str | type) -> int:
-    """How many ops of ``graph`` have type ``op_type`` (a type name such as ``"MatMul"``)."""
-    name = op_type if isinstance(op_type, str) else op_type.__name__.removesuffix("Op")
-    return sum(1 for op in graph.ops if op.type == name)
+def _to_tensor(value: Any, name: str) -> Any:
+    if isinstance(value, TensorInput):
+        return popxl_core.variable(value.data, value.dtype, name)
+    return value
+
+
+def ops_of_type(graph: Graph, op_type: str) -> int:
+    """How many ops of PopXL type ``op_type`` (e.g. ``"MatMul"``) ``graph`` has."""
+    return sum(1 for op in graph._ops if op.type == op_type)

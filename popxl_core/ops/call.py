@@ -312,10 +312,11 @@ def _emit_repeat(op: Op, em) -> None:
 
 
 def _repeat_grad(ctx) -> List[Optional[Tensor]]:
-    """Reverse the loop, recomputing iteration i's input from the loop's initial inputs.
+    """Run the loop's iterations forward once in the grad graph, stashing each one's call site
+    (its carried inputs and the activations its grad needs), then walk them in reverse.
 
-    This trades O(n^2) body evaluations for zero stashed activations; fine for the short
-    loops popxl programs differentiate (layers repeated a few times).
+    The body runs n times here and the body's grad n times: O(n), at the cost of keeping n
+    iterations' activations alive (popxl's own loop grad stashes them the same way).
     """
     from ..transforms.autodiff import autodiff, zeros_like_spec
 
@@ -329,18 +330,27 @@ def _repeat_grad(ctx) -> List[Optional[Tensor]]:
     )
     diff.known[g] = info
     init = [ctx.input(i) for i in range(len(op.inputs))]
+    sites = _forward_sites(g, n, k, init)
     carried_grads = [ctx.grad_output_or_zero(i) for i in range(k)]
     other_grads: List[Optional[Tensor]] = [None] * (len(op.inputs) - k)
-    for it in reversed(range(n)):
-        state = list(repeat(g, it, *init[:k], *init[k:])) if it else init[:k]
-        site = call_with_info(g, *state, *init[k:])
-        acts = info.inputs_dict(site)
-        step = call(info.graph, *carried_grads, inputs_dict=acts)
+    for site in reversed(sites):
+        step = call(info.graph, *carried_grads, inputs_dict=info.inputs_dict(site))
         carried_grads = list(step[:k])
         for j, gj in enumerate(step[k:]):
             other_grads[j] = gj if other_grads[j] is None else other_grads[j] + gj
     grads = carried_grads + other_grads
     return [gr if gr is not None else zeros_like_spec(t) for gr, t in zip(grads, op.inputs)]
+
+
+def _forward_sites(g: Graph, n: int, k: int, init: List[Tensor]) -> List[CallSiteInfo]:
+    """One call site per iteration; iteration i+1 reads iteration i's carried outputs."""
+    sites: List[CallSiteInfo] = []
+    state = init[:k]
+    for _ in range(n):
+        site = call_with_info(g, *state, *init[k:])
+        state = [site.parent_output(i) for i in range(k)]
+        sites.append(site)
+    return sites
 
 
 def _repeat_samples():
