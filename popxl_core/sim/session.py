@@ -209,6 +209,12 @@ class Session:
             )
         if v not in self._host:
             raise ValueError(f"write_variable_data: {v!r} is not a variable of this Session's Ir.")
+        if v.retrieval_mode == "all_replicas":
+            # as PopXL: data holds one value per group, and no per-replica write path exists
+            raise NotImplementedError(
+                f"write_variable_data: variable {v.id!r} has retrieval_mode='all_replicas'; "
+                "writing is only supported for retrieval_mode='one_per_group'."
+            )
         want = v.dtype.as_numpy()
         if np.isscalar(data) or isinstance(data, (int, float, bool)):
             data = np.asarray(data, dtype=want)
