@@ -16,6 +16,7 @@ from operator import add
 from ..graph import Graph, Op
 from ..schedule import schedule
 from .machine import Machine
+from .remote_plan import pays_exchange_sync
 
 __all__ = [
     "CODE_BYTES_PER_OP",
@@ -216,12 +217,14 @@ class CostModel:
         if t in _HOST_IN or t in _HOST_OUT:
             nbytes = nbytes_of((op.outputs if t in _HOST_IN else op.inputs)[0])
             host = ceil((m.host_latency_s + nbytes / m.host_bytes_per_s) * m.clock_hz)
-            return Work(Cycles(sync=self.sync, host=host), host_bytes_in=nbytes * (t in _HOST_IN),
+            sync = self.sync if pays_exchange_sync(op) else 0
+            return Work(Cycles(sync=sync, host=host), host_bytes_in=nbytes * (t in _HOST_IN),
                         host_bytes_out=nbytes * (t in _HOST_OUT))
         if t in _REMOTE:
             nbytes = max(nbytes_of(x) for x in (*op.inputs[:1], *op.outputs[:1]))
             remote = _cdiv(nbytes * m.clock_hz, m.streaming_bytes_per_s)
-            return Work(Cycles(sync=self.sync, remote=remote), remote_bytes=nbytes)
+            sync = self.sync if pays_exchange_sync(op) else 0  # merge_exchange: one sync
+            return Work(Cycles(sync=sync, remote=remote), remote_bytes=nbytes)
         if t in _TILE_COPIES:
             nbytes = nbytes_of(op.inputs[0])
             tiles = self.tiles_used(op)

@@ -16,6 +16,7 @@ from ..schedule import schedule
 from .cost import CostModel, Work, nbytes_of
 from .liveness import TOP_N, Liveness, LivenessAnalysis
 from .machine import Machine
+from .remote_plan import is_remote_variable, streaming_memory
 
 __all__ = ["GraphInfo", "IpuMemory", "OpRow", "OutOfMemoryError", "Plan", "build_plan"]
 
@@ -137,6 +138,7 @@ def build_plan(ir, machine: Machine) -> Plan:
     plan = Plan(machine, ir.replication_factor, _memory(ir, graphs, model, liveness),
                 model.graph_work(ir.main_graph), _graph_infos(graphs, model, runs),
                 _op_rows(graphs, model, runs), liveness)
+    plan.streaming_memory = streaming_memory(ir)
     if plan.out_of_memory and machine.oom_is_error:
         raise OutOfMemoryError(_oom_message(plan, plan.out_of_memory[0]), plan)
     return plan
@@ -169,7 +171,8 @@ def _memory(ir, graphs: list[Graph], model: CostModel, live: Liveness) -> dict[i
 
     add(0, "variables", None, 0)  # IPU 0 is always reported
     for v in ir.main_graph.variables:
-        add(v.ipu, "variables", v.id, nbytes_of(v))
+        if not is_remote_variable(v):  # Streaming Memory: see remote_plan
+            add(v.ipu, "variables", v.id, nbytes_of(v))
     streams = set()
     for g in graphs:
         for c in g.constants:
