@@ -14,7 +14,7 @@ Both start from the same weights and see the same Fashion-MNIST batches; the scr
 their losses (equal up to float32 round-off: the phased mean gradient is a mean of
 micro-batch means) and the on-chip memory each program needs, from each Session's report.
 
-    python examples/phased_mlp.py --steps 20 --hidden-layers 4 --width 1024
+    python examples/phased_mlp.py --steps 10 --hidden-layers 6 --width 1024
 """
 
 from __future__ import annotations
@@ -234,12 +234,12 @@ def on_chip(session: popxl.Session) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--hidden-layers", type=int, default=3)
-    ap.add_argument("--width", type=int, default=512)
+    ap.add_argument("--hidden-layers", type=int, default=6)
+    ap.add_argument("--width", type=int, default=1024)
     ap.add_argument("--micro-batch", type=int, default=8)
     ap.add_argument("--micro-batches", type=int, default=4)
     ap.add_argument("--lr", type=float, default=0.05)
-    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--data-dir", default=None)
     args = ap.parse_args()
     if args.hidden_layers < 1:
