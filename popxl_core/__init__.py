@@ -59,6 +59,13 @@ from .tensor import (
     graph_output,
     variable,
 )
+from .tensorlocation import (
+    ExecutionContext,
+    ReplicatedTensorSharding,
+    TensorLocation,
+    TensorStorage,
+    TileSet,
+)
 
 __all__ = [
     "ops", "transforms",
@@ -73,4 +80,5 @@ __all__ = [
     "variable", "constant", "graph_input", "graph_output",
     "RemoteBuffer", "remote_buffer", "remote_variable", "remote_replica_sharded_variable",
     "replica_sharded_variable", "replica_sharded_buffer",
+    "TensorStorage", "TensorLocation", "ReplicatedTensorSharding", "TileSet", "ExecutionContext",
 ]

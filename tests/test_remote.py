@@ -175,3 +175,13 @@ def test_grouped_variable_host_data_needs_group_dim():
             popxl.variable(
                 np.ones((3,), np.float32), name="v", replica_grouping=ir.replica_grouping(1, 2)
             )
+
+
+def test_tensor_locations_compare_by_value():
+    on = popxl.TensorLocation(popxl.TensorStorage.OffChip, popxl.ReplicatedTensorSharding.On)
+    assert on == popxl.TensorLocation(
+        popxl.TensorStorage.OffChip, popxl.ReplicatedTensorSharding.On
+    )
+    assert on != popxl.TensorLocation()
+    assert repr(on) == "TensorLocation(OffChip, On)"
+    assert popxl.TileSet.IO != popxl.TileSet.Compute
