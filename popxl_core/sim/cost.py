@@ -16,6 +16,7 @@ from operator import add
 from ..graph import Graph, Op
 from ..schedule import schedule
 from .machine import Machine
+from .remote_plan import pays_exchange_sync
 
 __all__ = [
     "CODE_BYTES_PER_OP",
@@ -227,11 +228,13 @@ class CostModel:
         if t in _HOST_IN or t in _HOST_OUT:
             nbytes = nbytes_of((op.outputs if t in _HOST_IN else op.inputs)[0])
             host = ceil((m.host_latency_s + nbytes / m.host_bytes_per_s) * m.clock_hz)
-            return Work(Cycles(sync=self.sync, host=host), host_bytes_in=nbytes * (t in _HOST_IN),
+            sync = self.sync if pays_exchange_sync(op) else 0
+            return Work(Cycles(sync=sync, host=host), host_bytes_in=nbytes * (t in _HOST_IN),
                         host_bytes_out=nbytes * (t in _HOST_OUT))
         if t in _REMOTE:
             nbytes = max(nbytes_of(x) for x in (*op.inputs[:1], *op.outputs[:1]))
-            return self.remote_work(nbytes, stored=t == "RemoteStore")
+            # merge_exchange: the second and later ops of one merged exchange share its sync
+            return self.remote_work(nbytes, stored=t == "RemoteStore", sync=pays_exchange_sync(op))
         if t in _TILE_COPIES:
             nbytes = nbytes_of(op.inputs[0])
             tiles = self.tiles_used(op)
@@ -245,11 +248,12 @@ class CostModel:
                 return self.ring_work(big, factor)
         return None
 
-    def remote_work(self, nbytes: int, stored: bool) -> Work:
-        """One Streaming-Memory load or store of ``nbytes``: a sync, then bytes / bandwidth."""
+    def remote_work(self, nbytes: int, stored: bool, sync: bool = True) -> Work:
+        """One Streaming-Memory load or store of ``nbytes``: a sync (unless it shares a merged
+        exchange's), then bytes / bandwidth."""
         m = self.machine
         remote = _cdiv(nbytes * m.clock_hz, m.streaming_bytes_per_s)
-        return Work(Cycles(sync=self.sync, remote=remote),
+        return Work(Cycles(sync=self.sync if sync else 0, remote=remote),
                     remote_bytes_loaded=0 if stored else nbytes,
                     remote_bytes_stored=nbytes if stored else 0)
 
