@@ -30,7 +30,15 @@ from torch import nn
 from .errors import Issue
 from .lowering import lookup
 
-__all__ = ["CaptureTracer", "Captured", "capture", "is_leaf", "preserved", "user_frame"]
+__all__ = [
+    "CaptureTracer",
+    "Captured",
+    "capture",
+    "is_leaf",
+    "preserved",
+    "trace_module",
+    "user_frame",
+]
 
 # Tensor attributes and methods whose result only depends on the shape/dtype: folded.
 _FOLDED_ATTRS = frozenset(
@@ -161,7 +169,7 @@ class CaptureTracer(fx.Tracer):
         example_inputs: Sequence[Any],
         leaf: Callable[[nn.Module], bool] = is_leaf,
     ) -> None:
-        super().__init__(param_shapes_constant=True)
+        super().__init__()  # shapes fold in _Proxy (also for parameters)
         self.record_stack_traces = True
         self.proxy_buffer_attributes = True
         self.root_module = root
@@ -205,9 +213,16 @@ class CaptureTracer(fx.Tracer):
     ) -> Any:
         if self._folds(kind, target, args):
             return self._fold(kind, target, args, kwargs)
-        proxy = super().create_proxy(kind, target, args, kwargs, name, type_expr, proxy_factory_fn)
-        self._annotate(proxy.node)
-        return proxy
+        return super().create_proxy(kind, target, args, kwargs, name, type_expr, proxy_factory_fn)
+
+    def create_node(
+        self, kind: str, target: Any, args: tuple, kwargs: dict, name=None, type_expr=None
+    ) -> fx.Node:
+        # Every node passes here, also the get_attr nodes fx makes for tensor constants.
+        node = super().create_node(kind, target, args, kwargs, name, type_expr)
+        if kind != "output":
+            self._annotate(node)
+        return node
 
     @staticmethod
     def _folds(kind: str, target: Any, args: tuple) -> bool:
@@ -347,6 +362,23 @@ def preserved(model: nn.Module) -> Iterator[None]:
                     b.copy_(saved[name])
 
 
+def trace_module(tracer: CaptureTracer, model: nn.Module) -> fx.GraphModule:
+    """Trace ``model`` with ``tracer`` and leave the model as it was.
+
+    torch.fx stores tensors that the forward creates from constants as ``_tensor_constantN``
+    attributes of the root; the graph module keeps them, the user's model does not.
+    """
+    before = set(vars(model))
+    try:
+        with preserved(model):
+            graph = tracer.trace(model)
+        return fx.GraphModule(model, graph, class_name=type(model).__name__)
+    finally:
+        for name in set(vars(model)) - before:
+            if name.startswith("_tensor_constant"):
+                delattr(model, name)
+
+
 def capture(model: nn.Module, example_inputs: Sequence[Any]) -> Captured:
     """Trace ``model`` on ``example_inputs`` (see the module docstring).
 
@@ -354,7 +386,4 @@ def capture(model: nn.Module, example_inputs: Sequence[Any]) -> Captured:
     on the model even in train mode (batch-norm statistics, dropout).
     """
     tracer = CaptureTracer(model, example_inputs)
-    with preserved(model):
-        graph = tracer.trace(model)
-    gm = fx.GraphModule(model, graph, class_name=type(model).__name__)
-    return Captured(gm, tracer.issues)
+    return Captured(trace_module(tracer, model), tracer.issues)

@@ -20,7 +20,7 @@ import torch.fx as fx
 from torch import nn
 
 from . import lowerings  # noqa: F401  (registers the table)
-from .capture import Captured, CaptureTracer, preserved, user_frame
+from .capture import Captured, CaptureTracer, preserved, trace_module, user_frame
 from .errors import Issue, UnsupportedError
 from .fallback import decomposition_issue
 from .lowering import lookup
@@ -119,8 +119,7 @@ def _trace(model: nn.Module, inputs: Sequence[Any], report: CheckReport) -> Capt
     """Capture, turning an exception while tracing into an issue at the user's line."""
     tracer = CaptureTracer(model, inputs)
     try:
-        with preserved(model):
-            graph = tracer.trace(model)
+        gm = trace_module(tracer, model)
     except Exception as exc:  # noqa: BLE001 - the report says what failed, and where
         report.issues += tracer.issues
         message = str(exc).splitlines()[0] if str(exc) else ""
@@ -135,7 +134,7 @@ def _trace(model: nn.Module, inputs: Sequence[Any], report: CheckReport) -> Capt
             )
         )
         return None
-    return Captured(fx.GraphModule(model, graph, class_name=type(model).__name__), tracer.issues)
+    return Captured(gm, tracer.issues)
 
 
 def _shape(value: Any) -> Any:

@@ -57,10 +57,14 @@ class Module(addons.Module):
         torch_module: the model; it is read, never changed.
         flatten_outputs: return the forward's outputs as a flat tuple of tensors (what
             ``create_graph`` needs for dict/nested outputs); `unflatten` restores the structure.
+        cache: as for `addons.Module`: reuse the graph for calls with the same input specs
+            (e.g. one graph for several ``call_module`` outlines).
     """
 
-    def __init__(self, torch_module: nn.Module, flatten_outputs: bool = False) -> None:
-        super().__init__()
+    def __init__(
+        self, torch_module: nn.Module, flatten_outputs: bool = False, cache: bool = False
+    ) -> None:
+        super().__init__(cache=cache)
         self.torch_module = torch_module
         self.flatten_outputs = flatten_outputs
         self.out_spec: pytree.TreeSpec | None = None
