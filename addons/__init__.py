@@ -1,15 +1,34 @@
 """addons: popxl.addons re-implemented on popxl_core (Modules, named tensors, factories,
 graphs with named args, graph caching and gradient transforms)."""
 
-from . import layers, ops, optimizers, transforms
+from . import array_munging, layers, ops, optimizers, remote, rts, testing_utils, transforms
 from .dot_tree import DotTree, to_mapping
 from .graph import BoundGraph, GraphWithNamedArgs
 from .graph_cache import GraphCache, function
+from .graph_utils import is_subgraph, seed_variable
 from .layers.weights_dict import WeightsDict
 from .module import Module, NameScopeMeta, create_grad_graph_info
 from .named_tensors import NamedTensorData, NamedTensors, print_named_tensors
 from .ops import cross_entropy, cross_entropy_with_grad, host_load, host_store
-from .transforms import autodiff, autodiff_with_accumulation, recompute_graph
+from .remote import (
+    NamedRemoteBuffers,
+    create_remote_buffer,
+    load_remote_graph,
+    named_buffers,
+    named_variable_buffers,
+    store_remote_graph,
+)
+from .streams import InputStreams, OutputStreams
+from .transforms import (
+    BatchSerialResult,
+    RemoteHandle,
+    autodiff,
+    autodiff_with_accumulation,
+    batch_serial_buffer,
+    batch_serialise,
+    batch_serialise_fwd_and_grad,
+    recompute_graph,
+)
 from .utils import OrderedDict
 from .variable_factory import (
     NamedVariableFactories,
@@ -23,6 +42,10 @@ __all__ = [
     "DotTree",
     "GraphCache",
     "GraphWithNamedArgs",
+    "InputStreams",
+    "OutputStreams",
+    "is_subgraph",
+    "seed_variable",
     "Module",
     "NameScopeMeta",
     "NamedTensorData",
@@ -33,6 +56,11 @@ __all__ = [
     "add_replica_sharded_variable_input",
     "add_variable_input",
     "autodiff",
+    "BatchSerialResult",
+    "RemoteHandle",
+    "batch_serial_buffer",
+    "batch_serialise",
+    "batch_serialise_fwd_and_grad",
     "autodiff_with_accumulation",
     "create_grad_graph_info",
     "function",
@@ -46,6 +74,16 @@ __all__ = [
     "host_load",
     "host_store",
     "layers",
+    "array_munging",
+    "remote",
+    "rts",
+    "testing_utils",
+    "NamedRemoteBuffers",
+    "create_remote_buffer",
+    "load_remote_graph",
+    "named_buffers",
+    "named_variable_buffers",
+    "store_remote_graph",
     "ops",
     "optimizers",
 ]

@@ -56,7 +56,7 @@ class VariableFactory:
         name: the base name used by `create_input`.
         by_ref: graph inputs made from this factory are passed by reference.
         replica_grouping: default ``ir.replica_grouping()`` (needs a graph context).
-        shard_over: > 1 makes a replica-sharded input of shape ``(nelms // shard_over,)``.
+        shard_over: > 1 makes a replica-sharded input of shape ``(ceil(nelms / shard_over),)``.
     """
 
     def __init__(self, data_iter: DataIter, dtype: dtype | None = None,
@@ -91,11 +91,9 @@ class VariableFactory:
     def _shapes(self, full: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
         if self.shard_over <= 1:
             return tuple(full), ()
+        # shards are padded: each replica holds ceil(nelms / shard_over) elements, like popxl
         nelms = int(np.prod(full, dtype=np.int64))
-        if nelms % self.shard_over:
-            raise ValueError(f"Variable {self.name!r}: {nelms} elements of shape {full} cannot "
-                             f"be sharded over {self.shard_over} replicas.")
-        return (nelms // self.shard_over,), tuple(full)
+        return (-(-nelms // self.shard_over),), tuple(full)
 
     def _draw(self) -> HostData:
         try:
@@ -260,7 +258,7 @@ def add_replica_sharded_variable_input(name: str, data_iter: DataIter,
                                        dtype: dtype | None = None, by_ref: bool = False,
                                        replica_grouping=None, shard_over: int | None = None
                                        ) -> tuple[Tensor, VariableFactory]:
-    """Like `add_variable_input`, but the input is the flat shard ``(nelms // shard_over,)``.
+    """Like `add_variable_input`, but the input is the flat shard ``(ceil(nelms / shard_over),)``.
 
     ``shard_over`` defaults to the replica grouping's group size.
     """

@@ -1,13 +1,15 @@
-"""Seed tutorials 001 (SGD) and 000 (Adam) on the simulator vs the same network in eager PyTorch.
+"""Seed tutorials 001 (SGD), 000 and 003 (Adam) on the simulator vs the same MLP in eager torch.
 
 For each seed this runs the tutorial's own code, unchanged (tools/seed_runner.py: ``popxl`` and
 ``popxl_addons`` are this project, device "ipu_hw" is the simulator), then an eager-PyTorch
 twin written here: the same 784-512-512-512-10 MLP (tanh-approximated gelu, weights
 N(0, 0.02^2), zero biases), softmax cross entropy, the seed's optimiser and hyper-parameters
-(SGD lr 0.05 for 001; for 000 Adam lr 1e-3, beta 0.9/0.999, eps 1e-5, no bias correction, no
-weight decay), batch 8, one epoch, the same torchvision pipeline and data. It prints the test
-accuracy and the training (and test) iterations per second of both, and how many of the seed's
-documented output lines were missing.
+(SGD lr 0.05 for 001; for 000 and 003 Adam lr 1e-3, beta 0.9/0.999, eps 1e-5, no bias
+correction, no weight decay), batch 8 (003: global batch 64 = micro-batch 8 x gradient
+accumulation 4 x 2 replicas, phased and sharded on the simulator, one plain batch in the
+twin), one epoch, the same torchvision pipeline and data. It prints the test accuracy and
+the training (and test) iterations per second of both, and how many of the seed's documented
+output lines were missing.
 
 Data: with no network, torchvision cannot download MNIST; Fashion-MNIST's IDX files (Debian's
 ``dataset-fashion-mnist``) are staged under MNIST's file names in ``~/.torch/datasets``, so the
@@ -53,6 +55,8 @@ import seed_runner  # noqa: E402
 SEEDS = {
     "001": {"optimiser": "sgd", "lr": 0.05},
     "000": {"optimiser": "adam", "lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-5},
+    # 003 (phased execution): micro-batch 8 x gradient accumulation 4 x 2 replicas
+    "003": {"optimiser": "adam", "lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-5, "batch": 64},
 }
 BATCH, TEST_BATCH, WIDTHS = 8, 80, (784, 512, 512, 512, 10)
 MNIST_MEAN_STD = ((0.1307,), (0.3081,))  # what the seeds normalise with
@@ -118,7 +122,7 @@ def initial_weights(namespace: dict) -> list[torch.Tensor]:
 
 
 # The eager PyTorch twin ----------------------------------------------------------------------
-def twin_loaders() -> tuple:
+def twin_loaders(batch: int = BATCH) -> tuple:
     """The seeds' pipeline: torchvision MNIST (staged), ToTensor + Normalize per image."""
     from popxl_fx.data import mnist
 
@@ -126,7 +130,7 @@ def twin_loaders() -> tuple:
     root = Path(seed_runner.SEED_DATA_ROOT).expanduser()
     kw = {"data_dir": root, "dataset": "mnist", "download": False,
           "allow_fashion_as_mnist": True, "transform": tf}
-    train = DataLoader(mnist(True, **kw), batch_size=BATCH, shuffle=True, drop_last=True)
+    train = DataLoader(mnist(True, **kw), batch_size=batch, shuffle=True, drop_last=True)
     test = DataLoader(mnist(False, **kw), batch_size=TEST_BATCH, shuffle=True, drop_last=True)
     return train, test
 
@@ -224,7 +228,8 @@ def report(seed_id: str, runs: list[tuple[Result, Result]], args) -> None:
     if cfg["optimiser"] == "adam":
         m_note = ("; first order float16 in the seed, "
                   + ("float16" if args.fp16_first_order else "float32") + " in the twin")
-    print(f"\nseed {seed_id}: {cfg['optimiser'].upper()} lr {cfg['lr']}, batch {BATCH}, "
+    print(f"\nseed {seed_id}: {cfg['optimiser'].upper()} lr {cfg['lr']}, "
+          f"batch {cfg.get('batch', BATCH)}, "
           f"{length}, Fashion-MNIST staged as MNIST ({pairing}{m_note})")
     sim0 = runs[0][0]
     print(f"  documented output lines missing: {sim0.missing}; illustrative blocks skipped: "
@@ -265,8 +270,8 @@ def main() -> None:
     compat.install()
     if args.max_batches:
         seed_runner.cap_data_loaders(args.max_batches)
-    loaders = twin_loaders()
     for seed_id in args.seeds:
+        loaders = twin_loaders(SEEDS[seed_id].get("batch", BATCH))
         path = next(args.seeds_dir.glob(f"{seed_id}_*.txt"))
         runs = []
         for rep in range(args.repeats):

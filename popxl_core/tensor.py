@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from . import dtypes
+from .arg_checks import check_host_data, checked_dtype, checked_shape
 from .context import gcg, get_current_context
 from .dtypes import dtype
 from .tensor_spec import TensorByRef, TensorSpec
@@ -313,6 +314,8 @@ def to_numpy(data: HostTensor, dtype: Optional[dtype] = None, downcast: bool = T
     """Host data as a C-contiguous numpy array, downcasting 64-bit types like popxl."""
     if isinstance(data, torch.Tensor):
         data = data.detach().cpu().numpy()
+    if _is_fill(data):
+        return _fill(data, dtype, downcast)
     arr = np.array(data, copy=True)
     if dtype is not None:
         arr = arr.astype(dtype.as_numpy(), copy=False)
@@ -320,6 +323,19 @@ def to_numpy(data: HostTensor, dtype: Optional[dtype] = None, downcast: bool = T
         arr = _downcast(arr)
     # ascontiguousarray turns 0-d arrays into (1,): keep scalars as shape ()
     return np.ascontiguousarray(arr).reshape(arr.shape)
+
+
+def _is_fill(data) -> bool:
+    """A broadcast of one value (``np.broadcast_to(0.0, shape)``): all strides 0."""
+    return isinstance(data, np.ndarray) and data.size > 1 and not any(data.strides)
+
+
+def _fill(data: np.ndarray, dtype: Optional[dtype], downcast: bool) -> np.ndarray:
+    """A fresh read-only broadcast of the one value: a huge constant-filled variable costs no
+    host memory until a Session attaches, so planning (and an OOM error) comes first."""
+    one = np.array(data.flat[0], dtype=data.dtype)
+    one = one.astype(dtype.as_numpy()) if dtype is not None else _downcast(one) if downcast else one
+    return np.broadcast_to(one, data.shape)
 
 
 def _downcast(arr: np.ndarray) -> np.ndarray:
@@ -330,6 +346,11 @@ def _downcast(arr: np.ndarray) -> np.ndarray:
     }
     target = table.get(arr.dtype)
     return arr.astype(target) if target is not None else arr
+
+
+def _check_data(data, dt, where: str) -> None:
+    checked_dtype(dt, where, optional=True)
+    check_host_data(data, where)
 
 
 def variable(
@@ -350,6 +371,7 @@ def variable(
             "variables can only be created in the main graph. Use a graph input (or an "
             "addons VariableFactory) and pass the variable at the call site."
         )
+    _check_data(data, dtype, f"popxl.variable({name or 't'!r})")
     arr = to_numpy(data, dtype, downcast)
     groups = replica_grouping.num_groups if replica_grouping is not None else 1
     shape = arr.shape[1:] if groups > 1 else arr.shape
@@ -376,6 +398,7 @@ def constant(
 ) -> Constant:
     """Create a constant in the current graph; the data is copied."""
     g = gcg()
+    _check_data(data, dtype, f"popxl.constant({name or 't'!r})")
     arr = to_numpy(data, dtype, downcast)
     spec = TensorSpec(arr.shape, dtype or dtypes.dtype.as_dtype(arr))
     c = Constant._create(g, g._create_tensor_id(name), spec)
@@ -390,7 +413,9 @@ def graph_input(
     g = gcg()
     if g is g.main_graph:
         raise ValueError("graph_input cannot be used in the main graph; use a stream or variable.")
-    t = Tensor._create(g, g._create_tensor_id(name), TensorSpec(shape, dtype, meta_shape))
+    where = f"graph_input({name or 't'!r})"
+    spec = TensorSpec(checked_shape(shape, where), checked_dtype(dtype, where), meta_shape)
+    t = Tensor._create(g, g._create_tensor_id(name), spec)
     g._add_input(t, by_ref)
     return t
 
@@ -405,4 +430,5 @@ def graph_output(t: Tensor) -> None:
             f"graph_output: tensor {t.id!r} belongs to {t.graph.name!r}, "
             f"not to the current graph {g.name!r}."
         )
+    g.ir._check_editable(f"marking {t.id!r} as an output of graph {g.name!r}")
     g._outputs.append(t)

@@ -71,6 +71,14 @@ from popxl_addons.layers import Conv2D, Embedding, GroupNorm, LayerNorm, Linear
 from popxl_addons.optimizers.adam import AdamOptimizerStep
 from popxl_addons.ops import cross_entropy, cross_entropy_with_grad, host_load, host_store
 from popxl_addons.utils import OrderedDict
+from popxl_addons import (batch_serialise, batch_serialise_fwd_and_grad, batch_serial_buffer,
+                          named_variable_buffers, load_remote_graph, store_remote_graph)
+from popxl_addons.transforms.batch_serialisation import BatchSerialResult, RemoteHandle
+from popxl_addons.remote import NamedRemoteBuffers, named_buffers, load_remote, store_remote
+from popxl_addons.rts import (all_gather_replica_sharded_graph, reduce_replica_sharded_graph,
+                              replica_sharded_spec)
+from popxl_addons.testing_utils import TensorInput, run_module
+from popxl_addons.array_munging import shard, unshard, repeat
 """
 
 

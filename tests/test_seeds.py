@@ -115,3 +115,12 @@ def test_extract_leaves_out_illustrative_blocks_and_runs(tmp_path):
     assert "left out: ['frobnicate']" in script.read_text()
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout == "6\n", proc.stderr
+
+
+def test_notebook_cells_are_the_code_of_a_notebook_seed(tmp_path):
+    seed = tmp_path / "s.txt"
+    seed.write_text("## Intro\n```python\nsignature(x: int) -> y\n```\n### Code\n\n"
+                    "In [None]:\n# a comment at column 0\nx = 2\n\n"
+                    "In [None]:\nprint(x * 5)\n### Next\nprose\n")
+    assert [b.line for b in seed_runner.python_blocks(seed)] == [8, 12]
+    assert seed_runner.execute(seed, echo=False).stdout == "10\n"

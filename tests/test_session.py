@@ -59,9 +59,9 @@ def test_loading_more_transfers_than_num_host_transfers_raises():
         g = ir.create_graph(lambda: ops.host_store(popxl.d2h_stream((2,), popxl.float32, "y"),
                                                    ops.host_load(x_in)))
         ops.repeat(g, 3)
-    session = popxl.Session(ir, "cpu")
-    with session, pytest.raises(RuntimeError, match="'x'.*num_host_transfers"):
-        session.run({x_in: np.zeros((2, 2), F32)})
+    # caught when the Session is built (misuse issue 8), before any run
+    with pytest.raises(ValueError, match="num_host_transfers=2.*'x' is loaded 3 times"):
+        popxl.Session(ir, "cpu")
 
 
 def test_replica_grouped_variable_has_one_value_per_group():
@@ -161,7 +161,7 @@ def test_get_tensor_data_detached_attached_and_after_exit():
         data = session.get_tensors_data([v, c])
     assert data[c].tolist() == [7, 8] and data[v].tolist() == [2.0, 2.0]
     assert session.get_tensor_data(v).tolist() == [2.0, 2.0]
-    with pytest.raises(TypeError, match="not a Variable or Constant"):
+    with pytest.raises(TypeError, match="not of type Constant or Variable"):
         session.get_tensor_data(t)
 
 
@@ -222,7 +222,7 @@ def test_write_variable_data_rejects_non_variables():
     with ir.main_graph:
         c = popxl.constant(np.zeros(2, F32))
     session = popxl.Session(ir, "cpu")
-    with pytest.raises(TypeError, match="not a Variable"):
+    with pytest.raises(TypeError, match="not of type Variable"):
         session.write_variable_data(c, np.zeros(2, F32))
 
 

@@ -42,6 +42,9 @@ from pathlib import Path
 from typing import List, Optional, Set, Tuple
 
 _BLOCK = re.compile(r"^```(\w+)\n(.*?)^```", re.S | re.M)
+# A notebook cell runs to the next cell or markdown heading of level 2+ (a level-1 heading
+# reads as a python comment, while "# comment" lines at column 0 are common in cells).
+_CELL = re.compile(r"^In \[[^\]\n]*\]:\n(.*?)(?=^In \[|^#{2,6} |\Z)", re.S | re.M)
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
 # lines whose content is produced by training (loss/accuracy/timing values)
 _VOLATILE = ("it/s]", "Loss:", "Accuracy on test set", "s/it]")
@@ -88,8 +91,19 @@ def blocks(path: Path) -> List[Block]:
             for m in _BLOCK.finditer(text)]
 
 
+def notebook_cells(path: Path) -> List[Block]:
+    """The code cells of a seed rendered from a notebook: each ``In [..]:`` line starts one,
+    which runs to the next cell, the next markdown heading (## and deeper) or the end."""
+    text = path.read_text()
+    return [Block("python", m.group(1), text.count("\n", 0, m.start(1)) + 1)
+            for m in _CELL.finditer(text)]
+
+
 def python_blocks(path: Path) -> List[Block]:
-    return [b for b in blocks(path) if b.lang == "python"]
+    """The seed's code: its notebook cells if it has any (its fenced blocks are then prose
+    examples, some not even valid Python, such as bare signatures), else its fenced python
+    blocks."""
+    return notebook_cells(path) or [b for b in blocks(path) if b.lang == "python"]
 
 
 def code_of(path: Path) -> str:

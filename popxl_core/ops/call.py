@@ -157,8 +157,33 @@ def _check_callable(graph: Graph) -> None:
         raise TypeError(f"Expected a popxl.Graph to call, got {type(graph).__name__}.")
     if graph is graph.main_graph:
         raise ValueError("The main graph cannot be called.")
-    if graph.ir is not gcg().ir:
-        raise ValueError(f"Graph {graph.id!r} belongs to another Ir.")
+    caller = gcg()
+    if graph.ir is not caller.ir:
+        raise ValueError(
+            f"Graph {graph.id!r} belongs to {graph.ir!r}, but it is called from graph "
+            f"{caller.name or 'main'!r} of {caller.ir!r}."
+        )
+    path = _call_path(graph, caller)
+    if path is not None:
+        raise ValueError(
+            f"Graph {caller.name!r} cannot call {graph.id!r}: "
+            f"{' -> '.join(repr(g.id) for g in (caller, *path))} would be a recursive call, "
+            "and graphs cannot call themselves. Use ops.repeat for a loop."
+        )
+
+
+def _call_path(graph: Graph, target: Graph):
+    """The chain of graphs from ``graph`` to ``target`` through call sites, or None."""
+    stack, seen = [(graph, (graph,))], set()
+    while stack:
+        g, path = stack.pop()
+        if g is target:
+            return path
+        if g in seen:
+            continue
+        seen.add(g)
+        stack.extend((c, (*path, c)) for op in g._ops for c in op.called_graphs)
+    return None
 
 
 # Call -------------------------------------------------------------------------------
@@ -170,7 +195,8 @@ def _emit_call(op: Op, em) -> None:
     g = op.called_graphs[0]
     fn = em.graph_fn(g)
     modified = em.program.modified_inputs[g]
-    by_ref = {i for i, t in enumerate(g._inputs) if t in g._by_ref_inputs}
+    # by reference: TensorByRef graph inputs, and set_parent_input_modified at this call site
+    by_ref = {i for i, t in enumerate(g._inputs) if t in g._by_ref_inputs} | op.by_ref_modified
     args = [
         f"{em.name(t)}.clone()" if i in modified and i not in by_ref else em.name(t)
         for i, t in enumerate(op.inputs)
@@ -286,10 +312,11 @@ def _emit_repeat(op: Op, em) -> None:
 
 
 def _repeat_grad(ctx) -> List[Optional[Tensor]]:
-    """Reverse the loop, recomputing iteration i's input from the loop's initial inputs.
+    """Run the loop's iterations forward once in the grad graph, stashing each one's call site
+    (its carried inputs and the activations its grad needs), then walk them in reverse.
 
-    This trades O(n^2) body evaluations for zero stashed activations; fine for the short
-    loops popxl programs differentiate (layers repeated a few times).
+    The body runs n times here and the body's grad n times: O(n), at the cost of keeping n
+    iterations' activations alive (popxl's own loop grad stashes them the same way).
     """
     from ..transforms.autodiff import autodiff, zeros_like_spec
 
@@ -303,18 +330,27 @@ def _repeat_grad(ctx) -> List[Optional[Tensor]]:
     )
     diff.known[g] = info
     init = [ctx.input(i) for i in range(len(op.inputs))]
+    sites = _forward_sites(g, n, k, init)
     carried_grads = [ctx.grad_output_or_zero(i) for i in range(k)]
     other_grads: List[Optional[Tensor]] = [None] * (len(op.inputs) - k)
-    for it in reversed(range(n)):
-        state = list(repeat(g, it, *init[:k], *init[k:])) if it else init[:k]
-        site = call_with_info(g, *state, *init[k:])
-        acts = info.inputs_dict(site)
-        step = call(info.graph, *carried_grads, inputs_dict=acts)
+    for site in reversed(sites):
+        step = call(info.graph, *carried_grads, inputs_dict=info.inputs_dict(site))
         carried_grads = list(step[:k])
         for j, gj in enumerate(step[k:]):
             other_grads[j] = gj if other_grads[j] is None else other_grads[j] + gj
     grads = carried_grads + other_grads
     return [gr if gr is not None else zeros_like_spec(t) for gr, t in zip(grads, op.inputs)]
+
+
+def _forward_sites(g: Graph, n: int, k: int, init: List[Tensor]) -> List[CallSiteInfo]:
+    """One call site per iteration; iteration i+1 reads iteration i's carried outputs."""
+    sites: List[CallSiteInfo] = []
+    state = init[:k]
+    for _ in range(n):
+        site = call_with_info(g, *state, *init[k:])
+        state = [site.parent_output(i) for i in range(k)]
+        sites.append(site)
+    return sites
 
 
 def _repeat_samples():

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
 
 from ..context import gcg
 from ..graph import Graph, Op
 from ..tensor import Tensor, constant
-from .call import CallSiteInfo, _call_cost, _check_callable, _prep_inputs
+from .call import CallSiteInfo, _call_cost, _check_callable, _prep_inputs, call, call_with_info
 from .registry import OpDef, Sample, create_op, register
 
 __all__ = ["conditional", "conditional_with_info", "ConditionalSiteInfo"]
@@ -40,21 +40,97 @@ def _clone_mod(em, g: Graph, names: List[str]) -> List[str]:
 
 def _conditional_samples():
     from .. import dtypes
+    from .unary import sin
 
-    def build(x):
-        ir = gcg().ir
-        then_g = ir.create_graph(lambda a: a * 2.0, x)
-        else_g = ir.create_graph(lambda a: a * -1.0, x)
-        flag = constant(True, dtypes.bool)
-        return conditional(flag, then_g, else_g, then_inputs=[x], else_inputs=[x])[0]
+    def build_for(flag: bool):
+        def build(x, w):
+            ir = gcg().ir
+            then_g = ir.create_graph(lambda a, b: a * b + a, x, w)
+            else_g = ir.create_graph(lambda a: sin(a) * 3.0, x)
+            cond = constant(flag, dtypes.bool)
+            return conditional(cond, then_g, else_g, then_inputs=[x, w], else_inputs=[x])[0]
 
+        return build
+
+    rng = np.random.default_rng(2)
+    data = [rng.standard_normal((2, 3)).astype(np.float32) for _ in range(2)]
     return [
-        Sample([np.arange(6, dtype=np.float32).reshape(2, 3)], build, lambda x: x * 2.0, grad=False)
+        Sample(data, build_for(True), lambda x, w: x * w + x, name="then"),
+        Sample(data, build_for(False), lambda x, w: x.sin() * 3.0, name="else"),
     ]
 
 
+def _cond_grad(ctx) -> List[Optional[Tensor]]:
+    """A conditional over two grad branches. Each recomputes its forward branch (the taken
+    branch's activations exist only inside it) and runs that branch's grad graph; both output a
+    gradient for every then- and else-input, zeros for the inputs of the branch not taken."""
+    op = ctx.op
+    then_g, else_g = op.called_graphs
+    n = op.attrs["n_then"]
+    cots = [ctx.grad_output_or_zero(i) for i in range(len(op.outputs))]
+    vals = [ctx.input(i) for i in range(1, len(op.inputs))]
+    t_vals, e_vals = vals[:n], vals[n:]
+    known = ctx.differentiator.known
+    ir = gcg().ir
+    t_specs, e_specs = [v.spec for v in t_vals], [v.spec for v in e_vals]
+    t_wrap = ir.create_graph(_grad_branch(then_g, known, len(cots), [], e_specs), *cots, *t_vals)
+    e_wrap = ir.create_graph(_grad_branch(else_g, known, len(cots), t_specs, []), *cots, *e_vals)
+    grads = conditional(ctx.input(0), t_wrap, e_wrap, [*cots, *t_vals], [*cots, *e_vals])
+    return [None, *grads]
+
+
+def _grad_branch(branch: Graph, known, m: int, zeros_before, zeros_after):
+    """The body of one grad branch: ``(cotangents, branch inputs) -> grads``, padded with zeros
+    for the other branch's inputs (``zeros_before`` / ``zeros_after``: their specs)."""
+
+    def build(*args):
+        cots, ins = list(args[:m]), list(args[m:])
+        grads = _grads_through(branch, known, cots, ins)
+        pad = [_zeros(s) for s in zeros_before], [_zeros(s) for s in zeros_after]
+        return (*pad[0], *grads, *pad[1])
+
+    return build
+
+
+def _zeros(spec) -> Tensor:
+    from .io import init
+
+    return init(spec.shape, spec.dtype, "zeros", "zero")
+
+
+def _grads_through(g: Graph, known, cots: List[Tensor], ins: List[Tensor]) -> List[Tensor]:
+    """Call ``g`` on ``ins`` and its grad graph on ``cots``: one gradient per input of ``g``."""
+    from ..transforms.autodiff import ExpectedConnectionType, autodiff
+
+    outs = list(g._outputs[: len(cots)])
+    info = known.get(g) or autodiff(
+        g, grads_provided=outs, grads_required=g._inputs, called_graphs_grad_info=known
+    )
+    known[g] = info
+    site = call_with_info(g, *ins)
+    args = []
+    for c in info.expected_inputs:
+        if c.connection_type is ExpectedConnectionType.FwdGrad:
+            idx = outs.index(c.fwd_tensor) if c.fwd_tensor in outs else -1
+            args.append(cots[idx] if idx >= 0 else _zeros(c.fwd_tensor.spec))
+        else:
+            args.append(site.graph_to_parent(c.fwd_tensor))
+    res = call(info.graph, *args)
+    grads: List[Optional[Tensor]] = [None] * len(ins)
+    for c, gt in zip(info.expected_outputs, res):
+        grads[g._inputs.index(c.fwd_tensor)] = gt
+    return [gr if gr is not None else _zeros(t.spec) for gr, t in zip(grads, g._inputs)]
+
+
 CONDITIONAL = register(
-    OpDef("If", _cond_infer, emit=_emit_conditional, cost=_call_cost, samples=_conditional_samples)
+    OpDef(
+        "If",
+        _cond_infer,
+        emit=_emit_conditional,
+        grad=_cond_grad,
+        cost=_call_cost,
+        samples=_conditional_samples,
+    )
 )
 
 

@@ -59,6 +59,7 @@ class Cycles:
     link: int = 0
     remote: int = 0
     control: int = 0
+    launch: int = 0  # the fixed cost of one Session.run (Machine.run_overhead_s)
 
     @property
     def total(self) -> int:
@@ -67,7 +68,7 @@ class Cycles:
     def _values(self) -> tuple[int, ...]:
         # explicit (not dataclasses.fields): planning adds these once per op
         return (self.compute, self.exchange, self.sync, self.host, self.link, self.remote,
-                self.control)
+                self.control, self.launch)
 
     def __add__(self, other: Cycles) -> Cycles:
         return Cycles(*map(add, self._values(), other._values()))
@@ -88,11 +89,12 @@ class Work:
     host_bytes_in: int = 0
     host_bytes_out: int = 0
     link_bytes: int = 0
-    remote_bytes: int = 0
+    remote_bytes_loaded: int = 0
+    remote_bytes_stored: int = 0
 
     def _values(self) -> tuple[int, ...]:
         return (self.flops, self.host_bytes_in, self.host_bytes_out, self.link_bytes,
-                self.remote_bytes)
+                self.remote_bytes_loaded, self.remote_bytes_stored)
 
     def __add__(self, other: Work) -> Work:
         return Work(self.cycles + other.cycles, *map(add, self._values(), other._values()))
@@ -220,8 +222,7 @@ class CostModel:
                         host_bytes_out=nbytes * (t in _HOST_OUT))
         if t in _REMOTE:
             nbytes = max(nbytes_of(x) for x in (*op.inputs[:1], *op.outputs[:1]))
-            remote = _cdiv(nbytes * m.clock_hz, m.streaming_bytes_per_s)
-            return Work(Cycles(sync=self.sync, remote=remote), remote_bytes=nbytes)
+            return self.remote_work(nbytes, stored=t == "RemoteStore")
         if t in _TILE_COPIES:
             nbytes = nbytes_of(op.inputs[0])
             tiles = self.tiles_used(op)
@@ -231,10 +232,23 @@ class CostModel:
             return self._link(nbytes_of(op.inputs[0]))
         for prefix, factor in _RING:
             if t.startswith(prefix):
-                n = self.replicas
                 big = max(nbytes_of(x) for x in (*op.inputs[:1], *op.outputs[:1]))
-                return self._link(ceil(factor * (n - 1) / n * big))
+                return self.ring_work(big, factor)
         return None
+
+    def remote_work(self, nbytes: int, stored: bool) -> Work:
+        """One Streaming-Memory load or store of ``nbytes``: a sync, then bytes / bandwidth."""
+        m = self.machine
+        remote = _cdiv(nbytes * m.clock_hz, m.streaming_bytes_per_s)
+        return Work(Cycles(sync=self.sync, remote=remote),
+                    remote_bytes_loaded=0 if stored else nbytes,
+                    remote_bytes_stored=nbytes if stored else 0)
+
+    def ring_work(self, nbytes: int, factor: float) -> Work:
+        """A ring collective over the replicas on a tensor of ``nbytes``: each replica sends
+        ``factor x (R-1)/R x nbytes`` (all-reduce 2, reduce-scatter and all-gather 1)."""
+        n = self.replicas
+        return self._link(ceil(factor * (n - 1) / n * nbytes))
 
     def _link(self, nbytes: int) -> Work:
         m = self.machine
