@@ -157,11 +157,14 @@ class Module(addons.Module):
         if name not in self._vars:
             kind = self.torch_names()[name][0]
             data = tensor.detach()
+            # overwrite=True: "fc.bias" merges into the "fc" sub-tree that "fc.weight" made
+            # (each name is added once: self._vars guards it).
             self._vars[name] = self.add_variable_input(
                 name,
                 lambda: data.cpu().numpy().copy(),
                 popxl.dtype.as_dtype(data.dtype),
                 by_ref=kind == "buffer",
+                overwrite=True,
             )
         return self._vars[name]
 
