@@ -115,6 +115,7 @@ class Captured:
     gm: fx.GraphModule
     issues: list[Issue] = field(default_factory=list)
     checked: list[Issue] | None = None
+    example_inputs: tuple = ()
 
 
 def _value(arg: Any) -> Any:
@@ -386,4 +387,6 @@ def capture(model: nn.Module, example_inputs: Sequence[Any]) -> Captured:
     on the model even in train mode (batch-norm statistics, dropout).
     """
     tracer = CaptureTracer(model, example_inputs)
-    return Captured(trace_module(tracer, model), tracer.issues)
+    return Captured(
+        trace_module(tracer, model), tracer.issues, example_inputs=tuple(example_inputs)
+    )

@@ -85,9 +85,9 @@ class Module(addons.Module):
         """Everything that stops the capture for these inputs from lowering (all at once)."""
         captured = self.capture(*example_inputs)
         if captured.checked is None:
-            from .check import check_captured  # check imports the lowering table
+            from .check import all_issues  # check imports the lowering table
 
-            captured.checked = check_captured(captured, self.torch_module)
+            captured.checked = all_issues(captured, self.torch_module)
         return list(captured.checked)
 
     def torch_names(self) -> dict[str, tuple[str, torch.Tensor]]:
@@ -103,7 +103,9 @@ class Module(addons.Module):
         if issues:
             raise UnsupportedError(type(self.torch_module).__name__, issues)
         self._vars, self._seed = {}, []
-        self._canonical = {id(t): n for n, (_, t) in self.torch_names().items()}
+        names = self.torch_names()
+        self._canonical = {id(t): n for n, (_, t) in names.items()}
+        self._kinds = {n: kind for n, (kind, _) in names.items()}
         try:
             out = run_graph(captured.gm, xs, self._context, self._attr)
             self._advance_seed()
@@ -155,7 +157,7 @@ class Module(addons.Module):
                 f"the tensor is not a parameter or buffer of {type(self.torch_module).__name__}."
             )
         if name not in self._vars:
-            kind = self.torch_names()[name][0]
+            kind = self._kinds[name]
             data = tensor.detach()
             # overwrite=True: "fc.bias" merges into the "fc" sub-tree that "fc.weight" made
             # (each name is added once: self._vars guards it).

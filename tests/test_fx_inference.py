@@ -130,3 +130,20 @@ def test_unsupported_model_raises_every_issue_before_building_and_is_left_unchan
     assert kinds == ["data-dependent control flow", "unsupported op"]
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k])
+
+
+class Growing(nn.Module):
+    """Its output shape grows with every call: a program built once would freeze it."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        return x[:, : self.calls] + 1.0
+
+
+def test_shape_that_changes_between_calls_is_refused_at_build_time():
+    with pytest.raises(UnsupportedError, match="shape changes between calls"):
+        inference_model(Growing())(torch.ones(2, 4))
