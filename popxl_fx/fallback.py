@@ -123,7 +123,7 @@ def nearby_supported(target: Any, n: int = 5) -> list[str]:
 
 def _what(node: fx.Node, root: torch.nn.Module) -> str:
     if node.op == "call_module":
-        return f"{type(root.get_submodule(node.target)).__qualname__} module"
+        return f"{target_name(type(root.get_submodule(node.target)))} module"
     return target_name(node.target)
 
 

@@ -9,8 +9,10 @@ from the torch tensor, so the module fits ``create_graph``, ``bind``, ``autodiff
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
@@ -163,7 +165,7 @@ class Module(addons.Module):
             # (each name is added once: self._vars guards it).
             self._vars[name] = self.add_variable_input(
                 name,
-                lambda: data.cpu().numpy().copy(),
+                _host_data(data),
                 popxl.dtype.as_dtype(data.dtype),
                 by_ref=kind == "buffer",
                 overwrite=True,
@@ -184,3 +186,16 @@ class Module(addons.Module):
     def _advance_seed(self) -> None:
         if self._seed:
             ops.var_updates.copy_var_update_(self._seed[0], self._seed[1])
+
+
+def _host_data(tensor: torch.Tensor) -> Callable[[], np.ndarray]:
+    """The factory's data: one host copy of ``tensor``, made on first use and then reused
+    (a factory draws several times; copying a large model each time costs seconds)."""
+    copies: list[np.ndarray] = []
+
+    def data() -> np.ndarray:
+        if not copies:
+            copies.append(tensor.detach().cpu().numpy().copy())
+        return copies[0]
+
+    return data
