@@ -27,7 +27,7 @@ OPTIMIZERS = {
 }
 
 
-def run(build, optimizer: str, via: str, options=None) -> dict:
+def run(build, optimizer: str, via: str, options=None, normwise=False) -> dict:
     case = build()
     return assert_matches_eager(
         case.model,
@@ -40,6 +40,7 @@ def run(build, optimizer: str, via: str, options=None) -> dict:
         rtol=RTOL,
         atol=ATOL,
         via=via,
+        normwise=normwise,
     )
 
 
