@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import operator
-import os
-import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,7 +25,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from .errors import Issue
+from .errors import Issue, user_frame
 from .lowering import lookup
 
 __all__ = [
@@ -37,7 +35,6 @@ __all__ = [
     "is_leaf",
     "preserved",
     "trace_module",
-    "user_frame",
 ]
 
 # Tensor attributes and methods whose result only depends on the shape/dtype: folded.
@@ -75,28 +72,6 @@ _DATA_METHODS = frozenset({"item", "tolist", "nonzero", "masked_select", "unique
 _DATA_FUNCTIONS = frozenset(
     {torch.nonzero, torch.masked_select, torch.unique, torch.argwhere, torch.unique_consecutive}
 )
-
-_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-_OWN_DIR = os.path.dirname(__file__) + os.sep
-_STDLIB_DIR = os.path.dirname(os.__file__) + os.sep
-
-
-def _internal(path: str) -> bool:
-    """torch, popxl_fx and the standard library (not packages installed beside it)."""
-    if path.startswith((_TORCH_DIR, _OWN_DIR)):
-        return True
-    return path.startswith(_STDLIB_DIR) and not any(
-        part in ("site-packages", "dist-packages") for part in path.split(os.sep)
-    )
-
-
-def user_frame(stack: Sequence[traceback.FrameSummary] | None = None) -> str:
-    """``file:line`` of the innermost frame outside torch, popxl_fx and the stdlib."""
-    frames = stack if stack is not None else traceback.extract_stack()
-    for frame in reversed(frames):
-        if not frame.filename.startswith("<") and not _internal(os.path.abspath(frame.filename)):
-            return f"{frame.filename}:{frame.lineno}"
-    return "<unknown>"
 
 
 def is_leaf(module: nn.Module) -> bool:
@@ -267,8 +242,21 @@ class CaptureTracer(fx.Tracer):
         self._evaluating = True  # plain attribute reads and module calls while computing
         try:
             return self._call(node, args, kwargs)
+        except Exception as exc:  # the example inputs do not fit the model: say where
+            exc.add_note(
+                f"popxl_fx: while running {self._where(node)} on the example inputs "
+                f"(from {node.meta.get('source', '<unknown>')})"
+            )
+            raise
         finally:
             self._evaluating = False
+
+    def _where(self, node: fx.Node) -> str:
+        if node.op == "call_module":
+            module = self.root_module.get_submodule(node.target)
+            return f"{type(module).__name__} module '{node.target}'"
+        path = node.meta.get("module_path", "")
+        return f"{_describe(node)} in " + (f"module '{path}'" if path else "the root module")
 
     def _call(self, node: fx.Node, args: tuple, kwargs: dict) -> Any:
         if node.op == "get_attr":

@@ -20,8 +20,8 @@ import torch.fx as fx
 from torch import nn
 
 from . import lowerings  # noqa: F401  (registers the table)
-from .capture import Captured, CaptureTracer, preserved, trace_module, user_frame
-from .errors import Issue, UnsupportedError
+from .capture import Captured, CaptureTracer, preserved, trace_module
+from .errors import Issue, UnsupportedError, user_frame
 from .fallback import decomposition_issue
 from .lowering import lookup
 

@@ -141,7 +141,7 @@ def test_user_frames_skip_torch_popxl_fx_and_stdlib_but_not_installed_packages()
 
     import torchvision
 
-    from popxl_fx.capture import user_frame
+    from popxl_fx.errors import user_frame
 
     def frame(path):
         return traceback.FrameSummary(path, 7, "f", lookup_line=False)

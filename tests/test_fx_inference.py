@@ -147,3 +147,15 @@ class Growing(nn.Module):
 def test_shape_that_changes_between_calls_is_refused_at_build_time():
     with pytest.raises(UnsupportedError, match="shape changes between calls"):
         inference_model(Growing())(torch.ones(2, 4))
+
+
+def test_options_pick_the_device_and_bad_inputs_fail_like_eager_naming_the_line():
+    from popxl_fx.options import Options
+
+    model = nn.Sequential(nn.Linear(4, 2))
+    sim = inference_model(model, Options(device="cpu"))
+    torch.testing.assert_close(sim(torch.ones(3, 4)), model(torch.ones(3, 4)), rtol=0, atol=0)
+    assert sim.session.device_desc == "cpu"
+    with pytest.raises(RuntimeError, match="cannot be multiplied") as info:
+        sim(torch.ones(3, 5))  # the wrong width: torch's own error, located
+    assert "Linear module '0'" in info.value.__notes__[0]
