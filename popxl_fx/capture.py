@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import operator
-import os
-import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,10 +25,17 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from .errors import Issue
+from .errors import Issue, user_frame
 from .lowering import lookup
 
-__all__ = ["CaptureTracer", "Captured", "capture", "is_leaf", "preserved", "user_frame"]
+__all__ = [
+    "CaptureTracer",
+    "Captured",
+    "capture",
+    "is_leaf",
+    "preserved",
+    "trace_module",
+]
 
 # Tensor attributes and methods whose result only depends on the shape/dtype: folded.
 _FOLDED_ATTRS = frozenset(
@@ -68,28 +73,6 @@ _DATA_FUNCTIONS = frozenset(
     {torch.nonzero, torch.masked_select, torch.unique, torch.argwhere, torch.unique_consecutive}
 )
 
-_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-_OWN_DIR = os.path.dirname(__file__) + os.sep
-_STDLIB_DIR = os.path.dirname(os.__file__) + os.sep
-
-
-def _internal(path: str) -> bool:
-    """torch, popxl_fx and the standard library (not packages installed beside it)."""
-    if path.startswith((_TORCH_DIR, _OWN_DIR)):
-        return True
-    return path.startswith(_STDLIB_DIR) and not any(
-        part in ("site-packages", "dist-packages") for part in path.split(os.sep)
-    )
-
-
-def user_frame(stack: Sequence[traceback.FrameSummary] | None = None) -> str:
-    """``file:line`` of the innermost frame outside torch, popxl_fx and the stdlib."""
-    frames = stack if stack is not None else traceback.extract_stack()
-    for frame in reversed(frames):
-        if not frame.filename.startswith("<") and not _internal(os.path.abspath(frame.filename)):
-            return f"{frame.filename}:{frame.lineno}"
-    return "<unknown>"
-
 
 def is_leaf(module: nn.Module) -> bool:
     """Standard torch.nn modules with a lowering, or without children, are not traced into."""
@@ -107,6 +90,7 @@ class Captured:
     gm: fx.GraphModule
     issues: list[Issue] = field(default_factory=list)
     checked: list[Issue] | None = None
+    example_inputs: tuple = ()
 
 
 def _value(arg: Any) -> Any:
@@ -161,7 +145,7 @@ class CaptureTracer(fx.Tracer):
         example_inputs: Sequence[Any],
         leaf: Callable[[nn.Module], bool] = is_leaf,
     ) -> None:
-        super().__init__(param_shapes_constant=True)
+        super().__init__()  # shapes fold in _Proxy (also for parameters)
         self.record_stack_traces = True
         self.proxy_buffer_attributes = True
         self.root_module = root
@@ -205,9 +189,16 @@ class CaptureTracer(fx.Tracer):
     ) -> Any:
         if self._folds(kind, target, args):
             return self._fold(kind, target, args, kwargs)
-        proxy = super().create_proxy(kind, target, args, kwargs, name, type_expr, proxy_factory_fn)
-        self._annotate(proxy.node)
-        return proxy
+        return super().create_proxy(kind, target, args, kwargs, name, type_expr, proxy_factory_fn)
+
+    def create_node(
+        self, kind: str, target: Any, args: tuple, kwargs: dict, name=None, type_expr=None
+    ) -> fx.Node:
+        # Every node passes here, also the get_attr nodes fx makes for tensor constants.
+        node = super().create_node(kind, target, args, kwargs, name, type_expr)
+        if kind != "output":
+            self._annotate(node)
+        return node
 
     @staticmethod
     def _folds(kind: str, target: Any, args: tuple) -> bool:
@@ -251,8 +242,21 @@ class CaptureTracer(fx.Tracer):
         self._evaluating = True  # plain attribute reads and module calls while computing
         try:
             return self._call(node, args, kwargs)
+        except Exception as exc:  # the example inputs do not fit the model: say where
+            exc.add_note(
+                f"popxl_fx: while running {self._where(node)} on the example inputs "
+                f"(from {node.meta.get('source', '<unknown>')})"
+            )
+            raise
         finally:
             self._evaluating = False
+
+    def _where(self, node: fx.Node) -> str:
+        if node.op == "call_module":
+            module = self.root_module.get_submodule(node.target)
+            return f"{type(module).__name__} module '{node.target}'"
+        path = node.meta.get("module_path", "")
+        return f"{_describe(node)} in " + (f"module '{path}'" if path else "the root module")
 
     def _call(self, node: fx.Node, args: tuple, kwargs: dict) -> Any:
         if node.op == "get_attr":
@@ -347,6 +351,23 @@ def preserved(model: nn.Module) -> Iterator[None]:
                     b.copy_(saved[name])
 
 
+def trace_module(tracer: CaptureTracer, model: nn.Module) -> fx.GraphModule:
+    """Trace ``model`` with ``tracer`` and leave the model as it was.
+
+    torch.fx stores tensors that the forward creates from constants as ``_tensor_constantN``
+    attributes of the root; the graph module keeps them, the user's model does not.
+    """
+    before = set(vars(model))
+    try:
+        with preserved(model):
+            graph = tracer.trace(model)
+        return fx.GraphModule(model, graph, class_name=type(model).__name__)
+    finally:
+        for name in set(vars(model)) - before:
+            if name.startswith("_tensor_constant"):
+                delattr(model, name)
+
+
 def capture(model: nn.Module, example_inputs: Sequence[Any]) -> Captured:
     """Trace ``model`` on ``example_inputs`` (see the module docstring).
 
@@ -354,7 +375,6 @@ def capture(model: nn.Module, example_inputs: Sequence[Any]) -> Captured:
     on the model even in train mode (batch-norm statistics, dropout).
     """
     tracer = CaptureTracer(model, example_inputs)
-    with preserved(model):
-        graph = tracer.trace(model)
-    gm = fx.GraphModule(model, graph, class_name=type(model).__name__)
-    return Captured(gm, tracer.issues)
+    return Captured(
+        trace_module(tracer, model), tracer.issues, example_inputs=tuple(example_inputs)
+    )

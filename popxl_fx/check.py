@@ -20,12 +20,12 @@ import torch.fx as fx
 from torch import nn
 
 from . import lowerings  # noqa: F401  (registers the table)
-from .capture import Captured, CaptureTracer, preserved, user_frame
-from .errors import Issue, UnsupportedError
+from .capture import Captured, CaptureTracer, preserved, trace_module
+from .errors import Issue, UnsupportedError, user_frame
 from .fallback import decomposition_issue
 from .lowering import lookup
 
-__all__ = ["CheckReport", "check", "check_captured"]
+__all__ = ["CheckReport", "all_issues", "check", "check_captured"]
 
 
 @dataclass
@@ -61,14 +61,23 @@ def check(model: nn.Module, *example_inputs: Any) -> CheckReport:
     """
     report = CheckReport(type(model).__name__)
     first = _trace(model, example_inputs, report)
-    if first is None:
-        return report
-    report.issues += check_captured(first, model)
-    second = _trace(model, example_inputs, CheckReport(report.model))
-    if second is not None:
-        _add(report, _compare(first.gm, second.gm, "between calls"))
-    _add(report, _rerun_with_other_data(first.gm, model, example_inputs))
+    if first is not None:
+        report.issues += all_issues(first, model)
     return report
+
+
+def all_issues(captured: Captured, model: nn.Module) -> list[Issue]:
+    """`check_captured`, plus shapes that change between calls (a second trace) or with the
+    data (the graph re-run on other inputs)."""
+    issues = check_captured(captured, model)
+    second = _trace(model, captured.example_inputs, CheckReport(""))
+    found = [_rerun_with_other_data(captured.gm, model, captured.example_inputs)]
+    if second is not None:
+        found.insert(0, _compare(captured.gm, second.gm, "between calls"))
+    for issue in found:
+        if issue is not None and all(i.source != issue.source for i in issues):
+            issues.append(issue)
+    return issues
 
 
 def check_captured(captured: Captured, model: nn.Module) -> list[Issue]:
@@ -110,17 +119,11 @@ def _call_key(node: fx.Node, module: nn.Module | None) -> tuple:
     return (str(what), tuple(map(str, leaves)))
 
 
-def _add(report: CheckReport, issue: Issue | None) -> None:
-    if issue is not None and all(i.source != issue.source for i in report.issues):
-        report.issues.append(issue)
-
-
 def _trace(model: nn.Module, inputs: Sequence[Any], report: CheckReport) -> Captured | None:
     """Capture, turning an exception while tracing into an issue at the user's line."""
     tracer = CaptureTracer(model, inputs)
     try:
-        with preserved(model):
-            graph = tracer.trace(model)
+        gm = trace_module(tracer, model)
     except Exception as exc:  # noqa: BLE001 - the report says what failed, and where
         report.issues += tracer.issues
         message = str(exc).splitlines()[0] if str(exc) else ""
@@ -135,7 +138,7 @@ def _trace(model: nn.Module, inputs: Sequence[Any], report: CheckReport) -> Capt
             )
         )
         return None
-    return Captured(fx.GraphModule(model, graph, class_name=type(model).__name__), tracer.issues)
+    return Captured(gm, tracer.issues, example_inputs=tuple(inputs))
 
 
 def _shape(value: Any) -> Any:

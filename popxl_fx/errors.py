@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["Issue", "UnsupportedError"]
+import torch
+
+__all__ = ["Issue", "UnsupportedError", "user_frame"]
 
 
 @dataclass(frozen=True)
@@ -49,3 +54,26 @@ class UnsupportedError(Exception):
         ]
         lines += [f"  {issue}" for issue in self.issues]
         return "\n".join(lines)
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_OWN_DIR = os.path.dirname(__file__) + os.sep  # popxl_fx
+_STDLIB_DIR = os.path.dirname(os.__file__) + os.sep
+
+
+def _internal(path: str) -> bool:
+    """torch, popxl_fx and the standard library (not packages installed beside it)."""
+    if path.startswith((_TORCH_DIR, _OWN_DIR)):
+        return True
+    return path.startswith(_STDLIB_DIR) and not any(
+        part in ("site-packages", "dist-packages") for part in path.split(os.sep)
+    )
+
+
+def user_frame(stack: Sequence[traceback.FrameSummary] | None = None) -> str:
+    """``file:line`` of the innermost frame outside torch, popxl_fx and the stdlib."""
+    frames = stack if stack is not None else traceback.extract_stack()
+    for frame in reversed(frames):
+        if not frame.filename.startswith("<") and not _internal(os.path.abspath(frame.filename)):
+            return f"{frame.filename}:{frame.lineno}"
+    return "<unknown>"

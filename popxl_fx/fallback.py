@@ -62,7 +62,13 @@ def _call(node: fx.Node, root: torch.nn.Module) -> tuple[Callable, list[str], li
 
 
 def decompose(node: fx.Node, root: torch.nn.Module) -> Decomposition:
-    """Trace ``node``'s call on its example inputs into core ATen ops."""
+    """Trace ``node``'s call on its example inputs into core ATen ops (once per node)."""
+    if "decomposition" not in node.meta:
+        node.meta["decomposition"] = _decompose(node, root)
+    return node.meta["decomposition"]
+
+
+def _decompose(node: fx.Node, root: torch.nn.Module) -> Decomposition:
     call, names, state = _call(node, root)
     args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta["example_value"])
     leaves, spec = pytree.tree_flatten((args, kwargs))
@@ -117,7 +123,7 @@ def nearby_supported(target: Any, n: int = 5) -> list[str]:
 
 def _what(node: fx.Node, root: torch.nn.Module) -> str:
     if node.op == "call_module":
-        return f"{type(root.get_submodule(node.target)).__qualname__} module"
+        return f"{target_name(type(root.get_submodule(node.target)))} module"
     return target_name(node.target)
 
 

@@ -186,21 +186,42 @@ def run_graph(
 
 
 def lower_node(node: fx.Node, env: dict, ctx: LoweringContext) -> Any:
-    """Lower one call node through the table, or the ATen fallback when it has no entry."""
+    """Lower one call node through the table, or the ATen fallback when it has no entry.
+
+    An error raised by a lowering keeps its type and gains a note naming the fx node, its
+    target, the module path and the user's source line.
+    """
     args = fx.node.map_arg(node.args, env.__getitem__)
     kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
-    if node.op == "call_module":
-        module = ctx.owner.torch_module.get_submodule(node.target)
-        fn = lookup(type(module))
-        if fn is not None:
-            return fn(ctx, module, *args, **kwargs)
-    else:
-        fn = lookup(node.target)
-        if fn is not None:
-            return fn(ctx, *args, **kwargs)
+    try:
+        if node.op == "call_module":
+            module = ctx.owner.torch_module.get_submodule(node.target)
+            fn = lookup(type(module))
+            if fn is not None:
+                return fn(ctx, module, *args, **kwargs)
+        else:
+            fn = lookup(node.target)
+            if fn is not None:
+                return fn(ctx, *args, **kwargs)
+    except UnsupportedError:
+        raise
+    except Exception as exc:
+        exc.add_note(_where(node, ctx))
+        raise
     from .fallback import lower_by_decomposition
 
     return lower_by_decomposition(node, args, kwargs, ctx)
+
+
+def _where(node: fx.Node, ctx: LoweringContext) -> str:
+    if node.op == "call_module":
+        what = target_name(type(ctx.owner.torch_module.get_submodule(node.target)))
+    else:
+        what = target_name(node.target)
+    path = node.meta.get("module_path", "")
+    where = f"module '{path}'" if path else "the root module"
+    source = node.meta.get("source", "<unknown>")
+    return f"while lowering {what} (fx node '{node.name}' in {where}) from {source}"
 
 
 def unsupported(node: fx.Node, what: str, kind: str = "unsupported op", hint: str = "") -> Issue:

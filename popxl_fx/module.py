@@ -9,8 +9,10 @@ from the torch tensor, so the module fits ``create_graph``, ``bind``, ``autodiff
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
@@ -57,10 +59,14 @@ class Module(addons.Module):
         torch_module: the model; it is read, never changed.
         flatten_outputs: return the forward's outputs as a flat tuple of tensors (what
             ``create_graph`` needs for dict/nested outputs); `unflatten` restores the structure.
+        cache: as for `addons.Module`: reuse the graph for calls with the same input specs
+            (e.g. one graph for several ``call_module`` outlines).
     """
 
-    def __init__(self, torch_module: nn.Module, flatten_outputs: bool = False) -> None:
-        super().__init__()
+    def __init__(
+        self, torch_module: nn.Module, flatten_outputs: bool = False, cache: bool = False
+    ) -> None:
+        super().__init__(cache=cache)
         self.torch_module = torch_module
         self.flatten_outputs = flatten_outputs
         self.out_spec: pytree.TreeSpec | None = None
@@ -81,9 +87,9 @@ class Module(addons.Module):
         """Everything that stops the capture for these inputs from lowering (all at once)."""
         captured = self.capture(*example_inputs)
         if captured.checked is None:
-            from .check import check_captured  # check imports the lowering table
+            from .check import all_issues  # check imports the lowering table
 
-            captured.checked = check_captured(captured, self.torch_module)
+            captured.checked = all_issues(captured, self.torch_module)
         return list(captured.checked)
 
     def torch_names(self) -> dict[str, tuple[str, torch.Tensor]]:
@@ -99,7 +105,9 @@ class Module(addons.Module):
         if issues:
             raise UnsupportedError(type(self.torch_module).__name__, issues)
         self._vars, self._seed = {}, []
-        self._canonical = {id(t): n for n, (_, t) in self.torch_names().items()}
+        names = self.torch_names()
+        self._canonical = {id(t): n for n, (_, t) in names.items()}
+        self._kinds = {n: kind for n, (kind, _) in names.items()}
         try:
             out = run_graph(captured.gm, xs, self._context, self._attr)
             self._advance_seed()
@@ -151,15 +159,15 @@ class Module(addons.Module):
                 f"the tensor is not a parameter or buffer of {type(self.torch_module).__name__}."
             )
         if name not in self._vars:
-            kind = self.torch_names()[name][0]
+            kind = self._kinds[name]
             data = tensor.detach()
+            # overwrite=True: "fc.bias" merges into the "fc" sub-tree that "fc.weight" made
+            # (each name is added once: self._vars guards it).
             self._vars[name] = self.add_variable_input(
                 name,
-                lambda: data.cpu().numpy().copy(),
+                _host_data(data),
                 popxl.dtype.as_dtype(data.dtype),
                 by_ref=kind == "buffer",
-                # torch names are dotted ("fc1.bias" after "fc1.weight"): merge into the
-                # sub-tree; the name itself is new (checked above), so nothing is replaced
                 overwrite=True,
             )
         return self._vars[name]
@@ -178,3 +186,16 @@ class Module(addons.Module):
     def _advance_seed(self) -> None:
         if self._seed:
             ops.var_updates.copy_var_update_(self._seed[0], self._seed[1])
+
+
+def _host_data(tensor: torch.Tensor) -> Callable[[], np.ndarray]:
+    """The factory's data: one host copy of ``tensor``, made on first use and then reused
+    (a factory draws several times; copying a large model each time costs seconds)."""
+    copies: list[np.ndarray] = []
+
+    def data() -> np.ndarray:
+        if not copies:
+            copies.append(tensor.detach().cpu().numpy().copy())
+        return copies[0]
+
+    return data

@@ -145,27 +145,37 @@ class OptimizerProgram:
                 names = [n for n in g.names if n in grads]
                 if not names:
                     continue
-                hyper = _SGD_HYPER if self.kind == "sgd" else _ADAM_HYPER
-                g.streams = {
-                    h: popxl.h2d_stream((), popxl.float32, f"optimizer.group{g.index}.{h}")
-                    for h in hyper
-                }
-                hp = {h: ops.host_load(s, h) for h, s in g.streams.items()}
+                loaded: dict[str, dict] = {}
                 for n in names:
+                    hp = self._hyper(g, params[n].dtype, loaded)
                     update = self._sgd if self.kind == "sgd" else self._adam
                     update(n, params[n], grads[n], hp, pg)
 
-    def _initial(self, name: str, key: str, shape: tuple) -> np.ndarray:
-        """The torch optimizer's state value (zeros where it has none) as float32."""
+    def _hyper(self, g: _Group, dtype: popxl.dtype, loaded: dict) -> dict[str, popxl.Tensor]:
+        """The group's hyper-parameter scalars in ``dtype`` (one stream each, made once)."""
+        if dtype.name not in loaded:
+            suffix = "" if dtype == popxl.float32 else f".{dtype.name}"
+            hyper = _SGD_HYPER if self.kind == "sgd" else _ADAM_HYPER
+            streams = {
+                h + suffix: popxl.h2d_stream((), dtype, f"optimizer.group{g.index}.{h}{suffix}")
+                for h in hyper
+            }
+            g.streams.update(streams)
+            loaded[dtype.name] = {h: ops.host_load(streams[h + suffix], h + suffix) for h in hyper}
+        return loaded[dtype.name]
+
+    def _initial(self, name: str, key: str, shape: tuple, dtype: np.dtype) -> np.ndarray:
+        """The torch optimizer's state value (zeros where it has none)."""
         value = self.optimizer.state.get(self.params[name], {}).get(key)
         if value is None:
-            return np.zeros(shape, np.float32)
-        return value.detach().cpu().numpy().astype(np.float32).reshape(shape)
+            return np.zeros(shape, dtype)
+        return value.detach().cpu().numpy().astype(dtype).reshape(shape)
 
     def _state_var(self, name: str, key: str, like: popxl.Tensor) -> popxl.Variable:
-        shape = () if key == "step" else like.shape
-        data = self._initial(name, key, shape)
-        var = popxl.variable(data, popxl.float32, name=f"optimizer.{name}.{key}")
+        # torch keeps `step` as a float32 scalar and the rest in the parameter's dtype
+        shape, dtype = ((), popxl.float32) if key == "step" else (like.shape, like.dtype)
+        data = self._initial(name, key, shape, dtype.as_numpy())
+        var = popxl.variable(data, dtype, name=f"optimizer.{name}.{key}")
         self.state.setdefault(name, {})[key] = var
         return var
 
@@ -208,7 +218,12 @@ class OptimizerProgram:
             self._check_unchanged(g, pg)
             g.step += 1
             values = _sgd_hyper(pg, g.step) if self.kind == "sgd" else _adam_hyper(pg, g.step)
-            out.update({s: np.float32(values[h]) for h, s in g.streams.items()})
+            out.update(
+                {
+                    s: np.asarray(values[h.split(".")[0]], s.dtype.as_numpy())
+                    for h, s in g.streams.items()
+                }
+            )
         return out
 
     def _check_unchanged(self, g: _Group, pg: Mapping) -> None:
@@ -226,8 +241,8 @@ class OptimizerProgram:
             p = self.params[name]
             state = self.optimizer.state[p]
             for key, var in vars_.items():
-                t = torch.from_numpy(np.array(values[var], np.float32))
-                state[key] = t.reshape(()) if key == "step" else t.reshape(p.shape).to(p.dtype)
+                t = torch.from_numpy(np.array(values[var]))
+                state[key] = t.reshape(()) if key == "step" else t.reshape(p.shape)
 
     def state_from_torch(self) -> dict[popxl.Variable, np.ndarray]:
         """The state variables' values from the torch optimizer now (for
@@ -235,7 +250,7 @@ class OptimizerProgram:
         for g in self.groups:
             g.step = self._initial_step(g)
         return {
-            var: self._initial(name, key, tuple(var.shape))
+            var: self._initial(name, key, tuple(var.shape), var.dtype.as_numpy())
             for name, vars_ in self.state.items()
             for key, var in vars_.items()
         }

@@ -172,8 +172,8 @@ def _torchvision(name: str, **kwargs) -> Callable[[], Case]:
 
         torch.manual_seed(0)
         model = no_dropout(getattr(torchvision.models, name)(num_classes=10, **kwargs))
-        x = torch.randn(2, 3, 64, 64, generator=_gen(1))
-        return Case(model, (x,), torch.randint(0, 10, (2,), generator=_gen(2)), F.cross_entropy)
+        x = torch.randn(4, 3, 64, 64, generator=_gen(1))
+        return Case(model, (x,), torch.randint(0, 10, (4,), generator=_gen(2)), F.cross_entropy)
 
     return build
 

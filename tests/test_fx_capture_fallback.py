@@ -7,7 +7,7 @@ import torchvision
 from torch import nn
 
 from popxl_fx.errors import UnsupportedError
-from popxl_fx.lowering import LOWERINGS
+from popxl_fx.lowering import LOWERINGS, lowers
 
 from .fx_capture_util import eager_grads, run_module
 
@@ -121,7 +121,7 @@ def test_missing_aten_op_raises_with_module_path_source_and_missing_op():
     with pytest.raises(UnsupportedError) as info:
         run_module(Bilinear(), torch.randn(2, 3))
     (issue,) = info.value.issues
-    assert issue.kind == "unsupported module" and "Bilinear" in issue.what
+    assert issue.kind == "unsupported module" and issue.what == "torch.nn.Bilinear module"
     assert issue.module_path == "head.0"
     assert issue.source.endswith(f"test_fx_capture_fallback.py:{_line('self.head[0](x, x)')}")
     assert "aten._trilinear" in issue.hint
@@ -130,3 +130,30 @@ def test_missing_aten_op_raises_with_module_path_source_and_missing_op():
 def _line(text: str) -> int:
     with open(__file__) as f:
         return next(i for i, line in enumerate(f, 1) if text in line and "_line" not in line)
+
+
+def picky(x, mode):
+    return x * 2.0
+
+
+torch.fx.wrap("picky")
+
+
+@lowers(picky)  # a test-only entry that refuses one argument value
+def _picky(ctx, x, mode):
+    if mode != "ok":
+        raise ValueError(f"picky: mode={mode!r} is not supported")
+    return x * 2.0
+
+
+class Picky(nn.Module):
+    def forward(self, x):
+        return picky(x, "bad")  # picky-line
+
+
+def test_lowering_errors_keep_their_type_and_name_node_module_and_line():
+    with pytest.raises(ValueError, match="mode='bad'") as info:
+        run_module(Picky(), torch.randn(2, 3))
+    (note,) = info.value.__notes__
+    assert "fx node 'picky'" in note and "in the root module" in note
+    assert note.endswith(f"test_fx_capture_fallback.py:{_line('# picky-line')}")

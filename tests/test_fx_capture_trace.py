@@ -105,20 +105,34 @@ def test_tied_weights_share_one_variable_and_dict_outputs_keep_their_structure()
     torch.testing.assert_close(skip, ref["skip"][0], rtol=0, atol=0)
 
 
-class Encoder(nn.Module):
+class Pair(nn.Module):
+    """Stands for a standard torch.nn module with children and no lowering."""
+
+    __module__ = "torch.nn.modules.fake"
+
     def __init__(self):
         super().__init__()
-        self.layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+        self.a = nn.Linear(8, 8)
+        self.b = nn.LayerNorm(8)
 
     def forward(self, x):
-        return self.layer(x)
+        return self.b(self.a(x))
+
+
+class WithPair(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.pair = Pair()
+
+    def forward(self, x):
+        return self.pair(x)
 
 
 def test_standard_module_without_lowering_but_with_children_is_traced_through():
-    model = Encoder().eval()
+    model = WithPair()
+    assert not is_leaf(model.pair) and is_leaf(model.pair.a)
     gm = capture(model, [torch.randn(2, 3, 8)]).gm
-    leaves = {n.target for n in gm.graph.nodes if n.op == "call_module"}
-    assert {"layer.linear1", "layer.linear2", "layer.norm1"} <= leaves
+    assert [n.target for n in gm.graph.nodes if n.op == "call_module"] == ["pair.a", "pair.b"]
 
 
 def test_user_frames_skip_torch_popxl_fx_and_stdlib_but_not_installed_packages():
@@ -127,7 +141,7 @@ def test_user_frames_skip_torch_popxl_fx_and_stdlib_but_not_installed_packages()
 
     import torchvision
 
-    from popxl_fx.capture import user_frame
+    from popxl_fx.errors import user_frame
 
     def frame(path):
         return traceback.FrameSummary(path, 7, "f", lookup_line=False)
@@ -140,3 +154,23 @@ def test_user_frames_skip_torch_popxl_fx_and_stdlib_but_not_installed_packages()
     assert user_frame([frame(__file__), frame(vision), *inner]) == f"{vision}:7"
     assert user_frame([frame(__file__), *inner]) == f"{__file__}:7"
     assert user_frame(inner) == "<unknown>"
+
+
+class Positional(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("offset", torch.linspace(-1.0, 1.0, 5))
+        self.table = torch.arange(5.0) / 10  # a plain tensor attribute: a constant
+
+    def forward(self, x):
+        steps = torch.arange(x.shape[1], dtype=x.dtype)  # built from a folded shape
+        return x * self.table + self.offset - steps
+
+
+def test_buffers_are_variables_plain_tensors_are_constants_and_the_model_is_untouched():
+    model, x = Positional(), torch.randn(3, 5)
+    attrs = set(vars(model))
+    ours = run_module(model, x)
+    assert set(vars(model)) == attrs  # fx's _tensor_constant attributes stay off the model
+    assert set(ours["variables"]) == {"offset"}
+    torch.testing.assert_close(ours["out"][0], model(x), rtol=0, atol=0)

@@ -130,3 +130,32 @@ def test_unsupported_model_raises_every_issue_before_building_and_is_left_unchan
     assert kinds == ["data-dependent control flow", "unsupported op"]
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k])
+
+
+class Growing(nn.Module):
+    """Its output shape grows with every call: a program built once would freeze it."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        return x[:, : self.calls] + 1.0
+
+
+def test_shape_that_changes_between_calls_is_refused_at_build_time():
+    with pytest.raises(UnsupportedError, match="shape changes between calls"):
+        inference_model(Growing())(torch.ones(2, 4))
+
+
+def test_options_pick_the_device_and_bad_inputs_fail_like_eager_naming_the_line():
+    from popxl_fx.options import Options
+
+    model = nn.Sequential(nn.Linear(4, 2))
+    sim = inference_model(model, Options(device="cpu"))
+    torch.testing.assert_close(sim(torch.ones(3, 4)), model(torch.ones(3, 4)), rtol=0, atol=0)
+    assert sim.session.device_desc == "cpu"
+    with pytest.raises(RuntimeError, match="cannot be multiplied") as info:
+        sim(torch.ones(3, 5))  # the wrong width: torch's own error, located
+    assert "Linear module '0'" in info.value.__notes__[0]

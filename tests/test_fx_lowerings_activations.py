@@ -3,6 +3,7 @@ atol 1e-6, gradients for a random cotangent at the same tolerance (float32 compo
 exp/log/tanh differ from torch's fused kernels by a few ulps)."""
 
 import pytest
+import torch
 import torch.nn.functional as F
 from torch import nn
 
@@ -65,6 +66,15 @@ def test_activation_module(module):
 @pytest.mark.parametrize("name", sorted(FUNCTIONS))
 def test_activation_function(name):
     check_lowering(Fn(FUNCTIONS[name]), randn(2, 4, 6, scale=3.0), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "module", [nn.ReLU(), nn.ReLU6(), nn.Hardtanh(-1.0, 2.0), nn.Hardsigmoid()], ids=repr
+)
+def test_gradient_at_the_kinks_follows_torch(module):
+    # values exactly at the bounds: torch's hardtanh/relu6/relu pass no gradient there
+    x = torch.tensor([[-3.0, -1.0, 0.0, 2.0, 3.0, 6.0, 0.5, 7.0]])
+    check_lowering(seq(module), x, rtol=1e-6, atol=1e-7)
 
 
 def test_softplus_large_inputs_do_not_overflow():

@@ -12,8 +12,14 @@ from torch import nn
 from .fx_cases import Fn, randn, seq
 from .fx_harness import check_lowering, lowered_ops
 
-# torch.arange/zeros/ones/full with constant shapes are folded into constants by capture.
+# torch.arange/zeros/ones/full/eye with constant shapes are folded into constants by capture
 CREATION = {
+    "arange_plus_x": lambda x: x + torch.arange(5),
+    "arange_float_step": lambda x: x * torch.arange(0.5, 3.0, 0.5),
+    "zeros_ones_full": lambda x: (
+        x + torch.zeros(3, 5) * torch.ones((1, 5)) - torch.full((3, 5), 2.5)
+    ),
+    "eye": lambda x: x[:, :3] @ torch.eye(3, 5),
     "zeros_like": lambda x: torch.zeros_like(x) + x,
     "ones_like_dtype": lambda x: torch.ones_like(x, dtype=torch.int64),
     "full_like": lambda x: torch.full_like(x, 3.0) * x,

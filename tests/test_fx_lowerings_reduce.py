@@ -50,6 +50,10 @@ CASES = {
     "log_softmax": lambda x: F.log_softmax(x, 1),
     "torch_log_softmax": lambda x: torch.log_softmax(x, dim=0),
     "cumsum": lambda x: x.cumsum(1),
+    "topk_values": lambda x: x.topk(2, 1)[0],
+    "topk_smallest_indices": lambda x: torch.topk(x, 3, largest=False).indices,
+    "one_hot": lambda x: F.one_hot(x.argmax(-1), 6).float() * 2.0,
+    "one_hot_inferred": lambda x: F.one_hot(x.argmax(-1)),
     "cumsum_neg": lambda x: torch.cumsum(x, -1),
 }
 

@@ -259,3 +259,16 @@ def test_out_of_memory_on_ipu_hw_names_torch_tensors(caplog):
     ):
         trainer(x, y)
     assert model.weight.detach().double().sum() == checksum  # untouched
+
+
+def test_report_ir_and_schedule():
+    model = mlp()
+    trainer = training_model(model, OPTIMIZERS["adamw"](model.parameters()), mse, CPU)
+    with pytest.raises(RuntimeError, match="run one step first"):
+        trainer.print_schedule()
+    trainer(*data())
+    text = trainer.print_schedule()
+    assert "main:" in text and "forward:" in text and "backward:" in text
+    assert "ScaledAddLhsInplace" in text  # the AdamW update is in the program
+    assert trainer.ir is trainer.session.ir
+    assert "IPU memory (estimate" in trainer.report().summary()

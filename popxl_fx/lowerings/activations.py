@@ -67,11 +67,19 @@ def _mish(x):
 
 
 def _hardtanh(x, min_val=-1.0, max_val=1.0):
-    return ops.clip(x, float(min_val), float(max_val))
+    """Clamp whose gradient, like torch's hardtanh (and relu6), is zero at the bounds
+    themselves (ops.clip, like torch.clamp, passes it there)."""
+    lo, hi = float(min_val), float(max_val)
+    inside = ops.logical_and(ops.greater(x, const(lo, x.dtype)), ops.less(x, const(hi, x.dtype)))
+    return ops.where(inside, x, ops.detach(ops.clip(x, lo, hi)))
+
+
+def _relu6(x):
+    return _hardtanh(x, 0.0, 6.0)
 
 
 def _hardsigmoid(x):
-    return ops.clip(x + 3.0, 0.0, 6.0) * (1.0 / 6.0)
+    return _hardtanh(x + 3.0, 0.0, 6.0) * (1.0 / 6.0)
 
 
 def _hardswish(x):
@@ -119,7 +127,7 @@ def _no_inplace(fn: Callable) -> Callable:
 
 _FUNCTIONS = {
     (torch.relu, F.relu, "relu", "relu_", torch.relu_, F.relu_): _relu,
-    (F.relu6,): lambda x: ops.clip(x, 0.0, 6.0),
+    (F.relu6,): _relu6,
     (F.leaky_relu, "leaky_relu"): _leaky_relu,
     (F.elu, "elu"): _elu,
     (F.selu, torch.selu, "selu"): _selu,
@@ -145,7 +153,7 @@ for _targets, _fn in _FUNCTIONS.items():
 # leaf modules: each reads its hyper-parameters from the torch module -----------------------
 _MODULES: dict = {
     nn.ReLU: lambda m, x: _relu(x),
-    nn.ReLU6: lambda m, x: ops.clip(x, 0.0, 6.0),
+    nn.ReLU6: lambda m, x: _relu6(x),
     nn.LeakyReLU: lambda m, x: _leaky_relu(x, m.negative_slope),
     nn.ELU: lambda m, x: _elu(x, m.alpha),
     nn.SELU: lambda m, x: _selu(x),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -244,3 +245,18 @@ def _softmax2d_module(ctx, m, x):
 @lowers(torch.cumsum, "cumsum")
 def _cumsum(ctx, x, dim, dtype=None):
     return ops.cumsum(_sum_input(x, dtype), norm_dim(dim, x.rank))
+
+
+@lowers(torch.topk, "topk")
+def _topk(ctx, x, k, dim=-1, largest=True, sorted=True):
+    values, indices = ops.topk(x, int(k), norm_dim(dim, x.rank), bool(largest), bool(sorted))
+    return torch.return_types.topk((values, indices))
+
+
+@lowers(F.one_hot)
+def _one_hot(ctx, t, num_classes=-1):
+    # num_classes=-1 means max(t) + 1, read from the example run (a static graph needs it)
+    n = ctx.expected().shape[-1] if num_classes == -1 else int(num_classes)
+    classes = popxl.constant(np.arange(n, dtype=np.int32))
+    hot = ops.equal(ops.unsqueeze(ops.cast(t, popxl.int32), t.rank), classes)
+    return ops.cast(hot, popxl.int64)
