@@ -69,8 +69,10 @@ def _accumulate_infer(ins, kind, factor):
     if kind not in _RULES:
         raise ValueError(f"unknown accumulation kind {kind!r}; one of {sorted(_RULES)}")
     t, x = ins[0], ins[1]
-    check_float("t", t)
-    check_float("X", x)
+    # integer accumulators only add (PopXL's remote-variable examples do t += X on int32)
+    if not (kind == "add" and factor is None and len(ins) == 2 and not t.dtype.is_floating_point):
+        check_float("t", t)
+        check_float("X", x)
     if broadcast_shapes(t.shape, x.shape) != t.shape:
         raise ValueError(f"X {x.shape} must broadcast to the accumulator's shape {t.shape}")
     if len(ins) > 2:
@@ -103,6 +105,8 @@ def _accumulate_samples():
     h = rand(2, 2, seed=13, dtype=np.float16)
     return [
         _acc_sample("add", lambda a, b: accumulate_(a, b), lambda a, b: a + b, t, x),
+        _acc_sample("add", lambda a, b: accumulate_(a, b), lambda a, b: a + b,
+                    randint(3, 4, high=9), randint(4, high=9, seed=1), name="add_int32"),
         _acc_sample("add", lambda a, b: accumulate_(a, b, 0.5), lambda a, b: a + 0.5 * b, t, x,
                     name="add_float_f"),
         _acc_sample("add", lambda a, b, c: accumulate_(a, b, c), lambda a, b, c: a + c * b,
