@@ -133,8 +133,10 @@ class DotTree(Generic[T]):
     def insert(self, key: Key, value: Any, overwrite: bool = False) -> None:
         """Add ``value`` at ``key``; ValueError if it exists and ``overwrite`` is False.
 
-        A dotted insert builds a copy of the sub-tree and swaps it in, so a failed insert
-        leaves the tree unchanged. With ``overwrite=True`` a tree inserted over a tree merges.
+        As in popxl.addons, a dotted insert into an existing top-level key also needs
+        ``overwrite=True`` (then it merges into that sub-tree). A dotted insert builds a copy
+        of the sub-tree and swaps it in, so a failed insert leaves the tree unchanged. With
+        ``overwrite=True`` a tree inserted over a tree merges.
         """
         parts = _split(key)
         head = parts[0]
@@ -142,6 +144,9 @@ class DotTree(Generic[T]):
             existing = self._map.get(head)
             if existing is not None and not isinstance(existing, DotTree):
                 raise ValueError(f"Cannot insert {key!r}: {head!r} is a leaf, not a sub-tree.")
+            if existing is not None and not overwrite:
+                raise ValueError(f"Cannot insert {key!r}: key {head!r} already exists in "
+                                 f"{type(self).__name__}. Use overwrite=True to merge into it.")
             sub = existing.copy() if existing is not None else type(self)()
             sub.insert(".".join(parts[1:]), value, overwrite)
             self._map[head] = sub
@@ -183,6 +188,15 @@ class DotTree(Generic[T]):
                 v._clear()
             else:
                 del self._map[k]
+
+    def __bool__(self) -> bool:
+        # popxl.addons' trees are always truthy, even when empty (`assert tree.sub` after
+        # `_clear()` holds there); len() still counts the top-level keys.
+        return True
+
+    def len(self) -> int:
+        """The number of top-level keys (popxl.addons' spelling of ``len(tree)``)."""
+        return len(self._map)
 
     # copies and views ------------------------------------------------------------------
     def copy(self) -> DotTree:
@@ -248,7 +262,7 @@ class DotTree(Generic[T]):
         """A nested tree from a flat mapping of dotted (or int) keys."""
         tree = cls()
         for k, v in d.items():
-            tree.insert(k, v)
+            tree.insert(k, v, overwrite=True)  # merges "a.b" and "a.c" into one sub-tree
         return tree
 
     def unpack(self) -> tuple[tuple[str, ...], tuple[T, ...]]:

@@ -79,7 +79,20 @@ class GraphCache:
             kw_keys = tuple(sorted((k, _arg_key(v)) for k, v in kwargs.items()))
         except _Unhashable:
             return None
-        return (fn, ctx.ipu_id, ctx.io_tile_set, arg_keys, kw_keys)
+        return (_fn_key(fn), ctx.ipu_id, ctx.io_tile_set, arg_keys, kw_keys)
+
+
+def _fn_key(fn: Callable) -> Any:
+    """``fn`` itself, or its hash when its class defines ``__hash__`` without ``__eq__``.
+
+    popxl.addons keys its cache on hashes, so two module instances whose ``__hash__`` agree
+    (say, a hash of their config) share one graph; python's default ``__eq__`` (identity)
+    would keep them apart.
+    """
+    cls = type(fn)
+    if cls.__hash__ is not object.__hash__ and cls.__eq__ is object.__eq__:
+        return ("hash", cls, hash(fn))
+    return fn
 
 
 def tensor_inputs(fn: Callable, args, kwargs) -> list[Tensor]:

@@ -29,6 +29,7 @@ class Op:
         "tile_set",
         "name",
         "by_ref_modified",
+        "module_path",
         "__weakref__",
     )
 
@@ -54,6 +55,8 @@ class Op:
         self.tile_set = "io" if ctx.io_tile_set else "compute"
         self.name = name
         self.by_ref_modified: Set[int] = set()  # input indexes a by-ref call modifies
+        # the torch module that this op was lowered from (set by popxl_fx; used in OOM errors)
+        self.module_path: Optional[str] = None
 
     @property
     def type(self) -> str:

@@ -99,7 +99,8 @@ class Ir:
 
     @num_host_transfers.setter
     def num_host_transfers(self, value: int) -> None:
-        if not isinstance(value, int) or value < 1:
+        self._check_editable(f"setting num_host_transfers to {value!r}")
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"num_host_transfers must be a positive int, got {value!r}.")
         self._num_host_transfers = value
 
@@ -146,7 +147,18 @@ class Ir:
         }
 
     # graphs -------------------------------------------------------------------
+    def _check_editable(self, what: str) -> None:
+        """Refuse any change once a Session has compiled this Ir: it would be left out silently."""
+        if self._session is not None:
+            raise RuntimeError(
+                f"{self!r} is owned by {self._session!r}, which compiled it when it was built; "
+                f"{what} now would not be part of the compiled program. Build the whole "
+                "program (ops, variables, streams, graphs) before creating the Session, or "
+                "build a new Ir."
+            )
+
     def _new_graph(self, graph_id: str) -> Graph:
+        self._check_editable(f"creating graph {graph_id!r}")
         g = Graph._create(self, graph_id)
         self._graphs[graph_id] = g
         return g
@@ -155,6 +167,7 @@ class Ir:
         return f"{name}_subgraph({next(self._graph_counter)})"
 
     def _unique_tensor_id(self, base: str) -> str:
+        self._check_editable(f"creating tensor {base!r}")
         tid = base
         while tid in self._tensor_ids:
             tid = f"{base}__t{next(self._dedup_counter)}"

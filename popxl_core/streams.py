@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from .arg_checks import checked_dtype, checked_shape
 from .context import gcg
 from .dtypes import dtype
 from .tensor import Tensor, TensorSpec
@@ -51,16 +52,18 @@ class DeviceToHostStream(_Stream):
     """Carries one tensor per host transfer from the IPU to the host."""
 
 
-def _stream_tensor(shape, dt: dtype, name: str) -> Tensor:
+def _stream_tensor(shape, dt: dtype, name: str, kind: str) -> Tensor:
+    where = f"{kind}({name!r})"
+    spec = TensorSpec(checked_shape(shape, where), checked_dtype(dt, where))
     main = gcg().main_graph
-    return Tensor._create(main, main._create_tensor_id(name), TensorSpec(tuple(shape), dt))
+    return Tensor._create(main, main._create_tensor_id(name), spec)
 
 
 def h2d_stream(shape, dtype: dtype, name: Optional[str] = None) -> HostToDeviceStream:
     """A host-to-device stream; load from it with `ops.host_load`."""
-    return HostToDeviceStream(_stream_tensor(shape, dtype, name or "h2d_stream"))
+    return HostToDeviceStream(_stream_tensor(shape, dtype, name or "h2d_stream", "h2d_stream"))
 
 
 def d2h_stream(shape, dtype: dtype, name: Optional[str] = None) -> DeviceToHostStream:
     """A device-to-host stream; write to it with `ops.host_store`."""
-    return DeviceToHostStream(_stream_tensor(shape, dtype, name or "d2h_stream"))
+    return DeviceToHostStream(_stream_tensor(shape, dtype, name or "d2h_stream", "d2h_stream"))

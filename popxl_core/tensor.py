@@ -8,8 +8,10 @@ import numpy as np
 import torch
 
 from . import dtypes
+from .arg_checks import check_conversion, check_host_data, checked_dtype, checked_shape
 from .context import gcg, get_current_context
 from .dtypes import dtype
+from .host_data import to_numpy
 from .tensor_spec import TensorByRef, TensorSpec
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -28,6 +30,7 @@ __all__ = [
     "graph_input",
     "graph_output",
     "to_numpy",
+    "scalar_operand",
 ]
 
 HostTensor = Any  # numpy array, torch tensor, python scalar or nested list
@@ -181,7 +184,7 @@ class Tensor:
         data = np.asarray(value)
         if data.size == 0:
             raise ValueError(f"Cannot combine {self.id!r} with an empty value {value!r}.")
-        return constant(value, dtype or self.dtype)
+        return scalar_operand(value, dtype or self.dtype, self)
 
     # dunders -----------------------------------------------------------------
     def __add__(self, other):
@@ -303,33 +306,24 @@ class Constant(Tensor):
         return _ops().ipu_copy(self, dst, src)
 
 
+def scalar_operand(value, dt: dtype, peer: Tensor) -> "Constant":
+    """``value`` as a constant of its peer tensor's dtype (PopXL's rule), naming the peer
+    if the value does not fit that dtype."""
+    try:
+        return constant(value, dt)
+    except ValueError as e:
+        raise ValueError(f"Combining {peer.id!r} ({peer.dtype.name}) with {value!r}: {e}") from None
+
+
 def _ops():
     from . import ops
 
     return ops
 
 
-def to_numpy(data: HostTensor, dtype: Optional[dtype] = None, downcast: bool = True) -> np.ndarray:
-    """Host data as a C-contiguous numpy array, downcasting 64-bit types like popxl."""
-    if isinstance(data, torch.Tensor):
-        data = data.detach().cpu().numpy()
-    arr = np.array(data, copy=True)
-    if dtype is not None:
-        arr = arr.astype(dtype.as_numpy(), copy=False)
-    elif downcast:
-        arr = _downcast(arr)
-    # ascontiguousarray turns 0-d arrays into (1,): keep scalars as shape ()
-    return np.ascontiguousarray(arr).reshape(arr.shape)
-
-
-def _downcast(arr: np.ndarray) -> np.ndarray:
-    table = {
-        np.dtype(np.int64): np.int32,
-        np.dtype(np.uint64): np.uint32,
-        np.dtype(np.float64): np.float32,
-    }
-    target = table.get(arr.dtype)
-    return arr.astype(target) if target is not None else arr
+def _check_data(data, dt, where: str) -> None:
+    checked_dtype(dt, where, optional=True)
+    check_host_data(data, where)
 
 
 def variable(
@@ -350,7 +344,10 @@ def variable(
             "variables can only be created in the main graph. Use a graph input (or an "
             "addons VariableFactory) and pass the variable at the call site."
         )
+    where = f"popxl.variable({name or 't'!r})"
+    _check_data(data, dtype, where)
     arr = to_numpy(data, dtype, downcast)
+    check_conversion(data, arr, where, downcast=dtype is None)
     groups = replica_grouping.num_groups if replica_grouping is not None else 1
     shape = arr.shape[1:] if groups > 1 else arr.shape
     if groups > 1 and (not arr.shape or arr.shape[0] != groups):
@@ -376,7 +373,10 @@ def constant(
 ) -> Constant:
     """Create a constant in the current graph; the data is copied."""
     g = gcg()
+    where = f"popxl.constant({name or 't'!r})"
+    _check_data(data, dtype, where)
     arr = to_numpy(data, dtype, downcast)
+    check_conversion(data, arr, where, downcast=dtype is None)
     spec = TensorSpec(arr.shape, dtype or dtypes.dtype.as_dtype(arr))
     c = Constant._create(g, g._create_tensor_id(name), spec)
     c._data = arr
@@ -390,7 +390,9 @@ def graph_input(
     g = gcg()
     if g is g.main_graph:
         raise ValueError("graph_input cannot be used in the main graph; use a stream or variable.")
-    t = Tensor._create(g, g._create_tensor_id(name), TensorSpec(shape, dtype, meta_shape))
+    where = f"graph_input({name or 't'!r})"
+    spec = TensorSpec(checked_shape(shape, where), checked_dtype(dtype, where), meta_shape)
+    t = Tensor._create(g, g._create_tensor_id(name), spec)
     g._add_input(t, by_ref)
     return t
 
@@ -405,4 +407,5 @@ def graph_output(t: Tensor) -> None:
             f"graph_output: tensor {t.id!r} belongs to {t.graph.name!r}, "
             f"not to the current graph {g.name!r}."
         )
+    g.ir._check_editable(f"marking {t.id!r} as an output of graph {g.name!r}")
     g._outputs.append(t)

@@ -6,6 +6,7 @@ import math
 from collections.abc import Mapping
 from typing import Iterator
 
+from .arg_checks import checked_dtype, checked_shape
 from .dtypes import dtype
 
 __all__ = ["TensorSpec", "TensorByRef"]
@@ -17,9 +18,9 @@ class TensorSpec(Mapping):
     __slots__ = ("shape", "dtype", "meta_shape")
 
     def __init__(self, shape, dtype: dtype, meta_shape=()) -> None:
-        self.shape = tuple(int(s) for s in shape)
-        self.dtype = dtype
-        self.meta_shape = tuple(meta_shape or ())
+        self.shape = checked_shape(shape, "TensorSpec")
+        self.dtype = checked_dtype(dtype, "TensorSpec")
+        self.meta_shape = checked_shape(meta_shape or (), "TensorSpec meta_shape")
 
     def __getitem__(self, key):
         if key not in ("shape", "dtype", "meta_shape"):

@@ -1,3 +1,27 @@
-"""popxl_fx: the torch.fx frontend for popxl_core (grows here), plus data helpers for examples."""
+"""popxl_fx: trace PyTorch models into PopXL programs and train them on the simulated IPU.
 
-__all__: list = []
+Ways in: `training_model` (forward, loss, autodiff and a torch optimizer as one program),
+`compile` (forward and backward on the simulator inside an unchanged torch loop) and
+`testing.assert_matches_eager`; `Options` picks the device. `data` holds the examples' data.
+"""
+
+from . import testing
+from .api import Options, Trainer, compile, training_model
+from .check import CheckReport, check
+from .errors import Issue, UnsupportedError
+from .inference import InferenceModel, inference_model
+from .lowering import LoweringContext, lowers
+from .module import Module
+
+__all__ = ["Options", "Trainer", "compile", "testing", "training_model"]
+__all__ += [
+    "CheckReport",
+    "InferenceModel",
+    "Issue",
+    "LoweringContext",
+    "Module",
+    "UnsupportedError",
+    "check",
+    "inference_model",
+    "lowers",
+]

@@ -82,7 +82,12 @@ def test_failed_nested_insert_leaves_tree_unchanged():
     with pytest.raises(ValueError):
         t.insert("a.b", 3)
     assert t.to_dict() == {"a.b": 1} and t.a is before
-    t.insert("a.c", 4)
+    with pytest.raises(ValueError, match="overwrite=True to merge"):
+        t.insert("a.c", 4)  # popxl.addons: an existing top-level key needs overwrite=True
+    assert t.to_dict() == {"a.b": 1} and t.a is before
+    with pytest.raises(ValueError):
+        t.insert("a.b.c", 2, overwrite=True)  # a leaf never becomes a sub-tree
+    t.insert("a.c", 4, overwrite=True)
     assert t.to_dict() == {"a.b": 1, "a.c": 4}
 
 
@@ -109,7 +114,7 @@ def test_copy_copies_subtrees_and_shares_leaves():
     t = DotTree.from_dict({"a.b": leaf})
     c = t.copy()
     assert c.a is not t.a and c.a.b is leaf
-    c.insert("a.z", 1)
+    c.insert("a.z", 1, overwrite=True)
     assert "a.z" not in t
 
 
@@ -211,3 +216,11 @@ def test_subtrees_keep_the_class():
     t.insert("a.b", 1)
     assert type(t.a) is addons.NamedTensors
     assert type(t.copy()) is addons.NamedTensors
+
+
+def test_trees_are_truthy_when_empty_and_len_counts_top_level_keys():
+    t = DotTree.from_dict({"a.b": 1, "a.c": 2, "d": 3})
+    assert t.len() == len(t) == 2
+    t._clear()
+    assert t.a and t.a.len() == 0 and t.to_dict() == {}  # sub-tree objects stay, emptied
+    assert DotTree()

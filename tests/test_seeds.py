@@ -19,8 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from popxl_fx.cli import SEEDS_ENV, default_seeds_dir
+
 ROOT = Path(__file__).resolve().parents[1]
-SEEDS = Path(os.environ.get("POPXL_FX_SEEDS", ROOT.parent / "shared" / "seeds"))
+SEEDS = default_seeds_dir()  # $POPXL_FX_SEEDS_DIR, else ../shared/seeds beside the repo
 BATCHES = 150
 sys.path.insert(0, str(ROOT / "tools"))
 import seed_runner  # noqa: E402
@@ -33,7 +35,10 @@ EXPECTED_SKIPS = {"001": ["x", "call", "call"], "000": []}
 def _seed(prefix: str) -> Path:
     found = sorted(SEEDS.glob(f"{prefix}_*.txt"))
     if not found:
-        pytest.skip(f"seed {prefix} not found in {SEEDS} (the seeds live outside the repo)")
+        pytest.skip(
+            f"seed {prefix} not found in {SEEDS} (the seeds live outside the repo; "
+            f"set {SEEDS_ENV} to their folder)"
+        )
     return found[0]
 
 

@@ -16,11 +16,12 @@ from popxl_core import ops
 from popxl_core.sim.cost import CODE_BYTES_PER_OP, CODE_BYTES_PER_TILE, CONTROL_CYCLES, CostModel
 from popxl_core.sim.liveness import LivenessAnalysis
 from popxl_core.sim.machine import IPU_MODEL, MK2
-from popxl_core.sim.plan import OutOfMemoryError, build_plan
+from popxl_core.sim.plan import OutOfMemoryError, OutOfMemoryWarning, build_plan
 from popxl_core.sim.report import SimReport
 
 LEAF_CODE = CODE_BYTES_PER_OP + CODE_BYTES_PER_TILE  # a leaf op on one tile (< 256 B tensors)
 SYNC = 40  # ceil(2 x 15 ns x 1 hop x 1.327 GHz)
+RUN = MK2.run_overhead_cycles  # the fixed cost of one Session.run
 
 
 def f32(*shape):
@@ -68,7 +69,9 @@ def test_liveness_of_a_chain_is_exact():
     live = plan.liveness
     assert [step[0] for step in live.curve] == [4000, 8000, 12000, 8000]
     assert live.peak == {0: 12000} and live.peak_step == {0: 2}
-    assert {name for name, _ in live.top[0]} == {"t1", "t2", t3.id}
+    assert {t.name for t in live.top[0]} == {"t1", "t2", t3.id}
+    assert {t.op for t in live.top[0]} == {f"{t.producer.type}.{t.producer.id}"
+                                           for t in (t1, t2, t3)}
     assert plan.memory[0].activations == 12000
     # t1..t4 are 4000 B = 16 grains of 256 B, so each op is spread over 16 tiles
     code = 4 * (CODE_BYTES_PER_OP + 16 * CODE_BYTES_PER_TILE)
@@ -204,7 +207,8 @@ def test_session_on_ipu_hw_raises_oom_and_ipu_model_only_reports_it():
     ir = _huge_activation_ir()
     with pytest.raises(OutOfMemoryError, match=r"IPU 0 of 'ipu_hw'.*needs 1\.17 GiB.*897 MiB"):
         popxl.Session(ir, "ipu_hw")
-    session = popxl.Session(ir, "ipu_model")  # the same Ir: the failed Session did not own it
+    with pytest.warns(OutOfMemoryWarning, match="'ipu_hw' would stop here"):
+        session = popxl.Session(ir, "ipu_model")  # the same Ir: the failed one did not own it
     report = session.report
     assert report.plan.out_of_memory == [0]
     assert "OUT OF MEMORY" in report.summary()
@@ -216,7 +220,8 @@ def test_mlp_weights_fit_ipu_hw_but_not_the_4_tile_ipu_model():
     with ir.main_graph:
         popxl.variable(f32(784, 1024), name="w")  # 3.06 MiB > 2.44 MiB (4 tiles)
     assert build_plan(ir, MK2).out_of_memory == []
-    assert build_plan(ir, IPU_MODEL).out_of_memory == [0]
+    with pytest.warns(OutOfMemoryWarning):
+        assert build_plan(ir, IPU_MODEL).out_of_memory == [0]
     assert IPU_MODEL.bytes_per_ipu == 4 * 638_976 and MK2.bytes_per_ipu == 1472 * 638_976
 
 
@@ -229,7 +234,7 @@ def test_add_cycles_are_the_bsp_formula():
         ops.add(a, b)
     plan = build_plan(ir, MK2)
     # compute: max(4096 flops / (64 x 32), 3 x 16384 B / (64 x 24)) + 200; no exchange
-    assert plan.cycles == 32 + 200 + SYNC
+    assert plan.cycles == 32 + 200 + SYNC + RUN
     assert plan.work.cycles.compute == 232 and plan.work.cycles.exchange == 0
 
 
@@ -251,7 +256,7 @@ def test_host_transfers_cost_latency_plus_bandwidth():
         ops.host_store(o, ops.host_load(s))
     plan = build_plan(ir, MK2)
     one = ceil((MK2.host_latency_s + 4000 / MK2.host_bytes_per_s) * MK2.clock_hz)
-    assert plan.work.cycles.host == 2 * one and plan.cycles == 2 * (one + SYNC)
+    assert plan.work.cycles.host == 2 * one and plan.cycles == 2 * (one + SYNC) + RUN
     assert plan.work.host_bytes_in == 4000 and plan.work.host_bytes_out == 4000
 
 
@@ -269,7 +274,7 @@ def test_cycles_grow_linearly_with_repeat_count():
     _, body = _repeat_plan(1)
     per_iteration = CostModel(MK2).graph_work(body).cycles.total + CONTROL_CYCLES
     assert [b - a for a, b in itertools.pairwise(cycles)] == [per_iteration] * 3
-    assert cycles[0] == per_iteration  # nothing else in the main graph
+    assert cycles[0] == per_iteration + RUN  # nothing else in the main graph
 
 
 def test_call_costs_its_callee_and_if_its_dearer_branch():
@@ -282,7 +287,7 @@ def test_call_costs_its_callee_and_if_its_dearer_branch():
         ops.conditional(flag, cheap, dear, then_inputs=[v], else_inputs=[v])
     plan = build_plan(ir, MK2)
     add = CostModel(MK2).graph_work(cheap).cycles.total
-    assert plan.cycles == CONTROL_CYCLES + 2 * add
+    assert plan.cycles == CONTROL_CYCLES + 2 * add + RUN
     assert plan.work.flops == 128
 
 

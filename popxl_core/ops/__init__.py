@@ -5,6 +5,8 @@ from .activations import *  # noqa: F401,F403
 from .activations import __all__ as _activations_all
 from .call import *  # noqa: F401,F403
 from .call import __all__ as _call_all
+from .code_load import *  # noqa: F401,F403
+from .code_load import __all__ as _code_load_all
 from .conditional import *  # noqa: F401,F403
 from .conditional import __all__ as _conditional_all
 from .elementwise import *  # noqa: F401,F403
@@ -38,6 +40,7 @@ __all__ = [
     "collectives",
     "var_updates",
     *_call_all,
+    *_code_load_all,
     *_conditional_all,
     *_elementwise_all,
     *_indexing_all,

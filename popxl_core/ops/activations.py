@@ -12,9 +12,10 @@ import torch
 import torch.nn.functional as F
 
 from ..tensor import Tensor
+from ._dtype_rules import floating
 from ._utils import rand, same_dtype
 from .registry import Cost, OpDef, Sample, create_op, register
-from .unary import same_spec, unary_samples
+from .unary import float_spec, unary_samples
 
 __all__ = [
     "gelu",
@@ -61,13 +62,13 @@ def _relu_inplace_kernel(x):
     return x.relu_()
 
 
-RELU = register(OpDef("Relu", same_spec, torch.relu, grad=_relu_grad,
+RELU = register(OpDef("Relu", float_spec, torch.relu, grad=_relu_grad,
                       samples=unary_samples(lambda x: relu(x), torch.relu, seed=300)))
 RELU_INPLACE = register(OpDef(
-    "ReluInplace", same_spec, _relu_inplace_kernel, grad=_relu_grad, inplace=(0,),
+    "ReluInplace", float_spec, _relu_inplace_kernel, grad=_relu_grad, inplace=(0,),
     out_name="relu_out", samples=unary_samples(lambda x: relu_(x * 1.0), torch.relu, seed=302)))
 SIGMOID = register(OpDef(
-    "Sigmoid", same_spec, torch.sigmoid, grad=_sigmoid_grad, cost=_flops(4),
+    "Sigmoid", float_spec, torch.sigmoid, grad=_sigmoid_grad, cost=_flops(4),
     samples=unary_samples(lambda x: sigmoid(x), torch.sigmoid, -4.0, 4.0, seed=304)))
 
 
@@ -127,7 +128,7 @@ def _activation(name: str, public: str, fwd: Callable, backward: Callable, flops
     ``public`` is the op function's name; samples call it and its ``public + '_'`` form.
     """
     grad_def = register(OpDef(
-        f"{name}Grad", _grad_op_infer, backward, cost=_flops(2 * flops),
+        f"{name}Grad", floating(_grad_op_infer, (0, 1)), backward, cost=_flops(2 * flops),
         samples=_grad_samples(lambda g, x: create_op(grad_def, [g, x])[0], fwd, seed)))
 
     def grad(ctx):
@@ -138,10 +139,10 @@ def _activation(name: str, public: str, fwd: Callable, backward: Callable, flops
 
     lo, hi = -3.0, 3.0
     fwd_def = register(OpDef(
-        name, same_spec, fwd, grad=grad, cost=_flops(flops),
+        name, float_spec, fwd, grad=grad, cost=_flops(flops),
         samples=unary_samples(lambda x: globals()[public](x), fwd, lo, hi, seed + 2)))
     inplace_def = register(OpDef(
-        f"{name}Inplace", same_spec, inplace_kernel, grad=grad, cost=_flops(flops),
+        f"{name}Inplace", float_spec, inplace_kernel, grad=grad, cost=_flops(flops),
         inplace=(0,), out_name=f"{name.lower()}_out",
         samples=unary_samples(lambda x: globals()[public + "_"](x * 1.0), fwd, lo, hi,
                               seed + 4)))

@@ -157,8 +157,33 @@ def _check_callable(graph: Graph) -> None:
         raise TypeError(f"Expected a popxl.Graph to call, got {type(graph).__name__}.")
     if graph is graph.main_graph:
         raise ValueError("The main graph cannot be called.")
-    if graph.ir is not gcg().ir:
-        raise ValueError(f"Graph {graph.id!r} belongs to another Ir.")
+    caller = gcg()
+    if graph.ir is not caller.ir:
+        raise ValueError(
+            f"Graph {graph.id!r} belongs to {graph.ir!r}, but it is called from graph "
+            f"{caller.name or 'main'!r} of {caller.ir!r}."
+        )
+    path = _call_path(graph, caller)
+    if path is not None:
+        raise ValueError(
+            f"Graph {caller.name!r} cannot call {graph.id!r}: "
+            f"{' -> '.join(repr(g.id) for g in (caller, *path))} would be a recursive call, "
+            "and graphs cannot call themselves. Use ops.repeat for a loop."
+        )
+
+
+def _call_path(graph: Graph, target: Graph):
+    """The chain of graphs from ``graph`` to ``target`` through call sites, or None."""
+    stack, seen = [(graph, (graph,))], set()
+    while stack:
+        g, path = stack.pop()
+        if g is target:
+            return path
+        if g in seen:
+            continue
+        seen.add(g)
+        stack.extend((c, (*path, c)) for op in g._ops for c in op.called_graphs)
+    return None
 
 
 # Call -------------------------------------------------------------------------------
@@ -170,7 +195,8 @@ def _emit_call(op: Op, em) -> None:
     g = op.called_graphs[0]
     fn = em.graph_fn(g)
     modified = em.program.modified_inputs[g]
-    by_ref = {i for i, t in enumerate(g._inputs) if t in g._by_ref_inputs}
+    # by reference: TensorByRef graph inputs, and set_parent_input_modified at this call site
+    by_ref = {i for i, t in enumerate(g._inputs) if t in g._by_ref_inputs} | op.by_ref_modified
     args = [
         f"{em.name(t)}.clone()" if i in modified and i not in by_ref else em.name(t)
         for i, t in enumerate(op.inputs)

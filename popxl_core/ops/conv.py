@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from ..tensor import Tensor
 from . import _spatial as sp
+from ._dtype_rules import check_float
 from ._utils import rand, same_dtype, spec
 from .registry import Cost, OpDef, Sample, create_op, register
 
@@ -38,8 +39,7 @@ def _conv_cost(side: str):
 
 def _check_float(x, w) -> None:
     same_dtype(x, w)
-    if not x.dtype.is_floating_point:
-        raise TypeError(f"convolution inputs must be floating point, got {x.dtype.name}")
+    check_float(x, "the convolution input")
 
 
 def _conv_out_sizes(x_shape, w_shape, stride, pads, dilation) -> tuple[int, ...]:

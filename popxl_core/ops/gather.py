@@ -3,8 +3,9 @@
 `scatter_reduce` and `onehot` have their own modules.
 
 Index conventions (the simulator's, documented because the IPU leaves some undefined):
-- ``Gather`` does not wrap negative indices; an index outside ``[0, n)`` raises at run time,
-  or gives zeros with ``zero_OOR=True``.
+- ``Gather`` does not wrap negative indices; an index outside ``[0, n)`` gives zeros with
+  ``zero_OOR=True``, and an unspecified row on the IPU with ``zero_OOR=False`` (never an
+  error), which the simulator also makes zeros.
 - ``Scatter`` and ``GatherElements`` need indices in ``[0, n)`` (IPU offsets are unsigned; ONNX's
   negative indices are not wrapped at run time), else they raise.
 - ``ScatterReduce`` ignores indices outside ``[0, axis_size)`` (what sharded embeddings need).
@@ -17,9 +18,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..tensor import Tensor, constant
+from ..tensor import Constant, Tensor, constant
 from ._utils import rand, randint, spec
-from .registry import Cost, OpDef, Sample, create_op, register
+from .registry import Cost, OpDef, Sample, _user_frame, create_op, register
 
 __all__ = ["gather", "gather_elements", "scatter", "tied_gather"]
 
@@ -55,17 +56,13 @@ def _gather_kernel(x, idx, axis, zero_OOR, available_memory_proportion):
     axis %= x.dim()
     n, flat = x.shape[axis], idx.reshape(-1).long()
     out_shape = x.shape[:axis] + idx.shape + x.shape[axis + 1:]
-    if zero_OOR:
-        valid = (flat >= 0) & (flat < n)
-        out = torch.index_select(x, axis, torch.where(valid, flat, 0))
-        return torch.where(_along(valid, axis, x.dim()), out, 0).reshape(out_shape)
-    try:
+    valid = (flat >= 0) & (flat < n)
+    if bool(valid.all()):
         return torch.index_select(x, axis, flat).reshape(out_shape)
-    except IndexError:
-        bad = flat[(flat < 0) | (flat >= n)][:5].tolist()
-        raise IndexError(f"Gather: indices {bad} are outside [0, {n}) on axis {axis} of a "
-                         f"tensor of shape {tuple(x.shape)}; use zero_OOR=True to get zeros "
-                         "for them") from None
+    # zero_OOR=False leaves out-of-range rows unspecified on the IPU (no error is raised);
+    # the simulator gives them zeros too, so a run is deterministic either way.
+    out = torch.index_select(x, axis, torch.where(valid, flat, 0))
+    return torch.where(_along(valid, axis, x.dim()), out, 0).reshape(out_shape)
 
 
 def _gather_grad(ctx):
@@ -99,6 +96,8 @@ def _gather_samples(fn, with_getitem: bool = False):
                    lambda x, i: fn(x, i, axis=1), lambda x, i: x[:, i.long()], name="axis1"),
             Sample([rand(4, 3, seed=2), np.array([1, 5, -1, 3], np.int32)],
                    lambda x, i: fn(x, i, zero_OOR=True), oor, name="zero_OOR"),
+            Sample([rand(4, 3, seed=6), np.array([7, 2, -9, 0], np.int32)],
+                   lambda x, i: fn(x, i), oor, name="oor_no_error"),
             Sample([rand(4, 3, seed=3)], lambda x: fn(x, _scalar_index(2), -2), lambda x: x[2],
                    name="scalar_index"),
         ] + ([] if not with_getitem else [
@@ -120,6 +119,23 @@ TIED_GATHER = register(OpDef("TiedGather", _gather_infer, _gather_kernel, grad=_
                              samples=_gather_samples(lambda *a, **k: tied_gather(*a, **k))))
 
 
+def _check_constant_indices(t: Tensor, idx, axis: int, what: str) -> None:
+    """Indices known at build time (a Constant or host data) are checked at build time."""
+    if isinstance(idx, Tensor) and not isinstance(idx, Constant):
+        return
+    data = np.asarray(idx._data if isinstance(idx, Constant) else idx)
+    if not np.issubdtype(data.dtype, np.integer) or not -t.rank <= axis < t.rank:
+        return
+    n = t.shape[axis]
+    bad = data[(data < 0) | (data >= n)]
+    if bad.size:
+        name = f" of {idx.id!r}" if isinstance(idx, Tensor) else ""
+        raise IndexError(
+            f"{what}: constant indices {bad[:5].tolist()}{name} are outside [0, {n}) "
+            f"on axis {axis} of {t.id!r} {t.shape}{_user_frame()}"
+        )
+
+
 def _gather_attrs(axis, zero_OOR, available_memory_proportion) -> dict:
     amp = None if available_memory_proportion is None else float(available_memory_proportion)
     return {"axis": int(axis), "zero_OOR": bool(zero_OOR), "available_memory_proportion": amp}
@@ -138,7 +154,10 @@ def gather(t: Tensor, indices, axis: int = 0, available_memory_proportion: float
            zero_OOR: bool = False) -> Tensor:
     """Select slices of ``t`` along ``axis`` at ``indices`` (numpy ``take``)."""
     attrs = _gather_attrs(axis, zero_OOR, available_memory_proportion)
-    return create_op(GATHER, [t, _index_tensor(indices, t)], attrs)[0]
+    if not zero_OOR:
+        _check_constant_indices(t, indices, int(axis), "gather")
+    idx = _index_tensor(indices, t)
+    return create_op(GATHER, [t, idx], attrs)[0]
 
 
 def tied_gather(t: Tensor, indices, axis: int = 0,
@@ -146,7 +165,10 @@ def tied_gather(t: Tensor, indices, axis: int = 0,
                 zero_OOR: bool = False) -> Tensor:
     """`gather` for a weight shared with a matmul (a TiedGather op)."""
     attrs = _gather_attrs(axis, zero_OOR, available_memory_proportion)
-    return create_op(TIED_GATHER, [t, _index_tensor(indices, t)], attrs)[0]
+    if not zero_OOR:
+        _check_constant_indices(t, indices, int(axis), "tied_gather")
+    idx = _index_tensor(indices, t)
+    return create_op(TIED_GATHER, [t, idx], attrs)[0]
 
 
 # GatherElements (the adjoint of Scatter's values) ------------------------------------------
@@ -188,6 +210,7 @@ GATHER_ELEMENTS = register(OpDef(
 
 def gather_elements(t: Tensor, indices: Tensor, axis: int = 0) -> Tensor:
     """``out[..i..] = t[..indices[..i..]..]`` along ``axis`` (ONNX GatherElements)."""
+    _check_constant_indices(t, indices, int(axis), "gather_elements")
     return create_op(GATHER_ELEMENTS, [t, indices], {"axis": int(axis)})[0]
 
 
@@ -233,5 +256,6 @@ def scatter(t: Tensor, indices: Tensor, values: Tensor, axis: int = 0,
             available_memory_proportion: float | None = None) -> Tensor:
     """A copy of ``t`` with ``values`` written at ``indices`` along ``axis`` (ScatterElements)."""
     amp = None if available_memory_proportion is None else float(available_memory_proportion)
+    _check_constant_indices(t, indices, int(axis), "scatter")
     return create_op(SCATTER, [t, indices, values],
                      {"axis": int(axis), "available_memory_proportion": amp})[0]

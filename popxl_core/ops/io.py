@@ -5,12 +5,13 @@ from __future__ import annotations
 import sys
 from typing import Optional
 
-import numpy as np
 import torch
 
 from .. import dtypes
+from ..arg_checks import checked_dtype, checked_shape
 from ..streams import DeviceToHostStream, HostToDeviceStream
 from ..tensor import Tensor, TensorSpec
+from ._print_format import format_tensor, print_options
 from ._utils import rand
 from .registry import Cost, OpDef, Sample, create_op, no_cost, register
 
@@ -48,6 +49,8 @@ def init(
     shape, dtype: dtypes.dtype, name: Optional[str] = None, init_type: str = "zero", meta_shape=None
 ) -> Tensor:
     """A new tensor in the current graph, zero-filled ('zero') or left undefined ('undef')."""
+    where = f"ops.init({name or 'init'!r})"
+    shape, dtype = checked_shape(shape, where), checked_dtype(dtype, where)
     if init_type not in ("zero", "undef"):
         raise ValueError(f"init_type must be 'zero' or 'undef', got {init_type!r}.")
     attrs = dict(
@@ -117,15 +120,16 @@ def host_store(d2h_stream: DeviceToHostStream, t: Tensor) -> None:
 # PrintTensor -----------------------------------------------------------------------
 def _print_kernel(x, title, print_self, print_gradient, opts):
     if print_self:
-        with np.printoptions(**opts):
-            print(f"{title}: {x.detach().cpu().numpy()}", file=sys.stderr, flush=True)
+        print(format_tensor(title, x.detach().cpu().numpy(), opts), file=sys.stderr, flush=True)
     return x.clone()
 
 
 def _print_grad(ctx):
     g = ctx.grad_output(0)
     if ctx.attrs["print_gradient"]:
-        return [print_tensor(g, f"Gradient___{ctx.attrs['title']}")]
+        # PopXL titles the gradient "<title>_gradient" and prints it with the same options
+        attrs = dict(ctx.attrs, title=f"{ctx.attrs['title']}_gradient", print_gradient=False)
+        return [create_op(PRINT_TENSOR, [g], attrs)[0]]
     return [g]
 
 
@@ -157,16 +161,16 @@ def print_tensor(
     open_bracket: str = "[",
     close_bracket: str = "]",
 ) -> Tensor:
-    """Print ``t`` to stderr when the op runs; returns a copy of ``t``."""
-    opts = dict(
-        threshold=summarise_threshold,
-        edgeitems=edge_items,
-        linewidth=max_line_width,
-        precision=digits,
-    )
-    attrs = dict(
-        title=title or t.name, print_self=print_self, print_gradient=print_gradient, opts=opts
-    )
+    """Print ``t`` to stderr when the op runs; returns a copy of ``t``.
+
+    As in PopXL the title defaults to ``"print_<name>"``, and with ``print_gradient`` the
+    gradient is printed as ``"<title>_gradient"``; the values are written between
+    ``open_bracket`` and ``close_bracket``, separated by ``separator``.
+    """
+    opts = print_options(summarise_threshold, edge_items, max_line_width, digits, float_format,
+                         separator, open_bracket, close_bracket)
+    title = f"print_{t.name}" if title is None else title
+    attrs = dict(title=title, print_self=print_self, print_gradient=print_gradient, opts=opts)
     return create_op(PRINT_TENSOR, [t], attrs)[0]
 
 

@@ -13,7 +13,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..errors import OpDataError
 from ..tensor import Tensor
+from ._dtype_rules import check_float
 from ._utils import rand, randint, spec
 from .registry import Cost, OpDef, Sample, create_op, register
 
@@ -25,8 +27,7 @@ _REDUCTIONS = ("mean", "sum", "none")
 
 # softmax / log_softmax ---------------------------------------------------------------------
 def _softmax_infer(ins, axis):
-    if not ins[0].dtype.is_floating_point:
-        raise TypeError(f"input must be floating point, got {ins[0].dtype.name}")
+    check_float(ins[0])
     return [ins[0]]
 
 
@@ -104,8 +105,19 @@ def _pick(probs: torch.Tensor, labels: torch.Tensor, ignore_index):
     """probs[..., label] and the mask of labels that count."""
     lab = labels.long()
     valid = lab != ignore_index if ignore_index is not None else torch.ones_like(lab, dtype=bool)
+    _check_labels(lab, valid, probs.shape[-1])
     safe = torch.where(valid, lab, torch.zeros_like(lab))  # ignored labels may be out of range
     return probs.gather(-1, safe.unsqueeze(-1)).squeeze(-1), valid, safe
+
+
+def _check_labels(lab: torch.Tensor, valid: torch.Tensor, classes: int) -> None:
+    bad = valid & ((lab < 0) | (lab >= classes))
+    if bool(bad.any()):
+        where = tuple(int(i) for i in bad.nonzero()[0])
+        raise OpDataError(
+            f"label {int(lab[where])} at index {where} is out of range for {classes} classes "
+            f"[0, {classes}) (and is not the ignore_index)"
+        )
 
 
 def _count(valid: torch.Tensor, dtype) -> torch.Tensor:

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ..tensor import Tensor
+from ._dtype_rules import floating
 from ._utils import rand, same_dtype, spec
 from .registry import Cost, OpDef, Sample, create_op, register
 
@@ -120,7 +121,7 @@ def _gn_grad_samples():
     return [Sample(inputs, build, ref, grad=False, rtol=1e-4, atol=1e-5)]
 
 
-GROUP_NORM = register(OpDef("GroupNormalization", _gn_infer, _gn_kernel, grad=_gn_grad,
+GROUP_NORM = register(OpDef("GroupNormalization", floating(_gn_infer), _gn_kernel, grad=_gn_grad,
                             cost=_norm_cost(8), samples=_gn_samples, out_name="group_norm_out"))
 GROUP_NORM_GRAD = register(OpDef("GroupNormalizationGrad", _gn_grad_infer, _gn_grad_kernel,
                                  cost=_norm_cost(12), samples=_gn_grad_samples,
@@ -216,7 +217,7 @@ def _bn_grad_samples():
     return [Sample(inputs, build, ref, grad=False, rtol=1e-4, atol=1e-5)]
 
 
-BATCH_NORM = register(OpDef("BatchNormalization", _bn_infer, _bn_kernel, grad=_bn_grad,
+BATCH_NORM = register(OpDef("BatchNormalization", floating(_bn_infer), _bn_kernel, grad=_bn_grad,
                             cost=_norm_cost(4), samples=_bn_samples,
                             out_name="batch_norm_out"))
 BATCH_NORM_GRAD = register(OpDef("BatchNormalizationGrad", _bn_grad_infer, _bn_grad_kernel,

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from ..tensor import Tensor
 from . import _spatial as sp
+from ._dtype_rules import check_float
 from ._utils import rand, same_dtype, spec
 from .registry import Cost, OpDef, Sample, create_op, register
 
@@ -41,8 +42,7 @@ def _pool_infer(ins, kernel, strides, pads, ceil_mode, dilation=None, **_):
     if len(kernel) != r:
         raise ValueError(f"kernel_size {tuple(kernel)} must have {r} values for the input "
                          f"{tuple(x.shape)}")
-    if not x.dtype.is_floating_point:
-        raise TypeError(f"pooling needs a floating point input, got {x.dtype.name}")
+    check_float(x, "the pooling input")
     dil = dilation or (1,) * r
     out = [_out_size(x.shape[2 + i], kernel[i], strides[i], pads[i], pads[r + i], dil[i],
                      ceil_mode) for i in range(r)]
@@ -151,7 +151,9 @@ def _avg_samples():
     S = Sample
     return [
         S([rand(2, 3, 6, 7, seed=110)], lambda x: average_pool(x, (2, 3)),
-          _ref_avg((2, 3), (2, 3), (0,) * 4)),
+          _ref_avg((2, 3), (1, 1), (0,) * 4), name="default_stride_1"),
+        S([rand(2, 3, 6, 7, seed=116)], lambda x: average_pool(x, (2, 3), (2, 3)),
+          _ref_avg((2, 3), (2, 3), (0,) * 4), name="stride_kernel"),
         S([rand(2, 3, 7, 7, seed=111)], lambda x: average_pool(x, (3, 3), (2, 2), (1, 1, 1, 1)),
           _ref_avg((3, 3), (2, 2), (1, 1, 1, 1)), name="padded"),
         S([rand(1, 2, 6, 5, seed=112)], lambda x: average_pool(x, (3, 2), (2, 1), (1, 0, 2, 1)),
@@ -160,7 +162,7 @@ def _avg_samples():
           lambda x: average_pool(x, (3,), (2,), (1, 1), ceil_mode=True),
           _ref_avg((3,), (2,), (1, 1), True), name="1d_ceil"),
         S([rand(1, 2, 4, 5, 6, seed=114)], lambda x: average_pool(x, (2, 2, 3)),
-          _ref_avg((2, 2, 3), (2, 2, 3), (0,) * 6), name="3d"),
+          _ref_avg((2, 2, 3), (1, 1, 1), (0,) * 6), name="3d"),
         S([rand(2, 2, 5, 6, seed=115)],
           lambda x: create_op(AVERAGE_POOL, [x], {"kernel": (3, 3), "strides": (2, 2),
                                                   "pads": (1,) * 4, "ceil_mode": True,
@@ -174,15 +176,18 @@ def _max_samples():
     S = Sample
     return [
         S([rand(2, 3, 6, 7, seed=120)], lambda x: max_pool(x, (2, 2)),
-          lambda x: F.max_pool2d(x, 2)),
+          lambda x: F.max_pool2d(x, 2, 1), name="default_stride_1"),
+        S([rand(2, 3, 6, 7, seed=125)], lambda x: max_pool(x, (2, 2), (2, 2)),
+          lambda x: F.max_pool2d(x, 2), name="stride_kernel"),
         S([rand(2, 3, 9, 8, seed=121)],
           lambda x: max_pool(x, (3, 2), (2, 1), (1, 1, 1, 1), dilation=(2, 1)),
           lambda x: F.max_pool2d(x, (3, 2), (2, 1), 1, (2, 1)), name="dilated"),
         S([rand(1, 2, 7, seed=122)], lambda x: max_pool(x, (3,), (2,), (0, 2)),
           lambda x: F.max_pool1d(F.pad(x, (0, 2), value=float("-inf")), 3, 2), name="1d_asym"),
-        S([rand(1, 2, 7, 6, seed=123)], lambda x: max_pool(x, (2, 2), ceil_mode=True),
+        S([rand(1, 2, 7, 6, seed=123)], lambda x: max_pool(x, (2, 2), (2, 2), ceil_mode=True),
           lambda x: F.max_pool2d(x, 2, ceil_mode=True), name="ceil"),
-        S([rand(1, 2, 5, 5, seed=124)], lambda x: max_pool(x, (3, 3), auto_pad="same_upper"),
+        S([rand(1, 2, 5, 5, seed=124)],
+          lambda x: max_pool(x, (3, 3), (3, 3), auto_pad="same_upper"),
           lambda x: F.max_pool2d(F.pad(x, (0, 1, 0, 1), value=float("-inf")), 3),
           name="same_upper"),
     ]
@@ -229,7 +234,8 @@ MAX_POOL_GRAD = register(OpDef("MaxPoolGrad", _max_grad_infer, _max_grad_kernel,
 def _pool_attrs(op, t, kernel_size, stride, padding, dilation, auto_pad, ceil_mode):
     r = sp.check_rank(t.shape, op)
     kernel = sp.spatial_tuple(kernel_size, r, f"{op} kernel_size", 0)
-    strides = sp.spatial_tuple(stride, r, f"{op} stride", 1) if stride is not None else kernel
+    # PopXL's default stride is 1 in every spatial dim (not the kernel size, as in torch)
+    strides = sp.spatial_tuple(1 if stride is None else stride, r, f"{op} stride", 1)
     dil = sp.spatial_tuple(dilation, r, f"{op} dilation", 1)
     pads = sp.spatial_tuple(padding, 2 * r, f"{op} padding", 0)
     if min(kernel) < 1 or min(strides) < 1 or min(dil) < 1 or min(pads) < 0:
@@ -253,8 +259,8 @@ def average_pool(t: Tensor, kernel_size: tuple[int, ...], stride: tuple[int, ...
                  dilation: tuple[int, ...] | None = None,
                  in_dilations: tuple[int, ...] | None = None, auto_pad: str = "not_set",
                  ceil_mode: bool = False) -> Tensor:
-    """Average over windows of ``kernel_size`` (stride defaults to the kernel size, as in
-    popxl); padding, in ONNX order, is not counted in the divisor."""
+    """Average over windows of ``kernel_size`` (stride defaults to 1, as in popxl, unlike
+    torch); padding, in ONNX order, is not counted in the divisor."""
     _check_unsupported("average_pool", out_pads, in_dilations)
     attrs, dil = _pool_attrs("average_pool", t, kernel_size, stride, padding, dilation,
                              auto_pad, ceil_mode)
@@ -268,7 +274,7 @@ def max_pool(t: Tensor, kernel_size: tuple[int, ...], stride: tuple[int, ...] | 
              dilation: tuple[int, ...] | None = None,
              in_dilations: tuple[int, ...] | None = None, auto_pad: str = "not_set",
              ceil_mode: bool = False, storage_order: str = "row") -> Tensor:
-    """Maximum over (dilated) windows of ``kernel_size`` (stride defaults to the kernel size);
+    """Maximum over (dilated) windows of ``kernel_size`` (stride defaults to 1, as in popxl);
     padding, in ONNX order, never wins. ``storage_order`` only affects indices, which popxl
     does not return."""
     _check_unsupported("max_pool", out_pads, in_dilations)

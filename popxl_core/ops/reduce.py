@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from ..tensor import Tensor
+from ._dtype_rules import check_float
 from ._utils import normalize_axes, spec
 from .reduce_index import argmax, argmin, cumsum, topk
 from .registry import Cost, OpDef, create_op, register
@@ -54,8 +55,8 @@ def reduced_shape(shape: Sequence[int], axes: tuple[int, ...], keepdims: bool) -
 def _make_infer(float_only: bool) -> Callable:
     def infer(ins, axes, keepdims):
         x = ins[0]
-        if float_only and not x.dtype.is_floating_point:
-            raise TypeError(f"input must be floating point, got {x.dtype.name}")
+        if float_only:
+            check_float(x)
         return [spec(reduced_shape(x.shape, axes, keepdims), x.dtype)]
 
     return infer

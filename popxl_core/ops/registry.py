@@ -131,6 +131,12 @@ def check_in_graph(graph: Graph, **tensors: Tensor) -> None:
     for arg, t in tensors.items():
         if not isinstance(t, Tensor):
             raise TypeError(f"Argument {arg!r} must be a popxl.Tensor, got {type(t).__name__}.")
+        if t.ir is not graph.ir:
+            raise ValueError(
+                f"Argument {arg!r} ({t.id!r}) belongs to {t.ir!r}, but the op is being created "
+                f"in {graph.ir!r} (graph {graph.name or 'main'!r}). Tensors cannot be shared "
+                "between Irs; create the tensor in this Ir."
+            )
         if t.graph is not graph:
             raise ValueError(
                 f"Argument {arg!r} ({t.id!r}) belongs to graph {t.graph.name or 'main'!r}, "
@@ -168,6 +174,7 @@ def create_op(
     opdef = get_opdef(opdef) if isinstance(opdef, str) else opdef
     g = graph or gcg()
     attrs = dict(attrs or {})
+    g.ir._check_editable(f"creating a {opdef.name} op in graph {g.name or 'main'!r}")
     try:
         check_in_graph(g, **{f"{opdef.name} input {i}": t for i, t in enumerate(inputs)})
     except (TypeError, ValueError) as e:

@@ -9,6 +9,7 @@ float dtypes (float32 weights updated with float16 gradients); the result has X'
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from ..tensor import Tensor
 from ._utils import as_tensor, broadcast_shapes, rand, spec, unbroadcast
@@ -49,14 +50,23 @@ def _scales(scales, a, b):
     return (next(it) if a is None else a), (next(it) if b is None else b)
 
 
+def _number(s):
+    """A one-element scale tensor read as a number, so that a scale fed per step (a learning
+    rate from a stream) rounds exactly like an attribute: torch's ``add(alpha=)`` fuses the
+    multiply-add, which is what optimisers written in torch (``p.add_(g, alpha=-lr)``) do."""
+    return s.item() if isinstance(s, torch.Tensor) and s.numel() == 1 else s
+
+
 def _kernel(x, y, *scales, a=None, b=None):
-    sa, sb = _scales(scales, a, b)
+    sa, sb = (_number(s) for s in _scales(scales, a, b))
     xs = x if isinstance(sa, (int, float)) and sa == 1 else x * sa
+    if isinstance(sb, (int, float)) and y.dtype == x.dtype:
+        return torch.add(xs, y, alpha=sb)
     return (xs + y * sb).to(x.dtype)
 
 
 def _inplace_kernel(x, y, *scales, a=None, b=None):
-    sa, sb = _scales(scales, a, b)
+    sa, sb = (_number(s) for s in _scales(scales, a, b))
     if not (isinstance(sa, (int, float)) and sa == 1):
         x.mul_(sa)
     if isinstance(sb, (int, float)):

@@ -227,6 +227,10 @@ SUBSAMPLE = register(OpDef(
     view=True, out_name="subsample_out", fp16_in_fp32=False,
     samples=lambda: [
         Sample([rand(5, 6, 2)], lambda x: subsample(x, [2, 3, 1]), lambda x: x[::2, ::3]),
+        Sample([rand(5, 6, seed=3)], lambda x: subsample(x, 2), lambda x: x[::2],
+               name="int_stride"),
+        Sample([rand(5, 6, 3, seed=4)], lambda x: subsample(x, [3, 4]), lambda x: x[::3, ::4],
+               name="short_strides"),
         Sample([rand(7, 6, seed=1)], lambda x: x[::-2, 1::3],
                lambda x: x.flip(0)[::2, 1::3], name="getitem"),
         Sample([rand(7, 6, seed=2)], lambda x: x[5:0:-3, -2],
@@ -234,9 +238,18 @@ SUBSAMPLE = register(OpDef(
     ]))
 
 
-def subsample(t: Tensor, strides: Sequence[int]) -> Tensor:
-    """Every ``strides[i]``-th element along each axis ``i``, starting at 0."""
-    return create_op(SUBSAMPLE, [t], {"strides": tuple(int(s) for s in strides)})[0]
+def subsample(t: Tensor, strides: int | Sequence[int]) -> Tensor:
+    """Every ``strides[i]``-th element along each axis ``i``, starting at 0.
+
+    As in popxl, an int is one stride for axis 0, and missing trailing strides are 1
+    (``subsample(t, [2])`` is ``t[::2]``).
+    """
+    given = (int(strides),) if isinstance(strides, (int, np.integer)) else tuple(strides)
+    if len(given) > t.rank:
+        raise ValueError(f"subsample: {len(given)} strides {list(given)} for the "
+                         f"{t.rank}-d tensor {t.id!r} of shape {t.shape}")
+    full = tuple(int(s) for s in given) + (1,) * (t.rank - len(given))
+    return create_op(SUBSAMPLE, [t], {"strides": full})[0]
 
 
 # DynamicSlice / DynamicUpdate -----------------------------------------------------------------

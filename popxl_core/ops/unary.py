@@ -11,6 +11,7 @@ import torch
 
 from .. import dtypes
 from ..tensor import Tensor, constant
+from ._dtype_rules import checked_float_to_int, floating
 from ._utils import rand, spec
 from .registry import OpDef, Sample, create_op, register
 
@@ -39,6 +40,9 @@ __all__ = [
 
 def same_spec(ins, **attrs):
     return [ins[0]]
+
+
+float_spec = floating(same_spec)  # exp, log, sqrt, trigonometry, rounding: float only in PopXL
 
 
 def unary_samples(build: Callable, ref: Callable, low: float = -1.0, high: float = 1.0,
@@ -103,29 +107,29 @@ def _exp_inplace_kernel(x):
 
 ABS = register(OpDef("Abs", same_spec, torch.abs, grad=_abs_grad,
                      samples=unary_samples(lambda x: abs(x), torch.abs, seed=200)))
-SQRT = register(OpDef("Sqrt", same_spec, torch.sqrt, grad=_sqrt_grad,
+SQRT = register(OpDef("Sqrt", float_spec, torch.sqrt, grad=_sqrt_grad,
                       samples=unary_samples(lambda x: sqrt(x), torch.sqrt, 0.1, 4.0, seed=202)))
-EXP = register(OpDef("Exp", same_spec, torch.exp, grad=_exp_grad,
+EXP = register(OpDef("Exp", float_spec, torch.exp, grad=_exp_grad,
                      samples=unary_samples(lambda x: exp(x), torch.exp, -2.0, 2.0, seed=204)))
 EXP_INPLACE = register(OpDef(
-    "ExpInplace", same_spec, _exp_inplace_kernel, grad=_exp_grad, inplace=(0,),
+    "ExpInplace", float_spec, _exp_inplace_kernel, grad=_exp_grad, inplace=(0,),
     out_name="exp_out",
     samples=unary_samples(lambda x: exp_(x * 1.0), torch.exp, -2.0, 2.0, seed=206)))
 LOG = register(OpDef(
-    "Log", same_spec, torch.log, grad=_log_grad,
+    "Log", float_spec, torch.log, grad=_log_grad,
     samples=lambda: unary_samples(lambda x: log(x), torch.log, 0.1, 4.0, seed=208)() + [
         Sample([rand(3, 4, low=0.1, high=8.0, seed=210)], lambda x: log2(x), torch.log2,
                name="log2")]))
-SIN = register(OpDef("Sin", same_spec, torch.sin, grad=_sin_grad,
+SIN = register(OpDef("Sin", float_spec, torch.sin, grad=_sin_grad,
                      samples=unary_samples(lambda x: sin(x), torch.sin, -3.0, 3.0, seed=212)))
-COS = register(OpDef("Cos", same_spec, torch.cos, grad=_cos_grad,
+COS = register(OpDef("Cos", float_spec, torch.cos, grad=_cos_grad,
                      samples=unary_samples(lambda x: cos(x), torch.cos, -3.0, 3.0, seed=214)))
-TANH = register(OpDef("Tanh", same_spec, torch.tanh, grad=_tanh_grad,
+TANH = register(OpDef("Tanh", float_spec, torch.tanh, grad=_tanh_grad,
                       samples=unary_samples(lambda x: tanh(x), torch.tanh, -2.0, 2.0, seed=216)))
-CEIL = register(OpDef("Ceil", same_spec, torch.ceil, grad=no_grad,
+CEIL = register(OpDef("Ceil", float_spec, torch.ceil, grad=no_grad,
                       samples=unary_samples(lambda x: ceil(x), torch.ceil, -3.0, 3.0, seed=218)))
 FLOOR = register(OpDef(
-    "Floor", same_spec, torch.floor, grad=no_grad,
+    "Floor", float_spec, torch.floor, grad=no_grad,
     samples=unary_samples(lambda x: floor(x), torch.floor, -3.0, 3.0, seed=220)))
 SIGN = register(OpDef("Sign", same_spec, torch.sign, grad=no_grad,
                       samples=unary_samples(lambda x: sign(x), torch.sign, seed=222)))
@@ -250,7 +254,7 @@ def _cast_infer(ins, data_type):
 
 
 def _cast_kernel(x, data_type):
-    return x.to(data_type.as_torch())
+    return checked_float_to_int(x, data_type).to(data_type.as_torch())
 
 
 def _cast_grad(ctx):

@@ -69,20 +69,41 @@ def _accumulate_infer(ins, kind, factor):
     if kind not in _RULES:
         raise ValueError(f"unknown accumulation kind {kind!r}; one of {sorted(_RULES)}")
     t, x = ins[0], ins[1]
-    # integer accumulators only add (PopXL's remote-variable examples do t += X on int32)
-    if not (kind == "add" and factor is None and len(ins) == 2 and not t.dtype.is_floating_point):
+    if t.dtype.is_int:
+        _check_int_accumulate(t, x, ins[2:], kind, factor)
+    else:
         check_float("t", t)
         check_float("X", x)
     if broadcast_shapes(t.shape, x.shape) != t.shape:
         raise ValueError(f"X {x.shape} must broadcast to the accumulator's shape {t.shape}")
     if len(ins) > 2:
-        check_scalar("step" if kind == "mean" else "f", ins[2])
+        if not t.dtype.is_int:
+            check_scalar("step" if kind == "mean" else "f", ins[2])
     elif kind == "mean" or (factor is None and kind != "add"):
         raise ValueError(f"accumulation kind {kind!r} needs a factor")
     return [t]
 
 
+def _check_int_accumulate(t, x, factor_in, kind, factor) -> None:
+    """popxl accumulates integer tensors too (t += f * X, exact); only with integer factors,
+    so nothing is silently truncated."""
+    if kind not in ("add", "square"):
+        raise TypeError(f"accumulation kind {kind!r} needs a floating point t, got "
+                        f"{t.dtype.name} (integers support plain and square accumulation)")
+    if x.dtype != t.dtype:
+        raise TypeError(f"X is {x.dtype.name} but the integer accumulator t is {t.dtype.name}")
+    if factor is not None and float(factor) != int(factor):
+        raise ValueError(f"the factor {factor} of an integer accumulator must be a whole number")
+    if factor_in and (not factor_in[0].dtype.is_int or factor_in[0].nelms != 1):
+        raise TypeError(f"the factor of an integer accumulator must be an integer scalar, got "
+                        f"{factor_in[0].dtype.name} {factor_in[0].shape}")
+
+
 def _accumulate_kernel(t, x, *factor_in, kind, factor):
+    if not t.is_floating_point():  # exact integer arithmetic, no float32 round trip
+        f = factor_in[0].reshape(()) if factor_in else torch.tensor(int(factor or 1))
+        t.copy_(_RULES[kind](t, x, f, lambda v: v.to(t.dtype)))
+        return t
     f = f32(factor_in[0] if factor_in else (1.0 if factor is None else factor))
     c = _in_dtype_of(t)
     t.copy_(_RULES[kind](t, c(x), f, c))
@@ -105,8 +126,6 @@ def _accumulate_samples():
     h = rand(2, 2, seed=13, dtype=np.float16)
     return [
         _acc_sample("add", lambda a, b: accumulate_(a, b), lambda a, b: a + b, t, x),
-        _acc_sample("add", lambda a, b: accumulate_(a, b), lambda a, b: a + b,
-                    randint(3, 4, high=9), randint(4, high=9, seed=1), name="add_int32"),
         _acc_sample("add", lambda a, b: accumulate_(a, b, 0.5), lambda a, b: a + 0.5 * b, t, x,
                     name="add_float_f"),
         _acc_sample("add", lambda a, b, c: accumulate_(a, b, c), lambda a, b, c: a + c * b,
@@ -130,6 +149,17 @@ def _accumulate_samples():
         _acc_sample("square", lambda a, b: accumulate_square_(a, b, 0.25),
                     lambda a, b: a + _h(0.25) * (b.half() * b.half()), h, rand(2, 2, seed=15),
                     rtol=0, name="float16_state_square"),
+        _acc_sample("add", lambda a, b: accumulate_(a, b), lambda a, b: a + b,
+                    randint(3, 4, high=2**30, seed=16), randint(3, 4, high=2**30, seed=17),
+                    rtol=0, name="int32"),
+        _acc_sample("add", lambda a, b, c: accumulate_(a, b, c), lambda a, b, c: a + c * b,
+                    randint(2, 3, high=1000, seed=18), randint(3, high=1000, seed=19),
+                    np.array(-3, np.int32), rtol=0, name="int32_tensor_f"),
+        _acc_sample("square", lambda a, b: accumulate_square_(a, b, 2.0),
+                    lambda a, b: (a.long() + 2 * b.long() ** 2).to(torch.uint32),
+                    randint(2, 3, high=2**31, seed=20).astype(np.uint32),
+                    randint(2, 3, high=2**20, seed=21).astype(np.uint32), rtol=0,
+                    name="uint32_wraps"),
     ]
 
 

@@ -67,6 +67,7 @@ class Program:
         self._counter = 0
         self._fn_names: Dict[Graph, str] = {}
         self.graphs: Dict[Graph, CompiledGraph] = {}
+        self.kernel_ops: Dict[str, Op] = {}  # kernel global -> op, to name a failing op
         self.modified_inputs: Dict[Graph, Set[int]] = {}
         self.main = self._compile(ir.main_graph, is_main=True)
 
@@ -101,6 +102,7 @@ class Program:
         body = "\n    ".join(em.lines) or "pass"
         ret = f"({outs},)" if outs else "()"
         source = f"def {fname}({', '.join(params)}):\n    {body}\n    return {ret}\n"
+        self.namespace.setdefault("__popxl_sources__", {})[fname] = source
         exec(compile(source, f"<popxl graph {g.name or 'main'}>", "exec"), self.namespace)
         self.modified_inputs[g] = _modified_graph_inputs(g)
         return CompiledGraph(g, self.namespace[fname], source)
@@ -132,6 +134,7 @@ def _emit_kernel(op: Op, em: Emitter) -> None:
     """Default emission: ``outs = kernel(ins)`` with the op's attributes bound."""
     kernel = _bound_kernel(op, em)
     k = em.bind_global("k", kernel)
+    em.program.kernel_ops[k] = op
     ins = ", ".join(em.name(t) for t in op.inputs)
     outs = [em.name(t) for t in op.outputs]
     if not outs:
@@ -149,6 +152,8 @@ def _bound_kernel(op: Op, em: Emitter) -> Callable:
     kernel = functools.partial(opdef.kernel, **op.attrs) if op.attrs else opdef.kernel
     if opdef.fp16_in_fp32 and _touches_fp16(op):
         kernel = _fp16_via_fp32(kernel, op)
+    if not opdef.view and _touches_narrow_unsigned(op):
+        kernel = _unsigned_via_int64(kernel, op)
     if opdef.view and (em.modifying or any(t in em.graph._outputs for t in op.outputs)):
         kernel = _cloning(kernel)
     if em.program.check_specs:
@@ -187,6 +192,32 @@ def _fp16_via_fp32(kernel: Callable, op: Op) -> Callable:
     def run(*args):
         up = [a.float() if a.dtype == torch.float16 else a for a in args]
         res = kernel(*up)
+        many = isinstance(res, tuple)
+        res = tuple(r.to(d) for r, d in zip(res if many else (res,), out_dtypes))
+        if target is not None:
+            args[target].copy_(res[0])
+            res = (args[target], *res[1:])
+        return res if many else res[0]
+
+    return run
+
+
+_NARROW_UNSIGNED = (torch.uint16, torch.uint32)
+
+
+def _touches_narrow_unsigned(op: Op) -> bool:
+    return any(t.dtype.as_torch() in _NARROW_UNSIGNED for t in (*op.inputs, *op.outputs))
+
+
+def _unsigned_via_int64(kernel: Callable, op: Op) -> Callable:
+    """torch has no arithmetic on uint16/uint32 (``seed + 1`` fails), the IPU has: compute in
+    int64 and cast back, which wraps modulo 2**16 / 2**32 as the IPU's unsigned ops do."""
+    out_dtypes = [t.dtype.as_torch() for t in op.outputs]
+    target = op.opdef.inplace[0] if op.opdef.inplace else None
+
+    def run(*args):
+        wide = [a.long() if a.dtype in _NARROW_UNSIGNED else a for a in args]
+        res = kernel(*wide)
         many = isinstance(res, tuple)
         res = tuple(r.to(d) for r, d in zip(res if many else (res,), out_dtypes))
         if target is not None:

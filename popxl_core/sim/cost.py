@@ -27,6 +27,7 @@ __all__ = [
     "Cycles",
     "Work",
     "nbytes_of",
+    "rts_shard",
     "sync_cycles",
 ]
 
@@ -60,6 +61,7 @@ class Cycles:
     link: int = 0
     remote: int = 0
     control: int = 0
+    launch: int = 0  # the fixed cost of one Session.run (Machine.run_overhead_s)
 
     @property
     def total(self) -> int:
@@ -68,7 +70,7 @@ class Cycles:
     def _values(self) -> tuple[int, ...]:
         # explicit (not dataclasses.fields): planning adds these once per op
         return (self.compute, self.exchange, self.sync, self.host, self.link, self.remote,
-                self.control)
+                self.control, self.launch)
 
     def __add__(self, other: Cycles) -> Cycles:
         return Cycles(*map(add, self._values(), other._values()))
@@ -89,11 +91,12 @@ class Work:
     host_bytes_in: int = 0
     host_bytes_out: int = 0
     link_bytes: int = 0
-    remote_bytes: int = 0
+    remote_bytes_loaded: int = 0
+    remote_bytes_stored: int = 0
 
     def _values(self) -> tuple[int, ...]:
         return (self.flops, self.host_bytes_in, self.host_bytes_out, self.link_bytes,
-                self.remote_bytes)
+                self.remote_bytes_loaded, self.remote_bytes_stored)
 
     def __add__(self, other: Work) -> Work:
         return Work(self.cycles + other.cycles, *map(add, self._values(), other._values()))
@@ -111,6 +114,14 @@ class Work:
 def nbytes_of(t) -> int:
     """Bytes of a tensor or stream (plain ints: much cheaper than numpy for planning)."""
     return prod(t.shape) * t.dtype.itemsize
+
+
+def rts_shard(numel: int, replicas: int) -> int:
+    """Elements each replica holds of a replica-sharded tensor: ``ceil(numel / R)``; the last
+    replicas' shards are zero-padded (30 elements over 4: 8, 8, 7 + 1 pad, 7 + 1 pad)."""
+    if replicas < 1:
+        raise ValueError(f"rts_shard: replicas must be >= 1, got {replicas}.")
+    return -(-numel // replicas)
 
 
 def sync_cycles(machine: Machine, num_ipus: int) -> int:
@@ -222,9 +233,8 @@ class CostModel:
                         host_bytes_out=nbytes * (t in _HOST_OUT))
         if t in _REMOTE:
             nbytes = max(nbytes_of(x) for x in (*op.inputs[:1], *op.outputs[:1]))
-            remote = _cdiv(nbytes * m.clock_hz, m.streaming_bytes_per_s)
-            sync = self.sync if pays_exchange_sync(op) else 0  # merge_exchange: one sync
-            return Work(Cycles(sync=sync, remote=remote), remote_bytes=nbytes)
+            # merge_exchange: the second and later ops of one merged exchange share its sync
+            return self.remote_work(nbytes, stored=t == "RemoteStore", sync=pays_exchange_sync(op))
         if t in _TILE_COPIES:
             nbytes = nbytes_of(op.inputs[0])
             tiles = self.tiles_used(op)
@@ -234,10 +244,24 @@ class CostModel:
             return self._link(nbytes_of(op.inputs[0]))
         for prefix, factor in _RING:
             if t.startswith(prefix):
-                n = self.replicas
                 big = max(nbytes_of(x) for x in (*op.inputs[:1], *op.outputs[:1]))
-                return self._link(ceil(factor * (n - 1) / n * big))
+                return self.ring_work(big, factor)
         return None
+
+    def remote_work(self, nbytes: int, stored: bool, sync: bool = True) -> Work:
+        """One Streaming-Memory load or store of ``nbytes``: a sync (unless it shares a merged
+        exchange's), then bytes / bandwidth."""
+        m = self.machine
+        remote = _cdiv(nbytes * m.clock_hz, m.streaming_bytes_per_s)
+        return Work(Cycles(sync=self.sync if sync else 0, remote=remote),
+                    remote_bytes_loaded=0 if stored else nbytes,
+                    remote_bytes_stored=nbytes if stored else 0)
+
+    def ring_work(self, nbytes: int, factor: float) -> Work:
+        """A ring collective over the replicas on a tensor of ``nbytes``: each replica sends
+        ``factor x (R-1)/R x nbytes`` (all-reduce 2, reduce-scatter and all-gather 1)."""
+        n = self.replicas
+        return self._link(ceil(factor * (n - 1) / n * nbytes))
 
     def _link(self, nbytes: int) -> Work:
         m = self.machine

@@ -13,18 +13,37 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from ..graph import Graph, Op
 from ..schedule import schedule
 from ..tensor import Tensor
 from .cost import nbytes_of
 
-__all__ = ["TOP_N", "Liveness", "LivenessAnalysis"]
+__all__ = ["TOP_N", "LiveTensor", "Liveness", "LivenessAnalysis", "flat_curve"]
 
 TOP_N = 5  # how many of the largest tensors live at a peak are kept for reports
 
 # A HostLoad writes the stream data into the buffer its Init input allocated (as in PopART).
 _FILLS_INPUT = frozenset({"HostLoad", "RemoteLoadInplace"})
+
+
+class LiveTensor(NamedTuple):
+    """A tensor live at a peak: its id, bytes, the op that made it (``"<type>.<id>"``), that
+    op's graph and, for programs from popxl_fx, the torch module path the op came from."""
+
+    name: str
+    nbytes: int
+    op: str
+    graph: str
+    module_path: str | None = None
+
+    @classmethod
+    def of(cls, t: Tensor) -> LiveTensor:
+        op = t.producer
+        made = f"{op.type}.{op.id}" if op is not None else "input"
+        return cls(t.id, nbytes_of(t), made, t.graph.name or "main",
+                   getattr(op, "module_path", None))
 
 
 @dataclass
@@ -36,7 +55,9 @@ class Liveness:
         curve: bytes live per IPU at each step, callees' peaks included.
         peak: the largest value of ``curve`` per IPU.
         peak_step: the step index of that peak per IPU.
-        top: per IPU, the largest tensors live at the peak as ``(tensor id, bytes)``.
+        top: per IPU, the largest tensors live at the peak (`LiveTensor`).
+        base: at each call or loop step, what the caller keeps live across it (the callee's
+            own curve adds to it).
     """
 
     graph: Graph
@@ -44,7 +65,9 @@ class Liveness:
     curve: list[dict[int, int]] = field(default_factory=list)
     peak: dict[int, int] = field(default_factory=dict)
     peak_step: dict[int, int] = field(default_factory=dict)
-    top: dict[int, list[tuple[str, int]]] = field(default_factory=dict)
+    top: dict[int, list[LiveTensor]] = field(default_factory=dict)
+    base: dict[int, dict[int, int]] = field(default_factory=dict)
+    ops: list[Op] = field(default_factory=list)
 
 
 class LivenessAnalysis:
@@ -62,11 +85,12 @@ class LivenessAnalysis:
         order = schedule(graph)
         spans = _buffer_spans(graph, order)
         curve = _live_curve(spans, len(order))
-        live = Liveness(graph, [f"{op.type}.{op.id}" for op in order])
+        live = Liveness(graph, [f"{op.type}.{op.id}" for op in order], ops=order)
         for i, op in enumerate(order):
             step = curve[i]
             if op.called_graphs:
-                step = self._call_step(op, step)
+                live.base[i] = self._across_call(op, step)
+                step = self._call_step(op, live.base[i])
             live.curve.append(step)
         for i, step in enumerate(live.curve):
             for ipu, nbytes in step.items():
@@ -76,24 +100,52 @@ class LivenessAnalysis:
             live.top[ipu] = self._top_at(order[i], i, ipu, spans)
         return live
 
-    def _call_step(self, op: Op, step: dict[int, int]) -> dict[int, int]:
-        """Caller's live bytes without the call's outputs, plus the (largest) callee peak."""
+    @staticmethod
+    def _across_call(op: Op, step: dict[int, int]) -> dict[int, int]:
+        """Caller's live bytes at a call step without the call's outputs."""
         step = dict(step)
         for t in _own_outputs(op):
             step[t.ipu] -= nbytes_of(t)
+        return step
+
+    def _call_step(self, op: Op, step: dict[int, int]) -> dict[int, int]:
+        """What the caller keeps live across the call plus the (largest) callee peak."""
+        step = dict(step)
         peaks = [self.of(g).peak for g in op.called_graphs]
         for ipu in {i for p in peaks for i in p}:
             step[ipu] = step.get(ipu, 0) + max(p.get(ipu, 0) for p in peaks)
         return step
 
-    def _top_at(self, op: Op, i: int, ipu: int, spans) -> list[tuple[str, int]]:
+    def _top_at(self, op: Op, i: int, ipu: int, spans) -> list[LiveTensor]:
         skip = set(_own_outputs(op)) if op.called_graphs else set()
-        found = [(t.id, nbytes_of(t)) for t, (a, b) in spans.items()
+        found = [LiveTensor.of(t) for t, (a, b) in spans.items()
                  if a <= i <= b and t.ipu == ipu and t not in skip]
         if op.called_graphs:
             callee = max((self.of(g) for g in op.called_graphs), key=lambda lv: lv.peak.get(ipu, 0))
             found += callee.top.get(ipu, [])
-        return heapq.nlargest(TOP_N, found, key=lambda x: x[1])
+        return heapq.nlargest(TOP_N, found, key=lambda x: x.nbytes)
+
+
+def flat_curve(analysis: LivenessAnalysis, graph: Graph, ipu: int,
+               prefix: str = "") -> list[tuple[str, int]]:
+    """``(step path, bytes)`` on ``ipu`` along ``graph``'s schedule with every call and loop
+    expanded into its callee's steps (one iteration of a loop: they all look alike); a path
+    reads ``"Call.3/Add.1"``."""
+    live = analysis.of(graph)
+    out: list[tuple[str, int]] = []
+    for i, (name, step) in enumerate(zip(live.steps, live.curve)):
+        op = live.ops[i]
+        if not op.called_graphs:
+            out.append((prefix + name, step.get(ipu, 0)))
+            continue
+        # an If shows its dearer branch, the one the peak counts
+        callee = max(op.called_graphs, key=lambda g: analysis.of(g).peak.get(ipu, 0))
+        base = live.base[i].get(ipu, 0)
+        inner = flat_curve(analysis, callee, ipu, f"{prefix}{name}/")
+        out.extend((path, base + b) for path, b in inner)
+        if not inner:
+            out.append((prefix + name, base))
+    return out
 
 
 def _alias_source(op: Op) -> Tensor | None:

@@ -9,27 +9,25 @@ Cycles follow the BSP model in `cost.py`.
 from __future__ import annotations
 
 import heapq
+import warnings
 from dataclasses import dataclass, field
+from math import prod
+from typing import Callable
 
 from ..graph import Graph
 from ..schedule import schedule
-from .cost import CostModel, Work, nbytes_of
-from .liveness import TOP_N, Liveness, LivenessAnalysis
+from .cost import CostModel, Cycles, Work, nbytes_of
+from .liveness import TOP_N, Liveness, LivenessAnalysis, LiveTensor
 from .machine import Machine
+from .oom import OutOfMemoryError, OutOfMemoryWarning, oom_message
 from .remote_plan import is_remote_variable, streaming_memory
 
-__all__ = ["GraphInfo", "IpuMemory", "OpRow", "OutOfMemoryError", "Plan", "build_plan"]
+__all__ = ["PLAN_OBSERVERS", "GraphInfo", "IpuMemory", "OpRow", "OutOfMemoryError",
+           "OutOfMemoryWarning", "Plan", "RemoteBufferInfo", "build_plan"]
 
-
-class OutOfMemoryError(MemoryError):
-    """The estimated memory of an IPU exceeds its capacity on a target where that is fatal.
-
-    ``plan`` holds the full estimate; ``plan.report().summary()`` prints it.
-    """
-
-    def __init__(self, message: str, plan: Plan | None = None) -> None:
-        super().__init__(message)
-        self.plan = plan
+# Called with every Plan as it is built, before any OOM is raised (`python -m popxl_core.report`
+# uses it to find the Sessions a script builds).
+PLAN_OBSERVERS: list[Callable[[Plan], None]] = []
 
 
 @dataclass
@@ -44,6 +42,7 @@ class IpuMemory:
     streams: int = 0
     activations: int = 0  # the not-always-live peak
     top: list[tuple[str, str, int]] = field(default_factory=list)  # (category, name, bytes)
+    live_top: list[LiveTensor] = field(default_factory=list)  # largest tensors at the peak
 
     @property
     def always_live(self) -> int:
@@ -64,12 +63,14 @@ class IpuMemory:
 
 @dataclass
 class GraphInfo:
-    """One graph that runs: its op count, code bytes and executions per Session.run."""
+    """One graph that runs: its op count, code bytes, executions per Session.run and the
+    cycles of one execution (callees included)."""
 
     name: str
     ops: int
     code_bytes: int
     runs: int
+    cycles: int = 0
 
 
 @dataclass
@@ -84,6 +85,19 @@ class OpRow:
     cycles: int
     code_bytes: int
     runs: int
+    out_bytes: int = 0  # bytes of the op's outputs (aliases included)
+    module_path: str | None = None  # the torch module it came from (popxl_fx)
+
+
+@dataclass
+class RemoteBufferInfo:
+    """One remote buffer in Streaming Memory: ``entries`` slots of one tensor shape."""
+
+    id: int
+    shape: tuple[int, ...]
+    dtype: str
+    entries: int
+    nbytes: int
 
 
 @dataclass
@@ -97,6 +111,10 @@ class Plan:
     graphs: list[GraphInfo]
     ops: list[OpRow]
     liveness: Liveness  # of the main graph
+    analysis: LivenessAnalysis = field(repr=False, default_factory=LivenessAnalysis)
+    remote_buffers: list[RemoteBufferInfo] = field(default_factory=list)
+    main: Graph | None = field(default=None, repr=False)
+    model: CostModel | None = field(default=None, repr=False)  # for per-graph/op look-ups
     _report: object = field(default=None, repr=False)
 
     @property
@@ -116,6 +134,11 @@ class Plan:
     def variable_bytes(self) -> dict[int, int]:
         return {i: m.variables for i, m in self.memory.items()}
 
+    @property
+    def streaming_memory_bytes(self) -> int:
+        """Bytes of all remote buffers of one replica (0 when the program has none)."""
+        return sum(b.nbytes for b in self.remote_buffers)
+
     def report(self):
         """The `SimReport` of this plan (built once)."""
         if self._report is None:
@@ -127,21 +150,51 @@ class Plan:
 
 def build_plan(ir, machine: Machine) -> Plan:
     """Plan ``ir`` on ``machine``; raises `OutOfMemoryError` if an IPU overflows and the
-    target treats that as fatal (``machine.oom_is_error``)."""
+    target treats that as fatal (``machine.oom_is_error``), warns if ``machine.oom_warns``."""
     graphs = _reachable(ir.main_graph)
     opts = ir._pb_ir.getSessionOptions()
-    ipus = 1 + max((op.ipu for g in graphs for op in g._ops), default=0)
+    ipus = _num_ipus(graphs, machine)
     model = CostModel(machine, num_ipus=ipus * ir.replication_factor,
                       io_tiles=opts.numIOTiles, replicas=ir.replication_factor)
-    liveness = LivenessAnalysis().of(ir.main_graph)
+    analysis = LivenessAnalysis()
+    liveness = analysis.of(ir.main_graph)
     runs = model.graph_runs(ir.main_graph)
-    plan = Plan(machine, ir.replication_factor, _memory(ir, graphs, model, liveness),
-                model.graph_work(ir.main_graph), _graph_infos(graphs, model, runs),
-                _op_rows(graphs, model, runs), liveness)
+    work = model.graph_work(ir.main_graph) + Work(Cycles(launch=machine.run_overhead_cycles))
+    plan = Plan(machine, ir.replication_factor, _memory(ir, graphs, model, liveness), work,
+                _graph_infos(graphs, model, runs), _op_rows(graphs, model, runs), liveness,
+                analysis, _remote_buffers(ir), ir.main_graph, model)
+    for observe in PLAN_OBSERVERS:
+        observe(plan)
     plan.streaming_memory = streaming_memory(ir)
     if plan.out_of_memory and machine.oom_is_error:
-        raise OutOfMemoryError(_oom_message(plan, plan.out_of_memory[0]), plan)
+        raise OutOfMemoryError(oom_message(plan, plan.out_of_memory[0]), plan)
+    if plan.out_of_memory and machine.oom_warns:
+        warnings.warn(oom_message(plan, plan.out_of_memory[0], fatal=False), OutOfMemoryWarning,
+                      stacklevel=3)
     return plan
+
+
+def _num_ipus(graphs: list[Graph], machine: Machine) -> int:
+    """IPUs per replica: what the ops use, checked against the target's ``num_ipus``."""
+    used = 1 + max((op.ipu for g in graphs for op in g._ops), default=0)
+    if machine.num_ipus is not None and used > machine.num_ipus:
+        op = next(op for g in graphs for op in g._ops if op.ipu >= machine.num_ipus)
+        raise ValueError(
+            f"Op {op.type}.{op.id} ({op.name!r}) in graph {op.graph.name or 'main'!r} is placed "
+            f"on IPU {op.ipu}, but target {machine.name!r} has num_ipus={machine.num_ipus} per "
+            "replica: raise num_ipus or place the op with popxl.ipu() on a lower IPU.")
+    return machine.num_ipus or used
+
+
+def _remote_buffers(ir) -> list[RemoteBufferInfo]:
+    """Streaming-Memory buffers of the Ir (PopXL RemoteBuffer: tensor_shape x entries)."""
+    found = []
+    for key, buf in getattr(ir, "_remote_buffers", {}).items():
+        shape = tuple(buf.tensor_shape)
+        dtype = buf.tensor_dtype
+        nbytes = prod(shape) * dtype.itemsize * buf.entries
+        found.append(RemoteBufferInfo(key, shape, dtype.name, buf.entries, nbytes))
+    return found
 
 
 def _reachable(main: Graph) -> list[Graph]:
@@ -185,7 +238,9 @@ def _memory(ir, graphs: list[Graph], model: CostModel, live: Liveness) -> dict[i
                 add(op.ipu, "streams", stream.tensor_id, nbytes_of(stream))
     for ipu, nbytes in live.peak.items():
         add(ipu, "activations", None, nbytes)
-        items.setdefault(ipu, []).extend(("activations", n, b) for n, b in live.top.get(ipu, []))
+        items.setdefault(ipu, []).extend(("activations", t.name, t.nbytes)
+                                         for t in live.top.get(ipu, []))
+        mem[ipu].live_top = list(live.top.get(ipu, []))
     for ipu, m in mem.items():
         if m.code:
             items.setdefault(ipu, []).append(("code", "all ops", m.code))
@@ -193,33 +248,11 @@ def _memory(ir, graphs: list[Graph], model: CostModel, live: Liveness) -> dict[i
     return dict(sorted(mem.items()))
 
 
-def _oom_message(plan: Plan, ipu: int) -> str:
-    from .report import fmt_bytes
-
-    m, mc, live = plan.memory[ipu], plan.machine, plan.liveness
-    step = live.peak_step.get(ipu)
-    where = "" if step is None else f" at main-graph step {step} ({live.steps[step]})"
-    top = "; ".join(f"{cat.rstrip('s')} {name!r} {fmt_bytes(b)}" for cat, name, b in m.top)
-    return (
-        f"Out of memory on IPU {ipu} of {mc.name!r} (estimate): needs {fmt_bytes(m.total)}, "
-        f"the IPU has {fmt_bytes(m.capacity)} ({mc.tiles_per_ipu} tiles x "
-        f"{fmt_bytes(mc.bytes_per_tile)}).\n"
-        f"  variables {fmt_bytes(m.variables)}, constants {fmt_bytes(m.constants)}, code "
-        f"{fmt_bytes(m.code)}, stream buffers {fmt_bytes(m.streams)}, activations peak "
-        f"{fmt_bytes(m.activations)}{where}.\n"
-        f"  Biggest contributors: {top}.\n"
-        "  Shrink the live tensors (smaller batch, recomputation, batch serialisation), shard or "
-        "offload variables (replicated tensor sharding, remote variables), or use device "
-        "'ipu_model', which reports OOM without stopping (see session.report). The full estimate "
-        "is in this error's .plan.report()."
-    )
-
-
 # work ---------------------------------------------------------------------------------
 def _graph_infos(graphs: list[Graph], model: CostModel,
                  runs: dict[Graph, int]) -> list[GraphInfo]:
     return [GraphInfo(g.name or "main", len(g._ops), sum(model.code_bytes(op) for op in g._ops),
-                      runs.get(g, 0)) for g in graphs]
+                      runs.get(g, 0), model.graph_work(g).cycles.total) for g in graphs]
 
 
 def _op_rows(graphs: list[Graph], model: CostModel, runs: dict[Graph, int]) -> list[OpRow]:
@@ -228,5 +261,6 @@ def _op_rows(graphs: list[Graph], model: CostModel, runs: dict[Graph, int]) -> l
         for op in schedule(g):
             w = model.op_work(op)
             rows.append(OpRow(g.name or "main", f"{op.type}.{op.id}", op.ipu, model.tiles_used(op),
-                              w.flops, w.cycles.total, model.code_bytes(op), runs.get(g, 0)))
+                              w.flops, w.cycles.total, model.code_bytes(op), runs.get(g, 0),
+                              sum(nbytes_of(t) for t in op.outputs), op.module_path))
     return rows

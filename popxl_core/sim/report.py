@@ -11,9 +11,16 @@ Example:
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
-__all__ = ["SimReport", "fmt_bytes"]
+__all__ = ["ESTIMATE_NOTE", "SimReport", "fmt_bytes", "fmt_seconds"]
+
+ESTIMATE_NOTE = (
+    "Estimate from the simulator's machine model (popxl_core/sim/machine.py): per-run and "
+    "per-stream fixed costs fitted to Graphcore's published MNIST tutorial timings "
+    "(popxl_core/sim/calibration.py); not a measurement.")
 
 
 def fmt_bytes(n: float) -> str:
@@ -29,7 +36,8 @@ def _fmt_percent(fraction: float) -> str:
     return f"{pct:.1f}%" if pct >= 0.1 or pct == 0 else f"{pct:.2g}%"
 
 
-def _fmt_seconds(s: float) -> str:
+def fmt_seconds(s: float) -> str:
+    """Seconds with a unit: ``3.4 ms``, ``12.0 us``."""
     for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
         if s >= scale:
             return f"{s / scale:.1f} {unit}"
@@ -51,7 +59,7 @@ class SimReport:
     def summary(self) -> str:
         """A compact, human-readable block: memory per IPU, time and work per run."""
         return "\n".join([self._target_line(), *self._memory_lines(), self._time_line(),
-                          self._work_line()])
+                          self._work_line(), self._traffic_line(), ESTIMATE_NOTE])
 
     __str__ = summary
 
@@ -67,6 +75,7 @@ class SimReport:
                 "per replica)")
 
     def _memory_lines(self):
+        live = self.plan.liveness
         for ipu, m in self.plan.memory.items():
             line = (f"  IPU {ipu}: variables {fmt_bytes(m.variables)}, constants "
                     f"{fmt_bytes(m.constants)}, code {fmt_bytes(m.code)}, stream buffers "
@@ -74,15 +83,17 @@ class SimReport:
                     f"total {fmt_bytes(m.total)} ({_fmt_percent(m.fraction)})")
             if m.out_of_memory:
                 line += f" OUT OF MEMORY by {fmt_bytes(m.total - m.capacity)}"
+            step = live.peak_step.get(ipu)
+            if step is not None and m.activations:
+                line += f"; peak at step {step} ({live.steps[step]})"
             yield line
 
     def _time_line(self) -> str:
         p, c = self.plan, self.plan.work.cycles
-        parts = [f"{name} {getattr(c, name):,}" for name in
-                 ("compute", "exchange", "sync", "host", "link", "remote", "control")
-                 if getattr(c, name)]
+        parts = [f"{name} {value:,}" for name, value in c.to_dict().items()
+                 if value and name != "total"]
         split = f" ({', '.join(parts)})" if parts else ""
-        return (f"Time per run (estimate): {c.total:,} cycles = {_fmt_seconds(p.seconds)} at "
+        return (f"Time per run (estimate): {c.total:,} cycles = {fmt_seconds(p.seconds)} at "
                 f"{p.machine.clock_hz / 1e9:.2f} GHz{split}")
 
     def _work_line(self) -> str:
@@ -91,31 +102,116 @@ class SimReport:
         return (f"Work per run: {w.flops:,} FLOPs; host in {fmt_bytes(w.host_bytes_in)}, out "
                 f"{fmt_bytes(w.host_bytes_out)} per replica; {ops} ops in {len(p.graphs)} graph(s)")
 
+    def _traffic_line(self) -> str:
+        p, w = self.plan, self.plan.work
+        return (f"Streaming Memory: {len(p.remote_buffers)} remote buffer(s), "
+                f"{fmt_bytes(p.streaming_memory_bytes)}; per run loaded "
+                f"{fmt_bytes(w.remote_bytes_loaded)}, stored {fmt_bytes(w.remote_bytes_stored)}; "
+                f"IPU-Link {fmt_bytes(w.link_bytes)}")
+
+    def op_table(self, limit: int | None = 20) -> str:
+        """The ops that cost most per run (cycles x executions), one line each."""
+        rows = sorted(self.plan.ops, key=lambda r: -r.cycles * r.runs)[:limit]
+        lines = [f"{'graph':<16} {'op':<24} {'ipu':>3} {'tiles':>5} {'runs':>5} "
+                 f"{'cycles/run':>11} {'FLOPs':>13} {'out bytes':>10} {'code':>9}"]
+        lines += [f"{r.graph[:16]:<16} {r.op[:24]:<24} {r.ipu:>3} {r.tiles:>5} {r.runs:>5} "
+                  f"{r.cycles * r.runs:>11,} {r.flops * r.runs:>13,} "
+                  f"{fmt_bytes(r.out_bytes):>10} {fmt_bytes(r.code_bytes):>9}" for r in rows]
+        return "\n".join(lines)
+
+    def program_tree(self) -> str:
+        """The program as nested calls and repeats, with transfers and collectives."""
+        from .tree import program_tree, tree_text
+
+        return tree_text(program_tree(self.plan))
+
+    # liveness -------------------------------------------------------------------------
+    def liveness(self, ipu: int = 0, expand: bool = True) -> list[tuple[str, int]]:
+        """Not-always-live bytes on ``ipu`` at each step of the main graph as
+        ``(op, bytes)``; with ``expand`` every call and repeat shows its callee's steps
+        (paths like ``"Call.3/MatMul.1"``; one loop iteration)."""
+        from .liveness import flat_curve
+
+        p = self.plan
+        if expand:
+            return flat_curve(p.analysis, p.main, ipu)
+        return [(op, step.get(ipu, 0)) for op, step in zip(p.liveness.steps, p.liveness.curve)]
+
+    def plot_liveness(self, path: str | Path, ipu: int = 0, title: str | None = None) -> Path:
+        """Write the liveness curve of ``ipu`` as a PNG (needs matplotlib: extra ``plot``)."""
+        from .plot import plot_liveness
+
+        return plot_liveness(self, Path(path), ipu, title)
+
+    def diff(self, other: SimReport, names: tuple[str, str] = ("this", "other")):
+        """A `ReportDiff` of the key numbers of this report and ``other``."""
+        from .report_diff import ReportDiff
+
+        return ReportDiff(self, other, names)
+
     # data ---------------------------------------------------------------------------
+    def totals(self) -> dict[str, Any]:
+        """The headline numbers (sums over the IPUs of one replica where not per IPU)."""
+        p, w = self.plan, self.plan.work
+        mems = list(p.memory.values())
+        return {
+            "target": p.machine.name,
+            "peak_bytes_per_ipu": [m.total for m in mems],
+            "capacity_bytes_per_ipu": p.machine.bytes_per_ipu,
+            "always_live_bytes": sum(m.always_live for m in mems),
+            "not_always_live_peak_bytes": sum(m.activations for m in mems),
+            "variable_bytes": sum(m.variables for m in mems),
+            "constant_bytes": sum(m.constants for m in mems),
+            "code_bytes": sum(m.code for m in mems),
+            "stream_buffer_bytes": sum(m.streams for m in mems),
+            "streaming_memory_bytes": p.streaming_memory_bytes,
+            "estimated_cycles": p.cycles,
+            "estimated_seconds": p.seconds,
+            "flops": w.flops,
+            "host_bytes_in": w.host_bytes_in,
+            "host_bytes_out": w.host_bytes_out,
+            "remote_bytes_loaded": w.remote_bytes_loaded,
+            "remote_bytes_stored": w.remote_bytes_stored,
+            "ipu_link_bytes": w.link_bytes,
+            "ops": sum(g.ops for g in p.graphs),
+            "graphs": len(p.graphs),
+        }
+
     def to_dict(self) -> dict[str, Any]:
         """Everything as plain JSON-serialisable values (IPU keys are strings)."""
+        from .tree import program_tree
+
         p = self.plan
         m = p.machine
-        return {
+        return self.totals() | {
             "estimate": True,
+            "note": ESTIMATE_NOTE,
             "machine": {"name": m.name, "tiles_per_ipu": m.tiles_per_ipu,
                         "bytes_per_tile": m.bytes_per_tile, "bytes_per_ipu": m.bytes_per_ipu,
-                        "clock_hz": m.clock_hz, "oom_is_error": m.oom_is_error},
+                        "num_ipus": m.num_ipus, "clock_hz": m.clock_hz,
+                        "oom_is_error": m.oom_is_error},
             "replication_factor": p.replication_factor,
             "memory": {str(i): _memory_dict(mem) for i, mem in p.memory.items()},
             "out_of_memory": list(p.out_of_memory),
+            "remote_buffers": [vars(b) | {"shape": list(b.shape)} for b in p.remote_buffers],
             "cycles": p.work.cycles.to_dict(),
             "seconds": p.seconds,
-            "flops": p.work.flops,
-            "host_bytes_in": p.work.host_bytes_in,
-            "host_bytes_out": p.work.host_bytes_out,
-            "link_bytes": p.work.link_bytes,
-            "remote_bytes": p.work.remote_bytes,
-            "graphs": [vars(g).copy() for g in p.graphs],
-            "ops": [vars(r).copy() for r in p.ops],
+            "graph_table": [vars(g).copy() for g in p.graphs],
+            "op_table": [vars(r).copy() for r in p.ops],
+            "program_tree": program_tree(p),
             "liveness": [{"step": i, "op": op, "bytes": {str(k): v for k, v in b.items()}}
                          for i, (op, b) in enumerate(zip(p.liveness.steps, p.liveness.curve))],
+            # calls and repeats expanded, per IPU: what plot_liveness draws
+            "liveness_expanded": {str(i): [[op, b] for op, b in self.liveness(i)]
+                                  for i in p.memory},
         }
+
+    def to_json(self, path: str | Path | None = None, indent: int = 1) -> str:
+        """`to_dict` as JSON text; also written to ``path`` when given."""
+        text = json.dumps(self.to_dict(), indent=indent)
+        if path is not None:
+            Path(path).write_text(text + "\n")
+        return text
 
 
 def _memory_dict(m) -> dict[str, Any]:
@@ -123,4 +219,5 @@ def _memory_dict(m) -> dict[str, Any]:
             "streams": m.streams, "activations_peak": m.activations,
             "always_live": m.always_live, "total": m.total, "capacity": m.capacity,
             "fraction": m.fraction, "out_of_memory": m.out_of_memory,
-            "top": [{"category": c, "name": n, "bytes": b} for c, n, b in m.top]}
+            "top": [{"category": c, "name": n, "bytes": b} for c, n, b in m.top],
+            "live_at_peak": [t._asdict() for t in m.live_top]}

@@ -43,6 +43,11 @@ class Runtime:
     def replica(self) -> int:
         return self._local.replica
 
+    @property
+    def counts(self) -> dict:
+        """How many times the calling replica has used each stream in this run."""
+        return self._local.counts
+
     def _next(self, stream) -> int:
         counts = self._local.counts
         n = counts.get(stream, 0)

@@ -7,9 +7,11 @@ from typing import Dict, Iterable, List, Mapping, Optional, Set
 import numpy as np
 import torch
 
+from ..errors import OpDataError
 from ..schedule import verify
 from ..streams import DeviceToHostStream, HostToDeviceStream
 from ..tensor import Constant, Tensor, Variable
+from . import checks
 from .compile import Program
 from .machine import machine_for
 from .plan import build_plan
@@ -25,7 +27,8 @@ _NOT_ATTACHED = (
 
 
 class Session:
-    """Runs an Ir on the simulated IPU ("ipu_hw", "ipu_model" or "cpu").
+    """Runs an Ir on the simulated IPU ("ipu_hw", "ipu_hw:bow", "ipu_model", "cpu" or a
+    `popxl_core.sim.machine.target(...)` with overridden tiles, IPUs, memory or clock).
 
     Building the Session verifies the IR, plans memory and cycles and compiles every graph
     once; `run` then only feeds streams and calls the compiled kernels.
@@ -39,10 +42,14 @@ class Session:
         _check_specs: bool = False,
     ) -> None:
         self.machine = machine_for(device_desc)
-        if device_desc == "cpu" and ir.replication_factor > 1:
+        self._built_at = checks.built_at()
+        if self.machine.name == "cpu" and ir.replication_factor > 1:
             raise ValueError("The 'cpu' device does not support replication; use 'ipu_hw'.")
         if ir._session is not None:
-            raise RuntimeError(f"{ir!r} is already owned by another Session.")
+            raise RuntimeError(
+                f"{ir!r} is already owned by {ir._session!r}; a PopXL Session takes "
+                "ownership of its Ir, so build a new Ir for a second Session."
+            )
         for g in ir._graphs.values():
             verify(g)
         self._ir = ir
@@ -52,12 +59,16 @@ class Session:
         # the Session owns the Ir from here on, so its streams are fixed
         self._h2d = frozenset(ir.get_all_h2d_streams())
         self._d2h = tuple(ir.get_all_d2h_streams())
+        counts = checks.transfer_counts(ir.main_graph)
+        checks.check_transfer_counts(self, counts)
+        self._data_dependent = [s for s, n in counts.items() if n < 0]
+        # plan first: an out-of-memory program fails before anything is compiled or copied
+        self.plan = build_plan(ir, self.machine)
         self._program = Program(ir, self._runtime, check_specs=_check_specs)
         # collectives need every replica at once: then replicas run in threads
         self._threaded = any(
             op.opdef.extra.get("collective") for g in self._program.graphs_used() for op in g._ops
         )
-        self.plan = build_plan(ir, self.machine)
         ir._session = self
         self._variables: List[Variable] = self._program.variables
         self._variable_index = {v: i for i, v in enumerate(self._variables)}
@@ -75,6 +86,9 @@ class Session:
         self._attached = False
         self._host_in_sync = True
         self._context_stack: List[bool] = []
+
+    def __repr__(self) -> str:
+        return f"Session[{self._ir!r} {self.device_desc!r} built at {self._built_at}]"
 
     # properties --------------------------------------------------------------------
     @property
@@ -162,6 +176,7 @@ class Session:
 
     def get_tensors_data(self, tensors: Iterable[Tensor]) -> Dict[Tensor, np.ndarray]:
         tensors = list(tensors)
+        checks.check_tensors_of(self, tensors, "get_tensor_data")
         for t in tensors:
             if t in self._remote.shards:
                 raise TypeError(
@@ -169,9 +184,11 @@ class Session:
                     f"variable {t._shard_of.id!r}; read that variable for the full value."
                 )
             if not isinstance(t, (Variable, Constant)):
+                # PopXL's wording (its tests match on it), then what to do instead
                 raise TypeError(
-                    f"get_tensor_data: {t!r} is not a Variable or Constant; stream "
-                    "intermediate tensors out with host_store instead."
+                    f"Tensor {getattr(t, 'id', t)} is not of type Constant or Variable ({t!r}); "
+                    "get_tensor_data reads only those: stream intermediate tensors out with "
+                    "host_store instead."
                 )
         if (
             self._attached
@@ -189,6 +206,7 @@ class Session:
 
     def write_variables_data(self, tensors: Mapping[Variable, object]) -> None:
         """Write host values; all are checked first, so a bad one changes nothing."""
+        checks.check_tensors_of(self, tensors, "write_variables_data")
         checked = {v: self._checked_value(v, d) for v, d in tensors.items()}
         if self._attached and not self._host_in_sync:
             self.weights_to_host()
@@ -210,13 +228,17 @@ class Session:
 
     def _checked_value(self, v: Variable, data) -> np.ndarray:
         if not isinstance(v, Variable):
-            raise TypeError(f"write_variable_data: {v!r} is not a Variable.")
+            raise TypeError(
+                f"Tensor {getattr(v, 'id', v)} is not of type Variable ({v!r}); "
+                "write_variable_data writes only variables."
+            )
         if v not in self._host or v in self._remote.shards:
             raise ValueError(f"write_variable_data: {v!r} is not a variable of this Session's Ir.")
         if v.retrieval_mode == "all_replicas":
+            # as PopXL: data holds one value per group, and no per-replica write path exists
             raise NotImplementedError(
-                f"write_variable_data: {v.id!r} has retrieval_mode 'all_replicas'; PopXL writes "
-                "only 'one_per_group' variables (one value per replica group)."
+                f"write_variable_data: variable {v.id!r} has retrieval_mode='all_replicas'; "
+                "writing is only supported for retrieval_mode='one_per_group'."
             )
         want = v.dtype.as_numpy()
         if np.isscalar(data) or isinstance(data, (int, float, bool)):
@@ -252,19 +274,28 @@ class Session:
         downcast_inputs: bool = True,
     ) -> Dict[DeviceToHostStream, np.ndarray]:
         """Run the main graph once per replica; returns one array per device-to-host stream."""
-        outputs = self.create_host_outputs()
+        outputs = checks.StreamOutputs(self.create_host_outputs())
         self.run_with_outputs(inputs, outputs, downcast_inputs)
         return outputs
 
     def run_with_outputs(self, inputs, outputs, downcast_inputs: bool = True) -> None:
         self._require_attached("run")
         feeds = self._checked_inputs(inputs or {}, downcast_inputs)
+        checks.check_output_buffers(self, outputs, self._d2h)
         full = {s: _expand(a, self._ir) for s, a in outputs.items()}
         self._runtime.start(feeds, full)
-        device, main = self._device, self._program.main.fn
         with torch.no_grad():
-            run_replicas(self._runtime, lambda r: main(device[r]), self._threaded)
+            run_replicas(self._runtime, self._replica_body, self._threaded)
         self._host_in_sync = False
+
+    def _replica_body(self, r: int) -> None:
+        """One replica's run of the main graph, with the failing op named on a data error."""
+        try:
+            self._program.main.fn(self._device[r])
+        except (OpDataError, IndexError) as e:
+            raise checks.with_op_context(self._program, e) from None
+        if self._data_dependent:
+            checks.check_run_counts(self, self._runtime, self._data_dependent)
 
     def _checked_inputs(self, inputs: Mapping, downcast: bool) -> Dict[object, np.ndarray]:
         expected = self._h2d

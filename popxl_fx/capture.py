@@ -1,0 +1,380 @@
+"""torch.fx capture that keeps the module hierarchy and runs the example inputs alongside.
+
+Every node gets, in ``node.meta``:
+  - ``example_value``: its value on the example inputs (this is the shape propagation: the
+    node's shape and dtype; the trace runs the model once, eagerly, without changing it);
+  - ``module_path``: qualified name of the torch module whose code created it;
+  - ``source``: the user's ``file:line`` that created it (also ``node.stack_trace``).
+Python values derived from shapes (``x.shape``, ``x.size()``, ``x.dim()``, ``len(x)``) are
+folded into constants while tracing, so the graph is specialised to the example shapes.
+Standard ``torch.nn`` modules with a lowering (or without children) stay leaves; user modules
+and containers are traced through. What cannot become a static graph (``.item()``, control
+flow on tensor values, data-dependent shapes and lengths) is recorded as `Issue`s, and tracing
+goes on with the example's concrete value so that one pass finds every problem.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+from .errors import Issue, user_frame
+from .lowering import lookup
+
+__all__ = [
+    "CaptureTracer",
+    "Captured",
+    "capture",
+    "is_leaf",
+    "preserved",
+    "trace_module",
+]
+
+# Tensor attributes and methods whose result only depends on the shape/dtype: folded.
+_FOLDED_ATTRS = frozenset(
+    {
+        "shape",
+        "ndim",
+        "dtype",
+        "device",
+        "is_cuda",
+        "layout",
+        "requires_grad",
+        "is_sparse",
+        "is_quantized",
+        "is_meta",
+    }
+)
+_FOLDED_METHODS = frozenset(
+    {
+        "size",
+        "dim",
+        "ndimension",
+        "numel",
+        "nelement",
+        "element_size",
+        "is_floating_point",
+        "is_complex",
+        "get_device",
+        "is_contiguous",
+    }
+)
+_FOLDED_FUNCTIONS = frozenset({torch.numel, torch.is_floating_point, torch.is_complex})
+# Ops whose output shape (or python value) depends on the tensor data.
+_DATA_METHODS = frozenset({"item", "tolist", "nonzero", "masked_select", "unique", "argwhere"})
+_DATA_FUNCTIONS = frozenset(
+    {torch.nonzero, torch.masked_select, torch.unique, torch.argwhere, torch.unique_consecutive}
+)
+
+
+def is_leaf(module: nn.Module) -> bool:
+    """Standard torch.nn modules with a lowering, or without children, are not traced into."""
+    if not type(module).__module__.startswith("torch.nn"):
+        return False
+    return lookup(type(module)) is not None or not any(True for _ in module.children())
+
+
+@dataclass
+class Captured:
+    """A traced model: the graph module (root's parameters shared, not copied), the issues
+    found while tracing, and (once `check_captured` ran) every issue including unsupported
+    targets."""
+
+    gm: fx.GraphModule
+    issues: list[Issue] = field(default_factory=list)
+    checked: list[Issue] | None = None
+    example_inputs: tuple = ()
+
+
+def _value(arg: Any) -> Any:
+    return fx.node.map_arg(arg, lambda n: n.meta["example_value"])
+
+
+def _data_dependent(node: fx.Node) -> bool:
+    return any(n.meta.get("data_dependent") for n in node.all_input_nodes)
+
+
+class _Proxy(fx.Proxy):
+    """A proxy that answers shape questions and len/iter/int from the example value."""
+
+    def __getattr__(self, k: str) -> Any:
+        value = self.node.meta.get("example_value")
+        if k in _FOLDED_ATTRS and isinstance(value, torch.Tensor):
+            return getattr(value, k)
+        return super().__getattr__(k)
+
+    def __len__(self) -> int:
+        self.tracer.check_static(self, "data-dependent length", "len()")
+        return len(self.node.meta["example_value"])
+
+    def __iter__(self) -> Iterator[fx.Proxy]:
+        return self.tracer.iter(self)
+
+    def _scalar(self, kind: type) -> Any:
+        self.tracer.record(
+            self.node,
+            ".item()",
+            f"{kind.__name__}() of a tensor value",
+            "the value depends on the data; keep it a tensor.",
+        )
+        return kind(self.node.meta["example_value"])
+
+    def __int__(self) -> int:
+        return self._scalar(int)
+
+    def __float__(self) -> float:
+        return self._scalar(float)
+
+    def __index__(self) -> int:
+        return self._scalar(int)
+
+
+class CaptureTracer(fx.Tracer):
+    """The tracer behind `capture` (see the module docstring)."""
+
+    def __init__(
+        self,
+        root: nn.Module,
+        example_inputs: Sequence[Any],
+        leaf: Callable[[nn.Module], bool] = is_leaf,
+    ) -> None:
+        super().__init__()  # shapes fold in _Proxy (also for parameters)
+        self.record_stack_traces = True
+        self.proxy_buffer_attributes = True
+        self.root_module = root
+        self._inputs = list(example_inputs)
+        self._leaf = leaf
+        self._paths: list[str] = []
+        self._evaluating = False
+        self.issues: list[Issue] = []
+
+    # hierarchy --------------------------------------------------------------------------
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return self._leaf(m)
+
+    def call_module(self, m: nn.Module, forward: Callable, args: tuple, kwargs: dict) -> Any:
+        if self._evaluating:  # computing an example value: plain eager call
+            return forward(*args, **kwargs)
+        self._paths.append(self.path_of_module(m))
+        try:
+            return super().call_module(m, forward, args, kwargs)
+        finally:
+            self._paths.pop()
+
+    def getattr(self, attr: str, attr_val: Any, parameter_proxy_cache: dict) -> Any:
+        if self._evaluating:
+            return attr_val
+        return super().getattr(attr, attr_val, parameter_proxy_cache)
+
+    # values ------------------------------------------------------------------------------
+    def proxy(self, node: fx.Node) -> fx.Proxy:
+        return _Proxy(node, self)
+
+    def create_proxy(
+        self,
+        kind: str,
+        target: Any,
+        args: tuple,
+        kwargs: dict,
+        name=None,
+        type_expr=None,
+        proxy_factory_fn=None,
+    ) -> Any:
+        if self._folds(kind, target, args):
+            return self._fold(kind, target, args, kwargs)
+        return super().create_proxy(kind, target, args, kwargs, name, type_expr, proxy_factory_fn)
+
+    def create_node(
+        self, kind: str, target: Any, args: tuple, kwargs: dict, name=None, type_expr=None
+    ) -> fx.Node:
+        # Every node passes here, also the get_attr nodes fx makes for tensor constants.
+        node = super().create_node(kind, target, args, kwargs, name, type_expr)
+        if kind != "output":
+            self._annotate(node)
+        return node
+
+    @staticmethod
+    def _folds(kind: str, target: Any, args: tuple) -> bool:
+        return (
+            (
+                (kind == "call_method" and target in _FOLDED_METHODS)
+                or (kind == "call_function" and target in _FOLDED_FUNCTIONS)
+            )
+            and bool(args)
+            and isinstance(args[0], fx.Proxy)
+        )
+
+    def _fold(self, kind: str, target: Any, args: tuple, kwargs: dict) -> Any:
+        self_value = args[0].node.meta["example_value"]
+        rest = _value(self.create_arg((args[1:], kwargs)))
+        if kind == "call_method":
+            return getattr(self_value, target)(*rest[0], **rest[1])
+        return target(self_value, *rest[0], **rest[1])
+
+    def _annotate(self, node: fx.Node) -> None:
+        node.meta["module_path"] = self._paths[-1] if self._paths else ""
+        node.meta["source"] = user_frame()
+        node.meta["example_value"] = self._evaluate(node)
+        if node.op == "placeholder":
+            return
+        if (
+            node.target in _DATA_METHODS
+            if node.op == "call_method"
+            else node.target in _DATA_FUNCTIONS
+        ) or _bool_mask_index(node):
+            kind = ".item()" if node.target in ("item", "tolist") else "data-dependent shape"
+            self.record(node, kind, _describe(node), _DATA_HINT[kind])
+            node.meta["data_dependent"] = True
+        elif _data_dependent(node):
+            node.meta["data_dependent"] = True
+
+    def _evaluate(self, node: fx.Node) -> Any:
+        if node.op == "placeholder":
+            return self._next_input(node)
+        args, kwargs = _value((node.args, node.kwargs))
+        self._evaluating = True  # plain attribute reads and module calls while computing
+        try:
+            return self._call(node, args, kwargs)
+        except Exception as exc:  # the example inputs do not fit the model: say where
+            exc.add_note(
+                f"popxl_fx: while running {self._where(node)} on the example inputs "
+                f"(from {node.meta.get('source', '<unknown>')})"
+            )
+            raise
+        finally:
+            self._evaluating = False
+
+    def _where(self, node: fx.Node) -> str:
+        if node.op == "call_module":
+            module = self.root_module.get_submodule(node.target)
+            return f"{type(module).__name__} module '{node.target}'"
+        path = node.meta.get("module_path", "")
+        return f"{_describe(node)} in " + (f"module '{path}'" if path else "the root module")
+
+    def _call(self, node: fx.Node, args: tuple, kwargs: dict) -> Any:
+        if node.op == "get_attr":
+            return _fetch(self.root_module, node.target)
+        with torch.no_grad():
+            if node.op == "call_module":
+                return self.root_module.get_submodule(node.target)(*args, **kwargs)
+            if node.op == "call_method":
+                return getattr(args[0], node.target)(*args[1:], **kwargs)
+            return node.target(*args, **kwargs)
+
+    def _next_input(self, node: fx.Node) -> Any:
+        if self._inputs:
+            return self._inputs.pop(0)
+        if node.args:  # a parameter with a default value
+            return node.args[0]
+        raise TypeError(f"forward() argument '{node.target}' has no example input.")
+
+    # static-graph violations -----------------------------------------------------------
+    def record(self, node: fx.Node | None, kind: str, what: str, hint: str = "") -> None:
+        source = user_frame()
+        path = (
+            node.meta.get("module_path", "")
+            if node is not None
+            else (self._paths[-1] if self._paths else "")
+        )
+        issue = Issue(kind, what, source, path, node.name if node is not None else "", hint)
+        if all((i.kind, i.source) != (kind, source) for i in self.issues):
+            self.issues.append(issue)
+
+    def check_static(self, proxy: fx.Proxy, kind: str, what: str) -> None:
+        if proxy.node.meta.get("data_dependent"):
+            self.record(proxy.node, kind, what, _DATA_HINT[kind])
+
+    def to_bool(self, obj: fx.Proxy) -> bool:
+        self.record(
+            obj.node,
+            "data-dependent control flow",
+            f"bool({_describe(obj.node)})",
+            "a Python `if`/`while` on a tensor value; use torch.where or compute both branches.",
+        )
+        return bool(obj.node.meta["example_value"])
+
+    def iter(self, obj: fx.Proxy) -> Iterator:
+        self.check_static(obj, "data-dependent length", f"iteration over {_describe(obj.node)}")
+        n = len(obj.node.meta["example_value"])
+        return iter([obj[i] for i in range(n)])
+
+
+_DATA_HINT = {
+    ".item()": "a Python number read from a tensor freezes one step's data into the graph; "
+    "keep it a tensor.",
+    "data-dependent shape": "its output shape depends on the data, so no static graph exists; "
+    "use a fixed-size form (masking with torch.where, topk).",
+    "data-dependent length": "the number of items depends on the data; pad to a fixed size.",
+}
+
+
+def _describe(node: fx.Node) -> str:
+    if node.op == "call_method":
+        return f"Tensor.{node.target}()"
+    if node.op == "call_function":
+        return f"{getattr(node.target, '__name__', node.target)}()"
+    return node.name
+
+
+def _bool_mask_index(node: fx.Node) -> bool:
+    if node.op != "call_function" or node.target is not operator.getitem:
+        return False
+    index = _value(node.args[1])
+    items = index if isinstance(index, tuple) else (index,)
+    return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in items)
+
+
+def _fetch(root: nn.Module, target: str) -> Any:
+    value: Any = root
+    for part in target.split("."):
+        value = getattr(value, part)
+    return value
+
+
+@contextlib.contextmanager
+def preserved(model: nn.Module) -> Iterator[None]:
+    """Run eager code on ``model`` without changing its buffers or the torch RNG."""
+    saved = {name: b.detach().clone() for name, b in model.named_buffers()}
+    with torch.random.fork_rng(devices=[]):
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for name, b in model.named_buffers():
+                    b.copy_(saved[name])
+
+
+def trace_module(tracer: CaptureTracer, model: nn.Module) -> fx.GraphModule:
+    """Trace ``model`` with ``tracer`` and leave the model as it was.
+
+    torch.fx stores tensors that the forward creates from constants as ``_tensor_constantN``
+    attributes of the root; the graph module keeps them, the user's model does not.
+    """
+    before = set(vars(model))
+    try:
+        with preserved(model):
+            graph = tracer.trace(model)
+        return fx.GraphModule(model, graph, class_name=type(model).__name__)
+    finally:
+        for name in set(vars(model)) - before:
+            if name.startswith("_tensor_constant"):
+                delattr(model, name)
+
+
+def capture(model: nn.Module, example_inputs: Sequence[Any]) -> Captured:
+    """Trace ``model`` on ``example_inputs`` (see the module docstring).
+
+    The model's buffers and the torch RNG are restored afterwards, so capture has no effect
+    on the model even in train mode (batch-norm statistics, dropout).
+    """
+    tracer = CaptureTracer(model, example_inputs)
+    return Captured(
+        trace_module(tracer, model), tracer.issues, example_inputs=tuple(example_inputs)
+    )

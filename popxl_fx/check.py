@@ -1,0 +1,221 @@
+"""`popxl_fx.check`: everything that stops a model from becoming one static PopXL program,
+found before any IR is built, each with the user's file:line and module path.
+
+It reports what the capture records while tracing (``.item()``, control flow on tensor
+values, data-dependent shapes and list lengths), targets with no lowering and no ATen
+decomposition, shapes that change with the data (the traced graph re-run on other data) and
+shapes that change between calls (the model traced twice).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+from . import lowerings  # noqa: F401  (registers the table)
+from .capture import Captured, CaptureTracer, preserved, trace_module
+from .errors import Issue, UnsupportedError, user_frame
+from .fallback import decomposition_issue
+from .lowering import lookup
+
+__all__ = ["CheckReport", "all_issues", "check", "check_captured"]
+
+
+@dataclass
+class CheckReport:
+    """The issues `check` found (empty when the model lowers)."""
+
+    model: str
+    issues: list[Issue] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.issues
+
+    def raise_if_any(self) -> None:
+        """Raise `UnsupportedError` with every issue, if there is any."""
+        if self.issues:
+            raise UnsupportedError(self.model, list(self.issues))
+
+    def __str__(self) -> str:
+        if self.ok:
+            return f"{self.model}: no issues; it lowers to a static PopXL program."
+        return str(UnsupportedError(self.model, list(self.issues)))
+
+
+def check(model: nn.Module, *example_inputs: Any) -> CheckReport:
+    """Report every unsupported op/module and static-graph violation of ``model``.
+
+    The model's buffers and the torch RNG are left as they were.
+
+    Example:
+        >>> report = popxl_fx.check(model, torch.randn(2, 3))  # doctest: +SKIP
+        >>> report.raise_if_any()  # doctest: +SKIP
+    """
+    report = CheckReport(type(model).__name__)
+    first = _trace(model, example_inputs, report)
+    if first is not None:
+        report.issues += all_issues(first, model)
+    return report
+
+
+def all_issues(captured: Captured, model: nn.Module) -> list[Issue]:
+    """`check_captured`, plus shapes that change between calls (a second trace) or with the
+    data (the graph re-run on other inputs)."""
+    issues = check_captured(captured, model)
+    second = _trace(model, captured.example_inputs, CheckReport(""))
+    found = [_rerun_with_other_data(captured.gm, model, captured.example_inputs)]
+    if second is not None:
+        found.insert(0, _compare(captured.gm, second.gm, "between calls"))
+    for issue in found:
+        if issue is not None and all(i.source != issue.source for i in issues):
+            issues.append(issue)
+    return issues
+
+
+def check_captured(captured: Captured, model: nn.Module) -> list[Issue]:
+    """The capture's own issues plus every call with no lowering and no decomposition."""
+    issues = list(captured.issues)
+    verdicts: dict[tuple, Issue | None] = {}  # one decomposition per kind of call
+    for node in captured.gm.graph.nodes:
+        if node.op not in ("call_function", "call_method", "call_module"):
+            continue
+        if node.meta.get("data_dependent"):
+            continue  # reported where the data dependence starts
+        module = model.get_submodule(node.target) if node.op == "call_module" else None
+        if lookup(type(module) if module is not None else node.target) is not None:
+            continue
+        key = _call_key(node, module)
+        if key not in verdicts:
+            verdicts[key] = decomposition_issue(node, model)
+        if verdicts[key] is not None:
+            issues.append(
+                dataclasses.replace(
+                    verdicts[key],
+                    source=node.meta.get("source", "<unknown>"),
+                    module_path=node.meta.get("module_path", ""),
+                    node=node.name,
+                )
+            )
+    return issues
+
+
+def _call_key(node: fx.Node, module: nn.Module | None) -> tuple:
+    """Calls with equal keys decompose alike: same target/module config, shapes and dtypes."""
+
+    def spec(v: Any) -> Any:
+        return (tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else repr(v)
+
+    args = fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("example_value"))
+    leaves = [spec(v) for v in torch.utils._pytree.tree_leaves(args)]
+    what = repr(module) if module is not None else (node.op, node.target)
+    return (str(what), tuple(map(str, leaves)))
+
+
+def _trace(model: nn.Module, inputs: Sequence[Any], report: CheckReport) -> Captured | None:
+    """Capture, turning an exception while tracing into an issue at the user's line."""
+    tracer = CaptureTracer(model, inputs)
+    try:
+        gm = trace_module(tracer, model)
+    except Exception as exc:  # noqa: BLE001 - the report says what failed, and where
+        report.issues += tracer.issues
+        message = str(exc).splitlines()[0] if str(exc) else ""
+        report.issues.append(
+            Issue(
+                "untraceable",
+                f"{type(exc).__name__}: {message}"[:300],
+                user_frame(traceback.extract_tb(exc.__traceback__)),
+                tracer._paths[-1] if tracer._paths else "",
+                "",
+                "torch.fx cannot trace this code; rewrite it with tensor ops.",
+            )
+        )
+        return None
+    return Captured(gm, tracer.issues, example_inputs=tuple(inputs))
+
+
+def _shape(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return tuple(value.shape)
+    if isinstance(value, (tuple, list)):
+        return tuple(_shape(v) for v in value)
+    return None
+
+
+def _compare(first: fx.GraphModule, second: fx.GraphModule, when: str) -> Issue | None:
+    """An issue at the first node whose shape differs between two traces/runs."""
+    for a, b in zip(first.graph.nodes, second.graph.nodes):
+        before, after = _shape(a.meta.get("example_value")), _shape(b.meta.get("example_value"))
+        if a.target != b.target or before != after:
+            return _shape_issue(b, f"{_name(b)} has shape {after}, was {before}", when)
+    if len(first.graph.nodes) != len(second.graph.nodes):
+        last = list(second.graph.nodes)[-1]
+        return _shape_issue(last, "the traced graph changed", when)
+    return None
+
+
+def _shape_issue(node: fx.Node, what: str, when: str) -> Issue:
+    return Issue(
+        "shape changes " + when,
+        what,
+        node.meta.get("source", "<unknown>"),
+        node.meta.get("module_path", ""),
+        node.name,
+        "a static PopXL program has one shape per tensor; keep shapes independent of "
+        "the data and of how many times the model ran.",
+    )
+
+
+def _name(node: fx.Node) -> str:
+    if node.op == "call_method":
+        return f"Tensor.{node.target}()"
+    return f"{getattr(node.target, '__name__', node.target)}()" if node.op != "output" else "output"
+
+
+def _other_data(x: Any) -> Any:
+    """Other values of the same shape/dtype (integers stay within the example's range)."""
+    if not isinstance(x, torch.Tensor):
+        return x
+    gen = torch.Generator().manual_seed(1234)
+    if x.dtype == torch.bool:
+        return torch.rand(x.shape, generator=gen) > 0.5
+    if x.is_floating_point():
+        return (torch.randn(x.shape, generator=gen) * 2 + 0.5).to(x.dtype)
+    low, high = (int(x.min()), int(x.max()) + 1) if x.numel() else (0, 1)
+    return torch.randint(low, high, x.shape, generator=gen, dtype=x.dtype)
+
+
+class _ShapeRecorder(fx.Interpreter):
+    def run_node(self, n: fx.Node) -> Any:
+        value = super().run_node(n)
+        self.shapes[n] = _shape(value)
+        return value
+
+
+def _rerun_with_other_data(
+    gm: fx.GraphModule, model: nn.Module, inputs: Sequence[Any]
+) -> Issue | None:
+    """The traced graph run on other data: an issue at the first node whose shape changes."""
+    recorder = _ShapeRecorder(gm)
+    recorder.shapes = {}
+    try:
+        with preserved(model), torch.no_grad():
+            recorder.run(*[_other_data(x) for x in inputs])
+    except Exception:  # noqa: BLE001 - other data may be invalid for the model; no verdict
+        pass
+    for node, shape in recorder.shapes.items():
+        if node.op != "output" and shape != _shape(node.meta.get("example_value")):
+            before = _shape(node.meta.get("example_value"))
+            return _shape_issue(
+                node,
+                f"{_name(node)} has shape {shape} on other data, {before} on the example",
+                "with the data",
+            )
+    return None

@@ -1,0 +1,191 @@
+"""The fallback for targets the table lacks: decompose the call into core ATen ops and lower
+those one by one through the ``aten.*`` entries of the same table.
+
+The call is re-traced with ``make_fx`` on the node's example inputs (leaf modules through
+``torch.func.functional_call``, so their parameters and buffers arrive as inputs and lower to
+the same variables as a direct lowering would use).
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+from torch._decomp import core_aten_decompositions
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import popxl_core as popxl
+
+from .errors import Issue, UnsupportedError
+from .lowering import LOWERINGS, LoweringContext, lookup, run_graph, target_name, unsupported
+
+__all__ = [
+    "Decomposition",
+    "decompose",
+    "lower_by_decomposition",
+    "missing_lowerings",
+    "nearby_supported",
+]
+
+
+class Decomposition:
+    """A node's call as an ATen graph: inputs = the module's state names, then tensor args."""
+
+    def __init__(self, gm: fx.GraphModule, state_names: list[str]) -> None:
+        self.gm = gm
+        self.state_names = state_names
+
+    def aten_targets(self) -> list[Any]:
+        return [n.target for n in self.gm.graph.nodes if n.op == "call_function"]
+
+
+def _call(node: fx.Node, root: torch.nn.Module) -> tuple[Callable, list[str], list]:
+    """The node's call as fn(*state, *args) and the module state names/values it needs."""
+    if node.op == "call_module":
+        module = root.get_submodule(node.target)
+        state = dict(module.named_parameters())
+        state.update(module.named_buffers())
+        names = list(state)
+
+        def call(*flat: Any, **kwargs: Any) -> Any:
+            params = dict(zip(names, flat[: len(names)]))
+            return torch.func.functional_call(module, params, flat[len(names) :], kwargs)
+
+        return call, names, [state[n].detach() for n in names]
+    if node.op == "call_method":
+        return (lambda self_, *a, **k: getattr(self_, node.target)(*a, **k)), [], []
+    return node.target, [], []
+
+
+def decompose(node: fx.Node, root: torch.nn.Module) -> Decomposition:
+    """Trace ``node``'s call on its example inputs into core ATen ops (once per node)."""
+    if "decomposition" not in node.meta:
+        node.meta["decomposition"] = _decompose(node, root)
+    return node.meta["decomposition"]
+
+
+def _decompose(node: fx.Node, root: torch.nn.Module) -> Decomposition:
+    call, names, state = _call(node, root)
+    args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta["example_value"])
+    leaves, spec = pytree.tree_flatten((args, kwargs))
+    positions = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
+
+    def flat_call(*tensors: torch.Tensor) -> Any:
+        filled = list(leaves)
+        for i, t in zip(positions, tensors[len(state) :]):
+            filled[i] = t
+        a, k = pytree.tree_unflatten(filled, spec)
+        return call(*tensors[: len(state)], *a, **k)
+
+    inputs = [*state, *(leaves[i] for i in positions)]
+    with torch.random.fork_rng(devices=[]):
+        # Decompose, then functionalize the ATen graph: in-place ops (also those that the
+        # decompositions introduce) become pure ones; a mutated input shows as one
+        # aten.copy_ into it at the end (a buffer update).
+        aten_gm = make_fx(flat_call, decomposition_table=core_aten_decompositions())(*inputs)
+        pure = torch.func.functionalize(aten_gm, remove="mutations")
+        gm = make_fx(pure, decomposition_table=core_aten_decompositions())(*inputs)
+    _mark_buffer_updates(gm, names)
+    return Decomposition(gm, names)
+
+
+def _mark_buffer_updates(gm: fx.GraphModule, names: list[str]) -> None:
+    """Tag each ``aten.copy_`` into a module-state input with that state's name."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    state = dict(zip(placeholders, names))
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.aten.copy_.default:
+            if node.args[0] in state:
+                node.meta["buffer_update"] = state[node.args[0]]
+
+
+def missing_lowerings(dec: Decomposition) -> list[Any]:
+    """The ATen ops of ``dec`` with no entry in the table (each once, in graph order)."""
+    seen: list[Any] = []
+    for target in dec.aten_targets():
+        if lookup(target) is None and target not in seen:
+            seen.append(target)
+    return seen
+
+
+def nearby_supported(target: Any, n: int = 5) -> list[str]:
+    """Names of registered targets that look like ``target``'s name."""
+    names = {target_name(t) for t in LOWERINGS}
+    short = {name.rsplit(".", 1)[-1]: name for name in names}
+    wanted = target_name(target).rsplit(".", 1)[-1].lower()
+    close = difflib.get_close_matches(wanted, list(short), n=n, cutoff=0.6)
+    return [short[c] for c in close]
+
+
+def _what(node: fx.Node, root: torch.nn.Module) -> str:
+    if node.op == "call_module":
+        return f"{target_name(type(root.get_submodule(node.target)))} module"
+    return target_name(node.target)
+
+
+def decomposition_issue(node: fx.Node, root: torch.nn.Module) -> Issue | None:
+    """None when ``node`` lowers through its decomposition, else the `Issue` saying why not."""
+    kind = "unsupported module" if node.op == "call_module" else "unsupported op"
+    what = _what(node, root)
+    try:
+        dec = decompose(node, root)
+    except Exception as exc:  # noqa: BLE001 - any failure means there is no decomposition
+        return unsupported(
+            node,
+            what,
+            kind,
+            f"it has no lowering and no ATen decomposition "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]}).",
+        )
+    missing = missing_lowerings(dec)
+    if not missing:
+        return None
+    names = ", ".join(target_name(t) for t in missing)
+    near = sorted(
+        {s for t in missing for s in nearby_supported(t)}
+        | set(
+            nearby_supported(
+                node.target if node.op != "call_module" else type(root.get_submodule(node.target))
+            )
+        )
+    )
+    which = "which has no lowering" if len(missing) == 1 else "which have no lowerings"
+    hint = f"it has no lowering, and its ATen decomposition needs {names}, {which}."
+    if near:
+        hint += f" Nearby supported: {', '.join(near)}."
+    return unsupported(node, what, kind, hint)
+
+
+def lower_by_decomposition(node: fx.Node, args: tuple, kwargs: dict, ctx: LoweringContext) -> Any:
+    """Lower ``node`` through its ATen decomposition; UnsupportedError names what is missing."""
+    root = ctx.owner.torch_module
+    model = type(root).__name__
+    if isinstance(node.target, torch._ops.OpOverload):  # an ATen op inside a decomposition
+        near = nearby_supported(node.target)
+        hint = f"Nearby supported: {', '.join(near)}." if near else ""
+        raise UnsupportedError(model, [unsupported(node, target_name(node.target), hint=hint)])
+    issue = decomposition_issue(node, root)
+    if issue is not None:
+        raise UnsupportedError(model, [issue])
+    dec = decompose(node, root)
+    leaves = [v for v in pytree.tree_leaves((args, kwargs)) if isinstance(v, popxl.Tensor)]
+    state = [ctx.param(name) for name in dec.state_names]
+    for n in dec.gm.graph.nodes:  # errors inside the decomposition point at the user's line
+        n.meta.setdefault("source", node.meta.get("source", "<unknown>"))
+        n.meta.setdefault("module_path", node.meta.get("module_path", ""))
+
+    def make_ctx(n: fx.Node) -> LoweringContext:
+        return LoweringContext(ctx.owner, n, ctx.module_path, ctx.training)
+
+    return run_graph(dec.gm, [*state, *leaves], make_ctx, _constant)
+
+
+def _constant(gm: fx.GraphModule, target: str) -> Any:
+    value = getattr(gm, target)
+    if isinstance(value, torch.Tensor):
+        return popxl.constant(value.detach().numpy(), popxl.dtype.as_dtype(value.dtype))
+    return value

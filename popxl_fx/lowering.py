@@ -1,0 +1,240 @@
+"""The lowering table (fx target -> popxl ops) and the driver that lowers an fx graph with it.
+
+Keys of `LOWERINGS` are what an fx node calls: torch functions (``torch.relu``, ``F.relu``),
+``operator.*`` functions, method names as strings (``"view"`` for ``x.view(...)``), ATen
+overload packets (``torch.ops.aten.addmm``; used by the decomposition fallback) and
+``nn.Module`` classes (leaf modules). Entries live in ``popxl_fx/lowerings/``.
+
+A function/method/operator lowering is ``fn(ctx, *args, **kwargs)``; a leaf-module lowering is
+``fn(ctx, module, *args, **kwargs)``. Args are the node's args with fx Nodes replaced by popxl
+Tensors (python values, including values folded from shapes, stay python values).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Protocol
+
+import torch
+import torch.fx as fx
+
+import popxl_core as popxl
+from popxl_core import ops
+
+from .errors import Issue, UnsupportedError
+
+__all__ = [
+    "LOWERINGS",
+    "LoweringContext",
+    "VariableOwner",
+    "lookup",
+    "lowers",
+    "run_graph",
+    "target_name",
+]
+
+LOWERINGS: dict[Any, Callable] = {}
+
+
+def lowers(*targets: Any) -> Callable[[Callable], Callable]:
+    """Register the decorated function as the lowering of every target in ``targets``."""
+    if not targets:
+        raise TypeError("lowers() needs at least one target.")
+
+    def register(fn: Callable) -> Callable:
+        for target in targets:
+            if target in LOWERINGS and LOWERINGS[target] is not fn:
+                old = LOWERINGS[target]
+                raise ValueError(
+                    f"{target_name(target)} already has a lowering "
+                    f"({old.__module__}.{old.__qualname__}); declare it once."
+                )
+            LOWERINGS[target] = fn
+        return fn
+
+    return register
+
+
+def lookup(target: Any) -> Callable | None:
+    """The lowering of ``target``: exact key, then an ATen op's packet, then a class's bases."""
+    fn = _get(target)
+    if fn is None and isinstance(target, torch._ops.OpOverload):
+        fn = _get(target.overloadpacket)
+    if fn is None and isinstance(target, type):
+        fn = next((LOWERINGS[c] for c in target.__mro__[1:] if _get(c) is not None), None)
+    return fn
+
+
+def _get(target: Any) -> Callable | None:
+    try:
+        return LOWERINGS.get(target)
+    except TypeError:  # unhashable targets have no lowering
+        return None
+
+
+_PUBLIC_MODULES = {
+    "_operator": "operator",
+    "torch._C._nn": "torch.nn.functional",
+    "torch._C._VariableFunctions": "torch",
+    "torch._C._fft": "torch.fft",
+    "torch._C._linalg": "torch.linalg",
+    "torch._C._special": "torch.special",
+}
+
+
+def target_name(target: Any) -> str:
+    """A readable name for an fx target: 'torch.nn.functional.relu', 'Tensor.view', ..."""
+    if isinstance(target, str):
+        return f"Tensor.{target}"
+    if isinstance(target, torch._ops.OpOverload):
+        return f"aten.{target.__name__}"
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        return f"aten.{target.__name__}"
+    module = getattr(target, "__module__", None) or ""
+    name = getattr(target, "__qualname__", None) or getattr(target, "__name__", repr(target))
+    if name.startswith("_VariableFunctionsClass."):  # torch.relu and friends
+        module, name = "torch", name.split(".", 1)[1]
+    if isinstance(target, type) and module.startswith("torch.nn.modules."):
+        module = "torch.nn"
+    for private, public in _PUBLIC_MODULES.items():
+        if module == private:  # torch._C._fft.fft_rfft is torch.fft.rfft
+            module, prefix = public, public.rsplit(".", 1)[-1] + "_"
+            name = name[len(prefix) :] if public != "torch" and name.startswith(prefix) else name
+    return f"{module}.{name}" if module else name
+
+
+class VariableOwner(Protocol):
+    """What the driver needs from the module being built (popxl_fx.Module implements it)."""
+
+    torch_module: torch.nn.Module
+
+    def variable(self, qualname: str) -> popxl.Tensor: ...
+
+    def seed(self) -> popxl.Tensor: ...
+
+
+class LoweringContext:
+    """What a lowering may ask about the node it lowers.
+
+    Attributes:
+        training: ``training`` of the torch module being lowered (or the one that calls the
+            function being lowered).
+        module_path: qualified name of that module ('' at the root).
+        node: the fx node being lowered.
+    """
+
+    def __init__(
+        self, owner: VariableOwner, node: fx.Node, module_path: str, training: bool
+    ) -> None:
+        self.owner = owner
+        self.node = node
+        self.module_path = module_path
+        self.training = training
+
+    def _qualname(self, name: str) -> str:
+        return f"{self.module_path}.{name}" if self.module_path else name
+
+    def param(self, name: str) -> popxl.Tensor:
+        """The variable of parameter ``<module_path>.<name>`` (one per torch tensor)."""
+        return self.owner.variable(self._qualname(name))
+
+    def buffer(self, name: str) -> popxl.Tensor:
+        """The variable of buffer ``<module_path>.<name>``."""
+        return self.owner.variable(self._qualname(name))
+
+    def update_buffer(self, name: str, value: popxl.Tensor) -> None:
+        """Write ``value`` into the buffer's variable in place (e.g. running statistics)."""
+        buf = self.buffer(name)
+        if value.dtype != buf.dtype:
+            value = ops.cast(value, buf.dtype)
+        ops.var_updates.copy_var_update_(buf, value)
+
+    def seed(self) -> popxl.Tensor:
+        """A fresh uint32 seed tensor (shape (2,)) for one random op."""
+        return self.owner.seed()
+
+    def expected(self) -> Any:
+        """The node's output from shape propagation (torch tensor(s) of the right shape/dtype)."""
+        return self.node.meta.get("example_value", self.node.meta.get("val"))
+
+
+def run_graph(
+    gm: fx.GraphModule,
+    inputs: Sequence[Any],
+    make_ctx: Callable[[fx.Node], LoweringContext],
+    attr: Callable[[fx.GraphModule, str], Any],
+) -> Any:
+    """Lower every node of ``gm`` in order; return the output pytree of popxl values.
+
+    Args:
+        inputs: values for the placeholders, in order.
+        make_ctx: the context for a node.
+        attr: resolves a get_attr target to a popxl value (variable or constant).
+    """
+    env: dict[fx.Node, Any] = {}
+    feed: Iterator = iter(inputs)
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            env[node] = next(feed)
+        elif node.op == "get_attr":
+            env[node] = attr(gm, node.target)
+        elif node.op == "output":
+            return fx.node.map_arg(node.args[0], env.__getitem__)
+        else:
+            env[node] = lower_node(node, env, make_ctx(node))
+    raise ValueError("the fx graph has no output node.")
+
+
+def lower_node(node: fx.Node, env: dict, ctx: LoweringContext) -> Any:
+    """Lower one call node through the table, or the ATen fallback when it has no entry.
+
+    An error raised by a lowering keeps its type and gains a note naming the fx node, its
+    target, the module path and the user's source line.
+    """
+    args = fx.node.map_arg(node.args, env.__getitem__)
+    kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
+    try:
+        if node.op == "call_module":
+            module = ctx.owner.torch_module.get_submodule(node.target)
+            fn = lookup(type(module))
+            if fn is not None:
+                return fn(ctx, module, *args, **kwargs)
+        else:
+            fn = lookup(node.target)
+            if fn is not None:
+                return fn(ctx, *args, **kwargs)
+    except UnsupportedError:
+        raise
+    except Exception as exc:
+        exc.add_note(_where(node, ctx))
+        raise
+    from .fallback import lower_by_decomposition
+
+    return lower_by_decomposition(node, args, kwargs, ctx)
+
+
+def _where(node: fx.Node, ctx: LoweringContext) -> str:
+    if node.op == "call_module":
+        what = target_name(type(ctx.owner.torch_module.get_submodule(node.target)))
+    else:
+        what = target_name(node.target)
+    path = node.meta.get("module_path", "")
+    where = f"module '{path}'" if path else "the root module"
+    source = node.meta.get("source", "<unknown>")
+    return f"while lowering {what} (fx node '{node.name}' in {where}) from {source}"
+
+
+def unsupported(node: fx.Node, what: str, kind: str = "unsupported op", hint: str = "") -> Issue:
+    """An `Issue` located at ``node`` (its user source line and module path)."""
+    return Issue(
+        kind,
+        what,
+        node.meta.get("source", "<unknown>"),
+        node.meta.get("module_path", ""),
+        node.name,
+        hint,
+    )
+
+
+def raise_unsupported(model: str, issue: Issue) -> None:
+    raise UnsupportedError(model, [issue])

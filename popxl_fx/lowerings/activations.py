@@ -1,0 +1,189 @@
+"""Activations, as functions (torch.*, F.*, tensor methods) and as leaf modules (nn.ReLU, ...).
+
+Composites are written so that neither branch of a `where` can overflow (exp of a clamped
+argument): autodiff differentiates both branches, and 0 * inf would be NaN.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import popxl_core as popxl
+from popxl_core import ops
+
+from ..lowering import lowers
+from ._common import const, norm_dim
+
+__all__ = ["softplus"]
+
+_SELU_ALPHA = 1.6732632423543772848170429916717
+_SELU_SCALE = 1.0507009873554804934193349852946
+
+
+def _relu(x):
+    return ops.relu(x)
+
+
+def _leaky_relu(x, negative_slope=0.01):
+    return ops.where(ops.greater(x, const(0.0, x.dtype)), x, x * float(negative_slope))
+
+
+def _elu(x, alpha=1.0):
+    neg = (ops.exp(ops.clip(x, max=0.0)) - 1.0) * float(alpha)
+    return ops.where(ops.greater(x, const(0.0, x.dtype)), x, neg)
+
+
+def _selu(x):
+    return _elu(x, _SELU_ALPHA) * _SELU_SCALE
+
+
+def _celu(x, alpha=1.0):
+    neg = (ops.exp(ops.clip(x, max=0.0) * (1.0 / alpha)) - 1.0) * float(alpha)
+    return ops.where(ops.greater(x, const(0.0, x.dtype)), x, neg)
+
+
+def _gelu(x, approximate="none"):
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    return ops.gelu(x) if approximate == "tanh" else ops.geluerf(x)
+
+
+def softplus(x: popxl.Tensor, beta: float = 1.0, threshold: float = 20.0) -> popxl.Tensor:
+    """torch's softplus: log(1 + exp(beta x)) / beta, and x itself where beta x > threshold."""
+    bx = x * float(beta) if beta != 1 else x
+    # log(1 + exp(z)) = max(z, 0) + log(1 + exp(-|z|)): no overflow for large z
+    soft = ops.relu(bx) + ops.log(ops.exp(ops.negate(ops.abs(bx))) + 1.0)
+    if beta != 1:
+        soft = soft * (1.0 / beta)
+    return ops.where(ops.greater(bx, const(float(threshold), x.dtype)), x, soft)
+
+
+def _mish(x):
+    return x * ops.tanh(softplus(x))
+
+
+def _hardtanh(x, min_val=-1.0, max_val=1.0):
+    """Clamp whose gradient, like torch's hardtanh (and relu6), is zero at the bounds
+    themselves (ops.clip, like torch.clamp, passes it there)."""
+    lo, hi = float(min_val), float(max_val)
+    inside = ops.logical_and(ops.greater(x, const(lo, x.dtype)), ops.less(x, const(hi, x.dtype)))
+    return ops.where(inside, x, ops.detach(ops.clip(x, lo, hi)))
+
+
+def _relu6(x):
+    return _hardtanh(x, 0.0, 6.0)
+
+
+def _hardsigmoid(x):
+    return _hardtanh(x + 3.0, 0.0, 6.0) * (1.0 / 6.0)
+
+
+def _hardswish(x):
+    return x * _hardsigmoid(x)
+
+
+def _softsign(x):
+    return x / (ops.abs(x) + 1.0)
+
+
+def _logsigmoid(x):
+    # torch's stable form: min(x, 0) - log(1 + exp(-|x|))
+    return ops.clip(x, max=0.0) - ops.log(ops.exp(ops.negate(ops.abs(x))) + 1.0)
+
+
+def _glu(x, dim=-1):
+    d = norm_dim(dim, x.rank)
+    if x.shape[d] % 2:
+        raise ValueError(f"glu: dim {dim} of {tuple(x.shape)} must have an even size")
+    a, b = ops.split(x, 2, axis=d)
+    return a * ops.sigmoid(b)
+
+
+def _prelu(x, weight):
+    w = weight
+    if x.rank >= 2 and weight.nelms > 1:
+        w = ops.reshape(weight, (weight.nelms,) + (1,) * (x.rank - 2))
+    elif weight.nelms == 1:
+        w = ops.reshape(weight, ())
+    return ops.where(ops.greater(x, const(0.0, x.dtype)), x, x * w)
+
+
+def _silu(x):
+    return ops.swish(x)
+
+
+def _no_inplace(fn: Callable) -> Callable:
+    """A function lowering that accepts (and ignores) torch's ``inplace`` flag."""
+
+    def lower(ctx, x, *args, inplace=False, **kwargs):
+        return fn(x, *args, **kwargs)
+
+    return lower
+
+
+_FUNCTIONS = {
+    (torch.relu, F.relu, "relu", "relu_", torch.relu_, F.relu_): _relu,
+    (F.relu6,): _relu6,
+    (F.leaky_relu, "leaky_relu"): _leaky_relu,
+    (F.elu, "elu"): _elu,
+    (F.selu, torch.selu, "selu"): _selu,
+    (F.celu, torch.celu): _celu,
+    (F.gelu, "gelu"): _gelu,
+    (F.silu, "silu"): _silu,
+    (F.mish, "mish"): _mish,
+    (F.hardswish,): _hardswish,
+    (F.hardsigmoid,): _hardsigmoid,
+    (F.hardtanh, "hardtanh"): _hardtanh,
+    (torch.sigmoid, F.sigmoid, "sigmoid"): ops.sigmoid,
+    (torch.tanh, F.tanh, "tanh"): ops.tanh,
+    (F.softplus, "softplus"): softplus,
+    (F.softsign,): _softsign,
+    (F.logsigmoid,): _logsigmoid,
+    (F.glu, "glu"): _glu,
+    (F.prelu, torch.prelu, "prelu"): _prelu,
+}
+for _targets, _fn in _FUNCTIONS.items():
+    lowers(*_targets)(_no_inplace(_fn))
+
+
+# leaf modules: each reads its hyper-parameters from the torch module -----------------------
+_MODULES: dict = {
+    nn.ReLU: lambda m, x: _relu(x),
+    nn.ReLU6: lambda m, x: _relu6(x),
+    nn.LeakyReLU: lambda m, x: _leaky_relu(x, m.negative_slope),
+    nn.ELU: lambda m, x: _elu(x, m.alpha),
+    nn.SELU: lambda m, x: _selu(x),
+    nn.CELU: lambda m, x: _celu(x, m.alpha),
+    nn.GELU: lambda m, x: _gelu(x, m.approximate),
+    nn.SiLU: lambda m, x: _silu(x),
+    nn.Mish: lambda m, x: _mish(x),
+    nn.Hardswish: lambda m, x: _hardswish(x),
+    nn.Hardsigmoid: lambda m, x: _hardsigmoid(x),
+    nn.Hardtanh: lambda m, x: _hardtanh(x, m.min_val, m.max_val),
+    nn.Sigmoid: lambda m, x: ops.sigmoid(x),
+    nn.Tanh: lambda m, x: ops.tanh(x),
+    nn.Softplus: lambda m, x: softplus(x, m.beta, m.threshold),
+    nn.Softsign: lambda m, x: _softsign(x),
+    nn.LogSigmoid: lambda m, x: _logsigmoid(x),
+    nn.GLU: lambda m, x: _glu(x, m.dim),
+}
+
+
+def _module_lowering(fn: Callable) -> Callable:
+    def lower(ctx, module, x):
+        return fn(module, x)
+
+    return lower
+
+
+for _cls, _fn in _MODULES.items():
+    lowers(_cls)(_module_lowering(_fn))
+
+
+@lowers(nn.PReLU)
+def _prelu_module(ctx, module, x):
+    return _prelu(x, ctx.param("weight"))

@@ -1,0 +1,291 @@
+"""Core ATen ops, for the decomposition fallback (``torch.ops.aten.*`` overload packets).
+
+Each entry follows the ATen schema of every overload of its packet (``add.Tensor`` and
+``add.Scalar`` take the same positional arguments). Python scalars stay scalars: popxl's
+tensor operators take them on either side.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+import popxl_core as popxl
+from popxl_core import ops
+
+from ..lowering import LoweringContext, lowers
+
+__all__: list = []
+
+aten = torch.ops.aten
+
+
+def _tensor(x: Any, like: popxl.Tensor | None = None) -> popxl.Tensor:
+    if isinstance(x, popxl.Tensor):
+        return x
+    dtype = like.dtype if like is not None else popxl.float32
+    return popxl.constant(np.asarray(x, dtype=dtype.as_numpy()), dtype)
+
+
+def _pair(a: Any, b: Any) -> tuple[popxl.Tensor, popxl.Tensor]:
+    like = a if isinstance(a, popxl.Tensor) else b
+    return _tensor(a, like), _tensor(b, like)
+
+
+def _shape(x: popxl.Tensor, shape: Sequence[int]) -> tuple[int, ...]:
+    shape = [int(s) for s in shape]
+    if -1 in shape:  # the one free dimension takes what the others leave
+        known = int(np.prod([s for s in shape if s != -1]))
+        shape[shape.index(-1)] = x.nelms // known
+    return tuple(shape)
+
+
+@lowers(aten.view, aten._unsafe_view, aten.reshape)
+def _view(ctx: LoweringContext, x: popxl.Tensor, shape: Sequence[int]) -> popxl.Tensor:
+    return ops.reshape(x, _shape(x, shape))
+
+
+@lowers(aten.permute)
+def _permute(ctx: LoweringContext, x: popxl.Tensor, dims: Sequence[int]) -> popxl.Tensor:
+    return ops.transpose(x, [d % x.rank for d in dims])
+
+
+@lowers(aten.t)
+def _t(ctx: LoweringContext, x: popxl.Tensor) -> popxl.Tensor:
+    return ops.transpose(x, list(range(x.rank))[::-1])
+
+
+@lowers(aten.clone, aten.alias, aten.lift_fresh_copy, aten.contiguous)
+def _clone(ctx: LoweringContext, x: popxl.Tensor, **_: Any) -> popxl.Tensor:
+    return x  # values are immutable in the lowered (functional) graph
+
+
+@lowers(aten.add)
+def _add(ctx: LoweringContext, a: Any, b: Any, alpha: float = 1) -> popxl.Tensor:
+    a, b = _pair(a, b)
+    return a + (b * alpha if alpha != 1 else b)
+
+
+@lowers(aten.sub)
+def _sub(ctx: LoweringContext, a: Any, b: Any, alpha: float = 1) -> popxl.Tensor:
+    a, b = _pair(a, b)
+    return a - (b * alpha if alpha != 1 else b)
+
+
+@lowers(aten.mul)
+def _mul(ctx: LoweringContext, a: Any, b: Any) -> popxl.Tensor:
+    a, b = _pair(a, b)
+    return a * b
+
+
+@lowers(aten.div)
+def _div(ctx: LoweringContext, a: Any, b: Any, rounding_mode: str | None = None) -> popxl.Tensor:
+    if rounding_mode is not None:
+        raise NotImplementedError(
+            f"aten.div with rounding_mode={rounding_mode!r} (fx node "
+            f"'{ctx.node.name}') has no lowering."
+        )
+    a, b = _pair(a, b)
+    return a / b
+
+
+def _unary(fn) -> Any:
+    def lower(ctx: LoweringContext, x: popxl.Tensor) -> popxl.Tensor:
+        return fn(x)
+
+    return lower
+
+
+for _packet, _fn in (
+    (aten.sigmoid, ops.sigmoid),
+    (aten.exp, ops.exp),
+    (aten.log, ops.log),
+    (aten.neg, ops.negate),
+    (aten.abs, ops.abs),
+    (aten.sqrt, ops.sqrt),
+    (aten.tanh, ops.tanh),
+    (aten.relu, ops.relu),
+    (aten.rsqrt, lambda x: 1.0 / ops.sqrt(x)),
+    (aten.log1p, lambda x: ops.log(x + 1.0)),
+):
+    lowers(_packet)(_unary(_fn))
+
+
+@lowers(aten.pow)
+def _pow(ctx: LoweringContext, x: Any, exponent: Any) -> popxl.Tensor:
+    if not isinstance(x, popxl.Tensor):
+        x = _tensor(x, exponent)
+    return ops.pow(x, exponent)
+
+
+def _dims(x: popxl.Tensor, dims: Any) -> list[int] | None:
+    if dims is None or (isinstance(dims, (list, tuple)) and not dims):
+        return None  # all dimensions
+    return [d % x.rank for d in ([dims] if isinstance(dims, int) else dims)]
+
+
+@lowers(aten.sum)
+def _sum(
+    ctx: LoweringContext,
+    x: popxl.Tensor,
+    dims: Any = None,
+    keepdim: bool = False,
+    dtype: torch.dtype | None = None,
+) -> popxl.Tensor:
+    return ops.sum(x, _dims(x, dims), keepdim)
+
+
+@lowers(aten.mean)
+def _mean(
+    ctx: LoweringContext,
+    x: popxl.Tensor,
+    dims: Any = None,
+    keepdim: bool = False,
+    dtype: torch.dtype | None = None,
+) -> popxl.Tensor:
+    return ops.mean(x, _dims(x, dims), keepdim)
+
+
+def _compare(build) -> Any:
+    def lower(ctx: LoweringContext, a: Any, b: Any) -> popxl.Tensor:
+        return build(*_pair(a, b))
+
+    return lower
+
+
+for _packet, _build in (
+    (aten.gt, ops.greater),
+    (aten.lt, ops.less),
+    (aten.eq, ops.equal),
+    (aten.ge, lambda a, b: ops.logical_not(ops.less(a, b))),
+    (aten.le, lambda a, b: ops.logical_not(ops.greater(a, b))),
+):
+    lowers(_packet)(_compare(_build))
+
+
+@lowers(aten.where)
+def _where(ctx: LoweringContext, cond: popxl.Tensor, a: Any, b: Any) -> popxl.Tensor:
+    a, b = _pair(a, b)
+    return ops.where(cond, a, b)
+
+
+@lowers(aten.scalar_tensor)
+def _scalar_tensor(
+    ctx: LoweringContext, value: Any, dtype: torch.dtype | None = None, **_: Any
+) -> popxl.Tensor:
+    dt = popxl.dtype.as_dtype(dtype or torch.get_default_dtype())
+    return popxl.constant(np.asarray(value, dtype=dt.as_numpy()), dt)
+
+
+@lowers(aten.clamp_min)
+def _clamp_min(ctx: LoweringContext, x: popxl.Tensor, low: Any) -> popxl.Tensor:
+    return _clamp(ctx, x, low, None)
+
+
+@lowers(aten.clamp)
+def _clamp(ctx: LoweringContext, x: popxl.Tensor, low: Any = None, high: Any = None) -> Any:
+    # clip's kernel clamps exactly like torch.clamp (gradient included), so tensor bounds
+    # that are constants of the ATen graph are read back as numbers.
+    low, high = (_number(ctx, i, b) for i, b in ((1, low), (2, high)))
+    low = float("-inf") if low is None else low
+    return ops.clip(x, low, float("inf") if high is None else high)
+
+
+def _number(ctx: LoweringContext, position: int, bound: Any) -> float | None:
+    if not isinstance(bound, popxl.Tensor):
+        return None if bound is None else float(bound)
+    source = ctx.node.args[position] if len(ctx.node.args) > position else None
+    if getattr(source, "target", None) is aten.scalar_tensor.default:
+        return float(source.args[0])
+    raise NotImplementedError(
+        f"aten.clamp with a computed tensor bound (fx node '{ctx.node.name}') has no lowering."
+    )
+
+
+@lowers(aten.mm, aten.bmm)
+def _mm(ctx: LoweringContext, a: popxl.Tensor, b: popxl.Tensor) -> popxl.Tensor:
+    return a @ b
+
+
+@lowers(aten.addmm)
+def _addmm(
+    ctx: LoweringContext,
+    bias: popxl.Tensor,
+    a: popxl.Tensor,
+    b: popxl.Tensor,
+    beta: float = 1,
+    alpha: float = 1,
+) -> popxl.Tensor:
+    if beta != 1 or alpha != 1:
+        raise NotImplementedError(
+            f"aten.addmm with beta={beta}, alpha={alpha} (fx node "
+            f"'{ctx.node.name}') has no lowering."
+        )
+    return bias + a @ b
+
+
+@lowers(aten.copy_)
+def _copy_(ctx: LoweringContext, dst: popxl.Tensor, src: popxl.Tensor, *_: Any) -> popxl.Tensor:
+    # Only the fallback's writes into a module's buffer (tagged by the fallback) are lowered:
+    # any other in-place copy would change a value the functional graph already used.
+    name = ctx.node.meta.get("buffer_update")
+    if name is None:
+        raise NotImplementedError(
+            f"aten.copy_ into an input (fx node '{ctx.node.name}') is an "
+            "in-place update of a model input, which has no lowering."
+        )
+    ctx.update_buffer(name, src)
+    return src
+
+
+@lowers(aten.unsqueeze)
+def _unsqueeze(ctx: LoweringContext, x: popxl.Tensor, dim: int) -> popxl.Tensor:
+    return ops.unsqueeze(x, dim % (x.rank + 1))
+
+
+@lowers(aten.squeeze)
+def _squeeze(ctx: LoweringContext, x: popxl.Tensor, dims: Any = None) -> popxl.Tensor:
+    # torch ignores listed dimensions whose size is not 1; popxl's squeeze rejects them.
+    listed = range(x.rank) if dims is None else ([dims] if isinstance(dims, int) else dims)
+    ones = [d % x.rank for d in listed if x.shape[d % x.rank] == 1]
+    return ops.squeeze(x, ones) if ones else x
+
+
+@lowers(aten.select)
+def _select(ctx: LoweringContext, x: popxl.Tensor, dim: int, index: int) -> popxl.Tensor:
+    dim, index = dim % x.rank, index % x.shape[dim % x.rank]
+    part = ops.slice(x, start=[index], stop=[index + 1], axis=[dim])
+    return ops.squeeze(part, [dim])
+
+
+@lowers(aten.expand)
+def _expand(ctx: LoweringContext, x: popxl.Tensor, shape: Sequence[int], **_: Any) -> Any:
+    lead = len(shape) - x.rank  # -1 keeps the input's size (only allowed on its own dims)
+    full = [x.shape[i - lead] if s == -1 else int(s) for i, s in enumerate(shape)]
+    return ops.expand(x, full)
+
+
+@lowers(aten._softmax)
+def _softmax(ctx: LoweringContext, x: popxl.Tensor, dim: int, half_to_float: bool) -> Any:
+    return ops.softmax(x, dim % x.rank)
+
+
+@lowers(aten.logical_not)
+def _logical_not(ctx: LoweringContext, x: popxl.Tensor) -> popxl.Tensor:
+    return ops.logical_not(x if x.dtype == popxl.bool else ops.cast(x, popxl.bool))
+
+
+@lowers(aten.any)
+def _any(ctx: LoweringContext, x: popxl.Tensor, dim: Any = None, keepdim: bool = False) -> Any:
+    counts = ops.sum(ops.cast(ops.cast(x, popxl.bool), popxl.int32), _dims(x, dim), keepdim)
+    return ops.greater(counts, _tensor(0, counts))
+
+
+@lowers(aten.full_like)
+def _full_like(ctx: LoweringContext, x: popxl.Tensor, value: Any, **kwargs: Any) -> Any:
+    dtype = kwargs.get("dtype")
+    dt = popxl.dtype.as_dtype(dtype) if dtype is not None else x.dtype
+    return popxl.constant(np.full(x.shape, value, dtype=dt.as_numpy()), dt)

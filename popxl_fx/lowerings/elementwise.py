@@ -1,0 +1,336 @@
+"""Arithmetic, comparisons, logic, math functions, where/masked_fill/clamp and casts.
+
+Binary ops follow torch's type promotion (see `_common.promote`); an op on two python values
+(shape arithmetic) is computed in python.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Callable
+
+import torch
+
+import popxl_core as popxl
+from popxl_core import ops
+
+from ..lowering import lowers
+from ._common import const, is_t, pdtype, promote
+
+__all__: list = []
+
+
+def _binary(fn: Callable, py: Callable) -> Callable:
+    def lower(ctx, a: Any, b: Any, **kwargs) -> Any:
+        if not is_t(a) and not is_t(b):
+            return py(a, b)
+        return fn(*promote(a, b), **kwargs)
+
+    return lower
+
+
+def _add(a, b, alpha=1):
+    return ops.add(a, b if alpha == 1 else b * alpha)
+
+
+def _sub(a, b, alpha=1):
+    return ops.sub(a, b if alpha == 1 else b * alpha)
+
+
+def _true_div(a, b, rounding_mode=None):
+    if not a.dtype.is_floating_point:
+        a, b = ops.cast(a, popxl.float32), ops.cast(b, popxl.float32)
+    q = ops.div(a, b)
+    if rounding_mode == "floor":
+        return ops.floor(q)
+    if rounding_mode == "trunc":
+        return ops.sign(q) * ops.floor(ops.abs(q))
+    return q
+
+
+def _floor_div(a, b):
+    if a.dtype.is_floating_point:
+        return ops.floor(ops.div(a, b))
+    q = ops.floor(ops.div(ops.cast(a, popxl.float32), ops.cast(b, popxl.float32)))
+    return ops.cast(q, a.dtype)
+
+
+def _remainder(a, b):
+    # torch's % takes the sign of the divisor: a - floor(a / b) * b
+    return ops.sub(a, ops.mul(_floor_div(a, b), b))
+
+
+def _minimum(a, b):
+    return ops.where(ops.less(b, a), b, a)
+
+
+def _maximum(a, b):
+    return ops.where(ops.greater(b, a), b, a)
+
+
+def _ne(a, b):
+    return ops.logical_not(ops.equal(a, b))
+
+
+def _le(a, b):
+    return ops.logical_not(ops.greater(a, b))
+
+
+def _ge(a, b):
+    return ops.logical_not(ops.less(a, b))
+
+
+_BINARY = {
+    (operator.add, operator.iadd, torch.add, "add", "add_", "__add__", "__iadd__"): (
+        _add,
+        operator.add,
+    ),
+    (operator.sub, operator.isub, torch.sub, "sub", "sub_", "__sub__", "__isub__"): (
+        _sub,
+        operator.sub,
+    ),
+    (operator.mul, operator.imul, torch.mul, "mul", "mul_", "__mul__", "__imul__"): (
+        ops.mul,
+        operator.mul,
+    ),
+    (
+        operator.truediv,
+        operator.itruediv,
+        torch.div,
+        torch.true_divide,
+        "div",
+        "div_",
+        "true_divide",
+        "__truediv__",
+    ): (_true_div, operator.truediv),
+    (operator.floordiv, torch.floor_divide, "floor_divide"): (_floor_div, operator.floordiv),
+    (operator.mod, torch.remainder, "remainder"): (_remainder, operator.mod),
+    (torch.maximum, "maximum"): (_maximum, max),
+    (torch.minimum, "minimum"): (_minimum, min),
+    (operator.eq, torch.eq, "eq"): (ops.equal, operator.eq),
+    (operator.ne, torch.ne, "ne"): (_ne, operator.ne),
+    (operator.lt, torch.lt, "lt", torch.less): (ops.less, operator.lt),
+    (operator.gt, torch.gt, "gt", torch.greater): (ops.greater, operator.gt),
+    (operator.le, torch.le, "le"): (_le, operator.le),
+    (operator.ge, torch.ge, "ge"): (_ge, operator.ge),
+    (operator.and_, torch.logical_and, "logical_and", torch.bitwise_and, "__and__"): (
+        ops.logical_and,
+        operator.and_,
+    ),
+    (operator.xor, torch.logical_xor, "logical_xor", torch.bitwise_xor, "__xor__"): (
+        _ne,
+        operator.xor,
+    ),
+    (operator.or_, torch.logical_or, "logical_or", torch.bitwise_or, "__or__"): (
+        ops.logical_or,
+        operator.or_,
+    ),
+}
+for _targets, (_fn, _py) in _BINARY.items():
+    lowers(*_targets)(_binary(_fn, _py))
+
+
+@lowers(operator.pow, torch.pow, "pow", "__pow__")
+def _pow(ctx, a, b):
+    if not is_t(a) and not is_t(b):
+        return a**b
+    if is_t(a) and not is_t(b) and a.dtype.is_floating_point:
+        return _pow_scalar(a, b)
+    a, b = promote(a, b)
+    return ops.pow(a, b)
+
+
+def _pow_scalar(a, e):
+    # Small integer powers as products: exact like torch's, and defined for negative bases.
+    if e == 2:
+        return ops.mul(a, a)
+    if e == 1:
+        return a
+    if e == 0.5:
+        return ops.sqrt(a)
+    return ops.pow(a, const(e, a.dtype))
+
+
+@lowers(torch.rsub, "rsub")
+def _rsub(ctx, a, b, alpha=1):
+    a, b = promote(a, b)
+    return ops.sub(b, a if alpha == 1 else a * alpha)
+
+
+@lowers(operator.neg, torch.neg, "neg", "__neg__", torch.negative)
+def _neg(ctx, a):
+    return -a if not is_t(a) else ops.negate(a)
+
+
+@lowers(operator.pos)
+def _pos(ctx, a):
+    return a
+
+
+@lowers(operator.invert, torch.logical_not, "logical_not", torch.bitwise_not)
+def _not(ctx, a):
+    if not is_t(a):
+        return not a if isinstance(a, bool) else ~a
+    return ops.logical_not(ops.cast(a, popxl.bool) if a.dtype != popxl.bool else a)
+
+
+def _float_unary(fn: Callable) -> Callable:
+    def lower(ctx, a):
+        if not a.dtype.is_floating_point:
+            a = ops.cast(a, popxl.float32)
+        return fn(a)
+
+    return lower
+
+
+_UNARY = {
+    (torch.exp, "exp"): ops.exp,
+    (torch.log, "log"): ops.log,
+    (torch.log2, "log2"): ops.log2,
+    (torch.sqrt, "sqrt"): ops.sqrt,
+    (torch.rsqrt, "rsqrt"): lambda a: ops.div(const(1.0, a.dtype), ops.sqrt(a)),
+    (torch.sin, "sin"): ops.sin,
+    (torch.cos, "cos"): ops.cos,
+    (torch.reciprocal, "reciprocal"): lambda a: ops.div(const(1.0, a.dtype), a),
+    (torch.log1p, "log1p"): lambda a: ops.log(a + 1.0),
+    (torch.expm1, "expm1"): lambda a: ops.exp(a) - 1.0,
+    (torch.log10, "log10"): lambda a: ops.log(a) * (1.0 / 2.302585092994046),
+}
+for _targets, _fn in _UNARY.items():
+    lowers(*_targets)(_float_unary(_fn))
+
+
+@lowers(torch.abs, "abs", operator.abs)
+def _abs(ctx, a):
+    return abs(a) if not is_t(a) else ops.abs(a)
+
+
+@lowers(torch.square, "square")
+def _square(ctx, a):
+    return ops.mul(a, a)
+
+
+@lowers(torch.floor, "floor")
+def _floor(ctx, a):
+    return ops.floor(a) if a.dtype.is_floating_point else a
+
+
+@lowers(torch.ceil, "ceil")
+def _ceil(ctx, a):
+    return ops.ceil(a) if a.dtype.is_floating_point else a
+
+
+@lowers(torch.sign, "sign")
+def _sign(ctx, a):
+    return ops.sign(a)
+
+
+@lowers(torch.where, "where")
+def _where(ctx, cond, a=None, b=None):
+    if a is None:
+        raise NotImplementedError(
+            "torch.where(cond) with one argument returns a data-dependent "
+            "number of indices, which a static IPU graph cannot hold"
+        )
+    if not is_t(a) and not is_t(b):
+        dt = (
+            pdtype(torch.get_default_dtype())
+            if isinstance(a, float) or isinstance(b, float)
+            else popxl.int32
+        )
+        a = const(a, dt)
+    a, b = promote(a, b)
+    return ops.where(cond, a, b)
+
+
+@lowers(torch.masked_fill, "masked_fill", "masked_fill_")
+def _masked_fill(ctx, t, mask, value):
+    value = value if is_t(value) else const(value, t.dtype)
+    if value.dtype != t.dtype:
+        value = ops.cast(value, t.dtype)
+    return ops.where(mask, value, t)
+
+
+@lowers(
+    torch.clamp,
+    torch.clip,
+    "clamp",
+    "clip",
+    "clamp_",
+    "clamp_min",
+    "clamp_max",
+    torch.clamp_min,
+    torch.clamp_max,
+)
+def _clamp(ctx, t, min=None, max=None):
+    if is_t(min) or is_t(max):
+        out = t if min is None else _maximum(*promote(t, min))
+        return out if max is None else _minimum(*promote(out, max))
+    lo = float("-inf") if min is None else min
+    hi = float("inf") if max is None else max
+    return ops.clip(t, lo, hi)
+
+
+# casts and copies ----------------------------------------------------------------------------
+def _to_dtype(t, dt: torch.dtype):
+    target = pdtype(dt)
+    return t if t.dtype == target else ops.cast(t, target)
+
+
+def _cast_method(dt: torch.dtype) -> Callable:
+    def lower(ctx, t, *args, **kwargs):
+        return _to_dtype(t, dt)
+
+    return lower
+
+
+for _name, _dt in {
+    "float": torch.float32,
+    "half": torch.float16,
+    "double": torch.float64,
+    "long": torch.int64,
+    "int": torch.int32,
+    "bool": torch.bool,
+    "bfloat16": torch.bfloat16,
+}.items():
+    lowers(_name)(_cast_method(_dt))
+
+
+@lowers("to", "type")
+def _to(ctx, t, *args, **kwargs):
+    """``.to(dtype)``, ``.to(device)``, ``.to(other)``: only the dtype matters here."""
+    dt = kwargs.get("dtype")
+    for a in args:
+        if isinstance(a, torch.dtype):
+            dt = a
+        elif is_t(a):
+            return t if t.dtype == a.dtype else ops.cast(t, a.dtype)
+    return t if dt is None else _to_dtype(t, dt)
+
+
+@lowers("type_as")
+def _type_as(ctx, t, other):
+    return t if t.dtype == other.dtype else ops.cast(t, other.dtype)
+
+
+@lowers("contiguous", "cpu", "cuda", "requires_grad_")
+def _same(ctx, t, *args, **kwargs):
+    return t
+
+
+@lowers(torch.clone, "clone")
+def _clone(ctx, t, **kwargs):
+    return ops.identity(t)
+
+
+@lowers(torch.detach, "detach")
+def _detach(ctx, t):
+    return ops.detach(t)
+
+
+@lowers(torch._assert)
+def _assert(ctx, cond, message=""):
+    # Shape checks fold to python bools; a tensor condition cannot stop a static graph.
+    if isinstance(cond, bool) and not cond:
+        raise AssertionError(f"torch._assert failed while lowering: {message}")
+    return None

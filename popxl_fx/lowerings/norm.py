@@ -1,0 +1,228 @@
+"""Batch norm (train: batch statistics and torch's running-statistics update incl.
+momentum=None; eval: running statistics), layer norm, group norm and instance norm.
+
+Train-mode batch norm is a GroupNormalization with one group per channel over the channels-
+first view (C, N*spatial), so forward and backward are single fused ops.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch.nn as nn
+import torch.nn.functional as F
+
+from popxl_core import ops
+
+from ..lowering import lowers
+from ._common import const
+
+__all__ = ["batch_norm_train", "group_norm", "layer_norm"]
+
+
+def _affine(weight, bias, c: int, dtype):
+    w = weight if weight is not None else const(np.ones(c), dtype)
+    b = bias if bias is not None else const(np.zeros(c), dtype)
+    return w, b
+
+
+def _channels_first(x):
+    """(N, C, *S) -> (1, C, N*prod(S)) and the function that undoes it."""
+    perm = [1, 0] + list(range(2, x.rank))
+    xt = (
+        ops.transpose(x, perm)
+        if x.shape[0] > 1
+        else ops.reshape(x, (x.shape[1], x.shape[0], *x.shape[2:]))
+    )
+    shape_t = tuple(xt.shape)
+    flat = ops.reshape(xt, (1, x.shape[1], int(np.prod(shape_t[1:]))))
+
+    def undo(y):
+        yt = ops.reshape(y, shape_t)
+        return ops.transpose(yt, perm) if x.shape[0] > 1 else ops.reshape(yt, x.shape)
+
+    return flat, undo
+
+
+def batch_norm_train(x, weight, bias, eps: float):
+    """Normalise with batch statistics; returns (y, batch mean, unbiased batch var)."""
+    c = x.shape[1]
+    n = x.nelms // c
+    if n <= 1:
+        raise ValueError(
+            f"batch norm in training mode needs more than 1 value per channel, "
+            f"got input {tuple(x.shape)}"
+        )
+    w, b = _affine(weight, bias, c, x.dtype)
+    flat, undo = _channels_first(x)
+    y = undo(ops.group_norm(flat, w, b, c, eps))
+    xd = ops.detach(flat)
+    mean = ops.mean(xd, (0, 2))
+    centred = xd - ops.reshape(mean, (1, c, 1))
+    var = ops.sum(centred * centred, (0, 2)) * (1.0 / (n - 1))
+    return y, mean, var
+
+
+def _update_running(ctx, m, mean, var, count: bool = True) -> None:
+    """torch's update: exponential average, or the cumulative one when momentum is None.
+    Batch norm counts batches in ``num_batches_tracked``; instance norm does not."""
+    nbt = None
+    if count and getattr(m, "num_batches_tracked", None) is not None:
+        nbt = ctx.buffer("num_batches_tracked") + 1
+        ctx.update_buffer("num_batches_tracked", nbt)
+    if m.momentum is None and nbt is not None:
+        factor = ops.div(const(1.0, mean.dtype), ops.cast(nbt, mean.dtype))
+    else:
+        factor = const(0.1 if m.momentum is None else float(m.momentum), mean.dtype)
+    keep = const(1.0, mean.dtype) - factor
+    ctx.update_buffer("running_mean", ctx.buffer("running_mean") * keep + mean * factor)
+    ctx.update_buffer("running_var", ctx.buffer("running_var") * keep + var * factor)
+
+
+def _bn_module(ctx, m, x):
+    if x.rank < 2 or x.shape[1] != m.num_features:
+        raise ValueError(
+            f"{ctx.module_path}: {type(m).__name__}({m.num_features}) got input {tuple(x.shape)}"
+        )
+    weight = ctx.param("weight") if m.affine else None
+    bias = ctx.param("bias") if m.affine else None
+    if ctx.training or not m.track_running_stats:
+        y, mean, var = batch_norm_train(x, weight, bias, m.eps)
+        if ctx.training and m.track_running_stats:
+            _update_running(ctx, m, mean, var)
+        return y
+    w, b = _affine(weight, bias, m.num_features, x.dtype)
+    return ops.batch_norm_inference(
+        x, w, b, ctx.buffer("running_mean"), ctx.buffer("running_var"), m.eps
+    )
+
+
+lowers(nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)(_bn_module)
+
+
+@lowers(F.batch_norm)
+def _batch_norm(
+    ctx,
+    x,
+    running_mean,
+    running_var,
+    weight=None,
+    bias=None,
+    training=False,
+    momentum=0.1,
+    eps=1e-5,
+):
+    if training:
+        if running_mean is not None:
+            raise NotImplementedError(
+                "F.batch_norm(training=True) with running statistics "
+                "updates tensors in place; use an nn.BatchNorm module"
+            )
+        return batch_norm_train(x, weight, bias, eps)[0]
+    w, b = _affine(weight, bias, x.shape[1], x.dtype)
+    return ops.batch_norm_inference(x, w, b, running_mean, running_var, eps)
+
+
+# layer / group / instance norm --------------------------------------------------------------
+def layer_norm(x, normalized_shape, weight=None, bias=None, eps: float = 1e-5):
+    """Normalise over the trailing ``normalized_shape`` dims (one GroupNormalization on a
+    (rows, D) view, whose per-channel scale is the elementwise weight)."""
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if tuple(x.shape[x.rank - len(shape) :]) != shape:
+        raise ValueError(
+            f"layer_norm: normalized_shape {shape} does not match the trailing dims "
+            f"of the input {tuple(x.shape)}"
+        )
+    d = int(np.prod(shape))
+    w, b = _affine(
+        None if weight is None else ops.reshape(weight, (d,)),
+        None if bias is None else ops.reshape(bias, (d,)),
+        d,
+        x.dtype,
+    )
+    y = ops.group_norm(ops.reshape(x, (x.nelms // d, d)), w, b, 1, eps)
+    return ops.reshape(y, x.shape)
+
+
+@lowers(F.layer_norm)
+def _layer_norm(ctx, x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    return layer_norm(x, normalized_shape, weight, bias, eps)
+
+
+@lowers(nn.LayerNorm)
+def _layer_norm_module(ctx, m, x):
+    weight = ctx.param("weight") if m.elementwise_affine else None
+    bias = ctx.param("bias") if m.elementwise_affine and m.bias is not None else None
+    return layer_norm(x, m.normalized_shape, weight, bias, m.eps)
+
+
+def group_norm(x, num_groups: int, weight=None, bias=None, eps: float = 1e-5):
+    c = x.shape[1]
+    w, b = _affine(weight, bias, c, x.dtype)
+    return ops.group_norm(x, w, b, int(num_groups), eps)
+
+
+@lowers(F.group_norm)
+def _group_norm(ctx, x, num_groups, weight=None, bias=None, eps=1e-5):
+    return group_norm(x, num_groups, weight, bias, eps)
+
+
+@lowers(nn.GroupNorm)
+def _group_norm_module(ctx, m, x):
+    weight = ctx.param("weight") if m.affine else None
+    bias = ctx.param("bias") if m.affine else None
+    return group_norm(x, m.num_groups, weight, bias, m.eps)
+
+
+def _instance_stats(x):
+    """Per-channel batch average of the per-instance mean and unbiased variance."""
+    axes = tuple(range(2, x.rank))
+    n = int(np.prod(x.shape[2:]))
+    xd = ops.detach(x)
+    mean = ops.mean(xd, axes, keepdims=True)
+    var = ops.sum((xd - mean) * (xd - mean), axes) * (1.0 / max(n - 1, 1))
+    return ops.mean(ops.reshape(mean, x.shape[:2]), 0), ops.mean(var, 0)
+
+
+@lowers(nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d)
+def _instance_norm_module(ctx, m, x):
+    r = int(type(m).__name__[-2])
+    if x.rank == r + 1:  # unbatched
+        return ops.squeeze(_instance_norm_module(ctx, m, ops.unsqueeze(x, 0)), 0)
+    weight = ctx.param("weight") if m.affine else None
+    bias = ctx.param("bias") if m.affine else None
+    if m.track_running_stats and not ctx.training:
+        w, b = _affine(weight, bias, x.shape[1], x.dtype)
+        return _instance_with_stats(ctx, x, w, b, m.eps)
+    if m.track_running_stats:
+        mean, var = _instance_stats(x)
+        _update_running(ctx, m, mean, var, count=False)
+    return group_norm(x, x.shape[1], weight, bias, m.eps)
+
+
+def _instance_with_stats(ctx, x, w, b, eps):
+    return ops.batch_norm_inference(
+        x, w, b, ctx.buffer("running_mean"), ctx.buffer("running_var"), eps
+    )
+
+
+@lowers(F.instance_norm)
+def _instance_norm(
+    ctx,
+    x,
+    running_mean=None,
+    running_var=None,
+    weight=None,
+    bias=None,
+    use_input_stats=True,
+    momentum=0.1,
+    eps=1e-5,
+):
+    if not use_input_stats:
+        w, b = _affine(weight, bias, x.shape[1], x.dtype)
+        return ops.batch_norm_inference(x, w, b, running_mean, running_var, eps)
+    if running_mean is not None:
+        raise NotImplementedError(
+            "F.instance_norm with running statistics updates tensors in "
+            "place; use an nn.InstanceNorm module"
+        )
+    return group_norm(x, x.shape[1], weight, bias, eps)

@@ -1,0 +1,201 @@
+"""`popxl_fx.Module`: a traced torch module as an `addons.Module`.
+
+``build(*xs)`` captures the torch module for the shapes/dtypes of ``xs`` (once per signature),
+then lowers its fx graph node by node. Each parameter and buffer the graph uses becomes a
+variable input named by its torch qualified name (``"layer1.0.conv1.weight"``), initialised
+from the torch tensor, so the module fits ``create_graph``, ``bind``, ``autodiff`` and
+``call_module`` like any addons layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+from torch import nn
+
+import addons
+import popxl_core as popxl
+from popxl_core import ops
+
+from .capture import Captured, capture
+from .errors import Issue, UnsupportedError
+from .lowering import LoweringContext, run_graph
+
+__all__ = ["Module", "SEED_NAME", "signature"]
+
+SEED_NAME = "fx_random_seed"
+
+
+def signature(model: nn.Module, inputs: tuple) -> tuple:
+    """What a trace is specialised to: input shapes/dtypes and every module's train mode."""
+    shapes = tuple(
+        (tuple(x.shape), popxl.dtype.as_dtype(x.dtype).name)
+        if isinstance(x, (torch.Tensor, popxl.Tensor, popxl.TensorSpec))
+        else repr(x)
+        for x in inputs
+    )
+    return shapes, tuple(m.training for m in model.modules())
+
+
+def _example(x: Any) -> Any:
+    """A torch example for a popxl tensor/spec (random floats; zeros for ints: safe indices)."""
+    if not isinstance(x, (popxl.Tensor, popxl.TensorSpec)):
+        return x
+    dt = x.dtype.as_torch()
+    if dt.is_floating_point:
+        return torch.randn(tuple(x.shape), generator=torch.Generator().manual_seed(0)).to(dt)
+    return torch.zeros(tuple(x.shape), dtype=dt)
+
+
+class Module(addons.Module):
+    """A torch module whose `build` lowers its fx trace with the lowering table.
+
+    Args:
+        torch_module: the model; it is read, never changed.
+        flatten_outputs: return the forward's outputs as a flat tuple of tensors (what
+            ``create_graph`` needs for dict/nested outputs); `unflatten` restores the structure.
+        cache: as for `addons.Module`: reuse the graph for calls with the same input specs
+            (e.g. one graph for several ``call_module`` outlines).
+    """
+
+    def __init__(
+        self, torch_module: nn.Module, flatten_outputs: bool = False, cache: bool = False
+    ) -> None:
+        super().__init__(cache=cache)
+        self.torch_module = torch_module
+        self.flatten_outputs = flatten_outputs
+        self.out_spec: pytree.TreeSpec | None = None
+        self._captures: dict[tuple, Captured] = {}
+        self._vars: dict[str, popxl.Tensor] = {}
+        self._seed: list[popxl.Tensor] = []
+
+    # capture ---------------------------------------------------------------------------
+    def capture(self, *example_inputs: Any) -> Captured:
+        """The capture for these inputs' signature (traced on first use, then cached)."""
+        key = signature(self.torch_module, example_inputs)
+        if key not in self._captures:
+            examples = tuple(_example(x) for x in example_inputs)
+            self._captures[key] = capture(self.torch_module, examples)
+        return self._captures[key]
+
+    def issues(self, *example_inputs: Any) -> list[Issue]:
+        """Everything that stops the capture for these inputs from lowering (all at once)."""
+        captured = self.capture(*example_inputs)
+        if captured.checked is None:
+            from .check import all_issues  # check imports the lowering table
+
+            captured.checked = all_issues(captured, self.torch_module)
+        return list(captured.checked)
+
+    def torch_names(self) -> dict[str, tuple[str, torch.Tensor]]:
+        """Variable name -> ("param" | "buffer", torch tensor), for every torch tensor."""
+        names = {n: ("param", t) for n, t in self.torch_module.named_parameters()}
+        names.update({n: ("buffer", t) for n, t in self.torch_module.named_buffers()})
+        return names
+
+    # build -----------------------------------------------------------------------------
+    def build(self, *xs: popxl.Tensor) -> Any:
+        captured = self.capture(*xs)
+        issues = self.issues(*xs)
+        if issues:
+            raise UnsupportedError(type(self.torch_module).__name__, issues)
+        self._vars, self._seed = {}, []
+        names = self.torch_names()
+        self._canonical = {id(t): n for n, (_, t) in names.items()}
+        self._kinds = {n: kind for n, (kind, _) in names.items()}
+        try:
+            out = run_graph(captured.gm, xs, self._context, self._attr)
+            self._advance_seed()
+        finally:
+            self._vars, self._seed = {}, []
+        if not self.flatten_outputs:
+            return out
+        leaves, self.out_spec = pytree.tree_flatten(out)
+        return tuple(leaves)
+
+    def unflatten(self, leaves: Any) -> Any:
+        """The forward's output structure around ``leaves`` (after ``flatten_outputs``)."""
+        if self.out_spec is None:
+            raise RuntimeError("unflatten() needs a build with flatten_outputs=True first.")
+        return pytree.tree_unflatten(list(leaves), self.out_spec)
+
+    def _context(self, node: fx.Node) -> LoweringContext:
+        path = node.target if node.op == "call_module" else node.meta.get("module_path", "")
+        training = self.torch_module.get_submodule(path).training
+        return LoweringContext(self, node, path, training)
+
+    def _attr(self, gm: fx.GraphModule, target: str) -> Any:
+        value: Any = gm
+        for part in target.split("."):
+            value = getattr(value, part)
+        if isinstance(value, torch.Tensor) and id(value) in self._canonical:
+            return self.variable_for(value)
+        if isinstance(value, torch.Tensor):
+            return popxl.constant(value.detach().numpy(), popxl.dtype.as_dtype(value.dtype))
+        return value
+
+    # variables -------------------------------------------------------------------------
+    def variable(self, qualname: str) -> popxl.Tensor:
+        """The variable of the torch parameter/buffer ``qualname`` (tied tensors share one)."""
+        value: Any = self.torch_module
+        try:
+            for part in qualname.split("."):
+                value = getattr(value, part)
+        except AttributeError:
+            raise AttributeError(
+                f"{type(self.torch_module).__name__} has no parameter or buffer {qualname!r}."
+            ) from None
+        return self.variable_for(value)
+
+    def variable_for(self, tensor: torch.Tensor) -> popxl.Tensor:
+        name = self._canonical.get(id(tensor))
+        if name is None:
+            raise KeyError(
+                f"the tensor is not a parameter or buffer of {type(self.torch_module).__name__}."
+            )
+        if name not in self._vars:
+            kind = self._kinds[name]
+            data = tensor.detach()
+            # overwrite=True: "fc.bias" merges into the "fc" sub-tree that "fc.weight" made
+            # (each name is added once: self._vars guards it).
+            self._vars[name] = self.add_variable_input(
+                name,
+                _host_data(data),
+                popxl.dtype.as_dtype(data.dtype),
+                by_ref=kind == "buffer",
+                overwrite=True,
+            )
+        return self._vars[name]
+
+    def seed(self) -> popxl.Tensor:
+        """A fresh seed, split from one seed variable that advances every run."""
+        if not self._seed:
+            start = int(torch.initial_seed() % (2**31))
+            var = self.add_variable_input(
+                SEED_NAME, lambda: popxl.create_seeds(start), popxl.uint32, by_ref=True
+            )
+            self._seed = [var, var]
+        fresh, self._seed[1] = ops.split_random_seed(self._seed[1], 2)
+        return fresh
+
+    def _advance_seed(self) -> None:
+        if self._seed:
+            ops.var_updates.copy_var_update_(self._seed[0], self._seed[1])
+
+
+def _host_data(tensor: torch.Tensor) -> Callable[[], np.ndarray]:
+    """The factory's data: one host copy of ``tensor``, made on first use and then reused
+    (a factory draws several times; copying a large model each time costs seconds)."""
+    copies: list[np.ndarray] = []
+
+    def data() -> np.ndarray:
+        if not copies:
+            copies.append(tensor.detach().cpu().numpy().copy())
+        return copies[0]
+
+    return data

@@ -1,0 +1,305 @@
+"""A torch.optim optimizer as var-update ops in the IR, reproducing torch's arithmetic.
+
+`OptimizerProgram` reads a `torch.optim.SGD`, `Adam` or `AdamW` (param groups included) and
+builds each parameter's update from popxl ops, in the order and rounding of torch's CPU
+single-tensor implementation. Hyper-parameters are not baked into the program: each param group
+gets one float32 scalar stream per hyper-parameter, and `feeds()` reads the torch optimizer's
+``param_groups`` before every step, so a ``torch.optim.lr_scheduler`` changes the simulated
+learning rate without recompiling. Scalars that torch computes in double precision on the host
+(bias corrections, ``lr / (1 - beta1**step)``) are computed the same way here and fed.
+
+State (``momentum_buffer``, ``exp_avg``, ``exp_avg_sq``, ``step``) lives in variables, starts
+from the optimizer's state when it has one, and `state_to_torch` writes it back in
+``optimizer.state_dict()`` format.
+
+SGD matches torch bit for bit; Adam(W)'s ``exp_avg_sq`` may differ in the last bit, since
+torch's ``addcmul_`` fuses its multiply-add and no popxl op does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+import popxl_core as popxl
+from popxl_core import ops
+
+__all__ = ["OptimizerProgram", "UnsupportedOptimizerError"]
+
+_SGD_HYPER = ("neg_lr", "weight_decay", "buf_scale", "damp_alpha", "momentum")
+_ADAM_HYPER = ("w1", "beta2", "c2", "bc2_sqrt", "eps", "neg_step_size", "weight_decay", "decay")
+# options that change torch's arithmetic in ways the program does not reproduce
+_REJECT = {"amsgrad": True, "capturable": True, "differentiable": True, "fused": True}
+
+
+class UnsupportedOptimizerError(ValueError):
+    """The torch optimizer (or one of its options) has no exact equivalent in the program."""
+
+
+@dataclass
+class _Group:
+    """One param group: its parameter names and its hyper-parameter streams."""
+
+    index: int
+    names: list[str]
+    streams: dict[str, popxl.HostToDeviceStream] = field(default_factory=dict)
+    step: int = 0  # steps taken (Adam's `step`; SGD: 0 until a momentum buffer exists)
+
+
+def _kind(optimizer: torch.optim.Optimizer) -> str:
+    if type(optimizer) is torch.optim.SGD:
+        return "sgd"
+    if type(optimizer) in (torch.optim.Adam, torch.optim.AdamW):
+        return "adam"
+    raise UnsupportedOptimizerError(
+        f"optimizer {type(optimizer).__name__} is not supported by training_model; use "
+        "torch.optim.SGD, Adam or AdamW, or popxl_fx.compile, which runs any torch optimizer."
+    )
+
+
+def _check_group(kind: str, i: int, group: Mapping) -> None:
+    for opt, bad in _REJECT.items():
+        if group.get(opt) == bad:
+            raise UnsupportedOptimizerError(
+                f"param group {i}: {opt}={bad!r} is not reproduced by the simulated optimizer; "
+                f"use {opt}={not bad!r}, or popxl_fx.compile to keep the torch optimizer."
+            )
+    if kind == "adam" and float(group["betas"][0]) >= 1.0:
+        raise UnsupportedOptimizerError(f"param group {i}: betas[0] must be below 1.")
+
+
+class OptimizerProgram:
+    """``optimizer``'s update of the variables named in ``names`` (torch param -> var name).
+
+    Example (inside ``with ir.main_graph:``; ``params``/``grads`` map names to tensors)::
+
+        prog = OptimizerProgram(opt, {p: n for n, p in model.named_parameters()})
+        prog.build(params, grads)
+        session.run({**prog.feeds(), ...})
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, names: Mapping[torch.Tensor, str]) -> None:
+        self.optimizer = optimizer
+        self.kind = _kind(optimizer)
+        by_id = {id(p): n for p, n in names.items()}
+        self.groups: list[_Group] = []
+        for i, group in enumerate(optimizer.param_groups):
+            _check_group(self.kind, i, group)
+            missing = [tuple(p.shape) for p in group["params"] if id(p) not in by_id]
+            if missing:
+                raise UnsupportedOptimizerError(
+                    f"param group {i} holds tensors that are not parameters of the model "
+                    f"(shapes {missing}); optimise the traced model's own parameters."
+                )
+            self.groups.append(_Group(i, [by_id[id(p)] for p in group["params"]]))
+        self.params = {by_id[id(p)]: p for g in optimizer.param_groups for p in g["params"]}
+        self.state: dict[str, dict[str, popxl.Variable]] = {}
+        for g in self.groups:
+            g.step = self._initial_step(g)
+
+    # structure -----------------------------------------------------------------------
+    def key(self) -> tuple:
+        """What the built program depends on besides the hyper-parameter values."""
+        return (
+            self.kind,
+            tuple(
+                (tuple(g.names), self._structure(pg))
+                for g, pg in zip(self.groups, self.optimizer.param_groups)
+            ),
+        )
+
+    def _structure(self, pg: Mapping) -> tuple:
+        if self.kind == "sgd":
+            return (
+                pg["momentum"] != 0,
+                bool(pg["nesterov"]),
+                pg["weight_decay"] != 0,
+                bool(pg["maximize"]),
+            )
+        return (_lerp_small(pg), pg["weight_decay"] != 0, _decoupled(pg), bool(pg["maximize"]))
+
+    def _initial_step(self, g: _Group) -> int:
+        """The step count of the optimizer's existing state (0 when it has none)."""
+        states = [self.optimizer.state.get(self.params[n], {}) for n in g.names]
+        key = "step" if self.kind == "adam" else "momentum_buffer"
+        steps = {
+            int(float(s["step"])) if key == "step" else 1 for s in states if s.get(key) is not None
+        }
+        if len(steps) > 1 or (
+            steps and len([s for s in states if s.get(key) is not None]) != len(states)
+        ):
+            raise UnsupportedOptimizerError(
+                f"param group {g.index}: its parameters have different optimizer state "
+                "(step counts or missing buffers); the simulated optimizer steps a group as one."
+            )
+        return steps.pop() if steps else 0
+
+    # building ------------------------------------------------------------------------
+    def build(self, params: Mapping[str, popxl.Tensor], grads: Mapping[str, popxl.Tensor]) -> None:
+        """Add the update of every parameter that has a gradient (in the current graph)."""
+        with popxl.in_sequence():
+            for g, pg in zip(self.groups, self.optimizer.param_groups):
+                names = [n for n in g.names if n in grads]
+                if not names:
+                    continue
+                loaded: dict[str, dict] = {}
+                for n in names:
+                    hp = self._hyper(g, params[n].dtype, loaded)
+                    update = self._sgd if self.kind == "sgd" else self._adam
+                    update(n, params[n], grads[n], hp, pg)
+
+    def _hyper(self, g: _Group, dtype: popxl.dtype, loaded: dict) -> dict[str, popxl.Tensor]:
+        """The group's hyper-parameter scalars in ``dtype`` (one stream each, made once)."""
+        if dtype.name not in loaded:
+            suffix = "" if dtype == popxl.float32 else f".{dtype.name}"
+            hyper = _SGD_HYPER if self.kind == "sgd" else _ADAM_HYPER
+            streams = {
+                h + suffix: popxl.h2d_stream((), dtype, f"optimizer.group{g.index}.{h}{suffix}")
+                for h in hyper
+            }
+            g.streams.update(streams)
+            loaded[dtype.name] = {h: ops.host_load(streams[h + suffix], h + suffix) for h in hyper}
+        return loaded[dtype.name]
+
+    def _initial(self, name: str, key: str, shape: tuple, dtype: np.dtype) -> np.ndarray:
+        """The torch optimizer's state value (zeros where it has none)."""
+        value = self.optimizer.state.get(self.params[name], {}).get(key)
+        if value is None:
+            return np.zeros(shape, dtype)
+        return value.detach().cpu().numpy().astype(dtype).reshape(shape)
+
+    def _state_var(self, name: str, key: str, like: popxl.Tensor) -> popxl.Variable:
+        # torch keeps `step` as a float32 scalar and the rest in the parameter's dtype
+        shape, dtype = ((), popxl.float32) if key == "step" else (like.shape, like.dtype)
+        data = self._initial(name, key, shape, dtype.as_numpy())
+        var = popxl.variable(data, dtype, name=f"optimizer.{name}.{key}")
+        self.state.setdefault(name, {})[key] = var
+        return var
+
+    def _sgd(self, name: str, p, grad, hp, pg) -> None:
+        if pg["maximize"]:
+            grad = ops.negate(grad)
+        if pg["weight_decay"] != 0:
+            grad = ops.scaled_add(grad, p, b=hp["weight_decay"])
+        if pg["momentum"] != 0:
+            buf = self._state_var(name, "momentum_buffer", p)
+            # torch clones the gradient on the first step: 0 * 0 + 1 * grad is the same bits
+            ops.scaled_add_(buf, grad, a=hp["buf_scale"], b=hp["damp_alpha"])
+            grad = ops.scaled_add(grad, buf, b=hp["momentum"]) if pg["nesterov"] else buf
+        ops.scaled_add_(p, grad, b=hp["neg_lr"])
+
+    def _adam(self, name: str, p, grad, hp, pg) -> None:
+        if pg["maximize"]:
+            grad = ops.negate(grad)
+        step = self._state_var(name, "step", p)
+        ops.var_updates.accumulate_(step, popxl.constant(1.0, popxl.float32))
+        if pg["weight_decay"] != 0:
+            if _decoupled(pg):
+                ops.var_updates.accumulator_scale_(p, hp["decay"])
+            else:
+                grad = ops.scaled_add(grad, p, b=hp["weight_decay"])
+        m = self._state_var(name, "exp_avg", p)
+        v = self._state_var(name, "exp_avg_sq", p)
+        _lerp_(m, grad, hp["w1"], small=_lerp_small(pg))
+        ops.scaled_add_(v, (hp["c2"] * grad) * grad, a=hp["beta2"])
+        denom = ops.sqrt(v) / hp["bc2_sqrt"] + hp["eps"]
+        ops.scaled_add_(p, (hp["neg_step_size"] * m) / denom)
+
+    # per step ------------------------------------------------------------------------
+    def feeds(self) -> dict[popxl.HostToDeviceStream, np.ndarray]:
+        """The hyper-parameters of the next step, read from the torch optimizer now."""
+        out: dict[popxl.HostToDeviceStream, np.ndarray] = {}
+        for g, pg in zip(self.groups, self.optimizer.param_groups):
+            if not g.streams:
+                continue
+            self._check_unchanged(g, pg)
+            g.step += 1
+            values = _sgd_hyper(pg, g.step) if self.kind == "sgd" else _adam_hyper(pg, g.step)
+            out.update(
+                {
+                    s: np.asarray(values[h.split(".")[0]], s.dtype.as_numpy())
+                    for h, s in g.streams.items()
+                }
+            )
+        return out
+
+    def _check_unchanged(self, g: _Group, pg: Mapping) -> None:
+        built = self.key()[1][g.index][1]
+        if self._structure(pg) != built:
+            raise UnsupportedOptimizerError(
+                f"param group {g.index} changed an option the program was built with "
+                "(momentum/weight_decay on or off, nesterov, maximize, beta1 across 0.5); "
+                "build a new trainer."
+            )
+
+    def state_to_torch(self, values: Mapping[popxl.Variable, np.ndarray]) -> None:
+        """Write the state variables' ``values`` into the torch optimizer's ``state``."""
+        for name, vars_ in self.state.items():
+            p = self.params[name]
+            state = self.optimizer.state[p]
+            for key, var in vars_.items():
+                t = torch.from_numpy(np.array(values[var]))
+                state[key] = t.reshape(()) if key == "step" else t.reshape(p.shape)
+
+    def state_from_torch(self) -> dict[popxl.Variable, np.ndarray]:
+        """The state variables' values from the torch optimizer now (for
+        ``session.write_variables_data``); the step counts restart from its state too."""
+        for g in self.groups:
+            g.step = self._initial_step(g)
+        return {
+            var: self._initial(name, key, tuple(var.shape), var.dtype.as_numpy())
+            for name, vars_ in self.state.items()
+            for key, var in vars_.items()
+        }
+
+    def variables(self) -> list[popxl.Variable]:
+        return [v for vs in self.state.values() for v in vs.values()]
+
+
+def _decoupled(pg: Mapping) -> bool:
+    return bool(pg.get("decoupled_weight_decay", False))
+
+
+def _lerp_small(pg: Mapping) -> bool:
+    """Which of its two formulas torch's lerp uses for the weight ``1 - beta1`` (float32)."""
+    return abs(float(np.float32(1 - float(pg["betas"][0])))) < 0.5
+
+
+def _lerp_(m: popxl.Tensor, x: popxl.Tensor, w: popxl.Tensor, small: bool) -> None:
+    """``m.lerp_(x, w)`` as torch computes it: ``m + w*(x-m)`` for |w| < 0.5, fused."""
+    if small:
+        ops.scaled_add_(m, x - m, b=w)
+    else:  # torch: x - (x-m) * (1-w); the fed `w` is then -(1-w)
+        ops.var_updates.copy_var_update_(m, ops.scaled_add(x, x - m, b=w))
+
+
+def _sgd_hyper(pg: Mapping, step: int) -> dict[str, float]:
+    first = step == 1  # torch's buffer is a copy of the gradient on its first step
+    return {
+        "neg_lr": -float(pg["lr"]),
+        "weight_decay": float(pg["weight_decay"]),
+        "buf_scale": 0.0 if first else float(pg["momentum"]),
+        "damp_alpha": 1.0 if first else 1.0 - float(pg["dampening"]),
+        "momentum": float(pg["momentum"]),
+    }
+
+
+def _adam_hyper(pg: Mapping, step: int) -> dict[str, float]:
+    lr, wd = float(pg["lr"]), float(pg["weight_decay"])
+    beta1, beta2 = (float(b) for b in pg["betas"])
+    w1 = 1 - beta1
+    if not _lerp_small(pg):
+        w1 = -float(1 - np.float32(w1))
+    return {
+        "w1": w1,
+        "beta2": beta2,
+        "c2": 1 - beta2,
+        "bc2_sqrt": (1 - beta2**step) ** 0.5,
+        "eps": float(pg["eps"]),
+        "neg_step_size": -(lr / (1 - beta1**step)),
+        "weight_decay": wd,
+        "decay": 1 - lr * wd,
+    }

@@ -1,0 +1,150 @@
+"""Shared pieces of the programs popxl_fx builds: inputs, Sessions, weights between torch and IR.
+
+A `Weights` object is the bridge between a torch model and the variables of one Ir: it knows
+which variable holds which parameter/buffer (by torch qualified name) and copies values either
+way. Sessions are built through `make_session`, which turns the simulator's out-of-memory error
+into one that names the torch tensors and says what would help.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+import popxl_core as popxl
+from popxl_core import ops
+from popxl_core.sim.plan import OutOfMemoryError
+
+from .options import Options
+
+__all__ = ["Inputs", "Weights", "load_inputs", "make_session", "log", "signature_of"]
+
+log = logging.getLogger("popxl_fx")
+
+
+def _popxl_dtype(t: torch.Tensor) -> popxl.dtype:
+    return popxl.dtype.as_dtype(t.dtype)
+
+
+@dataclass
+class Inputs:
+    """Host-to-device streams for a step's torch inputs, and the loaded tensors."""
+
+    streams: list[popxl.HostToDeviceStream]
+    tensors: list[popxl.Tensor]
+
+    def feed(self, values: Sequence[torch.Tensor]) -> dict:
+        return {s: _numpy(v) for s, v in zip(self.streams, values)}
+
+
+def load_inputs(values: Sequence[torch.Tensor], names: Sequence[str]) -> Inputs:
+    """One stream per torch input (shape and dtype of the example), loaded in the main graph."""
+    streams, tensors = [], []
+    for value, name in zip(values, names):
+        s = popxl.h2d_stream(tuple(value.shape), _popxl_dtype(value), name)
+        streams.append(s)
+        tensors.append(ops.host_load(s, name))
+    return Inputs(streams, tensors)
+
+
+def signature_of(model: nn.Module, values: Sequence[object]) -> tuple:
+    """What a compiled program is specialised to: input shapes/dtypes and every module's mode."""
+    shapes = tuple(
+        (tuple(v.shape), str(v.dtype)) if isinstance(v, torch.Tensor) else repr(v) for v in values
+    )
+    return shapes, tuple(m.training for m in model.modules())
+
+
+def describe_change(old: tuple, new: tuple) -> str:
+    """Why a signature differs from the previous one, in words (for the recompile log)."""
+    if old[1] != new[1]:
+        return "the model's train/eval mode changed"
+    return f"the inputs changed from {old[0]} to {new[0]}"
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    return t.detach().cpu().contiguous().numpy()
+
+
+@dataclass
+class Weights:
+    """Variables of one Ir by torch name (``prefix`` stripped), and their torch tensors."""
+
+    variables: dict[str, popxl.Variable]
+    tensors: dict[str, torch.Tensor]
+    kinds: dict[str, str] = field(default_factory=dict)  # name -> "param" | "buffer"
+
+    @classmethod
+    def from_named(
+        cls, named: Mapping[str, popxl.Tensor], torch_names: Mapping[str, tuple], prefix: str = ""
+    ) -> Weights:
+        variables, tensors, kinds = {}, {}, {}
+        for name, var in named.items():
+            if name not in torch_names:
+                continue  # e.g. the random seed: state of the program, not of the model
+            short = name[len(prefix) :] if name.startswith(prefix) else name
+            kinds[short], tensors[short] = torch_names[name]
+            variables[short] = var
+        return cls(variables, tensors, kinds)
+
+    def names(self, kind: str) -> list[str]:
+        return [n for n, k in self.kinds.items() if k == kind]
+
+    def to_torch(self, session: popxl.Session, kinds: Sequence[str] = ("param", "buffer")) -> None:
+        """Copy the device values of these variables into the torch tensors, in place."""
+        names = [n for n in self.variables if self.kinds[n] in kinds]
+        values = session.get_tensors_data([self.variables[n] for n in names])
+        with torch.no_grad():
+            for n in names:
+                t = self.tensors[n]
+                t.copy_(torch.from_numpy(np.asarray(values[self.variables[n]])).reshape(t.shape))
+
+    def from_torch(
+        self, session: popxl.Session, kinds: Sequence[str] = ("param", "buffer")
+    ) -> None:
+        """Write the torch tensors' values into the device variables."""
+        session.write_variables_data(
+            {
+                v: _numpy(self.tensors[n])
+                for n, v in self.variables.items()
+                if self.kinds[n] in kinds
+            }
+        )
+
+
+def make_session(ir: popxl.Ir, options: Options, prefix: str = "") -> popxl.Session:
+    """A Session on ``options.device``; an IPU overflow names the largest torch tensors."""
+    try:
+        session = popxl.Session(ir, options.device)
+    except OutOfMemoryError as e:
+        raise OutOfMemoryError(_oom_message(e, prefix), e.plan) from e
+    if session.plan.out_of_memory:
+        log.warning(
+            "the program does not fit one IPU (device=%r runs it anyway):\n%s",
+            options.device,
+            session.report.summary(),
+        )
+    return session
+
+
+def _oom_message(err: OutOfMemoryError, prefix: str) -> str:
+    plan = err.plan
+    ipu = plan.out_of_memory[0]
+    top = sorted(plan.memory[ipu].top, key=lambda row: -row[2])[:5]
+    names = ", ".join(f"{_torch_name(n, prefix)} ({b / 2**20:.1f} MiB)" for _, n, b in top)
+    return (
+        f"popxl_fx: the model does not fit one IPU with device='ipu_hw'. Largest tensors: "
+        f"{names}.\nUse popxl_fx.Options(device='ipu_model') to run it anyway (with a "
+        "warning), Options(device='cpu') to ignore IPU limits, or a smaller batch or model "
+        "(the memory-transform options will come in Options).\n"
+        f"Simulator estimate: {err}"
+    )
+
+
+def _torch_name(name: str, prefix: str) -> str:
+    return name[len(prefix) :] if prefix and name.startswith(prefix) else name
