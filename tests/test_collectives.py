@@ -254,3 +254,24 @@ def test_error_in_one_replica_does_not_hang():
     with popxl.Session(ir, "ipu_hw") as sess:
         with pytest.raises(IndexError, match="Remote buffer 1 has 2 entries; offset 2"):
             sess.run()
+
+
+def test_many_collectives_in_a_loop_with_in_place_writes_after_each():
+    """Replicas run in threads; a value written in place right after a collective must not
+    reach a slower replica still reading it (the exchange keeps a snapshot)."""
+    data = np.arange(R, dtype=np.float32).reshape(R, 1) + 1
+
+    def build(x, ir):
+        def body(t):
+            s = coll.replicated_all_reduce(t, "add")
+            t += s  # in place, right after the collective
+            return t * np.float32(0.25)
+
+        g = ir.create_graph(body, x.spec)
+        return list(ops.repeat(g, 40, x))
+
+    (got,) = _run(build, data)
+    want = data.copy()
+    for _ in range(40):
+        want = (want + want.sum(0, dtype=np.float32)) * np.float32(0.25)
+    np.testing.assert_allclose(got, want, rtol=1e-6)

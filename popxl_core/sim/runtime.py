@@ -28,7 +28,7 @@ class Runtime:
         self.remote: Dict[object, List[torch.Tensor]] = {}
         self._local = threading.local()
         self._barrier: Optional[threading.Barrier] = None
-        self._slots: List[object] = [None] * replicas
+        self._slots: List[List[object]] = [[None] * replicas, [None] * replicas]
         self.start_replica(0)
 
     def start(self, inputs: Dict[object, np.ndarray], outputs: Dict[object, np.ndarray]) -> None:
@@ -38,6 +38,7 @@ class Runtime:
         """Make the calling thread run as ``replica`` with fresh stream counters."""
         self._local.replica = replica
         self._local.counts = {}
+        self._local.parity = 0
 
     @property
     def replica(self) -> int:
@@ -79,21 +80,21 @@ class Runtime:
     def collective(self, value: torch.Tensor, fn: Callable) -> torch.Tensor:
         """``fn(replica, value, values)`` where ``values`` holds every replica's ``value``.
 
-        ``fn`` runs between two barriers: the first makes all values visible, the second keeps
-        any replica from changing its value (an in-place collective, the next collective)
-        before every other replica has computed its result from it.
+        One barrier per collective: replicas deposit a snapshot of their value in the slots of
+        this collective's parity. A replica can only reuse those slots two collectives later,
+        after the next barrier, which every replica reaches only once done reading them. The
+        snapshot keeps in-place writes after the collective from reaching a slower replica.
         """
         if self._barrier is None:
             if self.replicas > 1:  # the Session runs replicas in threads when collectives exist
                 raise RuntimeError("A collective ran outside a threaded multi-replica run.")
             return fn(self.replica, value, [value])
-        self._slots[self.replica] = value
+        local = self._local
+        slots = self._slots[local.parity]
+        local.parity ^= 1
+        slots[local.replica] = value.clone()
         self._barrier.wait()
-        try:
-            result = fn(self.replica, value, list(self._slots))
-        finally:
-            self._barrier.wait()
-        return result
+        return fn(local.replica, value, slots)
 
     # Streaming Memory ---------------------------------------------------------------
     def remote_entry(self, buffer, offset) -> torch.Tensor:
