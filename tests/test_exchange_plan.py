@@ -86,3 +86,15 @@ def test_streaming_memory_plan_and_rts_shards_on_chip():
     with sess:
         out = sess.run()[s]
     np.testing.assert_array_equal(out, np.full(4, 1000.0 + 1001.0 + 10.0))
+
+
+def test_local_slice_costs_no_link_traffic():
+    ir = popxl.Ir(4)
+    with ir.main_graph:
+        x = popxl.variable(np.ones(1024, np.float32), name="x")
+        coll.replica_sharded_slice(x)
+        coll.replicated_reduce_scatter(x, "add")
+    sess = popxl.Session(ir, "ipu_hw")
+    work = [sess.plan.model.op_work(op) for op in ir.main_graph.ops]
+    links = [w.link_bytes for w in work]
+    assert links == [0, 3 * 1024]  # the ring sends (R-1)/R of the tensor; a local slice none

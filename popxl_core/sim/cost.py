@@ -243,7 +243,7 @@ class CostModel:
         if t in _LINK_COPIES:
             return self._link(nbytes_of(op.inputs[0]))
         for prefix, factor in _RING:
-            if t.startswith(prefix):
+            if t.startswith(prefix) and op.attrs.get("op") != "local":  # local: no exchange
                 big = max(nbytes_of(x) for x in (*op.inputs[:1], *op.outputs[:1]))
                 return self.ring_work(big, factor)
         return None
