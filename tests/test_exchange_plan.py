@@ -98,3 +98,14 @@ def test_local_slice_costs_no_link_traffic():
     work = [sess.plan.model.op_work(op) for op in ir.main_graph.ops]
     links = [w.link_bytes for w in work]
     assert links == [0, 3 * 1024]  # the ring sends (R-1)/R of the tensor; a local slice none
+
+
+def test_ring_traffic_counts_the_group_only():
+    ir = popxl.Ir(4)
+    with ir.main_graph:
+        x = popxl.variable(np.ones(1024, np.float32), name="x")
+        coll.replicated_all_reduce(x, "add")
+        coll.replicated_all_reduce(x, "add", ir.replica_grouping(1, 2))
+    sess = popxl.Session(ir, "ipu_hw")
+    links = [sess.plan.model.op_work(op).link_bytes for op in ir.main_graph.ops]
+    assert links == [2 * 3 * 1024, 2 * 2048]  # 2 x (n-1)/n x 4096 bytes, n = 4 then 2
