@@ -14,6 +14,8 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 import torch
 
+from .rendezvous import Rendezvous, ReplicaMismatchError
+
 __all__ = ["Runtime", "run_replicas"]
 
 
@@ -27,7 +29,7 @@ class Runtime:
         # remote buffer -> one tensor [entries, *shape] per replica (Streaming Memory)
         self.remote: Dict[object, List[torch.Tensor]] = {}
         self._local = threading.local()
-        self._barrier: Optional[threading.Barrier] = None
+        self._barrier: Optional[Rendezvous] = None
         self._slots: List[List[object]] = [[None] * replicas, [None] * replicas]
         self.start_replica(0)
 
@@ -92,9 +94,11 @@ class Runtime:
         local = self._local
         slots = self._slots[local.parity]
         local.parity ^= 1
-        slots[local.replica] = value.clone()
+        slots[local.replica] = (fn, value.clone())
         self._barrier.wait()
-        return fn(local.replica, value, slots)
+        if any(f is not fn for f, _ in slots):
+            _mismatch(slots)
+        return fn(local.replica, value, [v for _, v in slots])
 
     # Streaming Memory ---------------------------------------------------------------
     def remote_entry(self, buffer, offset) -> torch.Tensor:
@@ -115,6 +119,15 @@ class Runtime:
         self.remote_entry(buffer, offset).copy_(value)
 
 
+def _mismatch(slots) -> None:
+    names = [getattr(f, "op_name", f) for f, _ in slots]
+    where = ", ".join(f"replica {r} at {name}" for r, name in enumerate(names))
+    raise ReplicaMismatchError(
+        f"The replicas reached different collectives ({where}); every replica must run the "
+        "same collectives in the same order."
+    )
+
+
 def run_replicas(runtime: Runtime, body: Callable[[int], None], threaded: bool) -> None:
     """Run ``body(replica)`` for every replica: in order, or one thread per replica so that
     collectives can meet. An error in one replica breaks the barrier for the others; the
@@ -125,7 +138,7 @@ def run_replicas(runtime: Runtime, body: Callable[[int], None], threaded: bool) 
             runtime.start_replica(r)
             body(r)
         return
-    runtime._barrier = threading.Barrier(n)
+    runtime._barrier = Rendezvous(n)
     errors: List[Optional[BaseException]] = [None] * n
 
     def worker(r: int) -> None:
@@ -133,6 +146,7 @@ def run_replicas(runtime: Runtime, body: Callable[[int], None], threaded: bool) 
         try:
             with torch.no_grad():
                 body(r)
+            runtime._barrier.finish()
         except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
             errors[r] = e
             runtime._barrier.abort()
