@@ -109,8 +109,7 @@ class RemoteState:
         """Put the host value of remote variable ``v`` into its entry on every replica."""
         for r in range(self.replicas):
             value = replica_value(v, host, r, self.replicas)
-            # np.array keeps a scalar 0-d (ascontiguousarray would make it shape (1,))
-            self.entry(v, r).copy_(torch.from_numpy(np.array(value, order="C")))
+            self.entry(v, r).copy_(torch.from_numpy(np.array(value, copy=True)))  # 0-d stays 0-d
 
     def read(self, v: Variable) -> np.ndarray:
         return host_from_replicas(v, lambda r: self.entry(v, r).numpy(), self.replicas)
