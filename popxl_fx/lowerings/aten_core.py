@@ -31,8 +31,21 @@ def _tensor(x: Any, like: popxl.Tensor | None = None) -> popxl.Tensor:
 
 
 def _pair(a: Any, b: Any) -> tuple[popxl.Tensor, popxl.Tensor]:
-    like = a if isinstance(a, popxl.Tensor) else b
-    return _tensor(a, like), _tensor(b, like)
+    """Both operands as tensors of torch's promoted dtype (bool * 3.0 is float32)."""
+    promoted = torch.result_type(_probe(a), _probe(b))
+    dtype = popxl.dtype.as_dtype(promoted)
+    return _as(a, dtype), _as(b, dtype)
+
+
+def _probe(x: Any) -> Any:
+    # a one-element tensor stands for a popxl tensor: same promotion category (dimensioned)
+    return torch.empty((1,), dtype=x.dtype.as_torch()) if isinstance(x, popxl.Tensor) else x
+
+
+def _as(x: Any, dtype: popxl.dtype) -> popxl.Tensor:
+    if isinstance(x, popxl.Tensor):
+        return x if x.dtype == dtype else ops.cast(x, dtype)
+    return popxl.constant(np.asarray(x, dtype=dtype.as_numpy()), dtype)
 
 
 def _shape(x: popxl.Tensor, shape: Sequence[int]) -> tuple[int, ...]:
@@ -289,3 +302,23 @@ def _full_like(ctx: LoweringContext, x: popxl.Tensor, value: Any, **kwargs: Any)
     dtype = kwargs.get("dtype")
     dt = popxl.dtype.as_dtype(dtype) if dtype is not None else x.dtype
     return popxl.constant(np.full(x.shape, value, dtype=dt.as_numpy()), dt)
+
+
+def _logical(build, name: str) -> Any:
+    def lower(ctx: LoweringContext, *args: Any) -> popxl.Tensor:
+        tensors = [a for a in args if isinstance(a, popxl.Tensor)]
+        if any(t.dtype != popxl.bool for t in tensors):  # integer bitwise ops differ
+            raise NotImplementedError(
+                f"aten.{name} on non-bool tensors (fx node '{ctx.node.name}') has no lowering."
+            )
+        return build(*[_tensor(a, tensors[0]) for a in args])
+
+    return lower
+
+
+for _packet, _build, _name in (
+    (aten.bitwise_and, ops.logical_and, "bitwise_and"),
+    (aten.bitwise_or, ops.logical_or, "bitwise_or"),
+    (aten.bitwise_not, ops.logical_not, "bitwise_not"),
+):
+    lowers(_packet)(_logical(_build, _name))
