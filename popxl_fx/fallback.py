@@ -82,13 +82,17 @@ def _decompose(node: fx.Node, root: torch.nn.Module) -> Decomposition:
         return call(*tensors[: len(state)], *a, **k)
 
     inputs = [*state, *(leaves[i] for i in positions)]
+
+    def fresh() -> list[torch.Tensor]:  # tracing runs the call: keep the model's tensors intact
+        return [t.detach().clone() for t in inputs]
+
     with torch.random.fork_rng(devices=[]):
         # Decompose, then functionalize the ATen graph: in-place ops (also those that the
         # decompositions introduce) become pure ones; a mutated input shows as one
         # aten.copy_ into it at the end (a buffer update).
-        aten_gm = make_fx(flat_call, decomposition_table=core_aten_decompositions())(*inputs)
+        aten_gm = make_fx(flat_call, decomposition_table=core_aten_decompositions())(*fresh())
         pure = torch.func.functionalize(aten_gm, remove="mutations")
-        gm = make_fx(pure, decomposition_table=core_aten_decompositions())(*inputs)
+        gm = make_fx(pure, decomposition_table=core_aten_decompositions())(*fresh())
     _mark_buffer_updates(gm, names)
     return Decomposition(gm, names)
 

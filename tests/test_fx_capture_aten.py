@@ -29,7 +29,11 @@ CASES = {
         + torch.where((x <= 0.5) & (y > -0.5), x * y, 1.0)
         + (x == y) * 3.0
     ),
-    # matrix products: mm, t, addmm, bmm
+    # boolean logic and tensor constants: bitwise_not, bitwise_or, lift_fresh_copy
+    "logic": lambda x, y: (
+        torch.where(~(x > 0) | (y > 0), x, y) * torch.tensor([1.0, -2.0, 3.0, 0.5])
+    ),
+    # matrix products: mm, addmm, bmm
     "matmul": lambda x, y: (
         torch.addmm(y, x, y.t()) @ x + torch.bmm(x.unsqueeze(0), y.t().unsqueeze(0))[0] @ y
     ),
@@ -56,6 +60,45 @@ class Case(nn.Module):
 
     def forward(self, x, y):
         return aten_case(self.fc(x), y, self.name)
+
+
+class Smoother(nn.Module):
+    """Stands for a standard torch.nn leaf without a lowering that updates its buffers."""
+
+    __module__ = "torch.nn.modules.fake"
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("avg", torch.zeros(4))
+        self.register_buffer("count", torch.zeros((), dtype=torch.int64))
+
+    def forward(self, x):
+        self.count.add_(1)
+        self.avg.mul_(0.5).add_(x.mean(0) * 0.5)
+        return x - self.avg
+
+
+class WithSmoother(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.smooth = Smoother()
+
+    def forward(self, x):
+        return self.smooth(self.fc(x))
+
+
+def test_buffer_updates_inside_a_decomposed_module_reach_its_buffers():
+    torch.manual_seed(0)
+    model, x = WithSmoother(), torch.randn(3, 4)
+    ours = run_module(model, x)
+    assert set(ours["variables"]) >= {"smooth.avg", "smooth.count"}
+    ref = model(x)  # eager updates the torch buffers the same way
+    torch.testing.assert_close(ours["out"][0], ref.detach(), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(
+        ours["variables"]["smooth.avg"], model.smooth.avg, rtol=1e-6, atol=1e-6
+    )
+    assert int(ours["variables"]["smooth.count"]) == int(model.smooth.count) == 1
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

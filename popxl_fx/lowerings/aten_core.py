@@ -1,8 +1,9 @@
 """Core ATen ops, for the decomposition fallback (``torch.ops.aten.*`` overload packets).
 
 Each entry follows the ATen schema of every overload of its packet (``add.Tensor`` and
-``add.Scalar`` take the same positional arguments). Python scalars stay scalars: popxl's
-tensor operators take them on either side.
+``add.Scalar`` take the same positional arguments); operands are promoted like torch's
+(``bool * 3.0`` is float32). Only ops that survive the core-ATen decompositions and
+functionalization have entries (``t``, ``reshape`` and ``clamp_min`` do not).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def _shape(x: popxl.Tensor, shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(shape)
 
 
-@lowers(aten.view, aten._unsafe_view, aten.reshape)
+@lowers(aten.view)
 def _view(ctx: LoweringContext, x: popxl.Tensor, shape: Sequence[int]) -> popxl.Tensor:
     return ops.reshape(x, _shape(x, shape))
 
@@ -66,12 +67,7 @@ def _permute(ctx: LoweringContext, x: popxl.Tensor, dims: Sequence[int]) -> popx
     return ops.transpose(x, [d % x.rank for d in dims])
 
 
-@lowers(aten.t)
-def _t(ctx: LoweringContext, x: popxl.Tensor) -> popxl.Tensor:
-    return ops.transpose(x, list(range(x.rank))[::-1])
-
-
-@lowers(aten.clone, aten.alias, aten.lift_fresh_copy, aten.contiguous)
+@lowers(aten.clone, aten.lift_fresh_copy)
 def _clone(ctx: LoweringContext, x: popxl.Tensor, **_: Any) -> popxl.Tensor:
     return x  # values are immutable in the lowered (functional) graph
 
@@ -191,11 +187,6 @@ def _scalar_tensor(
 ) -> popxl.Tensor:
     dt = popxl.dtype.as_dtype(dtype or torch.get_default_dtype())
     return popxl.constant(np.asarray(value, dtype=dt.as_numpy()), dt)
-
-
-@lowers(aten.clamp_min)
-def _clamp_min(ctx: LoweringContext, x: popxl.Tensor, low: Any) -> popxl.Tensor:
-    return _clamp(ctx, x, low, None)
 
 
 @lowers(aten.clamp)
