@@ -13,6 +13,7 @@ import numpy as np
 import torch.nn as nn
 import torch.nn.functional as F
 
+import popxl_core as popxl
 from popxl_core import ops
 
 from ..lowering import lowers
@@ -45,7 +46,9 @@ def _channels_first(x):
     return flat, undo
 
 
-def batch_norm_train(x, weight, bias, eps: float):
+def batch_norm_train(
+    x: popxl.Tensor, weight: popxl.Tensor | None, bias: popxl.Tensor | None, eps: float
+) -> tuple[popxl.Tensor, popxl.Tensor, popxl.Tensor]:
     """Normalise with batch statistics; returns (y, batch mean, unbiased batch var)."""
     c = x.shape[1]
     n = x.nelms // c
@@ -143,7 +146,13 @@ def _batch_norm(
 
 
 # layer / group / instance norm --------------------------------------------------------------
-def layer_norm(x, normalized_shape, weight=None, bias=None, eps: float = 1e-5):
+def layer_norm(
+    x: popxl.Tensor,
+    normalized_shape,
+    weight: popxl.Tensor | None = None,
+    bias: popxl.Tensor | None = None,
+    eps: float = 1e-5,
+) -> popxl.Tensor:
     """Normalise over the trailing ``normalized_shape`` dims (one GroupNormalization on a
     (rows, D) view, whose per-channel scale is the elementwise weight)."""
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
@@ -175,7 +184,13 @@ def _layer_norm_module(ctx, m, x):
     return layer_norm(x, m.normalized_shape, weight, bias, m.eps)
 
 
-def group_norm(x, num_groups: int, weight=None, bias=None, eps: float = 1e-5):
+def group_norm(
+    x: popxl.Tensor,
+    num_groups: int,
+    weight: popxl.Tensor | None = None,
+    bias: popxl.Tensor | None = None,
+    eps: float = 1e-5,
+) -> popxl.Tensor:
     c = x.shape[1]
     w, b = _affine(weight, bias, c, x.dtype)
     return ops.group_norm(x, w, b, int(num_groups), eps)
