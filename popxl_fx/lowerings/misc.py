@@ -94,7 +94,7 @@ def _tril(ctx, x, diagonal=0):
 
 
 # dropout -------------------------------------------------------------------------------------
-@lowers(F.dropout, torch.dropout, "dropout")
+@lowers(F.dropout, torch.dropout)
 def _dropout(ctx, x, p=0.5, training=True, inplace=False):
     return dropout(ctx, x, p, training)
 
