@@ -56,3 +56,22 @@ def test_inplace_update_of_a_view_is_reported_at_its_line():
     assert issue.source == f"{__file__}:{line}"
     with pytest.raises(UnsupportedError, match="in-place update of a view"):
         run_module(ViewUpdate(), torch.randn(2, 3))
+
+
+class Untabled(nn.Module):
+    def forward(self, x):
+        h = x * 1.5
+        h.tanh_()  # no table entry: decomposed, and h is updated
+        return h * 2.0 + h
+
+
+def test_inplace_method_without_entry_decomposes_and_updates_its_tensor():
+    from popxl_fx.lowering import LOWERINGS
+
+    assert "tanh_" not in LOWERINGS
+    torch.manual_seed(0)
+    model, x = Untabled(), torch.randn(4, 3)
+    dy = torch.randn(4, 3)
+    ours, ref = run_module(model, x, dy=dy), eager_grads(model, [x], dy)
+    torch.testing.assert_close(ours["out"][0], ref["out"], rtol=0, atol=0)
+    torch.testing.assert_close(ours["grads"]["x0"], ref["grads"]["x0"], rtol=1e-6, atol=1e-6)

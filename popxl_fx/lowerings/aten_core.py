@@ -233,8 +233,11 @@ def _addmm(
 
 @lowers(aten.copy_)
 def _copy_(ctx: LoweringContext, dst: popxl.Tensor, src: popxl.Tensor, *_: Any) -> popxl.Tensor:
-    # Only the fallback's writes into a module's buffer (tagged by the fallback) are lowered:
-    # any other in-place copy would change a value the functional graph already used.
+    # Only the fallback's tagged writes are lowered: into a module's buffer, or into the
+    # argument an in-place call updates (the driver rebinds that argument to the result).
+    # Any other in-place copy would change a value the functional graph already used.
+    if ctx.node.meta.get("self_update"):
+        return src
     name = ctx.node.meta.get("buffer_update")
     if name is None:
         raise NotImplementedError(
