@@ -5,7 +5,7 @@ from . import array_munging, layers, ops, optimizers, remote, rts, testing_utils
 from .dot_tree import DotTree, to_mapping
 from .graph import BoundGraph, GraphWithNamedArgs
 from .graph_cache import GraphCache, function
-from .graph_utils import is_subgraph, seed_variable
+from .graph_utils import is_subgraph, route_tensor_into_graph, seed_variable
 from .layers.weights_dict import WeightsDict
 from .module import Module, NameScopeMeta, create_grad_graph_info
 from .named_tensors import NamedTensorData, NamedTensors, print_named_tensors
@@ -45,6 +45,7 @@ __all__ = [
     "InputStreams",
     "OutputStreams",
     "is_subgraph",
+    "route_tensor_into_graph",
     "seed_variable",
     "Module",
     "NameScopeMeta",

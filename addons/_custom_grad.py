@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import popxl_core
-from popxl_core import Graph, Tensor, ops
+from popxl_core import Graph, Tensor
 from popxl_core.transforms import ExpectedConnection, ExpectedConnectionType, GradGraphInfo
 
+from ._grad_state import expose_as_output, fwd_connection
 from .graph import GraphWithNamedArgs
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -49,40 +51,81 @@ def grad_info_from_maps(fwd_graph: Graph, grad_graph: Graph,
     return _make_info(grad_graph, fwd_graph, inputs, outputs)
 
 
-def _aux_inputs(fwd: GraphWithNamedArgs, expected: list[ExpectedConnection]) -> dict[str, Tensor]:
-    """A grad-graph input per tensor stashed in ``aux``; internal ones become fwd outputs."""
+def _check_signature(module: Module) -> int:
+    """The number of gradients ``build_grad`` takes (positional parameters only)."""
+    params = inspect.signature(module.build_grad).parameters.values()
+    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.KEYWORD_ONLY) for p in params):
+        raise TypeError(f"{type(module).__name__}.build_grad: the `build_grad` method signature "
+                        "must only have a fixed number of positional parameters as inputs.")
+    return len(params)
+
+
+def _provided(g: Graph, module: Module, grads_provided: Iterable[Tensor] | None) -> list[Tensor]:
+    provided = list(g.outputs if grads_provided is None else grads_provided)
+    for t in provided:
+        if t not in g.outputs:
+            raise ValueError(f"A Tensor specified in `grads_provided` is not a output of "
+                             f"`fwd_graph` {g.id!r}: {t!r}.")
+    n = _check_signature(module)
+    if len(provided) != n:
+        raise ValueError(f"The {len(provided)} tensors in `grads_provided` do not match the "
+                         f"signature of {type(module).__name__}.build_grad ({n} gradients).")
+    return provided
+
+
+def _required(g: Graph, grads_required: Iterable[Tensor] | None) -> list[Tensor]:
+    required = list(g.inputs if grads_required is None else grads_required)
+    for t in required:
+        if t not in g.inputs:
+            raise ValueError(f"A Tensor specified in `grads_required` is not a input of "
+                             f"`fwd_graph` {g.id!r}: {t!r}.")
+    return required
+
+
+def _aux_fetcher(fwd: GraphWithNamedArgs, expected: list[ExpectedConnection]):
+    """Reading a forward tensor from ``aux`` in build_grad: a grad-graph input fed by it."""
     g = fwd.graph
-    aux = {}
-    for key, t in fwd.aux.items():
-        if not isinstance(t, Tensor) or t.graph is not g:
-            raise ValueError(f"aux[{key!r}] must be a tensor of the forward graph {g.id!r}.")
-        if t not in g.inputs and t not in g.outputs:
-            with g:
-                popxl_core.graph_output(t)
-        aux[key] = popxl_core.graph_input(t.shape, t.dtype, t.name,
-                                          meta_shape=t.meta_shape or None)
-        expected.append(ExpectedConnection(t, _FWD))
-    return aux
+
+    def fetch(t: Tensor) -> Tensor:
+        if t.graph is not g:
+            raise ValueError(f"aux tensor {t.id!r} is not a tensor of the forward graph {g.id!r}.")
+        expected.append(fwd_connection(t))  # exposed as a forward output once all is valid
+        return popxl_core.graph_input(t.shape, t.dtype, t.name, meta_shape=t.meta_shape or None)
+
+    return fetch
 
 
-def _grads_by_input(module: Module, fwd: GraphWithNamedArgs, returned) -> dict[Tensor, Tensor]:
+def _returned(returned: Any) -> tuple:
     if returned is None:
-        returned = ()
-    elif isinstance(returned, Tensor):
-        returned = (returned,)
-    named = fwd.args.to_dict()
-    named_set = set(named.values())
-    positional = [t for t in fwd.graph.inputs if t not in named_set]
-    returned = tuple(returned)
+        return ()
+    return (returned,) if isinstance(returned, Tensor) else tuple(returned)
+
+
+def _grads_for(module: Module, fwd: GraphWithNamedArgs, required: list[Tensor],
+               returned: tuple) -> dict[Tensor, Tensor]:
+    """Map what build_grad produced onto ``required``: the returned tensors onto the required
+    non-variable inputs in order, ``var_grad`` onto the required named inputs."""
+    name_of = {t: k for k, t in fwd.args.to_dict().items()}
+    positional = [t for t in required if t not in name_of]
     if len(returned) > len(positional):
-        raise ValueError(f"{type(module).__name__}.build_grad returned {len(returned)} "
-                         f"gradients for {len(positional)} unnamed inputs.")
-    grads = {t: g for t, g in zip(positional, returned) if g is not None}
-    for key, g in module.var_grad.items():
-        if key not in named:
-            raise KeyError(f"var_grad[{key!r}]: no named input {key!r} (named inputs: "
-                           f"{list(named)}).")
-        grads[named[key]] = g
+        raise ValueError(f"Too many outputs in the grad graph: {type(module).__name__}."
+                         f"build_grad returned {len(returned)} tensors for {len(positional)} "
+                         "required non-variable inputs.")
+    if len(returned) < len(positional):
+        raise ValueError(f"Not all forward graph inputs have been specified: "
+                         f"{type(module).__name__}.build_grad returned {len(returned)} tensors "
+                         f"for {len(positional)} required inputs.")
+    for i, (t, d) in enumerate(zip(positional, returned)):
+        if not isinstance(d, Tensor) or d.shape != t.shape or d.meta_shape != t.meta_shape:
+            raise ValueError(f"Shape or meta-shape of output Tensor at position {i} does not "
+                             f"match the forward input {t.name!r} {t.shape}: got {d!r}.")
+    var_grads = module.var_grad.grads()
+    missing = [name_of[t] for t in required if t in name_of and name_of[t] not in var_grads]
+    if missing:
+        raise ValueError(f"Not all variable gradients have been specified: set "
+                         f"self.var_grad[key] in build_grad for {missing}.")
+    grads = dict(zip(positional, returned))
+    grads.update({t: var_grads[name_of[t]] for t in required if t in name_of})
     return grads
 
 
@@ -91,24 +134,23 @@ def build_custom_grad_graph(module: Module, fwd: GraphWithNamedArgs,
                             grads_required: Iterable[Tensor] | None) -> GraphWithNamedArgs:
     """Trace ``module.build_grad`` into a new grad graph for ``fwd``."""
     g = fwd.graph
-    provided = list(g.outputs if grads_provided is None else grads_provided)
+    provided = _provided(g, module, grads_provided)
+    required = _required(g, grads_required)
     grad_graph = g.ir.create_empty_graph(f"{type(module).__name__}_grad")
     with grad_graph:
         grads_in = [popxl_core.graph_input(t.shape, t.dtype, f"Gradient___{t.name}",
                                            meta_shape=t.meta_shape or None) for t in provided]
         expected = [ExpectedConnection(t, _FWD_GRAD) for t in provided]
-        module.aux = _aux_inputs(fwd, expected)
-        module.var_grad = {}
-        grads = _grads_by_input(module, fwd, module.build_grad(*grads_in))
-        required = (list(grads_required) if grads_required is not None
-                    else [t for t in g.inputs if t in grads])
+        module.aux.open_for_grad(fwd.aux, _aux_fetcher(fwd, expected))
+        module.var_grad.open_for_grad(fwd.args.to_dict())
+        grads = _grads_for(module, fwd, required, _returned(module.build_grad(*grads_in)))
         for t in required:
-            out = grads.get(t)
-            if out is None:
-                out = ops.init(t.shape, t.dtype, f"zero_grad_{t.name}", "zero")
-            if out.graph is not grad_graph or out.shape != t.shape:
-                raise ValueError(f"Gradient for {t.name!r} must be a {t.shape} tensor of the "
-                                 f"grad graph, got {out!r}.")
-            popxl_core.graph_output(out)
+            if grads[t].graph is not grad_graph:
+                raise ValueError(f"The gradient of {t.name!r} must be a tensor of the grad "
+                                 f"graph, got {grads[t]!r}.")
+            popxl_core.graph_output(grads[t])
+    # Only now change the forward graph, so a failed build_grad leaves it as it was.
+    for c in expected[len(provided):]:
+        expose_as_output(g, c.fwd_tensor)
     outputs = [ExpectedConnection(t, _FWD_GRAD) for t in required]
     return GraphWithNamedArgs.from_grad_graph(_make_info(grad_graph, g, expected, outputs))

@@ -172,6 +172,10 @@ class GraphWithNamedArgs:
                 "force=True.")
         module = self.from_module
         custom = module is not None and module.implements_grad_graph
+        if method == "build_grad" and module is None:
+            raise ValueError(f"method='build_grad' needs the module that built "
+                             f"{self.graph.id!r}: it works only if `from_module` is specified "
+                             "(create the graph with Module.create_graph).")
         if method == "build_grad" and not custom:
             raise ValueError(f"method='build_grad' but the module that built {self.graph.id!r} "
                              "does not implement build_grad.")

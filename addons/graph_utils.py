@@ -1,13 +1,19 @@
-"""Graph helpers of popxl.addons: `is_subgraph` and `seed_variable`."""
+"""Graph helpers of popxl.addons: `is_subgraph`, `route_tensor_into_graph`, `seed_variable`."""
 
 from __future__ import annotations
+
+import weakref
 
 import numpy as np
 
 import popxl_core
 from popxl_core import Graph, ReplicaGrouping, Tensor, Variable
+from popxl_core.graph_edit import append_call_input, call_sites
 
-__all__ = ["is_subgraph", "seed_variable"]
+__all__ = ["is_subgraph", "route_tensor_into_graph", "seed_variable"]
+
+# graph -> {parent tensor: the graph input it was routed to}, so routing twice reuses one input
+_ROUTED: weakref.WeakKeyDictionary[Graph, dict[Tensor, Tensor]] = weakref.WeakKeyDictionary()
 
 
 def is_subgraph(parent: Graph, subgraph: Graph) -> bool:
@@ -30,6 +36,53 @@ def is_subgraph(parent: Graph, subgraph: Graph) -> bool:
             seen.add(g)
             todo.extend(g.called_graphs)
     return False
+
+
+def route_tensor_into_graph(
+    tensor: Tensor, graph: Graph | None = None, modified: bool = False
+) -> Tensor:
+    """``tensor`` of an enclosing graph as a tensor of ``graph`` (default: the current one).
+
+    A new input of ``graph`` is fed with ``tensor`` at every call site (Call and repeat ops),
+    routing it through every graph on the way, once per graph however often it is asked for.
+    ``modified`` marks the inputs as written by the called graphs.
+
+    >>> ir = popxl_core.Ir()
+    >>> sg = ir.create_empty_graph("sg")
+    >>> with ir.main_graph:
+    ...     a = popxl_core.variable(1.0, name="a")
+    ...     _ = popxl_core.ops.call(sg)
+    >>> with sg:
+    ...     b = route_tensor_into_graph(a)
+    >>> b in sg.inputs, route_tensor_into_graph(a, sg) is b
+    (True, True)
+    """
+    return _route(tensor, graph or popxl_core.gcg(), modified, frozenset())
+
+
+def _route(t: Tensor, graph: Graph, modified: bool, visiting: frozenset) -> Tensor:
+    if t.graph is graph:
+        return t
+    routed = _ROUTED.setdefault(graph, {})
+    if t in routed:
+        return routed[t]
+    sites = call_sites(graph)
+    if not sites or graph in visiting:
+        src, dst = t.graph.id or "main", graph.id
+        raise ValueError(
+            f"Tensor {t.id!r} is not in the graph {dst!r}, and {dst!r} is not in a known parent "
+            f"graph: no call site leads from {src!r} to it. Call {dst!r} (ops.call / "
+            "ops.repeat) before routing into it."
+        )
+    parents = [(op, _route(t, op.graph, modified, visiting | {graph})) for op in sites]
+    with graph:
+        new = popxl_core.graph_input(
+            t.shape, t.dtype, t.name, by_ref=modified, meta_shape=t.meta_shape or None
+        )
+    for op, parent in parents:
+        append_call_input(op, parent, new, modified)
+    routed[t] = new
+    return new
 
 
 def seed_variable(

@@ -17,6 +17,7 @@ import popxl_core
 from popxl_core import Graph, Tensor, dtype, gcg
 from popxl_core.transforms import GradGraphInfo
 
+from ._grad_state import AuxStore, VarGradStore, mark_unsafe_to_autodiff
 from .dot_tree import DotTree, check_key
 from .graph import BoundGraph, GraphWithNamedArgs
 from .graph_cache import GraphCache, tensor_inputs
@@ -87,7 +88,7 @@ class Module(popxl_core.Module, metaclass=NameScopeMeta):
     def __init__(self, cache: bool | GraphCache | None = False,
                  grad_inlining_error: str = "error") -> None:
         if grad_inlining_error not in _GRAD_INLINING:
-            raise ValueError(f"grad_inlining_error must be one of {_GRAD_INLINING}, got "
+            raise ValueError(f"grad_inlining_error should be one of {_GRAD_INLINING}, got "
                              f"{grad_inlining_error!r}.")
         self._variable_factories = NamedVariableFactories()
         self._named_inputs = NamedTensors()
@@ -98,11 +99,11 @@ class Module(popxl_core.Module, metaclass=NameScopeMeta):
             weakref.WeakKeyDictionary())
         self._list_len: int | None = None
         self.grad_inlining_error = grad_inlining_error
-        self.aux: dict[str, Tensor] = {}
-        self.var_grad: dict[str, Tensor] = {}
+        self.aux = AuxStore()
+        self.var_grad = VarGradStore()
         if cache and self.implements_grad_graph:
-            raise ValueError(f"{type(self).__name__}: cache=True cannot be used with a "
-                             "custom build_grad.")
+            raise ValueError(f"{type(self).__name__}: You cannot use graph caching if you have "
+                             "implemented `build_grad` (cache=True).")
         self._graph_cache = cache if isinstance(cache, GraphCache) else (
             GraphCache() if cache else None)
 
@@ -249,9 +250,9 @@ class Module(popxl_core.Module, metaclass=NameScopeMeta):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Inline ``build`` into the current graph."""
         if self.implements_grad_graph and self.grad_inlining_error != "none":
-            msg = (f"{type(self).__name__} implements build_grad, but calling it inline skips "
-                   "the custom gradient. Outline it with `self.call_module(module)(...)`, or "
-                   "set grad_inlining_error='none'.")
+            msg = (f"{type(self).__name__}: `build_grad` has been implemented, but calling the "
+                   "module inline skips the custom gradient. Outline it with "
+                   "`self.call_module(module)(...)`, or set grad_inlining_error='none'.")
             if self.grad_inlining_error == "error":
                 raise RuntimeError(msg)
             warnings.warn(msg, stacklevel=2)
@@ -277,6 +278,8 @@ class Module(popxl_core.Module, metaclass=NameScopeMeta):
                 graph = self._graph_cache.create_graph(self, *args, **kwargs)
                 state = self._cached_args.get(graph) or self._state()
                 self._cached_args[graph] = state
+            if self.implements_grad_graph:
+                mark_unsafe_to_autodiff(graph)
             facts, named, aux, called = state
             return facts.copy(), GraphWithNamedArgs(graph, named.copy(), from_module=self,
                                                     aux=aux, called_graphs_grad_info=called)
@@ -284,7 +287,7 @@ class Module(popxl_core.Module, metaclass=NameScopeMeta):
             self._reset()
 
     def _state(self) -> tuple:
-        return (self._variable_factories.copy(), self._named_inputs.copy(), dict(self.aux),
+        return (self._variable_factories.copy(), self._named_inputs.copy(), self.aux.raw(),
                 self._all_called_graphs_grad_info())
 
     def _all_called_graphs_grad_info(self) -> dict[Graph, GradGraphInfo]:
@@ -302,8 +305,8 @@ class Module(popxl_core.Module, metaclass=NameScopeMeta):
                     tree.pop(key)
             for key, child in self._submodules.items():
                 tree._set(key, getattr(child, attr))  # re-link slots an outline replaced
-        self.aux = {}
-        self.var_grad = {}
+        self.aux = AuxStore()
+        self.var_grad = VarGradStore()
         self._called_graphs_grad_info = {}
         for child in self._submodules.values():
             child._reset()
@@ -337,6 +340,8 @@ class Module(popxl_core.Module, metaclass=NameScopeMeta):
         elif mode == "autodiff":
             grad = graph.autodiff(provided, required, method="autodiff")
         else:
+            # differentiated later through this graph: keep what its own call sites recorded
+            self._called_graphs_grad_info.update(graph.called_graphs_grad_info)
             return
         self._called_graphs_grad_info.update(grad.called_graphs_grad_info)
         self._called_graphs_grad_info[graph.graph] = grad.grad_graph_info
@@ -375,7 +380,7 @@ class Module(popxl_core.Module, metaclass=NameScopeMeta):
         try:
             return build_custom_grad_graph(self, fwd_graph, grads_provided, grads_required)
         finally:
-            self.aux, self.var_grad = {}, {}
+            self.aux, self.var_grad = AuxStore(), VarGradStore()
 
 
 def create_grad_graph_info(ir, fwd_graph: Graph, grad_graph: Graph,

@@ -15,6 +15,7 @@ import numpy as np
 
 import popxl_core
 from popxl_core import Tensor, dtype, float32, gcg, int32, uint32
+from popxl_core.arg_checks import check_conversion, checked_dtype
 
 from .dot_tree import DotTree
 from .named_tensors import NamedTensors
@@ -62,6 +63,7 @@ class VariableFactory:
     def __init__(self, data_iter: DataIter, dtype: dtype | None = None,
                  name: str | None = None, by_ref: bool = False, replica_grouping=None,
                  shard_over: int = 1) -> None:
+        checked_dtype(dtype, f"VariableFactory({name!r})", optional=True)
         self.name = name
         self.by_ref = by_ref
         self.data_iter = data_iter
@@ -127,7 +129,10 @@ class VariableFactory:
         if arr.shape != self.data_shape:
             raise ValueError(f"Variable {self.name!r}: data_iter gave shape {arr.shape}, "
                              f"expected {self.data_shape} (the shape of its first value).")
-        return arr.astype(np_dtype, copy=False)
+        with np.errstate(all="ignore"):  # check_conversion names a value that changes
+            out = arr.astype(np_dtype, copy=False)
+        check_conversion(arr, out, f"Variable {self.name!r}")
+        return out
 
     def next_memmap(self, memmap_dir: str, name: str, empty: bool = False,
                     read_only_if_exists: bool = False) -> np.ndarray:

@@ -10,7 +10,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import statistics
 import sys
@@ -20,6 +19,7 @@ from pathlib import Path
 import torch
 
 import popxl_core as popxl
+from popxl_fx.cli import add_data_args, data_kwargs, make_parser, non_negative_int, positive_int
 from popxl_fx.data import get_data_loaders
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "mnist_popxl.py"
@@ -39,11 +39,14 @@ def _timed(fn, x, labels) -> float:
 
 
 def run(
-    rounds: int, warmup: int, batch_size: int, lr: float, data_dir: str | None, dataset: str
+    rounds: int, warmup: int, batch_size: int, lr: float, data: dict | None = None
 ) -> dict[str, list[float]]:
-    """Seconds per step for "popxl" and "torch", ``rounds`` alternating samples each."""
+    """Seconds per step for "popxl" and "torch", ``rounds`` alternating samples each.
+
+    ``data``: keyword arguments of `get_data_loaders` (data_dir, dataset, ...).
+    """
     ex = _load_example()
-    train_loader, _ = get_data_loaders(batch_size, batch_size, data_dir, dataset)
+    train_loader, _ = get_data_loaders(batch_size, batch_size, **(data or {}))
     data = list(
         ex.batches(
             train_loader,
@@ -69,18 +72,17 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=200)
-    parser.add_argument("--warmup", type=int, default=20)
-    parser.add_argument("--batch-size", type=int, default=80)
+    parser = make_parser(__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=positive_int, default=200)
+    parser.add_argument("--warmup", type=non_negative_int, default=20)
+    parser.add_argument("--batch-size", type=positive_int, default=80)
     parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--data-dir", default=None)
-    parser.add_argument("--dataset", choices=["fashion-mnist", "mnist"], default="fashion-mnist")
-    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    add_data_args(parser)
+    parser.add_argument("--threads", type=positive_int, default=None, help="torch.set_num_threads")
     args = parser.parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    times = run(args.rounds, args.warmup, args.batch_size, args.lr, args.data_dir, args.dataset)
+    times = run(args.rounds, args.warmup, args.batch_size, args.lr, data_kwargs(args))
     med = {k: 1e3 * statistics.median(v) for k, v in times.items()}
     mean = {k: 1e3 * statistics.fmean(v) for k, v in times.items()}
     print(

@@ -34,7 +34,6 @@ them alike. Usage::
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from dataclasses import dataclass
@@ -50,6 +49,14 @@ from torchvision import transforms
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 import seed_runner  # noqa: E402
+
+from popxl_fx.cli import (  # noqa: E402
+    SEEDS_ENV,
+    default_seeds_dir,
+    make_parser,
+    non_negative_int,
+    positive_int,
+)
 
 # What each seed trains with (read from the tutorials' hyper-parameter cells).
 SEEDS = {
@@ -205,6 +212,10 @@ def run_twin(seed_id: str, loaders, params: list[torch.Tensor], fp16_m: bool,
             opt.step(grads)
         n += 1
     train_it_s = n / (time.perf_counter() - start)
+    if shuffle_seed is not None:
+        # The seed's test loader shuffles too, and _TimedTqdm reseeds before every loop: at a
+        # batch cap the twin must evaluate the same test batches, not another random subset.
+        torch.manual_seed(shuffle_seed)
     accs, start = [], time.perf_counter()
     with torch.no_grad():
         for images, labels in test:
@@ -246,13 +257,14 @@ def report(seed_id: str, runs: list[tuple[Result, Result]], args) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = make_parser(__doc__.splitlines()[0])
     ap.add_argument("--seeds", nargs="+", default=["001", "000"], choices=sorted(SEEDS))
-    ap.add_argument("--seeds-dir", type=Path, default=ROOT.parent / "shared" / "seeds")
-    ap.add_argument("--max-batches", type=int, default=0,
+    ap.add_argument("--seeds-dir", type=Path, default=default_seeds_dir(),
+                    help=f"where the seed tutorials are (env {SEEDS_ENV})")
+    ap.add_argument("--max-batches", type=non_negative_int, default=0,
                     help="cap every DataLoader (both sides) at N batches; 0: full epoch")
-    ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--repeats", type=positive_int, default=1)
+    ap.add_argument("--threads", type=positive_int, default=1)
     ap.add_argument("--unpaired", action="store_true",
                     help="independent twin: its own initial weights and batch order")
     ap.add_argument("--fp16-first-order", action="store_true",
@@ -261,6 +273,7 @@ def main() -> None:
                     help="the twin's weights (--unpaired); else the shared shuffle seed")
     ap.add_argument("--progress", action="store_true", help="show the seeds' progress bars")
     args = ap.parse_args()
+    paths = {s: seed_runner.resolve_seed(ap, s, args.seeds_dir) for s in args.seeds}
 
     torch.set_num_threads(args.threads)
     _TimedTqdm.show = args.progress
@@ -272,7 +285,7 @@ def main() -> None:
         seed_runner.cap_data_loaders(args.max_batches)
     for seed_id in args.seeds:
         loaders = twin_loaders(SEEDS[seed_id].get("batch", BATCH))
-        path = next(args.seeds_dir.glob(f"{seed_id}_*.txt"))
+        path = paths[seed_id]
         runs = []
         for rep in range(args.repeats):
             shuffle = None if args.unpaired else args.twin_seed + rep

@@ -24,7 +24,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import time
 from functools import partial
 from itertools import islice
@@ -37,6 +36,7 @@ import popxl_core as popxl
 from addons.ops import cross_entropy_with_grad
 from popxl_core import ops
 from popxl_core.ops import var_updates
+from popxl_fx.cli import add_data_args, data_kwargs, make_parser, non_negative_int, positive_int
 from popxl_fx.data import get_data_loaders
 
 F32 = np.float32
@@ -155,23 +155,22 @@ def train(args, loader):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--epochs", type=int, default=1)
-    ap.add_argument("--max-batches", type=int, default=0,
+    ap = make_parser(__doc__.splitlines()[0])
+    ap.add_argument("--epochs", type=positive_int, default=1)
+    ap.add_argument("--max-batches", type=non_negative_int, default=0,
                     help="stop each epoch (and the evaluation) after N batches; 0: all")
-    ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--test-batch-size", type=int, default=100)
+    ap.add_argument("--batch-size", type=positive_int, default=16)
+    ap.add_argument("--test-batch-size", type=positive_int, default=100)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--fp16-moments", action="store_true",
                     help="keep Adam's first moments in float16 (computed in float16)")
-    ap.add_argument("--data-dir", default=None)
-    ap.add_argument("--dataset", default="fashion-mnist", choices=("fashion-mnist", "mnist"))
+    add_data_args(ap)
     args = ap.parse_args()
     args.outline = False  # the Classifier variant evaluate() rebuilds
 
     check_against_numpy()
     train_loader, test_loader = get_data_loaders(args.batch_size, args.test_batch_size,
-                                                 args.data_dir, args.dataset)
+                                                 **data_kwargs(args))
     trained, params = train(args, train_loader)
     accuracy = evaluate(args, test_loader, trained, params)
     print(f"test accuracy ({args.dataset}): {accuracy:.2f}%")

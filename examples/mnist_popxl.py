@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 import popxl_core as popxl
 from popxl_core import ops, transforms
+from popxl_fx.cli import add_data_args, data_kwargs, make_parser, positive_int
 from popxl_fx.data import get_data_loaders
 
 IMAGE, HIDDEN, CLASSES = 28 * 28, 32, 10
@@ -222,14 +223,15 @@ def evaluate(predict: PredictFn, data: Iterable[Batch]) -> float:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch-size", type=int, default=80)
-    parser.add_argument("--test-batch-size", type=int, default=80)
+    parser = make_parser(__doc__.splitlines()[0])
+    parser.add_argument("--batch-size", type=positive_int, default=80)
+    parser.add_argument("--test-batch-size", type=positive_int, default=80)
     parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--epochs", type=int, default=1)
-    parser.add_argument("--max-steps", type=int, default=None, help="cap on training steps")
-    parser.add_argument("--data-dir", default=None, help="data root, or a folder of IDX files")
-    parser.add_argument("--dataset", choices=["fashion-mnist", "mnist"], default="fashion-mnist")
+    parser.add_argument("--epochs", type=positive_int, default=1)
+    parser.add_argument(
+        "--max-steps", type=positive_int, default=None, help="cap on training steps"
+    )
+    add_data_args(parser)
     parser.add_argument("--seed", type=int, default=0, help="initial weights and shuffling")
     return parser.parse_args(argv)
 
@@ -237,7 +239,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict[str, float]:
     args = parse_args(argv)
     train_loader, test_loader = get_data_loaders(
-        args.batch_size, args.test_batch_size, args.data_dir, args.dataset, seed=args.seed
+        args.batch_size, args.test_batch_size, seed=args.seed, **data_kwargs(args)
     )
     weights = init_weights(args.seed)
     train_prog = build_train_ir(weights, args.batch_size, args.lr)

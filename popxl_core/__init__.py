@@ -39,6 +39,12 @@ from .graph import Graph
 from .ir import Ir
 from .module import Module
 from .random_seed import create_seeds
+from .remote_buffer import RemoteBuffer, remote_buffer, replica_sharded_buffer
+from .remote_variables import (
+    remote_replica_sharded_variable,
+    remote_variable,
+    replica_sharded_variable,
+)
 from .replica_grouping import ReplicaGrouping
 from .sim.session import Session
 from .streams import DeviceToHostStream, HostToDeviceStream, d2h_stream, h2d_stream
@@ -53,6 +59,13 @@ from .tensor import (
     graph_output,
     variable,
 )
+from .tensorlocation import (
+    ExecutionContext,
+    ReplicatedTensorSharding,
+    TensorLocation,
+    TensorStorage,
+    TileSet,
+)
 
 __all__ = [
     "ops", "transforms",
@@ -65,4 +78,7 @@ __all__ = [
     "HostToDeviceStream", "DeviceToHostStream", "h2d_stream", "d2h_stream",
     "Tensor", "Variable", "Constant", "TensorSpec", "TensorByRef",
     "variable", "constant", "graph_input", "graph_output",
+    "RemoteBuffer", "remote_buffer", "remote_variable", "remote_replica_sharded_variable",
+    "replica_sharded_variable", "replica_sharded_buffer",
+    "TensorStorage", "TensorLocation", "ReplicatedTensorSharding", "TileSet", "ExecutionContext",
 ]

@@ -13,7 +13,13 @@ import torch
 
 from . import dtypes
 
-__all__ = ["check_host_data", "checked_dtype", "checked_shape", "describe_dtype_value"]
+__all__ = [
+    "check_conversion",
+    "check_host_data",
+    "checked_dtype",
+    "checked_shape",
+    "describe_dtype_value",
+]
 
 
 def describe_dtype_value(value: Any) -> str:
@@ -84,4 +90,38 @@ def check_host_data(data: Any, where: str) -> None:
         raise TypeError(
             f"{where}: data of type {type(data).__name__} is not numeric (numpy makes it "
             f"{arr.dtype}); pass numbers, a numpy array or a torch tensor."
+        )
+
+
+def check_conversion(data: Any, arr: np.ndarray, where: str, downcast: bool = False) -> None:
+    """Raise if converting host ``data`` to ``arr``'s dtype changed a value: a fraction or an
+    out-of-range number into an integer type (numpy would truncate or wrap it), or a finite
+    number into a float type that makes it inf. PopXL converts silently; we refuse.
+
+    ``downcast``: the conversion is PopXL's implicit 64-bit downcast (no dtype given). Its
+    float64 -> float32 overflow to inf is let through as PopXL documents it (and Graphcore's
+    own examples pass uninitialised ``np.ndarray(shape)`` data); an int64 that wraps is not.
+    """
+    if isinstance(data, torch.Tensor):
+        data = data.detach().cpu().numpy()
+    src = np.asarray(data)
+    if src.size > 1 and not any(src.strides) and not any(arr.strides):
+        # a broadcast fill: one value, checked once (the full array is never materialised)
+        src, arr = src.flat[0:1], arr.flat[0:1]
+    if src.dtype == arr.dtype or src.dtype.kind not in "biuf" or arr.dtype.kind not in "iuf":
+        return
+    if downcast and arr.dtype.kind == "f":
+        return
+    with np.errstate(invalid="ignore", over="ignore"):
+        if arr.dtype.kind == "f":
+            bad = np.isfinite(src) & ~np.isfinite(arr)
+        else:
+            back = arr.astype(src.dtype)
+            bad = (back != src) | (~np.isfinite(src) if src.dtype.kind == "f" else False)
+    if np.any(bad):
+        at = np.unravel_index(int(np.argmax(bad)), src.shape)
+        value, became = src[at].item(), arr.reshape(src.shape)[at].item()
+        raise ValueError(
+            f"{where}: the value {value!r} does not fit {arr.dtype} (it would become "
+            f"{became!r}); use a dtype that holds it, or convert the value explicitly."
         )

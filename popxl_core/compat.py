@@ -102,9 +102,25 @@ _FINDER = _AliasFinder()
 
 
 def install() -> None:
-    """Install the import hook (idempotent)."""
+    """Install the import hook (idempotent).
+
+    Called at the top level of a ``conftest.py`` (as the conformance runner's conftest does),
+    it also gives that conftest the pytest hook that skips the few Graphcore tests listed in
+    `popxl_core.compat_skips`, each with its reason.
+    """
     if _FINDER not in sys.meta_path:
         sys.meta_path.insert(0, _FINDER)
+    _offer_skip_hook(sys._getframe(1).f_globals)
+
+
+def _offer_skip_hook(caller_globals: dict) -> None:
+    """Put the skip hook into the calling module if it is a conftest being imported by pytest
+    (pytest collects a conftest's hooks from its attributes right after importing it)."""
+    if os.path.basename(caller_globals.get("__file__") or "") != "conftest.py":
+        return
+    from .compat_skips import pytest_collection_modifyitems
+
+    caller_globals.setdefault("pytest_collection_modifyitems", pytest_collection_modifyitems)
 
 
 def uninstall() -> None:
@@ -115,6 +131,13 @@ def uninstall() -> None:
         del sys.modules[name]
 
 
+_USAGE = (
+    "usage: python -m popxl_core.compat SCRIPT [ARGS...]\n"
+    "Runs SCRIPT (code written for Graphcore's popxl / popxl_addons) with those imports "
+    "resolved to this project; ARGS are passed to SCRIPT."
+)
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     """``python -m popxl_core.compat SCRIPT [ARGS...]``: run SCRIPT as ``__main__``.
 
@@ -122,8 +145,13 @@ def main(argv: Optional[List[str]] = None) -> None:
     ``sys.path``, as when running ``python SCRIPT ARGS...``.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (["-h"], ["--help"]):
+        print(_USAGE)
+        raise SystemExit(0)
     if not argv:
-        raise SystemExit("usage: python -m popxl_core.compat SCRIPT [ARGS...]")
+        raise SystemExit(_USAGE)
+    if not os.path.isfile(argv[0]):
+        raise SystemExit(f"popxl_core.compat: error: no such script {argv[0]!r}\n{_USAGE}")
     install()
     sys.argv = argv
     sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))

@@ -59,13 +59,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"no such script: {opts.script}")
     plans: list = []
     PLAN_OBSERVERS.append(plans.append)
-    code = _run(opts.script, opts.args)
-    PLAN_OBSERVERS.remove(plans.append)
-    opts.out.mkdir(parents=True, exist_ok=True)
-    for i, plan in enumerate(plans, 1):
-        write_report(plan, opts.out, f"session_{i}")
-    print(f"popxl_core.report: {len(plans)} Session(s) reported in {opts.out}/")
-    return code
+    try:
+        return _run(opts.script, opts.args)
+    finally:  # a script that fails still gets the reports of the Sessions it built
+        PLAN_OBSERVERS.remove(plans.append)
+        opts.out.mkdir(parents=True, exist_ok=True)
+        for i, plan in enumerate(plans, 1):
+            write_report(plan, opts.out, f"session_{i}")
+        print(f"popxl_core.report: {len(plans)} Session(s) reported in {opts.out}/")
 
 
 def _run(script: Path, args: list[str]) -> int:

@@ -8,9 +8,10 @@ import numpy as np
 import torch
 
 from . import dtypes
-from .arg_checks import check_host_data, checked_dtype, checked_shape
+from .arg_checks import check_conversion, check_host_data, checked_dtype, checked_shape
 from .context import gcg, get_current_context
 from .dtypes import dtype
+from .host_data import to_numpy
 from .tensor_spec import TensorByRef, TensorSpec
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -29,6 +30,7 @@ __all__ = [
     "graph_input",
     "graph_output",
     "to_numpy",
+    "scalar_operand",
 ]
 
 HostTensor = Any  # numpy array, torch tensor, python scalar or nested list
@@ -182,7 +184,7 @@ class Tensor:
         data = np.asarray(value)
         if data.size == 0:
             raise ValueError(f"Cannot combine {self.id!r} with an empty value {value!r}.")
-        return constant(value, dtype or self.dtype)
+        return scalar_operand(value, dtype or self.dtype, self)
 
     # dunders -----------------------------------------------------------------
     def __add__(self, other):
@@ -304,48 +306,19 @@ class Constant(Tensor):
         return _ops().ipu_copy(self, dst, src)
 
 
+def scalar_operand(value, dt: dtype, peer: Tensor) -> "Constant":
+    """``value`` as a constant of its peer tensor's dtype (PopXL's rule), naming the peer
+    if the value does not fit that dtype."""
+    try:
+        return constant(value, dt)
+    except ValueError as e:
+        raise ValueError(f"Combining {peer.id!r} ({peer.dtype.name}) with {value!r}: {e}") from None
+
+
 def _ops():
     from . import ops
 
     return ops
-
-
-def to_numpy(data: HostTensor, dtype: Optional[dtype] = None, downcast: bool = True) -> np.ndarray:
-    """Host data as a C-contiguous numpy array, downcasting 64-bit types like popxl."""
-    if isinstance(data, torch.Tensor):
-        data = data.detach().cpu().numpy()
-    if _is_fill(data):
-        return _fill(data, dtype, downcast)
-    arr = np.array(data, copy=True)
-    if dtype is not None:
-        arr = arr.astype(dtype.as_numpy(), copy=False)
-    elif downcast:
-        arr = _downcast(arr)
-    # ascontiguousarray turns 0-d arrays into (1,): keep scalars as shape ()
-    return np.ascontiguousarray(arr).reshape(arr.shape)
-
-
-def _is_fill(data) -> bool:
-    """A broadcast of one value (``np.broadcast_to(0.0, shape)``): all strides 0."""
-    return isinstance(data, np.ndarray) and data.size > 1 and not any(data.strides)
-
-
-def _fill(data: np.ndarray, dtype: Optional[dtype], downcast: bool) -> np.ndarray:
-    """A fresh read-only broadcast of the one value: a huge constant-filled variable costs no
-    host memory until a Session attaches, so planning (and an OOM error) comes first."""
-    one = np.array(data.flat[0], dtype=data.dtype)
-    one = one.astype(dtype.as_numpy()) if dtype is not None else _downcast(one) if downcast else one
-    return np.broadcast_to(one, data.shape)
-
-
-def _downcast(arr: np.ndarray) -> np.ndarray:
-    table = {
-        np.dtype(np.int64): np.int32,
-        np.dtype(np.uint64): np.uint32,
-        np.dtype(np.float64): np.float32,
-    }
-    target = table.get(arr.dtype)
-    return arr.astype(target) if target is not None else arr
 
 
 def _check_data(data, dt, where: str) -> None:
@@ -371,8 +344,10 @@ def variable(
             "variables can only be created in the main graph. Use a graph input (or an "
             "addons VariableFactory) and pass the variable at the call site."
         )
-    _check_data(data, dtype, f"popxl.variable({name or 't'!r})")
+    where = f"popxl.variable({name or 't'!r})"
+    _check_data(data, dtype, where)
     arr = to_numpy(data, dtype, downcast)
+    check_conversion(data, arr, where, downcast=dtype is None)
     groups = replica_grouping.num_groups if replica_grouping is not None else 1
     shape = arr.shape[1:] if groups > 1 else arr.shape
     if groups > 1 and (not arr.shape or arr.shape[0] != groups):
@@ -398,8 +373,10 @@ def constant(
 ) -> Constant:
     """Create a constant in the current graph; the data is copied."""
     g = gcg()
-    _check_data(data, dtype, f"popxl.constant({name or 't'!r})")
+    where = f"popxl.constant({name or 't'!r})"
+    _check_data(data, dtype, where)
     arr = to_numpy(data, dtype, downcast)
+    check_conversion(data, arr, where, downcast=dtype is None)
     spec = TensorSpec(arr.shape, dtype or dtypes.dtype.as_dtype(arr))
     c = Constant._create(g, g._create_tensor_id(name), spec)
     c._data = arr

@@ -182,7 +182,8 @@ def _not_found(dataset: str, root: Path, data_dir: PathLike | None, download: bo
     if dataset == "mnist":
         fix += (
             " No Debian package ships MNIST itself; to run on Fashion-MNIST files under "
-            "MNIST's names pass allow_fashion_as_mnist=True."
+            "MNIST's names pass allow_fashion_as_mnist=True (--fashion-as-mnist on the "
+            "command line of the examples and benchmarks)."
         )
     return f"No {dataset} data found. Tried: " + "; ".join(tried) + ". " + fix
 

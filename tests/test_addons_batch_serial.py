@@ -151,3 +151,37 @@ def test_gradient_accumulation_equals_one_batch_k_times_larger():
     np.testing.assert_allclose(dw_k, dw_1, rtol=0, atol=2e-7)
     np.testing.assert_allclose(db_k, db_1, rtol=0, atol=2e-7)
     assert np.abs(dw_1).max() > 1e-2  # not a vacuous comparison of zeros
+
+
+@pytest.mark.parametrize("io_mode", ["compute", "io_overlapped"])
+def test_seed_input_gets_a_fresh_seed_each_step(io_mode):
+    """Step i runs with the first half of splitting the seed i times: the same draws as
+    calling the graph with that chain of seeds by hand."""
+    ir = popxl.Ir()
+    with ir.main_graph, popxl.in_sequence(True):
+        seed_spec = popxl.TensorSpec((2,), popxl.uint32)
+        g = addons.GraphWithNamedArgs(
+            ir.create_graph(lambda s: ops.random_normal(s, (3,)), seed_spec)
+        )
+        out = popxl.d2h_stream((3,), popxl.float32, "draws")
+        bs = addons.batch_serialise(
+            g,
+            STEPS,
+            {},
+            {g.graph.outputs[0]: out},
+            {},
+            seed_input=g.graph.inputs[0],
+            io_mode=io_mode,
+        )
+        seed = popxl.variable(popxl.create_seeds(7), popxl.uint32, "seed")
+        bs.graph.call(0, seed)
+        ref = popxl.d2h_stream((3,), popxl.float32, "ref")
+        s = seed
+        for _ in range(STEPS):
+            now, s = ops.split_random_seed(s)
+            ops.host_store(ref, ops.call(g.graph, now)[0])
+    ir.num_host_transfers = STEPS
+    with popxl.Session(ir, "ipu_hw") as session:
+        res = session.run()
+    np.testing.assert_array_equal(res[out], res[ref])
+    assert len({tuple(r) for r in res[out]}) == STEPS  # every step drew different numbers

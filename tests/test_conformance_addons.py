@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import popxl_core as popxl
 from addons import GraphCache, Module
@@ -75,3 +76,95 @@ def test_seed_variable_one_seed_per_replica_group():
     want = popxl.create_seeds(7, replicas=2).reshape(2, 2)
     np.testing.assert_array_equal(out, want[[0, 0, 1, 1]])  # replicas 0,1 | 2,3 share a seed
     np.testing.assert_array_equal(session.get_tensor_data(seed_v), want)
+
+
+def test_run_module_with_torch_mapping_and_string_padding():
+    import torch
+
+    from addons.layers import Conv2D, LayerNorm
+    from addons.testing_utils import TensorInput, ops_of_type, run_module
+
+    torch.manual_seed(0)
+    x = np.random.default_rng(0).random((2, 3, 6, 6), dtype=np.float32)
+    conv = torch.nn.Conv2d(3, 4, 3, padding="same")
+    (y,) = run_module(
+        Conv2D(4, 3, paddings="same_upper"),  # a pad type given as the paddings
+        TensorInput(x),
+        weights=lambda v: Conv2D.torch_mapping(v, conv),
+    )
+    ref = conv(torch.from_numpy(x)).detach().numpy()
+    # 27-term float32 dot products, bias added after (torch fuses it): a few ulps of |y| <= ~2
+    np.testing.assert_allclose(y, ref, rtol=0, atol=2e-6)
+
+    norm = torch.nn.LayerNorm([6, 6])  # weights (6, 6) map onto the flattened (36,) variables
+    torch.nn.init.normal_(norm.weight)
+    flat = x.reshape(6, 36)
+    (z,) = run_module(
+        LayerNorm(), TensorInput(flat), weights=lambda v: LayerNorm.torch_mapping(v, norm)
+    )
+    ref = norm(torch.from_numpy(x.reshape(6, 6, 6))).detach().numpy().reshape(6, 36)
+    np.testing.assert_allclose(z, ref, rtol=1e-5, atol=2e-6)
+
+    ir = popxl.Ir()
+    with ir.main_graph:
+        a = popxl.variable(np.ones(2, np.float32))
+        _ = (a + a) * a + a
+    assert ops_of_type(ir.main_graph, "Add") == 2 and ops_of_type(ir.main_graph, "Mul") == 1
+
+
+def test_route_tensor_into_graph_through_calls_and_repeat_runs():
+    from addons import route_tensor_into_graph
+
+    ir = popxl.Ir()
+    main = ir.main_graph
+    inner, outer, body = (ir.create_empty_graph(n) for n in ("inner", "outer", "body"))
+    with main:
+        w = popxl.variable(np.array([1.0, 2.0], np.float32), name="w")
+        w2 = popxl.variable(np.zeros(2, np.float32), name="w2")
+        x = popxl.variable(np.array([3.0, 4.0], np.float32), name="x")
+    with inner:  # inner(t) = 2 t
+        t = popxl.graph_input((2,), popxl.float32, "t")
+        popxl.graph_output(t * 2.0)
+    with outer:  # outer(u) = inner(inner(u)): two call sites of inner
+        u = popxl.graph_input((2,), popxl.float32, "u")
+        (v,) = popxl.ops.call(inner, u)
+        (v,) = popxl.ops.call(inner, v)
+        popxl.graph_output(v)
+    with body:  # c -> c + 1, repeated 3 times
+        c = popxl.graph_input((2,), popxl.float32, "c")
+        popxl.graph_output(c + 1.0)
+    with main:
+        (y,) = popxl.ops.call(outer, x)
+        (z,) = popxl.ops.repeat(body, 3, x)
+    # after the call sites exist: inner adds its input to w, body its carried value to w2
+    with inner:
+        popxl.ops.var_updates.accumulate_(route_tensor_into_graph(w, modified=True), t)
+    with body:
+        popxl.ops.var_updates.accumulate_(route_tensor_into_graph(w2, modified=True), c)
+    # one routed input per graph, shared by all call sites
+    assert len(inner.inputs) == 2 and len(outer.inputs) == 2 and len(body.inputs) == 2
+    assert route_tensor_into_graph(w, inner, modified=True) is inner.inputs[1]
+    with main:
+        streams = [popxl.d2h_stream((2,), popxl.float32, n) for n in "yz"]
+        for s, r in zip(streams, (y, z)):
+            popxl.ops.host_store(s, r)
+    with popxl.Session(ir, "ipu_model") as session:
+        out = session.run()
+        wv, w2v = session.get_tensor_data(w), session.get_tensor_data(w2)
+    np.testing.assert_array_equal(out[streams[0]], [12.0, 16.0])  # 4 x, exact
+    np.testing.assert_array_equal(out[streams[1]], [6.0, 7.0])  # x + 3
+    np.testing.assert_array_equal(wv, [10.0, 14.0])  # w + x + 2 x
+    np.testing.assert_array_equal(w2v, [12.0, 15.0])  # x + (x + 1) + (x + 2)
+
+
+def test_route_tensor_into_graph_needs_a_call_path():
+    from addons import route_tensor_into_graph
+
+    ir = popxl.Ir()
+    sg = ir.create_empty_graph("lonely")
+    with ir.main_graph:
+        a = popxl.variable(1.0, name="a")
+    with pytest.raises(
+        ValueError, match="is not in the graph 'lonely.*not in a known parent graph"
+    ):
+        route_tensor_into_graph(a, sg)

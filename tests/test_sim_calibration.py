@@ -62,3 +62,13 @@ def _param_sizes():
     for a, b in zip(layers, layers[1:]):
         sizes += [a * b, b]
     return sizes
+
+
+def test_rts_shards_follow_the_padding_rule():
+    from popxl_core.sim.cost import rts_shard
+
+    # [5, 2, 3] over 4 replicas: 8, 8, 7 + pad, 7 + pad (ipu_model.md §4)
+    assert rts_shard(30, 4) == 8 and 4 * rts_shard(30, 4) - 30 == 2
+    assert rts_shard(32, 4) == 8 and rts_shard(1, 4) == 1 and rts_shard(7, 1) == 7
+    with pytest.raises(ValueError, match="replicas must be >= 1, got 0"):
+        rts_shard(4, 0)

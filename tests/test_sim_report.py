@@ -130,6 +130,7 @@ def test_liveness_lists_and_expands_calls_and_repeats():
     assert [b for _, b in expanded] == [k, 2 * k, 2 * k, 2 * k, 3 * k, 3 * k]
     assert [n.split("/")[1].split(".")[0] for n, _ in expanded] == ["MatMul", "Add", "Gelu"] * 2
     assert max(b for _, b in expanded) == plan.memory[0].activations
+    assert report.to_dict()["liveness_expanded"]["0"] == [list(x) for x in expanded]
 
 
 def test_liveness_plot_is_a_png(tmp_path):
@@ -165,3 +166,45 @@ def test_report_cli_writes_every_session_a_script_builds(tmp_path):
         data = json.loads((out / f"session_{i}.json").read_text())
         assert data["variable_bytes"] == 4 * n
         assert (out / f"session_{i}.txt").read_text().startswith("IPU memory (estimate, ipu_hw")
+
+
+def test_report_cli_reports_a_session_that_ran_out_of_memory(tmp_path):
+    script = tmp_path / "oom.py"
+    script.write_text(
+        "import numpy as np\nimport popxl_core as popxl\n"
+        "ir = popxl.Ir()\n"
+        "with ir.main_graph:\n"
+        "    popxl.variable(np.broadcast_to(np.float32(0), (30000, 10000)), name='huge')\n"
+        "popxl.Session(ir, 'ipu_hw')\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-m", "popxl_core.report", "--out", str(tmp_path / "r"), str(script)],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
+    )
+    assert done.returncode == 1 and "Out of memory on IPU 0 of 'ipu_hw'" in done.stderr
+    data = json.loads((tmp_path / "r" / "session_1.json").read_text())
+    assert data["out_of_memory"] == [0] and data["variable_bytes"] == 1_200_000_000
+
+
+class _Untouchable:
+    def __getattr__(self, name):
+        raise AssertionError(f"Session.run used the plan ({name})")
+
+
+def test_run_never_touches_the_plan():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        s = popxl.h2d_stream((4,), popxl.float32, "x")
+        w = popxl.variable(np.ones(4, np.float32), name="w")
+        o = popxl.d2h_stream((4,), popxl.float32, "y")
+        ops.host_store(o, ops.host_load(s) * w)
+    session = popxl.Session(ir, "ipu_hw")
+    session.plan = _Untouchable()  # any per-step use of the estimate would raise
+    with session:
+        for _ in range(3):
+            out = session.run({s: np.arange(4, dtype=np.float32)})
+    np.testing.assert_array_equal(out[o], np.arange(4, dtype=np.float32))

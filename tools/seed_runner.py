@@ -296,18 +296,42 @@ def extract(path: Path) -> str:
     return "\n".join(parts)
 
 
+def resolve_seed(ap: argparse.ArgumentParser, text: str, seeds_dir: Path) -> Path:
+    """A seed given as a path, or as a number looked up as ``NNN_*.txt`` in ``seeds_dir``."""
+    path = Path(text)
+    if path.is_file():
+        return path
+    hits = sorted(seeds_dir.glob(f"{text}_*.txt")) if seeds_dir.is_dir() else []
+    if len(hits) == 1:
+        return hits[0]
+    where = f"{seeds_dir} (from --seeds-dir or $POPXL_FX_SEEDS_DIR)"
+    ap.error(f"seed {text!r} is neither a file nor a single NNN_*.txt in {where}"
+             + ("" if seeds_dir.is_dir() else "; that folder does not exist"))
+
+
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("seed", type=Path)
-    ap.add_argument("--max-batches", type=int, default=0,
+    from popxl_fx.cli import (
+        SEEDS_ENV,
+        default_seeds_dir,
+        existing_data_dir,
+        make_parser,
+        non_negative_int,
+    )
+
+    ap = make_parser(__doc__.splitlines()[0])
+    ap.add_argument("seed", help="a seed file, or its number (e.g. 001) in --seeds-dir")
+    ap.add_argument("--seeds-dir", type=Path, default=default_seeds_dir(),
+                    help=f"where the seed tutorials are (env {SEEDS_ENV})")
+    ap.add_argument("--max-batches", type=non_negative_int, default=0,
                     help="cap every DataLoader at N batches (0: no cap)")
-    ap.add_argument("--data-dir", default=None,
+    ap.add_argument("--data-dir", type=existing_data_dir, default=None,
                     help="folder with the four (Fashion-)MNIST IDX files, if not in the "
                          "usual places (Debian's dataset-fashion-mnist)")
     ap.add_argument("--extract", type=Path, default=None, metavar="SCRIPT",
                     help="only write the runnable blocks to SCRIPT (to run with "
                          "`python -m popxl_core.compat SCRIPT`), and stage the data")
     args = ap.parse_args()
+    args.seed = resolve_seed(ap, args.seed, args.seeds_dir)
     stage_data(args.data_dir)
     if args.extract is not None:
         args.extract.write_text(extract(args.seed))

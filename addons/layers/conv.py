@@ -26,20 +26,24 @@ def _pair(v: int | Sequence[int], what: str) -> tuple[int, int]:
 
 
 class Conv2D(Module):
-    """Like ``torch.nn.Conv2d``; ``paddings`` are ONNX-style (top, left, bottom, right).
+    """Like ``torch.nn.Conv2d``; ``paddings`` are ONNX-style (top, left, bottom, right), or a
+    pad type such as ``"same_upper"``.
 
     Variables: ``weight`` (out, in/groups, kh, kw) from N(0, 0.02) draws, and ``bias``
     (out,) zeros when ``bias`` is True.
     """
 
     def __init__(self, out_channels: int, kernel_size: int | Sequence[int],
-                 strides: Sequence[int] = (1, 1), paddings: Sequence[int] = (0, 0, 0, 0),
+                 strides: Sequence[int] = (1, 1),
+                 paddings: Sequence[int] | PadType = (0, 0, 0, 0),
                  dilations: Sequence[int] = (1, 1), groups: int = 1, bias: bool = True,
                  pad_type: PadType = "not_set", replica_grouping=None) -> None:
         super().__init__()
         self.out_channels = out_channels
         self.kernel_size = _pair(kernel_size, "kernel_size")
         self.strides = _pair(strides, "strides")
+        if isinstance(paddings, str):  # popxl.addons: a pad type given as the paddings
+            pad_type, paddings = paddings, (0, 0, 0, 0)
         self.paddings = tuple(paddings)
         self.dilations = _pair(dilations, "dilations")
         self.groups = groups

@@ -35,8 +35,9 @@ class LayerNorm(Module):
     @staticmethod
     def torch_mapping(variables: NamedTensors, nn_layer: torch.nn.LayerNorm,
                       dtype: dtype = float32) -> WeightsDict:
-        """Host data for ``variables`` from ``nn_layer`` (elementwise affine)."""
+        """Host data for ``variables`` from ``nn_layer`` (elementwise affine); a torch layer
+        normalising over several trailing dims has its weights flattened to match."""
         return WeightsDict({
-            variables.weight: host_value(variables.weight, nn_layer.weight.detach(), dtype),
-            variables.bias: host_value(variables.bias, nn_layer.bias.detach(), dtype),
+            v: host_value(v, p.detach().reshape(v.shape), dtype)
+            for v, p in ((variables.weight, nn_layer.weight), (variables.bias, nn_layer.bias))
         })

@@ -105,8 +105,7 @@ def _overlapped_loop(plan: LoopPlan, row: Tensor, seed: Optional[Tensor], ins: D
     outs = ops.repeat(body, plan.steps - 1, *carried, row, *ins.values())
     last, fetched = outs[0], dict(zip(pre, outs[1 : 1 + len(pre)]))
     feeds = {**ins, **fetched}
-    if seed is not None:
-        feeds[plan.seed_input] = outs[-1]
+    _feed_seed(plan, feeds, outs[-1] if seed is not None else None)
     _emit_step(plan, row, last, feeds)
 
 

@@ -12,6 +12,7 @@ from popxl_core import Graph, Tensor, float32, ops
 from popxl_core import transforms as core_transforms
 from popxl_core.transforms import ExpectedConnection, GradGraphInfo
 
+from .._grad_state import check_safe_to_autodiff
 from ..dot_tree import DotTree
 from ..graph import GraphWithNamedArgs
 from ..named_tensors import NamedTensors
@@ -44,6 +45,7 @@ def autodiff(graph: AnyGraph, grads_provided: Iterable[Tensor] | None = None,
     """
     fwd, known = _split_graph(graph)
     known.update(called_graphs_grad_info or {})
+    check_safe_to_autodiff(fwd, known)
     infos = core_transforms.autodiff(fwd, grads_provided, grads_required, known,
                                      return_all_grad_graphs=True)
     if isinstance(graph, GraphWithNamedArgs):

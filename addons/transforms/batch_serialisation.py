@@ -267,7 +267,7 @@ def batch_serialise_fwd_and_grad(
     _check_split(load_handles, f_loads, b_loads, fwd, bwd, "load_handles")
     _check_split(store_buffers, f_stores, b_stores, fwd, bwd, "store_buffers")
     named = {t: k for k, t in named_inputs_for_grad_graph.to_dict().items()}
-    b_args = gradient_graph.args.copy()
+    b_named: Dict[str, Tensor] = {}  # backward inputs that become named args
     for i, c in enumerate(info.expected_inputs):
         if c.connection_type.name != "Fwd":
             continue
@@ -277,7 +277,7 @@ def batch_serialise_fwd_and_grad(
         elif t in f_loads and not isinstance(f_loads[t], HostToDeviceStream):
             b_loads[b_in] = f_loads[t]
         elif t in named:
-            b_args.insert(named[t], b_in)
+            b_named[named[t]] = b_in
         else:
             handle = RemoteHandle(batch_serial_buffer(t, steps, rows), 0)
             f_stores[t] = handle
@@ -287,6 +287,7 @@ def batch_serialise_fwd_and_grad(
     f_res = batch_serialise(
         forward_graph, steps, f_loads, f_streams, f_stores, seed_input, rows, io_mode
     )
+    b_args = NamedTensors.from_dict({**gradient_graph.args.to_dict(), **b_named})
     b_graph = GraphWithNamedArgs(bwd, b_args, info)
     b_res = batch_serialise(b_graph, steps, b_loads, b_streams, b_stores, None, rows, io_mode)
     return f_res, b_res

@@ -1,10 +1,12 @@
 """popxl.ops: every op function. Each op is declared once in the op table (registry.py)."""
 
-from . import var_updates
+from . import collectives, var_updates
 from .activations import *  # noqa: F401,F403
 from .activations import __all__ as _activations_all
 from .call import *  # noqa: F401,F403
 from .call import __all__ as _call_all
+from .code_load import *  # noqa: F401,F403
+from .code_load import __all__ as _code_load_all
 from .conditional import *  # noqa: F401,F403
 from .conditional import __all__ as _conditional_all
 from .elementwise import *  # noqa: F401,F403
@@ -25,6 +27,8 @@ from .random import *  # noqa: F401,F403
 from .random import __all__ as _random_all
 from .reduce import *  # noqa: F401,F403
 from .reduce import __all__ as _reduce_all
+from .remote import *  # noqa: F401,F403
+from .remote import __all__ as _remote_all
 from .scaled_add import *  # noqa: F401,F403
 from .scaled_add import __all__ as _scaled_add_all
 from .shape import *  # noqa: F401,F403
@@ -33,8 +37,10 @@ from .unary import *  # noqa: F401,F403
 from .unary import __all__ as _unary_all
 
 __all__ = [
+    "collectives",
     "var_updates",
     *_call_all,
+    *_code_load_all,
     *_conditional_all,
     *_elementwise_all,
     *_indexing_all,
@@ -45,6 +51,7 @@ __all__ = [
     *_nn_all,
     *_random_all,
     *_reduce_all,
+    *_remote_all,
     *_shape_all,
     *_activations_all,
     *_scaled_add_all,

@@ -7,7 +7,7 @@ from typing import Iterable, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from ..context import gcg
-from ..tensor import Tensor, TensorSpec, constant
+from ..tensor import Tensor, TensorSpec, scalar_operand
 from .registry import broadcast_shapes
 
 __all__ = [
@@ -27,7 +27,7 @@ def as_tensor(value, like: Tensor) -> Tensor:
     """A Tensor as is; a python/numpy value as a constant of ``like``'s dtype (current graph)."""
     if isinstance(value, Tensor):
         return value
-    return constant(value, like.dtype)
+    return scalar_operand(value, like.dtype, like)
 
 
 def coerce_pair(lhs, rhs):
@@ -37,7 +37,7 @@ def coerce_pair(lhs, rhs):
             raise TypeError(
                 f"At least one operand must be a popxl.Tensor, got {lhs!r} and {rhs!r}."
             )
-        lhs = constant(lhs, rhs.dtype)
+        lhs = scalar_operand(lhs, rhs.dtype, rhs)
     return lhs, as_tensor(rhs, lhs)
 
 

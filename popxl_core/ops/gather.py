@@ -18,9 +18,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..tensor import Tensor, constant
+from ..tensor import Constant, Tensor, constant
 from ._utils import rand, randint, spec
-from .registry import Cost, OpDef, Sample, create_op, register
+from .registry import Cost, OpDef, Sample, _user_frame, create_op, register
 
 __all__ = ["gather", "gather_elements", "scatter", "tied_gather"]
 
@@ -119,6 +119,23 @@ TIED_GATHER = register(OpDef("TiedGather", _gather_infer, _gather_kernel, grad=_
                              samples=_gather_samples(lambda *a, **k: tied_gather(*a, **k))))
 
 
+def _check_constant_indices(t: Tensor, idx, axis: int, what: str) -> None:
+    """Indices known at build time (a Constant or host data) are checked at build time."""
+    if isinstance(idx, Tensor) and not isinstance(idx, Constant):
+        return
+    data = np.asarray(idx._data if isinstance(idx, Constant) else idx)
+    if not np.issubdtype(data.dtype, np.integer) or not -t.rank <= axis < t.rank:
+        return
+    n = t.shape[axis]
+    bad = data[(data < 0) | (data >= n)]
+    if bad.size:
+        name = f" of {idx.id!r}" if isinstance(idx, Tensor) else ""
+        raise IndexError(
+            f"{what}: constant indices {bad[:5].tolist()}{name} are outside [0, {n}) "
+            f"on axis {axis} of {t.id!r} {t.shape}{_user_frame()}"
+        )
+
+
 def _gather_attrs(axis, zero_OOR, available_memory_proportion) -> dict:
     amp = None if available_memory_proportion is None else float(available_memory_proportion)
     return {"axis": int(axis), "zero_OOR": bool(zero_OOR), "available_memory_proportion": amp}
@@ -137,7 +154,10 @@ def gather(t: Tensor, indices, axis: int = 0, available_memory_proportion: float
            zero_OOR: bool = False) -> Tensor:
     """Select slices of ``t`` along ``axis`` at ``indices`` (numpy ``take``)."""
     attrs = _gather_attrs(axis, zero_OOR, available_memory_proportion)
-    return create_op(GATHER, [t, _index_tensor(indices, t)], attrs)[0]
+    if not zero_OOR:
+        _check_constant_indices(t, indices, int(axis), "gather")
+    idx = _index_tensor(indices, t)
+    return create_op(GATHER, [t, idx], attrs)[0]
 
 
 def tied_gather(t: Tensor, indices, axis: int = 0,
@@ -145,7 +165,10 @@ def tied_gather(t: Tensor, indices, axis: int = 0,
                 zero_OOR: bool = False) -> Tensor:
     """`gather` for a weight shared with a matmul (a TiedGather op)."""
     attrs = _gather_attrs(axis, zero_OOR, available_memory_proportion)
-    return create_op(TIED_GATHER, [t, _index_tensor(indices, t)], attrs)[0]
+    if not zero_OOR:
+        _check_constant_indices(t, indices, int(axis), "tied_gather")
+    idx = _index_tensor(indices, t)
+    return create_op(TIED_GATHER, [t, idx], attrs)[0]
 
 
 # GatherElements (the adjoint of Scatter's values) ------------------------------------------
@@ -187,6 +210,7 @@ GATHER_ELEMENTS = register(OpDef(
 
 def gather_elements(t: Tensor, indices: Tensor, axis: int = 0) -> Tensor:
     """``out[..i..] = t[..indices[..i..]..]`` along ``axis`` (ONNX GatherElements)."""
+    _check_constant_indices(t, indices, int(axis), "gather_elements")
     return create_op(GATHER_ELEMENTS, [t, indices], {"axis": int(axis)})[0]
 
 
@@ -232,5 +256,6 @@ def scatter(t: Tensor, indices: Tensor, values: Tensor, axis: int = 0,
             available_memory_proportion: float | None = None) -> Tensor:
     """A copy of ``t`` with ``values`` written at ``indices`` along ``axis`` (ScatterElements)."""
     amp = None if available_memory_proportion is None else float(available_memory_proportion)
+    _check_constant_indices(t, indices, int(axis), "scatter")
     return create_op(SCATTER, [t, indices, values],
                      {"axis": int(axis), "available_memory_proportion": amp})[0]

@@ -3,6 +3,7 @@
 from .conv import PadType, conv, conv_transpose
 from .norm import batch_norm_inference, group_norm, layer_norm
 from .pool import average_pool, max_pool
+from .roi_align import roi_align
 
 __all__ = [
            "PadType",
@@ -13,4 +14,5 @@ __all__ = [
            "group_norm",
            "layer_norm",
            "max_pool",
+           "roi_align",
 ]

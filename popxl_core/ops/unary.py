@@ -11,7 +11,7 @@ import torch
 
 from .. import dtypes
 from ..tensor import Tensor, constant
-from ._dtype_rules import floating
+from ._dtype_rules import checked_float_to_int, floating
 from ._utils import rand, spec
 from .registry import OpDef, Sample, create_op, register
 
@@ -254,7 +254,7 @@ def _cast_infer(ins, data_type):
 
 
 def _cast_kernel(x, data_type):
-    return x.to(data_type.as_torch())
+    return checked_float_to_int(x, data_type).to(data_type.as_torch())
 
 
 def _cast_grad(ctx):

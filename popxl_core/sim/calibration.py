@@ -31,7 +31,6 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from math import ceil
 
 import numpy as np
 
@@ -40,7 +39,7 @@ from ..dtypes import float16, float32, int32
 from ..ir import Ir
 from ..streams import d2h_stream, h2d_stream
 from ..tensor import TensorByRef, TensorSpec, variable
-from .cost import CostModel, Work
+from .cost import CostModel, Work, rts_shard
 from .machine import MK2, Machine
 from .plan import Plan, build_plan
 
@@ -155,7 +154,7 @@ def streaming_memory_work(machine: Machine, replicas: int = 4) -> Work:
     parts = []
     for spec in _param_specs():
         n = int(np.prod(spec.shape))
-        shard = ceil(n / replicas)
+        shard = rts_shard(n, replicas)
         for itemsize in (4, 2, 4):
             parts += [
                 model.remote_work(shard * itemsize, stored=False),

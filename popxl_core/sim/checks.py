@@ -102,7 +102,7 @@ def _verb(stream) -> str:
 def check_run_counts(session, runtime, streams: Iterable[object]) -> None:
     """After a run: the data-dependent streams (inside an If) must also match the count."""
     nht = session.ir.num_host_transfers
-    wrong = {s: runtime._counts.get(s, 0) for s in streams}
+    wrong = {s: runtime.counts.get(s, 0) for s in streams}
     wrong = {s: n for s, n in wrong.items() if n != nht}
     if wrong:
         raise RuntimeError(

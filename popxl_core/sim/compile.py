@@ -12,6 +12,7 @@ from typing import Any, Callable, Dict, List, Set
 import torch
 
 from ..graph import Graph, Op
+from ..remote_variables import remote_info
 from ..schedule import schedule
 from ..tensor import Constant, Tensor, Variable
 
@@ -70,6 +71,10 @@ class Program:
         self.modified_inputs: Dict[Graph, Set[int]] = {}
         self.main = self._compile(ir.main_graph, is_main=True)
 
+    def graphs_used(self) -> List[Graph]:
+        """The main graph and every graph compiled for it."""
+        return [self.ir.main_graph, *self.graphs]
+
     def add_global(self, prefix: str, value: Any) -> str:
         self._counter += 1
         name = f"{prefix}{self._counter}"
@@ -86,7 +91,8 @@ class Program:
         em = Emitter(self, g)
         params = ["V"] if is_main else [em.name(t) for t in g._inputs]
         if is_main:
-            self.variables: List[Variable] = list(g.variables)
+            # remote variables live in Streaming Memory, not in the on-chip state
+            self.variables: List[Variable] = [v for v in g.variables if not is_remote(v)]
             for i, v in enumerate(self.variables):
                 em.emit(f"{em.name(v)} = V[{i}]")
         for op in _live_ops(g):
@@ -100,6 +106,10 @@ class Program:
         exec(compile(source, f"<popxl graph {g.name or 'main'}>", "exec"), self.namespace)
         self.modified_inputs[g] = _modified_graph_inputs(g)
         return CompiledGraph(g, self.namespace[fname], source)
+
+
+def is_remote(v: Variable) -> bool:
+    return remote_info(v) is not None
 
 
 def _live_ops(g: Graph) -> List[Op]:

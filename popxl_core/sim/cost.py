@@ -16,6 +16,7 @@ from operator import add
 from ..graph import Graph, Op
 from ..schedule import schedule
 from .machine import Machine
+from .remote_plan import pays_exchange_sync
 
 __all__ = [
     "CODE_BYTES_PER_OP",
@@ -26,6 +27,7 @@ __all__ = [
     "Cycles",
     "Work",
     "nbytes_of",
+    "rts_shard",
     "sync_cycles",
 ]
 
@@ -112,6 +114,14 @@ class Work:
 def nbytes_of(t) -> int:
     """Bytes of a tensor or stream (plain ints: much cheaper than numpy for planning)."""
     return prod(t.shape) * t.dtype.itemsize
+
+
+def rts_shard(numel: int, replicas: int) -> int:
+    """Elements each replica holds of a replica-sharded tensor: ``ceil(numel / R)``; the last
+    replicas' shards are zero-padded (30 elements over 4: 8, 8, 7 + 1 pad, 7 + 1 pad)."""
+    if replicas < 1:
+        raise ValueError(f"rts_shard: replicas must be >= 1, got {replicas}.")
+    return -(-numel // replicas)
 
 
 def sync_cycles(machine: Machine, num_ipus: int) -> int:
@@ -218,11 +228,13 @@ class CostModel:
         if t in _HOST_IN or t in _HOST_OUT:
             nbytes = nbytes_of((op.outputs if t in _HOST_IN else op.inputs)[0])
             host = ceil((m.host_latency_s + nbytes / m.host_bytes_per_s) * m.clock_hz)
-            return Work(Cycles(sync=self.sync, host=host), host_bytes_in=nbytes * (t in _HOST_IN),
+            sync = self.sync if pays_exchange_sync(op) else 0
+            return Work(Cycles(sync=sync, host=host), host_bytes_in=nbytes * (t in _HOST_IN),
                         host_bytes_out=nbytes * (t in _HOST_OUT))
         if t in _REMOTE:
             nbytes = max(nbytes_of(x) for x in (*op.inputs[:1], *op.outputs[:1]))
-            return self.remote_work(nbytes, stored=t == "RemoteStore")
+            # merge_exchange: the second and later ops of one merged exchange share its sync
+            return self.remote_work(nbytes, stored=t == "RemoteStore", sync=pays_exchange_sync(op))
         if t in _TILE_COPIES:
             nbytes = nbytes_of(op.inputs[0])
             tiles = self.tiles_used(op)
@@ -236,11 +248,12 @@ class CostModel:
                 return self.ring_work(big, factor)
         return None
 
-    def remote_work(self, nbytes: int, stored: bool) -> Work:
-        """One Streaming-Memory load or store of ``nbytes``: a sync, then bytes / bandwidth."""
+    def remote_work(self, nbytes: int, stored: bool, sync: bool = True) -> Work:
+        """One Streaming-Memory load or store of ``nbytes``: a sync (unless it shares a merged
+        exchange's), then bytes / bandwidth."""
         m = self.machine
         remote = _cdiv(nbytes * m.clock_hz, m.streaming_bytes_per_s)
-        return Work(Cycles(sync=self.sync, remote=remote),
+        return Work(Cycles(sync=self.sync if sync else 0, remote=remote),
                     remote_bytes_loaded=0 if stored else nbytes,
                     remote_bytes_stored=nbytes if stored else 0)
 

@@ -66,8 +66,17 @@ def remedies(plan, ipu: int) -> list[str]:
     return [r for c in ranked if sizes[c] >= 0.1 * m.total for r in by_category[c]]
 
 
-def oom_message(plan, ipu: int) -> str:
-    """The user-facing text for ``ipu`` of ``plan`` overflowing its capacity."""
+def _closing(fatal: bool) -> str:
+    if fatal:
+        return ("  Device 'ipu_model' reports OOM without stopping. The full estimate is in "
+                "this error's .plan.report().")
+    return ("  'ipu_hw' would stop here; this target runs on. The full estimate is in "
+            "session.report.")
+
+
+def oom_message(plan, ipu: int, fatal: bool = True) -> str:
+    """The user-facing text for ``ipu`` of ``plan`` overflowing its capacity (``fatal``: for
+    the error, else for the warning)."""
     m, mc = plan.memory[ipu], plan.machine
     return "\n".join(
         [
@@ -82,8 +91,7 @@ def oom_message(plan, ipu: int) -> str:
             *_largest_variables(plan, ipu),
             *_largest_live(m),
             "  What would help: " + "; ".join(remedies(plan, ipu) or ["a bigger target"]) + ".",
-            "  Device 'ipu_model' reports OOM without stopping. The full estimate is in this "
-            "error's .plan.report().",
+            _closing(fatal),
         ]
     )
 

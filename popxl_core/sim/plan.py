@@ -20,6 +20,7 @@ from .cost import CostModel, Cycles, Work, nbytes_of
 from .liveness import TOP_N, Liveness, LivenessAnalysis, LiveTensor
 from .machine import Machine
 from .oom import OutOfMemoryError, OutOfMemoryWarning, oom_message
+from .remote_plan import is_remote_variable, streaming_memory
 
 __all__ = ["PLAN_OBSERVERS", "GraphInfo", "IpuMemory", "OpRow", "OutOfMemoryError",
            "OutOfMemoryWarning", "Plan", "RemoteBufferInfo", "build_plan"]
@@ -164,10 +165,12 @@ def build_plan(ir, machine: Machine) -> Plan:
                 analysis, _remote_buffers(ir), ir.main_graph, model)
     for observe in PLAN_OBSERVERS:
         observe(plan)
+    plan.streaming_memory = streaming_memory(ir)
     if plan.out_of_memory and machine.oom_is_error:
         raise OutOfMemoryError(oom_message(plan, plan.out_of_memory[0]), plan)
     if plan.out_of_memory and machine.oom_warns:
-        warnings.warn(oom_message(plan, plan.out_of_memory[0]), OutOfMemoryWarning, stacklevel=3)
+        warnings.warn(oom_message(plan, plan.out_of_memory[0], fatal=False), OutOfMemoryWarning,
+                      stacklevel=3)
     return plan
 
 
@@ -221,7 +224,8 @@ def _memory(ir, graphs: list[Graph], model: CostModel, live: Liveness) -> dict[i
 
     add(0, "variables", None, 0)  # IPU 0 is always reported
     for v in ir.main_graph.variables:
-        add(v.ipu, "variables", v.id, nbytes_of(v))
+        if not is_remote_variable(v):  # Streaming Memory: see remote_plan
+            add(v.ipu, "variables", v.id, nbytes_of(v))
     streams = set()
     for g in graphs:
         for c in g.constants:

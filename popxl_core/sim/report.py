@@ -201,6 +201,9 @@ class SimReport:
             "program_tree": program_tree(p),
             "liveness": [{"step": i, "op": op, "bytes": {str(k): v for k, v in b.items()}}
                          for i, (op, b) in enumerate(zip(p.liveness.steps, p.liveness.curve))],
+            # calls and repeats expanded, per IPU: what plot_liveness draws
+            "liveness_expanded": {str(i): [[op, b] for op, b in self.liveness(i)]
+                                  for i in p.memory},
         }
 
     def to_json(self, path: str | Path | None = None, indent: int = 1) -> str:

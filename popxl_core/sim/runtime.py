@@ -1,36 +1,60 @@
-"""Per-run host IO state the compiled program reads streams from and writes streams to."""
+"""Per-run state the compiled program reads and writes: host streams, the current replica,
+the replicas' collective exchange and Streaming Memory (remote buffers).
+
+Replicas of one `Session.run` execute the same compiled program. Without collectives they run
+one after the other; with collectives each replica runs in its own thread and every collective
+is a barrier where all replicas' values meet (`Runtime.all_values`), like the IPU's BSP sync.
+"""
 
 from __future__ import annotations
 
-from typing import Dict
+import threading
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 import torch
 
-__all__ = ["Runtime"]
+__all__ = ["Runtime", "run_replicas"]
 
 
 class Runtime:
     """Stream buffers of the current `Session.run`, indexed ``[transfer, replica, ...]``."""
 
-    def __init__(self) -> None:
+    def __init__(self, replicas: int = 1) -> None:
         self.inputs: Dict[object, np.ndarray] = {}
         self.outputs: Dict[object, np.ndarray] = {}
-        self.replica = 0
-        self._counts: Dict[object, int] = {}
+        self.replicas = replicas
+        # remote buffer -> one tensor [entries, *shape] per replica (Streaming Memory)
+        self.remote: Dict[object, List[torch.Tensor]] = {}
+        self._local = threading.local()
+        self._barrier: Optional[threading.Barrier] = None
+        self._slots: List[object] = [None] * replicas
+        self.start_replica(0)
 
     def start(self, inputs: Dict[object, np.ndarray], outputs: Dict[object, np.ndarray]) -> None:
         self.inputs, self.outputs = inputs, outputs
 
     def start_replica(self, replica: int) -> None:
-        self.replica = replica
-        self._counts = {}
+        """Make the calling thread run as ``replica`` with fresh stream counters."""
+        self._local.replica = replica
+        self._local.counts = {}
+
+    @property
+    def replica(self) -> int:
+        return self._local.replica
+
+    @property
+    def counts(self) -> dict:
+        """How many times the calling replica has used each stream in this run."""
+        return self._local.counts
 
     def _next(self, stream) -> int:
-        n = self._counts.get(stream, 0)
-        self._counts[stream] = n + 1
+        counts = self._local.counts
+        n = counts.get(stream, 0)
+        counts[stream] = n + 1
         return n
 
+    # host streams ------------------------------------------------------------------
     def load(self, stream) -> torch.Tensor:
         buf = self.inputs[stream]
         i = self._next(stream)
@@ -50,3 +74,77 @@ class Runtime:
                 f"num_host_transfers is {buf.shape[0]}."
             )
         buf[i, self.replica] = value.detach().numpy()
+
+    # collectives --------------------------------------------------------------------
+    def collective(self, value: torch.Tensor, fn: Callable) -> torch.Tensor:
+        """``fn(replica, value, values)`` where ``values`` holds every replica's ``value``.
+
+        ``fn`` runs between two barriers: the first makes all values visible, the second keeps
+        any replica from changing its value (an in-place collective, the next collective)
+        before every other replica has computed its result from it.
+        """
+        if self._barrier is None:
+            if self.replicas > 1:  # the Session runs replicas in threads when collectives exist
+                raise RuntimeError("A collective ran outside a threaded multi-replica run.")
+            return fn(self.replica, value, [value])
+        self._slots[self.replica] = value
+        self._barrier.wait()
+        try:
+            result = fn(self.replica, value, list(self._slots))
+        finally:
+            self._barrier.wait()
+        return result
+
+    # Streaming Memory ---------------------------------------------------------------
+    def remote_entry(self, buffer, offset) -> torch.Tensor:
+        """The storage of entry ``offset`` of ``buffer`` on this replica (a view)."""
+        entries = self.remote[buffer][self.replica]
+        i = int(offset)
+        if not 0 <= i < entries.shape[0]:
+            raise IndexError(
+                f"Remote buffer {buffer.remote_buffer_id} has {entries.shape[0]} entries; "
+                f"offset {i} is out of range (replica {self.replica})."
+            )
+        return entries[i]
+
+    def remote_load(self, buffer, offset) -> torch.Tensor:
+        return self.remote_entry(buffer, offset).clone()
+
+    def remote_store(self, buffer, offset, value: torch.Tensor) -> None:
+        self.remote_entry(buffer, offset).copy_(value)
+
+
+def run_replicas(runtime: Runtime, body: Callable[[int], None], threaded: bool) -> None:
+    """Run ``body(replica)`` for every replica: in order, or one thread per replica so that
+    collectives can meet. An error in one replica breaks the barrier for the others; the
+    first real error is raised."""
+    n = runtime.replicas
+    if not threaded or n == 1:
+        for r in range(n):
+            runtime.start_replica(r)
+            body(r)
+        return
+    runtime._barrier = threading.Barrier(n)
+    errors: List[Optional[BaseException]] = [None] * n
+
+    def worker(r: int) -> None:
+        runtime.start_replica(r)
+        try:
+            with torch.no_grad():
+                body(r)
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            errors[r] = e
+            runtime._barrier.abort()
+
+    threads = [threading.Thread(target=worker, args=(r,), daemon=True) for r in range(n)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        runtime._barrier = None
+        runtime.start_replica(0)
+    real = [e for e in errors if e is not None and not isinstance(e, threading.BrokenBarrierError)]
+    if real or any(errors):
+        raise (real or [e for e in errors if e is not None])[0]

@@ -15,7 +15,8 @@ from . import checks
 from .compile import Program
 from .machine import machine_for
 from .plan import build_plan
-from .runtime import Runtime
+from .remote_state import RemoteState, host_from_replicas, replica_value
+from .runtime import Runtime, run_replicas
 
 __all__ = ["Session"]
 
@@ -54,7 +55,7 @@ class Session:
         self._ir = ir
         self.device_desc = device_desc
         self.weights_to_host_on_exit = weights_to_host_on_exit
-        self._runtime = Runtime()
+        self._runtime = Runtime(ir.replication_factor)
         # the Session owns the Ir from here on, so its streams are fixed
         self._h2d = frozenset(ir.get_all_h2d_streams())
         self._d2h = tuple(ir.get_all_d2h_streams())
@@ -64,14 +65,21 @@ class Session:
         # plan first: an out-of-memory program fails before anything is compiled or copied
         self.plan = build_plan(ir, self.machine)
         self._program = Program(ir, self._runtime, check_specs=_check_specs)
+        # collectives need every replica at once: then replicas run in threads
+        self._threaded = any(
+            op.opdef.extra.get("collective") for g in self._program.graphs_used() for op in g._ops
+        )
         ir._session = self
         self._variables: List[Variable] = self._program.variables
         self._variable_index = {v: i for i, v in enumerate(self._variables)}
-        self._host: Dict[Variable, np.ndarray] = {v: _host_copy(v) for v in self._variables}
+        self._remote = RemoteState(ir, self._runtime, self._variables)
+        self._host: Dict[Variable, np.ndarray] = {
+            v: _host_copy(v) for v in (*self._variables, *self._remote.variables)
+        }
         # retrieval_mode='all_replicas': what get_tensor_data returns, one row per replica
         self._per_replica: Dict[Variable, np.ndarray] = {
             v: np.stack([self._to_device(v, r).numpy() for r in range(ir.replication_factor)])
-            for v in self._variables
+            for v in self._host
             if v.retrieval_mode == "all_replicas" and ir.replication_factor > 1
         }
         self._device: Optional[List[List[torch.Tensor]]] = None
@@ -124,6 +132,10 @@ class Session:
         self._require_attached("weights_from_host")
         replicas = self._ir.replication_factor
         self._device = [[self._to_device(v, r) for v in self._variables] for r in range(replicas)]
+        self._remote.allocate()
+        for v in self._remote.variables:
+            self._remote.write(v, self._host[v])
+        self._remote.load_shards(self._device)
         self._host_in_sync = True
 
     def weights_to_host(self) -> None:
@@ -132,26 +144,30 @@ class Session:
         if self._device is None:
             return
         for i, v in enumerate(self._variables):
+            if v in self._remote.shards:
+                continue
             self._host[v][...] = self._from_device(v, i)
             if v in self._per_replica:
                 self._per_replica[v][...] = np.stack([rep[i].numpy() for rep in self._device])
+        self._remote.store_shards(self._device)
+        for v in self._remote.variables:
+            self._host[v][...] = self._remote.read(v)
+            if v in self._per_replica:
+                self._per_replica[v][...] = np.stack(
+                    [self._remote.entry(v, r).numpy() for r in range(len(self._device))]
+                )
         self._host_in_sync = True
 
     def _host_value(self, v: Variable, replica: int) -> np.ndarray:
         """The host buffer (a view) that ``replica`` holds for ``v``."""
-        data = self._host[v]
-        rg = v.replica_grouping
-        return data[rg.assignment[replica]] if rg is not None and rg.num_groups > 1 else data
+        return replica_value(v, self._host[v], replica, self._ir.replication_factor)
 
     def _to_device(self, v: Variable, replica: int) -> torch.Tensor:
         return torch.from_numpy(np.array(self._host_value(v, replica), copy=True))
 
     def _from_device(self, v: Variable, index: int) -> np.ndarray:
-        rg = v.replica_grouping
-        if rg is not None and rg.num_groups > 1:
-            firsts = [rg.replicas_of_group(g)[0] for g in range(rg.num_groups)]
-            return np.stack([self._device[r][index].numpy() for r in firsts])
-        return self._device[0][index].numpy()
+        device = self._device
+        return host_from_replicas(v, lambda r: device[r][index].numpy(), len(device))
 
     # reading and writing tensors ------------------------------------------------------
     def get_tensor_data(self, tensor: Tensor) -> np.ndarray:
@@ -162,6 +178,11 @@ class Session:
         tensors = list(tensors)
         checks.check_tensors_of(self, tensors, "get_tensor_data")
         for t in tensors:
+            if t in self._remote.shards:
+                raise TypeError(
+                    f"get_tensor_data: {t.id!r} is the on-chip shard of replica-sharded "
+                    f"variable {t._shard_of.id!r}; read that variable for the full value."
+                )
             if not isinstance(t, (Variable, Constant)):
                 # PopXL's wording (its tests match on it), then what to do instead
                 raise TypeError(
@@ -197,9 +218,13 @@ class Session:
                 )
         if self._attached:
             for v in checked:
+                if v in self._remote.variables:
+                    self._remote.write(v, self._host[v])
+                    continue
                 index = self._variable_index[v]
                 for r, rep in enumerate(self._device):
                     rep[index].copy_(torch.from_numpy(self._host_value(v, r)))
+            self._remote.load_shards(self._device, only=set(checked))
 
     def _checked_value(self, v: Variable, data) -> np.ndarray:
         if not isinstance(v, Variable):
@@ -207,8 +232,14 @@ class Session:
                 f"Tensor {getattr(v, 'id', v)} is not of type Variable ({v!r}); "
                 "write_variable_data writes only variables."
             )
-        if v not in self._host:
+        if v not in self._host or v in self._remote.shards:
             raise ValueError(f"write_variable_data: {v!r} is not a variable of this Session's Ir.")
+        if v.retrieval_mode == "all_replicas":
+            # as PopXL: data holds one value per group, and no per-replica write path exists
+            raise NotImplementedError(
+                f"write_variable_data: variable {v.id!r} has retrieval_mode='all_replicas'; "
+                "writing is only supported for retrieval_mode='one_per_group'."
+            )
         want = v.dtype.as_numpy()
         if np.isscalar(data) or isinstance(data, (int, float, bool)):
             data = np.asarray(data, dtype=want)
@@ -254,15 +285,17 @@ class Session:
         full = {s: _expand(a, self._ir) for s, a in outputs.items()}
         self._runtime.start(feeds, full)
         with torch.no_grad():
-            for r, state in enumerate(self._device):
-                self._runtime.start_replica(r)
-                try:
-                    self._program.main.fn(state)
-                except OpDataError as e:
-                    raise checks.with_op_context(self._program, e) from None
-                if self._data_dependent:
-                    checks.check_run_counts(self, self._runtime, self._data_dependent)
+            run_replicas(self._runtime, self._replica_body, self._threaded)
         self._host_in_sync = False
+
+    def _replica_body(self, r: int) -> None:
+        """One replica's run of the main graph, with the failing op named on a data error."""
+        try:
+            self._program.main.fn(self._device[r])
+        except (OpDataError, IndexError) as e:
+            raise checks.with_op_context(self._program, e) from None
+        if self._data_dependent:
+            checks.check_run_counts(self, self._runtime, self._data_dependent)
 
     def _checked_inputs(self, inputs: Mapping, downcast: bool) -> Dict[object, np.ndarray]:
         expected = self._h2d

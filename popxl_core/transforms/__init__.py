@@ -1,5 +1,13 @@
 """popxl.transforms: functions from graph to graph."""
 
 from .autodiff import ExpectedConnection, ExpectedConnectionType, GradGraphInfo, autodiff
+from .merge_exchange import io_tile_exchange, merge_exchange
 
-__all__ = ["autodiff", "GradGraphInfo", "ExpectedConnection", "ExpectedConnectionType"]
+__all__ = [
+    "autodiff",
+    "GradGraphInfo",
+    "ExpectedConnection",
+    "ExpectedConnectionType",
+    "merge_exchange",
+    "io_tile_exchange",
+]

@@ -1,0 +1,172 @@
+"""Seed 003 (phased execution) against the same MLP trained unphased, loss by loss.
+
+The seed's code runs unchanged (tools/seed_runner.py): replication 2, gradient accumulation 4,
+seven phases, remote variables with RTS, batch serialisation in "io" mode. While it trains,
+this script records every batch the seed's training session is given, the losses it returns
+and its weights before the first step. It then builds, with the seed's own ``Net`` and
+``Adam`` modules, the plain program: one replica, the whole global batch of 64 in one step,
+forward, loss, backward and Adam, no phases, no remote buffers, no sharding. That program
+starts from the seed's initial weights and sees the same batches. Both sides compute the same
+mean gradient (the seed as a mean over 4 steps of micro-batch means, then a mean over 2
+replicas); they differ only in the order of float32 sums, so the losses agree to round-off.
+
+    python benchmarks/seed003_unphased.py --max-batches 50
+
+It prints each step's two losses (``--verbose``) and the worst absolute and relative
+difference, the line tests/test_seeds.py reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+import seed_runner  # noqa: E402
+
+MICRO, GA, REPLICAS = 8, 4, 2  # the seed's opts.train
+GLOBAL_BATCH = MICRO * GA * REPLICAS
+
+
+class Recorder:
+    """Wraps Session.run: records the training session's inputs, losses and first weights."""
+
+    def __init__(self, namespace: dict) -> None:
+        self.ns = namespace
+        self.batches: list[tuple[np.ndarray, np.ndarray]] = []
+        self.losses: list[np.ndarray] = []
+        self.initial: dict[str, np.ndarray] = {}
+
+    def install(self):
+        from popxl_core.sim.session import Session
+
+        real_run = Session.run
+        rec = self
+
+        def run(session, inputs=None, *args, **kwargs):
+            train = rec.ns.get("train_session")
+            if session is not train or inputs is None:
+                return real_run(session, inputs, *args, **kwargs)
+            if not rec.initial:
+                rec.initial = rec._weights(session)
+            out = real_run(session, inputs, *args, **kwargs)
+            rec._record(inputs, out)
+            return out
+
+        Session.run = run
+        return real_run
+
+    def _weights(self, session) -> dict[str, np.ndarray]:
+        variables = self.ns["train_variables"]
+        data = session.get_tensors_data(variables.tensors)
+        return {k: np.array(data[t], copy=True) for k, t in variables.named_tensors.items()}
+
+    def _record(self, inputs, out) -> None:
+        img, labels = (np.asarray(v) for v in inputs.values())
+        self.batches.append((img.reshape(GLOBAL_BATCH, -1), labels.reshape(GLOBAL_BATCH)))
+        self.losses.append(np.asarray(out[self.ns["loss_stream"]]))
+
+
+def run_seed(path: Path, max_batches: int) -> Recorder:
+    from popxl_core import compat
+
+    compat.install()
+    if max_batches:
+        seed_runner.cap_data_loaders(max_batches)
+    namespace: dict = {}
+    rec = Recorder(namespace)
+    real_run = rec.install()
+    try:
+        seed_runner.execute(path, echo=False, namespace=namespace)
+    finally:
+        from popxl_core.sim.session import Session
+
+        Session.run = real_run
+    steps = len(namespace["training_data"])  # later runs: the seed's throughput measurement
+    rec.batches, rec.losses = rec.batches[:steps], rec.losses[:steps]
+    return rec
+
+
+def unphased_program(ns: dict, batch: int):
+    """The seed's MLP, one replica, one step per global batch, built from the seed's modules."""
+    popxl, addons, ops = ns["popxl"], ns["addons"], ns["ops"]
+    ir = popxl.Ir()
+    with ir.main_graph, popxl.in_sequence(True):
+        img = popxl.h2d_stream((batch, 28 * 28), popxl.float32, "image")
+        lbl = popxl.h2d_stream((batch,), popxl.int32, "labels")
+        x, labels = ops.host_load(img), ops.host_load(lbl)
+        facts, fwd = ns["Net"]().create_graph(x)
+        bwd = addons.autodiff(fwd, grads_required=fwd.args.tensors)
+        variables = facts.init()
+        info = fwd.bind(variables).call_with_info(x)
+        loss, dlogits = addons.cross_entropy_with_grad(info.parent_output(0), labels)
+        grad_info = bwd.call_with_info(dlogits, args=bwd.grad_graph_info.inputs_dict(info))
+        grads = bwd.grad_graph_info.fwd_parent_ins_to_grad_parent_outs(info, grad_info)
+        adam = ns["Adam"](cache=True)
+        for name, var in sorted(variables.to_dict().items()):
+            o_facts, o_graph = adam.create_graph(var, grads[var], lr=1e-3, bias_correction=False)
+            o_graph.bind(o_facts.init(prefix=f"adam.{name}")).call(var, grads[var])
+        loss_stream = popxl.d2h_stream((), popxl.float32, "loss")
+        ops.host_store(loss_stream, loss)
+    return popxl.Session(ir, "ipu_hw"), (img, lbl), variables, loss_stream
+
+
+def run_unphased(rec: Recorder, reverse_rows: bool = False) -> list[float]:
+    """The unphased losses; ``reverse_rows`` feeds each batch's rows in reverse order, which
+    changes nothing but the order of float32 sums: the run-to-run round-off noise."""
+    session, (img, lbl), variables, loss_stream = unphased_program(rec.ns, GLOBAL_BATCH)
+    session.write_variables_data({t: rec.initial[k] for k, t in variables.to_dict().items()})
+    order = slice(None, None, -1) if reverse_rows else slice(None)
+    with session:
+        return [
+            float(session.run({img: x[order], lbl: y[order]})[loss_stream]) for x, y in rec.batches
+        ]
+
+
+def compare(max_batches: int, seeds_dir: Path, verbose: bool) -> tuple[float, float]:
+    path = next(seeds_dir.glob("003_*.txt"))
+    rec = run_seed(path, max_batches)
+    phased = [float(np.mean(losses)) for losses in rec.losses]
+    plain = np.array(run_unphased(rec))
+    noise = np.abs(np.array(run_unphased(rec, reverse_rows=True)) - plain)
+    diffs = np.abs(np.array(phased) - plain)
+    if verbose:
+        for i, (a, b, n) in enumerate(zip(phased, plain, noise)):
+            print(
+                f"  step {i:4d}  phased {a:.7f}  unphased {b:.7f}  diff {a - b:+.2e}  "
+                f"(rows reversed: {n:.2e})"
+            )
+    print(
+        f"seed 003 phased vs unphased: {len(plain)} steps, loss {phased[0]:.4f} -> "
+        f"{phased[-1]:.4f}; worst difference {diffs.max():.3e} absolute, "
+        f"{(diffs / plain).max():.3e} relative; unphased with rows reversed: "
+        f"{noise.max():.3e} absolute"
+    )
+    return float(diffs.max()), float(noise.max())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--max-batches", type=int, default=50)
+    ap.add_argument("--seeds-dir", type=Path, default=ROOT.parent / "shared" / "seeds")
+    ap.add_argument("--verbose", action="store_true")
+    ap.add_argument(
+        "--shuffle-seed",
+        type=int,
+        default=0,
+        help="torch's global seed, from which the seed's DataLoader shuffles",
+    )
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    torch.manual_seed(args.shuffle_seed)
+    seed_runner.stage_data()
+    compare(args.max_batches, args.seeds_dir, args.verbose)
+
+
+if __name__ == "__main__":
+    main()

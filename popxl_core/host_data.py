@@ -1,0 +1,55 @@
+"""Host data to numpy: popxl's `to_numpy` (copy, C order, 64-bit types downcast)."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from .dtypes import dtype
+
+__all__ = ["is_fill", "to_numpy"]
+
+
+def to_numpy(data: Any, dtype: Optional[dtype] = None, downcast: bool = True) -> np.ndarray:
+    """Host data as a C-contiguous numpy array, downcasting 64-bit types like popxl."""
+    if isinstance(data, torch.Tensor):
+        data = data.detach().cpu().numpy()
+    if is_fill(data):
+        return _fill(data, dtype, downcast)
+    arr = np.array(data, copy=True)
+    if dtype is not None:
+        with np.errstate(all="ignore"):  # check_conversion reports values that change
+            arr = arr.astype(dtype.as_numpy(), copy=False)
+    elif downcast:
+        arr = _downcast(arr)
+    # ascontiguousarray turns 0-d arrays into (1,): keep scalars as shape ()
+    return np.ascontiguousarray(arr).reshape(arr.shape)
+
+
+def is_fill(data) -> bool:
+    """A broadcast of one value (``np.broadcast_to(0.0, shape)``): all strides 0."""
+    return isinstance(data, np.ndarray) and data.size > 1 and not any(data.strides)
+
+
+def _fill(data: np.ndarray, dtype: Optional[dtype], downcast: bool) -> np.ndarray:
+    """A fresh read-only broadcast of the one value: a huge constant-filled variable costs no
+    host memory until a Session attaches, so planning (and an OOM error) comes first."""
+    one = np.array(data.flat[0], dtype=data.dtype)
+    with np.errstate(all="ignore"):  # check_conversion reports values that change
+        if dtype is not None:
+            one = one.astype(dtype.as_numpy())
+        elif downcast:
+            one = _downcast(one)
+    return np.broadcast_to(one, data.shape)
+
+
+def _downcast(arr: np.ndarray) -> np.ndarray:
+    table = {
+        np.dtype(np.int64): np.int32,
+        np.dtype(np.uint64): np.uint32,
+        np.dtype(np.float64): np.float32,
+    }
+    target = table.get(arr.dtype)
+    return arr.astype(target) if target is not None else arr

@@ -1,0 +1,111 @@
+"""Collective reduce operators and replica groups, shared by the replicated collectives.
+
+A collective runs on every replica at once. Each replica belongs to one group of its
+`ReplicaGrouping`; the reduction is over that group's members, taken in replica order so that
+every member gets bit-identical results (replicas stay in sync, as on the IPU).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import List, Literal, Optional, Sequence, Tuple
+
+import torch
+
+__all__ = [
+    "CollectiveOps",
+    "COLLECTIVE_OPS",
+    "to_collective_op",
+    "reduce_values",
+    "GroupTable",
+    "group_table",
+    "resolve_group",
+]
+
+CollectiveOps = Literal["add", "mean", "mul", "min", "max", "and", "or", "square_add", "local"]
+
+# popxl names first; the long spellings name the same operators
+COLLECTIVE_OPS = ("add", "mean", "mul", "min", "max", "and", "or", "square_add", "local")
+_ALIASES = {"logical_and": "and", "logical_or": "or", "sum": "add"}
+
+
+def to_collective_op(op: str) -> str:
+    """The canonical name of a collective reduce operator (ValueError if unknown)."""
+    if not isinstance(op, str):
+        raise TypeError(f"collective op must be a string, got {type(op).__name__}.")
+    name = _ALIASES.get(op, op)
+    if name not in COLLECTIVE_OPS:
+        raise ValueError(
+            f"Unknown collective op {op!r}; expected one of {', '.join(COLLECTIVE_OPS)}."
+        )
+    return name
+
+
+def _fold(fn, values: Sequence[torch.Tensor]) -> torch.Tensor:
+    return functools.reduce(fn, values[1:], values[0])
+
+
+def reduce_values(op: str, values: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Reduce the group members' ``values`` (in replica order) with ``op``."""
+    if op == "add":
+        return _fold(torch.add, values)
+    if op == "mean":
+        total = _fold(torch.add, values)
+        if total.is_floating_point():
+            return total / len(values)
+        return torch.div(total, len(values), rounding_mode="trunc")
+    if op == "square_add":
+        return _fold(torch.add, [v * v for v in values])
+    if op == "mul":
+        return _fold(torch.mul, values)
+    if op == "min":
+        return _fold(torch.minimum, values)
+    if op == "max":
+        return _fold(torch.maximum, values)
+    if op == "and":
+        return _fold(torch.logical_and, values)
+    if op == "or":
+        return _fold(torch.logical_or, values)
+    raise ValueError(f"collective op {op!r} does not reduce")
+
+
+class GroupTable:
+    """For every replica: the members of its group (replica order) and its position there."""
+
+    def __init__(self, members: List[Tuple[int, ...]]) -> None:
+        self.members = members
+        self.position = [m.index(r) for r, m in enumerate(members)]
+
+    @property
+    def group_size(self) -> int:
+        return len(self.members[0]) if self.members else 1
+
+
+def group_table(group, replicas: int) -> GroupTable:
+    """The `GroupTable` of ``group`` (None: all replicas) on ``replicas`` replicas."""
+    if group is None:
+        everyone = tuple(range(replicas))
+        return GroupTable([everyone] * replicas)
+    if group.num_replicas != replicas:
+        raise ValueError(
+            f"{group!r} was made for {group.num_replicas} replicas, but the Ir has "
+            f"replication_factor {replicas}; create groupings after setting the replication."
+        )
+    a = group.assignment
+    by_group = {g: tuple(r for r in range(replicas) if a[r] == g) for g in set(a)}
+    return GroupTable([by_group[a[r]] for r in range(replicas)])
+
+
+def resolve_group(group, ir) -> Optional[object]:
+    """Check ``group`` against the Ir at build time; None means all replicas."""
+    if group is None:
+        return None
+    if not hasattr(group, "assignment"):
+        raise TypeError(f"group must be a popxl.ReplicaGrouping, got {type(group).__name__}.")
+    group_table(group, ir.replication_factor)
+    return group
+
+
+def group_size(group, ir) -> int:
+    """Replicas in each group of ``group`` (None: the replication factor)."""
+    return ir.replication_factor if group is None else group.group_size

@@ -1,0 +1,141 @@
+"""The Session's view of replicated and remote state: what each replica holds of a variable,
+and how the host value is rebuilt from the replicas.
+
+Host values have PopXL's shapes: ``(num_groups, *shape)`` for a variable grouped into several
+groups, else ``shape``; replica-sharded variables are always read and written whole. On the
+device a replica holds its group's value, or, for a sharded variable, its shard of it.
+"""
+
+from __future__ import annotations
+
+from math import ceil, prod
+from typing import Callable, Dict, List
+
+import numpy as np
+import torch
+
+from ..remote_variables import remote_info, shard_source
+from ..tensor import Variable
+
+__all__ = ["replica_value", "host_from_replicas", "shard_members", "RemoteState"]
+
+
+def _group_members(v: Variable, replicas: int) -> List[List[int]]:
+    rg = v.replica_grouping
+    if rg is None or rg.num_groups == 1:
+        return [list(range(replicas))]
+    return [rg.replicas_of_group(g) for g in range(rg.num_groups)]
+
+
+def shard_members(v: Variable, replica: int, replicas: int) -> List[int]:
+    """The replicas holding the shards of ``replica``'s copy of ``v``, in shard order."""
+    shards = remote_info(v).shard_over
+    for members in _group_members(v, replicas):
+        if replica in members:
+            i = members.index(replica)
+            start = i - i % shards
+            return members[start : start + shards]
+    raise ValueError(f"replica {replica} is in no group of {v.replica_grouping!r}")
+
+
+def _group_value(v: Variable, host: np.ndarray, replica: int) -> np.ndarray:
+    rg = v.replica_grouping
+    return host[rg.assignment[replica]] if rg is not None and rg.num_groups > 1 else host
+
+
+def replica_value(v: Variable, host: np.ndarray, replica: int, replicas: int) -> np.ndarray:
+    """What ``replica`` holds of ``v`` on the device, from the host value ``host``."""
+    value = _group_value(v, host, replica)
+    info = remote_info(v)
+    if info is None or info.shard_over == 1:
+        return value
+    members = shard_members(v, replica, replicas)
+    size = ceil(value.size / info.shard_over)
+    flat = np.zeros(size * info.shard_over, value.dtype)
+    flat[: value.size] = value.reshape(-1)
+    pos = members.index(replica)
+    return flat[pos * size : (pos + 1) * size]
+
+
+def host_from_replicas(
+    v: Variable, device: Callable[[int], np.ndarray], replicas: int
+) -> np.ndarray:
+    """The host value of ``v`` rebuilt from the replicas (``device(r)``: replica r's copy).
+
+    A group's value is read from its first replica (and its shard group, when sharded)."""
+    info = remote_info(v)
+    per_group = []
+    for members in _group_members(v, replicas):
+        first = members[0]
+        if info is not None and info.shard_over > 1:
+            flat = np.concatenate(
+                [device(r).reshape(-1) for r in shard_members(v, first, replicas)]
+            )
+            per_group.append(flat[: prod(v.shape)].reshape(v.shape))
+        else:
+            per_group.append(device(first))
+    rg = v.replica_grouping
+    return np.stack(per_group) if rg is not None and rg.num_groups > 1 else per_group[0]
+
+
+class RemoteState:
+    """Streaming Memory of one Session: every remote buffer on every replica, the remote
+    variables stored in them and the on-chip shards of replica-sharded variables."""
+
+    def __init__(self, ir, runtime, on_chip: List[Variable]) -> None:
+        self.replicas = ir.replication_factor
+        self.runtime = runtime
+        self.buffers = list(ir._remote_buffers.values())
+        self.variables = [v for v in ir.main_graph.variables if remote_info(v) is not None]
+        # on-chip shard -> its index in the Session's state list
+        self.shards: Dict[Variable, int] = {
+            v: i for i, v in enumerate(on_chip) if shard_source(v) is not None
+        }
+        _check_not_used_directly(ir, self.variables)
+
+    def allocate(self) -> None:
+        """Zero-filled Streaming Memory (done once: later attaches keep what was stored)."""
+        if self.runtime.remote:
+            return
+        for b in self.buffers:
+            shape, dt = (b.entries, *b.tensor_shape), b.tensor_dtype.as_torch()
+            self.runtime.remote[b] = [torch.zeros(shape, dtype=dt) for _ in range(self.replicas)]
+
+    def entry(self, v: Variable, replica: int) -> torch.Tensor:
+        info = remote_info(v)
+        return self.runtime.remote[info.buffer][replica][info.offset]
+
+    def write(self, v: Variable, host: np.ndarray) -> None:
+        """Put the host value of remote variable ``v`` into its entry on every replica."""
+        for r in range(self.replicas):
+            value = replica_value(v, host, r, self.replicas)
+            self.entry(v, r).copy_(torch.from_numpy(np.ascontiguousarray(value)))
+
+    def read(self, v: Variable) -> np.ndarray:
+        return host_from_replicas(v, lambda r: self.entry(v, r).numpy(), self.replicas)
+
+    def load_shards(self, device: List[List[torch.Tensor]], only=None) -> None:
+        """Copy each on-chip shard from its remote variable's entry (weights to the device)."""
+        for shard, i in self.shards.items():
+            if only is None or shard_source(shard) in only:
+                for r, state in enumerate(device):
+                    state[i].copy_(self.entry(shard_source(shard), r))
+
+    def store_shards(self, device: List[List[torch.Tensor]]) -> None:
+        """Copy each on-chip shard back into its remote variable's entry."""
+        for shard, i in self.shards.items():
+            for r, state in enumerate(device):
+                self.entry(shard_source(shard), r).copy_(state[i])
+
+
+def _check_not_used_directly(ir, variables: List[Variable]) -> None:
+    remote = set(variables)
+    for op in ir.main_graph._ops:
+        for t in op.inputs:
+            if t in remote:
+                info = remote_info(t)
+                raise ValueError(
+                    f"{op.type}.{op.id} reads remote variable {t.id!r}, which lives in remote "
+                    f"buffer {info.buffer.remote_buffer_id} entry {info.offset} (Streaming "
+                    "Memory). Load it first with ops.remote_load(buffer, offset)."
+                )

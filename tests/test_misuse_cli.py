@@ -1,0 +1,109 @@
+"""Every command line refuses a bad argument with argparse's one-line error, not a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from popxl_fx import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# (script and arguments, the option named in the error, the offending value in the error)
+BAD = {
+    "mnist_popxl": (["examples/mnist_popxl.py", "--batch-size", "0"], "--batch-size", "got 0"),
+    "addons_basics": (
+        ["examples/addons_basics.py", "--max-batches", "-1"],
+        "--max-batches",
+        "got -1",
+    ),
+    "addons_custom_optimizer": (
+        ["examples/addons_custom_optimizer.py", "--epochs", "0"],
+        "--epochs",
+        "got 0",
+    ),
+    "bench_mnist_step": (["benchmarks/bench_mnist_step.py", "--rounds", "0"], "--rounds", "got 0"),
+    "seed_accuracy": (["benchmarks/seed_accuracy.py", "--repeats", "-5"], "--repeats", "got -5"),
+    "seed_runner": (
+        ["tools/seed_runner.py", "001", "--seeds-dir", "/nonexistent/seeds"],
+        "seed '001'",
+        "/nonexistent/seeds",
+    ),
+}
+
+
+def _run(args, **env) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **env}
+    return subprocess.run(
+        [sys.executable, *args], cwd=ROOT, capture_output=True, text=True, env=full_env, timeout=300
+    )
+
+
+@pytest.mark.parametrize("tool", sorted(BAD))
+def test_bad_argument_is_a_one_line_error(tool):
+    args, option, value = BAD[tool]
+    res = _run(args)
+    assert res.returncode == 2, res.stderr
+    assert "Traceback" not in res.stderr
+    last = res.stderr.strip().splitlines()[-1]
+    assert "error:" in last and option in last and value in last, last
+
+
+def test_missing_data_dir_is_refused_and_not_created(tmp_path):
+    missing = tmp_path / "nonexistent"
+    res = _run(["examples/mnist_popxl.py", "--data-dir", str(missing)])
+    assert res.returncode == 2 and "is not an existing folder" in res.stderr
+    assert not missing.exists()
+
+
+def test_compat_help_is_usage_not_a_script():
+    res = _run(["-m", "popxl_core.compat", "--help"])
+    assert res.returncode == 0 and res.stdout.startswith("usage: python -m popxl_core.compat")
+    res = _run(["-m", "popxl_core.compat", "no_such_script.py"])
+    assert res.returncode == 1 and "no such script 'no_such_script.py'" in res.stderr
+
+
+# the argparse types, in process --------------------------------------------------------------
+@pytest.mark.parametrize("text", ["0", "-5", "x"])
+def test_positive_int_refuses(text):
+    with pytest.raises(argparse.ArgumentTypeError, match=repr(text) if text == "x" else text):
+        cli.positive_int(text)
+
+
+def test_non_negative_int():
+    assert cli.non_negative_int("0") == 0
+    with pytest.raises(argparse.ArgumentTypeError, match="got -1"):
+        cli.non_negative_int("-1")
+
+
+def test_data_dir_without_idx_files_says_what_it_looked_for(tmp_path):
+    with pytest.raises(argparse.ArgumentTypeError, match=r"holds no IDX files.*train-images"):
+        cli.existing_data_dir(str(tmp_path))
+    raw = tmp_path / "FashionMNIST" / "raw"
+    raw.mkdir(parents=True)
+    for name in (
+        "train-images-idx3-ubyte",
+        "train-labels-idx1-ubyte",
+        "t10k-images-idx3-ubyte",
+        "t10k-labels-idx1-ubyte.gz",
+    ):
+        (raw / name).write_bytes(b"")
+    assert cli.existing_data_dir(str(tmp_path)) == tmp_path
+
+
+def test_help_shows_defaults():
+    parser = cli.make_parser("x")
+    parser.add_argument("--batch-size", type=cli.positive_int, default=80)
+    assert "(default: 80)" in parser.format_help()
+
+
+def test_seeds_dir_from_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv(cli.SEEDS_ENV, str(tmp_path))
+    assert cli.default_seeds_dir() == tmp_path
+    monkeypatch.delenv(cli.SEEDS_ENV)
+    assert cli.default_seeds_dir() == ROOT.parent / "shared" / "seeds"
