@@ -15,6 +15,7 @@ from ..graph import Graph, Op
 from ..remote_variables import remote_info
 from ..schedule import schedule
 from ..tensor import Constant, Tensor, Variable
+from .alias import ViewOutputs
 
 __all__ = ["Program", "CompiledGraph", "Emitter"]
 
@@ -69,6 +70,7 @@ class Program:
         self.graphs: Dict[Graph, CompiledGraph] = {}
         self.kernel_ops: Dict[str, Op] = {}  # kernel global -> op, to name a failing op
         self.modified_inputs: Dict[Graph, Set[int]] = {}
+        self.view_outputs = ViewOutputs(ir)
         self.main = self._compile(ir.main_graph, is_main=True)
 
     def graphs_used(self) -> List[Graph]:
@@ -154,11 +156,20 @@ def _bound_kernel(op: Op, em: Emitter) -> Callable:
         kernel = _fp16_via_fp32(kernel, op)
     if not opdef.view and _touches_narrow_unsigned(op):
         kernel = _unsigned_via_int64(kernel, op)
-    if opdef.view and (em.modifying or any(t in em.graph._outputs for t in op.outputs)):
+    if opdef.view and _view_needs_copy(op, em):
         kernel = _cloning(kernel)
     if em.program.check_specs:
         kernel = _spec_checked(kernel, op)
     return kernel
+
+
+def _view_needs_copy(op: Op, em: Emitter) -> bool:
+    """A view is copied in a graph that writes in place, and when returned where an alias
+    could be observed (`alias.ViewOutputs`)."""
+    if em.modifying:
+        return True
+    outs = [t for t in op.outputs if t in em.graph._outputs]
+    return any(em.program.view_outputs.needs_copy(em.graph, t) for t in outs)
 
 
 def _spec_checked(kernel: Callable, op: Op) -> Callable:
@@ -229,10 +240,10 @@ def _unsigned_via_int64(kernel: Callable, op: Op) -> Callable:
 
 
 def _cloning(kernel: Callable) -> Callable:
-    def run(*args):
+    def copied(*args):
         return kernel(*args).clone()
 
-    return run
+    return copied
 
 
 def _has_modifying_ops(g: Graph) -> bool:

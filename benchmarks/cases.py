@@ -1,0 +1,127 @@
+"""The benchmark cases of issue 11: a simulator step and its eager PyTorch twins.
+
+Each step case builds a `popxl_fx.training_model` trainer and one or more eager twins (a deep
+copy of the same model with its own optimizer), all fed the same batch every step. A step
+returns the loss as a torch scalar on both sides (the trainer copies it from the device; the
+eager side detaches it), so neither waits on more than the other.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import popxl_fx
+
+__all__ = ["StepCase", "STEP_CASES", "seed_mlp", "gpt", "resnet"]
+
+Step = Callable[[], torch.Tensor]
+
+
+@dataclass
+class StepCase:
+    """A simulator step and named eager steps of the same model, optimizer and batch."""
+
+    sim: Step
+    eager: dict[str, Step]
+    trainer: popxl_fx.Trainer
+    inputs: tuple
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _eager_step(model: nn.Module, opt: torch.optim.Optimizer, loss_fn, inputs) -> Step:
+    def step() -> torch.Tensor:
+        opt.zero_grad()
+        out = model(*inputs[:-1]) if loss_fn is not None else model(*inputs)
+        loss = loss_fn(out, inputs[-1]) if loss_fn is not None else out[0]
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    return step
+
+
+def _case(model, make_opt, eager_opts: dict, loss_fn, inputs, options=None) -> StepCase:
+    """The trainer on ``make_opt(params)``; one eager twin per ``eager_opts`` entry."""
+    eager = {}
+    for name, make in eager_opts.items():
+        twin = copy.deepcopy(model)
+        eager[name] = _eager_step(twin, make(twin.parameters()), loss_fn, inputs)
+    trainer = popxl_fx.training_model(model, make_opt(model.parameters()), loss_fn, options)
+    return StepCase(lambda: trainer(*inputs), eager, trainer, inputs)
+
+
+def _sgd(ps):
+    return torch.optim.SGD(ps, lr=0.05)
+
+
+def _adam(ps):
+    return torch.optim.Adam(ps, lr=1e-3)
+
+
+def _adam_fused(ps):
+    return torch.optim.Adam(ps, lr=1e-3, fused=True)
+
+
+class SeedMLP(nn.Module):
+    """The addons seeds' network: 784-512-512-512-10 with tanh-approximated gelu."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.ModuleList(
+            nn.Linear(a, b) for a, b in [(784, 512), (512, 512), (512, 512), (512, 10)]
+        )
+
+    def forward(self, x):
+        x = x.reshape(x.shape[0], -1)
+        for layer in self.fc[:-1]:
+            x = F.gelu(layer(x), approximate="tanh")
+        return self.fc[-1](x)
+
+
+def seed_mlp(batch: int, optimizer: str) -> StepCase:
+    torch.manual_seed(0)
+    x = torch.randn(batch, 1, 28, 28, generator=_gen(1))
+    y = torch.randint(0, 10, (batch,), generator=_gen(2))
+    if optimizer == "sgd":
+        return _case(SeedMLP(), _sgd, {"eager": _sgd}, F.cross_entropy, (x, y))
+    twins = {"eager Adam": _adam, "eager Adam fused": _adam_fused}
+    return _case(SeedMLP(), _adam, twins, F.cross_entropy, (x, y))
+
+
+def gpt(batch: int = 8) -> StepCase:
+    from tests.fx_zoo import GPT
+
+    torch.manual_seed(0)
+    idx = torch.randint(0, 64, (batch, 16), generator=_gen(1))
+    targets = torch.randint(0, 64, (batch, 16), generator=_gen(2))
+    return _case(GPT(), _sgd, {"eager": _sgd}, None, (idx, targets))
+
+
+def resnet(name: str = "resnet18", batch: int = 16, size: int = 64) -> StepCase:
+    import torchvision
+
+    torch.manual_seed(0)
+    model = getattr(torchvision.models, name)(num_classes=10)
+    x = torch.randn(batch, 3, size, size, generator=_gen(1))
+    y = torch.randint(0, 10, (batch,), generator=_gen(2))
+    opts = popxl_fx.Options(device="cpu")  # the plan, not a limit: time the arithmetic
+    return _case(model, _sgd, {"eager": _sgd}, F.cross_entropy, (x, y), opts)
+
+
+STEP_CASES: dict[str, Callable[[], StepCase]] = {
+    "mlp_sgd_b8": lambda: seed_mlp(8, "sgd"),
+    "mlp_sgd_b256": lambda: seed_mlp(256, "sgd"),
+    "mlp_adam_b8": lambda: seed_mlp(8, "adam"),
+    "mlp_adam_b256": lambda: seed_mlp(256, "adam"),
+    "resnet18_b16": lambda: resnet("resnet18", 16, 64),
+    "gpt_b8": lambda: gpt(8),
+}

@@ -1,0 +1,130 @@
+"""Simulator vs eager PyTorch, side by side in one process: the table of issue 11.
+
+Every step case runs the simulator's training step (`popxl_fx.training_model`) and its eager
+twins in turn, rotating which goes first, for ``--repeats`` rounds after ``--warmup`` steps,
+and reports the median time per step and the ratio simulator / eager (below 1: the simulator
+is faster). torch runs on one thread (``--threads``), so machine load hits both alike.
+Besides the step cases: the time to build a resnet50 training program (trace, lowering,
+autodiff, optimizer, Session) and seed 001's training epoch in iterations per second, the
+seed's own code beside its eager twin (benchmarks/seed_accuracy.py), when the seeds exist.
+
+Usage::
+
+    python -m benchmarks                                   # everything
+    python -m benchmarks --cases mlp_sgd_b8 gpt_b8 --repeats 50
+    python -m benchmarks --cases seed001 --seed-batches 1500
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from benchmarks.cases import STEP_CASES, resnet
+
+__all__ = ["time_side_by_side", "main", "CASES"]
+
+EXTRA = ("resnet50_build", "seed001")
+CASES = (*STEP_CASES, *EXTRA)
+TARGETS = {
+    "mlp_sgd_b8": "<= 0.8",
+    "mlp_sgd_b256": "<= 1.0",
+    "mlp_adam_b8": "<= 0.5 default, <= 1.0 fused",
+    "mlp_adam_b256": "<= 0.5 default, <= 1.0 fused",
+    "resnet18_b16": "<= 1.1",
+    "gpt_b8": "<= 1.1",
+    "resnet50_build": "<= 3 s",
+    "seed001": ">= 1000 it/s",
+}
+
+
+def time_side_by_side(
+    fns: dict[str, Callable[[], object]], repeats: int, warmup: int
+) -> dict[str, float]:
+    """Median seconds per call of each function, calling them in rotating order."""
+    names = list(fns)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for i in range(warmup + repeats):
+        k = i % len(names)
+        for name in names[k:] + names[:k]:
+            start = time.perf_counter()
+            fns[name]()
+            elapsed = time.perf_counter() - start
+            if i >= warmup:
+                times[name].append(elapsed)
+    return {n: statistics.median(ts) for n, ts in times.items()}
+
+
+def step_rows(name: str, repeats: int, warmup: int) -> list[str]:
+    case = STEP_CASES[name]()
+    case.sim()  # the build: not timed here
+    med = time_side_by_side({"sim": case.sim, **case.eager}, repeats, warmup)
+    rows = []
+    for twin in case.eager:
+        ratio = med["sim"] / med[twin]
+        rows.append(
+            f"| {name} | {twin} | {med['sim'] * 1e3:.3f} ms | {med[twin] * 1e3:.3f} ms "
+            f"| {ratio:.2f} | {TARGETS[name]} |"
+        )
+    return rows
+
+
+def build_row(repeats: int) -> list[str]:
+    """resnet50 (3x64x64, batch 16, SGD): seconds to build its training program."""
+    times = []
+    for _ in range(max(1, min(repeats, 3))):
+        case = resnet("resnet50", 16, 64)
+        start = time.perf_counter()
+        case.trainer._program(case.inputs)  # trace, lower, autodiff, Session
+        times.append(time.perf_counter() - start)
+    med = statistics.median(times)
+    return [f"| resnet50_build | (no eager twin) | {med:.2f} s | | | {TARGETS['resnet50_build']} |"]
+
+
+def seed_rows(seed_batches: int) -> list[str]:
+    from benchmarks import seed_epoch
+
+    sim, eager = seed_epoch.run(seed_batches)
+    if sim is None:
+        return ["| seed001 | seeds not found | | | | |"]
+    return [
+        f"| seed001 epoch ({sim.train_steps} steps) | eager twin | {sim.train_it_s:.0f} it/s "
+        f"| {eager.train_it_s:.0f} it/s | {eager.train_it_s / sim.train_it_s:.2f} "
+        f"| {TARGETS['seed001']} |"
+    ]
+
+
+HEADER = [
+    "| case | eager side | simulator | eager | sim / eager | target |",
+    "|---|---|---|---|---|---|",
+]
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
+    ap.add_argument("--repeats", type=int, default=30, help="timed rounds per case")
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--seed-batches", type=int, default=0, help="cap seed 001 (0: full epoch)")
+    args = ap.parse_args(argv)
+    if args.repeats < 1 or args.warmup < 0 or args.threads < 1 or args.seed_batches < 0:
+        ap.error("--repeats and --threads must be >= 1, --warmup and --seed-batches >= 0")
+    torch.set_num_threads(args.threads)
+    print("\n".join(HEADER), flush=True)
+    for name in args.cases:
+        if name in STEP_CASES:
+            rows = step_rows(name, args.repeats, args.warmup)
+        elif name == "resnet50_build":
+            rows = build_row(args.repeats)
+        else:
+            rows = seed_rows(args.seed_batches)
+        print("\n".join(rows), flush=True)
+
+
+if __name__ == "__main__":
+    main()
