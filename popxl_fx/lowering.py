@@ -20,6 +20,7 @@ import torch.fx as fx
 
 import popxl_core as popxl
 from popxl_core import ops
+from popxl_core.context import module_origin
 
 from .errors import Issue, UnsupportedError
 from .inplace import mutated_input
@@ -183,7 +184,9 @@ def run_graph(
             return fx.node.map_arg(node.args[0], env.__getitem__)
         else:
             ctx = make_ctx(node)
-            env[node] = lower_node(node, env, ctx)
+            # every op made for this node names its torch module (reports, OOM errors)
+            with module_origin(node.meta.get("module_path", "") or "<root>"):
+                env[node] = lower_node(node, env, ctx)
             mutated = mutated_input(node, ctx.owner.torch_module)
             if mutated is not None:  # later users of the tensor see the updated value
                 env[mutated] = env[node]
