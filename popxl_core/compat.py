@@ -32,8 +32,9 @@ _RENAMES: Dict[str, str] = {
     "popxl.session": "popxl_core.sim.session",
     "popxl.ops.negative_log_likelihood": "popxl_core.ops.losses",
     "popxl_addons": "addons",
+    "popart": "popxl_core.compat_popart",  # a stand-in: see that module
 }
-_ROOTS = {"popxl": "popxl_core", "popxl_addons": "addons"}
+_ROOTS = {"popxl": "popxl_core", "popxl_addons": "addons", "popart": "popxl_core.compat_popart"}
 _ALIAS_OF = {real: alias for alias, real in _RENAMES.items()}
 
 
@@ -93,7 +94,10 @@ class _AliasFinder(importlib.abc.MetaPathFinder):
 
     def find_spec(self, fullname: str, path=None, target=None):
         real = _target(fullname)
-        if real is None or importlib.util.find_spec(real) is None:
+        try:
+            if real is None or importlib.util.find_spec(real) is None:
+                return None
+        except ModuleNotFoundError:  # e.g. popart._internal: its parent is not a package
             return None
         return importlib.util.spec_from_loader(fullname, _AliasLoader(real))
 

@@ -6,6 +6,7 @@ import pathlib
 
 import pytest
 
+import addons  # noqa: F401 - registers the addons ops (ReplicatedAllReduceTP) in the table
 from popxl_core.ops.registry import all_opdefs
 
 from .op_harness import run_sample

@@ -1,9 +1,11 @@
 """addons.ops: composite ops built from popxl ops (cross entropy, host IO helpers).
 
-The custom C++ ops of popxl.addons (sharded cross entropy, rotary embeddings, ...) are not
-part of this package: they need poplar codelets.
+`replicated_all_reduce_TP` (tensor-parallel all-reduces) is simulated; the other custom C++
+ops of popxl.addons (sharded cross entropy, rotary embeddings, ...) are not part of this
+package: they need poplar codelets.
 """
 
+from . import replicated_all_reduce_TP  # noqa: F401 - registers ReplicatedAllReduceTP
 from .cross_entropy import cross_entropy, cross_entropy_with_grad
 from .host import host_load, host_store
 

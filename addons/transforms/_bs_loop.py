@@ -125,8 +125,20 @@ def _emit_loads(plan: LoopPlan, row: Tensor, step: Tensor) -> Dict[Tensor, Tenso
             out[t] = _io_in(plan.io, lambda h=h, t=t: ops.host_load(h, t.name))
         else:
             idx = _index(plan, h, row, step)
-            out[t] = _io_in(plan.io, lambda h=h, t=t, i=idx: ops.remote_load(h.buffer, i, t.name))
+            x = _io_in(plan.io, lambda h=h, t=t, i=idx: ops.remote_load(h.buffer, i, t.name))
+            out[t] = _gather_shards(x, t, h.shard_group) if _sharded(h) else x
     return out
+
+
+def _sharded(h) -> bool:
+    return h.shard_group is not None and h.shard_group.group_size > 1
+
+
+def _gather_shards(shard: Tensor, t: Tensor, group) -> Tensor:
+    """The whole of ``t`` from this replica's shard: all-gather over ``group``, drop the
+    padding, restore the shape."""
+    flat = ops.collectives.replicated_all_gather(shard, group=group, output_shape="concat")
+    return ops.reshape(flat[: t.nelms], t.shape)
 
 
 def _emit_step(plan: LoopPlan, row: Tensor, step: Tensor, feeds: Mapping[Tensor, Tensor]) -> None:
@@ -144,7 +156,10 @@ def _emit_step(plan: LoopPlan, row: Tensor, step: Tensor, feeds: Mapping[Tensor,
 def _emit_stores(plan: LoopPlan, row: Tensor, step: Tensor, handles: Dict, values) -> None:
     for t, h in handles.items():
         idx = _index(plan, h, row, step)
-        _io_out(plan.io, values[t], lambda v, h=h, i=idx: ops.remote_store(h.buffer, i, v))
+        v = values[t]
+        if _sharded(h):  # each replica stores its own shard
+            v = ops.collectives.replica_sharded_slice(v, group=h.shard_group)
+        _io_out(plan.io, v, lambda v, h=h, i=idx: ops.remote_store(h.buffer, i, v))
 
 
 def _index(plan: LoopPlan, h, row: Tensor, step: Tensor) -> Tensor:

@@ -175,14 +175,19 @@ def _check_stream(t: Tensor, s, kind, what: str) -> None:
         )
 
 
-def _as_handle(t: Tensor, h, what: str) -> RemoteHandle:
+def _as_handle(t: Tensor, h, what: str, steps: int = 1, rows: int = 1) -> RemoteHandle:
+    """A `RemoteHandle` from ``(buffer, row[, shard_group])``; a bare ReplicaGrouping (stores
+    only) asks for a new buffer holding ``t`` sharded over that group."""
     if isinstance(h, RemoteHandle):
         return h
-    if isinstance(h, (tuple, list)) and len(h) == 2:
-        return RemoteHandle(h[0], h[1])
+    if isinstance(h, popxl_core.ReplicaGrouping) and what == "store_buffers":
+        return RemoteHandle(batch_serial_buffer(t, steps, rows, shard_group=h), 0, h)
+    if isinstance(h, (tuple, list)) and len(h) in (2, 3):
+        return RemoteHandle(*h)
     raise TypeError(
-        f"batch_serialise: {what}[{t.id!r}] must be a (RemoteBuffer, row) pair or a "
-        f"RemoteHandle, got {h!r}."
+        f"batch_serialise: {what}[{t.id!r}] must be a (RemoteBuffer, row[, shard_group]) tuple"
+        f"{', a ReplicaGrouping' if what == 'store_buffers' else ''} or a RemoteHandle, "
+        f"got {h!r}."
     )
 
 
@@ -212,7 +217,7 @@ def _load_handle(g, t: Tensor, h, steps: int, rows: int):
     if isinstance(h, HostToDeviceStream):
         _check_stream(t, h, HostToDeviceStream, "load_handles")
         return h
-    handle = _as_handle(t, h, "load_handles")
+    handle = _as_handle(t, h, "load_handles", steps, rows)
     _check_buffer(t, handle, steps, rows)
     return handle
 
@@ -220,7 +225,7 @@ def _load_handle(g, t: Tensor, h, steps: int, rows: int):
 def _store_handle(g, t: Tensor, h, steps: int, rows: int) -> RemoteHandle:
     if t not in g.inputs:  # an input can be stored too: its value as loaded
         _check_output(g, t, "store_buffers")
-    handle = _as_handle(t, h, "store_buffers")
+    handle = _as_handle(t, h, "store_buffers", steps, rows)
     _check_buffer(t, handle, steps, rows)
     return handle
 
@@ -262,7 +267,12 @@ def batch_serialise_fwd_and_grad(
     _check_grad_of(info, fwd, bwd)
     f_loads = {t: h for t, h in load_handles.items() if t.graph is fwd}
     b_loads = {t: h for t, h in load_handles.items() if t.graph is bwd}
-    f_stores = {t: h for t, h in store_buffers.items() if t.graph is fwd}
+    # a new buffer asked for by a ReplicaGrouping is made once, for both graphs
+    f_stores = {
+        t: _as_handle(t, h, "store_buffers", steps, rows) if _is_grouping(h) else h
+        for t, h in store_buffers.items()
+        if t.graph is fwd
+    }
     b_stores = {t: h for t, h in store_buffers.items() if t.graph is bwd}
     _check_split(load_handles, f_loads, b_loads, fwd, bwd, "load_handles")
     _check_split(store_buffers, f_stores, b_stores, fwd, bwd, "store_buffers")
@@ -291,6 +301,10 @@ def batch_serialise_fwd_and_grad(
     b_graph = GraphWithNamedArgs(bwd, b_args, info)
     b_res = batch_serialise(b_graph, steps, b_loads, b_streams, b_stores, None, rows, io_mode)
     return f_res, b_res
+
+
+def _is_grouping(h) -> bool:
+    return isinstance(h, popxl_core.ReplicaGrouping)
 
 
 def _check_grad_of(info, fwd, bwd) -> None:

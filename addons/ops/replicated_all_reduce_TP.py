@@ -1,0 +1,140 @@
+"""Tensor-parallel all-reduces (popxl.addons' ``ReplicatedAllReduceTP`` op).
+
+In tensor-parallel (Megatron-style) layers a tensor that is identical on every replica of a
+group feeds sharded computation, and the sharded partial results are summed back into an
+identical tensor. Two all-reduces express this; each is the other's gradient:
+
+- `replicated_all_reduce_identical_inputs`: the input is already identical across the group,
+  so the forward is the identity; the gradient (a partial sum on each shard) is all-reduced.
+- `replicated_all_reduce_identical_grad_inputs`: the forward all-reduces the partial results;
+  the gradient arriving is identical across the group, so it passes through unchanged.
+
+On the IPU these are one custom op whose forward with identical inputs PopART's
+``OpToIdentity`` pre-alias pattern turns into an Identity; here the op's forward is the
+identity from the start (the pattern, `addons.patterns.apply_pre_alias_patterns`, still
+rewrites it to an Identity op, which changes no value).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+from popxl_core import ReplicaGrouping, Tensor
+from popxl_core.context import gcg
+from popxl_core.ops._utils import rand
+from popxl_core.ops.collectives.collectives import (
+    group_table,
+    reduce_values,
+    resolve_group,
+    to_collective_op,
+)
+from popxl_core.ops.registry import Cost, OpDef, Sample, create_op, register
+
+__all__ = [
+    "replicated_all_reduce",
+    "replicated_all_reduce_identical_inputs",
+    "replicated_all_reduce_identical_grad_inputs",
+    "TP_ALL_REDUCE",
+]
+
+# a gradient exists for the linear reductions only (as for popxl's replicated_all_reduce)
+_GRAD_OPS = ("add", "mean")
+
+
+def _kernel(replica, x, values, *, op, table, identical_inputs, identical_grad_inputs):
+    return reduce_values(op, [values[m] for m in table.members[replica]]).to(x.dtype)
+
+
+def _emit(op, em) -> None:
+    """Identity (a copy) for identical inputs; otherwise an all-reduce over the group."""
+    x, out = em.name(op.inputs[0]), em.name(op.outputs[0])
+    if op.attrs["identical_inputs"]:
+        em.emit(f"{out} = {x}.clone()")
+        return
+    table = group_table(op.attrs["group"], em.program.ir.replication_factor)
+    attrs = {k: v for k, v in op.attrs.items() if k != "group"}
+    fn = functools.partial(_kernel, table=table, **attrs)
+    fn.op_name = f"{op.type}.{op.id}"  # named in replica-mismatch errors
+    em.emit(f"{out} = RT.collective({x}, {em.bind_global('coll', fn)})")
+
+
+def _grad(ctx):
+    """The adjoint swaps the two flags: identity <-> all-reduce."""
+    a = ctx.attrs
+    if a["op"] not in _GRAD_OPS:
+        raise NotImplementedError(
+            f"ReplicatedAllReduceTP with op {a['op']!r} has no gradient (only "
+            f"{', '.join(_GRAD_OPS)})."
+        )
+    g = ctx.grad_output(0)
+    return [_create(g, a["op"], a["group"], a["identical_grad_inputs"], a["identical_inputs"])]
+
+
+def _samples():
+    # one replica in the op tests: both directions are the identity there
+    return [
+        Sample(
+            [rand(2, 3)],
+            lambda x, f=f: f(x),
+            lambda x: x * 1,
+            name=f.__name__,
+        )
+        for f in (
+            replicated_all_reduce_identical_inputs,
+            replicated_all_reduce_identical_grad_inputs,
+            replicated_all_reduce,
+        )
+    ]
+
+
+TP_ALL_REDUCE = register(
+    OpDef(
+        "ReplicatedAllReduceTP",
+        lambda ins, **attrs: [ins[0]],
+        emit=_emit,
+        grad=_grad,
+        cost=lambda ins, outs, attrs: _cost(ins, attrs),
+        samples=_samples,
+        extra={"collective": True},
+    )
+)
+
+
+def _cost(ins, attrs) -> Cost:
+    if attrs["identical_inputs"]:
+        return Cost(0, 2 * ins[0].nbytes)
+    return Cost(ins[0].nelms, 2 * ins[0].nbytes)
+
+
+def _create(t: Tensor, op: str, group, identical_inputs: bool, identical_grad_inputs: bool):
+    attrs = {
+        "op": to_collective_op(op),
+        "group": resolve_group(group, gcg().ir),
+        "identical_inputs": bool(identical_inputs),
+        "identical_grad_inputs": bool(identical_grad_inputs),
+    }
+    return create_op(TP_ALL_REDUCE, [t], attrs)[0]
+
+
+def replicated_all_reduce(
+    t: Tensor, op: str = "add", group: Optional[ReplicaGrouping] = None
+) -> Tensor:
+    """All-reduce ``t`` over ``group`` (None: all replicas); its gradient is all-reduced too."""
+    return _create(t, op, group, False, False)
+
+
+def replicated_all_reduce_identical_inputs(
+    t: Tensor, op: str = "add", group: Optional[ReplicaGrouping] = None
+) -> Tensor:
+    """``t`` is identical on the replicas of ``group``: the forward is the identity and the
+    gradient is all-reduced over ``group``."""
+    return _create(t, op, group, True, False)
+
+
+def replicated_all_reduce_identical_grad_inputs(
+    t: Tensor, op: str = "add", group: Optional[ReplicaGrouping] = None
+) -> Tensor:
+    """All-reduce ``t`` over ``group``; the gradient, identical on the replicas of ``group``,
+    passes through unchanged."""
+    return _create(t, op, group, False, True)
