@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import TYPE_CHECKING, Callable, Dict, List, Set
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Set
 
 if TYPE_CHECKING:  # pragma: no cover
     from .graph import Graph, Op
@@ -23,6 +23,7 @@ __all__ = [
     "name_scope",
     "ipu",
     "io_tiles",
+    "module_origin",
     "op_debug_context",
     "debug_context_frame_offset",
 ]
@@ -45,6 +46,7 @@ class Context:
         self.name_scopes: List[str] = []
         self.ipu_id: int = 0
         self.io_tile_set: bool = False
+        self.module_path: Optional[str] = None  # see `module_origin`
         self._frames: List[_SequenceFrame] = []
         self._hooks: Dict[int, Callable[["Op"], None]] = {}
         self._next_hook = 0
@@ -195,6 +197,20 @@ def io_tiles():
         yield
     finally:
         _CONTEXT.io_tile_set = prev
+
+
+@contextlib.contextmanager
+def module_origin(path: str):
+    """Tag ops created inside with the torch module ``path`` they were lowered from.
+
+    Not a PopXL name: frontends (popxl_fx) use it so that the simulator's reports and
+    out-of-memory errors can name the user's module beside each op.
+    """
+    prev, _CONTEXT.module_path = _CONTEXT.module_path, path
+    try:
+        yield
+    finally:
+        _CONTEXT.module_path = prev
 
 
 def op_debug_context(fn):

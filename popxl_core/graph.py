@@ -56,7 +56,7 @@ class Op:
         self.name = name
         self.by_ref_modified: Set[int] = set()  # input indexes a by-ref call modifies
         # the torch module that this op was lowered from (set by popxl_fx; used in OOM errors)
-        self.module_path: Optional[str] = None
+        self.module_path: Optional[str] = ctx.module_path
 
     @property
     def type(self) -> str:

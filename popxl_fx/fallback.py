@@ -21,6 +21,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import popxl_core as popxl
 
 from .errors import Issue, UnsupportedError
+from .inplace import mutated_input
 from .lowering import LOWERINGS, LoweringContext, lookup, run_graph, target_name, unsupported
 
 __all__ = [
@@ -82,25 +83,36 @@ def _decompose(node: fx.Node, root: torch.nn.Module) -> Decomposition:
         return call(*tensors[: len(state)], *a, **k)
 
     inputs = [*state, *(leaves[i] for i in positions)]
+
+    def fresh() -> list[torch.Tensor]:  # tracing runs the call: keep the model's tensors intact
+        return [t.detach().clone() for t in inputs]
+
     with torch.random.fork_rng(devices=[]):
         # Decompose, then functionalize the ATen graph: in-place ops (also those that the
         # decompositions introduce) become pure ones; a mutated input shows as one
         # aten.copy_ into it at the end (a buffer update).
-        aten_gm = make_fx(flat_call, decomposition_table=core_aten_decompositions())(*inputs)
+        aten_gm = make_fx(flat_call, decomposition_table=core_aten_decompositions())(*fresh())
         pure = torch.func.functionalize(aten_gm, remove="mutations")
-        gm = make_fx(pure, decomposition_table=core_aten_decompositions())(*inputs)
-    _mark_buffer_updates(gm, names)
+        gm = make_fx(pure, decomposition_table=core_aten_decompositions())(*fresh())
+    # x.tanh_(), F.relu(x, inplace=True): the update of x is the call's own result, which
+    # the driver rebinds x to (`mutated_input`)
+    updates_self = mutated_input(node, root) is not None
+    _mark_updates(gm, names, updates_self)
     return Decomposition(gm, names)
 
 
-def _mark_buffer_updates(gm: fx.GraphModule, names: list[str]) -> None:
-    """Tag each ``aten.copy_`` into a module-state input with that state's name."""
+def _mark_updates(gm: fx.GraphModule, names: list[str], updates_self: bool) -> None:
+    """Tag each ``aten.copy_`` into a module-state input with that state's name, and the
+    one into the call's in-place updated first argument with ``self_update``."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     state = dict(zip(placeholders, names))
+    self_input = placeholders[len(names)] if updates_self else None
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target is torch.ops.aten.copy_.default:
             if node.args[0] in state:
                 node.meta["buffer_update"] = state[node.args[0]]
+            elif node.args[0] is self_input:
+                node.meta["self_update"] = True
 
 
 def missing_lowerings(dec: Decomposition) -> list[Any]:

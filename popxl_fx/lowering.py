@@ -20,8 +20,10 @@ import torch.fx as fx
 
 import popxl_core as popxl
 from popxl_core import ops
+from popxl_core.context import module_origin
 
 from .errors import Issue, UnsupportedError
+from .inplace import mutated_input
 
 __all__ = [
     "LOWERINGS",
@@ -181,7 +183,13 @@ def run_graph(
         elif node.op == "output":
             return fx.node.map_arg(node.args[0], env.__getitem__)
         else:
-            env[node] = lower_node(node, env, make_ctx(node))
+            ctx = make_ctx(node)
+            # every op made for this node names its torch module (reports, OOM errors)
+            with module_origin(node.meta.get("module_path", "") or "<root>"):
+                env[node] = lower_node(node, env, ctx)
+            mutated = mutated_input(node, ctx.owner.torch_module)
+            if mutated is not None:  # later users of the tensor see the updated value
+                env[mutated] = env[node]
     raise ValueError("the fx graph has no output node.")
 
 

@@ -7,7 +7,6 @@ Used by the tests/test_fx_lowerings_*.py files: each case is a tiny nn.Module.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,9 +53,7 @@ def _build(model, inputs, grad: bool, rng):
     module = Module(model, flatten_outputs=True)
     ir = popxl.Ir()
     with ir.main_graph:
-        state = copy.deepcopy(model.state_dict())  # tracing runs the model eagerly once
-        facts, graph = module.create_graph(*[_spec(x) for x in inputs])
-        model.load_state_dict(state)
+        facts, graph = module.create_graph(*[_spec(x) for x in inputs])  # leaves model as is
         variables = facts.init()
         names = dict(zip(graph.args.to_dict().values(), graph.args.to_dict().keys()))
         n_out = len(graph.graph.outputs)

@@ -254,3 +254,50 @@ def test_error_in_one_replica_does_not_hang():
     with popxl.Session(ir, "ipu_hw") as sess:
         with pytest.raises(IndexError, match="Remote buffer 1 has 2 entries; offset 2"):
             sess.run()
+
+
+def test_many_collectives_in_a_loop_with_in_place_writes_after_each():
+    """Replicas run in threads; a value written in place right after a collective must not
+    reach a slower replica still reading it (the exchange keeps a snapshot)."""
+    data = np.arange(R, dtype=np.float32).reshape(R, 1) + 1
+
+    def build(x, ir):
+        def body(t):
+            s = coll.replicated_all_reduce(t, "add")
+            t += s  # in place, right after the collective
+            return t * np.float32(0.25)
+
+        g = ir.create_graph(body, x.spec)
+        return list(ops.repeat(g, 40, x))
+
+    (got,) = _run(build, data)
+    want = data.copy()
+    for _ in range(40):
+        want = (want + want.sum(0, dtype=np.float32)) * np.float32(0.25)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("else_collective", [False, True])
+def test_replicas_taking_different_branches_raise_instead_of_hanging(else_collective):
+    from popxl_core.sim.rendezvous import ReplicaMismatchError
+
+    flags = np.array([True, False, True, True])
+    data = np.ones((R, 2), np.float32)
+    ir = popxl.Ir(R)
+    with ir.main_graph:
+        x = popxl.variable(data, name="x", replica_grouping=ir.replica_grouping(1, 1))
+        c = popxl.variable(flags, name="c", replica_grouping=ir.replica_grouping(1, 1))
+        then_g = ir.create_graph(lambda t: coll.replicated_all_reduce(t, "add"), x.spec)
+        other = (
+            (lambda t: coll.replicated_all_gather(t)[:2])
+            if else_collective
+            else (lambda t: t * 1.0)
+        )
+        else_g = ir.create_graph(other, x.spec)
+        (y,) = ops.conditional(c, then_g, else_g, [x], [x])
+        s = popxl.d2h_stream(y.shape, y.dtype, "y")
+        ops.host_store(s, y)
+    with popxl.Session(ir, "ipu_hw") as sess:
+        match = "replica 1 at ReplicatedAllGather" if else_collective else "finished its program"
+        with pytest.raises(ReplicaMismatchError, match=match):
+            sess.run()

@@ -130,3 +130,18 @@ def test_conformance_skip_list_reaches_only_conftests():
     compat._offer_skip_hook(script)
     assert conftest["pytest_collection_modifyitems"] is pytest_collection_modifyitems
     assert "pytest_collection_modifyitems" not in script
+
+
+def test_scalar_remote_variable_round_trip():
+    # a 0-d remote variable, updated in place on the device and stored back (PopXL's doc example)
+    ir = popxl.Ir()
+    with ir.main_graph, popxl.in_sequence():
+        buffer = popxl.remote_buffer((), popxl.int32, 1)
+        remote_x = popxl.remote_variable(np.array(1, np.int32), buffer, 0)
+        loaded = ops.remote_load(buffer, 0)
+        ops.var_updates.accumulate_(loaded, popxl.variable(np.int32(2)))
+        ops.remote_store(buffer, 0, loaded)
+    with popxl.Session(ir, "ipu_model") as session:
+        session.run()
+        assert session.get_tensor_data(remote_x).shape == ()
+        assert session.get_tensor_data(remote_x) == 3

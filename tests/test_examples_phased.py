@@ -11,14 +11,9 @@ from pathlib import Path
 
 import pytest
 
-import popxl_core
 from popxl_fx import data
 
 ROOT = Path(__file__).resolve().parents[1]
-
-pytestmark = pytest.mark.skipif(
-    not hasattr(popxl_core, "remote_buffer"), reason="popxl_core has no remote buffers yet"
-)
 
 
 @pytest.fixture(scope="module", autouse=True)

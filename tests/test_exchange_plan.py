@@ -77,14 +77,35 @@ def test_streaming_memory_plan_and_rts_shards_on_chip():
         s = popxl.d2h_stream((), popxl.float32, "s")
         ops.host_store(s, ops.sum(x) + ops.sum(y) + ops.sum(on_chip))
     sess = popxl.Session(ir, "ipu_hw")
-    sm = sess.plan.streaming_memory
+    plan = sess.plan
     rts_bytes = 251 * 4  # ceil(1001 / 4) elements per replica
-    assert sm.per_replica == 3 * 1000 * 4 + rts_bytes
-    assert sm.total == 4 * sm.per_replica
-    assert sm.variables == {"remote": 4000, "rts": rts_bytes}
+    assert plan.streaming_memory_bytes == 3 * 1000 * 4 + rts_bytes
+    assert [(b.shape, b.entries) for b in plan.remote_buffers] == [((100, 10), 3), ((251,), 1)]
     # on chip: the shard and the plain variable, not the remote variable
-    assert sess.plan.memory[0].variables == rts_bytes + 40
-    assert "remote buffer 1: 3 x (100, 10) float32" in sm.summary()
+    assert plan.memory[0].variables == rts_bytes + 40
     with sess:
         out = sess.run()[s]
     np.testing.assert_array_equal(out, np.full(4, 1000.0 + 1001.0 + 10.0))
+
+
+def test_local_slice_costs_no_link_traffic():
+    ir = popxl.Ir(4)
+    with ir.main_graph:
+        x = popxl.variable(np.ones(1024, np.float32), name="x")
+        coll.replica_sharded_slice(x)
+        coll.replicated_reduce_scatter(x, "add")
+    sess = popxl.Session(ir, "ipu_hw")
+    work = [sess.plan.model.op_work(op) for op in ir.main_graph.ops]
+    links = [w.link_bytes for w in work]
+    assert links == [0, 3 * 1024]  # the ring sends (R-1)/R of the tensor; a local slice none
+
+
+def test_ring_traffic_counts_the_group_only():
+    ir = popxl.Ir(4)
+    with ir.main_graph:
+        x = popxl.variable(np.ones(1024, np.float32), name="x")
+        coll.replicated_all_reduce(x, "add")
+        coll.replicated_all_reduce(x, "add", ir.replica_grouping(1, 2))
+    sess = popxl.Session(ir, "ipu_hw")
+    links = [sess.plan.model.op_work(op).link_bytes for op in ir.main_graph.ops]
+    assert links == [2 * 3 * 1024, 2 * 2048]  # 2 x (n-1)/n x 4096 bytes, n = 4 then 2

@@ -31,6 +31,7 @@ CREATION = {
     "float_cast_of_comparison": lambda x: (x > 0).float() * x,
     "to_dtype": lambda x: x.to(torch.int32).to(torch.float32),
     "masked_fill": lambda x: x.masked_fill(x < 0, -1.5),
+    "mixed_dtypes_promote": lambda x: (x.half() * 2 + x) + x.argmax(1, keepdim=True),
     "where_scalar": lambda x: torch.where(x > 0, x, 0.0),
     "clamp": lambda x: x.clamp(-0.5, 0.7),
     "clamp_min": lambda x: torch.clamp(x, min=0.1),

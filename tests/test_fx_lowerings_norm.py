@@ -5,6 +5,7 @@ Tolerances: rtol 1e-5 / atol 1e-5 (mean/variance reductions in a different order
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .fx_cases import randn, seq
@@ -56,3 +57,30 @@ def test_batchnorm_momentum_none_is_cumulative_over_steps():
     model[0].num_batches_tracked.fill_(3)  # the 4th batch gets weight 1/4
     model[0].running_mean.fill_(0.5)
     check_lowering(model, randn(*X2, scale=2.0), rtol=1e-5, atol=1e-5)
+
+
+def test_functional_batch_norm_updates_the_model_buffers():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("mean", torch.zeros(4))
+            self.register_buffer("var", torch.ones(4))
+            self.scale = nn.Parameter(torch.rand(4) + 0.5)
+
+        def forward(self, x):
+            return F.batch_norm(x, self.mean, self.var, self.scale, None, True, 0.2)
+
+    check_lowering(Net(), randn(*X2, scale=2.0), rtol=1e-5, atol=1e-5)
+
+
+def test_functional_batch_norm_eval_reads_the_buffers():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("mean", torch.rand(4))
+            self.register_buffer("var", torch.rand(4) + 0.5)
+
+        def forward(self, x):
+            return F.batch_norm(x, self.mean, self.var, None, None, False, eps=1e-3)
+
+    check_lowering(Net(), randn(*X2, scale=2.0), rtol=1e-5, atol=1e-5)

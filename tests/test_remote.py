@@ -185,3 +185,17 @@ def test_tensor_locations_compare_by_value():
     assert on != popxl.TensorLocation()
     assert repr(on) == "TensorLocation(OffChip, On)"
     assert popxl.TileSet.IO != popxl.TileSet.Compute
+
+
+def test_scalar_int_remote_variable_accumulates():
+    ir = popxl.Ir()
+    with ir.main_graph, popxl.in_sequence():
+        buf = popxl.remote_buffer((), popxl.int32)
+        w = popxl.remote_variable(np.array(5, np.int32), buf, name="w")
+        x = ops.remote_load(buf, 0)
+        ops.var_updates.accumulate_(x, popxl.constant(2, popxl.int32))
+        ops.remote_store(buf, 0, x)
+    with popxl.Session(ir, "ipu_hw") as sess:
+        sess.run()
+        sess.run()
+        assert sess.get_tensor_data(w) == 9

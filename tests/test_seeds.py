@@ -134,13 +134,6 @@ def test_notebook_cells_are_the_code_of_a_notebook_seed(tmp_path):
     assert seed_runner.execute(seed, echo=False).stdout == "10\n"
 
 
-_NEEDS_REMOTE = pytest.mark.skipif(
-    not hasattr(__import__("popxl_core"), "remote_buffer"),
-    reason="popxl_core has no remote buffers yet",
-)
-
-
-@_NEEDS_REMOTE
 def test_seed_003_phased_execution_trains_and_tests(home):
     """Replication 2, gradient accumulation 4, seven phases, RTS, io mode: 40 steps of global
     batch 64, the test loop, and both throughput measurements."""
@@ -153,7 +146,6 @@ def test_seed_003_phased_execution_trains_and_tests(home):
     assert accuracy > 30.0, out[-2000:]  # 40 Adam steps reach about 60% (chance: 10%)
 
 
-@_NEEDS_REMOTE
 def test_seed_003_phased_equals_the_unphased_mlp_loss_by_loss(home):
     """The seed's phased, batch-serialised, sharded training against the same MLP trained in
     one plain step per global batch, from the same weights on the same batches. They differ

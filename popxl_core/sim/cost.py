@@ -243,9 +243,9 @@ class CostModel:
         if t in _LINK_COPIES:
             return self._link(nbytes_of(op.inputs[0]))
         for prefix, factor in _RING:
-            if t.startswith(prefix):
+            if t.startswith(prefix) and op.attrs.get("op") != "local":  # local: no exchange
                 big = max(nbytes_of(x) for x in (*op.inputs[:1], *op.outputs[:1]))
-                return self.ring_work(big, factor)
+                return self.ring_work(big, factor, _group_size(op))
         return None
 
     def remote_work(self, nbytes: int, stored: bool, sync: bool = True) -> Work:
@@ -257,10 +257,11 @@ class CostModel:
                     remote_bytes_loaded=0 if stored else nbytes,
                     remote_bytes_stored=nbytes if stored else 0)
 
-    def ring_work(self, nbytes: int, factor: float) -> Work:
-        """A ring collective over the replicas on a tensor of ``nbytes``: each replica sends
-        ``factor x (R-1)/R x nbytes`` (all-reduce 2, reduce-scatter and all-gather 1)."""
-        n = self.replicas
+    def ring_work(self, nbytes: int, factor: float, group_size: int | None = None) -> Work:
+        """A ring collective over the replicas (of one group) on a tensor of ``nbytes``: each
+        replica sends ``factor x (n-1)/n x nbytes`` (all-reduce 2, reduce-scatter and
+        all-gather 1)."""
+        n = group_size or self.replicas
         return self._link(ceil(factor * (n - 1) / n * nbytes))
 
     def _link(self, nbytes: int) -> Work:
@@ -280,6 +281,12 @@ class CostModel:
                         runs[g] = runs.get(g, 0) + n * times
             self._runs[graph] = runs
         return self._runs[graph]
+
+
+def _group_size(op: Op) -> int | None:
+    """Replicas in each group of a collective (None: all replicas)."""
+    group = op.attrs.get("group")
+    return op.attrs.get("group_size") or (group.group_size if group is not None else None)
 
 
 def _exchanged_bytes(op: Op) -> int:

@@ -20,7 +20,7 @@ from .cost import CostModel, Cycles, Work, nbytes_of
 from .liveness import TOP_N, Liveness, LivenessAnalysis, LiveTensor
 from .machine import Machine
 from .oom import OutOfMemoryError, OutOfMemoryWarning, oom_message
-from .remote_plan import is_remote_variable, streaming_memory
+from .remote_plan import is_remote_variable
 
 __all__ = ["PLAN_OBSERVERS", "GraphInfo", "IpuMemory", "OpRow", "OutOfMemoryError",
            "OutOfMemoryWarning", "Plan", "RemoteBufferInfo", "build_plan"]
@@ -165,7 +165,6 @@ def build_plan(ir, machine: Machine) -> Plan:
                 analysis, _remote_buffers(ir), ir.main_graph, model)
     for observe in PLAN_OBSERVERS:
         observe(plan)
-    plan.streaming_memory = streaming_memory(ir)
     if plan.out_of_memory and machine.oom_is_error:
         raise OutOfMemoryError(oom_message(plan, plan.out_of_memory[0]), plan)
     if plan.out_of_memory and machine.oom_warns:

@@ -109,7 +109,7 @@ class RemoteState:
         """Put the host value of remote variable ``v`` into its entry on every replica."""
         for r in range(self.replicas):
             value = replica_value(v, host, r, self.replicas)
-            self.entry(v, r).copy_(torch.from_numpy(np.ascontiguousarray(value)))
+            self.entry(v, r).copy_(torch.from_numpy(np.array(value, copy=True)))  # 0-d stays 0-d
 
     def read(self, v: Variable) -> np.ndarray:
         return host_from_replicas(v, lambda r: self.entry(v, r).numpy(), self.replicas)

@@ -14,6 +14,8 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 import torch
 
+from .rendezvous import Rendezvous, ReplicaMismatchError
+
 __all__ = ["Runtime", "run_replicas"]
 
 
@@ -27,8 +29,8 @@ class Runtime:
         # remote buffer -> one tensor [entries, *shape] per replica (Streaming Memory)
         self.remote: Dict[object, List[torch.Tensor]] = {}
         self._local = threading.local()
-        self._barrier: Optional[threading.Barrier] = None
-        self._slots: List[object] = [None] * replicas
+        self._barrier: Optional[Rendezvous] = None
+        self._slots: List[List[object]] = [[None] * replicas, [None] * replicas]
         self.start_replica(0)
 
     def start(self, inputs: Dict[object, np.ndarray], outputs: Dict[object, np.ndarray]) -> None:
@@ -38,6 +40,7 @@ class Runtime:
         """Make the calling thread run as ``replica`` with fresh stream counters."""
         self._local.replica = replica
         self._local.counts = {}
+        self._local.parity = 0
 
     @property
     def replica(self) -> int:
@@ -79,21 +82,23 @@ class Runtime:
     def collective(self, value: torch.Tensor, fn: Callable) -> torch.Tensor:
         """``fn(replica, value, values)`` where ``values`` holds every replica's ``value``.
 
-        ``fn`` runs between two barriers: the first makes all values visible, the second keeps
-        any replica from changing its value (an in-place collective, the next collective)
-        before every other replica has computed its result from it.
+        One barrier per collective: replicas deposit a snapshot of their value in the slots of
+        this collective's parity. A replica can only reuse those slots two collectives later,
+        after the next barrier, which every replica reaches only once done reading them. The
+        snapshot keeps in-place writes after the collective from reaching a slower replica.
         """
         if self._barrier is None:
             if self.replicas > 1:  # the Session runs replicas in threads when collectives exist
                 raise RuntimeError("A collective ran outside a threaded multi-replica run.")
             return fn(self.replica, value, [value])
-        self._slots[self.replica] = value
+        local = self._local
+        slots = self._slots[local.parity]
+        local.parity ^= 1
+        slots[local.replica] = (fn, value.clone())
         self._barrier.wait()
-        try:
-            result = fn(self.replica, value, list(self._slots))
-        finally:
-            self._barrier.wait()
-        return result
+        if any(f is not fn for f, _ in slots):
+            _mismatch(slots)
+        return fn(local.replica, value, [v for _, v in slots])
 
     # Streaming Memory ---------------------------------------------------------------
     def remote_entry(self, buffer, offset) -> torch.Tensor:
@@ -114,6 +119,15 @@ class Runtime:
         self.remote_entry(buffer, offset).copy_(value)
 
 
+def _mismatch(slots) -> None:
+    names = [getattr(f, "op_name", f) for f, _ in slots]
+    where = ", ".join(f"replica {r} at {name}" for r, name in enumerate(names))
+    raise ReplicaMismatchError(
+        f"The replicas reached different collectives ({where}); every replica must run the "
+        "same collectives in the same order."
+    )
+
+
 def run_replicas(runtime: Runtime, body: Callable[[int], None], threaded: bool) -> None:
     """Run ``body(replica)`` for every replica: in order, or one thread per replica so that
     collectives can meet. An error in one replica breaks the barrier for the others; the
@@ -124,7 +138,7 @@ def run_replicas(runtime: Runtime, body: Callable[[int], None], threaded: bool) 
             runtime.start_replica(r)
             body(r)
         return
-    runtime._barrier = threading.Barrier(n)
+    runtime._barrier = Rendezvous(n)
     errors: List[Optional[BaseException]] = [None] * n
 
     def worker(r: int) -> None:
@@ -132,6 +146,7 @@ def run_replicas(runtime: Runtime, body: Callable[[int], None], threaded: bool) 
         try:
             with torch.no_grad():
                 body(r)
+            runtime._barrier.finish()
         except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
             errors[r] = e
             runtime._barrier.abort()

@@ -59,7 +59,8 @@ def promote(*xs: Any) -> list:
     tensors = [x for x in xs if is_t(x)]
     if not tensors:
         raise TypeError(f"expected at least one tensor among {xs!r}")
-    best = max((t.dtype for t in tensors), key=_rank)
+    # between tensors the wider type of the highest category wins (float16 + float32 -> 32)
+    best = max((t.dtype for t in tensors), key=lambda d: (_rank(d), d.itemsize))
     for x in xs:
         if not is_t(x) and _rank(scalar_dtype(x)) > _rank(best):
             best = scalar_dtype(x)

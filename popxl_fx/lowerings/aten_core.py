@@ -1,8 +1,9 @@
 """Core ATen ops, for the decomposition fallback (``torch.ops.aten.*`` overload packets).
 
 Each entry follows the ATen schema of every overload of its packet (``add.Tensor`` and
-``add.Scalar`` take the same positional arguments). Python scalars stay scalars: popxl's
-tensor operators take them on either side.
+``add.Scalar`` take the same positional arguments); operands are promoted like torch's
+(``bool * 3.0`` is float32). Only ops that survive the core-ATen decompositions and
+functionalization have entries (``t``, ``reshape`` and ``clamp_min`` do not).
 """
 
 from __future__ import annotations
@@ -31,8 +32,21 @@ def _tensor(x: Any, like: popxl.Tensor | None = None) -> popxl.Tensor:
 
 
 def _pair(a: Any, b: Any) -> tuple[popxl.Tensor, popxl.Tensor]:
-    like = a if isinstance(a, popxl.Tensor) else b
-    return _tensor(a, like), _tensor(b, like)
+    """Both operands as tensors of torch's promoted dtype (bool * 3.0 is float32)."""
+    promoted = torch.result_type(_probe(a), _probe(b))
+    dtype = popxl.dtype.as_dtype(promoted)
+    return _as(a, dtype), _as(b, dtype)
+
+
+def _probe(x: Any) -> Any:
+    # a one-element tensor stands for a popxl tensor: same promotion category (dimensioned)
+    return torch.empty((1,), dtype=x.dtype.as_torch()) if isinstance(x, popxl.Tensor) else x
+
+
+def _as(x: Any, dtype: popxl.dtype) -> popxl.Tensor:
+    if isinstance(x, popxl.Tensor):
+        return x if x.dtype == dtype else ops.cast(x, dtype)
+    return popxl.constant(np.asarray(x, dtype=dtype.as_numpy()), dtype)
 
 
 def _shape(x: popxl.Tensor, shape: Sequence[int]) -> tuple[int, ...]:
@@ -43,7 +57,7 @@ def _shape(x: popxl.Tensor, shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(shape)
 
 
-@lowers(aten.view, aten._unsafe_view, aten.reshape)
+@lowers(aten.view)
 def _view(ctx: LoweringContext, x: popxl.Tensor, shape: Sequence[int]) -> popxl.Tensor:
     return ops.reshape(x, _shape(x, shape))
 
@@ -53,12 +67,7 @@ def _permute(ctx: LoweringContext, x: popxl.Tensor, dims: Sequence[int]) -> popx
     return ops.transpose(x, [d % x.rank for d in dims])
 
 
-@lowers(aten.t)
-def _t(ctx: LoweringContext, x: popxl.Tensor) -> popxl.Tensor:
-    return ops.transpose(x, list(range(x.rank))[::-1])
-
-
-@lowers(aten.clone, aten.alias, aten.lift_fresh_copy, aten.contiguous)
+@lowers(aten.clone, aten.lift_fresh_copy)
 def _clone(ctx: LoweringContext, x: popxl.Tensor, **_: Any) -> popxl.Tensor:
     return x  # values are immutable in the lowered (functional) graph
 
@@ -180,11 +189,6 @@ def _scalar_tensor(
     return popxl.constant(np.asarray(value, dtype=dt.as_numpy()), dt)
 
 
-@lowers(aten.clamp_min)
-def _clamp_min(ctx: LoweringContext, x: popxl.Tensor, low: Any) -> popxl.Tensor:
-    return _clamp(ctx, x, low, None)
-
-
 @lowers(aten.clamp)
 def _clamp(ctx: LoweringContext, x: popxl.Tensor, low: Any = None, high: Any = None) -> Any:
     # clip's kernel clamps exactly like torch.clamp (gradient included), so tensor bounds
@@ -229,8 +233,11 @@ def _addmm(
 
 @lowers(aten.copy_)
 def _copy_(ctx: LoweringContext, dst: popxl.Tensor, src: popxl.Tensor, *_: Any) -> popxl.Tensor:
-    # Only the fallback's writes into a module's buffer (tagged by the fallback) are lowered:
-    # any other in-place copy would change a value the functional graph already used.
+    # Only the fallback's tagged writes are lowered: into a module's buffer, or into the
+    # argument an in-place call updates (the driver rebinds that argument to the result).
+    # Any other in-place copy would change a value the functional graph already used.
+    if ctx.node.meta.get("self_update"):
+        return src
     name = ctx.node.meta.get("buffer_update")
     if name is None:
         raise NotImplementedError(
@@ -289,3 +296,23 @@ def _full_like(ctx: LoweringContext, x: popxl.Tensor, value: Any, **kwargs: Any)
     dtype = kwargs.get("dtype")
     dt = popxl.dtype.as_dtype(dtype) if dtype is not None else x.dtype
     return popxl.constant(np.full(x.shape, value, dtype=dt.as_numpy()), dt)
+
+
+def _logical(build, name: str) -> Any:
+    def lower(ctx: LoweringContext, *args: Any) -> popxl.Tensor:
+        tensors = [a for a in args if isinstance(a, popxl.Tensor)]
+        if any(t.dtype != popxl.bool for t in tensors):  # integer bitwise ops differ
+            raise NotImplementedError(
+                f"aten.{name} on non-bool tensors (fx node '{ctx.node.name}') has no lowering."
+            )
+        return build(*[_tensor(a, tensors[0]) for a in args])
+
+    return lower
+
+
+for _packet, _build, _name in (
+    (aten.bitwise_and, ops.logical_and, "bitwise_and"),
+    (aten.bitwise_or, ops.logical_or, "bitwise_or"),
+    (aten.bitwise_not, ops.logical_not, "bitwise_not"),
+):
+    lowers(_packet)(_logical(_build, _name))

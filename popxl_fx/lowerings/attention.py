@@ -38,7 +38,16 @@ def _additive(mask, dtype, keep_when_true: bool):
     return ops.where(keep, const(0.0, dtype), const(_NEG_INF, dtype))
 
 
-def attention(ctx, q, k, v, mask=None, dropout_p=0.0, scale=None, weights_only=False):
+def attention(
+    ctx,
+    q: popxl.Tensor,
+    k: popxl.Tensor,
+    v: popxl.Tensor,
+    mask: popxl.Tensor | None = None,
+    dropout_p: float = 0.0,
+    scale=None,
+    weights_only: bool = False,
+):
     """softmax(q k^T * scale + mask) v over (..., L, D) x (..., S, D); ``mask`` additive."""
     s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     scores = ops.matmul(q * s, swap_last(k))
@@ -49,7 +58,7 @@ def attention(ctx, q, k, v, mask=None, dropout_p=0.0, scale=None, weights_only=F
     return weights if weights_only else (ops.matmul(weights, v), weights)
 
 
-def swap_last(t):
+def swap_last(t: popxl.Tensor) -> popxl.Tensor:
     perm = list(range(t.rank))
     perm[-1], perm[-2] = perm[-2], perm[-1]
     return ops.transpose(t, perm)
@@ -229,7 +238,14 @@ def _self_attention(ctx, layer, x, mask, key_padding_mask, is_causal):
 
 
 @lowers(nn.TransformerEncoderLayer)
-def encoder_layer(ctx, m, src, src_mask=None, src_key_padding_mask=None, is_causal=False):
+def encoder_layer(
+    ctx,
+    m: nn.TransformerEncoderLayer,
+    src: popxl.Tensor,
+    src_mask=None,
+    src_key_padding_mask=None,
+    is_causal: bool = False,
+) -> popxl.Tensor:
     x = src
     if m.norm_first:
         x = x + _self_attention(

@@ -151,7 +151,7 @@ def _pow_scalar(a, e):
     return ops.pow(a, const(e, a.dtype))
 
 
-@lowers(torch.rsub, "rsub")
+@lowers(torch.rsub)
 def _rsub(ctx, a, b, alpha=1):
     a, b = promote(a, b)
     return ops.sub(b, a if alpha == 1 else a * alpha)

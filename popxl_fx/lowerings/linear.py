@@ -143,7 +143,9 @@ def _einsum(ctx, equation, *operands):
 
 
 # embedding -----------------------------------------------------------------------------------
-def embedding(indices, weight, padding_idx=None):
+def embedding(
+    indices: popxl.Tensor, weight: popxl.Tensor, padding_idx: int | None = None
+) -> popxl.Tensor:
     """weight[indices]; rows at ``padding_idx`` are read but receive no gradient (torch)."""
     if not indices.dtype.is_int:
         raise TypeError(f"embedding indices must be integers, got {indices.dtype.name}")

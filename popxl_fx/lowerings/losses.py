@@ -9,6 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn import _reduction
 
+import popxl_core as popxl
 from popxl_core import ops
 from popxl_core.ops.gather import gather_elements
 
@@ -52,7 +53,13 @@ def _picked(logp, target, weight, ignore_index: int):
     return ops.negate(picked) * w, w
 
 
-def nll_loss(logp, target, weight=None, ignore_index: int = -100, reduction: str = "mean"):
+def nll_loss(
+    logp: popxl.Tensor,
+    target: popxl.Tensor,
+    weight: popxl.Tensor | None = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+) -> popxl.Tensor:
     """torch's nll_loss on log-probabilities (classes in dim 1, or 0 when unbatched)."""
     if not target.dtype.is_int:
         raise TypeError(f"nll_loss targets must be class indices, got {target.dtype.name}")
@@ -93,7 +100,14 @@ def _prob_targets(logp, target, weight, reduction, eps):
     return _reduce(loss, reduction)
 
 
-def cross_entropy(x, target, weight=None, ignore_index=-100, reduction="mean", eps=0.0):
+def cross_entropy(
+    x: popxl.Tensor,
+    target: popxl.Tensor,
+    weight: popxl.Tensor | None = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    eps: float = 0.0,
+) -> popxl.Tensor:
     cdim = 1 if x.rank >= 2 else 0
     logp = ops.log_softmax(x, cdim)
     if target.dtype.is_floating_point:
@@ -150,13 +164,13 @@ def _diff(x, target):
     return x - target
 
 
-def huber(d, delta: float):
+def huber(d: popxl.Tensor, delta: float) -> popxl.Tensor:
     a = ops.abs(d)
     quad = d * d * 0.5
     return ops.where(ops.less(a, const(delta, d.dtype)), quad, (a - 0.5 * delta) * delta)
 
 
-def smooth_l1(d, beta: float):
+def smooth_l1(d: popxl.Tensor, beta: float) -> popxl.Tensor:
     if beta == 0:
         return ops.abs(d)
     a = ops.abs(d)
@@ -199,7 +213,9 @@ def _huber_module(ctx, m, x, target):
     return _reduce(huber(_diff(x, target), m.delta), m.reduction)
 
 
-def kl_div(x, target, reduction="mean", log_target=False):
+def kl_div(
+    x: popxl.Tensor, target: popxl.Tensor, reduction: str = "mean", log_target: bool = False
+) -> popxl.Tensor:
     if log_target:
         loss = ops.exp(target) * (target - x)
     else:
@@ -223,7 +239,12 @@ def _kl_div_module(ctx, m, x, target):
 
 
 # binary cross entropy ------------------------------------------------------------------------
-def bce(p, target, weight=None, reduction="mean"):
+def bce(
+    p: popxl.Tensor,
+    target: popxl.Tensor,
+    weight: popxl.Tensor | None = None,
+    reduction: str = "mean",
+) -> popxl.Tensor:
     """torch clamps each log at -100 so that p = 0 or 1 gives a finite loss."""
     log_p = ops.clip(ops.log(p), min=-100.0)
     log_q = ops.clip(ops.log(ops.negate(p) + 1.0), min=-100.0)
@@ -233,7 +254,13 @@ def bce(p, target, weight=None, reduction="mean"):
     return _reduce(loss, reduction)
 
 
-def bce_with_logits(x, target, weight=None, pos_weight=None, reduction="mean"):
+def bce_with_logits(
+    x: popxl.Tensor,
+    target: popxl.Tensor,
+    weight: popxl.Tensor | None = None,
+    pos_weight: popxl.Tensor | None = None,
+    reduction: str = "mean",
+) -> popxl.Tensor:
     # (1 - t) x + (1 + (pw - 1) t) * softplus(-x), softplus in its overflow-free form
     soft = softplus(ops.negate(x), 1.0, float("inf"))
     if pos_weight is not None:

@@ -94,7 +94,7 @@ def _tril(ctx, x, diagonal=0):
 
 
 # dropout -------------------------------------------------------------------------------------
-@lowers(F.dropout, torch.dropout, "dropout")
+@lowers(F.dropout, torch.dropout)
 def _dropout(ctx, x, p=0.5, training=True, inplace=False):
     return dropout(ctx, x, p, training)
 
@@ -108,7 +108,7 @@ def _dropout_module(ctx, m, x):
     return dropout(ctx, x, m.p, ctx.training)
 
 
-def channel_dropout(ctx, x, p: float, training: bool, r: int):
+def channel_dropout(ctx, x: popxl.Tensor, p: float, training: bool, r: int) -> popxl.Tensor:
     """Zero whole channels: one mask value per (N, C), broadcast over the spatial dims."""
     if not training or p == 0:
         return x
@@ -128,7 +128,9 @@ for _r in (1, 2, 3):
     )
 
 
-def stochastic_depth(ctx, x, p: float, mode: str, training: bool = True):
+def stochastic_depth(
+    ctx, x: popxl.Tensor, p: float, mode: str, training: bool = True
+) -> popxl.Tensor:
     """torchvision's stochastic depth: drop whole rows ('row') or the whole batch ('batch')."""
     if mode not in ("row", "batch"):
         raise ValueError(f"stochastic_depth: mode must be 'row' or 'batch', got {mode!r}")

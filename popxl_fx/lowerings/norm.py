@@ -7,10 +7,13 @@ first view (C, N*spatial), so forward and backward are single fused ops.
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import torch.nn as nn
 import torch.nn.functional as F
 
+import popxl_core as popxl
 from popxl_core import ops
 
 from ..lowering import lowers
@@ -43,7 +46,9 @@ def _channels_first(x):
     return flat, undo
 
 
-def batch_norm_train(x, weight, bias, eps: float):
+def batch_norm_train(
+    x: popxl.Tensor, weight: popxl.Tensor | None, bias: popxl.Tensor | None, eps: float
+) -> tuple[popxl.Tensor, popxl.Tensor, popxl.Tensor]:
     """Normalise with batch statistics; returns (y, batch mean, unbiased batch var)."""
     c = x.shape[1]
     n = x.nelms // c
@@ -99,6 +104,17 @@ def _bn_module(ctx, m, x):
 lowers(nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)(_bn_module)
 
 
+def _buffer_of(ctx, arg: int):
+    """A context that updates the torch buffer passed as argument ``arg`` of the node (a
+    get_attr of the model's buffer), or None when it is not one."""
+    node = ctx.node.args[arg] if len(ctx.node.args) > arg else None
+    if getattr(node, "op", None) != "get_attr":
+        return None
+    root = copy.copy(ctx)
+    root.module_path = ""
+    return root, node.target
+
+
 @lowers(F.batch_norm)
 def _batch_norm(
     ctx,
@@ -111,19 +127,32 @@ def _batch_norm(
     momentum=0.1,
     eps=1e-5,
 ):
-    if training:
-        if running_mean is not None:
-            raise NotImplementedError(
-                "F.batch_norm(training=True) with running statistics "
-                "updates tensors in place; use an nn.BatchNorm module"
-            )
-        return batch_norm_train(x, weight, bias, eps)[0]
-    w, b = _affine(weight, bias, x.shape[1], x.dtype)
-    return ops.batch_norm_inference(x, w, b, running_mean, running_var, eps)
+    if not training:
+        w, b = _affine(weight, bias, x.shape[1], x.dtype)
+        return ops.batch_norm_inference(x, w, b, running_mean, running_var, eps)
+    y, mean, var = batch_norm_train(x, weight, bias, eps)
+    if running_mean is None:
+        return y
+    targets = [_buffer_of(ctx, 1), _buffer_of(ctx, 2)]
+    if None in targets:
+        raise NotImplementedError(
+            "F.batch_norm(training=True) updates running_mean/running_var in place; they must "
+            "be buffers of the model (or use an nn.BatchNorm module)"
+        )
+    m = const(float(momentum), mean.dtype)
+    for (root, name), old, new in zip(targets, (running_mean, running_var), (mean, var)):
+        root.update_buffer(name, old * (const(1.0, mean.dtype) - m) + new * m)
+    return y
 
 
 # layer / group / instance norm --------------------------------------------------------------
-def layer_norm(x, normalized_shape, weight=None, bias=None, eps: float = 1e-5):
+def layer_norm(
+    x: popxl.Tensor,
+    normalized_shape,
+    weight: popxl.Tensor | None = None,
+    bias: popxl.Tensor | None = None,
+    eps: float = 1e-5,
+) -> popxl.Tensor:
     """Normalise over the trailing ``normalized_shape`` dims (one GroupNormalization on a
     (rows, D) view, whose per-channel scale is the elementwise weight)."""
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
@@ -155,7 +184,13 @@ def _layer_norm_module(ctx, m, x):
     return layer_norm(x, m.normalized_shape, weight, bias, m.eps)
 
 
-def group_norm(x, num_groups: int, weight=None, bias=None, eps: float = 1e-5):
+def group_norm(
+    x: popxl.Tensor,
+    num_groups: int,
+    weight: popxl.Tensor | None = None,
+    bias: popxl.Tensor | None = None,
+    eps: float = 1e-5,
+) -> popxl.Tensor:
     c = x.shape[1]
     w, b = _affine(weight, bias, c, x.dtype)
     return ops.group_norm(x, w, b, int(num_groups), eps)

@@ -207,11 +207,13 @@ def _max_bins(n: int, m: int):
     return fn
 
 
-def adaptive_avg_pool(x, output_size, r: int = 2) -> popxl.Tensor:
+def adaptive_avg_pool(x: popxl.Tensor, output_size, r: int = 2) -> popxl.Tensor:
     return _adaptive(x, output_size, r, "avg")
 
 
-def adaptive_max_pool(x, output_size, return_indices=False, r: int = 2) -> popxl.Tensor:
+def adaptive_max_pool(
+    x: popxl.Tensor, output_size, return_indices: bool = False, r: int = 2
+) -> popxl.Tensor:
     if return_indices:
         raise NotImplementedError("adaptive_max_pool with return_indices=True is not supported")
     return _adaptive(x, output_size, r, "max")

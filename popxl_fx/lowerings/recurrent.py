@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch.nn as nn
 
+import popxl_core as popxl
 from popxl_core import ops
 
 from ..lowering import lowers
@@ -24,18 +25,32 @@ def _linear(x, w, b):
     return y if b is None else y + b
 
 
-def rnn_step(xw, h, w_hh, b_hh, nonlinearity: str = "tanh"):
+def rnn_step(
+    xw: popxl.Tensor,
+    h: popxl.Tensor,
+    w_hh: popxl.Tensor,
+    b_hh: popxl.Tensor | None,
+    nonlinearity: str = "tanh",
+) -> tuple[popxl.Tensor]:
     pre = xw + _linear(h, w_hh, b_hh)
     return (ops.tanh(pre) if nonlinearity == "tanh" else ops.relu(pre),)
 
 
-def lstm_step(xw, h, c, w_hh, b_hh):
+def lstm_step(
+    xw: popxl.Tensor,
+    h: popxl.Tensor,
+    c: popxl.Tensor,
+    w_hh: popxl.Tensor,
+    b_hh: popxl.Tensor | None,
+) -> tuple[popxl.Tensor, popxl.Tensor]:
     i, f, g, o = ops.split(xw + _linear(h, w_hh, b_hh), 4, axis=xw.rank - 1)
     c = ops.sigmoid(f) * c + ops.sigmoid(i) * ops.tanh(g)
     return ops.sigmoid(o) * ops.tanh(c), c
 
 
-def gru_step(xw, h, w_hh, b_hh):
+def gru_step(
+    xw: popxl.Tensor, h: popxl.Tensor, w_hh: popxl.Tensor, b_hh: popxl.Tensor | None
+) -> tuple[popxl.Tensor]:
     xr, xz, xn = ops.split(xw, 3, axis=xw.rank - 1)
     hr, hz, hn = ops.split(_linear(h, w_hh, b_hh), 3, axis=xw.rank - 1)
     r = ops.sigmoid(xr + hr)
@@ -94,7 +109,7 @@ def _final(states: list, mode: str, batched: bool):
 
 
 @lowers(nn.RNN, nn.LSTM, nn.GRU)
-def recurrent(ctx, m, x, hx=None):
+def recurrent(ctx, m: nn.RNNBase, x: popxl.Tensor, hx=None) -> tuple:
     if getattr(m, "proj_size", 0):
         raise NotImplementedError(f"{ctx.module_path}: LSTM with proj_size is not supported")
     batched = x.rank == 3

@@ -108,7 +108,7 @@ def _argmin(ctx, x, dim=None, keepdim=False):
     return _arg(ops.argmin, x, dim, keepdim)
 
 
-def var(x, dim=None, correction: float = 1.0, keepdim: bool = False):
+def var(x: popxl.Tensor, dim=None, correction: float = 1.0, keepdim: bool = False) -> popxl.Tensor:
     """torch.var: mean squared deviation with ``n - correction`` in the denominator."""
     axes = _axes(x, dim)
     n = 1
@@ -158,7 +158,7 @@ def _std_mean(ctx, x, *args, **kwargs):
     return ops.sqrt(var(x, dim, correction, keepdim)), ops.mean(x, _axes(x, dim), keepdim)
 
 
-def vector_norm(x, p=2, dim=None, keepdim=False):
+def vector_norm(x: popxl.Tensor, p=2, dim=None, keepdim: bool = False) -> popxl.Tensor:
     axes = _axes(x, dim)
     if p in (2, 2.0, "fro"):
         return ops.sqrt(ops.sum(x * x, axes, keepdim))
@@ -211,7 +211,7 @@ def _implicit_dim(rank: int) -> int:
     return 0 if rank in (0, 1, 3) else 1  # torch's legacy rule for dim=None
 
 
-def softmax(x, dim=None, log: bool = False, dtype=None):
+def softmax(x: popxl.Tensor, dim=None, log: bool = False, dtype=None) -> popxl.Tensor:
     x = _sum_input(x, dtype) if dtype is not None else _float(x)
     d = norm_dim(_implicit_dim(x.rank) if dim is None else dim, x.rank)
     return ops.log_softmax(x, d) if log else ops.softmax(x, d)

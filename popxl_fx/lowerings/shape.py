@@ -35,7 +35,7 @@ def _permute(ctx, x, *dims):
     return ops.transpose(x, [norm_dim(d, x.rank) for d in _sizes(dims)])
 
 
-def swap(x, d0: int, d1: int):
+def swap(x: popxl.Tensor, d0: int, d1: int) -> popxl.Tensor:
     perm = list(range(x.rank))
     a, b = norm_dim(d0, x.rank), norm_dim(d1, x.rank)
     perm[a], perm[b] = perm[b], perm[a]
@@ -108,7 +108,7 @@ def _broadcast_to(ctx, x, size):
     return _expand(x, size)
 
 
-def repeat(x, reps):
+def repeat(x: popxl.Tensor, reps) -> popxl.Tensor:
     """torch's ``repeat`` (numpy ``tile``): each copy of an axis is an expand + reshape."""
     reps = list(reps)
     if len(reps) > x.rank:
@@ -188,7 +188,7 @@ def _select(ctx, x, dim, index):
     return ops.squeeze(ops.slice(x, i, i + 1, axis=d), [d])
 
 
-def flip(x, dims):
+def flip(x: popxl.Tensor, dims) -> popxl.Tensor:
     for d in norm_dims(dims, x.rank):
         x = ops.slice(x, x.shape[d] - 1, None, -1, axis=d)
     return x
@@ -290,7 +290,7 @@ def _advanced(x, adv: list):
     return ops.gather(merged, _linear_index(x, adv), first)
 
 
-def getitem(x, index, expected_shape=None):
+def getitem(x: popxl.Tensor, index, expected_shape=None) -> popxl.Tensor:
     """``x[index]`` with torch's semantics (see the module docstring)."""
     items = index if isinstance(index, tuple) else (index,)
     items = _expand_ellipsis(x, items)

@@ -20,6 +20,7 @@ __all__ = [
     "GroupTable",
     "group_table",
     "resolve_group",
+    "group_size",
 ]
 
 CollectiveOps = Literal["add", "mean", "mul", "min", "max", "and", "or", "square_add", "local"]

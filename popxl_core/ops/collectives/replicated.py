@@ -42,7 +42,9 @@ def _emit_collective(kernel):
     def emit(op, em) -> None:
         table = group_table(op.attrs["group"], em.program.ir.replication_factor)
         attrs = {k: v for k, v in op.attrs.items() if k != "group"}
-        k = em.bind_global("coll", functools.partial(kernel, table=table, **attrs))
+        fn = functools.partial(kernel, table=table, **attrs)
+        fn.op_name = f"{op.type}.{op.id}"  # named in replica-mismatch errors
+        k = em.bind_global("coll", fn)
         x, out = em.name(op.inputs[0]), em.name(op.outputs[0])
         if attrs.get("op") == "local":
             em.emit(f"{out} = {k}(RT.replica, {x}, None)")
