@@ -16,6 +16,8 @@ from ..remote_variables import remote_info
 from ..schedule import schedule
 from ..tensor import Constant, Tensor, Variable
 from .alias import ViewOutputs
+from .fuse import transposed_matmul_kernel, transposed_matmuls
+from .inplace import inplace_kernel, reuse_plan
 
 __all__ = ["Program", "CompiledGraph", "Emitter"]
 
@@ -97,8 +99,17 @@ class Program:
             self.variables: List[Variable] = [v for v in g.variables if not is_remote(v)]
             for i, v in enumerate(self.variables):
                 em.emit(f"{em.name(v)} = V[{i}]")
-        for op in _live_ops(g):
-            (op.opdef.emit or _emit_kernel)(op, em)
+        live = _live_ops(g)
+        fused = transposed_matmuls(live, g)
+        skip = set(fused.values())
+        reuse = reuse_plan(live, g)
+        for op in live:
+            if op in fused:
+                _emit_transposed_matmul(op, fused[op], em)
+            elif op in reuse:
+                _emit_into(op, reuse[op], em)
+            elif op not in skip:
+                (op.opdef.emit or _emit_kernel)(op, em)
         outs = ", ".join(em.name(t) for t in g._outputs)
         fname = "main" if is_main else self._fn_names.get(g, f"graph_{id(g)}")
         body = "\n    ".join(em.lines) or "pass"
@@ -145,6 +156,25 @@ def _emit_kernel(op: Op, em: Emitter) -> None:
         em.emit(f"{outs[0]} = {k}({ins})")
     else:
         em.emit(f"{', '.join(outs)} = {k}({ins})")
+
+
+def _emit_transposed_matmul(op: Op, mm: Op, em: Emitter) -> None:
+    kernel = transposed_matmul_kernel(mm)
+    if em.program.check_specs:
+        kernel = _spec_checked(kernel, op)
+    k = em.bind_global("k", kernel)
+    em.program.kernel_ops[k] = mm
+    em.emit(f"{em.name(op.outputs[0])} = {k}({em.name(mm.inputs[0])}, {em.name(mm.inputs[1])})")
+
+
+def _emit_into(op: Op, storage: Tensor, em: Emitter) -> None:
+    kernel = inplace_kernel(op)
+    if em.program.check_specs:
+        kernel = _spec_checked(kernel, op)
+    k = em.bind_global("k", kernel)
+    em.program.kernel_ops[k] = op
+    ins = ", ".join(em.name(t) for t in (*op.inputs, storage))
+    em.emit(f"{em.name(op.outputs[0])} = {k}({ins})")
 
 
 def _bound_kernel(op: Op, em: Emitter) -> Callable:

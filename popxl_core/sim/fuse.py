@@ -1,0 +1,52 @@
+"""Kernel fusions chosen at compile time, keeping the arithmetic of eager PyTorch.
+
+``transpose(matmul(a, b))`` on 2-D float32 tensors is computed as ``matmul(b.T, a.T)``: the
+same products, but the result is a contiguous tensor instead of a transposed view. Autodiff of
+``x @ w.T`` (every linear layer) yields exactly this for the weight gradient; the view made the
+optimizer's in-place update walk the weight in strided order. ``matmul(b.T, a.T)`` is the call
+eager PyTorch makes for a linear layer's weight gradient (``grad_out.t().mm(input)``).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, Dict, List
+
+from .. import dtypes
+from ..graph import Graph, Op
+
+__all__ = ["transposed_matmuls", "transposed_matmul_kernel"]
+
+
+def _consumers(ops: List[Op], g: Graph) -> Dict[object, int]:
+    n: Dict[object, int] = {t: 1 for t in g._outputs}
+    for op in ops:
+        for t in op.inputs:
+            n[t] = n.get(t, 0) + 1
+    return n
+
+
+def _fusable(op: Op, uses: Dict[object, int]) -> bool:
+    if op.type != "Transpose" or tuple(op.attrs.get("permutation", ())) != (1, 0):
+        return False
+    mm = op.inputs[0].producer
+    if mm is None or mm.type != "MatMul" or uses.get(op.inputs[0], 0) != 1:
+        return False
+    tensors = (*mm.inputs, *mm.outputs, *op.outputs)
+    return all(len(t.shape) == 2 and t.dtype is dtypes.float32 for t in tensors)
+
+
+def transposed_matmuls(ops: List[Op], g: Graph) -> Dict[Op, Op]:
+    """Transpose op -> the MatMul it reads, for each pair computed as one matmul."""
+    uses = _consumers(ops, g)
+    return {op: op.inputs[0].producer for op in ops if _fusable(op, uses)}
+
+
+def transposed_matmul_kernel(mm: Op) -> Callable:
+    """``(a, b) -> (a @ b).T`` computed as ``b.T @ a.T`` with ``mm``'s own kernel."""
+    kernel = functools.partial(mm.opdef.kernel, **mm.attrs) if mm.attrs else mm.opdef.kernel
+
+    def matmul_t(a, b):
+        return kernel(b.t(), a.t())
+
+    return matmul_t

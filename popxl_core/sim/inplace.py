@@ -1,0 +1,104 @@
+"""Elementwise kernels that write into an input that is dead after them (``out=``).
+
+Adam's update is a chain of elementwise ops on weight-sized temporaries; eager torch runs it
+in place. A float32 add/sub/mul/div/sqrt writes its result (the same kernel with ``out=``, the
+same bits) into the storage of a temporary of the output's shape that no op reads any more:
+one of its own inputs that it reads last, else one that died earlier in the schedule. Only
+temporaries made by those same kernels qualify (fresh tensors that no view, call, variable or
+graph output shares); the generated code keeps every name alive until the graph returns, so
+without reuse each temporary would be a new allocation.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, List
+
+import torch
+
+from .. import dtypes
+from ..graph import Graph, Op
+from ..tensor import Tensor
+
+__all__ = ["reuse_plan", "inplace_kernel"]
+
+_FRESH = {
+    "Add": torch.add,
+    "Sub": torch.sub,
+    "Mul": torch.mul,
+    "Div": torch.div,
+    "Sqrt": torch.sqrt,
+}
+
+
+def _float32(op: Op) -> bool:
+    return all(t.dtype is dtypes.float32 for t in (*op.inputs, *op.outputs))
+
+
+def _eligible(op: Op) -> bool:
+    return op.type in _FRESH and not op.attrs and not op.modified_inputs() and _float32(op)
+
+
+def reuse_plan(ops: List[Op], g: Graph) -> Dict[Op, Tensor]:
+    """op -> the tensor whose storage it writes its result into, for ops of ``ops`` (the live
+    schedule): a dead input of its own, else a temporary that died earlier (a buffer pool)."""
+    last: Dict[Tensor, int] = {}
+    readers: Dict[Tensor, List[Op]] = {}
+    for k, op in enumerate(ops):
+        for t in op.inputs:
+            last[t] = k
+            readers.setdefault(t, []).append(op)
+    outputs = set(g._outputs)
+    plan: Dict[Op, Tensor] = {}
+    free: Dict[tuple, List[Tensor]] = {}  # shape -> temporaries no op reads any more
+    for k, op in enumerate(ops):
+        if _eligible(op):
+            shape = tuple(op.outputs[0].shape)
+            mine = [t for t in op.inputs if _reusable(t, op, k, last, readers, outputs)]
+            if mine:
+                plan[op] = mine[0]
+            elif free.get(shape):
+                plan[op] = free[shape].pop()
+        for t in set(op.inputs):
+            if last[t] == k and t is not plan.get(op) and _owned(t, op, readers, outputs):
+                free.setdefault(tuple(t.shape), []).append(t)
+    return plan
+
+
+def _owned(t: Tensor, op: Op, readers, outputs) -> bool:
+    """``t`` is a fresh float32 temporary of ``op``'s graph whose readers only read it."""
+    src = t.producer
+    return (
+        src is not None
+        and src.graph is op.graph
+        and _eligible(src)
+        and t not in outputs
+        and all(_reads_only(r, t) for r in readers[t])
+    )
+
+
+def _reads_only(r: Op, t: Tensor) -> bool:
+    """``r`` neither writes ``t`` nor returns anything that may share its storage: a fresh
+    kernel, a host store (a copy), or an in-place op whose target is another tensor."""
+    if _eligible(r) or r.type == "HostStore":
+        return True
+    written = {r.inputs[i] for i in r.modified_inputs()}
+    return bool(r.opdef.inplace) and not r.called_graphs and t not in written
+
+
+def _reusable(t: Tensor, op: Op, k: int, last, readers, outputs) -> bool:
+    return (
+        _owned(t, op, readers, outputs)
+        and last[t] == k
+        and op.inputs.count(t) == 1
+        and tuple(t.shape) == tuple(op.outputs[0].shape)
+    )
+
+
+def inplace_kernel(op: Op) -> Callable:
+    """``op``'s kernel writing its result into its last argument (the storage to reuse)."""
+    fn = _FRESH[op.type]
+
+    def into(*args):
+        return fn(*args[:-1], out=args[-1])
+
+    return into
