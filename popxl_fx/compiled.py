@@ -35,7 +35,16 @@ from . import lowerings  # noqa: F401  (fills the lowering table)
 from .checks import check_inputs, integer_inputs_explained
 from .module import Module
 from .options import Options, resolve
-from .program import Inputs, Weights, describe_change, load_inputs, log, make_session, signature_of
+from .program import (
+    Inputs,
+    Weights,
+    describe_change,
+    load_inputs,
+    log,
+    make_session,
+    signature_of,
+    store,
+)
 
 __all__ = ["CompiledForward", "compile"]
 
@@ -97,12 +106,6 @@ class _BackwardProgram:
     results: list[tuple[str, Any, popxl.DeviceToHostStream]]  # ("param", name) | ("input", i)
 
 
-def _store(t: popxl.Tensor, name: str) -> popxl.DeviceToHostStream:
-    stream = popxl.d2h_stream(t.shape, t.dtype, name)
-    ops.host_store(stream, t)
-    return stream
-
-
 class CompiledForward:
     """The ``forward`` that `compile` installs on a module instance."""
 
@@ -160,7 +163,7 @@ class CompiledForward:
                 graphs = _build_graphs(self.model, ins.tensors, wants)
             variables = graphs.facts.init()
             site = graphs.fwd.bind(variables).call_with_info(*ins.tensors)
-            outs = [_store(t, f"output{i}") for i, t in enumerate(site.outputs)]
+            outs = [store(t, f"output{i}") for i, t in enumerate(site.outputs)]
             weights = Weights.from_named(variables.to_dict(), graphs.fxm.torch_names())
         session = make_session(ir, self.options)
         session.__enter__()
@@ -196,7 +199,7 @@ class CompiledForward:
                     if src in g.input_positions
                     else ("param", var_names[src])
                 )
-                results.append((*key, _store(t, f"grad_out{i}")))
+                results.append((*key, store(t, f"grad_out{i}")))
         session = make_session(ir, self.options)
         session.__enter__()
         return _BackwardProgram(session, streams, sources, results)

@@ -16,13 +16,21 @@ import torch
 from torch import nn
 
 import popxl_core as popxl
-from popxl_core import ops
-from popxl_core.printing import format_schedule
 
 from .checks import check_inputs, integer_inputs_explained
 from .module import Module
 from .options import Options, resolve
-from .program import Inputs, Weights, describe_change, load_inputs, log, make_session, signature_of
+from .program import (
+    Inputs,
+    ProgramView,
+    Weights,
+    describe_change,
+    load_inputs,
+    log,
+    make_session,
+    signature_of,
+    store,
+)
 
 __all__ = ["InferenceModel", "inference_model"]
 
@@ -44,9 +52,11 @@ def _versions(tensors: dict[str, torch.Tensor]) -> dict[str, tuple[int, int]]:
     return {n: (id(t), t._version) for n, t in tensors.items()}
 
 
-class InferenceModel:
+class InferenceModel(ProgramView):
     """The callable `inference_model` returns: ``model(*inputs)`` runs the forward on the
     simulator and returns torch tensors in the structure the torch forward returns."""
+
+    _not_called = "the inference model has not been called yet: call it once first."
 
     def __init__(self, model: nn.Module, options: Options | None = None) -> None:
         self._model = model
@@ -90,7 +100,7 @@ class InferenceModel:
                 facts, graph = fxm.create_graph(*ins.tensors)
             variables = facts.init()
             outs = graph.bind(variables).call(*ins.tensors)
-            streams = [_store(t, f"output{i}") for i, t in enumerate(outs)]
+            streams = [store(t, f"output{i}") for i, t in enumerate(outs)]
             weights = Weights.from_named(variables.to_dict(), fxm.torch_names())
         session = make_session(ir, self.options)
         session.__enter__()  # stays attached: the weights live on the device between calls
@@ -105,44 +115,9 @@ class InferenceModel:
             )
         self._synced = now
 
-    # looking at the program ----------------------------------------------------------
-    def _require(self) -> _Program:
-        if self._active is None:
-            raise RuntimeError("the inference model has not been called yet: call it once first.")
-        return self._active
-
-    @property
-    def ir(self) -> popxl.Ir:
-        """The PopXL Ir of the current program."""
-        return self._require().ir
-
-    @property
-    def session(self) -> popxl.Session:
-        return self._require().session
-
-    def report(self):
-        """The Session's `SimReport` (memory per IPU and time per call, estimated)."""
-        return self._require().session.report
-
-    def print_schedule(self) -> str:
-        """The schedules of the main graph and of the forward graph."""
-        prog = self._require()
-        return "\n\n".join(
-            [
-                "main:\n" + format_schedule(prog.ir.main_graph),
-                "forward:\n" + prog.forward.print_schedule(),
-            ]
-        )
-
 
 def _numpy(t: torch.Tensor) -> Any:
     return t.detach().cpu().contiguous().numpy()
-
-
-def _store(t: popxl.Tensor, name: str) -> popxl.DeviceToHostStream:
-    stream = popxl.d2h_stream(t.shape, t.dtype, name)
-    ops.host_store(stream, t)
-    return stream
 
 
 def inference_model(model: nn.Module, options: Options | None = None) -> InferenceModel:

@@ -18,11 +18,21 @@ from torch import nn
 
 import popxl_core as popxl
 from popxl_core import ops
+from popxl_core.printing import format_schedule
 from popxl_core.sim.plan import OutOfMemoryError
 
 from .options import Options
 
-__all__ = ["Inputs", "Weights", "load_inputs", "make_session", "log", "signature_of"]
+__all__ = [
+    "Inputs",
+    "ProgramView",
+    "Weights",
+    "load_inputs",
+    "make_session",
+    "log",
+    "signature_of",
+    "store",
+]
 
 log = logging.getLogger("popxl_fx")
 
@@ -148,3 +158,50 @@ def _oom_message(err: OutOfMemoryError, prefix: str) -> str:
 
 def _torch_name(name: str, prefix: str) -> str:
     return name[len(prefix) :] if prefix and name.startswith(prefix) else name
+
+
+def store(t: popxl.Tensor, name: str) -> popxl.DeviceToHostStream:
+    """Stream ``t`` to the host through a new device-to-host stream called ``name``."""
+    stream = popxl.d2h_stream(t.shape, t.dtype, name)
+    ops.host_store(stream, t)
+    return stream
+
+
+class ProgramView:
+    """What a trainer or inference model shows of its current program: Ir, Session, report and
+    schedules. The owner sets ``_active`` (None until its first call) and names the graphs."""
+
+    _active = None
+    _not_called = "it has not been called yet: call it once first."
+    _per = "call"
+
+    def _require(self):
+        if self._active is None:
+            raise RuntimeError(f"{type(self).__name__}: {self._not_called}")
+        return self._active
+
+    def _schedule_graphs(self, prog) -> dict:
+        """Graph name -> addons graph whose schedule `print_schedule` shows after main's."""
+        return {"forward": prog.forward}
+
+    @property
+    def ir(self) -> popxl.Ir:
+        """The PopXL Ir of the current program."""
+        return self._require().ir
+
+    @property
+    def session(self) -> popxl.Session:
+        return self._require().session
+
+    def report(self):
+        """The Session's `SimReport` (memory per IPU and time per call or step, estimated)."""
+        return self._require().session.report
+
+    def print_schedule(self) -> str:
+        """The schedules of the main graph and of the graphs it calls."""
+        prog = self._require()
+        parts = ["main:\n" + format_schedule(prog.ir.main_graph)]
+        parts += [
+            f"{name}:\n" + g.print_schedule() for name, g in self._schedule_graphs(prog).items()
+        ]
+        return "\n\n".join(parts)

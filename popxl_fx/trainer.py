@@ -19,8 +19,6 @@ from torch import nn
 
 import addons
 import popxl_core as popxl
-from popxl_core import ops
-from popxl_core.printing import format_schedule
 
 from . import lowerings  # noqa: F401  (fills the lowering table)
 from .checks import check_inputs, check_target, integer_inputs_explained
@@ -29,12 +27,14 @@ from .optim import OptimizerProgram
 from .options import Options, resolve
 from .program import (
     Inputs,
+    ProgramView,
     Weights,
     describe_change,
     load_inputs,
     log,
     make_session,
     signature_of,
+    store,
 )
 
 __all__ = ["Trainer", "training_model"]
@@ -127,8 +127,13 @@ def _scalar_loss(loss: popxl.Tensor, model: nn.Module, has_loss_fn: bool) -> Non
     )
 
 
-class Trainer:
+class Trainer(ProgramView):
     """The callable `training_model` returns: ``trainer(*inputs[, target])`` runs one step."""
+
+    _not_called = "the trainer has not been called yet: run one step first."
+
+    def _schedule_graphs(self, prog) -> dict:
+        return {"forward": prog.forward, "backward": prog.backward}
 
     def __init__(
         self,
@@ -227,17 +232,17 @@ class Trainer:
             optim = OptimizerProgram(self.optimizer, self._names)
             params = {n: weights.variables[n] for n in weights.names("param")}
             optim.build(params, {n: grads[v] for n, v in params.items() if v in grads})
-            loss_stream = _store(loss, "loss")
+            loss_stream = store(loss, "loss")
             recorded = {}
             if self._record:
                 recorded = {
-                    f"output.{i}": _store(t, f"output.{i}")
+                    f"output.{i}": store(t, f"output.{i}")
                     for i, t in enumerate(fwd.outputs)
                     if i != index
                 }
                 recorded.update(
                     {
-                        f"grad.{n}": _store(grads[v], f"grad.{n}")
+                        f"grad.{n}": store(grads[v], f"grad.{n}")
                         for n, v in params.items()
                         if v in grads
                     }
@@ -273,42 +278,6 @@ class Trainer:
         """The torch model, with the simulated weights copied into it."""
         self.copy_weights_to_host()
         return self._model
-
-    # looking at the program ----------------------------------------------------------
-    def _require(self) -> _Program:
-        if self._active is None:
-            raise RuntimeError("the trainer has not been called yet: run one step first.")
-        return self._active
-
-    @property
-    def ir(self) -> popxl.Ir:
-        """The PopXL Ir of the current program."""
-        return self._require().ir
-
-    @property
-    def session(self) -> popxl.Session:
-        return self._require().session
-
-    def report(self):
-        """The Session's `SimReport` (memory per IPU and time per step, estimated)."""
-        return self._require().session.report
-
-    def print_schedule(self) -> str:
-        """The schedules of the main graph, the forward graph and its gradient graph."""
-        prog = self._require()
-        return "\n\n".join(
-            [
-                "main:\n" + format_schedule(prog.ir.main_graph),
-                "forward:\n" + prog.forward.print_schedule(),
-                "backward:\n" + prog.backward.print_schedule(),
-            ]
-        )
-
-
-def _store(t: popxl.Tensor, name: str) -> popxl.DeviceToHostStream:
-    stream = popxl.d2h_stream(t.shape, t.dtype, name)
-    ops.host_store(stream, t)
-    return stream
 
 
 def _trainable(entry: tuple | None) -> bool:
