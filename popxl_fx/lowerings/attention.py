@@ -221,20 +221,25 @@ def _ff(ctx, layer, x):
     return h
 
 
-def _self_attention(ctx, layer, x, mask, key_padding_mask, is_causal):
+def _attention(ctx, layer, child, dropout, x, kv, mask, key_padding_mask, is_causal):
+    """``layer.<child>`` attending from ``x`` to ``kv`` (weights not needed), then its dropout."""
     y = call_child(
         ctx,
         layer,
-        "self_attn",
+        child,
         x,
-        x,
-        x,
+        kv,
+        kv,
         attn_mask=mask,
         key_padding_mask=key_padding_mask,
         need_weights=False,
         is_causal=is_causal,
     )[0]
-    return _drop(ctx, layer, "dropout1", y)
+    return _drop(ctx, layer, dropout, y)
+
+
+def _self_attention(ctx, layer, x, mask, key_padding_mask, is_causal):
+    return _attention(ctx, layer, "self_attn", "dropout1", x, x, mask, key_padding_mask, is_causal)
 
 
 @lowers(nn.TransformerEncoderLayer)
@@ -259,19 +264,9 @@ def encoder_layer(
 
 
 def _cross_attention(ctx, layer, x, memory, mask, key_padding_mask, is_causal):
-    y = call_child(
-        ctx,
-        layer,
-        "multihead_attn",
-        x,
-        memory,
-        memory,
-        attn_mask=mask,
-        key_padding_mask=key_padding_mask,
-        need_weights=False,
-        is_causal=is_causal,
-    )[0]
-    return _drop(ctx, layer, "dropout2", y)
+    return _attention(
+        ctx, layer, "multihead_attn", "dropout2", x, memory, mask, key_padding_mask, is_causal
+    )
 
 
 @lowers(nn.TransformerDecoderLayer)
