@@ -145,9 +145,7 @@ def _live_ops(g: Graph) -> List[Op]:
 
 def _emit_kernel(op: Op, em: Emitter) -> None:
     """Default emission: ``outs = kernel(ins)`` with the op's attributes bound."""
-    kernel = _bound_kernel(op, em)
-    k = em.bind_global("k", kernel)
-    em.program.kernel_ops[k] = op
+    k = _bind_kernel(em, _bound_kernel(op, em), op)
     ins = ", ".join(em.name(t) for t in op.inputs)
     outs = [em.name(t) for t in op.outputs]
     if not outs:
@@ -159,22 +157,24 @@ def _emit_kernel(op: Op, em: Emitter) -> None:
 
 
 def _emit_transposed_matmul(op: Op, mm: Op, em: Emitter) -> None:
-    kernel = transposed_matmul_kernel(mm)
-    if em.program.check_specs:
-        kernel = _spec_checked(kernel, op)
-    k = em.bind_global("k", kernel)
-    em.program.kernel_ops[k] = mm
+    k = _bind_kernel(em, transposed_matmul_kernel(mm), mm, checked=op)
     em.emit(f"{em.name(op.outputs[0])} = {k}({em.name(mm.inputs[0])}, {em.name(mm.inputs[1])})")
 
 
 def _emit_into(op: Op, storage: Tensor, em: Emitter) -> None:
-    kernel = inplace_kernel(op)
-    if em.program.check_specs:
-        kernel = _spec_checked(kernel, op)
-    k = em.bind_global("k", kernel)
-    em.program.kernel_ops[k] = op
+    k = _bind_kernel(em, inplace_kernel(op), op, checked=op)
     ins = ", ".join(em.name(t) for t in (*op.inputs, storage))
     em.emit(f"{em.name(op.outputs[0])} = {k}({ins})")
+
+
+def _bind_kernel(em: Emitter, kernel: Callable, op: Op, checked: Op | None = None) -> str:
+    """``kernel`` as a global of the generated code, recorded as ``op``'s (errors name it);
+    wrapped to check ``checked``'s output specs when the program checks them."""
+    if checked is not None and em.program.check_specs:
+        kernel = _spec_checked(kernel, checked)
+    k = em.bind_global("k", kernel)
+    em.program.kernel_ops[k] = op
+    return k
 
 
 def _bound_kernel(op: Op, em: Emitter) -> Callable:
