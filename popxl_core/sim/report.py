@@ -83,6 +83,9 @@ class SimReport:
                     f"total {fmt_bytes(m.total)} ({_fmt_percent(m.fraction)})")
             if m.out_of_memory:
                 line += f" OUT OF MEMORY by {fmt_bytes(m.total - m.capacity)}"
+            if m.loaded_variables:
+                line += (f"; remote variables on chip at most {fmt_bytes(m.loaded_variables)} "
+                         "(in the activations)")
             step = live.peak_step.get(ipu)
             if step is not None and m.activations:
                 line += f"; peak at step {step} ({live.steps[step]})"
@@ -161,6 +164,9 @@ class SimReport:
             "always_live_bytes": sum(m.always_live for m in mems),
             "not_always_live_peak_bytes": sum(m.activations for m in mems),
             "variable_bytes": sum(m.variables for m in mems),
+            # remote variables' data loaded on chip at its peak, and with the always-live ones
+            "loaded_variable_peak_bytes": sum(m.loaded_variables for m in mems),
+            "variables_on_chip_peak_bytes": sum(m.variables_on_chip for m in mems),
             "constant_bytes": sum(m.constants for m in mems),
             "code_bytes": sum(m.code for m in mems),
             "stream_buffer_bytes": sum(m.streams for m in mems),
@@ -217,6 +223,8 @@ class SimReport:
 def _memory_dict(m) -> dict[str, Any]:
     return {"variables": m.variables, "constants": m.constants, "code": m.code,
             "streams": m.streams, "activations_peak": m.activations,
+            "loaded_variables_peak": m.loaded_variables,
+            "variables_on_chip_peak": m.variables_on_chip,
             "always_live": m.always_live, "total": m.total, "capacity": m.capacity,
             "fraction": m.fraction, "out_of_memory": m.out_of_memory,
             "top": [{"category": c, "name": n, "bytes": b} for c, n, b in m.top],
