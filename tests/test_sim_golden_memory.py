@@ -121,6 +121,11 @@ def test_loaded_variables_peak_is_the_max_of_phases_or_the_sum_of_overlaps(concu
     layer = 64 * 64 * 4
     assert mem.variables == 0 and mem.loaded_variables == (2 if concurrent else 1) * layer
     assert mem.activations >= mem.loaded_variables  # they are part of the liveness
+    report = session.report
+    main = report.loaded_variables(0, expand=False)
+    assert max(b for _, b in main) == mem.loaded_variables
+    assert [b for _, b in main] == report.to_dict()["loaded_variables"]["0"]
+    assert len(report.loaded_variables(0)) == len(report.liveness(0))
     x = np.arange(256, dtype=np.float32).reshape(4, 64)
     with session:
         out = next(iter(session.run({session.ir.get_all_h2d_streams().pop(): x}).values()))

@@ -140,6 +140,18 @@ class SimReport:
             return flat_curve(p.analysis, p.main, ipu)
         return [(op, step.get(ipu, 0)) for op, step in zip(p.liveness.steps, p.liveness.curve)]
 
+    def loaded_variables(self, ipu: int = 0, expand: bool = True) -> list[tuple[str, int]]:
+        """Bytes of remote variables' data on chip (loaded, gathered; part of the liveness)
+        at each step, as ``(op, bytes)``. The curve is kept per step of the main graph; with
+        ``expand`` every step inside a call or repeat shows its main-graph step's value (the
+        most it holds during that call), aligned with ``liveness(ipu)``."""
+        p = self.plan
+        main = [c.get(ipu, 0) for c in p.loaded_variables.curve]
+        if not expand:
+            return list(zip(p.liveness.steps, main))
+        index = {name: i for i, name in enumerate(p.liveness.steps)}
+        return [(path, main[index[path.split("/")[0]]]) for path, _ in self.liveness(ipu)]
+
     def plot_liveness(self, path: str | Path, ipu: int = 0, title: str | None = None) -> Path:
         """Write the liveness curve of ``ipu`` as a PNG (needs matplotlib: extra ``plot``)."""
         from .plot import plot_liveness
@@ -210,6 +222,9 @@ class SimReport:
             # calls and repeats expanded, per IPU: what plot_liveness draws
             "liveness_expanded": {str(i): [[op, b] for op, b in self.liveness(i)]
                                   for i in p.memory},
+            # per main-graph step, per IPU: remote variables' data on chip
+            "loaded_variables": {str(i): [b for _, b in self.loaded_variables(i, False)]
+                                 for i in p.memory},
         }
 
     def to_json(self, path: str | Path | None = None, indent: int = 1) -> str:
