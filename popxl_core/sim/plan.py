@@ -168,7 +168,7 @@ def build_plan(ir, machine: Machine) -> Plan:
                       io_tiles=opts.numIOTiles, replicas=ir.replication_factor)
     analysis = LivenessAnalysis()
     liveness = analysis.of(ir.main_graph)
-    loaded = VariableLiveness(ir).of(ir.main_graph)
+    loaded = VariableLiveness(ir, analysis).of(ir.main_graph)
     runs = model.graph_runs(ir.main_graph)
     work = model.graph_work(ir.main_graph) + Work(Cycles(launch=machine.run_overhead_cycles))
     plan = Plan(machine, ir.replication_factor, _memory(ir, graphs, model, liveness, loaded),

@@ -16,10 +16,9 @@ from dataclasses import dataclass, field
 
 from ..graph import Graph, Op
 from ..remote_variables import remote_info
-from ..schedule import schedule
 from ..tensor import Tensor
 from .cost import nbytes_of
-from .liveness import _alias_source, _buffer_spans, _live_curve, _own_outputs
+from .liveness import LivenessAnalysis, _alias_source, _buffer_spans, _live_curve, _own_outputs
 
 __all__ = ["VariableLiveness", "VariableCurve"]
 
@@ -42,10 +41,12 @@ class VariableLiveness:
     """The liveness of loaded remote-variable data of an Ir's graphs (cached per graph and
     per which of its inputs hold variable data)."""
 
-    def __init__(self, ir) -> None:
+    def __init__(self, ir, analysis: LivenessAnalysis | None = None) -> None:
         self.buffers = {
             info.buffer for v in ir.main_graph.variables if (info := remote_info(v)) is not None
         }
+        # the schedules the liveness of all tensors already computed
+        self.analysis = analysis or LivenessAnalysis()
         self._cache: dict[tuple[Graph, tuple[bool, ...]], VariableCurve] = {}
 
     def of(self, graph: Graph, inputs: tuple[bool, ...] | None = None) -> VariableCurve:
@@ -56,7 +57,9 @@ class VariableLiveness:
         return self._cache[key]
 
     def _analyse(self, graph: Graph, inputs: tuple[bool, ...]) -> VariableCurve:
-        order = schedule(graph)
+        if not self.buffers and not any(inputs):  # no remote variables: nothing to follow
+            return VariableCurve([{} for _ in graph._ops], {}, (False,) * len(graph._outputs))
+        order = self.analysis.of(graph).ops
         marked = {t for t, flag in zip(graph._inputs, inputs) if flag}
         callees: dict[int, VariableCurve] = {}
         for i, op in enumerate(order):
