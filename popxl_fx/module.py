@@ -4,7 +4,8 @@
 then lowers its fx graph node by node. Each parameter and buffer the graph uses becomes a
 variable input named by its torch qualified name (``"layer1.0.conv1.weight"``), initialised
 from the torch tensor, so the module fits ``create_graph``, ``bind``, ``autodiff`` and
-``call_module`` like any addons layer.
+``call_module`` like any addons layer. Building it sets the Ir's ``numerics`` to ``"torch"``:
+a lowered torch model's reference is eager PyTorch, bit for bit (`popxl_core.Ir.numerics`).
 """
 
 from __future__ import annotations
@@ -104,6 +105,7 @@ class Module(addons.Module):
         issues = self.issues(*xs)
         if issues:
             raise UnsupportedError(type(self.torch_module).__name__, issues)
+        popxl.gcg().ir.numerics = "torch"  # torch's kernels, as eager PyTorch runs them
         self._vars, self._seed = {}, []
         names = self.torch_names()
         self._canonical = {id(t): n for n, (_, t) in names.items()}

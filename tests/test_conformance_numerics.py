@@ -22,6 +22,7 @@ import popxl_fx
 from addons.optimizers.adam import AdamOptimizerStep
 from popxl_core import ops
 from popxl_core.compat_skips import skip_reason
+from popxl_fx.module import Module
 
 RNG = np.random.default_rng(7)
 X = RNG.standard_normal((12, 8)).astype(np.float32)
@@ -95,6 +96,10 @@ def test_popxl_fx_programs_use_torch_numerics():
                                       nn.MSELoss())
     trainer(torch.from_numpy(X[:3]), torch.zeros(3, 4))
     assert trainer.ir.numerics == "torch"
+    ir = popxl.Ir()  # a lowered torch module inside a hand-written program
+    with ir.main_graph:
+        Module(nn.Linear(8, 4)).create_graph(popxl.TensorSpec((3, 8), popxl.float32))
+    assert ir.numerics == "torch"
 
 
 # Adam -------------------------------------------------------------------------------------
