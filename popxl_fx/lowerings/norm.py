@@ -151,23 +151,15 @@ def layer_norm(
     bias: popxl.Tensor | None = None,
     eps: float = 1e-5,
 ) -> popxl.Tensor:
-    """Normalise over the trailing ``normalized_shape`` dims (one GroupNormalization on a
-    (rows, D) view, whose per-channel scale is the elementwise weight)."""
+    """torch's layer norm over the trailing ``normalized_shape`` dims, with eager's kernels
+    forward and backward (ops.native_layer_norm)."""
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     if tuple(x.shape[x.rank - len(shape) :]) != shape:
         raise ValueError(
             f"layer_norm: normalized_shape {shape} does not match the trailing dims "
             f"of the input {tuple(x.shape)}"
         )
-    d = int(np.prod(shape))
-    w, b = _affine(
-        None if weight is None else ops.reshape(weight, (d,)),
-        None if bias is None else ops.reshape(bias, (d,)),
-        d,
-        x.dtype,
-    )
-    y = ops.group_norm(ops.reshape(x, (x.nelms // d, d)), w, b, 1, eps)
-    return ops.reshape(y, x.shape)
+    return ops.native_layer_norm(x, shape, weight, bias, eps)
 
 
 @lowers(F.layer_norm)
