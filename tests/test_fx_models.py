@@ -99,4 +99,3 @@ def test_torchvision_models_float64(name, optimizer, via):
 def test_torchvision_cnns(name, optimizer, via):
     """3 steps in float32, every element at rtol 1e-3 / atol 1e-5, device="cpu"."""
     run(TORCHVISION[name], optimizer, via, Options(device="cpu"))
-
