@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from popxl_fx import Options
-from popxl_fx.testing import assert_matches_eager
+from popxl_fx.testing import assert_matches_eager, compare
 
 
 def _head(c: int) -> list[nn.Module]:
@@ -98,3 +98,21 @@ def test_block_is_bitwise_eager(name):
         via="compile",
     )
     assert set(errors) >= {"loss", "outputs", "gradients", "parameters"}
+
+
+def test_compare_finds_one_ulp_in_any_chunk():
+    """`compare` works through large tensors a chunk at a time: a single-ulp difference in
+    the last chunk, or a NaN on one side only, still fails at rtol=atol=0."""
+    expected = torch.linspace(1.0, 2.0, (1 << 22) + 5)
+    actual = expected.clone()
+    assert compare("same", actual, expected, 0.0, 0.0) == 0.0
+    actual[-1] = torch.nextafter(actual[-1], torch.tensor(3.0))
+    with pytest.raises(AssertionError, match=r"1 of 4194309 values beyond rtol=0.0"):
+        compare("last", actual, expected, 0.0, 0.0)
+    assert compare("tolerated", actual, expected, 1e-6, 0.0) > 0.0
+    actual = expected.clone()
+    actual[3] = float("nan")
+    with pytest.raises(AssertionError, match="1 of"):
+        compare("nan", actual, expected, 1.0, 1.0)
+    with pytest.raises(AssertionError, match="values beyond"):
+        compare("normwise", expected + 1e-3, expected, 1e-4, 0.0, normwise=True)
