@@ -37,17 +37,27 @@ def _softmax_cost(ins, outs, attrs) -> Cost:
 
 
 def _softmax_grad(ctx):
-    from . import mul, sub, sum
-
-    y, g = ctx.output(0), ctx.grad_output(0)
-    return [mul(y, sub(g, sum(mul(g, y), ctx.attrs["axis"], keepdims=True)))]
+    # autograd's kernel (aten._softmax_backward_data), so gradients match eager bit for bit
+    ins = [ctx.grad_output(0), ctx.output(0)]
+    return create_op(SOFTMAX_GRAD, ins, {"axis": ctx.attrs["axis"]})
 
 
 def _log_softmax_grad(ctx):
-    from . import exp, mul, sub, sum
+    ins = [ctx.grad_output(0), ctx.output(0)]
+    return create_op(LOG_SOFTMAX_GRAD, ins, {"axis": ctx.attrs["axis"]})
 
-    y, g = ctx.output(0), ctx.grad_output(0)
-    return [sub(g, mul(exp(y), sum(g, ctx.attrs["axis"], keepdims=True)))]
+
+def _grad_samples(fwd, grad_def, ref):
+    """The gradient op alone, bitwise (rtol=atol=0) against torch autograd."""
+    def build(g, x):
+        return create_op(grad_def(), [g, fwd(x, 1)], {"axis": 1})[0]
+
+    def reference(g, x):
+        x = x.detach().requires_grad_()
+        with torch.enable_grad():
+            return torch.autograd.grad(ref(x, 1), x, g)[0]
+    inputs = [rand(3, 7, 2, seed=302), rand(3, 7, 2, low=-3, high=3, seed=303)]
+    return lambda: [Sample(inputs, build, reference, grad=False, rtol=0.0, atol=0.0)]
 
 
 def _softmax_samples(fn, ref):
@@ -67,6 +77,17 @@ LOG_SOFTMAX = register(OpDef(
     "LogSoftmax", _softmax_infer, lambda x, axis: torch.log_softmax(x, axis),
     grad=_log_softmax_grad, cost=_softmax_cost, out_name="logsoftmax_out",
     samples=_softmax_samples(lambda x, a: log_softmax(x, a), torch.log_softmax)))
+SOFTMAX_GRAD = register(OpDef(
+    "SoftmaxGrad", lambda ins, axis: [ins[1]],
+    lambda g, y, axis: torch._softmax_backward_data(g, y, axis, y.dtype), cost=_softmax_cost,
+    out_name="softmaxgrad_out",
+    samples=_grad_samples(lambda x, a: softmax(x, a), lambda: SOFTMAX_GRAD, torch.softmax)))
+LOG_SOFTMAX_GRAD = register(OpDef(
+    "LogSoftmaxGrad", lambda ins, axis: [ins[1]],
+    lambda g, y, axis: torch._log_softmax_backward_data(g, y, axis, y.dtype),
+    cost=_softmax_cost, out_name="logsoftmaxgrad_out",
+    samples=_grad_samples(lambda x, a: log_softmax(x, a), lambda: LOG_SOFTMAX_GRAD,
+                          torch.log_softmax)))
 
 
 def _axis(t: Tensor, axis: int, what: str) -> int:
@@ -148,7 +169,29 @@ def _nll_infer(ins, reduction, ignore_index, log_prob):
 
 
 def _nll_kernel(probs, labels, reduction, ignore_index, log_prob):
+    if _aten_nll(probs, log_prob):
+        (loss, _), *_ = _aten_nll_forward(probs, labels, reduction, ignore_index)
+        return loss
     return _nll_value(probs, labels, reduction, ignore_index, log_prob).to(probs.dtype)
+
+
+# eager's kernels for log-probabilities of shape (N, C): F.nll_loss and autograd call these,
+# and their sums (and the mean's division) round as here
+_ATEN_REDUCTION = {"none": 0, "mean": 1, "sum": 2}
+
+
+def _aten_nll(probs, log_prob: bool) -> bool:
+    return log_prob and probs.dim() == 2
+
+
+def _aten_nll_forward(logp, labels, reduction, ignore_index):
+    lab = labels.long()
+    valid = lab != ignore_index if ignore_index is not None else torch.ones_like(lab, dtype=bool)
+    _check_labels(lab, valid, logp.shape[-1])
+    # no ignore_index: every label is in range (checked), so -1 never matches
+    ignore = -1 if ignore_index is None else int(ignore_index)
+    red = _ATEN_REDUCTION[reduction]
+    return torch.ops.aten.nll_loss_forward(logp, lab, None, red, ignore), lab, red, ignore
 
 
 def _nll_grad(ctx):
@@ -164,6 +207,9 @@ def _nll_grad_infer(ins, reduction, ignore_index, log_prob):
 
 def _nll_grad_kernel(probs, labels, g, reduction, ignore_index, log_prob):
     """d loss / d probs: -g / p at the label (-g for log-probabilities), zero elsewhere."""
+    if _aten_nll(probs, log_prob):
+        (_, total), lab, red, ignore = _aten_nll_forward(probs, labels, reduction, ignore_index)
+        return torch.ops.aten.nll_loss_backward(g, probs, lab, None, red, ignore, total)
     p, valid, safe = _pick(probs, labels, ignore_index)
     scale = g / _count(valid, probs.dtype) if reduction == "mean" else g
     d = -scale * torch.ones_like(p) if log_prob else -scale / p
