@@ -208,6 +208,7 @@ class Trainer(ProgramView):
                 names[-1] = "target"
             ins = load_inputs(inputs, names)
             fxm = Module(root, flatten_outputs=True)
+            fxm.capture(*inputs)  # trace on the user's inputs (real branches and indices)
             model_inputs = inputs[:-1] if self.loss_fn is not None else inputs
             with integer_inputs_explained(self._model, model_inputs):
                 facts, fwd_graph = fxm.create_graph(*ins.tensors)
