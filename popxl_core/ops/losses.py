@@ -37,27 +37,17 @@ def _softmax_cost(ins, outs, attrs) -> Cost:
 
 
 def _softmax_grad(ctx):
-    # autograd's kernel (aten._softmax_backward_data), so gradients match eager bit for bit
-    ins = [ctx.grad_output(0), ctx.output(0)]
-    return create_op(SOFTMAX_GRAD, ins, {"axis": ctx.attrs["axis"]})
+    from . import mul, sub, sum
+
+    y, g = ctx.output(0), ctx.grad_output(0)
+    return [mul(y, sub(g, sum(mul(g, y), ctx.attrs["axis"], keepdims=True)))]
 
 
 def _log_softmax_grad(ctx):
-    ins = [ctx.grad_output(0), ctx.output(0)]
-    return create_op(LOG_SOFTMAX_GRAD, ins, {"axis": ctx.attrs["axis"]})
+    from . import exp, mul, sub, sum
 
-
-def _grad_samples(fwd, grad_def, ref):
-    """The gradient op alone, bitwise (rtol=atol=0) against torch autograd."""
-    def build(g, x):
-        return create_op(grad_def(), [g, fwd(x, 1)], {"axis": 1})[0]
-
-    def reference(g, x):
-        x = x.detach().requires_grad_()
-        with torch.enable_grad():
-            return torch.autograd.grad(ref(x, 1), x, g)[0]
-    inputs = [rand(3, 7, 2, seed=302), rand(3, 7, 2, low=-3, high=3, seed=303)]
-    return lambda: [Sample(inputs, build, reference, grad=False, rtol=0.0, atol=0.0)]
+    y, g = ctx.output(0), ctx.grad_output(0)
+    return [sub(g, mul(exp(y), sum(g, ctx.attrs["axis"], keepdims=True)))]
 
 
 def _softmax_samples(fn, ref):
@@ -77,17 +67,6 @@ LOG_SOFTMAX = register(OpDef(
     "LogSoftmax", _softmax_infer, lambda x, axis: torch.log_softmax(x, axis),
     grad=_log_softmax_grad, cost=_softmax_cost, out_name="logsoftmax_out",
     samples=_softmax_samples(lambda x, a: log_softmax(x, a), torch.log_softmax)))
-SOFTMAX_GRAD = register(OpDef(
-    "SoftmaxGrad", lambda ins, axis: [ins[1]],
-    lambda g, y, axis: torch._softmax_backward_data(g, y, axis, y.dtype), cost=_softmax_cost,
-    out_name="softmaxgrad_out",
-    samples=_grad_samples(lambda x, a: softmax(x, a), lambda: SOFTMAX_GRAD, torch.softmax)))
-LOG_SOFTMAX_GRAD = register(OpDef(
-    "LogSoftmaxGrad", lambda ins, axis: [ins[1]],
-    lambda g, y, axis: torch._log_softmax_backward_data(g, y, axis, y.dtype),
-    cost=_softmax_cost, out_name="logsoftmaxgrad_out",
-    samples=_grad_samples(lambda x, a: log_softmax(x, a), lambda: LOG_SOFTMAX_GRAD,
-                          torch.log_softmax)))
 
 
 def _axis(t: Tensor, axis: int, what: str) -> int:
