@@ -210,6 +210,7 @@ class Trainer(ProgramView):
             fxm = Module(root, flatten_outputs=True)
             model_inputs = inputs[:-1] if self.loss_fn is not None else inputs
             with integer_inputs_explained(self._model, model_inputs):
+                fxm.capture(*inputs)  # trace on the user's inputs (real branches and indices)
                 facts, fwd_graph = fxm.create_graph(*ins.tensors)
             index = _loss_index(fxm, len(fwd_graph.graph.outputs), self._model)
             _scalar_loss(fwd_graph.graph.outputs[index], self._model, self.loss_fn is not None)
