@@ -25,6 +25,12 @@ import torch
 import torch.fx as fx
 from torch import nn
 
+from .capture_state import (
+    changed_plain_tensors,
+    plain_tensors,
+    plain_update_issues,
+    random_factories_recorded,
+)
 from .errors import Issue, user_frame
 from .lowering import lookup
 
@@ -340,8 +346,10 @@ def _fetch(root: nn.Module, target: str) -> Any:
 
 @contextlib.contextmanager
 def preserved(model: nn.Module) -> Iterator[None]:
-    """Run eager code on ``model`` without changing its buffers or the torch RNG."""
+    """Run eager code on ``model`` without changing its buffers, its plain tensor
+    attributes or the torch RNG."""
     saved = {name: b.detach().clone() for name, b in model.named_buffers()}
+    plain = {key: t.detach().clone() for key, t in plain_tensors(model).items()}
     with torch.random.fork_rng(devices=[]):
         try:
             yield
@@ -349,6 +357,9 @@ def preserved(model: nn.Module) -> Iterator[None]:
             with torch.no_grad():
                 for name, b in model.named_buffers():
                     b.copy_(saved[name])
+                for key, t in plain_tensors(model).items():
+                    if key in plain and t.shape == plain[key].shape:
+                        t.copy_(plain[key])
 
 
 def trace_module(tracer: CaptureTracer, model: nn.Module) -> fx.GraphModule:
@@ -360,7 +371,10 @@ def trace_module(tracer: CaptureTracer, model: nn.Module) -> fx.GraphModule:
     before = set(vars(model))
     try:
         with preserved(model):
-            graph = tracer.trace(model)
+            plain = {k: t.detach().clone() for k, t in plain_tensors(model).items()}
+            with random_factories_recorded(tracer):
+                graph = tracer.trace(model)
+            tracer.issues += plain_update_issues(graph, changed_plain_tensors(model, plain))
         return fx.GraphModule(model, graph, class_name=type(model).__name__)
     finally:
         for name in set(vars(model)) - before:

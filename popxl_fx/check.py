@@ -23,7 +23,7 @@ from . import lowerings  # noqa: F401  (registers the table)
 from .capture import Captured, CaptureTracer, preserved, trace_module
 from .errors import Issue, UnsupportedError, user_frame
 from .fallback import decomposition_issue
-from .inplace import inplace_view_issues
+from .inplace import inplace_state_issues, inplace_view_issues
 from .lowering import lookup
 
 __all__ = ["CheckReport", "all_issues", "check", "check_captured"]
@@ -84,6 +84,7 @@ def all_issues(captured: Captured, model: nn.Module) -> list[Issue]:
 def check_captured(captured: Captured, model: nn.Module) -> list[Issue]:
     """The capture's own issues plus every call with no lowering and no decomposition."""
     issues = list(captured.issues) + inplace_view_issues(captured.gm, model)
+    issues += inplace_state_issues(captured.gm, model)
     verdicts: dict[tuple, Issue | None] = {}  # one decomposition per kind of call
     for node in captured.gm.graph.nodes:
         if node.op not in ("call_function", "call_method", "call_module"):
