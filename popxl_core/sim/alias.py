@@ -82,6 +82,8 @@ class ViewOutputs:
         self._roots_of: Dict[Tensor, Set[Tensor]] = {}
         # per caller graph: {root tensor: schedule positions of the ops writing into it}
         self._writes: Dict[Graph, Dict[Tensor, List[int]]] = {}
+        # per call op: {caller tensor: the outputs that may alias it}, outputs always aliased
+        self._call_maps: Dict[Op, Tuple[Dict[Tensor, List[Tensor]], List[Tensor]]] = {}
 
     def index(self, g: Graph) -> _GraphIndex:
         if g not in self._index:
@@ -169,11 +171,12 @@ class ViewOutputs:
         derived = {t}
         pending = [t]
         while pending:
-            for op in hi.consumers.get(pending.pop(), ()):
+            x = pending.pop()
+            for op in hi.consumers.get(x, ()):
                 if op.opdef.view:
                     new = op.outputs
                 elif op.called_graphs:
-                    new = _call_aliases(op, derived, self.index(op.called_graphs[0]))
+                    new = self._call_aliases(op, x)
                 else:
                     continue
                 for out in new:
@@ -182,20 +185,22 @@ class ViewOutputs:
                         pending.append(out)
         return derived
 
-
-def _call_aliases(op: Op, of: Set[Tensor], gi: _GraphIndex) -> List[Tensor]:
-    """Outputs of ``op`` that may alias a tensor in ``of``: of a plain call, those its graph
-    (indexed by ``gi``) returns as (views of) the inputs given ``of``, or from an inner call;
-    else all."""
-    if op.type != "Call":
-        return list(op.outputs)
-    g = op.called_graphs[0]
-    found = []
-    for t, inner in zip(op.outputs, g._outputs):
-        root = view_root(inner)
-        if root in gi.inputs:
-            if op.inputs[gi.inputs[root]] in of:
-                found.append(t)
-        elif root.producer is not None and root.producer.called_graphs:
-            found.append(t)
-    return found
+    def _call_aliases(self, op: Op, x: Tensor) -> List[Tensor]:
+        """Outputs of ``op`` that may alias its input ``x``: of a plain call, those its graph
+        returns as (views of) the input ``x`` feeds, or from an inner call; else all."""
+        if op.type != "Call":
+            return list(op.outputs)
+        if op not in self._call_maps:
+            g = op.called_graphs[0]
+            gi = self.index(g)
+            by_input: Dict[Tensor, List[Tensor]] = {}
+            always: List[Tensor] = []
+            for t, inner in zip(op.outputs, g._outputs):
+                root = view_root(inner)
+                if root in gi.inputs:
+                    by_input.setdefault(op.inputs[gi.inputs[root]], []).append(t)
+                elif root.producer is not None and root.producer.called_graphs:
+                    always.append(t)
+            self._call_maps[op] = (by_input, always)
+        by_input, always = self._call_maps[op]
+        return always + by_input.get(x, [])
