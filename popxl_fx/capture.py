@@ -27,6 +27,7 @@ from torch import nn
 
 from .errors import Issue, user_frame
 from .lowering import lookup
+from .replay import MISSING, Replay, module_state
 
 __all__ = [
     "CaptureTracer",
@@ -144,9 +145,11 @@ class CaptureTracer(fx.Tracer):
         root: nn.Module,
         example_inputs: Sequence[Any],
         leaf: Callable[[nn.Module], bool] = is_leaf,
+        replay: Replay | None = None,
     ) -> None:
         super().__init__()  # shapes fold in _Proxy (also for parameters)
-        self.record_stack_traces = True
+        # node.stack_trace for users of the captured graph; a replay trace is only compared
+        self.record_stack_traces = replay is None
         self.proxy_buffer_attributes = True
         self.root_module = root
         self._inputs = list(example_inputs)
@@ -154,6 +157,7 @@ class CaptureTracer(fx.Tracer):
         self._paths: list[str] = []
         self._evaluating = False
         self.issues: list[Issue] = []
+        self._replay = replay  # a first trace whose example values this one may reuse
 
     # hierarchy --------------------------------------------------------------------------
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
@@ -224,6 +228,8 @@ class CaptureTracer(fx.Tracer):
         node.meta["example_value"] = self._evaluate(node)
         if node.op == "placeholder":
             return
+        if node.op == "call_module" and self._replay is None:  # what a replay compares
+            node.meta["module_state"] = module_state(self.root_module.get_submodule(node.target))
         if (
             node.target in _DATA_METHODS
             if node.op == "call_method"
@@ -236,6 +242,16 @@ class CaptureTracer(fx.Tracer):
             node.meta["data_dependent"] = True
 
     def _evaluate(self, node: fx.Node) -> Any:
+        if self._replay is None:
+            return self._compute(node)
+        value = self._replay.reuse(node, self.root_module)
+        if value is MISSING:
+            value = self._compute(node)
+            if node.op in ("placeholder", "get_attr"):
+                self._replay.settle(node, value)
+        return value
+
+    def _compute(self, node: fx.Node) -> Any:
         if node.op == "placeholder":
             return self._next_input(node)
         args, kwargs = _value((node.args, node.kwargs))
