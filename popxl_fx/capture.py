@@ -4,7 +4,8 @@ Every node gets, in ``node.meta``:
   - ``example_value``: its value on the example inputs (this is the shape propagation: the
     node's shape and dtype; the trace runs the model once, eagerly, without changing it);
   - ``module_path``: qualified name of the torch module whose code created it;
-  - ``source``: the user's ``file:line`` that created it (also ``node.stack_trace``).
+  - ``source``: the user's ``file:line`` that created it (and ``node.stack_trace``: the
+    user's frames from the outermost ``forward`` in).
 Python values derived from shapes (``x.shape``, ``x.size()``, ``x.dim()``, ``len(x)``) are
 folded into constants while tracing, so the graph is specialised to the example shapes.
 Standard ``torch.nn`` modules with a lowering (or without children) stay leaves; user modules
@@ -25,7 +26,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from .errors import Issue, user_frame
+from .errors import Issue, user_frame, user_stack
 from .lowering import lookup
 from .replay import MISSING, Replay, module_state
 
@@ -148,8 +149,9 @@ class CaptureTracer(fx.Tracer):
         replay: Replay | None = None,
     ) -> None:
         super().__init__()  # shapes fold in _Proxy (also for parameters)
-        # node.stack_trace for users of the captured graph; a replay trace is only compared
-        self.record_stack_traces = replay is None
+        # node.stack_trace (for users of the captured graph) comes from `user_stack`, which
+        # reads only the user's frames; a replay trace is only compared and keeps none
+        self.record_stack_traces = False
         self.proxy_buffer_attributes = True
         self.root_module = root
         self._inputs = list(example_inputs)
@@ -224,7 +226,9 @@ class CaptureTracer(fx.Tracer):
 
     def _annotate(self, node: fx.Node) -> None:
         node.meta["module_path"] = self._paths[-1] if self._paths else ""
-        node.meta["source"] = user_frame()
+        node.meta["source"], stack = user_stack()
+        if stack and self._replay is None:
+            node.stack_trace = stack
         node.meta["example_value"] = self._evaluate(node)
         if node.op == "placeholder":
             return

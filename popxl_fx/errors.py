@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["Issue", "UnsupportedError", "user_frame"]
+__all__ = ["Issue", "UnsupportedError", "user_frame", "user_stack"]
 
 
 @dataclass(frozen=True)
@@ -92,3 +92,31 @@ def user_frame(stack: Sequence[traceback.FrameSummary] | None = None) -> str:
         if not frame.filename.startswith("<") and not _internal(os.path.abspath(frame.filename)):
             return f"{frame.filename}:{frame.lineno}"
     return "<unknown>"
+
+
+def user_stack() -> tuple[str, str]:
+    """`user_frame` and the user's part of the stack as text (from the outermost ``forward``
+    in, without torch's, popxl_fx's or the standard library's frames: what a traced node
+    keeps as ``node.stack_trace``), from one walk of the live frames; only the kept frames'
+    source lines are read."""
+    frames = []
+    frame = sys._getframe(1)
+    while frame is not None:
+        frames.append(frame)
+        frame = frame.f_back
+    frames.reverse()  # outermost first, as tracebacks print
+    start = next((i for i, f in enumerate(frames) if f.f_code.co_name == "forward"), None)
+    kept = [
+        traceback.FrameSummary(f.f_code.co_filename, f.f_lineno, f.f_code.co_name)
+        for f in (frames[start:] if start is not None else ())
+        if not _internal_file(f.f_code.co_filename)
+    ]
+    source = next(
+        (
+            f"{f.f_code.co_filename}:{f.f_lineno}"
+            for f in reversed(frames)
+            if not _internal_file(f.f_code.co_filename)
+        ),
+        "<unknown>",
+    )
+    return source, "".join(traceback.StackSummary.from_list(kept).format()).strip()
