@@ -199,8 +199,9 @@ def _view_needs_copy(op: Op, em: Emitter) -> bool:
     could be observed (`alias.ViewOutputs`)."""
     if em.modifying:
         return True
-    outs = [t for t in op.outputs if t in em.graph._outputs]
-    return any(em.program.view_outputs.needs_copy(em.graph, t) for t in outs)
+    views = em.program.view_outputs
+    outs = [t for t in op.outputs if views.is_output(em.graph, t)]
+    return any(views.needs_copy(em.graph, t) for t in outs)
 
 
 def _spec_checked(kernel: Callable, op: Op) -> Callable:
