@@ -16,8 +16,9 @@ from ..remote_variables import remote_info
 from ..schedule import schedule
 from ..tensor import Constant, Tensor, Variable
 from .alias import ViewOutputs
+from .foreach import Group, foreach_schedule, group_kernel, plan_modes
 from .fuse import transposed_matmul_kernel, transposed_matmuls
-from .inplace import inplace_kernel, reuse_plan
+from .inplace import inplace_kernel, reusable_in, reuse_plan
 
 __all__ = ["Program", "CompiledGraph", "Emitter"]
 
@@ -63,9 +64,23 @@ class Emitter:
 class Program:
     """All graphs of an Ir compiled to Python functions sharing one namespace."""
 
-    def __init__(self, ir, runtime: Any, check_specs: bool = False) -> None:
+    def __init__(
+        self,
+        ir,
+        runtime: Any,
+        check_specs: bool = False,
+        foreach: bool = True,
+        transposed_matmuls: bool = True,
+    ) -> None:
         self.ir = ir
         self.check_specs = check_specs
+        self.foreach = foreach  # multi-tensor kernels (foreach.py), bitwise equal
+        # (a @ b).T as b.T @ a.T (fuse.py): eager torch's call, may differ in the last bit
+        self.transpose_matmuls = transposed_matmuls
+        # how often each optimisation applied (tests check that the fused paths ran)
+        self.stats: Dict[str, int] = dict.fromkeys(
+            ("foreach_groups", "foreach_ops", "transposed_matmuls", "out_reuse"), 0
+        )
         self.namespace: Dict[str, Any] = {"RT": runtime, "torch": torch}
         self._counter = 0
         self._fn_names: Dict[Graph, str] = {}
@@ -100,15 +115,29 @@ class Program:
             for i, v in enumerate(self.variables):
                 em.emit(f"{em.name(v)} = V[{i}]")
         live = _live_ops(g)
-        fused = transposed_matmuls(live, g)
+        fused = transposed_matmuls(live, g) if self.transpose_matmuls else {}
         skip = set(fused.values())
-        reuse = reuse_plan(live, g)
+        groups: List[Group] = []
+        if self.foreach:
+            live, groups = foreach_schedule(live)
+        fixed = plan_modes(groups, live, reusable_in(live, g))
+        reuse = reuse_plan(live, g, fixed)
+        first = {grp.ops[0]: grp for grp in groups}
+        skip.update(op for grp in groups for op in grp.ops[1:])
+        self.stats["foreach_groups"] += len(groups)
+        self.stats["foreach_ops"] += sum(len(grp.ops) for grp in groups)
+        self.stats["transposed_matmuls"] += len(fused)
+        self.stats["out_reuse"] += len([op for op in reuse if op not in fixed])
         for op in live:
-            if op in fused:
+            if op in first:
+                _emit_group(first[op], em)
+            elif op in skip:
+                continue  # computed by a fused kernel or a group emitted before
+            elif op in fused:
                 _emit_transposed_matmul(op, fused[op], em)
             elif op in reuse:
                 _emit_into(op, reuse[op], em)
-            elif op not in skip:
+            else:
                 (op.opdef.emit or _emit_kernel)(op, em)
         outs = ", ".join(em.name(t) for t in g._outputs)
         fname = "main" if is_main else self._fn_names.get(g, f"graph_{id(g)}")
@@ -165,6 +194,13 @@ def _emit_into(op: Op, storage: Tensor, em: Emitter) -> None:
     k = _bind_kernel(em, inplace_kernel(op), op, checked=op)
     ins = ", ".join(em.name(t) for t in (*op.inputs, storage))
     em.emit(f"{em.name(op.outputs[0])} = {k}({ins})")
+
+
+def _emit_group(grp: Group, em: Emitter) -> None:
+    k = _bind_kernel(em, group_kernel(grp), grp.ops[0])
+    ins = ", ".join(em.name(t) for op in grp.ops for t in op.inputs)
+    outs = ", ".join(em.name(op.outputs[0]) for op in grp.ops)
+    em.emit(f"{outs}, = {k}({ins})")
 
 
 def _bind_kernel(em: Emitter, kernel: Callable, op: Op, checked: Op | None = None) -> str:

@@ -15,6 +15,7 @@ from . import checks
 from .compile import Program
 from .machine import machine_for
 from .plan import build_plan
+from .reference import ReferenceProgram, program_options, reference_enabled
 from .remote_state import RemoteState, host_from_replicas, replica_value
 from .runtime import Runtime, run_replicas
 
@@ -40,6 +41,7 @@ class Session:
         device_desc: str = "cpu",
         weights_to_host_on_exit: bool = True,
         _check_specs: bool = False,
+        _reference: Optional[bool] = None,
     ) -> None:
         self.machine = machine_for(device_desc)
         self._built_at = checks.built_at()
@@ -64,7 +66,14 @@ class Session:
         self._data_dependent = [s for s, n in counts.items() if n < 0]
         # plan first: an out-of-memory program fails before anything is compiled or copied
         self.plan = build_plan(ir, self.machine)
-        self._program = Program(ir, self._runtime, check_specs=_check_specs)
+        # tests run the plain interpreter (`reference.py`) to check the compiled program
+        use_reference = reference_enabled() if _reference is None else _reference
+        if use_reference:
+            self._program = ReferenceProgram(ir, self._runtime, check_specs=_check_specs)
+        else:
+            self._program = Program(
+                ir, self._runtime, check_specs=_check_specs, **program_options()
+            )
         # collectives need every replica at once: then replicas run in threads
         self._threaded = any(
             op.opdef.extra.get("collective") for g in self._program.graphs_used() for op in g._ops
