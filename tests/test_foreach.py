@@ -17,6 +17,7 @@ from popxl_core import ops
 from popxl_core.ops import var_updates
 from popxl_core.sim.compile import _live_ops
 from popxl_core.sim.foreach import foreach_schedule, group_key
+from popxl_core.sim.reference import compiler_options
 
 SHAPES = [(4, 5), (7,), (3, 2, 2)]
 
@@ -49,9 +50,10 @@ def _program(update):
     return ir, feeds
 
 
-def _run(update, reference: bool):
+def _run(update, reference: bool, **options: bool):
     ir, feeds = _program(update)
-    session = popxl.Session(ir, "ipu_hw", _reference=reference)
+    with compiler_options(**options):
+        session = popxl.Session(ir, "ipu_hw", _reference=reference)
     variables = list(ir.main_graph.variables)
     with session:
         res = session.run(feeds)
@@ -61,8 +63,8 @@ def _run(update, reference: bool):
     return out, session._program
 
 
-def _check(update, min_groups: int):
-    fast, program = _run(update, reference=False)
+def _check(update, min_groups: int, **options: bool):
+    fast, program = _run(update, reference=False, **options)
     ref, _ = _run(update, reference=True)
     assert fast.keys() == ref.keys()
     for k in fast:
@@ -111,6 +113,14 @@ def _misc(ws, ms, gs, s):
 )
 def test_grouped_updates_equal_the_reference_bitwise(update, groups):
     _check(update, groups)
+
+
+def test_without_fresh_groups_chains_stay_per_tensor():
+    # the first op of each chain allocates, so it does not group; the scheduler takes ops
+    # in order, so the rest of each chain is not ready with its peers either
+    program = _check(_adam_like, 0, foreach_fresh=False)
+    assert program.stats["foreach_ops"] < 33  # fewer than the 11 kinds x 3 tensors
+    assert program.stats["out_reuse"] >= 12
 
 
 def test_an_op_reading_another_ops_target_is_not_grouped_with_it():

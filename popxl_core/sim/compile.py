@@ -19,6 +19,7 @@ from .alias import ViewOutputs
 from .foreach import Group, foreach_schedule, group_kernel, plan_modes
 from .fuse import transposed_matmul_kernel, transposed_matmuls
 from .inplace import inplace_kernel, reusable_in, reuse_plan
+from .release import release_points
 
 __all__ = ["Program", "CompiledGraph", "Emitter"]
 
@@ -71,10 +72,14 @@ class Program:
         check_specs: bool = False,
         foreach: bool = True,
         transposed_matmuls: bool = True,
+        foreach_fresh: bool = True,
     ) -> None:
         self.ir = ir
         self.check_specs = check_specs
         self.foreach = foreach  # multi-tensor kernels (foreach.py), bitwise equal
+        # also group ops that allocate their results, as torch.optim's foreach path does
+        # (False: only ops that can write into dead inputs; see foreach.foreach_schedule)
+        self.foreach_fresh = foreach_fresh
         # (a @ b).T as b.T @ a.T (fuse.py): eager torch's call, may differ in the last bit
         self.transpose_matmuls = transposed_matmuls
         # how often each optimisation applied (tests check that the fused paths ran)
@@ -119,16 +124,19 @@ class Program:
         skip = set(fused.values())
         groups: List[Group] = []
         if self.foreach:
-            live, groups = foreach_schedule(live)
-        fixed = plan_modes(groups, live, reusable_in(live, g))
+            live, groups = foreach_schedule(
+                live, None if self.foreach_fresh else reusable_in(live, g)
+            )
+        fixed, groups = plan_modes(groups, live, reusable_in(live, g), self.foreach_fresh)
         reuse = reuse_plan(live, g, fixed)
         first = {grp.ops[0]: grp for grp in groups}
         skip.update(op for grp in groups for op in grp.ops[1:])
         self.stats["foreach_groups"] += len(groups)
         self.stats["foreach_ops"] += sum(len(grp.ops) for grp in groups)
         self.stats["transposed_matmuls"] += len(fused)
-        self.stats["out_reuse"] += len([op for op in reuse if op not in fixed])
-        for op in live:
+        self.stats["out_reuse"] += len(reuse)  # single ops and grouped ones
+        released = release_points(live, groups, fused, reuse, g)
+        for k, op in enumerate(live):
             if op in first:
                 _emit_group(first[op], em)
             elif op in skip:
@@ -139,6 +147,9 @@ class Program:
                 _emit_into(op, reuse[op], em)
             else:
                 (op.opdef.emit or _emit_kernel)(op, em)
+            dead = [em.names[t] for t in released.get(k, ()) if t in em.names]
+            if dead:  # drop the last reference: the allocator recycles the storage now
+                em.emit(f"del {', '.join(dead)}")
         outs = ", ".join(em.name(t) for t in g._outputs)
         fname = "main" if is_main else self._fn_names.get(g, f"graph_{id(g)}")
         body = "\n    ".join(em.lines) or "pass"

@@ -167,9 +167,13 @@ def _dependencies(ops: List[Op]) -> Dict[Op, set]:
     return preds
 
 
-def foreach_schedule(ops: List[Op]) -> Tuple[List[Op], List[Group]]:
+def foreach_schedule(ops: List[Op], reusable=None) -> Tuple[List[Op], List[Group]]:
     """``ops`` (a live schedule) reordered so that each group's ops are adjacent, and the
-    groups of two or more ops."""
+    groups of two or more ops. With ``reusable`` (`inplace.reusable_in` of ``ops``), an
+    add/sub/mul/div/sqrt joins a group only if it could write into a dead input: a group of
+    fresh results allocates every tensor's result at once (as torch.optim's foreach path
+    does), where one op at a time reuses the previous tensor's dead temporaries. On CPU the
+    two measured the same for the seed MLP's Adam step (benchmarks/RESULTS.md)."""
     preds = _dependencies(ops)
     index = {op: k for k, op in enumerate(ops)}
     succs: Dict[Op, List[Op]] = {op: [] for op in ops}
@@ -178,6 +182,11 @@ def foreach_schedule(ops: List[Op]) -> Tuple[List[Op], List[Group]]:
         for q in ps:
             succs[q].append(op)
     keys = {op: group_key(op) for op in ops}
+    if reusable is not None:
+        for k, op in enumerate(ops):
+            if op.type in _FRESH_TYPES and keys[op] is not None:
+                if not any(reusable(op.inputs[i], op, k) for _, i in _options(keys[op], op.type)):
+                    keys[op] = None
     ready: List[Tuple[int, Op]] = []
     ready_by_key: Dict[tuple, Dict[Op, None]] = {}
     done: set = set()
@@ -333,29 +342,38 @@ def _scaled_add_kernel(group: Group, columns, inplace: bool) -> Callable:
     return run
 
 
-def plan_modes(groups: List[Group], order: List[Op], reusable) -> Dict[Op, object]:
-    """Decide each group's mode; returns op -> the input it writes (None: a fresh output)
-    for every grouped op, for the ``out=`` reuse planner. ``reusable(t, op, k)`` says whether
-    op (at position k of ``order``) may overwrite its input ``t``."""
+def plan_modes(
+    groups: List[Group], order: List[Op], reusable, keep_fresh: bool = False
+) -> Tuple[Dict[Op, object], List[Group]]:
+    """Decide each group's mode on the final ``order``; returns op -> the input it writes,
+    for the ``out=`` reuse planner, and the groups kept: an add/sub/mul/div/sqrt group that
+    cannot write into dead inputs is left to run op by op (see `foreach_schedule`).
+    ``reusable(t, op, k)`` says whether op (at position k of ``order``) may overwrite ``t``."""
     pos = {op: k for k, op in enumerate(order)}
     fixed: Dict[Op, object] = {}
+    kept: List[Group] = []
     for grp in groups:
         if grp.ops[0].type in _FRESH_TYPES:
             grp.mode = _mode(grp, pos, reusable)
+            if grp.mode == "fresh" and not keep_fresh:
+                continue
             for op in grp.ops:
                 fixed[op] = _written_input(grp, op)
-    return fixed
+        kept.append(grp)
+    return fixed, kept
+
+
+def _options(key: tuple, t: str) -> List[Tuple[str, int]]:
+    """(mode, input written) pairs an op of this key may use."""
+    if t in _BINARY and key[1] == "LL":
+        return [("in0", 0)] + ([("in1", 1)] if t in _COMMUTATIVE else [])
+    return [("in0", 1 if key[1:2] == ("SL",) else 0)]
 
 
 def _mode(grp: Group, pos, reusable) -> str:
     """"in0": into the per-tensor operand (input 0, or 1 when a scalar comes first); "in1":
     into input 1 of a commutative op of two tensors; else "fresh"."""
-    t = grp.ops[0].type
-    if t in _BINARY and grp.key[1] == "LL":
-        options = [("in0", 0)] + ([("in1", 1)] if t in _COMMUTATIVE else [])
-    else:
-        options = [("in0", _list_index(grp))]
-    for mode, i in options:
+    for mode, i in _options(grp.key, grp.ops[0].type):
         if all(reusable(op.inputs[i], op, pos[op]) for op in grp.ops):
             return mode
     return "fresh"
