@@ -16,6 +16,7 @@ from ..remote_variables import remote_info
 from ..schedule import schedule
 from ..tensor import Constant, Tensor, Variable
 from .alias import ViewOutputs
+from .direct import direct_call
 from .foreach import Group, foreach_schedule, group_kernel, plan_modes
 from .fuse import transposed_matmul_kernel, transposed_matmuls
 from .inplace import inplace_kernel, reusable_in, reuse_plan
@@ -73,6 +74,7 @@ class Program:
         foreach: bool = True,
         transposed_matmuls: bool = True,
         foreach_fresh: bool = True,
+        direct: bool = True,
     ) -> None:
         self.ir = ir
         self.check_specs = check_specs
@@ -80,6 +82,7 @@ class Program:
         # also group ops that allocate their results, as torch.optim's foreach path does
         # (False: only ops that can write into dead inputs; see foreach.foreach_schedule)
         self.foreach_fresh = foreach_fresh
+        self.direct = direct  # torch calls written into the source (direct.py)
         # (a @ b).T as b.T @ a.T (fuse.py): eager torch's call, may differ in the last bit
         self.transpose_matmuls = transposed_matmuls
         # how often each optimisation applied (tests check that the fused paths ran)
@@ -184,7 +187,14 @@ def _live_ops(g: Graph) -> List[Op]:
 
 
 def _emit_kernel(op: Op, em: Emitter) -> None:
-    """Default emission: ``outs = kernel(ins)`` with the op's attributes bound."""
+    """Default emission: ``outs = kernel(ins)`` with the op's attributes bound; the torch
+    call itself for the ops `direct.py` lists."""
+    if em.program.direct and not em.program.check_specs:
+        if not (op.opdef.view and _view_needs_copy(op, em)):
+            call = direct_call(op, em.name, lambda v: em.bind_global("a", v))
+            if call is not None:
+                em.emit(f"{em.name(op.outputs[0])} = {call}")
+                return
     k = _bind_kernel(em, _bound_kernel(op, em), op)
     ins = ", ".join(em.name(t) for t in op.inputs)
     outs = [em.name(t) for t in op.outputs]
