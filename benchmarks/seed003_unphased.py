@@ -28,6 +28,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 import seed_runner  # noqa: E402
+from seed003 import unphased_program  # noqa: E402
 
 MICRO, GA, REPLICAS = 8, 4, 2  # the seed's opts.train
 GLOBAL_BATCH = MICRO * GA * REPLICAS
@@ -90,30 +91,6 @@ def run_seed(path: Path, max_batches: int) -> Recorder:
     steps = len(namespace["training_data"])  # later runs: the seed's throughput measurement
     rec.batches, rec.losses = rec.batches[:steps], rec.losses[:steps]
     return rec
-
-
-def unphased_program(ns: dict, batch: int):
-    """The seed's MLP, one replica, one step per global batch, built from the seed's modules."""
-    popxl, addons, ops = ns["popxl"], ns["addons"], ns["ops"]
-    ir = popxl.Ir()
-    with ir.main_graph, popxl.in_sequence(True):
-        img = popxl.h2d_stream((batch, 28 * 28), popxl.float32, "image")
-        lbl = popxl.h2d_stream((batch,), popxl.int32, "labels")
-        x, labels = ops.host_load(img), ops.host_load(lbl)
-        facts, fwd = ns["Net"]().create_graph(x)
-        bwd = addons.autodiff(fwd, grads_required=fwd.args.tensors)
-        variables = facts.init()
-        info = fwd.bind(variables).call_with_info(x)
-        loss, dlogits = addons.cross_entropy_with_grad(info.parent_output(0), labels)
-        grad_info = bwd.call_with_info(dlogits, args=bwd.grad_graph_info.inputs_dict(info))
-        grads = bwd.grad_graph_info.fwd_parent_ins_to_grad_parent_outs(info, grad_info)
-        adam = ns["Adam"](cache=True)
-        for name, var in sorted(variables.to_dict().items()):
-            o_facts, o_graph = adam.create_graph(var, grads[var], lr=1e-3, bias_correction=False)
-            o_graph.bind(o_facts.init(prefix=f"adam.{name}")).call(var, grads[var])
-        loss_stream = popxl.d2h_stream((), popxl.float32, "loss")
-        ops.host_store(loss_stream, loss)
-    return popxl.Session(ir, "ipu_hw"), (img, lbl), variables, loss_stream
 
 
 def run_unphased(rec: Recorder, reverse_rows: bool = False) -> list[float]:

@@ -13,8 +13,8 @@ hidden layers inlined, once outlined (one subgraph called for both). Each traini
   lives, not the numbers);
 
 and writes the liveness plot of the outlined step (with matplotlib: the ``plot`` extra) and
-both JSON reports to ``--out``. Phasing (the phased-execution tutorial) shows in the same way
-once remote buffers are in popxl_core.
+both JSON reports to ``--out``. Phasing (the phased-execution tutorial, seed 003) shows in the
+same way in examples/phased_report.py.
 
 Usage::
 

@@ -89,6 +89,42 @@ def test_a_300m_weight_mlp_fails_on_ipu_hw_before_anything_is_allocated():
     assert ir._session is None  # the failed Session did not take the Ir
 
 
+def _phased_big_mlp_ir(batch: int = 8):
+    """The same MLP with its weights in Streaming Memory, one phase per layer: load the
+    layer's weights, compute, drop them. The three 10,000 x 10,000 layers share one remote
+    buffer of 3 entries (as seed 003's inner layers do)."""
+    ir = popxl.Ir()
+    widths = (784, HIDDEN, HIDDEN, HIDDEN, HIDDEN, 10)
+    with ir.main_graph, popxl.in_sequence(True):  # in order: one layer's weights at a time
+        x = ops.host_load(popxl.h2d_stream((batch, 784), popxl.float32, "x"))
+        inner = popxl.remote_buffer((HIDDEN, HIDDEN), popxl.float32, entries=3)
+        for i, (a, b) in enumerate(zip(widths, widths[1:])):
+            if a == b:
+                buf, entry = inner, i - 1
+            else:
+                buf, entry = popxl.remote_buffer((a, b), popxl.float32), 0
+            value = np.broadcast_to(np.float32(0.01), (a, b))
+            popxl.remote_variable(value, buf, entry, name=f"w{i}")
+            x = x @ ops.remote_load(buf, entry)
+            x = ops.gelu(x) if i < len(widths) - 2 else x
+        ops.host_store(popxl.d2h_stream(x.shape, x.dtype, "y"), x)
+    return ir
+
+
+def test_the_same_mlp_with_remote_variables_and_phases_builds_on_ipu_hw():
+    session = popxl.Session(_phased_big_mlp_ir(), "ipu_hw")  # no OutOfMemoryError
+    data = session.report.to_dict()
+    n = 784 * HIDDEN + 3 * HIDDEN**2 + HIDDEN * 10
+    assert data["streaming_memory_bytes"] == 4 * n == 1_231_760_000  # ~1.2 GB off chip
+    assert data["variable_bytes"] == 0
+    # the largest phase's weights: one 10,000 x 10,000 float32 layer, 381.47 MiB
+    assert data["variables_on_chip_peak_bytes"] == 4 * HIDDEN**2
+    capacity = data["capacity_bytes_per_ipu"]
+    assert 4 * HIDDEN**2 < data["peak_bytes_per_ipu"][0] < capacity < 4 * n
+    assert data["out_of_memory"] == []
+    assert data["remote_bytes_loaded"] == 4 * n  # every layer loaded once per run
+
+
 def test_the_same_mlp_planned_for_ipu_model_warns():
     # planned only: a Session would copy the 1.2 GB of weights to the simulated device
     with pytest.warns(OutOfMemoryWarning, match=r"Out of memory on IPU 0 of 'ipu_model'"):

@@ -13,12 +13,12 @@ the two figures recorded by Graphcore's PopXL tutorial "remote variables and RTS
 
 Each figure is rebuilt here as a program of this project's own (`training_ir`,
 `inference_ir`): each step's time is (estimate without the fixed costs) + run overhead + host
-transfers x latency, two linear equations in two unknowns. The tutorial keeps weights and Adam
-state in Streaming Memory, sharded over the replicas (RTS). Until remote buffers and
-collectives land in popxl_core, `streaming_memory_work` adds what they cost (remote loads and
-stores of the shards, the all-gather of the weights and the reduce-scatter of the gradients)
-with the same formulas the planner uses for those ops; the program itself keeps them on chip.
-Once they land, `training_ir` should use them and this term goes.
+transfers x latency, two linear equations in two unknowns. The training program keeps weights
+and Adam state in Streaming Memory as RTS shards and moves them with real ops (remote loads
+and stores of the shards, the all-gather of the weights, the reduce-scatter of the
+gradients), which the planner costs like any other program's: bytes / Streaming-Memory or
+IPU-Link bandwidth plus one sync each. A Streaming-Memory latency is not fitted: two figures
+pin down two constants, and only the training figure has remote traffic.
 
 The result is an **estimate**: two fixed costs fitted to two figures of one network; it says
 nothing measured about other programs (see `check`).
@@ -35,11 +35,14 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .. import ops, transforms
+from ..context import in_sequence
 from ..dtypes import float16, float32, int32
 from ..ir import Ir
+from ..ops import collectives
+from ..remote_buffer import replica_sharded_buffer
+from ..remote_variables import remote_replica_sharded_variable
 from ..streams import d2h_stream, h2d_stream
 from ..tensor import TensorByRef, TensorSpec, variable
-from .cost import CostModel, Work, rts_shard
 from .machine import MK2, Machine
 from .plan import Plan, build_plan
 
@@ -50,7 +53,6 @@ __all__ = [
     "check",
     "fit",
     "inference_ir",
-    "streaming_memory_work",
     "training_ir",
 ]
 
@@ -103,17 +105,22 @@ def inference_ir(batch: int = INFER_BATCH) -> Ir:
 
 
 def training_ir(micro_batch: int = 8, accumulation: int = 4, replicas: int = 4) -> Ir:
-    """The tutorial's training step with its Streaming-Memory parts kept on chip: a repeat of
-    ``accumulation`` micro-batches (load, forward, loss, backward, accumulate, store the loss),
-    then Adam (first order float16, second order float32) and zeroed accumulators."""
+    """The tutorial's training step: weights and Adam state (first order float16, second order
+    float32) in Streaming Memory as RTS shards of ``ceil(n/replicas)`` elements. Load the weight
+    shards and all-gather them; a repeat of ``accumulation`` micro-batches (load, forward,
+    loss, backward, accumulate, store the loss); reduce-scatter the accumulated gradients
+    (mean over the replicas); load the Adam state shards, update the weight shards and store
+    weights and state back; zero the accumulators."""
     ir = Ir(replication=replicas)
     ir.num_host_transfers = accumulation
     specs = _param_specs()
-    with ir.main_graph:
+    with ir.main_graph, in_sequence(True):
         images = h2d_stream((micro_batch, 28 * 28), float32, "image")
         labels = h2d_stream((micro_batch,), int32, "labels")
         losses = d2h_stream((), float32, "loss")
-        params = _variables(specs)
+        homes = [_remote_shards(s, float32, f"p{i}") for i, s in enumerate(specs)]
+        shards = [ops.remote_load(buf, 0) for buf in homes]
+        params = [collectives.replicated_all_gather(w, output_shape="meta_shape") for w in shards]
         accums = _variables(specs, "accum_")
         forward = ir.create_graph(_mlp, TensorSpec((micro_batch, 28 * 28), float32), *specs)
         backward = transforms.autodiff(forward, grads_required=forward.inputs[1:])
@@ -130,38 +137,32 @@ def training_ir(micro_batch: int = 8, accumulation: int = 4, replicas: int = 4) 
             ops.host_store(losses, loss)
 
         ops.repeat(ir.create_graph(micro_step, specs, specs), accumulation, *params, *accums)
-        _adam(params, accums, specs)
+        _adam(homes, shards, accums, specs)
     return ir
 
 
-def _adam(params, accums, specs) -> None:
-    first = _variables(specs, "first_", float16)
-    second = _variables(specs, "second_")
-    for w, g, m, v in zip(params, accums, first, second):
+def _remote_shards(spec: TensorSpec, dtype, name: str):
+    """A replica-sharded remote buffer holding one zero variable of ``spec``'s shape."""
+    buf = replica_sharded_buffer(spec.shape, dtype)
+    remote_replica_sharded_variable(np.zeros(spec.shape, dtype.as_numpy()), buf, 0, name=name)
+    return buf
+
+
+def _adam(homes, shards, accums, specs) -> None:
+    """Adam on this replica's shards of weights, state and mean gradients; store them back."""
+    for i, (home, w, acc, spec) in enumerate(zip(homes, shards, accums, specs)):
+        g = collectives.replicated_reduce_scatter(
+            acc, "mean", configure_output_for_replicated_tensor_sharding=True)
+        bufs = (_remote_shards(spec, float16, f"first_{i}"),
+                _remote_shards(spec, float32, f"second_{i}"))
+        m, v = (ops.remote_load(b, 0) for b in bufs)
         ops.var_updates.accumulate_moving_average_(m, ops.cast(g, float16), 0.9)
         ops.var_updates.accumulate_moving_average_square_(v, g, 0.999)
         update = ops.var_updates.adam_updater(m, v, epsilon=1e-5)
         ops.scaled_add_(w, update, b=-1e-3)
-        ops.var_updates.accumulator_zero_(g)
-
-
-def streaming_memory_work(machine: Machine, replicas: int = 4) -> Work:
-    """What the tutorial's remote, RTS-sharded state costs per step and replica: for every
-    parameter (n elements), load and store the ``ceil(n/R)`` shards of the weight (float32),
-    first order (float16) and second order (float32); all-gather the weight and
-    reduce-scatter its gradient (float32) over the ring."""
-    model = CostModel(machine, num_ipus=replicas, replicas=replicas)
-    parts = []
-    for spec in _param_specs():
-        n = int(np.prod(spec.shape))
-        shard = rts_shard(n, replicas)
-        for itemsize in (4, 2, 4):
-            parts += [
-                model.remote_work(shard * itemsize, stored=False),
-                model.remote_work(shard * itemsize, stored=True),
-            ]
-        parts += [model.ring_work(n * 4, 1.0), model.ring_work(n * 4, 1.0)]
-    return Work.total_of(parts)
+        for buf, t in ((home, w), *zip(bufs, (m, v))):
+            ops.remote_store(buf, 0, t)
+        ops.var_updates.accumulator_zero_(acc)
 
 
 @dataclass
@@ -181,12 +182,11 @@ def _host_transfers(plan: Plan) -> int:
     return sum(r.runs for r in plan.ops if r.op.split(".")[0] in _HOST_OPS)
 
 
-def _plans(machine: Machine) -> dict[str, tuple[Plan, float]]:
-    """Each figure's plan on ``machine`` and the seconds its off-chip state adds."""
-    sm = streaming_memory_work(machine, TRAIN["replicas"]).cycles.total / machine.clock_hz
+def _plans(machine: Machine) -> dict[str, Plan]:
+    """Each figure's plan on ``machine``."""
     return {
-        "training": (build_plan(training_ir(**TRAIN), machine), sm),
-        "inference": (build_plan(inference_ir(), machine), 0.0),
+        "training": build_plan(training_ir(**TRAIN), machine),
+        "inference": build_plan(inference_ir(), machine),
     }
 
 
@@ -194,9 +194,9 @@ def fit(machine: Machine = MK2) -> Calibration:
     """Solve for run overhead and host latency so both figures are met exactly."""
     bare = replace(machine, run_overhead_s=0.0, host_latency_s=0.0)
     rows, rhs = [], []
-    for name, (plan, extra) in _plans(bare).items():
+    for name, plan in _plans(bare).items():
         rows.append([1.0, _host_transfers(plan)])
-        rhs.append(PUBLISHED_S[name] - plan.seconds - extra)
+        rhs.append(PUBLISHED_S[name] - plan.seconds)
     overhead, latency = np.linalg.solve(np.array(rows), np.array(rhs))
     tuned = replace(machine, run_overhead_s=float(overhead), host_latency_s=float(latency))
     return Calibration(float(overhead), float(latency), check(tuned))
@@ -204,4 +204,4 @@ def fit(machine: Machine = MK2) -> Calibration:
 
 def check(machine: Machine = MK2) -> dict[str, float]:
     """The estimate, in seconds per step, of each published figure on ``machine``."""
-    return {name: plan.seconds + extra for name, (plan, extra) in _plans(machine).items()}
+    return {name: plan.seconds for name, plan in _plans(machine).items()}

@@ -21,6 +21,7 @@ from .liveness import TOP_N, Liveness, LivenessAnalysis, LiveTensor
 from .machine import Machine
 from .oom import OutOfMemoryError, OutOfMemoryWarning, oom_message
 from .remote_plan import is_remote_variable
+from .variable_liveness import VariableCurve, VariableLiveness
 
 __all__ = ["PLAN_OBSERVERS", "GraphInfo", "IpuMemory", "OpRow", "OutOfMemoryError",
            "OutOfMemoryWarning", "Plan", "RemoteBufferInfo", "build_plan"]
@@ -41,6 +42,8 @@ class IpuMemory:
     code: int = 0
     streams: int = 0
     activations: int = 0  # the not-always-live peak
+    # the peak of remote variables' data loaded on chip (part of ``activations``)
+    loaded_variables: int = 0
     top: list[tuple[str, str, int]] = field(default_factory=list)  # (category, name, bytes)
     live_top: list[LiveTensor] = field(default_factory=list)  # largest tensors at the peak
 
@@ -51,6 +54,12 @@ class IpuMemory:
     @property
     def total(self) -> int:
         return self.always_live + self.activations
+
+    @property
+    def variables_on_chip(self) -> int:
+        """The most variable bytes on chip at once: always-live variables plus the peak of
+        remote variables loaded (the largest phase's, for a phased program)."""
+        return self.variables + self.loaded_variables
 
     @property
     def fraction(self) -> float:
@@ -114,6 +123,7 @@ class Plan:
     analysis: LivenessAnalysis = field(repr=False, default_factory=LivenessAnalysis)
     remote_buffers: list[RemoteBufferInfo] = field(default_factory=list)
     main: Graph | None = field(default=None, repr=False)
+    loaded_variables: VariableCurve | None = field(default=None, repr=False)  # of the main graph
     model: CostModel | None = field(default=None, repr=False)  # for per-graph/op look-ups
     _report: object = field(default=None, repr=False)
 
@@ -158,11 +168,12 @@ def build_plan(ir, machine: Machine) -> Plan:
                       io_tiles=opts.numIOTiles, replicas=ir.replication_factor)
     analysis = LivenessAnalysis()
     liveness = analysis.of(ir.main_graph)
+    loaded = VariableLiveness(ir, analysis).of(ir.main_graph)
     runs = model.graph_runs(ir.main_graph)
     work = model.graph_work(ir.main_graph) + Work(Cycles(launch=machine.run_overhead_cycles))
-    plan = Plan(machine, ir.replication_factor, _memory(ir, graphs, model, liveness), work,
-                _graph_infos(graphs, model, runs), _op_rows(graphs, model, runs), liveness,
-                analysis, _remote_buffers(ir), ir.main_graph, model)
+    plan = Plan(machine, ir.replication_factor, _memory(ir, graphs, model, liveness, loaded),
+                work, _graph_infos(graphs, model, runs), _op_rows(graphs, model, runs), liveness,
+                analysis, _remote_buffers(ir), ir.main_graph, loaded, model)
     for observe in PLAN_OBSERVERS:
         observe(plan)
     if plan.out_of_memory and machine.oom_is_error:
@@ -210,7 +221,8 @@ def _reachable(main: Graph) -> list[Graph]:
 
 
 # memory -------------------------------------------------------------------------------
-def _memory(ir, graphs: list[Graph], model: CostModel, live: Liveness) -> dict[int, IpuMemory]:
+def _memory(ir, graphs: list[Graph], model: CostModel, live: Liveness,
+            loaded: VariableCurve) -> dict[int, IpuMemory]:
     cap = model.machine.bytes_per_ipu
     mem: dict[int, IpuMemory] = {}
     items: dict[int, list[tuple[str, str, int]]] = {}
@@ -240,6 +252,8 @@ def _memory(ir, graphs: list[Graph], model: CostModel, live: Liveness) -> dict[i
         items.setdefault(ipu, []).extend(("activations", t.name, t.nbytes)
                                          for t in live.top.get(ipu, []))
         mem[ipu].live_top = list(live.top.get(ipu, []))
+    for ipu, nbytes in loaded.peak.items():
+        add(ipu, "loaded_variables", None, nbytes)
     for ipu, m in mem.items():
         if m.code:
             items.setdefault(ipu, []).append(("code", "all ops", m.code))

@@ -34,6 +34,7 @@ def plot_liveness(report, path: Path, ipu: int = 0, title: str | None = None) ->
     fig, ax = plt.subplots(figsize=(9, 4.5), dpi=100)
     ax.fill_between(xs, 0, [floor / mib] * len(xs), step="mid", color="#9ab", label="always-live")
     ax.fill_between(xs, floor / mib, ys, step="mid", color="#e83", label="not-always-live")
+    _loaded_variables(ax, report, ipu, xs, floor)
     cap = mem.capacity / mib
     if steps:
         peak = max(xs, key=lambda i: ys[i])
@@ -63,6 +64,20 @@ def plot_liveness(report, path: Path, ipu: int = 0, title: str | None = None) ->
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def _loaded_variables(ax, report, ipu: int, xs: list[int], floor: int) -> None:
+    """Hatch the part of the not-always-live bytes that is remote variables loaded on chip
+    (phased execution), when there is any. Inside a call the curve holds the call's most,
+    so it is clipped to what is live at each of its steps."""
+    live = [b for _, b in report.liveness(ipu)]
+    loaded = [min(b, n) for (_, b), n in zip(report.loaded_variables(ipu), live)]
+    if not any(loaded):
+        return
+    mib = 1 << 20
+    ax.fill_between(xs, floor / mib, [(floor + b) / mib for b in loaded], step="mid",
+                    facecolor="none", edgecolor="#235", hatch="///", lw=0,
+                    label="of which remote variables loaded")
 
 
 def _boundaries(ax, steps: list[tuple[str, int]]) -> None:

@@ -83,6 +83,9 @@ class SimReport:
                     f"total {fmt_bytes(m.total)} ({_fmt_percent(m.fraction)})")
             if m.out_of_memory:
                 line += f" OUT OF MEMORY by {fmt_bytes(m.total - m.capacity)}"
+            if m.loaded_variables:
+                line += (f"; remote variables on chip at most {fmt_bytes(m.loaded_variables)} "
+                         "(in the activations)")
             step = live.peak_step.get(ipu)
             if step is not None and m.activations:
                 line += f"; peak at step {step} ({live.steps[step]})"
@@ -137,6 +140,18 @@ class SimReport:
             return flat_curve(p.analysis, p.main, ipu)
         return [(op, step.get(ipu, 0)) for op, step in zip(p.liveness.steps, p.liveness.curve)]
 
+    def loaded_variables(self, ipu: int = 0, expand: bool = True) -> list[tuple[str, int]]:
+        """Bytes of remote variables' data on chip (loaded, gathered; part of the liveness)
+        at each step, as ``(op, bytes)``. The curve is kept per step of the main graph; with
+        ``expand`` every step inside a call or repeat shows its main-graph step's value (the
+        most it holds during that call), aligned with ``liveness(ipu)``."""
+        p = self.plan
+        main = [c.get(ipu, 0) for c in p.loaded_variables.curve]
+        if not expand:
+            return list(zip(p.liveness.steps, main))
+        index = {name: i for i, name in enumerate(p.liveness.steps)}
+        return [(path, main[index[path.split("/")[0]]]) for path, _ in self.liveness(ipu)]
+
     def plot_liveness(self, path: str | Path, ipu: int = 0, title: str | None = None) -> Path:
         """Write the liveness curve of ``ipu`` as a PNG (needs matplotlib: extra ``plot``)."""
         from .plot import plot_liveness
@@ -161,6 +176,9 @@ class SimReport:
             "always_live_bytes": sum(m.always_live for m in mems),
             "not_always_live_peak_bytes": sum(m.activations for m in mems),
             "variable_bytes": sum(m.variables for m in mems),
+            # remote variables' data loaded on chip at its peak, and with the always-live ones
+            "loaded_variable_peak_bytes": sum(m.loaded_variables for m in mems),
+            "variables_on_chip_peak_bytes": sum(m.variables_on_chip for m in mems),
             "constant_bytes": sum(m.constants for m in mems),
             "code_bytes": sum(m.code for m in mems),
             "stream_buffer_bytes": sum(m.streams for m in mems),
@@ -204,6 +222,9 @@ class SimReport:
             # calls and repeats expanded, per IPU: what plot_liveness draws
             "liveness_expanded": {str(i): [[op, b] for op, b in self.liveness(i)]
                                   for i in p.memory},
+            # per main-graph step, per IPU: remote variables' data on chip
+            "loaded_variables": {str(i): [b for _, b in self.loaded_variables(i, False)]
+                                 for i in p.memory},
         }
 
     def to_json(self, path: str | Path | None = None, indent: int = 1) -> str:
@@ -217,6 +238,8 @@ class SimReport:
 def _memory_dict(m) -> dict[str, Any]:
     return {"variables": m.variables, "constants": m.constants, "code": m.code,
             "streams": m.streams, "activations_peak": m.activations,
+            "loaded_variables_peak": m.loaded_variables,
+            "variables_on_chip_peak": m.variables_on_chip,
             "always_live": m.always_live, "total": m.total, "capacity": m.capacity,
             "fraction": m.fraction, "out_of_memory": m.out_of_memory,
             "top": [{"category": c, "name": n, "bytes": b} for c, n, b in m.top],

@@ -17,6 +17,7 @@ _ROWS = (
     ("peak_bytes", fmt_bytes),
     ("always_live_bytes", fmt_bytes),
     ("variable_bytes", fmt_bytes),
+    ("variables_on_chip_peak_bytes", fmt_bytes),
     ("constant_bytes", fmt_bytes),
     ("code_bytes", fmt_bytes),
     ("stream_buffer_bytes", fmt_bytes),
