@@ -8,8 +8,9 @@ table's kernel, so the same bits (the reference-interpreter tests compare them).
 
 * ``Reshape``: ``torch.reshape(x, shape)``; ``Transpose``: ``x.permute(permutation)`` (view
   ops, only where the compiler does not copy the view);
-* ``MatMul`` without an output type or with float32: ``torch.matmul(a, b)`` (the table's
-  kernel adds a no-op ``.to(float32)``);
+* ``MatMul`` without an output type or with float32: ``torch.matmul(a, b)`` under
+  ``Ir.numerics = "torch"`` (the table's kernel adds a no-op ``.to(float32)``), the float64 sum
+  rounded once, ``torch.matmul(a.double(), b.double()).float()``, under ``"ipu"``;
 * ``Add``, ``Sub``, ``Mul`` (no attributes): ``torch.add/sub/mul(a, b)``.
 """
 
@@ -29,6 +30,10 @@ def _float32(op: Op) -> bool:
     return all(t.dtype is dtypes.float32 for t in (*op.inputs, *op.outputs))
 
 
+_MATMUL = {"torch": "torch.matmul({0}, {1})",
+           "ipu": "torch.matmul({0}.double(), {1}.double()).float()"}
+
+
 def direct_call(op: Op, name: Callable, literal: Callable) -> Optional[str]:
     """The expression computing ``op``'s single output, or None to use the table's kernel.
     ``name(t)`` names a tensor, ``literal(value)`` binds a constant value and names it."""
@@ -40,7 +45,7 @@ def direct_call(op: Op, name: Callable, literal: Callable) -> Optional[str]:
     if t == "Transpose" and set(op.attrs) == {"permutation"}:
         return f"{ins[0]}.permute({literal(tuple(op.attrs['permutation']))})"
     if t == "MatMul" and op.attrs.get("output_type") in (None, dtypes.float32):
-        return f"torch.matmul({ins[0]}, {ins[1]})"
+        return _MATMUL[op.graph.ir.numerics].format(*ins)
     if t in _BINARY and not op.attrs and len(ins) == 2:
         return f"{_BINARY[t]}({ins[0]}, {ins[1]})"
     return None
