@@ -22,6 +22,7 @@ import popxl_fx
 from addons.optimizers.adam import AdamOptimizerStep
 from popxl_core import ops
 from popxl_core.compat_skips import skip_reason
+from popxl_core.sim.reference import interpreted
 from popxl_fx.module import Module
 
 RNG = np.random.default_rng(7)
@@ -55,6 +56,13 @@ def test_default_numerics_rows_do_not_depend_on_batch_size():
     slices = np.concatenate([_two_matmuls(X[i : i + 3]) for i in range(0, 12, 3)])
     np.testing.assert_array_equal(whole, slices)  # bit for bit, as batch serialisation needs
     np.testing.assert_array_equal(whole, _float64_sum_rounded_once(X))
+
+
+def test_reference_interpreter_uses_the_irs_numerics():
+    with interpreted():
+        np.testing.assert_array_equal(_two_matmuls(X), _float64_sum_rounded_once(X))
+        tx, w1, w2 = (torch.from_numpy(a) for a in (X, W1, W2))
+        np.testing.assert_array_equal(_two_matmuls(X, "torch"), ((tx @ w1) @ w2).numpy())
 
 
 def test_torch_numerics_are_eager_torch_bit_for_bit():
