@@ -25,6 +25,7 @@ from .errors import Issue, UnsupportedError, user_frame
 from .fallback import decomposition_issue
 from .inplace import inplace_state_issues, inplace_view_issues
 from .lowering import lookup
+from .replay import Replay
 
 __all__ = ["CheckReport", "all_issues", "check", "check_captured"]
 
@@ -71,7 +72,9 @@ def all_issues(captured: Captured, model: nn.Module) -> list[Issue]:
     """`check_captured`, plus shapes that change between calls (a second trace) or with the
     data (the graph re-run on other inputs)."""
     issues = check_captured(captured, model)
-    second = _trace(model, captured.example_inputs, CheckReport(""))
+    # the second trace reuses the first one's values wherever the call is provably the same
+    replay = Replay(captured.gm.graph)
+    second = _trace(model, captured.example_inputs, CheckReport(""), replay)
     found = [_rerun_with_other_data(captured.gm, model, captured.example_inputs)]
     if second is not None:
         found.insert(0, _compare(captured.gm, second.gm, "between calls"))
@@ -121,9 +124,11 @@ def _call_key(node: fx.Node, module: nn.Module | None) -> tuple:
     return (str(what), tuple(map(str, leaves)))
 
 
-def _trace(model: nn.Module, inputs: Sequence[Any], report: CheckReport) -> Captured | None:
+def _trace(
+    model: nn.Module, inputs: Sequence[Any], report: CheckReport, replay: Replay | None = None
+) -> Captured | None:
     """Capture, turning an exception while tracing into an issue at the user's line."""
-    tracer = CaptureTracer(model, inputs)
+    tracer = CaptureTracer(model, inputs, replay=replay)
     try:
         gm = trace_module(tracer, model)
     except Exception as exc:  # noqa: BLE001 - the report says what failed, and where

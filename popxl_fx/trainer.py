@@ -60,6 +60,8 @@ class WithLoss(nn.Module):
         return self._loss(self.model(input0), target)
 
     def _loss(self, out, target):
+        # while traced, out and target are proxies carrying their example values
+        check_target(_example_value(out), _example_value(target), self.loss_fn)
         loss = self.loss_fn(out, target)
         return (loss, out) if self.with_output else loss
 
@@ -93,6 +95,10 @@ def _unwrapped(issue: Issue, prefix: str) -> Issue:
         path[len(prefix) :] if path.startswith(prefix) else ("" if path + "." == prefix else path)
     )
     return dataclasses.replace(issue, module_path=path, what=issue.what.replace(f"'{prefix}", "'"))
+
+
+def _example_value(x: object) -> object:
+    return x.node.meta.get("example_value") if isinstance(x, torch.fx.Proxy) else x
 
 
 def with_loss(
@@ -220,8 +226,6 @@ class Trainer(ProgramView):
 
     def _build(self, sig: tuple, inputs: tuple) -> _Program:
         check_inputs(self._model, inputs)
-        if self.loss_fn is not None:
-            check_target(self._model, inputs, self.loss_fn)
         root = self._model
         if self.loss_fn is not None:
             root = with_loss(self._model, self.loss_fn, len(inputs) - 1, self._record)
@@ -234,6 +238,7 @@ class Trainer(ProgramView):
             fxm = Module(root, flatten_outputs=True)
             model_inputs = inputs[:-1] if self.loss_fn is not None else inputs
             with integer_inputs_explained(self._model, model_inputs), _user_terms(self):
+                fxm.capture(*inputs)  # trace on the user's inputs (real branches and indices)
                 facts, fwd_graph = fxm.create_graph(*ins.tensors)
             index = _loss_index(fxm, len(fwd_graph.graph.outputs), self._model)
             _scalar_loss(fwd_graph.graph.outputs[index], self._model, self.loss_fn is not None)

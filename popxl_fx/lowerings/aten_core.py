@@ -18,6 +18,7 @@ import popxl_core as popxl
 from popxl_core import ops
 
 from ..lowering import LoweringContext, lowers
+from ._common import pdtype
 
 __all__: list = []
 
@@ -136,6 +137,24 @@ def _dims(x: popxl.Tensor, dims: Any) -> list[int] | None:
     return [d % x.rank for d in ([dims] if isinstance(dims, int) else dims)]
 
 
+def _reduce_input(x: popxl.Tensor, dtype: torch.dtype | None) -> popxl.Tensor:
+    """torch casts the input of sum/mean to ``dtype`` before reducing; without one, sum
+    accumulates bool and integer inputs in int64 (int32 here: the IPU has no 64-bit ints)."""
+    if dtype is None and not x.dtype.is_floating_point:
+        dtype = torch.int64
+    if dtype is None:
+        return x
+    return x if x.dtype == pdtype(dtype) else ops.cast(x, pdtype(dtype))
+
+
+@lowers(aten._to_copy)
+def _to_copy(ctx: LoweringContext, x: popxl.Tensor, **kwargs: Any) -> popxl.Tensor:
+    """``Tensor.to(dtype)`` after decomposition; device, layout and memory format do not
+    exist on the IPU."""
+    dtype = kwargs.get("dtype")
+    return x if dtype is None or pdtype(dtype) == x.dtype else ops.cast(x, pdtype(dtype))
+
+
 @lowers(aten.sum)
 def _sum(
     ctx: LoweringContext,
@@ -144,7 +163,7 @@ def _sum(
     keepdim: bool = False,
     dtype: torch.dtype | None = None,
 ) -> popxl.Tensor:
-    return ops.sum(x, _dims(x, dims), keepdim)
+    return ops.sum(_reduce_input(x, dtype), _dims(x, dims), keepdim)
 
 
 @lowers(aten.mean)
@@ -155,6 +174,7 @@ def _mean(
     keepdim: bool = False,
     dtype: torch.dtype | None = None,
 ) -> popxl.Tensor:
+    x = x if dtype is None else _reduce_input(x, dtype)  # torch: mean needs a float dtype
     return ops.mean(x, _dims(x, dims), keepdim)
 
 
