@@ -4,7 +4,7 @@ several layers, batch_first, bidirectional, unbatched; and 3 training steps.
 
 Tolerances: rtol 1e-5 / atol 1e-5 for the lowering (5 steps of float32 gate arithmetic;
 torch's fused LSTM kernel adds the gate terms in another order), and 1e-5 / 1e-6 with
-assert_matches_eager after 3 SGD-momentum and AdamW steps."""
+assert_matches_eager after 3 SGD-momentum and AdamW steps (training_model and compile)."""
 
 import pytest
 import torch
@@ -103,7 +103,8 @@ class Classifier(nn.Module):
     ],
     ids=["sgd_momentum", "adamw"],
 )
-def test_lstm_proj_trains_like_eager(optimizer):
+@pytest.mark.parametrize("via", ["training_model", "compile"])
+def test_lstm_proj_trains_like_eager(optimizer, via):
     x = randn(N, T, IN, seed=3)
     y = torch.tensor([0, 2])
     assert_matches_eager(
@@ -116,4 +117,5 @@ def test_lstm_proj_trains_like_eager(optimizer):
         rtol=1e-5,
         atol=1e-6,
         options=Options(device="cpu"),
+        via=via,
     )
