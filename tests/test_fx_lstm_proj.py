@@ -2,8 +2,9 @@
 final (h, c) and the gradients of inputs, initial states and every weight (random cotangent);
 several layers, batch_first, bidirectional, unbatched; and 3 training steps.
 
-Tolerances: rtol 1e-5 / atol 1e-5 for the lowering (5 steps of float32 gate arithmetic;
-torch's fused LSTM kernel adds the gate terms in another order), and 1e-5 / 1e-6 with
+Tolerances: rtol 1e-6 / atol 1e-6 for the lowering (5 steps of float32 gate arithmetic;
+torch's LSTM kernel adds the gate terms in another order: measured max abs error 6e-8 forward,
+2.4e-7 gradients), and 1e-5 / 1e-6 with
 assert_matches_eager after 3 SGD-momentum and AdamW steps (training_model and compile)."""
 
 import pytest
@@ -16,7 +17,7 @@ from popxl_fx.testing import assert_matches_eager
 from .fx_cases import randn
 from .fx_harness import check_lowering, lowered_ops
 
-TOL = dict(rtol=1e-5, atol=1e-5)
+TOL = dict(rtol=1e-6, atol=1e-6)
 N, T, IN, HID, PROJ = 2, 5, 3, 6, 4
 
 
