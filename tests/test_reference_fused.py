@@ -94,6 +94,9 @@ def test_training_step_compiled_matches_reference(opt_name):
     if opt_name.startswith("adam"):  # the chain of temporaries writes into dead ones
         assert stats["out_reuse"] >= 20, stats
     _compare(exact, ref, _bits_equal)
+    grouped = _train(opt_name, reference=False, transposed_matmuls=False, foreach_fresh=True)
+    assert grouped[0].session._program.stats["foreach_ops"] >= stats["foreach_ops"]
+    _compare(grouped, ref, _bits_equal)
     one_by_one = _train(opt_name, reference=False, transposed_matmuls=False, foreach=False)
     assert one_by_one[0].session._program.stats["foreach_groups"] == 0
     _compare(one_by_one, ref, _bits_equal)
