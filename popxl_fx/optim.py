@@ -12,8 +12,9 @@ State (``momentum_buffer``, ``exp_avg``, ``exp_avg_sq``, ``step``) lives in vari
 from the optimizer's state when it has one, and `state_to_torch` writes it back in
 ``optimizer.state_dict()`` format.
 
-SGD matches torch bit for bit; Adam(W)'s ``exp_avg_sq`` may differ in the last bit, since
-torch's ``addcmul_`` fuses its multiply-add and no popxl op does.
+SGD and Adam(W) match torch bit for bit: each update is torch's single-tensor (CPU default,
+``foreach=False``) sequence op for op, with torch's fused kernels (``lerp_``, ``addcmul_``,
+``addcdiv_``) as var-update ops of their own.
 """
 
 from __future__ import annotations
@@ -119,7 +120,7 @@ class OptimizerProgram:
                 pg["weight_decay"] != 0,
                 bool(pg["maximize"]),
             )
-        return (_lerp_small(pg), pg["weight_decay"] != 0, _decoupled(pg), bool(pg["maximize"]))
+        return (pg["weight_decay"] != 0, _decoupled(pg), bool(pg["maximize"]))
 
     def _initial_step(self, g: _Group) -> int:
         """The step count of the optimizer's existing state (0 when it has none)."""
@@ -192,6 +193,7 @@ class OptimizerProgram:
         ops.scaled_add_(p, grad, b=hp["neg_lr"])
 
     def _adam(self, name: str, p, grad, hp, pg) -> None:
+        # torch's _single_tensor_adam, op for op (lerp_, addcmul_ and addcdiv_ are its kernels)
         if pg["maximize"]:
             grad = ops.negate(grad)
         step = self._state_var(name, "step", p)
@@ -203,10 +205,11 @@ class OptimizerProgram:
                 grad = ops.scaled_add(grad, p, b=hp["weight_decay"])
         m = self._state_var(name, "exp_avg", p)
         v = self._state_var(name, "exp_avg_sq", p)
-        _lerp_(m, grad, hp["w1"], small=_lerp_small(pg))
-        ops.scaled_add_(v, (hp["c2"] * grad) * grad, a=hp["beta2"])
+        ops.var_updates.lerp_(m, grad, hp["w1"])
+        ops.var_updates.accumulator_scale_(v, hp["beta2"])
+        ops.var_updates.addcmul_(v, grad, grad, hp["c2"])
         denom = ops.sqrt(v) / hp["bc2_sqrt"] + hp["eps"]
-        ops.scaled_add_(p, (hp["neg_step_size"] * m) / denom)
+        ops.var_updates.addcdiv_(p, m, denom, hp["neg_step_size"])
 
     # per step ------------------------------------------------------------------------
     def feeds(self) -> dict[popxl.HostToDeviceStream, np.ndarray]:
@@ -231,7 +234,7 @@ class OptimizerProgram:
         if self._structure(pg) != built:
             raise UnsupportedOptimizerError(
                 f"param group {g.index} changed an option the program was built with "
-                "(momentum/weight_decay on or off, nesterov, maximize, beta1 across 0.5); "
+                "(momentum/weight_decay on or off, nesterov, maximize, decoupled weight decay); "
                 "build a new trainer."
             )
 
@@ -263,19 +266,6 @@ def _decoupled(pg: Mapping) -> bool:
     return bool(pg.get("decoupled_weight_decay", False))
 
 
-def _lerp_small(pg: Mapping) -> bool:
-    """Which of its two formulas torch's lerp uses for the weight ``1 - beta1`` (float32)."""
-    return abs(float(np.float32(1 - float(pg["betas"][0])))) < 0.5
-
-
-def _lerp_(m: popxl.Tensor, x: popxl.Tensor, w: popxl.Tensor, small: bool) -> None:
-    """``m.lerp_(x, w)`` as torch computes it: ``m + w*(x-m)`` for |w| < 0.5, fused."""
-    if small:
-        ops.scaled_add_(m, x - m, b=w)
-    else:  # torch: x - (x-m) * (1-w); the fed `w` is then -(1-w)
-        ops.var_updates.copy_var_update_(m, ops.scaled_add(x, x - m, b=w))
-
-
 def _sgd_hyper(pg: Mapping, step: int) -> dict[str, float]:
     first = step == 1  # torch's buffer is a copy of the gradient on its first step
     return {
@@ -290,11 +280,8 @@ def _sgd_hyper(pg: Mapping, step: int) -> dict[str, float]:
 def _adam_hyper(pg: Mapping, step: int) -> dict[str, float]:
     lr, wd = float(pg["lr"]), float(pg["weight_decay"])
     beta1, beta2 = (float(b) for b in pg["betas"])
-    w1 = 1 - beta1
-    if not _lerp_small(pg):
-        w1 = -float(1 - np.float32(w1))
     return {
-        "w1": w1,
+        "w1": 1 - beta1,
         "beta2": beta2,
         "c2": 1 - beta2,
         "bc2_sqrt": (1 - beta2**step) ** 0.5,

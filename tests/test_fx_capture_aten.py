@@ -42,6 +42,12 @@ CASES = {
         (x.reshape(2, 8).permute(1, 0).contiguous() / 3).pow(3).sum(0, True).mean(-1, True)
         - torch.clamp(y, -0.5, 0.5).reshape(2, 8).t().reshape(4, 4)
     ),
+    # sum/mean with dtype= (the input is cast first) and sum of bools (counted as integers)
+    "reduce_dtype": lambda x, y: (
+        (x > 0).sum(1, keepdim=True, dtype=torch.float32) * y
+        + torch.mean(y.half(), 0, dtype=torch.float32)
+        + (y > 0).sum() * x
+    ),
 }
 
 

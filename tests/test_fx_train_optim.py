@@ -1,8 +1,8 @@
 """popxl_fx.optim: torch optimizers as var-update ops, against torch.optim on the same gradients.
 
-Gradients are fed from the host, so these tests need no tracing. SGD and AdamW must match torch
-bit for bit (atol 0); Adam and AdamW may differ in the last bit of ``exp_avg_sq`` (torch's fused
-``addcmul_``), so its tolerance is a few float32 ulps (rtol 1e-6).
+Gradients are fed from the host, so these tests need no tracing. SGD, Adam and AdamW must match
+torch's single-tensor (CPU default) implementation bit for bit after K steps: parameters and
+optimizer state, rtol=0, atol=0.
 """
 
 import numpy as np
@@ -82,6 +82,7 @@ CASES = {
     "sgd_maximize": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.5, maximize=True),
     "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1),
     "adamw_small_beta1": lambda ps: torch.optim.AdamW(ps, lr=1e-2, betas=(0.3, 0.99)),
+    "adamw_maximize": lambda ps: torch.optim.AdamW(ps, lr=1e-3, eps=1e-6, maximize=True),
     "adam": lambda ps: torch.optim.Adam(ps, lr=1e-2),
     "adam_l2": lambda ps: torch.optim.Adam(ps, lr=1e-2, weight_decay=0.1, eps=1e-6),
     "groups": lambda ps: torch.optim.AdamW(
@@ -92,23 +93,20 @@ CASES = {
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_matches_torch_optimizer(case):
-    # Adam(W) rounds exp_avg_sq's update unfused (torch: addcmul_); SGD is exact
-    rtol = 1e-6 if case.startswith(("adam", "groups")) else 0.0
-    sim, ref, sim_opt, ref_opt = _run(CASES[case])
+    sim, ref, sim_opt, ref_opt = _run(CASES[case], steps=5)
     for n, p in ref.items():
-        torch.testing.assert_close(sim[n], p.detach(), rtol=rtol, atol=0, msg=n)
-    _assert_state(sim_opt, ref_opt, rtol)
+        torch.testing.assert_close(sim[n], p.detach(), rtol=0, atol=0, msg=n)
+    _assert_state(sim_opt, ref_opt, 0.0)
 
 
 @pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step()`")  # sim_opt.step
 @pytest.mark.parametrize("case", ["sgd_momentum", "adamw"])
 def test_lr_scheduler_changes_fed_lr(case):
-    rtol = 1e-6 if case == "adamw" else 0.0
     sim, ref, _, _ = _run(
         CASES[case], steps=4, scheduler=lambda o: torch.optim.lr_scheduler.StepLR(o, 1, gamma=0.5)
     )
     for n, p in ref.items():
-        torch.testing.assert_close(sim[n], p.detach(), rtol=rtol, atol=0, msg=n)
+        torch.testing.assert_close(sim[n], p.detach(), rtol=0, atol=0, msg=n)
 
 
 def test_resumes_from_torch_state():

@@ -3,6 +3,8 @@
 from . import collectives, var_updates
 from .activations import *  # noqa: F401,F403
 from .activations import __all__ as _activations_all
+from .attention import *  # noqa: F401,F403
+from .attention import __all__ as _attention_all
 from .call import *  # noqa: F401,F403
 from .call import __all__ as _call_all
 from .code_load import *  # noqa: F401,F403
@@ -15,6 +17,10 @@ from .indexing import *  # noqa: F401,F403
 from .indexing import __all__ as _indexing_all
 from .io import *  # noqa: F401,F403
 from .io import __all__ as _io_all
+from .layer_norm import *  # noqa: F401,F403
+from .layer_norm import __all__ as _layer_norm_all
+from .linear import *  # noqa: F401,F403
+from .linear import __all__ as _linear_all
 from .logical import *  # noqa: F401,F403
 from .logical import __all__ as _logical_all
 from .losses import *  # noqa: F401,F403
@@ -39,12 +45,15 @@ from .unary import __all__ as _unary_all
 __all__ = [
     "collectives",
     "var_updates",
+    *_attention_all,
     *_call_all,
     *_code_load_all,
     *_conditional_all,
     *_elementwise_all,
     *_indexing_all,
     *_io_all,
+    *_layer_norm_all,
+    *_linear_all,
     *_logical_all,
     *_losses_all,
     *_matmul_all,

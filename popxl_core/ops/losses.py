@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from ..errors import OpDataError
 from ..tensor import Tensor
 from ._dtype_rules import check_float
-from ._utils import rand, randint, spec
+from ._utils import rand, randint, same_dtype, spec
 from .registry import Cost, OpDef, Sample, create_op, register
 
 __all__ = ["REDUCTION_TYPE", "log_softmax", "nll_loss", "nll_loss_with_softmax_grad", "softmax"]
@@ -37,17 +37,41 @@ def _softmax_cost(ins, outs, attrs) -> Cost:
 
 
 def _softmax_grad(ctx):
-    from . import mul, sub, sum
-
-    y, g = ctx.output(0), ctx.grad_output(0)
-    return [mul(y, sub(g, sum(mul(g, y), ctx.attrs["axis"], keepdims=True)))]
+    return create_op(SOFTMAX_GRAD, [ctx.grad_output(0), ctx.output(0)], dict(ctx.attrs))
 
 
 def _log_softmax_grad(ctx):
-    from . import exp, mul, sub, sum
+    return create_op(LOG_SOFTMAX_GRAD, [ctx.grad_output(0), ctx.output(0)], dict(ctx.attrs))
 
-    y, g = ctx.output(0), ctx.grad_output(0)
-    return [sub(g, mul(exp(y), sum(g, ctx.attrs["axis"], keepdims=True)))]
+
+def _softmax_grad_infer(ins, axis):
+    same_dtype(*ins)
+    if tuple(ins[0].shape) != tuple(ins[1].shape):
+        raise ValueError(f"the gradient {ins[0].shape} and output {ins[1].shape} shapes differ")
+    return [ins[1]]
+
+
+# torch's own backward kernels: g y - y sum(g y), and g - exp(y) sum(g), vectorised their way
+def _softmax_grad_kernel(g, y, axis):
+    return torch.ops.aten._softmax_backward_data(g, y, axis, y.dtype)
+
+
+def _log_softmax_grad_kernel(g, y, axis):
+    return torch.ops.aten._log_softmax_backward_data(g, y, axis, y.dtype)
+
+
+def _softmax_grad_samples(fwd, torch_fwd, grad_def):
+    """The gradient op on the forward op's output, against torch autograd, bit for bit."""
+    def build(g, x):
+        return create_op(grad_def(), [g, fwd(x, 1)], {"axis": 1})[0]
+
+    def ref(g, x):
+        x = x.detach().requires_grad_()
+        with torch.enable_grad():
+            return torch.autograd.grad(torch_fwd(x, 1), x, g)[0]
+
+    inputs = [rand(3, 5, 2, seed=302), rand(3, 5, 2, low=-3, high=3, seed=303)]
+    return lambda: [Sample(inputs, build, ref, grad=False, rtol=0.0, atol=0.0)]
 
 
 def _softmax_samples(fn, ref):
@@ -67,6 +91,14 @@ LOG_SOFTMAX = register(OpDef(
     "LogSoftmax", _softmax_infer, lambda x, axis: torch.log_softmax(x, axis),
     grad=_log_softmax_grad, cost=_softmax_cost, out_name="logsoftmax_out",
     samples=_softmax_samples(lambda x, a: log_softmax(x, a), torch.log_softmax)))
+SOFTMAX_GRAD = register(OpDef(
+    "SoftmaxGrad", _softmax_grad_infer, _softmax_grad_kernel, cost=_softmax_cost,
+    samples=_softmax_grad_samples(lambda x, a: softmax(x, a), torch.softmax,
+                                  lambda: SOFTMAX_GRAD)))
+LOG_SOFTMAX_GRAD = register(OpDef(
+    "LogSoftmaxGrad", _softmax_grad_infer, _log_softmax_grad_kernel, cost=_softmax_cost,
+    samples=_softmax_grad_samples(lambda x, a: log_softmax(x, a), torch.log_softmax,
+                                  lambda: LOG_SOFTMAX_GRAD)))
 
 
 def _axis(t: Tensor, axis: int, what: str) -> int:
@@ -148,7 +180,29 @@ def _nll_infer(ins, reduction, ignore_index, log_prob):
 
 
 def _nll_kernel(probs, labels, reduction, ignore_index, log_prob):
+    if _aten_nll(probs, log_prob):
+        (loss, _), *_ = _aten_nll_forward(probs, labels, reduction, ignore_index)
+        return loss
     return _nll_value(probs, labels, reduction, ignore_index, log_prob).to(probs.dtype)
+
+
+# eager's kernels for log-probabilities of shape (N, C): F.nll_loss and autograd call these,
+# and their sums (and the mean's division) round as here
+_ATEN_REDUCTION = {"none": 0, "mean": 1, "sum": 2}
+
+
+def _aten_nll(probs, log_prob: bool) -> bool:
+    return log_prob and probs.dim() == 2
+
+
+def _aten_nll_forward(logp, labels, reduction, ignore_index):
+    lab = labels.long()
+    valid = lab != ignore_index if ignore_index is not None else torch.ones_like(lab, dtype=bool)
+    _check_labels(lab, valid, logp.shape[-1])
+    # no ignore_index: every label is in range (checked), so -1 never matches
+    ignore = -1 if ignore_index is None else int(ignore_index)
+    red = _ATEN_REDUCTION[reduction]
+    return torch.ops.aten.nll_loss_forward(logp, lab, None, red, ignore), lab, red, ignore
 
 
 def _nll_grad(ctx):
@@ -164,6 +218,9 @@ def _nll_grad_infer(ins, reduction, ignore_index, log_prob):
 
 def _nll_grad_kernel(probs, labels, g, reduction, ignore_index, log_prob):
     """d loss / d probs: -g / p at the label (-g for log-probabilities), zero elsewhere."""
+    if _aten_nll(probs, log_prob):
+        (_, total), lab, red, ignore = _aten_nll_forward(probs, labels, reduction, ignore_index)
+        return torch.ops.aten.nll_loss_backward(g, probs, lab, None, red, ignore, total)
     p, valid, safe = _pick(probs, labels, ignore_index)
     scale = g / _count(valid, probs.dtype) if reduction == "mean" else g
     d = -scale * torch.ones_like(p) if log_prob else -scale / p

@@ -21,6 +21,7 @@ from ..tensor import Tensor, constant
 from ._utils import broadcast_shapes, rand, randint
 from ._var_updates_adam import adam_updater, adam_var_update, adamax_updater, lamb_updater
 from ._var_updates_common import check_float, check_scalar, f32
+from ._var_updates_pointwise import addcdiv_, addcmul_, lerp_
 from .registry import Cost, OpDef, Sample, create_op, elementwise_cost, register
 
 __all__ = [
@@ -34,8 +35,11 @@ __all__ = [
     "adam_updater",
     "adam_var_update",
     "adamax_updater",
+    "addcdiv_",
+    "addcmul_",
     "copy_var_update_",
     "lamb_updater",
+    "lerp_",
     "sparse_accumulate_",
 ]
 

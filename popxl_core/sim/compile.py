@@ -209,7 +209,7 @@ def _emit_kernel(op: Op, em: Emitter) -> None:
 
 
 def _emit_transposed_matmul(op: Op, mm: Op, em: Emitter) -> None:
-    k = _bind_kernel(em, transposed_matmul_kernel(mm), mm, checked=op)
+    k = _bind_kernel(em, transposed_matmul_kernel(mm, em.program.ir.numerics), mm, checked=op)
     em.emit(f"{em.name(op.outputs[0])} = {k}({em.name(mm.inputs[0])}, {em.name(mm.inputs[1])})")
 
 
@@ -238,9 +238,10 @@ def _bind_kernel(em: Emitter, kernel: Callable, op: Op, checked: Op | None = Non
 
 def _bound_kernel(op: Op, em: Emitter) -> Callable:
     opdef = op.opdef
-    if opdef.kernel is None:
+    base = opdef.kernel_for(em.program.ir.numerics)
+    if base is None:
         raise RuntimeError(f"{op.type}.{op.id} has no kernel and no emitter in the op table.")
-    kernel = functools.partial(opdef.kernel, **op.attrs) if op.attrs else opdef.kernel
+    kernel = functools.partial(base, **op.attrs) if op.attrs else base
     if opdef.fp16_in_fp32 and _touches_fp16(op):
         kernel = _fp16_via_fp32(kernel, op)
     if not opdef.view and _touches_narrow_unsigned(op):
@@ -257,8 +258,9 @@ def _view_needs_copy(op: Op, em: Emitter) -> bool:
     could be observed (`alias.ViewOutputs`)."""
     if em.modifying:
         return True
-    outs = [t for t in op.outputs if t in em.graph._outputs]
-    return any(em.program.view_outputs.needs_copy(em.graph, t) for t in outs)
+    views = em.program.view_outputs
+    outs = [t for t in op.outputs if views.is_output(em.graph, t)]
+    return any(views.needs_copy(em.graph, t) for t in outs)
 
 
 def _spec_checked(kernel: Callable, op: Op) -> Callable:

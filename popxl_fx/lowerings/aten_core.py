@@ -18,6 +18,7 @@ import popxl_core as popxl
 from popxl_core import ops
 
 from ..lowering import LoweringContext, lowers
+from ._common import pdtype
 
 __all__: list = []
 
@@ -136,6 +137,24 @@ def _dims(x: popxl.Tensor, dims: Any) -> list[int] | None:
     return [d % x.rank for d in ([dims] if isinstance(dims, int) else dims)]
 
 
+def _reduce_input(x: popxl.Tensor, dtype: torch.dtype | None) -> popxl.Tensor:
+    """torch casts the input of sum/mean to ``dtype`` before reducing; without one, sum
+    accumulates bool and integer inputs in int64 (int32 here: the IPU has no 64-bit ints)."""
+    if dtype is None and not x.dtype.is_floating_point:
+        dtype = torch.int64
+    if dtype is None:
+        return x
+    return x if x.dtype == pdtype(dtype) else ops.cast(x, pdtype(dtype))
+
+
+@lowers(aten._to_copy)
+def _to_copy(ctx: LoweringContext, x: popxl.Tensor, **kwargs: Any) -> popxl.Tensor:
+    """``Tensor.to(dtype)`` after decomposition; device, layout and memory format do not
+    exist on the IPU."""
+    dtype = kwargs.get("dtype")
+    return x if dtype is None or pdtype(dtype) == x.dtype else ops.cast(x, pdtype(dtype))
+
+
 @lowers(aten.sum)
 def _sum(
     ctx: LoweringContext,
@@ -144,7 +163,7 @@ def _sum(
     keepdim: bool = False,
     dtype: torch.dtype | None = None,
 ) -> popxl.Tensor:
-    return ops.sum(x, _dims(x, dims), keepdim)
+    return ops.sum(_reduce_input(x, dtype), _dims(x, dims), keepdim)
 
 
 @lowers(aten.mean)
@@ -155,6 +174,7 @@ def _mean(
     keepdim: bool = False,
     dtype: torch.dtype | None = None,
 ) -> popxl.Tensor:
+    x = x if dtype is None else _reduce_input(x, dtype)  # torch: mean needs a float dtype
     return ops.mean(x, _dims(x, dims), keepdim)
 
 
@@ -238,11 +258,18 @@ def _copy_(ctx: LoweringContext, dst: popxl.Tensor, src: popxl.Tensor, *_: Any) 
     # Any other in-place copy would change a value the functional graph already used.
     if ctx.node.meta.get("self_update"):
         return src
+    if "root_buffer_update" in ctx.node.meta:  # a model buffer passed to a function
+        buffer = ctx.owner.variable(ctx.node.meta["root_buffer_update"])
+        ops.var_updates.copy_var_update_(
+            buffer, src if src.dtype == buffer.dtype else ops.cast(src, buffer.dtype)
+        )
+        return src
     name = ctx.node.meta.get("buffer_update")
     if name is None:
+        what = ctx.node.meta.get("mutates", "an input")
         raise NotImplementedError(
-            f"aten.copy_ into an input (fx node '{ctx.node.name}') is an "
-            "in-place update of a model input, which has no lowering."
+            f"aten.copy_ into {what} (fx node '{ctx.node.name}') is an in-place update "
+            "the simulated program cannot reproduce, which has no lowering."
         )
     ctx.update_buffer(name, src)
     return src

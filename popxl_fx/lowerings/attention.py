@@ -20,6 +20,7 @@ from popxl_core import ops
 from ..lowering import lookup, lowers
 from ._common import const
 from ._sub import call_child, child_ctx, dropout
+from .attention_eager import eager_mha, eager_mha_applies, eager_uses_flash
 
 __all__ = ["attention", "multi_head_attention"]
 
@@ -82,6 +83,10 @@ def _sdpa(
     if enable_gqa and q.rank >= 3:
         k = _repeat_heads(k, q.shape[-3] // k.shape[-3])
         v = _repeat_heads(v, q.shape[-3] // v.shape[-3])
+    if attn_mask is None and not enable_gqa and eager_uses_flash(
+        [q.shape, k.shape, v.shape], q.dtype, dropout_p, is_causal
+    ):
+        return ops.flash_attention(q, k, v, bool(is_causal), scale)
     mask = _causal(q.shape[-2], k.shape[-2]) if is_causal else attn_mask
     if mask is not None:
         mask = _additive(mask, q.dtype, keep_when_true=True)
@@ -138,6 +143,8 @@ def multi_head_attention(
             f"{ctx.module_path}: MultiheadAttention with add_bias_kv or "
             "add_zero_attn is not supported"
         )
+    if eager_mha_applies(ctx, m, query, key, value, key_padding_mask, need_weights, attn_mask):
+        return eager_mha(ctx, m, query, key, value), None
     unbatched = query.rank == 2
     if unbatched:
         query, key, value = (

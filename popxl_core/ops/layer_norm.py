@@ -1,0 +1,126 @@
+"""``native_layer_norm``: torch's layer norm over the trailing ``normalized_shape`` axes, with
+eager torch's kernels forward (``aten.native_layer_norm``) and backward
+(``aten.native_layer_norm_backward``), so a traced ``nn.LayerNorm`` matches eager bit for bit.
+
+(popxl's own ``layer_norm`` normalises over axis 1 like PopART's GroupNormalization and keeps
+that definition; this op is torch's.) Like GroupNormalization it has three outputs: the result,
+the mean and the inverse standard deviation (shape ``x.shape[:-k] + (1,) * k``), the last two
+read by the gradient op.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..tensor import Tensor
+from ._utils import rand, same_dtype, spec
+from .registry import Cost, OpDef, Sample, create_op, register
+
+__all__ = ["native_layer_norm"]
+
+
+def _infer(ins, normalized_shape, epsilon, has_weight, has_bias):
+    x, params = ins[0], ins[1:]
+    same_dtype(*ins)
+    if not x.dtype.is_floating_point:
+        raise TypeError(f"layer norm needs a floating point input, got {x.dtype.name}")
+    k = len(normalized_shape)
+    if k == 0 or tuple(x.shape[len(x.shape) - k :]) != tuple(normalized_shape):
+        raise ValueError(f"normalized_shape {tuple(normalized_shape)} is not the trailing shape "
+                         f"of the input {x.shape}")
+    if len(params) != int(has_weight) + int(has_bias):
+        raise ValueError("give exactly the weight and bias that has_weight/has_bias announce")
+    for p in params:
+        if tuple(p.shape) != tuple(normalized_shape):
+            raise ValueError(f"weight/bias {p.shape} must have shape {tuple(normalized_shape)}")
+    stats = spec((*x.shape[: len(x.shape) - k], *([1] * k)), x.dtype)
+    return [x, stats, stats]
+
+
+def _split(params, has_weight, has_bias):
+    params = list(params)
+    w = params.pop(0) if has_weight else None
+    b = params.pop(0) if has_bias else None
+    return w, b
+
+
+def _kernel(x, *params, normalized_shape, epsilon, has_weight, has_bias):
+    w, b = _split(params, has_weight, has_bias)
+    return tuple(torch.native_layer_norm(x, list(normalized_shape), w, b, epsilon))
+
+
+def _grad_infer(ins, normalized_shape, has_weight, has_bias):
+    x = ins[1]
+    w_spec = spec(tuple(normalized_shape), x.dtype)
+    return [x] + [w_spec] * (int(has_weight) + int(has_bias))
+
+
+def _grad_kernel(g, x, mean, rstd, *params, normalized_shape, has_weight, has_bias):
+    w, b = _split(params, has_weight, has_bias)
+    mask = [True, has_weight, has_bias]
+    dx, dw, db = torch.ops.aten.native_layer_norm_backward(
+        g, x, list(normalized_shape), mean, rstd, w, b, mask)
+    outs = tuple(t for t in (dx, dw, db) if t is not None)
+    return outs if len(outs) > 1 else dx  # the simulator takes one output as a tensor
+
+
+def _cost(flops: int):
+    def cost(ins, outs, attrs) -> Cost:
+        return Cost(flops * ins[0].nelms, sum(s.nbytes for s in (*ins, *outs)))
+    return cost
+
+
+def _grad(ctx):
+    if ctx.grad_output(1) is not None or ctx.grad_output(2) is not None:
+        raise NotImplementedError("native_layer_norm: no gradient through mean and rstd")
+    a = ctx.attrs
+    params = [ctx.input(i) for i in range(1, len(ctx.op.inputs))]
+    ins = [ctx.grad_output(0), ctx.input(0), ctx.output(1), ctx.output(2), *params]
+    attrs = {k: a[k] for k in ("normalized_shape", "has_weight", "has_bias")}
+    return create_op(LAYER_NORM_GRAD, ins, attrs)
+
+
+def _samples():
+    """Bitwise (rtol=atol=0) against F.layer_norm (the same aten kernel)."""
+    x, w, b = rand(2, 3, 8, seed=900), rand(8, low=0.5, high=1.5, seed=901), rand(8, seed=902)
+    exact = {"rtol": 0.0, "atol": 0.0}
+    return [
+        Sample([x, w, b], lambda x, w, b: native_layer_norm(x, (8,), w, b),
+               lambda x, w, b: F.layer_norm(x, (8,), w, b), name="affine", **exact),
+        Sample([x], lambda x: native_layer_norm(x, (3, 8), eps=1e-3),
+               lambda x: F.layer_norm(x, (3, 8), eps=1e-3), name="plain_2axes", **exact),
+        Sample([x, w], lambda x, w: native_layer_norm(x, (8,), w),
+               lambda x, w: F.layer_norm(x, (8,), w), name="weight_only", **exact),
+    ]
+
+
+def _grad_samples():
+    def build(g, x, w, b):
+        attrs = {"normalized_shape": (8,), "has_weight": True, "has_bias": True}
+        _, mean, rstd = create_op(LAYER_NORM, [x, w, b], {**attrs, "epsilon": 1e-5})
+        return tuple(create_op(LAYER_NORM_GRAD, [g, x, mean, rstd, w, b], attrs))
+
+    def ref(g, x, w, b):
+        x, w, b = (t.detach().requires_grad_() for t in (x, w, b))
+        with torch.enable_grad():
+            return torch.autograd.grad(F.layer_norm(x, (8,), w, b), (x, w, b), g)
+    inputs = [rand(4, 5, 8, seed=903), rand(4, 5, 8, seed=904),
+              rand(8, low=0.5, high=1.5, seed=905), rand(8, seed=906)]
+    return [Sample(inputs, build, ref, grad=False, rtol=0.0, atol=0.0)]
+
+
+LAYER_NORM = register(OpDef("LayerNorm", _infer, _kernel, grad=_grad, cost=_cost(8),
+                            samples=_samples, out_name="layer_norm_out"))
+LAYER_NORM_GRAD = register(OpDef("LayerNormGrad", _grad_infer, _grad_kernel, cost=_cost(12),
+                                 samples=_grad_samples, out_name="layer_norm_grad_out"))
+
+
+def native_layer_norm(x: Tensor, normalized_shape, weight: Tensor | None = None,
+                      bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
+    """torch's ``F.layer_norm``: normalise over the trailing ``normalized_shape`` axes, then
+    scale by ``weight`` and shift by ``bias`` (each of that shape, optional)."""
+    params = [t for t in (weight, bias) if t is not None]
+    attrs = {"normalized_shape": tuple(int(d) for d in normalized_shape), "epsilon": float(eps),
+             "has_weight": weight is not None, "has_bias": bias is not None}
+    return create_op(LAYER_NORM, [x, *params], attrs)[0]

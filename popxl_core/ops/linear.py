@@ -1,0 +1,134 @@
+"""``linear``: ``x @ w.T + b`` with the kernels eager torch's ``F.linear`` and autograd use.
+
+torch computes a linear layer in one of two ways, and they round differently: ``addmm`` (bias
+folded into the GEMM) for 2-D inputs and contiguous N-D inputs, or ``mm`` followed by an
+in-place bias add for other inputs (``at::linear``'s matmul path, e.g. the transposed input of
+``nn.MultiheadAttention``'s projection). The ``fold`` attribute picks one, so a lowering that
+knows eager's input layout reproduces eager's numbers bit for bit.
+
+The gradient op is what autograd runs for both (``mm_mat1_backward``/``mm_mat2_backward`` of
+a row-major input and the transposed weight, then ``sum_to`` for the bias):
+``dx = g @ w``, ``dw = g.T @ x``, ``db = g.sum(0)``, all on the inputs flattened to 2-D.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..tensor import Tensor
+from ._utils import rand, same_dtype, spec
+from .registry import Cost, OpDef, Sample, create_op, register
+
+__all__ = ["linear"]
+
+_FOLDS = ("addmm", "mm")
+
+
+def _infer(ins, fold):
+    if fold not in _FOLDS:
+        raise ValueError(f"fold must be one of {_FOLDS}, got {fold!r}")
+    x, w = ins[0], ins[1]
+    same_dtype(*ins)
+    if not x.dtype.is_floating_point:
+        raise TypeError(f"linear needs floating point tensors, got {x.dtype.name}")
+    if len(x.shape) < 2 or len(w.shape) != 2 or x.shape[-1] != w.shape[1]:
+        raise ValueError(f"input {x.shape} (rank >= 2) and weight {w.shape} (out, in) do not fit")
+    if len(ins) > 2 and tuple(ins[2].shape) != (w.shape[0],):
+        raise ValueError(f"bias {ins[2].shape} must have shape ({w.shape[0]},)")
+    return [spec((*x.shape[:-1], w.shape[0]), x.dtype)]
+
+
+def _kernel(x, w, *bias, fold):
+    x2 = x.reshape(-1, x.shape[-1])
+    if bias and fold == "addmm":
+        y = torch.addmm(bias[0], x2, w.t())
+    else:
+        y = torch.mm(x2, w.t())
+        if bias:
+            y.add_(bias[0])
+    return y.view(*x.shape[:-1], w.shape[0])
+
+
+def _grad_infer(ins, has_bias):
+    g, x, w = ins
+    outs = [x, w]
+    return outs + [spec((w.shape[0],), w.dtype)] if has_bias else outs
+
+
+def _grad_kernel(g, x, w, has_bias):
+    g2 = g.reshape(-1, g.shape[-1])
+    x2 = x.reshape(-1, x.shape[-1])
+    dx = g2.mm(w).view(x.shape)
+    dw = g2.t().mm(x2)
+    return (dx, dw, g2.sum(0)) if has_bias else (dx, dw)
+
+
+def _cost(ins, outs, attrs) -> Cost:
+    x, w = ins[0], ins[1]
+    rows = x.nelms // x.shape[-1]
+    return Cost(2 * rows * w.shape[0] * w.shape[1], sum(s.nbytes for s in (*ins, *outs)))
+
+
+def _grad_cost(ins, outs, attrs) -> Cost:
+    fwd = _cost(ins[1:], outs[:1], attrs)
+    return Cost(2 * fwd.flops, sum(s.nbytes for s in (*ins, *outs)))
+
+
+def _grad(ctx):
+    ins = [ctx.grad_output(0), ctx.input(0), ctx.input(1)]
+    has_bias = len(ctx.op.inputs) > 2
+    return create_op(LINEAR_GRAD, ins, {"has_bias": has_bias})
+
+
+def _seq_first_linear(x, w, b):
+    """F.linear on a non-contiguous input with a weight that requires grad (at::matmul then
+    folds the input into a matrix; without grad it would batch the GEMM instead)."""
+    x = x.transpose(0, 1).contiguous().transpose(0, 1)
+    if w.requires_grad:  # the harness's gradient check
+        return torch.nn.functional.linear(x, w, b)
+    with torch.enable_grad():
+        return torch.nn.functional.linear(x, w.detach().requires_grad_(), b).detach()
+
+
+def _samples():
+    """Bitwise (rtol=atol=0) against F.linear and autograd on the same layouts."""
+    x2, x3, w, b = rand(6, 5, seed=1), rand(2, 3, 5, seed=2), rand(4, 5, seed=3), rand(4, seed=4)
+    exact = {"rtol": 0.0, "atol": 0.0}
+    return [
+        Sample([x2, w, b], lambda x, w, b: linear(x, w, b), torch.nn.functional.linear,
+               name="2d_addmm", **exact),
+        Sample([x3, w, b], lambda x, w, b: linear(x, w, b), torch.nn.functional.linear,
+               name="3d_addmm", **exact),
+        Sample([x3, w], lambda x, w: linear(x, w), torch.nn.functional.linear, name="no_bias",
+               **exact),
+        # eager's matmul path: a non-contiguous 3-D input (seq-first view of batch-first data)
+        Sample([x3, w, b], lambda x, w, b: linear(x, w, b, fold="mm"),
+               _seq_first_linear, name="3d_mm", **exact),
+    ]
+
+
+def _grad_samples():
+    def build(g, x, w, b):
+        return tuple(create_op(LINEAR_GRAD, [g, x, w], {"has_bias": True}))
+
+    def ref(g, x, w, b):
+        x, w, b = (t.detach().requires_grad_() for t in (x, w, b))
+        with torch.enable_grad():
+            return torch.autograd.grad(torch.nn.functional.linear(x, w, b), (x, w, b), g)
+    inputs = [rand(2, 3, 4, seed=5), rand(2, 3, 5, seed=6), rand(4, 5, seed=7), rand(4, seed=8)]
+    return [Sample(inputs, build, ref, grad=False, rtol=0.0, atol=0.0)]
+
+
+LINEAR = register(OpDef("Linear", _infer, _kernel, grad=_grad, cost=_cost, samples=_samples,
+                        out_name="linear_out"))
+LINEAR_GRAD = register(OpDef("LinearGrad", _grad_infer, _grad_kernel, cost=_grad_cost,
+                             samples=_grad_samples, out_name="linear_grad_out"))
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, fold: str = "addmm") -> Tensor:
+    """``x @ weight.T + bias`` (weight is (out, in), torch's layout) over the last axis of
+    ``x``. ``fold="addmm"`` adds the bias inside the GEMM, as eager does for 2-D and
+    contiguous inputs; ``fold="mm"`` multiplies first and adds after, as eager does for a
+    non-contiguous N-D input."""
+    ins = [x, weight] + ([bias] if bias is not None else [])
+    return create_op(LINEAR, ins, {"fold": fold})[0]
