@@ -8,8 +8,8 @@ table's kernel, so the same bits (the reference-interpreter tests compare them).
 
 * ``Reshape``: ``torch.reshape(x, shape)``; ``Transpose``: ``x.permute(permutation)`` (view
   ops, only where the compiler does not copy the view);
-* ``MatMul`` without an output type or with float32: ``torch.matmul(a, b)`` (the table's
-  kernel adds a no-op ``.to(float32)``);
+* ``MatMul`` under ``Ir.numerics == "torch"`` (popxl_fx's programs), without an output type
+  or with float32: ``torch.matmul(a, b)`` (that kernel adds a no-op ``.to(float32)``);
 * ``Add``, ``Sub``, ``Mul`` (no attributes): ``torch.add/sub/mul(a, b)``.
 """
 
@@ -39,7 +39,8 @@ def direct_call(op: Op, name: Callable, literal: Callable) -> Optional[str]:
         return f"torch.reshape({ins[0]}, {literal(tuple(op.attrs['shape']))})"
     if t == "Transpose" and set(op.attrs) == {"permutation"}:
         return f"{ins[0]}.permute({literal(tuple(op.attrs['permutation']))})"
-    if t == "MatMul" and op.attrs.get("output_type") in (None, dtypes.float32):
+    torch_numerics = op.graph.ir.numerics == "torch"  # the "ipu" kernel sums in float64
+    if t == "MatMul" and torch_numerics and op.attrs.get("output_type") in (None, dtypes.float32):
         return f"torch.matmul({ins[0]}, {ins[1]})"
     if t in _BINARY and not op.attrs and len(ins) == 2:
         return f"{_BINARY[t]}({ins[0]}, {ins[1]})"

@@ -164,10 +164,11 @@ class ReferenceProgram:
 
 
 def plain_kernel(op: Op) -> Callable:
-    """``op``'s table kernel with its attributes, and the dtype rules every backend applies."""
-    if op.opdef.kernel is None:
+    """``op``'s table kernel (for its Ir's ``numerics``) with its attributes, and the dtype
+    rules every backend applies."""
+    kernel = op.opdef.kernel_for(op.graph.ir.numerics)
+    if kernel is None:
         raise RuntimeError(f"{op.type}.{op.id} has no kernel and no emitter in the op table.")
-    kernel = op.opdef.kernel
     if op.attrs:
         kernel = functools.partial(kernel, **op.attrs)
     if op.opdef.fp16_in_fp32 and _touches_fp16(op):
