@@ -51,19 +51,23 @@ def check_inputs(model: nn.Module, inputs: Sequence[object]) -> None:
 
 @contextmanager
 def integer_inputs_explained(model: nn.Module, model_inputs: Sequence[torch.Tensor]):
-    """Turns torch's failure on an integer input to a float model (met while the model is
-    traced on its example inputs) into a TypeError that names the input."""
+    """Turns torch's failure on an integer input to a float model, or a float input of
+    another precision (float64 into a float32 model), met while the model is traced on its
+    example inputs, into a TypeError that names the input."""
     try:
         yield
     except RuntimeError as e:
-        ints = [i for i, x in enumerate(model_inputs) if not x.is_floating_point()]
         dtype = _float_dtype(model)
-        if not ints or dtype is None:
+        ints = [i for i, x in enumerate(model_inputs) if not x.is_floating_point()]
+        floats = [i for i, x in enumerate(model_inputs) if x.is_floating_point()]
+        other = [i for i in floats if model_inputs[i].dtype != dtype]
+        if dtype is None or not (ints or other):
             raise
-        i = ints[0]
+        i = (ints or other)[0]
+        kind = "a float tensor" if ints else f"a {dtype} tensor"
         raise TypeError(
             f"input {i} of {type(model).__name__} has dtype {model_inputs[i].dtype}, but the "
-            f"model computes in {dtype}; pass a float tensor (x.to({dtype})). torch says: {e}"
+            f"model computes in {dtype}; pass {kind} (x.to({dtype})). torch says: {e}"
         ) from None
 
 

@@ -19,8 +19,9 @@ class Issue:
     """One thing that stops a model from lowering, located in the user's code.
 
     Args:
-        kind: "unsupported op", "unsupported module", ".item()", "data-dependent control flow",
-            "data-dependent shape" or "data-dependent length".
+        kind: "unsupported op", "unsupported module", "unsupported random op", "hidden state",
+            ".item()", "data-dependent control flow", "data-dependent shape" or
+            "data-dependent length".
         what: the op/module/expression concerned (e.g. "torch.fft.fft").
         source: the user's "file:line" ("<unknown>" when no user frame was found).
         module_path: qualified name of the torch module it happened in ('' = the root).

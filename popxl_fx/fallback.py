@@ -221,15 +221,7 @@ def decomposition_issue(node: fx.Node, root: torch.nn.Module) -> Issue | None:
         return None
     random = [t for t in missing if _packet(t) in RANDOM_ATEN]
     if random:
-        names = ", ".join(target_name(t) for t in random)
-        return unsupported(
-            node,
-            what,
-            "unsupported random op",
-            f"its ATen decomposition draws random numbers with {names}, which the simulator's "
-            "seeded random stream does not implement (it has rand, randn, rand_like, "
-            "randn_like, bernoulli, uniform, normal; dropout works).",
-        )
+        return unsupported(node, what, "unsupported random op", _random_hint(random))
     names = ", ".join(target_name(t) for t in missing)
     near = sorted(
         {s for t in missing for s in nearby_supported(t)}
@@ -244,6 +236,15 @@ def decomposition_issue(node: fx.Node, root: torch.nn.Module) -> Issue | None:
     if near:
         hint += f" Nearby supported: {', '.join(near)}."
     return unsupported(node, what, kind, hint)
+
+
+def _random_hint(random: list[Any]) -> str:
+    names = ", ".join(target_name(t) for t in random)
+    return (
+        f"its ATen decomposition draws random numbers with {names}, which the simulator's "
+        "seeded random stream does not implement (it has rand, randn, rand_like, "
+        "randn_like, bernoulli, uniform, normal; dropout works)."
+    )
 
 
 def _packet(target: Any) -> Any:

@@ -95,8 +95,8 @@ class InferenceModel(ProgramView):
         with ir.main_graph, popxl.in_sequence():
             ins = load_inputs(inputs, [f"input{i}" for i in range(len(inputs))])
             fxm = Module(self._model, flatten_outputs=True)
-            fxm.capture(*inputs)  # trace on the real inputs (valid indices, real branches)
             with integer_inputs_explained(self._model, inputs):
+                fxm.capture(*inputs)  # trace on the real inputs (valid indices, real branches)
                 facts, graph = fxm.create_graph(*ins.tensors)
             variables = facts.init()
             outs = graph.bind(variables).call(*ins.tensors)

@@ -10,7 +10,9 @@ into them in torch's own format.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +24,7 @@ import popxl_core as popxl
 
 from . import lowerings  # noqa: F401  (fills the lowering table)
 from .checks import check_inputs, check_target, integer_inputs_explained
+from .errors import Issue, UnsupportedError
 from .module import Module
 from .optim import OptimizerProgram
 from .options import Options, resolve
@@ -71,6 +74,27 @@ class _WithLoss2(WithLoss):
 class _WithLoss3(WithLoss):
     def forward(self, input0, input1, input2, target):
         return self._loss(self.model(input0, input1, input2), target)
+
+
+@contextlib.contextmanager
+def _user_terms(trainer: "Trainer") -> Iterator[None]:
+    """Issues found in the loss wrapper, told in terms of the user's model: its class name,
+    module paths and attributes without the wrapper's ``model.`` prefix."""
+    try:
+        yield
+    except UnsupportedError as e:
+        if not trainer._prefix:
+            raise
+        issues = [_unwrapped(issue, trainer._prefix) for issue in e.issues]
+        raise UnsupportedError(type(trainer._model).__name__, issues) from None
+
+
+def _unwrapped(issue: Issue, prefix: str) -> Issue:
+    path = issue.module_path
+    path = (
+        path[len(prefix) :] if path.startswith(prefix) else ("" if path + "." == prefix else path)
+    )
+    return dataclasses.replace(issue, module_path=path, what=issue.what.replace(f"'{prefix}", "'"))
 
 
 def _example_value(x: object) -> object:
@@ -213,7 +237,7 @@ class Trainer(ProgramView):
             ins = load_inputs(inputs, names)
             fxm = Module(root, flatten_outputs=True)
             model_inputs = inputs[:-1] if self.loss_fn is not None else inputs
-            with integer_inputs_explained(self._model, model_inputs):
+            with integer_inputs_explained(self._model, model_inputs), _user_terms(self):
                 fxm.capture(*inputs)  # trace on the user's inputs (real branches and indices)
                 facts, fwd_graph = fxm.create_graph(*ins.tensors)
             index = _loss_index(fxm, len(fwd_graph.graph.outputs), self._model)

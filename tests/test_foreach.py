@@ -112,13 +112,13 @@ def _misc(ws, ms, gs, s):
     ids=["sgd", "momentum", "adam_like", "misc"],
 )
 def test_grouped_updates_equal_the_reference_bitwise(update, groups):
-    _check(update, groups)
+    _check(update, groups, foreach_fresh=True)  # every kind grouped, as torch's foreach path
 
 
-def test_without_fresh_groups_chains_stay_per_tensor():
-    # the first op of each chain allocates, so it does not group; the scheduler takes ops
-    # in order, so the rest of each chain is not ready with its peers either
-    program = _check(_adam_like, 0, foreach_fresh=False)
+def test_by_default_chains_stay_per_tensor():
+    # foreach_fresh=False: the first op of each chain allocates, so it does not group; the
+    # scheduler takes ops in order, so the rest of each chain is not ready with its peers
+    program = _check(_adam_like, 0)
     assert program.stats["foreach_ops"] < 33  # fewer than the 11 kinds x 3 tensors
     assert program.stats["out_reuse"] >= 12
 
@@ -130,7 +130,7 @@ def test_an_op_reading_another_ops_target_is_not_grouped_with_it():
         ops.scaled_add_(ws[1], gs[1], b=s[0])
         return [ws[0] * 1.0, ms[0] * 1.0]
 
-    _check(chained, 1)
+    _check(chained, 1, foreach_fresh=True)
     ir, _ = _program(chained)
     _, groups = foreach_schedule(_live_ops(ir.main_graph))
     updates = [g for g in groups if g.ops[0].type == "ScaledAddLhsInplace"]
@@ -146,7 +146,7 @@ def test_a_result_read_before_the_group_ends_keeps_its_order():
         ops.scaled_add_(ws[0], b)
         return [b, c]
 
-    _check(read_between, 1)
+    _check(read_between, 1, foreach_fresh=True)
 
 
 def test_groups_do_not_cross_a_call():
@@ -164,7 +164,7 @@ def test_groups_do_not_cross_a_call():
     call = next(op for op in order if op.type == "Call")
     assert order.index(adds[0]) < order.index(call) < order.index(adds[1])
     assert not any(adds[0] in grp.ops for grp in groups)
-    _check(with_call, 0)
+    _check(with_call, 0, foreach_fresh=True)
 
 
 def test_keys_need_shared_scalars_and_float32():

@@ -2,9 +2,10 @@
 final (h, c) and the gradients of inputs, initial states and every weight (random cotangent);
 several layers, batch_first, bidirectional, unbatched; and 3 training steps.
 
-Tolerances: rtol 1e-5 / atol 1e-5 for the lowering (5 steps of float32 gate arithmetic;
-torch's fused LSTM kernel adds the gate terms in another order), and 1e-5 / 1e-6 with
-assert_matches_eager after 3 SGD-momentum and AdamW steps."""
+Tolerances: rtol 1e-6 / atol 1e-6 for the lowering (5 steps of float32 gate arithmetic;
+torch's LSTM kernel adds the gate terms in another order: measured max abs error 6e-8 forward,
+2.4e-7 gradients), and 1e-5 / 1e-6 with
+assert_matches_eager after 3 SGD-momentum and AdamW steps (training_model and compile)."""
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ from popxl_fx.testing import assert_matches_eager
 from .fx_cases import randn
 from .fx_harness import check_lowering, lowered_ops
 
-TOL = dict(rtol=1e-5, atol=1e-5)
+TOL = dict(rtol=1e-6, atol=1e-6)
 N, T, IN, HID, PROJ = 2, 5, 3, 6, 4
 
 
@@ -103,7 +104,8 @@ class Classifier(nn.Module):
     ],
     ids=["sgd_momentum", "adamw"],
 )
-def test_lstm_proj_trains_like_eager(optimizer):
+@pytest.mark.parametrize("via", ["training_model", "compile"])
+def test_lstm_proj_trains_like_eager(optimizer, via):
     x = randn(N, T, IN, seed=3)
     y = torch.tensor([0, 2])
     assert_matches_eager(
@@ -116,4 +118,5 @@ def test_lstm_proj_trains_like_eager(optimizer):
         rtol=1e-5,
         atol=1e-6,
         options=Options(device="cpu"),
+        via=via,
     )

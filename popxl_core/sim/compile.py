@@ -73,16 +73,18 @@ class Program:
         check_specs: bool = False,
         foreach: bool = True,
         transposed_matmuls: bool = True,
-        foreach_fresh: bool = True,
+        foreach_fresh: bool = False,
         direct: bool = True,
+        release: bool = True,
     ) -> None:
         self.ir = ir
         self.check_specs = check_specs
         self.foreach = foreach  # multi-tensor kernels (foreach.py), bitwise equal
         # also group ops that allocate their results, as torch.optim's foreach path does
-        # (False: only ops that can write into dead inputs; see foreach.foreach_schedule)
+        # (default: only ops that can write into dead inputs, faster on CPU; see foreach.py)
         self.foreach_fresh = foreach_fresh
         self.direct = direct  # torch calls written into the source (direct.py)
+        self.release = release  # del each temporary after its last reader (release.py)
         # (a @ b).T as b.T @ a.T (fuse.py): eager torch's call, may differ in the last bit
         self.transpose_matmuls = transposed_matmuls
         # how often each optimisation applied (tests check that the fused paths ran)
@@ -138,7 +140,7 @@ class Program:
         self.stats["foreach_ops"] += sum(len(grp.ops) for grp in groups)
         self.stats["transposed_matmuls"] += len(fused)
         self.stats["out_reuse"] += len(reuse)  # single ops and grouped ones
-        released = release_points(live, groups, fused, reuse, g)
+        released = release_points(live, groups, fused, reuse, g) if self.release else {}
         for k, op in enumerate(live):
             if op in first:
                 _emit_group(first[op], em)
@@ -191,8 +193,7 @@ def _emit_kernel(op: Op, em: Emitter) -> None:
     call itself for the ops `direct.py` lists."""
     if em.program.direct and not em.program.check_specs:
         if not (op.opdef.view and _view_needs_copy(op, em)):
-            bind = lambda v: em.bind_global("a", v)  # noqa: E731
-            call = direct_call(op, em.name, bind, em.program.ir.numerics)
+            call = direct_call(op, em.name, lambda v: em.bind_global("a", v))
             if call is not None:
                 em.emit(f"{em.name(op.outputs[0])} = {call}")
                 return

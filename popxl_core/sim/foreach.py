@@ -5,7 +5,11 @@ Adam's lerp, square, sqrt, divide and update). Like ``torch.optim(..., foreach=T
 compiler runs each kind once over the list of all parameters instead of once per parameter.
 The foreach kernels apply the same ATen op to each tensor (CPU runs them tensor by tensor), so
 every element is computed with the same arithmetic as the single-tensor op: results are equal
-to the bit (tests compare with the reference interpreter).
+to the bit (tests compare with the reference interpreter). On CPU the gain is Python dispatch
+only, and grouping ops that allocate their results costs more in memory traffic than it saves:
+by default (`compile.Program(foreach_fresh=False)`) only ops that update in place or write
+into a dead input are grouped, which covers SGD's updates; ``foreach_fresh=True`` groups all
+of Adam's chain, as ``torch.optim(..., foreach=True)`` does.
 
 The pass reorders the live schedule: a topological sort over data dependencies and storage
 hazards (reads and in-place writes, through views and in-place outputs to the storage they
@@ -173,7 +177,8 @@ def foreach_schedule(ops: List[Op], reusable=None) -> Tuple[List[Op], List[Group
     add/sub/mul/div/sqrt joins a group only if it could write into a dead input: a group of
     fresh results allocates every tensor's result at once (as torch.optim's foreach path
     does), where one op at a time reuses the previous tensor's dead temporaries. On CPU the
-    two measured the same for the seed MLP's Adam step (benchmarks/RESULTS.md)."""
+    latter measured faster for the seed MLP's Adam step (benchmarks/RESULTS.md), so the
+    compiler passes ``reusable`` unless its ``foreach_fresh`` option is set."""
     preds = _dependencies(ops)
     index = {op: k for k, op in enumerate(ops)}
     succs: Dict[Op, List[Op]] = {op: [] for op in ops}

@@ -3,8 +3,9 @@
 `ReferenceProgram` walks each graph's schedule op by op, every time it runs, and calls each
 op's kernel from the op table on values kept in a dictionary. It does none of what the compiler
 (`compile.Program`) does for speed: no dead-code removal, no fused kernels (`fuse.py`,
-`foreach.py`), no ``out=`` buffer reuse (`inplace.py`), no views handed out: every output of a
-non-in-place view op is a copy. What stays is the semantics every backend shares: an op's
+`foreach.py`), no ``out=`` buffer reuse (`inplace.py`), no torch calls written into
+generated code (`direct.py`) and no views handed out: every output of a non-in-place view op
+is a copy. What stays is the semantics every backend shares: an op's
 kernel with its attributes, float16 computed in float32 and rounded (``fp16_in_fp32``), narrow
 unsigned integers computed in int64, in-place ops writing their target, and the control, IO,
 remote and collective ops' own emitters (the definition of call-by-value, streams and
@@ -163,8 +164,8 @@ class ReferenceProgram:
 
 
 def plain_kernel(op: Op) -> Callable:
-    """``op``'s table kernel (the one of its Ir's ``numerics``) with its attributes, and the
-    dtype rules every backend applies."""
+    """``op``'s table kernel (for its Ir's ``numerics``) with its attributes, and the dtype
+    rules every backend applies."""
     kernel = op.opdef.kernel_for(op.graph.ir.numerics)
     if kernel is None:
         raise RuntimeError(f"{op.type}.{op.id} has no kernel and no emitter in the op table.")
