@@ -64,9 +64,13 @@ class _Graphs:
     input_positions: dict[popxl.Tensor, int] = field(default_factory=dict)
 
 
-def _build_graphs(model: nn.Module, specs: list, wants: list[bool] | None) -> _Graphs:
-    """The forward graph, and its gradient graph unless ``wants`` (per input) is None."""
+def _build_graphs(
+    model: nn.Module, specs: list, wants: list[bool] | None, examples: tuple
+) -> _Graphs:
+    """The forward graph, and its gradient graph unless ``wants`` (per input) is None; traced
+    on ``examples``, the user's first inputs of this signature (real branches and indices)."""
     fxm = Module(model, flatten_outputs=True)
+    fxm.capture(*examples)
     facts, fwd = fxm.create_graph(*specs)
     n_outputs = len(fwd.graph.outputs)
     if wants is None:
@@ -95,6 +99,7 @@ class _ForwardProgram:
     weights: Weights
     graphs: _Graphs
     wants: list[bool]  # which inputs need gradients
+    examples: tuple  # the inputs traced (the backward program traces the same)
     backward: _BackwardProgram | None = None
 
 
@@ -156,24 +161,25 @@ class CompiledForward:
 
     def _build_forward(self, sig, args, wants) -> _ForwardProgram:
         check_inputs(self.model, args)
+        examples = tuple(a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args)
         ir = popxl.Ir()
         with ir.main_graph, popxl.in_sequence(), self._building():
             ins = load_inputs(args, [f"input{i}" for i in range(len(args))])
             with integer_inputs_explained(self.model, args):
-                graphs = _build_graphs(self.model, ins.tensors, wants)
+                graphs = _build_graphs(self.model, ins.tensors, wants, examples)
             variables = graphs.facts.init()
             site = graphs.fwd.bind(variables).call_with_info(*ins.tensors)
             outs = [store(t, f"output{i}") for i, t in enumerate(site.outputs)]
             weights = Weights.from_named(variables.to_dict(), graphs.fxm.torch_names())
         session = make_session(ir, self.options)
         session.__enter__()
-        return _ForwardProgram(sig, session, ins, outs, weights, graphs, wants or [])
+        return _ForwardProgram(sig, session, ins, outs, weights, graphs, wants or [], examples)
 
     def _build_backward(self, prog: _ForwardProgram) -> _BackwardProgram:
         ir = popxl.Ir()
         specs = [popxl.TensorSpec(s.shape, s.dtype) for s in prog.inputs.streams]
         with ir.main_graph, popxl.in_sequence(), self._building():
-            g = _build_graphs(self.model, specs, prog.wants)
+            g = _build_graphs(self.model, specs, prog.wants, prog.examples)
             fwd_outputs = {t: i for i, t in enumerate(g.fwd.graph.outputs)}
             var_names = {t: n for n, t in g.fwd.args.to_dict().items()}
             info = g.bwd.grad_graph_info

@@ -11,6 +11,7 @@ import logging
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from popxl_core.sim.plan import OutOfMemoryError
@@ -209,6 +210,21 @@ def test_wrong_target_shape():
         trainer(data()[0], torch.zeros(5, 3))
 
 
+def test_wrong_class_target_shape_and_a_loss_that_cannot_take_the_target():
+    # checked while the loss wrapper is traced, from the model output's example value
+    model = mlp()
+    trainer = training_model(model, OPTIMIZERS["adamw"](model.parameters()), F.cross_entropy, CPU)
+    with pytest.raises(ValueError, match=r"target has shape \(5, 2\).*target of shape \(5,\)"):
+        trainer(data()[0], torch.zeros(5, 2, dtype=torch.int64))
+
+    def dot_loss(out, target):
+        return (out @ target).sum()
+
+    trainer = training_model(model, OPTIMIZERS["adamw"](model.parameters()), dot_loss, CPU)
+    with pytest.raises(ValueError, match=r"dot_loss cannot take the model's output \(shape"):
+        trainer(data()[0], torch.zeros(5, 3))
+
+
 @pytest.mark.parametrize(
     "make",
     [
@@ -269,6 +285,6 @@ def test_report_ir_and_schedule():
     trainer(*data())
     text = trainer.print_schedule()
     assert "main:" in text and "forward:" in text and "backward:" in text
-    assert "ScaledAddLhsInplace" in text  # the AdamW update is in the program
+    assert "AddcdivInplace" in text  # the AdamW update is in the program
     assert trainer.ir is trainer.session.ir
     assert "IPU memory (estimate" in trainer.report().summary()

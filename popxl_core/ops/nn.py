@@ -6,6 +6,7 @@ from .conv import PadType, conv, conv_transpose
 from .norm import batch_norm_inference, group_norm, layer_norm
 from .pool import average_pool, max_pool
 from .roi_align import roi_align
+from .upsample import upsample
 
 __all__ = [
            "PadType",
@@ -19,4 +20,5 @@ __all__ = [
            "layer_norm",
            "max_pool",
            "roi_align",
+           "upsample",
 ]
