@@ -33,7 +33,7 @@ def test_lowered_ops_name_their_torch_module_and_plan_rows_carry_it():
     by_type = _ops_by_type(sim.ir)
     assert by_type["Conv"] == {"body.0"}
     assert by_type["Relu"] == {"body.1"}
-    assert "head" in by_type["MatMul"]
+    assert "head" in by_type["Linear"]
     assert "<root>" in by_type["Mul"]  # `* 2.0` is the root module's own code
     rows = {row.module_path for row in sim.session.plan.ops}
     assert {"body.0", "body.1", "head"} <= rows
