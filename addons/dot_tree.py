@@ -162,6 +162,34 @@ class DotTree(Generic[T]):
                 value = merged
         self._map[head] = value
 
+    def _insert_in_place(self, key: Key, value: Any, overwrite: bool = False) -> None:
+        """`insert` that adds to the existing sub-trees instead of swapping in copies of them.
+
+        A dotted `insert` copies the sub-tree it goes into, so n inserts under one prefix
+        cost O(n^2); this one is O(depth). Only for a tree whose sub-trees no other tree
+        holds (its owner sees the same result; a holder of a sub-tree would see the new
+        leaf). Any case that `insert` would refuse or merge goes through `insert`.
+        """
+        parts = _split(key)
+        node: DotTree = self
+        for part in parts[:-1]:
+            child = node._map.get(part)
+            if child is None:
+                break
+            if not isinstance(child, DotTree) or not overwrite:
+                return self.insert(key, value, overwrite)  # raises as insert does
+            node = child
+        else:
+            if parts[-1] in node._map:
+                return self.insert(key, value, overwrite)  # replace or merge as insert does
+        depth = 0
+        node = self
+        while depth < len(parts) - 1 and parts[depth] in node._map:
+            node, depth = node._map[parts[depth]], depth + 1
+        for part in parts[depth:-1]:
+            node._map[part] = node = type(self)()
+        node._map[parts[-1]] = value
+
     def update(self, other: DotTree, overwrite: bool = False) -> None:
         """Insert every top-level item of (a copy of) ``other``."""
         if not isinstance(other, DotTree):
@@ -261,8 +289,14 @@ class DotTree(Generic[T]):
     def from_dict(cls: type, d: Mapping[Key, Any]) -> DotTree:
         """A nested tree from a flat mapping of dotted (or int) keys."""
         tree = cls()
+        # Without tree values, every sub-tree is made here and held by nobody else, so the
+        # inserts need not copy them (which costs O(n^2) for n keys under one prefix).
+        insert = (
+            tree.insert if any(isinstance(v, DotTree) for v in d.values())
+            else tree._insert_in_place
+        )
         for k, v in d.items():
-            tree.insert(k, v, overwrite=True)  # merges "a.b" and "a.c" into one sub-tree
+            insert(k, v, overwrite=True)  # merges "a.b" and "a.c" into one sub-tree
         return tree
 
     def unpack(self) -> tuple[tuple[str, ...], tuple[T, ...]]:

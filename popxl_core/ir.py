@@ -16,6 +16,10 @@ __all__ = ["Ir", "SessionOptions"]
 
 _IR_IDS = itertools.count()
 
+# How the simulator does floating point arithmetic whose result torch's CPU kernels make
+# depend on the shape of the whole tensor (see `Ir.numerics`).
+NUMERICS = ("ipu", "torch")
+
 
 class SessionOptions:
     """The session options user code sets through ``ir._pb_ir.getSessionOptions()``."""
@@ -85,6 +89,7 @@ class Ir:
         self._num_host_transfers = 1
         self._session = None
         self._remote_buffers: Dict[int, Any] = {}
+        self._numerics = "ipu"
         self.main_graph = self._new_graph("")
         self.replication_factor = replication
 
@@ -118,6 +123,29 @@ class Ir:
         opts = self._pb_ir.getSessionOptions()
         opts.enableReplicatedGraphs = value > 1
         opts.replicatedGraphCount = value
+
+    @property
+    def numerics(self) -> str:
+        """How the simulator computes a MatMul: ``"ipu"`` (default) or ``"torch"``.
+
+        ``"ipu"``: each output element depends only on its own row and column, never on how
+        many rows the batch has, as on the IPU, whose AMP units sum along K in a fixed order.
+        torch's float32 CPU matmul does not give that (MKL picks its kernel by the number of
+        rows, so a row of a 12-row product can differ in the last bits from the same row of
+        a 3-row one, and batch serialisation would change the numbers); the simulator sums
+        the exact float32 products in float64 and rounds once to the output dtype instead.
+        ``"torch"``: torch's own float32 kernels, bit for bit what eager PyTorch computes;
+        `popxl_fx` sets it, because its reference is eager PyTorch. A project setting, not
+        PopXL's; it cannot change once a Session has compiled the Ir.
+        """
+        return self._numerics
+
+    @numerics.setter
+    def numerics(self, value: str) -> None:
+        if value not in NUMERICS:
+            raise ValueError(f"Ir.numerics must be one of {NUMERICS}, got {value!r}.")
+        self._check_editable(f"setting numerics to {value!r}")
+        self._numerics = value
 
     @property
     def instance_replication_factor(self) -> int:

@@ -4,7 +4,8 @@ Every node gets, in ``node.meta``:
   - ``example_value``: its value on the example inputs (this is the shape propagation: the
     node's shape and dtype; the trace runs the model once, eagerly, without changing it);
   - ``module_path``: qualified name of the torch module whose code created it;
-  - ``source``: the user's ``file:line`` that created it (also ``node.stack_trace``).
+  - ``source``: the user's ``file:line`` that created it (and ``node.stack_trace``: the
+    user's frames from the outermost ``forward`` in).
 Python values derived from shapes (``x.shape``, ``x.size()``, ``x.dim()``, ``len(x)``) are
 folded into constants while tracing, so the graph is specialised to the example shapes.
 Standard ``torch.nn`` modules with a lowering (or without children) stay leaves; user modules
@@ -25,8 +26,15 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from .errors import Issue, user_frame
+from .capture_state import (
+    changed_plain_tensors,
+    plain_tensors,
+    plain_update_issues,
+    random_factories_recorded,
+)
+from .errors import Issue, user_frame, user_stack
 from .lowering import lookup
+from .replay import MISSING, Replay, module_state
 
 __all__ = [
     "CaptureTracer",
@@ -144,9 +152,12 @@ class CaptureTracer(fx.Tracer):
         root: nn.Module,
         example_inputs: Sequence[Any],
         leaf: Callable[[nn.Module], bool] = is_leaf,
+        replay: Replay | None = None,
     ) -> None:
         super().__init__()  # shapes fold in _Proxy (also for parameters)
-        self.record_stack_traces = True
+        # node.stack_trace (for users of the captured graph) comes from `user_stack`, which
+        # reads only the user's frames; a replay trace is only compared and keeps none
+        self.record_stack_traces = False
         self.proxy_buffer_attributes = True
         self.root_module = root
         self._inputs = list(example_inputs)
@@ -154,6 +165,7 @@ class CaptureTracer(fx.Tracer):
         self._paths: list[str] = []
         self._evaluating = False
         self.issues: list[Issue] = []
+        self._replay = replay  # a first trace whose example values this one may reuse
 
     # hierarchy --------------------------------------------------------------------------
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
@@ -220,10 +232,14 @@ class CaptureTracer(fx.Tracer):
 
     def _annotate(self, node: fx.Node) -> None:
         node.meta["module_path"] = self._paths[-1] if self._paths else ""
-        node.meta["source"] = user_frame()
+        node.meta["source"], stack = user_stack()
+        if stack and self._replay is None:
+            node.stack_trace = stack
         node.meta["example_value"] = self._evaluate(node)
         if node.op == "placeholder":
             return
+        if node.op == "call_module" and self._replay is None:  # what a replay compares
+            node.meta["module_state"] = module_state(self.root_module.get_submodule(node.target))
         if (
             node.target in _DATA_METHODS
             if node.op == "call_method"
@@ -236,6 +252,16 @@ class CaptureTracer(fx.Tracer):
             node.meta["data_dependent"] = True
 
     def _evaluate(self, node: fx.Node) -> Any:
+        if self._replay is None:
+            return self._compute(node)
+        value = self._replay.reuse(node, self.root_module)
+        if value is MISSING:
+            value = self._compute(node)
+            if node.op in ("placeholder", "get_attr"):
+                self._replay.settle(node, value)
+        return value
+
+    def _compute(self, node: fx.Node) -> Any:
         if node.op == "placeholder":
             return self._next_input(node)
         args, kwargs = _value((node.args, node.kwargs))
@@ -340,8 +366,10 @@ def _fetch(root: nn.Module, target: str) -> Any:
 
 @contextlib.contextmanager
 def preserved(model: nn.Module) -> Iterator[None]:
-    """Run eager code on ``model`` without changing its buffers or the torch RNG."""
+    """Run eager code on ``model`` without changing its buffers, its plain tensor
+    attributes or the torch RNG."""
     saved = {name: b.detach().clone() for name, b in model.named_buffers()}
+    plain = {key: t.detach().clone() for key, t in plain_tensors(model).items()}
     with torch.random.fork_rng(devices=[]):
         try:
             yield
@@ -349,6 +377,9 @@ def preserved(model: nn.Module) -> Iterator[None]:
             with torch.no_grad():
                 for name, b in model.named_buffers():
                     b.copy_(saved[name])
+                for key, t in plain_tensors(model).items():
+                    if key in plain and t.shape == plain[key].shape:
+                        t.copy_(plain[key])
 
 
 def trace_module(tracer: CaptureTracer, model: nn.Module) -> fx.GraphModule:
@@ -360,7 +391,10 @@ def trace_module(tracer: CaptureTracer, model: nn.Module) -> fx.GraphModule:
     before = set(vars(model))
     try:
         with preserved(model):
-            graph = tracer.trace(model)
+            plain = {k: t.detach().clone() for k, t in plain_tensors(model).items()}
+            with random_factories_recorded(tracer):
+                graph = tracer.trace(model)
+            tracer.issues += plain_update_issues(graph, changed_plain_tensors(model, plain))
         return fx.GraphModule(model, graph, class_name=type(model).__name__)
     finally:
         for name in set(vars(model)) - before:

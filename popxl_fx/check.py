@@ -23,8 +23,9 @@ from . import lowerings  # noqa: F401  (registers the table)
 from .capture import Captured, CaptureTracer, preserved, trace_module
 from .errors import Issue, UnsupportedError, user_frame
 from .fallback import decomposition_issue
-from .inplace import inplace_view_issues
+from .inplace import inplace_state_issues, inplace_view_issues
 from .lowering import lookup
+from .replay import Replay
 
 __all__ = ["CheckReport", "all_issues", "check", "check_captured"]
 
@@ -71,7 +72,9 @@ def all_issues(captured: Captured, model: nn.Module) -> list[Issue]:
     """`check_captured`, plus shapes that change between calls (a second trace) or with the
     data (the graph re-run on other inputs)."""
     issues = check_captured(captured, model)
-    second = _trace(model, captured.example_inputs, CheckReport(""))
+    # the second trace reuses the first one's values wherever the call is provably the same
+    replay = Replay(captured.gm.graph)
+    second = _trace(model, captured.example_inputs, CheckReport(""), replay)
     found = [_rerun_with_other_data(captured.gm, model, captured.example_inputs)]
     if second is not None:
         found.insert(0, _compare(captured.gm, second.gm, "between calls"))
@@ -84,6 +87,7 @@ def all_issues(captured: Captured, model: nn.Module) -> list[Issue]:
 def check_captured(captured: Captured, model: nn.Module) -> list[Issue]:
     """The capture's own issues plus every call with no lowering and no decomposition."""
     issues = list(captured.issues) + inplace_view_issues(captured.gm, model)
+    issues += inplace_state_issues(captured.gm, model)
     verdicts: dict[tuple, Issue | None] = {}  # one decomposition per kind of call
     for node in captured.gm.graph.nodes:
         if node.op not in ("call_function", "call_method", "call_module"):
@@ -120,9 +124,11 @@ def _call_key(node: fx.Node, module: nn.Module | None) -> tuple:
     return (str(what), tuple(map(str, leaves)))
 
 
-def _trace(model: nn.Module, inputs: Sequence[Any], report: CheckReport) -> Captured | None:
+def _trace(
+    model: nn.Module, inputs: Sequence[Any], report: CheckReport, replay: Replay | None = None
+) -> Captured | None:
     """Capture, turning an exception while tracing into an issue at the user's line."""
-    tracer = CaptureTracer(model, inputs)
+    tracer = CaptureTracer(model, inputs, replay=replay)
     try:
         gm = trace_module(tracer, model)
     except Exception as exc:  # noqa: BLE001 - the report says what failed, and where

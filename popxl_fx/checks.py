@@ -1,20 +1,20 @@
-"""Checks of a training step's inputs before anything is built: clear errors in torch's terms.
+"""Checks of a training step's inputs: clear errors in torch's terms.
 
-The model is run once on the "meta" device (shapes and dtypes only, no arithmetic, the model's
-own tensors untouched) to learn its output and to find inputs it cannot take.
+`check_inputs` runs before anything is built; `check_target` runs while the loss wrapper is
+traced, on the model output's example value (the trace computes it anyway: no extra run of
+the model), before the loss function sees a target of the wrong shape.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
-from itertools import chain
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["check_inputs", "check_target", "integer_inputs_explained", "meta_forward"]
+__all__ = ["check_inputs", "check_target", "integer_inputs_explained"]
 
 _ELEMENTWISE = (
     nn.MSELoss,
@@ -34,16 +34,6 @@ _ELEMENTWISE_FNS = (
 )
 _CLASS = (nn.CrossEntropyLoss, nn.NLLLoss)
 _CLASS_FNS = (F.cross_entropy, F.nll_loss)
-
-
-def meta_forward(model: nn.Module, inputs: Sequence[torch.Tensor]):
-    """``model(*inputs)`` on the meta device: output shapes/dtypes, nothing computed."""
-    state = {
-        n: torch.empty_like(t, device="meta")
-        for n, t in chain(model.named_parameters(), model.named_buffers())
-    }
-    with torch.no_grad():
-        return torch.func.functional_call(model, state, tuple(x.to("meta") for x in inputs))
 
 
 def _float_dtype(model: nn.Module) -> torch.dtype | None:
@@ -92,14 +82,10 @@ def _expected_target(kind: str, out: torch.Tensor, target: torch.Tensor) -> tupl
     return shape
 
 
-def check_target(model: nn.Module, inputs: Sequence[torch.Tensor], loss_fn: Callable) -> None:
-    """The target (the last input) has the shape ``loss_fn`` needs for the model's output."""
-    try:
-        out = meta_forward(model, inputs[:-1])
-    except Exception:  # noqa: BLE001 - capture reports what the model cannot do
-        return
-    target = inputs[-1]
-    if not isinstance(out, torch.Tensor):
+def check_target(out: object, target: object, loss_fn: Callable) -> None:
+    """The target has the shape ``loss_fn`` needs for the model's output ``out`` (values or
+    their shapes and dtypes only: the arithmetic of an unknown loss runs on "meta" copies)."""
+    if not isinstance(out, torch.Tensor) or not isinstance(target, torch.Tensor):
         return
     name = getattr(loss_fn, "__name__", type(loss_fn).__name__)
     kind = _loss_kind(loss_fn)
@@ -113,7 +99,7 @@ def check_target(model: nn.Module, inputs: Sequence[torch.Tensor], loss_fn: Call
         return
     try:
         with torch.no_grad():
-            loss_fn(out, target.to("meta"))
+            loss_fn(out.to("meta"), target.to("meta"))
     except RuntimeError as e:
         raise ValueError(
             f"{name} cannot take the model's output (shape {tuple(out.shape)}) with the target "

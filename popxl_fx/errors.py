@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import sys
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["Issue", "UnsupportedError", "user_frame"]
+__all__ = ["Issue", "UnsupportedError", "user_frame", "user_stack"]
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,12 @@ _OWN_DIR = os.path.dirname(__file__) + os.sep  # popxl_fx
 _STDLIB_DIR = os.path.dirname(os.__file__) + os.sep
 
 
+@functools.lru_cache(maxsize=4096)
+def _internal_file(filename: str) -> bool:
+    """`_internal` of a code object's file name (or a pseudo-file like ``<string>``)."""
+    return filename.startswith("<") or _internal(os.path.abspath(filename))
+
+
 def _internal(path: str) -> bool:
     """torch, popxl_fx and the standard library (not packages installed beside it)."""
     if path.startswith((_TORCH_DIR, _OWN_DIR)):
@@ -71,9 +79,44 @@ def _internal(path: str) -> bool:
 
 
 def user_frame(stack: Sequence[traceback.FrameSummary] | None = None) -> str:
-    """``file:line`` of the innermost frame outside torch, popxl_fx and the stdlib."""
-    frames = stack if stack is not None else traceback.extract_stack()
-    for frame in reversed(frames):
+    """``file:line`` of the innermost frame outside torch, popxl_fx and the stdlib (of
+    ``stack``, or of the current stack)."""
+    if stack is None:  # walk the live frames: no source lines read (once per traced node)
+        frame = sys._getframe(0)
+        while frame is not None:
+            if not _internal_file(frame.f_code.co_filename):
+                return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+            frame = frame.f_back
+        return "<unknown>"
+    for frame in reversed(stack):
         if not frame.filename.startswith("<") and not _internal(os.path.abspath(frame.filename)):
             return f"{frame.filename}:{frame.lineno}"
     return "<unknown>"
+
+
+def user_stack() -> tuple[str, str]:
+    """`user_frame` and the user's part of the stack as text (from the outermost ``forward``
+    in, without torch's, popxl_fx's or the standard library's frames: what a traced node
+    keeps as ``node.stack_trace``), from one walk of the live frames; only the kept frames'
+    source lines are read."""
+    frames = []
+    frame = sys._getframe(1)
+    while frame is not None:
+        frames.append(frame)
+        frame = frame.f_back
+    frames.reverse()  # outermost first, as tracebacks print
+    start = next((i for i, f in enumerate(frames) if f.f_code.co_name == "forward"), None)
+    kept = [
+        traceback.FrameSummary(f.f_code.co_filename, f.f_lineno, f.f_code.co_name)
+        for f in (frames[start:] if start is not None else ())
+        if not _internal_file(f.f_code.co_filename)
+    ]
+    source = next(
+        (
+            f"{f.f_code.co_filename}:{f.f_lineno}"
+            for f in reversed(frames)
+            if not _internal_file(f.f_code.co_filename)
+        ),
+        "<unknown>",
+    )
+    return source, "".join(traceback.StackSummary.from_list(kept).format()).strip()

@@ -4,6 +4,12 @@ those one by one through the ``aten.*`` entries of the same table.
 The call is re-traced with ``make_fx`` on the node's example inputs (leaf modules through
 ``torch.func.functional_call``, so their parameters and buffers arrive as inputs and lower to
 the same variables as a direct lowering would use).
+
+Hidden state never differs silently: random ops draw from the simulator's seeded stream
+(`lowerings/aten_random.py`) or are reported as random ops without a lowering; in-place
+updates of buffers (the module's own, or ones passed to a function) become buffer updates;
+an in-place update of anything else (a model input, a parameter, an intermediate tensor) is
+reported, and the trace leaves tensors held as plain attributes as they were.
 """
 
 from __future__ import annotations
@@ -20,9 +26,11 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import popxl_core as popxl
 
+from .capture_state import plain_tensors
 from .errors import Issue, UnsupportedError
 from .inplace import mutated_input
 from .lowering import LOWERINGS, LoweringContext, lookup, run_graph, target_name, unsupported
+from .lowerings.aten_random import RANDOM_ATEN
 
 __all__ = [
     "Decomposition",
@@ -87,6 +95,8 @@ def _decompose(node: fx.Node, root: torch.nn.Module) -> Decomposition:
     def fresh() -> list[torch.Tensor]:  # tracing runs the call: keep the model's tensors intact
         return [t.detach().clone() for t in inputs]
 
+    module = root.get_submodule(node.target) if node.op == "call_module" else None
+    before = _plain_snapshot(module)
     with torch.random.fork_rng(devices=[]):
         # Decompose, then functionalize the ATen graph: in-place ops (also those that the
         # decompositions introduce) become pure ones; a mutated input shows as one
@@ -97,22 +107,72 @@ def _decompose(node: fx.Node, root: torch.nn.Module) -> Decomposition:
     # x.tanh_(), F.relu(x, inplace=True): the update of x is the call's own result, which
     # the driver rebinds x to (`mutated_input`)
     updates_self = mutated_input(node, root) is not None
-    _mark_updates(gm, names, updates_self)
+    owners = _arg_owners(node, root, [leaves[i] for i in positions])
+    _mark_updates(gm, names, updates_self, owners)
+    _restore(module, before)
     return Decomposition(gm, names)
 
 
-def _mark_updates(gm: fx.GraphModule, names: list[str], updates_self: bool) -> None:
-    """Tag each ``aten.copy_`` into a module-state input with that state's name, and the
-    one into the call's in-place updated first argument with ``self_update``."""
+def _plain_snapshot(module: torch.nn.Module | None) -> dict:
+    if module is None:
+        return {}
+    return {key: t.detach().clone() for key, t in plain_tensors(module).items()}
+
+
+def _restore(module: torch.nn.Module | None, before: dict) -> None:
+    """Put back the plain tensor attributes the trace changed (`check` reports such
+    updates: capture sees them when it runs the module on the example inputs)."""
+    for key, t in plain_tensors(module).items() if module is not None else []:
+        old = before.get(key)
+        if old is not None and old.shape == t.shape and not torch.equal(old, t.detach()):
+            with torch.no_grad():
+                t.copy_(old)
+
+
+def _arg_owners(node: fx.Node, root: torch.nn.Module, tensors: list) -> list[str]:
+    """What each tensor argument of the call is: 'buffer <qualname>' for a buffer of the
+    model (passed as ``self.<buffer>``), else a description for error messages."""
+    by_value = {id(a.meta.get("example_value")): a for a in node.all_input_nodes}
+    buffers = dict(root.named_buffers())
+    params = dict(root.named_parameters())
+    return [_describe_arg(by_value.get(id(t)), i, buffers, params) for i, t in enumerate(tensors)]
+
+
+def _describe_arg(arg: fx.Node | None, i: int, buffers: dict, params: dict) -> str:
+    if arg is None:
+        return f"tensor argument {i} of the call"
+    if arg.op == "get_attr" and arg.target in buffers:
+        return f"buffer {arg.target}"
+    if arg.op == "get_attr" and arg.target in params:
+        return f"the parameter '{arg.target}'"
+    if arg.op == "get_attr":
+        return f"the tensor attribute '{arg.target}'"
+    if arg.op == "placeholder":
+        return f"the model input '{arg.target}'"
+    return f"the tensor of fx node '{arg.name}'"
+
+
+def _mark_updates(
+    gm: fx.GraphModule, names: list[str], updates_self: bool, owners: list[str]
+) -> None:
+    """Tag each ``aten.copy_`` into a module-state input with that state's name, the one into
+    the call's in-place updated first argument with ``self_update``, one into a root buffer
+    passed as an argument with ``root_buffer_update``, and any other with ``mutates``."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     state = dict(zip(placeholders, names))
+    args = dict(zip(placeholders[len(names) :], owners))
     self_input = placeholders[len(names)] if updates_self else None
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target is torch.ops.aten.copy_.default:
-            if node.args[0] in state:
-                node.meta["buffer_update"] = state[node.args[0]]
-            elif node.args[0] is self_input:
+            dst = node.args[0]
+            if dst in state:
+                node.meta["buffer_update"] = state[dst]
+            elif dst is self_input:
                 node.meta["self_update"] = True
+            elif args.get(dst, "").startswith("buffer "):
+                node.meta["root_buffer_update"] = args[dst][len("buffer ") :]
+            else:
+                node.meta["mutates"] = args.get(dst, "a tensor the call did not create")
 
 
 def missing_lowerings(dec: Decomposition) -> list[Any]:
@@ -153,9 +213,23 @@ def decomposition_issue(node: fx.Node, root: torch.nn.Module) -> Issue | None:
             f"it has no lowering and no ATen decomposition "
             f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]}).",
         )
+    state = _hidden_state_hint(dec)
+    if state:
+        return unsupported(node, what, "hidden state", state)
     missing = missing_lowerings(dec)
     if not missing:
         return None
+    random = [t for t in missing if _packet(t) in RANDOM_ATEN]
+    if random:
+        names = ", ".join(target_name(t) for t in random)
+        return unsupported(
+            node,
+            what,
+            "unsupported random op",
+            f"its ATen decomposition draws random numbers with {names}, which the simulator's "
+            "seeded random stream does not implement (it has rand, randn, rand_like, "
+            "randn_like, bernoulli, uniform, normal; dropout works).",
+        )
     names = ", ".join(target_name(t) for t in missing)
     near = sorted(
         {s for t in missing for s in nearby_supported(t)}
@@ -170,6 +244,22 @@ def decomposition_issue(node: fx.Node, root: torch.nn.Module) -> Issue | None:
     if near:
         hint += f" Nearby supported: {', '.join(near)}."
     return unsupported(node, what, kind, hint)
+
+
+def _packet(target: Any) -> Any:
+    return target.overloadpacket if isinstance(target, torch._ops.OpOverload) else target
+
+
+def _hidden_state_hint(dec: Decomposition) -> str:
+    """Why ``dec`` updates state the program cannot carry between steps ('' if it does not)."""
+    mutated = [n.meta["mutates"] for n in dec.gm.graph.nodes if "mutates" in n.meta]
+    if mutated:
+        return (
+            f"it updates {', '.join(dict.fromkeys(mutated))} in place, which the simulated "
+            "program cannot reproduce (only buffers and the updated first argument of an "
+            "in-place call are written back); use the out-of-place op."
+        )
+    return ""
 
 
 def lower_by_decomposition(node: fx.Node, args: tuple, kwargs: dict, ctx: LoweringContext) -> Any:

@@ -3,7 +3,10 @@
 An fx graph keeps using a tensor's old node after ``h.add_(1)``; eager torch sees the new
 value. The driver rebinds the mutated node to the in-place call's result (`mutated_input`).
 That is exact unless the mutated tensor shares memory with another node's tensor (a view of
-it, or the tensor it is a view of): `inplace_view_issues` reports those.
+it, or the tensor it is a view of): `inplace_view_issues` reports those. An in-place update of
+a buffer (``self.count.add_(1)``) is also written back to the buffer's variable; one of a
+parameter or of a tensor held as a plain attribute is state the program cannot carry between
+steps: `inplace_state_issues` reports those.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from torch import nn
 
 from .errors import Issue
 
-__all__ = ["inplace_view_issues", "mutated_input"]
+__all__ = ["inplace_state_issues", "inplace_view_issues", "mutated_input"]
 
 _VIEW_METHODS = frozenset(
     {
@@ -122,4 +125,29 @@ def inplace_view_issues(gm: fx.GraphModule, root: nn.Module) -> list[Issue]:
                     "out-of-place op (e.g. add instead of add_).",
                 )
             )
+    return issues
+
+
+def inplace_state_issues(gm: fx.GraphModule, root: nn.Module) -> list[Issue]:
+    """In-place updates of model attributes that are not buffers (parameters, plain tensor
+    attributes): eager torch keeps the new value for the next call, a static program can't."""
+    buffers = {name for name, _ in root.named_buffers()}
+    issues = []
+    for node in gm.graph.nodes:
+        target = mutated_input(node, root)
+        if target is None or target.op != "get_attr" or target.target in buffers:
+            continue
+        is_param = target.target in dict(root.named_parameters())
+        what = "parameter" if is_param else "plain tensor attribute"
+        issues.append(
+            Issue(
+                "hidden state",
+                f"{node.target} updates the {what} '{target.target}' in place",
+                node.meta.get("source", "<unknown>"),
+                node.meta.get("module_path", ""),
+                node.name,
+                "eager torch keeps the new value for the next call, the simulated program "
+                "would not; register it with `self.register_buffer(...)` (or update a copy).",
+            )
+        )
     return issues

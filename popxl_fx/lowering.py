@@ -190,7 +190,21 @@ def run_graph(
             mutated = mutated_input(node, ctx.owner.torch_module)
             if mutated is not None:  # later users of the tensor see the updated value
                 env[mutated] = env[node]
+                _write_back(mutated, env[node], ctx)
     raise ValueError("the fx graph has no output node.")
+
+
+def _write_back(target: fx.Node, value: Any, ctx: LoweringContext) -> None:
+    """An in-place update of a buffer (``self.count.add_(1)``) updates its variable too, so
+    the next run starts from the new value, as the next eager call does."""
+    if target.op != "get_attr" or not isinstance(value, popxl.Tensor):
+        return
+    if target.target not in dict(ctx.owner.torch_module.named_buffers()):
+        return  # parameters and plain attributes: reported by `check` (hidden state)
+    variable = ctx.owner.variable(target.target)
+    if value.dtype != variable.dtype:
+        value = ops.cast(value, variable.dtype)
+    ops.var_updates.copy_var_update_(variable, value)
 
 
 def lower_node(node: fx.Node, env: dict, ctx: LoweringContext) -> Any:

@@ -128,7 +128,13 @@ class Weights:
 
 
 def make_session(ir: popxl.Ir, options: Options, prefix: str = "") -> popxl.Session:
-    """A Session on ``options.device``; an IPU overflow names the largest torch tensors."""
+    """A Session on ``options.device``; an IPU overflow names the largest torch tensors.
+
+    The Ir runs torch's own kernels (``numerics="torch"``): popxl_fx's reference is eager
+    PyTorch, bit for bit, where hand-written PopXL gets the IPU's batch-size-independent
+    matmul (`popxl_core.Ir.numerics`).
+    """
+    ir.numerics = "torch"
     try:
         session = popxl.Session(ir, options.device)
     except OutOfMemoryError as e:

@@ -50,17 +50,27 @@ def compare(
             diff = (actual.to(expected.dtype) != expected).sum().item()
             raise AssertionError(f"{name}: {diff} of {expected.numel()} values differ")
         return 0.0
-    a, e = actual.double(), expected.double()
-    err = (a - e).abs()
-    scale = e.abs().max() if normwise and e.numel() else e.abs()
-    bad = err > atol + rtol * scale
-    if bad.any() or torch.isnan(a).ne(torch.isnan(e)).any():
-        rel = (err / e.abs().clamp_min(1e-30)).max().item()
+    a, e = actual.reshape(-1), expected.reshape(-1)
+    scale = e.abs().max().double() if normwise and e.numel() else None
+    worst, rel, n_bad = 0.0, 0.0, 0
+    # in float64, a chunk at a time: a few float64 copies of a 100M-element weight would not
+    # fit beside the model, its eager twin and their optimizer state
+    for start in range(0, e.numel(), _CHUNK):
+        ac, ec = a[start : start + _CHUNK].double(), e[start : start + _CHUNK].double()
+        err = (ac - ec).abs()
+        bad = err > atol + rtol * (ec.abs() if scale is None else scale)
+        n_bad += int(bad.sum()) + int(torch.isnan(ac).ne(torch.isnan(ec)).sum())
+        worst = max(worst, err.max().item())
+        rel = max(rel, (err / ec.abs().clamp_min(1e-30)).max().item())
+    if n_bad:
         raise AssertionError(
-            f"{name}: max abs error {err.max().item():.3e}, max rel error {rel:.3e} "
-            f"({int(bad.sum())} of {e.numel()} values beyond rtol={rtol}, atol={atol})"
+            f"{name}: max abs error {worst:.3e}, max rel error {rel:.3e} "
+            f"({n_bad} of {e.numel()} values beyond rtol={rtol}, atol={atol})"
         )
-    return err.max().item() if err.numel() else 0.0
+    return worst
+
+
+_CHUNK = 1 << 22
 
 
 def _check_argmax(name: str, actual: torch.Tensor, expected: torch.Tensor, atol: float) -> None:

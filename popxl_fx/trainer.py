@@ -57,6 +57,8 @@ class WithLoss(nn.Module):
         return self._loss(self.model(input0), target)
 
     def _loss(self, out, target):
+        # while traced, out and target are proxies carrying their example values
+        check_target(_example_value(out), _example_value(target), self.loss_fn)
         loss = self.loss_fn(out, target)
         return (loss, out) if self.with_output else loss
 
@@ -69,6 +71,10 @@ class _WithLoss2(WithLoss):
 class _WithLoss3(WithLoss):
     def forward(self, input0, input1, input2, target):
         return self._loss(self.model(input0, input1, input2), target)
+
+
+def _example_value(x: object) -> object:
+    return x.node.meta.get("example_value") if isinstance(x, torch.fx.Proxy) else x
 
 
 def with_loss(
@@ -196,8 +202,6 @@ class Trainer(ProgramView):
 
     def _build(self, sig: tuple, inputs: tuple) -> _Program:
         check_inputs(self._model, inputs)
-        if self.loss_fn is not None:
-            check_target(self._model, inputs, self.loss_fn)
         root = self._model
         if self.loss_fn is not None:
             root = with_loss(self._model, self.loss_fn, len(inputs) - 1, self._record)

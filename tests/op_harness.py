@@ -8,6 +8,7 @@ inferred shape and dtype.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import List, Tuple
 
 import numpy as np
@@ -17,7 +18,7 @@ import popxl_core as popxl
 from popxl_core import ops, transforms
 from popxl_core.ops.registry import OpDef, Sample
 
-__all__ = ["run_sample"]
+__all__ = ["run_sample", "build_sample", "BuiltSample"]
 
 
 def _as_tuple(x) -> Tuple:
@@ -41,6 +42,32 @@ def _is_float(a: np.ndarray) -> bool:
 
 
 def run_sample(opdef: OpDef, sample: Sample) -> None:
+    built = build_sample(opdef, sample)
+    session = popxl.Session(built.ir, "ipu_hw", _check_specs=True)
+    with session:
+        results = session.run({})
+    _compare_forward(sample, built.inputs, [results[s] for s in built.fwd_streams])
+    if built.bwd is not None:
+        _compare_grads(
+            sample, built.inputs, built.cotangents, [results[s] for s in built.grad_streams]
+        )
+
+
+@dataclass
+class BuiltSample:
+    """The Ir of one sample: its op (in a called subgraph) on variables holding the sample's
+    inputs, its outputs and (where the op has a gradient) input gradients streamed out."""
+
+    ir: popxl.Ir
+    inputs: List[np.ndarray]
+    variables: List
+    fwd_streams: List
+    grad_streams: List
+    cotangents: List[np.ndarray]
+    bwd: object
+
+
+def build_sample(opdef: OpDef, sample: Sample) -> BuiltSample:
     inputs = [np.asarray(a) for a in sample.inputs]
     ir = popxl.Ir()
     with ir.main_graph:
@@ -70,12 +97,7 @@ def run_sample(opdef: OpDef, sample: Sample) -> None:
             consts = [popxl.constant(c, t.dtype) for c, t in zip(cotangents, fwd_outputs_of(bwd))]
             grads = ops.call(bwd.graph, *consts, inputs_dict=bwd.inputs_dict(site))
             grad_streams = _store_all(grads)
-    session = popxl.Session(ir, "ipu_hw", _check_specs=True)
-    with session:
-        results = session.run({})
-    _compare_forward(sample, inputs, [results[s] for s in fwd_streams])
-    if bwd is not None:
-        _compare_grads(sample, inputs, cotangents, [results[s] for s in grad_streams])
+    return BuiltSample(ir, inputs, variables, fwd_streams, grad_streams, cotangents, bwd)
 
 
 def fwd_outputs_of(bwd) -> List:

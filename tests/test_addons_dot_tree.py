@@ -224,3 +224,27 @@ def test_trees_are_truthy_when_empty_and_len_counts_top_level_keys():
     t._clear()
     assert t.a and t.a.len() == 0 and t.to_dict() == {}  # sub-tree objects stay, emptied
     assert DotTree()
+
+
+def test_insert_in_place_matches_insert():
+    # the same sequence of inserts through both paths gives the same tree and the same errors
+    keys = ["a.b.c", "a.b.d", "a.e", "f", "a.b.c", "g.0.h", "g.1"]
+    copying, in_place = DotTree(), DotTree()
+    for i, k in enumerate(keys):
+        copying.insert(k, i, overwrite=True)
+        in_place._insert_in_place(k, i, overwrite=True)
+    assert in_place.to_dict() == copying.to_dict() == {
+        "a.b.c": 4, "a.b.d": 1, "a.e": 2, "f": 3, "g.0.h": 5, "g.1": 6
+    }
+    sub = in_place.a
+    in_place._insert_in_place("a.z", 9, overwrite=True)
+    assert in_place.a is sub and sub.z == 9  # no copy swapped in
+    for key, overwrite in (("a.b.c.x", True), ("a.q", False), ("f", False)):
+        with pytest.raises(ValueError) as want:
+            DotTree.from_dict(copying.to_dict()).insert(key, 0, overwrite)
+        with pytest.raises(ValueError) as got:
+            in_place._insert_in_place(key, 0, overwrite)
+        assert str(got.value) == str(want.value)
+    merged = DotTree.from_dict({"m.x": 1})
+    merged._insert_in_place("m", DotTree.from_dict({"y": 2}), overwrite=True)
+    assert merged.to_dict() == {"m.x": 1, "m.y": 2}

@@ -118,6 +118,30 @@ def test_inplace_op_in_forward_keeps_the_value_the_grad_needs():
     _check(build, ref, [_data(3), _data(3)])
 
 
+def test_several_inplace_writes_keep_every_value_the_grads_need():
+    # a is written three times and read between the writes (also through its in-place
+    # outputs): each gradient rule must see the version it read; exact against torch up to
+    # float32 rounding of the same arithmetic.
+    def build(x, w):
+        a = x * w
+        b = a * a  # needs a before exp_
+        e = ops.exp_(a)  # a and e: one storage
+        c = e * x  # needs exp(a) before add_
+        ops.add_(a, x)  # e too: it is a's storage
+        d = ops.relu_(e * w)  # needs e * w as relu_ wrote it
+        f = a * d  # needs the final a
+        return b + c + f
+
+    def ref(x, w):
+        a = x * w
+        e = torch.exp(a)
+        a2 = e + x
+        d = torch.relu(a2 * w)
+        return a * a + e * x + a2 * d
+
+    _check(build, ref, [_data(4), _data(4)])
+
+
 def test_contract_names_connections_and_forward_outputs():
     ir = popxl.Ir()
     with ir.main_graph:

@@ -1,8 +1,10 @@
 """Compile-time fusion of transpose(matmul(a, b)) into matmul(b.T, a.T) (sim/fuse.py).
 
-The fused result is compared bit for bit with torch computing ``b.T @ a.T`` (eager PyTorch's
-weight-gradient call) and with ``(a @ b).T`` within the rounding bound of a reordered 33-term
-sum; it must be contiguous. A matmul whose output is also read elsewhere is left alone.
+With ``Ir.numerics = "torch"`` (popxl_fx's setting) the fused result is compared bit for bit
+with torch computing ``b.T @ a.T`` (eager PyTorch's weight-gradient call); with the default
+``"ipu"`` numerics, bit for bit with the float64 sum rounded once. Both are compared with
+``(a @ b).T`` within the rounding bound of a reordered 33-term sum; the result must be
+contiguous. A matmul whose output is also read elsewhere is left alone.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ B = RNG.standard_normal((33, 20)).astype(np.float32)
 BOUND = (33 * 2.0**-24) * (np.abs(A) @ np.abs(B)).T
 
 
-def _session(also_read_product: bool):
+def _session(also_read_product: bool, numerics: str = "torch"):
     ir = popxl.Ir()
+    ir.numerics = numerics
     with ir.main_graph:
         sa = popxl.h2d_stream(A.shape, popxl.float32, "a")
         sb = popxl.h2d_stream(B.shape, popxl.float32, "b")
@@ -54,8 +57,19 @@ def test_transposed_matmul_is_one_contiguous_matmul():
 def test_shared_product_is_not_fused():
     session, feeds, out = _session(True)
     main = session._program.main.source
-    assert main.count(" = k") == 3  # matmul, transpose, add: the product has two readers
+    # matmul, transpose, add as three calls (direct torch calls, sim/direct.py): the product
+    # has two readers
+    assert [main.count(c) for c in ("torch.matmul(", ".permute(", "torch.add(")] == [1, 1, 1]
     with session:
         got = session.run(feeds)[out]
     ref = (torch.from_numpy(A) @ torch.from_numpy(B)).T.numpy()
     np.testing.assert_array_equal(got, ref)  # unfused: torch's own matmul, transposed
+
+
+def test_fused_matmul_keeps_ipu_numerics():
+    session, feeds, out = _session(False, numerics="ipu")
+    with session:
+        got = session.run(feeds)[out]
+    ta, tb = torch.from_numpy(A).double(), torch.from_numpy(B).double()
+    np.testing.assert_array_equal(got, (tb.T @ ta.T).float().numpy())  # one rounding
+    assert (np.abs(got - (ta @ tb).T.float().numpy()) <= BOUND).all()

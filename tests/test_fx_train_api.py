@@ -11,6 +11,7 @@ import logging
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from popxl_core.sim.plan import OutOfMemoryError
@@ -206,6 +207,21 @@ def test_wrong_target_shape():
         match=r"target has shape \(5, 3\).*needs a target of shape "
         r"\(5, 4\)",
     ):
+        trainer(data()[0], torch.zeros(5, 3))
+
+
+def test_wrong_class_target_shape_and_a_loss_that_cannot_take_the_target():
+    # checked while the loss wrapper is traced, from the model output's example value
+    model = mlp()
+    trainer = training_model(model, OPTIMIZERS["adamw"](model.parameters()), F.cross_entropy, CPU)
+    with pytest.raises(ValueError, match=r"target has shape \(5, 2\).*target of shape \(5,\)"):
+        trainer(data()[0], torch.zeros(5, 2, dtype=torch.int64))
+
+    def dot_loss(out, target):
+        return (out @ target).sum()
+
+    trainer = training_model(model, OPTIMIZERS["adamw"](model.parameters()), dot_loss, CPU)
+    with pytest.raises(ValueError, match=r"dot_loss cannot take the model's output \(shape"):
         trainer(data()[0], torch.zeros(5, 3))
 
 

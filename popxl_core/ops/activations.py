@@ -1,7 +1,9 @@
-"""Activations: relu, gelu (tanh approximation), geluerf (exact), swish, sigmoid.
+"""Activations: relu, gelu (tanh approximation), geluerf (exact), swish, sigmoid, and the
+extensions hardswish and hardsigmoid (torch's, for the torch frontend).
 
-The gelu and swish gradients are single ops (GeluGrad, GeluErfGrad, SwishGrad, as in PopART)
-rather than a dozen primitives: one pass over memory in the backward graph.
+The gelu, swish, hard-swish/sigmoid and sigmoid gradients are single ops (GeluGrad, SwishGrad,
+SigmoidGrad, ... as in PopART) rather than a dozen primitives: one pass over memory in the
+backward graph, and torch's own backward kernels, so the numbers are eager's bit for bit.
 """
 
 from __future__ import annotations
@@ -22,6 +24,10 @@ __all__ = [
     "gelu_",
     "geluerf",
     "geluerf_",
+    "hardsigmoid",
+    "hardsigmoid_",
+    "hardswish",
+    "hardswish_",
     "relu",
     "relu_",
     "sigmoid",
@@ -52,10 +58,7 @@ def _relu_grad(ctx):
 
 
 def _sigmoid_grad(ctx):
-    from .elementwise import mul, sub
-
-    y = ctx.output(0)
-    return [mul(ctx.grad_output(0), mul(y, sub(1.0, y)))]
+    return [create_op(SIGMOID_GRAD, [ctx.grad_output(0), ctx.output(0)])[0]]
 
 
 def _relu_inplace_kernel(x):
@@ -158,6 +161,26 @@ SWISH, SWISH_INPLACE, SWISH_GRAD = _activation(
     "Swish", "swish", F.silu, torch.ops.aten.silu_backward, 5, 330)
 
 
+HARD_SWISH, HARD_SWISH_INPLACE, HARD_SWISH_GRAD = _activation(
+    "HardSwish", "hardswish", F.hardswish, torch.ops.aten.hardswish_backward, 5, 340)
+HARD_SIGMOID, HARD_SIGMOID_INPLACE, HARD_SIGMOID_GRAD = _activation(
+    "HardSigmoid", "hardsigmoid", F.hardsigmoid, torch.ops.aten.hardsigmoid_backward, 4, 350)
+
+
+def _sigmoid_grad_samples():
+    """SigmoidGrad reads the forward output; checked against autograd of torch.sigmoid."""
+    def build(g, x):
+        return create_op(SIGMOID_GRAD, [g, sigmoid(x)])[0]
+
+    inputs = [rand(3, 4, seed=360), rand(3, 4, low=-4.0, high=4.0, seed=361)]
+    return [Sample(inputs, build, _grad_reference(torch.sigmoid), grad=False, rtol=0.0, atol=0.0)]
+
+
+SIGMOID_GRAD = register(OpDef(
+    "SigmoidGrad", floating(_grad_op_infer, (0, 1)), torch.ops.aten.sigmoid_backward,
+    cost=_flops(3), samples=_sigmoid_grad_samples))
+
+
 def gelu(t: Tensor) -> Tensor:
     """GELU, tanh approximation: 0.5 t (1 + tanh(sqrt(2/pi) (t + 0.044715 t^3)))."""
     return create_op(GELU, [t])[0]
@@ -186,3 +209,23 @@ def swish(t: Tensor) -> Tensor:
 def swish_(t: Tensor) -> Tensor:
     """In-place swish; returns the updated alias of t."""
     return create_op(SWISH_INPLACE, [t])[0]
+
+
+def hardswish(t: Tensor) -> Tensor:
+    """t * relu6(t + 3) / 6 elementwise (torch's hardswish)."""
+    return create_op(HARD_SWISH, [t])[0]
+
+
+def hardswish_(t: Tensor) -> Tensor:
+    """In-place hardswish; returns the updated alias of t."""
+    return create_op(HARD_SWISH_INPLACE, [t])[0]
+
+
+def hardsigmoid(t: Tensor) -> Tensor:
+    """relu6(t + 3) / 6 elementwise (torch's hardsigmoid)."""
+    return create_op(HARD_SIGMOID, [t])[0]
+
+
+def hardsigmoid_(t: Tensor) -> Tensor:
+    """In-place hardsigmoid; returns the updated alias of t."""
+    return create_op(HARD_SIGMOID_INPLACE, [t])[0]

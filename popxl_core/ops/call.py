@@ -25,6 +25,23 @@ class CallSiteInfo:
 
     def __init__(self, op: Op) -> None:
         self._op = op
+        self._index: Tuple[Any, ...] = ()
+
+    def _positions(self) -> Tuple[Dict[Tensor, int], Dict[Tensor, int]]:
+        """{tensor: first index} of the called graph's inputs and outputs, rebuilt when
+        the graph gains inputs/outputs (autodiff adds outputs): one lookup per mapping
+        instead of a list scan, so mapping every tensor of a call is linear."""
+        g = self.called_graph
+        key = (len(g._inputs), len(g._outputs))
+        if not self._index or self._index[0] != key:
+            ins: Dict[Tensor, int] = {}
+            outs: Dict[Tensor, int] = {}
+            for k, t in enumerate(g._inputs):
+                ins.setdefault(t, k)
+            for k, t in enumerate(g._outputs):
+                outs.setdefault(t, k)
+            self._index = (key, ins, outs)
+        return self._index[1], self._index[2]
 
     @property
     def called_graph(self) -> Graph:
@@ -48,10 +65,11 @@ class CallSiteInfo:
 
     def graph_to_parent(self, graph_tensor: Tensor) -> Tensor:
         g = self.called_graph
-        if graph_tensor in g._inputs:
-            return self._op.inputs[g._inputs.index(graph_tensor)]
-        if graph_tensor in g._outputs:
-            return self.parent_output(g._outputs.index(graph_tensor))
+        ins, outs = self._positions()
+        if graph_tensor in ins:
+            return self._op.inputs[ins[graph_tensor]]
+        if graph_tensor in outs:
+            return self.parent_output(outs[graph_tensor])
         raise ValueError(f"{graph_tensor.id!r} is neither an input nor an output of {g.id!r}.")
 
     def parent_to_graph(self, parent_tensor: Tensor) -> Tensor:
@@ -116,8 +134,9 @@ def _prep_inputs(
             f"it has {len(ins)} inputs ({', '.join(t.name for t in ins)})."
         )
     chosen: Dict[Tensor, Any] = dict(zip(ins, positional))
+    known = set(ins)
     for sub, parent in (inputs_dict or {}).items():
-        if sub not in ins:
+        if sub not in known:
             raise ValueError(
                 f"inputs_dict key {getattr(sub, 'id', sub)!r} is not an input of {graph.id!r}."
             )

@@ -69,27 +69,34 @@ def _check_channels(x_shape, w_shape, groups: int, transposed: bool) -> None:
 
 
 def _conv_infer(ins, stride, pads, dilation, groups):
-    x, w = ins
+    x, w, *bias = ins
     _check_float(x, w)
+    if bias:
+        same_dtype(x, bias[0])
+        if tuple(bias[0].shape) != (w.shape[0],):
+            raise ValueError(f"the bias must have shape ({w.shape[0]},) (the output channels), "
+                             f"got {tuple(bias[0].shape)}")
     sp.check_rank(x.shape, "conv")
     _check_channels(x.shape, w.shape, groups, False)
     out = _conv_out_sizes(x.shape, w.shape, stride, pads, dilation)
     return [spec((x.shape[0], w.shape[0], *out), x.dtype)]
 
 
-def _conv_kernel(x, w, stride, pads, dilation, groups):
+def _conv_kernel(x, w, *bias, stride, pads, dilation, groups):
     r = len(stride)
+    b = bias[0] if bias else None  # torch adds the bias inside the conv kernel
     if sp.is_symmetric(pads):
-        return _aten.convolution(x, w, None, stride, pads[:r], dilation, False, [0] * r, groups)
-    return _aten.convolution(sp.prepad(x, pads), w, None, stride, [0] * r, dilation, False,
+        return _aten.convolution(x, w, b, stride, pads[:r], dilation, False, [0] * r, groups)
+    return _aten.convolution(sp.prepad(x, pads), w, b, stride, [0] * r, dilation, False,
                              [0] * r, groups)
 
 
 def _conv_backward(dy, x, w, stride, pads, dilation, groups, mask):
     r = len(stride)
     pad = list(pads[:r]) if sp.is_symmetric(pads) else [0] * r
-    return _aten.convolution_backward(dy, x, w, None, stride, pad, dilation, False, [0] * r,
-                                      groups, mask)
+    bias_sizes = [w.shape[0]] if mask[2] else None
+    return _aten.convolution_backward(dy, x, w, bias_sizes, stride, pad, dilation, False,
+                                      [0] * r, groups, mask)
 
 
 def _data_grad_kernel(dy, w, input_shape, stride, pads, dilation, groups):
@@ -108,6 +115,17 @@ def _weights_grad_kernel(dy, x, weight_shape, stride, pads, dilation, groups):
     return _conv_backward(dy, xp, w, stride, pads, dilation, groups, (False, True, False))[1]
 
 
+def _bias_grad_kernel(dy, x, w, stride, pads, dilation, groups):
+    # torch's conv backend sums the bias gradient itself (in its own order), so ask it
+    xp = x if sp.is_symmetric(pads) else sp.prepad(x, pads)
+    return _conv_backward(dy, xp, w, stride, pads, dilation, groups, (False, False, True))[2]
+
+
+def _bias_grad_infer(ins, **attrs):
+    same_dtype(*ins)
+    return [spec((ins[2].shape[0],), ins[0].dtype)]
+
+
 def _grad_infer(key):
     def infer(ins, **attrs):
         same_dtype(ins[0], ins[1])
@@ -121,13 +139,15 @@ def _conv_params(a) -> dict:
 
 def _conv_grad(ctx):
     dy, a = ctx.grad_output(0), _conv_params(ctx.attrs)
-    x_t, w_t = ctx.op.inputs
-    dx = dw = None
+    x_t, w_t = ctx.op.inputs[:2]
+    dx = dw = db = None
     if ctx.requires_grad(0):
         dx = create_op(CONV_DATA_GRAD, [dy, ctx.input(1)], {"input_shape": x_t.shape, **a})[0]
     if ctx.requires_grad(1):
         dw = create_op(CONV_WEIGHTS_GRAD, [dy, ctx.input(0)], {"weight_shape": w_t.shape, **a})[0]
-    return [dx, dw]
+    if len(ctx.op.inputs) == 3 and ctx.requires_grad(2):
+        db = create_op(CONV_BIAS_GRAD, [dy, ctx.input(0), ctx.input(1)], a)[0]
+    return [dx, dw, db][: len(ctx.op.inputs)]
 
 
 def _attrs(stride, pads, dilation, groups=1):
@@ -164,6 +184,14 @@ def _conv_samples():
         S([rand(1, 2, 4, 4, 4, seed=31), rand(2, 2, 2, 2, 2, seed=32)],
           lambda x, w: conv(x, w, (1, 1, 1), (0, 1, 0, 1, 0, 1)),
           _ref_conv((1, 1, 1), (0, 1, 0, 1, 0, 1)), rtol=1e-4, atol=1e-5, name="3d"),
+        # with a bias, forward and all three gradients are torch's conv bit for bit
+        S([rand(2, 3, 7, 6, seed=33), rand(4, 3, 3, 3, seed=34), rand(4, seed=35)],
+          lambda x, w, b: conv(x, w, (2, 1), (1, 1, 1, 1), bias=b),
+          lambda x, w, b: F.conv2d(x, w, b, (2, 1), 1), rtol=0.0, atol=0.0, name="bias"),
+        S([rand(1, 4, 6, 5, seed=36), rand(4, 2, 3, 2, seed=37), rand(4, seed=38)],
+          lambda x, w, b: conv(x, w, padding=(1, 0, 0, 1), groups=2, bias=b),
+          lambda x, w, b: _ref_conv((1, 1), (1, 0, 0, 1), groups=2)(x, w) + b.reshape(4, 1, 1),
+          rtol=1e-5, atol=1e-6, name="bias_asym_groups"),
     ]
 
 
@@ -202,11 +230,32 @@ def _conv_grad_samples(opdef_name):
     return out
 
 
+def _bias_grad_samples():
+    """The bias gradient against torch autograd's, bit for bit (the same backend kernel)."""
+    a = _attrs((2, 1), (1, 1, 1, 1), (1, 1))
+
+    def build(dy, x, w):
+        return create_op(CONV_BIAS_GRAD, [dy, x, w], a)[0]
+
+    def ref(dy, x, w):
+        b = torch.zeros(w.shape[0], requires_grad=True)
+        with torch.enable_grad():
+            return torch.autograd.grad(F.conv2d(x, w, b, (2, 1), 1), b, dy)[0]
+
+    dy = rand(2, 4, 4, 6, seed=56)
+    return [Sample([dy, rand(2, 3, 7, 6, seed=57), rand(4, 3, 3, 3, seed=58)], build, ref,
+                   grad=False, rtol=0.0, atol=0.0)]
+
+
 CONV = register(OpDef("Conv", _conv_infer, _conv_kernel, grad=_conv_grad, cost=_conv_cost("out"),
                       samples=_conv_samples, out_name="conv_out"))
 CONV_DATA_GRAD = register(OpDef("ConvDataGrad", _grad_infer("input_shape"), _data_grad_kernel,
                                 cost=_conv_cost("in"), samples=lambda: _conv_grad_samples("data"),
                                 out_name="conv_data_grad_out"))
+CONV_BIAS_GRAD = register(OpDef("ConvBiasGrad", _bias_grad_infer, _bias_grad_kernel,
+                                cost=lambda ins, outs, attrs: Cost(ins[0].nelms, ins[0].nbytes),
+                                samples=lambda: _bias_grad_samples(),
+                                out_name="conv_bias_grad_out"))
 CONV_WEIGHTS_GRAD = register(OpDef("ConvWeightsGrad", _grad_infer("weight_shape"),
                                    _weights_grad_kernel, cost=_conv_cost("in"),
                                    samples=lambda: _conv_grad_samples("weights"),
@@ -232,17 +281,20 @@ def conv(t: Tensor, weight: Tensor, stride: tuple[int, ...] = (1, 1),
          groups: int = 1, pad_type: PadType = "not_set",
          available_memory_proportions: Sequence[float] | None = None,
          partials_types: Sequence[str] | None = None,
-         enable_conv_dithering: Sequence[int] | None = None) -> Tensor:
+         enable_conv_dithering: Sequence[int] | None = None, *,
+         bias: Tensor | None = None) -> Tensor:
     """N-d convolution of ``t`` (N, C_in, *spatial) with ``weight`` (C_out, C_in/groups, *k).
 
     ``padding`` is ONNX-ordered (all begins, then all ends); ``pad_type`` 'same_upper',
     'same_lower' or 'valid' computes it instead. The IPU tuning options are accepted and
-    have no effect on the numbers.
+    have no effect on the numbers. ``bias`` (C_out,), an extension of popxl's signature (ONNX
+    Conv's optional input B), is added inside the conv kernel, as torch's conv does.
     """
     _, stride, pads, dilation = _public_params("conv", t, weight, stride, padding, dilation,
                                                pad_type)
     pads = sp.auto_pads(pad_type, t.shape[2:], weight.shape[2:], stride, dilation, pads)
-    return create_op(CONV, [t, weight], _attrs(stride, pads, dilation, int(groups)))[0]
+    ins = [t, weight] + ([bias] if bias is not None else [])
+    return create_op(CONV, ins, _attrs(stride, pads, dilation, int(groups)))[0]
 
 
 # ConvTranspose ------------------------------------------------------------------------------

@@ -45,10 +45,26 @@ def _infer(ins, output_type, partials_type, available_memory_proportion):
 
 
 def _kernel(a, b, output_type, partials_type, available_memory_proportion):
-    # float16 inputs arrive here as float32 (OpDef.fp16_in_fp32): partials are float32.
+    """``Ir.numerics == "ipu"``: every output element independent of the batch size.
+
+    The products of two float32 (or float16, arriving as float32 by OpDef.fp16_in_fp32)
+    numbers are exact in float64, and any order of their float64 sum is within about
+    K * 2**-53 (relative to sum |a*b|) of the exact value, so rounding it once to float32
+    gives the same element whichever BLAS kernel torch picked for the shape (MKL picks by the
+    number of rows), unless the exact sum lies that close to a float32 rounding boundary.
+    torch's float32 kernel differs between row counts by an ulp or more (12 rows against 3
+    of an (M, 8) @ (8, 16) product: 58 of 96 elements of two chained products).
+    """
+    want = output_type.as_torch() if output_type is not None else a.dtype
+    if not a.is_floating_point():
+        return torch.matmul(a, b).to(want)
+    return torch.matmul(a.double(), b.double()).to(want)
+
+
+def _torch_kernel(a, b, output_type, partials_type, available_memory_proportion):
+    """``Ir.numerics == "torch"``: torch's float32 kernel, bit for bit eager PyTorch's."""
     out = torch.matmul(a, b)
-    want = (output_type.as_torch() if output_type is not None
-            else a.dtype)
+    want = output_type.as_torch() if output_type is not None else a.dtype
     return out.to(want)
 
 
@@ -128,7 +144,7 @@ def _samples():
 
 
 MATMUL = register(OpDef("MatMul", _infer, _kernel, grad=_grad, cost=_cost, samples=_samples,
-                        out_name="matmul_out"))
+                        out_name="matmul_out", numerics_kernels={"torch": _torch_kernel}))
 
 
 def matmul(lhs: Tensor, rhs: Tensor, available_memory_proportion: float | None = None,

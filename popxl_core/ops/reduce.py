@@ -86,9 +86,20 @@ def _make_kernel(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable:
         y = fn(_to_last(x, axes) if axes else x.unsqueeze(-1))
         if keepdims:
             y = y.reshape(keep_shape(x.shape, axes))
-        return y.to(x.dtype)
+        return y if y.dtype == x.dtype else y.to(x.dtype)
 
     return kernel
+
+
+def _sum_kernel(x, axes, keepdims):
+    """ReduceSum. One axis is summed directly: the permute-and-flatten of `_make_kernel` is a
+    view then, and torch reduces it in the same order (bitwise equal,
+    tests/test_reduce_sum_axis.py), in one call instead of five; a linear layer's bias
+    gradient is this op, every training step."""
+    if len(axes) == 1:
+        y = torch.sum(x, dim=axes[0], keepdim=keepdims)
+        return y if y.dtype == x.dtype else y.to(x.dtype)
+    return _sum_any(x, axes, keepdims)
 
 
 def _median_last(x: torch.Tensor) -> torch.Tensor:
@@ -228,6 +239,8 @@ def _l2_grad(ctx):
     return [mul(div(ctx.input(0), _keep(ctx, ctx.output(0))), _keep(ctx, ctx.grad_output(0)))]
 
 
+_sum_any = _make_kernel(_KERNELS["ReduceSum"])
+
 # declaration -----------------------------------------------------------------------------
 REDUCE_OPS = {}
 
@@ -238,7 +251,8 @@ def _declare(name: str, grad, fn_name: str, *, float_only=False, low=-1.0, seed=
 
         return reduction_samples(name, globals()[fn_name], low, seed)
 
-    opdef = register(OpDef(name, _make_infer(float_only), _make_kernel(_KERNELS[name]), grad=grad,
+    kernel = _sum_kernel if name == "ReduceSum" else _make_kernel(_KERNELS[name])
+    opdef = register(OpDef(name, _make_infer(float_only), kernel, grad=grad,
                            cost=_reduce_cost, samples=samples, out_name=f"{name.lower()}_out"))
     REDUCE_OPS[name] = opdef
     return opdef

@@ -87,6 +87,8 @@ class OpDef:
         out_name: base name of output tensors (popxl names them ``<op>_out``).
         emit: custom code generator for control and IO ops (see sim/compile.py).
         fp16_in_fp32: compute float16 inputs in float32 and round the outputs.
+        numerics_kernels: kernels that replace ``kernel`` under an `Ir.numerics` setting
+            (e.g. MatMul's ``{"torch": ...}``); ``kernel`` is the default (``"ipu"``).
     """
 
     name: str
@@ -102,6 +104,11 @@ class OpDef:
     fp16_in_fp32: bool = True
     side_effect: bool = False
     extra: Dict[str, Any] = field(default_factory=dict)
+    numerics_kernels: Dict[str, Callable[..., Any]] = field(default_factory=dict)
+
+    def kernel_for(self, numerics: str) -> Optional[Callable[..., Any]]:
+        """The kernel the simulator runs for an Ir whose ``numerics`` is ``numerics``."""
+        return self.numerics_kernels.get(numerics, self.kernel)
 
 
 _TABLE: Dict[str, OpDef] = {}

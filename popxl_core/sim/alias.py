@@ -18,6 +18,7 @@ Everything else is copied, as before.
 
 from __future__ import annotations
 
+import bisect
 from typing import Dict, List, Set, Tuple
 
 from ..graph import Graph, Op
@@ -38,8 +39,38 @@ def _is_plain_call(op: Op, g: Graph) -> bool:
     return op.type == "Call" and tuple(op.called_graphs) == (g,)
 
 
+class _GraphIndex:
+    """What `ViewOutputs` asks of one graph, computed once (dictionaries instead of list
+    scans, so that the analysis stays linear in the graph size)."""
+
+    def __init__(self, g: Graph) -> None:
+        self.inputs: Dict[Tensor, int] = {}
+        for k, t in enumerate(g._inputs):
+            self.inputs.setdefault(t, k)
+        self.outputs: Dict[Tensor, int] = {}
+        self.root_count: Dict[Tensor, int] = {}
+        for k, t in enumerate(g._outputs):
+            self.outputs.setdefault(t, k)
+            root = view_root(t)
+            self.root_count[root] = self.root_count.get(root, 0) + 1
+        self.order = schedule(g)
+        self.position = {op: k for k, op in enumerate(self.order)}
+        self.consumers: Dict[Tensor, List[Op]] = {}
+        self.written: Set[Tensor] = set()
+        self.writers: List[Op] = []  # in schedule order
+        for op in self.order:
+            for t in op.inputs:
+                readers = self.consumers.setdefault(t, [])
+                if not readers or readers[-1] is not op:
+                    readers.append(op)
+            modified = op.modified_inputs()
+            if modified:
+                self.writers.append(op)
+                self.written.update(op.inputs[k] for k in modified)
+
+
 class ViewOutputs:
-    """Per-Ir cache of call sites and schedules for `needs_copy`."""
+    """Per-Ir cache of call sites and per-graph indexes for `needs_copy`."""
 
     def __init__(self, ir) -> None:
         self._sites: Dict[Graph, List[Tuple[Graph, Op]]] = {}
@@ -47,19 +78,34 @@ class ViewOutputs:
             for op in h._ops:
                 for c in op.called_graphs:
                     self._sites.setdefault(c, []).append((h, op))
-        self._positions: Dict[Graph, Dict[Op, int]] = {}
+        self._index: Dict[Graph, _GraphIndex] = {}
+        self._roots_of: Dict[Tensor, Set[Tensor]] = {}
+        # per caller graph: {root tensor: schedule positions of the ops writing into it}
+        self._writes: Dict[Graph, Dict[Tensor, List[int]]] = {}
+        # per call op: {caller tensor: the outputs that may alias it}, outputs always aliased
+        self._call_maps: Dict[Op, Tuple[Dict[Tensor, List[Tensor]], List[Tensor]]] = {}
+
+    def index(self, g: Graph) -> _GraphIndex:
+        if g not in self._index:
+            self._index[g] = _GraphIndex(g)
+        return self._index[g]
+
+    def is_output(self, g: Graph, t: Tensor) -> bool:
+        """Whether ``t`` is an output of ``g``."""
+        return t in self.index(g).outputs
 
     def needs_copy(self, g: Graph, out: Tensor) -> bool:
         """Whether graph output ``out`` (a view) must be copied before ``g`` returns it.
         ``g`` must have no op that writes a tensor in place (the caller checks)."""
+        gi = self.index(g)
         root = view_root(out)
-        if sum(view_root(o) is root for o in g._outputs) > 1:
+        if gi.root_count.get(root, 0) > 1:
             return True  # two outputs share storage: a write through one shows in the other
         if root.producer is not None:
             return False  # made here, by a non-view kernel: a fresh tensor only this view sees
-        if root not in g._inputs:
+        if root not in gi.inputs:
             return True  # a constant or variable: never hand out its storage
-        i, j = g._inputs.index(root), g._outputs.index(out)
+        i, j = gi.inputs[root], gi.outputs[out]
         return not all(self._site_safe(h, op, g, i, j) for h, op in self._sites.get(g, []))
 
     def _site_safe(self, h: Graph, op: Op, g: Graph, i: int, j: int) -> bool:
@@ -67,74 +113,94 @@ class ViewOutputs:
             return False
         if j >= len(op.outputs):
             return True  # the caller drops the output
-        pos = self._position(h)
-        here = pos[op]
+        hi = self.index(h)
+        here = hi.position[op]
         derived = self._derived(h, op.outputs[j])
-        if any(t in h._outputs for t in derived) or any(
-            h_op.inputs[k] in derived for h_op in h._ops for k in h_op.modified_inputs()
-        ):
+        if any(t in hi.outputs or t in hi.written for t in derived):
             return False  # written through the view, or handed further up
-        src = self._roots(op.inputs[i])
-        first_write = min(
-            (
-                pos[w]
-                for w in h._ops
-                if pos[w] > here
-                and any(self._roots(w.inputs[k]) & src for k in w.modified_inputs())
-            ),
-            default=None,
-        )
+        first_write = self._first_write(h, self._roots(op.inputs[i]), here)
         if first_write is None:
             return True
-        return not any(pos[r] > first_write and set(r.inputs) & derived for r in h._ops)
+        return not any(
+            hi.position[r] > first_write for t in derived for r in hi.consumers.get(t, ())
+        )
 
-    def _position(self, h: Graph) -> Dict[Op, int]:
-        if h not in self._positions:
-            self._positions[h] = {op: k for k, op in enumerate(schedule(h))}
-        return self._positions[h]
+    def _first_write(self, h: Graph, src: Set[Tensor], after: int):
+        """The schedule position of the first op of ``h`` after ``after`` that writes a tensor
+        sharing storage with one of ``src``, or None."""
+        writes = self._writes.get(h)
+        if writes is None:
+            hi = self.index(h)
+            writes = self._writes[h] = {}
+            for w in hi.writers:
+                for k in w.modified_inputs():
+                    for r in self._roots(w.inputs[k]):
+                        positions = writes.setdefault(r, [])
+                        if not positions or positions[-1] != hi.position[w]:
+                            positions.append(hi.position[w])
+        found = None
+        for r in src:
+            positions = writes.get(r, ())
+            k = bisect.bisect_right(positions, after)
+            if k < len(positions) and (found is None or positions[k] < found):
+                found = positions[k]
+        return found
 
     def _roots(self, t: Tensor) -> Set[Tensor]:
         """Tensors of ``t``'s graph whose storage ``t`` may share: through views, and through
         calls (any input of a call whose output is rooted at one of its graph's inputs)."""
         t = view_root(t)
+        if t in self._roots_of:
+            return self._roots_of[t]
         op = t.producer
-        if op is None or not op.called_graphs:
-            return {t}
         roots = {t}
-        for c in op.called_graphs:
+        if op is not None and op.called_graphs:
             k = op.outputs.index(t)
-            inner = view_root(c._outputs[k]) if k < len(c._outputs) else None
-            if inner is not None and inner.producer is None:
-                for x in op.inputs:  # conservative: any input may be the one aliased
-                    roots |= self._roots(x)
+            for c in op.called_graphs:
+                inner = view_root(c._outputs[k]) if k < len(c._outputs) else None
+                if inner is not None and inner.producer is None:
+                    for x in op.inputs:  # conservative: any input may be the one aliased
+                        roots |= self._roots(x)
+        self._roots_of[t] = roots
         return roots
 
-    @staticmethod
-    def _derived(h: Graph, t: Tensor) -> Set[Tensor]:
-        """``t`` and every tensor of ``h`` that may alias it (views of it, call outputs)."""
+    def _derived(self, h: Graph, t: Tensor) -> Set[Tensor]:
+        """``t`` and every tensor of ``h`` that may alias it (views of it, call outputs):
+        followed forward from ``t`` through the ops that read it, not over all of ``h``."""
+        hi = self.index(h)
         derived = {t}
-        for op in schedule(h):
-            if not set(op.inputs) & derived:
-                continue
-            if op.opdef.view:
-                derived.update(op.outputs)
-            elif op.called_graphs:
-                derived.update(_call_aliases(op, derived))
+        pending = [t]
+        while pending:
+            x = pending.pop()
+            for op in hi.consumers.get(x, ()):
+                if op.opdef.view:
+                    new = op.outputs
+                elif op.called_graphs:
+                    new = self._call_aliases(op, x)
+                else:
+                    continue
+                for out in new:
+                    if out not in derived:
+                        derived.add(out)
+                        pending.append(out)
         return derived
 
-
-def _call_aliases(op: Op, of: Set[Tensor]) -> List[Tensor]:
-    """Outputs of ``op`` that may alias a tensor in ``of``: of a plain call, those its graph
-    returns as (views of) the inputs given ``of``, or from an inner call; else all."""
-    if op.type != "Call":
-        return list(op.outputs)
-    g = op.called_graphs[0]
-    found = []
-    for t, inner in zip(op.outputs, g._outputs):
-        root = view_root(inner)
-        if root in g._inputs:
-            if op.inputs[g._inputs.index(root)] in of:
-                found.append(t)
-        elif root.producer is not None and root.producer.called_graphs:
-            found.append(t)
-    return found
+    def _call_aliases(self, op: Op, x: Tensor) -> List[Tensor]:
+        """Outputs of ``op`` that may alias its input ``x``: of a plain call, those its graph
+        returns as (views of) the input ``x`` feeds, or from an inner call; else all."""
+        if op.type != "Call":
+            return list(op.outputs)
+        if op not in self._call_maps:
+            g = op.called_graphs[0]
+            gi = self.index(g)
+            by_input: Dict[Tensor, List[Tensor]] = {}
+            always: List[Tensor] = []
+            for t, inner in zip(op.outputs, g._outputs):
+                root = view_root(inner)
+                if root in gi.inputs:
+                    by_input.setdefault(op.inputs[gi.inputs[root]], []).append(t)
+                elif root.producer is not None and root.producer.called_graphs:
+                    always.append(t)
+            self._call_maps[op] = (by_input, always)
+        by_input, always = self._call_maps[op]
+        return always + by_input.get(x, [])

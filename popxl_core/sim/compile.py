@@ -16,8 +16,11 @@ from ..remote_variables import remote_info
 from ..schedule import schedule
 from ..tensor import Constant, Tensor, Variable
 from .alias import ViewOutputs
+from .direct import direct_call
+from .foreach import Group, foreach_schedule, group_kernel, plan_modes
 from .fuse import transposed_matmul_kernel, transposed_matmuls
-from .inplace import inplace_kernel, reuse_plan
+from .inplace import inplace_kernel, reusable_in, reuse_plan
+from .release import release_points
 
 __all__ = ["Program", "CompiledGraph", "Emitter"]
 
@@ -63,9 +66,29 @@ class Emitter:
 class Program:
     """All graphs of an Ir compiled to Python functions sharing one namespace."""
 
-    def __init__(self, ir, runtime: Any, check_specs: bool = False) -> None:
+    def __init__(
+        self,
+        ir,
+        runtime: Any,
+        check_specs: bool = False,
+        foreach: bool = True,
+        transposed_matmuls: bool = True,
+        foreach_fresh: bool = True,
+        direct: bool = True,
+    ) -> None:
         self.ir = ir
         self.check_specs = check_specs
+        self.foreach = foreach  # multi-tensor kernels (foreach.py), bitwise equal
+        # also group ops that allocate their results, as torch.optim's foreach path does
+        # (False: only ops that can write into dead inputs; see foreach.foreach_schedule)
+        self.foreach_fresh = foreach_fresh
+        self.direct = direct  # torch calls written into the source (direct.py)
+        # (a @ b).T as b.T @ a.T (fuse.py): eager torch's call, may differ in the last bit
+        self.transpose_matmuls = transposed_matmuls
+        # how often each optimisation applied (tests check that the fused paths ran)
+        self.stats: Dict[str, int] = dict.fromkeys(
+            ("foreach_groups", "foreach_ops", "transposed_matmuls", "out_reuse"), 0
+        )
         self.namespace: Dict[str, Any] = {"RT": runtime, "torch": torch}
         self._counter = 0
         self._fn_names: Dict[Graph, str] = {}
@@ -100,16 +123,36 @@ class Program:
             for i, v in enumerate(self.variables):
                 em.emit(f"{em.name(v)} = V[{i}]")
         live = _live_ops(g)
-        fused = transposed_matmuls(live, g)
+        fused = transposed_matmuls(live, g) if self.transpose_matmuls else {}
         skip = set(fused.values())
-        reuse = reuse_plan(live, g)
-        for op in live:
-            if op in fused:
+        groups: List[Group] = []
+        if self.foreach:
+            live, groups = foreach_schedule(
+                live, None if self.foreach_fresh else reusable_in(live, g)
+            )
+        fixed, groups = plan_modes(groups, live, reusable_in(live, g), self.foreach_fresh)
+        reuse = reuse_plan(live, g, fixed)
+        first = {grp.ops[0]: grp for grp in groups}
+        skip.update(op for grp in groups for op in grp.ops[1:])
+        self.stats["foreach_groups"] += len(groups)
+        self.stats["foreach_ops"] += sum(len(grp.ops) for grp in groups)
+        self.stats["transposed_matmuls"] += len(fused)
+        self.stats["out_reuse"] += len(reuse)  # single ops and grouped ones
+        released = release_points(live, groups, fused, reuse, g)
+        for k, op in enumerate(live):
+            if op in first:
+                _emit_group(first[op], em)
+            elif op in skip:
+                continue  # computed by a fused kernel or a group emitted before
+            elif op in fused:
                 _emit_transposed_matmul(op, fused[op], em)
             elif op in reuse:
                 _emit_into(op, reuse[op], em)
-            elif op not in skip:
+            else:
                 (op.opdef.emit or _emit_kernel)(op, em)
+            dead = [em.names[t] for t in released.get(k, ()) if t in em.names]
+            if dead:  # drop the last reference: the allocator recycles the storage now
+                em.emit(f"del {', '.join(dead)}")
         outs = ", ".join(em.name(t) for t in g._outputs)
         fname = "main" if is_main else self._fn_names.get(g, f"graph_{id(g)}")
         body = "\n    ".join(em.lines) or "pass"
@@ -144,7 +187,14 @@ def _live_ops(g: Graph) -> List[Op]:
 
 
 def _emit_kernel(op: Op, em: Emitter) -> None:
-    """Default emission: ``outs = kernel(ins)`` with the op's attributes bound."""
+    """Default emission: ``outs = kernel(ins)`` with the op's attributes bound; the torch
+    call itself for the ops `direct.py` lists."""
+    if em.program.direct and not em.program.check_specs:
+        if not (op.opdef.view and _view_needs_copy(op, em)):
+            call = direct_call(op, em.name, lambda v: em.bind_global("a", v))
+            if call is not None:
+                em.emit(f"{em.name(op.outputs[0])} = {call}")
+                return
     k = _bind_kernel(em, _bound_kernel(op, em), op)
     ins = ", ".join(em.name(t) for t in op.inputs)
     outs = [em.name(t) for t in op.outputs]
@@ -157,7 +207,7 @@ def _emit_kernel(op: Op, em: Emitter) -> None:
 
 
 def _emit_transposed_matmul(op: Op, mm: Op, em: Emitter) -> None:
-    k = _bind_kernel(em, transposed_matmul_kernel(mm), mm, checked=op)
+    k = _bind_kernel(em, transposed_matmul_kernel(mm, em.program.ir.numerics), mm, checked=op)
     em.emit(f"{em.name(op.outputs[0])} = {k}({em.name(mm.inputs[0])}, {em.name(mm.inputs[1])})")
 
 
@@ -165,6 +215,13 @@ def _emit_into(op: Op, storage: Tensor, em: Emitter) -> None:
     k = _bind_kernel(em, inplace_kernel(op), op, checked=op)
     ins = ", ".join(em.name(t) for t in (*op.inputs, storage))
     em.emit(f"{em.name(op.outputs[0])} = {k}({ins})")
+
+
+def _emit_group(grp: Group, em: Emitter) -> None:
+    k = _bind_kernel(em, group_kernel(grp), grp.ops[0])
+    ins = ", ".join(em.name(t) for op in grp.ops for t in op.inputs)
+    outs = ", ".join(em.name(op.outputs[0]) for op in grp.ops)
+    em.emit(f"{outs}, = {k}({ins})")
 
 
 def _bind_kernel(em: Emitter, kernel: Callable, op: Op, checked: Op | None = None) -> str:
@@ -179,9 +236,10 @@ def _bind_kernel(em: Emitter, kernel: Callable, op: Op, checked: Op | None = Non
 
 def _bound_kernel(op: Op, em: Emitter) -> Callable:
     opdef = op.opdef
-    if opdef.kernel is None:
+    base = opdef.kernel_for(em.program.ir.numerics)
+    if base is None:
         raise RuntimeError(f"{op.type}.{op.id} has no kernel and no emitter in the op table.")
-    kernel = functools.partial(opdef.kernel, **op.attrs) if op.attrs else opdef.kernel
+    kernel = functools.partial(base, **op.attrs) if op.attrs else base
     if opdef.fp16_in_fp32 and _touches_fp16(op):
         kernel = _fp16_via_fp32(kernel, op)
     if not opdef.view and _touches_narrow_unsigned(op):
@@ -198,8 +256,9 @@ def _view_needs_copy(op: Op, em: Emitter) -> bool:
     could be observed (`alias.ViewOutputs`)."""
     if em.modifying:
         return True
-    outs = [t for t in op.outputs if t in em.graph._outputs]
-    return any(em.program.view_outputs.needs_copy(em.graph, t) for t in outs)
+    views = em.program.view_outputs
+    outs = [t for t in op.outputs if views.is_output(em.graph, t)]
+    return any(views.needs_copy(em.graph, t) for t in outs)
 
 
 def _spec_checked(kernel: Callable, op: Op) -> Callable:

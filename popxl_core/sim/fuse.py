@@ -1,4 +1,5 @@
-"""Kernel fusions chosen at compile time, keeping the arithmetic of eager PyTorch.
+"""Kernel fusions chosen at compile time, keeping the arithmetic of the unfused kernels
+(eager PyTorch's under ``Ir.numerics = "torch"``).
 
 ``transpose(matmul(a, b))`` on 2-D float32 tensors is computed as ``matmul(b.T, a.T)``: the
 same products, but the result is a contiguous tensor instead of a transposed view. Autodiff of
@@ -42,9 +43,11 @@ def transposed_matmuls(ops: List[Op], g: Graph) -> Dict[Op, Op]:
     return {op: op.inputs[0].producer for op in ops if _fusable(op, uses)}
 
 
-def transposed_matmul_kernel(mm: Op) -> Callable:
-    """``(a, b) -> (a @ b).T`` computed as ``b.T @ a.T`` with ``mm``'s own kernel."""
-    kernel = functools.partial(mm.opdef.kernel, **mm.attrs) if mm.attrs else mm.opdef.kernel
+def transposed_matmul_kernel(mm: Op, numerics: str = "ipu") -> Callable:
+    """``(a, b) -> (a @ b).T`` computed as ``b.T @ a.T`` with ``mm``'s own kernel (the one
+    of the Ir's ``numerics``)."""
+    base = mm.opdef.kernel_for(numerics)
+    kernel = functools.partial(base, **mm.attrs) if mm.attrs else base
 
     def matmul_t(a, b):
         return kernel(b.t(), a.t())

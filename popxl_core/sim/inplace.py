@@ -11,7 +11,7 @@ without reuse each temporary would be a new allocation.
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 import torch
 
@@ -19,7 +19,7 @@ from .. import dtypes
 from ..graph import Graph, Op
 from ..tensor import Tensor
 
-__all__ = ["reuse_plan", "inplace_kernel"]
+__all__ = ["reuse_plan", "reusable_in", "inplace_kernel"]
 
 _FRESH = {
     "Add": torch.add,
@@ -38,20 +38,37 @@ def _eligible(op: Op) -> bool:
     return op.type in _FRESH and not op.attrs and not op.modified_inputs() and _float32(op)
 
 
-def reuse_plan(ops: List[Op], g: Graph) -> Dict[Op, Tensor]:
-    """op -> the tensor whose storage it writes its result into, for ops of ``ops`` (the live
-    schedule): a dead input of its own, else a temporary that died earlier (a buffer pool)."""
+def _liveness(ops: List[Op], g: Graph):
     last: Dict[Tensor, int] = {}
     readers: Dict[Tensor, List[Op]] = {}
     for k, op in enumerate(ops):
         for t in op.inputs:
             last[t] = k
             readers.setdefault(t, []).append(op)
-    outputs = set(g._outputs)
+    return last, readers, set(g._outputs)
+
+
+def reusable_in(ops: List[Op], g: Graph) -> Callable[[Tensor, Op, int], bool]:
+    """``(t, op, k) ->`` may ``op``, at position ``k`` of ``ops``, write into its input ``t``."""
+    last, readers, outputs = _liveness(ops, g)
+    return lambda t, op, k: _reusable(t, op, k, last, readers, outputs)
+
+
+def reuse_plan(
+    ops: List[Op], g: Graph, fixed: Optional[Dict[Op, Optional[Tensor]]] = None
+) -> Dict[Op, Tensor]:
+    """op -> the tensor whose storage it writes its result into, for ops of ``ops`` (the live
+    schedule): a dead input of its own, else a temporary that died earlier (a buffer pool).
+    ``fixed`` holds decisions made elsewhere (multi-tensor groups: an input, or None)."""
+    fixed = fixed or {}
+    last, readers, outputs = _liveness(ops, g)
     plan: Dict[Op, Tensor] = {}
     free: Dict[tuple, List[Tensor]] = {}  # shape -> temporaries no op reads any more
     for k, op in enumerate(ops):
-        if _eligible(op):
+        if op in fixed:
+            if fixed[op] is not None:
+                plan[op] = fixed[op]
+        elif _eligible(op):
             shape = tuple(op.outputs[0].shape)
             mine = [t for t in op.inputs if _reusable(t, op, k, last, readers, outputs)]
             if mine:

@@ -15,6 +15,7 @@ from . import checks
 from .compile import Program
 from .machine import machine_for
 from .plan import build_plan
+from .reference import ReferenceProgram, program_options, reference_enabled
 from .remote_state import RemoteState, host_from_replicas, replica_value
 from .runtime import Runtime, run_replicas
 
@@ -40,6 +41,7 @@ class Session:
         device_desc: str = "cpu",
         weights_to_host_on_exit: bool = True,
         _check_specs: bool = False,
+        _reference: Optional[bool] = None,
     ) -> None:
         self.machine = machine_for(device_desc)
         self._built_at = checks.built_at()
@@ -59,12 +61,24 @@ class Session:
         # the Session owns the Ir from here on, so its streams are fixed
         self._h2d = frozenset(ir.get_all_h2d_streams())
         self._d2h = tuple(ir.get_all_d2h_streams())
+        # numpy dtype and full host shape of every stream, checked on each run
+        self._stream_spec = {
+            s: (s.dtype.as_numpy(), self._full_input_shape(s.shape))
+            for s in (*self._h2d, *self._d2h)
+        }
         counts = checks.transfer_counts(ir.main_graph)
         checks.check_transfer_counts(self, counts)
         self._data_dependent = [s for s, n in counts.items() if n < 0]
         # plan first: an out-of-memory program fails before anything is compiled or copied
         self.plan = build_plan(ir, self.machine)
-        self._program = Program(ir, self._runtime, check_specs=_check_specs)
+        # tests run the plain interpreter (`reference.py`) to check the compiled program
+        use_reference = reference_enabled() if _reference is None else _reference
+        if use_reference:
+            self._program = ReferenceProgram(ir, self._runtime, check_specs=_check_specs)
+        else:
+            self._program = Program(
+                ir, self._runtime, check_specs=_check_specs, **program_options()
+            )
         # collectives need every replica at once: then replicas run in threads
         self._threaded = any(
             op.opdef.extra.get("collective") for g in self._program.graphs_used() for op in g._ops
@@ -266,7 +280,7 @@ class Session:
         return (*lead, *tuple(shape))
 
     def create_host_outputs(self) -> Dict[DeviceToHostStream, np.ndarray]:
-        return {s: np.empty(self._full_input_shape(s.shape), s.dtype.as_numpy()) for s in self._d2h}
+        return {s: np.empty(self._stream_spec[s][1], self._stream_spec[s][0]) for s in self._d2h}
 
     def run(
         self,
@@ -275,13 +289,18 @@ class Session:
     ) -> Dict[DeviceToHostStream, np.ndarray]:
         """Run the main graph once per replica; returns one array per device-to-host stream."""
         outputs = checks.StreamOutputs(self.create_host_outputs())
-        self.run_with_outputs(inputs, outputs, downcast_inputs)
+        self._require_attached("run")
+        self._run(self._checked_inputs(inputs or {}, downcast_inputs), outputs)
         return outputs
 
     def run_with_outputs(self, inputs, outputs, downcast_inputs: bool = True) -> None:
         self._require_attached("run")
         feeds = self._checked_inputs(inputs or {}, downcast_inputs)
         checks.check_output_buffers(self, outputs, self._d2h)
+        self._run(feeds, outputs)
+
+    def _run(self, feeds: Dict[object, np.ndarray], outputs) -> None:
+        """The run itself, on checked inputs and output buffers of the right shapes."""
         full = {s: _expand(a, self._ir) for s, a in outputs.items()}
         self._runtime.start(feeds, full)
         with torch.no_grad():
@@ -299,6 +318,8 @@ class Session:
 
     def _checked_inputs(self, inputs: Mapping, downcast: bool) -> Dict[object, np.ndarray]:
         expected = self._h2d
+        if len(inputs) == len(expected) and all(s in expected for s in inputs):
+            return {s: self._checked_array(s, a, downcast) for s, a in inputs.items()}
         given = set(inputs)
         unexpected = [s for s in given if s not in expected]
         missing = [s for s in expected if s not in given]
@@ -315,7 +336,7 @@ class Session:
 
     def _checked_array(self, stream: HostToDeviceStream, value, downcast: bool) -> np.ndarray:
         arr = value.detach().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
-        want = stream.dtype.as_numpy()
+        want, full = self._stream_spec[stream]
         if arr.dtype != want:
             if not (downcast and arr.dtype.itemsize == 8 and np.can_cast(want, arr.dtype)):
                 raise TypeError(
@@ -323,7 +344,6 @@ class Session:
                     f"the stream carries {stream.dtype.name}."
                 )
             arr = arr.astype(want)
-        full = self._full_input_shape(stream.shape)
         if arr.shape != full:
             raise ValueError(
                 f"Input for stream {stream.tensor_id!r} has shape {arr.shape}; expected "

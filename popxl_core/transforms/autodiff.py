@@ -130,9 +130,13 @@ class _Differentiator:
         self.expected_inputs: List[ExpectedConnection] = []
         self.fwd_values: Dict[Tensor, Tensor] = {}
         self.grads: Dict[Tensor, Tensor] = {}
+        # Positions of the forward ops as they are now; saved-value copies are spliced in
+        # once, at the end of `run` (`_place_copies`), so positions never need renumbering.
         self.position = {op: i for i, op in enumerate(fwd._ops)}
         self.reads = _read_versions(fwd)
         self.needs_grad = _forward_reach(fwd, required, self.reads)
+        self._last_write = _LastWrites(fwd)
+        self._io = set(fwd._inputs) | set(fwd._outputs)
         self._copies: Dict[Tuple[Tensor, int], Tensor] = {}
 
     # forward values --------------------------------------------------------------------
@@ -152,8 +156,9 @@ class _Differentiator:
         return self.fwd_values[c]
 
     def _fwd_input(self, t: Tensor) -> Tensor:
-        if t not in self.fwd.inputs and t not in self.fwd.outputs:
+        if t not in self._io:
             self.fwd._add_output(t)  # popxl semantics: autodiff adds forward outputs
+            self._io.add(t)
         with self.grad_graph:
             g_in = graph_input(t.shape, t.dtype, t.name, meta_shape=t.meta_shape)
         self.expected_inputs.append(ExpectedConnection(t, _FWD))
@@ -170,11 +175,35 @@ class _Differentiator:
             at = self.position[reader]
         else:
             at = self.position[t.producer] + 1 if t.producer in self.position else 0
-        if not _modified_from(self.fwd, t, at):
+        if not self._last_write.modified_from(t, at, self.position):
             return t
         if (t, at) not in self._copies:
-            self._copies[(t, at)] = _insert_copy_at(self.fwd, t, at, self.position)
+            from .. import ops
+
+            with self.fwd:
+                self._copies[(t, at)] = ops.identity(t, f"{t.name}_saved")
         return self._copies[(t, at)]
+
+    def _place_copies(self) -> None:
+        """Move each saved-value copy (made at the end of the forward graph) to just before
+        the op position it saves the value at, in one pass over the forward ops."""
+        if not self._copies:
+            return
+        at: Dict[int, List[Op]] = {}
+        for (_, index), copy in self._copies.items():
+            at.setdefault(index, []).append(copy.producer)
+        copies = {op for ops_ in at.values() for op in ops_}
+        graph, ordered = self.fwd, []
+        originals = sorted(self.position, key=self.position.__getitem__)
+        for i, op in enumerate(originals):
+            ordered.extend(reversed(at.get(i, ())))
+            ordered.append(op)
+        ordered.extend(reversed(at.get(len(originals), ())))
+        known = copies | set(originals)
+        ordered.extend(op for op in graph._ops if op not in known)
+        graph._ops[:] = ordered
+        # in_sequence may have ordered the copies after the last forward op: drop that
+        graph._topocons = [c for c in graph._topocons if c[0] not in copies and c[1] not in copies]
 
     # main loop ----------------------------------------------------------------------------
     def run(self) -> GradGraphInfo:
@@ -189,6 +218,7 @@ class _Differentiator:
         for op in reversed(list(self.fwd._ops)):
             if op in contributing and any(t in self.needs_grad for t in self.reads[op]):
                 self._backprop(op)
+        self._place_copies()
         with self.grad_graph:
             for t in self.required:
                 graph_output(self.grads[t] if t in self.grads else zeros_like_spec(t))
@@ -229,18 +259,59 @@ def _read_versions(graph: Graph) -> Dict[Op, List[Tensor]]:
     """For each op, the tensor *version* each input reads.
 
     Ops mutate in creation order, like torch: after ``add_(a, x)``, a later op that names
-    ``a`` reads the in-place op's output. Gradients must flow along these versions.
+    ``a`` reads the in-place op's output. Gradients must flow along these versions. Every
+    tensor an in-place op's target was, or became, reads the op's output from then on: one
+    set of a union-find, which keeps its latest version (linear in the graph size).
     """
-    latest: Dict[Tensor, Tensor] = {}
+    sets = _UnionFind()
+    latest: Dict[Tensor, Tensor] = {}  # set representative -> latest version
     reads: Dict[Op, List[Tensor]] = {}
     for op in graph._ops:
-        reads[op] = [latest.get(t, t) for t in op.inputs]
+        reads[op] = [latest.get(sets.find(t), t) for t in op.inputs]
         if op.opdef.inplace and op.outputs:
             target = op.inputs[op.opdef.inplace[0]]
-            group = {t for t, v in latest.items() if v is latest.get(target, target)}
-            for t in group | {target, reads[op][op.opdef.inplace[0]], op.outputs[0]}:
-                latest[t] = op.outputs[0]
+            latest[sets.union(target, op.outputs[0])] = op.outputs[0]
     return reads
+
+
+class _UnionFind:
+    """Disjoint sets of tensors (path halving); a tensor never added is its own set."""
+
+    def __init__(self) -> None:
+        self.parent: Dict[Tensor, Tensor] = {}
+
+    def find(self, t: Tensor) -> Tensor:
+        parent = self.parent
+        while t in parent and parent[t] is not t:
+            parent[t] = parent.get(parent[t], parent[t])
+            t = parent[t]
+        return t
+
+    def union(self, a: Tensor, b: Tensor) -> Tensor:
+        ra, rb = self.find(a), self.find(b)
+        self.parent.setdefault(ra, ra)
+        self.parent[rb] = ra
+        return ra
+
+
+class _LastWrites:
+    """For each set of tensors sharing storage through in-place ops, the last op that
+    writes one of them (in-place ops and by-ref call inputs)."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.sets = _UnionFind()
+        for op in graph._ops:
+            if op.opdef.inplace and op.outputs:
+                self.sets.union(op.inputs[op.opdef.inplace[0]], op.outputs[0])
+        self.last: Dict[Tensor, Op] = {}
+        for op in graph._ops:
+            for i in op.modified_inputs():
+                self.last[self.sets.find(op.inputs[i])] = op
+
+    def modified_from(self, t: Tensor, start: int, position: Dict[Op, int]) -> bool:
+        """Whether an op at ``position`` >= ``start`` writes ``t`` or a tensor sharing it."""
+        op = self.last.get(self.sets.find(t))
+        return op is not None and position[op] >= start
 
 
 def _forward_reach(graph: Graph, start: Iterable[Tensor], reads) -> Set[Tensor]:
@@ -258,36 +329,3 @@ def _backward_reach(graph: Graph, ends: Iterable[Tensor], reads) -> Set[Op]:
             ops.add(op)
             wanted.update(reads[op])
     return ops
-
-
-def _alias_group(graph: Graph, t: Tensor) -> Set[Tensor]:
-    """Tensors sharing storage with ``t`` through in-place ops."""
-    group, changed = {t}, True
-    while changed:
-        changed = False
-        for op in graph._ops:
-            if op.opdef.inplace and op.outputs:
-                pair = {op.inputs[op.opdef.inplace[0]], op.outputs[0]}
-                if group & pair and not pair <= group:
-                    group |= pair
-                    changed = True
-    return group
-
-
-def _modified_from(graph: Graph, t: Tensor, start: int) -> bool:
-    group = _alias_group(graph, t)
-    return any(op.inputs[i] in group for op in graph._ops[start:] for i in op.modified_inputs())
-
-
-def _insert_copy_at(graph: Graph, t: Tensor, index: int, position: Dict[Op, int]) -> Tensor:
-    from .. import ops
-
-    with graph:
-        copy = ops.identity(t, f"{t.name}_saved")
-    op = copy.producer
-    graph._ops.remove(op)
-    graph._ops.insert(index, op)
-    graph._topocons = [(a, b) for a, b in graph._topocons if op not in (a, b)]
-    position.clear()
-    position.update({o: i for i, o in enumerate(graph._ops)})
-    return copy

@@ -79,11 +79,11 @@ def _relu6(x):
 
 
 def _hardsigmoid(x):
-    return _hardtanh(x + 3.0, 0.0, 6.0) * (1.0 / 6.0)
+    return ops.hardsigmoid(x)
 
 
 def _hardswish(x):
-    return x * _hardsigmoid(x)
+    return ops.hardswish(x)
 
 
 def _softsign(x):

@@ -258,11 +258,18 @@ def _copy_(ctx: LoweringContext, dst: popxl.Tensor, src: popxl.Tensor, *_: Any) 
     # Any other in-place copy would change a value the functional graph already used.
     if ctx.node.meta.get("self_update"):
         return src
+    if "root_buffer_update" in ctx.node.meta:  # a model buffer passed to a function
+        buffer = ctx.owner.variable(ctx.node.meta["root_buffer_update"])
+        ops.var_updates.copy_var_update_(
+            buffer, src if src.dtype == buffer.dtype else ops.cast(src, buffer.dtype)
+        )
+        return src
     name = ctx.node.meta.get("buffer_update")
     if name is None:
+        what = ctx.node.meta.get("mutates", "an input")
         raise NotImplementedError(
-            f"aten.copy_ into an input (fx node '{ctx.node.name}') is an "
-            "in-place update of a model input, which has no lowering."
+            f"aten.copy_ into {what} (fx node '{ctx.node.name}') is an in-place update "
+            "the simulated program cannot reproduce, which has no lowering."
         )
     ctx.update_buffer(name, src)
     return src

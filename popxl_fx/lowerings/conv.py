@@ -139,8 +139,9 @@ def conv_nd(
             if pads[:r] == pads[r:]
             else _unbatched_error(x)
         )
-    y = ops.conv(x, weight, stride, pads, dilation, int(groups))
-    return _add_bias(y, bias)
+    # the bias goes into the conv op: torch adds it inside its conv kernel (and sums its
+    # gradient in the conv backend), so a separate add would round differently
+    return ops.conv(x, weight, stride, pads, dilation, int(groups), bias=bias)
 
 
 def _unbatched_error(x):

@@ -1,8 +1,9 @@
 """Batch norm (train: batch statistics and torch's running-statistics update incl.
 momentum=None; eval: running statistics), layer norm, group norm and instance norm.
 
-Train-mode batch norm is a GroupNormalization with one group per channel over the channels-
-first view (C, N*spatial), so forward and backward are single fused ops.
+Train-mode batch norm is one BatchNormalizationTraining op (torch's native_batch_norm and its
+backward kernel), which also updates the running statistics the way torch does, so the
+numbers are eager's bit for bit.
 """
 
 from __future__ import annotations
@@ -28,43 +29,26 @@ def _affine(weight, bias, c: int, dtype):
     return w, b
 
 
-def _channels_first(x):
-    """(N, C, *S) -> (1, C, N*prod(S)) and the function that undoes it."""
-    perm = [1, 0] + list(range(2, x.rank))
-    xt = (
-        ops.transpose(x, perm)
-        if x.shape[0] > 1
-        else ops.reshape(x, (x.shape[1], x.shape[0], *x.shape[2:]))
-    )
-    shape_t = tuple(xt.shape)
-    flat = ops.reshape(xt, (1, x.shape[1], int(np.prod(shape_t[1:]))))
-
-    def undo(y):
-        yt = ops.reshape(y, shape_t)
-        return ops.transpose(yt, perm) if x.shape[0] > 1 else ops.reshape(yt, x.shape)
-
-    return flat, undo
-
-
 def batch_norm_train(
-    x: popxl.Tensor, weight: popxl.Tensor | None, bias: popxl.Tensor | None, eps: float
-) -> tuple[popxl.Tensor, popxl.Tensor, popxl.Tensor]:
-    """Normalise with batch statistics; returns (y, batch mean, unbiased batch var)."""
-    c = x.shape[1]
-    n = x.nelms // c
-    if n <= 1:
+    x: popxl.Tensor,
+    weight: popxl.Tensor | None,
+    bias: popxl.Tensor | None,
+    eps: float,
+    running: tuple[popxl.Tensor, popxl.Tensor] | None = None,
+    momentum: float | None = 0.1,
+    num_batches: popxl.Tensor | None = None,
+) -> tuple[popxl.Tensor, popxl.Tensor | None, popxl.Tensor | None]:
+    """Normalise with batch statistics (torch's own kernels, forward and backward); returns
+    (y, new running mean, new running var), the last two None without ``running``."""
+    if x.rank < 2 or x.nelms // x.shape[1] <= 1:
         raise ValueError(
             f"batch norm in training mode needs more than 1 value per channel, "
             f"got input {tuple(x.shape)}"
         )
-    w, b = _affine(weight, bias, c, x.dtype)
-    flat, undo = _channels_first(x)
-    y = undo(ops.group_norm(flat, w, b, c, eps))
-    xd = ops.detach(flat)
-    mean = ops.mean(xd, (0, 2))
-    centred = xd - ops.reshape(mean, (1, c, 1))
-    var = ops.sum(centred * centred, (0, 2)) * (1.0 / (n - 1))
-    return y, mean, var
+    if (weight is None) != (bias is None):  # the op takes both or neither
+        weight, bias = _affine(weight, bias, x.shape[1], x.dtype)
+    mean, var = running if running is not None else (None, None)
+    return ops.batch_norm_training(x, weight, bias, mean, var, eps, momentum, num_batches)
 
 
 def _update_running(ctx, m, mean, var, count: bool = True) -> None:
@@ -90,11 +74,10 @@ def _bn_module(ctx, m, x):
         )
     weight = ctx.param("weight") if m.affine else None
     bias = ctx.param("bias") if m.affine else None
-    if ctx.training or not m.track_running_stats:
-        y, mean, var = batch_norm_train(x, weight, bias, m.eps)
-        if ctx.training and m.track_running_stats:
-            _update_running(ctx, m, mean, var)
-        return y
+    if ctx.training and m.track_running_stats:
+        return _bn_train_tracked(ctx, m, x, weight, bias)
+    if not m.track_running_stats:
+        return batch_norm_train(x, weight, bias, m.eps)[0]
     w, b = _affine(weight, bias, m.num_features, x.dtype)
     return ops.batch_norm_inference(
         x, w, b, ctx.buffer("running_mean"), ctx.buffer("running_var"), m.eps
@@ -102,6 +85,21 @@ def _bn_module(ctx, m, x):
 
 
 lowers(nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)(_bn_module)
+
+
+def _bn_train_tracked(ctx, m, x, weight, bias):
+    """torch's BatchNorm in training: count the batch, normalise, update running stats."""
+    nbt = None
+    if getattr(m, "num_batches_tracked", None) is not None:
+        nbt = ctx.buffer("num_batches_tracked") + 1
+        ctx.update_buffer("num_batches_tracked", nbt)
+    # torch: momentum=None averages cumulatively (factor 1/count), or not at all without a count
+    momentum = m.momentum if m.momentum is not None or nbt is not None else 0.0
+    running = (ctx.buffer("running_mean"), ctx.buffer("running_var"))
+    y, mean, var = batch_norm_train(x, weight, bias, m.eps, running, momentum, nbt)
+    ctx.update_buffer("running_mean", mean)
+    ctx.update_buffer("running_var", var)
+    return y
 
 
 def _buffer_of(ctx, arg: int):
@@ -130,18 +128,18 @@ def _batch_norm(
     if not training:
         w, b = _affine(weight, bias, x.shape[1], x.dtype)
         return ops.batch_norm_inference(x, w, b, running_mean, running_var, eps)
-    y, mean, var = batch_norm_train(x, weight, bias, eps)
     if running_mean is None:
-        return y
+        return batch_norm_train(x, weight, bias, eps)[0]
     targets = [_buffer_of(ctx, 1), _buffer_of(ctx, 2)]
     if None in targets:
         raise NotImplementedError(
             "F.batch_norm(training=True) updates running_mean/running_var in place; they must "
             "be buffers of the model (or use an nn.BatchNorm module)"
         )
-    m = const(float(momentum), mean.dtype)
-    for (root, name), old, new in zip(targets, (running_mean, running_var), (mean, var)):
-        root.update_buffer(name, old * (const(1.0, mean.dtype) - m) + new * m)
+    running = (running_mean, running_var)
+    y, mean, var = batch_norm_train(x, weight, bias, eps, running, float(momentum))
+    for (root, name), new in zip(targets, (mean, var)):
+        root.update_buffer(name, new)
     return y
 
 

@@ -1,9 +1,9 @@
 """Max/average pooling (padding, ceil_mode, count_include_pad, dilation for max) and adaptive
 pooling to any output size.
 
-Adaptive pooling with an output size that divides the input is one pooling op; otherwise the
-average is a product with a constant averaging matrix per spatial dim and the max a max over
-each bin's slice (torch's bins: [floor(i*n/m), ceil((i+1)*n/m))).
+Adaptive average pooling is one AdaptiveAveragePool op (torch's kernel); adaptive max pooling
+with an output size that divides the input is one max pool, otherwise a max over each bin's
+slice (torch's bins: [floor(i*n/m), ceil((i+1)*n/m))).
 """
 
 from __future__ import annotations
@@ -149,13 +149,6 @@ def _out_sizes(x, output_size, r: int) -> tuple[int, ...]:
     return tuple(x.shape[x.rank - r + i] if s is None else int(s) for i, s in enumerate(sizes))
 
 
-def _avg_matrix(n: int, m: int) -> np.ndarray:
-    a = np.zeros((m, n), np.float32)
-    for i, (lo, hi) in enumerate(_bins(n, m)):
-        a[i, lo:hi] = 1.0 / (hi - lo)
-    return a
-
-
 def _along(x, axis: int, fn):
     """Apply ``fn`` (acting on the last axis) to ``axis`` of ``x``."""
     if axis == x.rank - 1:
@@ -172,28 +165,20 @@ def _adaptive(x, output_size, r: int, kind: str) -> popxl.Tensor:
         )
     out = _out_sizes(x, output_size, r)
     ins = tuple(x.shape[x.rank - r :])
+    if kind == "avg":  # torch's own kernels (a mean for 1x1, overlapping bins in its order)
+        if x.rank == r + 1:
+            return ops.squeeze(ops.adaptive_average_pool(ops.unsqueeze(x, 0), out), 0)
+        return ops.adaptive_average_pool(x, out)
     if all(o == 1 for o in out):  # global pooling
-        axes = tuple(range(x.rank - r, x.rank))
-        return (ops.mean if kind == "avg" else ops.max)(x, axes, keepdims=True)
+        return ops.max(x, tuple(range(x.rank - r, x.rank)), keepdims=True)
     if all(n % m == 0 for n, m in zip(ins, out)) and x.rank == r + 2:
         k = tuple(n // m for n, m in zip(ins, out))
-        if kind == "max":
-            return ops.max_pool(x, k, k)
-        return create_op(
-            AVERAGE_POOL, [x], {"kernel": k, "strides": k, "pads": (0,) * 2 * r, "ceil_mode": False}
-        )[0]
+        return ops.max_pool(x, k, k)
     for i, (n, m) in enumerate(zip(ins, out)):
         axis = x.rank - r + i
         if n != m:
-            x = _along(x, axis, _avg_bins(n, m, x.dtype) if kind == "avg" else _max_bins(n, m))
+            x = _along(x, axis, _max_bins(n, m))
     return x
-
-
-def _avg_bins(n: int, m: int, dtype):
-    def fn(t):
-        return ops.matmul(t, popxl.constant(_avg_matrix(n, m).T.copy(), dtype))
-
-    return fn
 
 
 def _max_bins(n: int, m: int):

@@ -1,5 +1,6 @@
 """nn.RNN (tanh/relu), nn.LSTM and nn.GRU as unrolled composites (any num_layers,
-batch_first, bidirectional, initial states, dropout between layers), and their *Cell modules.
+batch_first, bidirectional, initial states, dropout between layers, LSTM's proj_size), and
+their *Cell modules.
 
 The input projection of a whole sequence is one matmul; each time step adds the recurrent
 matmul and the gate arithmetic, in torch's gate order (LSTM: i, f, g, o; GRU: r, z, n).
@@ -42,10 +43,13 @@ def lstm_step(
     c: popxl.Tensor,
     w_hh: popxl.Tensor,
     b_hh: popxl.Tensor | None,
+    w_hr: popxl.Tensor | None = None,
 ) -> tuple[popxl.Tensor, popxl.Tensor]:
+    """One LSTM step; with ``w_hr`` (proj_size > 0) the new h is projected by it."""
     i, f, g, o = ops.split(xw + _linear(h, w_hh, b_hh), 4, axis=xw.rank - 1)
     c = ops.sigmoid(f) * c + ops.sigmoid(i) * ops.tanh(g)
-    return ops.sigmoid(o) * ops.tanh(c), c
+    h = ops.sigmoid(o) * ops.tanh(c)
+    return (h if w_hr is None else _linear(h, w_hr, None)), c
 
 
 def gru_step(
@@ -59,9 +63,9 @@ def gru_step(
     return (n + z * (h - n),)  # (1 - z) * n + z * h
 
 
-def _step(mode: str, xw, state, w_hh, b_hh):
+def _step(mode: str, xw, state, w_hh, b_hh, w_hr=None):
     if mode == "LSTM":
-        return lstm_step(xw, state[0], state[1], w_hh, b_hh)
+        return lstm_step(xw, state[0], state[1], w_hh, b_hh, w_hr)
     if mode == "GRU":
         return gru_step(xw, state[0], w_hh, b_hh)
     return rnn_step(xw, state[0], w_hh, b_hh, "relu" if mode == "RNN_RELU" else "tanh")
@@ -70,18 +74,19 @@ def _step(mode: str, xw, state, w_hh, b_hh):
 def _params(ctx, m, layer: int, reverse: bool):
     sfx = f"_l{layer}" + ("_reverse" if reverse else "")
     names = [f"weight_ih{sfx}", f"weight_hh{sfx}", f"bias_ih{sfx}", f"bias_hh{sfx}"]
-    return [ctx.param(n) if m.bias or n.startswith("weight") else None for n in names]
+    params = [ctx.param(n) if m.bias or n.startswith("weight") else None for n in names]
+    return params + [ctx.param(f"weight_hr{sfx}") if getattr(m, "proj_size", 0) else None]
 
 
 def _direction(ctx, m, x, state, layer: int, reverse: bool):
     """One layer in one direction over x (L, N, In); returns outputs (L, N, H) and the
     final state."""
-    w_ih, w_hh, b_ih, b_hh = _params(ctx, m, layer, reverse)
+    w_ih, w_hh, b_ih, b_hh, w_hr = _params(ctx, m, layer, reverse)
     xw = _linear(x, w_ih, b_ih)  # the whole sequence at once
     steps = ops.split(xw, [1] * x.shape[0], 0) if x.shape[0] > 1 else [xw]
     outs = [None] * x.shape[0]
     for t in reversed(range(x.shape[0])) if reverse else range(x.shape[0]):
-        state = _step(m.mode, ops.squeeze(steps[t], [0]), state, w_hh, b_hh)
+        state = _step(m.mode, ops.squeeze(steps[t], [0]), state, w_hh, b_hh, w_hr)
         outs[t] = ops.unsqueeze(state[0], 0)
     return (ops.concat(outs, 0) if len(outs) > 1 else outs[0]), state
 
@@ -92,7 +97,9 @@ def _initial(m, hx, n: int, dtype, batched: bool):
     count = m.num_layers * dirs
     if hx is None:
         zeros = const(np.zeros((n, m.hidden_size)), dtype)
-        return [(zeros, zeros) if m.mode == "LSTM" else (zeros,)] * count
+        h_size = getattr(m, "proj_size", 0) or m.hidden_size  # LSTM's h is projected
+        h0 = zeros if h_size == m.hidden_size else const(np.zeros((n, h_size)), dtype)
+        return [(h0, zeros) if m.mode == "LSTM" else (zeros,)] * count
     parts = list(hx) if m.mode == "LSTM" else [hx]
     if not batched:
         parts = [ops.unsqueeze(p, 1) for p in parts]
@@ -110,8 +117,6 @@ def _final(states: list, mode: str, batched: bool):
 
 @lowers(nn.RNN, nn.LSTM, nn.GRU)
 def recurrent(ctx, m: nn.RNNBase, x: popxl.Tensor, hx=None) -> tuple:
-    if getattr(m, "proj_size", 0):
-        raise NotImplementedError(f"{ctx.module_path}: LSTM with proj_size is not supported")
     batched = x.rank == 3
     if not batched:
         x = ops.unsqueeze(x, 1)
