@@ -2,20 +2,13 @@
 
 popxl_fx trainers (linear layers, GELU, cross-entropy, SGD / Adam / AdamW updates) run once
 compiled and once on `popxl_core.sim.reference` (no fusion, no ``out=`` reuse, no multi-tensor
-kernels, no views). The compiled runs use every fused path: transposed matmuls for the weight
-gradients (fuse.py), ``out=`` reuse in Adam's chain (inplace.py) and multi-tensor optimizer
-updates (foreach.py); the test checks that each one ran.
-
-With the transposed matmuls off, losses, weights and optimizer state after three steps must be
-equal to the bit: ``out=`` reuse and the foreach kernels compute every element with the same
-ATen op as the unfused program. The transposed matmul is the one fusion that may differ:
-``b.T @ a.T`` (eager PyTorch's own call for a linear weight gradient) and ``(a @ b).T`` sum the
-same products, but the GEMM blocks them differently for the two layouts, so the gradient may
-differ in the last bit (measured: 1 ulp, 1.5e-8 on weights of magnitude ~0.2 after three steps).
-With it on, the tolerance is 1e-6 relative to each tensor's largest entry (8 ulp of float32): a
-sum's rounding error scales with its summands, so an entry near zero of a gradient (or momentum,
-``exp_avg``) may differ by a few ulp of the gradient's large entries; the updates move weights
-by lr times that.
+kernels, no views). The compiled runs use the fused paths a trainer reaches: ``out=`` reuse
+in Adam's chain (inplace.py) and multi-tensor optimizer updates (foreach.py); the test checks
+that each one ran. Losses, weights and optimizer state after three steps must be equal to the
+bit: ``out=`` reuse and the foreach kernels compute every element with the same ATen op as the
+unfused program. popxl_fx lowers ``nn.Linear`` to the Linear op, whose gradients are eager's
+own ``mm`` calls, so the transposed-matmul fusion (fuse.py, tested on hand-written MatMul
+programs in test_fuse.py) finds nothing to rewrite here: the test checks it stays off.
 """
 
 from __future__ import annotations
@@ -78,11 +71,6 @@ def _compare(fast_run, ref_run, equal) -> None:
         assert equal(f_opt[k], r_opt[k]), f"optimizer state {k} differs"
 
 
-def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
-    scale = float(b.abs().max()) if b.numel() else 0.0
-    return a.dtype == b.dtype and torch.allclose(a, b, rtol=1e-6, atol=1e-6 * scale)
-
-
 @pytest.mark.parametrize("opt_name", sorted(OPTIMIZERS))
 def test_training_step_compiled_matches_reference(opt_name):
     ref = _train(opt_name, reference=True)
@@ -92,11 +80,11 @@ def test_training_step_compiled_matches_reference(opt_name):
     assert stats["transposed_matmuls"] == 0
     assert stats["foreach_groups"] >= 1 and stats["foreach_ops"] >= 6, stats
     if opt_name.startswith("adam"):  # the chain of temporaries writes into dead ones
-        assert stats["out_reuse"] >= 20, stats
+        assert stats["out_reuse"] >= 10, stats
     _compare(exact, ref, _bits_equal)
     one_by_one = _train(opt_name, reference=False, transposed_matmuls=False, foreach=False)
     assert one_by_one[0].session._program.stats["foreach_groups"] == 0
     _compare(one_by_one, ref, _bits_equal)
     fast = _train(opt_name, reference=False)
-    assert fast[0].session._program.stats["transposed_matmuls"] == 3  # one per linear layer
-    _compare(fast, ref, _close)
+    assert fast[0].session._program.stats["transposed_matmuls"] == 0  # Linear's own grads
+    _compare(fast, ref, _bits_equal)

@@ -191,7 +191,8 @@ def _emit_kernel(op: Op, em: Emitter) -> None:
     call itself for the ops `direct.py` lists."""
     if em.program.direct and not em.program.check_specs:
         if not (op.opdef.view and _view_needs_copy(op, em)):
-            call = direct_call(op, em.name, lambda v: em.bind_global("a", v))
+            bind = lambda v: em.bind_global("a", v)  # noqa: E731
+            call = direct_call(op, em.name, bind, em.program.ir.numerics)
             if call is not None:
                 em.emit(f"{em.name(op.outputs[0])} = {call}")
                 return

@@ -8,8 +8,9 @@ table's kernel, so the same bits (the reference-interpreter tests compare them).
 
 * ``Reshape``: ``torch.reshape(x, shape)``; ``Transpose``: ``x.permute(permutation)`` (view
   ops, only where the compiler does not copy the view);
-* ``MatMul`` without an output type or with float32: ``torch.matmul(a, b)`` (the table's
-  kernel adds a no-op ``.to(float32)``);
+* ``MatMul`` without an output type or with float32, under ``Ir.numerics == "torch"`` only:
+  ``torch.matmul(a, b)`` (the table's torch kernel adds a no-op ``.to(float32)``; under
+  ``"ipu"`` the table's row-stable kernel runs);
 * ``Add``, ``Sub``, ``Mul`` (no attributes): ``torch.add/sub/mul(a, b)``.
 """
 
@@ -29,9 +30,12 @@ def _float32(op: Op) -> bool:
     return all(t.dtype is dtypes.float32 for t in (*op.inputs, *op.outputs))
 
 
-def direct_call(op: Op, name: Callable, literal: Callable) -> Optional[str]:
+def direct_call(
+    op: Op, name: Callable, literal: Callable, numerics: str = "torch"
+) -> Optional[str]:
     """The expression computing ``op``'s single output, or None to use the table's kernel.
-    ``name(t)`` names a tensor, ``literal(value)`` binds a constant value and names it."""
+    ``name(t)`` names a tensor, ``literal(value)`` binds a constant value and names it;
+    ``numerics`` is the Ir's (`popxl_core.Ir.numerics`)."""
     if len(op.outputs) != 1 or not _float32(op):
         return None
     t, ins = op.type, [name(x) for x in op.inputs]
@@ -39,7 +43,11 @@ def direct_call(op: Op, name: Callable, literal: Callable) -> Optional[str]:
         return f"torch.reshape({ins[0]}, {literal(tuple(op.attrs['shape']))})"
     if t == "Transpose" and set(op.attrs) == {"permutation"}:
         return f"{ins[0]}.permute({literal(tuple(op.attrs['permutation']))})"
-    if t == "MatMul" and op.attrs.get("output_type") in (None, dtypes.float32):
+    if (
+        t == "MatMul"
+        and numerics == "torch"
+        and op.attrs.get("output_type") in (None, dtypes.float32)
+    ):
         return f"torch.matmul({ins[0]}, {ins[1]})"
     if t in _BINARY and not op.attrs and len(ins) == 2:
         return f"{_BINARY[t]}({ins[0]}, {ins[1]})"

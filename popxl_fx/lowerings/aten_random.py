@@ -141,14 +141,3 @@ def _empty(ctx: LoweringContext, size: Any, *rest: Any, **kwargs: Any) -> Any:
     else:
         dt = like.dtype if like is not None else popxl.dtype.as_dtype(torch.get_default_dtype())
     return popxl.constant(np.zeros(shape, dtype=dt.as_numpy()), dt)
-
-
-@lowers(aten._to_copy)
-def _to_copy(ctx: LoweringContext, x: popxl.Tensor, **kwargs: Any) -> Any:
-    """A dtype conversion (bernoulli's decomposition casts its boolean draw); device, layout
-    and memory format have no meaning on the simulator."""
-    dtype = kwargs.get("dtype")
-    if dtype is None:
-        return x
-    dt = popxl.dtype.as_dtype(dtype)
-    return x if dt == x.dtype else ops.cast(x, dt)
