@@ -147,6 +147,14 @@ def _reduce_input(x: popxl.Tensor, dtype: torch.dtype | None) -> popxl.Tensor:
     return x if x.dtype == pdtype(dtype) else ops.cast(x, pdtype(dtype))
 
 
+@lowers(aten._to_copy)
+def _to_copy(ctx: LoweringContext, x: popxl.Tensor, **kwargs: Any) -> popxl.Tensor:
+    """``Tensor.to(dtype)`` after decomposition; device, layout and memory format do not
+    exist on the IPU."""
+    dtype = kwargs.get("dtype")
+    return x if dtype is None or pdtype(dtype) == x.dtype else ops.cast(x, pdtype(dtype))
+
+
 @lowers(aten.sum)
 def _sum(
     ctx: LoweringContext,
