@@ -4,12 +4,13 @@ eager PyTorch: float32, every forward output, gradient, final parameter and opti
 `allclose` per element at rtol 1e-3 (atol 1e-5 for values near zero), not normwise.
 
 The lowerings use eager's own CPU kernels (addmm vs mm for linear layers as at::linear picks,
-native_layer_norm, the flash-attention kernel of F.scaled_dot_product_attention, aten's
-log-softmax/nll backward) and the optimizer updates are torch's single-tensor code op for op,
-so the simulator leaves eager only where a kernel is not yet eager's (the patch convolution's
-bias gradient at the time of writing: max difference after 3 steps ~2e-7, see
-tools/fx_maxdiff.py). vit_b_16 with AdamW state (86M parameters, ~1.4 GB) does not fit one
-IPU: the tests run with Options(device="cpu"), which ignores the IPU memory limit.
+native_layer_norm, the flash-attention kernel of F.scaled_dot_product_attention, the patch
+convolution with its bias and convolution_backward, aten's log-softmax/nll backward) and the
+optimizer updates are torch's single-tensor code op for op, so the simulator computes eager
+float32's numbers (tools/fx_maxdiff.py prints the max differences). Measured on a shared
+2-core machine: 7-12 minutes and 5.6-7.5 GB of host memory per test (model, eager twin,
+simulator state). vit_b_16 with AdamW state (86M parameters) does not fit one IPU: the tests
+run with Options(device="cpu"), which ignores the IPU memory limit.
 """
 
 import pytest
