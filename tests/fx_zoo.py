@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["ZOO", "Case", "TORCHVISION"]
+__all__ = ["ZOO", "Case", "TORCHVISION", "OPTIMIZERS", "train_against_eager"]
 
 
 @dataclass
@@ -192,3 +192,32 @@ TORCHVISION: dict[str, Callable[[], Case]] = {
     "efficientnet_b0": _torchvision("efficientnet_b0"),
     "vit_b_16": _torchvision("vit_b_16", image_size=64),
 }
+
+
+# the optimizers of the Done-when list; AdamW's eps=1e-6 is explained in test_fx_models.py
+OPTIMIZERS: dict[str, Callable] = {
+    "sgd_momentum": lambda ps: torch.optim.SGD(ps, lr=0.01, momentum=0.9),
+    "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-3, eps=1e-6),
+}
+
+
+def train_against_eager(
+    build: Callable[[], Case], optimizer: str, via: str, *, rtol: float, atol: float, options=None
+) -> dict:
+    """3 steps of ``optimizer`` on the simulator (``via`` training_model or compile) against
+    eager PyTorch with `popxl_fx.testing.assert_matches_eager`; returns its max errors."""
+    from popxl_fx.testing import assert_matches_eager
+
+    case = build()
+    return assert_matches_eager(
+        case.model,
+        case.inputs,
+        targets=case.targets,
+        loss_fn=case.loss_fn,
+        optimizer=OPTIMIZERS[optimizer],
+        steps=3,
+        options=options,
+        rtol=rtol,
+        atol=atol,
+        via=via,
+    )

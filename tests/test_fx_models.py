@@ -29,38 +29,21 @@ The torchvision models are marked slow: CI runs them in a separate step (pytest 
 """
 
 import pytest
-import torch
 
 from popxl_fx import Options
 from popxl_fx.testing import assert_matches_eager
 
-from .fx_zoo import TORCHVISION, ZOO
+from .fx_zoo import OPTIMIZERS, TORCHVISION, ZOO, train_against_eager
 
 RTOL, ATOL = 1e-3, 1e-5
 SMALL = ["seed_mlp", "small_cnn", "lstm", "gpt", "bert"]
 CNNS = ["resnet18", "mobilenet_v2", "vgg11_bn", "efficientnet_b0"]
 # float64, semantics to rounding (vgg11_bn and vit_b_16 would need ~10 GB of host memory)
 TV_FLOAT64 = [("resnet18", "sgd_momentum")]
-OPTIMIZERS = {
-    "sgd_momentum": lambda ps: torch.optim.SGD(ps, lr=0.01, momentum=0.9),
-    "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-3, eps=1e-6),
-}
 
 
 def run(build, optimizer: str, via: str, options=None) -> dict:
-    case = build()
-    return assert_matches_eager(
-        case.model,
-        case.inputs,
-        targets=case.targets,
-        loss_fn=case.loss_fn,
-        optimizer=OPTIMIZERS[optimizer],
-        steps=3,
-        options=options,
-        rtol=RTOL,
-        atol=ATOL,
-        via=via,
-    )
+    return train_against_eager(build, optimizer, via, rtol=RTOL, atol=ATOL, options=options)
 
 
 @pytest.mark.parametrize("via", ["training_model", "compile"])

@@ -9,33 +9,15 @@ and the CNN, are not yet eager's kernel for kernel.)
 """
 
 import pytest
-import torch
 
-from popxl_fx.testing import assert_matches_eager
-
-from .fx_zoo import ZOO
+from .fx_zoo import OPTIMIZERS, ZOO, train_against_eager
 
 EXACT = ["seed_mlp", "gpt", "bert"]
-OPTIMIZERS = {
-    "sgd_momentum": lambda ps: torch.optim.SGD(ps, lr=0.01, momentum=0.9),
-    "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-3, eps=1e-6),
-}
 
 
 @pytest.mark.parametrize("via", ["training_model", "compile"])
 @pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
 @pytest.mark.parametrize("name", EXACT)
 def test_models_match_eager_bit_for_bit(name, optimizer, via):
-    case = ZOO[name]()
-    errors = assert_matches_eager(
-        case.model,
-        case.inputs,
-        targets=case.targets,
-        loss_fn=case.loss_fn,
-        optimizer=OPTIMIZERS[optimizer],
-        steps=3,
-        rtol=0.0,
-        atol=0.0,
-        via=via,
-    )
+    errors = train_against_eager(ZOO[name], optimizer, via, rtol=0.0, atol=0.0)
     assert errors["parameters"] == 0.0 and errors["gradients"] == 0.0

@@ -14,35 +14,19 @@ run with Options(device="cpu"), which ignores the IPU memory limit.
 """
 
 import pytest
-import torch
 
 from popxl_fx import Options
-from popxl_fx.testing import assert_matches_eager
 
-from .fx_zoo import TORCHVISION
+from .fx_zoo import OPTIMIZERS, TORCHVISION, train_against_eager
 
 RTOL, ATOL = 1e-3, 1e-5
-OPTIMIZERS = {
-    "sgd_momentum": lambda ps: torch.optim.SGD(ps, lr=0.01, momentum=0.9),
-    "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-3, eps=1e-6),
-}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("via", ["training_model", "compile"])
 @pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
 def test_vit_b_16_three_steps(optimizer, via):
-    case = TORCHVISION["vit_b_16"]()
-    errors = assert_matches_eager(
-        case.model,
-        case.inputs,
-        targets=case.targets,
-        loss_fn=case.loss_fn,
-        optimizer=OPTIMIZERS[optimizer],
-        steps=3,
-        options=Options(device="cpu"),
-        rtol=RTOL,
-        atol=ATOL,
-        via=via,
+    errors = train_against_eager(
+        TORCHVISION["vit_b_16"], optimizer, via, rtol=RTOL, atol=ATOL, options=Options(device="cpu")
     )
     assert set(errors) >= {"loss", "gradients", "parameters", "optimizer state"}
