@@ -75,7 +75,8 @@ class _Deep(torch.nn.Module):
 
 def _fx(n_ops: int) -> tuple[float, int]:
     torch.manual_seed(0)
-    model = _Deep(n_ops // 16)  # 16 ops per layer: forward, backward, SGD update
+    # ~8 ops per layer (Linear, Tanh, their gradients, SGD's updates of weight and bias)
+    model = _Deep(n_ops // 8)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     trainer = popxl_fx.training_model(model, opt, F.mse_loss, popxl_fx.Options("cpu"))
     inputs = (torch.randn(2, 4), torch.randn(2, 4))
