@@ -18,9 +18,8 @@ statistics, max_pool2d_with_indices, hardtanh/threshold, silu/sigmoid/hardswish 
 adaptive_avg_pool2d, log_softmax/nll_loss backward) and torch's single-tensor optimizer code.
 Measured max abs difference after 3 steps (python -m tools.fx_maxdiff), for loss, forward
 outputs, gradients, final parameters/buffers and optimizer state, SGD-momentum and AdamW,
-training_model and compile: 0.0 (bit for bit) for resnet18, mobilenet_v2 and
-efficientnet_b0; vgg11_bn's first step (loss, logits, all 38 gradients) is bitwise too; its 3
-steps were not measured when this was written (the shared machine lacked the memory).
+training_model and compile: 0.0 (bit for bit) for resnet18, mobilenet_v2, efficientnet_b0
+and vgg11_bn (and vit_b_16, tests/test_fx_models_vit.py).
 vgg11_bn (129M parameters) and the other torchvision models run with device="cpu" (no IPU
 memory limit: vgg11_bn with AdamW state does not fit one IPU); vgg11_bn needs ~8 GB (SGD,
 compile) to ~15 GB (AdamW, training_model) of host memory: the model, its eager twin, their
