@@ -106,19 +106,74 @@ def _misc(ws, ms, gs, s):
     return outs
 
 
+def _torch_adam(ws, ms, gs, s):
+    """torch's single-tensor Adam kernels: lerp_ by a streamed weight, addcmul_ and addcdiv_
+    by equal float attributes (the ``Scalar`` overloads of the foreach kernels)."""
+    outs = []
+    for w, m, g in zip(ws, ms, gs):
+        var_updates.lerp_(m, g, s[0])  # weight 0.0125 < 0.5: t + w * (x - t)
+        var_updates.addcmul_(m, g, g, 0.001)
+        var_updates.addcdiv_(w, m, ops.sqrt(m) + 1e-3, -0.01)
+        outs.append(m * 1.0)
+    return outs
+
+
+def _pointwise_scalars(ws, ms, gs, s):
+    """The other formula of lerp (weight >= 0.5, from a constant scalar tensor), scalar tensors
+    shared as equal constants, and values that differ per tensor (not grouped together)."""
+    for i, (w, m, g) in enumerate(zip(ws, ms, gs)):
+        var_updates.lerp_(w, g, popxl.constant(np.float32(0.7)))  # x - (x - t) * (1 - w)
+        var_updates.addcdiv_(w, g, m, s[1])  # a constant scalar tensor (0.3)
+        var_updates.addcmul_(m, g, w, s[0] if i else 0.25)  # tensor for two, a float for one
+    return [w * 1.0 for w in ws]
+
+
 @pytest.mark.parametrize(
     "update,groups",
-    [(_sgd, 1), (_momentum, 2), (_adam_like, 8), (_misc, 4)],
-    ids=["sgd", "momentum", "adam_like", "misc"],
+    [(_sgd, 1), (_momentum, 2), (_adam_like, 8), (_misc, 4), (_torch_adam, 4),
+     (_pointwise_scalars, 3)],
+    ids=["sgd", "momentum", "adam_like", "misc", "torch_adam", "pointwise_scalars"],
 )
 def test_grouped_updates_equal_the_reference_bitwise(update, groups):
     _check(update, groups, foreach_fresh=True)  # every kind grouped, as torch's foreach path
 
 
+def test_lerp_addcmul_addcdiv_group_with_their_scalar():
+    # torch's Adam kernels over three tensors: with foreach_fresh every kind is one kernel
+    # (lerp_, addcmul_, sqrt, the add into sqrt's result, addcdiv_, the returned m * 1.0);
+    # without it, addcdiv_ waits for its tensor's sqrt and add, which run tensor by tensor, so
+    # only lerp_ and addcmul_ group
+    program = _check(_torch_adam, 6, foreach_fresh=True)
+    assert program.stats["foreach_ops"] == 18, program.stats
+    program = _check(_torch_adam, 2, foreach_fresh=False)
+    assert program.stats["foreach_ops"] == 6, program.stats
+    ir, _ = _program(_pointwise_scalars)
+    _, groups = foreach_schedule(_live_ops(ir.main_graph))
+    sizes = {g.ops[0].type: len(g.ops) for g in groups}
+    # addcmul_ by the stream (two tensors) and by 0.25 (one tensor) are two kernels
+    assert sizes == {"LerpInplace": 3, "AddcdivInplace": 3, "AddcmulInplace": 2, "Mul": 3}, sizes
+
+
+def test_pointwise_update_keys():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        a, b, c = (popxl.variable(np.ones((2, 3), np.float32)) for _ in range(3))
+        row = popxl.variable(np.ones((3,), np.float32))
+        w = popxl.constant(np.float32(0.3))
+        keys = [group_key(var_updates.lerp_(t, c, 0.1).producer) for t in (a, b)]
+        assert keys[0] == keys[1]
+        assert group_key(var_updates.lerp_(a, c, 0.2).producer) != keys[0]  # another weight
+        by_tensor = group_key(var_updates.lerp_(a, c, w).producer)
+        assert by_tensor != keys[0]
+        w2 = popxl.constant(np.float32(0.3))  # another constant of the same value: shared
+        assert by_tensor == group_key(var_updates.lerp_(b, c, w2).producer)
+        assert group_key(var_updates.addcmul_(a, row, c).producer) is None  # broadcasts
+
+
 def test_by_default_chains_stay_per_tensor():
     # foreach_fresh=False: the first op of each chain allocates, so it does not group; the
     # scheduler takes ops in order, so the rest of each chain is not ready with its peers
-    program = _check(_adam_like, 0)
+    program = _check(_adam_like, 0, foreach_fresh=False)
     assert program.stats["foreach_ops"] < 33  # fewer than the 11 kinds x 3 tensors
     assert program.stats["out_reuse"] >= 12
 

@@ -3,8 +3,10 @@
 popxl_fx trainers (linear layers, GELU, cross-entropy, SGD / Adam / AdamW updates) run once
 compiled and once on `popxl_core.sim.reference` (no fusion, no ``out=`` reuse, no multi-tensor
 kernels, no views). The compiled runs use the fused paths: ``out=`` reuse in Adam's chain
-(inplace.py), multi-tensor optimizer updates (foreach.py), direct torch calls (direct.py) and
-released temporaries (release.py); the test checks that the first two ran. (popxl_fx lowers
+(inplace.py), multi-tensor optimizer updates (foreach.py, both grouping modes; Adam's
+``lerp_``/``addcmul_``/``addcdiv_`` as ``torch._foreach_lerp_``/``_addcmul_``/``_addcdiv_``),
+direct torch calls (direct.py) and released temporaries (release.py); the test checks that the
+first two ran. (popxl_fx lowers
 nn.Linear to eager's own addmm/mm ops, so the transposed-matmul fusion of fuse.py does not
 arise here; tests/test_fuse.py bounds it against ``(a @ b).T``.)
 
@@ -89,16 +91,24 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
 def test_training_step_compiled_matches_reference(opt_name):
     ref = _train(opt_name, reference=True)
     assert type(ref[0].session._program).__name__ == "ReferenceProgram"
-    exact = _train(opt_name, reference=False, transposed_matmuls=False)
-    stats = exact[0].session._program.stats
+    # the default: every kind of the optimizer's chain grouped (foreach_fresh=True)
+    grouped = _train(opt_name, reference=False, transposed_matmuls=False)
+    stats = grouped[0].session._program.stats
     assert stats["transposed_matmuls"] == 0
     assert stats["foreach_groups"] >= 1 and stats["foreach_ops"] >= 6, stats
-    if opt_name.startswith("adam"):  # the chain of temporaries writes into dead ones
-        assert stats["out_reuse"] >= 6, stats  # at least one per parameter
-    _compare(exact, ref, _bits_equal)
-    grouped = _train(opt_name, reference=False, transposed_matmuls=False, foreach_fresh=True)
-    assert grouped[0].session._program.stats["foreach_ops"] >= stats["foreach_ops"]
+    if opt_name.startswith("adam"):  # torch's lerp_/addcmul_/addcdiv_, each kind one kernel
+        for kind in ("LerpInplace", "AddcmulInplace", "AddcdivInplace", "Sqrt"):
+            assert stats.get(f"foreach_{kind}") == 6, stats  # the 6 parameters
     _compare(grouped, ref, _bits_equal)
+    # per-tensor chains writing into the previous tensor's dead temporaries
+    chains = _train(opt_name, reference=False, transposed_matmuls=False, foreach_fresh=False)
+    chain_stats = chains[0].session._program.stats
+    assert chain_stats["foreach_ops"] <= stats["foreach_ops"]
+    if opt_name.startswith("adam"):
+        assert chain_stats["out_reuse"] >= 6, chain_stats  # at least one per parameter
+        assert chain_stats.get("foreach_LerpInplace") == 6, chain_stats
+        assert chain_stats.get("foreach_AddcmulInplace") == 6, chain_stats
+    _compare(chains, ref, _bits_equal)
     one_by_one = _train(opt_name, reference=False, transposed_matmuls=False, foreach=False)
     assert one_by_one[0].session._program.stats["foreach_groups"] == 0
     _compare(one_by_one, ref, _bits_equal)

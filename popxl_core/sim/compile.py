@@ -73,7 +73,7 @@ class Program:
         check_specs: bool = False,
         foreach: bool = True,
         transposed_matmuls: bool = True,
-        foreach_fresh: bool = False,
+        foreach_fresh: bool = True,
         direct: bool = True,
         release: bool = True,
     ) -> None:
@@ -81,7 +81,7 @@ class Program:
         self.check_specs = check_specs
         self.foreach = foreach  # multi-tensor kernels (foreach.py), bitwise equal
         # also group ops that allocate their results, as torch.optim's foreach path does
-        # (default: only ops that can write into dead inputs, faster on CPU; see foreach.py)
+        # (False: only ops that can write into dead inputs; which is faster: see foreach.py)
         self.foreach_fresh = foreach_fresh
         self.direct = direct  # torch calls written into the source (direct.py)
         self.release = release  # del each temporary after its last reader (release.py)
@@ -138,6 +138,9 @@ class Program:
         skip.update(op for grp in groups for op in grp.ops[1:])
         self.stats["foreach_groups"] += len(groups)
         self.stats["foreach_ops"] += sum(len(grp.ops) for grp in groups)
+        for grp in groups:  # per kind, e.g. "foreach_LerpInplace" (tests check the kinds)
+            kind = f"foreach_{grp.ops[0].type}"
+            self.stats[kind] = self.stats.get(kind, 0) + len(grp.ops)
         self.stats["transposed_matmuls"] += len(fused)
         self.stats["out_reuse"] += len(reuse)  # single ops and grouped ones
         released = release_points(live, groups, fused, reuse, g) if self.release else {}

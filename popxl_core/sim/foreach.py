@@ -6,10 +6,16 @@ compiler runs each kind once over the list of all parameters instead of once per
 The foreach kernels apply the same ATen op to each tensor (CPU runs them tensor by tensor), so
 every element is computed with the same arithmetic as the single-tensor op: results are equal
 to the bit (tests compare with the reference interpreter). On CPU the gain is Python dispatch
-only, and grouping ops that allocate their results costs more in memory traffic than it saves:
-by default (`compile.Program(foreach_fresh=False)`) only ops that update in place or write
-into a dead input are grouped, which covers SGD's updates; ``foreach_fresh=True`` groups all
-of Adam's chain, as ``torch.optim(..., foreach=True)`` does.
+(and reading a shared scalar once per group instead of once per tensor). By default
+(`compile.Program(foreach_fresh=True)`) ops that allocate their results group too, as
+``torch.optim(..., foreach=True)`` does: all of Adam's chain. With ``foreach_fresh=False`` only
+ops that update in place or write into a dead input group (SGD's updates, and Adam's lerp_ and
+addcmul_), so that each tensor's chain reuses the previous one's dead temporaries. Which is
+faster depends on how many temporaries the chain makes: for popxl_fx's Adam written with
+torch's lerp_/addcmul_/addcdiv_ (one temporary per parameter) grouping everything measured
+faster (seed MLP batch 8, CPU time: 0.92-0.96 of eager Adam against 1.01-1.08); for the older
+11-op Adam the per-tensor chains were (benchmarks/RESULTS.md). The SGD, GPT and resnet
+programs of the benchmarks compile the same in both modes.
 
 The pass reorders the live schedule: a topological sort over data dependencies and storage
 hazards (reads and in-place writes, through views and in-place outputs to the storage they
@@ -26,7 +32,8 @@ same value.
 
 Kinds (float32 only): Add/Sub/Mul/Div (two tensors of the output's shape, or a tensor and one
 shared scalar tensor), Sqrt, Neg, ScaledAdd, ScaledAddLhsInplace, Accumulate ("add"),
-AccumulatorScale and CopyVarUpdate, with every scalar operand shared by the whole group.
+AccumulatorScale and CopyVarUpdate, LerpInplace, AddcmulInplace and AddcdivInplace
+(`foreach_pointwise.py`), with every scalar operand shared by the whole group.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from ..graph import Op
 from ..ops._var_updates_common import f32
 from ..ops.scaled_add import _number, _scales
 from ..tensor import Constant, Tensor
+from .foreach_pointwise import POINTWISE_UPDATES, pointwise_kernel, pointwise_key
 
 __all__ = ["Group", "foreach_schedule", "group_kernel", "group_key", "plan_modes"]
 
@@ -116,6 +124,8 @@ def group_key(op: Op) -> Optional[tuple]:
         return (t, factor, *map(_same, ins[1:]))
     if t == "CopyVarUpdate" and _shape(ins[0]) == _shape(ins[1]):
         return (t,)
+    if t in POINTWISE_UPDATES:  # lerp_, addcmul_, addcdiv_ (foreach_pointwise.py)
+        return pointwise_key(op, _same)
     return None
 
 
@@ -176,9 +186,8 @@ def foreach_schedule(ops: List[Op], reusable=None) -> Tuple[List[Op], List[Group
     groups of two or more ops. With ``reusable`` (`inplace.reusable_in` of ``ops``), an
     add/sub/mul/div/sqrt joins a group only if it could write into a dead input: a group of
     fresh results allocates every tensor's result at once (as torch.optim's foreach path
-    does), where one op at a time reuses the previous tensor's dead temporaries. On CPU the
-    latter measured faster for the seed MLP's Adam step (benchmarks/RESULTS.md), so the
-    compiler passes ``reusable`` unless its ``foreach_fresh`` option is set."""
+    does), where one op at a time reuses the previous tensor's dead temporaries. The compiler
+    passes ``reusable`` when its ``foreach_fresh`` option is off (see the module docstring)."""
     preds = _dependencies(ops)
     index = {op: k for k, op in enumerate(ops)}
     succs: Dict[Op, List[Op]] = {op: [] for op in ops}
@@ -282,6 +291,8 @@ def group_kernel(group: Group) -> Callable:
             return tuple(cols[0])
 
         return copy
+    if t in POINTWISE_UPDATES:
+        return pointwise_kernel(t, op0.attrs, columns)
     raise ValueError(f"no multi-tensor kernel for {t}")
 
 
