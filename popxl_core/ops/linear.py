@@ -63,6 +63,14 @@ def _grad_kernel(g, x, w, has_bias):
     return (dx, dw, g2.sum(0)) if has_bias else (dx, dw)
 
 
+def _grad_kernel_without_dx(g, x, w, has_bias):
+    """`_grad_kernel` when nothing reads ``dx`` (a first layer: eager skips that GEMM too);
+    ``dw`` and ``db`` are the same calls. The compiler picks it (`OpDef.extra`)."""
+    g2 = g.reshape(-1, g.shape[-1])
+    dw = g2.t().mm(x.reshape(-1, x.shape[-1]))
+    return (None, dw, g2.sum(0)) if has_bias else (None, dw)
+
+
 def _cost(ins, outs, attrs) -> Cost:
     x, w = ins[0], ins[1]
     rows = x.nelms // x.shape[-1]
@@ -121,8 +129,10 @@ def _grad_samples():
 
 LINEAR = register(OpDef("Linear", _infer, _kernel, grad=_grad, cost=_cost, samples=_samples,
                         out_name="linear_out"))
-LINEAR_GRAD = register(OpDef("LinearGrad", _grad_infer, _grad_kernel, cost=_grad_cost,
-                             samples=_grad_samples, out_name="linear_grad_out"))
+LINEAR_GRAD = register(OpDef(
+    "LinearGrad", _grad_infer, _grad_kernel, cost=_grad_cost, samples=_grad_samples,
+    out_name="linear_grad_out",
+    extra={"dead_output_kernels": {frozenset({0}): _grad_kernel_without_dx}}))
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, fold: str = "addmm") -> Tensor:

@@ -89,6 +89,10 @@ class OpDef:
         fp16_in_fp32: compute float16 inputs in float32 and round the outputs.
         numerics_kernels: kernels that replace ``kernel`` under an `Ir.numerics` setting
             (e.g. MatMul's ``{"torch": ...}``); ``kernel`` is the default (``"ipu"``).
+        extra: free-form facts the simulator reads, e.g. ``"dead_output_kernels"``:
+            ``{frozenset(indexes of outputs nothing reads): kernel}``, a float32 kernel that
+            skips those outputs (returns None in their place); the compiler uses it where
+            those outputs are dead, with the same bits for the others.
     """
 
     name: str

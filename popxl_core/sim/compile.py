@@ -43,6 +43,7 @@ class Emitter:
         self.lines: List[str] = []
         self.names: Dict[Tensor, str] = {}
         self.modifying = _has_modifying_ops(graph)
+        self.read: Set[Tensor] = set()  # tensors a live op or the graph's outputs read
 
     def name(self, t: Tensor) -> str:
         if t not in self.names:
@@ -89,7 +90,8 @@ class Program:
         self.transpose_matmuls = transposed_matmuls
         # how often each optimisation applied (tests check that the fused paths ran)
         self.stats: Dict[str, int] = dict.fromkeys(
-            ("foreach_groups", "foreach_ops", "transposed_matmuls", "out_reuse"), 0
+            ("foreach_groups", "foreach_ops", "transposed_matmuls", "out_reuse", "dead_outputs"),
+            0,
         )
         self.namespace: Dict[str, Any] = {"RT": runtime, "torch": torch}
         self._counter = 0
@@ -125,6 +127,7 @@ class Program:
             for i, v in enumerate(self.variables):
                 em.emit(f"{em.name(v)} = V[{i}]")
         live = _live_ops(g)
+        em.read = _read_tensors(live, g)
         fused = transposed_matmuls(live, g) if self.transpose_matmuls else {}
         skip = set(fused.values())
         groups: List[Group] = []
@@ -191,6 +194,13 @@ def _live_ops(g: Graph) -> List[Op]:
     return live[::-1]
 
 
+def _read_tensors(live: List[Op], g: Graph) -> Set[Tensor]:
+    read = set(g._outputs)
+    for op in live:
+        read.update(op.inputs)
+    return read
+
+
 def _emit_kernel(op: Op, em: Emitter) -> None:
     """Default emission: ``outs = kernel(ins)`` with the op's attributes bound; the torch
     call itself for the ops `direct.py` lists."""
@@ -241,7 +251,7 @@ def _bind_kernel(em: Emitter, kernel: Callable, op: Op, checked: Op | None = Non
 
 def _bound_kernel(op: Op, em: Emitter) -> Callable:
     opdef = op.opdef
-    base = opdef.kernel_for(em.program.ir.numerics)
+    base = _dead_output_kernel(op, em) or opdef.kernel_for(em.program.ir.numerics)
     if base is None:
         raise RuntimeError(f"{op.type}.{op.id} has no kernel and no emitter in the op table.")
     kernel = functools.partial(base, **op.attrs) if op.attrs else base
@@ -254,6 +264,22 @@ def _bound_kernel(op: Op, em: Emitter) -> Callable:
     if em.program.check_specs:
         kernel = _spec_checked(kernel, op)
     return kernel
+
+
+def _dead_output_kernel(op: Op, em: Emitter) -> Callable | None:
+    """The op table's kernel that skips the outputs nothing reads (float32, not checked)."""
+    variants = op.opdef.extra.get("dead_output_kernels")
+    if not variants or em.program.check_specs or not _all_float32(op):
+        return None
+    dead = frozenset(i for i, t in enumerate(op.outputs) if t not in em.read)
+    kernel = variants.get(dead)
+    if kernel is not None:
+        em.program.stats["dead_outputs"] += len(dead)
+    return kernel
+
+
+def _all_float32(op: Op) -> bool:
+    return all(t.dtype.as_torch() == torch.float32 for t in (*op.inputs, *op.outputs))
 
 
 def _view_needs_copy(op: Op, em: Emitter) -> bool:
