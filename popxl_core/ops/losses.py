@@ -13,9 +13,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..errors import OpDataError
 from ..tensor import Tensor
 from ._dtype_rules import check_float
+from ._nll_labels import (
+    _aten_nll,
+    aten_nll_backward,
+    aten_nll_forward,
+    check_labels,
+    valid_labels,
+)
 from ._utils import rand, randint, same_dtype, spec
 from .registry import Cost, OpDef, Sample, create_op, register
 
@@ -136,20 +142,10 @@ def _check_nll(probs, labels) -> None:
 def _pick(probs: torch.Tensor, labels: torch.Tensor, ignore_index):
     """probs[..., label] and the mask of labels that count."""
     lab = labels.long()
-    valid = lab != ignore_index if ignore_index is not None else torch.ones_like(lab, dtype=bool)
-    _check_labels(lab, valid, probs.shape[-1])
+    valid = valid_labels(lab, ignore_index)
+    check_labels(lab, valid, probs.shape[-1])
     safe = torch.where(valid, lab, torch.zeros_like(lab))  # ignored labels may be out of range
     return probs.gather(-1, safe.unsqueeze(-1)).squeeze(-1), valid, safe
-
-
-def _check_labels(lab: torch.Tensor, valid: torch.Tensor, classes: int) -> None:
-    bad = valid & ((lab < 0) | (lab >= classes))
-    if bool(bad.any()):
-        where = tuple(int(i) for i in bad.nonzero()[0])
-        raise OpDataError(
-            f"label {int(lab[where])} at index {where} is out of range for {classes} classes "
-            f"[0, {classes}) (and is not the ignore_index)"
-        )
 
 
 def _count(valid: torch.Tensor, dtype) -> torch.Tensor:
@@ -181,28 +177,9 @@ def _nll_infer(ins, reduction, ignore_index, log_prob):
 
 def _nll_kernel(probs, labels, reduction, ignore_index, log_prob):
     if _aten_nll(probs, log_prob):
-        (loss, _), *_ = _aten_nll_forward(probs, labels, reduction, ignore_index)
+        (loss, _), *_ = aten_nll_forward(probs, labels, reduction, ignore_index)
         return loss
     return _nll_value(probs, labels, reduction, ignore_index, log_prob).to(probs.dtype)
-
-
-# eager's kernels for log-probabilities of shape (N, C): F.nll_loss and autograd call these,
-# and their sums (and the mean's division) round as here
-_ATEN_REDUCTION = {"none": 0, "mean": 1, "sum": 2}
-
-
-def _aten_nll(probs, log_prob: bool) -> bool:
-    return log_prob and probs.dim() == 2
-
-
-def _aten_nll_forward(logp, labels, reduction, ignore_index):
-    lab = labels.long()
-    valid = lab != ignore_index if ignore_index is not None else torch.ones_like(lab, dtype=bool)
-    _check_labels(lab, valid, logp.shape[-1])
-    # no ignore_index: every label is in range (checked), so -1 never matches
-    ignore = -1 if ignore_index is None else int(ignore_index)
-    red = _ATEN_REDUCTION[reduction]
-    return torch.ops.aten.nll_loss_forward(logp, lab, None, red, ignore), lab, red, ignore
 
 
 def _nll_grad(ctx):
@@ -219,8 +196,7 @@ def _nll_grad_infer(ins, reduction, ignore_index, log_prob):
 def _nll_grad_kernel(probs, labels, g, reduction, ignore_index, log_prob):
     """d loss / d probs: -g / p at the label (-g for log-probabilities), zero elsewhere."""
     if _aten_nll(probs, log_prob):
-        (_, total), lab, red, ignore = _aten_nll_forward(probs, labels, reduction, ignore_index)
-        return torch.ops.aten.nll_loss_backward(g, probs, lab, None, red, ignore, total)
+        return aten_nll_backward(probs, labels, g, reduction, ignore_index)
     p, valid, safe = _pick(probs, labels, ignore_index)
     scale = g / _count(valid, probs.dtype) if reduction == "mean" else g
     d = -scale * torch.ones_like(p) if log_prob else -scale / p

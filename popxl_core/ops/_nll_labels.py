@@ -1,0 +1,78 @@
+"""Nll's label checks and eager's own nll kernels (``aten.nll_loss_forward``/``_backward``).
+
+Labels are data: an out-of-range one is found when the op runs (`OpDataError`, naming the label
+and its index), as PopART's Nll does. The check runs on every step of a training loop, so the
+common case (every label a class) costs one ``aminmax`` kernel; only when that fails does the
+full check (which knows the ignore_index) look for the culprit.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import OpDataError
+
+__all__ = ["aten_nll_backward", "aten_nll_forward", "check_labels", "valid_labels"]
+
+# eager's kernels for log-probabilities of shape (N, C): F.nll_loss and autograd call these,
+# and their sums (and the mean's division) round as here
+_ATEN_REDUCTION = {"none": 0, "mean": 1, "sum": 2}
+
+
+def valid_labels(lab: torch.Tensor, ignore_index) -> torch.Tensor:
+    """The mask of labels that count (not the ignore_index)."""
+    return lab != ignore_index if ignore_index is not None else torch.ones_like(lab, dtype=bool)
+
+
+def _in_range(lab: torch.Tensor, classes: int) -> bool:
+    """Every label is a class (one kernel): then no label is out of range, whatever the
+    ignore_index."""
+    if lab.numel() == 0:
+        return True
+    lo, hi = torch.aminmax(lab)
+    return int(lo) >= 0 and int(hi) < classes
+
+
+def check_labels(lab: torch.Tensor, valid: torch.Tensor | None, classes: int,
+                 ignore_index=None) -> None:
+    """Raise `OpDataError` for the first label that counts and is not a class (``valid``:
+    `valid_labels`, computed from ``ignore_index`` when None and needed)."""
+    if _in_range(lab, classes):
+        return
+    if valid is None:
+        valid = valid_labels(lab, ignore_index)
+    bad = valid & ((lab < 0) | (lab >= classes))
+    if bool(bad.any()):
+        where = tuple(int(i) for i in bad.nonzero()[0])
+        raise OpDataError(
+            f"label {int(lab[where])} at index {where} is out of range for {classes} classes "
+            f"[0, {classes}) (and is not the ignore_index)"
+        )
+
+
+def _aten_nll(probs, log_prob: bool) -> bool:
+    return log_prob and probs.dim() == 2
+
+
+def aten_nll_forward(logp, labels, reduction, ignore_index):
+    """``((loss, total_weight), labels as int64, reduction code, ignore_index)``."""
+    lab = labels.long()
+    check_labels(lab, None, logp.shape[-1], ignore_index)
+    # no ignore_index: every label is in range (checked), so -1 never matches
+    ignore = -1 if ignore_index is None else int(ignore_index)
+    red = _ATEN_REDUCTION[reduction]
+    return torch.ops.aten.nll_loss_forward(logp, lab, None, red, ignore), lab, red, ignore
+
+
+def aten_nll_backward(logp, labels, g, reduction, ignore_index):
+    """Eager's gradient kernel. It wants the forward's total weight (the number of labels that
+    count): when no label can be ignored that is the number of labels, exact in float below
+    2**24, so the forward does not run again for it."""
+    lab, n = labels.long(), logp.shape[-1]
+    ignorable = ignore_index is not None and 0 <= ignore_index < n  # a class is ignored
+    if ignorable or lab.numel() >= 2**24 or not _in_range(lab, n):
+        (_, total), lab, red, ignore = aten_nll_forward(logp, labels, reduction, ignore_index)
+    else:
+        total = torch.tensor(float(lab.numel()), dtype=logp.dtype)
+        red, ignore = _ATEN_REDUCTION[reduction], -1 if ignore_index is None else int(ignore_index)
+    return torch.ops.aten.nll_loss_backward(g, logp, lab, None, red, ignore, total)
