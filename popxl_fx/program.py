@@ -67,7 +67,22 @@ def signature_of(model: nn.Module, values: Sequence[object]) -> tuple:
     shapes = tuple(
         (tuple(v.shape), str(v.dtype)) if isinstance(v, torch.Tensor) else repr(v) for v in values
     )
-    return shapes, tuple(m.training for m in model.modules())
+    return shapes, _modes(model)
+
+
+def _modes(model: nn.Module) -> tuple:
+    """``tuple(m.training for m in model.modules())``, walked without `named_modules`'
+    generators and prefix strings (it runs before every step: a third of the time for GPT's
+    41 modules). Same order: depth first, children in registration order, each module once."""
+    modes, seen, stack = [], set(), [model]
+    while stack:
+        m = stack.pop()
+        if m is None or m in seen:
+            continue
+        seen.add(m)
+        modes.append(m.training)
+        stack.extend(reversed(m._modules.values()))
+    return tuple(modes)
 
 
 def describe_change(old: tuple, new: tuple) -> str:
