@@ -48,6 +48,8 @@ class _Group:
     names: list[str]
     streams: dict[str, popxl.HostToDeviceStream] = field(default_factory=dict)
     step: int = 0  # steps taken (Adam's `step`; SGD: 0 until a momentum buffer exists)
+    structure: tuple = ()  # `OptimizerProgram._structure` of the group the program was built for
+    fed: tuple = ((), {})  # (what the last feeds were computed from, those feeds)
 
 
 def _kind(optimizer: torch.optim.Optimizer) -> str:
@@ -143,6 +145,7 @@ class OptimizerProgram:
         """Add the update of every parameter that has a gradient (in the current graph)."""
         with popxl.in_sequence():
             for g, pg in zip(self.groups, self.optimizer.param_groups):
+                g.structure = self._structure(pg)
                 names = [n for n in g.names if n in grads]
                 if not names:
                     continue
@@ -220,18 +223,22 @@ class OptimizerProgram:
                 continue
             self._check_unchanged(g, pg)
             g.step += 1
-            values = _sgd_hyper(pg, g.step) if self.kind == "sgd" else _adam_hyper(pg, g.step)
-            out.update(
-                {
-                    s: np.asarray(values[h.split(".")[0]], s.dtype.as_numpy())
-                    for h, s in g.streams.items()
-                }
-            )
+            # the arrays are made again only when what they are computed from changed (SGD:
+            # after its first step, only when a scheduler changes lr; Adam: every step)
+            source = _hyper_source(self.kind, pg, g.step)
+            if source != g.fed[0]:
+                g.fed = (source, self._hyper_arrays(g, pg))
+            out.update(g.fed[1])
         return out
 
+    def _hyper_arrays(self, g: _Group, pg: Mapping) -> dict:
+        values = _sgd_hyper(pg, g.step) if self.kind == "sgd" else _adam_hyper(pg, g.step)
+        return {
+            s: np.asarray(values[h.split(".")[0]], s.dtype.as_numpy()) for h, s in g.streams.items()
+        }
+
     def _check_unchanged(self, g: _Group, pg: Mapping) -> None:
-        built = self.key()[1][g.index][1]
-        if self._structure(pg) != built:
+        if self._structure(pg) != g.structure:
             raise UnsupportedOptimizerError(
                 f"param group {g.index} changed an option the program was built with "
                 "(momentum/weight_decay on or off, nesterov, maximize, decoupled weight decay); "
@@ -264,6 +271,23 @@ class OptimizerProgram:
 
 def _decoupled(pg: Mapping) -> bool:
     return bool(pg.get("decoupled_weight_decay", False))
+
+
+def _hyper_source(kind: str, pg: Mapping, step: int) -> tuple:
+    """Everything `_sgd_hyper` / `_adam_hyper` read (the values as given, not converted)."""
+    if kind == "sgd":
+        keys = ("lr", "weight_decay", "momentum", "dampening")
+        return (step == 1, *(_frozen(pg[k]) for k in keys))
+    return (step, *(_frozen(pg[k]) for k in ("lr", "weight_decay", "betas", "eps")))
+
+
+def _frozen(value: object) -> object:
+    """A hyper-parameter as a cache key: a tensor lr (allowed by torch) by its current value."""
+    if isinstance(value, torch.Tensor):
+        return ("tensor", float(value))
+    if isinstance(value, (tuple, list)):
+        return tuple(_frozen(v) for v in value)
+    return value
 
 
 def _sgd_hyper(pg: Mapping, step: int) -> dict[str, float]:

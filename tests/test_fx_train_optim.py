@@ -143,3 +143,43 @@ def test_unsupported_optimizer_and_foreign_params_raise():
     opt = torch.optim.SGD([*params.values(), torch.nn.Parameter(torch.zeros(2, 2))], lr=0.1)
     with pytest.raises(UnsupportedOptimizerError, match=r"not parameters of the model.*\(2, 2\)"):
         OptimizerProgram(opt, {p: n for n, p in params.items()})
+
+
+def _set(**values):
+    def change(o):
+        for pg in o.param_groups:
+            pg.update(values)
+
+    return change
+
+
+@pytest.mark.parametrize(
+    "case, change",
+    [("sgd_all", _set(momentum=0.5, dampening=0.0, lr=0.02)), ("adam_l2", _set(betas=(0.5, 0.9)))],
+)
+def test_hyper_parameters_changed_between_steps_are_fed(case, change):
+    # feeds() keeps the arrays of the last step while nothing they come from changed
+    class Change:
+        def __init__(self, opt):
+            self.opt, self.n = opt, 0
+
+        def step(self):
+            self.n += 1
+            if self.n == 2:
+                change(self.opt)
+
+    sim, ref, sim_opt, ref_opt = _run(CASES[case], steps=4, scheduler=Change)
+    assert sim_opt.param_groups[0]["lr"] == ref_opt.param_groups[0]["lr"]
+    for n, p in ref.items():
+        torch.testing.assert_close(sim[n], p.detach(), rtol=0, atol=0, msg=n)
+
+
+@pytest.mark.parametrize("option", [{"momentum": 0.0}, {"weight_decay": 0.1}, {"nesterov": True}])
+def test_a_structural_option_changed_after_building_raises(option):
+    params = _params()
+    opt = torch.optim.SGD(list(params.values()), lr=0.1, momentum=0.9)
+    prog, *_ = _build(opt, params)
+    prog.feeds()
+    opt.param_groups[0].update(option)
+    with pytest.raises(UnsupportedOptimizerError, match="changed an option the program was built"):
+        prog.feeds()
