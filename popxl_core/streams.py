@@ -36,7 +36,9 @@ class _Stream:
         return isinstance(other, _Stream) and other._stream_tensor is self._stream_tensor
 
     def __hash__(self) -> int:
-        return hash(self._stream_tensor)
+        # the tensor's hash (its id) without the second Python call: streams key the
+        # run's dicts, hashed ~8 times per stream per step
+        return id(self._stream_tensor)
 
     def __str__(self) -> str:
         return f"{type(self).__name__} {self._stream_tensor}"

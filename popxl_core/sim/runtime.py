@@ -60,13 +60,16 @@ class Runtime:
     # host streams ------------------------------------------------------------------
     def load(self, stream) -> torch.Tensor:
         buf = self.inputs[stream]
-        i = self._next(stream)
+        local = self._local  # `_next` and `replica` inlined: every input of every step
+        counts = local.counts
+        i = counts.get(stream, 0)
+        counts[stream] = i + 1
         if i >= buf.shape[0]:
             raise RuntimeError(
                 f"Stream {stream.tensor_id!r} was loaded {i + 1} times in one run, "
                 f"but only {buf.shape[0]} transfers were provided (num_host_transfers)."
             )
-        return torch.from_numpy(np.array(buf[i, self.replica]))  # 0-d slices are scalars
+        return torch.from_numpy(np.array(buf[i, local.replica]))  # 0-d slices are scalars
 
     def store(self, stream, value: torch.Tensor) -> None:
         buf = self.outputs[stream]

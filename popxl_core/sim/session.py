@@ -61,11 +61,13 @@ class Session:
         # the Session owns the Ir from here on, so its streams are fixed
         self._h2d = frozenset(ir.get_all_h2d_streams())
         self._d2h = tuple(ir.get_all_d2h_streams())
-        # numpy dtype and full host shape of every stream, checked on each run
+        # numpy dtype, full host shape and the run's [transfers, replicas, *shape] view of
+        # every stream, computed once: checked and applied on each run
         self._stream_spec = {
-            s: (s.dtype.as_numpy(), self._full_input_shape(s.shape))
+            s: (s.dtype.as_numpy(), self._full_input_shape(s.shape), _expanded_shape(s.shape, ir))
             for s in (*self._h2d, *self._d2h)
         }
+        self._h2d_spec = {s: self._stream_spec[s] for s in self._h2d}
         counts = checks.transfer_counts(ir.main_graph)
         checks.check_transfer_counts(self, counts)
         self._data_dependent = [s for s, n in counts.items() if n < 0]
@@ -280,7 +282,8 @@ class Session:
         return (*lead, *tuple(shape))
 
     def create_host_outputs(self) -> Dict[DeviceToHostStream, np.ndarray]:
-        return {s: np.empty(self._stream_spec[s][1], self._stream_spec[s][0]) for s in self._d2h}
+        spec = self._stream_spec
+        return {s: np.empty(spec[s][1], spec[s][0]) for s in self._d2h}
 
     def run(
         self,
@@ -301,7 +304,8 @@ class Session:
 
     def _run(self, feeds: Dict[object, np.ndarray], outputs) -> None:
         """The run itself, on checked inputs and output buffers of the right shapes."""
-        full = {s: _expand(a, self._ir) for s, a in outputs.items()}
+        spec = self._stream_spec
+        full = {s: a.reshape(spec[s][2]) for s, a in outputs.items()}
         self._runtime.start(feeds, full)
         with torch.no_grad():
             run_replicas(self._runtime, self._replica_body, self._threaded)
@@ -318,8 +322,16 @@ class Session:
 
     def _checked_inputs(self, inputs: Mapping, downcast: bool) -> Dict[object, np.ndarray]:
         expected = self._h2d
-        if len(inputs) == len(expected) and all(s in expected for s in inputs):
-            return {s: self._checked_array(s, a, downcast) for s, a in inputs.items()}
+        if len(inputs) == len(expected):
+            specs = self._h2d_spec
+            checked = {}
+            for s, a in inputs.items():  # one lookup per stream finds it and its spec
+                spec = specs.get(s)
+                if spec is None:
+                    break
+                checked[s] = self._checked_array(s, a, downcast, spec)
+            else:
+                return checked
         given = set(inputs)
         unexpected = [s for s in given if s not in expected]
         missing = [s for s in expected if s not in given]
@@ -334,9 +346,11 @@ class Session:
             )
         return {s: self._checked_array(s, a, downcast) for s, a in inputs.items()}
 
-    def _checked_array(self, stream: HostToDeviceStream, value, downcast: bool) -> np.ndarray:
+    def _checked_array(
+        self, stream: HostToDeviceStream, value, downcast: bool, spec: tuple | None = None
+    ) -> np.ndarray:
         arr = value.detach().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
-        want, full = self._stream_spec[stream]
+        want, full, expanded = spec or self._stream_spec[stream]
         if arr.dtype != want:
             if not (downcast and arr.dtype.itemsize == 8 and np.can_cast(want, arr.dtype)):
                 raise TypeError(
@@ -349,15 +363,14 @@ class Session:
                 f"Input for stream {stream.tensor_id!r} has shape {arr.shape}; expected "
                 f"{full} = [num_host_transfers, replicas (dims > 1 only), *{stream.shape}]."
             )
-        return _expand(arr, self._ir)
+        return arr.reshape(expanded)
 
 
-def _expand(arr: np.ndarray, ir) -> np.ndarray:
-    """View ``arr`` as ``[num_host_transfers, replicas, *shape]``."""
+def _expanded_shape(shape, ir) -> tuple:
+    """The ``[num_host_transfers, replicas, *shape]`` view of a stream's host arrays that the
+    run indexes (``[transfer, replica]``), whether or not those dimensions are in the host shape."""
     nht, reps = ir.num_host_transfers, ir.replication_factor
-    lead = (nht if nht > 1 else 1, reps if reps > 1 else 1)
-    skip = (nht > 1) + (reps > 1)
-    return arr.reshape(*lead, *arr.shape[skip:])
+    return (nht if nht > 1 else 1, reps if reps > 1 else 1, *tuple(shape))
 
 
 def _host_copy(v: Variable) -> np.ndarray:
