@@ -6,8 +6,9 @@ kernels, no views). The compiled runs use the fused paths: ``out=`` reuse in Ada
 (inplace.py), multi-tensor optimizer updates (foreach.py, both grouping modes; Adam's
 ``lerp_``/``addcmul_``/``addcdiv_`` as ``torch._foreach_lerp_``/``_addcmul_``/``_addcdiv_``),
 direct torch calls (direct.py), released temporaries (release.py) and the first linear layer's
-gradient without its unread input gradient (``dead_output_kernels``); the test checks that the
-first two and the last ran. (popxl_fx lowers
+gradient without its unread input gradient (``dead_output_kernels``) and the weight gradients
+written into buffers kept between steps (``buffered_kernel``); the test checks that the first
+two and the last two ran. (popxl_fx lowers
 nn.Linear to eager's own addmm/mm ops, so the transposed-matmul fusion of fuse.py does not
 arise here; tests/test_fuse.py bounds it against ``(a @ b).T``.)
 
@@ -98,6 +99,7 @@ def test_training_step_compiled_matches_reference(opt_name):
     assert stats["transposed_matmuls"] == 0
     assert stats["foreach_groups"] >= 1 and stats["foreach_ops"] >= 6, stats
     assert stats["dead_outputs"] == 1, stats  # the first layer's input gradient, not computed
+    assert stats["buffered_ops"] == 3, stats  # the weight gradients, in kept buffers
     if opt_name.startswith("adam"):  # torch's lerp_/addcmul_/addcdiv_, each kind one kernel
         for kind in ("LerpInplace", "AddcmulInplace", "AddcdivInplace", "Sqrt"):
             assert stats.get(f"foreach_{kind}") == 6, stats  # the 6 parameters

@@ -92,7 +92,11 @@ class OpDef:
         extra: free-form facts the simulator reads, e.g. ``"dead_output_kernels"``:
             ``{frozenset(indexes of outputs nothing reads): kernel}``, a float32 kernel that
             skips those outputs (returns None in their place); the compiler uses it where
-            those outputs are dead, with the same bits for the others.
+            those outputs are dead, with the same bits for the others. ``"buffered_kernel"``:
+            ``(op, dead output indexes) -> kernel or None``, a float32 kernel that writes its
+            outputs into buffers it keeps; the compiler uses it only for an op that runs at
+            most once per `Session.run` (so every value it returns is dead before it runs
+            again: a run returns only copies).
     """
 
     name: str

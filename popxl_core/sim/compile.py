@@ -21,6 +21,7 @@ from .foreach import Group, foreach_schedule, group_kernel, plan_modes
 from .fuse import transposed_matmul_kernel, transposed_matmuls
 from .inplace import inplace_kernel, reusable_in, reuse_plan
 from .release import release_points
+from .variants import graphs_run_once, variant_kernel
 
 __all__ = ["Program", "CompiledGraph", "Emitter"]
 
@@ -90,7 +91,14 @@ class Program:
         self.transpose_matmuls = transposed_matmuls
         # how often each optimisation applied (tests check that the fused paths ran)
         self.stats: Dict[str, int] = dict.fromkeys(
-            ("foreach_groups", "foreach_ops", "transposed_matmuls", "out_reuse", "dead_outputs"),
+            (
+                "foreach_groups",
+                "foreach_ops",
+                "transposed_matmuls",
+                "out_reuse",
+                "dead_outputs",
+                "buffered_ops",
+            ),
             0,
         )
         self.namespace: Dict[str, Any] = {"RT": runtime, "torch": torch}
@@ -100,6 +108,7 @@ class Program:
         self.kernel_ops: Dict[str, Op] = {}  # kernel global -> op, to name a failing op
         self.modified_inputs: Dict[Graph, Set[int]] = {}
         self.view_outputs = ViewOutputs(ir)
+        self.once = graphs_run_once(ir)  # graphs that run at most once per Session.run
         self.main = self._compile(ir.main_graph, is_main=True)
 
     def graphs_used(self) -> List[Graph]:
@@ -251,7 +260,7 @@ def _bind_kernel(em: Emitter, kernel: Callable, op: Op, checked: Op | None = Non
 
 def _bound_kernel(op: Op, em: Emitter) -> Callable:
     opdef = op.opdef
-    base = _dead_output_kernel(op, em) or opdef.kernel_for(em.program.ir.numerics)
+    base = variant_kernel(op, em) or opdef.kernel_for(em.program.ir.numerics)
     if base is None:
         raise RuntimeError(f"{op.type}.{op.id} has no kernel and no emitter in the op table.")
     kernel = functools.partial(base, **op.attrs) if op.attrs else base
@@ -264,22 +273,6 @@ def _bound_kernel(op: Op, em: Emitter) -> Callable:
     if em.program.check_specs:
         kernel = _spec_checked(kernel, op)
     return kernel
-
-
-def _dead_output_kernel(op: Op, em: Emitter) -> Callable | None:
-    """The op table's kernel that skips the outputs nothing reads (float32, not checked)."""
-    variants = op.opdef.extra.get("dead_output_kernels")
-    if not variants or em.program.check_specs or not _all_float32(op):
-        return None
-    dead = frozenset(i for i, t in enumerate(op.outputs) if t not in em.read)
-    kernel = variants.get(dead)
-    if kernel is not None:
-        em.program.stats["dead_outputs"] += len(dead)
-    return kernel
-
-
-def _all_float32(op: Op) -> bool:
-    return all(t.dtype.as_torch() == torch.float32 for t in (*op.inputs, *op.outputs))
 
 
 def _view_needs_copy(op: Op, em: Emitter) -> bool:

@@ -1,0 +1,66 @@
+"""Op-table kernel variants the compiler picks from what it knows about an op's use.
+
+``OpDef.extra["dead_output_kernels"]``: a kernel that skips outputs nothing reads (a first
+linear layer's input gradient). ``OpDef.extra["buffered_kernel"]``: a kernel that writes its
+outputs into buffers it keeps between runs, used only for an op of a graph that runs at most
+once per `Session.run` (every value a run computes is dead when the run returns: it returns
+copies, and variables are written in place), so no value is overwritten while still read.
+Both compute the outputs they return with the same calls as the table kernel: same bits
+(tests/test_dead_outputs.py, tests/test_reference_fused.py).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Set
+
+import torch
+
+from ..graph import Graph, Op
+
+__all__ = ["graphs_run_once", "variant_kernel"]
+
+
+def variant_kernel(op: Op, em) -> Callable | None:
+    """The op table's kernel that skips the outputs nothing reads, or that keeps its output
+    buffers between runs where the op runs at most once per run (float32, not checked)."""
+    extra = op.opdef.extra
+    variants, buffered = extra.get("dead_output_kernels", {}), extra.get("buffered_kernel")
+    if not (variants or buffered) or em.program.check_specs or not _all_float32(op):
+        return None
+    dead = frozenset(i for i, t in enumerate(op.outputs) if t not in em.read)
+    kernel = None
+    if buffered is not None and em.graph in em.program.once:
+        kernel = buffered(op, dead)
+        em.program.stats["buffered_ops"] += kernel is not None
+    kernel = kernel or variants.get(dead)
+    if kernel is not None:
+        em.program.stats["dead_outputs"] += len(dead)
+    return kernel
+
+
+def graphs_run_once(ir) -> Set[Graph]:
+    """The main graph, and graphs whose one call site in the whole Ir is a plain ``Call`` in
+    a graph that runs once (not a loop body, not a branch, not called twice), when the run
+    has one replica (replicas with collectives run at once, in threads)."""
+    if ir.replication_factor != 1:
+        return set()
+    sites: Dict[Graph, List[Op]] = {}
+    for g in ir._graphs.values():
+        for op in g._ops:
+            for c in op.called_graphs:
+                sites.setdefault(c, []).append(op)
+    once = {ir.main_graph}
+    changed = True
+    while changed:  # call chains are short; a fixed point keeps it simple
+        changed = False
+        for g, ops in sites.items():
+            if g in once or len(ops) != 1:
+                continue
+            if ops[0].type == "Call" and ops[0].graph in once and g is not ir.main_graph:
+                once.add(g)
+                changed = True
+    return once
+
+
+def _all_float32(op: Op) -> bool:
+    return all(t.dtype.as_torch() == torch.float32 for t in (*op.inputs, *op.outputs))
