@@ -120,3 +120,13 @@ def test_a_loop_body_is_not_buffered():
     ref, _ = _called(1, runs=2, reference=True, repeat=True)
     assert all(a.tobytes() == b.tobytes() for f, r in zip(fast, ref) for a, b in zip(f, r))
     assert program.stats["buffered_ops"] == 0
+
+
+def test_outputs_above_the_buffer_bound_are_allocated_each_run(monkeypatch):
+    from popxl_core.sim import variants
+
+    monkeypatch.setattr(variants, "MAX_BUFFER_BYTES", 4 * 5 * 4 - 1)  # dw (4, 5) float32: 80 B
+    fast, program = _called(1, runs=2, reference=False)
+    ref, _ = _called(1, runs=2, reference=True)
+    assert all(a.tobytes() == b.tobytes() for f, r in zip(fast, ref) for a, b in zip(f, r))
+    assert program.stats["buffered_ops"] == 0

@@ -17,7 +17,7 @@ import torch
 
 from ..graph import Graph, Op
 
-__all__ = ["graphs_run_once", "variant_kernel"]
+__all__ = ["MAX_BUFFER_BYTES", "graphs_run_once", "variant_kernel"]
 
 
 def variant_kernel(op: Op, em) -> Callable | None:
@@ -29,7 +29,7 @@ def variant_kernel(op: Op, em) -> Callable | None:
         return None
     dead = frozenset(i for i, t in enumerate(op.outputs) if t not in em.read)
     kernel = None
-    if buffered is not None and em.graph in em.program.once:
+    if buffered is not None and em.graph in em.program.once and _bounded(op):
         kernel = buffered(op, dead)
         em.program.stats["buffered_ops"] += kernel is not None
     kernel = kernel or variants.get(dead)
@@ -60,6 +60,17 @@ def graphs_run_once(ir) -> Set[Graph]:
                 once.add(g)
                 changed = True
     return once
+
+
+# a kept buffer is memory held between steps that eager frees (its .grad is set to None):
+# bound it, so that a model's largest layers (vgg's 411 MB classifier gradient) keep the
+# allocate-and-free of eager; the seed MLP's 1-2 MB gradients, where the faults showed, and
+# vit_b_16's up to 9.4 MB ones are kept
+MAX_BUFFER_BYTES = 16 * 2**20
+
+
+def _bounded(op: Op) -> bool:
+    return all(t.spec.nbytes <= MAX_BUFFER_BYTES for t in op.outputs)
 
 
 def _all_float32(op: Op) -> bool:
