@@ -14,7 +14,8 @@ from the optimizer's state when it has one, and `state_to_torch` writes it back 
 
 SGD and Adam(W) match torch bit for bit: each update is torch's single-tensor (CPU default,
 ``foreach=False``) sequence op for op, with torch's fused kernels (``lerp_``, ``addcmul_``,
-``addcdiv_``) as var-update ops of their own.
+``addcdiv_``) as var-update ops of their own. A ``fused=True`` group is built by
+`optim_fused` from torch's multi-tensor fused kernels instead (amsgrad included there).
 """
 
 from __future__ import annotations
@@ -28,12 +29,15 @@ import torch
 import popxl_core as popxl
 from popxl_core import ops
 
+from .optim_fused import FusedBuilder, fused_hyper, fused_structure
+
 __all__ = ["OptimizerProgram", "UnsupportedOptimizerError"]
 
 _SGD_HYPER = ("neg_lr", "weight_decay", "buf_scale", "damp_alpha", "momentum")
 _ADAM_HYPER = ("w1", "beta2", "c2", "bc2_sqrt", "eps", "neg_step_size", "weight_decay", "decay")
 # options that change torch's arithmetic in ways the program does not reproduce
-_REJECT = {"amsgrad": True, "capturable": True, "differentiable": True, "fused": True}
+_REJECT = {"amsgrad": True, "capturable": True, "differentiable": True}
+_REJECT_FUSED = {"capturable": True, "differentiable": True}  # fused groups do amsgrad
 
 
 class UnsupportedOptimizerError(ValueError):
@@ -62,11 +66,15 @@ def _kind(optimizer: torch.optim.Optimizer) -> str:
 
 
 def _check_group(kind: str, i: int, group: Mapping) -> None:
-    for opt, bad in _REJECT.items():
+    fused = bool(group.get("fused"))
+    for opt, bad in (_REJECT_FUSED if fused else _REJECT).items():
         if group.get(opt) == bad:
+            also = " with fused=True" if fused else ""
+            hint = " (or fused=True)" if opt == "amsgrad" else ""
             raise UnsupportedOptimizerError(
-                f"param group {i}: {opt}={bad!r} is not reproduced by the simulated optimizer; "
-                f"use {opt}={not bad!r}, or popxl_fx.compile to keep the torch optimizer."
+                f"param group {i}: {opt}={bad!r}{also} is not reproduced by the simulated "
+                f"optimizer; use {opt}={not bad!r}{hint}, or popxl_fx.compile to keep the "
+                "torch optimizer."
             )
     if kind == "adam" and float(group["betas"][0]) >= 1.0:
         raise UnsupportedOptimizerError(f"param group {i}: betas[0] must be below 1.")
@@ -113,6 +121,8 @@ class OptimizerProgram:
         )
 
     def _structure(self, pg: Mapping) -> tuple:
+        if pg.get("fused"):
+            return fused_structure(self.kind, pg)
         if self.kind == "sgd":
             return (
                 pg["momentum"] != 0,
@@ -145,6 +155,11 @@ class OptimizerProgram:
             for g, pg in zip(self.groups, self.optimizer.param_groups):
                 names = [n for n in g.names if n in grads]
                 if not names:
+                    continue
+                if pg.get("fused"):
+                    fused = FusedBuilder(self.kind, self._state_var)
+                    g.streams = fused.streams(g.index)
+                    fused.build(g.streams, names, params, grads, pg)
                     continue
                 loaded: dict[str, dict] = {}
                 for n in names:
@@ -220,7 +235,12 @@ class OptimizerProgram:
                 continue
             self._check_unchanged(g, pg)
             g.step += 1
-            values = _sgd_hyper(pg, g.step) if self.kind == "sgd" else _adam_hyper(pg, g.step)
+            if pg.get("fused"):
+                values = fused_hyper(self.kind, pg, g.step)
+            elif self.kind == "sgd":
+                values = _sgd_hyper(pg, g.step)
+            else:
+                values = _adam_hyper(pg, g.step)
             out.update(
                 {
                     s: np.asarray(values[h.split(".")[0]], s.dtype.as_numpy())
@@ -234,7 +254,8 @@ class OptimizerProgram:
         if self._structure(pg) != built:
             raise UnsupportedOptimizerError(
                 f"param group {g.index} changed an option the program was built with "
-                "(momentum/weight_decay on or off, nesterov, maximize, decoupled weight decay); "
+                "(momentum/weight_decay on or off, nesterov, maximize, decoupled weight decay, "
+                "fused, amsgrad); "
                 "build a new trainer."
             )
 
