@@ -37,7 +37,8 @@ _SGD_HYPER = ("neg_lr", "weight_decay", "buf_scale", "damp_alpha", "momentum")
 _ADAM_HYPER = ("w1", "beta2", "c2", "bc2_sqrt", "eps", "neg_step_size", "weight_decay", "decay")
 # options that change torch's arithmetic in ways the program does not reproduce
 _REJECT = {"amsgrad": True, "capturable": True, "differentiable": True}
-_REJECT_FUSED = {"capturable": True, "differentiable": True}  # fused groups do amsgrad
+# torch's fused path does amsgrad, and ignores capturable (the same kernels on CPU)
+_REJECT_FUSED = {"differentiable": True}
 
 
 class UnsupportedOptimizerError(ValueError):
@@ -52,6 +53,7 @@ class _Group:
     names: list[str]
     streams: dict[str, popxl.HostToDeviceStream] = field(default_factory=dict)
     step: int = 0  # steps taken (Adam's `step`; SGD: 0 until a momentum buffer exists)
+    structure: tuple = ()  # the group's options the program is built for (`_structure`)
 
 
 def _kind(optimizer: torch.optim.Optimizer) -> str:
@@ -65,7 +67,7 @@ def _kind(optimizer: torch.optim.Optimizer) -> str:
     )
 
 
-def _check_group(kind: str, i: int, group: Mapping) -> None:
+def _check_group(optimizer, kind: str, i: int, group: Mapping) -> None:
     fused = bool(group.get("fused"))
     for opt, bad in (_REJECT_FUSED if fused else _REJECT).items():
         if group.get(opt) == bad:
@@ -76,6 +78,12 @@ def _check_group(kind: str, i: int, group: Mapping) -> None:
                 f"optimizer; use {opt}={not bad!r}{hint}, or popxl_fx.compile to keep the "
                 "torch optimizer."
             )
+    if fused and getattr(optimizer, "grad_scale", None) is not None:
+        raise UnsupportedOptimizerError(
+            f"param group {i}: fused=True with a grad_scale (torch.amp.GradScaler unscales "
+            "inside the fused kernel) is not reproduced by the simulated optimizer; train "
+            "without the GradScaler, or use popxl_fx.compile to keep the torch optimizer."
+        )
     if kind == "adam" and float(group["betas"][0]) >= 1.0:
         raise UnsupportedOptimizerError(f"param group {i}: betas[0] must be below 1.")
 
@@ -96,7 +104,7 @@ class OptimizerProgram:
         by_id = {id(p): n for p, n in names.items()}
         self.groups: list[_Group] = []
         for i, group in enumerate(optimizer.param_groups):
-            _check_group(self.kind, i, group)
+            _check_group(optimizer, self.kind, i, group)
             missing = [tuple(p.shape) for p in group["params"] if id(p) not in by_id]
             if missing:
                 raise UnsupportedOptimizerError(
@@ -106,8 +114,9 @@ class OptimizerProgram:
             self.groups.append(_Group(i, [by_id[id(p)] for p in group["params"]]))
         self.params = {by_id[id(p)]: p for g in optimizer.param_groups for p in g["params"]}
         self.state: dict[str, dict[str, popxl.Variable]] = {}
-        for g in self.groups:
+        for g, pg in zip(self.groups, optimizer.param_groups):
             g.step = self._initial_step(g)
+            g.structure = self._structure(pg)
 
     # structure -----------------------------------------------------------------------
     def key(self) -> tuple:
@@ -250,8 +259,7 @@ class OptimizerProgram:
         return out
 
     def _check_unchanged(self, g: _Group, pg: Mapping) -> None:
-        built = self.key()[1][g.index][1]
-        if self._structure(pg) != built:
+        if self._structure(pg) != g.structure:
             raise UnsupportedOptimizerError(
                 f"param group {g.index} changed an option the program was built with "
                 "(momentum/weight_decay on or off, nesterov, maximize, decoupled weight decay, "
