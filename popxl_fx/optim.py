@@ -29,7 +29,7 @@ import torch
 import popxl_core as popxl
 from popxl_core import ops
 
-from .optim_fused import FusedBuilder, fused_hyper, fused_structure
+from .optim_fused import FusedBuilder, fused_feeds, fused_structure
 
 __all__ = ["OptimizerProgram", "UnsupportedOptimizerError"]
 
@@ -53,7 +53,7 @@ class _Group:
     names: list[str]
     streams: dict[str, popxl.HostToDeviceStream] = field(default_factory=dict)
     step: int = 0  # steps taken (Adam's `step`; SGD: 0 until a momentum buffer exists)
-    structure: tuple = ()  # the group's options the program is built for (`_structure`)
+    structure: tuple = ()  # `OptimizerProgram._structure` of the group the program was built for
 
 
 def _kind(optimizer: torch.optim.Optimizer) -> str:
@@ -114,9 +114,8 @@ class OptimizerProgram:
             self.groups.append(_Group(i, [by_id[id(p)] for p in group["params"]]))
         self.params = {by_id[id(p)]: p for g in optimizer.param_groups for p in g["params"]}
         self.state: dict[str, dict[str, popxl.Variable]] = {}
-        for g, pg in zip(self.groups, optimizer.param_groups):
+        for g in self.groups:
             g.step = self._initial_step(g)
-            g.structure = self._structure(pg)
 
     # structure -----------------------------------------------------------------------
     def key(self) -> tuple:
@@ -162,6 +161,7 @@ class OptimizerProgram:
         """Add the update of every parameter that has a gradient (in the current graph)."""
         with popxl.in_sequence():
             for g, pg in zip(self.groups, self.optimizer.param_groups):
+                g.structure = self._structure(pg)
                 names = [n for n in g.names if n in grads]
                 if not names:
                     continue
@@ -245,11 +245,9 @@ class OptimizerProgram:
             self._check_unchanged(g, pg)
             g.step += 1
             if pg.get("fused"):
-                values = fused_hyper(self.kind, pg, g.step)
-            elif self.kind == "sgd":
-                values = _sgd_hyper(pg, g.step)
-            else:
-                values = _adam_hyper(pg, g.step)
+                out.update(fused_feeds(self.kind, g.streams, pg, g.step))
+                continue
+            values = _sgd_hyper(pg, g.step) if self.kind == "sgd" else _adam_hyper(pg, g.step)
             out.update(
                 {
                     s: np.asarray(values[h.split(".")[0]], s.dtype.as_numpy())

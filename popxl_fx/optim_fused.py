@@ -8,22 +8,25 @@ step is bitwise torch's fused step.
 
 The kernels take their hyper-parameters as doubles and compute Adam's bias corrections and
 AdamW's decay in double from them (a float32-rounded ``lr`` changes bits), so each group gets
-one float64 scalar stream per hyper-parameter, fed from ``param_groups`` before every step
-(``torch.optim.lr_scheduler`` works unchanged). Adam's ``step`` lives in a float32 variable
-per parameter and is read by the kernel, as in torch. SGD's ``is_first_step`` (the momentum
-buffers do not exist yet) is fed as ``first_step``.
+one float64 stream holding its five hyper-parameters (one transfer per step, not five), fed
+from ``param_groups`` before every step (``torch.optim.lr_scheduler`` works unchanged).
+Adam's ``step`` lives in a float32 variable per parameter and is read by the kernel, as in
+torch. SGD's ``is_first_step`` (the momentum buffers do not exist yet) is fed as
+``first_step``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
+import numpy as np
+
 import popxl_core as popxl
 from popxl_core import ops
 
-__all__ = ["FusedBuilder", "fused_hyper", "fused_structure", "hyper_names"]
+__all__ = ["FusedBuilder", "fused_feeds", "fused_hyper", "fused_structure", "hyper_names"]
 
-# the hyper-parameter arguments of ops.var_updates.fused_sgd_ / fused_adam_
+# the hyper-parameters of ops.var_updates.fused_sgd_ / fused_adam_, in their packed order
 SGD_HYPER = ("lr", "weight_decay", "momentum", "dampening", "first_step")
 ADAM_HYPER = ("lr", "beta1", "beta2", "weight_decay", "eps")
 
@@ -61,6 +64,12 @@ def fused_hyper(kind: str, pg: Mapping, step: int) -> dict[str, float]:
     }
 
 
+def fused_feeds(kind: str, streams: Mapping, pg: Mapping, step: int) -> dict:
+    """The group's packed hyper-parameter stream -> its values for the ``step``-th step."""
+    values = fused_hyper(kind, pg, step)
+    return {streams["hyper"]: np.array([values[h] for h in hyper_names(kind)], np.float64)}
+
+
 class FusedBuilder:
     """Adds a fused group's updates; ``state_var(name, key, like)`` makes a state variable."""
 
@@ -69,14 +78,12 @@ class FusedBuilder:
         self.state_var = state_var
 
     def streams(self, index: int) -> dict[str, popxl.HostToDeviceStream]:
-        """One float64 scalar stream per hyper-parameter of the group."""
-        return {
-            h: popxl.h2d_stream((), popxl.float64, f"optimizer.group{index}.{h}")
-            for h in hyper_names(self.kind)
-        }
+        """The group's hyper-parameters: one float64 stream of five values."""
+        n = len(hyper_names(self.kind))
+        return {"hyper": popxl.h2d_stream((n,), popxl.float64, f"optimizer.group{index}.hyper")}
 
     def build(self, streams: Mapping, names, params, grads, pg: Mapping) -> None:
-        hp = {h: ops.host_load(s, h) for h, s in streams.items()}
+        hp = ops.host_load(streams["hyper"], "hyper")
         for n in names:
             if self.kind == "sgd":
                 self._sgd(n, params[n], grads[n], hp, pg)
@@ -89,7 +96,7 @@ class FusedBuilder:
             p,
             grad,
             buf,
-            **{h: hp[h] for h in SGD_HYPER},
+            hyper=hp,
             nesterov=bool(pg["nesterov"]),
             maximize=bool(pg["maximize"]),
         )
@@ -106,7 +113,7 @@ class FusedBuilder:
             m,
             v,
             step,
-            **{h: hp[h] for h in ADAM_HYPER},
+            hyper=hp,
             max_exp_avg_sq=vmax,
             maximize=bool(pg["maximize"]),
             decoupled_weight_decay=bool(pg.get("decoupled_weight_decay", False)),

@@ -9,10 +9,12 @@ ops call the same kernels: one op per parameter in the IR, and one kernel call p
 them when the compiler runs the group as one (``extra["multi_tensor"]``, see sim/foreach.py);
 the kernels work tensor by tensor, so the grouped call gives the bits of the single ones.
 
-Hyper-parameters (``lr``, ``weight_decay``, ...) are Python floats (attributes) or scalar
-tensors (fed per step). torch passes them to the kernel as doubles: a float64 scalar tensor
-carries a double exactly (a float32-rounded ``lr`` changes Adam's result in about one case in
-ten, measured over random learning rates), and its ``.item()`` is that double.
+Hyper-parameters (``lr``, ``weight_decay``, ...) are Python floats (attributes), scalar
+tensors, or all of them packed in one 1-D tensor ``hyper`` (in `SGD_HYPER` / `ADAM_HYPER`
+order: one stream to feed per step instead of five). torch passes them to the kernel as
+doubles: float64 carries a double exactly (a float32-rounded ``lr`` changes Adam's result in
+about one case in ten, measured over random learning rates), and ``.item()`` / ``.tolist()``
+give that double.
 
 Each op writes its parameter (output 0 aliases it) and the state it is given: momentum
 buffer; ``exp_avg``, ``exp_avg_sq``, ``max_exp_avg_sq`` and ``step``, which Adam increments
@@ -23,14 +25,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 
 from .. import dtypes
 from ..tensor import Tensor, TensorSpec
-from ._utils import rand
 from ._var_updates_common import check_float, check_scalar
-from .registry import Cost, OpDef, Sample, create_op, register
+from ._var_updates_fused_samples import adam_samples, sgd_samples
+from .registry import Cost, OpDef, create_op, register
 
 __all__ = ["fused_adam_", "fused_sgd_", "SGD_HYPER", "ADAM_HYPER"]
 
@@ -48,7 +49,7 @@ def _infer(hyper_names: tuple[str, ...]):
         p = s["param"]
         check_float("param", p)
         for role, spec in s.items():
-            if role in ("param", "step") or role in hyper_names:
+            if role in ("param", "step", "hyper") or role in hyper_names:
                 continue
             if spec.dtype != p.dtype or spec.shape != p.shape:
                 raise ValueError(
@@ -60,6 +61,9 @@ def _infer(hyper_names: tuple[str, ...]):
                 f"step must be a float32 scalar (torch's fused state), got "
                 f"{s['step'].dtype.name}{s['step'].shape}"
             )
+        if "hyper" in s:
+            _check_packed(s["hyper"], hyper_names)
+            return [p]
         for name in hyper_names:
             if name in s:
                 check_scalar(name, s[name])
@@ -70,9 +74,20 @@ def _infer(hyper_names: tuple[str, ...]):
     return infer
 
 
+def _check_packed(spec: TensorSpec, names: Sequence[str]) -> None:
+    check_float("hyper", spec)
+    if spec.shape != (len(names),):
+        raise ValueError(
+            f"hyper must have shape ({len(names)},) (values of {', '.join(names)}), "
+            f"got {spec.shape}"
+        )
+
+
 # kernels ------------------------------------------------------------------------------
 def _hyper(values: dict, attrs: dict, names: Sequence[str]) -> dict[str, float]:
     """Each hyper-parameter as the Python float (a double) torch passes to its kernel."""
+    if "hyper" in values:
+        return dict(zip(names, values["hyper"].tolist()))
     return {h: float(values[h].item()) if h in values else float(attrs[h]) for h in names}
 
 
@@ -151,135 +166,6 @@ def _cost(flops: int):
 _STATE_ROLES = set(_SGD_STATE) | set(_ADAM_STATE)
 
 
-# samples: bitwise against torch.optim's own fused step --------------------------------
-def _eager(make_opt, p, g, state: dict, keys: Sequence[str]) -> tuple:
-    """One step of ``make_opt([p])`` (fused=True) from ``state``: the parameter and the state
-    values ``keys`` after it."""
-    p = torch.nn.Parameter(p.clone())
-    p.grad = g.clone()
-    opt = make_opt([p])
-    if state:
-        opt.state[p] = {k: v.clone() for k, v in state.items()}
-    opt.step()
-    return (p.detach(), *[opt.state[p][k] for k in keys])
-
-
-def _f64(x: float) -> np.ndarray:
-    return np.array(x, np.float64)
-
-
-def _sgd_samples() -> list[Sample]:
-    p, g, buf = rand(3, 7, seed=800), rand(3, 7, seed=801), rand(3, 7, seed=802)
-    hyper = dict(lr=0.0123, weight_decay=1e-2, momentum=0.9, dampening=0.25)
-    nesterov = {**hyper, "dampening": 0.0}  # torch's SGD requires it
-
-    def sgd(**kw):
-        return lambda ps: torch.optim.SGD(ps, fused=True, **kw)
-
-    buf_key = ("momentum_buffer",)
-    return [
-        Sample(
-            [p, g, buf],
-            lambda a, b, c: (fused_sgd_(a, b, c, **hyper, first_step=0.0), c),
-            lambda a, b, c: _eager(sgd(**hyper), a, b, {"momentum_buffer": c}, buf_key),
-            grad=False,
-            rtol=0,
-            atol=0,
-            name="momentum",
-        ),
-        Sample(
-            [p, g, buf, *map(_f64, nesterov.values())],
-            lambda a, b, c, *h: (
-                fused_sgd_(a, b, c, *h, first_step=1.0, nesterov=True, maximize=True),
-                c,
-            ),
-            lambda a, b, c, *h: _eager(
-                sgd(**nesterov, nesterov=True, maximize=True), a, b, {}, buf_key
-            ),
-            grad=False,
-            rtol=0,
-            atol=0,
-            name="first_step_nesterov_maximize_fed",
-        ),
-        Sample(
-            [p, g],
-            lambda a, b: fused_sgd_(
-                a, b, None, lr=0.1, weight_decay=0.0, momentum=0.0, dampening=0.0, first_step=0.0
-            ),
-            lambda a, b: _eager(sgd(lr=0.1), a, b, {}, ())[0],
-            grad=False,
-            rtol=0,
-            atol=0,
-            name="plain",
-        ),
-    ]
-
-
-def _adam_samples(decoupled: bool):
-    def samples() -> list[Sample]:
-        p, g, m = rand(3, 7, seed=810), rand(3, 7, seed=811), rand(3, 7, seed=812)
-        v, vmax = rand(3, 7, seed=813, low=0.0), rand(3, 7, seed=814, low=0.5)
-        step = np.array(2.0, np.float32)
-        hyper = dict(lr=0.0123, beta1=0.8, beta2=0.99, weight_decay=1e-2, eps=1e-6)
-        cls = torch.optim.AdamW if decoupled else torch.optim.Adam
-
-        def adam(**kw):
-            return lambda ps: cls(
-                ps, fused=True, lr=0.0123, betas=(0.8, 0.99), weight_decay=1e-2, eps=1e-6, **kw
-            )
-
-        keys = ("step", "exp_avg", "exp_avg_sq")
-        return [
-            Sample(
-                [p, g, m, v, step],
-                lambda a, b, c, d, s: (
-                    fused_adam_(a, b, c, d, s, **hyper, decoupled_weight_decay=decoupled),
-                    s,
-                    c,
-                    d,
-                ),
-                lambda a, b, c, d, s: _eager(adam(), a, b, dict(zip(keys, (s, c, d))), keys),
-                grad=False,
-                rtol=0,
-                atol=0,
-                name="float_hyper",
-            ),
-            Sample(
-                [p, g, m, v, step, vmax, *map(_f64, hyper.values())],
-                lambda a, b, c, d, s, e, *h: (
-                    fused_adam_(
-                        a,
-                        b,
-                        c,
-                        d,
-                        s,
-                        *h,
-                        max_exp_avg_sq=e,
-                        maximize=True,
-                        decoupled_weight_decay=decoupled,
-                    ),
-                    s,
-                    c,
-                    d,
-                    e,
-                ),
-                lambda a, b, c, d, s, e, *h: _eager(
-                    adam(amsgrad=True, maximize=True),
-                    a,
-                    b,
-                    dict(zip((*keys, "max_exp_avg_sq"), (s, c, d, e))),
-                    (*keys, "max_exp_avg_sq"),
-                ),
-                grad=False,
-                rtol=0,
-                atol=0,
-                name="amsgrad_maximize_fed",
-            ),
-        ]
-
-    return samples
-
-
 def _op(name: str, hyper, multi, flops: int, samples) -> OpDef:
     return register(
         OpDef(
@@ -291,28 +177,35 @@ def _op(name: str, hyper, multi, flops: int, samples) -> OpDef:
             samples=samples,
             out_name=f"{name.lower()}_out",
             fp16_in_fp32=False,
-            extra={"multi_tensor": multi, "shared_inputs": hyper},
+            extra={"multi_tensor": multi, "shared_inputs": (*hyper, "hyper")},
         )
     )
 
 
-FUSED_SGD = _op("FusedSGD", SGD_HYPER, sgd_step, 5, _sgd_samples)
-FUSED_ADAM = _op("FusedAdam", ADAM_HYPER, adam_step, 14, _adam_samples(False))
-FUSED_ADAMW = _op("FusedAdamW", ADAM_HYPER, adamw_step, 14, _adam_samples(True))
+FUSED_SGD = _op("FusedSGD", SGD_HYPER, sgd_step, 5, sgd_samples)
+FUSED_ADAM = _op("FusedAdam", ADAM_HYPER, adam_step, 14, adam_samples(False))
+FUSED_ADAMW = _op("FusedAdamW", ADAM_HYPER, adamw_step, 14, adam_samples(True))
 
 
 # builders -----------------------------------------------------------------------------
-def _create(opdef: OpDef, tensors: dict, hyper: dict, attrs: dict) -> Tensor:
+def _create(opdef: OpDef, tensors: dict, hyper: dict, packed: Tensor | None, attrs: dict):
     """The op on ``tensors`` (role -> tensor, param first) and ``hyper`` (name -> float or
-    scalar tensor); it writes the state tensors besides the parameter."""
+    scalar tensor) or ``packed``; it writes the state tensors besides the parameter."""
     roles, ins = list(tensors), list(tensors.values())
+    given = [n for n, v in hyper.items() if v is not None]
+    if packed is not None:
+        if given:
+            raise ValueError(f"{opdef.name}: give hyper or {', '.join(given)}, not both")
+        roles.append("hyper")
+        ins.append(packed)
+        hyper = {}
     for name, value in hyper.items():
         if isinstance(value, Tensor):
             roles.append(name)
             ins.append(value)
             attrs[name] = None
         else:
-            attrs[name] = float(value)
+            attrs[name] = None if value is None else float(value)
     attrs["roles"] = tuple(roles)
     out = create_op(opdef, ins, attrs)[0]
     for i, role in enumerate(roles):
@@ -325,27 +218,29 @@ def fused_sgd_(
     param: Tensor,
     grad: Tensor,
     momentum_buffer: Tensor | None,
-    lr: Value,
-    weight_decay: Value,
-    momentum: Value,
-    dampening: Value,
-    first_step: Value,
+    lr: Value | None = None,
+    weight_decay: Value | None = None,
+    momentum: Value | None = None,
+    dampening: Value | None = None,
+    first_step: Value | None = None,
     nesterov: bool = False,
     maximize: bool = False,
+    hyper: Tensor | None = None,
 ) -> Tensor:
     """In place, ``torch._fused_sgd_([param], [grad], [momentum_buffer], ...)``.
 
     ``first_step`` nonzero is torch's ``is_first_step``: the buffer becomes the (decayed)
-    gradient. Without a momentum buffer, ``momentum`` must be 0 (as in torch).
+    gradient. Without a momentum buffer, ``momentum`` must be 0 (as in torch). ``hyper``:
+    the five values in one 1-D tensor instead (`SGD_HYPER` order).
     """
     tensors = {"param": param, "grad": grad}
     if momentum_buffer is not None:
         tensors["momentum_buffer"] = momentum_buffer
-    elif not isinstance(momentum, Tensor) and momentum != 0:
+    elif isinstance(momentum, (int, float)) and momentum != 0:
         raise ValueError(f"fused_sgd_: momentum {momentum} needs a momentum_buffer")
-    hyper = dict(zip(SGD_HYPER, (lr, weight_decay, momentum, dampening, first_step)))
+    values = dict(zip(SGD_HYPER, (lr, weight_decay, momentum, dampening, first_step)))
     attrs = {"nesterov": bool(nesterov), "maximize": bool(maximize)}
-    return _create(FUSED_SGD, tensors, hyper, attrs)
+    return _create(FUSED_SGD, tensors, values, hyper, attrs)
 
 
 def fused_adam_(
@@ -354,23 +249,25 @@ def fused_adam_(
     exp_avg: Tensor,
     exp_avg_sq: Tensor,
     step: Tensor,
-    lr: Value,
-    beta1: Value,
-    beta2: Value,
-    weight_decay: Value,
-    eps: Value,
+    lr: Value | None = None,
+    beta1: Value | None = None,
+    beta2: Value | None = None,
+    weight_decay: Value | None = None,
+    eps: Value | None = None,
     max_exp_avg_sq: Tensor | None = None,
     maximize: bool = False,
     decoupled_weight_decay: bool = False,
+    hyper: Tensor | None = None,
 ) -> Tensor:
     """In place, torch.optim's fused Adam (AdamW with ``decoupled_weight_decay``) step of one
     parameter: ``step += 1``, then ``torch._fused_adam_`` / ``_fused_adamw_``; amsgrad when
-    ``max_exp_avg_sq`` is given."""
+    ``max_exp_avg_sq`` is given. ``hyper``: the five values in one 1-D tensor instead
+    (`ADAM_HYPER` order)."""
     tensors = {"param": param, "grad": grad, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
     if max_exp_avg_sq is not None:
         tensors["max_exp_avg_sq"] = max_exp_avg_sq
     tensors["step"] = step
-    hyper = dict(zip(ADAM_HYPER, (lr, beta1, beta2, weight_decay, eps)))
+    values = dict(zip(ADAM_HYPER, (lr, beta1, beta2, weight_decay, eps)))
     attrs = {"amsgrad": max_exp_avg_sq is not None, "maximize": bool(maximize)}
     opdef = FUSED_ADAMW if decoupled_weight_decay else FUSED_ADAM
-    return _create(opdef, tensors, hyper, attrs)
+    return _create(opdef, tensors, values, hyper, attrs)
