@@ -36,6 +36,7 @@ CASES = {
     "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1, fused=True),
     "adamw_amsgrad": lambda ps: torch.optim.AdamW(ps, lr=7e-3, amsgrad=True, fused=True),
     "adam_capturable": lambda ps: torch.optim.Adam(ps, lr=1e-2, capturable=True, fused=True),
+    "adam_tensor_lr": lambda ps: torch.optim.Adam(ps, lr=torch.tensor(0.0123), fused=True),
 }
 
 
@@ -200,6 +201,20 @@ def test_state_dict_round_trip(case):
     for x, y in batches[4:]:
         assert _bits(_eager_step(back_model, back_opt, x, y), _eager_step(ref_model, ref_opt, x, y))
     _assert_same(back_model, back_opt, ref_model, ref_opt)
+
+
+@pytest.mark.parametrize("case", ["sgd_momentum_all", "adam"])
+def test_recompiling_for_a_new_batch_size_keeps_the_state(case):
+    """A new input shape builds a second program; the state moves through torch's."""
+    sim_model, ref_model = _model(), _model()
+    sim_opt, ref_opt = CASES[case](sim_model.parameters()), CASES[case](ref_model.parameters())
+    trainer = popxl_fx.training_model(sim_model, sim_opt, nn.CrossEntropyLoss())
+    batches = _batches(4)
+    batches[2:] = [(x[:4], y[:4]) for x, y in batches[2:]]
+    for x, y in batches:
+        assert _bits(trainer(x, y), _eager_step(ref_model, ref_opt, x, y))
+    assert len(trainer._programs) == 2
+    _assert_same(sim_model, sim_opt, ref_model, ref_opt)
 
 
 def test_non_fused_amsgrad_names_the_fused_alternative():
