@@ -36,6 +36,8 @@ TARGETS = {
     "mlp_sgd_b256": "<= 1.0",
     "mlp_adam_b8": "<= 0.5 default, <= 1.0 fused",
     "mlp_adam_b256": "<= 0.5 default, <= 1.0 fused",
+    "mlp_adam_fused_b8": "<= 0.5 default, <= 1.0 fused",
+    "mlp_adam_fused_b256": "<= 0.5 default, <= 1.0 fused",
     "resnet18_b16": "<= 1.1",
     "gpt_b8": "<= 1.1",
     "resnet50_build": "<= 3 s",

@@ -5,7 +5,9 @@ compiled and once on `popxl_core.sim.reference` (no fusion, no ``out=`` reuse, n
 kernels, no views). The compiled runs use the fused paths: ``out=`` reuse in Adam's chain
 (inplace.py), multi-tensor optimizer updates (foreach.py), direct torch calls (direct.py),
 released temporaries (release.py) and, for a small CNN, a convolution's data and weight
-gradients in one call (conv_pairs.py); the test checks that the fusions ran. (popxl_fx lowers
+gradients in one call (conv_pairs.py); the test checks that the fusions ran. ``fused=True``
+optimizers run torch's fused kernels: compiled, one call over a param group's parameters
+(foreach_multi.py); interpreted, one call per parameter. (popxl_fx lowers
 nn.Linear to eager's own addmm/mm ops, so the transposed-matmul fusion of fuse.py does not
 arise here; tests/test_fuse.py bounds it against ``(a @ b).T``.)
 
@@ -37,6 +39,11 @@ OPTIMIZERS = {
     "adam": lambda ps: torch.optim.Adam(ps, lr=1e-2),
     "adam_wd": lambda ps: torch.optim.Adam(ps, lr=1e-2, weight_decay=1e-2),
     "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-2, betas=(0.3, 0.99)),
+    # torch's fused kernels, one call per param group when compiled, one per op interpreted
+    "fused_sgd": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, nesterov=True,
+                                            fused=True),
+    "fused_adam": lambda ps: torch.optim.Adam(ps, lr=1e-2, weight_decay=1e-2, fused=True),
+    "fused_adamw_amsgrad": lambda ps: torch.optim.AdamW(ps, lr=1e-2, amsgrad=True, fused=True),
 }
 
 

@@ -27,6 +27,8 @@ same value.
 Kinds (float32 only): Add/Sub/Mul/Div (two tensors of the output's shape, or a tensor and one
 shared scalar tensor), Sqrt, Neg, ScaledAdd, ScaledAddLhsInplace, Accumulate ("add"),
 AccumulatorScale and CopyVarUpdate, with every scalar operand shared by the whole group.
+Ops that declare a multi-tensor kernel of their own (torch's fused optimizer steps) group by
+`foreach_multi.multi_tensor_key`, in any dtype.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from ..graph import Op
 from ..ops._var_updates_common import f32
 from ..ops.scaled_add import _number, _scales
 from ..tensor import Constant, Tensor
+from .foreach_multi import multi_tensor_kernel, multi_tensor_key
 
 __all__ = ["Group", "foreach_schedule", "group_kernel", "group_key", "plan_modes"]
 
@@ -86,6 +89,8 @@ def _same(t: Tensor) -> object:
 def group_key(op: Op) -> Optional[tuple]:
     """What ops must share to run as one kernel (type, operand roles, shared scalar tensors
     and attributes); None for an op that is never grouped."""
+    if op.opdef.extra.get("multi_tensor") is not None:  # any dtype: foreach_multi.py
+        return multi_tensor_key(op)
     if op.called_graphs or not op.outputs or not _float32(op):
         return None
     t, ins, out = op.type, op.inputs, _shape(op.outputs[0])
@@ -282,6 +287,8 @@ def group_kernel(group: Group) -> Callable:
             return tuple(cols[0])
 
         return copy
+    if op0.opdef.extra.get("multi_tensor") is not None:
+        return multi_tensor_kernel(group)
     raise ValueError(f"no multi-tensor kernel for {t}")
 
 
