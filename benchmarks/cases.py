@@ -94,7 +94,9 @@ def seed_mlp(batch: int, optimizer: str) -> StepCase:
     if optimizer == "sgd":
         return _case(SeedMLP(), _sgd, {"eager": _sgd}, F.cross_entropy, (x, y))
     twins = {"eager Adam": _adam, "eager Adam fused": _adam_fused}
-    return _case(SeedMLP(), _adam, twins, F.cross_entropy, (x, y))
+    # "adam": the simulator with the default Adam; "adam_fused": with Adam(fused=True)
+    sim_opt = _adam_fused if optimizer == "adam_fused" else _adam
+    return _case(SeedMLP(), sim_opt, twins, F.cross_entropy, (x, y))
 
 
 def gpt(batch: int = 8) -> StepCase:
@@ -122,6 +124,8 @@ STEP_CASES: dict[str, Callable[[], StepCase]] = {
     "mlp_sgd_b256": lambda: seed_mlp(256, "sgd"),
     "mlp_adam_b8": lambda: seed_mlp(8, "adam"),
     "mlp_adam_b256": lambda: seed_mlp(256, "adam"),
+    "mlp_adam_fused_b8": lambda: seed_mlp(8, "adam_fused"),
+    "mlp_adam_fused_b256": lambda: seed_mlp(256, "adam_fused"),
     "resnet18_b16": lambda: resnet("resnet18", 16, 64),
     "gpt_b8": lambda: gpt(8),
 }

@@ -14,7 +14,8 @@ from the optimizer's state when it has one, and `state_to_torch` writes it back 
 
 SGD and Adam(W) match torch bit for bit: each update is torch's single-tensor (CPU default,
 ``foreach=False``) sequence op for op, with torch's fused kernels (``lerp_``, ``addcmul_``,
-``addcdiv_``) as var-update ops of their own.
+``addcdiv_``) as var-update ops of their own. A ``fused=True`` group is built by
+`optim_fused` from torch's multi-tensor fused kernels instead (amsgrad included there).
 """
 
 from __future__ import annotations
@@ -28,12 +29,16 @@ import torch
 import popxl_core as popxl
 from popxl_core import ops
 
+from .optim_fused import FusedBuilder, fused_feeds, fused_structure
+
 __all__ = ["OptimizerProgram", "UnsupportedOptimizerError"]
 
 _SGD_HYPER = ("neg_lr", "weight_decay", "buf_scale", "damp_alpha", "momentum")
 _ADAM_HYPER = ("w1", "beta2", "c2", "bc2_sqrt", "eps", "neg_step_size", "weight_decay", "decay")
 # options that change torch's arithmetic in ways the program does not reproduce
-_REJECT = {"amsgrad": True, "capturable": True, "differentiable": True, "fused": True}
+_REJECT = {"amsgrad": True, "capturable": True, "differentiable": True}
+# torch's fused path does amsgrad, and ignores capturable (the same kernels on CPU)
+_REJECT_FUSED = {"differentiable": True}
 
 
 class UnsupportedOptimizerError(ValueError):
@@ -63,13 +68,23 @@ def _kind(optimizer: torch.optim.Optimizer) -> str:
     )
 
 
-def _check_group(kind: str, i: int, group: Mapping) -> None:
-    for opt, bad in _REJECT.items():
+def _check_group(optimizer, kind: str, i: int, group: Mapping) -> None:
+    fused = bool(group.get("fused"))
+    for opt, bad in (_REJECT_FUSED if fused else _REJECT).items():
         if group.get(opt) == bad:
+            also = " with fused=True" if fused else ""
+            hint = " (or fused=True)" if opt == "amsgrad" else ""
             raise UnsupportedOptimizerError(
-                f"param group {i}: {opt}={bad!r} is not reproduced by the simulated optimizer; "
-                f"use {opt}={not bad!r}, or popxl_fx.compile to keep the torch optimizer."
+                f"param group {i}: {opt}={bad!r}{also} is not reproduced by the simulated "
+                f"optimizer; use {opt}={not bad!r}{hint}, or popxl_fx.compile to keep the "
+                "torch optimizer."
             )
+    if fused and getattr(optimizer, "grad_scale", None) is not None:
+        raise UnsupportedOptimizerError(
+            f"param group {i}: fused=True with a grad_scale (torch.amp.GradScaler unscales "
+            "inside the fused kernel) is not reproduced by the simulated optimizer; train "
+            "without the GradScaler, or use popxl_fx.compile to keep the torch optimizer."
+        )
     if kind == "adam" and float(group["betas"][0]) >= 1.0:
         raise UnsupportedOptimizerError(f"param group {i}: betas[0] must be below 1.")
 
@@ -90,7 +105,7 @@ class OptimizerProgram:
         by_id = {id(p): n for p, n in names.items()}
         self.groups: list[_Group] = []
         for i, group in enumerate(optimizer.param_groups):
-            _check_group(self.kind, i, group)
+            _check_group(optimizer, self.kind, i, group)
             missing = [tuple(p.shape) for p in group["params"] if id(p) not in by_id]
             if missing:
                 raise UnsupportedOptimizerError(
@@ -115,6 +130,8 @@ class OptimizerProgram:
         )
 
     def _structure(self, pg: Mapping) -> tuple:
+        if pg.get("fused"):
+            return fused_structure(self.kind, pg)
         if self.kind == "sgd":
             return (
                 pg["momentum"] != 0,
@@ -148,6 +165,11 @@ class OptimizerProgram:
                 g.structure = self._structure(pg)
                 names = [n for n in g.names if n in grads]
                 if not names:
+                    continue
+                if pg.get("fused"):
+                    fused = FusedBuilder(self.kind, self._state_var)
+                    g.streams = fused.streams(g.index)
+                    fused.build(g.streams, names, params, grads, pg)
                     continue
                 loaded: dict[str, dict] = {}
                 for n in names:
@@ -223,6 +245,9 @@ class OptimizerProgram:
                 continue
             self._check_unchanged(g, pg)
             g.step += 1
+            if pg.get("fused"):
+                out.update(fused_feeds(self.kind, g.streams, pg, g.step))
+                continue
             # the arrays are made again only when what they are computed from changed (SGD:
             # after its first step, only when a scheduler changes lr; Adam: every step)
             source = _hyper_source(self.kind, pg, g.step)
@@ -241,7 +266,8 @@ class OptimizerProgram:
         if self._structure(pg) != g.structure:
             raise UnsupportedOptimizerError(
                 f"param group {g.index} changed an option the program was built with "
-                "(momentum/weight_decay on or off, nesterov, maximize, decoupled weight decay); "
+                "(momentum/weight_decay on or off, nesterov, maximize, decoupled weight decay, "
+                "fused, amsgrad); "
                 "build a new trainer."
             )
 

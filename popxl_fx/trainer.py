@@ -324,8 +324,9 @@ def training_model(
     Args:
         model: the torch model; its parameters and buffers initialise the program and receive
             the trained values back (`Trainer.copy_weights_to_host`).
-        optimizer: a ``torch.optim.SGD``, ``Adam`` or ``AdamW`` over ``model``'s parameters;
-            its hyper-parameters are read before every step (lr schedulers work).
+        optimizer: a ``torch.optim.SGD``, ``Adam`` or ``AdamW`` over ``model``'s parameters
+            (``fused=True`` runs torch's fused kernels); its hyper-parameters are read before
+            every step (lr schedulers work).
         loss_fn: ``loss_fn(model(*inputs), target)``; without it ``model.forward`` must
             return the loss (or a tuple starting with it, or a dict with ``"loss"``).
         options: `Options` (device, ...).

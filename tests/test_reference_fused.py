@@ -5,10 +5,12 @@ compiled and once on `popxl_core.sim.reference` (no fusion, no ``out=`` reuse, n
 kernels, no views). The compiled runs use the fused paths: ``out=`` reuse in Adam's chain
 (inplace.py), multi-tensor optimizer updates (foreach.py, both grouping modes; Adam's
 ``lerp_``/``addcmul_``/``addcdiv_`` as ``torch._foreach_lerp_``/``_addcmul_``/``_addcdiv_``),
-direct torch calls (direct.py), released temporaries (release.py) and the first linear layer's
-gradient without its unread input gradient (``dead_output_kernels``) and the weight gradients
-written into buffers kept between steps (``buffered_kernel``); the test checks that the first
-two and the last two ran. (popxl_fx lowers
+direct torch calls (direct.py), released temporaries (release.py), the first linear layer's
+gradient without its unread input gradient (``dead_output_kernels``), the weight gradients
+written into buffers kept between steps (``buffered_kernel``) and, for a small CNN, a
+convolution's data and weight gradients in one call (conv_pairs.py); the test checks that the
+fusions ran. ``fused=True`` optimizers run torch's fused kernels: compiled, one call over a
+param group's parameters (foreach_multi.py); interpreted, one call per parameter. (popxl_fx lowers
 nn.Linear to eager's own addmm/mm ops, so the transposed-matmul fusion of fuse.py does not
 arise here; tests/test_fuse.py bounds it against ``(a @ b).T``.)
 
@@ -40,6 +42,11 @@ OPTIMIZERS = {
     "adam": lambda ps: torch.optim.Adam(ps, lr=1e-2),
     "adam_wd": lambda ps: torch.optim.Adam(ps, lr=1e-2, weight_decay=1e-2),
     "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-2, betas=(0.3, 0.99)),
+    # torch's fused kernels, one call per param group when compiled, one per op interpreted
+    "fused_sgd": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, nesterov=True,
+                                            fused=True),
+    "fused_adam": lambda ps: torch.optim.Adam(ps, lr=1e-2, weight_decay=1e-2, fused=True),
+    "fused_adamw_amsgrad": lambda ps: torch.optim.AdamW(ps, lr=1e-2, amsgrad=True, fused=True),
 }
 
 
@@ -51,11 +58,11 @@ def _model() -> nn.Module:
     )
 
 
-def _train(opt_name: str, reference: bool, **options: bool):
-    model = _model()
+def _train(opt_name: str, reference: bool, make=None, x_shape=(6, 4, 5), **options: bool):
+    model = (make or _model)()
     opt = OPTIMIZERS[opt_name](model.parameters())
     g = torch.Generator().manual_seed(1)
-    batches = [(torch.randn(6, 4, 5, generator=g), torch.randint(0, 5, (6,), generator=g))
+    batches = [(torch.randn(*x_shape, generator=g), torch.randint(0, 5, (6,), generator=g))
                for _ in range(3)]
     with interpreted() if reference else compiler_options(**options):
         trainer = popxl_fx.training_model(model, opt, nn.CrossEntropyLoss())
@@ -120,3 +127,25 @@ def test_training_step_compiled_matches_reference(opt_name):
     # for fuse.py here; tests/test_fuse.py bounds that fusion against (a @ b).T
     fast = _train(opt_name, reference=False)
     _compare(fast, ref, _close)
+
+
+def _cnn() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+        nn.Conv2d(8, 8, 3, stride=2, padding=1, bias=False), nn.ReLU(),
+        nn.Conv2d(8, 4, 1, groups=4), nn.Flatten(), nn.Linear(4 * 4 * 4, 5),
+    )
+
+
+def test_conv_gradients_in_one_call_match_reference():
+    """conv_pairs.py: dx and dw from one convolution_backward are the separate calls' bits
+    (the first conv's input needs no gradient, so two of the three convs pair)."""
+    cnn = {"make": _cnn, "x_shape": (6, 3, 8, 8)}
+    ref = _train("sgd_momentum", reference=True, **cnn)
+    paired = _train("sgd_momentum", reference=False, **cnn)
+    assert paired[0].session._program.stats["conv_pairs"] == 2
+    _compare(paired, ref, _bits_equal)
+    apart = _train("sgd_momentum", reference=False, conv_pairs=False, **cnn)
+    assert apart[0].session._program.stats["conv_pairs"] == 0
+    _compare(apart, ref, _bits_equal)

@@ -50,11 +50,36 @@ def _flops(per_element: int) -> Callable:
 
 
 def _relu_grad(ctx):
-    from .elementwise import where
-    from .logical import greater
-
     # relu(x) > 0 exactly where x > 0, so the output (not the overwritten input) decides.
-    return [where(greater(ctx.output(0), 0.0), ctx.grad_output(0), 0.0)]
+    return [create_op(RELU_GRAD, [ctx.grad_output(0), ctx.output(0)])[0]]
+
+
+def _relu_grad_grad(ctx):
+    # linear in dy with the same mask; piecewise constant in y (zero gradient)
+    return [create_op(RELU_GRAD, [ctx.grad_output(0), ctx.input(1)])[0], None]
+
+
+def _relu_grad_kernel(dy, y):
+    # eager PyTorch's relu backward, one pass: dy where y > 0, else 0 (a NaN y passes dy)
+    return torch.ops.aten.threshold_backward(dy, y, 0)
+
+
+def _relu_grad_samples():
+    """ReluGrad reads the forward output; bitwise against autograd of torch.relu (with zeros
+    in x, where the gradient is 0), and its own gradient (relu's double backward) against
+    autograd of torch's relu backward."""
+    x = rand(3, 4, low=-3.0, high=3.0, seed=306)
+    x[0, :2] = 0.0
+    g = rand(3, 4, seed=305)
+
+    def build(g, x):
+        return create_op(RELU_GRAD, [g, relu(x)])[0]
+
+    def relu_backward(g, x):  # differentiable in g, as autograd's double backward
+        return torch.ops.aten.threshold_backward(g, torch.relu(x), 0)
+
+    return [Sample([g, x], build, _grad_reference(torch.relu), grad=False, rtol=0.0, atol=0.0),
+            Sample([g, x], build, relu_backward, rtol=0.0, atol=0.0, name="double_backward")]
 
 
 def _sigmoid_grad(ctx):
@@ -176,6 +201,9 @@ def _sigmoid_grad_samples():
     return [Sample(inputs, build, _grad_reference(torch.sigmoid), grad=False, rtol=0.0, atol=0.0)]
 
 
+RELU_GRAD = register(OpDef(
+    "ReluGrad", floating(_grad_op_infer, (0, 1)), _relu_grad_kernel, grad=_relu_grad_grad,
+    samples=_relu_grad_samples))
 SIGMOID_GRAD = register(OpDef(
     "SigmoidGrad", floating(_grad_op_infer, (0, 1)), torch.ops.aten.sigmoid_backward,
     cost=_flops(3), samples=_sigmoid_grad_samples))

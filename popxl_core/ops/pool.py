@@ -79,10 +79,22 @@ def _avg_kernel(x, kernel, strides, pads, ceil_mode, count_include_pad=False):
     return _crop_to(sums / counts, _out_sizes(x, kernel, strides, pads, ceil_mode))
 
 
+def _native_pads(kernel, pads, dilation) -> bool:
+    """Pads torch's max pooling applies itself (implicit -inf): symmetric and at most half
+    the effective window, where its output size rule is `_out_size`'s."""
+    r = len(kernel)
+    return sp.is_symmetric(pads) and all(
+        pads[i] <= sp.effective_kernel(kernel[i], dilation[i]) // 2 for i in range(r))
+
+
 def _max_kernel(x, kernel, strides, pads, ceil_mode, dilation):
+    r = len(kernel)
+    dil = dilation or (1,) * r
+    if _native_pads(kernel, pads, dil):  # no padded copy of x
+        return _MAX_POOL[r](x, kernel, strides, pads[:r], dil, ceil_mode)
     xp = sp.prepad(x, pads, float("-inf"))
-    y = _MAX_POOL[len(kernel)](xp, kernel, strides, 0, dilation, ceil_mode)
-    return _crop_to(y, _out_sizes(x, kernel, strides, pads, ceil_mode, dilation))
+    y = _MAX_POOL[r](xp, kernel, strides, 0, dil, ceil_mode)
+    return _crop_to(y, _out_sizes(x, kernel, strides, pads, ceil_mode, dil))
 
 
 def _vjp(fn, x, dy, attrs):
@@ -96,6 +108,13 @@ def _avg_grad_kernel(dy, input_shape, **attrs):
 
 
 def _max_grad_kernel(dy, x, **attrs):
+    kernel, strides, pads = attrs["kernel"], attrs["strides"], attrs["pads"]
+    dil = attrs.get("dilation") or (1,) * len(kernel)
+    if len(kernel) == 2 and _native_pads(kernel, pads, dil):
+        # the two kernels autograd would run, without recording a graph to run them
+        args = (kernel, strides, pads[:2], dil, attrs["ceil_mode"])
+        _, idx = torch.ops.aten.max_pool2d_with_indices(x, *args)
+        return torch.ops.aten.max_pool2d_with_indices_backward(dy, x, *args, idx)
     return _vjp(_max_kernel, x, dy, attrs)
 
 
@@ -195,7 +214,9 @@ def _max_samples():
 
 def _grad_op_samples(which):
     cases = [(rand(2, 3, 7, 6, seed=130), (3, 2), (2, 2), (1, 0, 1, 1), False),
-             (rand(1, 2, 9, seed=131), (2,), (3,), (0, 1), True)]
+             (rand(1, 2, 9, seed=131), (2,), (3,), (0, 1), True),
+             # overlapping windows, pads torch applies itself (MaxPoolGrad's native path)
+             (rand(2, 3, 6, 6, seed=132), (3, 3), (2, 2), (1, 1, 1, 1), True)]
     out = []
     for i, (x, k, s, p, ceil) in enumerate(cases):
         attrs = {"kernel": k, "strides": s, "pads": p, "ceil_mode": ceil}

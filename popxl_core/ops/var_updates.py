@@ -21,6 +21,7 @@ from ..tensor import Tensor, constant
 from ._utils import broadcast_shapes, rand, randint
 from ._var_updates_adam import adam_updater, adam_var_update, adamax_updater, lamb_updater
 from ._var_updates_common import check_float, check_scalar, f32
+from ._var_updates_fused import fused_adam_, fused_sgd_
 from ._var_updates_pointwise import addcdiv_, addcmul_, lerp_
 from .registry import Cost, OpDef, Sample, create_op, elementwise_cost, register
 
@@ -38,6 +39,8 @@ __all__ = [
     "addcdiv_",
     "addcmul_",
     "copy_var_update_",
+    "fused_adam_",
+    "fused_sgd_",
     "lamb_updater",
     "lerp_",
     "sparse_accumulate_",

@@ -16,6 +16,7 @@ from ..remote_variables import remote_info
 from ..schedule import schedule
 from ..tensor import Constant, Tensor, Variable
 from .alias import ViewOutputs
+from .conv_pairs import conv_backward_pairs, conv_pair_kernel
 from .direct import direct_call
 from .foreach import Group, foreach_schedule, group_kernel, plan_modes
 from .fuse import transposed_matmul_kernel, transposed_matmuls
@@ -78,6 +79,7 @@ class Program:
         foreach_fresh: bool = True,
         direct: bool = True,
         release: bool = True,
+        conv_pairs: bool = True,
     ) -> None:
         self.ir = ir
         self.check_specs = check_specs
@@ -89,6 +91,8 @@ class Program:
         self.release = release  # del each temporary after its last reader (release.py)
         # (a @ b).T as b.T @ a.T (fuse.py): eager torch's call, may differ in the last bit
         self.transpose_matmuls = transposed_matmuls
+        # a conv's data and weight gradients in one convolution_backward call (conv_pairs.py)
+        self.conv_pairs = conv_pairs
         # how often each optimisation applied (tests check that the fused paths ran)
         self.stats: Dict[str, int] = dict.fromkeys(
             (
@@ -96,6 +100,7 @@ class Program:
                 "foreach_ops",
                 "transposed_matmuls",
                 "out_reuse",
+                "conv_pairs",
                 "dead_outputs",
                 "buffered_ops",
             ),
@@ -144,6 +149,12 @@ class Program:
             live, groups = foreach_schedule(
                 live, None if self.foreach_fresh else reusable_in(live, g)
             )
+        pairs: Dict[Op, tuple] = {}
+        if self.conv_pairs and not self.check_specs:  # spec checks are per op
+            live, pairs = conv_backward_pairs(live)
+        # the op emitted at each fused site -> the op it also computes
+        computed_at = {**fused, **{first: _other(first, p) for first, p in pairs.items()}}
+        skip.update(computed_at.values())
         fixed, groups = plan_modes(groups, live, reusable_in(live, g), self.foreach_fresh)
         reuse = reuse_plan(live, g, fixed)
         first = {grp.ops[0]: grp for grp in groups}
@@ -155,7 +166,8 @@ class Program:
             self.stats[kind] = self.stats.get(kind, 0) + len(grp.ops)
         self.stats["transposed_matmuls"] += len(fused)
         self.stats["out_reuse"] += len(reuse)  # single ops and grouped ones
-        released = release_points(live, groups, fused, reuse, g) if self.release else {}
+        self.stats["conv_pairs"] += len(pairs)
+        released = release_points(live, groups, computed_at, reuse, g) if self.release else {}
         for k, op in enumerate(live):
             if op in first:
                 _emit_group(first[op], em)
@@ -163,6 +175,8 @@ class Program:
                 continue  # computed by a fused kernel or a group emitted before
             elif op in fused:
                 _emit_transposed_matmul(op, fused[op], em)
+            elif op in pairs:
+                _emit_conv_pair(*pairs[op], em)
             elif op in reuse:
                 _emit_into(op, reuse[op], em)
             else:
@@ -233,6 +247,16 @@ def _emit_kernel(op: Op, em: Emitter) -> None:
 def _emit_transposed_matmul(op: Op, mm: Op, em: Emitter) -> None:
     k = _bind_kernel(em, transposed_matmul_kernel(mm, em.program.ir.numerics), mm, checked=op)
     em.emit(f"{em.name(op.outputs[0])} = {k}({em.name(mm.inputs[0])}, {em.name(mm.inputs[1])})")
+
+
+def _other(first: Op, pair: tuple) -> Op:
+    return pair[1] if pair[0] is first else pair[0]
+
+
+def _emit_conv_pair(data: Op, weight: Op, em: Emitter) -> None:
+    k = _bind_kernel(em, conv_pair_kernel(data), data)
+    dy, w, x = (em.name(t) for t in (data.inputs[0], data.inputs[1], weight.inputs[1]))
+    em.emit(f"{em.name(data.outputs[0])}, {em.name(weight.outputs[0])} = {k}({dy}, {x}, {w})")
 
 
 def _emit_into(op: Op, storage: Tensor, em: Emitter) -> None:

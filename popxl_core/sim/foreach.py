@@ -34,6 +34,8 @@ Kinds (float32 only): Add/Sub/Mul/Div (two tensors of the output's shape, or a t
 shared scalar tensor), Sqrt, Neg, ScaledAdd, ScaledAddLhsInplace, Accumulate ("add"),
 AccumulatorScale and CopyVarUpdate, LerpInplace, AddcmulInplace and AddcdivInplace
 (`foreach_pointwise.py`), with every scalar operand shared by the whole group.
+Ops that declare a multi-tensor kernel of their own (torch's fused optimizer steps) group by
+`foreach_multi.multi_tensor_key`, in any dtype.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from ..graph import Op
 from ..ops._var_updates_common import f32
 from ..ops.scaled_add import _number, _scales
 from ..tensor import Constant, Tensor
+from .foreach_multi import multi_tensor_kernel, multi_tensor_key
 from .foreach_pointwise import POINTWISE_UPDATES, pointwise_kernel, pointwise_key
 
 __all__ = ["Group", "foreach_schedule", "group_kernel", "group_key", "plan_modes"]
@@ -94,6 +97,8 @@ def _same(t: Tensor) -> object:
 def group_key(op: Op) -> Optional[tuple]:
     """What ops must share to run as one kernel (type, operand roles, shared scalar tensors
     and attributes); None for an op that is never grouped."""
+    if op.opdef.extra.get("multi_tensor") is not None:  # any dtype: foreach_multi.py
+        return multi_tensor_key(op)
     if op.called_graphs or not op.outputs or not _float32(op):
         return None
     t, ins, out = op.type, op.inputs, _shape(op.outputs[0])
@@ -293,6 +298,8 @@ def group_kernel(group: Group) -> Callable:
         return copy
     if t in POINTWISE_UPDATES:
         return pointwise_kernel(t, op0.attrs, columns)
+    if op0.opdef.extra.get("multi_tensor") is not None:
+        return multi_tensor_kernel(group)
     raise ValueError(f"no multi-tensor kernel for {t}")
 
 
