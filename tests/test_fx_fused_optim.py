@@ -19,7 +19,7 @@ from torch import nn
 import popxl_fx
 from popxl_fx.optim import OptimizerProgram, UnsupportedOptimizerError
 
-from .test_fx_train_optim import _assert_state, _run
+from .test_fx_train_optim import assert_steps_bitwise
 
 CASES = {
     "sgd": lambda ps: torch.optim.SGD(ps, lr=0.05, fused=True),
@@ -110,10 +110,7 @@ def test_fused_optimizer_matches_eager_bitwise(case):
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_fused_optimizer_on_host_gradients(case):
     """Odd shapes (a 33-element tail past the vectorised part) through OptimizerProgram."""
-    sim, ref, sim_opt, ref_opt = _run(CASES[case], steps=5)
-    for n, p in ref.items():
-        torch.testing.assert_close(sim[n], p.detach(), rtol=0, atol=0, msg=n)
-    _assert_state(sim_opt, ref_opt, 0.0)
+    assert_steps_bitwise(CASES[case])
 
 
 @pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step()`")

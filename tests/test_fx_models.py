@@ -30,7 +30,6 @@ The torchvision models are marked slow: CI runs them in a separate step (pytest 
 import pytest
 
 from popxl_fx import Options
-from popxl_fx.testing import assert_matches_eager
 
 from .fx_zoo import OPTIMIZERS, TORCHVISION, ZOO, train_against_eager
 
@@ -63,19 +62,8 @@ def _double(case):
 @pytest.mark.parametrize("name, optimizer", TV_FLOAT64)
 def test_torchvision_models_float64(name, optimizer, via):
     """3 steps in float64: the lowerings and updates are torch's to rounding (rtol 1e-9)."""
-    case = _double(TORCHVISION[name]())
-    assert_matches_eager(
-        case.model,
-        case.inputs,
-        targets=case.targets,
-        loss_fn=case.loss_fn,
-        optimizer=OPTIMIZERS[optimizer],
-        steps=3,
-        options=Options(device="cpu"),
-        rtol=1e-9,
-        atol=1e-12,
-        via=via,
-    )
+    train_against_eager(lambda: _double(TORCHVISION[name]()), optimizer, via, rtol=1e-9,
+                        atol=1e-12, options=Options(device="cpu"))
 
 
 @pytest.mark.slow
