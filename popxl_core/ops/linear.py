@@ -13,6 +13,8 @@ a row-major input and the transposed weight, then ``sum_to`` for the bias):
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..tensor import Tensor
@@ -55,20 +57,14 @@ def _grad_infer(ins, has_bias):
     return outs + [spec((w.shape[0],), w.dtype)] if has_bias else outs
 
 
-def _grad_kernel(g, x, w, has_bias):
+def _grad_kernel(g, x, w, has_bias, skip_dx=False, dw_out=None):
+    """``dx``, ``dw`` (and ``db``). The compiler's variants (`OpDef.extra`): ``skip_dx`` when
+    nothing reads ``dx`` (a first layer: eager skips that GEMM too), ``dw_out`` a buffer
+    ``dw`` is written into (``mm(..., out=)`` is the same GEMM call: same bits)."""
     g2 = g.reshape(-1, g.shape[-1])
-    x2 = x.reshape(-1, x.shape[-1])
-    dx = g2.mm(w).view(x.shape)
-    dw = g2.t().mm(x2)
+    dx = None if skip_dx else g2.mm(w).view(x.shape)
+    dw = torch.mm(g2.t(), x.reshape(-1, x.shape[-1]), out=dw_out)
     return (dx, dw, g2.sum(0)) if has_bias else (dx, dw)
-
-
-def _grad_kernel_without_dx(g, x, w, has_bias):
-    """`_grad_kernel` when nothing reads ``dx`` (a first layer: eager skips that GEMM too);
-    ``dw`` and ``db`` are the same calls. The compiler picks it (`OpDef.extra`)."""
-    g2 = g.reshape(-1, g.shape[-1])
-    dw = g2.t().mm(x.reshape(-1, x.shape[-1]))
-    return (None, dw, g2.sum(0)) if has_bias else (None, dw)
 
 
 def _buffered_grad_kernel(op, dead: frozenset):
@@ -76,21 +72,12 @@ def _buffered_grad_kernel(op, dead: frozenset):
     compiler knows runs at most once per run and whose ``dw`` dies within it (a training
     step's weight gradients: allocating them fresh each step lets the allocator hand the
     memory back to the OS and fault it in again, ~1/3 of the seed MLP's batch-8 step).
-    ``torch.mm(..., out=)`` is the same GEMM call as ``mm``: same bits. None: not offered."""
+    None: not offered."""
     if not dead <= {0}:
         return None
-    g_spec, x_spec, w_spec = op.inputs
-    buf = torch.empty((w_spec.shape[0], w_spec.shape[1]), dtype=w_spec.dtype.as_torch())
-    skip_dx = 0 in dead
-
-    def kernel(g, x, w, has_bias):
-        g2 = g.reshape(-1, g.shape[-1])
-        x2 = x.reshape(-1, x.shape[-1])
-        dx = None if skip_dx else g2.mm(w).view(x.shape)
-        dw = torch.mm(g2.t(), x2, out=buf)
-        return (dx, dw, g2.sum(0)) if has_bias else (dx, dw)
-
-    return kernel
+    w_spec = op.inputs[2]
+    buf = torch.empty(tuple(w_spec.shape), dtype=w_spec.dtype.as_torch())
+    return functools.partial(_grad_kernel, skip_dx=0 in dead, dw_out=buf)
 
 
 def _cost(ins, outs, attrs) -> Cost:
@@ -154,7 +141,7 @@ LINEAR = register(OpDef("Linear", _infer, _kernel, grad=_grad, cost=_cost, sampl
 LINEAR_GRAD = register(OpDef(
     "LinearGrad", _grad_infer, _grad_kernel, cost=_grad_cost, samples=_grad_samples,
     out_name="linear_grad_out",
-    extra={"dead_output_kernels": {frozenset({0}): _grad_kernel_without_dx},
+    extra={"dead_output_kernels": {frozenset({0}): functools.partial(_grad_kernel, skip_dx=True)},
            "buffered_kernel": _buffered_grad_kernel}))
 
 

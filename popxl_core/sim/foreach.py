@@ -50,8 +50,9 @@ from .. import dtypes
 from ..graph import Op
 from ..ops._var_updates_common import f32
 from ..ops.scaled_add import _number, _scales
-from ..tensor import Constant, Tensor
+from ..tensor import Tensor
 from .foreach_multi import multi_tensor_kernel, multi_tensor_key
+from .foreach_multi import shared_identity as _same
 from .foreach_pointwise import POINTWISE_UPDATES, pointwise_kernel, pointwise_key
 
 __all__ = ["Group", "foreach_schedule", "group_kernel", "group_key", "plan_modes"]
@@ -84,14 +85,6 @@ def _scalar(t: Tensor) -> bool:
 
 def _shape(t: Tensor) -> tuple:
     return tuple(t.shape)
-
-
-def _same(t: Tensor) -> object:
-    """A scalar operand's identity in a key: the tensor, or a constant's value (``x + 1e-3``
-    makes one constant per op; equal values may share a kernel)."""
-    if isinstance(t, Constant):
-        return ("constant", t.dtype.name, t._data.tobytes())
-    return t
 
 
 def group_key(op: Op) -> Optional[tuple]:
@@ -130,7 +123,7 @@ def group_key(op: Op) -> Optional[tuple]:
     if t == "CopyVarUpdate" and _shape(ins[0]) == _shape(ins[1]):
         return (t,)
     if t in POINTWISE_UPDATES:  # lerp_, addcmul_, addcdiv_ (foreach_pointwise.py)
-        return pointwise_key(op, _same)
+        return pointwise_key(op)
     return None
 
 

@@ -15,11 +15,12 @@ from typing import Callable, Optional
 from ..graph import Op
 from ..tensor import Constant, Tensor
 
-__all__ = ["multi_tensor_kernel", "multi_tensor_key"]
+__all__ = ["multi_tensor_kernel", "multi_tensor_key", "shared_identity"]
 
 
-def _same(t: Tensor) -> object:
-    """A shared input's identity: the tensor, or a constant's value."""
+def shared_identity(t: Tensor) -> object:
+    """A shared operand's identity in a group key: the tensor, or a constant's value
+    (``x + 1e-3`` makes one constant per op; equal values may share a kernel)."""
     if isinstance(t, Constant):
         return ("constant", t.dtype.name, t._data.tobytes())
     return t
@@ -32,7 +33,8 @@ def multi_tensor_key(op: Op) -> Optional[tuple]:
     if extra.get("multi_tensor") is None or op.called_graphs or not op.outputs:
         return None
     roles = op.attrs["roles"]
-    shared = tuple(_same(t) for r, t in zip(roles, op.inputs) if r in extra["shared_inputs"])
+    shared_roles = extra["shared_inputs"]
+    shared = tuple(shared_identity(t) for r, t in zip(roles, op.inputs) if r in shared_roles)
     attrs = tuple(sorted(op.attrs.items()))
     return ("multi_tensor", op.type, op.outputs[0].dtype.name, attrs, shared)
 

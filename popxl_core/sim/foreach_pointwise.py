@@ -22,6 +22,7 @@ import torch
 
 from ..graph import Op
 from ..ops._var_updates_pointwise import _value
+from .foreach_multi import shared_identity
 
 __all__ = ["POINTWISE_UPDATES", "pointwise_key", "pointwise_kernel"]
 
@@ -33,15 +34,15 @@ POINTWISE_UPDATES = {
 }
 
 
-def pointwise_key(op: Op, same: Callable) -> Optional[tuple]:
+def pointwise_key(op: Op) -> Optional[tuple]:
     """The group key of a lerp_/addcmul_/addcdiv_ op: its type, float scalar attribute and
-    shared scalar tensor (``same``: `foreach._same`); None when an operand broadcasts (the
+    shared scalar tensor; None when an operand broadcasts (the
     foreach kernels want one tensor per target)."""
     n, _ = POINTWISE_UPDATES[op.type]
     target, operands, extra = op.inputs[0], op.inputs[1 : 1 + n], op.inputs[1 + n :]
     if any(tuple(x.shape) != tuple(target.shape) for x in operands):
         return None
-    return (op.type, op.attrs.get("scalar"), *map(same, extra))
+    return (op.type, op.attrs.get("scalar"), *map(shared_identity, extra))
 
 
 def pointwise_kernel(t: str, attrs: dict, columns: Callable) -> Callable:
