@@ -1,13 +1,22 @@
-"""`Options`: how popxl_fx builds and runs a traced model on the simulated IPU."""
+"""`Options`: how popxl_fx builds and runs a traced model on the simulated IPU.
+
+Each field but ``device`` switches on one IR transform of the build pipeline; the PopTorch /
+PopXL name each corresponds to is given beside it. Fields are checked when the `Options` is
+made (types, ranges, combinations); sizes that depend on the model or batch are checked when
+the program is built.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["DEVICES", "Options"]
+__all__ = ["DEVICES", "PRECISIONS", "Options", "resolve"]
 
 DEVICES = ("ipu_hw", "ipu_model", "cpu")
+PRECISIONS = ("float32", "float16")
 
 
 @dataclass(frozen=True)
@@ -19,37 +28,162 @@ class Options:
             can be: a program that does not fit one IPU raises an out-of-memory error when it is
             compiled, before any step. ``"ipu_model"`` runs anyway and warns; ``"cpu"`` ignores
             IPU limits.
-        memory: reserved for the memory transforms (outlining, recomputation, accumulation,
-            batch serialisation, phases); only an empty mapping is accepted today.
+        outline: ``"auto"``: repeated identical submodules (same class, parameter shapes and
+            dtypes, input specs) become one graph called once per instance, each call with its
+            own variables bound (PopXL outlining, addons ``Module.call_module``/``bind``); a
+            list of module names or classes outlines those; ``False`` (default) inlines all.
+        recompute: rebuild each outlined block's forward in its backward instead of keeping
+            its activations (PopXL ``recompute_graph``; PopTorch ``recomputationCheckpoint``).
+        gradient_accumulation: split each batch into this many micro-batches, accumulate their
+            gradients, one optimizer step per call (PopTorch ``gradientAccumulation``).
+        device_iterations: run this many steps per call; inputs carry a leading dimension of
+            this size and one loss per step is returned (PopTorch ``deviceIterations``).
+        batch_serialisation: process each micro-batch in this many slices, activations through
+            remote buffers (addons ``batch_serialise_fwd_and_grad``).
+        replication_factor: data-parallel replicas; each gets its share of the batch and the
+            gradients are mean all-reduced (PopTorch ``replicationFactor``, PopXL
+            ``Ir(replication=)``).
+        replicated_tensor_sharding: shard optimizer state across the replicas (reduce-scatter
+            gradients, sharded update, all-gather weights; PopTorch/PopXL RTS).
+        precision: ``"float32"`` (default, bit for bit with eager) or ``"float16"`` weights and
+            activations with float32 master weights and optimizer state.
+        loss_scaling: static loss scale with ``precision="float16"`` (PopTorch ``loss_scaling``).
+        memory: reserved for ``"auto"`` planning of models bigger than one IPU; only an empty
+            mapping is accepted today.
 
     Example:
         >>> Options(device="cpu").device
         'cpu'
+        >>> Options(gradient_accumulation=4, replication_factor=2).batch_divisor
+        8
     """
 
     device: str = "ipu_hw"
+    outline: bool | str | tuple = False
+    recompute: bool = False
+    gradient_accumulation: int = 1
+    device_iterations: int = 1
+    batch_serialisation: int = 1
+    replication_factor: int = 1
+    replicated_tensor_sharding: bool = False
+    precision: str = "float32"
+    loss_scaling: float = 1.0
     memory: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.device not in DEVICES:
-            raise ValueError(
-                f"Options(device={self.device!r}): the device must be one of {DEVICES}."
-            )
+        _check_choice("device", self.device, DEVICES)
+        _check_choice("precision", self.precision, PRECISIONS)
+        for name in ("gradient_accumulation", "device_iterations", "batch_serialisation"):
+            _check_count(name, getattr(self, name))
+        _check_count("replication_factor", self.replication_factor)
+        for name in ("recompute", "replicated_tensor_sharding"):
+            _check_bool(name, getattr(self, name))
+        object.__setattr__(self, "outline", _outline_value(self.outline))
+        self._check_combinations()
         if self.memory:
             raise NotImplementedError(
-                f"Options(memory={self.memory!r}): memory transforms are not available yet; "
+                f"Options(memory={self.memory!r}): memory='auto' planning is not available yet; "
                 "use device='ipu_model' or 'cpu' to run a model that does not fit one IPU."
             )
 
+    def _check_combinations(self) -> None:
+        if isinstance(self.loss_scaling, bool) or not isinstance(self.loss_scaling, (int, float)):
+            raise TypeError(f"Options(loss_scaling={self.loss_scaling!r}): give a number.")
+        if not self.loss_scaling > 0:
+            raise ValueError(f"Options(loss_scaling={self.loss_scaling}): must be > 0.")
+        if self.loss_scaling != 1.0 and self.precision != "float16":
+            raise ValueError(
+                f"Options(loss_scaling={self.loss_scaling}) scales float16 gradients; "
+                "it needs precision='float16'."
+            )
+        if self.replicated_tensor_sharding and self.replication_factor < 2:
+            raise ValueError(
+                "Options(replicated_tensor_sharding=True) shards over replicas: set "
+                "replication_factor to 2 or more."
+            )
+        if self.recompute and self.outline is False:
+            raise ValueError(
+                "Options(recompute=True) recomputes outlined blocks: set outline='auto' (or a "
+                "list of modules) too."
+            )
+
+    @property
+    def batch_divisor(self) -> int:
+        """What a training batch must divide by: micro-batches x slices x replicas."""
+        return self.gradient_accumulation * self.batch_serialisation * self.replication_factor
+
+    def replace(self, **changes: Any) -> Options:
+        """A copy with ``changes`` (checked like a new `Options`)."""
+        return dataclasses.replace(self, **changes)
+
     def key(self) -> tuple:
         """What a compiled program depends on (part of the compile cache key)."""
-        return (self.device, tuple(sorted(self.memory.items())))
+        values = [getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "memory"]
+        return (*values, tuple(sorted(self.memory.items())))
+
+
+def _check_choice(name: str, value: object, choices: tuple) -> None:
+    if value not in choices:
+        raise ValueError(f"Options({name}={value!r}): must be one of {choices}.")
+
+
+def _check_count(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"Options({name}={value!r}): give a positive int.")
+    if value < 1:
+        raise ValueError(f"Options({name}={value}): must be 1 or more (1 switches it off).")
+
+
+def _check_bool(name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"Options({name}={value!r}): give True or False.")
+
+
+def _outline_value(value: object) -> bool | str | tuple:
+    """``False``, ``"auto"`` or a tuple of module names (str) and classes."""
+    if value is False or value == "auto":
+        return value
+    if value is True:
+        return "auto"
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or not value:
+        raise ValueError(
+            f"Options(outline={value!r}): give 'auto', False, or a non-empty list of module "
+            "names (as in model.named_modules()) or nn.Module classes."
+        )
+    for item in value:
+        if not isinstance(item, (str, type)):
+            raise TypeError(f"Options(outline=...): {item!r} is neither a module name nor a class.")
+    return tuple(value)
+
+
+# Fields the build pipeline does not apply yet: setting one raises instead of being ignored.
+# Whoever implements a field removes it here (and tests it against the plain program).
+NOT_YET = frozenset(
+    {
+        "outline",
+        "recompute",
+        "gradient_accumulation",
+        "device_iterations",
+        "batch_serialisation",
+        "replication_factor",
+        "replicated_tensor_sharding",
+        "precision",
+        "loss_scaling",
+    }
+)
 
 
 def resolve(options: Options | None) -> Options:
-    """``options`` or the defaults; rejects anything that is not an `Options`."""
+    """``options`` or the defaults; rejects anything that is not an `Options`, and options
+    the pipeline cannot honour yet (never silently ignored)."""
     if options is None:
         return Options()
     if not isinstance(options, Options):
         raise TypeError(f"options must be a popxl_fx.Options, got {type(options).__name__}.")
+    defaults = Options()
+    for name in sorted(NOT_YET):
+        if getattr(options, name) != getattr(defaults, name):
+            raise NotImplementedError(
+                f"Options({name}={getattr(options, name)!r}) is not implemented yet."
+            )
     return options
