@@ -132,8 +132,9 @@ class Ir:
         many rows the batch has, as on the IPU, whose AMP units sum along K in a fixed order.
         torch's float32 CPU matmul does not give that (MKL picks its kernel by the number of
         rows, so a row of a 12-row product can differ in the last bits from the same row of
-        a 3-row one, and batch serialisation would change the numbers); the simulator sums
-        the exact float32 products in float64 and rounds once to the output dtype instead.
+        a 3-row one, and batch serialisation would change the numbers); the simulator runs it
+        on operands padded to shapes where it does (`ops.matmul`), and the transcendental
+        elementwise ops on whole SIMD blocks (`ops._positional`).
         ``"torch"``: torch's own float32 kernels, bit for bit what eager PyTorch computes;
         `popxl_fx` sets it, because its reference is eager PyTorch. A project setting, not
         PopXL's; it cannot change once a Session has compiled the Ir.

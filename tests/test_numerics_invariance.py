@@ -50,10 +50,12 @@ def _rng_tensor(shape, seed: int, low: float = -3.0, high: float = 3.0) -> torch
 
 
 @pytest.mark.parametrize("k,n", MATMUL_SHAPES, ids=[f"K{k}xN{n}" for k, n in MATMUL_SHAPES])
-@pytest.mark.parametrize("lead", [(), (2,)], ids=["2d", "batched"])
-def test_matmul_rows_do_not_depend_on_row_count(k, n, lead):
+@pytest.mark.parametrize(
+    "lead,rhs_lead", [((), ()), ((2,), ()), ((2,), (2,))], ids=["2d", "batched_lhs", "batched"]
+)
+def test_matmul_rows_do_not_depend_on_row_count(k, n, lead, rhs_lead):
     kernel = get_opdef("MatMul").kernel_for("ipu")
-    a, b = _rng_tensor((*lead, ROWS, k), seed=k), _rng_tensor((k, n), seed=n + 1)
+    a, b = _rng_tensor((*lead, ROWS, k), seed=k), _rng_tensor((*rhs_lead, k, n), seed=n + 1)
 
     def mm(x):
         return kernel(x, b, output_type=None, partials_type=None, available_memory_proportion=None)

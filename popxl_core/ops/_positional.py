@@ -26,7 +26,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-__all__ = ["BLOCK", "GRAIN", "padded_length", "position_invariant"]
+__all__ = ["BLOCK", "GRAIN", "padded_length", "position_invariant", "runs_in_whole_blocks"]
 
 # Two SIMD vectors of the widest float type torch vectorises (AVX512: 2 x 16 float32 = 32;
 # 2 x 32 for float16/bfloat16), doubled so a wider future vector still divides it.
@@ -50,6 +50,14 @@ def padded_length(n: int, threads: int) -> int:
             break
         m += BLOCK
     return m
+
+
+def runs_in_whole_blocks(n: int) -> bool:
+    """Whether ATen computes every element of an ``n``-element operand with the SIMD code,
+    on one thread, whatever its strides: ``n`` a multiple of `BLOCK` and at most `GRAIN`
+    (a dense operand is one run of whole blocks; a strided one runs row by row, each row
+    the same code whatever the number of rows)."""
+    return n % BLOCK == 0 and n <= GRAIN
 
 
 def _aligned(x: torch.Tensor, threads: int) -> bool:

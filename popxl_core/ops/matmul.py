@@ -10,10 +10,15 @@ from ..tensor import Tensor
 from ._utils import broadcast_shapes, coerce_pair, rand, same_dtype, spec, unbroadcast
 from .registry import Cost, OpDef, Sample, create_op, register
 
-__all__ = ["matmul"]
+__all__ = ["matmul", "runs_unpadded"]
 
-_PARTIALS = {None: None, "float": "float", "half": "half", dtypes.float32: "float",
-             dtypes.float16: "half"}
+_PARTIALS = {
+    None: None,
+    "float": "float",
+    "half": "half",
+    dtypes.float32: "float",
+    dtypes.float16: "half",
+}
 
 
 def _promote(lhs: tuple[int, ...], rhs: tuple[int, ...]):
@@ -27,13 +32,16 @@ def matmul_shape(lhs: tuple[int, ...], rhs: tuple[int, ...]) -> tuple[int, ...]:
         raise ValueError(f"matmul needs tensors of rank >= 1, got shapes {lhs} and {rhs}")
     a, b = _promote(lhs, rhs)
     if a[-1] != b[-2]:
-        raise ValueError(f"inner dimensions do not match: lhs shape {lhs} has {a[-1]} columns "
-                         f"but rhs shape {rhs} has {b[-2]} rows")
+        raise ValueError(
+            f"inner dimensions do not match: lhs shape {lhs} has {a[-1]} columns "
+            f"but rhs shape {rhs} has {b[-2]} rows"
+        )
     try:
         batch = broadcast_shapes(a[:-2], b[:-2])
     except ValueError:
-        raise ValueError(f"batch dimensions of lhs shape {lhs} and rhs shape {rhs} cannot be "
-                         "broadcast together") from None
+        raise ValueError(
+            f"batch dimensions of lhs shape {lhs} and rhs shape {rhs} cannot be broadcast together"
+        ) from None
     rows = () if len(lhs) == 1 else (a[-2],)
     cols = () if len(rhs) == 1 else (b[-1],)
     return (*batch, *rows, *cols)
@@ -44,21 +52,71 @@ def _infer(ins, output_type, partials_type, available_memory_proportion):
     return [spec(matmul_shape(ins[0].shape, ins[1].shape), output_type or ins[0].dtype)]
 
 
-def _kernel(a, b, output_type, partials_type, available_memory_proportion):
-    """``Ir.numerics == "ipu"``: every output element independent of the batch size.
+# The "ipu" kernel pads rows to a multiple of ROW_BLOCK and columns up to MIN_COLS (`_kernel`).
+ROW_BLOCK, MIN_COLS = 8, 16
+# ATen's batched matmul computes a product of fewer than this many multiply-adds per batch
+# entry with its own loop instead of the BLAS (aten/native/LinearAlgebra.cpp, bmm_out_or_
+# baddbmm_): a few padded rows more keep every piece on the BLAS.
+BMM_BLAS_MIN_WORK = 400
 
-    The products of two float32 (or float16, arriving as float32 by OpDef.fp16_in_fp32)
-    numbers are exact in float64, and any order of their float64 sum is within about
-    K * 2**-53 (relative to sum |a*b|) of the exact value, so rounding it once to float32
-    gives the same element whichever BLAS kernel torch picked for the shape (MKL picks by the
-    number of rows), unless the exact sum lies that close to a float32 rounding boundary.
-    torch's float32 kernel differs between row counts by an ulp or more (12 rows against 3
-    of an (M, 8) @ (8, 16) product: 58 of 96 elements of two chained products).
+
+def _pad_to(x, dim: int, size: int):
+    """``x`` with zeros appended along ``dim`` (-1 or -2) up to ``size`` (x if it is)."""
+    extra = size - x.shape[dim]
+    if extra <= 0:
+        return x
+    return torch.nn.functional.pad(x, (0, extra) if dim == -1 else (0, 0, 0, extra))
+
+
+def _padded_rows(rows: int, cols: int, depth: int, batched_rhs: bool) -> int:
+    """The row count the "ipu" kernel computes ``rows`` rows with (``cols``: padded)."""
+    padded = -(-rows // ROW_BLOCK) * ROW_BLOCK
+    if batched_rhs:
+        least = -(-BMM_BLAS_MIN_WORK // max(1, cols * depth))
+        padded = max(padded, -(-least // ROW_BLOCK) * ROW_BLOCK)
+    return padded
+
+
+def runs_unpadded(lhs: tuple[int, ...], rhs: tuple[int, ...]) -> bool:
+    """Whether the "ipu" kernel computes ``lhs @ rhs`` (shapes) as plain torch.matmul."""
+    if len(lhs) < 2 or len(rhs) < 2 or rhs[-1] < MIN_COLS:
+        return False
+    return _padded_rows(lhs[-2], rhs[-1], lhs[-1], len(rhs) > 2) == lhs[-2]
+
+
+def _kernel(a, b, output_type, partials_type, available_memory_proportion):
+    """``Ir.numerics == "ipu"``: each output row independent of how many rows are computed.
+
+    torch's float32 CPU matmul (MKL) picks its kernel by shape and splits rows between
+    threads: a row of a 1-, 2- or 3-row product differs in the last bits from the same row
+    of a 12-row one; with two threads, so does a row of a 5-, 6- or 7-row product; and in a
+    product of fewer than 12 columns a row's bits depend on its position. Here the rows are
+    padded with zeros to a multiple of `ROW_BLOCK` (and, in a batched product, to at least
+    `BMM_BLAS_MIN_WORK` multiply-adds) and the columns up to `MIN_COLS`, the
+    shapes in which each row is summed in the same order wherever it sits and however many
+    there are: tests/test_numerics_invariance.py checks the bits of 1, 2, 3, 4 and 12-row
+    pieces against the whole for many shapes, so a CPU or BLAS on which that does not hold
+    fails a named test. Operands already of such sizes (a batch of 8 rows into 512 units)
+    run torch.matmul unchanged: the cost is torch's. The float64 sum of the exact products
+    rounded once (also row-invariant, except next to a rounding boundary) made the seed MLP's
+    training step 3.9x slower at batch 8 (benchmarks/numerics_ab.py).
     """
     want = output_type.as_torch() if output_type is not None else a.dtype
     if not a.is_floating_point():
         return torch.matmul(a, b).to(want)
-    return torch.matmul(a.double(), b.double()).to(want)
+    lhs = a.unsqueeze(0) if a.dim() == 1 else a
+    rhs = b.unsqueeze(-1) if b.dim() == 1 else b
+    rows, cols = lhs.shape[-2], rhs.shape[-1]
+    rhs = _pad_to(rhs, -1, MIN_COLS)
+    lhs = _pad_to(lhs, -2, _padded_rows(rows, rhs.shape[-1], lhs.shape[-1], rhs.dim() > 2))
+    out = torch.matmul(lhs, rhs)
+    if out.shape[-2] != rows or out.shape[-1] != cols:
+        out = out[..., :rows, :cols].contiguous()
+    if a.dim() == 1:  # numpy's promotion undone: the row first, then the column
+        out = out.squeeze(-2)
+    if b.dim() == 1:
+        out = out.squeeze(-1)
+    return out.to(want)
 
 
 def _torch_kernel(a, b, output_type, partials_type, available_memory_proportion):
@@ -115,50 +173,114 @@ def _fit(g: Tensor, promoted: tuple[int, ...], shape: tuple[int, ...]) -> Tensor
 
 def _samples():
     return [
-        Sample([rand(3, 4, seed=1), rand(4, 5, seed=2)], lambda a, b: matmul(a, b), torch.matmul,
-               name="2d"),
-        Sample([rand(2, 3, 4, seed=3), rand(2, 4, 5, seed=4)], lambda a, b: a @ b, torch.matmul,
-               name="batched"),
-        Sample([rand(2, 1, 3, 4, seed=5), rand(5, 4, 6, seed=6)], lambda a, b: matmul(a, b),
-               torch.matmul, name="broadcast_batch"),
-        Sample([rand(3, 4, seed=7), rand(2, 4, 5, seed=8)], lambda a, b: matmul(a, b),
-               torch.matmul, name="broadcast_2d_lhs"),
-        Sample([rand(4, seed=9), rand(2, 4, 5, seed=10)], lambda a, b: matmul(a, b),
-               torch.matmul, name="vec_lhs"),
-        Sample([rand(2, 3, 4, seed=11), rand(4, seed=12)], lambda a, b: matmul(a, b),
-               torch.matmul, name="vec_rhs"),
-        Sample([rand(4, seed=13), rand(4, seed=14)], lambda a, b: matmul(a, b), torch.matmul,
-               name="dot"),
-        Sample([rand(3, 4, seed=15, dtype=np.float16), rand(4, 2, seed=16, dtype=np.float16)],
-               lambda a, b: matmul(a, b, output_type=dtypes.float32, partials_type="float"),
-               lambda a, b: torch.matmul(a.float(), b.float()), name="fp16_out_fp32",
-               rtol=1e-3, atol=1e-3),
-        Sample([rand(3, 4, seed=17, dtype=np.float16), rand(4, 2, seed=18, dtype=np.float16)],
-               lambda a, b: matmul(a, b, available_memory_proportion=0.3),
-               lambda a, b: torch.matmul(a.float(), b.float()).half(), name="fp16",
-               rtol=1e-2, atol=1e-2),
-        Sample([np.arange(6, dtype=np.int32).reshape(2, 3),
-                np.arange(12, dtype=np.int32).reshape(3, 4) - 5],
-               lambda a, b: matmul(a, b), torch.matmul, name="int32", grad=False),
+        Sample(
+            [rand(3, 4, seed=1), rand(4, 5, seed=2)],
+            lambda a, b: matmul(a, b),
+            torch.matmul,
+            name="2d",
+        ),
+        Sample(
+            [rand(2, 3, 4, seed=3), rand(2, 4, 5, seed=4)],
+            lambda a, b: a @ b,
+            torch.matmul,
+            name="batched",
+        ),
+        Sample(
+            [rand(2, 1, 3, 4, seed=5), rand(5, 4, 6, seed=6)],
+            lambda a, b: matmul(a, b),
+            torch.matmul,
+            name="broadcast_batch",
+        ),
+        Sample(
+            [rand(3, 4, seed=7), rand(2, 4, 5, seed=8)],
+            lambda a, b: matmul(a, b),
+            torch.matmul,
+            name="broadcast_2d_lhs",
+        ),
+        Sample(
+            [rand(4, seed=9), rand(2, 4, 5, seed=10)],
+            lambda a, b: matmul(a, b),
+            torch.matmul,
+            name="vec_lhs",
+        ),
+        Sample(
+            [rand(2, 3, 4, seed=11), rand(4, seed=12)],
+            lambda a, b: matmul(a, b),
+            torch.matmul,
+            name="vec_rhs",
+        ),
+        Sample(
+            [rand(4, seed=13), rand(4, seed=14)],
+            lambda a, b: matmul(a, b),
+            torch.matmul,
+            name="dot",
+        ),
+        Sample(
+            [rand(3, 4, seed=15, dtype=np.float16), rand(4, 2, seed=16, dtype=np.float16)],
+            lambda a, b: matmul(a, b, output_type=dtypes.float32, partials_type="float"),
+            lambda a, b: torch.matmul(a.float(), b.float()),
+            name="fp16_out_fp32",
+            rtol=1e-3,
+            atol=1e-3,
+        ),
+        Sample(
+            [rand(3, 4, seed=17, dtype=np.float16), rand(4, 2, seed=18, dtype=np.float16)],
+            lambda a, b: matmul(a, b, available_memory_proportion=0.3),
+            lambda a, b: torch.matmul(a.float(), b.float()).half(),
+            name="fp16",
+            rtol=1e-2,
+            atol=1e-2,
+        ),
+        Sample(
+            [
+                np.arange(6, dtype=np.int32).reshape(2, 3),
+                np.arange(12, dtype=np.int32).reshape(3, 4) - 5,
+            ],
+            lambda a, b: matmul(a, b),
+            torch.matmul,
+            name="int32",
+            grad=False,
+        ),
     ]
 
 
-MATMUL = register(OpDef("MatMul", _infer, _kernel, grad=_grad, cost=_cost, samples=_samples,
-                        out_name="matmul_out", numerics_kernels={"torch": _torch_kernel}))
+MATMUL = register(
+    OpDef(
+        "MatMul",
+        _infer,
+        _kernel,
+        grad=_grad,
+        cost=_cost,
+        samples=_samples,
+        out_name="matmul_out",
+        numerics_kernels={"torch": _torch_kernel},
+    )
+)
 
 
-def matmul(lhs: Tensor, rhs: Tensor, available_memory_proportion: float | None = None,
-           output_type: dtypes.dtype | None = None, partials_type: dtypes.dtype | str | None = None
-           ) -> Tensor:
+def matmul(
+    lhs: Tensor,
+    rhs: Tensor,
+    available_memory_proportion: float | None = None,
+    output_type: dtypes.dtype | None = None,
+    partials_type: dtypes.dtype | str | None = None,
+) -> Tensor:
     """``lhs @ rhs`` with numpy semantics; ``output_type`` sets the result dtype."""
     if available_memory_proportion is not None and not 0 < available_memory_proportion <= 1:
-        raise ValueError("matmul: available_memory_proportion must be in (0, 1], got "
-                         f"{available_memory_proportion}.")
+        raise ValueError(
+            "matmul: available_memory_proportion must be in (0, 1], got "
+            f"{available_memory_proportion}."
+        )
     if partials_type not in _PARTIALS:
-        raise ValueError(f"matmul: partials_type must be float32/'float' or float16/'half', got "
-                         f"{partials_type!r}.")
+        raise ValueError(
+            f"matmul: partials_type must be float32/'float' or float16/'half', got "
+            f"{partials_type!r}."
+        )
     if output_type is not None and not isinstance(output_type, dtypes.dtype):
         output_type = dtypes.dtype.as_dtype(output_type)
-    attrs = {"output_type": output_type, "partials_type": _PARTIALS[partials_type],
-             "available_memory_proportion": available_memory_proportion}
+    attrs = {
+        "output_type": output_type,
+        "partials_type": _PARTIALS[partials_type],
+        "available_memory_proportion": available_memory_proportion,
+    }
     return create_op(MATMUL, list(coerce_pair(lhs, rhs)), attrs)[0]

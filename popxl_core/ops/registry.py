@@ -16,7 +16,7 @@ import numpy as np
 from ..context import gcg, get_current_context
 from ..graph import Graph, Op
 from ..tensor import Tensor, TensorSpec
-from ._positional import position_invariant
+from ._positional import position_invariant, runs_in_whole_blocks
 
 __all__ = [
     "OpDef",
@@ -122,10 +122,16 @@ class OpDef:
     numerics_kernels: Dict[str, Callable[..., Any]] = field(default_factory=dict)
     pointwise: bool = False
 
-    def kernel_for(self, numerics: str) -> Optional[Callable[..., Any]]:
-        """The kernel the simulator runs for an Ir whose ``numerics`` is ``numerics``."""
+    def kernel_for(
+        self, numerics: str, sizes: Optional[Sequence[int]] = None
+    ) -> Optional[Callable[..., Any]]:
+        """The kernel the simulator runs for an Ir whose ``numerics`` is ``numerics``;
+        ``sizes``: the element counts of the op's inputs where the caller knows them (a
+        pointwise op whose inputs need no padding then runs its kernel unwrapped)."""
         kernel = self.numerics_kernels.get(numerics, self.kernel)
         if numerics == "ipu" and self.pointwise and kernel is not None:
+            if sizes is not None and all(runs_in_whole_blocks(n) for n in sizes):
+                return kernel
             return _position_invariant(kernel, bool(self.inplace))
         return kernel
 

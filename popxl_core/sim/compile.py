@@ -284,7 +284,8 @@ def _bind_kernel(em: Emitter, kernel: Callable, op: Op, checked: Op | None = Non
 
 def _bound_kernel(op: Op, em: Emitter) -> Callable:
     opdef = op.opdef
-    base = variant_kernel(op, em) or opdef.kernel_for(em.program.ir.numerics)
+    sizes = [t.nelms for t in op.inputs]
+    base = variant_kernel(op, em) or opdef.kernel_for(em.program.ir.numerics, sizes)
     if base is None:
         raise RuntimeError(f"{op.type}.{op.id} has no kernel and no emitter in the op table.")
     kernel = functools.partial(base, **op.attrs) if op.attrs else base

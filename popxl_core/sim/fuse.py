@@ -2,7 +2,9 @@
 (eager PyTorch's under ``Ir.numerics = "torch"``).
 
 ``transpose(matmul(a, b))`` on 2-D float32 tensors is computed as ``matmul(b.T, a.T)``: the
-same products, but the result is a contiguous tensor instead of a transposed view. Autodiff of
+same products, but the result is a contiguous tensor instead of a transposed view. Under
+``"ipu"`` numerics it is ``matmul(a, b)`` copied transposed: the bits of the unfused pair, whose
+rows do not depend on the row count (``matmul(b.T, a.T)`` would make them columns). Autodiff of
 ``x @ w.T`` (every linear layer) yields exactly this for the weight gradient; the view made the
 optimizer's in-place update walk the weight in strided order. ``matmul(b.T, a.T)`` is the call
 eager PyTorch makes for a linear layer's weight gradient (``grad_out.t().mm(input)``).
@@ -52,4 +54,7 @@ def transposed_matmul_kernel(mm: Op, numerics: str = "ipu") -> Callable:
     def matmul_t(a, b):
         return kernel(b.t(), a.t())
 
-    return matmul_t
+    def matmul_then_t(a, b):  # "ipu": the rows of a @ b keep their bits (a copy, contiguous)
+        return kernel(a, b).t().contiguous()
+
+    return matmul_then_t if numerics == "ipu" else matmul_t
