@@ -108,7 +108,30 @@ def data_kwargs(args: argparse.Namespace) -> dict:
     }
 
 
+def _main_checkout(repo: Path) -> Path | None:
+    """The main checkout of ``repo`` when it is a git worktree (its ``.git`` is a file naming
+    ``<main>/.git/worktrees/<name>``), else None."""
+    dot_git = repo / ".git"
+    if not dot_git.is_file():
+        return None
+    text = dot_git.read_text().strip()
+    if not text.startswith("gitdir:"):
+        return None
+    gitdir = (repo / text[len("gitdir:") :].strip()).resolve()
+    common = gitdir / "commondir"
+    if not common.is_file():
+        return None
+    return (gitdir / common.read_text().strip()).resolve().parent
+
+
 def default_seeds_dir() -> Path:
-    """$POPXL_FX_SEEDS_DIR, else ../shared/seeds beside this repository."""
+    """$POPXL_FX_SEEDS_DIR, else ../shared/seeds beside this repository, or beside its main
+    checkout when this is a git worktree (the first that exists; the first if none does)."""
     env = os.environ.get(SEEDS_ENV)
-    return Path(env).expanduser() if env else _REPO.parent / "shared" / "seeds"
+    if env:
+        return Path(env).expanduser()
+    candidates = [_REPO.parent / "shared" / "seeds"]
+    main = _main_checkout(_REPO)
+    if main is not None:
+        candidates.append(main.parent / "shared" / "seeds")
+    return next((c for c in candidates if c.is_dir()), candidates[0])

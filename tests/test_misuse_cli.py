@@ -106,4 +106,17 @@ def test_seeds_dir_from_environment(monkeypatch, tmp_path):
     monkeypatch.setenv(cli.SEEDS_ENV, str(tmp_path))
     assert cli.default_seeds_dir() == tmp_path
     monkeypatch.delenv(cli.SEEDS_ENV)
-    assert cli.default_seeds_dir() == ROOT.parent / "shared" / "seeds"
+    beside = ROOT.parent / "shared" / "seeds"
+    main = cli._main_checkout(ROOT)  # a git worktree: also beside its main checkout
+    found = [p for p in (beside, main and main.parent / "shared" / "seeds") if p and p.is_dir()]
+    assert cli.default_seeds_dir() == (found[0] if found else beside)
+
+
+def test_seeds_dir_beside_a_worktrees_main_checkout(tmp_path):
+    main, tree = tmp_path / "repos" / "main", tmp_path / "trees" / "wt"
+    (main / ".git" / "worktrees" / "wt").mkdir(parents=True)
+    (main / ".git" / "worktrees" / "wt" / "commondir").write_text("../..\n")
+    tree.mkdir(parents=True)
+    (tree / ".git").write_text(f"gitdir: {main / '.git' / 'worktrees' / 'wt'}\n")
+    assert cli._main_checkout(tree) == main
+    assert cli._main_checkout(main) is None  # a plain checkout (its .git is a folder)
