@@ -148,7 +148,7 @@ def test_lerp_addcmul_addcdiv_group_with_their_scalar():
     program = _check(_torch_adam, 2, foreach_fresh=False)
     assert program.stats["foreach_ops"] == 6, program.stats
     ir, _ = _program(_pointwise_scalars)
-    _, groups = foreach_schedule(_live_ops(ir.main_graph))
+    _, groups = foreach_schedule(_live_ops(ir.main_graph, ir.main_graph._outputs))
     sizes = {g.ops[0].type: len(g.ops) for g in groups}
     # addcmul_ by the stream (two tensors) and by 0.25 (one tensor) are two kernels
     assert sizes == {"LerpInplace": 3, "AddcdivInplace": 3, "AddcmulInplace": 2, "Mul": 3}, sizes
@@ -187,7 +187,7 @@ def test_an_op_reading_another_ops_target_is_not_grouped_with_it():
 
     _check(chained, 1, foreach_fresh=True)
     ir, _ = _program(chained)
-    _, groups = foreach_schedule(_live_ops(ir.main_graph))
+    _, groups = foreach_schedule(_live_ops(ir.main_graph, ir.main_graph._outputs))
     updates = [g for g in groups if g.ops[0].type == "ScaledAddLhsInplace"]
     assert [len(g.ops) for g in updates] == [2]  # w0 and w1 together; m0 after them
     assert updates[0].ops[0].inputs[0].id.startswith("w0")

@@ -16,6 +16,7 @@ from ..remote_variables import remote_info
 from ..schedule import schedule
 from ..tensor import Constant, Tensor, Variable
 from .alias import ViewOutputs
+from .call_outputs import kept_outputs
 from .conv_pairs import conv_backward_pairs, conv_pair_kernel
 from .direct import direct_call
 from .foreach import Group, foreach_schedule, group_kernel, plan_modes
@@ -103,6 +104,7 @@ class Program:
                 "conv_pairs",
                 "dead_outputs",
                 "buffered_ops",
+                "unread_graph_outputs",
             ),
             0,
         )
@@ -114,6 +116,8 @@ class Program:
         self.modified_inputs: Dict[Graph, Set[int]] = {}
         self.view_outputs = ViewOutputs(ir)
         self.once = graphs_run_once(ir)  # graphs that run at most once per Session.run
+        # subgraph outputs no call site reads are not computed (call_outputs.py)
+        self.kept_outputs = kept_outputs(ir.main_graph, _live_ops)
         self.main = self._compile(ir.main_graph, is_main=True)
 
     def graphs_used(self) -> List[Graph]:
@@ -140,8 +144,11 @@ class Program:
             self.variables: List[Variable] = [v for v in g.variables if not is_remote(v)]
             for i, v in enumerate(self.variables):
                 em.emit(f"{em.name(v)} = V[{i}]")
-        live = _live_ops(g)
-        em.read = _read_tensors(live, g)
+        kept = self.kept_outputs.get(g, frozenset(range(len(g._outputs))))
+        returned = [t for i, t in enumerate(g._outputs) if i in kept]
+        self.stats["unread_graph_outputs"] += len(g._outputs) - len(returned)
+        live = _live_ops(g, returned)
+        em.read = _read_tensors(live, returned)
         fused = transposed_matmuls(live, g) if self.transpose_matmuls else {}
         skip = set(fused.values())
         groups: List[Group] = []
@@ -184,7 +191,7 @@ class Program:
             dead = [em.names[t] for t in released.get(k, ()) if t in em.names]
             if dead:  # drop the last reference: the allocator recycles the storage now
                 em.emit(f"del {', '.join(dead)}")
-        outs = ", ".join(em.name(t) for t in g._outputs)
+        outs = ", ".join(em.name(t) if i in kept else "None" for i, t in enumerate(g._outputs))
         fname = "main" if is_main else self._fn_names.get(g, f"graph_{id(g)}")
         body = "\n    ".join(em.lines) or "pass"
         ret = f"({outs},)" if outs else "()"
@@ -199,9 +206,10 @@ def is_remote(v: Variable) -> bool:
     return remote_info(v) is not None
 
 
-def _live_ops(g: Graph) -> List[Op]:
-    """The schedule without dead ops: no side effect, no writes, no output that is used."""
-    used = set(g._outputs)
+def _live_ops(g: Graph, outputs: List[Tensor]) -> List[Op]:
+    """The schedule without dead ops: no side effect, no writes, no output that is used
+    (``outputs``: the graph outputs it returns)."""
+    used = set(outputs)
     live: List[Op] = []
     for op in reversed(schedule(g)):
         keep = (
@@ -217,8 +225,8 @@ def _live_ops(g: Graph) -> List[Op]:
     return live[::-1]
 
 
-def _read_tensors(live: List[Op], g: Graph) -> Set[Tensor]:
-    read = set(g._outputs)
+def _read_tensors(live: List[Op], outputs: List[Tensor]) -> Set[Tensor]:
+    read = set(outputs)
     for op in live:
         read.update(op.inputs)
     return read
