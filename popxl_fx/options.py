@@ -164,11 +164,8 @@ NOT_YET = frozenset(
         "recompute",
         "gradient_accumulation",
         "device_iterations",
-        "batch_serialisation",
         "replication_factor",
         "replicated_tensor_sharding",
-        "precision",
-        "loss_scaling",
     }
 )
 

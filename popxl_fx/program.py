@@ -49,7 +49,11 @@ class Inputs:
     tensors: list[popxl.Tensor]
 
     def feed(self, values: Sequence[torch.Tensor]) -> dict:
-        return {s: _numpy(v) for s, v in zip(self.streams, values)}
+        # astype: float inputs of a float16 program are rounded on the host (a no-op otherwise)
+        return {
+            s: _numpy(v).astype(s.dtype.as_numpy(), copy=False)
+            for s, v in zip(self.streams, values)
+        }
 
 
 def load_inputs(values: Sequence[torch.Tensor], names: Sequence[str]) -> Inputs:
@@ -133,9 +137,10 @@ class Weights:
         self, session: popxl.Session, kinds: Sequence[str] = ("param", "buffer")
     ) -> None:
         """Write the torch tensors' values into the device variables."""
+        # astype: a float16 program keeps its buffers in float16 (the torch model's stay float32)
         session.write_variables_data(
             {
-                v: _numpy(self.tensors[n])
+                v: _numpy(self.tensors[n]).astype(v.dtype.as_numpy(), copy=False)
                 for n, v in self.variables.items()
                 if self.kinds[n] in kinds
             }

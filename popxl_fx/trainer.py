@@ -23,11 +23,13 @@ import addons
 import popxl_core as popxl
 
 from . import lowerings  # noqa: F401  (fills the lowering table)
+from .batch_serial import check_batch, reset_accumulators, serialise_step, slice_examples
 from .checks import check_inputs, check_target, integer_inputs_explained
 from .errors import Issue, UnsupportedError
 from .module import Module
 from .optim import OptimizerProgram
 from .options import Options, resolve
+from .precision import half_copy, half_inputs, loss_seed, unscale
 from .program import (
     Inputs,
     ProgramView,
@@ -226,47 +228,78 @@ class Trainer(ProgramView):
 
     def _build(self, sig: tuple, inputs: tuple) -> _Program:
         check_inputs(self._model, inputs)
-        root = self._model
+        opts = self.options
+        k = opts.batch_serialisation
+        if k > 1:
+            check_batch(inputs, k, opts.batch_divisor, "batch_serialisation")
+            if self._record:
+                raise ValueError("record=True is not available with batch_serialisation.")
+        half = opts.precision == "float16"
+        traced_model = half_copy(self._model) if half else self._model
+        root, master = traced_model, None
         if self.loss_fn is not None:
-            root = with_loss(self._model, self.loss_fn, len(inputs) - 1, self._record)
+            root = with_loss(traced_model, self.loss_fn, len(inputs) - 1, self._record)
+        if half:
+            master = self._model
+            if self.loss_fn is not None:
+                master = with_loss(self._model, self.loss_fn, len(inputs) - 1, self._record)
+        examples = half_inputs(inputs) if half else inputs
         ir = popxl.Ir()
         with ir.main_graph, popxl.in_sequence():
             names = [f"input{i}" for i in range(len(inputs))]
             if self.loss_fn is not None:
                 names[-1] = "target"
-            ins = load_inputs(inputs, names)
-            fxm = Module(root, flatten_outputs=True)
+            ins = load_inputs(examples, names)
+            fxm = Module(root, flatten_outputs=True, master=master)
+            traced_on = slice_examples(examples, k) if k > 1 else examples
+            specs = [t.spec for t in ins.tensors]
+            if k > 1:
+                specs = [popxl.TensorSpec((s.shape[0] // k, *s.shape[1:]), s.dtype) for s in specs]
             model_inputs = inputs[:-1] if self.loss_fn is not None else inputs
             with integer_inputs_explained(self._model, model_inputs), _user_terms(self):
-                fxm.capture(*inputs)  # trace on the user's inputs (real branches and indices)
-                facts, fwd_graph = fxm.create_graph(*ins.tensors)
+                fxm.capture(*traced_on)  # trace on the user's inputs (real branches and indices)
+                facts, fwd_graph = fxm.create_graph(*specs)
             index = _loss_index(fxm, len(fwd_graph.graph.outputs), self._model)
             _scalar_loss(fwd_graph.graph.outputs[index], self._model, self.loss_fn is not None)
             args = fwd_graph.args.to_dict()
             torch_names = fxm.torch_names()
-            trainable = [n for n, t in args.items() if _trainable(torch_names.get(n))]
-            bwd_graph = addons.autodiff(
-                fwd_graph,
-                grads_provided=[fwd_graph.graph.outputs[index]],
-                grads_required=[args[n] for n in trainable],
-            )
+            trainable = [args[n] for n, t in args.items() if _trainable(torch_names.get(n))]
+            provided = [fwd_graph.graph.outputs[index]]
             variables = facts.init()
-            fwd = fwd_graph.bind(variables).call_with_info(*ins.tensors)
-            loss = fwd.outputs[index]
-            info = bwd_graph.grad_graph_info
-            one = popxl.constant(1.0, loss.dtype, "loss_grad")
-            bwd = bwd_graph.call_with_info(one, args=info.inputs_dict(fwd))
-            grads = info.fwd_parent_ins_to_grad_parent_outs(fwd, bwd)
             weights = Weights.from_named(variables.to_dict(), torch_names, self._prefix)
-            optim = OptimizerProgram(self.optimizer, self._names)
             params = {n: weights.variables[n] for n in weights.names("param")}
+            seed = loss_seed(fwd_graph.graph.outputs[index], opts)
+            if k > 1:
+                accum_facts, bwd_graph = addons.autodiff_with_accumulation(
+                    fwd_graph, trainable, grads_provided=provided, grads_required=trainable
+                )
+                accum = accum_facts.init()
+                step = serialise_step(
+                    fwd_graph, bwd_graph, variables, accum, ins.tensors, k, index, seed
+                )
+                loss, fwd_outputs = step.loss, ()
+                named = variables.to_dict()
+                grads = {named[n]: g for n, g in step.grads.items()}
+            else:
+                bwd_graph = addons.autodiff(
+                    fwd_graph, grads_provided=provided, grads_required=trainable
+                )
+                fwd = fwd_graph.bind(variables).call_with_info(*ins.tensors)
+                loss, fwd_outputs = fwd.outputs[index], fwd.outputs
+                info = bwd_graph.grad_graph_info
+                bwd = bwd_graph.call_with_info(seed, args=info.inputs_dict(fwd))
+                grads = info.fwd_parent_ins_to_grad_parent_outs(fwd, bwd)
+            grads = {v: unscale(g, opts) for v, g in grads.items()}
+            optim = OptimizerProgram(self.optimizer, self._names)
             optim.build(params, {n: grads[v] for n, v in params.items() if v in grads})
+            if k > 1:
+                reset_accumulators(accum)
             loss_stream = store(loss, "loss")
             recorded = {}
             if self._record:
                 recorded = {
                     f"output.{i}": store(t, f"output.{i}")
-                    for i, t in enumerate(fwd.outputs)
+                    for i, t in enumerate(fwd_outputs)
                     if i != index
                 }
                 recorded.update(
