@@ -166,5 +166,3 @@ def _mean_loss(buffer: popxl.RemoteBuffer, k: int) -> popxl.Tensor:
     for i in range(1, k):
         total = total + ops.remote_load(buffer, i, f"loss.{i}")
     return total / popxl.constant(float(k), total.dtype) if k > 1 else total
-
-

@@ -60,7 +60,7 @@ class InferenceModel(ProgramView):
 
     def __init__(self, model: nn.Module, options: Options | None = None) -> None:
         self._model = model
-        self.options = resolve(options)
+        self.options = resolve(options, "inference_model")
         self._programs: dict[tuple, _Program] = {}
         self._active: _Program | None = None
         self._synced: dict[str, tuple[int, int]] = {}

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["DEVICES", "PRECISIONS", "Options", "resolve"]
+__all__ = ["DEVICES", "PRECISIONS", "TRAINING_ONLY", "Options", "resolve"]
 
 DEVICES = ("ipu_hw", "ipu_model", "cpu")
 PRECISIONS = ("float32", "float16")
@@ -170,17 +170,23 @@ NOT_YET = frozenset(
 )
 
 
-def resolve(options: Options | None) -> Options:
+# Fields only `training_model` applies so far: `inference_model` and `compile` raise on them.
+TRAINING_ONLY = frozenset({"batch_serialisation", "precision", "loss_scaling"})
+
+
+def resolve(options: Options | None, entry: str = "training_model") -> Options:
     """``options`` or the defaults; rejects anything that is not an `Options`, and options
-    the pipeline cannot honour yet (never silently ignored)."""
+    the pipeline (or the ``entry`` point) cannot honour yet (never silently ignored)."""
     if options is None:
         return Options()
     if not isinstance(options, Options):
         raise TypeError(f"options must be a popxl_fx.Options, got {type(options).__name__}.")
     defaults = Options()
-    for name in sorted(NOT_YET):
+    not_yet = NOT_YET if entry == "training_model" else NOT_YET | TRAINING_ONLY
+    for name in sorted(not_yet):
         if getattr(options, name) != getattr(defaults, name):
+            where = "" if name in NOT_YET else f" for {entry} (training_model applies it)"
             raise NotImplementedError(
-                f"Options({name}={getattr(options, name)!r}) is not implemented yet."
+                f"Options({name}={getattr(options, name)!r}) is not implemented yet{where}."
             )
     return options
