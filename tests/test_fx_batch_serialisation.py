@@ -48,7 +48,7 @@ def test_seed_mlp_equals_the_plain_program(k):
     model, batches = SeedMLP(), _mlp_batches(3)
     plain_losses, plain, _ = train_fx(model, batches, F.cross_entropy, _sgd)
     losses, state, _ = train_fx(model, batches, F.cross_entropy, _sgd, batch_serialisation=k)
-    # measured worst: losses 2.4e-7, parameters 7.5e-9 (weights O(0.05))
+    # measured worst (k=2 and 4): losses 4.8e-7, parameters 7.5e-9 (weights O(0.05))
     assert max_diff(losses, plain_losses) <= 1e-6
     assert max_diff(state, plain) <= 5e-8
     assert max_diff(state, model.state_dict()) > 1e-3  # the weights did change
@@ -98,7 +98,7 @@ def test_batchnorm_statistics_are_per_slice_like_eager_slicing_by_hand():
     model, batches, k = small_cnn(), _bn_batches(3), 4
     ref_losses, ref = train_eager(model, batches, _sgd, _sliced_by_hand(k))
     losses, state, _ = train_fx(model, batches, F.cross_entropy, _sgd, batch_serialisation=k)
-    # measured worst: losses 2.4e-7, parameters 1.5e-8, running statistics 0 (same slices)
+    # measured worst: losses 2.4e-7, parameters 3.0e-8, running statistics 4.7e-10
     assert max_diff(losses, ref_losses) <= 1e-6
     assert max_diff(state, ref) <= 1e-7
     assert int(state["1.num_batches_tracked"]) == 3 * k  # one update per slice
