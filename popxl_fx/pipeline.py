@@ -61,6 +61,7 @@ __all__ = [
     "Lowered",
     "Programs",
     "Stage",
+    "accumulating_backward",
     "backward",
     "lower",
     "weights_of",
@@ -236,6 +237,20 @@ def backward(
     lowered.backward = grad
     build.record("backward", f"autodiff: {len(required)} gradients", [grad])
     return grad
+
+
+def accumulating_backward(
+    build: Build, lowered: Lowered, loss: popxl.Tensor, required: Sequence[popxl.Tensor]
+) -> tuple[Any, addons.GraphWithNamedArgs]:
+    """The gradient graph that mean-accumulates the gradients of ``required`` into
+    ``accum.<name>`` variables (`addons.autodiff_with_accumulation`); returns their
+    factories and the graph (kept on ``lowered``)."""
+    facts, grad = addons.autodiff_with_accumulation(
+        lowered.forward, required, grads_provided=[loss]
+    )
+    lowered.backward = grad
+    build.record("backward", f"autodiff: {len(required)} gradients, accumulated", [grad])
+    return facts, grad
 
 
 def weights_of(variables: Any, lowered: Lowered, prefix: str = "") -> Weights:

@@ -63,7 +63,7 @@ class Trainer(ProgramView):
         """One training step on ``inputs`` (with the target last when there is a loss_fn);
         returns the loss as a torch scalar."""
         prog = self._program(inputs)
-        feeds = {**prog.inputs.feed(inputs), **prog.optim.feeds()}
+        feeds = {**prog.inputs.feed(inputs), **prog.optim.feeds_for(self.options.device_iterations)}
         out = prog.session.run(feeds)
         self._device_newer = True
         # the optimizer has stepped (on the device): torch's lr schedulers check this flag
