@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from .options import Options, resolve
-from .pipeline import Build, Programs
+from .pipeline import Build, Programs, check_entry
 from .program import ProgramView, signature_of
 from .steps import Program, build_inference
 
@@ -32,10 +32,12 @@ class InferenceModel(ProgramView):
     simulator and returns torch tensors in the structure the torch forward returns."""
 
     _not_called = "the inference model has not been called yet: call it once first."
+    _entry = "inference_model"
 
     def __init__(self, model: nn.Module, options: Options | None = None) -> None:
         self._model = model
         self.options = resolve(options)
+        check_entry("inference_model", self.options)
         self._programs: Programs[Program] = Programs("inference_model")
         self._synced: dict[str, tuple[int, int]] = {}
 

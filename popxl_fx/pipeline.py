@@ -63,6 +63,7 @@ __all__ = [
     "Stage",
     "accumulating_backward",
     "backward",
+    "check_entry",
     "lower",
     "weights_of",
 ]
@@ -108,6 +109,30 @@ class Stage:
     memory: dict[int, int] = field(default_factory=dict)
 
 
+# fields an entry point does not apply (yet): an error, never silently ignored
+_UNSUPPORTED = {
+    "inference_model": {
+        "gradient_accumulation": "accumulates gradients; inference has none",
+        "device_iterations": "is not applied to inference_model yet; call it n times",
+    },
+    "compile": {
+        "gradient_accumulation": "is the torch loop's to do around a compiled module "
+        "(call it per micro-batch, then optimizer.step())",
+        "device_iterations": "is not applied to compile (the torch loop calls it per "
+        "step); use training_model",
+    },
+}
+
+
+def check_entry(entry: str, options: Options) -> None:
+    """Refuse the `Options` fields that ``entry`` does not apply (named, with the fix)."""
+    default = Options()
+    for name, why in _UNSUPPORTED.get(entry, {}).items():
+        value = getattr(options, name)
+        if value != getattr(default, name):
+            raise ValueError(f"Options({name}={value!r}) {why}; {entry} refuses it.")
+
+
 class Build:
     """One program under construction: its Ir, options and stage records.
 
@@ -125,6 +150,7 @@ class Build:
         self.prefix = prefix
         self.ir = new_ir(options)
         self.stages: list[Stage] = []
+        check_entry(entry, options)
         self.planned = False  # the main graph calls the step: stage records plan memory
 
     def record(self, name: str, detail: str, new_graphs: Iterable[Any] = ()) -> Stage:

@@ -195,6 +195,7 @@ class ProgramView:
     _active = None
     _not_called = "it has not been called yet: call it once first."
     _per = "call"
+    _entry = "program"
 
     def _require(self):
         if self._active is None:
@@ -226,3 +227,11 @@ class ProgramView:
             f"{name}:\n" + g.print_schedule() for name, g in self._schedule_graphs(prog).items()
         ]
         return "\n\n".join(parts)
+
+    def explain(self):
+        """The build pipeline as it ran for the current program (`popxl_fx.explain`)."""
+        from .explain import Explanation  # explain imports pipeline, which imports this
+
+        prog = self._require()
+        title = f"{self._entry}({type(self._model).__name__})"
+        return Explanation(title, self.options, {"step": prog.stages})

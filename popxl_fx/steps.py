@@ -94,6 +94,7 @@ def build_training(build: Build, signature: Any, req: TrainingRequest) -> Progra
         backward(build, lowered, [fwd.graph.outputs[index]], [args[n] for n in trainable])
         variables = lowered.facts.init()
         step = _plain_step(build, lowered, variables, ins, index)
+        build.planned = True  # the main graph calls the step: later stages plan memory
         weights = weights_of(variables, lowered, build.prefix)
         params = {n: weights.variables[n] for n in weights.names("param")}
         grads = {n: step.grads[v] for n, v in params.items() if v in step.grads}
@@ -143,6 +144,7 @@ def build_inference(build: Build, signature: Any, inputs: Sequence[torch.Tensor]
         lowered = lower(build, build.model, ins.tensors, inputs, contexts)
         variables = lowered.facts.init()
         outs = lowered.forward.bind(variables).call(*ins.tensors)
+        build.planned = True
         outputs = {f"output{i}": store(t, f"output{i}") for i, t in enumerate(outs)}
         weights = weights_of(variables, lowered)
     session = build.session()
@@ -251,6 +253,7 @@ def build_training_loops(build: Build, signature: Any, req: TrainingRequest) -> 
             build.planned = True
             build.record("device_iterations", f"the step repeated {n} times per call")
         else:
+            build.planned = k > 1  # the micro-batch loop is called from the main graph
             step(lambda t: t)
     session = build.session()
     outputs = {"loss": losses[0]}
