@@ -31,7 +31,8 @@ once it ran (a stage recorded out of `STAGES` order raises, so the order stays t
 one). The records are what `explain` prints: the stages that ran, their graphs with how often
 each runs per call, and the memory per IPU after the stage (planned on the program as built
 so far, once the step's call sites exist). Weights shared with torch are made in one place,
-`weights_of`.
+`weights_of`, and copied either way by `program.Weights` (``to_torch``/``from_torch`` for the
+trainer, ``changed_from_torch`` for inference).
 """
 
 from __future__ import annotations
