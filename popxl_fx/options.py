@@ -162,8 +162,6 @@ NOT_YET = frozenset(
     {
         "outline",
         "recompute",
-        "gradient_accumulation",
-        "device_iterations",
         "batch_serialisation",
         "replication_factor",
         "replicated_tensor_sharding",
