@@ -40,7 +40,8 @@ class Options:
             (PopTorch ``gradientAccumulation``; `training_model` only).
         device_iterations: run this many steps per call; inputs carry a leading dimension of
             this size and one loss per step is returned; hyper-parameters are read once per
-            call (PopTorch ``deviceIterations``; `training_model` only).
+            call (PopTorch ``deviceIterations``; `training_model` and `inference_model`, whose
+            outputs then have the leading dimension too).
         batch_serialisation: process each micro-batch in this many slices, activations through
             remote buffers (addons ``batch_serialise_fwd_and_grad``).
         replication_factor: data-parallel replicas; each gets its share of the batch and the

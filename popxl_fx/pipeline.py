@@ -114,7 +114,6 @@ class Stage:
 _UNSUPPORTED = {
     "inference_model": {
         "gradient_accumulation": "accumulates gradients; inference has none",
-        "device_iterations": "is not applied to inference_model yet; call it n times",
     },
     "compile": {
         "gradient_accumulation": "is the torch loop's to do around a compiled module "

@@ -136,19 +136,43 @@ def _recorded(outputs: list[popxl.Tensor], index: int, grads: dict) -> dict:
 
 # inference ---------------------------------------------------------------------------------
 def build_inference(build: Build, signature: Any, inputs: Sequence[torch.Tensor]) -> Program:
-    """The forward program: inputs in, the forward's flattened outputs out."""
+    """The forward program: inputs in, the forward's flattened outputs out (with
+    device_iterations=n: n forwards per call, inputs and outputs with a leading n)."""
+    n = build.options.device_iterations
     check_inputs(build.model, inputs)
-    contexts = (lambda: integer_inputs_explained(build.model, inputs),)
-    with build.ir.main_graph, popxl.in_sequence():
-        ins = load_inputs(inputs, [f"input{i}" for i in range(len(inputs))])
-        lowered = lower(build, build.model, ins.tensors, inputs, contexts)
+    check_batches(inputs, 1, n)
+    one = tuple(x[0] for x in inputs) if n > 1 else tuple(inputs)  # one iteration's inputs
+    contexts = (lambda: integer_inputs_explained(build.model, one),)
+    names = [f"input{i}" for i in range(len(inputs))]
+    ir = build.ir
+    with ir.main_graph, popxl.in_sequence():
+        if n == 1:  # the plain program: inputs loaded in the main graph, as before
+            ins = load_inputs(one, names)
+            specs: Sequence[Any] = ins.tensors
+        else:
+            specs = [popxl.TensorSpec(tuple(x.shape), popxl.dtype.as_dtype(x.dtype)) for x in one]
+        lowered = lower(build, build.model, specs, one, contexts)
         variables = lowered.facts.init()
-        outs = lowered.forward.bind(variables).call(*ins.tensors)
-        build.planned = True
-        outputs = {f"output{i}": store(t, f"output{i}") for i, t in enumerate(outs)}
+        loaded: list[Inputs] = []
+        outputs: dict[str, popxl.DeviceToHostStream] = {}
+
+        def forward(local: Callable[[popxl.Tensor], popxl.Tensor], ins=None) -> None:
+            ins = ins or load_inputs(one, names)
+            loaded.append(ins)
+            outs = lowered.forward.bind(_named(variables, local)).call(*ins.tensors)
+            outputs.update({f"output{i}": store(t, f"output{i}") for i, t in enumerate(outs)})
+
+        if n == 1:
+            forward(lambda t: t, ins)
+            build.planned = True
+        else:
+            ir.num_host_transfers = n
+            repeat_step(ir, n, forward)
+            build.planned = True
+            build.record("device_iterations", f"the forward repeated {n} times per call")
         weights = weights_of(variables, lowered)
     session = build.session()
-    return Program(signature, build.ir, session, ins, outputs, weights, lowered, build.stages)
+    return Program(signature, ir, session, loaded[0], outputs, weights, lowered, build.stages)
 
 
 # compile -----------------------------------------------------------------------------------

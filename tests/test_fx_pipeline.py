@@ -111,9 +111,36 @@ def test_explain_inference_and_compile():
 
 
 @pytest.mark.parametrize("field", ["gradient_accumulation", "device_iterations"])
-def test_inference_and_compile_refuse_training_loop_options(field):
+def test_compile_refuses_training_loop_options(field):
     opts = Options(device="cpu", **{field: 2})
-    with pytest.raises(ValueError, match=f"Options\\({field}=2\\).*inference_model refuses"):
-        popxl_fx.inference_model(nn.Linear(2, 2), opts)
     with pytest.raises(ValueError, match=f"Options\\({field}=2\\).*compile refuses"):
         popxl_fx.compile(nn.Linear(2, 2), opts)
+
+
+def test_inference_refuses_gradient_accumulation():
+    opts = Options(device="cpu", gradient_accumulation=2)
+    with pytest.raises(ValueError, match="gradient_accumulation=2.*inference_model refuses"):
+        popxl_fx.inference_model(nn.Linear(2, 2), opts)
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_inference_device_iterations_are_n_calls_bit_for_bit(train):
+    """n forwards per call; in train mode batch norm's running statistics advance n times,
+    as after n plain calls."""
+    from tests.fx_zoo import ZOO
+
+    n = 3
+    results = []
+    for iterations in (1, n):
+        model = ZOO["small_cnn"]().model.train(train)
+        sim = popxl_fx.inference_model(model, Options(device="cpu", device_iterations=iterations))
+        xs = [
+            torch.randn(4, 1, 28, 28, generator=torch.Generator().manual_seed(i)) for i in range(n)
+        ]
+        out = torch.stack([sim(x) for x in xs]) if iterations == 1 else sim(torch.stack(xs))
+        results.append((out, {k: v.clone() for k, v in model.state_dict().items()}))
+    (plain, plain_state), (looped, looped_state) = results
+    assert looped.shape == (n, 4, 10) and torch.equal(looped, plain)
+    assert all(torch.equal(plain_state[k], looped_state[k]) for k in plain_state)
+    with pytest.raises(ValueError, match="device_iterations=3.*leading dimension of 3"):
+        sim(torch.randn(4, 1, 28, 28))
