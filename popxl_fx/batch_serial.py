@@ -11,8 +11,8 @@
   a remote buffer of k entries (Streaming Memory), so only one slice's activations are on chip
   at a time;
 * the backward loop loads them back slice by slice and mean-accumulates the gradients into
-  float32 (the masters' dtype) accumulator variables; one optimizer step then reads them and
-  `reset_accumulators` zeroes them;
+  accumulator variables (float32: the masters' dtype); one optimizer step then reads them,
+  and resetting the counter makes the next step's first slice overwrite them;
 * the loss is the mean of the k slices' losses (stored per slice in a remote buffer).
 
 Semantics: for a loss that is a mean over the batch (torch's default ``reduction="mean"``), the
@@ -32,7 +32,9 @@ import addons
 import popxl_core as popxl
 from popxl_core import ops
 
-__all__ = ["SerialStep", "check_batch", "reset_accumulators", "serialise_step", "slice_examples"]
+from .options import Options
+
+__all__ = ["SerialStep", "check_batch", "serialise_step"]
 
 
 @dataclass
@@ -45,29 +47,27 @@ class SerialStep:
     backward: addons.GraphWithNamedArgs  # the serialised backward loop's graph
 
 
-def check_batch(inputs: Sequence[object], k: int, divisor: int, option: str) -> int:
-    """The batch size of ``inputs`` (dim 0 of every tensor); raises unless it divides."""
+def check_batch(inputs: Sequence[object], divisor: int, options: Options) -> int:
+    """The batch size of ``inputs`` (dim 0 of every tensor, one step's); raises unless it
+    divides by ``divisor`` (micro-batches x slices x replicas)."""
+    k = options.batch_serialisation
     sizes = {tuple(x.shape)[:1] for x in inputs if hasattr(x, "shape")}
     if len(sizes) != 1 or sizes == {()}:
         shapes = [tuple(x.shape) for x in inputs if hasattr(x, "shape")]
         raise ValueError(
-            f"Options({option}={k}) splits every input along dim 0 (the batch), but the inputs "
-            f"have shapes {shapes}; give inputs (and target) with one shared leading batch "
-            "dimension."
+            f"Options(batch_serialisation={k}) splits every input along dim 0 (the batch), but "
+            f"the inputs have shapes {shapes}; give inputs (and target) with one shared "
+            "leading batch dimension."
         )
     (batch,) = sizes.pop()
     if batch % divisor:
         raise ValueError(
-            f"Options({option}={k}): the batch of {batch} samples does not divide by {divisor} "
-            "(gradient_accumulation x batch_serialisation x replication_factor); use a batch "
-            f"that is a multiple of {divisor}, or change the option."
+            f"Options(batch_serialisation={k}, gradient_accumulation="
+            f"{options.gradient_accumulation}, replication_factor={options.replication_factor}): "
+            f"the batch of {batch} samples does not divide by {divisor} (micro-batches x slices "
+            f"x replicas); use a batch that is a multiple of {divisor}, or change the options."
         )
     return batch
-
-
-def slice_examples(inputs: Sequence[object], k: int) -> tuple:
-    """The first of k slices of each input (what the forward graph is traced on)."""
-    return tuple(x[: x.shape[0] // k] if hasattr(x, "shape") else x for x in inputs)
 
 
 def serialise_step(
@@ -78,7 +78,7 @@ def serialise_step(
     inputs: Sequence[popxl.Tensor],
     k: int,
     loss_index: int,
-    loss_seed: popxl.Tensor,
+    loss_scale: float = 1.0,
 ) -> SerialStep:
     """Run ``forward`` then ``backward`` over k slices of ``inputs`` (call in the main graph).
 
@@ -91,7 +91,7 @@ def serialise_step(
         inputs: the whole batch, one main-graph tensor per positional input of ``forward``.
         k: the number of slices.
         loss_index: which output of ``forward`` is the loss.
-        loss_seed: the loss's gradient (1, or the loss scale).
+        loss_scale: the loss's gradient (1, or ``Options.loss_scaling``).
     """
     data_ins = _data_inputs(forward)
     loads = {t: (_sliced_into_buffer(x, k), 0) for t, x in zip(data_ins, inputs)}
@@ -109,19 +109,14 @@ def serialise_step(
     )
     fwd.graph.bind(variables).call(0)
     seed_in = _grad_seed_input(backward, bwd)
-    bwd.graph.bind(_merged(variables, accumulators)).call(0, args={seed_in: loss_seed})
+    seed = popxl.constant(float(loss_scale), loss.dtype, "loss_grad")
+    bwd.graph.bind(_merged(variables, accumulators)).call(0, args={seed_in: seed})
     grads = {
         key[len("accum.") :]: t
         for key, t in accumulators.to_dict().items()
         if key.startswith("accum.")
     }
     return SerialStep(_mean_loss(loss_buffer, k), grads, fwd.graph, bwd.graph)
-
-
-def reset_accumulators(accumulators: addons.NamedTensors) -> None:
-    """Zero the gradient accumulators and their counter (after the optimizer read them)."""
-    for t in accumulators.tensors:
-        ops.var_updates.accumulator_zero_(t)
 
 
 def _data_inputs(forward: addons.GraphWithNamedArgs) -> list[popxl.Tensor]:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["DEVICES", "PRECISIONS", "TRAINING_ONLY", "Options", "resolve"]
+__all__ = ["DEVICES", "PRECISIONS", "Options", "resolve"]
 
 DEVICES = ("ipu_hw", "ipu_model", "cpu")
 PRECISIONS = ("float32", "float16")
@@ -34,10 +34,14 @@ class Options:
             list of module names or classes outlines those; ``False`` (default) inlines all.
         recompute: rebuild each outlined block's forward in its backward instead of keeping
             its activations (PopXL ``recompute_graph``; PopTorch ``recomputationCheckpoint``).
-        gradient_accumulation: split each batch into this many micro-batches, accumulate their
-            gradients, one optimizer step per call (PopTorch ``gradientAccumulation``).
+        gradient_accumulation: split each batch into this many consecutive micro-batches,
+            mean-accumulate their gradients, one optimizer step per call; the loss returned is
+            the mean of the micro-batch losses; batch norm normalises per micro-batch
+            (PopTorch ``gradientAccumulation``; `training_model` only).
         device_iterations: run this many steps per call; inputs carry a leading dimension of
-            this size and one loss per step is returned (PopTorch ``deviceIterations``).
+            this size and one loss per step is returned; hyper-parameters are read once per
+            call (PopTorch ``deviceIterations``; `training_model` and `inference_model`, whose
+            outputs then have the leading dimension too).
         batch_serialisation: process each micro-batch in this many slices, activations through
             remote buffers (addons ``batch_serialise_fwd_and_grad``).
         replication_factor: data-parallel replicas; each gets its share of the batch and the
@@ -162,31 +166,23 @@ NOT_YET = frozenset(
     {
         "outline",
         "recompute",
-        "gradient_accumulation",
-        "device_iterations",
         "replication_factor",
         "replicated_tensor_sharding",
     }
 )
 
 
-# Fields only `training_model` applies so far: `inference_model` and `compile` raise on them.
-TRAINING_ONLY = frozenset({"batch_serialisation", "precision", "loss_scaling"})
-
-
-def resolve(options: Options | None, entry: str = "training_model") -> Options:
+def resolve(options: Options | None) -> Options:
     """``options`` or the defaults; rejects anything that is not an `Options`, and options
-    the pipeline (or the ``entry`` point) cannot honour yet (never silently ignored)."""
+    the pipeline cannot honour yet (never silently ignored)."""
     if options is None:
         return Options()
     if not isinstance(options, Options):
         raise TypeError(f"options must be a popxl_fx.Options, got {type(options).__name__}.")
     defaults = Options()
-    not_yet = NOT_YET if entry == "training_model" else NOT_YET | TRAINING_ONLY
-    for name in sorted(not_yet):
+    for name in sorted(NOT_YET):
         if getattr(options, name) != getattr(defaults, name):
-            where = "" if name in NOT_YET else f" for {entry} (training_model applies it)"
             raise NotImplementedError(
-                f"Options({name}={getattr(options, name)!r}) is not implemented yet{where}."
+                f"Options({name}={getattr(options, name)!r}) is not implemented yet."
             )
     return options

@@ -38,7 +38,15 @@ from popxl_core import ops
 
 from .options import Options
 
-__all__ = ["FLOAT16_MAX", "half_copy", "half_inputs", "loss_seed", "unscale"]
+__all__ = [
+    "FLOAT16_MAX",
+    "check_loss_scale",
+    "half_copy",
+    "half_inputs",
+    "loss_seed",
+    "stream_values",
+    "unscale",
+]
 
 FLOAT16_MAX = 65504.0
 
@@ -56,15 +64,26 @@ def half_inputs(inputs: Sequence[object]) -> tuple:
     )
 
 
-def loss_seed(loss: popxl.Tensor, options: Options) -> popxl.Tensor:
-    """The backward's seed: d(loss * loss_scaling)/d(loss), in the loss's dtype."""
+def stream_values(options: Options, inputs: Sequence[object]) -> tuple:
+    """What the input streams carry: the inputs, floating ones in float16 for a float16
+    program (`program.Inputs.feed` rounds the float32 values the user passes)."""
+    return half_inputs(inputs) if options.precision == "float16" else tuple(inputs)
+
+
+def check_loss_scale(options: Options) -> None:
+    """A float16 program seeds its backward with the loss scale in float16: it must fit."""
     scale = float(options.loss_scaling)
-    if loss.dtype == popxl.float16 and scale > FLOAT16_MAX:
+    if options.precision == "float16" and scale > FLOAT16_MAX:
         raise ValueError(
-            f"Options(loss_scaling={scale}) is larger than float16 can hold ({FLOAT16_MAX}); "
-            "use a smaller loss scale (a power of two such as 1024 keeps it exact)."
+            f"Options(loss_scaling={scale:g}) is larger than float16 can hold ({FLOAT16_MAX:g}); "
+            "use a smaller loss scale (a power of two such as 1024 keeps the unscaling exact)."
         )
-    return popxl.constant(scale, loss.dtype, "loss_grad")
+
+
+def loss_seed(loss: popxl.Tensor, options: Options) -> popxl.Tensor:
+    """The backward's seed: d(loss * loss_scaling)/d(loss), in the loss's dtype (1 for
+    float32)."""
+    return popxl.constant(float(options.loss_scaling), loss.dtype, "loss_grad")
 
 
 def unscale(grad: popxl.Tensor, options: Options) -> popxl.Tensor:

@@ -162,5 +162,5 @@ def test_inputs_without_one_batch_dimension_are_refused():
 
 
 def test_entry_points_that_do_not_apply_it_refuse_it():
-    with pytest.raises(NotImplementedError, match="for inference_model"):
+    with pytest.raises(ValueError, match="inference_model refuses it"):
         popxl_fx.inference_model(SeedMLP(), popxl_fx.Options(batch_serialisation=2))
