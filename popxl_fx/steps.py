@@ -338,7 +338,7 @@ def _accumulated_step(
     if s > 1:
         build.record(
             "batch_serialisation",
-            f"{s} slices of {micro[0].shape[0]} rows per micro-batch: forward and backward "
+            f"{s} slices per micro-batch, {micro[0].shape[0]} rows each: forward and backward "
             "loops, activations through remote buffers, gradients mean-accumulated",
         )
     return loss

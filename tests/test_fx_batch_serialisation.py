@@ -68,6 +68,46 @@ def test_gpt_decoder_equals_the_plain_program():
     assert max_diff(state, model.state_dict()) > 1e-4
 
 
+@pytest.mark.parametrize(
+    ("name", "accumulation", "slices"), [("mlp", 2, 4), ("mlp", 4, 2), ("gpt", 2, 2)]
+)
+def test_with_gradient_accumulation_equals_the_plain_program(name, accumulation, slices):
+    """Each of the micro-batches in slices: the gradients are the mean over all of them."""
+    torch.manual_seed(0)
+    if name == "mlp":
+        model, batches, loss_fn = SeedMLP(), _mlp_batches(3), F.cross_entropy
+    else:
+        model, batches, loss_fn = GPT(), _gpt_batches(3), None
+    plain_losses, plain, _ = train_fx(model, batches, loss_fn, _sgd)
+    losses, state, trainer = train_fx(
+        model,
+        batches,
+        loss_fn,
+        _sgd,
+        gradient_accumulation=accumulation,
+        batch_serialisation=slices,
+    )
+    # measured worst: losses 4.8e-7 (each), parameters 7.5e-9 (mlp) / 1.5e-8 (gpt)
+    assert max_diff(losses, plain_losses) <= 1e-6
+    assert max_diff(state, plain) <= 1e-7
+    stages = [s.name for s in trainer._active.stages]
+    assert stages.index("accumulation") < stages.index("batch_serialisation")
+
+
+def test_with_device_iterations_equals_the_steps_one_call_each():
+    torch.manual_seed(0)
+    model, batches = SeedMLP(), _mlp_batches(4)
+    opts = {"gradient_accumulation": 2, "batch_serialisation": 2}
+    losses, state, _ = train_fx(model, batches, F.cross_entropy, _sgd, **opts)
+    stacked = [tuple(torch.stack(parts) for parts in zip(*batches[i : i + 2])) for i in (0, 2)]
+    per_call, state_n, _ = train_fx(
+        model, stacked, F.cross_entropy, _sgd, device_iterations=2, **opts
+    )
+    # the same programs' arithmetic, looped: bit for bit
+    assert torch.equal(torch.cat(per_call), torch.stack(losses))
+    assert all(torch.equal(state[k], state_n[k]) for k in state)
+
+
 def _bn_batches(n: int, batch: int = 8):
     g = torch.Generator().manual_seed(3)
     return [
