@@ -25,7 +25,7 @@ updated k times per step, in slice order (as PopTorch micro-batches).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import addons
@@ -35,6 +35,8 @@ from popxl_core import ops
 from .options import Options
 
 __all__ = ["SerialStep", "check_batch", "serialise_step"]
+
+COPY = "working_copy"  # the backward's named inputs for the working copies: "working_copy.<name>"
 
 
 @dataclass
@@ -79,6 +81,7 @@ def serialise_step(
     k: int,
     loss_index: int,
     loss_scale: float = 1.0,
+    working_copies: Mapping[str, popxl.Tensor] | None = None,
 ) -> SerialStep:
     """Run ``forward`` then ``backward`` over k slices of ``inputs`` (call in the main graph).
 
@@ -92,15 +95,19 @@ def serialise_step(
         k: the number of slices.
         loss_index: which output of ``forward`` is the loss.
         loss_scale: the loss's gradient (1, or ``Options.loss_scaling``).
+        working_copies: variable name -> the forward's cast of that (master) variable
+            (``precision="float16"``): the backward gets the cast made once in the calling
+            graph, instead of a copy stored per slice like an activation.
     """
     data_ins = _data_inputs(forward)
     loads = {t: (_sliced_into_buffer(x, k), 0) for t, x in zip(data_ins, inputs)}
     loss = forward.graph.outputs[loss_index]
     loss_buffer = popxl.remote_buffer(loss.shape, loss.dtype, k)
+    copies = {f"{COPY}.{n}": t for n, t in (working_copies or {}).items()}
     fwd, bwd = addons.batch_serialise_fwd_and_grad(
         forward,
         backward,
-        forward.args,
+        _merged(forward.args, addons.NamedTensors.from_dict(copies)),
         k,
         load_handles=loads,
         store_streams={},
@@ -110,7 +117,8 @@ def serialise_step(
     fwd.graph.bind(variables).call(0)
     seed_in = _grad_seed_input(backward, bwd)
     seed = popxl.constant(float(loss_scale), loss.dtype, "loss_grad")
-    bwd.graph.bind(_merged(variables, accumulators)).call(0, args={seed_in: seed})
+    casts = _casts(variables, copies, bwd.graph.args.keys_flat())
+    bwd.graph.bind(_merged(variables, accumulators, casts)).call(0, args={seed_in: seed})
     grads = {
         key[len("accum.") :]: t
         for key, t in accumulators.to_dict().items()
@@ -146,6 +154,17 @@ def _grad_seed_input(
     if len(seeds) != 1:
         raise RuntimeError(f"the gradient graph takes {len(seeds)} output gradients, not 1.")
     return serial.remap_tensors(addons.NamedTensors.from_dict({"seed": seeds[0]})).seed
+
+
+def _casts(
+    variables: addons.NamedTensors, copies: Mapping[str, popxl.Tensor], wanted: Sequence[str]
+) -> addons.NamedTensors:
+    """The working copies the backward takes, cast from their variables in this graph."""
+    named = variables.to_dict()
+    prefix = len(COPY) + 1
+    return addons.NamedTensors.from_dict(
+        {k: ops.cast(named[k[prefix:]], copies[k].dtype) for k in copies if k in wanted}
+    )
 
 
 def _merged(*trees: addons.NamedTensors) -> addons.NamedTensors:

@@ -85,6 +85,8 @@ class Module(addons.Module):
         self._captures: dict[tuple, Captured] = {}
         self._vars: dict[str, popxl.Tensor] = {}
         self._seed: list[popxl.Tensor] = []
+        # master weights' working copies (their casts) in the last graph built, by name
+        self.working_copies: dict[str, popxl.Tensor] = {}
 
     # capture ---------------------------------------------------------------------------
     def capture(self, *example_inputs: Any) -> Captured:
@@ -116,7 +118,7 @@ class Module(addons.Module):
         if issues:
             raise UnsupportedError(type(self.torch_module).__name__, issues)
         popxl.gcg().ir.numerics = "torch"  # torch's kernels, as eager PyTorch runs them
-        self._vars, self._seed = {}, []
+        self._vars, self._seed, self.working_copies = {}, [], {}
         traced = _named_tensors(self.torch_module)
         self._canonical = {id(t): n for n, (_, t) in traced.items()}
         self._kinds = {n: kind for n, (kind, _) in traced.items()}
@@ -185,7 +187,7 @@ class Module(addons.Module):
                 overwrite=True,
             )
             if data.dtype != tensor.dtype:  # a master weight: its working copy, once per graph
-                var = ops.cast(var, popxl.dtype.as_dtype(tensor.dtype))
+                var = self.working_copies[name] = ops.cast(var, popxl.dtype.as_dtype(tensor.dtype))
             self._vars[name] = var
         return self._vars[name]
 

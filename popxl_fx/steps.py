@@ -319,7 +319,10 @@ def _accumulated_step(
     fwd, bwd = lowered.forward, lowered.backward
 
     def sliced(variables, sums, xs) -> popxl.Tensor:
-        return serialise_step(fwd, bwd, variables, sums, xs, s, index, opts.loss_scaling).loss
+        copies = lowered.fxm.working_copies
+        return serialise_step(
+            fwd, bwd, variables, sums, xs, s, index, opts.loss_scaling, copies
+        ).loss
 
     micro_step = sliced if s > 1 else None
     if k > 1:
