@@ -110,10 +110,11 @@ def build_training(build: Build, signature: Any, req: TrainingRequest) -> Progra
         weights = weights_of(variables, lowered, build.prefix)
         params = {n: weights.variables[n] for n in weights.names("param")}
         grads = {n: step.grads[v] for n, v in params.items() if v in step.grads}
-        req.optimizer.build(params, master_gradients(build, reduce_gradients(build, grads)))
+        grads = master_gradients(build, reduce_gradients(build, grads))
+        req.optimizer.build(params, grads)
         build.record("optimizer", f"{type(req.optimizer.optimizer).__name__} var updates")
         outputs = {"loss": store(step.loss, "loss")}
-        if req.record:
+        if req.record:  # the gradients the optimizer steps with (float16: unscaled)
             outputs.update(_recorded(step.outputs, index, grads))
     session = build.session()
     return Program(

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 import popxl_core as popxl
 import popxl_fx
+from popxl_fx.trainer import Trainer
 
 from .fx_train_util import max_diff, train_eager, train_fx
 from .fx_zoo import GPT, SeedMLP, small_cnn
@@ -104,6 +105,22 @@ def test_batchnorm_cnn_keeps_float16_running_statistics_like_model_half():
     _assert_same(losses, ref_losses)
     assert all(torch.equal(state[k], ref[k]) for k in ref)
     assert state["1.running_var"].dtype == torch.float32  # torch's format, float16 values
+
+
+def test_the_gradients_the_optimizer_gets_are_eager_half_gradients_unscaled():
+    torch.manual_seed(0)
+    model, (x, y) = SeedMLP(), _mlp_batches(1)[0]
+    scale = 1024.0
+    m = copy.deepcopy(model)
+    options = popxl_fx.Options(device="cpu", precision="float16", loss_scaling=scale)
+    trainer = Trainer(m, _sgd(m.parameters()), F.cross_entropy, options, record=True)
+    trainer(x, y)
+    half = copy.deepcopy(model).half()
+    (F.cross_entropy(half(x.half()), y) * scale).backward()
+    for name, p in half.named_parameters():
+        got = trainer.last[f"grad.{name}"]
+        assert got.dtype == torch.float32
+        assert torch.equal(got, p.grad.float() / scale), name
 
 
 def test_within_a_stated_bound_of_the_float32_run_after_20_steps():
