@@ -129,7 +129,6 @@ _UNSUPPORTED = {
     "inference_model": {
         "gradient_accumulation": "accumulates gradients; inference has none",
         "batch_serialisation": "is applied by training_model only so far",
-        "precision": "is applied by training_model only so far",
     },
     "compile": {
         "batch_serialisation": "is applied by training_model only so far",

@@ -1,6 +1,6 @@
 """``Options(precision="float16", loss_scaling=S)``: float16 arithmetic, float32 master weights.
 
-The lowering (applied by the trainer when it builds a program):
+The lowering (`pipeline.lower`; training_model and inference_model apply it):
 
 * the model is traced as a float16 copy (``copy.deepcopy(model).half()``): every activation,
   and the arithmetic of every op, is torch's float16 arithmetic for that op;

@@ -144,10 +144,9 @@ class Weights:
         self, session: popxl.Session, kinds: Sequence[str] = ("param", "buffer")
     ) -> None:
         """Write the torch tensors' values into the device variables."""
-        # astype: a float16 program keeps its buffers in float16 (the torch model's stay float32)
         session.write_variables_data(
             {
-                v: _numpy(self.tensors[n]).astype(v.dtype.as_numpy(), copy=False)
+                v: _host_value(self.tensors[n], v)
                 for n, v in self.variables.items()
                 if self.kinds[n] in kinds
             }
@@ -161,7 +160,10 @@ class Weights:
         changed = [n for n, v in now.items() if self.synced.get(n) != v]
         if changed:
             session.write_variables_data(
-                {self.variables[n]: _numpy(self.tensors[n]) for n in changed}
+                {
+                    self.variables[n]: _host_value(self.tensors[n], self.variables[n])
+                    for n in changed
+                }
             )
         self.synced = now
 
@@ -171,6 +173,12 @@ class Weights:
 
     def forget_synced(self) -> None:
         self.synced = {}
+
+
+def _host_value(tensor: torch.Tensor, var: popxl.Variable) -> np.ndarray:
+    # astype: a float16 program keeps buffers in float16 (the torch model's stay float32);
+    # a no-op otherwise
+    return _numpy(tensor).astype(var.dtype.as_numpy(), copy=False)
 
 
 def make_session(ir: popxl.Ir, options: Options, prefix: str = "") -> popxl.Session:

@@ -160,17 +160,20 @@ def build_inference(build: Build, signature: Any, inputs: Sequence[torch.Tensor]
     ir = build.ir
     with ir.main_graph, popxl.in_sequence():
         if n == 1:  # the plain program: inputs loaded in the main graph, as before
-            ins = load_inputs(one, names)
+            ins = load_inputs(stream_values(build.options, one), names)
             specs: Sequence[Any] = ins.tensors
         else:
-            specs = [popxl.TensorSpec(tuple(x.shape), popxl.dtype.as_dtype(x.dtype)) for x in one]
+            specs = [
+                popxl.TensorSpec(tuple(x.shape), popxl.dtype.as_dtype(x.dtype))
+                for x in stream_values(build.options, one)
+            ]
         lowered = lower(build, build.model, specs, one, contexts)
         variables = lowered.facts.init()
         loaded: list[Inputs] = []
         outputs: dict[str, popxl.DeviceToHostStream] = {}
 
         def forward(local: Callable[[popxl.Tensor], popxl.Tensor], ins=None) -> None:
-            ins = ins or load_inputs(one, names)
+            ins = ins or load_inputs(stream_values(build.options, one), names)
             loaded.append(ins)
             outs = lowered.forward.bind(_named(variables, local)).call(*ins.tensors)
             outputs.update({f"output{i}": store(t, f"output{i}") for i, t in enumerate(outs)})

@@ -193,6 +193,20 @@ def test_with_slices_only_activations_go_to_streaming_memory():
     assert b <= 0.51 * a
 
 
+@pytest.mark.parametrize("name", ["seed_mlp", "bn_cnn_eval"])
+def test_inference_is_model_half_bit_for_bit_from_float32_weights(name):
+    torch.manual_seed(0)
+    model = SeedMLP() if name == "seed_mlp" else small_cnn().eval()
+    x = torch.randn(8, 1, 28, 28, generator=torch.Generator().manual_seed(4))
+    infer = popxl_fx.inference_model(model, popxl_fx.Options(device="cpu", precision="float16"))
+    assert torch.equal(infer(x), copy.deepcopy(model).half()(x.half()))
+    with torch.no_grad():  # a change to the float32 weights reaches the next call
+        next(model.parameters()).mul_(0.5)
+    out = infer(x)
+    assert out.dtype == torch.float16 and torch.equal(out, copy.deepcopy(model).half()(x.half()))
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+
+
 def test_a_loss_scale_float16_cannot_hold_is_refused_at_build():
     model = SeedMLP()
     trainer = popxl_fx.training_model(
