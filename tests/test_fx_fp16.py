@@ -123,6 +123,23 @@ def test_the_gradients_the_optimizer_gets_are_eager_half_gradients_unscaled():
         assert torch.equal(got, p.grad.float() / scale), name
 
 
+def test_torch_numerics_sum_float16_embedding_gradients_as_eager():
+    """ScatterReduce's ``"torch"`` kernel: float16 rows summed one after another (eager's
+    embedding backward), where torch's scatter_reduce rounds differently; others unchanged."""
+    from popxl_core.ops.registry import get_opdef
+
+    opdef = get_opdef("ScatterReduce")
+    g = torch.Generator().manual_seed(5)
+    grad = (torch.randn(64, 8, generator=g) * 100).half()
+    idx = torch.randint(0, 10, (64,), generator=g, dtype=torch.int32)
+    attrs = {"reduction": "sum", "axis": 0, "axis_size": 10, "enable_index_broadcast": True}
+    want = torch.ops.aten.embedding_dense_backward(grad, idx.long(), 10, -1, False)
+    assert torch.equal(opdef.kernel_for("torch")(grad, idx, **attrs), want)
+    assert not torch.equal(opdef.kernel_for("ipu")(grad, idx, **attrs), want)  # not vacuous
+    x = grad.float()
+    assert torch.equal(opdef.kernel_for("torch")(x, idx, **attrs), opdef.kernel(x, idx, **attrs))
+
+
 def test_within_a_stated_bound_of_the_float32_run_after_20_steps():
     torch.manual_seed(0)
     model, batches = SeedMLP(), _mlp_batches(20)
