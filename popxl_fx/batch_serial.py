@@ -83,7 +83,7 @@ def serialise_step(
     loss_scale: float = 1.0,
     working_copies: Mapping[str, popxl.Tensor] | None = None,
 ) -> SerialStep:
-    """Run ``forward`` then ``backward`` over k slices of ``inputs`` (call in the main graph).
+    """Run ``forward`` then ``backward`` over k slices of ``inputs`` (in the current graph).
 
     Args:
         forward: the forward graph, traced on one slice; its positional inputs are the data.
