@@ -201,6 +201,28 @@ def failing_op(program, tb):
     return found
 
 
+def running_op():
+    """The op whose kernel is running now (for a kernel's warning), found on the live stack:
+    the generated graph code's frame (compiled programs) or the reference interpreter's."""
+    import re
+    import sys
+
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_filename.startswith("<popxl graph"):
+            src = frame.f_globals.get("__popxl_sources__", {}).get(code.co_name, "")
+            lines = src.splitlines()
+            line = lines[frame.f_lineno - 1] if 0 < frame.f_lineno <= len(lines) else ""
+            m = re.search(r"\b(k\d+)\(", line)
+            ops = frame.f_globals.get("__popxl_kernel_ops__", {})
+            return ops.get(m.group(1)) if m else None
+        if code.co_name == "_run_kernel" and "op" in frame.f_locals:
+            return frame.f_locals["op"]
+        frame = frame.f_back
+    return None
+
+
 def with_op_context(program, exc: BaseException) -> BaseException:
     """``exc`` re-made with the failing op and its input tensors named in the message."""
     op = failing_op(program, exc.__traceback__)
