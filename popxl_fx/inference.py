@@ -17,7 +17,7 @@ from torch import nn
 
 import popxl_core as popxl
 
-from .checks import check_inputs, integer_inputs_explained
+from .checks import check_inputs, check_no_autocast, integer_inputs_explained
 from .module import Module
 from .options import Options, resolve
 from .program import (
@@ -66,6 +66,7 @@ class InferenceModel(ProgramView):
         self._synced: dict[str, tuple[int, int]] = {}
 
     def __call__(self, *inputs: torch.Tensor) -> Any:
+        check_no_autocast("the inference model")
         prog = self._program(inputs)
         self._weights_from_torch(prog)
         out = prog.session.run(prog.inputs.feed(inputs))

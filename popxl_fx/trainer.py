@@ -23,7 +23,13 @@ import addons
 import popxl_core as popxl
 
 from . import lowerings  # noqa: F401  (fills the lowering table)
-from .checks import check_inputs, check_target, integer_inputs_explained
+from .checks import (
+    check_inputs,
+    check_no_autocast,
+    check_step_arity,
+    check_target,
+    integer_inputs_explained,
+)
 from .errors import Issue, UnsupportedError
 from .module import Module
 from .optim import OptimizerProgram
@@ -40,7 +46,7 @@ from .program import (
     store,
 )
 
-__all__ = ["Trainer", "training_model"]
+__all__ = ["StepLoss", "Trainer", "training_model"]
 
 PREFIX = "model."  # where the model sits inside the loss wrapper
 
@@ -195,6 +201,7 @@ class Trainer(ProgramView):
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
         """One training step on ``inputs`` (with the target last when there is a loss_fn);
         returns the loss as a torch scalar."""
+        check_no_autocast("the trainer")
         prog = self._program(inputs)
         feeds = {**prog.inputs.feed(inputs), **prog.optim.feeds()}
         out = prog.session.run(feeds)
@@ -202,7 +209,7 @@ class Trainer(ProgramView):
         # the optimizer has stepped (on the device): torch's lr schedulers check this flag
         self.optimizer._opt_called = True
         self.last = {k: torch.from_numpy(out[s].copy()) for k, s in prog.recorded.items()}
-        return torch.from_numpy(out[prog.loss_stream].copy())
+        return torch.from_numpy(out[prog.loss_stream].copy()).as_subclass(StepLoss)
 
     # programs ------------------------------------------------------------------------
     def _program(self, inputs: tuple) -> _Program:
@@ -225,6 +232,7 @@ class Trainer(ProgramView):
         self._active, self._device_newer = prog, False
 
     def _build(self, sig: tuple, inputs: tuple) -> _Program:
+        check_step_arity(self._model, inputs, self.loss_fn)
         check_inputs(self._model, inputs)
         root = self._model
         if self.loss_fn is not None:
@@ -245,6 +253,7 @@ class Trainer(ProgramView):
             args = fwd_graph.args.to_dict()
             torch_names = fxm.torch_names()
             trainable = [n for n, t in args.items() if _trainable(torch_names.get(n))]
+            _some_trainable(trainable, self._model)
             bwd_graph = addons.autodiff(
                 fwd_graph,
                 grads_provided=[fwd_graph.graph.outputs[index]],
@@ -309,8 +318,61 @@ class Trainer(ProgramView):
         return self._model
 
 
+class StepLoss(torch.Tensor):
+    """The loss a trainer step returns: a plain tensor whose ``backward`` says why it has no
+    graph (the step already ran the backward and the optimizer on the device)."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl  # ops give plain tensors
+
+    def __repr__(self, **kwargs) -> str:
+        return repr(self.as_subclass(torch.Tensor))  # prints as tensor(...), like eager's
+
+    def backward(self, *args, **kwargs):
+        raise RuntimeError(
+            "this loss was returned by a popxl_fx trainer, whose step already ran the backward "
+            "pass and the optimizer step on the simulated IPU: drop loss.backward() and "
+            "optimizer.step() from the loop (use loss.item() to log it)."
+        )
+
+
+def _some_trainable(trainable: list[str], model: nn.Module) -> None:
+    """Eager's ``loss.backward()`` raises when nothing requires grad; so does the trainer
+    (it would otherwise train "successfully" with a constant loss)."""
+    if not trainable:
+        raise RuntimeError(
+            f"no parameter of {type(model).__name__} that the loss depends on requires grad, so "
+            "there is nothing to train (eager's loss.backward() raises 'element 0 of tensors "
+            "does not require grad'); set requires_grad=True on the parameters to train, or use "
+            "popxl_fx.inference_model."
+        )
+
+
 def _trainable(entry: tuple | None) -> bool:
     return entry is not None and entry[0] == "param" and entry[1].requires_grad
+
+
+def _check_arguments(optimizer: object, loss_fn: object, options: object) -> None:
+    """The positional slots of `training_model`, said plainly when mixed up."""
+    if isinstance(optimizer, Options) or isinstance(loss_fn, Options):
+        where = "optimizer" if isinstance(optimizer, Options) else "loss_fn"
+        raise TypeError(
+            f"training_model got an Options where {where} goes; the signature is "
+            "training_model(model, optimizer, loss_fn=None, options=None): pass "
+            "options=Options(...) by keyword."
+        )
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(
+            f"training_model's optimizer is a {type(optimizer).__name__}; pass a torch.optim "
+            "optimizer over the model's parameters (SGD, Adam or AdamW)."
+        )
+    if loss_fn is not None and not callable(loss_fn):
+        raise TypeError(
+            f"loss_fn is a {type(loss_fn).__name__}, not callable; pass a loss such as "
+            "torch.nn.functional.cross_entropy or nn.MSELoss(), or None when forward returns "
+            "the loss."
+        )
+    if options is not None and not isinstance(options, Options):
+        raise TypeError(f"options is a {type(options).__name__}; pass popxl_fx.Options(...).")
 
 
 def training_model(
@@ -338,4 +400,5 @@ def training_model(
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"training_model expects a torch.nn.Module, got {type(model).__name__}.")
+    _check_arguments(optimizer, loss_fn, options)
     return Trainer(model, optimizer, loss_fn, resolve(options))
