@@ -1,11 +1,12 @@
 """`training_model`: forward, loss, autodiff and a torch optimizer as one PopXL program.
 
-One Ir and one Session are built per input signature (shapes, dtypes, train/eval mode) and
-cached; switching signature goes through the torch model (device -> torch -> device), so every
-program sees the same weights and optimizer state. The torch model and optimizer stay the
-user's: `Trainer.copy_weights_to_host` (run automatically by ``model.state_dict()``,
-``optimizer.state_dict()`` and `Trainer.model`) writes the simulated weights and optimizer state
-into them in torch's own format.
+One Ir and one Session are built per signature (input shapes and dtypes, train/eval modes,
+and the `torch_state.structure_key` of the model and optimizer: parameters, buffers,
+requires_grad flags, submodules, param groups and their built-in options) and cached. The
+torch model and optimizer are the one source of truth: the program's variables are their
+tensors (`torch_state.SharedState`), so after each step ``model.fc.weight``,
+``optimizer.state`` and an eager ``model(x)`` hold the trained values, and what the user
+writes or loads between steps is what the next step uses.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from torch import nn
 
 from .checks import check_no_autocast, check_step_arity
 from .loss import PREFIX, user_terms, with_loss
-from .optim import OptimizerProgram
+from .optim import OptimizerProgram, UnsupportedOptimizerError
 from .options import Options, resolve
 from .pipeline import Build, Programs
-from .program import ProgramView, signature_of
+from .program import ProgramView, describe_change, signature_of
 from .steps import Program, TrainingRequest, build_training
+from .torch_state import SharedState, Structure, describe, snapshot, structure_key
 
 __all__ = ["StepLoss", "Trainer", "training_model"]
 
@@ -49,25 +51,22 @@ class Trainer(ProgramView):
         self.loss_fn = loss_fn
         self.options = resolve(options)
         self._prefix = PREFIX if loss_fn is not None else ""
-        self._names = {p: n for n, p in model.named_parameters()}
-        OptimizerProgram(optimizer, self._names)  # reject unsupported optimizers now
-        self._programs: Programs[Program] = Programs("training_model")
-        self._device_newer = False
-        self._hooks = [
-            model.register_state_dict_pre_hook(lambda *_: self._sync()),
-            optimizer.register_state_dict_pre_hook(lambda *_: self._sync()),
-            model.register_load_state_dict_post_hook(lambda *_: self._torch_changed()),
-        ]
+        OptimizerProgram(optimizer, _names(model))  # reject unsupported optimizers now
+        self._programs: Programs[Program] = Programs("training_model", self._why)
+        self._snapshot: dict = {}  # the named structure of the active program (for messages)
 
     # the step ------------------------------------------------------------------------
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
         """One training step on ``inputs`` (with the target last when there is a loss_fn);
         returns the loss as a torch scalar."""
         check_no_autocast("the trainer")
-        prog = self._program(inputs)
+        structure = structure_key(self._model, self.optimizer)
+        prog = self._program(inputs, structure)
+        shared = prog.extra["shared"]
+        shared.before_step(structure)  # writes and loads since the last step reach the device
         feeds = {**prog.inputs.feed(inputs), **prog.optim.feeds()}
         out = prog.session.run(feeds)
-        self._device_newer = True
+        shared.after_step()
         # the optimizer has stepped (on the device): torch's lr schedulers check this flag
         self.optimizer._opt_called = True
         self.last = {
@@ -80,16 +79,21 @@ class Trainer(ProgramView):
     def _active(self) -> Program | None:
         return self._programs.active
 
-    def _program(self, inputs: tuple) -> Program:
-        sig = signature_of(self._model, inputs)
+    def _program(self, inputs: tuple, structure: Structure) -> Program:
+        sig = (signature_of(self._model, inputs), structure)
         build = lambda: self._build(sig, inputs)  # noqa: E731
-        leave = lambda _: self.copy_weights_to_host()  # noqa: E731  (through torch)
-        return self._programs.get(sig, build, leave, self._activate)
+        enter = lambda prog: self._activate(prog, structure)  # noqa: E731
+        return self._programs.get(sig, build, None, enter)
 
-    def _activate(self, prog: Program) -> None:
-        prog.weights.from_torch(prog.session)
-        prog.session.write_variables_data(prog.optim.state_from_torch())
-        self._device_newer = False
+    def _activate(self, prog: Program, structure: Structure) -> None:
+        """The program becomes the active one: its variables become the torch tensors."""
+        prog.extra["shared"].attach(structure)
+        self._snapshot = snapshot(self._model, self.optimizer)
+
+    def _why(self, old: tuple, new: tuple) -> str:
+        if old[0] != new[0]:
+            return describe_change(old[0], new[0])
+        return describe(self._snapshot, snapshot(self._model, self.optimizer))
 
     def _build(self, sig: tuple, inputs: tuple) -> Program:
         check_step_arity(self._model, inputs, self.loss_fn)
@@ -104,39 +108,42 @@ class Trainer(ProgramView):
             root=root,
             inputs=tuple(inputs),
             names=names,
-            optimizer=OptimizerProgram(self.optimizer, self._names),
+            optimizer=self._optimizer_program(),
             has_loss_fn=has_loss_fn,
             record=self._record,
             contexts=(lambda: user_terms(self._model, self._prefix),),
         )
         build = Build("training_model", self._model, self.options, self._prefix)
-        return build_training(build, sig, request)
+        prog = build_training(build, sig, request)
+        prog.extra["shared"] = SharedState(prog.session, prog.weights, prog.optim)
+        return prog
+
+    def _optimizer_program(self) -> OptimizerProgram:
+        try:
+            return OptimizerProgram(self.optimizer, _names(self._model))
+        except UnsupportedOptimizerError as e:
+            if self._active is None:
+                raise
+            change = describe(self._snapshot, snapshot(self._model, self.optimizer))
+            raise UnsupportedOptimizerError(
+                f"since the last step, {change}; the trainer cannot give eager's result: {e} "
+                "(a replaced submodule needs its new parameters in the optimizer: build a new "
+                "optimizer and trainer)."
+            ) from None
 
     # torch side ----------------------------------------------------------------------
     def copy_weights_to_host(self) -> None:
-        """Write the simulated parameters, buffers and optimizer state into the torch model
-        and optimizer (``model.state_dict()``/``optimizer.state_dict()`` become torch's own)."""
-        prog = self._active
-        if prog is None or not self._device_newer:
-            return
-        self._device_newer = False
-        prog.weights.to_torch(prog.session)
-        prog.optim.state_to_torch(prog.session.get_tensors_data(prog.optim.variables()))
-
-    def _sync(self) -> None:
-        self.copy_weights_to_host()
-
-    def _torch_changed(self) -> None:
-        """Weights loaded into the torch model: the device takes them before the next step."""
-        if self._active is not None:
-            self._active.weights.from_torch(self._active.session)
-            self._device_newer = False
+        """Nothing left to do: the torch model and optimizer hold the trained values after
+        every step (kept for code written before they were shared)."""
 
     @property
     def model(self) -> nn.Module:
-        """The torch model, with the simulated weights copied into it."""
-        self.copy_weights_to_host()
+        """The torch model (it holds the trained weights)."""
         return self._model
+
+
+def _names(model: nn.Module) -> dict:
+    return {p: n for n, p in model.named_parameters()}
 
 
 class StepLoss(torch.Tensor):
