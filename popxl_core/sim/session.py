@@ -394,7 +394,7 @@ class Session:
             raise ValueError(
                 "Session.run inputs do not match the streams the Ir loads from. "
                 + "; ".join(parts)
-                + _names_hint(unexpected, expected)
+                + checks.names_hint(unexpected, expected)
             )
         return {s: self._checked_array(s, a, downcast) for s, a in inputs.items()}
 
@@ -409,7 +409,7 @@ class Session:
                     f"Input for stream {stream.tensor_id!r} has dtype {arr.dtype}, "
                     f"the stream carries {stream.dtype.name}."
                 )
-            _check_fits(stream, arr, want)
+            checks.check_fits(stream, arr, want)
             arr = arr.astype(want)
         if arr.shape != full:
             raise ValueError(
@@ -417,42 +417,6 @@ class Session:
                 f"{full} = [num_host_transfers, replicas (dims > 1 only), *{stream.shape}]."
             )
         return arr.reshape(expanded)
-
-
-def _names_hint(unexpected: list, expected) -> str:
-    """Why a run keyed by stream names fails, when it was: the keys are the stream objects."""
-    ids = {s.tensor_id for s in expected}
-    names = [k for k in unexpected if isinstance(k, str) and k in ids]
-    if not names:
-        return ""
-    return (
-        f". Session.run is keyed by the HostToDeviceStream objects, not by their names "
-        f"({names[0]!r} is a stream's name): pass {{stream: data}} with the stream that "
-        "popxl.h2d_stream returned."
-    )
-
-
-def _check_fits(stream: HostToDeviceStream, arr: np.ndarray, want: np.dtype) -> None:
-    """A 64-bit host array downcast to the stream's dtype must keep its values: an int64
-    label above 2**31 would wrap silently in an int32 stream (the IPU has no 64-bit types)."""
-    if arr.size == 0:
-        return
-    if np.issubdtype(want, np.integer):
-        info = np.iinfo(want)
-        low, high = arr.min(), arr.max()
-        bad = low if low < info.min else (high if high > info.max else None)
-    else:
-        finite = arr[np.isfinite(arr)] if not np.isfinite(arr).all() else arr
-        big = np.abs(finite).max() if finite.size else 0
-        info = np.finfo(want)
-        bad = big if big > info.max else None
-    if bad is not None:
-        raise ValueError(
-            f"Input for stream {stream.tensor_id!r} holds the value {bad.item()!r}, which the "
-            f"stream's {stream.dtype.name} cannot hold (range [{info.min}, {info.max}]); the "
-            f"{arr.dtype} data would change when cast. Keep the values in range, or declare "
-            "the stream with a dtype that holds them."
-        )
 
 
 def _expanded_shape(shape, ir) -> tuple:
