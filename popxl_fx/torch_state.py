@@ -163,7 +163,7 @@ class SharedState:
         self.copied: list[_Copied] = []
         self.state: dict[popxl.Variable, tuple[torch.Tensor, str, torch.Tensor | None]] = {}
         self.pointers: tuple = ()
-        self.versions: list[tuple[torch.Tensor, int]] = []  # one state tensor per group
+        self.versions: list[tuple[torch.Tensor, int]] = []  # torch's shared `step` tensors
 
     # attaching --------------------------------------------------------------------------
     def attach(self, structure: Structure) -> None:
@@ -198,28 +198,25 @@ class SharedState:
         optim = self.optim
         shared, copies = {}, {}
         self.state = {}
+        state_vars = set(optim.variables())
+        self.copied = [c for c in self.copied if c.variable not in state_vars]
         for name, vars_ in optim.state.items():
             p = optim.params[name]
             held = optim.optimizer.state.get(p, {})
             for key, var in vars_.items():
                 t = held.get(key)
-                if t is not None and self._can_share(var, t):
+                if t is None:
+                    copies[var] = np.zeros(var.shape, var.dtype.as_numpy())
+                elif self._can_share(var, t):
                     shared[var] = t
-                else:
-                    copies[var] = (
-                        np.zeros(var.shape, var.dtype.as_numpy())
-                        if t is None
-                        else t.detach()
-                        .cpu()
-                        .numpy()
-                        .astype(var.dtype.as_numpy())
-                        .reshape(var.shape)
-                    )
+                else:  # copied in now, back after each step, in again when written
+                    self.copied.append(_Copied(var, t))
                 self.state[var] = (p, key, t)
         if shared:
             self.session.share_variable_storage(shared)
         if copies:
             self.session.write_variables_data(copies)
+        self._write_changed_copies()
         for g in optim.groups:
             g.step = optim._initial_step(g)
         self._note_versions()
@@ -245,6 +242,8 @@ class SharedState:
             self._optimizer_state_changed()
 
     def _optimizer_state_changed(self) -> None:
+        """torch's state replaced (load_state_dict, clear): take it; a ``step`` tensor moved
+        by someone else: read the step counts again."""
         state = self.optim.optimizer.state
         for p, key, t in self.state.values():
             if state.get(p, _EMPTY).get(key) is not t:  # load_state_dict, or state cleared
@@ -281,10 +280,13 @@ class SharedState:
             self.state[var] = (p, key, t)
             if self._can_share(var, t):
                 shared[var] = t
+            else:
+                self.copied.append(_Copied(var, t, t._version))
         if shared:
             self.session.share_variable_storage(shared)
 
     def weights_to_torch(self) -> None:
+        """The device values of the tensors that are copied, not shared, into torch's."""
         values = self.session.get_tensors_data([c.variable for c in self.copied])
         with torch.no_grad():
             for c in self.copied:

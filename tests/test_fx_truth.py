@@ -15,14 +15,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import popxl_core as popxl
 from popxl_fx import inference_model, training_model
 from popxl_fx.optim import UnsupportedOptimizerError
+from popxl_fx.torch_state import SharedState
 
 OPTIMIZERS = {
     "sgd_momentum": lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9),
     "adam": lambda params: torch.optim.Adam(params, lr=0.01),
 }
+
+
+@pytest.fixture(params=["shared", "copied"], autouse=True)
+def storage(request, monkeypatch):
+    """Each test with the torch tensors shared, and again with every one copied (the path of
+    tensors that cannot be shared: another dtype, or a Session with replicas)."""
+    if request.param == "copied":
+        monkeypatch.setattr(SharedState, "_can_share", lambda self, v, t: False)
+    return request.param
 
 
 def mlp():
@@ -68,10 +77,11 @@ def assert_same_state(sim, sim_opt, ref, ref_opt):
 
 
 @pytest.mark.parametrize("name", OPTIMIZERS)
-def test_torch_holds_the_trained_values_after_each_step_without_a_copy(name):
+def test_torch_holds_the_trained_values_after_each_step_without_a_copy(name, storage):
     sim, sim_opt, trainer, ref, ref_opt = twins(name)
     weight = sim[0].weight
     pointer = weight.data_ptr()
+    shared = storage == "shared"
     for x, y in batches(3):
         assert_steps_equal(trainer, ref, ref_opt, [(x, y)])
         assert torch.equal(sim[0].weight, ref[0].weight)  # no state_dict() or sync needed
@@ -85,6 +95,8 @@ def test_torch_holds_the_trained_values_after_each_step_without_a_copy(name):
     assert sim_opt.state[weight][key] is held  # updated in place, as eager's step does
     variable = trainer._active.weights.variables["0.weight"]
     assert np.array_equal(trainer.session.get_tensor_data(variable), weight.detach().numpy())
+    device = trainer.session._device[0][trainer.session._variable_index[variable]]
+    assert (device.data_ptr() == pointer) == shared  # the device value is the torch tensor
     assert torch.equal(inference_model(sim)(x), sim(x))  # a later program sees them too
 
 
@@ -207,40 +219,3 @@ def test_eval_between_training_steps_sees_the_current_weights():
         with torch.no_grad():
             assert torch.equal(sim.eval()(x_val), ref.eval()(x_val))
         sim.train(), ref.train()
-
-
-# popxl_core: the primitive -------------------------------------------------------------------
-def _counter_session():
-    ir = popxl.Ir()
-    with ir.main_graph:
-        w = popxl.variable(np.zeros(3, np.float32), name="w")
-        popxl.ops.var_updates.accumulate_(w, popxl.constant(np.ones(3, np.float32)))
-    session = popxl.Session(ir, "ipu_hw")
-    return session, w
-
-
-def test_share_variable_storage_runs_on_the_tensor_itself():
-    session, w = _counter_session()
-    t = torch.full((3,), 5.0)
-    with session:
-        session.share_variable_storage({w: t})
-        session.run({})
-        assert t.tolist() == [6.0, 6.0, 6.0]  # updated in place, no copy back
-        t[0] = 100.0  # a write between runs is what the next run reads
-        session.run({})
-        assert t.tolist() == [101.0, 7.0, 7.0]
-        assert session.get_tensor_data(w).tolist() == [101.0, 7.0, 7.0]
-
-
-@pytest.mark.parametrize(
-    "tensor, message",
-    [
-        (torch.zeros(3, dtype=torch.float64), r"'w' has dtype torch.float64, the variable float32"),
-        (torch.zeros(4), r"'w' has 4 elements, the variable 3"),
-        (torch.zeros(6)[::2], r"'w' is not a contiguous CPU tensor"),
-    ],
-)
-def test_share_variable_storage_refuses_what_it_cannot_share(tensor, message):
-    session, w = _counter_session()
-    with session, pytest.raises(ValueError, match=message):
-        session.share_variable_storage({w: tensor})
