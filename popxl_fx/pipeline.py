@@ -7,8 +7,8 @@ Every program popxl_fx builds goes through the same stages, in this order (`STAG
     capture        torch.fx trace on the user's first inputs of that signature
     lower          the forward graph (`popxl_fx.Module.create_graph`); the variables are
                    named by torch names                                   [outline]
-    recompute      each outlined block's forward rebuilt in its backward  [recompute]
     backward       autodiff of the forward graph (training and compile)
+    recompute      each outlined block's forward rebuilt in its backward  [recompute]
     accumulation   the step calls forward and backward once per micro-batch, gradients
                    mean-accumulated                                       [gradient_accumulation]
     batch_serialisation  each micro-batch in slices                      [batch_serialisation]
@@ -23,15 +23,27 @@ Every program popxl_fx builds goes through the same stages, in this order (`STAG
 An entry point asks for what it needs and nothing else: `training_model` the loss, its
 backward and the optimizer (`steps.build_training`); `inference_model` the forward only
 (`steps.build_inference`); `compile` the forward and the backward graph for its
-``autograd.Function`` bridge (`steps.build_compiled_forward` / `_backward`).
+``autograd.Function`` bridge (`steps.lower_for_compile`, in both of its programs).
 
-Plugging in a transform: the stage functions here and in `steps` are the places; each reads
-its `Options` field, changes the graphs it is given, and calls `Build.record(stage, detail)`
-once it ran (a stage recorded out of `STAGES` order raises, so the order stays the stated
-one). The records are what `explain` prints: the stages that ran, their graphs with how often
+Plugging in a transform: each `Options` field has one place, a function of this module or of
+`steps` / `loops` that reads the field, changes the graphs it is given and calls
+`Build.record(stage, detail)` once it ran (a stage recorded out of `STAGES` order raises, so
+the order stays the stated one):
+
+    new_ir             Ir(replication=...)                          [replication_factor]
+    lower              one graph per repeated block, bound per call site       [outline]
+    backward           then recompute_graph of the block gradients            [recompute]
+    steps.build_training_loops / loops.micro_batch_loop   the step's shape
+                                     [gradient_accumulation, batch_serialisation, device_iterations]
+    reduce_gradients   all-reduce / reduce-scatter before the optimizer
+                                                 [replication_factor, replicated_tensor_sharding]
+    check_entry        the fields an entry point refuses (until it applies them)
+
+The records are what `explain` prints: the stages that ran, their graphs with how often
 each runs per call, and the memory per IPU after the stage (planned on the program as built
-so far, once the step's call sites exist). Weights shared with torch are made in one place,
-`weights_of`.
+so far, once the step's call sites exist; `Build.planned`). Weights shared with torch are
+made in one place, `weights_of`, and copied either way by `program.Weights` (``to_torch`` /
+``from_torch`` for the trainer, ``changed_from_torch`` for inference).
 """
 
 from __future__ import annotations
@@ -61,16 +73,19 @@ __all__ = [
     "Lowered",
     "Programs",
     "Stage",
+    "accumulating_backward",
     "backward",
+    "check_entry",
     "lower",
+    "reduce_gradients",
     "weights_of",
 ]
 
 STAGES = (
     "capture",
     "lower",
-    "recompute",
     "backward",
+    "recompute",
     "accumulation",
     "batch_serialisation",
     "replication",
@@ -107,6 +122,29 @@ class Stage:
     memory: dict[int, int] = field(default_factory=dict)
 
 
+# fields an entry point does not apply (yet): an error, never silently ignored
+_UNSUPPORTED = {
+    "inference_model": {
+        "gradient_accumulation": "accumulates gradients; inference has none",
+    },
+    "compile": {
+        "gradient_accumulation": "is the torch loop's to do around a compiled module "
+        "(call it per micro-batch, then optimizer.step())",
+        "device_iterations": "is not applied to compile (the torch loop calls it per "
+        "step); use training_model",
+    },
+}
+
+
+def check_entry(entry: str, options: Options) -> None:
+    """Refuse the `Options` fields that ``entry`` does not apply (named, with the fix)."""
+    default = Options()
+    for name, why in _UNSUPPORTED.get(entry, {}).items():
+        value = getattr(options, name)
+        if value != getattr(default, name):
+            raise ValueError(f"Options({name}={value!r}) {why}; {entry} refuses it.")
+
+
 class Build:
     """One program under construction: its Ir, options and stage records.
 
@@ -124,6 +162,7 @@ class Build:
         self.prefix = prefix
         self.ir = new_ir(options)
         self.stages: list[Stage] = []
+        check_entry(entry, options)
         self.planned = False  # the main graph calls the step: stage records plan memory
 
     def record(self, name: str, detail: str, new_graphs: Iterable[Any] = ()) -> Stage:
@@ -236,6 +275,28 @@ def backward(
     lowered.backward = grad
     build.record("backward", f"autodiff: {len(required)} gradients", [grad])
     return grad
+
+
+def accumulating_backward(
+    build: Build, lowered: Lowered, loss: popxl.Tensor, required: Sequence[popxl.Tensor]
+) -> tuple[Any, addons.GraphWithNamedArgs]:
+    """The gradient graph that mean-accumulates the gradients of ``required`` into
+    ``accum.<name>`` variables (`addons.autodiff_with_accumulation`); returns their
+    factories and the graph (kept on ``lowered``)."""
+    facts, grad = addons.autodiff_with_accumulation(
+        lowered.forward, required, grads_provided=[loss]
+    )
+    lowered.backward = grad
+    build.record("backward", f"autodiff: {len(required)} gradients, accumulated", [grad])
+    return facts, grad
+
+
+def reduce_gradients(build: Build, grads: dict[str, popxl.Tensor]) -> dict[str, popxl.Tensor]:
+    """The gradients the optimizer steps with, by torch parameter name, in the graph that
+    runs the optimizer. [replication plugs in here: mean all-reduce over the replicas, or
+    reduce-scatter with replicated_tensor_sharding; it records the "replication" stage]
+    With one replica they are the step's own gradients."""
+    return grads
 
 
 def weights_of(variables: Any, lowered: Lowered, prefix: str = "") -> Weights:

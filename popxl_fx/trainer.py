@@ -32,6 +32,7 @@ class Trainer(ProgramView):
     """The callable `training_model` returns: ``trainer(*inputs[, target])`` runs one step."""
 
     _not_called = "the trainer has not been called yet: run one step first."
+    _entry = "training_model"
 
     def _schedule_graphs(self, prog) -> dict:
         return {"forward": prog.forward, "backward": prog.backward}
@@ -64,7 +65,7 @@ class Trainer(ProgramView):
         prog = self._program(inputs, structure)
         shared = prog.extra["shared"]
         shared.before_step(structure)  # writes and loads since the last step reach the device
-        feeds = {**prog.inputs.feed(inputs), **prog.optim.feeds()}
+        feeds = {**prog.inputs.feed(inputs), **prog.optim.feeds_for(self.options.device_iterations)}
         out = prog.session.run(feeds)
         shared.after_step()
         # the optimizer has stepped (on the device): torch's lr schedulers check this flag
