@@ -30,7 +30,7 @@ from torch import nn
 
 import popxl_core as popxl
 
-from .optim import OptimizerProgram, group_structure
+from .optim import OptimizerProgram, UnsupportedOptimizerError, group_structure
 from .program import Weights
 
 __all__ = ["SharedState", "Structure", "describe", "structure_key"]
@@ -207,6 +207,8 @@ class SharedState:
                 t = held.get(key)
                 if t is None:
                     copies[var] = np.zeros(var.shape, var.dtype.as_numpy())
+                elif t.dtype != var.dtype.as_torch():
+                    raise _state_dtype_error(name, key, t, var)
                 elif self._can_share(var, t):
                     shared[var] = t
                 else:  # copied in now, back after each step, in again when written
@@ -313,3 +315,15 @@ class SharedState:
 
 
 _EMPTY: dict = {}
+
+
+def _state_dtype_error(name: str, key: str, t: torch.Tensor, var: popxl.Variable) -> Exception:
+    """torch's state in another dtype than its parameter (the model converted after the
+    optimizer stepped): eager keeps computing that state in its old dtype, op by op, which
+    the program (state in the parameter's dtype) cannot reproduce."""
+    return UnsupportedOptimizerError(
+        f"the optimizer's {key!r} of parameter '{name}' is {t.dtype}, the parameter "
+        f"{var.dtype.as_torch()} (the model's dtype changed after the optimizer stepped); "
+        "make a new optimizer (and trainer) for the converted model, or convert before the "
+        "first step."
+    )

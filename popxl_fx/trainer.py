@@ -92,9 +92,10 @@ class Trainer(ProgramView):
         self._snapshot = snapshot(self._model, self.optimizer)
 
     def _why(self, old: tuple, new: tuple) -> str:
-        if old[0] != new[0]:
-            return describe_change(old[0], new[0])
-        return describe(self._snapshot, snapshot(self._model, self.optimizer))
+        reasons = [describe_change(old[0], new[0])] if old[0] != new[0] else []
+        if old[1] != new[1]:
+            reasons.append(describe(self._snapshot, snapshot(self._model, self.optimizer)))
+        return "; ".join(reasons)
 
     def _build(self, sig: tuple, inputs: tuple) -> Program:
         check_step_arity(self._model, inputs, self.loss_fn)

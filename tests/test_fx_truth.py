@@ -219,3 +219,20 @@ def test_eval_between_training_steps_sees_the_current_weights():
         with torch.no_grad():
             assert torch.equal(sim.eval()(x_val), ref.eval()(x_val))
         sim.train(), ref.train()
+
+
+def test_dtype_change_after_steps_logs_and_refuses_the_stale_state(caplog):
+    """model.double() after the optimizer stepped: eager keeps the momentum in float32 op by
+    op, which a program cannot reproduce; the trainer says so, naming the tensor."""
+    sim, sim_opt, trainer, _, _ = twins("sgd_momentum")
+    x, y = batches(1)[0]
+    trainer(x, y)
+    sim.double()
+    with (
+        caplog.at_level(logging.INFO, logger="popxl_fx"),
+        pytest.raises(
+            UnsupportedOptimizerError, match=r"'momentum_buffer' of parameter '0.weight'"
+        ),
+    ):
+        trainer(x.double(), y)
+    assert "parameter '0.weight' changed from True, torch.float32" in caplog.text
