@@ -198,11 +198,13 @@ def training_model(
     """A trainer that runs ``model``'s training step, with ``optimizer``, on the simulated IPU.
 
     Args:
-        model: the torch model; its parameters and buffers initialise the program and receive
-            the trained values back (`Trainer.copy_weights_to_host`).
+        model: the torch model; its parameters and buffers are the program's weights (shared
+            storage: they hold the trained values after each step, and what is written into
+            them between steps is what the next step uses).
         optimizer: a ``torch.optim.SGD``, ``Adam`` or ``AdamW`` over ``model``'s parameters
             (``fused=True`` runs torch's fused kernels); its hyper-parameters are read before
-            every step (lr schedulers work).
+            every step (lr schedulers work), and its state tensors are the program's (torch
+            gets them on the first step; ``load_state_dict`` between steps is used).
         loss_fn: ``loss_fn(model(*inputs), target)``; without it ``model.forward`` must
             return the loss (or a tuple starting with it, or a dict with ``"loss"``).
         options: `Options` (device, ...).
