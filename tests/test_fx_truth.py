@@ -236,3 +236,16 @@ def test_dtype_change_after_steps_logs_and_refuses_the_stale_state(caplog):
     ):
         trainer(x.double(), y)
     assert "parameter '0.weight' changed from True, torch.float32" in caplog.text
+
+
+def test_an_inference_model_made_before_training_follows_the_steps():
+    sim, sim_opt, trainer, ref, ref_opt = twins("adam")
+    infer = inference_model(sim.eval())
+    x_val = batches(1, seed=9)[0][0]
+    assert torch.equal(infer(x_val), ref.eval()(x_val))
+    for x, y in batches(3):
+        sim.train(), ref.train()
+        assert_steps_equal(trainer, ref, ref_opt, [(x, y)])
+        sim.eval(), ref.eval()
+        with torch.no_grad():
+            assert torch.equal(infer(x_val), ref(x_val))
