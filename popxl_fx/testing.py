@@ -128,7 +128,7 @@ class _TrainingModelRunner:
         return loss, outs, grads
 
     def finish(self):
-        self.trainer.copy_weights_to_host()
+        pass  # the trainer's weights and optimizer state are the torch model's and optimizer's
 
 
 class _CompileRunner:
