@@ -135,7 +135,9 @@ class Ir:
         a 3-row one, and batch serialisation would change the numbers); the simulator runs it
         on operands padded to shapes where it does (`ops.matmul`), and the transcendental
         elementwise ops on whole SIMD blocks (`ops._positional`).
-        ``"torch"``: torch's own float32 kernels, bit for bit what eager PyTorch computes;
+        ``"torch"``: torch's own float32 kernels, bit for bit what eager PyTorch computes
+        (and torch's own float16 kernels for float16 tensors, where ``"ipu"`` computes
+        float16 in float32 and rounds, as the IPU's AMP units do);
         `popxl_fx` sets it, because its reference is eager PyTorch. A project setting, not
         PopXL's; it cannot change once a Session has compiled the Ir.
         """

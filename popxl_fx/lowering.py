@@ -256,7 +256,3 @@ def unsupported(node: fx.Node, what: str, kind: str = "unsupported op", hint: st
         node.name,
         hint,
     )
-
-
-def raise_unsupported(model: str, issue: Issue) -> None:
-    raise UnsupportedError(model, [issue])

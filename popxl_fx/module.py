@@ -10,6 +10,7 @@ a lowered torch model's reference is eager PyTorch, bit for bit (`popxl_core.Ir.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +25,7 @@ import popxl_core as popxl
 from popxl_core import ops
 
 from .capture import Captured, capture
+from .capture_effects import WARN_KINDS
 from .errors import Issue, UnsupportedError
 from .lowering import LoweringContext, run_graph
 
@@ -62,18 +64,31 @@ class Module(addons.Module):
             ``create_graph`` needs for dict/nested outputs); `unflatten` restores the structure.
         cache: as for `addons.Module`: reuse the graph for calls with the same input specs
             (e.g. one graph for several ``call_module`` outlines).
+        master: a module with the same parameter and buffer names as ``torch_module`` that
+            holds the weights (``precision="float16"``: ``torch_module`` is a float16 copy
+            traced for its arithmetic, ``master`` the user's float32 model). A parameter whose
+            dtype differs becomes a variable of the master's dtype, cast where the graph uses
+            it (so its gradient comes back in the master's dtype); a buffer keeps the traced
+            dtype and starts from the master's value.
     """
 
     def __init__(
-        self, torch_module: nn.Module, flatten_outputs: bool = False, cache: bool = False
+        self,
+        torch_module: nn.Module,
+        flatten_outputs: bool = False,
+        cache: bool = False,
+        master: nn.Module | None = None,
     ) -> None:
         super().__init__(cache=cache)
         self.torch_module = torch_module
+        self.master = master
         self.flatten_outputs = flatten_outputs
         self.out_spec: pytree.TreeSpec | None = None
         self._captures: dict[tuple, Captured] = {}
         self._vars: dict[str, popxl.Tensor] = {}
         self._seed: list[popxl.Tensor] = []
+        # master weights' working copies (their casts) in the last graph built, by name
+        self.working_copies: dict[str, popxl.Tensor] = {}
 
     # capture ---------------------------------------------------------------------------
     def capture(self, *example_inputs: Any) -> Captured:
@@ -94,22 +109,25 @@ class Module(addons.Module):
         return list(captured.checked)
 
     def torch_names(self) -> dict[str, tuple[str, torch.Tensor]]:
-        """Variable name -> ("param" | "buffer", torch tensor), for every torch tensor."""
-        names = {n: ("param", t) for n, t in self.torch_module.named_parameters()}
-        names.update({n: ("buffer", t) for n, t in self.torch_module.named_buffers()})
-        return names
+        """Variable name -> ("param" | "buffer", torch tensor), for every torch tensor (the
+        master's tensors when there is a master: they are the weights)."""
+        return _named_tensors(self.master if self.master is not None else self.torch_module)
 
     # build -----------------------------------------------------------------------------
     def build(self, *xs: popxl.Tensor) -> Any:
         captured = self.capture(*xs)
         issues = self.issues(*xs)
+        for issue in [i for i in issues if i.kind in WARN_KINDS]:
+            warnings.warn(f"{type(self.torch_module).__name__}: {issue}", stacklevel=2)
+        issues = [i for i in issues if i.kind not in WARN_KINDS]
         if issues:
             raise UnsupportedError(type(self.torch_module).__name__, issues)
         popxl.gcg().ir.numerics = "torch"  # torch's kernels, as eager PyTorch runs them
-        self._vars, self._seed = {}, []
-        names = self.torch_names()
-        self._canonical = {id(t): n for n, (_, t) in names.items()}
-        self._kinds = {n: kind for n, (kind, _) in names.items()}
+        self._vars, self._seed, self.working_copies = {}, [], {}
+        traced = _named_tensors(self.torch_module)
+        self._canonical = {id(t): n for n, (_, t) in traced.items()}
+        self._kinds = {n: kind for n, (kind, _) in traced.items()}
+        self._masters = {n: t for n, (_, t) in self.torch_names().items()}
         try:
             out = run_graph(captured.gm, xs, self._context, self._attr)
             self._advance_seed()
@@ -161,17 +179,21 @@ class Module(addons.Module):
                 f"the tensor is not a parameter or buffer of {type(self.torch_module).__name__}."
             )
         if name not in self._vars:
-            kind = self._kinds[name]
-            data = tensor.detach()
+            kind, master = self._kinds[name], self._masters.get(name, tensor)
+            # a buffer is updated in place (by_ref): it lives in the traced dtype
+            data = master.detach() if kind == "param" else master.detach().to(tensor.dtype)
             # overwrite=True: "fc.bias" merges into the "fc" sub-tree that "fc.weight" made
             # (each name is added once: self._vars guards it).
-            self._vars[name] = self.add_variable_input(
+            var = self.add_variable_input(
                 name,
                 _host_data(data),
                 popxl.dtype.as_dtype(data.dtype),
                 by_ref=kind == "buffer",
                 overwrite=True,
             )
+            if data.dtype != tensor.dtype:  # a master weight: its working copy, once per graph
+                var = self.working_copies[name] = ops.cast(var, popxl.dtype.as_dtype(tensor.dtype))
+            self._vars[name] = var
         return self._vars[name]
 
     def _record(self, name: str | int, t: Any, f: Any, overwrite: bool) -> None:
@@ -197,6 +219,12 @@ class Module(addons.Module):
     def _advance_seed(self) -> None:
         if self._seed:
             ops.var_updates.copy_var_update_(self._seed[0], self._seed[1])
+
+
+def _named_tensors(module: nn.Module) -> dict[str, tuple[str, torch.Tensor]]:
+    names = {n: ("param", t) for n, t in module.named_parameters()}
+    names.update({n: ("buffer", t) for n, t in module.named_buffers()})
+    return names
 
 
 def _host_data(tensor: torch.Tensor) -> Callable[[], np.ndarray]:

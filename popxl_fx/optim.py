@@ -20,7 +20,7 @@ SGD and Adam(W) match torch bit for bit: each update is torch's single-tensor (C
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,7 +31,7 @@ from popxl_core import ops
 
 from .optim_fused import FusedBuilder, fused_feeds, fused_structure
 
-__all__ = ["OptimizerProgram", "UnsupportedOptimizerError"]
+__all__ = ["OptimizerProgram", "UnsupportedOptimizerError", "group_structure"]
 
 _SGD_HYPER = ("neg_lr", "weight_decay", "buf_scale", "damp_alpha", "momentum")
 _ADAM_HYPER = ("w1", "beta2", "c2", "bc2_sqrt", "eps", "neg_step_size", "weight_decay", "decay")
@@ -115,6 +115,7 @@ class OptimizerProgram:
             self.groups.append(_Group(i, [by_id[id(p)] for p in group["params"]]))
         self.params = {by_id[id(p)]: p for g in optimizer.param_groups for p in g["params"]}
         self.state: dict[str, dict[str, popxl.Variable]] = {}
+        self._local: Callable[[popxl.Tensor], popxl.Tensor] | None = None
         for g in self.groups:
             g.step = self._initial_step(g)
 
@@ -130,16 +131,7 @@ class OptimizerProgram:
         )
 
     def _structure(self, pg: Mapping) -> tuple:
-        if pg.get("fused"):
-            return fused_structure(self.kind, pg)
-        if self.kind == "sgd":
-            return (
-                pg["momentum"] != 0,
-                bool(pg["nesterov"]),
-                pg["weight_decay"] != 0,
-                bool(pg["maximize"]),
-            )
-        return (pg["weight_decay"] != 0, _decoupled(pg), bool(pg["maximize"]))
+        return group_structure(type(self.optimizer), pg)
 
     def _initial_step(self, g: _Group) -> int:
         """The step count of the optimizer's existing state (0 when it has none)."""
@@ -158,8 +150,19 @@ class OptimizerProgram:
         return steps.pop() if steps else 0
 
     # building ------------------------------------------------------------------------
-    def build(self, params: Mapping[str, popxl.Tensor], grads: Mapping[str, popxl.Tensor]) -> None:
-        """Add the update of every parameter that has a gradient (in the current graph)."""
+    def build(
+        self,
+        params: Mapping[str, popxl.Tensor],
+        grads: Mapping[str, popxl.Tensor],
+        local: Callable[[popxl.Tensor], popxl.Tensor] | None = None,
+    ) -> None:
+        """Add the update of every parameter that has a gradient (in the current graph).
+
+        ``local``: when the current graph is a subgraph (a step repeated per device
+        iteration), state variables are made in the main graph and ``local(variable)`` is the
+        subgraph's input that stands for it.
+        """
+        self._local = local
         with popxl.in_sequence():
             for g, pg in zip(self.groups, self.optimizer.param_groups):
                 g.structure = self._structure(pg)
@@ -201,9 +204,14 @@ class OptimizerProgram:
         # torch keeps `step` as a float32 scalar and the rest in the parameter's dtype
         shape, dtype = ((), popxl.float32) if key == "step" else (like.shape, like.dtype)
         data = self._initial(name, key, shape, dtype.as_numpy())
-        var = popxl.variable(data, dtype, name=f"optimizer.{name}.{key}")
+        if self._local is None:
+            var = popxl.variable(data, dtype, name=f"optimizer.{name}.{key}")
+            self.state.setdefault(name, {})[key] = var
+            return var
+        with popxl.gcg().ir.main_graph:  # variables live in the main graph only
+            var = popxl.variable(data, dtype, name=f"optimizer.{name}.{key}")
         self.state.setdefault(name, {})[key] = var
-        return var
+        return self._local(var)
 
     def _sgd(self, name: str, p, grad, hp, pg) -> None:
         if pg["maximize"]:
@@ -256,6 +264,15 @@ class OptimizerProgram:
             out.update(g.fed[1])
         return out
 
+    def feeds_for(self, steps: int) -> dict[popxl.HostToDeviceStream, np.ndarray]:
+        """The hyper-parameters of the next ``steps`` steps, stacked (one row per step, for a
+        program that repeats its step ``steps`` times per run): read from the torch optimizer
+        now, so an lr scheduler's change applies from the next call."""
+        if steps == 1:
+            return self.feeds()
+        rows = [self.feeds() for _ in range(steps)]
+        return {s: np.stack([row[s] for row in rows]) for s in rows[0]}
+
     def _hyper_arrays(self, g: _Group, pg: Mapping) -> dict:
         values = _sgd_hyper(pg, g.step) if self.kind == "sgd" else _adam_hyper(pg, g.step)
         return {
@@ -293,6 +310,29 @@ class OptimizerProgram:
 
     def variables(self) -> list[popxl.Variable]:
         return [v for vs in self.state.values() for v in vs.values()]
+
+
+_KINDS = {torch.optim.SGD: "sgd", torch.optim.Adam: "adam", torch.optim.AdamW: "adam"}
+
+
+def group_structure(optimizer_type: type, pg: Mapping) -> tuple:
+    """The options of a param group that the program is built with (not fed as streams):
+    a change needs another program."""
+    kind = _KINDS.get(optimizer_type)
+    rejected = tuple(pg.get(opt) for opt in _REJECT)  # a program is refused when set
+    if kind is None:
+        return rejected
+    if pg.get("fused"):
+        return ("fused", fused_structure(kind, pg), rejected)
+    if kind == "sgd":
+        return (
+            pg["momentum"] != 0,
+            bool(pg["nesterov"]),
+            pg["weight_decay"] != 0,
+            bool(pg["maximize"]),
+            rejected,
+        )
+    return (pg["weight_decay"] != 0, _decoupled(pg), bool(pg["maximize"]), rejected)
 
 
 def _decoupled(pg: Mapping) -> bool:

@@ -34,20 +34,30 @@ class Options:
             list of module names or classes outlines those; ``False`` (default) inlines all.
         recompute: rebuild each outlined block's forward in its backward instead of keeping
             its activations (PopXL ``recompute_graph``; PopTorch ``recomputationCheckpoint``).
-        gradient_accumulation: split each batch into this many micro-batches, accumulate their
-            gradients, one optimizer step per call (PopTorch ``gradientAccumulation``).
+        gradient_accumulation: split each batch into this many consecutive micro-batches,
+            mean-accumulate their gradients, one optimizer step per call; the loss returned is
+            the mean of the micro-batch losses; batch norm normalises per micro-batch
+            (PopTorch ``gradientAccumulation``; `training_model` only).
         device_iterations: run this many steps per call; inputs carry a leading dimension of
-            this size and one loss per step is returned (PopTorch ``deviceIterations``).
+            this size and one loss per step is returned; hyper-parameters are read once per
+            call (PopTorch ``deviceIterations``; `training_model` and `inference_model`, whose
+            outputs then have the leading dimension too).
         batch_serialisation: process each micro-batch in this many slices, activations through
-            remote buffers (addons ``batch_serialise_fwd_and_grad``).
+            remote buffers, gradients mean-accumulated over the slices, one optimizer step
+            (PopXL batch serialisation, addons ``batch_serialise_fwd_and_grad``;
+            `popxl_fx.batch_serial`). Batch norm statistics are per slice.
         replication_factor: data-parallel replicas; each gets its share of the batch and the
             gradients are mean all-reduced (PopTorch ``replicationFactor``, PopXL
             ``Ir(replication=)``).
         replicated_tensor_sharding: shard optimizer state across the replicas (reduce-scatter
             gradients, sharded update, all-gather weights; PopTorch/PopXL RTS).
-        precision: ``"float32"`` (default, bit for bit with eager) or ``"float16"`` weights and
-            activations with float32 master weights and optimizer state.
-        loss_scaling: static loss scale with ``precision="float16"`` (PopTorch ``loss_scaling``).
+        precision: ``"float32"`` (default, bit for bit with eager) or ``"float16"``: the model
+            traced in float16 (PopTorch ``model.half()``), its weights cast per step from
+            float32 master variables, gradients accumulated and the optimizer (and its state)
+            in float32 (`popxl_fx.precision`).
+        loss_scaling: static loss scale with ``precision="float16"``: the backward starts from
+            ``loss_scaling`` and the gradients are divided by it before the optimizer
+            (PopTorch ``opts.Training.setLossScaling``/``loss_scaling``).
         memory: reserved for ``"auto"`` planning of models bigger than one IPU; only an empty
             mapping is accepted today.
 
@@ -162,13 +172,8 @@ NOT_YET = frozenset(
     {
         "outline",
         "recompute",
-        "gradient_accumulation",
-        "device_iterations",
-        "batch_serialisation",
         "replication_factor",
         "replicated_tensor_sharding",
-        "precision",
-        "loss_scaling",
     }
 )
 

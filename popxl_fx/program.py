@@ -49,7 +49,11 @@ class Inputs:
     tensors: list[popxl.Tensor]
 
     def feed(self, values: Sequence[torch.Tensor]) -> dict:
-        return {s: _numpy(v) for s, v in zip(self.streams, values)}
+        # astype: float inputs of a float16 program are rounded on the host (a no-op otherwise)
+        return {
+            s: _numpy(v).astype(s.dtype.as_numpy(), copy=False)
+            for s, v in zip(self.streams, values)
+        }
 
 
 def load_inputs(values: Sequence[torch.Tensor], names: Sequence[str]) -> Inputs:
@@ -96,6 +100,11 @@ def _numpy(t: torch.Tensor) -> np.ndarray:
     return t.detach().cpu().contiguous().numpy()
 
 
+def _versions(tensors: Mapping[str, torch.Tensor]) -> dict[str, tuple[int, int]]:
+    """Identity and in-place version of each tensor: what changes when torch updates it."""
+    return {n: (id(t), t._version) for n, t in tensors.items()}
+
+
 @dataclass
 class Weights:
     """Variables of one Ir by torch name (``prefix`` stripped), and their torch tensors."""
@@ -103,6 +112,8 @@ class Weights:
     variables: dict[str, popxl.Variable]
     tensors: dict[str, torch.Tensor]
     kinds: dict[str, str] = field(default_factory=dict)  # name -> "param" | "buffer"
+    # torch tensor identity and in-place version when last equal to the device's values
+    synced: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     @classmethod
     def from_named(
@@ -135,11 +146,39 @@ class Weights:
         """Write the torch tensors' values into the device variables."""
         session.write_variables_data(
             {
-                v: _numpy(self.tensors[n])
+                v: _host_value(self.tensors[n], v)
                 for n, v in self.variables.items()
                 if self.kinds[n] in kinds
             }
         )
+
+    # only what torch changed ---------------------------------------------------------
+    def changed_from_torch(self, session: popxl.Session) -> None:
+        """Write the torch tensors changed (replaced or updated in place) since the last
+        `mark_synced` into the device variables; all of them after `forget_synced`."""
+        now = _versions(self.tensors)
+        changed = [n for n, v in now.items() if self.synced.get(n) != v]
+        if changed:
+            session.write_variables_data(
+                {
+                    self.variables[n]: _host_value(self.tensors[n], self.variables[n])
+                    for n in changed
+                }
+            )
+        self.synced = now
+
+    def mark_synced(self) -> None:
+        """The device and the torch tensors hold the same values now."""
+        self.synced = _versions(self.tensors)
+
+    def forget_synced(self) -> None:
+        self.synced = {}
+
+
+def _host_value(tensor: torch.Tensor, var: popxl.Variable) -> np.ndarray:
+    # astype: a float16 program keeps buffers in float16 (the torch model's stay float32);
+    # a no-op otherwise
+    return _numpy(tensor).astype(var.dtype.as_numpy(), copy=False)
 
 
 def make_session(ir: popxl.Ir, options: Options, prefix: str = "") -> popxl.Session:
@@ -195,6 +234,7 @@ class ProgramView:
     _active = None
     _not_called = "it has not been called yet: call it once first."
     _per = "call"
+    _entry = "program"
 
     def _require(self):
         if self._active is None:
@@ -226,3 +266,11 @@ class ProgramView:
             f"{name}:\n" + g.print_schedule() for name, g in self._schedule_graphs(prog).items()
         ]
         return "\n\n".join(parts)
+
+    def explain(self):
+        """The build pipeline as it ran for the current program (`popxl_fx.explain`)."""
+        from .explain import Explanation  # explain imports pipeline, which imports this
+
+        prog = self._require()
+        title = f"{self._entry}({type(self._model).__name__})"
+        return Explanation(title, self.options, {"step": prog.stages})

@@ -1,166 +1,38 @@
 """`training_model`: forward, loss, autodiff and a torch optimizer as one PopXL program.
 
-One Ir and one Session are built per input signature (shapes, dtypes, train/eval mode) and
-cached; switching signature goes through the torch model (device -> torch -> device), so every
-program sees the same weights and optimizer state. The torch model and optimizer stay the
-user's: `Trainer.copy_weights_to_host` (run automatically by ``model.state_dict()``,
-``optimizer.state_dict()`` and `Trainer.model`) writes the simulated weights and optimizer state
-into them in torch's own format.
+One Ir and one Session are built per signature (input shapes and dtypes, train/eval modes,
+and the `torch_state.structure_key` of the model and optimizer: parameters, buffers,
+requires_grad flags, submodules, param groups and their built-in options) and cached. The
+torch model and optimizer are the one source of truth: the program's variables are their
+tensors (`torch_state.SharedState`), so after each step ``model.fc.weight``,
+``optimizer.state`` and an eager ``model(x)`` hold the trained values, and what the user
+writes or loads between steps is what the next step uses.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 
 import torch
-import torch.utils._pytree as pytree
 from torch import nn
 
-import addons
-import popxl_core as popxl
-
-from . import lowerings  # noqa: F401  (fills the lowering table)
-from .checks import check_inputs, check_target, integer_inputs_explained
-from .errors import Issue, UnsupportedError
-from .module import Module
-from .optim import OptimizerProgram
+from .checks import check_no_autocast, check_step_arity
+from .loss import PREFIX, user_terms, with_loss
+from .optim import OptimizerProgram, UnsupportedOptimizerError
 from .options import Options, resolve
-from .program import (
-    Inputs,
-    ProgramView,
-    Weights,
-    describe_change,
-    load_inputs,
-    log,
-    make_session,
-    signature_of,
-    store,
-)
+from .pipeline import Build, Programs
+from .program import ProgramView, describe_change, signature_of
+from .steps import Program, TrainingRequest, build_training
+from .torch_state import SharedState, Structure, describe, snapshot, structure_key
 
-__all__ = ["Trainer", "training_model"]
-
-PREFIX = "model."  # where the model sits inside the loss wrapper
-
-
-class WithLoss(nn.Module):
-    """``loss_fn(model(*inputs), target)`` as one module, so the loss is traced and lowered
-    through the same table as the model (a loss module is a leaf, a loss function a call)."""
-
-    def __init__(self, model: nn.Module, loss_fn: Callable, with_output: bool = False) -> None:
-        super().__init__()
-        self.model = model
-        self.loss_fn = loss_fn
-        self.with_output = with_output
-
-    # fx traces a fixed signature (no *args): one class per number of model inputs
-    def forward(self, input0, target):
-        return self._loss(self.model(input0), target)
-
-    def _loss(self, out, target):
-        # while traced, out and target are proxies carrying their example values
-        check_target(_example_value(out), _example_value(target), self.loss_fn)
-        loss = self.loss_fn(out, target)
-        return (loss, out) if self.with_output else loss
-
-
-class _WithLoss2(WithLoss):
-    def forward(self, input0, input1, target):
-        return self._loss(self.model(input0, input1), target)
-
-
-class _WithLoss3(WithLoss):
-    def forward(self, input0, input1, input2, target):
-        return self._loss(self.model(input0, input1, input2), target)
-
-
-@contextlib.contextmanager
-def _user_terms(trainer: "Trainer") -> Iterator[None]:
-    """Issues found in the loss wrapper, told in terms of the user's model: its class name,
-    module paths and attributes without the wrapper's ``model.`` prefix."""
-    try:
-        yield
-    except UnsupportedError as e:
-        if not trainer._prefix:
-            raise
-        issues = [_unwrapped(issue, trainer._prefix) for issue in e.issues]
-        raise UnsupportedError(type(trainer._model).__name__, issues) from None
-
-
-def _unwrapped(issue: Issue, prefix: str) -> Issue:
-    path = issue.module_path
-    path = (
-        path[len(prefix) :] if path.startswith(prefix) else ("" if path + "." == prefix else path)
-    )
-    return dataclasses.replace(issue, module_path=path, what=issue.what.replace(f"'{prefix}", "'"))
-
-
-def _example_value(x: object) -> object:
-    return x.node.meta.get("example_value") if isinstance(x, torch.fx.Proxy) else x
-
-
-def with_loss(
-    model: nn.Module, loss_fn: Callable, n_inputs: int, with_output: bool = False
-) -> WithLoss:
-    """The loss wrapper for a model taking ``n_inputs`` tensors (1 to 3)."""
-    classes = {1: WithLoss, 2: _WithLoss2, 3: _WithLoss3}
-    if n_inputs not in classes:
-        raise ValueError(
-            f"with loss_fn, the model takes 1 to 3 inputs (got {n_inputs}); "
-            "return the loss from forward instead."
-        )
-    return classes[n_inputs](model, loss_fn, with_output)
-
-
-@dataclass
-class _Program:
-    """One compiled training step."""
-
-    signature: tuple
-    ir: popxl.Ir
-    session: popxl.Session
-    inputs: Inputs
-    loss_stream: popxl.DeviceToHostStream
-    weights: Weights
-    optim: OptimizerProgram
-    forward: addons.GraphWithNamedArgs
-    backward: addons.GraphWithNamedArgs
-    recorded: dict[str, popxl.DeviceToHostStream]  # outputs and gradients, with `record`
-
-
-def _loss_index(fxm: Module, n_outputs: int, model: nn.Module) -> int:
-    """Which flattened output is the loss: the tensor, ``out["loss"]`` or ``out[0]``."""
-    where = pytree.tree_unflatten(list(range(n_outputs)), fxm.out_spec)
-    if isinstance(where, dict) and "loss" in where:
-        where = where["loss"]
-    elif isinstance(where, (tuple, list)) and where:
-        where = where[0]
-    if not isinstance(where, int):
-        raise ValueError(
-            f"{type(model).__name__}.forward returns {type(where).__name__} without a loss; "
-            "return the loss (a tensor, a tuple starting with it, or a dict with 'loss') or "
-            "pass loss_fn=."
-        )
-    return where
-
-
-def _scalar_loss(loss: popxl.Tensor, model: nn.Module, has_loss_fn: bool) -> None:
-    if loss.shape == () and loss.dtype.is_floating_point:
-        return
-    what = "loss_fn" if has_loss_fn else f"{type(model).__name__}.forward"
-    hint = "reduce it (reduction='mean')" if has_loss_fn else "pass loss_fn=, e.g. F.cross_entropy"
-    raise ValueError(
-        f"training_model needs a scalar float loss, but {what} returns a tensor of shape "
-        f"{tuple(loss.shape)} ({loss.dtype.name}); {hint}."
-    )
+__all__ = ["StepLoss", "Trainer", "training_model"]
 
 
 class Trainer(ProgramView):
     """The callable `training_model` returns: ``trainer(*inputs[, target])`` runs one step."""
 
     _not_called = "the trainer has not been called yet: run one step first."
+    _entry = "training_model"
 
     def _schedule_graphs(self, prog) -> dict:
         return {"forward": prog.forward, "backward": prog.backward}
@@ -180,137 +52,141 @@ class Trainer(ProgramView):
         self.loss_fn = loss_fn
         self.options = resolve(options)
         self._prefix = PREFIX if loss_fn is not None else ""
-        self._names = {p: n for n, p in model.named_parameters()}
-        OptimizerProgram(optimizer, self._names)  # reject unsupported optimizers now
-        self._programs: dict[tuple, _Program] = {}
-        self._active: _Program | None = None
-        self._device_newer = False
-        self._hooks = [
-            model.register_state_dict_pre_hook(lambda *_: self._sync()),
-            optimizer.register_state_dict_pre_hook(lambda *_: self._sync()),
-            model.register_load_state_dict_post_hook(lambda *_: self._torch_changed()),
-        ]
+        OptimizerProgram(optimizer, _names(model))  # reject unsupported optimizers now
+        self._programs: Programs[Program] = Programs("training_model", self._why)
+        self._snapshot: dict = {}  # the named structure of the active program (for messages)
 
     # the step ------------------------------------------------------------------------
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
         """One training step on ``inputs`` (with the target last when there is a loss_fn);
         returns the loss as a torch scalar."""
-        prog = self._program(inputs)
-        feeds = {**prog.inputs.feed(inputs), **prog.optim.feeds()}
+        check_no_autocast("the trainer")
+        structure = structure_key(self._model, self.optimizer)
+        prog = self._program(inputs, structure)
+        shared = prog.extra["shared"]
+        shared.before_step(structure)  # writes and loads since the last step reach the device
+        feeds = {**prog.inputs.feed(inputs), **prog.optim.feeds_for(self.options.device_iterations)}
         out = prog.session.run(feeds)
-        self._device_newer = True
+        shared.after_step()
         # the optimizer has stepped (on the device): torch's lr schedulers check this flag
         self.optimizer._opt_called = True
-        self.last = {k: torch.from_numpy(out[s].copy()) for k, s in prog.recorded.items()}
-        return torch.from_numpy(out[prog.loss_stream].copy())
+        self.last = {
+            k: torch.from_numpy(out[s].copy()) for k, s in prog.outputs.items() if k != "loss"
+        }
+        return torch.from_numpy(out[prog.outputs["loss"]].copy()).as_subclass(StepLoss)
 
     # programs ------------------------------------------------------------------------
-    def _program(self, inputs: tuple) -> _Program:
-        sig = signature_of(self._model, inputs)
-        if self._active is not None and self._active.signature == sig:
-            return self._active
-        if self._active is not None:
-            log.info(
-                "training_model: recompiling, %s", describe_change(self._active.signature, sig)
-            )
-            self.copy_weights_to_host()
-        prog = self._programs.get(sig) or self._build(sig, inputs)
-        self._programs[sig] = prog
-        self._activate(prog)
+    @property
+    def _active(self) -> Program | None:
+        return self._programs.active
+
+    def _program(self, inputs: tuple, structure: Structure) -> Program:
+        sig = (signature_of(self._model, inputs), structure)
+        build = lambda: self._build(sig, inputs)  # noqa: E731
+        enter = lambda prog: self._activate(prog, structure)  # noqa: E731
+        return self._programs.get(sig, build, None, enter)
+
+    def _activate(self, prog: Program, structure: Structure) -> None:
+        """The program becomes the active one: its variables become the torch tensors."""
+        prog.extra["shared"].attach(structure)
+        self._snapshot = snapshot(self._model, self.optimizer)
+
+    def _why(self, old: tuple, new: tuple) -> str:
+        reasons = [describe_change(old[0], new[0])] if old[0] != new[0] else []
+        if old[1] != new[1]:
+            reasons.append(describe(self._snapshot, snapshot(self._model, self.optimizer)))
+        return "; ".join(reasons)
+
+    def _build(self, sig: tuple, inputs: tuple) -> Program:
+        check_step_arity(self._model, inputs, self.loss_fn)
+        has_loss_fn = self.loss_fn is not None
+        root = self._model
+        names = [f"input{i}" for i in range(len(inputs))]
+        if has_loss_fn:
+            root = with_loss(self._model, self.loss_fn, len(inputs) - 1, self._record)
+            names[-1] = "target"
+        request = TrainingRequest(
+            model=self._model,
+            root=root,
+            inputs=tuple(inputs),
+            names=names,
+            optimizer=self._optimizer_program(),
+            has_loss_fn=has_loss_fn,
+            record=self._record,
+            contexts=(lambda: user_terms(self._model, self._prefix),),
+        )
+        build = Build("training_model", self._model, self.options, self._prefix)
+        prog = build_training(build, sig, request)
+        prog.extra["shared"] = SharedState(prog.session, prog.weights, prog.optim)
         return prog
 
-    def _activate(self, prog: _Program) -> None:
-        prog.weights.from_torch(prog.session)
-        prog.session.write_variables_data(prog.optim.state_from_torch())
-        self._active, self._device_newer = prog, False
-
-    def _build(self, sig: tuple, inputs: tuple) -> _Program:
-        check_inputs(self._model, inputs)
-        root = self._model
-        if self.loss_fn is not None:
-            root = with_loss(self._model, self.loss_fn, len(inputs) - 1, self._record)
-        ir = popxl.Ir()
-        with ir.main_graph, popxl.in_sequence():
-            names = [f"input{i}" for i in range(len(inputs))]
-            if self.loss_fn is not None:
-                names[-1] = "target"
-            ins = load_inputs(inputs, names)
-            fxm = Module(root, flatten_outputs=True)
-            model_inputs = inputs[:-1] if self.loss_fn is not None else inputs
-            with integer_inputs_explained(self._model, model_inputs), _user_terms(self):
-                fxm.capture(*inputs)  # trace on the user's inputs (real branches and indices)
-                facts, fwd_graph = fxm.create_graph(*ins.tensors)
-            index = _loss_index(fxm, len(fwd_graph.graph.outputs), self._model)
-            _scalar_loss(fwd_graph.graph.outputs[index], self._model, self.loss_fn is not None)
-            args = fwd_graph.args.to_dict()
-            torch_names = fxm.torch_names()
-            trainable = [n for n, t in args.items() if _trainable(torch_names.get(n))]
-            bwd_graph = addons.autodiff(
-                fwd_graph,
-                grads_provided=[fwd_graph.graph.outputs[index]],
-                grads_required=[args[n] for n in trainable],
-            )
-            variables = facts.init()
-            fwd = fwd_graph.bind(variables).call_with_info(*ins.tensors)
-            loss = fwd.outputs[index]
-            info = bwd_graph.grad_graph_info
-            one = popxl.constant(1.0, loss.dtype, "loss_grad")
-            bwd = bwd_graph.call_with_info(one, args=info.inputs_dict(fwd))
-            grads = info.fwd_parent_ins_to_grad_parent_outs(fwd, bwd)
-            weights = Weights.from_named(variables.to_dict(), torch_names, self._prefix)
-            optim = OptimizerProgram(self.optimizer, self._names)
-            params = {n: weights.variables[n] for n in weights.names("param")}
-            optim.build(params, {n: grads[v] for n, v in params.items() if v in grads})
-            loss_stream = store(loss, "loss")
-            recorded = {}
-            if self._record:
-                recorded = {
-                    f"output.{i}": store(t, f"output.{i}")
-                    for i, t in enumerate(fwd.outputs)
-                    if i != index
-                }
-                recorded.update(
-                    {
-                        f"grad.{n}": store(grads[v], f"grad.{n}")
-                        for n, v in params.items()
-                        if v in grads
-                    }
-                )
-        session = make_session(ir, self.options, self._prefix)
-        session.__enter__()  # stays attached: weights live on the device between steps
-        return _Program(
-            sig, ir, session, ins, loss_stream, weights, optim, fwd_graph, bwd_graph, recorded
-        )
+    def _optimizer_program(self) -> OptimizerProgram:
+        try:
+            return OptimizerProgram(self.optimizer, _names(self._model))
+        except UnsupportedOptimizerError as e:
+            if self._active is None:
+                raise
+            change = describe(self._snapshot, snapshot(self._model, self.optimizer))
+            raise UnsupportedOptimizerError(
+                f"since the last step, {change}; the trainer cannot give eager's result: {e} "
+                "(a replaced submodule needs its new parameters in the optimizer: build a new "
+                "optimizer and trainer)."
+            ) from None
 
     # torch side ----------------------------------------------------------------------
     def copy_weights_to_host(self) -> None:
-        """Write the simulated parameters, buffers and optimizer state into the torch model
-        and optimizer (``model.state_dict()``/``optimizer.state_dict()`` become torch's own)."""
-        prog = self._active
-        if prog is None or not self._device_newer:
-            return
-        self._device_newer = False
-        prog.weights.to_torch(prog.session)
-        prog.optim.state_to_torch(prog.session.get_tensors_data(prog.optim.variables()))
-
-    def _sync(self) -> None:
-        self.copy_weights_to_host()
-
-    def _torch_changed(self) -> None:
-        """Weights loaded into the torch model: the device takes them before the next step."""
-        if self._active is not None:
-            self._active.weights.from_torch(self._active.session)
-            self._device_newer = False
+        """Nothing left to do: the torch model and optimizer hold the trained values after
+        every step (kept for code written before they were shared)."""
 
     @property
     def model(self) -> nn.Module:
-        """The torch model, with the simulated weights copied into it."""
-        self.copy_weights_to_host()
+        """The torch model (it holds the trained weights)."""
         return self._model
 
 
-def _trainable(entry: tuple | None) -> bool:
-    return entry is not None and entry[0] == "param" and entry[1].requires_grad
+def _names(model: nn.Module) -> dict:
+    return {p: n for n, p in model.named_parameters()}
+
+
+class StepLoss(torch.Tensor):
+    """The loss a trainer step returns: a plain tensor whose ``backward`` says why it has no
+    graph (the step already ran the backward and the optimizer on the device)."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl  # ops give plain tensors
+
+    def __repr__(self, **kwargs) -> str:
+        return repr(self.as_subclass(torch.Tensor))  # prints as tensor(...), like eager's
+
+    def backward(self, *args, **kwargs):
+        raise RuntimeError(
+            "this loss was returned by a popxl_fx trainer, whose step already ran the backward "
+            "pass and the optimizer step on the simulated IPU: drop loss.backward() and "
+            "optimizer.step() from the loop (use loss.item() to log it)."
+        )
+
+
+def _check_arguments(optimizer: object, loss_fn: object, options: object) -> None:
+    """The positional slots of `training_model`, said plainly when mixed up."""
+    if isinstance(optimizer, Options) or isinstance(loss_fn, Options):
+        where = "optimizer" if isinstance(optimizer, Options) else "loss_fn"
+        raise TypeError(
+            f"training_model got an Options where {where} goes; the signature is "
+            "training_model(model, optimizer, loss_fn=None, options=None): pass "
+            "options=Options(...) by keyword."
+        )
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(
+            f"training_model's optimizer is a {type(optimizer).__name__}; pass a torch.optim "
+            "optimizer over the model's parameters (SGD, Adam or AdamW)."
+        )
+    if loss_fn is not None and not callable(loss_fn):
+        raise TypeError(
+            f"loss_fn is a {type(loss_fn).__name__}, not callable; pass a loss such as "
+            "torch.nn.functional.cross_entropy or nn.MSELoss(), or None when forward returns "
+            "the loss."
+        )
+    if options is not None and not isinstance(options, Options):
+        raise TypeError(f"options is a {type(options).__name__}; pass popxl_fx.Options(...).")
 
 
 def training_model(
@@ -322,11 +198,13 @@ def training_model(
     """A trainer that runs ``model``'s training step, with ``optimizer``, on the simulated IPU.
 
     Args:
-        model: the torch model; its parameters and buffers initialise the program and receive
-            the trained values back (`Trainer.copy_weights_to_host`).
+        model: the torch model; its parameters and buffers are the program's weights (shared
+            storage: they hold the trained values after each step, and what is written into
+            them between steps is what the next step uses).
         optimizer: a ``torch.optim.SGD``, ``Adam`` or ``AdamW`` over ``model``'s parameters
             (``fused=True`` runs torch's fused kernels); its hyper-parameters are read before
-            every step (lr schedulers work).
+            every step (lr schedulers work), and its state tensors are the program's (torch
+            gets them on the first step; ``load_state_dict`` between steps is used).
         loss_fn: ``loss_fn(model(*inputs), target)``; without it ``model.forward`` must
             return the loss (or a tuple starting with it, or a dict with ``"loss"``).
         options: `Options` (device, ...).
@@ -338,4 +216,5 @@ def training_model(
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"training_model expects a torch.nn.Module, got {type(model).__name__}.")
+    _check_arguments(optimizer, loss_fn, options)
     return Trainer(model, optimizer, loss_fn, resolve(options))

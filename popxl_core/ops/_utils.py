@@ -6,7 +6,6 @@ from typing import Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from ..context import gcg
 from ..tensor import Tensor, TensorSpec, scalar_operand
 from .registry import broadcast_shapes
 
@@ -77,10 +76,6 @@ def unbroadcast(g: Tensor, shape: Sequence[int]) -> Tensor:
     ]
     summed = reduce_sum(g, axes, keepdims=True) if axes else g
     return reshape(summed, shape)
-
-
-def current_graph_name() -> str:
-    return gcg().name or "main"
 
 
 def rand(
