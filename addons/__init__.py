@@ -2,6 +2,7 @@
 graphs with named args, graph caching and gradient transforms)."""
 
 from . import array_munging, layers, ops, optimizers, remote, rts, testing_utils, transforms
+from .debugging import print_tensor, print_text
 from .dot_tree import DotTree, to_mapping
 from .graph import BoundGraph, GraphWithNamedArgs
 from .graph_cache import GraphCache, function
@@ -10,6 +11,13 @@ from .layers.weights_dict import WeightsDict
 from .module import Module, NameScopeMeta, create_grad_graph_info
 from .named_tensors import NamedTensorData, NamedTensors, print_named_tensors
 from .ops import cross_entropy, cross_entropy_with_grad, host_load, host_store
+from .performance_utils import (
+    evaluate_FLOPs,
+    evaluate_ir_FLOPs,
+    format_flops_scientific,
+    print_FLOPs,
+    total_FLOPs,
+)
 from .remote import (
     NamedRemoteBuffers,
     create_remote_buffer,
@@ -27,7 +35,11 @@ from .transforms import (
     batch_serial_buffer,
     batch_serialise,
     batch_serialise_fwd_and_grad,
+    disable_fc_pass,
+    enable_fc_pass,
     recompute_graph,
+    set_available_memory_proportion_by_ipu,
+    set_graph_available_memory_proportion_by_ipu,
 )
 from .utils import OrderedDict
 from .variable_factory import (
@@ -87,4 +99,15 @@ __all__ = [
     "store_remote_graph",
     "ops",
     "optimizers",
+    "print_tensor",
+    "print_text",
+    "evaluate_FLOPs",
+    "evaluate_ir_FLOPs",
+    "format_flops_scientific",
+    "print_FLOPs",
+    "total_FLOPs",
+    "disable_fc_pass",
+    "enable_fc_pass",
+    "set_available_memory_proportion_by_ipu",
+    "set_graph_available_memory_proportion_by_ipu",
 ]

@@ -358,12 +358,18 @@ class Session:
                     f"the stream carries {stream.dtype.name}."
                 )
             arr = arr.astype(want)
-        if arr.shape != full:
+        if arr.shape != full and not _single_value(arr, full):
             raise ValueError(
                 f"Input for stream {stream.tensor_id!r} has shape {arr.shape}; expected "
                 f"{full} = [num_host_transfers, replicas (dims > 1 only), *{stream.shape}]."
             )
         return arr.reshape(expanded)
+
+
+def _single_value(arr: np.ndarray, full: tuple) -> bool:
+    """PopXL's ``_verify_io_shape`` accepts any size-1 array where the expected host shape is
+    all ones (``()`` or ``(1,)``, ...): the one value is the same whatever its shape."""
+    return arr.size == 1 and all(d == 1 for d in full)
 
 
 def _expanded_shape(shape, ir) -> tuple:
