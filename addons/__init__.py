@@ -27,6 +27,7 @@ from .remote import (
     store_remote_graph,
 )
 from .streams import InputStreams, OutputStreams
+from .task_session import TaskSession, write_variables_pb
 from .transforms import (
     BatchSerialResult,
     RemoteHandle,
@@ -101,6 +102,8 @@ __all__ = [
     "optimizers",
     "print_tensor",
     "print_text",
+    "TaskSession",
+    "write_variables_pb",
     "evaluate_FLOPs",
     "evaluate_ir_FLOPs",
     "format_flops_scientific",

@@ -18,6 +18,8 @@ def to_numpy(data: Any, dtype: Optional[dtype] = None, downcast: bool = True) ->
         data = data.detach().cpu().numpy()
     if is_fill(data):
         return _fill(data, dtype, downcast)
+    if isinstance(data, np.memmap):
+        return _checked_memmap(data, dtype)
     arr = np.array(data, copy=True)
     if dtype is not None:
         with np.errstate(all="ignore"):  # check_conversion reports values that change
@@ -26,6 +28,22 @@ def to_numpy(data: Any, dtype: Optional[dtype] = None, downcast: bool = True) ->
         arr = _downcast(arr)
     # ascontiguousarray turns 0-d arrays into (1,): keep scalars as shape ()
     return np.ascontiguousarray(arr).reshape(arr.shape)
+
+
+def _checked_memmap(data: np.memmap, dtype: Optional[dtype]) -> np.memmap:
+    """A memmap is used as it is (PopXL keeps it as the variable's host buffer, so a large
+    model's weights stay on disk): it must be C-contiguous and is never cast or downcast."""
+    if not data.flags.c_contiguous:
+        raise ValueError(
+            "np.memmap data must be C-contiguous (PopXL uses it as the host buffer as it is); "
+            "make the memmap C-ordered or pass np.ascontiguousarray(data) for a copy."
+        )
+    if dtype is not None and np.dtype(dtype.as_numpy()) != data.dtype:
+        raise ValueError(
+            f"np.memmap data of dtype {data.dtype} cannot be cast to {dtype.name}: a memmap is "
+            "used without a copy. Create the memmap with that dtype, or pass np.array(data)."
+        )
+    return data
 
 
 def is_fill(data) -> bool:

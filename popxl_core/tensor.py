@@ -375,6 +375,8 @@ def constant(
     g = gcg()
     where = f"popxl.constant({name or 't'!r})"
     _check_data(data, dtype, where)
+    if isinstance(data, np.memmap):  # a constant copies its data (only variables keep one)
+        data = np.array(data)
     arr = to_numpy(data, dtype, downcast)
     check_conversion(data, arr, where, downcast=dtype is None)
     spec = TensorSpec(arr.shape, dtype or dtypes.dtype.as_dtype(arr))

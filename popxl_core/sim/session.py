@@ -380,4 +380,8 @@ def _expanded_shape(shape, ir) -> tuple:
 
 
 def _host_copy(v: Variable) -> np.ndarray:
+    """The host buffer of ``v``: a copy of its data, or, for a writable ``np.memmap``, the
+    memmap itself (as PopXL: `weights_to_host` writes the file, `get_tensor_data` views it)."""
+    if isinstance(v._data, np.memmap) and v._data.flags.writeable:
+        return v._data
     return np.array(v._data, copy=True)
