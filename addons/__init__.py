@@ -10,7 +10,7 @@ from .graph_utils import is_subgraph, route_tensor_into_graph, seed_variable
 from .layers.weights_dict import WeightsDict
 from .module import Module, NameScopeMeta, create_grad_graph_info
 from .named_tensors import NamedTensorData, NamedTensors, print_named_tensors
-from .ops import cross_entropy, cross_entropy_with_grad, host_load, host_store
+from .ops import cross_entropy, cross_entropy_with_grad, fp8_amax_scale, host_load, host_store
 from .performance_utils import (
     evaluate_FLOPs,
     evaluate_ir_FLOPs,
@@ -87,6 +87,7 @@ __all__ = [
     "cross_entropy_with_grad",
     "host_load",
     "host_store",
+    "fp8_amax_scale",
     "layers",
     "array_munging",
     "remote",

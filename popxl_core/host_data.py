@@ -7,9 +7,33 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+from . import dtypes
 from .dtypes import dtype
 
-__all__ = ["is_fill", "to_numpy"]
+__all__ = ["is_fill", "to_numpy", "host_to_torch", "torch_to_host"]
+
+# float8 host arrays (structured uint8) <-> torch float8 tensors with the same bits
+_FP8_TO_TORCH = {
+    dtypes.np_dtype_float8_143: torch.float8_e4m3fnuz,
+    dtypes.np_dtype_float8_152: torch.float8_e5m2fnuz,
+}
+_FP8_TO_NP = {t: n for n, t in _FP8_TO_TORCH.items()}
+
+
+def host_to_torch(arr: np.ndarray) -> torch.Tensor:
+    """A torch tensor sharing ``arr``'s memory (float8 arrays as torch float8 tensors)."""
+    fp8 = _FP8_TO_TORCH.get(arr.dtype)
+    if fp8 is None:
+        return torch.from_numpy(arr)
+    return torch.from_numpy(arr.view(np.uint8).reshape(arr.shape)).view(fp8)
+
+
+def torch_to_host(t: torch.Tensor) -> np.ndarray:
+    """A numpy array sharing ``t``'s memory (torch float8 tensors as popxl float8 arrays)."""
+    fp8 = _FP8_TO_NP.get(t.dtype)
+    if fp8 is None:
+        return t.numpy()
+    return t.view(torch.uint8).numpy().view(fp8).reshape(tuple(t.shape))
 
 
 def to_numpy(data: Any, dtype: Optional[dtype] = None, downcast: bool = True) -> np.ndarray:

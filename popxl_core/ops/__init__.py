@@ -13,6 +13,8 @@ from .conditional import *  # noqa: F401,F403
 from .conditional import __all__ as _conditional_all
 from .elementwise import *  # noqa: F401,F403
 from .elementwise import __all__ as _elementwise_all
+from .fp8 import *  # noqa: F401,F403
+from .fp8 import __all__ as _fp8_all
 from .indexing import *  # noqa: F401,F403
 from .indexing import __all__ as _indexing_all
 from .io import *  # noqa: F401,F403
@@ -50,6 +52,7 @@ __all__ = [
     *_code_load_all,
     *_conditional_all,
     *_elementwise_all,
+    *_fp8_all,
     *_indexing_all,
     *_io_all,
     *_layer_norm_all,

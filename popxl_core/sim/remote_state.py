@@ -14,6 +14,7 @@ from typing import Callable, Dict, List
 import numpy as np
 import torch
 
+from ..host_data import torch_to_host
 from ..remote_variables import remote_info, shard_source
 from ..tensor import Variable
 
@@ -112,7 +113,7 @@ class RemoteState:
             self.entry(v, r).copy_(torch.from_numpy(np.array(value, copy=True)))  # 0-d stays 0-d
 
     def read(self, v: Variable) -> np.ndarray:
-        return host_from_replicas(v, lambda r: self.entry(v, r).numpy(), self.replicas)
+        return host_from_replicas(v, lambda r: torch_to_host(self.entry(v, r)), self.replicas)
 
     def load_shards(self, device: List[List[torch.Tensor]], only=None) -> None:
         """Copy each on-chip shard from its remote variable's entry (weights to the device)."""
