@@ -38,6 +38,7 @@ from .transforms import (
     batch_serialise_fwd_and_grad,
     disable_fc_pass,
     enable_fc_pass,
+    pipelined_execution,
     recompute_graph,
     set_available_memory_proportion_by_ipu,
     set_graph_available_memory_proportion_by_ipu,
@@ -112,6 +113,7 @@ __all__ = [
     "total_FLOPs",
     "disable_fc_pass",
     "enable_fc_pass",
+    "pipelined_execution",
     "set_available_memory_proportion_by_ipu",
     "set_graph_available_memory_proportion_by_ipu",
 ]

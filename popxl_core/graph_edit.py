@@ -10,7 +10,7 @@ from .graph import Graph, Op
 from .schedule import schedule
 from .tensor import Tensor, graph_input
 
-__all__ = ["call_sites", "append_call_input", "move_ops_into_subgraph"]
+__all__ = ["call_sites", "append_call_input", "move_ops_into_subgraph", "move_ops"]
 
 _CALLING_OPS = ("Call", "Loop")
 
@@ -64,19 +64,40 @@ def move_ops_into_subgraph(graph: Graph, name: str) -> Tuple[Graph, Dict[Tensor,
             f"Cannot move the ops of {graph.name or 'the main graph'!r} into a subgraph: it has "
             f"outputs ({[t.id for t in graph._outputs]}), which its ops would no longer produce."
         )
-    graph.ir._check_editable(f"moving the ops of graph {graph.name or 'main'!r}")
-    order = schedule(graph)
-    body = graph.ir.create_empty_graph(name)
-    inputs = _external_inputs(order, body)
-    mapping: Dict[Tensor, Tensor] = {parent: inner for inner, parent in inputs.items()}
-    for op in order:
-        _move_op(op, body, mapping)
-    body._topocons = list(graph._topocons)
-    graph._ops, graph._topocons, graph._consumers = [], [], {}
-    for t in mapping:
-        if t.producer is not None:
-            del graph._tensors[t.id]
+    body, inputs, _ = move_ops(graph, schedule(graph), name)
     return body, inputs
+
+
+def move_ops(graph: Graph, ops: List[Op], name: str):
+    """Move ``ops`` (a subset of ``graph``'s ops, in the order given; ids kept) into a new empty
+    subgraph ``name``. Tensors they read from elsewhere become inputs (by reference where
+    written). Topological constraints among the moved ops move with them; those between a
+    moved and a staying op are dropped (the caller orders the call site).
+
+    Returns ``(subgraph, {subgraph input: outside tensor}, {old tensor: subgraph tensor})``
+    for every output of a moved op; the old tensors leave ``graph``, and any op left in
+    ``graph`` that read one must be given the call's output instead (the caller's job).
+    """
+    graph.ir._check_editable(f"moving ops of graph {graph.name or 'main'!r}")
+    moved = set(ops)
+    body = graph.ir.create_empty_graph(name)
+    inputs = _external_inputs(ops, body)
+    mapping: Dict[Tensor, Tensor] = {parent: inner for inner, parent in inputs.items()}
+    produced: Dict[Tensor, Tensor] = {}
+    for op in ops:
+        olds = list(op.outputs)
+        _move_op(op, body, mapping)
+        produced.update(zip(olds, op.outputs))
+    body._topocons = [(a, b) for a, b in graph._topocons if a in moved and b in moved]
+    graph._topocons = [(a, b) for a, b in graph._topocons if a not in moved and b not in moved]
+    graph._ops = [op for op in graph._ops if op not in moved]
+    graph._consumers = {}
+    for op in graph._ops:
+        for t in op.inputs:
+            graph._consumers.setdefault(t.id, []).append(op)
+    for t in produced:
+        graph._tensors.pop(t.id, None)
+    return body, inputs, produced
 
 
 def _external_inputs(order: List[Op], body: Graph) -> Dict[Tensor, Tensor]:

@@ -13,6 +13,7 @@ from .batch_serialisation import (
     batch_serialise_fwd_and_grad,
 )
 from .fc_pass import disable_fc_pass, enable_fc_pass
+from .pipelining import pipelined_execution
 from .recompute import recompute_graph
 
 # repeat_graph is imported by its module path (popxl_addons.transforms.repeat_graph), as in
@@ -31,4 +32,5 @@ __all__ = [
     "set_graph_available_memory_proportion_by_ipu",
     "enable_fc_pass",
     "disable_fc_pass",
+    "pipelined_execution",
 ]
