@@ -25,7 +25,8 @@ def host_to_torch(arr: np.ndarray) -> torch.Tensor:
     fp8 = _FP8_TO_TORCH.get(arr.dtype)
     if fp8 is None:
         return torch.from_numpy(arr)
-    return torch.from_numpy(arr.view(np.uint8).reshape(arr.shape)).view(fp8)
+    bits = np.ascontiguousarray(arr).view(np.uint8).reshape(arr.shape)
+    return torch.from_numpy(bits).view(fp8)
 
 
 def torch_to_host(t: torch.Tensor) -> np.ndarray:

@@ -244,7 +244,7 @@ class Session:
                     continue
                 index = self._variable_index[v]
                 for r, rep in enumerate(self._device):
-                    rep[index].copy_(host_to_torch(np.ascontiguousarray(self._host_value(v, r))))
+                    rep[index].copy_(host_to_torch(self._host_value(v, r)))
             self._remote.load_shards(self._device, only=set(checked))
 
     def _checked_value(self, v: Variable, data) -> np.ndarray:
