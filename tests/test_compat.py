@@ -195,6 +195,11 @@ def test_popart_stand_ins_and_module_paths(tmp_path):
         from popxl_addons.route_tensor import route_tensor_into_graph
         from popxl_addons.transforms import enable_fc_pass, disable_fc_pass
         from popxl_addons import set_available_memory_proportion_by_ipu
+        from popxl_addons.task_session import TaskSession, write_variables_pb
+        from popxl_addons.transforms.pipelining import pipelined_execution
+        from popxl_addons.ops.fp8_amax_scale import fp8_amax_scale
+        from popxl.fp8_utils import host_pow2scale_cast_to_fp8, host_fp8_mse_scale
+        from popxl.dtypes import np_dtype_float8_143
         popart.getLogger().setLevel("DEBUG")
         ir = popxl.Ir()
         with ir.main_graph:
