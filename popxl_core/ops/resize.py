@@ -3,9 +3,9 @@
 The output dim is ``floor(in * scale)``. Each output coordinate maps back to the input by
 ``coordinate_transformation_mode`` (ONNX: half_pixel, pytorch_half_pixel, align_corners,
 asymmetric); ``nearest`` rounds it by ``nearest_mode``, ``linear`` interpolates between the two
-neighbours (edge values beyond the border). Coordinates are float32, as on the IPU. The dims
-are resampled one after the other (separable), so a bilinear result can differ from a 2-D
-kernel's summation order in the last bit. ``cubic`` is not simulated (a clear error).
+neighbours and ``cubic`` between four (Keys, a = -0.75; edge values beyond the border).
+Coordinates are float32, as on the IPU. The dims are resampled one after the other
+(separable), so a result can differ from a 2-D kernel's summation order in the last bits.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from .registry import Cost, OpDef, Sample, create_op, register
 
 __all__ = ["interpolate"]
 
-_MODES = ("nearest", "linear")
+_MODES = ("nearest", "linear", "cubic")
 _NEAREST = {
     "round_prefer_floor": lambda x: torch.ceil(x - 0.5),
     "round_prefer_ceil": lambda x: torch.floor(x + 0.5),
@@ -53,11 +53,33 @@ def _taps(n_in, n_out, scale, attrs) -> Tuple[list, list]:
     if attrs["mode"] == "nearest":
         idx = _NEAREST[attrs["nearest_mode"]](x).clamp(0, n_in - 1).long()
         return [idx], [None]
+    if attrs["mode"] == "cubic":
+        return _cubic_taps(x, n_in)
     x = x.clamp(0, n_in - 1)
     i0 = torch.floor(x)
     w1 = x - i0
     i0 = i0.long()
     return [i0, (i0 + 1).clamp(max=n_in - 1)], [1 - w1, w1]
+
+
+_CUBIC_A = -0.75  # ONNX Resize's cubic_coeff_a default (and torch's bicubic)
+
+
+def _cubic_taps(x: torch.Tensor, n_in: int) -> Tuple[list, list]:
+    """Four taps (floor(x) - 1 .. floor(x) + 2, edge-clamped) with Keys' cubic weights."""
+    x0 = torch.floor(x)
+    t = x - x0
+    a = _CUBIC_A
+
+    def near(d):  # |d| <= 1
+        return ((a + 2) * d - (a + 3)) * d * d + 1
+
+    def far(d):  # 1 < |d| < 2
+        return ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
+
+    ws = [far(t + 1), near(t), near(1 - t), far(2 - t)]
+    idxs = [(x0.long() + k).clamp(0, n_in - 1) for k in (-1, 0, 1, 2)]
+    return idxs, ws
 
 
 def _weight(w: torch.Tensor, rank: int, d: int, dtype) -> torch.Tensor:
@@ -75,7 +97,7 @@ def _kernel(x, scale_factor, out_shape, **attrs):
             x = x.index_select(d, idxs[0])
             continue
         parts = [x.index_select(d, i) * _weight(w, x.dim(), d, x.dtype) for i, w in zip(idxs, ws)]
-        x = parts[0] + parts[1]
+        x = sum(parts[1:], parts[0])
     return x
 
 
@@ -107,7 +129,8 @@ def _cost(ins, outs, attrs) -> Cost:
     """Two multiply-adds per element and resampled dim for linear; nearest only copies."""
     big = max((*ins, *outs), key=lambda s: s.nelms)
     dims = sum(1 for s in attrs["scale_factor"] if s != 1.0)
-    flops = 4 * dims * big.nelms if attrs["mode"] == "linear" else 0
+    taps = {"nearest": 0, "linear": 2, "cubic": 4}[attrs["mode"]]
+    flops = 2 * taps * dims * big.nelms
     return Cost(flops, sum(s.nbytes for s in (*ins, *outs)))
 
 
@@ -120,8 +143,6 @@ def _check(t: Tensor, scale_factor, mode, nearest_mode, ctm) -> Tuple[float, ...
         )
     if any(s <= 0 for s in scales):
         raise ValueError(f"interpolate: scale factors must be positive, got {scales}.")
-    if mode == "cubic":
-        raise ValueError("interpolate: mode 'cubic' is not simulated; use 'nearest' or 'linear'.")
     _one_of("mode", mode, _MODES)
     _one_of("nearest_mode", nearest_mode, tuple(_NEAREST))
     _one_of("coordinate_transformation_mode", ctm, _COORDS)
@@ -147,7 +168,8 @@ def interpolate(
     Args:
         t: floating point tensor of any rank.
         scale_factor: one positive factor per dim of ``t``.
-        mode: "nearest" or "linear".
+        mode: "nearest", "linear" or "cubic" (Keys' cubic, a = -0.75, edge values beyond
+            the border, as torch's bicubic).
         nearest_mode: how "nearest" rounds: "round_prefer_floor", "round_prefer_ceil",
             "floor" or "ceil".
         coordinate_transformation_mode: "half_pixel", "pytorch_half_pixel", "align_corners"
@@ -204,6 +226,20 @@ _CASES = [  # name, shape, scales, interpolate kwargs, torch reference
         _torch("bilinear", (2.0, 2.0), align_corners=False),
     ),
     (
+        "bicubic",
+        (2, 3, 4, 5),
+        (2.0, 2.0),
+        dict(mode="cubic"),
+        _torch("bicubic", (2.0, 2.0), align_corners=False),
+    ),
+    (
+        "bicubic_corners",
+        (2, 3, 4, 5),
+        (2.0, 2.0),
+        dict(mode="cubic", coordinate_transformation_mode="align_corners"),
+        _torch("bicubic", (2.0, 2.0), align_corners=True),
+    ),
+    (
         "bilinear_corners",
         (2, 3, 4, 5),
         (2.0, 2.0),
@@ -219,8 +255,11 @@ def _samples():
             [rand(*shape, seed=400 + i)],
             lambda x, s=scales, kw=kw: interpolate(x, (1.0, 1.0, *s), **kw),
             ref,
-            rtol=1e-6,  # linear: separable dims sum in another order than torch's 2-D kernel
-            atol=1e-6,
+            # separable dims sum in another order than torch's 2-D kernels; cubic's four taps
+            # (and align_corners' coordinates, x * (in-1) / (out-1) against torch's
+            # x * ((in-1) / (out-1))) round a little more
+            rtol=1e-5 if kw["mode"] == "cubic" else 1e-6,
+            atol=1e-5 if kw["mode"] == "cubic" else 1e-6,
             name=name,
         )
         for i, (name, shape, scales, kw, ref) in enumerate(_CASES)
