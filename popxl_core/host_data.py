@@ -46,6 +46,13 @@ def to_numpy(data: Any, dtype: Optional[dtype] = None, downcast: bool = True) ->
     if isinstance(data, np.memmap):
         return _checked_memmap(data, dtype)
     arr = np.array(data, copy=True)
+    if dtype is not None and dtype.name.startswith("float8") and arr.dtype != dtype.as_numpy():
+        # a plain astype would store the values' low bytes as float8 bits: refuse
+        raise TypeError(
+            f"{arr.dtype} data cannot be cast to {dtype.name} here: convert it with "
+            "popxl.fp8_utils.host_pow2scale_cast_to_fp8 (uint8 bits) and view those as "
+            f"popxl.dtypes.np_dtype_{dtype.name}, or pass it to popxl.variable / constant."
+        )
     if dtype is not None:
         with np.errstate(all="ignore"):  # check_conversion reports values that change
             arr = arr.astype(dtype.as_numpy(), copy=False)

@@ -224,3 +224,25 @@ def test_fp8_amax_scale(amax, want):
     assert out[st] == want
     if amax:
         assert amax * 2.0**want <= 240 < amax * 2.0 ** (want + 1)
+
+
+def test_float8_remote_variable_round_trip():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        buf = popxl.remote_buffer((2,), popxl.float8_143)
+        v = popxl.remote_variable(np.array([1.0, 2.0], np.float32), buf, 0, popxl.float8_143)
+        y = ops.pow2scale_cast_from_fp8(ops.remote_load(buf, 0), 0)
+        out = popxl.d2h_stream(y.shape, y.dtype)
+        ops.host_store(out, y)
+        ops.remote_store(buf, 0, ops.pow2scale_cast_to_fp8(y * 2, 0))
+    res, sess = _run(ir)
+    np.testing.assert_array_equal(res[out], [1.0, 2.0])
+    want = fp8_utils.host_pow2scale_cast_to_fp8(np.array([2.0, 4.0]), popxl.float8_143)
+    np.testing.assert_array_equal(sess.get_tensor_data(v).view(np.uint8), want)
+
+
+def test_float_data_is_never_stored_as_float8_bits():
+    from popxl_core.host_data import to_numpy
+
+    with pytest.raises(TypeError, match="host_pow2scale_cast_to_fp8"):
+        to_numpy(np.array([1.0, 2.0]), popxl.float8_143)
