@@ -65,11 +65,11 @@ class _Graphs:
 
 
 def _build_graphs(
-    model: nn.Module, specs: list, wants: list[bool] | None, examples: tuple
+    model: nn.Module, specs: list, wants: list[bool] | None, examples: tuple, options: Options
 ) -> _Graphs:
     """The forward graph, and its gradient graph unless ``wants`` (per input) is None; traced
     on ``examples``, the user's first inputs of this signature (real branches and indices)."""
-    fxm = Module(model, flatten_outputs=True)
+    fxm = Module(model, flatten_outputs=True, outline=options.outline, recompute=options.recompute)
     fxm.capture(*examples)
     facts, fwd = fxm.create_graph(*specs)
     n_outputs = len(fwd.graph.outputs)
@@ -166,7 +166,7 @@ class CompiledForward:
         with ir.main_graph, popxl.in_sequence(), self._building():
             ins = load_inputs(args, [f"input{i}" for i in range(len(args))])
             with integer_inputs_explained(self.model, args):
-                graphs = _build_graphs(self.model, ins.tensors, wants, examples)
+                graphs = _build_graphs(self.model, ins.tensors, wants, examples, self.options)
             variables = graphs.facts.init()
             site = graphs.fwd.bind(variables).call_with_info(*ins.tensors)
             outs = [store(t, f"output{i}") for i, t in enumerate(site.outputs)]
@@ -179,7 +179,7 @@ class CompiledForward:
         ir = popxl.Ir()
         specs = [popxl.TensorSpec(s.shape, s.dtype) for s in prog.inputs.streams]
         with ir.main_graph, popxl.in_sequence(), self._building():
-            g = _build_graphs(self.model, specs, prog.wants, prog.examples)
+            g = _build_graphs(self.model, specs, prog.wants, prog.examples, self.options)
             fwd_outputs = {t: i for i, t in enumerate(g.fwd.graph.outputs)}
             var_names = {t: n for n, t in g.fwd.args.to_dict().items()}
             info = g.bwd.grad_graph_info

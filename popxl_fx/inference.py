@@ -94,7 +94,8 @@ class InferenceModel(ProgramView):
         ir = popxl.Ir()
         with ir.main_graph, popxl.in_sequence():
             ins = load_inputs(inputs, [f"input{i}" for i in range(len(inputs))])
-            fxm = Module(self._model, flatten_outputs=True)
+            # inference has no backward: recompute changes nothing, outlining does
+            fxm = Module(self._model, flatten_outputs=True, outline=self.options.outline)
             with integer_inputs_explained(self._model, inputs):
                 fxm.capture(*inputs)  # trace on the real inputs (valid indices, real branches)
                 facts, graph = fxm.create_graph(*ins.tensors)

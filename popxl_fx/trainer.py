@@ -235,7 +235,13 @@ class Trainer(ProgramView):
             if self.loss_fn is not None:
                 names[-1] = "target"
             ins = load_inputs(inputs, names)
-            fxm = Module(root, flatten_outputs=True)
+            fxm = Module(
+                root,
+                flatten_outputs=True,
+                outline=self.options.outline,
+                recompute=self.options.recompute,
+                outline_prefix=self._prefix,
+            )
             model_inputs = inputs[:-1] if self.loss_fn is not None else inputs
             with integer_inputs_explained(self._model, model_inputs), _user_terms(self):
                 fxm.capture(*inputs)  # trace on the user's inputs (real branches and indices)
