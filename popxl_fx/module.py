@@ -279,13 +279,26 @@ class Module(addons.Module):
 def _builder(group: Group) -> Module:
     """The child Module that builds ``group``'s block graph (once per Ir: GraphCache)."""
     if group.builder is None:
-        builder = Module(group.representative, flatten_outputs=True, cache=True)
+        builder = _block_class(type(group.representative))(
+            group.representative, flatten_outputs=True, cache=True
+        )
         rep = group.captured
         builder._captures[signature(group.representative, rep.example_inputs)] = rep
         builder._path_prefix = group.label
         group.builder = builder
         group.n_outputs = weakref.WeakKeyDictionary()
     return group.builder
+
+
+_BLOCK_CLASSES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _block_class(torch_class: type) -> type:
+    """A `Module` subclass named like the torch class: the block graph is then called
+    ``DecoderBlock_subgraph(N)`` (graphs are named after the building class)."""
+    if torch_class not in _BLOCK_CLASSES:
+        _BLOCK_CLASSES[torch_class] = type(torch_class.__name__, (Module,), {})
+    return _BLOCK_CLASSES[torch_class]
 
 
 def _site_factories(facts: addons.NamedVariableFactories, root: nn.Module, path: str):

@@ -182,7 +182,7 @@ def _group_sites(
             continue
         called.add(node.target)
         module = root.get_submodule(node.target)
-        site = _site(root, module, node)
+        site = _site(root, module, node, prefix)
         if isinstance(site, str):
             if strict:
                 raise OutlineError(
@@ -207,11 +207,13 @@ def _group_sites(
             dropped.update(g.sites.values())
             groups.remove(g)
     for g in groups:
-        g.label = _label([p[len(prefix) :] if p.startswith(prefix) else p for p in g.paths])
+        g.label = _label(g.paths)  # as the inlined ops' module paths: prefix included
     return groups, dropped
 
 
-def _site(root: nn.Module, module: nn.Module, node: fx.Node) -> tuple[tuple, Captured] | str:
+def _site(
+    root: nn.Module, module: nn.Module, node: fx.Node, prefix: str
+) -> tuple[tuple, Captured] | str:
     """The call site's key (structure, input specs, code) and capture, or why it cannot
     outline."""
     if node.kwargs:
@@ -222,6 +224,7 @@ def _site(root: nn.Module, module: nn.Module, node: fx.Node) -> tuple[tuple, Cap
         return "an argument is not a tensor (a python value would be baked into the graph)."
     shared = _shared_tensors(root, module)
     if shared:
+        shared = shared[len(prefix) :] if shared.startswith(prefix) else shared
         return f"it shares {shared!r} with the rest of the model (tied weights)."
     captured = capture(module, tuple(args))
     if captured.issues:
