@@ -160,8 +160,6 @@ def _outline_value(value: object) -> bool | str | tuple:
 # Whoever implements a field removes it here (and tests it against the plain program).
 NOT_YET = frozenset(
     {
-        "gradient_accumulation",
-        "device_iterations",
         "batch_serialisation",
         "replication_factor",
         "replicated_tensor_sharding",
