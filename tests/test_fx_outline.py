@@ -342,3 +342,24 @@ def test_outline_module_never_called_raises():
 def test_bad_option_values_raise_when_made(kwargs, error, match):
     with pytest.raises(error, match=match):
         Options(**kwargs)
+
+
+# composition with the other pipeline stages ------------------------------------------------
+def test_outline_recompute_with_accumulation_equals_accumulation_alone():
+    model, inputs = gpt6()
+    plain = train(model, inputs, CPU.replace(gradient_accumulation=2), steps=2)
+    options = CPU.replace(gradient_accumulation=2, outline="auto", recompute=True)
+    both = train(model, inputs, options, steps=2)
+    assert_same_training(plain, both)
+    assert block_calls(both[1].ir)["DecoderBlock_bwd_recomp_subgraph(2)"] == 6
+
+
+def test_pipeline_records_the_outline_and_recompute_stages(gpt_runs):
+    stages = {s.name: s for s in gpt_runs["recompute"][1]._active.stages}
+    assert list(stages)[:4] == ["capture", "lower", "recompute", "backward"]
+    assert stages["lower"].detail.startswith("outlined: blocks.*: one graph, 6 calls")
+    assert "DecoderBlock_subgraph(1)" in stages["lower"].new_graphs
+    assert "DecoderBlock_bwd_recomp_subgraph(2)" in stages["recompute"].new_graphs
+    assert "Outlining: code" in stages["session"].detail
+    plain = [s.name for s in gpt_runs["plain"][1]._active.stages]
+    assert "recompute" not in plain
