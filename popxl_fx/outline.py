@@ -24,7 +24,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from .capture import Captured, CaptureTracer, capture, is_leaf, trace_module
+from .capture import Captured, CaptureTracer, capture, is_leaf, preserved, trace_module
 from .inplace import mutated_input
 
 __all__ = ["Group", "OutlinePlan", "candidates", "plan_outline"]
@@ -87,10 +87,12 @@ def _structure(module: nn.Module) -> tuple:
 
 
 def candidates(root: nn.Module) -> dict[tuple, list[str]]:
-    """Structure -> paths of the traced-through submodules that occur at least twice."""
+    """Structure -> paths of the submodules with children (traced-through modules, and
+    composite torch.nn layers such as ``nn.TransformerEncoderLayer``) that occur at least
+    twice."""
     found: dict[tuple, list[str]] = {}
     for path, m in root.named_modules():
-        if path and not is_leaf(m):
+        if path and (not is_leaf(m) or any(True for _ in m.children())):
             found.setdefault(_structure(m), []).append(path)
     return {k: v for k, v in found.items() if len(v) >= 2}
 
@@ -150,18 +152,25 @@ def plan_outline(
         prefix: where the user's model sits in ``root`` (the loss wrapper's ``"model."``).
     """
     strict = spec != "auto"
-    paths = (
-        _listed(root, spec, prefix)
-        if strict
-        else _outermost(p for group in candidates(root).values() for p in group)
-    )
-    for _ in range(4):  # each round drops the sites "auto" cannot outline, then retraces
+    repeated = [p for group in candidates(root).values() for p in group]
+    excluded: set[str] = set()
+    for _ in range(_ROUNDS):
+        # "auto": the outermost repeated modules not excluded yet (the submodules of one that
+        # cannot outline get their turn in the next round)
+        paths = (
+            _listed(root, spec, prefix)
+            if strict
+            else _outermost(p for p in repeated if p not in excluded)
+        )
         gm = _leaf_trace(root, examples, paths)
         groups, dropped = _group_sites(root, gm, paths, strict, prefix)
         if not dropped:
             return OutlinePlan(gm, groups)
-        paths = [p for p in paths if p not in dropped]
+        excluded |= dropped
     return OutlinePlan(_leaf_trace(root, examples, []))
+
+
+_ROUNDS = 6  # traces "auto" tries before it inlines everything
 
 
 def _leaf_trace(root: nn.Module, examples: tuple, paths: list[str]) -> fx.GraphModule:
@@ -226,6 +235,10 @@ def _site(
     if shared:
         shared = shared[len(prefix) :] if shared.startswith(prefix) else shared
         return f"it shares {shared!r} with the rest of the model (tied weights)."
+    if is_leaf(module):  # one lowering runs it: the block graph is that one call
+        captured = _leaf_capture(module, tuple(args))
+        specs = tuple((tuple(a.shape), a.dtype) for a in args)
+        return (_structure(module), specs, "leaf", _configuration(module)), captured
     captured = capture(module, tuple(args))
     if captured.issues:
         return f"its forward does not trace alone: {captured.issues[0].what}"
@@ -239,6 +252,41 @@ def _site(
     captured.checked = []
     specs = tuple((tuple(a.shape), a.dtype) for a in args)
     return (_structure(module), specs, captured.gm.code, _constants(captured.gm, module)), captured
+
+
+class _LeafGraph:
+    """An fx graph that calls its root module once (``call_module`` with target ``""``): what
+    `run_graph` lowers for a torch.nn layer with its own lowering."""
+
+    def __init__(self, graph: fx.Graph) -> None:
+        self.graph = graph
+
+
+def _leaf_capture(module: nn.Module, args: tuple) -> Captured:
+    graph = fx.Graph()
+    inputs = []
+    for i, a in enumerate(args):
+        inputs.append(graph.placeholder(f"input{i}"))
+        inputs[-1].meta["example_value"] = a
+    call = graph.call_module("", tuple(inputs))
+    with preserved(module), torch.no_grad():
+        call.meta["example_value"] = module(*args)
+    call.meta["module_path"] = ""
+    graph.output(call)
+    return Captured(_LeafGraph(graph), [], checked=[], example_inputs=args)
+
+
+def _configuration(module: nn.Module) -> tuple:
+    """The plain attributes of a layer and its children (``nhead``, ``norm_first``, ``eps``,
+    the activation function): what its lowering reads besides the tensors."""
+    config = []
+    for sub in module.modules():
+        for key, value in vars(sub).items():
+            if key.startswith("_") or key == "training" or isinstance(value, torch.Tensor):
+                continue
+            plain = isinstance(value, (bool, int, float, str, type(None), tuple))
+            config.append((key, value if plain else id(value)))
+    return tuple(config)
 
 
 def _writes_placeholder(node: fx.Node, module: nn.Module) -> bool:
