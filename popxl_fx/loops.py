@@ -31,7 +31,7 @@ Local = Callable[[popxl.Tensor], popxl.Tensor]
 
 
 def lifted_graph(
-    ir: popxl.Ir, body: Callable[..., Any], carried: Sequence[popxl.TensorSpec] = ()
+    ir: popxl.Ir, name: str, body: Callable[..., Any], carried: Sequence[popxl.TensorSpec] = ()
 ) -> tuple[popxl.Graph, list[popxl.Tensor]]:
     """A subgraph made by ``body(local, *carried)``, and the caller's tensors it reads.
 
@@ -50,6 +50,8 @@ def lifted_graph(
 
     def traced(*args: popxl.Tensor) -> Any:
         return body(local, *args)
+
+    traced.__qualname__ = traced.__name__ = name  # the graph's name: "<name>_subgraph(N)"
 
     return ir.create_graph(traced, *carried), outer
 
@@ -87,7 +89,7 @@ def micro_batch_loop(
         return offset + step, loss_sum + loss
 
     carried = [popxl.TensorSpec((1,), popxl.uint32), popxl.TensorSpec((), loss_dtype)]
-    graph, outer = lifted_graph(ir, one_micro_batch, carried)
+    graph, outer = lifted_graph(ir, "micro_batch", one_micro_batch, carried)
     start = popxl.constant(np.zeros(1, np.uint32), popxl.uint32, "offset")
     zero = popxl.constant(0.0, loss_dtype, "loss_sum")
     _, loss_sum = ops.repeat(graph, k, start, zero, *outer)
@@ -96,7 +98,7 @@ def micro_batch_loop(
 
 def repeat_step(ir: popxl.Ir, n: int, step: Callable[[Local], None]) -> popxl.Graph:
     """``step(local)`` built as one graph and repeated ``n`` times in the current graph."""
-    graph, outer = lifted_graph(ir, step)
+    graph, outer = lifted_graph(ir, "step", step)
     ops.repeat(graph, n, *outer)
     return graph
 

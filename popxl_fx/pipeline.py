@@ -7,8 +7,8 @@ Every program popxl_fx builds goes through the same stages, in this order (`STAG
     capture        torch.fx trace on the user's first inputs of that signature
     lower          the forward graph (`popxl_fx.Module.create_graph`); the variables are
                    named by torch names                                   [outline]
-    recompute      each outlined block's forward rebuilt in its backward  [recompute]
     backward       autodiff of the forward graph (training and compile)
+    recompute      each outlined block's forward rebuilt in its backward  [recompute]
     accumulation   the step calls forward and backward once per micro-batch, gradients
                    mean-accumulated                                       [gradient_accumulation]
     batch_serialisation  each micro-batch in slices                      [batch_serialisation]
@@ -23,15 +23,27 @@ Every program popxl_fx builds goes through the same stages, in this order (`STAG
 An entry point asks for what it needs and nothing else: `training_model` the loss, its
 backward and the optimizer (`steps.build_training`); `inference_model` the forward only
 (`steps.build_inference`); `compile` the forward and the backward graph for its
-``autograd.Function`` bridge (`steps.build_compiled_forward` / `_backward`).
+``autograd.Function`` bridge (`steps.lower_for_compile`, in both of its programs).
 
-Plugging in a transform: the stage functions here and in `steps` are the places; each reads
-its `Options` field, changes the graphs it is given, and calls `Build.record(stage, detail)`
-once it ran (a stage recorded out of `STAGES` order raises, so the order stays the stated
-one). The records are what `explain` prints: the stages that ran, their graphs with how often
+Plugging in a transform: each `Options` field has one place, a function of this module or of
+`steps` / `loops` that reads the field, changes the graphs it is given and calls
+`Build.record(stage, detail)` once it ran (a stage recorded out of `STAGES` order raises, so
+the order stays the stated one):
+
+    new_ir             Ir(replication=...)                          [replication_factor]
+    lower              one graph per repeated block, bound per call site       [outline]
+    backward           then recompute_graph of the block gradients            [recompute]
+    steps.build_training_loops / loops.micro_batch_loop   the step's shape
+                                     [gradient_accumulation, batch_serialisation, device_iterations]
+    reduce_gradients   all-reduce / reduce-scatter before the optimizer
+                                                 [replication_factor, replicated_tensor_sharding]
+    check_entry        the fields an entry point refuses (until it applies them)
+
+The records are what `explain` prints: the stages that ran, their graphs with how often
 each runs per call, and the memory per IPU after the stage (planned on the program as built
-so far, once the step's call sites exist). Weights shared with torch are made in one place,
-`weights_of`.
+so far, once the step's call sites exist; `Build.planned`). Weights shared with torch are
+made in one place, `weights_of`, and copied either way by `program.Weights` (``to_torch`` /
+``from_torch`` for the trainer, ``changed_from_torch`` for inference).
 """
 
 from __future__ import annotations
@@ -63,15 +75,17 @@ __all__ = [
     "Stage",
     "accumulating_backward",
     "backward",
+    "check_entry",
     "lower",
+    "reduce_gradients",
     "weights_of",
 ]
 
 STAGES = (
     "capture",
     "lower",
-    "recompute",
     "backward",
+    "recompute",
     "accumulation",
     "batch_serialisation",
     "replication",
@@ -108,6 +122,29 @@ class Stage:
     memory: dict[int, int] = field(default_factory=dict)
 
 
+# fields an entry point does not apply (yet): an error, never silently ignored
+_UNSUPPORTED = {
+    "inference_model": {
+        "gradient_accumulation": "accumulates gradients; inference has none",
+    },
+    "compile": {
+        "gradient_accumulation": "is the torch loop's to do around a compiled module "
+        "(call it per micro-batch, then optimizer.step())",
+        "device_iterations": "is not applied to compile (the torch loop calls it per "
+        "step); use training_model",
+    },
+}
+
+
+def check_entry(entry: str, options: Options) -> None:
+    """Refuse the `Options` fields that ``entry`` does not apply (named, with the fix)."""
+    default = Options()
+    for name, why in _UNSUPPORTED.get(entry, {}).items():
+        value = getattr(options, name)
+        if value != getattr(default, name):
+            raise ValueError(f"Options({name}={value!r}) {why}; {entry} refuses it.")
+
+
 class Build:
     """One program under construction: its Ir, options and stage records.
 
@@ -125,6 +162,7 @@ class Build:
         self.prefix = prefix
         self.ir = new_ir(options)
         self.stages: list[Stage] = []
+        check_entry(entry, options)
         self.planned = False  # the main graph calls the step: stage records plan memory
 
     def record(self, name: str, detail: str, new_graphs: Iterable[Any] = ()) -> Stage:
@@ -213,8 +251,9 @@ def lower(
 
     With ``Options(outline=...)`` each group of repeated blocks is one graph called once per
     block (`popxl_fx.outline`); with ``recompute=True`` and ``differentiated`` (a backward
-    will be built) each block's gradient graph recomputes its forward: both happen while the
-    forward is lowered, since a block's gradient must exist before its call sites do.
+    will be built) each block's gradient graph recomputes its forward. Both happen while the
+    forward is lowered, since a block's gradient graph must exist before its call sites do;
+    the "recompute" stage is recorded after "backward", which calls those graphs.
     """
     opts = build.options
     recompute = opts.recompute and differentiated
@@ -232,10 +271,16 @@ def lower(
         facts, fwd = fxm.create_graph(*specs)
     blocks = _block_graphs(build.ir, fxm, specs)
     build.record("lower", _lower_detail(fxm, specs), [fwd, *blocks])
-    if recompute:
-        recomputing = [g for g in build.ir._graphs.values() if g.name.find("_recomp") > 0]
-        build.record("recompute", "each block's backward recomputes its forward", recomputing)
     return Lowered(fxm, facts, fwd)
+
+
+def _record_recompute(build: Build, lowered: Lowered) -> None:
+    """The "recompute" stage: the blocks' recomputing gradient graphs (made while lowering)
+    are what the backward calls."""
+    if not lowered.fxm.recompute:
+        return
+    made = [g for g in build.ir._graphs.values() if "_bwd_recomp" in g.name]
+    build.record("recompute", "each outlined block's backward recomputes its forward", made)
 
 
 def _block_graphs(ir: popxl.Ir, fxm: Module, specs: Sequence[Any]) -> list[popxl.Graph]:
@@ -266,10 +311,11 @@ def backward(
     required: Sequence[popxl.Tensor],
 ) -> addons.GraphWithNamedArgs:
     """The gradient graph of the forward (autodiff), kept on ``lowered``.
-    [recompute plugs in before it; accumulation uses `addons.autodiff_with_accumulation`]"""
+    [accumulation uses `addons.autodiff_with_accumulation`]"""
     grad = addons.autodiff(lowered.forward, grads_provided=provided, grads_required=required)
     lowered.backward = grad
     build.record("backward", f"autodiff: {len(required)} gradients", [grad])
+    _record_recompute(build, lowered)
     return grad
 
 
@@ -284,7 +330,16 @@ def accumulating_backward(
     )
     lowered.backward = grad
     build.record("backward", f"autodiff: {len(required)} gradients, accumulated", [grad])
+    _record_recompute(build, lowered)
     return facts, grad
+
+
+def reduce_gradients(build: Build, grads: dict[str, popxl.Tensor]) -> dict[str, popxl.Tensor]:
+    """The gradients the optimizer steps with, by torch parameter name, in the graph that
+    runs the optimizer. [replication plugs in here: mean all-reduce over the replicas, or
+    reduce-scatter with replicated_tensor_sharding; it records the "replication" stage]
+    With one replica they are the step's own gradients."""
+    return grads
 
 
 def weights_of(variables: Any, lowered: Lowered, prefix: str = "") -> Weights:

@@ -25,7 +25,16 @@ from .checks import check_inputs, integer_inputs_explained
 from .loops import check_batches, micro_batch_loop, repeat_step
 from .loss import check_scalar_loss, loss_index
 from .optim import OptimizerProgram
-from .pipeline import Build, Lowered, Stage, accumulating_backward, backward, lower, weights_of
+from .pipeline import (
+    Build,
+    Lowered,
+    Stage,
+    accumulating_backward,
+    backward,
+    lower,
+    reduce_gradients,
+    weights_of,
+)
 from .program import Inputs, Weights, load_inputs, store
 
 __all__ = ["Program", "build_inference", "build_training", "lower_for_compile"]
@@ -94,10 +103,11 @@ def build_training(build: Build, signature: Any, req: TrainingRequest) -> Progra
         backward(build, lowered, [fwd.graph.outputs[index]], [args[n] for n in trainable])
         variables = lowered.facts.init()
         step = _plain_step(build, lowered, variables, ins, index)
+        build.planned = True  # the main graph calls the step: later stages plan memory
         weights = weights_of(variables, lowered, build.prefix)
         params = {n: weights.variables[n] for n in weights.names("param")}
         grads = {n: step.grads[v] for n, v in params.items() if v in step.grads}
-        req.optimizer.build(params, grads)
+        req.optimizer.build(params, reduce_gradients(build, grads))
         build.record("optimizer", f"{type(req.optimizer.optimizer).__name__} var updates")
         outputs = {"loss": store(step.loss, "loss")}
         if req.record:
@@ -135,18 +145,43 @@ def _recorded(outputs: list[popxl.Tensor], index: int, grads: dict) -> dict:
 
 # inference ---------------------------------------------------------------------------------
 def build_inference(build: Build, signature: Any, inputs: Sequence[torch.Tensor]) -> Program:
-    """The forward program: inputs in, the forward's flattened outputs out."""
+    """The forward program: inputs in, the forward's flattened outputs out (with
+    device_iterations=n: n forwards per call, inputs and outputs with a leading n)."""
+    n = build.options.device_iterations
     check_inputs(build.model, inputs)
-    contexts = (lambda: integer_inputs_explained(build.model, inputs),)
-    with build.ir.main_graph, popxl.in_sequence():
-        ins = load_inputs(inputs, [f"input{i}" for i in range(len(inputs))])
-        lowered = lower(build, build.model, ins.tensors, inputs, contexts, differentiated=False)
+    check_batches(inputs, 1, n)
+    one = tuple(x[0] for x in inputs) if n > 1 else tuple(inputs)  # one iteration's inputs
+    contexts = (lambda: integer_inputs_explained(build.model, one),)
+    names = [f"input{i}" for i in range(len(inputs))]
+    ir = build.ir
+    with ir.main_graph, popxl.in_sequence():
+        if n == 1:  # the plain program: inputs loaded in the main graph, as before
+            ins = load_inputs(one, names)
+            specs: Sequence[Any] = ins.tensors
+        else:
+            specs = [popxl.TensorSpec(tuple(x.shape), popxl.dtype.as_dtype(x.dtype)) for x in one]
+        lowered = lower(build, build.model, specs, one, contexts, differentiated=False)
         variables = lowered.facts.init()
-        outs = lowered.forward.bind(variables).call(*ins.tensors)
-        outputs = {f"output{i}": store(t, f"output{i}") for i, t in enumerate(outs)}
+        loaded: list[Inputs] = []
+        outputs: dict[str, popxl.DeviceToHostStream] = {}
+
+        def forward(local: Callable[[popxl.Tensor], popxl.Tensor], ins=None) -> None:
+            ins = ins or load_inputs(one, names)
+            loaded.append(ins)
+            outs = lowered.forward.bind(_named(variables, local)).call(*ins.tensors)
+            outputs.update({f"output{i}": store(t, f"output{i}") for i, t in enumerate(outs)})
+
+        if n == 1:
+            forward(lambda t: t, ins)
+            build.planned = True
+        else:
+            ir.num_host_transfers = n
+            repeat_step(ir, n, forward)
+            build.planned = True
+            build.record("device_iterations", f"the forward repeated {n} times per call")
         weights = weights_of(variables, lowered)
     session = build.session()
-    return Program(signature, build.ir, session, ins, outputs, weights, lowered, build.stages)
+    return Program(signature, ir, session, loaded[0], outputs, weights, lowered, build.stages)
 
 
 # compile -----------------------------------------------------------------------------------
@@ -237,7 +272,9 @@ def build_training_loops(build: Build, signature: Any, req: TrainingRequest) -> 
             params = {name: weights.variables[name] for name in weights.names("param")}
             req.optimizer.build(
                 {name: local(v) for name, v in params.items()},
-                {name: grads[v] for name, v in params.items() if v in grads},
+                reduce_gradients(
+                    build, {name: grads[v] for name, v in params.items() if v in grads}
+                ),
                 local=None if n == 1 else local,
             )
             build.record("optimizer", f"{type(req.optimizer.optimizer).__name__} var updates")
@@ -251,6 +288,7 @@ def build_training_loops(build: Build, signature: Any, req: TrainingRequest) -> 
             build.planned = True
             build.record("device_iterations", f"the step repeated {n} times per call")
         else:
+            build.planned = k > 1  # the micro-batch loop is called from the main graph
             step(lambda t: t)
     session = build.session()
     outputs = {"loss": losses[0]}

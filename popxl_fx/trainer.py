@@ -29,6 +29,7 @@ class Trainer(ProgramView):
     """The callable `training_model` returns: ``trainer(*inputs[, target])`` runs one step."""
 
     _not_called = "the trainer has not been called yet: run one step first."
+    _entry = "training_model"
 
     def _schedule_graphs(self, prog) -> dict:
         return {"forward": prog.forward, "backward": prog.backward}

@@ -358,7 +358,7 @@ def test_outline_recompute_with_accumulation_equals_accumulation_alone():
 
 def test_pipeline_records_the_outline_and_recompute_stages(gpt_runs):
     stages = {s.name: s for s in gpt_runs["recompute"][1]._active.stages}
-    assert list(stages)[:4] == ["capture", "lower", "recompute", "backward"]
+    assert list(stages)[:4] == ["capture", "lower", "backward", "recompute"]
     assert stages["lower"].detail.startswith("outlined: blocks.*: one graph, 6 calls")
     assert "DecoderBlock_subgraph(1)" in stages["lower"].new_graphs
     assert "DecoderBlock_bwd_recomp_subgraph(2)" in stages["recompute"].new_graphs
