@@ -136,6 +136,11 @@ class Module(addons.Module):
             )
         return self._plans[key]
 
+    def block_graphs(self, ir: popxl.Ir) -> list[popxl.Graph]:
+        """The outlined block graphs this module has built in ``ir`` (one per group)."""
+        groups = [g for plan in self._plans.values() for g in plan.groups]
+        return [g for group in groups for g in (group.n_outputs or {}) if g.ir is ir]
+
     def torch_names(self) -> dict[str, tuple[str, torch.Tensor]]:
         """Variable name -> ("param" | "buffer", torch tensor), for every torch tensor."""
         names = {n: ("param", t) for n, t in self.torch_module.named_parameters()}

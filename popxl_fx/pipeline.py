@@ -269,7 +269,7 @@ def lower(
     build.record("capture", f"torch.fx graph of {len(captured.gm.graph.nodes)} nodes")
     with _entered(contexts):
         facts, fwd = fxm.create_graph(*specs)
-    blocks = _block_graphs(build.ir, fxm, specs)
+    blocks = fxm.block_graphs(build.ir)
     build.record("lower", _lower_detail(fxm, specs), [fwd, *blocks])
     return Lowered(fxm, facts, fwd)
 
@@ -279,14 +279,13 @@ def _record_recompute(build: Build, lowered: Lowered) -> None:
     are what the backward calls."""
     if not lowered.fxm.recompute:
         return
-    made = [g for g in build.ir._graphs.values() if "_bwd_recomp" in g.name]
+    blocks = [g.name for g in lowered.fxm.block_graphs(build.ir)]
+    made = [
+        g
+        for g in build.ir._graphs.values()
+        if "_bwd_recomp" in g.name or any(g.name == f"{b}_bwd" for b in blocks)
+    ]
     build.record("recompute", "each outlined block's backward recomputes its forward", made)
-
-
-def _block_graphs(ir: popxl.Ir, fxm: Module, specs: Sequence[Any]) -> list[popxl.Graph]:
-    plan = fxm.outline_plan(*specs)
-    groups = plan.groups if plan is not None else []
-    return [g for group in groups for g in (group.n_outputs or {}) if g.ir is ir]
 
 
 def _lower_detail(fxm: Module, specs: Sequence[Any]) -> str:
