@@ -27,7 +27,7 @@ from torch import nn
 from .capture import Captured, CaptureTracer, capture, is_leaf, preserved, trace_module
 from .inplace import mutated_input
 
-__all__ = ["Group", "OutlinePlan", "candidates", "plan_outline"]
+__all__ = ["Group", "OutlineError", "OutlinePlan", "candidates", "plan_outline"]
 
 
 @dataclass
