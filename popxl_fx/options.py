@@ -32,9 +32,10 @@ class Options:
             dtypes, input specs) become one graph called once per instance, each call with its
             own variables bound (PopXL outlining, addons ``Module.call_module``/``bind``); a
             list of module names or classes outlines those; ``False`` (default) inlines all.
-            Outlining is bit for bit with inlining (the same kernels run); the default stays
-            ``False`` because "auto" costs extra traces at build time and gives each block
-            its own dropout seed (other masks than today's). See `popxl_fx.outline`.
+            Outlining runs the same kernels; the default stays ``False`` (bit for bit with
+            eager for every model) because a block given one tensor twice sums that
+            tensor's gradients in another order (last bit) and each block draws dropout
+            masks from its own seed. See `popxl_fx.outline`.
         recompute: rebuild each outlined block's forward in its backward instead of keeping
             its activations (PopXL ``recompute_graph``; PopTorch ``recomputationCheckpoint``).
         gradient_accumulation: split each batch into this many consecutive micro-batches,
