@@ -280,6 +280,14 @@ def _record_recompute(build: Build, lowered: Lowered) -> None:
     if not lowered.fxm.recompute:
         return
     blocks = [g.name for g in lowered.fxm.block_graphs(build.ir)]
+    if not blocks:  # said, not silent: explain shows it too
+        log.warning(
+            "Options(recompute=True): outline=%r found no repeated block, so nothing is "
+            "recomputed; list the modules to recompute with outline=[...].",
+            build.options.outline,
+        )
+        build.record("recompute", "no outlined block: nothing recomputed")
+        return
     made = [
         g
         for g in build.ir._graphs.values()
