@@ -231,6 +231,9 @@ def _site(
     args = [a.meta.get("example_value") if isinstance(a, fx.Node) else a for a in node.args]
     if not all(isinstance(a, torch.Tensor) for a in args):
         return "an argument is not a tensor (a python value would be baked into the graph)."
+    returned = torch.utils._pytree.tree_leaves(node.meta.get("example_value"))
+    if not returned or not all(isinstance(r, torch.Tensor) for r in returned):
+        return "it returns something other than tensors (a graph returns tensors only)."
     shared = _shared_tensors(root, module)
     if shared:
         shared = shared[len(prefix) :] if shared.startswith(prefix) else shared

@@ -491,3 +491,34 @@ def test_recompute_without_any_block_says_so(caplog):
     assert "found no repeated block, so nothing is recomputed" in caplog.text
     stages = {s.name: s.detail for s in run[1]._active.stages}
     assert stages["recompute"] == "no outlined block: nothing recomputed"
+
+
+class ReturnsSize(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.fc(x), x.shape[0]
+
+
+class SizeChain(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.r = nn.ModuleList([ReturnsSize(), ReturnsSize()])
+
+    def forward(self, x):
+        for r in self.r:
+            x, n = r(x)
+        return x * n
+
+
+def test_a_block_returning_a_python_value_inlines_or_raises():
+    torch.manual_seed(0)
+    model, x, y = SizeChain(), torch.randn(2, 4), torch.randn(2, 4)
+    plain = train(model, (x, y), CPU, loss_fn=F.mse_loss, steps=1)
+    auto = train(model, (x, y), CPU.replace(outline="auto"), loss_fn=F.mse_loss, steps=1)
+    assert_same_training(plain, auto)
+    assert not any("ReturnsSize" in name for name in block_calls(auto[1].ir))
+    with pytest.raises(OutlineError, match=r"'r\.0' cannot be outlined: it returns something"):
+        _build(model, (x, y), ["r.0"], F.mse_loss)
