@@ -32,6 +32,10 @@ class Options:
             dtypes, input specs) become one graph called once per instance, each call with its
             own variables bound (PopXL outlining, addons ``Module.call_module``/``bind``); a
             list of module names or classes outlines those; ``False`` (default) inlines all.
+            Outlining runs the same kernels; the default stays ``False`` (bit for bit with
+            eager for every model) because a block given one tensor twice sums that
+            tensor's gradients in another order (last bit) and each block draws dropout
+            masks from its own seed. See `popxl_fx.outline`.
         recompute: rebuild each outlined block's forward in its backward instead of keeping
             its activations (PopXL ``recompute_graph``; PopTorch ``recomputationCheckpoint``).
         gradient_accumulation: split each batch into this many consecutive micro-batches,
@@ -170,8 +174,6 @@ def _outline_value(value: object) -> bool | str | tuple:
 # Whoever implements a field removes it here (and tests it against the plain program).
 NOT_YET = frozenset(
     {
-        "outline",
-        "recompute",
         "replication_factor",
         "replicated_tensor_sharding",
     }
