@@ -34,10 +34,14 @@ class Options:
             list of module names or classes outlines those; ``False`` (default) inlines all.
         recompute: rebuild each outlined block's forward in its backward instead of keeping
             its activations (PopXL ``recompute_graph``; PopTorch ``recomputationCheckpoint``).
-        gradient_accumulation: split each batch into this many micro-batches, accumulate their
-            gradients, one optimizer step per call (PopTorch ``gradientAccumulation``).
+        gradient_accumulation: split each batch into this many consecutive micro-batches,
+            mean-accumulate their gradients, one optimizer step per call; the loss returned is
+            the mean of the micro-batch losses; batch norm normalises per micro-batch
+            (PopTorch ``gradientAccumulation``; `training_model` only).
         device_iterations: run this many steps per call; inputs carry a leading dimension of
-            this size and one loss per step is returned (PopTorch ``deviceIterations``).
+            this size and one loss per step is returned; hyper-parameters are read once per
+            call (PopTorch ``deviceIterations``; `training_model` and `inference_model`, whose
+            outputs then have the leading dimension too).
         batch_serialisation: process each micro-batch in this many slices, activations through
             remote buffers (addons ``batch_serialise_fwd_and_grad``).
         replication_factor: data-parallel replicas; each gets its share of the batch and the
@@ -162,8 +166,6 @@ NOT_YET = frozenset(
     {
         "outline",
         "recompute",
-        "gradient_accumulation",
-        "device_iterations",
         "batch_serialisation",
         "replication_factor",
         "replicated_tensor_sharding",
