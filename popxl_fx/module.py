@@ -65,10 +65,15 @@ class Module(addons.Module):
     """
 
     def __init__(
-        self, torch_module: nn.Module, flatten_outputs: bool = False, cache: bool = False
+        self,
+        torch_module: nn.Module,
+        flatten_outputs: bool = False,
+        cache: bool = False,
+        rng: str = "torch",
     ) -> None:
         super().__init__(cache=cache)
         self.torch_module = torch_module
+        self.rng = rng  # Options.rng: where train-mode random ops draw from
         self.flatten_outputs = flatten_outputs
         self.out_spec: pytree.TreeSpec | None = None
         self._captures: dict[tuple, Captured] = {}

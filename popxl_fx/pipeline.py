@@ -245,7 +245,7 @@ def lower(
     """Capture ``root`` on ``examples`` (the user's inputs: real branches and indices) and
     lower it to a forward graph taking ``specs``. ``contexts`` wrap both (they turn errors
     into the user's terms). [outline plugs in here: one graph per repeated block]"""
-    fxm = Module(root, flatten_outputs=True)
+    fxm = Module(root, flatten_outputs=True, rng=build.options.rng)
     with _entered(contexts):
         captured = fxm.capture(*examples)
     build.record("capture", f"torch.fx graph of {len(captured.gm.graph.nodes)} nodes")

@@ -27,7 +27,7 @@ from ._utils import rand
 from .registry import Cost, OpDef, Sample, create_op, register
 from .unary import detach
 
-__all__ = ["Slot", "aten_op"]
+__all__ = ["DropoutNoise", "Slot", "aten_op", "torch_random"]
 
 
 @dataclass(frozen=True)
@@ -252,5 +252,73 @@ ATEN_GRAD = register(
         cost=_cost,
         samples=_grad_samples,
         fp16_in_fp32=False,
+    )
+)
+
+
+# Random draws from torch's default generator ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class DropoutNoise:
+    """Eager CPU dropout's noise: ``empty_like(x).bernoulli_(1 - p).div_(1 - p)`` (ATen's
+    ``_dropout_impl``; ``shape`` for feature dropout and torchvision's stochastic depth,
+    which draw the same way), from torch's default generator; the output is ``x * noise``."""
+
+    p: float
+    shape: tuple | None = None  # per channel or per row (feature dropout, stochastic depth)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        noise = torch.empty_like(x) if self.shape is None else x.new_empty(self.shape)
+        return noise.bernoulli_(1 - self.p).div_(1 - self.p)
+
+    def __str__(self) -> str:
+        return f"dropout_noise(p={self.p}, shape={self.shape})"
+
+
+def _no_grad(ctx) -> list:
+    return [None] * len(ctx.op.inputs)  # draws: inputs give only shapes or probabilities
+
+
+def torch_random(fn: Any, inputs: Sequence[Tensor], args: tuple = (), kwargs: dict | None = None):
+    """Like `aten_op`, for an operator that draws from torch's default generator (kept in
+    program order, never removed; no gradient flows through the draw)."""
+    call = (
+        fn
+        if isinstance(fn, DropoutNoise)
+        else Call(fn, _frozen(args), tuple(sorted(_frozen(kwargs or {}).items())))
+    )
+    torch_dtypes = tuple(t.dtype.as_torch() for t in inputs)
+    return create_op(TORCH_RANDOM, list(inputs), {"fn": call, "torch_dtypes": torch_dtypes})
+
+
+def _random_samples() -> list[Sample]:
+    """Dropout noise equals eager's after the same ``torch.manual_seed``: the sample seeds
+    when it builds (nothing draws between the build and the run), the reference before it
+    draws."""
+    x = rand(4, 5, seed=508)
+
+    def build(x):
+        torch.manual_seed(7)
+        return torch_random(DropoutNoise(0.5), [x])[0]
+
+    def reference(x):
+        torch.manual_seed(7)
+        return torch.empty_like(x).bernoulli_(0.5).div_(0.5)
+
+    return [Sample([x], build, reference, grad=False, rtol=0.0, atol=0.0, name="dropout_noise")]
+
+
+TORCH_RANDOM = register(
+    OpDef(
+        "TorchRandom",
+        _infer,
+        _kernel,
+        grad=_no_grad,
+        cost=_cost,
+        samples=_random_samples,
+        fp16_in_fp32=False,
+        side_effect=True,
+        extra={"stops_gradient": True},
     )
 )

@@ -24,13 +24,14 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 
 import popxl_core as popxl
-from popxl_core.ops import Slot, aten_op
+from popxl_core.ops import Slot, aten_op, torch_random
 
 from ..lowering import LoweringContext, lowers
 
 __all__ = [
     "REFUSED",
     "lower_with_torch_kernel",
+    "lower_with_torch_random",
     "torch_call",
     "torch_kernel_when",
     "torch_unary",
@@ -180,6 +181,16 @@ TORCH_KERNEL_PACKETS = (
 def lower_with_torch_kernel(ctx: LoweringContext, *args: Any, **kwargs: Any) -> Any:
     """Lower the node's ATen call as one ``Aten`` op: tensors become its inputs (cast to the
     dtypes torch saw, e.g. int64 indices), everything else stays an argument."""
+    return _lower_call(aten_op, ctx, args, kwargs)
+
+
+def lower_with_torch_random(ctx: LoweringContext, *args: Any, **kwargs: Any) -> Any:
+    """Lower the node's random ATen call as one ``TorchRandom`` op: torch's own kernel,
+    drawing from torch's default generator in program order (``Options(rng="torch")``)."""
+    return _lower_call(torch_random, ctx, args, kwargs)
+
+
+def _lower_call(make: Callable, ctx: LoweringContext, args: tuple, kwargs: dict) -> Any:
     node = ctx.node
     _check_strided(node)
     inputs: list[popxl.Tensor] = []
@@ -200,7 +211,7 @@ def lower_with_torch_kernel(ctx: LoweringContext, *args: Any, **kwargs: Any) -> 
         t if t.dtype.as_torch() == d else popxl.ops.cast(t, _dtype(d))
         for t, d in zip(inputs, wanted)
     ]
-    outs = aten_op(node.target, inputs, tuple(call_args), call_kwargs)
+    outs = make(node.target, inputs, tuple(call_args), call_kwargs)
     expected = ctx.expected()
     return outs if isinstance(expected, (tuple, list)) else outs[0]
 
