@@ -63,3 +63,17 @@ def test_random_ops_follow_torchs_generator_in_eager_order():
         torch.manual_seed(seed)
         got = sim(x)
         assert torch.equal(got, want), f"seed {seed}: {(got - want).abs().max()}"
+
+
+class NativeDropout(nn.Module):
+    """aten.native_dropout called directly (what decompositions and exported graphs hold)."""
+
+    def forward(self, x):
+        out, mask = torch.ops.aten.native_dropout.default(x, 0.5, True)
+        return out * 2 + mask
+
+
+def test_native_dropout_draws_eagers_mask_and_trains_bit_for_bit():
+    model = nn.Sequential(nn.Linear(8, 16), NativeDropout(), nn.Linear(16, 4)).train()
+    errors = _train(model, Options(device="cpu"))
+    assert max(errors.values()) == 0.0
