@@ -26,6 +26,7 @@ from popxl_core import ops
 from .capture import Captured, capture
 from .errors import Issue, UnsupportedError
 from .lowering import LoweringContext, run_graph
+from .names import escape, unescape
 
 __all__ = ["Module", "SEED_NAME", "signature"]
 
@@ -99,9 +100,12 @@ class Module(addons.Module):
         return list(captured.checked)
 
     def torch_names(self) -> dict[str, tuple[str, torch.Tensor]]:
-        """Variable name -> ("param" | "buffer", torch tensor), for every torch tensor."""
-        names = {n: ("param", t) for n, t in self.torch_module.named_parameters()}
-        names.update({n: ("buffer", t) for n, t in self.torch_module.named_buffers()})
+        """Variable name -> ("param" | "buffer", torch tensor), for every torch tensor; the
+        variable name is the torch name, escaped where it is not a valid PopXL name
+        (`popxl_fx.names.unescape` gives the torch name back)."""
+        # escaped: any legal torch name is a valid variable name (`popxl_fx.names`)
+        names = {escape(n): ("param", t) for n, t in self.torch_module.named_parameters()}
+        names.update({escape(n): ("buffer", t) for n, t in self.torch_module.named_buffers()})
         return names
 
     # build -----------------------------------------------------------------------------
@@ -148,7 +152,9 @@ class Module(addons.Module):
 
     # variables -------------------------------------------------------------------------
     def variable(self, qualname: str) -> popxl.Tensor:
-        """The variable of the torch parameter/buffer ``qualname`` (tied tensors share one)."""
+        """The variable of the torch parameter/buffer ``qualname`` (tied tensors share one;
+        ``qualname`` is the torch name, or the escaped variable name)."""
+        qualname = unescape(qualname)
         value: Any = self.torch_module
         try:
             for part in qualname.split("."):

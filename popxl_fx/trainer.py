@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from .loss import PREFIX, user_terms, with_loss
+from .names import escape
 from .optim import OptimizerProgram
 from .options import Options, resolve
 from .pipeline import Build, Programs
@@ -49,7 +50,8 @@ class Trainer(ProgramView):
         self.loss_fn = loss_fn
         self.options = resolve(options)
         self._prefix = PREFIX if loss_fn is not None else ""
-        self._names = {p: n for n, p in model.named_parameters()}
+        # variable names: torch names, escaped where PopXL needs it (popxl_fx.names)
+        self._names = {p: escape(n) for n, p in model.named_parameters()}
         OptimizerProgram(optimizer, self._names)  # reject unsupported optimizers now
         self._programs: Programs[Program] = Programs("training_model")
         self._device_newer = False
