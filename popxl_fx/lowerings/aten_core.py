@@ -255,17 +255,8 @@ def _mm(ctx: LoweringContext, a: popxl.Tensor, b: popxl.Tensor) -> popxl.Tensor:
     return a @ b
 
 
-@lowers(aten.addmm)
-@torch_kernel_when(lambda beta, alpha, **_: beta != 1 or alpha != 1)  # scales as eager does
-def _addmm(
-    ctx: LoweringContext,
-    bias: popxl.Tensor,
-    a: popxl.Tensor,
-    b: popxl.Tensor,
-    beta: float = 1,
-    alpha: float = 1,
-) -> popxl.Tensor:
-    return bias + a @ b
+# BLAS accumulates the product into beta * bias: torch's own kernel, bit for bit
+lowers(aten.addmm)(lower_with_torch_kernel)
 
 
 @lowers(aten.copy_)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -29,7 +30,9 @@ from popxl_core.ops import Slot, aten_op, torch_random
 from ..lowering import LoweringContext, lowers
 
 __all__ = [
+    "Method",
     "REFUSED",
+    "lower_torch_function",
     "lower_with_torch_kernel",
     "lower_with_torch_random",
     "torch_call",
@@ -176,6 +179,28 @@ TORCH_KERNEL_PACKETS = (
     aten.arange,
     aten.full,
 )
+
+
+@dataclass(frozen=True)
+class Method:
+    """``x.<name>(*args, **kwargs)`` as a callable (fx targets of method calls are names)."""
+
+    name: str
+
+    def __call__(self, x: Any, *args: Any, **kwargs: Any) -> Any:
+        return getattr(x, self.name)(*args, **kwargs)
+
+    def __str__(self) -> str:
+        return f"Tensor.{self.name}"
+
+
+def lower_torch_function(ctx: LoweringContext, *args: Any, **kwargs: Any) -> Any:
+    """Lower the node's torch function or method call as one ``Aten`` op running that
+    function (eager's own kernels and autograd); ``inplace=`` is left to the driver."""
+    target = ctx.node.target
+    kwargs = {k: v for k, v in kwargs.items() if k != "inplace"}
+    out = torch_call(Method(target) if isinstance(target, str) else target, *args, **kwargs)
+    return tuple(out) if isinstance(out, list) else out
 
 
 def lower_with_torch_kernel(ctx: LoweringContext, *args: Any, **kwargs: Any) -> Any:
