@@ -16,7 +16,7 @@ from popxl_core import ops
 
 from ..lowering import lowers
 from ._common import const, is_t, pdtype, promote
-from .aten_kernels import torch_call, torch_unary
+from .aten_kernels import lower_torch_function, torch_call, torch_unary
 
 __all__: list = []
 
@@ -210,7 +210,7 @@ def _float_unary(fn: Callable) -> Callable:
 _UNARY = {
     (torch.exp, "exp"): ops.exp,
     (torch.log, "log"): ops.log,
-    (torch.log2, "log2"): ops.log2,
+    (torch.log2, "log2"): torch_unary(torch.ops.aten.log2.default),
     (torch.sqrt, "sqrt"): ops.sqrt,
     (torch.sin, "sin"): ops.sin,
     (torch.cos, "cos"): ops.cos,
@@ -287,10 +287,12 @@ def _masked_fill(ctx, t, mask, value):
     torch.clamp_min,
     torch.clamp_max,
 )
-def _clamp(ctx, t, min=None, max=None):
-    if is_t(min) or is_t(max):
-        out = t if min is None else _maximum(*promote(t, min))
-        return out if max is None else _minimum(*promote(out, max))
+def _clamp(ctx, t, *args, **kwargs):
+    one_sided = ctx.node.target in ("clamp_min", "clamp_max", torch.clamp_min, torch.clamp_max)
+    bounds = (list(args) + [kwargs.get("min"), kwargs.get("max")])[:2]
+    if one_sided or any(is_t(b) for b in bounds):  # torch's kernel: promotion, NaN, gradient
+        return lower_torch_function(ctx, t, *args, **kwargs)
+    min, max = bounds
     lo = float("-inf") if min is None else min
     hi = float("inf") if max is None else max
     return ops.clip(t, lo, hi)

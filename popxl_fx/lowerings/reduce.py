@@ -16,7 +16,7 @@ from popxl_core import ops
 
 from ..lowering import lowers
 from ._common import const, is_t, norm_dim, norm_dims, promote
-from .aten_kernels import lower_torch_function
+from .aten_kernels import lower_torch_function, torch_kernel_when
 
 __all__ = ["softmax", "var"]
 
@@ -196,11 +196,13 @@ def softmax(x: popxl.Tensor, dim=None, log: bool = False, dtype=None) -> popxl.T
 
 
 @lowers(F.softmax, torch.softmax, "softmax")
+@torch_kernel_when(lambda dtype, **_: dtype is not None)  # the cast happens inside torch's kernel
 def _softmax(ctx, x, dim=None, _stacklevel=3, dtype=None):
     return softmax(x, dim, False, dtype)
 
 
 @lowers(F.log_softmax, torch.log_softmax, "log_softmax")
+@torch_kernel_when(lambda dtype, **_: dtype is not None)
 def _log_softmax(ctx, x, dim=None, _stacklevel=3, dtype=None):
     return softmax(x, dim, True, dtype)
 
