@@ -282,7 +282,9 @@ def _no_grad(ctx) -> list:
 
 def torch_random(fn: Any, inputs: Sequence[Tensor], args: tuple = (), kwargs: dict | None = None):
     """Like `aten_op`, for an operator that draws from torch's default generator (kept in
-    program order, never removed; no gradient flows through the draw)."""
+    program order, never removed; no gradient flows through the draw). Running it again
+    draws new numbers: a transform that re-runs forward ops (recomputation) must keep its
+    outputs instead."""
     call = (
         fn
         if isinstance(fn, DropoutNoise)
