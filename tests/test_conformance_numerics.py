@@ -100,9 +100,8 @@ def test_numerics_setting_is_checked():
 def test_popxl_fx_programs_use_torch_numerics():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
-    trainer = popxl_fx.training_model(
-        model, torch.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss()
-    )
+    trainer = popxl_fx.training_model(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                      nn.MSELoss())
     trainer(torch.from_numpy(X[:3]), torch.zeros(3, 4))
     assert trainer.ir.numerics == "torch"
     ir = popxl.Ir()  # a lowered torch module inside a hand-written program
@@ -119,9 +118,8 @@ def test_float16_moving_average_matches_graphcores_tutorial_output():
     ir = popxl.Ir()
     with ir.main_graph:
         m = popxl.variable(np.zeros((2,), np.float16), popxl.float16)
-        ops.var_updates.accumulate_moving_average_(
-            m, popxl.constant(np.full(2, 0.1, np.float32)), f=0.9
-        )
+        ops.var_updates.accumulate_moving_average_(m, popxl.constant(np.full(2, 0.1, np.float32)),
+                                                   f=0.9)
     with popxl.Session(ir, "ipu_hw") as session:
         session.run()
         got = session.get_tensor_data(m)
@@ -142,8 +140,7 @@ def _adam_step(first_order_dtype) -> tuple[np.ndarray, np.ndarray]:
     with ir.main_graph:
         v, g = popxl.variable(var), popxl.variable(grad)
         facts, step = AdamOptimizerStep().create_graph(
-            v, g, lr=2, eps=1e-5, weight_decay=0.0, first_order_dtype=first_order_dtype
-        )
+            v, g, lr=2, eps=1e-5, weight_decay=0.0, first_order_dtype=first_order_dtype)
         step.bind(facts.init()).call(v, g)
     with popxl.Session(ir, "ipu_hw") as session:
         session.run()
