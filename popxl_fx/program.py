@@ -50,7 +50,11 @@ class Inputs:
     tensors: list[popxl.Tensor]
 
     def feed(self, values: Sequence[torch.Tensor]) -> dict:
-        return {s: _numpy(v) for s, v in zip(self.streams, values)}
+        # astype: float inputs of a float16 program are rounded on the host (a no-op otherwise)
+        return {
+            s: _numpy(v).astype(s.dtype.as_numpy(), copy=False)
+            for s, v in zip(self.streams, values)
+        }
 
 
 def load_inputs(values: Sequence[torch.Tensor], names: Sequence[str]) -> Inputs:
@@ -143,7 +147,7 @@ class Weights:
         """Write the torch tensors' values into the device variables."""
         session.write_variables_data(
             {
-                v: _numpy(self.tensors[n])
+                v: _host_value(self.tensors[n], v)
                 for n, v in self.variables.items()
                 if self.kinds[n] in kinds
             }
@@ -157,7 +161,10 @@ class Weights:
         changed = [n for n, v in now.items() if self.synced.get(n) != v]
         if changed:
             session.write_variables_data(
-                {self.variables[n]: _numpy(self.tensors[n]) for n in changed}
+                {
+                    self.variables[n]: _host_value(self.tensors[n], self.variables[n])
+                    for n in changed
+                }
             )
         self.synced = now
 
@@ -167,6 +174,12 @@ class Weights:
 
     def forget_synced(self) -> None:
         self.synced = {}
+
+
+def _host_value(tensor: torch.Tensor, var: popxl.Variable) -> np.ndarray:
+    # astype: a float16 program keeps buffers in float16 (the torch model's stay float32);
+    # a no-op otherwise
+    return _numpy(tensor).astype(var.dtype.as_numpy(), copy=False)
 
 
 def make_session(ir: popxl.Ir, options: Options, prefix: str = "") -> popxl.Session:
