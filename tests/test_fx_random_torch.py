@@ -77,3 +77,28 @@ def test_native_dropout_draws_eagers_mask_and_trains_bit_for_bit():
     model = nn.Sequential(nn.Linear(8, 16), NativeDropout(), nn.Linear(16, 4)).train()
     errors = _train(model, Options(device="cpu"))
     assert max(errors.values()) == 0.0
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc, self.drop = nn.Linear(8, 8), nn.Dropout(0.5)
+
+    def forward(self, x):
+        return self.drop(torch.relu(self.fc(x)))
+
+
+def _blocks() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(Block(), Block(), nn.Linear(8, 4)).train()
+
+
+def test_outlined_blocks_with_dropout_draw_eagers_masks():
+    errors = _train(_blocks(), Options(device="cpu", outline="auto"))
+    assert max(errors.values()) == 0.0
+
+
+def test_recompute_refuses_blocks_that_draw_from_torchs_generator():
+    # recomputing the forward in the backward would draw a new mask there
+    with pytest.raises(NotImplementedError, match=r"rng='ipu'"):
+        _train(_blocks(), Options(device="cpu", outline="auto", recompute=True))
