@@ -3,6 +3,8 @@
 from . import collectives, var_updates
 from .activations import *  # noqa: F401,F403
 from .activations import __all__ as _activations_all
+from .aten import *  # noqa: F401,F403
+from .aten import __all__ as _aten_all
 from .attention import *  # noqa: F401,F403
 from .attention import __all__ as _attention_all
 from .call import *  # noqa: F401,F403
@@ -47,6 +49,7 @@ from .unary import __all__ as _unary_all
 __all__ = [
     "collectives",
     "var_updates",
+    *_aten_all,
     *_attention_all,
     *_call_all,
     *_code_load_all,
