@@ -25,6 +25,7 @@ from .batch_serial import check_batch, serialise_step
 from .checks import check_inputs, integer_inputs_explained
 from .loops import check_batches, micro_batch_loop, repeat_step
 from .loss import check_scalar_loss, loss_index
+from .names import unescape
 from .optim import OptimizerProgram
 from .pipeline import (
     Build,
@@ -156,7 +157,8 @@ def _plain_step(build: Build, lowered: Lowered, variables, ins: Inputs, index: i
 
 def _recorded(outputs: list[popxl.Tensor], index: int, grads: dict) -> dict:
     recorded = {f"output.{i}": store(t, f"output.{i}") for i, t in enumerate(outputs) if i != index}
-    recorded.update({f"grad.{n}": store(g, f"grad.{n}") for n, g in grads.items()})
+    # keyed by the exact torch name (variable names escape names like RegNet's "block1-0")
+    recorded.update({f"grad.{unescape(n)}": store(g, f"grad.{n}") for n, g in grads.items()})
     return recorded
 
 
@@ -180,7 +182,7 @@ def build_inference(build: Build, signature: Any, inputs: Sequence[torch.Tensor]
                 popxl.TensorSpec(tuple(x.shape), popxl.dtype.as_dtype(x.dtype))
                 for x in stream_values(build.options, one)
             ]
-        lowered = lower(build, build.model, specs, one, contexts)
+        lowered = lower(build, build.model, specs, one, contexts, differentiated=False)
         variables = lowered.facts.init()
         loaded: list[Inputs] = []
         outputs: dict[str, popxl.DeviceToHostStream] = {}
@@ -221,7 +223,7 @@ def lower_for_compile(
     """The forward graph, and its gradient graph unless ``wants`` (per input) is None; traced
     on ``examples``, the user's first inputs of this signature (real branches and indices)."""
     contexts = (lambda: integer_inputs_explained(build.model, examples),)
-    lowered = lower(build, build.model, specs, examples, contexts)
+    lowered = lower(build, build.model, specs, examples, contexts, wants is not None)
     fwd = lowered.forward
     n_outputs = len(fwd.graph.outputs)
     if wants is None:
