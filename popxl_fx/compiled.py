@@ -308,7 +308,7 @@ def compile(model_or_class: nn.Module | type, options: Options | None = None):
         >>> model = compile(nn.Linear(4, 2), Options(device="cpu"))
         >>> model(torch.randn(3, 4)).sum().backward()  # doctest: +SKIP
     """
-    opts = resolve(options)
+    opts = resolve(options, "compile")
     if isinstance(model_or_class, nn.Module):
         return _install(model_or_class, opts)
     if isinstance(model_or_class, type) and issubclass(model_or_class, nn.Module):

@@ -31,6 +31,7 @@ from .program import (
     signature_of,
     store,
 )
+from .replication import check_batch, concat_replicas, replica_examples, split_feeds
 
 __all__ = ["InferenceModel", "inference_model"]
 
@@ -60,7 +61,7 @@ class InferenceModel(ProgramView):
 
     def __init__(self, model: nn.Module, options: Options | None = None) -> None:
         self._model = model
-        self.options = resolve(options)
+        self.options = resolve(options, "inference_model")
         self._programs: dict[tuple, _Program] = {}
         self._active: _Program | None = None
         self._synced: dict[str, tuple[int, int]] = {}
@@ -68,11 +69,13 @@ class InferenceModel(ProgramView):
     def __call__(self, *inputs: torch.Tensor) -> Any:
         prog = self._program(inputs)
         self._weights_from_torch(prog)
-        out = prog.session.run(prog.inputs.feed(inputs))
+        replicas = self.options.replication_factor
+        out = prog.session.run(split_feeds(prog.inputs.feed(inputs), replicas))
         if any(m.training for m in self._model.modules()):
+            # with replication: replica 0's buffers (statistics of the batch's first share)
             prog.weights.to_torch(prog.session, kinds=("buffer",))
             self._synced = _versions(prog.weights.tensors)
-        leaves = [torch.from_numpy(out[s].copy()) for s in prog.outputs]
+        leaves = [concat_replicas(out[s], replicas) for s in prog.outputs]
         return prog.module.unflatten(leaves)
 
     # programs ------------------------------------------------------------------------
@@ -91,7 +94,9 @@ class InferenceModel(ProgramView):
 
     def _build(self, sig: tuple, inputs: Sequence[torch.Tensor]) -> _Program:
         check_inputs(self._model, inputs)
-        ir = popxl.Ir()
+        check_batch(inputs, self.options, training=False)
+        inputs = replica_examples(inputs, self.options.replication_factor)  # one replica's
+        ir = popxl.Ir(replication=self.options.replication_factor)
         with ir.main_graph, popxl.in_sequence():
             ins = load_inputs(inputs, [f"input{i}" for i in range(len(inputs))])
             fxm = Module(self._model, flatten_outputs=True)

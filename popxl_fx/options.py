@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["DEVICES", "PRECISIONS", "Options", "resolve"]
+__all__ = ["DEVICES", "NOT_FOR", "PRECISIONS", "Options", "resolve"]
 
 DEVICES = ("ipu_hw", "ipu_model", "cpu")
 PRECISIONS = ("float32", "float16")
@@ -165,17 +165,32 @@ NOT_YET = frozenset(
         "gradient_accumulation",
         "device_iterations",
         "batch_serialisation",
-        "replication_factor",
-        "replicated_tensor_sharding",
         "precision",
         "loss_scaling",
     }
 )
 
 
-def resolve(options: Options | None) -> Options:
+# Fields an entry point does not honour, and why (the fix is in the message).
+NOT_FOR = {
+    "inference_model": {
+        "replicated_tensor_sharding": "shards optimizer state, and inference has none; "
+        "leave it False (replication_factor alone splits the batch over replicas)",
+    },
+    "compile": {
+        "replication_factor": "compile hands gradients to a torch optimizer outside the "
+        "program, so there are no replicas to keep in step; use training_model with "
+        "Options(replication_factor=...) for data-parallel training",
+        "replicated_tensor_sharding": "compile keeps the optimizer in torch; use "
+        "training_model with Options(replicated_tensor_sharding=True)",
+    },
+}
+
+
+def resolve(options: Options | None, entry: str | None = None) -> Options:
     """``options`` or the defaults; rejects anything that is not an `Options`, and options
-    the pipeline cannot honour yet (never silently ignored)."""
+    the pipeline cannot honour yet or that ``entry`` (``"training_model"``,
+    ``"inference_model"``, ``"compile"``) does not honour (never silently ignored)."""
     if options is None:
         return Options()
     if not isinstance(options, Options):
@@ -186,4 +201,7 @@ def resolve(options: Options | None) -> Options:
             raise NotImplementedError(
                 f"Options({name}={getattr(options, name)!r}) is not implemented yet."
             )
+    for name, why in NOT_FOR.get(entry, {}).items():
+        if getattr(options, name) != getattr(defaults, name):
+            raise ValueError(f"popxl_fx.{entry}: Options({name}={getattr(options, name)!r}) {why}.")
     return options

@@ -27,6 +27,7 @@ from .checks import check_inputs, check_target, integer_inputs_explained
 from .errors import Issue, UnsupportedError
 from .module import Module
 from .optim import OptimizerProgram
+from .optim_replicated import Replication
 from .options import Options, resolve
 from .program import (
     Inputs,
@@ -39,6 +40,7 @@ from .program import (
     signature_of,
     store,
 )
+from .replication import broadcast_feeds, check_batch, mean_over_replicas, replica_examples, split_feeds
 
 __all__ = ["Trainer", "training_model"]
 
@@ -196,13 +198,17 @@ class Trainer(ProgramView):
         """One training step on ``inputs`` (with the target last when there is a loss_fn);
         returns the loss as a torch scalar."""
         prog = self._program(inputs)
-        feeds = {**prog.inputs.feed(inputs), **prog.optim.feeds()}
+        replicas = self.options.replication_factor
+        feeds = {
+            **split_feeds(prog.inputs.feed(inputs), replicas),
+            **broadcast_feeds(prog.optim.feeds(), replicas),
+        }
         out = prog.session.run(feeds)
         self._device_newer = True
         # the optimizer has stepped (on the device): torch's lr schedulers check this flag
         self.optimizer._opt_called = True
         self.last = {k: torch.from_numpy(out[s].copy()) for k, s in prog.recorded.items()}
-        return torch.from_numpy(out[prog.loss_stream].copy())
+        return mean_over_replicas(out[prog.loss_stream], replicas)
 
     # programs ------------------------------------------------------------------------
     def _program(self, inputs: tuple) -> _Program:
@@ -226,10 +232,13 @@ class Trainer(ProgramView):
 
     def _build(self, sig: tuple, inputs: tuple) -> _Program:
         check_inputs(self._model, inputs)
+        check_batch(inputs, self.options)
+        replicas = self.options.replication_factor
+        inputs = replica_examples(inputs, replicas)  # one replica's program
         root = self._model
         if self.loss_fn is not None:
             root = with_loss(self._model, self.loss_fn, len(inputs) - 1, self._record)
-        ir = popxl.Ir()
+        ir = popxl.Ir(replication=replicas)
         with ir.main_graph, popxl.in_sequence():
             names = [f"input{i}" for i in range(len(inputs))]
             if self.loss_fn is not None:
@@ -258,7 +267,8 @@ class Trainer(ProgramView):
             bwd = bwd_graph.call_with_info(one, args=info.inputs_dict(fwd))
             grads = info.fwd_parent_ins_to_grad_parent_outs(fwd, bwd)
             weights = Weights.from_named(variables.to_dict(), torch_names, self._prefix)
-            optim = OptimizerProgram(self.optimizer, self._names)
+            replication = Replication(replicas, self.options.replicated_tensor_sharding)
+            optim = OptimizerProgram(self.optimizer, self._names, replication)
             params = {n: weights.variables[n] for n in weights.names("param")}
             optim.build(params, {n: grads[v] for n, v in params.items() if v in grads})
             loss_stream = store(loss, "loss")
