@@ -104,10 +104,10 @@ class OptimizerProgram:
         self,
         optimizer: torch.optim.Optimizer,
         names: Mapping[torch.Tensor, str],
-        replication: Replication = Replication(),
+        replication: Replication | None = None,
     ) -> None:
         self.optimizer = optimizer
-        self.replication = replication
+        self.replication = replication or Replication()
         self._shapes: dict[str, tuple] = {}  # each parameter's full shape (state is made so)
         self.kind = _kind(optimizer)
         by_id = {id(p): n for p, n in names.items()}

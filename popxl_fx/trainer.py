@@ -40,7 +40,13 @@ from .program import (
     signature_of,
     store,
 )
-from .replication import broadcast_feeds, check_batch, mean_over_replicas, replica_examples, split_feeds
+from .replication import (
+    broadcast_feeds,
+    check_batch,
+    mean_over_replicas,
+    replica_examples,
+    split_feeds,
+)
 
 __all__ = ["Trainer", "training_model"]
 
