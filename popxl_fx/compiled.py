@@ -19,75 +19,26 @@ from __future__ import annotations
 
 import functools
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-import addons
 import popxl_core as popxl
 from popxl_core import ops
 from popxl_core.transforms.grad_info import ExpectedConnectionType
 
-from . import lowerings  # noqa: F401  (fills the lowering table)
-from .checks import check_inputs, integer_inputs_explained
-from .module import Module
+from .checks import check_inputs
 from .options import Options, resolve
-from .program import (
-    Inputs,
-    Weights,
-    describe_change,
-    load_inputs,
-    log,
-    make_session,
-    signature_of,
-    store,
-)
+from .pipeline import Build, Programs, Stage, weights_of
+from .program import Inputs, Weights, describe_change, load_inputs, signature_of, store
+from .steps import CompiledGraphs, lower_for_compile
 
 __all__ = ["CompiledForward", "compile"]
 
 _local = threading.local()  # set while a program is built: forward calls then run eagerly
-
-
-@dataclass
-class _Graphs:
-    """The traced forward graph and (if gradients are needed) its gradient graph, in one Ir."""
-
-    fxm: Module
-    facts: Any
-    fwd: addons.GraphWithNamedArgs
-    bwd: addons.GraphWithNamedArgs | None
-    n_outputs: int  # the forward's own outputs (activations follow)
-    trainable: list[str]  # parameter names whose gradients the gradient graph returns
-    input_positions: dict[popxl.Tensor, int] = field(default_factory=dict)
-
-
-def _build_graphs(
-    model: nn.Module, specs: list, wants: list[bool] | None, examples: tuple
-) -> _Graphs:
-    """The forward graph, and its gradient graph unless ``wants`` (per input) is None; traced
-    on ``examples``, the user's first inputs of this signature (real branches and indices)."""
-    fxm = Module(model, flatten_outputs=True)
-    fxm.capture(*examples)
-    facts, fwd = fxm.create_graph(*specs)
-    n_outputs = len(fwd.graph.outputs)
-    if wants is None:
-        return _Graphs(fxm, facts, fwd, None, n_outputs, [])
-    args = fwd.args.to_dict()
-    names = fxm.torch_names()
-    trainable = [
-        n
-        for n, t in args.items()
-        if n in names and names[n][0] == "param" and names[n][1].requires_grad
-    ]
-    data_inputs = list(fwd.graph.inputs[: len(specs)])
-    required = [args[n] for n in trainable] + [t for t, w in zip(data_inputs, wants) if w]
-    provided = [t for t in fwd.graph.outputs if t.dtype.is_floating_point]
-    bwd = addons.autodiff(fwd, grads_provided=provided, grads_required=required)
-    positions = {t: i for i, t in enumerate(data_inputs)}
-    return _Graphs(fxm, facts, fwd, bwd, n_outputs, trainable, positions)
 
 
 @dataclass
@@ -97,9 +48,10 @@ class _ForwardProgram:
     inputs: Inputs
     outputs: list[popxl.DeviceToHostStream]  # forward outputs, then activations
     weights: Weights
-    graphs: _Graphs
+    graphs: CompiledGraphs
     wants: list[bool]  # which inputs need gradients
     examples: tuple  # the inputs traced (the backward program traces the same)
+    stages: list[Stage]
     backward: _BackwardProgram | None = None
 
 
@@ -109,6 +61,7 @@ class _BackwardProgram:
     streams: list[popxl.HostToDeviceStream]  # one per gradient-graph input
     sources: list[tuple[str, Any]]  # ("grad", output) | ("output", i) | ("input", i) | ("var", n)
     results: list[tuple[str, Any, popxl.DeviceToHostStream]]  # ("param", name) | ("input", i)
+    stages: list[Stage]
 
 
 class CompiledForward:
@@ -117,8 +70,7 @@ class CompiledForward:
     def __init__(self, model: nn.Module, options: Options) -> None:
         self.model = model
         self.options = options
-        self._programs: dict[tuple, _ForwardProgram] = {}
-        self._last: tuple | None = None
+        self._programs: Programs[_ForwardProgram] = Programs("compile", self._why)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if getattr(_local, "building", False):  # the trace of a program runs the model eagerly
@@ -137,18 +89,13 @@ class CompiledForward:
 
     # programs ------------------------------------------------------------------------
     def _program(self, sig: tuple, args: tuple, wants: list[bool] | None) -> _ForwardProgram:
-        if self._last is not None and self._last != sig:
-            log.info(
-                "compile: recompiling %s, %s",
-                type(self.model).__name__,
-                describe_change(self._last[0], sig[0])
-                if self._last[0] != sig[0]
-                else "gradients are now needed for other tensors",
-            )
-        self._last = sig
-        if sig not in self._programs:
-            self._programs[sig] = self._build_forward(sig, args, wants)
-        return self._programs[sig]
+        return self._programs.get(sig, lambda: self._build_forward(sig, args, wants))
+
+    def _why(self, old: tuple, new: tuple) -> str:
+        what = type(self.model).__name__
+        if old[0] != new[0]:
+            return f"{what}: {describe_change(old[0], new[0])}"
+        return f"{what}: gradients are now needed for other tensors"
 
     def _building(self):
         return _Building()
@@ -162,27 +109,28 @@ class CompiledForward:
     def _build_forward(self, sig, args, wants) -> _ForwardProgram:
         check_inputs(self.model, args)
         examples = tuple(a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args)
-        ir = popxl.Ir()
-        with ir.main_graph, popxl.in_sequence(), self._building():
+        build = Build("compile", self.model, self.options)
+        with build.ir.main_graph, popxl.in_sequence(), self._building():
             ins = load_inputs(args, [f"input{i}" for i in range(len(args))])
-            with integer_inputs_explained(self.model, args):
-                graphs = _build_graphs(self.model, ins.tensors, wants, examples)
-            variables = graphs.facts.init()
-            site = graphs.fwd.bind(variables).call_with_info(*ins.tensors)
+            graphs = lower_for_compile(build, ins.tensors, wants, examples)
+            variables = graphs.lowered.facts.init()
+            site = graphs.lowered.forward.bind(variables).call_with_info(*ins.tensors)
             outs = [store(t, f"output{i}") for i, t in enumerate(site.outputs)]
-            weights = Weights.from_named(variables.to_dict(), graphs.fxm.torch_names())
-        session = make_session(ir, self.options)
-        session.__enter__()
-        return _ForwardProgram(sig, session, ins, outs, weights, graphs, wants or [], examples)
+            weights = weights_of(variables, graphs.lowered)
+        session = build.session()
+        return _ForwardProgram(
+            sig, session, ins, outs, weights, graphs, wants or [], examples, build.stages
+        )
 
     def _build_backward(self, prog: _ForwardProgram) -> _BackwardProgram:
-        ir = popxl.Ir()
         specs = [popxl.TensorSpec(s.shape, s.dtype) for s in prog.inputs.streams]
-        with ir.main_graph, popxl.in_sequence(), self._building():
-            g = _build_graphs(self.model, specs, prog.wants, prog.examples)
-            fwd_outputs = {t: i for i, t in enumerate(g.fwd.graph.outputs)}
-            var_names = {t: n for n, t in g.fwd.args.to_dict().items()}
-            info = g.bwd.grad_graph_info
+        build = Build("compile", self.model, self.options)
+        with build.ir.main_graph, popxl.in_sequence(), self._building():
+            g = lower_for_compile(build, specs, prog.wants, prog.examples)
+            fwd, bwd = g.lowered.forward, g.lowered.backward
+            fwd_outputs = {t: i for i, t in enumerate(fwd.graph.outputs)}
+            var_names = {t: n for n, t in fwd.args.to_dict().items()}
+            info = bwd.grad_graph_info
             streams, sources, loaded = [], [], []
             for i, conn in enumerate(info.expected_inputs):
                 t = conn.fwd_tensor
@@ -196,7 +144,7 @@ class CompiledForward:
                     sources.append(("var", var_names[t]))
                 streams.append(popxl.h2d_stream(t.shape, t.dtype, f"grad_in{i}"))
                 loaded.append(ops.host_load(streams[-1], f"grad_in{i}"))
-            outs = ops.call(g.bwd.graph, *loaded)
+            outs = ops.call(bwd.graph, *loaded)
             results = []
             for i, (conn, t) in enumerate(zip(info.expected_outputs, outs)):
                 src = conn.fwd_tensor
@@ -206,9 +154,8 @@ class CompiledForward:
                     else ("param", var_names[src])
                 )
                 results.append((*key, store(t, f"grad_out{i}")))
-        session = make_session(ir, self.options)
-        session.__enter__()
-        return _BackwardProgram(session, streams, sources, results)
+        session = build.session()
+        return _BackwardProgram(session, streams, sources, results, build.stages)
 
     # running -------------------------------------------------------------------------
     def _run(self, prog: _ForwardProgram, args: tuple) -> Any:
@@ -218,13 +165,13 @@ class CompiledForward:
         prog.weights.to_torch(prog.session, kinds=("buffer",))
         values = [torch.from_numpy(out[s].copy()) for s in prog.outputs]
         n = prog.graphs.n_outputs
-        if prog.graphs.bwd is None:
-            return prog.graphs.fxm.unflatten(values[:n])
+        if prog.graphs.lowered.backward is None:
+            return prog.graphs.lowered.fxm.unflatten(values[:n])
         saved = _Saved(prog, [_numpy(a) for a in args], state, [v.numpy() for v in values])
         params = [prog.weights.tensors[name] for name in prog.graphs.trainable]
         wanted = [a for a, w in zip(args, prog.wants) if w]
         results = _Bridge.apply(self, saved, *wanted, *params)
-        return prog.graphs.fxm.unflatten(results)
+        return prog.graphs.lowered.fxm.unflatten(results)
 
     def backward(self, saved: _Saved, grads: tuple) -> dict:
         prog = saved.prog

@@ -11,20 +11,22 @@ concatenated back into batch order.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
 
+from .optim_replicated import Replication
 from .options import Options
 
 __all__ = [
     "broadcast_feeds",
     "check_batch",
-    "concat_replicas",
-    "mean_over_replicas",
+    "from_replicas",
+    "record_replication",
     "replica_examples",
-    "split_feeds",
+    "replication_of",
 ]
 
 
@@ -76,11 +78,26 @@ def replica_examples(inputs: Sequence[torch.Tensor], replicas: int) -> tuple:
     return tuple(x[: x.shape[0] // replicas] for x in inputs)
 
 
-def split_feeds(feeds: Mapping[object, np.ndarray], replicas: int) -> dict:
-    """Host arrays ``[B, ...]`` as PopXL's replicated layout ``[R, B/R, ...]``."""
-    if replicas == 1:
-        return dict(feeds)
-    return {s: a.reshape(replicas, a.shape[0] // replicas, *a.shape[1:]) for s, a in feeds.items()}
+def replication_of(options: Options) -> Replication:
+    """The optimizer update's replication for ``options``."""
+    return Replication(options.replication_factor, options.replicated_tensor_sharding)
+
+
+def record_replication(build) -> None:
+    """The pipeline's ``replication`` stage record (a `pipeline.Build`): what the optimizer
+    stage will do with the gradients."""
+    opts = build.options
+    if opts.replication_factor == 1:
+        return
+    r = opts.replication_factor
+    if opts.replicated_tensor_sharding:
+        how = (
+            "gradients reduce-scattered (mean), optimizer state sharded ceil(n/R) per replica, "
+            "updated weights all-gathered"
+        )
+    else:
+        how = "gradients mean all-reduced, every replica applies the same update"
+    build.record("replication", f"{r} replicas, each on 1/{r} of the batch; {how}")
 
 
 def broadcast_feeds(feeds: Mapping[object, np.ndarray], replicas: int) -> dict:
@@ -90,21 +107,24 @@ def broadcast_feeds(feeds: Mapping[object, np.ndarray], replicas: int) -> dict:
     return {s: np.broadcast_to(a, (replicas, *np.shape(a))) for s, a in feeds.items()}
 
 
-def mean_over_replicas(values: np.ndarray, replicas: int) -> torch.Tensor:
-    """A per-replica scalar stream's ``[R]`` values as their mean (float32, as torch's)."""
-    if replicas == 1:
-        return torch.from_numpy(values.copy())
-    return torch.from_numpy(values.copy()).mean(0)
-
-
-def concat_replicas(values: np.ndarray, replicas: int) -> torch.Tensor:
-    """A per-replica output ``[R, b, ...]`` as one batch ``[R * b, ...]`` in batch order."""
+def from_replicas(name: str, values: np.ndarray, replicas: int, batch: int) -> torch.Tensor:
+    """A device-to-host stream's per-replica ``values`` (``[R, ...]``) as one torch tensor:
+    the loss and other scalars as the mean over replicas, gradients ("grad.*") as the mean
+    all-reduce computes it (added in replica order, divided by R), forward outputs
+    concatenated back in batch order (their dim 0 a multiple of ``batch``, the rows of one
+    replica)."""
     t = torch.from_numpy(values.copy())
     if replicas == 1:
         return t
-    if t.dim() < 2:
+    if name.startswith("grad."):
+        return functools.reduce(torch.add, list(t)) / replicas
+    if t.dim() == 1:
+        return t.mean(0)
+    if t.shape[1] % batch:
         raise ValueError(
-            "popxl_fx: with replication_factor > 1 every output must keep the batch dimension "
-            f"to be put back together; an output has shape {tuple(t.shape[1:])} per replica."
+            f"popxl_fx: output {name!r} has shape {tuple(t.shape[1:])} per replica: its first "
+            f"dimension is not a multiple of the replica's batch ({batch}), so it cannot be "
+            "put back together in batch order; return per-sample outputs (batch first) or a "
+            "scalar (averaged over replicas), or use replication_factor=1."
         )
     return t.reshape(-1, *t.shape[2:])

@@ -158,9 +158,11 @@ class Plan:
         return self._report
 
 
-def build_plan(ir, machine: Machine) -> Plan:
+def build_plan(ir, machine: Machine, observe: bool = True) -> Plan:
     """Plan ``ir`` on ``machine``; raises `OutOfMemoryError` if an IPU overflows and the
-    target treats that as fatal (``machine.oom_is_error``), warns if ``machine.oom_warns``."""
+    target treats that as fatal (``machine.oom_is_error``), warns if ``machine.oom_warns``.
+    ``observe=False`` keeps the plan from `PLAN_OBSERVERS` (an estimate of a program under
+    construction, e.g. popxl_fx's per-stage memory, is not a Session's plan)."""
     graphs = _reachable(ir.main_graph)
     opts = ir._pb_ir.getSessionOptions()
     ipus = _num_ipus(graphs, machine)
@@ -174,8 +176,8 @@ def build_plan(ir, machine: Machine) -> Plan:
     plan = Plan(machine, ir.replication_factor, _memory(ir, graphs, model, liveness, loaded),
                 work, _graph_infos(graphs, model, runs), _op_rows(graphs, model, runs), liveness,
                 analysis, _remote_buffers(ir), ir.main_graph, loaded, model)
-    for observe in PLAN_OBSERVERS:
-        observe(plan)
+    for observer in PLAN_OBSERVERS if observe else ():
+        observer(plan)
     if plan.out_of_memory and machine.oom_is_error:
         raise OutOfMemoryError(oom_message(plan, plan.out_of_memory[0]), plan)
     if plan.out_of_memory and machine.oom_warns:

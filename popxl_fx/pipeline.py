@@ -1,0 +1,286 @@
+"""The one build pipeline behind `training_model`, `inference_model` and `compile`.
+
+Every program popxl_fx builds goes through the same stages, in this order (`STAGES`; the
+`Options` field each stage applies in brackets):
+
+    signature      input shapes/dtypes and train/eval modes: the key of `Programs`
+    capture        torch.fx trace on the user's first inputs of that signature
+    lower          the forward graph (`popxl_fx.Module.create_graph`); the variables are
+                   named by torch names                                   [outline]
+    recompute      each outlined block's forward rebuilt in its backward  [recompute]
+    backward       autodiff of the forward graph (training and compile)
+    accumulation   the step calls forward and backward once per micro-batch, gradients
+                   mean-accumulated                                       [gradient_accumulation]
+    batch_serialisation  each micro-batch in slices                      [batch_serialisation]
+    replication    gradients reduced over replicas (+ sharded optimizer state)
+                                                 [replication_factor, replicated_tensor_sharding]
+    precision      float16 weights and activations, float32 master weights
+                                                                      [precision, loss_scaling]
+    optimizer      the torch optimizer as var updates (training)
+    device_iterations  the whole step repeated n times per call         [device_iterations]
+    session        plan, compile, attach (`make_session`)
+
+An entry point asks for what it needs and nothing else: `training_model` the loss, its
+backward and the optimizer (`steps.build_training`); `inference_model` the forward only
+(`steps.build_inference`); `compile` the forward and the backward graph for its
+``autograd.Function`` bridge (`steps.build_compiled_forward` / `_backward`).
+
+Plugging in a transform: the stage functions here and in `steps` are the places; each reads
+its `Options` field, changes the graphs it is given, and calls `Build.record(stage, detail)`
+once it ran (a stage recorded out of `STAGES` order raises, so the order stays the stated
+one). The records are what `explain` prints: the stages that ran, their graphs with how often
+each runs per call, and the memory per IPU after the stage (planned on the program as built
+so far, once the step's call sites exist). Weights shared with torch are made in one place,
+`weights_of`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from torch import nn
+
+import addons
+import popxl_core as popxl
+from popxl_core.sim.machine import machine_for
+from popxl_core.sim.plan import build_plan
+
+from . import lowerings  # noqa: F401  (fills the lowering table)
+from .module import Module
+from .options import Options
+from .program import Weights, describe_change, log, make_session
+
+__all__ = [
+    "STAGES",
+    "Build",
+    "GraphRow",
+    "Lowered",
+    "Programs",
+    "Stage",
+    "backward",
+    "lower",
+    "weights_of",
+]
+
+STAGES = (
+    "capture",
+    "lower",
+    "recompute",
+    "backward",
+    "accumulation",
+    "batch_serialisation",
+    "replication",
+    "precision",
+    "optimizer",
+    "device_iterations",
+    "session",
+)
+
+
+@dataclass(frozen=True)
+class GraphRow:
+    """One graph of the program after a stage: ops, code bytes and runs per call."""
+
+    name: str
+    ops: int
+    code_bytes: int
+    runs: int
+
+
+@dataclass(frozen=True)
+class Stage:
+    """What one stage of the pipeline did (`explain` prints these, in order).
+
+    ``memory`` is bytes per IPU (of one replica) planned after the stage, and ``graphs`` the
+    graphs the main graph reaches then; both are empty before the step's call sites exist
+    (``new_graphs`` then names the graphs the stage made, with their op counts).
+    """
+
+    name: str
+    detail: str
+    new_graphs: dict[str, int] = field(default_factory=dict)
+    graphs: tuple[GraphRow, ...] = ()
+    memory: dict[int, int] = field(default_factory=dict)
+
+
+class Build:
+    """One program under construction: its Ir, options and stage records.
+
+    Args:
+        entry: who asks ("training_model", "inference_model", "compile").
+        model: the user's torch model (for messages).
+        options: resolved `Options`.
+        prefix: where the user's model sits in the traced root (the loss wrapper's "model.").
+    """
+
+    def __init__(self, entry: str, model: nn.Module, options: Options, prefix: str = "") -> None:
+        self.entry = entry
+        self.model = model
+        self.options = options
+        self.prefix = prefix
+        self.ir = new_ir(options)
+        self.stages: list[Stage] = []
+        self.planned = False  # the main graph calls the step: stage records plan memory
+
+    def record(self, name: str, detail: str, new_graphs: Iterable[Any] = ()) -> Stage:
+        """Append the record of stage ``name`` (one of `STAGES`, after the last recorded)."""
+        if name not in STAGES:
+            raise ValueError(f"unknown pipeline stage {name!r}; the stages are {STAGES}.")
+        if self.stages and STAGES.index(name) <= STAGES.index(self.stages[-1].name):
+            raise RuntimeError(
+                f"pipeline stage {name!r} recorded after {self.stages[-1].name!r}: the stages "
+                f"run in the order {STAGES}."
+            )
+        made = {_graph_of(g).name: len(_graph_of(g).ops) for g in new_graphs}
+        rows, memory = self._plan() if self.planned else ((), {})
+        stage = Stage(name, detail, made, rows, memory)
+        self.stages.append(stage)
+        return stage
+
+    def _plan(self) -> tuple[tuple[GraphRow, ...], dict[int, int]]:
+        # the simulator's own plan of the program so far, on the options' target, never
+        # fatal (only the Session's plan decides out-of-memory) and never reported as one
+        machine = dataclasses.replace(
+            machine_for(self.options.device), oom_is_error=False, oom_warns=False
+        )
+        plan = build_plan(self.ir, machine, observe=False)
+        rows = tuple(GraphRow(g.name, g.ops, g.code_bytes, g.runs) for g in plan.graphs)
+        return rows, {ipu: m.total for ipu, m in plan.memory.items()}
+
+    def session(self) -> popxl.Session:
+        """The Session of the built Ir, attached (the weights live on the device between
+        calls); its plan is the `session` stage's record."""
+        session = make_session(self.ir, self.options, self.prefix)
+        session.__enter__()
+        plan = session.plan
+        rows = tuple(GraphRow(g.name, g.ops, g.code_bytes, g.runs) for g in plan.graphs)
+        memory = {ipu: m.total for ipu, m in plan.memory.items()}
+        self.record("session", f"Session on {self.options.device!r}")
+        self.stages[-1] = dataclasses.replace(self.stages[-1], graphs=rows, memory=memory)
+        return session
+
+
+def _graph_of(g: Any) -> popxl.Graph:
+    return g.graph if isinstance(g, addons.GraphWithNamedArgs) else g
+
+
+def new_ir(options: Options) -> popxl.Ir:
+    """The Ir of one program: ``options.replication_factor`` replicas."""
+    return popxl.Ir(replication=options.replication_factor)
+
+
+@dataclass
+class Lowered:
+    """The traced model in one Ir: its module, variable factories, forward graph and (when
+    asked) the backward graph."""
+
+    fxm: Module
+    facts: Any  # addons.NamedVariableFactories of the torch parameters and buffers
+    forward: addons.GraphWithNamedArgs
+    backward: addons.GraphWithNamedArgs | None = None
+
+    def torch_names(self) -> dict[str, tuple[str, Any]]:
+        return self.fxm.torch_names()
+
+    def trainable(self) -> list[str]:
+        """Variable names of the parameters that require gradients (forward arg order)."""
+        names = self.torch_names()
+        return [
+            n
+            for n in self.forward.args.to_dict()
+            if n in names and names[n][0] == "param" and names[n][1].requires_grad
+        ]
+
+
+def lower(
+    build: Build,
+    root: nn.Module,
+    specs: Sequence[Any],
+    examples: Sequence[Any],
+    contexts: Sequence[Callable[[], contextlib.AbstractContextManager]] = (),
+) -> Lowered:
+    """Capture ``root`` on ``examples`` (the user's inputs: real branches and indices) and
+    lower it to a forward graph taking ``specs``. ``contexts`` wrap both (they turn errors
+    into the user's terms). [outline plugs in here: one graph per repeated block]"""
+    fxm = Module(root, flatten_outputs=True)
+    with _entered(contexts):
+        captured = fxm.capture(*examples)
+    build.record("capture", f"torch.fx graph of {len(captured.gm.graph.nodes)} nodes")
+    with _entered(contexts):
+        facts, fwd = fxm.create_graph(*specs)
+    build.record("lower", "the whole model inlined in one forward graph", [fwd])
+    return Lowered(fxm, facts, fwd)
+
+
+@contextlib.contextmanager
+def _entered(contexts: Sequence[Callable[[], contextlib.AbstractContextManager]]):
+    with contextlib.ExitStack() as stack:
+        for make in contexts:
+            stack.enter_context(make())
+        yield
+
+
+def backward(
+    build: Build,
+    lowered: Lowered,
+    provided: Sequence[popxl.Tensor],
+    required: Sequence[popxl.Tensor],
+) -> addons.GraphWithNamedArgs:
+    """The gradient graph of the forward (autodiff), kept on ``lowered``.
+    [recompute plugs in before it; accumulation uses `addons.autodiff_with_accumulation`]"""
+    grad = addons.autodiff(lowered.forward, grads_provided=provided, grads_required=required)
+    lowered.backward = grad
+    build.record("backward", f"autodiff: {len(required)} gradients", [grad])
+    return grad
+
+
+def weights_of(variables: Any, lowered: Lowered, prefix: str = "") -> Weights:
+    """The bridge between the bound variables and the torch model's tensors (the one place a
+    program's weights are tied to torch's)."""
+    return Weights.from_named(variables.to_dict(), lowered.torch_names(), prefix)
+
+
+P = TypeVar("P")
+
+
+class Programs(Generic[P]):
+    """Built programs by signature, and the active one (the last one asked for).
+
+    ``get`` logs why it switches program; ``leave``/``enter`` let the owner move state (the
+    trainer's weights go through torch, so every program sees the same ones).
+    """
+
+    def __init__(self, entry: str, why: Callable[[Any, Any], str] = describe_change) -> None:
+        self.entry = entry
+        self.why = why
+        self.built: dict[Any, P] = {}
+        self.active: P | None = None
+        self.active_signature: Any = None
+
+    def __len__(self) -> int:
+        return len(self.built)
+
+    def get(
+        self,
+        signature: Any,
+        build: Callable[[], P],
+        leave: Callable[[P], None] | None = None,
+        enter: Callable[[P], None] | None = None,
+    ) -> P:
+        if self.active is not None and self.active_signature == signature:
+            return self.active
+        if self.active is not None:
+            log.info("%s: recompiling, %s", self.entry, self.why(self.active_signature, signature))
+            if leave is not None:
+                leave(self.active)
+        prog = self.built.get(signature)
+        if prog is None:
+            prog = self.built[signature] = build()
+        self.active, self.active_signature = prog, signature
+        if enter is not None:
+            enter(prog)
+        return prog
