@@ -40,11 +40,15 @@ class Options:
             this size and one loss per step is returned (PopTorch ``deviceIterations``).
         batch_serialisation: process each micro-batch in this many slices, activations through
             remote buffers (addons ``batch_serialise_fwd_and_grad``).
-        replication_factor: data-parallel replicas; each gets its share of the batch and the
-            gradients are mean all-reduced (PopTorch ``replicationFactor``, PopXL
-            ``Ir(replication=)``).
-        replicated_tensor_sharding: shard optimizer state across the replicas (reduce-scatter
-            gradients, sharded update, all-gather weights; PopTorch/PopXL RTS).
+        replication_factor: data-parallel replicas; each gets its share of the batch (dim 0
+            of every input, in batch order), the gradients are mean all-reduced and every
+            replica applies the same update; the loss returned is the mean of the replicas'
+            losses, inference outputs come back concatenated in batch order, BatchNorm
+            statistics are per replica and the torch model gets replica 0's (PopTorch
+            ``replicationFactor``, PopXL ``Ir(replication=)``). Not for ``compile``.
+        replicated_tensor_sharding: shard optimizer state across the replicas, ``ceil(n/R)``
+            elements each (reduce-scatter gradients, sharded update, all-gather weights;
+            PopXL RTS, ``addons.rts``); training_model only.
         precision: ``"float32"`` (default, bit for bit with eager) or ``"float16"`` weights and
             activations with float32 master weights and optimizer state.
         loss_scaling: static loss scale with ``precision="float16"`` (PopTorch ``loss_scaling``).
