@@ -9,6 +9,7 @@ from . import testing
 from .api import Options, Trainer, compile, training_model
 from .check import CheckReport, check
 from .errors import Issue, UnsupportedError
+from .explain import Explanation, explain
 from .inference import InferenceModel, inference_model
 from .lowering import LoweringContext, lowers
 from .module import Module
@@ -16,12 +17,14 @@ from .module import Module
 __all__ = ["Options", "Trainer", "compile", "testing", "training_model"]
 __all__ += [
     "CheckReport",
+    "Explanation",
     "InferenceModel",
     "Issue",
     "LoweringContext",
     "Module",
     "UnsupportedError",
     "check",
+    "explain",
     "inference_model",
     "lowers",
 ]

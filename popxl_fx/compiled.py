@@ -32,7 +32,7 @@ from popxl_core.transforms.grad_info import ExpectedConnectionType
 
 from .checks import check_inputs
 from .options import Options, resolve
-from .pipeline import Build, Programs, Stage, weights_of
+from .pipeline import Build, Programs, Stage, check_entry, weights_of
 from .program import Inputs, Weights, describe_change, load_inputs, signature_of, store
 from .steps import CompiledGraphs, lower_for_compile
 
@@ -157,6 +157,20 @@ class CompiledForward:
         session = build.session()
         return _BackwardProgram(session, streams, sources, results, build.stages)
 
+    def explain(self):
+        """The pipeline as it ran for the last program called (`popxl_fx.explain`)."""
+        from .explain import Explanation
+
+        prog = self._programs.active
+        if prog is None:
+            raise RuntimeError(
+                f"compiled {type(self.model).__name__} has not been called yet: call it once."
+            )
+        programs = {"forward": prog.stages}
+        if prog.backward is not None:
+            programs["backward"] = prog.backward.stages
+        return Explanation(f"compile({type(self.model).__name__})", self.options, programs)
+
     # running -------------------------------------------------------------------------
     def _run(self, prog: _ForwardProgram, args: tuple) -> Any:
         state = {n: _numpy(t) for n, t in prog.weights.tensors.items()}
@@ -255,7 +269,8 @@ def compile(model_or_class: nn.Module | type, options: Options | None = None):
         >>> model = compile(nn.Linear(4, 2), Options(device="cpu"))
         >>> model(torch.randn(3, 4)).sum().backward()  # doctest: +SKIP
     """
-    opts = resolve(options, "compile")
+    opts = resolve(options)
+    check_entry("compile", opts)
     if isinstance(model_or_class, nn.Module):
         return _install(model_or_class, opts)
     if isinstance(model_or_class, type) and issubclass(model_or_class, nn.Module):

@@ -15,17 +15,12 @@ import torch
 from torch import nn
 
 from .options import Options, resolve
-from .pipeline import Build, Programs
+from .pipeline import Build, Programs, check_entry
 from .program import ProgramView, signature_of
-from .replication import from_replicas
+from .replication import unreplicated
 from .steps import Program, build_inference
 
 __all__ = ["InferenceModel", "inference_model"]
-
-
-def _versions(tensors: dict[str, torch.Tensor]) -> dict[str, tuple[int, int]]:
-    """Identity and in-place version of each tensor: what changes when torch updates it."""
-    return {n: (id(t), t._version) for n, t in tensors.items()}
 
 
 class InferenceModel(ProgramView):
@@ -33,24 +28,24 @@ class InferenceModel(ProgramView):
     simulator and returns torch tensors in the structure the torch forward returns."""
 
     _not_called = "the inference model has not been called yet: call it once first."
+    _entry = "inference_model"
 
     def __init__(self, model: nn.Module, options: Options | None = None) -> None:
         self._model = model
-        self.options = resolve(options, "inference_model")
+        self.options = resolve(options)
+        check_entry("inference_model", self.options)
         self._programs: Programs[Program] = Programs("inference_model")
-        self._synced: dict[str, tuple[int, int]] = {}
 
     def __call__(self, *inputs: torch.Tensor) -> Any:
         prog = self._program(inputs)
-        self._weights_from_torch(prog)
+        prog.weights.changed_from_torch(prog.session)
         out = prog.session.run(prog.inputs.feed(inputs))
         if any(m.training for m in self._model.modules()):
             # with replication: replica 0's buffers (the statistics of the batch's first share)
             prog.weights.to_torch(prog.session, kinds=("buffer",))
-            self._synced = _versions(prog.weights.tensors)
-        replicas = self.options.replication_factor
-        batch = inputs[0].shape[0] // replicas if replicas > 1 else 0
-        leaves = [from_replicas(k, out[s], replicas, batch) for k, s in prog.outputs.items()]
+            prog.weights.mark_synced()
+        # with replication: outputs concatenated in batch order, scalars averaged
+        leaves = list(unreplicated(prog.outputs, out, inputs, self.options).values())
         return prog.lowered.fxm.unflatten(leaves)
 
     # programs ------------------------------------------------------------------------
@@ -63,24 +58,11 @@ class InferenceModel(ProgramView):
         return self._programs.get(sig, lambda: self._build(sig, inputs), enter=self._entered)
 
     def _entered(self, prog: Program) -> None:
-        self._synced = {}  # the program takes every torch weight before its next call
+        prog.weights.forget_synced()  # the program takes every torch weight before its call
 
     def _build(self, sig: tuple, inputs: Sequence[torch.Tensor]) -> Program:
         build = Build("inference_model", self._model, self.options)
         return build_inference(build, sig, inputs)
-
-    def _weights_from_torch(self, prog: Program) -> None:
-        now = _versions(prog.weights.tensors)
-        changed = [n for n, v in now.items() if self._synced.get(n) != v]
-        if changed:
-            prog.session.write_variables_data(
-                {prog.weights.variables[n]: _numpy(prog.weights.tensors[n]) for n in changed}
-            )
-        self._synced = now
-
-
-def _numpy(t: torch.Tensor) -> Any:
-    return t.detach().cpu().contiguous().numpy()
 
 
 def inference_model(model: nn.Module, options: Options | None = None) -> InferenceModel:

@@ -20,7 +20,7 @@ SGD and Adam(W) match torch bit for bit: each update is torch's single-tensor (C
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -123,6 +123,7 @@ class OptimizerProgram:
             self.groups.append(_Group(i, [by_id[id(p)] for p in group["params"]]))
         self.params = {by_id[id(p)]: p for g in optimizer.param_groups for p in g["params"]}
         self.state: dict[str, dict[str, popxl.Variable]] = {}
+        self._local: Callable[[popxl.Tensor], popxl.Tensor] | None = None
         for g in self.groups:
             g.step = self._initial_step(g)
 
@@ -166,9 +167,20 @@ class OptimizerProgram:
         return steps.pop() if steps else 0
 
     # building ------------------------------------------------------------------------
-    def build(self, params: Mapping[str, popxl.Tensor], grads: Mapping[str, popxl.Tensor]) -> None:
+    def build(
+        self,
+        params: Mapping[str, popxl.Tensor],
+        grads: Mapping[str, popxl.Tensor],
+        local: Callable[[popxl.Tensor], popxl.Tensor] | None = None,
+    ) -> None:
         """Add the update of every parameter that has a gradient (in the current graph); with
-        replication, of the gradients reduced over the replicas (`optim_replicated`)."""
+        replication, of the gradients reduced over the replicas (`optim_replicated`).
+
+        ``local``: when the current graph is a subgraph (a step repeated per device
+        iteration), state variables are made in the main graph and ``local(variable)`` is the
+        subgraph's input that stands for it.
+        """
+        self._local = local
         with popxl.in_sequence():
             for g, pg in zip(self.groups, self.optimizer.param_groups):
                 g.structure = self._structure(pg)
@@ -216,15 +228,19 @@ class OptimizerProgram:
         return value.detach().cpu().numpy().astype(dtype).reshape(shape)
 
     def _state_var(self, name: str, key: str, like: popxl.Tensor) -> popxl.Tensor:
-        """A state variable for the update of ``like`` (the weight, or its RTS shard); with
-        RTS the update works on this replica's shard of it."""
+        """A state variable for the update of ``like`` (the weight, or its RTS shard): the
+        tensor the update works on (with RTS this replica's shard of it)."""
         # torch keeps `step` as a float32 scalar and the rest in the parameter's dtype
         step = key == "step"
         shape, dtype = ((), popxl.float32) if step else (self._shapes[name], like.dtype)
         data = self._initial(name, key, shape, dtype.as_numpy())
-        var, used = self.replication.state_variable(
-            data, dtype, f"optimizer.{name}.{key}", scalar_count=step
-        )
+        made = f"optimizer.{name}.{key}", step
+        if self._local is None:
+            var, used = self.replication.state_variable(data, dtype, *made)
+        else:
+            with popxl.gcg().ir.main_graph:  # variables live in the main graph only
+                var, used = self.replication.state_variable(data, dtype, *made)
+            used = self._local(used)
         self.state.setdefault(name, {})[key] = var
         return used
 
@@ -278,6 +294,15 @@ class OptimizerProgram:
                 g.fed = (source, self._hyper_arrays(g, pg))
             out.update(g.fed[1])
         return out
+
+    def feeds_for(self, steps: int) -> dict[popxl.HostToDeviceStream, np.ndarray]:
+        """The hyper-parameters of the next ``steps`` steps, stacked (one row per step, for a
+        program that repeats its step ``steps`` times per run): read from the torch optimizer
+        now, so an lr scheduler's change applies from the next call."""
+        if steps == 1:
+            return self.feeds()
+        rows = [self.feeds() for _ in range(steps)]
+        return {s: np.stack([row[s] for row in rows]) for s in rows[0]}
 
     def _hyper_arrays(self, g: _Group, pg: Mapping) -> dict:
         values = _sgd_hyper(pg, g.step) if self.kind == "sgd" else _adam_hyper(pg, g.step)

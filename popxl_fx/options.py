@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["DEVICES", "NOT_FOR", "PRECISIONS", "Options", "resolve"]
+__all__ = ["DEVICES", "PRECISIONS", "Options", "resolve"]
 
 DEVICES = ("ipu_hw", "ipu_model", "cpu")
 PRECISIONS = ("float32", "float16")
@@ -34,10 +34,14 @@ class Options:
             list of module names or classes outlines those; ``False`` (default) inlines all.
         recompute: rebuild each outlined block's forward in its backward instead of keeping
             its activations (PopXL ``recompute_graph``; PopTorch ``recomputationCheckpoint``).
-        gradient_accumulation: split each batch into this many micro-batches, accumulate their
-            gradients, one optimizer step per call (PopTorch ``gradientAccumulation``).
+        gradient_accumulation: split each batch into this many consecutive micro-batches,
+            mean-accumulate their gradients, one optimizer step per call; the loss returned is
+            the mean of the micro-batch losses; batch norm normalises per micro-batch
+            (PopTorch ``gradientAccumulation``; `training_model` only).
         device_iterations: run this many steps per call; inputs carry a leading dimension of
-            this size and one loss per step is returned (PopTorch ``deviceIterations``).
+            this size and one loss per step is returned; hyper-parameters are read once per
+            call (PopTorch ``deviceIterations``; `training_model` and `inference_model`, whose
+            outputs then have the leading dimension too).
         batch_serialisation: process each micro-batch in this many slices, activations through
             remote buffers (addons ``batch_serialise_fwd_and_grad``).
         replication_factor: data-parallel replicas; each gets its share of the batch (dim 0
@@ -166,8 +170,6 @@ NOT_YET = frozenset(
     {
         "outline",
         "recompute",
-        "gradient_accumulation",
-        "device_iterations",
         "batch_serialisation",
         "precision",
         "loss_scaling",
@@ -175,26 +177,9 @@ NOT_YET = frozenset(
 )
 
 
-# Fields an entry point does not honour, and why (the fix is in the message).
-NOT_FOR = {
-    "inference_model": {
-        "replicated_tensor_sharding": "shards optimizer state, and inference has none; "
-        "leave it False (replication_factor alone splits the batch over replicas)",
-    },
-    "compile": {
-        "replication_factor": "compile hands gradients to a torch optimizer outside the "
-        "program, so there are no replicas to keep in step; use training_model with "
-        "Options(replication_factor=...) for data-parallel training",
-        "replicated_tensor_sharding": "compile keeps the optimizer in torch; use "
-        "training_model with Options(replicated_tensor_sharding=True)",
-    },
-}
-
-
-def resolve(options: Options | None, entry: str | None = None) -> Options:
+def resolve(options: Options | None) -> Options:
     """``options`` or the defaults; rejects anything that is not an `Options`, and options
-    the pipeline cannot honour yet or that ``entry`` (``"training_model"``,
-    ``"inference_model"``, ``"compile"``) does not honour (never silently ignored)."""
+    the pipeline cannot honour yet (never silently ignored)."""
     if options is None:
         return Options()
     if not isinstance(options, Options):
@@ -205,7 +190,4 @@ def resolve(options: Options | None, entry: str | None = None) -> Options:
             raise NotImplementedError(
                 f"Options({name}={getattr(options, name)!r}) is not implemented yet."
             )
-    for name, why in NOT_FOR.get(entry, {}).items():
-        if getattr(options, name) != getattr(defaults, name):
-            raise ValueError(f"popxl_fx.{entry}: Options({name}={getattr(options, name)!r}) {why}.")
     return options

@@ -31,7 +31,8 @@ once it ran (a stage recorded out of `STAGES` order raises, so the order stays t
 one). The records are what `explain` prints: the stages that ran, their graphs with how often
 each runs per call, and the memory per IPU after the stage (planned on the program as built
 so far, once the step's call sites exist). Weights shared with torch are made in one place,
-`weights_of`.
+`weights_of`, and copied either way by `program.Weights` (``to_torch``/``from_torch`` for the
+trainer, ``changed_from_torch`` for inference).
 """
 
 from __future__ import annotations
@@ -61,7 +62,9 @@ __all__ = [
     "Lowered",
     "Programs",
     "Stage",
+    "accumulating_backward",
     "backward",
+    "check_entry",
     "lower",
     "weights_of",
 ]
@@ -107,6 +110,35 @@ class Stage:
     memory: dict[int, int] = field(default_factory=dict)
 
 
+# fields an entry point does not apply (yet): an error, never silently ignored
+_UNSUPPORTED = {
+    "inference_model": {
+        "gradient_accumulation": "accumulates gradients; inference has none",
+        "replicated_tensor_sharding": "shards optimizer state, and inference has none; "
+        "leave it False (replication_factor alone splits the batch over replicas)",
+    },
+    "compile": {
+        "gradient_accumulation": "is the torch loop's to do around a compiled module "
+        "(call it per micro-batch, then optimizer.step())",
+        "device_iterations": "is not applied to compile (the torch loop calls it per "
+        "step); use training_model",
+        "replication_factor": "keeps no replicas in step: compile hands the gradients to a "
+        "torch optimizer outside the program; use training_model for data-parallel training",
+        "replicated_tensor_sharding": "has no optimizer state to shard (compile keeps the "
+        "optimizer in torch); use training_model",
+    },
+}
+
+
+def check_entry(entry: str, options: Options) -> None:
+    """Refuse the `Options` fields that ``entry`` does not apply (named, with the fix)."""
+    default = Options()
+    for name, why in _UNSUPPORTED.get(entry, {}).items():
+        value = getattr(options, name)
+        if value != getattr(default, name):
+            raise ValueError(f"Options({name}={value!r}) {why}; {entry} refuses it.")
+
+
 class Build:
     """One program under construction: its Ir, options and stage records.
 
@@ -124,6 +156,7 @@ class Build:
         self.prefix = prefix
         self.ir = new_ir(options)
         self.stages: list[Stage] = []
+        check_entry(entry, options)
         self.planned = False  # the main graph calls the step: stage records plan memory
 
     def record(self, name: str, detail: str, new_graphs: Iterable[Any] = ()) -> Stage:
@@ -236,6 +269,20 @@ def backward(
     lowered.backward = grad
     build.record("backward", f"autodiff: {len(required)} gradients", [grad])
     return grad
+
+
+def accumulating_backward(
+    build: Build, lowered: Lowered, loss: popxl.Tensor, required: Sequence[popxl.Tensor]
+) -> tuple[Any, addons.GraphWithNamedArgs]:
+    """The gradient graph that mean-accumulates the gradients of ``required`` into
+    ``accum.<name>`` variables (`addons.autodiff_with_accumulation`); returns their
+    factories and the graph (kept on ``lowered``)."""
+    facts, grad = addons.autodiff_with_accumulation(
+        lowered.forward, required, grads_provided=[loss]
+    )
+    lowered.backward = grad
+    build.record("backward", f"autodiff: {len(required)} gradients, accumulated", [grad])
+    return facts, grad
 
 
 def weights_of(variables: Any, lowered: Lowered, prefix: str = "") -> Weights:

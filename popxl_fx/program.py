@@ -51,12 +51,18 @@ class Inputs:
     replicas: int = 1
 
     def feed(self, values: Sequence[torch.Tensor]) -> dict:
-        """The host arrays of ``values``, ``[R, B/R, ...]`` with replication (PopXL's layout:
+        """The host arrays of ``values``; with replication the batch dimension ``B`` (after a
+        leading device-iterations dimension, if any) becomes ``[R, B/R]`` (PopXL's layout:
         replica r gets rows ``r*B/R`` to ``(r+1)*B/R``, in batch order)."""
         feeds = {s: _numpy(v) for s, v in zip(self.streams, values)}
         if self.replicas == 1:
             return feeds
-        return {s: a.reshape(self.replicas, -1, *a.shape[1:]) for s, a in feeds.items()}
+        return {s: _split_batch(a, len(s.shape), self.replicas) for s, a in feeds.items()}
+
+
+def _split_batch(a: np.ndarray, rank: int, replicas: int) -> np.ndarray:
+    lead = a.ndim - rank  # a leading device-iterations dimension
+    return a.reshape(*a.shape[:lead], replicas, -1, *a.shape[lead + 1 :])
 
 
 def load_inputs(values: Sequence[torch.Tensor], names: Sequence[str], replicas: int = 1) -> Inputs:
@@ -107,6 +113,11 @@ def _numpy(t: torch.Tensor) -> np.ndarray:
     return t.detach().cpu().contiguous().numpy()
 
 
+def _versions(tensors: Mapping[str, torch.Tensor]) -> dict[str, tuple[int, int]]:
+    """Identity and in-place version of each tensor: what changes when torch updates it."""
+    return {n: (id(t), t._version) for n, t in tensors.items()}
+
+
 @dataclass
 class Weights:
     """Variables of one Ir by torch name (``prefix`` stripped), and their torch tensors."""
@@ -114,6 +125,8 @@ class Weights:
     variables: dict[str, popxl.Variable]
     tensors: dict[str, torch.Tensor]
     kinds: dict[str, str] = field(default_factory=dict)  # name -> "param" | "buffer"
+    # torch tensor identity and in-place version when last equal to the device's values
+    synced: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     @classmethod
     def from_named(
@@ -151,6 +164,25 @@ class Weights:
                 if self.kinds[n] in kinds
             }
         )
+
+    # only what torch changed ---------------------------------------------------------
+    def changed_from_torch(self, session: popxl.Session) -> None:
+        """Write the torch tensors changed (replaced or updated in place) since the last
+        `mark_synced` into the device variables; all of them after `forget_synced`."""
+        now = _versions(self.tensors)
+        changed = [n for n, v in now.items() if self.synced.get(n) != v]
+        if changed:
+            session.write_variables_data(
+                {self.variables[n]: _numpy(self.tensors[n]) for n in changed}
+            )
+        self.synced = now
+
+    def mark_synced(self) -> None:
+        """The device and the torch tensors hold the same values now."""
+        self.synced = _versions(self.tensors)
+
+    def forget_synced(self) -> None:
+        self.synced = {}
 
 
 def make_session(ir: popxl.Ir, options: Options, prefix: str = "") -> popxl.Session:
@@ -206,6 +238,7 @@ class ProgramView:
     _active = None
     _not_called = "it has not been called yet: call it once first."
     _per = "call"
+    _entry = "program"
 
     def _require(self):
         if self._active is None:
@@ -237,3 +270,11 @@ class ProgramView:
             f"{name}:\n" + g.print_schedule() for name, g in self._schedule_graphs(prog).items()
         ]
         return "\n\n".join(parts)
+
+    def explain(self):
+        """The build pipeline as it ran for the current program (`popxl_fx.explain`)."""
+        from .explain import Explanation  # explain imports pipeline, which imports this
+
+        prog = self._require()
+        title = f"{self._entry}({type(self._model).__name__})"
+        return Explanation(title, self.options, {"step": prog.stages})

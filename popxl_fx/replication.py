@@ -27,6 +27,7 @@ __all__ = [
     "record_replication",
     "replica_examples",
     "replication_of",
+    "unreplicated",
 ]
 
 
@@ -100,31 +101,54 @@ def record_replication(build) -> None:
     build.record("replication", f"{r} replicas, each on 1/{r} of the batch; {how}")
 
 
-def broadcast_feeds(feeds: Mapping[object, np.ndarray], replicas: int) -> dict:
-    """Host arrays every replica gets whole (the optimizer's hyper-parameters), as ``[R, ...]``."""
+def broadcast_feeds(feeds: Mapping[object, np.ndarray], replicas: int, iterations: int = 1) -> dict:
+    """Host arrays every replica gets whole (the optimizer's hyper-parameters), as
+    ``[R, ...]`` (``[n, R, ...]`` when they have a leading ``iterations`` dimension n > 1)."""
     if replicas == 1:
         return dict(feeds)
-    return {s: np.broadcast_to(a, (replicas, *np.shape(a))) for s, a in feeds.items()}
+    lead = 1 if iterations > 1 else 0
+    return {s: _broadcast(np.asarray(a), replicas, lead) for s, a in feeds.items()}
 
 
-def from_replicas(name: str, values: np.ndarray, replicas: int, batch: int) -> torch.Tensor:
-    """A device-to-host stream's per-replica ``values`` (``[R, ...]``) as one torch tensor:
-    the loss and other scalars as the mean over replicas, gradients ("grad.*") as the mean
-    all-reduce computes it (added in replica order, divided by R), forward outputs
-    concatenated back in batch order (their dim 0 a multiple of ``batch``, the rows of one
-    replica)."""
+def _broadcast(a: np.ndarray, replicas: int, lead: int) -> np.ndarray:
+    a = np.expand_dims(a, lead)
+    return np.broadcast_to(a, (*a.shape[:lead], replicas, *a.shape[lead + 1 :]))
+
+
+def unreplicated(
+    outputs: Mapping[str, object], values: Mapping[object, np.ndarray], inputs, options: Options
+) -> dict[str, torch.Tensor]:
+    """The run's ``values`` of the named d2h streams ``outputs`` as torch tensors, put back
+    together over the replicas (`from_replicas`) for the step's ``inputs``."""
+    n, r = options.device_iterations, options.replication_factor
+    if r == 1:
+        return {k: torch.from_numpy(values[s].copy()) for k, s in outputs.items()}
+    batch = inputs[0].shape[1 if n > 1 else 0] // r  # the rows one replica got
+    return {k: from_replicas(k, values[s], r, batch, n) for k, s in outputs.items()}
+
+
+def from_replicas(
+    name: str, values: np.ndarray, replicas: int, batch: int, iterations: int = 1
+) -> torch.Tensor:
+    """A device-to-host stream's per-replica ``values`` (``[R, ...]``, or ``[n, R, ...]`` with
+    ``iterations`` n > 1) as one torch tensor: the loss and other scalars as the mean over
+    replicas, gradients ("grad.*") as the mean all-reduce computes it (added in replica order,
+    divided by R), forward outputs concatenated back in batch order (their dim 0 a multiple of
+    ``batch``, the rows of one replica)."""
     t = torch.from_numpy(values.copy())
     if replicas == 1:
         return t
+    axis = 1 if iterations > 1 else 0
     if name.startswith("grad."):
-        return functools.reduce(torch.add, list(t)) / replicas
-    if t.dim() == 1:
-        return t.mean(0)
-    if t.shape[1] % batch:
+        return functools.reduce(torch.add, t.unbind(axis)) / replicas
+    per_replica = t.shape[axis + 1 :]
+    if not per_replica:
+        return t.mean(axis)
+    if per_replica[0] % batch:
         raise ValueError(
-            f"popxl_fx: output {name!r} has shape {tuple(t.shape[1:])} per replica: its first "
+            f"popxl_fx: output {name!r} has shape {tuple(per_replica)} per replica: its first "
             f"dimension is not a multiple of the replica's batch ({batch}), so it cannot be "
             "put back together in batch order; return per-sample outputs (batch first) or a "
             "scalar (averaged over replicas), or use replication_factor=1."
         )
-    return t.reshape(-1, *t.shape[2:])
+    return t.reshape(*t.shape[:axis], -1, *per_replica[1:])

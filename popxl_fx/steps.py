@@ -19,11 +19,13 @@ from torch import nn
 
 import addons
 import popxl_core as popxl
+from popxl_core import ops
 
 from .checks import check_inputs, integer_inputs_explained
+from .loops import check_batches, micro_batch_loop, repeat_step
 from .loss import check_scalar_loss, loss_index
 from .optim import OptimizerProgram
-from .pipeline import Build, Lowered, Stage, backward, lower, weights_of
+from .pipeline import Build, Lowered, Stage, accumulating_backward, backward, lower, weights_of
 from .program import Inputs, Weights, load_inputs, store
 from .replication import check_batch, record_replication, replica_examples
 
@@ -74,11 +76,15 @@ class TrainingRequest:
 
 
 def build_training(build: Build, signature: Any, req: TrainingRequest) -> Program:
-    """The training step program: forward, loss, backward, optimizer update."""
+    """The training step program: forward, loss, backward, optimizer update (with
+    gradient_accumulation or device_iterations: `build_training_loops`)."""
+    opts = build.options
+    if opts.gradient_accumulation > 1 or opts.device_iterations > 1:
+        return build_training_loops(build, signature, req)
     model_inputs = req.inputs[:-1] if req.has_loss_fn else req.inputs
     check_inputs(req.model, req.inputs)
-    check_batch(req.inputs, build.options)
-    replicas = build.options.replication_factor
+    check_batch(req.inputs, opts)
+    replicas = opts.replication_factor
     examples = replica_examples(req.inputs, replicas)  # one replica's share of the batch
     contexts = (lambda: integer_inputs_explained(req.model, model_inputs), *req.contexts)
     with build.ir.main_graph, popxl.in_sequence():
@@ -92,6 +98,7 @@ def build_training(build: Build, signature: Any, req: TrainingRequest) -> Progra
         backward(build, lowered, [fwd.graph.outputs[index]], [args[n] for n in trainable])
         variables = lowered.facts.init()
         step = _plain_step(build, lowered, variables, ins, index)
+        build.planned = True  # the main graph calls the step: later stages plan memory
         weights = weights_of(variables, lowered, build.prefix)
         params = {n: weights.variables[n] for n in weights.names("param")}
         grads = {n: step.grads[v] for n, v in params.items() if v in step.grads}
@@ -134,21 +141,46 @@ def _recorded(outputs: list[popxl.Tensor], index: int, grads: dict) -> dict:
 
 # inference ---------------------------------------------------------------------------------
 def build_inference(build: Build, signature: Any, inputs: Sequence[torch.Tensor]) -> Program:
-    """The forward program: inputs in, the forward's flattened outputs out."""
+    """The forward program: inputs in, the forward's flattened outputs out (with
+    device_iterations=n: n forwards per call, inputs and outputs with a leading n)."""
+    n = build.options.device_iterations
     check_inputs(build.model, inputs)
-    check_batch(inputs, build.options, training=False)
+    check_batches(inputs, 1, n)
+    one = tuple(x[0] for x in inputs) if n > 1 else tuple(inputs)  # one iteration's inputs
+    check_batch(one, build.options, training=False)
     replicas = build.options.replication_factor
-    contexts = (lambda: integer_inputs_explained(build.model, inputs),)
-    with build.ir.main_graph, popxl.in_sequence():
-        ins = load_inputs(inputs, [f"input{i}" for i in range(len(inputs))], replicas)
-        examples = replica_examples(inputs, replicas)
-        lowered = lower(build, build.model, ins.tensors, examples, contexts)
+    examples = replica_examples(one, replicas)  # what one replica sees of one iteration
+    contexts = (lambda: integer_inputs_explained(build.model, one),)
+    names = [f"input{i}" for i in range(len(inputs))]
+    ir = build.ir
+    with ir.main_graph, popxl.in_sequence():
+        if n == 1:  # the plain program: inputs loaded in the main graph, as before
+            ins = load_inputs(one, names, replicas)
+            specs: Sequence[Any] = ins.tensors
+        else:
+            specs = [_spec(x) for x in examples]
+        lowered = lower(build, build.model, specs, examples, contexts)
         variables = lowered.facts.init()
-        outs = lowered.forward.bind(variables).call(*ins.tensors)
-        outputs = {f"output{i}": store(t, f"output{i}") for i, t in enumerate(outs)}
+        loaded: list[Inputs] = []
+        outputs: dict[str, popxl.DeviceToHostStream] = {}
+
+        def forward(local: Callable[[popxl.Tensor], popxl.Tensor], ins=None) -> None:
+            ins = ins or load_inputs(one, names, replicas)
+            loaded.append(ins)
+            outs = lowered.forward.bind(_named(variables, local)).call(*ins.tensors)
+            outputs.update({f"output{i}": store(t, f"output{i}") for i, t in enumerate(outs)})
+
+        if n == 1:
+            forward(lambda t: t, ins)
+            build.planned = True
+        else:
+            ir.num_host_transfers = n
+            repeat_step(ir, n, forward)
+            build.planned = True
+            build.record("device_iterations", f"the forward repeated {n} times per call")
         weights = weights_of(variables, lowered)
     session = build.session()
-    return Program(signature, build.ir, session, ins, outputs, weights, lowered, build.stages)
+    return Program(signature, ir, session, loaded[0], outputs, weights, lowered, build.stages)
 
 
 # compile -----------------------------------------------------------------------------------
@@ -181,3 +213,108 @@ def lower_for_compile(
     backward(build, lowered, provided, required)
     positions = {t: i for i, t in enumerate(data_inputs)}
     return CompiledGraphs(lowered, n_outputs, trainable, positions)
+
+
+def build_training_loops(build: Build, signature: Any, req: TrainingRequest) -> Program:
+    """The training program with a micro-batch loop (k = gradient_accumulation) and/or a
+    device-iteration loop (n = device_iterations) around the step (see `loops`)."""
+    k, n = build.options.gradient_accumulation, build.options.device_iterations
+    check_inputs(req.model, req.inputs)
+    check_batches(req.inputs, k, n)
+    if req.record:
+        raise NotImplementedError(
+            "recording outputs and gradients (assert_matches_eager) compares single steps; "
+            "it is not available with gradient_accumulation or device_iterations."
+        )
+    step_inputs = tuple(x[0] for x in req.inputs) if n > 1 else req.inputs
+    check_batch(step_inputs, build.options)
+    replicas = build.options.replication_factor
+    # what the forward graph takes: one micro-batch of one replica
+    micro = tuple(x[: x.shape[0] // (k * replicas)] for x in step_inputs)
+    model_inputs = micro[:-1] if req.has_loss_fn else micro
+    contexts = (lambda: integer_inputs_explained(req.model, model_inputs), *req.contexts)
+    ir = build.ir
+    with ir.main_graph, popxl.in_sequence():
+        specs = [_spec(x) for x in micro]
+        lowered = lower(build, req.root, specs, micro, contexts)
+        fwd = lowered.forward
+        index = loss_index(lowered.fxm.out_spec, len(fwd.graph.outputs), req.model)
+        check_scalar_loss(fwd.graph.outputs[index], req.model, req.has_loss_fn)
+        args = fwd.args.to_dict()
+        trainable = lowered.trainable()
+        loss_out, required = fwd.graph.outputs[index], [args[t] for t in trainable]
+        if k > 1:
+            accum_facts, _ = accumulating_backward(build, lowered, loss_out, required)
+            accum = accum_facts.init()
+        else:
+            backward(build, lowered, [loss_out], required)
+        variables = lowered.facts.init()
+        weights = weights_of(variables, lowered, build.prefix)
+        loaded: list[Inputs] = []
+        losses: list[popxl.Tensor] = []
+
+        def step(local: Callable[[popxl.Tensor], popxl.Tensor]) -> None:
+            ins = load_inputs(step_inputs, req.names, replicas)
+            loaded.append(ins)
+            named = _named(variables, local)
+            if k > 1:
+                local_accum = _named(accum, local)
+                loss = micro_batch_loop(
+                    ir, fwd, lowered.backward, named, local_accum, ins.tensors, k, index
+                )
+                build.record(
+                    "accumulation",
+                    f"{k} micro-batches of {micro[0].shape[0]} rows: forward and backward "
+                    "repeated (ops.repeat), gradients mean-accumulated",
+                )
+                sums, main = local_accum.to_dict(), variables.to_dict()
+                grads = {main[t]: sums[f"accum.{t}"] for t in trainable}
+            else:
+                grads, loss = _local_step(lowered, named, variables, ins, index)
+            params = {name: weights.variables[name] for name in weights.names("param")}
+            record_replication(build)  # the optimizer reduces the gradients over replicas
+            req.optimizer.build(
+                {name: local(v) for name, v in params.items()},
+                {name: grads[v] for name, v in params.items() if v in grads},
+                local=None if n == 1 else local,
+            )
+            build.record("optimizer", f"{type(req.optimizer.optimizer).__name__} var updates")
+            if k > 1:
+                ops.var_updates.accumulator_scale_(local(accum.mean_accum_counter), 0.0)
+            losses.append(store(loss, "loss"))
+
+        if n > 1:
+            ir.num_host_transfers = n
+            repeat_step(ir, n, step)
+            build.planned = True
+            build.record("device_iterations", f"the step repeated {n} times per call")
+        else:
+            build.planned = k > 1  # the micro-batch loop is called from the main graph
+            step(lambda t: t)
+    session = build.session()
+    outputs = {"loss": losses[0]}
+    return Program(
+        signature, ir, session, loaded[0], outputs, weights, lowered, build.stages, req.optimizer
+    )
+
+
+def _spec(x: torch.Tensor) -> popxl.TensorSpec:
+    return popxl.TensorSpec(tuple(x.shape), popxl.dtype.as_dtype(x.dtype))
+
+
+def _named(tensors: addons.NamedTensors, local: Callable) -> addons.NamedTensors:
+    return addons.NamedTensors.from_dict({n: local(t) for n, t in tensors.to_dict().items()})
+
+
+def _local_step(lowered: Lowered, named, variables, ins: Inputs, index: int) -> tuple:
+    """One forward and backward call on ``named`` (the step graph's stand-ins for
+    ``variables``); gradients keyed by the main graph's variables."""
+    fwd_graph, bwd_graph = lowered.forward, lowered.backward
+    fwd = fwd_graph.bind(named).call_with_info(*ins.tensors)
+    loss = fwd.outputs[index]
+    info = bwd_graph.grad_graph_info
+    one = popxl.constant(1.0, loss.dtype, "loss_grad")
+    bwd = bwd_graph.call_with_info(one, args=info.inputs_dict(fwd))
+    by_local = info.fwd_parent_ins_to_grad_parent_outs(fwd, bwd)
+    local_of = {named.to_dict()[name]: v for name, v in variables.to_dict().items()}
+    return {local_of[t]: g for t, g in by_local.items() if t in local_of}, loss

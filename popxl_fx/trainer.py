@@ -20,7 +20,7 @@ from .optim import OptimizerProgram
 from .options import Options, resolve
 from .pipeline import Build, Programs
 from .program import ProgramView, signature_of
-from .replication import broadcast_feeds, from_replicas, replication_of
+from .replication import broadcast_feeds, replication_of, unreplicated
 from .steps import Program, TrainingRequest, build_training
 
 __all__ = ["Trainer", "training_model"]
@@ -30,6 +30,7 @@ class Trainer(ProgramView):
     """The callable `training_model` returns: ``trainer(*inputs[, target])`` runs one step."""
 
     _not_called = "the trainer has not been called yet: run one step first."
+    _entry = "training_model"
 
     def _schedule_graphs(self, prog) -> dict:
         return {"forward": prog.forward, "backward": prog.backward}
@@ -64,15 +65,15 @@ class Trainer(ProgramView):
         """One training step on ``inputs`` (with the target last when there is a loss_fn);
         returns the loss as a torch scalar."""
         prog = self._program(inputs)
-        replicas = self.options.replication_factor
-        feeds = {**prog.inputs.feed(inputs), **broadcast_feeds(prog.optim.feeds(), replicas)}
+        n, replicas = self.options.device_iterations, self.options.replication_factor
+        hyper = broadcast_feeds(prog.optim.feeds_for(n), replicas, n)
+        feeds = {**prog.inputs.feed(inputs), **hyper}
         out = prog.session.run(feeds)
         self._device_newer = True
         # the optimizer has stepped (on the device): torch's lr schedulers check this flag
         self.optimizer._opt_called = True
         # with replication: the loss as the mean over replicas, outputs in batch order
-        batch = inputs[0].shape[0] // replicas
-        values = {k: from_replicas(k, out[s], replicas, batch) for k, s in prog.outputs.items()}
+        values = unreplicated(prog.outputs, out, inputs, self.options)
         self.last = {k: v for k, v in values.items() if k != "loss"}
         return values["loss"]
 

@@ -56,3 +56,29 @@ def test_ops_outside_a_frontend_have_no_module_path_and_the_context_nests():
             c = ops.relu(x)
     del plain, a, b, c
     assert [op.module_path for op in ir.main_graph.ops] == [None, "outer", "outer.inner", "outer"]
+
+
+def test_backward_ops_name_the_module_of_the_forward_op_they_differentiate():
+    """A 3-block model trained: every op of the gradient graph carries a module path, that of
+    the forward op it differentiates (the loss's gradient ops: the loss wrapper's root)."""
+    import torch.nn.functional as F
+
+    import popxl_fx
+
+    torch.manual_seed(0)
+    blocks = nn.Sequential(*[nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(3)])
+    trainer = popxl_fx.training_model(
+        blocks, torch.optim.SGD(blocks.parameters(), lr=0.1), F.mse_loss,
+        popxl_fx.Options(device="cpu"),
+    )  # fmt: skip
+    trainer(torch.randn(4, 8), torch.randn(4, 8))
+    prog = trainer._active
+    fwd_paths = {op.module_path for op in prog.forward.graph.ops}
+    bwd_ops = prog.backward.graph.ops
+    assert bwd_ops and all(op.module_path is not None for op in bwd_ops)
+    bwd_paths = {op.module_path for op in bwd_ops}
+    assert {f"model.{i}.0" for i in range(3)} <= bwd_paths  # each Linear's gradient
+    assert {f"model.{i}.1" for i in range(3)} <= bwd_paths  # each Tanh's gradient
+    assert bwd_paths <= fwd_paths
+    tanh_grads = [op.type for op in bwd_ops if op.module_path == "model.1.1"]
+    assert tanh_grads and "Linear" not in tanh_grads

@@ -9,8 +9,10 @@ Gradient rules come from the op table (`OpDef.grad`) and are written with our ow
 
 from __future__ import annotations
 
+import contextlib
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
+from ..context import module_origin
 from ..graph import Graph, Op
 from ..tensor import Constant, Tensor, constant, graph_input, graph_output
 from .grad_info import ExpectedConnection, ExpectedConnectionType, GradGraphInfo
@@ -236,11 +238,15 @@ class _Differentiator:
                 f"autodiff: op {op.type}.{op.id} in graph {self.fwd.name!r} has no "
                 "gradient rule, but a required gradient flows through it."
             )
-        with self.grad_graph:
-            grads_in = op.opdef.grad(GradContext(self, op, grads_out))
-        for t, g in zip(self.reads[op], grads_in):
-            if g is not None and t in self.needs_grad:
-                self._add_grad(t, g)
+        # the gradient ops name the module of the op they differentiate (reports, OOM
+        # messages); the sums of gradient contributions too
+        origin = module_origin(op.module_path) if op.module_path else contextlib.nullcontext()
+        with origin:
+            with self.grad_graph:
+                grads_in = op.opdef.grad(GradContext(self, op, grads_out))
+            for t, g in zip(self.reads[op], grads_in):
+                if g is not None and t in self.needs_grad:
+                    self._add_grad(t, g)
 
     def _add_grad(self, t: Tensor, g: Tensor) -> None:
         from .. import ops
