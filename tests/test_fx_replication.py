@@ -176,6 +176,12 @@ def test_inference_outputs_come_back_in_batch_order(replicas):
     assert _worst(model.state_dict(), reference.state_dict()) == 0
     model.eval()
     assert torch.equal(sim(x), model(x))
+    iterations = popxl_fx.Options(device="cpu", replication_factor=replicas, device_iterations=2)
+    xs = torch.stack([x, x.flip(0)])
+    assert torch.equal(
+        popxl_fx.inference_model(model, iterations)(xs),
+        model(xs.flatten(0, 1)).unflatten(0, (2, -1)),
+    )
 
 
 # bad input ---------------------------------------------------------------------------------
