@@ -174,7 +174,8 @@ class OptimizerProgram:
         local: Callable[[popxl.Tensor], popxl.Tensor] | None = None,
     ) -> None:
         """Add the update of every parameter that has a gradient (in the current graph); with
-        replication, of the gradients reduced over the replicas (`optim_replicated`).
+        replication ``grads`` are already reduced over the replicas
+        (`pipeline.reduce_gradients`), with RTS into shards (`optim_replicated`).
 
         ``local``: when the current graph is a subgraph (a step repeated per device
         iteration), state variables are made in the main graph and ``local(variable)`` is the
@@ -190,20 +191,18 @@ class OptimizerProgram:
 
     def _build_group(self, g: _Group, pg: Mapping, names: list, params, grads) -> None:
         self._shapes.update({n: tuple(params[n].shape) for n in names})
-        # the weights (or their RTS shards) and the gradients reduced over the replicas
-        reduced = {n: self.replication.reduce(params[n], grads[n]) for n in names}
-        targets = {n: t for n, (t, _) in reduced.items()}
-        rgrads = {n: gr for n, (_, gr) in reduced.items()}
+        # with RTS the gradients are shards (`pipeline.reduce_gradients`): so are the weights
+        targets = {n: self.replication.target(params[n]) for n in names}
         if pg.get("fused"):
             fused = FusedBuilder(self.kind, self._state_var)
             g.streams = fused.streams(g.index)
-            fused.build(g.streams, names, targets, rgrads, pg)
+            fused.build(g.streams, names, targets, grads, pg)
         else:
             loaded: dict[str, dict] = {}
             for n in names:
                 hp = self._hyper(g, params[n].dtype, loaded)
                 update = self._sgd if self.kind == "sgd" else self._adam
-                update(n, targets[n], rgrads[n], hp, pg)
+                update(n, targets[n], grads[n], hp, pg)
         for n in names:
             self.replication.write_back(params[n], targets[n])
 

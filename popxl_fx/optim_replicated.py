@@ -48,14 +48,21 @@ class Replication:
     def active(self) -> bool:
         return self.replicas > 1
 
-    def reduce(self, param: popxl.Tensor, grad: popxl.Tensor) -> tuple[popxl.Tensor, popxl.Tensor]:
-        """What the update works on: ``(weight or its shard, reduced gradient or its shard)``."""
+    def reduce_gradient(self, grad: popxl.Tensor) -> popxl.Tensor:
+        """``grad`` reduced over the replicas: mean all-reduced, or with RTS reduce-scattered
+        into this replica's ``ceil(n/R)``-element shard (mean)."""
         if not self.active:
-            return param, grad
+            return grad
         if not self.sharded:
-            return param, ops.collectives.replicated_all_reduce(grad, "mean")
-        shard = addons.rts.reduce_replica_sharded_tensor(grad, "mean")
-        return ops.collectives.replica_sharded_slice(param), shard
+            return ops.collectives.replicated_all_reduce(grad, "mean")
+        return addons.rts.reduce_replica_sharded_tensor(grad, "mean")
+
+    def target(self, param: popxl.Tensor) -> popxl.Tensor:
+        """What the update of ``param`` works on: the weight, or with RTS this replica's
+        shard of it (the gradient is a shard then too)."""
+        if not self.sharded:
+            return param
+        return ops.collectives.replica_sharded_slice(param)
 
     def write_back(self, param: popxl.Variable, target: popxl.Tensor) -> None:
         """After a sharded update: the gathered weight into every replica's full copy."""

@@ -7,8 +7,8 @@ Every program popxl_fx builds goes through the same stages, in this order (`STAG
     capture        torch.fx trace on the user's first inputs of that signature
     lower          the forward graph (`popxl_fx.Module.create_graph`); the variables are
                    named by torch names                                   [outline]
-    recompute      each outlined block's forward rebuilt in its backward  [recompute]
     backward       autodiff of the forward graph (training and compile)
+    recompute      each outlined block's forward rebuilt in its backward  [recompute]
     accumulation   the step calls forward and backward once per micro-batch, gradients
                    mean-accumulated                                       [gradient_accumulation]
     batch_serialisation  each micro-batch in slices                      [batch_serialisation]
@@ -23,16 +23,27 @@ Every program popxl_fx builds goes through the same stages, in this order (`STAG
 An entry point asks for what it needs and nothing else: `training_model` the loss, its
 backward and the optimizer (`steps.build_training`); `inference_model` the forward only
 (`steps.build_inference`); `compile` the forward and the backward graph for its
-``autograd.Function`` bridge (`steps.build_compiled_forward` / `_backward`).
+``autograd.Function`` bridge (`steps.lower_for_compile`, in both of its programs).
 
-Plugging in a transform: the stage functions here and in `steps` are the places; each reads
-its `Options` field, changes the graphs it is given, and calls `Build.record(stage, detail)`
-once it ran (a stage recorded out of `STAGES` order raises, so the order stays the stated
-one). The records are what `explain` prints: the stages that ran, their graphs with how often
+Plugging in a transform: each `Options` field has one place, a function of this module or of
+`steps` / `loops` that reads the field, changes the graphs it is given and calls
+`Build.record(stage, detail)` once it ran (a stage recorded out of `STAGES` order raises, so
+the order stays the stated one):
+
+    new_ir             Ir(replication=...)                          [replication_factor]
+    lower              one graph per repeated block, bound per call site       [outline]
+    backward           then recompute_graph of the block gradients            [recompute]
+    steps.build_training_loops / loops.micro_batch_loop   the step's shape
+                                     [gradient_accumulation, batch_serialisation, device_iterations]
+    reduce_gradients   all-reduce / reduce-scatter before the optimizer
+                                                 [replication_factor, replicated_tensor_sharding]
+    check_entry        the fields an entry point refuses (until it applies them)
+
+The records are what `explain` prints: the stages that ran, their graphs with how often
 each runs per call, and the memory per IPU after the stage (planned on the program as built
-so far, once the step's call sites exist). Weights shared with torch are made in one place,
-`weights_of`, and copied either way by `program.Weights` (``to_torch``/``from_torch`` for the
-trainer, ``changed_from_torch`` for inference).
+so far, once the step's call sites exist; `Build.planned`). Weights shared with torch are
+made in one place, `weights_of`, and copied either way by `program.Weights` (``to_torch`` /
+``from_torch`` for the trainer, ``changed_from_torch`` for inference).
 """
 
 from __future__ import annotations
@@ -50,7 +61,7 @@ import popxl_core as popxl
 from popxl_core.sim.machine import machine_for
 from popxl_core.sim.plan import build_plan
 
-from . import lowerings  # noqa: F401  (fills the lowering table)
+from . import lowerings, replication  # noqa: F401  (lowerings fills the lowering table)
 from .module import Module
 from .options import Options
 from .program import Weights, describe_change, log, make_session
@@ -66,14 +77,15 @@ __all__ = [
     "backward",
     "check_entry",
     "lower",
+    "reduce_gradients",
     "weights_of",
 ]
 
 STAGES = (
     "capture",
     "lower",
-    "recompute",
     "backward",
+    "recompute",
     "accumulation",
     "batch_serialisation",
     "replication",
@@ -283,6 +295,15 @@ def accumulating_backward(
     lowered.backward = grad
     build.record("backward", f"autodiff: {len(required)} gradients, accumulated", [grad])
     return facts, grad
+
+
+def reduce_gradients(build: Build, grads: dict[str, popxl.Tensor]) -> dict[str, popxl.Tensor]:
+    """The gradients the optimizer steps with, by torch parameter name, in the graph that
+    runs the optimizer: with replication mean all-reduced over the replicas, or with
+    replicated_tensor_sharding reduce-scattered into this replica's shard (the optimizer then
+    updates the shard: `optim_replicated`); records the "replication" stage. With one
+    replica they are the step's own gradients."""
+    return replication.reduce_gradients(build, grads)
 
 
 def weights_of(variables: Any, lowered: Lowered, prefix: str = "") -> Weights:

@@ -24,7 +24,7 @@ __all__ = [
     "broadcast_feeds",
     "check_batch",
     "from_replicas",
-    "record_replication",
+    "reduce_gradients",
     "replica_examples",
     "replication_of",
     "unreplicated",
@@ -84,21 +84,25 @@ def replication_of(options: Options) -> Replication:
     return Replication(options.replication_factor, options.replicated_tensor_sharding)
 
 
-def record_replication(build) -> None:
-    """The pipeline's ``replication`` stage record (a `pipeline.Build`): what the optimizer
-    stage will do with the gradients."""
+def reduce_gradients(build, grads: Mapping[str, object]) -> dict:
+    """`pipeline.reduce_gradients` for a `pipeline.Build`: the gradients reduced over the
+    replicas (`Replication.reduce_gradient`), and the "replication" stage record."""
     opts = build.options
     if opts.replication_factor == 1:
-        return
-    r = opts.replication_factor
+        return dict(grads)
+    r, how = (
+        opts.replication_factor,
+        "gradients mean all-reduced, every replica applies the same update",
+    )
     if opts.replicated_tensor_sharding:
         how = (
             "gradients reduce-scattered (mean), optimizer state sharded ceil(n/R) per replica, "
             "updated weights all-gathered"
         )
-    else:
-        how = "gradients mean all-reduced, every replica applies the same update"
+    reduce = replication_of(opts).reduce_gradient
+    reduced = {n: reduce(g) for n, g in grads.items()}
     build.record("replication", f"{r} replicas, each on 1/{r} of the batch; {how}")
+    return reduced
 
 
 def broadcast_feeds(feeds: Mapping[object, np.ndarray], replicas: int, iterations: int = 1) -> dict:

@@ -25,9 +25,18 @@ from .checks import check_inputs, integer_inputs_explained
 from .loops import check_batches, micro_batch_loop, repeat_step
 from .loss import check_scalar_loss, loss_index
 from .optim import OptimizerProgram
-from .pipeline import Build, Lowered, Stage, accumulating_backward, backward, lower, weights_of
+from .pipeline import (
+    Build,
+    Lowered,
+    Stage,
+    accumulating_backward,
+    backward,
+    lower,
+    reduce_gradients,
+    weights_of,
+)
 from .program import Inputs, Weights, load_inputs, store
-from .replication import check_batch, record_replication, replica_examples
+from .replication import check_batch, replica_examples
 
 __all__ = ["Program", "build_inference", "build_training", "lower_for_compile"]
 
@@ -102,8 +111,7 @@ def build_training(build: Build, signature: Any, req: TrainingRequest) -> Progra
         weights = weights_of(variables, lowered, build.prefix)
         params = {n: weights.variables[n] for n in weights.names("param")}
         grads = {n: step.grads[v] for n, v in params.items() if v in step.grads}
-        record_replication(build)  # the optimizer reduces the gradients over the replicas
-        req.optimizer.build(params, grads)
+        req.optimizer.build(params, reduce_gradients(build, grads))
         build.record("optimizer", f"{type(req.optimizer.optimizer).__name__} var updates")
         outputs = {"loss": store(step.loss, "loss")}
         if req.record:
@@ -272,10 +280,11 @@ def build_training_loops(build: Build, signature: Any, req: TrainingRequest) -> 
             else:
                 grads, loss = _local_step(lowered, named, variables, ins, index)
             params = {name: weights.variables[name] for name in weights.names("param")}
-            record_replication(build)  # the optimizer reduces the gradients over replicas
             req.optimizer.build(
                 {name: local(v) for name, v in params.items()},
-                {name: grads[v] for name, v in params.items() if v in grads},
+                reduce_gradients(
+                    build, {name: grads[v] for name, v in params.items() if v in grads}
+                ),
                 local=None if n == 1 else local,
             )
             build.record("optimizer", f"{type(req.optimizer.optimizer).__name__} var updates")

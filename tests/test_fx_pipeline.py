@@ -50,7 +50,8 @@ def test_stages_are_recorded_in_the_stated_order_only():
         build.record("lower", "z")
     with pytest.raises(ValueError, match="unknown pipeline stage 'phases'"):
         build.record("phases", "z")
-    assert STAGES.index("lower") < STAGES.index("recompute") < STAGES.index("backward")
+    assert STAGES.index("lower") < STAGES.index("backward") < STAGES.index("recompute")
+    assert STAGES.index("recompute") < STAGES.index("accumulation")
     assert STAGES.index("accumulation") < STAGES.index("replication") < STAGES.index("precision")
 
 

@@ -96,7 +96,7 @@ RELU_INPLACE = register(OpDef(
     "ReluInplace", float_spec, _relu_inplace_kernel, grad=_relu_grad, inplace=(0,),
     out_name="relu_out", samples=unary_samples(lambda x: relu_(x * 1.0), torch.relu, seed=302)))
 SIGMOID = register(OpDef(
-    "Sigmoid", float_spec, torch.sigmoid, grad=_sigmoid_grad, cost=_flops(4),
+    "Sigmoid", float_spec, torch.sigmoid, grad=_sigmoid_grad, cost=_flops(4), pointwise=True,
     samples=unary_samples(lambda x: sigmoid(x), torch.sigmoid, -4.0, 4.0, seed=304)))
 
 
@@ -157,6 +157,7 @@ def _activation(name: str, public: str, fwd: Callable, backward: Callable, flops
     """
     grad_def = register(OpDef(
         f"{name}Grad", floating(_grad_op_infer, (0, 1)), backward, cost=_flops(2 * flops),
+        pointwise=True,
         samples=_grad_samples(lambda g, x: create_op(grad_def, [g, x])[0], fwd, seed)))
 
     def grad(ctx):
@@ -167,10 +168,10 @@ def _activation(name: str, public: str, fwd: Callable, backward: Callable, flops
 
     lo, hi = -3.0, 3.0
     fwd_def = register(OpDef(
-        name, float_spec, fwd, grad=grad, cost=_flops(flops),
+        name, float_spec, fwd, grad=grad, cost=_flops(flops), pointwise=True,
         samples=unary_samples(lambda x: globals()[public](x), fwd, lo, hi, seed + 2)))
     inplace_def = register(OpDef(
-        f"{name}Inplace", float_spec, inplace_kernel, grad=grad, cost=_flops(flops),
+        f"{name}Inplace", float_spec, inplace_kernel, grad=grad, cost=_flops(flops), pointwise=True,
         inplace=(0,), out_name=f"{name.lower()}_out",
         samples=unary_samples(lambda x: globals()[public + "_"](x * 1.0), fwd, lo, hi,
                               seed + 4)))
@@ -198,7 +199,10 @@ def _sigmoid_grad_samples():
         return create_op(SIGMOID_GRAD, [g, sigmoid(x)])[0]
 
     inputs = [rand(3, 4, seed=360), rand(3, 4, low=-4.0, high=4.0, seed=361)]
-    return [Sample(inputs, build, _grad_reference(torch.sigmoid), grad=False, rtol=0.0, atol=0.0)]
+    # 2 ulps: under the default Ir.numerics="ipu" all 12 elements take torch's SIMD formula
+    # (`_positional`), eager's reference takes its scalar one for the last 12 mod 32
+    return [Sample(inputs, build, _grad_reference(torch.sigmoid), grad=False, rtol=2.5e-7,
+                   atol=0.0)]
 
 
 RELU_GRAD = register(OpDef(
@@ -206,6 +210,7 @@ RELU_GRAD = register(OpDef(
     samples=_relu_grad_samples))
 SIGMOID_GRAD = register(OpDef(
     "SigmoidGrad", floating(_grad_op_infer, (0, 1)), torch.ops.aten.sigmoid_backward,
+    pointwise=True,
     cost=_flops(3), samples=_sigmoid_grad_samples))
 
 

@@ -234,7 +234,7 @@ def _pow_grad(ctx):
 
 
 POW = register(OpDef(
-    "Pow", binary_infer, torch.pow, grad=_pow_grad, out_name="pow_out",
+    "Pow", binary_infer, torch.pow, grad=_pow_grad, out_name="pow_out", pointwise=True,
     samples=lambda: [
         Sample([rand(3, 4, low=0.5, high=2.0, seed=60), rand(3, 4, seed=61)],
                lambda a, b: pow(a, b), torch.pow),

@@ -6,6 +6,7 @@ Autodiff, the planner, the printer, the simulator and the op tests only look row
 
 from __future__ import annotations
 
+import functools
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -15,6 +16,7 @@ import numpy as np
 from ..context import gcg, get_current_context
 from ..graph import Graph, Op
 from ..tensor import Tensor, TensorSpec
+from ._positional import position_invariant
 
 __all__ = [
     "OpDef",
@@ -97,6 +99,11 @@ class OpDef:
             outputs into buffers it keeps; the compiler uses it only for an op that runs at
             most once per `Session.run` (so every value it returns is dead before it runs
             again: a run returns only copies).
+        pointwise: the kernel computes each output element from the elements at the same
+            index of its operands (operands of the output's shape, or broadcast), with
+            arithmetic whose rounding torch's SIMD and scalar loops do differently (exp, tanh,
+            gelu, ...); under ``Ir.numerics == "ipu"`` it runs padded so an element's result
+            does not depend on the tensor's size (`_positional`).
     """
 
     name: str
@@ -113,10 +120,20 @@ class OpDef:
     side_effect: bool = False
     extra: Dict[str, Any] = field(default_factory=dict)
     numerics_kernels: Dict[str, Callable[..., Any]] = field(default_factory=dict)
+    pointwise: bool = False
 
     def kernel_for(self, numerics: str) -> Optional[Callable[..., Any]]:
         """The kernel the simulator runs for an Ir whose ``numerics`` is ``numerics``."""
-        return self.numerics_kernels.get(numerics, self.kernel)
+        kernel = self.numerics_kernels.get(numerics, self.kernel)
+        if numerics == "ipu" and self.pointwise and kernel is not None:
+            return _position_invariant(kernel, bool(self.inplace))
+        return kernel
+
+
+@functools.lru_cache(maxsize=None)
+def _position_invariant(kernel: Callable[..., Any], inplace: bool) -> Callable[..., Any]:
+    """One wrapper per kernel, so compiled programs bind the same function each time."""
+    return position_invariant(kernel, inplace)
 
 
 _TABLE: Dict[str, OpDef] = {}

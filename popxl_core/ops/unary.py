@@ -109,22 +109,22 @@ ABS = register(OpDef("Abs", same_spec, torch.abs, grad=_abs_grad,
                      samples=unary_samples(lambda x: abs(x), torch.abs, seed=200)))
 SQRT = register(OpDef("Sqrt", float_spec, torch.sqrt, grad=_sqrt_grad,
                       samples=unary_samples(lambda x: sqrt(x), torch.sqrt, 0.1, 4.0, seed=202)))
-EXP = register(OpDef("Exp", float_spec, torch.exp, grad=_exp_grad,
+EXP = register(OpDef("Exp", float_spec, torch.exp, pointwise=True, grad=_exp_grad,
                      samples=unary_samples(lambda x: exp(x), torch.exp, -2.0, 2.0, seed=204)))
 EXP_INPLACE = register(OpDef(
-    "ExpInplace", float_spec, _exp_inplace_kernel, grad=_exp_grad, inplace=(0,),
+    "ExpInplace", float_spec, _exp_inplace_kernel, grad=_exp_grad, pointwise=True, inplace=(0,),
     out_name="exp_out",
     samples=unary_samples(lambda x: exp_(x * 1.0), torch.exp, -2.0, 2.0, seed=206)))
 LOG = register(OpDef(
-    "Log", float_spec, torch.log, grad=_log_grad,
+    "Log", float_spec, torch.log, grad=_log_grad, pointwise=True,
     samples=lambda: unary_samples(lambda x: log(x), torch.log, 0.1, 4.0, seed=208)() + [
         Sample([rand(3, 4, low=0.1, high=8.0, seed=210)], lambda x: log2(x), torch.log2,
                name="log2")]))
-SIN = register(OpDef("Sin", float_spec, torch.sin, grad=_sin_grad,
+SIN = register(OpDef("Sin", float_spec, torch.sin, pointwise=True, grad=_sin_grad,
                      samples=unary_samples(lambda x: sin(x), torch.sin, -3.0, 3.0, seed=212)))
-COS = register(OpDef("Cos", float_spec, torch.cos, grad=_cos_grad,
+COS = register(OpDef("Cos", float_spec, torch.cos, pointwise=True, grad=_cos_grad,
                      samples=unary_samples(lambda x: cos(x), torch.cos, -3.0, 3.0, seed=214)))
-TANH = register(OpDef("Tanh", float_spec, torch.tanh, grad=_tanh_grad,
+TANH = register(OpDef("Tanh", float_spec, torch.tanh, pointwise=True, grad=_tanh_grad,
                       samples=unary_samples(lambda x: tanh(x), torch.tanh, -2.0, 2.0, seed=216)))
 CEIL = register(OpDef("Ceil", float_spec, torch.ceil, grad=no_grad,
                       samples=unary_samples(lambda x: ceil(x), torch.ceil, -3.0, 3.0, seed=218)))
