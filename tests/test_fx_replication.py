@@ -123,6 +123,10 @@ def test_rts_is_bitwise_data_parallel_and_shards_the_state(model_name, opt, repl
     saved = sum(4 * (v.numel() - -(-v.numel() // replicas)) for v in sharded)
     got = trainer.report().to_dict()["variable_bytes"]
     assert got == trainer_dp.report().to_dict()["variable_bytes"] - saved
+    assert f"replication          {replicas} replicas" in str(trainer.explain())
+    assert "reduce-scattered" in str(trainer.explain()) and "all-reduced" in str(
+        trainer_dp.explain()
+    )
 
 
 # BatchNorm: per-replica statistics, against eager doing the split by hand ----------------
