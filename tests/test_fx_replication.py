@@ -73,12 +73,15 @@ def _model(model_name: str) -> tuple[torch.nn.Module, object]:
 
 
 @functools.lru_cache(maxsize=None)
-def _train(model_name: str, opt: str, replicas: int, rts: bool = False):
+def _train(model_name: str, opt: str, replicas: int, rts: bool = False, k: int = 1):
     """3 steps on the simulator: (losses, model state_dict, optimizer state_dict, trainer)."""
     model, loss_fn = _model(model_name)
     optimizer = OPTIMIZERS[opt](model.parameters())
     options = popxl_fx.Options(
-        device="cpu", replication_factor=replicas, replicated_tensor_sharding=rts
+        device="cpu",
+        replication_factor=replicas,
+        replicated_tensor_sharding=rts,
+        gradient_accumulation=k,
     )
     trainer = popxl_fx.training_model(model, optimizer, loss_fn, options)
     losses = torch.stack([trainer(x, y) for x, y in _data(model_name)])
@@ -130,17 +133,16 @@ def test_rts_is_bitwise_data_parallel_and_shards_the_state(model_name, opt, repl
 
 
 # BatchNorm: per-replica statistics, against eager doing the split by hand ----------------
-def _eager_replicated(opt: str, replicas: int):
-    """R eager copies, each on its share; averaged gradients; replica 0's buffers kept."""
+def _eager_replicated(opt: str, replicas: int, k: int = 1):
+    """R eager copies, each on its share (in k micro-batches, loss/k backpropagated);
+    averaged gradients; replica 0's buffers kept."""
     model, loss_fn = _model("cnn")
     copies = [copy.deepcopy(model) for _ in range(replicas)]
     optimizer = OPTIMIZERS[opt](copies[0].parameters())
     losses = []
     for x, y in _data("cnn"):
         shares = zip(x.chunk(replicas), y.chunk(replicas))
-        step = [loss_fn(m(xs), ys) for m, (xs, ys) in zip(copies, shares)]
-        for loss in step:
-            loss.backward()
+        step = [_micro_batches(m, loss_fn, xs, ys, k) for m, (xs, ys) in zip(copies, shares)]
         for ps in zip(*(m.parameters() for m in copies)):
             ps[0].grad = functools.reduce(torch.add, [p.grad for p in ps]) / replicas
         optimizer.step()
@@ -149,8 +151,17 @@ def _eager_replicated(opt: str, replicas: int):
                 p.data.copy_(p0.data)
                 p.grad = None
         optimizer.zero_grad()
-        losses.append(torch.stack([loss.detach() for loss in step]).mean(0))
+        losses.append(torch.stack(step).mean(0))
     return torch.stack(losses), copies[0].state_dict(), optimizer.state_dict()
+
+
+def _micro_batches(model, loss_fn, x, y, k: int) -> torch.Tensor:
+    total = torch.zeros(())
+    for xs, ys in zip(x.chunk(k), y.chunk(k)):
+        loss = loss_fn(model(xs), ys)
+        (loss / k if k > 1 else loss).backward()
+        total = total + loss.detach()
+    return total / k
 
 
 @pytest.mark.parametrize("rts", [False, True])
@@ -161,6 +172,18 @@ def test_batchnorm_statistics_per_replica_like_eager_split_by_hand(replicas, opt
     want_losses, want_params, want_state = _eager_replicated(opt, replicas)
     assert torch.equal(losses, want_losses)
     assert _worst(params, want_params) == 0  # running_mean/var, num_batches_tracked included
+    assert _worst(_states(state), _states(want_state)) == 0
+
+
+def test_batchnorm_per_replica_and_micro_batch_with_accumulation():
+    """Replication 2 x accumulation 2: statistics per micro-batch of each replica, running
+    statistics updated per micro-batch; eager does the same by hand (loss/k backpropagated
+    per micro-batch, gradients averaged over the copies). Bit for bit (halving is exact)."""
+    losses, params, state, _ = _train("cnn", "sgd", 2, True, k=2)
+    want_losses, want_params, want_state = _eager_replicated("sgd", 2, k=2)
+    assert int(params["1.num_batches_tracked"]) == 2 * STEPS
+    assert torch.equal(losses, want_losses)
+    assert _worst(params, want_params) == 0
     assert _worst(_states(state), _states(want_state)) == 0
 
 
