@@ -1,4 +1,6 @@
-"""Data parallelism for popxl_fx programs: the host side of ``Options(replication_factor=R)``.
+"""Data parallelism for popxl_fx programs (``Options(replication_factor=R)``): the batch split
+on the host, the pipeline's gradient reduction (`reduce_gradients`), the results put back
+together.
 
 Every input is split along its first (batch) dimension into R equal shares, in batch order:
 replica r gets rows ``[r * B/R, (r + 1) * B/R)``, which is PopXL's host layout for a
