@@ -10,6 +10,7 @@ a lowered torch model's reference is eager PyTorch, bit for bit (`popxl_core.Ir.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +25,7 @@ import popxl_core as popxl
 from popxl_core import ops
 
 from .capture import Captured, capture
+from .capture_effects import WARN_KINDS
 from .errors import Issue, UnsupportedError
 from .lowering import LoweringContext, run_graph
 
@@ -103,6 +105,9 @@ class Module(addons.Module):
     def build(self, *xs: popxl.Tensor) -> Any:
         captured = self.capture(*xs)
         issues = self.issues(*xs)
+        for issue in [i for i in issues if i.kind in WARN_KINDS]:
+            warnings.warn(f"{type(self.torch_module).__name__}: {issue}", stacklevel=2)
+        issues = [i for i in issues if i.kind not in WARN_KINDS]
         if issues:
             raise UnsupportedError(type(self.torch_module).__name__, issues)
         popxl.gcg().ir.numerics = "torch"  # torch's kernels, as eager PyTorch runs them

@@ -327,3 +327,25 @@ def test_replication_rts_accumulation_iterations_equal_the_plain_program(
     # RTS is bit for bit the data-parallel program here too
     dp_losses, dp_params, dp_state = _train_combo(model_name, opt, replicas, False, k, n)
     assert torch.equal(losses, dp_losses) and _worst(params, dp_params) == 0
+
+
+def test_torch_side_writes_reach_every_replica_and_shard():
+    """Between steps the user writes a weight and a momentum buffer in place: every replica
+    (and, with RTS, every shard) takes them, as the one-replica program does."""
+    results = []
+    for replicas, rts in ((1, False), (2, True)):
+        model, loss_fn = _model("seed_mlp")
+        optimizer = OPTIMIZERS["sgd"](model.parameters())
+        options = popxl_fx.Options(
+            device="cpu", replication_factor=replicas, replicated_tensor_sharding=rts
+        )
+        trainer = popxl_fx.training_model(model, optimizer, loss_fn, options)
+        data = _data("seed_mlp")
+        trainer(*data[0])
+        with torch.no_grad():
+            model.fc4.bias.add_(1.0)
+            optimizer.state[model.fc1.weight]["momentum_buffer"].mul_(-3.0)
+        trainer(*data[1])
+        results.append((model.state_dict(), _states(optimizer.state_dict())))
+    (params1, state1), (params, state) = results
+    assert max(_worst(params, params1), _worst(state, state1)) <= PARAM_ATOL["sgd"]
