@@ -25,8 +25,8 @@ def eager_uses_flash(shapes, dtype, dropout_p: float, is_causal: bool = False) -
     if dropout_p > 0 or any(len(s) != 4 for s in shapes):
         return False
     dt = dtype.as_torch()
-    if dt not in (torch.float32, torch.float64):
-        return False  # the simulator's low-precision arithmetic is not eager's anyway
+    if dt not in (torch.float32, torch.float64, torch.float16):
+        return False  # (float16: popxl_fx's numerics="torch" runs torch's float16 kernels)
     empty = [torch.empty(s, dtype=dt) for s in shapes]
     choice = torch._fused_sdp_choice(*empty, None, 0.0, is_causal)
     return choice == int(SDPBackend.FLASH_ATTENTION)
@@ -38,8 +38,11 @@ def eager_mha_applies(ctx, m, q, k, v, key_padding_mask, need_weights, attn_mask
     if need_weights or attn_mask is not None or key_padding_mask is not None or q.rank != 3:
         return False
     dropout_p = m.dropout if ctx.training else 0.0
-    n, length, s = (q.shape[0], q.shape[1], k.shape[1]) if m.batch_first else (
-        q.shape[1], q.shape[0], k.shape[0])
+    n, length, s = (
+        (q.shape[0], q.shape[1], k.shape[1])
+        if m.batch_first
+        else (q.shape[1], q.shape[0], k.shape[0])
+    )
     h, d = m.num_heads, m.head_dim
     return eager_uses_flash([(n, h, x, d) for x in (length, s, s)], q.dtype, dropout_p)
 
