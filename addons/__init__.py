@@ -2,6 +2,7 @@
 graphs with named args, graph caching and gradient transforms)."""
 
 from . import array_munging, layers, ops, optimizers, remote, rts, testing_utils, transforms
+from .debugging import print_tensor, print_text
 from .dot_tree import DotTree, to_mapping
 from .graph import BoundGraph, GraphWithNamedArgs
 from .graph_cache import GraphCache, function
@@ -9,7 +10,14 @@ from .graph_utils import is_subgraph, route_tensor_into_graph, seed_variable
 from .layers.weights_dict import WeightsDict
 from .module import Module, NameScopeMeta, create_grad_graph_info
 from .named_tensors import NamedTensorData, NamedTensors, print_named_tensors
-from .ops import cross_entropy, cross_entropy_with_grad, host_load, host_store
+from .ops import cross_entropy, cross_entropy_with_grad, fp8_amax_scale, host_load, host_store
+from .performance_utils import (
+    evaluate_FLOPs,
+    evaluate_ir_FLOPs,
+    format_flops_scientific,
+    print_FLOPs,
+    total_FLOPs,
+)
 from .remote import (
     NamedRemoteBuffers,
     create_remote_buffer,
@@ -19,6 +27,7 @@ from .remote import (
     store_remote_graph,
 )
 from .streams import InputStreams, OutputStreams
+from .task_session import TaskSession, write_variables_pb
 from .transforms import (
     BatchSerialResult,
     RemoteHandle,
@@ -27,7 +36,12 @@ from .transforms import (
     batch_serial_buffer,
     batch_serialise,
     batch_serialise_fwd_and_grad,
+    disable_fc_pass,
+    enable_fc_pass,
+    pipelined_execution,
     recompute_graph,
+    set_available_memory_proportion_by_ipu,
+    set_graph_available_memory_proportion_by_ipu,
 )
 from .utils import OrderedDict
 from .variable_factory import (
@@ -74,6 +88,7 @@ __all__ = [
     "cross_entropy_with_grad",
     "host_load",
     "host_store",
+    "fp8_amax_scale",
     "layers",
     "array_munging",
     "remote",
@@ -87,4 +102,18 @@ __all__ = [
     "store_remote_graph",
     "ops",
     "optimizers",
+    "print_tensor",
+    "print_text",
+    "TaskSession",
+    "write_variables_pb",
+    "evaluate_FLOPs",
+    "evaluate_ir_FLOPs",
+    "format_flops_scientific",
+    "print_FLOPs",
+    "total_FLOPs",
+    "disable_fc_pass",
+    "enable_fc_pass",
+    "pipelined_execution",
+    "set_available_memory_proportion_by_ipu",
+    "set_graph_available_memory_proportion_by_ipu",
 ]

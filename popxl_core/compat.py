@@ -32,6 +32,11 @@ _RENAMES: Dict[str, str] = {
     "popxl.session": "popxl_core.sim.session",
     "popxl.ops.negative_log_likelihood": "popxl_core.ops.losses",
     "popxl_addons": "addons",
+    # popxl.addons module paths whose code lives in a differently named module here
+    "popxl_addons.transforms.recomputation": "addons.transforms.recompute",
+    "popxl_addons.ops.streams": "addons.ops.host",
+    "popxl_addons.seed_variable": "addons.graph_utils",
+    "popxl_addons.route_tensor": "addons.graph_utils",
     "popart": "popxl_core.compat_popart",  # a stand-in: see that module
 }
 _ROOTS = {"popxl": "popxl_core", "popxl_addons": "addons", "popart": "popxl_core.compat_popart"}

@@ -1,16 +1,31 @@
 """``import popart`` under `popxl_core.compat`: a stand-in, not PopART.
 
 PopXL user code imports ``popart`` mostly out of habit or for PopART's C++ bindings, which
-this simulator does not have. Only `PatternsLevel` (the names of PopART's pattern levels,
-which ``popxl_addons.patterns.apply_pre_alias_patterns`` takes as strings) is provided;
-any other name raises an AttributeError that says so, at the line that uses it.
+this simulator does not have. Provided: `PatternsLevel` (the names of PopART's pattern
+levels, which ``popxl_addons.patterns.apply_pre_alias_patterns`` takes as strings),
+`popart_exception` (what PopART's C++ raised; see its comment) and `getLogger` (PopART's
+logger, a standard `logging.Logger` here). Any other name raises an AttributeError that says
+so, at the line that uses it.
 """
 
 from __future__ import annotations
 
 import enum
+import logging
 
-__all__ = ["PatternsLevel"]
+__all__ = ["PatternsLevel", "popart_exception", "getLogger"]
+
+# PopART's C++ errors reach Python as ``popart_exception``. The checks PopART made in C++ are
+# made in Python here and raise the built-in type that names the mistake, so the stand-in is
+# the tuple of those types: ``except popart.popart_exception`` and
+# ``pytest.raises(popart.popart_exception)`` catch the same mistakes as with PopART.
+popart_exception = (RuntimeError, ValueError, TypeError, IndexError, KeyError)
+
+
+def getLogger(name: str = "all") -> logging.Logger:  # noqa: N802 - PopART's spelling
+    """PopART's logger for ``name`` (a `logging.Logger` named ``popart.<name>``); user code
+    calls ``popart.getLogger().setLevel("DEBUG")`` and the like."""
+    return logging.getLogger(f"popart.{name}")
 
 
 class PatternsLevel(enum.Enum):

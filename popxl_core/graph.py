@@ -30,6 +30,7 @@ class Op:
         "name",
         "by_ref_modified",
         "module_path",
+        "settings",
         "__weakref__",
     )
 
@@ -57,6 +58,9 @@ class Op:
         self.by_ref_modified: Set[int] = set()  # input indexes a by-ref call modifies
         # the torch module that this op was lowered from (set by popxl_fx; used in OOM errors)
         self.module_path: Optional[str] = ctx.module_path
+        # PopART op settings that do not change the numbers (e.g. the matmul's fully
+        # connected pass, set by popxl.addons' enable_fc_pass / disable_fc_pass)
+        self.settings: Dict[str, Any] = {}
 
     @property
     def type(self) -> str:

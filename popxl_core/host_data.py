@@ -7,9 +7,34 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+from . import dtypes
 from .dtypes import dtype
 
-__all__ = ["is_fill", "to_numpy"]
+__all__ = ["is_fill", "to_numpy", "host_to_torch", "torch_to_host"]
+
+# float8 host arrays (structured uint8) <-> torch float8 tensors with the same bits
+_FP8_TO_TORCH = {
+    dtypes.np_dtype_float8_143: torch.float8_e4m3fnuz,
+    dtypes.np_dtype_float8_152: torch.float8_e5m2fnuz,
+}
+_FP8_TO_NP = {t: n for n, t in _FP8_TO_TORCH.items()}
+
+
+def host_to_torch(arr: np.ndarray) -> torch.Tensor:
+    """A torch tensor sharing ``arr``'s memory (float8 arrays as torch float8 tensors)."""
+    fp8 = _FP8_TO_TORCH.get(arr.dtype)
+    if fp8 is None:
+        return torch.from_numpy(arr)
+    bits = np.ascontiguousarray(arr).view(np.uint8).reshape(arr.shape)
+    return torch.from_numpy(bits).view(fp8)
+
+
+def torch_to_host(t: torch.Tensor) -> np.ndarray:
+    """A numpy array sharing ``t``'s memory (torch float8 tensors as popxl float8 arrays)."""
+    fp8 = _FP8_TO_NP.get(t.dtype)
+    if fp8 is None:
+        return t.numpy()
+    return t.view(torch.uint8).numpy().view(fp8).reshape(tuple(t.shape))
 
 
 def to_numpy(data: Any, dtype: Optional[dtype] = None, downcast: bool = True) -> np.ndarray:
@@ -18,7 +43,16 @@ def to_numpy(data: Any, dtype: Optional[dtype] = None, downcast: bool = True) ->
         data = data.detach().cpu().numpy()
     if is_fill(data):
         return _fill(data, dtype, downcast)
+    if isinstance(data, np.memmap):
+        return _checked_memmap(data, dtype)
     arr = np.array(data, copy=True)
+    if dtype is not None and dtype.name.startswith("float8") and arr.dtype != dtype.as_numpy():
+        # a plain astype would store the values' low bytes as float8 bits: refuse
+        raise TypeError(
+            f"{arr.dtype} data cannot be cast to {dtype.name} here: convert it with "
+            "popxl.fp8_utils.host_pow2scale_cast_to_fp8 (uint8 bits) and view those as "
+            f"popxl.dtypes.np_dtype_{dtype.name}, or pass it to popxl.variable / constant."
+        )
     if dtype is not None:
         with np.errstate(all="ignore"):  # check_conversion reports values that change
             arr = arr.astype(dtype.as_numpy(), copy=False)
@@ -26,6 +60,22 @@ def to_numpy(data: Any, dtype: Optional[dtype] = None, downcast: bool = True) ->
         arr = _downcast(arr)
     # ascontiguousarray turns 0-d arrays into (1,): keep scalars as shape ()
     return np.ascontiguousarray(arr).reshape(arr.shape)
+
+
+def _checked_memmap(data: np.memmap, dtype: Optional[dtype]) -> np.memmap:
+    """A memmap is used as it is (PopXL keeps it as the variable's host buffer, so a large
+    model's weights stay on disk): it must be C-contiguous and is never cast or downcast."""
+    if not data.flags.c_contiguous:
+        raise ValueError(
+            "np.memmap data must be C-contiguous (PopXL uses it as the host buffer as it is); "
+            "make the memmap C-ordered or pass np.ascontiguousarray(data) for a copy."
+        )
+    if dtype is not None and np.dtype(dtype.as_numpy()) != data.dtype:
+        raise ValueError(
+            f"np.memmap data of dtype {data.dtype} cannot be cast to {dtype.name}: a memmap is "
+            "used without a copy. Create the memmap with that dtype, or pass np.array(data)."
+        )
+    return data
 
 
 def is_fill(data) -> bool:

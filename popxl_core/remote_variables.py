@@ -17,7 +17,7 @@ import numpy as np
 from . import dtypes
 from .context import gcg
 from .remote_buffer import RemoteBuffer, replica_sharded_buffer
-from .tensor import TensorSpec, Variable, to_numpy, variable
+from .tensor import TensorSpec, Variable, _host_array, variable
 
 __all__ = [
     "RemoteInfo",
@@ -72,7 +72,7 @@ def remote_variable(
     """A variable stored in entry ``offset`` of ``remote_buffer`` (load it with
     ``ops.remote_load``); the buffer must hold the variable's shape and dtype."""
     _check_buffer(remote_buffer, offset, f"remote_variable({name!r})")
-    arr, spec = _host_spec(data, dtype, downcast, replica_grouping)
+    arr, spec = _host_spec(data, dtype, downcast, replica_grouping, log2_scale, nan_on_overflow)
     one_group = replica_grouping is None or replica_grouping.num_groups == 1
     if one_group and spec.shape[:1] == (1,) and spec.shape[1:] == remote_buffer.tensor_shape:
         # PopXL accepts a leading dim of 1 for a single replica group
@@ -105,7 +105,7 @@ def remote_replica_sharded_variable(
     ``remote_buffer``; ``ops.remote_load`` gives the shard (``meta_shape`` = full shape)."""
     who = f"remote_replica_sharded_variable({name!r})"
     _check_buffer(remote_buffer, offset, who)
-    arr, spec = _host_spec(data, dtype, downcast, replica_grouping)
+    arr, spec = _host_spec(data, dtype, downcast, replica_grouping, log2_scale, nan_on_overflow)
     shards = _shard_over(remote_buffer, replica_grouping, gcg().ir)
     remote_buffer.check_spec(name or "t", spec.shape, spec.dtype, shards)
     v = variable(arr, spec.dtype, name, False, replica_grouping, retrieval_mode)
@@ -132,7 +132,7 @@ def replica_sharded_variable(
     Session with its full shape); ``shard`` holds this replica's piece on chip, loaded when
     weights go to the device and stored back when they return to the host.
     """
-    arr, spec = _host_spec(data, dtype, downcast, replica_grouping)
+    arr, spec = _host_spec(data, dtype, downcast, replica_grouping, log2_scale, nan_on_overflow)
     shape, dt = spec.shape, spec.dtype
     buf = replica_sharded_buffer(shape, dt, replica_grouping, shard_over)
     var = remote_replica_sharded_variable(
@@ -148,9 +148,12 @@ def replica_sharded_variable(
     return var, shard
 
 
-def _host_spec(data, dtype, downcast: bool, replica_grouping) -> Tuple[np.ndarray, TensorSpec]:
-    """The host array and the on-device spec a variable made from ``data`` would have."""
-    arr = to_numpy(data, dtype, downcast)
+def _host_spec(data, dtype, downcast: bool, replica_grouping, log2_scale=None,
+               nan_on_overflow=None) -> Tuple[np.ndarray, TensorSpec]:
+    """The host array and the on-device spec a variable made from ``data`` would have
+    (float8 data converted as `popxl.variable` converts it)."""
+    arr, dtype = _host_array(data, dtype, downcast, log2_scale, nan_on_overflow,
+                             "remote variable data")
     groups = replica_grouping.num_groups if replica_grouping is not None else 1
     shape = arr.shape[1:] if groups > 1 else arr.shape
     return arr, TensorSpec(shape, dtype or dtypes.dtype.as_dtype(arr))

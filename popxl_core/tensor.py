@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Optional, Tuple
 import numpy as np
 import torch
 
-from . import dtypes
+from . import dtypes, fp8_utils
 from .arg_checks import check_conversion, check_host_data, checked_dtype, checked_shape
 from .context import gcg, get_current_context
 from .dtypes import dtype
@@ -321,9 +321,46 @@ def _ops():
     return ops
 
 
+def _host_array(data, dt, downcast, log2_scale, nan_on_overflow, where):
+    """``(host array, dtype)`` of a variable's or constant's data; float8 data is uint8 bits
+    (or a popxl float8 array) or float values converted with ``log2_scale`` (default 0) and
+    ``nan_on_overflow`` (default True: out-of-range values become NaN, never clipped)."""
+    arr = np.asarray(data) if not isinstance(data, torch.Tensor) else None
+    if dt is None and arr is not None and arr.dtype in _FP8_BY_NP:
+        dt = _FP8_BY_NP[arr.dtype]
+    if dt is not None and dt.name.startswith("float8"):
+        return _fp8_host_array(data, dt, log2_scale, nan_on_overflow, where), dt
+    if log2_scale is not None or nan_on_overflow is not None:
+        raise ValueError(f"{where}: log2_scale and nan_on_overflow apply to float8 data only.")
+    out = to_numpy(data, dt, downcast)
+    check_conversion(data, out, where, downcast=dt is None)
+    return out, dt
+
+
+def _fp8_host_array(data, dt, log2_scale, nan_on_overflow, where) -> np.ndarray:
+    arr = np.asarray(data.detach().cpu().numpy() if isinstance(data, torch.Tensor) else data)
+    if arr.dtype.kind == "f":
+        bits = fp8_utils.host_pow2scale_cast_to_fp8(
+            arr, dt, 0 if log2_scale is None else log2_scale,
+            True if nan_on_overflow is None else nan_on_overflow)
+    elif arr.dtype in (np.dtype(np.uint8), dt.as_numpy()):
+        if log2_scale is not None:
+            raise ValueError(f"{where}: log2_scale applies when float data is converted to "
+                             f"{dt.name}, not to float8 bits.")
+        bits = np.ascontiguousarray(arr).view(np.uint8).reshape(arr.shape)
+    else:
+        raise TypeError(f"{where}: {dt.name} data must be float values (converted with "
+                        f"log2_scale) or uint8 bits, got {arr.dtype}.")
+    return np.array(bits, copy=True).view(dt.as_numpy()).reshape(arr.shape)
+
+
 def _check_data(data, dt, where: str) -> None:
     checked_dtype(dt, where, optional=True)
     check_host_data(data, where)
+
+
+_FP8_BY_NP = {dtypes.np_dtype_float8_143: dtypes.float8_143,
+              dtypes.np_dtype_float8_152: dtypes.float8_152}
 
 
 def variable(
@@ -346,8 +383,7 @@ def variable(
         )
     where = f"popxl.variable({name or 't'!r})"
     _check_data(data, dtype, where)
-    arr = to_numpy(data, dtype, downcast)
-    check_conversion(data, arr, where, downcast=dtype is None)
+    arr, dtype = _host_array(data, dtype, downcast, log2_scale, nan_on_overflow, where)
     groups = replica_grouping.num_groups if replica_grouping is not None else 1
     shape = arr.shape[1:] if groups > 1 else arr.shape
     if groups > 1 and (not arr.shape or arr.shape[0] != groups):
@@ -375,8 +411,9 @@ def constant(
     g = gcg()
     where = f"popxl.constant({name or 't'!r})"
     _check_data(data, dtype, where)
-    arr = to_numpy(data, dtype, downcast)
-    check_conversion(data, arr, where, downcast=dtype is None)
+    if isinstance(data, np.memmap):  # a constant copies its data (only variables keep one)
+        data = np.array(data)
+    arr, dtype = _host_array(data, dtype, downcast, log2_scale, nan_on_overflow, where)
     spec = TensorSpec(arr.shape, dtype or dtypes.dtype.as_dtype(arr))
     c = Constant._create(g, g._create_tensor_id(name), spec)
     c._data = arr

@@ -30,6 +30,7 @@ from .capture_state import plain_tensors
 from .errors import Issue, UnsupportedError
 from .inplace import mutated_input
 from .lowering import LOWERINGS, LoweringContext, lookup, run_graph, target_name, unsupported
+from .lowerings.aten_kernels import REFUSED
 from .lowerings.aten_random import RANDOM_ATEN
 
 __all__ = [
@@ -219,6 +220,10 @@ def decomposition_issue(node: fx.Node, root: torch.nn.Module) -> Issue | None:
     missing = missing_lowerings(dec)
     if not missing:
         return None
+    refused = [t for t in missing if _packet(t) in REFUSED]
+    if refused:
+        reason = REFUSED[_packet(refused[0])]
+        return unsupported(node, what, kind, f"it needs {target_name(refused[0])}: {reason}.")
     random = [t for t in missing if _packet(t) in RANDOM_ATEN]
     if random:
         return unsupported(node, what, "unsupported random op", _random_hint(random))

@@ -38,6 +38,7 @@ from .capture import Captured, capture
 from .capture_effects import WARN_KINDS
 from .errors import Issue, UnsupportedError
 from .lowering import LoweringContext, run_graph
+from .names import escape, unescape
 from .outline import Group, OutlinePlan, plan_outline
 
 __all__ = ["Module", "SEED_NAME", "signature"]
@@ -97,11 +98,13 @@ class Module(addons.Module):
         outline: bool | str | tuple = False,
         recompute: bool = False,
         outline_prefix: str = "",
+        rng: str = "torch",
     ) -> None:
         super().__init__(cache=cache)
         if recompute and outline is False:
             raise ValueError("recompute=True recomputes outlined blocks: give outline= too.")
         self.torch_module = torch_module
+        self.rng = rng  # Options.rng: where train-mode random ops draw from
         self.master = master
         self.flatten_outputs = flatten_outputs
         self.outline = outline
@@ -155,7 +158,8 @@ class Module(addons.Module):
 
     def torch_names(self) -> dict[str, tuple[str, torch.Tensor]]:
         """Variable name -> ("param" | "buffer", torch tensor), for every torch tensor (the
-        master's tensors when there is a master: they are the weights)."""
+        master's tensors when there is a master: they are the weights); the variable name is
+        the torch name, escaped where it is not a valid PopXL name (`popxl_fx.names`)."""
         return _named_tensors(self.master if self.master is not None else self.torch_module)
 
     # build -----------------------------------------------------------------------------
@@ -195,6 +199,7 @@ class Module(addons.Module):
         if group is None:
             return NotImplemented
         builder = _builder(group)
+        builder.rng = self.rng
         facts, graph = builder.create_graph(*args)
         n = group.n_outputs.setdefault(graph.graph, len(graph.graph.outputs))
         if self.recompute and graph.graph not in self._called_graphs_grad_info:
@@ -240,7 +245,9 @@ class Module(addons.Module):
 
     # variables -------------------------------------------------------------------------
     def variable(self, qualname: str) -> popxl.Tensor:
-        """The variable of the torch parameter/buffer ``qualname`` (tied tensors share one)."""
+        """The variable of the torch parameter/buffer ``qualname`` (tied tensors share one;
+        ``qualname`` is the torch name, or the escaped variable name)."""
+        qualname = unescape(qualname)
         value: Any = self.torch_module
         try:
             for part in qualname.split("."):
@@ -301,8 +308,9 @@ class Module(addons.Module):
 
 
 def _named_tensors(module: nn.Module) -> dict[str, tuple[str, torch.Tensor]]:
-    names = {n: ("param", t) for n, t in module.named_parameters()}
-    names.update({n: ("buffer", t) for n, t in module.named_buffers()})
+    # escaped: any legal torch name is a valid variable name (`popxl_fx.names`)
+    names = {escape(n): ("param", t) for n, t in module.named_parameters()}
+    names.update({escape(n): ("buffer", t) for n, t in module.named_buffers()})
     return names
 
 

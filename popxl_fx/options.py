@@ -13,10 +13,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["DEVICES", "PRECISIONS", "Options", "resolve"]
+__all__ = ["DEVICES", "PRECISIONS", "RNGS", "Options", "resolve"]
 
 DEVICES = ("ipu_hw", "ipu_model", "cpu")
 PRECISIONS = ("float32", "float16")
+RNGS = ("torch", "ipu")
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,12 @@ class Options:
         loss_scaling: static loss scale with ``precision="float16"``: the backward starts from
             ``loss_scaling`` and the gradients are divided by it before the optimizer
             (PopTorch ``opts.Training.setLossScaling``/``loss_scaling``).
+        rng: where random ops in train mode (dropout, ``torch.rand*``, ``bernoulli``) draw
+            from. ``"torch"`` (default): torch's default generator, in eager's order, so with
+            the same ``torch.manual_seed`` the masks equal eager's and train-mode results are
+            eager's bit for bit. ``"ipu"``: the simulator's own seeded stream (PopXL's seed
+            tensors, split per op: the same numbers every run for a given seed, whatever torch
+            does; its masks differ from eager's).
         memory: reserved for ``"auto"`` planning of models bigger than one IPU; only an empty
             mapping is accepted today.
 
@@ -87,9 +94,11 @@ class Options:
     precision: str = "float32"
     loss_scaling: float = 1.0
     memory: dict[str, Any] = field(default_factory=dict)
+    rng: str = "torch"
 
     def __post_init__(self) -> None:
         _check_choice("device", self.device, DEVICES)
+        _check_choice("rng", self.rng, RNGS)
         _check_choice("precision", self.precision, PRECISIONS)
         for name in ("gradient_accumulation", "device_iterations", "batch_serialisation"):
             _check_count(name, getattr(self, name))

@@ -294,10 +294,23 @@ def _module(options: Options, root: nn.Module, prefix: str, recompute: bool) -> 
     whose parameters are ``root``'s float32 master weights (`popxl_fx.precision`); outlined
     as ``options.outline`` says (names relative to ``prefix``, where the model sits)."""
     outline = {"outline": options.outline, "recompute": recompute, "outline_prefix": prefix}
+    outline["rng"] = options.rng  # where train-mode random ops draw from
     if options.precision == "float16":
         check_loss_scale(options)
         return Module(half_copy(root), flatten_outputs=True, master=root, **outline)
     return Module(root, flatten_outputs=True, **outline)
+
+
+def _check_no_torch_draws(blocks: Sequence[popxl.Graph]) -> None:
+    """A recomputed block re-runs its forward in the backward: a draw from torch's generator
+    (Options(rng="torch") dropout) would give a new mask there, a wrong gradient."""
+    drawing = [g.name for g in blocks if any(op.type == "TorchRandom" for op in g._ops)]
+    if drawing:
+        raise NotImplementedError(
+            f"Options(recompute=True) with random ops drawing from torch's generator in "
+            f"{', '.join(drawing)}: recomputation would draw new masks in the backward. Use "
+            "Options(rng='ipu') (seeded draws replay exactly), or recompute=False."
+        )
 
 
 def _record_recompute(build: Build, lowered: Lowered) -> None:
@@ -306,6 +319,7 @@ def _record_recompute(build: Build, lowered: Lowered) -> None:
     if not lowered.fxm.recompute:
         return
     blocks = [g.name for g in lowered.fxm.block_graphs(build.ir)]
+    _check_no_torch_draws(lowered.fxm.block_graphs(build.ir))
     if not blocks:  # said, not silent: explain shows it too
         log.warning(
             "Options(recompute=True): outline=%r found no repeated block, so nothing is "

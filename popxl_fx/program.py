@@ -21,6 +21,7 @@ from popxl_core import ops
 from popxl_core.printing import format_schedule
 from popxl_core.sim.plan import OutOfMemoryError
 
+from .names import unescape
 from .options import Options
 
 __all__ = [
@@ -233,7 +234,8 @@ def _oom_message(err: OutOfMemoryError, prefix: str) -> str:
 
 
 def _torch_name(name: str, prefix: str) -> str:
-    return name[len(prefix) :] if prefix and name.startswith(prefix) else name
+    # variable names escape torch names such as "block1-0" (popxl_fx.names): show torch's
+    return unescape(name[len(prefix) :] if prefix and name.startswith(prefix) else name)
 
 
 def store(t: popxl.Tensor, name: str) -> popxl.DeviceToHostStream:

@@ -25,6 +25,7 @@ from .batch_serial import check_batch, serialise_step
 from .checks import check_inputs, integer_inputs_explained
 from .loops import check_batches, micro_batch_loop, repeat_step
 from .loss import check_scalar_loss, loss_index
+from .names import unescape
 from .optim import OptimizerProgram
 from .pipeline import (
     Build,
@@ -160,7 +161,8 @@ def _plain_step(build: Build, lowered: Lowered, variables, ins: Inputs, index: i
 
 def _recorded(outputs: list[popxl.Tensor], index: int, grads: dict) -> dict:
     recorded = {f"output.{i}": store(t, f"output.{i}") for i, t in enumerate(outputs) if i != index}
-    recorded.update({f"grad.{n}": store(g, f"grad.{n}") for n, g in grads.items()})
+    # keyed by the exact torch name (variable names escape names like RegNet's "block1-0")
+    recorded.update({f"grad.{unescape(n)}": store(g, f"grad.{n}") for n, g in grads.items()})
     return recorded
 
 

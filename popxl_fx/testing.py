@@ -202,7 +202,11 @@ def assert_matches_eager(
     twin_loss_fn = copy.deepcopy(loss_fn) if isinstance(loss_fn, nn.Module) else loss_fn
     worst = _Worst(rtol, atol, normwise)
     for step in range(steps):
+        # both start each step from one torch generator state: with Options(rng="torch")
+        # (the default) the simulated dropout masks are eager's
+        state = torch.get_rng_state()
         eager = _eager_step(twin, eager_opt, twin_loss_fn, inputs, targets)
+        torch.set_rng_state(state)
         simulated = runner.step(inputs, targets)
         _compare_step(f"step {step}", simulated, eager, loss_fn, via, worst)
     runner.finish()

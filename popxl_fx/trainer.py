@@ -18,6 +18,7 @@ from torch import nn
 
 from .checks import check_no_autocast, check_step_arity
 from .loss import PREFIX, user_terms, with_loss
+from .names import escape
 from .optim import OptimizerProgram, UnsupportedOptimizerError
 from .options import Options, resolve
 from .pipeline import Build, Programs
@@ -149,7 +150,8 @@ class Trainer(ProgramView):
 
 
 def _names(model: nn.Module) -> dict:
-    return {p: n for n, p in model.named_parameters()}
+    # variable names: torch names, escaped where PopXL needs it (popxl_fx.names)
+    return {p: escape(n) for n, p in model.named_parameters()}
 
 
 class StepLoss(torch.Tensor):

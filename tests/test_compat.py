@@ -178,3 +178,31 @@ def test_install_and_uninstall_in_process():
     assert not [n for n in sys.modules if n.split(".")[0] in ("popxl", "popxl_addons")]
     with pytest.raises(ModuleNotFoundError):
         import popxl  # noqa: F401
+
+
+def test_popart_stand_ins_and_module_paths(tmp_path):
+    _run(tmp_path, """
+        import popart
+        import pytest
+        import popxl
+        from popxl_addons.transforms.repeat_graph import repeat_graph
+        from popxl_addons.transforms.recomputation import recompute_graph
+        from popxl_addons.ops.streams import host_load, host_store
+        from popxl_addons.named_replica_grouping import NamedReplicaGrouping
+        from popxl_addons.performance_utils import evaluate_FLOPs
+        from popxl_addons.debugging import print_tensor
+        from popxl_addons.seed_variable import seed_variable
+        from popxl_addons.route_tensor import route_tensor_into_graph
+        from popxl_addons.transforms import enable_fc_pass, disable_fc_pass
+        from popxl_addons import set_available_memory_proportion_by_ipu
+        from popxl_addons.task_session import TaskSession, write_variables_pb
+        from popxl_addons.transforms.pipelining import pipelined_execution
+        from popxl_addons.ops.fp8_amax_scale import fp8_amax_scale
+        from popxl.fp8_utils import host_pow2scale_cast_to_fp8, host_fp8_mse_scale
+        from popxl.dtypes import np_dtype_float8_143
+        popart.getLogger().setLevel("DEBUG")
+        ir = popxl.Ir()
+        with ir.main_graph:
+            with pytest.raises(popart.popart_exception):
+                popxl.remote_buffer((2,), popxl.float32, entries=0)
+        """)

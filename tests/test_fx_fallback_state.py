@@ -12,7 +12,6 @@ import torchvision
 from torch import nn
 
 from popxl_fx.check import check
-from popxl_fx.errors import UnsupportedError
 
 from .fx_capture_util import run_module
 
@@ -147,19 +146,20 @@ class RandomInside(nn.Module):
 
 
 @pytest.mark.parametrize("name", sorted(UNSUPPORTED_RANDOM))
-def test_random_ops_without_lowering_are_reported_not_silently_frozen(name):
-    fn, what, aten_op = UNSUPPORTED_RANDOM[name]
-    model = nn.Sequential(RandomInside(fn))
-    report = check(model, torch.randn(4, 6))
-    issues = [i for i in report.issues if i.kind == "unsupported random op"]
-    assert len(issues) == 1, report
-    (issue,) = issues
-    assert issue.what == what and issue.node
-    assert issue.module_path == "0"
-    assert issue.source == _line(f"# {name}-line")
-    assert aten_op in issue.hint and "seeded random stream" in issue.hint
-    with pytest.raises(UnsupportedError, match=aten_op):
-        report.raise_if_any()
+def test_random_ops_the_ipu_stream_lacks_draw_from_torchs_generator(name):
+    """randint, multinomial, randperm and exponential have no seeded-stream form: with the
+    default Options(rng="torch") they are torch's kernels, drawing what eager draws."""
+    from popxl_fx import Options
+    from popxl_fx.inference import inference_model
+
+    fn, _, _ = UNSUPPORTED_RANDOM[name]
+    model, x = nn.Sequential(RandomInside(fn)), torch.randn(4, 6)
+    sim = inference_model(model, Options(device="cpu"))
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        want = model(x)
+        torch.manual_seed(seed)
+        assert torch.equal(sim(x), want), name
 
 
 # buffers and other state updated in place ----------------------------------------------------

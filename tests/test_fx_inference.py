@@ -118,7 +118,7 @@ class Bad(nn.Module):
     def forward(self, x):
         y = self.fc(x)
         if y.sum() > 0:
-            return torch.fft.rfft(y).abs()
+            return torch.linalg.svd(y)[0]  # no lowering (an SVD)
         return y
 
 

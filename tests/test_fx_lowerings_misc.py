@@ -63,18 +63,17 @@ def test_dropout_is_identity_in_eval_or_at_zero(module):
     check_lowering(seq(module), randn(2, 3, 4, 5), rtol=0, atol=0)
 
 
-def test_dropout_in_training_is_seeded_and_scaled():
-    ops_ = lowered_ops(seq(nn.Dropout(0.5)), randn(2, 3))
-    assert "Dropout" in ops_
-    ops_ = lowered_ops(seq(nn.Dropout2d(0.5)), randn(2, 3, 4, 4))
-    assert "ShapedDropout" in ops_
+def test_dropout_in_training_draws_torchs_noise():
+    # Options(rng="torch"), the default: eager's noise (tests/test_fx_random_torch.py)
+    assert "TorchRandom" in lowered_ops(seq(nn.Dropout(0.5)), randn(2, 3))
+    assert "TorchRandom" in lowered_ops(seq(nn.Dropout2d(0.5)), randn(2, 3, 4, 4))
 
 
 def test_stochastic_depth_in_eval_is_identity():
     from torchvision.ops import StochasticDepth
 
     check_lowering(seq(StochasticDepth(0.2, "row")).eval(), randn(2, 3, 4), rtol=0, atol=0)
-    assert "ShapedDropout" in lowered_ops(seq(StochasticDepth(0.2, "row")), randn(2, 3, 4))
+    assert "TorchRandom" in lowered_ops(seq(StochasticDepth(0.2, "row")), randn(2, 3, 4))
 
 
 INTERP = {

@@ -7,6 +7,13 @@ package: they need poplar codelets.
 
 from . import replicated_all_reduce_TP  # noqa: F401 - registers ReplicatedAllReduceTP
 from .cross_entropy import cross_entropy, cross_entropy_with_grad
+from .fp8_amax_scale import fp8_amax_scale
 from .host import host_load, host_store
 
-__all__ = ["cross_entropy", "cross_entropy_with_grad", "host_load", "host_store"]
+__all__ = [
+    "cross_entropy",
+    "cross_entropy_with_grad",
+    "fp8_amax_scale",
+    "host_load",
+    "host_store",
+]

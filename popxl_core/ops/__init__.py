@@ -3,6 +3,8 @@
 from . import collectives, var_updates
 from .activations import *  # noqa: F401,F403
 from .activations import __all__ as _activations_all
+from .aten import *  # noqa: F401,F403
+from .aten import __all__ as _aten_all
 from .attention import *  # noqa: F401,F403
 from .attention import __all__ as _attention_all
 from .call import *  # noqa: F401,F403
@@ -13,6 +15,8 @@ from .conditional import *  # noqa: F401,F403
 from .conditional import __all__ as _conditional_all
 from .elementwise import *  # noqa: F401,F403
 from .elementwise import __all__ as _elementwise_all
+from .fp8 import *  # noqa: F401,F403
+from .fp8 import __all__ as _fp8_all
 from .indexing import *  # noqa: F401,F403
 from .indexing import __all__ as _indexing_all
 from .io import *  # noqa: F401,F403
@@ -45,11 +49,13 @@ from .unary import __all__ as _unary_all
 __all__ = [
     "collectives",
     "var_updates",
+    *_aten_all,
     *_attention_all,
     *_call_all,
     *_code_load_all,
     *_conditional_all,
     *_elementwise_all,
+    *_fp8_all,
     *_indexing_all,
     *_io_all,
     *_layer_norm_all,

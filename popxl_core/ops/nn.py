@@ -5,6 +5,7 @@ from .batch_norm_train import batch_norm_training
 from .conv import PadType, conv, conv_transpose
 from .norm import batch_norm_inference, group_norm, layer_norm
 from .pool import average_pool, max_pool
+from .resize import interpolate
 from .roi_align import roi_align
 from .upsample import upsample
 
@@ -17,6 +18,7 @@ __all__ = [
            "conv",
            "conv_transpose",
            "group_norm",
+           "interpolate",
            "layer_norm",
            "max_pool",
            "roi_align",

@@ -134,7 +134,7 @@ def _expand_infer(ins, shape, axes, keepdims, scale):
 
 
 def _expand_kernel(g, shape, axes, keepdims, scale):
-    out = g.reshape(keep_shape(shape, axes)).expand(*shape)
+    out = g.reshape(keep_shape(shape, axes)).expand(tuple(shape))  # a tuple: 0-d too
     return (out * scale).to(g.dtype) if scale != 1.0 else out.contiguous()
 
 

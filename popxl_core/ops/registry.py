@@ -175,6 +175,12 @@ def check_in_graph(graph: Graph, **tensors: Tensor) -> None:
                 f"but the op is being created in graph {graph.name or 'main'!r}. Pass the "
                 "tensor into the subgraph as an input (graph_input / call inputs)."
             )
+        if graph._tensors.get(t.id) is not t:
+            raise ValueError(
+                f"Argument {arg!r} ({t.id!r}) is no longer in graph {graph.name or 'main'!r}: a "
+                "transform moved the op that made it (repeat_graph, pipelined_execution). Use "
+                "tensors from before the transform only as its inputs."
+            )
 
 
 def check_tensor_ipu_and_tile_set(**tensors: Tensor) -> None:

@@ -96,9 +96,42 @@ def _cos_grad(ctx):
 
 
 def _tanh_grad(ctx):
-    mul, _, sub, _ = _g()
-    y = ctx.output(0)
-    return [mul(ctx.grad_output(0), sub(1.0, mul(y, y)))]
+    # eager's own backward kernel, g * (1 - y * y) in one pass: bit for bit with torch
+    return [create_op(TANH_GRAD, [ctx.grad_output(0), ctx.output(0)])[0]]
+
+
+def _tanh_grad_grad(ctx):
+    """TanhGrad(g, y) = g (1 - y^2): linear in g; -2 g y in y."""
+    mul, _, _, negate = _g()
+    gg = ctx.grad_output(0)
+    g, y = ctx.input(0), ctx.input(1)
+    return [create_op(TANH_GRAD, [gg, y])[0], negate(mul(mul(gg, g), mul(y, 2.0)))]
+
+
+def _tanh_grad_infer(ins):
+    if ins[0].shape != ins[1].shape or ins[0].dtype != ins[1].dtype:
+        raise ValueError(f"gradient {ins[0]} and output {ins[1]} specs differ")
+    return [ins[0]]
+
+
+def _tanh_grad_samples():
+    """TanhGrad against autograd of torch.tanh (bitwise), and its own gradient (tanh's
+    double backward) against autograd of torch's tanh_backward."""
+    g, x = rand(3, 4, seed=220), rand(3, 4, low=-2.0, high=2.0, seed=221)
+
+    def vjp(g, x):
+        with torch.enable_grad():
+            x = x.detach().requires_grad_()
+            return torch.autograd.grad(torch.tanh(x), x, g)[0]
+
+    def build(g, x):
+        return create_op(TANH_GRAD, [g, tanh(x)])[0]
+
+    return [
+        Sample([g, x], build, vjp, grad=False, rtol=0.0, atol=0.0),
+        Sample([g, x], build, lambda g, x: torch.ops.aten.tanh_backward(g, torch.tanh(x)),
+               name="double_backward"),
+    ]
 
 
 def _exp_inplace_kernel(x):
@@ -126,6 +159,8 @@ COS = register(OpDef("Cos", float_spec, torch.cos, pointwise=True, grad=_cos_gra
                      samples=unary_samples(lambda x: cos(x), torch.cos, -3.0, 3.0, seed=214)))
 TANH = register(OpDef("Tanh", float_spec, torch.tanh, pointwise=True, grad=_tanh_grad,
                       samples=unary_samples(lambda x: tanh(x), torch.tanh, -2.0, 2.0, seed=216)))
+TANH_GRAD = register(OpDef("TanhGrad", _tanh_grad_infer, torch.ops.aten.tanh_backward,
+                           grad=_tanh_grad_grad, samples=_tanh_grad_samples))
 CEIL = register(OpDef("Ceil", float_spec, torch.ceil, grad=no_grad,
                       samples=unary_samples(lambda x: ceil(x), torch.ceil, -3.0, 3.0, seed=218)))
 FLOOR = register(OpDef(
@@ -294,6 +329,7 @@ def _alias(x):
 
 DETACH = register(OpDef(
     "Detach", same_spec, _alias, grad=no_grad, view=True, fp16_in_fp32=False,
+    extra={"stops_gradient": True},
     samples=lambda: [Sample([rand(3, 4, seed=250)], lambda x: x * detach(x),
                             lambda x: x * x.detach())]))
 DETACH_INPLACE = register(OpDef(

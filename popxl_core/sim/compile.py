@@ -12,6 +12,7 @@ from typing import Any, Callable, Dict, List, Set
 import torch
 
 from ..graph import Graph, Op
+from ..host_data import host_to_torch
 from ..remote_variables import remote_info
 from ..schedule import schedule
 from ..tensor import Constant, Tensor, Variable
@@ -50,7 +51,7 @@ class Emitter:
     def name(self, t: Tensor) -> str:
         if t not in self.names:
             if isinstance(t, Constant):
-                self.names[t] = self.program.add_global("c", torch.from_numpy(t._data.copy()))
+                self.names[t] = self.program.add_global("c", host_to_torch(t._data.copy()))
             else:
                 self.names[t] = f"v{len(self.names)}"
         return self.names[t]

@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, Iterator, List
 import torch
 
 from ..graph import Graph, Op
+from ..host_data import host_to_torch
 from ..schedule import schedule
 from ..tensor import Constant, Tensor, Variable
 from .compile import (
@@ -144,7 +145,7 @@ class ReferenceProgram:
         if not isinstance(t, Constant):
             raise RuntimeError(f"{t.id!r} is read before any op produced it.")
         if t not in self._constants:
-            self._constants[t] = torch.from_numpy(t._data.copy())
+            self._constants[t] = host_to_torch(t._data.copy())
         return self._constants[t]
 
     def _run_kernel(self, op: Op, env: Dict[Tensor, Any]) -> None:

@@ -14,6 +14,7 @@ from typing import Callable, Dict, List
 import numpy as np
 import torch
 
+from ..host_data import host_to_torch, torch_to_host
 from ..remote_variables import remote_info, shard_source
 from ..tensor import Variable
 
@@ -109,10 +110,10 @@ class RemoteState:
         """Put the host value of remote variable ``v`` into its entry on every replica."""
         for r in range(self.replicas):
             value = replica_value(v, host, r, self.replicas)
-            self.entry(v, r).copy_(torch.from_numpy(np.array(value, copy=True)))  # 0-d stays 0-d
+            self.entry(v, r).copy_(host_to_torch(np.array(value, copy=True)))  # 0-d stays 0-d
 
     def read(self, v: Variable) -> np.ndarray:
-        return host_from_replicas(v, lambda r: self.entry(v, r).numpy(), self.replicas)
+        return host_from_replicas(v, lambda r: torch_to_host(self.entry(v, r)), self.replicas)
 
     def load_shards(self, device: List[List[torch.Tensor]], only=None) -> None:
         """Copy each on-chip shard from its remote variable's entry (weights to the device)."""

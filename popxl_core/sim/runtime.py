@@ -14,6 +14,7 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 import torch
 
+from ..host_data import host_to_torch, torch_to_host
 from .rendezvous import Rendezvous, ReplicaMismatchError
 
 __all__ = ["Runtime", "run_replicas"]
@@ -69,7 +70,7 @@ class Runtime:
                 f"Stream {stream.tensor_id!r} was loaded {i + 1} times in one run, "
                 f"but only {buf.shape[0]} transfers were provided (num_host_transfers)."
             )
-        return torch.from_numpy(np.array(buf[i, local.replica]))  # 0-d slices are scalars
+        return host_to_torch(np.array(buf[i, local.replica]))  # 0-d slices are scalars
 
     def store(self, stream, value: torch.Tensor) -> None:
         buf = self.outputs[stream]
@@ -79,7 +80,7 @@ class Runtime:
                 f"Stream {stream.tensor_id!r} was stored {i + 1} times in one run; "
                 f"num_host_transfers is {buf.shape[0]}."
             )
-        buf[i, self.replica] = value.detach().numpy()
+        buf[i, self.replica] = torch_to_host(value.detach())
 
     # collectives --------------------------------------------------------------------
     def collective(self, value: torch.Tensor, fn: Callable) -> torch.Tensor:

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from ..errors import OpDataError
+from ..host_data import host_to_torch, torch_to_host
 from ..schedule import verify
 from ..streams import DeviceToHostStream, HostToDeviceStream
 from ..tensor import Constant, Tensor, Variable
@@ -92,7 +93,9 @@ class Session:
         }
         # retrieval_mode='all_replicas': what get_tensor_data returns, one row per replica
         self._per_replica: Dict[Variable, np.ndarray] = {
-            v: np.stack([self._to_device(v, r).numpy() for r in range(ir.replication_factor)])
+            v: np.stack(
+                [torch_to_host(self._to_device(v, r)) for r in range(ir.replication_factor)]
+            )
             for v in self._host
             if v.retrieval_mode == "all_replicas" and ir.replication_factor > 1
         }
@@ -166,13 +169,15 @@ class Session:
                 continue
             self._host[v][...] = self._from_device(v, i)
             if v in self._per_replica:
-                self._per_replica[v][...] = np.stack([rep[i].numpy() for rep in self._device])
+                self._per_replica[v][...] = np.stack(
+                    [torch_to_host(rep[i]) for rep in self._device]
+                )
         self._remote.store_shards(self._device)
         for v in self._remote.variables:
             self._host[v][...] = self._remote.read(v)
             if v in self._per_replica:
                 self._per_replica[v][...] = np.stack(
-                    [self._remote.entry(v, r).numpy() for r in range(len(self._device))]
+                    [torch_to_host(self._remote.entry(v, r)) for r in range(len(self._device))]
                 )
         self._host_in_sync = True
 
@@ -181,11 +186,11 @@ class Session:
         return replica_value(v, self._host[v], replica, self._ir.replication_factor)
 
     def _to_device(self, v: Variable, replica: int) -> torch.Tensor:
-        return torch.from_numpy(np.array(self._host_value(v, replica), copy=True))
+        return host_to_torch(np.array(self._host_value(v, replica), copy=True))
 
     def _from_device(self, v: Variable, index: int) -> np.ndarray:
         device = self._device
-        return host_from_replicas(v, lambda r: device[r][index].numpy(), len(device))
+        return host_from_replicas(v, lambda r: torch_to_host(device[r][index]), len(device))
 
     def share_variable_storage(self, tensors: Mapping[Variable, torch.Tensor]) -> None:
         """Make each variable's device value *be* the given torch tensor: its storage, with
@@ -287,7 +292,7 @@ class Session:
                     continue
                 index = self._variable_index[v]
                 for r, rep in enumerate(self._device):
-                    rep[index].copy_(torch.from_numpy(self._host_value(v, r)))
+                    rep[index].copy_(host_to_torch(self._host_value(v, r)))
             self._remote.load_shards(self._device, only=set(checked))
 
     def _checked_value(self, v: Variable, data) -> np.ndarray:
@@ -401,6 +406,8 @@ class Session:
     ) -> np.ndarray:
         arr = value.detach().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
         want, full, expanded = spec or self._stream_spec[stream]
+        if arr.dtype == np.uint8 and want.kind == "V":  # float8 bits, as fp8_utils gives them
+            arr = arr.view(want).reshape(arr.shape)
         if arr.dtype != want:
             if not (downcast and arr.dtype.itemsize == 8 and np.can_cast(want, arr.dtype)):
                 raise TypeError(
@@ -409,12 +416,18 @@ class Session:
                 )
             checks.check_fits(stream, arr, want)
             arr = arr.astype(want)
-        if arr.shape != full:
+        if arr.shape != full and not _single_value(arr, full):
             raise ValueError(
                 f"Input for stream {stream.tensor_id!r} has shape {arr.shape}; expected "
                 f"{full} = [num_host_transfers, replicas (dims > 1 only), *{stream.shape}]."
             )
         return arr.reshape(expanded)
+
+
+def _single_value(arr: np.ndarray, full: tuple) -> bool:
+    """PopXL's ``_verify_io_shape`` accepts any size-1 array where the expected host shape is
+    all ones (``()`` or ``(1,)``, ...): the one value is the same whatever its shape."""
+    return arr.size == 1 and all(d == 1 for d in full)
 
 
 def _expanded_shape(shape, ir) -> tuple:
@@ -425,4 +438,8 @@ def _expanded_shape(shape, ir) -> tuple:
 
 
 def _host_copy(v: Variable) -> np.ndarray:
+    """The host buffer of ``v``: a copy of its data, or, for a writable ``np.memmap``, the
+    memmap itself (as PopXL: `weights_to_host` writes the file, `get_tensor_data` views it)."""
+    if isinstance(v._data, np.memmap) and v._data.flags.writeable:
+        return v._data
     return np.array(v._data, copy=True)

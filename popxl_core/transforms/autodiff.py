@@ -323,7 +323,8 @@ class _LastWrites:
 def _forward_reach(graph: Graph, start: Iterable[Tensor], reads) -> Set[Tensor]:
     reach = set(start)
     for op in graph._ops:
-        if any(t in reach for t in reads[op]):
+        # a detached value needs no gradient: rules may then skip it (GradContext.requires_grad)
+        if any(t in reach for t in reads[op]) and not op.opdef.extra.get("stops_gradient"):
             reach.update(op.outputs)
     return reach
 

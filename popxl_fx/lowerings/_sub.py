@@ -8,7 +8,7 @@ from typing import Any
 
 import torch.nn as nn
 
-__all__ = ["call_child", "child_ctx", "dropout"]
+__all__ = ["call_child", "child_ctx", "dropout", "torch_rng"]
 
 
 def child_ctx(ctx: Any, name: str, module: nn.Module) -> Any:
@@ -32,12 +32,20 @@ def call_child(ctx: Any, parent: nn.Module, name: str, *args: Any, **kwargs: Any
 
 
 def dropout(ctx: Any, x: Any, p: float, training: bool) -> Any:
-    """torch's dropout: identity unless training with p > 0 (then seeded, so the mask differs
-    from torch's; exact comparisons use p=0 or eval mode)."""
+    """torch's dropout: identity unless training with p > 0. With ``Options(rng="torch")``
+    the noise is eager's, drawn from torch's generator (the same mask after the same
+    ``torch.manual_seed``); with ``rng="ipu"`` the simulator's seeded stream draws it."""
     from popxl_core import ops
 
     if not training or p == 0:
         return x
     if p >= 1:
         return x * 0.0
+    if torch_rng(ctx):
+        return ops.mul(x, ops.torch_random(ops.DropoutNoise(float(p)), [x])[0])
     return ops.dropout(x, ctx.seed(), float(p))
+
+
+def torch_rng(ctx: Any) -> bool:
+    """Whether random ops draw from torch's generator (`Options.rng`, default "torch")."""
+    return getattr(ctx.owner, "rng", "torch") == "torch"

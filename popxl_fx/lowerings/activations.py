@@ -17,6 +17,7 @@ from popxl_core import ops
 
 from ..lowering import lowers
 from ._common import const, norm_dim
+from .aten_kernels import torch_call
 
 __all__ = ["softplus"]
 
@@ -37,8 +38,10 @@ def _elu(x, alpha=1.0):
     return ops.where(ops.greater(x, const(0.0, x.dtype)), x, neg)
 
 
+# selu, softplus, mish, softsign, logsigmoid, glu: torch's own kernels forward and backward
+# (compositions of PopXL ops round differently: tests/test_fx_core_aten.py's OpInfo scan)
 def _selu(x):
-    return _elu(x, _SELU_ALPHA) * _SELU_SCALE
+    return torch_call(F.selu, x)
 
 
 def _celu(x, alpha=1.0):
@@ -54,16 +57,11 @@ def _gelu(x, approximate="none"):
 
 def softplus(x: popxl.Tensor, beta: float = 1.0, threshold: float = 20.0) -> popxl.Tensor:
     """torch's softplus: log(1 + exp(beta x)) / beta, and x itself where beta x > threshold."""
-    bx = x * float(beta) if beta != 1 else x
-    # log(1 + exp(z)) = max(z, 0) + log(1 + exp(-|z|)): no overflow for large z
-    soft = ops.relu(bx) + ops.log(ops.exp(ops.negate(ops.abs(bx))) + 1.0)
-    if beta != 1:
-        soft = soft * (1.0 / beta)
-    return ops.where(ops.greater(bx, const(float(threshold), x.dtype)), x, soft)
+    return torch_call(F.softplus, x, float(beta), float(threshold))
 
 
 def _mish(x):
-    return x * ops.tanh(softplus(x))
+    return torch_call(F.mish, x)
 
 
 def _hardtanh(x, min_val=-1.0, max_val=1.0):
@@ -87,20 +85,18 @@ def _hardswish(x):
 
 
 def _softsign(x):
-    return x / (ops.abs(x) + 1.0)
+    return torch_call(F.softsign, x)
 
 
 def _logsigmoid(x):
-    # torch's stable form: min(x, 0) - log(1 + exp(-|x|))
-    return ops.clip(x, max=0.0) - ops.log(ops.exp(ops.negate(ops.abs(x))) + 1.0)
+    return torch_call(F.logsigmoid, x)
 
 
 def _glu(x, dim=-1):
     d = norm_dim(dim, x.rank)
     if x.shape[d] % 2:
         raise ValueError(f"glu: dim {dim} of {tuple(x.shape)} must have an even size")
-    a, b = ops.split(x, 2, axis=d)
-    return a * ops.sigmoid(b)
+    return torch_call(F.glu, x, d)
 
 
 def _prelu(x, weight):

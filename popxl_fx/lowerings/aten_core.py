@@ -19,6 +19,7 @@ from popxl_core import ops
 
 from ..lowering import LoweringContext, lowers
 from ._common import pdtype
+from .aten_kernels import lower_with_torch_kernel, torch_kernel_when
 
 __all__: list = []
 
@@ -92,12 +93,8 @@ def _mul(ctx: LoweringContext, a: Any, b: Any) -> popxl.Tensor:
 
 
 @lowers(aten.div)
+@torch_kernel_when(lambda rounding_mode, **_: rounding_mode is not None)  # rounds as eager
 def _div(ctx: LoweringContext, a: Any, b: Any, rounding_mode: str | None = None) -> popxl.Tensor:
-    if rounding_mode is not None:
-        raise NotImplementedError(
-            f"aten.div with rounding_mode={rounding_mode!r} (fx node "
-            f"'{ctx.node.name}') has no lowering."
-        )
     a, b = _pair(a, b)
     return a / b
 
@@ -118,10 +115,10 @@ for _packet, _fn in (
     (aten.sqrt, ops.sqrt),
     (aten.tanh, ops.tanh),
     (aten.relu, ops.relu),
-    (aten.rsqrt, lambda x: 1.0 / ops.sqrt(x)),
-    (aten.log1p, lambda x: ops.log(x + 1.0)),
 ):
     lowers(_packet)(_unary(_fn))
+# 1 / sqrt(x) and log(x + 1) round differently from torch's kernels: use those
+lowers(aten.rsqrt, aten.log1p)(lower_with_torch_kernel)
 
 
 @lowers(aten.pow)
@@ -134,7 +131,12 @@ def _pow(ctx: LoweringContext, x: Any, exponent: Any) -> popxl.Tensor:
 def _dims(x: popxl.Tensor, dims: Any) -> list[int] | None:
     if dims is None or (isinstance(dims, (list, tuple)) and not dims):
         return None  # all dimensions
-    return [d % x.rank for d in ([dims] if isinstance(dims, int) else dims)]
+    return [d % max(x.rank, 1) for d in ([dims] if isinstance(dims, int) else dims)]
+
+
+def _zero_dim(x: Any, **_: Any) -> bool:
+    """popxl's reductions need an axis; torch's kernel keeps its rules for 0-d tensors."""
+    return isinstance(x, popxl.Tensor) and x.rank == 0
 
 
 def _reduce_input(x: popxl.Tensor, dtype: torch.dtype | None) -> popxl.Tensor:
@@ -147,7 +149,14 @@ def _reduce_input(x: popxl.Tensor, dtype: torch.dtype | None) -> popxl.Tensor:
     return x if x.dtype == pdtype(dtype) else ops.cast(x, pdtype(dtype))
 
 
+def _complex(x: popxl.Tensor, **kwargs: Any) -> bool:
+    """Casts to or from complex: popxl's Cast has no complex gradient; torch's kernel has."""
+    dtype = kwargs.get("dtype")
+    return x.dtype.as_torch().is_complex or (dtype is not None and dtype.is_complex)
+
+
 @lowers(aten._to_copy)
+@torch_kernel_when(lambda x, kwargs: _complex(x, **kwargs))
 def _to_copy(ctx: LoweringContext, x: popxl.Tensor, **kwargs: Any) -> popxl.Tensor:
     """``Tensor.to(dtype)`` after decomposition; device, layout and memory format do not
     exist on the IPU."""
@@ -156,26 +165,28 @@ def _to_copy(ctx: LoweringContext, x: popxl.Tensor, **kwargs: Any) -> popxl.Tens
 
 
 @lowers(aten.sum)
+@torch_kernel_when(_zero_dim)
 def _sum(
     ctx: LoweringContext,
     x: popxl.Tensor,
-    dims: Any = None,
+    dim: Any = None,
     keepdim: bool = False,
     dtype: torch.dtype | None = None,
 ) -> popxl.Tensor:
-    return ops.sum(_reduce_input(x, dtype), _dims(x, dims), keepdim)
+    return ops.sum(_reduce_input(x, dtype), _dims(x, dim), keepdim)
 
 
 @lowers(aten.mean)
+@torch_kernel_when(_zero_dim)
 def _mean(
     ctx: LoweringContext,
     x: popxl.Tensor,
-    dims: Any = None,
+    dim: Any = None,
     keepdim: bool = False,
     dtype: torch.dtype | None = None,
 ) -> popxl.Tensor:
     x = x if dtype is None else _reduce_input(x, dtype)  # torch: mean needs a float dtype
-    return ops.mean(x, _dims(x, dims), keepdim)
+    return ops.mean(x, _dims(x, dim), keepdim)
 
 
 def _compare(build) -> Any:
@@ -210,7 +221,14 @@ def _scalar_tensor(
 
 
 @lowers(aten.clamp)
-def _clamp(ctx: LoweringContext, x: popxl.Tensor, low: Any = None, high: Any = None) -> Any:
+def _clamp(ctx: LoweringContext, *args: Any, **kwargs: Any) -> Any:
+    x, low, high = (list(args) + [kwargs.get("min"), kwargs.get("max")])[:3]
+    if kwargs or any(_computed(ctx, i, b) for i, b in ((1, low), (2, high))):
+        return lower_with_torch_kernel(ctx, *args, **kwargs)  # computed bounds: torch's kernel
+    return _clip(ctx, x, low, high)
+
+
+def _clip(ctx: LoweringContext, x: popxl.Tensor, low: Any, high: Any) -> Any:
     # clip's kernel clamps exactly like torch.clamp (gradient included), so tensor bounds
     # that are constants of the ATen graph are read back as numbers.
     low, high = (_number(ctx, i, b) for i, b in ((1, low), (2, high)))
@@ -218,15 +236,18 @@ def _clamp(ctx: LoweringContext, x: popxl.Tensor, low: Any = None, high: Any = N
     return ops.clip(x, low, float("inf") if high is None else high)
 
 
+def _computed(ctx: LoweringContext, position: int, bound: Any) -> bool:
+    """A tensor bound that is not a constant of the ATen graph (clamp.Tensor)."""
+    if not isinstance(bound, popxl.Tensor):
+        return False
+    source = ctx.node.args[position] if len(ctx.node.args) > position else None
+    return getattr(source, "target", None) is not aten.scalar_tensor.default
+
+
 def _number(ctx: LoweringContext, position: int, bound: Any) -> float | None:
     if not isinstance(bound, popxl.Tensor):
         return None if bound is None else float(bound)
-    source = ctx.node.args[position] if len(ctx.node.args) > position else None
-    if getattr(source, "target", None) is aten.scalar_tensor.default:
-        return float(source.args[0])
-    raise NotImplementedError(
-        f"aten.clamp with a computed tensor bound (fx node '{ctx.node.name}') has no lowering."
-    )
+    return float(ctx.node.args[position].args[0])
 
 
 @lowers(aten.mm, aten.bmm)
@@ -234,21 +255,8 @@ def _mm(ctx: LoweringContext, a: popxl.Tensor, b: popxl.Tensor) -> popxl.Tensor:
     return a @ b
 
 
-@lowers(aten.addmm)
-def _addmm(
-    ctx: LoweringContext,
-    bias: popxl.Tensor,
-    a: popxl.Tensor,
-    b: popxl.Tensor,
-    beta: float = 1,
-    alpha: float = 1,
-) -> popxl.Tensor:
-    if beta != 1 or alpha != 1:
-        raise NotImplementedError(
-            f"aten.addmm with beta={beta}, alpha={alpha} (fx node "
-            f"'{ctx.node.name}') has no lowering."
-        )
-    return bias + a @ b
+# BLAS accumulates the product into beta * bias: torch's own kernel, bit for bit
+lowers(aten.addmm)(lower_with_torch_kernel)
 
 
 @lowers(aten.copy_)
@@ -273,6 +281,14 @@ def _copy_(ctx: LoweringContext, dst: popxl.Tensor, src: popxl.Tensor, *_: Any) 
         )
     ctx.update_buffer(name, src)
     return src
+
+
+@lowers(aten.copy)
+def _copy(ctx: LoweringContext, dst: popxl.Tensor, src: popxl.Tensor, *_: Any) -> Any:
+    """The functional copy: ``src`` in ``dst``'s dtype, broadcast to ``dst``'s shape
+    (torch has no derivative for aten.copy itself; this one's is expand's and cast's)."""
+    value = src if src.dtype == dst.dtype else ops.cast(src, dst.dtype)
+    return value if value.shape == dst.shape else ops.expand(value, dst.shape)
 
 
 @lowers(aten.unsqueeze)
@@ -313,6 +329,7 @@ def _logical_not(ctx: LoweringContext, x: popxl.Tensor) -> popxl.Tensor:
 
 
 @lowers(aten.any)
+@torch_kernel_when(_zero_dim)
 def _any(ctx: LoweringContext, x: popxl.Tensor, dim: Any = None, keepdim: bool = False) -> Any:
     counts = ops.sum(ops.cast(ops.cast(x, popxl.bool), popxl.int32), _dims(x, dim), keepdim)
     return ops.greater(counts, _tensor(0, counts))
@@ -328,10 +345,8 @@ def _full_like(ctx: LoweringContext, x: popxl.Tensor, value: Any, **kwargs: Any)
 def _logical(build, name: str) -> Any:
     def lower(ctx: LoweringContext, *args: Any) -> popxl.Tensor:
         tensors = [a for a in args if isinstance(a, popxl.Tensor)]
-        if any(t.dtype != popxl.bool for t in tensors):  # integer bitwise ops differ
-            raise NotImplementedError(
-                f"aten.{name} on non-bool tensors (fx node '{ctx.node.name}') has no lowering."
-            )
+        if any(t.dtype != popxl.bool for t in tensors):  # integers: torch's bitwise kernel
+            return lower_with_torch_kernel(ctx, *args)
         return build(*[_tensor(a, tensors[0]) for a in args])
 
     return lower

@@ -17,6 +17,7 @@ from popxl_core import ops
 
 from ..lowering import lowers
 from ._common import const, tuple_of
+from .aten_kernels import torch_kernel_when
 
 __all__ = ["conv_nd", "pad"]
 
@@ -92,6 +93,7 @@ def pad(
 
 
 @lowers(F.pad, torch.constant_pad_nd)
+@torch_kernel_when(lambda mode, **_: mode != "constant")  # eager's kernels and gradients
 def _pad(ctx, x, pad, mode="constant", value=None):
     return pad_impl(x, pad, mode, value)
 

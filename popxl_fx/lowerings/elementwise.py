@@ -16,6 +16,7 @@ from popxl_core import ops
 
 from ..lowering import lowers
 from ._common import const, is_t, pdtype, promote
+from .aten_kernels import lower_torch_function, torch_call, torch_unary
 
 __all__: list = []
 
@@ -38,26 +39,39 @@ def _sub(a, b, alpha=1):
 
 
 def _true_div(a, b, rounding_mode=None):
+    if rounding_mode is not None:  # torch's kernel: exact for integers, eager's rounding
+        return torch_call(torch.div, a, b, rounding_mode=rounding_mode)
     if not a.dtype.is_floating_point:
         a, b = ops.cast(a, popxl.float32), ops.cast(b, popxl.float32)
-    q = ops.div(a, b)
-    if rounding_mode == "floor":
-        return ops.floor(q)
-    if rounding_mode == "trunc":
-        return ops.sign(q) * ops.floor(ops.abs(q))
-    return q
+    return ops.div(a, b)
 
 
 def _floor_div(a, b):
-    if a.dtype.is_floating_point:
-        return ops.floor(ops.div(a, b))
-    q = ops.floor(ops.div(ops.cast(a, popxl.float32), ops.cast(b, popxl.float32)))
-    return ops.cast(q, a.dtype)
+    return torch_call(torch.floor_divide, a, b)
 
 
 def _remainder(a, b):
-    # torch's % takes the sign of the divisor: a - floor(a / b) * b
-    return ops.sub(a, ops.mul(_floor_div(a, b), b))
+    # torch's % takes the sign of the divisor; its kernel is exact for integers too
+    return torch_call(torch.remainder, a, b)
+
+
+def _bitwise(logical: Callable, bitwise: Callable) -> Callable:
+    """The logical op on bools; torch's bitwise kernel on integers."""
+
+    def build(a, b):
+        return logical(a, b) if a.dtype == popxl.bool else torch_call(bitwise, a, b)
+
+    return build
+
+
+def _logical(build: Callable) -> Callable:
+    """torch.logical_*: any nonzero value is true."""
+
+    def lower(a, b):
+        a, b = (x if x.dtype == popxl.bool else ops.cast(x, popxl.bool) for x in (a, b))
+        return build(a, b)
+
+    return lower
 
 
 def _minimum(a, b):
@@ -113,18 +127,21 @@ _BINARY = {
     (operator.gt, torch.gt, "gt", torch.greater): (ops.greater, operator.gt),
     (operator.le, torch.le, "le"): (_le, operator.le),
     (operator.ge, torch.ge, "ge"): (_ge, operator.ge),
-    (operator.and_, torch.logical_and, "logical_and", torch.bitwise_and, "__and__"): (
-        ops.logical_and,
+    (operator.and_, torch.bitwise_and, "__and__", "bitwise_and"): (
+        _bitwise(ops.logical_and, torch.bitwise_and),
         operator.and_,
     ),
-    (operator.xor, torch.logical_xor, "logical_xor", torch.bitwise_xor, "__xor__"): (
-        _ne,
+    (operator.xor, torch.bitwise_xor, "__xor__", "bitwise_xor"): (
+        _bitwise(_ne, torch.bitwise_xor),
         operator.xor,
     ),
-    (operator.or_, torch.logical_or, "logical_or", torch.bitwise_or, "__or__"): (
-        ops.logical_or,
+    (operator.or_, torch.bitwise_or, "__or__", "bitwise_or"): (
+        _bitwise(ops.logical_or, torch.bitwise_or),
         operator.or_,
     ),
+    (torch.logical_and, "logical_and"): (_logical(ops.logical_and), operator.and_),
+    (torch.logical_xor, "logical_xor"): (_logical(_ne), operator.xor),
+    (torch.logical_or, "logical_or"): (_logical(ops.logical_or), operator.or_),
 }
 for _targets, (_fn, _py) in _BINARY.items():
     lowers(*_targets)(_binary(_fn, _py))
@@ -171,6 +188,13 @@ def _pos(ctx, a):
 def _not(ctx, a):
     if not is_t(a):
         return not a if isinstance(a, bool) else ~a
+    if a.dtype != popxl.bool and ctx.node.target in (
+        operator.invert,
+        torch.bitwise_not,
+        "__invert__",
+        "bitwise_not",
+    ):
+        return torch_call(torch.bitwise_not, a)  # ~ on integers flips bits
     return ops.logical_not(ops.cast(a, popxl.bool) if a.dtype != popxl.bool else a)
 
 
@@ -186,15 +210,16 @@ def _float_unary(fn: Callable) -> Callable:
 _UNARY = {
     (torch.exp, "exp"): ops.exp,
     (torch.log, "log"): ops.log,
-    (torch.log2, "log2"): ops.log2,
+    (torch.log2, "log2"): torch_unary(torch.ops.aten.log2.default),
     (torch.sqrt, "sqrt"): ops.sqrt,
-    (torch.rsqrt, "rsqrt"): lambda a: ops.div(const(1.0, a.dtype), ops.sqrt(a)),
     (torch.sin, "sin"): ops.sin,
     (torch.cos, "cos"): ops.cos,
-    (torch.reciprocal, "reciprocal"): lambda a: ops.div(const(1.0, a.dtype), a),
-    (torch.log1p, "log1p"): lambda a: ops.log(a + 1.0),
-    (torch.expm1, "expm1"): lambda a: ops.exp(a) - 1.0,
-    (torch.log10, "log10"): lambda a: ops.log(a) * (1.0 / 2.302585092994046),
+    # compositions of PopXL ops would round differently from these: torch's own kernels
+    (torch.rsqrt, "rsqrt"): torch_unary(torch.ops.aten.rsqrt.default),
+    (torch.reciprocal, "reciprocal"): torch_unary(torch.ops.aten.reciprocal.default),
+    (torch.log1p, "log1p"): torch_unary(torch.ops.aten.log1p.default),
+    (torch.expm1, "expm1"): torch_unary(torch.ops.aten.expm1.default),
+    (torch.log10, "log10"): torch_unary(torch.ops.aten.log10.default),
 }
 for _targets, _fn in _UNARY.items():
     lowers(*_targets)(_float_unary(_fn))
@@ -262,10 +287,12 @@ def _masked_fill(ctx, t, mask, value):
     torch.clamp_min,
     torch.clamp_max,
 )
-def _clamp(ctx, t, min=None, max=None):
-    if is_t(min) or is_t(max):
-        out = t if min is None else _maximum(*promote(t, min))
-        return out if max is None else _minimum(*promote(out, max))
+def _clamp(ctx, t, *args, **kwargs):
+    one_sided = ctx.node.target in ("clamp_min", "clamp_max", torch.clamp_min, torch.clamp_max)
+    bounds = (list(args) + [kwargs.get("min"), kwargs.get("max")])[:2]
+    if one_sided or any(is_t(b) for b in bounds):  # torch's kernel: promotion, NaN, gradient
+        return lower_torch_function(ctx, t, *args, **kwargs)
+    min, max = bounds
     lo = float("-inf") if min is None else min
     hi = float("inf") if max is None else max
     return ops.clip(t, lo, hi)

@@ -15,6 +15,7 @@ import popxl_core as popxl
 from popxl_core import ops
 
 from ..lowering import lowers
+from .aten_kernels import torch_kernel_when
 
 __all__ = ["interpolate"]
 
@@ -68,6 +69,7 @@ def interpolate(
 
 
 @lowers(F.interpolate, F.upsample)
+@torch_kernel_when(lambda mode, antialias, **_: mode not in _MODES or antialias)  # "area", AA
 def _interpolate(
     ctx,
     x,

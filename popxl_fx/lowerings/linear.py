@@ -19,6 +19,7 @@ from popxl_core import ops
 
 from ..lowering import lowers
 from ._common import const, promote, single
+from .aten_kernels import Method, torch_call
 
 __all__ = ["einsum", "embedding"]
 
@@ -29,14 +30,11 @@ def _matmul(ctx, a, b):
     return ops.matmul(a, b)
 
 
-def _scaled(t, s):
-    return t if s == 1 else t * float(s)
-
-
 @lowers(torch.addmm, "addmm", torch.baddbmm, "baddbmm", torch.addmv, "addmv")
 def _addmm(ctx, bias, a, b, beta=1, alpha=1):
-    prod = _scaled(ops.matmul(a, b), alpha)
-    return prod if beta == 0 else _scaled(bias, beta) + prod
+    # BLAS accumulates the product into beta * bias: torch's own kernel, bit for bit
+    fn = Method(ctx.node.target) if isinstance(ctx.node.target, str) else ctx.node.target
+    return torch_call(fn, bias, a, b, beta=beta, alpha=alpha)
 
 
 @lowers(torch.outer, "outer", torch.ger)
@@ -46,7 +44,7 @@ def _outer(ctx, a, b):
 
 @lowers(torch.dot, "dot", torch.inner)
 def _dot(ctx, a, b):
-    return ops.sum(a * b) if a.rank == 1 else ops.matmul(a, ops.transpose(b))
+    return torch_call(torch.inner if ctx.node.target is torch.inner else torch.dot, a, b)
 
 
 @lowers(nn.Identity)

@@ -17,7 +17,7 @@ from popxl_core import ops
 
 from ..lowering import lowers
 from ._common import pdtype
-from ._sub import dropout
+from ._sub import dropout, torch_rng
 
 __all__: list = []
 
@@ -114,7 +114,14 @@ def channel_dropout(ctx, x: popxl.Tensor, p: float, training: bool, r: int) -> p
         return x
     batched = x.rank == r + 2
     shape = (tuple(x.shape[:2]) if batched else tuple(x.shape[:1])) + (1,) * r
-    return ops.shaped_dropout(x, ctx.seed(), shape, float(p))
+    return _shaped(ctx, x, shape, float(p))
+
+
+def _shaped(ctx, x: popxl.Tensor, shape: tuple, p: float) -> popxl.Tensor:
+    """x times a noise of ``shape``: torch's draws (eager's masks) or the seeded stream's."""
+    if torch_rng(ctx):
+        return ops.mul(x, ops.torch_random(ops.DropoutNoise(p, tuple(shape)), [x])[0])
+    return ops.shaped_dropout(x, ctx.seed(), shape, p)
 
 
 for _r in (1, 2, 3):
@@ -139,7 +146,7 @@ def stochastic_depth(
     if p == 1:
         return x * 0.0
     shape = (x.shape[0],) + (1,) * (x.rank - 1) if mode == "row" else (1,) * x.rank
-    return ops.shaped_dropout(x, ctx.seed(), shape, float(p))
+    return _shaped(ctx, x, shape, float(p))
 
 
 try:  # torchvision is optional

@@ -19,6 +19,7 @@ from popxl_core import ops
 
 from ..lowering import lowers
 from ._common import const
+from .aten_kernels import lower_torch_function, torch_call
 
 __all__ = ["batch_norm_train", "group_norm", "layer_norm"]
 
@@ -186,16 +187,15 @@ def group_norm(
     return ops.group_norm(x, w, b, int(num_groups), eps)
 
 
-@lowers(F.group_norm)
-def _group_norm(ctx, x, num_groups, weight=None, bias=None, eps=1e-5):
-    return group_norm(x, num_groups, weight, bias, eps)
+# torch's native_group_norm kernel (forward and backward), bit for bit
+lowers(F.group_norm)(lower_torch_function)
 
 
 @lowers(nn.GroupNorm)
 def _group_norm_module(ctx, m, x):
     weight = ctx.param("weight") if m.affine else None
     bias = ctx.param("bias") if m.affine else None
-    return group_norm(x, m.num_groups, weight, bias, m.eps)
+    return torch_call(F.group_norm, x, m.num_groups, weight, bias, m.eps)
 
 
 def _instance_stats(x):

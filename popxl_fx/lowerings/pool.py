@@ -22,6 +22,7 @@ from popxl_core.ops.registry import create_op
 
 from ..lowering import lowers
 from ._common import tuple_of
+from .aten_kernels import lower_torch_function
 
 __all__ = ["adaptive_avg_pool", "adaptive_max_pool", "avg_pool", "max_pool"]
 
@@ -108,10 +109,11 @@ def _pool_fn(fn, r):
 
 for _r in (1, 2, 3):
     lowers(getattr(F, f"max_pool{_r}d"), getattr(torch, f"max_pool{_r}d"))(_pool_fn(max_pool, _r))
+    # the functions run torch's kernels (ceil_mode, divisor_override, padding as eager)
     lowers(
         getattr(F, f"avg_pool{_r}d"),
         getattr(torch, f"avg_pool{_r}d", None) or getattr(F, f"avg_pool{_r}d"),
-    )(_pool_fn(avg_pool, _r))
+    )(lower_torch_function)
 
 
 def _max_module(ctx, m, x):
@@ -206,7 +208,10 @@ def adaptive_max_pool(
 
 for _r in (1, 2, 3):
     lowers(getattr(F, f"adaptive_avg_pool{_r}d"))(_pool_fn(adaptive_avg_pool, _r))
-    lowers(getattr(F, f"adaptive_max_pool{_r}d"))(_pool_fn(adaptive_max_pool, _r))
+    lowers(
+        getattr(F, f"adaptive_max_pool{_r}d"),
+        getattr(F, f"adaptive_max_pool{_r}d_with_indices"),
+    )(lower_torch_function)
 
 
 @lowers(nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d)

@@ -16,6 +16,7 @@ from popxl_core import ops
 
 from ..lowering import lowers
 from ._common import const, is_t, norm_dim, norm_dims, promote
+from .aten_kernels import lower_torch_function, torch_kernel_when
 
 __all__ = ["softmax", "var"]
 
@@ -50,11 +51,6 @@ def _mean(ctx, x, dim=None, keepdim=False, dtype=None):
 @lowers(torch.prod, "prod")
 def _prod(ctx, x, dim=None, keepdim=False, dtype=None):
     return ops.prod(_sum_input(x, dtype), _axes(x, dim), keepdim)
-
-
-@lowers(torch.logsumexp, "logsumexp")
-def _logsumexp(ctx, x, dim, keepdim=False):
-    return ops.logsumexp(x, _axes(x, dim), keepdim)
 
 
 def _extreme(x, which: str, dim=None, keepdim=False):
@@ -134,30 +130,6 @@ def _correction(args: tuple, kwargs: dict) -> tuple[Any, float, bool]:
     return dim, float(correction), bool(keepdim)
 
 
-@lowers(torch.var, "var")
-def _var(ctx, x, *args, **kwargs):
-    dim, correction, keepdim = _correction(args, kwargs)
-    return var(x, dim, correction, keepdim)
-
-
-@lowers(torch.std, "std")
-def _std(ctx, x, *args, **kwargs):
-    dim, correction, keepdim = _correction(args, kwargs)
-    return ops.sqrt(var(x, dim, correction, keepdim))
-
-
-@lowers(torch.var_mean)
-def _var_mean(ctx, x, *args, **kwargs):
-    dim, correction, keepdim = _correction(args, kwargs)
-    return var(x, dim, correction, keepdim), ops.mean(x, _axes(x, dim), keepdim)
-
-
-@lowers(torch.std_mean)
-def _std_mean(ctx, x, *args, **kwargs):
-    dim, correction, keepdim = _correction(args, kwargs)
-    return ops.sqrt(var(x, dim, correction, keepdim)), ops.mean(x, _axes(x, dim), keepdim)
-
-
 def vector_norm(x: popxl.Tensor, p=2, dim=None, keepdim: bool = False) -> popxl.Tensor:
     axes = _axes(x, dim)
     if p in (2, 2.0, "fro"):
@@ -176,22 +148,28 @@ def vector_norm(x: popxl.Tensor, p=2, dim=None, keepdim: bool = False) -> popxl.
     return ops.pow(ops.sum(powered, axes, keepdim), const(1.0 / float(p), x.dtype))
 
 
+# Variance, norms and logsumexp: torch's kernels reduce in their own order (Welford,
+# vectorised sums), which no composition of PopXL ops reproduces bit for bit: theirs.
+lowers(
+    torch.logsumexp,
+    "logsumexp",
+    torch.var,
+    "var",
+    torch.std,
+    "std",
+    torch.var_mean,
+    torch.std_mean,
+    torch.linalg.vector_norm,
+    F.normalize,
+)(lower_torch_function)
+
+
 @lowers(torch.norm, "norm")
-def _norm(ctx, x, p="fro", dim=None, keepdim=False, out=None, dtype=None):
+def _norm(ctx, x, *args, **kwargs):
+    p = args[0] if args else kwargs.get("p", "fro")
     if p == "nuc":
         raise NotImplementedError("torch.norm(p='nuc') needs an SVD, which is not supported")
-    return vector_norm(x, 2 if p is None else p, dim, keepdim)
-
-
-@lowers(torch.linalg.vector_norm)
-def _vector_norm(ctx, x, ord=2, dim=None, keepdim=False, dtype=None):
-    return vector_norm(x, ord, dim, keepdim)
-
-
-@lowers(F.normalize)
-def _normalize(ctx, x, p=2.0, dim=1, eps=1e-12, out=None):
-    n = vector_norm(x, p, dim, True)
-    return x / ops.clip(n, min=float(eps))
+    return lower_torch_function(ctx, x, *args, **kwargs)
 
 
 @lowers(torch.all, "all")
@@ -218,11 +196,13 @@ def softmax(x: popxl.Tensor, dim=None, log: bool = False, dtype=None) -> popxl.T
 
 
 @lowers(F.softmax, torch.softmax, "softmax")
+@torch_kernel_when(lambda dtype, **_: dtype is not None)  # the cast happens inside torch's kernel
 def _softmax(ctx, x, dim=None, _stacklevel=3, dtype=None):
     return softmax(x, dim, False, dtype)
 
 
 @lowers(F.log_softmax, torch.log_softmax, "log_softmax")
+@torch_kernel_when(lambda dtype, **_: dtype is not None)
 def _log_softmax(ctx, x, dim=None, _stacklevel=3, dtype=None):
     return softmax(x, dim, True, dtype)
 

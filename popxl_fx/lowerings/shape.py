@@ -21,6 +21,7 @@ from popxl_core.ops.gather import gather_elements
 
 from ..lowering import lowers
 from ._common import const, is_t, norm_dim, norm_dims, tuple_of
+from .aten_kernels import lower_torch_function
 
 __all__ = ["getitem"]
 
@@ -194,23 +195,11 @@ def flip(x: popxl.Tensor, dims) -> popxl.Tensor:
     return x
 
 
-@lowers("flip", torch.flip)
-def _flip(ctx, x, *dims):
-    return flip(x, _sizes(dims))
-
-
-@lowers("roll", torch.roll)
-def _roll(ctx, x, shifts, dims=None):
-    if dims is None:
-        flat = _roll(ctx, ops.reshape(x, (x.nelms,)), shifts, 0)
-        return ops.reshape(flat, x.shape)
-    for s, d in zip(tuple_of(shifts, 1), tuple_of(dims, 1)):
-        d = norm_dim(d, x.rank)
-        s = s % x.shape[d]
-        if s:
-            n = x.shape[d]
-            x = ops.concat([ops.slice(x, n - s, n, axis=d), ops.slice(x, 0, n - s, axis=d)], d)
-    return x
+# flip, roll, index_select: torch's own kernels (any dims= form, 0-d tensors, eager's
+# gradients)
+lowers("flip", torch.flip, "roll", torch.roll, "index_select", torch.index_select)(
+    lower_torch_function
+)
 
 
 def _wrap(index, n: int):
@@ -220,12 +209,6 @@ def _wrap(index, n: int):
     if index.dtype not in (popxl.int32, popxl.uint32):
         index = ops.cast(index, popxl.int32)
     return ops.where(ops.less(index, const(0, index.dtype)), index + n, index)
-
-
-@lowers("index_select", torch.index_select)
-def _index_select(ctx, x, dim, index):
-    d = norm_dim(dim, x.rank)
-    return ops.gather(x, _wrap(index, x.shape[d]), d)
 
 
 @lowers("gather", torch.gather)

@@ -196,21 +196,23 @@ def replicated_reduce_scatter(
 ) -> Tensor:
     """Reduce ``t`` over the group and give each member one shard of the flattened result:
     shape ``(ceil(nelms / group_size),)``, zero-padded."""
+    return _reduce_scatter(t, op, group, configure_output_for_replicated_tensor_sharding)
+
+
+def _reduce_scatter(t: Tensor, op: str, group, configure: bool, out_name=None) -> Tensor:
     op = to_collective_op(op)
     ir = gcg().ir
     group = resolve_group(group, ir)
-    attrs = dict(
-        op=op,
-        group=group,
-        group_size=group_size(group, ir),
-        configure=bool(configure_output_for_replicated_tensor_sharding),
-    )
-    return create_op(REDUCE_SCATTER, [t], attrs)[0]
+    attrs = dict(op=op, group=group, group_size=group_size(group, ir), configure=bool(configure))
+    return create_op(REDUCE_SCATTER, [t], attrs, out_names=out_name and [out_name])[0]
 
 
 def replica_sharded_slice(t: Tensor, group=None) -> Tensor:
-    """This replica's RTS shard of ``t`` (flattened, padded), with ``meta_shape = t.shape``."""
-    return replicated_reduce_scatter(t, "local", group, True)
+    """This replica's RTS shard of ``t`` (flattened, padded), with ``meta_shape = t.shape``.
+
+    Named ``<t.name>_sharded_slice`` as in PopXL (NamedTensors order their tensors by name).
+    """
+    return _reduce_scatter(t, "local", group, True, f"{t.name}_sharded_slice")
 
 
 # ReplicatedAllGather ---------------------------------------------------------------------

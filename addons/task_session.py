@@ -1,0 +1,205 @@
+"""`TaskSession`: a Session that knows its state (named variables), counts its steps and
+saves / loads checkpoints; `write_variables_pb` (popxl.addons ``task_session``).
+
+A checkpoint is a folder with two files: ``model.npz`` (one array per state key, the dotted
+key as the npz name) and ``session_info.json`` (``session_state``: ``{"steps": N, ...}``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from collections import deque
+from typing import Any, Dict, Iterable, Mapping
+
+import numpy as np
+
+import popxl_core
+from popxl_core import Variable
+from popxl_core.arg_checks import check_conversion
+
+from .named_tensors import NamedTensorData, NamedTensors
+
+__all__ = ["TaskSession", "write_variables_pb"]
+
+MODEL_FILE = "model.npz"
+INFO_FILE = "session_info.json"
+_REPORT = ("none", "warn", "error")
+
+
+class TaskSession(popxl_core.Session):
+    """``TaskSession(inputs, outputs, state, max_checkpoints=1, ir=..., device_desc=...)``.
+
+    Args:
+        inputs, outputs: the program's host-to-device and device-to-host streams (an
+            `InputStreams` / `OutputStreams` or any iterable of streams).
+        state: the variables that make up a checkpoint, by name (a `NamedTensors`).
+        max_checkpoints: how many checkpoints `save_checkpoint` keeps; older ones this session
+            wrote are deleted (their two files, and the folder if that leaves it empty).
+        *args, **kwargs: `popxl.Session`'s (``ir``, ``device_desc``, ...).
+    """
+
+    def __init__(
+        self,
+        inputs: Iterable,
+        outputs: Iterable,
+        state: NamedTensors,
+        max_checkpoints: int = 1,
+        *args,
+        **kwargs,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.inputs, self.outputs = inputs, outputs
+        self.state = _checked_state(state, self.ir)
+        if not isinstance(max_checkpoints, int) or max_checkpoints < 1:
+            raise ValueError(f"max_checkpoints must be a positive int, got {max_checkpoints!r}.")
+        self.max_checkpoints = max_checkpoints
+        self.session_state: Dict[str, Any] = {"steps": 0}
+        self._saved: deque = deque()
+        self._dataloader = None
+
+    # steps and state -----------------------------------------------------------------
+    def run(self, *args, **kwargs):
+        """`Session.run`, then one more step in ``session_state["steps"]``."""
+        out = super().run(*args, **kwargs)
+        self.session_state["steps"] += 1
+        return out
+
+    @property
+    def dataloader(self):
+        """The data source of the task (kept with the session; not saved in checkpoints)."""
+        return self._dataloader
+
+    @dataloader.setter
+    def dataloader(self, value) -> None:
+        self._dataloader = value
+
+    def add_session_state_info(self, info: Mapping[str, Any]) -> None:
+        """Add JSON-serialisable entries to ``session_state`` (saved with checkpoints)."""
+        json.dumps(dict(info))  # fail here, not at the next save
+        self.session_state.update(info)
+
+    def get_named_tensors_data(self) -> NamedTensorData:
+        """The host value of every state variable (copies), under its state key."""
+        keys, tensors = zip(*self.state.to_dict().items()) if self.state.to_dict() else ((), ())
+        data = self.get_tensors_data(tensors)
+        return NamedTensorData.from_dict({k: np.array(data[t]) for k, t in zip(keys, tensors)})
+
+    def write_named_tensors_data(
+        self,
+        data: Mapping[str, np.ndarray] | NamedTensorData,
+        report_missing: str = "warn",
+        skip_memmap: bool = False,
+    ) -> None:
+        """Write host values into the state variables of the same keys.
+
+        ``report_missing`` ('none', 'warn' or 'error') says what to do about state keys that
+        ``data`` lacks (left unchanged) and keys of ``data`` that the state lacks (ignored).
+        ``skip_memmap``: leave variables whose host data is an ``np.memmap`` as they are.
+        """
+        flat = data.to_dict() if isinstance(data, NamedTensorData) else dict(data)
+        state = self.state.to_dict()
+        _report(
+            report_missing, [k for k in state if k not in flat], [k for k in flat if k not in state]
+        )
+        self.write_variables_data(
+            {
+                state[k]: v
+                for k, v in flat.items()
+                if k in state and not (skip_memmap and isinstance(state[k]._data, np.memmap))
+            }
+        )
+
+    def load_from_session(self, src: "TaskSession", report_missing: str = "warn") -> None:
+        """Copy the state of another TaskSession into this one's, key by key."""
+        if not isinstance(src, TaskSession):
+            raise TypeError(f"load_from_session needs a TaskSession, got {type(src).__name__}.")
+        self.write_named_tensors_data(src.get_named_tensors_data(), report_missing)
+
+    # checkpoints ---------------------------------------------------------------------
+    def save_checkpoint(self, checkpoint_dir: str) -> None:
+        """Write ``model.npz`` and ``session_info.json`` into ``checkpoint_dir`` (created if
+        needed); then delete this session's checkpoints beyond the newest ``max_checkpoints``."""
+        os.makedirs(checkpoint_dir, exist_ok=True)
+        np.savez(
+            os.path.join(checkpoint_dir, MODEL_FILE), **self.get_named_tensors_data().to_dict()
+        )
+        with open(os.path.join(checkpoint_dir, INFO_FILE), "w") as f:
+            json.dump(self.session_state, f)
+        path = os.path.abspath(checkpoint_dir)
+        if path in self._saved:
+            self._saved.remove(path)
+        self._saved.append(path)
+        while len(self._saved) > self.max_checkpoints:
+            _remove_checkpoint(self._saved.popleft())
+
+    def load_checkpoint(
+        self, checkpoint_dir: str, report_missing: str = "warn", skip_memmap: bool = False
+    ) -> None:
+        """Read a checkpoint written by `save_checkpoint`: the state variables and
+        ``session_state`` (steps included)."""
+        model, info = (os.path.join(checkpoint_dir, f) for f in (MODEL_FILE, INFO_FILE))
+        for path in (model, info):
+            if not os.path.isfile(path):
+                raise FileNotFoundError(
+                    f"{path} does not exist: a checkpoint folder holds {MODEL_FILE} and "
+                    f"{INFO_FILE} (written by TaskSession.save_checkpoint)."
+                )
+        with np.load(model) as npz:
+            data = {k: npz[k] for k in npz.files}
+        self.write_named_tensors_data(data, report_missing, skip_memmap)
+        with open(info) as f:
+            self.session_state = json.load(f)
+
+
+def _checked_state(state: NamedTensors, ir) -> NamedTensors:
+    if not isinstance(state, NamedTensors):
+        raise TypeError(f"TaskSession state must be a NamedTensors, got {type(state).__name__}.")
+    for key, t in state.to_dict().items():
+        if not isinstance(t, Variable) or t.ir is not ir:
+            raise TypeError(
+                f"TaskSession state {key!r} is {t!r}: the state holds variables of the "
+                "session's Ir (its main graph's `popxl.variable`s)."
+            )
+    return state
+
+
+def _report(mode: str, missing: list, unexpected: list) -> None:
+    """PopXL.addons' ``report_missing``: say which names did not match, or raise."""
+    if mode not in _REPORT:
+        raise ValueError(f"report_missing must be one of {_REPORT}, got {mode!r}.")
+    if mode == "none" or not (missing or unexpected):
+        return
+    msg = (
+        f"Checkpoint and session state do not match: state keys not in the data (left "
+        f"unchanged): {missing}; data keys not in the state (ignored): {unexpected}."
+    )
+    if mode == "error":
+        raise ValueError(msg)
+    warnings.warn(msg, stacklevel=3)
+
+
+def _remove_checkpoint(path: str) -> None:
+    for name in (MODEL_FILE, INFO_FILE):
+        f = os.path.join(path, name)
+        if os.path.isfile(f):
+            os.remove(f)
+    if os.path.isdir(path) and not os.listdir(path):
+        os.rmdir(path)
+
+
+def write_variables_pb(session: popxl_core.Session, weights: Mapping[Variable, np.ndarray]) -> None:
+    """Write host arrays into variables, each cast to its variable's dtype first (popxl.addons
+    writes them through PopART's bindings, converting as it copies). A value the cast would
+    change (an out-of-range or fractional number into an integer type) is refused."""
+    converted: Dict[Variable, np.ndarray] = {}
+    for v, data in weights.items():
+        if not isinstance(v, Variable):
+            raise TypeError(f"write_variables_pb: {v!r} is not a Variable.")
+        arr = np.asarray(data)
+        with np.errstate(all="ignore"):
+            out = arr.astype(v.dtype.as_numpy(), copy=False)
+        check_conversion(arr, out, f"write_variables_pb({v.id!r})")
+        converted[v] = out
+    session.write_variables_data(converted)

@@ -1,0 +1,172 @@
+"""The smaller pieces of the PopXL / popxl.addons surface: host shapes, names, error wording,
+op settings, FLOP counts, repeat_graph, debug printing (popxl_api.md §1, §4)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import addons
+import popxl_core as popxl
+from addons.named_replica_grouping import NamedReplicaGrouping
+from addons.transforms.repeat_graph import repeat_graph
+from popxl_core import ops
+
+
+def _scalar_program():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        s = popxl.h2d_stream((), popxl.float32, "x")
+        x = ops.host_load(s)
+        out = popxl.d2h_stream((), popxl.float32, "y")
+        ops.host_store(out, x * 2)
+    return ir, s, out
+
+
+@pytest.mark.parametrize("shape", [(), (1,), (1, 1)])
+def test_run_accepts_size_one_array_for_all_ones_shape(shape):
+    ir, s, out = _scalar_program()
+    with popxl.Session(ir, "ipu_model") as sess:
+        y = sess.run({s: np.full(shape, 3.0, np.float32)})
+    assert y[out].shape == () and y[out] == 6.0
+
+
+def test_run_still_refuses_other_shapes():
+    ir, s, _ = _scalar_program()
+    with popxl.Session(ir, "ipu_model") as sess:
+        with pytest.raises(ValueError, match="has shape \\(2,\\)"):
+            sess.run({s: np.ones(2, np.float32)})
+
+
+def test_replica_sharded_slice_named_after_its_input():
+    ir = popxl.Ir(replication=2)
+    with ir.main_graph:
+        ws = [popxl.variable(np.ones(4, np.float32), name=n) for n in ("b", "a")]
+        shards = [ops.collectives.replica_sharded_slice(w) for w in ws]
+    assert [t.name for t in shards] == ["b_sharded_slice", "a_sharded_slice"]
+    # NamedTensors order tensors by name: shards pair with their variables when zipped
+    nt_vars = addons.NamedTensors(b=ws[0], a=ws[1])
+    nt_shards = addons.NamedTensors(b=shards[0], a=shards[1])
+    pairs = [(v.name, s.name) for v, s in zip(nt_vars.tensors, nt_shards.tensors)]
+    assert pairs == [("a", "a_sharded_slice"), ("b", "b_sharded_slice")]
+
+
+def test_remote_buffer_error_wording():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        with pytest.raises(ValueError) as e:
+            popxl.remote_buffer((2,), popxl.float32, entries=0)
+        assert e.value.args[0] == "Entries must be a non-zero, positive integer"
+        b = popxl.remote_buffer((2,), popxl.float32)
+        for prop, value in (("tensor_shape", (3,)), ("tensor_dtype", popxl.float16)):
+            with pytest.raises(ValueError, match=f"Cannot set {prop}: it is a read-only"):
+                setattr(b, prop, value)
+        with pytest.raises(ValueError, match="Entries must be"):
+            b.entries = -1
+
+
+def _matmul_ir():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        a = popxl.variable(np.ones((2, 3), np.float32))
+        with popxl.ipu(1):
+            b = popxl.variable(np.ones((3, 5), np.float32))
+            c = b.T @ b.T.T
+    with ir.main_graph:
+        d = a @ a.T
+    return ir, c, d
+
+
+def test_fc_pass_and_available_memory_proportion():
+    ir, c, d = _matmul_ir()
+    addons.disable_fc_pass(ir)
+    assert c.producer.settings == d.producer.settings == {"use_fully_connected_pass": False}
+    addons.enable_fc_pass(ir)
+    assert d.producer.settings["use_fully_connected_pass"] is True
+    addons.set_available_memory_proportion_by_ipu(ir, [0.2, 0.4])
+    assert d.producer.attrs["available_memory_proportion"] == 0.2
+    assert c.producer.attrs["available_memory_proportion"] == 0.4
+    with pytest.raises(ValueError, match="on IPU 1, but only 1 proportions"):
+        addons.set_available_memory_proportion_by_ipu(ir, [0.5])
+    with pytest.raises(ValueError, match=r"in \(0, 1\]"):
+        addons.set_available_memory_proportion_by_ipu(ir, [0.5, 1.5])
+
+
+def test_flops_count_matmuls_through_calls_and_loops():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        x = popxl.variable(np.ones((4, 8), np.float32))
+        w = popxl.variable(np.ones((8, 8), np.float32))
+        g = ir.create_graph(lambda a, b: ops.gelu(a @ b), x, w)
+        ops.call(g, x, w)
+        ops.repeat(g, 3, x, w)
+    per_call = 2 * 4 * 8 * 8
+    assert addons.evaluate_FLOPs(g) == per_call
+    assert addons.evaluate_ir_FLOPs(ir) == addons.total_FLOPs(ir) == 4 * per_call
+    assert addons.format_flops_scientific(48000) == "4.80e+04 FLOPs"
+
+
+def _step_program(repeated: bool, steps: int):
+    """y = x * w; w += x: once per step, from a host stream."""
+    ir = popxl.Ir()
+    ir.num_host_transfers = steps if repeated else 1
+    with ir.main_graph, popxl.in_sequence():
+        w = popxl.variable(np.array([1.0, 2.0], np.float32), name="w")
+        s = popxl.h2d_stream((2,), popxl.float32, "x")
+        x = ops.host_load(s)
+        out = popxl.d2h_stream((2,), popxl.float32, "y")
+        ops.host_store(out, x * w)
+        ops.var_updates.accumulate_(w, x)
+    return ir, w, s, out
+
+
+def test_repeat_graph_equals_the_plain_program_run_step_by_step():
+    steps = 3
+    data = np.arange(steps * 2, dtype=np.float32).reshape(steps, 2)
+    ir, w, s, out = _step_program(False, steps)
+    with popxl.Session(ir, "ipu_model") as sess:
+        want = np.stack([sess.run({s: d})[out] for d in data])
+        want_w = sess.get_tensor_data(w).copy()
+    ir, w, s, out = _step_program(True, steps)
+    op_ids = [op.id for op in ir.main_graph.ops]
+    body = repeat_graph(ir.main_graph, steps)
+    assert [op.id for op in body.ops] == op_ids  # ops moved, ids kept
+    assert [op.type for op in ir.main_graph.ops] == ["Loop"]
+    with popxl.Session(ir, "ipu_model") as sess:
+        got = sess.run({s: data})[out]
+        got_w = sess.get_tensor_data(w)
+    np.testing.assert_array_equal(got, want)  # exact: the same ops on the same values
+    np.testing.assert_array_equal(got_w, want_w)
+
+
+def test_repeat_graph_bad_input():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        g = ir.create_graph(lambda a: a + 1, popxl.TensorSpec((2,), popxl.float32))
+    with pytest.raises(ValueError, match="it has outputs"):
+        repeat_graph(g, 2)
+    with pytest.raises(ValueError, match="positive int"):
+        repeat_graph(ir.main_graph, 0)
+
+
+@pytest.mark.parametrize("level, printed", [("DEBUG", False), ("INFO", True)])
+def test_debug_print_tensor_follows_model_log_level(monkeypatch, level, printed):
+    monkeypatch.delenv("MODEL_LOG_LEVEL", raising=False)  # default INFO
+    ir = popxl.Ir()
+    with ir.main_graph:
+        x = popxl.variable(np.ones(2, np.float32))
+        y = addons.print_tensor(x, level=level)
+    assert (y is not x) == printed
+    assert sum(op.type == "PrintTensor" for op in ir.main_graph.ops) == int(printed)
+    monkeypatch.setenv("MODEL_LOG_LEVEL", "LOUD")
+    with ir.main_graph, pytest.raises(ValueError, match="Unknown log level 'LOUD'"):
+        addons.print_tensor(x)
+
+
+def test_named_replica_grouping():
+    ir = popxl.Ir(replication=4)
+    g = ir.replica_grouping(group_size=2)
+    named = NamedReplicaGrouping.build_groups(["a.w", "b"], g)
+    assert named.to_dict() == {"a.w": g, "b": g}
+    with pytest.raises(TypeError, match="must be a ReplicaGrouping"):
+        NamedReplicaGrouping.build_groups(["a"], 2)

@@ -1,0 +1,248 @@
+"""Float8 (popxl.float8_143 / float8_152): the formats bit for bit against their definition
+(1-4-3 bias 8 and 1-5-2 bias 16, no infinities, no negative zero, 0x80 = NaN; arXiv:2206.02915),
+host conversions, device casts, the scaled float8 matmul and convolution, fp8_amax_scale."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import addons
+import popxl_core as popxl
+from popxl_core import fp8_utils, ops
+from popxl_core.errors import OpDataError
+
+FORMATS = {popxl.float8_143: (3, 8), popxl.float8_152: (2, 16)}  # mantissa bits, bias
+
+
+def _decode(code: int, mbits: int, bias: int) -> float:
+    """The value of a float8 code from the format's definition."""
+    if code == 0x80:
+        return float("nan")
+    sign = -1.0 if code & 0x80 else 1.0
+    e, f = (code & 0x7F) >> mbits, code & ((1 << mbits) - 1)
+    if e == 0:
+        return sign * f / 2**mbits * 2.0 ** (1 - bias)
+    return sign * (1 + f / 2**mbits) * 2.0 ** (e - bias)
+
+
+def _table(dt):
+    return np.array([_decode(c, *FORMATS[dt]) for c in range(256)], np.float64)
+
+
+def _encode(x: np.ndarray, dt, nan_on_overflow=True) -> np.ndarray:
+    """Round to nearest, ties to the even code, from the table of finite values."""
+    table = _table(dt)
+    codes = np.array([c for c in range(256) if c != 0x80 and not (c & 0x80 and table[c] == 0)])
+    vals = table[codes]
+    top = vals.max()
+    half_ulp = (top - np.sort(vals)[-2]) / 2
+    out = []
+    for v in x.astype(np.float64).ravel():
+        if np.isnan(v) or (abs(v) >= top + half_ulp and nan_on_overflow):
+            out.append(0x80)
+            continue
+        v = float(np.clip(v, -top, top))
+        d = np.abs(vals - v)
+        best = codes[d == d.min()]
+        out.append(int(best[0] if len(best) == 1 else best[best % 2 == 0][0]))
+    return np.array(out, np.uint8).reshape(x.shape)
+
+
+@pytest.mark.parametrize("dt", FORMATS)
+def test_every_code_decodes_as_defined(dt):
+    got = fp8_utils.host_pow2scale_cast_from_fp8(np.arange(256, dtype=np.uint8), dt)
+    np.testing.assert_array_equal(got.astype(np.float64), _table(dt))  # NaN only at 0x80
+    assert (
+        got[0x7F] == fp8_utils.fp8_max(dt) == {popxl.float8_143: 240, popxl.float8_152: 57344}[dt]
+    )
+
+
+@pytest.mark.parametrize("dt", FORMATS)
+@pytest.mark.parametrize("nan_on_overflow", [True, False])
+def test_encoding_rounds_to_nearest_even(dt, nan_on_overflow):
+    vals = np.unique(_table(dt)[~np.isnan(_table(dt))])
+    mids = (vals[1:] + vals[:-1]) / 2  # exact ties
+    top = vals[-1]
+    rng = np.random.default_rng(0)
+    x = np.concatenate(
+        [
+            vals,
+            mids,
+            rng.uniform(-1.2 * top, 1.2 * top, 500),
+            rng.normal(0, 1e-2, 200),
+            [np.inf, -np.inf, np.nan, -0.0, 2 * top],
+        ]
+    )
+    x = x.astype(np.float32)
+    got = fp8_utils.host_pow2scale_cast_to_fp8(x, dt, 0, nan_on_overflow)
+    np.testing.assert_array_equal(got, _encode(x, dt, nan_on_overflow))
+
+
+def test_log2_scale_and_bad_input():
+    bits = fp8_utils.host_pow2scale_cast_to_fp8(np.array([3.0, 1000.0]), popxl.float8_143, -3)
+    np.testing.assert_array_equal(
+        fp8_utils.host_pow2scale_cast_from_fp8(bits, popxl.float8_143, 3), [3.0, 1024.0]
+    )
+    with pytest.raises(ValueError, match=r"log2_scale must be an integer in \[-32, 32\)"):
+        fp8_utils.host_pow2scale_cast_to_fp8(np.ones(2), popxl.float8_143, 32)
+    with pytest.raises(TypeError, match="float8_143 or popxl.float8_152"):
+        fp8_utils.host_pow2scale_cast_to_fp8(np.ones(2), popxl.float16)
+    with pytest.raises(TypeError, match="uint8 bits"):
+        fp8_utils.host_pow2scale_cast_from_fp8(np.ones(2, np.float32))
+
+
+def test_mse_scale_minimises_the_round_trip_error():
+    x = np.random.default_rng(1).normal(0, 300, 64).astype(np.float32)
+    s = fp8_utils.host_fp8_mse_scale(x, popxl.float8_143)
+
+    def mse(k):
+        b = fp8_utils.host_pow2scale_cast_to_fp8(x, popxl.float8_143, k, False)
+        return np.mean((fp8_utils.host_pow2scale_cast_from_fp8(b, popxl.float8_143, -k) - x) ** 2)
+
+    assert all(mse(s) <= mse(k) for k in range(-31, 32))
+    assert np.abs(x).max() * 2.0**s <= 240  # the best scale does not saturate here
+
+
+def _run(ir, streams_in=None):
+    with popxl.Session(ir, "ipu_model") as sess:
+        return sess.run(streams_in or {}), sess
+
+
+@pytest.mark.parametrize("dt", FORMATS)
+def test_device_cast_equals_host_cast(dt):
+    x = np.random.default_rng(2).uniform(-80, 80, (4, 8)).astype(np.float16)
+    x[0, 0] = 6e4  # overflows at scale 2: NaN
+    ir = popxl.Ir()
+    with ir.main_graph:
+        xin = popxl.variable(x, name="x")
+        y = ops.pow2scale_cast_to_fp8(xin, 2, dt)
+        back = ops.pow2scale_cast_from_fp8(y, popxl.constant(-2, popxl.int32), popxl.float32)
+        s_y, s_b = popxl.d2h_stream(y.shape, dt), popxl.d2h_stream(back.shape, popxl.float32)
+        ops.host_store(s_y, y)
+        ops.host_store(s_b, back)
+    out, _ = _run(ir)
+    want = fp8_utils.host_pow2scale_cast_to_fp8(x, dt, 2)
+    assert out[s_y].dtype == dt.as_numpy()
+    np.testing.assert_array_equal(out[s_y].view(np.uint8), want)
+    np.testing.assert_array_equal(out[s_b], fp8_utils.host_pow2scale_cast_from_fp8(want, dt, -2))
+
+
+def test_float8_variables_and_streams():
+    x = np.array([[1.5, -300.0], [0.01, 17.0]], np.float32)
+    ir = popxl.Ir()
+    with ir.main_graph:
+        v = popxl.variable(x, popxl.float8_152, name="v", log2_scale=1, nan_on_overflow=False)
+        bits_v = popxl.variable(
+            fp8_utils.host_pow2scale_cast_to_fp8(x, popxl.float8_143), popxl.float8_143, name="bits"
+        )
+        s_in = popxl.h2d_stream((2, 2), popxl.float8_143, "in")
+        loaded = ops.host_load(s_in)
+        s_out = popxl.d2h_stream((2, 2), popxl.float16, "out")
+        ops.host_store(s_out, ops.pow2scale_cast_from_fp8(loaded, 0))
+    feed = fp8_utils.host_pow2scale_cast_to_fp8(x, popxl.float8_143)
+    out, sess = _run(ir, {s_in: feed})
+    np.testing.assert_array_equal(
+        out[s_out], fp8_utils.host_pow2scale_cast_from_fp8(feed).astype(np.float16)
+    )
+    got = sess.get_tensor_data(v)
+    assert v.dtype == popxl.float8_152 and got.dtype == popxl.dtypes.np_dtype_float8_152
+    np.testing.assert_array_equal(
+        got.view(np.uint8), fp8_utils.host_pow2scale_cast_to_fp8(x, popxl.float8_152, 1, False)
+    )
+    np.testing.assert_array_equal(sess.get_tensor_data(bits_v).view(np.uint8), feed)
+
+
+def test_float8_variable_bad_input():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        with pytest.raises(TypeError, match="float values .* or uint8 bits, got int16"):
+            popxl.variable(np.ones(2, np.int16), popxl.float8_143)
+        with pytest.raises(ValueError, match="apply to float8 data only"):
+            popxl.variable(np.ones(2, np.float32), log2_scale=2)
+        with pytest.raises(TypeError, match="not a plain cast"):
+            ops.cast(popxl.variable(np.ones(2, np.float32)), popxl.float8_143)
+        with pytest.raises(TypeError, match="float16 or float32 input, got int32"):
+            ops.pow2scale_cast_to_fp8(popxl.variable(np.ones(2, np.int32)), 0)
+
+
+def test_run_time_log2_scale_out_of_range():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        s = popxl.variable(np.int32(40), name="scale")
+        y = ops.pow2scale_cast_to_fp8(popxl.variable(np.ones(2, np.float16)), s)
+        ops.host_store(popxl.d2h_stream(y.shape, y.dtype), y)
+    with pytest.raises(OpDataError, match=r"Pow2ScaleThenCast.*log2_scale is 40; it must be in"):
+        _run(ir)
+
+
+def test_matmul_and_conv_pow2scaled_against_the_format_definition():
+    rng = np.random.default_rng(3)
+    a_bits = rng.integers(0, 256, (3, 7)).astype(np.uint8)
+    b_bits = rng.integers(0, 256, (7, 4)).astype(np.uint8)
+    a_bits[a_bits == 0x80] = 0  # no NaN operands
+    b_bits[b_bits == 0x80] = 0
+    x_bits = rng.integers(0, 0x7F, (1, 2, 4, 4)).astype(np.uint8)
+    w_bits = rng.integers(0x81, 0xFF, (3, 2, 2, 2)).astype(np.uint8)
+    ir = popxl.Ir()
+    with ir.main_graph:
+        a = popxl.variable(a_bits, popxl.float8_143)
+        b = popxl.variable(b_bits, popxl.float8_152)
+        mm = ops.matmul_pow2scaled(a, b, -20)
+        cv = ops.conv_pow2scaled(
+            popxl.variable(x_bits, popxl.float8_143),
+            popxl.variable(w_bits, popxl.float8_143),
+            3,
+            stride=(2, 2),
+        )
+        streams = [popxl.d2h_stream(t.shape, t.dtype) for t in (mm, cv)]
+        for s, t in zip(streams, (mm, cv)):
+            ops.host_store(s, t)
+    out, _ = _run(ir)
+    t143, t152 = _table(popxl.float8_143), _table(popxl.float8_152)
+    want_mm = (t143[a_bits] @ t152[b_bits] * 2.0**-20).astype(np.float16)
+    assert out[streams[0]].dtype == np.float16
+    np.testing.assert_array_equal(out[streams[0]], want_mm)  # exact: float8 products, small K
+    x, w = t143[x_bits], t143[w_bits]
+    want_cv = np.zeros((1, 3, 2, 2))
+    for o in range(3):
+        for i in range(2):
+            for j in range(2):
+                want_cv[0, o, i, j] = np.sum(x[0, :, 2 * i : 2 * i + 2, 2 * j : 2 * j + 2] * w[o])
+    np.testing.assert_array_equal(out[streams[1]], (want_cv * 8).astype(np.float16))
+
+
+@pytest.mark.parametrize("amax, want", [(240.0, 0), (1000.0, -3), (3.0, 6), (0.0, 31)])
+def test_fp8_amax_scale(amax, want):
+    x = np.array([0.5, -amax, amax / 3], np.float16) if amax else np.zeros(3, np.float16)
+    ir = popxl.Ir()
+    with ir.main_graph:
+        s = addons.fp8_amax_scale(popxl.variable(x), popxl.float8_143)
+        st = popxl.d2h_stream(s.shape, s.dtype)
+        ops.host_store(st, s)
+    out, _ = _run(ir)
+    assert out[st] == want
+    if amax:
+        assert amax * 2.0**want <= 240 < amax * 2.0 ** (want + 1)
+
+
+def test_float8_remote_variable_round_trip():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        buf = popxl.remote_buffer((2,), popxl.float8_143)
+        v = popxl.remote_variable(np.array([1.0, 2.0], np.float32), buf, 0, popxl.float8_143)
+        y = ops.pow2scale_cast_from_fp8(ops.remote_load(buf, 0), 0)
+        out = popxl.d2h_stream(y.shape, y.dtype)
+        ops.host_store(out, y)
+        ops.remote_store(buf, 0, ops.pow2scale_cast_to_fp8(y * 2, 0))
+    res, sess = _run(ir)
+    np.testing.assert_array_equal(res[out], [1.0, 2.0])
+    want = fp8_utils.host_pow2scale_cast_to_fp8(np.array([2.0, 4.0]), popxl.float8_143)
+    np.testing.assert_array_equal(sess.get_tensor_data(v).view(np.uint8), want)
+
+
+def test_float_data_is_never_stored_as_float8_bits():
+    from popxl_core.host_data import to_numpy
+
+    with pytest.raises(TypeError, match="host_pow2scale_cast_to_fp8"):
+        to_numpy(np.array([1.0, 2.0]), popxl.float8_143)
