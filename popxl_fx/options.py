@@ -51,11 +51,15 @@ class Options:
             remote buffers, gradients mean-accumulated over the slices, one optimizer step
             (PopXL batch serialisation, addons ``batch_serialise_fwd_and_grad``;
             `popxl_fx.batch_serial`). Batch norm statistics are per slice.
-        replication_factor: data-parallel replicas; each gets its share of the batch and the
-            gradients are mean all-reduced (PopTorch ``replicationFactor``, PopXL
-            ``Ir(replication=)``).
-        replicated_tensor_sharding: shard optimizer state across the replicas (reduce-scatter
-            gradients, sharded update, all-gather weights; PopTorch/PopXL RTS).
+        replication_factor: data-parallel replicas; each gets its share of the batch (dim 0
+            of every input, in batch order), the gradients are mean all-reduced and every
+            replica applies the same update; the loss returned is the mean of the replicas'
+            losses, inference outputs come back concatenated in batch order, BatchNorm
+            statistics are per replica and the torch model gets replica 0's (PopTorch
+            ``replicationFactor``, PopXL ``Ir(replication=)``). Not for ``compile``.
+        replicated_tensor_sharding: shard optimizer state across the replicas, ``ceil(n/R)``
+            elements each (reduce-scatter gradients, sharded update, all-gather weights;
+            PopXL RTS, ``addons.rts``); training_model only.
         precision: ``"float32"`` (default, bit for bit with eager) or ``"float16"``: the model
             traced in float16 (PopTorch ``model.half()``), its weights cast per step from
             float32 master variables, gradients accumulated and the optimizer (and its state)
@@ -181,12 +185,7 @@ def _outline_value(value: object) -> bool | str | tuple:
 
 # Fields the build pipeline does not apply yet: setting one raises instead of being ignored.
 # Whoever implements a field removes it here (and tests it against the plain program).
-NOT_YET = frozenset(
-    {
-        "replication_factor",
-        "replicated_tensor_sharding",
-    }
-)
+NOT_YET: frozenset[str] = frozenset()
 
 
 def resolve(options: Options | None) -> Options:

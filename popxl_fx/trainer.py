@@ -23,6 +23,7 @@ from .optim import OptimizerProgram, UnsupportedOptimizerError
 from .options import Options, resolve
 from .pipeline import Build, Programs
 from .program import ProgramView, describe_change, signature_of
+from .replication import broadcast_feeds, replication_of, unreplicated
 from .steps import Program, TrainingRequest, build_training
 from .torch_state import SharedState, Structure, describe, snapshot, structure_key
 
@@ -66,15 +67,16 @@ class Trainer(ProgramView):
         prog = self._program(inputs, structure)
         shared = prog.extra["shared"]
         shared.before_step(structure)  # writes and loads since the last step reach the device
-        feeds = {**prog.inputs.feed(inputs), **prog.optim.feeds_for(self.options.device_iterations)}
-        out = prog.session.run(feeds)
+        n, replicas = self.options.device_iterations, self.options.replication_factor
+        hyper = broadcast_feeds(prog.optim.feeds_for(n), replicas, n)
+        out = prog.session.run({**prog.inputs.feed(inputs), **hyper})
         shared.after_step()
         # the optimizer has stepped (on the device): torch's lr schedulers check this flag
         self.optimizer._opt_called = True
-        self.last = {
-            k: torch.from_numpy(out[s].copy()) for k, s in prog.outputs.items() if k != "loss"
-        }
-        return torch.from_numpy(out[prog.outputs["loss"]].copy()).as_subclass(StepLoss)
+        # with replication: the loss as the mean over replicas, outputs in batch order
+        values = unreplicated(prog.outputs, out, inputs, self.options)
+        self.last = {k: v for k, v in values.items() if k != "loss"}
+        return values["loss"].as_subclass(StepLoss)
 
     # programs ------------------------------------------------------------------------
     @property
@@ -123,7 +125,9 @@ class Trainer(ProgramView):
 
     def _optimizer_program(self) -> OptimizerProgram:
         try:
-            return OptimizerProgram(self.optimizer, _names(self._model))
+            return OptimizerProgram(
+                self.optimizer, _names(self._model), replication_of(self.options)
+            )
         except UnsupportedOptimizerError as e:
             if self._active is None:
                 raise
