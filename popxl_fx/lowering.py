@@ -165,6 +165,8 @@ def run_graph(
     inputs: Sequence[Any],
     make_ctx: Callable[[fx.Node], LoweringContext],
     attr: Callable[[fx.GraphModule, str], Any],
+    outlined: Callable[[fx.Node, tuple], Any] | None = None,
+    path_prefix: str = "",
 ) -> Any:
     """Lower every node of ``gm`` in order; return the output pytree of popxl values.
 
@@ -172,6 +174,10 @@ def run_graph(
         inputs: values for the placeholders, in order.
         make_ctx: the context for a node.
         attr: resolves a get_attr target to a popxl value (variable or constant).
+        outlined: lowers an outlined call site (a ``call_module`` node) with its tensor
+            arguments, or returns ``NotImplemented`` for a node it does not outline.
+        path_prefix: put before every op's module path (a block graph names its modules
+            as ``"blocks.*.attn"``).
     """
     env: dict[fx.Node, Any] = {}
     feed: Iterator = iter(inputs)
@@ -182,16 +188,30 @@ def run_graph(
             env[node] = attr(gm, node.target)
         elif node.op == "output":
             return fx.node.map_arg(node.args[0], env.__getitem__)
+        elif outlined is not None and node.op == "call_module" and _outline(node, env, outlined):
+            continue
         else:
             ctx = make_ctx(node)
             # every op made for this node names its torch module (reports, OOM errors)
-            with module_origin(node.meta.get("module_path", "") or "<root>"):
+            path = ".".join(p for p in (path_prefix, node.meta.get("module_path", "")) if p)
+            with module_origin(path or "<root>"):
                 env[node] = lower_node(node, env, ctx)
             mutated = mutated_input(node, ctx.owner.torch_module)
             if mutated is not None:  # later users of the tensor see the updated value
                 env[mutated] = env[node]
                 _write_back(mutated, env[node], ctx)
     raise ValueError("the fx graph has no output node.")
+
+
+def _outline(node: fx.Node, env: dict, outlined: Callable[[fx.Node, tuple], Any]) -> bool:
+    """Lower ``node`` as an outlined call site if ``outlined`` takes it; True if it did."""
+    args = fx.node.map_arg(node.args, env.__getitem__)
+    with module_origin(node.target):  # the call op names the module it runs
+        out = outlined(node, args)
+    if out is NotImplemented:
+        return False
+    env[node] = out
+    return True
 
 
 def _write_back(target: fx.Node, value: Any, ctx: LoweringContext) -> None:

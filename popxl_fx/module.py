@@ -6,10 +6,20 @@ variable input named by its torch qualified name (``"layer1.0.conv1.weight"``), 
 from the torch tensor, so the module fits ``create_graph``, ``bind``, ``autodiff`` and
 ``call_module`` like any addons layer. Building it sets the Ir's ``numerics`` to ``"torch"``:
 a lowered torch model's reference is eager PyTorch, bit for bit (`popxl_core.Ir.numerics`).
+
+With ``outline=`` (see `popxl_fx.outline`), the submodules of each outlined group become one
+block graph, built once by a child `Module`, that every call site calls with its own variables
+bound (``"blocks.3.attn.weight"``): the ``addons.Module.call_module`` pattern. With
+``recompute=True`` each block's gradient graph is ``addons.transforms.recompute_graph`` of its
+autodiff, registered before the call sites exist, so the backward recomputes the block's
+activations instead of reading them from the forward.
 """
 
 from __future__ import annotations
 
+import functools
+import weakref
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +36,7 @@ from popxl_core import ops
 from .capture import Captured, capture
 from .errors import Issue, UnsupportedError
 from .lowering import LoweringContext, run_graph
+from .outline import Group, OutlinePlan, plan_outline
 
 __all__ = ["Module", "SEED_NAME", "signature"]
 
@@ -62,14 +73,33 @@ class Module(addons.Module):
             ``create_graph`` needs for dict/nested outputs); `unflatten` restores the structure.
         cache: as for `addons.Module`: reuse the graph for calls with the same input specs
             (e.g. one graph for several ``call_module`` outlines).
+        outline: ``False``, ``"auto"`` or a tuple of module names and classes
+            (`popxl_fx.Options.outline`); names are relative to ``outline_prefix``.
+        recompute: give each outlined block a recomputing gradient graph.
+        outline_prefix: where the user's model sits in ``torch_module`` (``"model."`` in
+            the loss wrapper).
     """
 
     def __init__(
-        self, torch_module: nn.Module, flatten_outputs: bool = False, cache: bool = False
+        self,
+        torch_module: nn.Module,
+        flatten_outputs: bool = False,
+        cache: bool = False,
+        outline: bool | str | tuple = False,
+        recompute: bool = False,
+        outline_prefix: str = "",
     ) -> None:
         super().__init__(cache=cache)
+        if recompute and outline is False:
+            raise ValueError("recompute=True recomputes outlined blocks: give outline= too.")
         self.torch_module = torch_module
         self.flatten_outputs = flatten_outputs
+        self.outline = outline
+        self.recompute = recompute
+        self.outline_prefix = outline_prefix
+        self._plans: dict[tuple, OutlinePlan] = {}
+        self._plan: OutlinePlan | None = None
+        self._sites: dict[str, Any] = {}
         self.out_spec: pytree.TreeSpec | None = None
         self._captures: dict[tuple, Captured] = {}
         self._vars: dict[str, popxl.Tensor] = {}
@@ -93,6 +123,24 @@ class Module(addons.Module):
             captured.checked = all_issues(captured, self.torch_module)
         return list(captured.checked)
 
+    def outline_plan(self, *example_inputs: Any) -> OutlinePlan | None:
+        """Which call sites outline for these inputs (None without ``outline``); planned on
+        the first build for a signature, from the inputs the model was captured with."""
+        if self.outline is False:
+            return None
+        key = signature(self.torch_module, example_inputs)
+        if key not in self._plans:
+            examples = self.capture(*example_inputs).example_inputs
+            self._plans[key] = plan_outline(
+                self.torch_module, self.outline, examples, self.outline_prefix
+            )
+        return self._plans[key]
+
+    def block_graphs(self, ir: popxl.Ir) -> list[popxl.Graph]:
+        """The outlined block graphs this module has built in ``ir`` (one per group)."""
+        groups = [g for plan in self._plans.values() for g in plan.groups]
+        return [g for group in groups for g in (group.n_outputs or {}) if g.ir is ir]
+
     def torch_names(self) -> dict[str, tuple[str, torch.Tensor]]:
         """Variable name -> ("param" | "buffer", torch tensor), for every torch tensor."""
         names = {n: ("param", t) for n, t in self.torch_module.named_parameters()}
@@ -110,15 +158,49 @@ class Module(addons.Module):
         names = self.torch_names()
         self._canonical = {id(t): n for n, (_, t) in names.items()}
         self._kinds = {n: kind for n, (kind, _) in names.items()}
+        plan = self._plan = self.outline_plan(*xs)
+        self._sites = {}
+        gm = plan.gm if plan is not None else captured.gm
         try:
-            out = run_graph(captured.gm, xs, self._context, self._attr)
+            out = run_graph(gm, xs, self._context, self._attr, self._call_site, self._path_prefix)
             self._advance_seed()
         finally:
-            self._vars, self._seed = {}, []
+            self._vars, self._seed, self._sites, self._plan = {}, [], {}, None
         if not self.flatten_outputs:
             return out
         leaves, self.out_spec = pytree.tree_flatten(out)
         return tuple(leaves)
+
+    _path_prefix = ""  # a block graph's builder names its ops "<label>.<path>"
+
+    # outlined call sites ---------------------------------------------------------------
+    def _call_site(self, node: fx.Node, args: tuple) -> Any:
+        """One outlined call: the group's block graph, bound to this module's variables."""
+        group = self._plan.group_of(node.name) if self._plan is not None else None
+        if group is None:
+            return NotImplemented
+        builder = _builder(group)
+        facts, graph = builder.create_graph(*args)
+        n = group.n_outputs.setdefault(graph.graph, len(graph.graph.outputs))
+        if self.recompute and graph.graph not in self._called_graphs_grad_info:
+            self._recompute_grad(graph, n)
+        if node.target not in self._sites:  # a module called twice binds the same variables
+            factories = _site_factories(facts, self.torch_module, node.target)
+            # overwrite=True merges "blocks.1" into the "blocks" tree "blocks.0" made
+            self._sites[node.target] = self.add_variable_inputs(
+                node.target, factories, overwrite=True
+            )
+        outs = graph.bind(self._sites[node.target]).call(*args)
+        return builder.unflatten(outs[:n])
+
+    def _recompute_grad(self, graph: addons.GraphWithNamedArgs, n: int) -> None:
+        """Autodiff of the block, as `recompute_graph`, used wherever the block is
+        differentiated (autodiff adds forward outputs: before any call site exists)."""
+        from addons.transforms import recompute_graph
+
+        grad = graph.autodiff(grads_provided=graph.graph.outputs[:n], method="autodiff")
+        self._called_graphs_grad_info.update(grad.called_graphs_grad_info)
+        self._called_graphs_grad_info[graph.graph] = recompute_graph(grad).grad_graph_info
 
     def unflatten(self, leaves: Any) -> Any:
         """The forward's output structure around ``leaves`` (after ``flatten_outputs``)."""
@@ -197,6 +279,50 @@ class Module(addons.Module):
     def _advance_seed(self) -> None:
         if self._seed:
             ops.var_updates.copy_var_update_(self._seed[0], self._seed[1])
+
+
+def _builder(group: Group) -> Module:
+    """The child Module that builds ``group``'s block graph (once per Ir: GraphCache)."""
+    if group.builder is None:
+        builder = _block_class(type(group.representative))(
+            group.representative, flatten_outputs=True, cache=True
+        )
+        rep = group.captured
+        builder._captures[signature(group.representative, rep.example_inputs)] = rep
+        builder._path_prefix = group.label
+        group.builder = builder
+        group.n_outputs = weakref.WeakKeyDictionary()
+    return group.builder
+
+
+_BLOCK_CLASSES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _block_class(torch_class: type) -> type:
+    """A `Module` subclass named like the torch class: the block graph is then called
+    ``DecoderBlock_subgraph(N)`` (graphs are named after the building class)."""
+    if torch_class not in _BLOCK_CLASSES:
+        _BLOCK_CLASSES[torch_class] = type(torch_class.__name__, (Module,), {})
+    return _BLOCK_CLASSES[torch_class]
+
+
+def _site_factories(facts: addons.NamedVariableFactories, root: nn.Module, path: str):
+    """The block's factories with the data of the call site at ``path``: its own torch
+    tensors, and its own random seed (the sites' random streams differ, as inlined ops' do)."""
+    site: dict[str, addons.VariableFactory] = {}
+    for name, f in facts.to_dict().items():
+        if name == SEED_NAME:
+            start = (int(torch.initial_seed()) + zlib.crc32(path.encode())) % (2**31)
+            data = functools.partial(popxl.create_seeds, start)
+        else:
+            data = _host_data(_tensor_at(root, f"{path}.{name}"))
+        site[name] = addons.VariableFactory(data, f.dtype, f.name, f.by_ref, f.replica_grouping)
+    return addons.NamedVariableFactories.from_dict(site)
+
+
+def _tensor_at(root: nn.Module, qualname: str) -> torch.Tensor:
+    owner, _, attr = qualname.rpartition(".")
+    return getattr(root.get_submodule(owner), attr)
 
 
 def _host_data(tensor: torch.Tensor) -> Callable[[], np.ndarray]:

@@ -32,6 +32,9 @@ class Options:
             dtypes, input specs) become one graph called once per instance, each call with its
             own variables bound (PopXL outlining, addons ``Module.call_module``/``bind``); a
             list of module names or classes outlines those; ``False`` (default) inlines all.
+            Outlining is bit for bit with inlining (the same kernels run); the default stays
+            ``False`` because "auto" costs extra traces at build time and gives each block
+            its own dropout seed (other masks than today's). See `popxl_fx.outline`.
         recompute: rebuild each outlined block's forward in its backward instead of keeping
             its activations (PopXL ``recompute_graph``; PopTorch ``recomputationCheckpoint``).
         gradient_accumulation: split each batch into this many consecutive micro-batches,
@@ -164,8 +167,6 @@ def _outline_value(value: object) -> bool | str | tuple:
 # Whoever implements a field removes it here (and tests it against the plain program).
 NOT_YET = frozenset(
     {
-        "outline",
-        "recompute",
         "batch_serialisation",
         "replication_factor",
         "replicated_tensor_sharding",

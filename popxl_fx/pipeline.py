@@ -198,7 +198,9 @@ class Build:
         plan = session.plan
         rows = tuple(GraphRow(g.name, g.ops, g.code_bytes, g.runs) for g in plan.graphs)
         memory = {ipu: m.total for ipu, m in plan.memory.items()}
-        self.record("session", f"Session on {self.options.device!r}")
+        outlined = session.report.outlining()
+        saved = f"; {outlined.line()}" if outlined.call_sites else ""
+        self.record("session", f"Session on {self.options.device!r}{saved}")
         self.stages[-1] = dataclasses.replace(self.stages[-1], graphs=rows, memory=memory)
         return session
 
@@ -241,18 +243,56 @@ def lower(
     specs: Sequence[Any],
     examples: Sequence[Any],
     contexts: Sequence[Callable[[], contextlib.AbstractContextManager]] = (),
+    differentiated: bool = True,
 ) -> Lowered:
     """Capture ``root`` on ``examples`` (the user's inputs: real branches and indices) and
     lower it to a forward graph taking ``specs``. ``contexts`` wrap both (they turn errors
-    into the user's terms). [outline plugs in here: one graph per repeated block]"""
-    fxm = Module(root, flatten_outputs=True)
+    into the user's terms).
+
+    With ``Options(outline=...)`` each group of repeated blocks is one graph called once per
+    block (`popxl_fx.outline`); with ``recompute=True`` and ``differentiated`` (a backward
+    will be built) each block's gradient graph recomputes its forward. Both happen while the
+    forward is lowered, since a block's gradient graph must exist before its call sites do;
+    the "recompute" stage is recorded after "backward", which calls those graphs.
+    """
+    opts = build.options
+    recompute = opts.recompute and differentiated
+    fxm = Module(
+        root,
+        flatten_outputs=True,
+        outline=opts.outline,
+        recompute=recompute,
+        outline_prefix=build.prefix,
+    )
     with _entered(contexts):
         captured = fxm.capture(*examples)
     build.record("capture", f"torch.fx graph of {len(captured.gm.graph.nodes)} nodes")
     with _entered(contexts):
         facts, fwd = fxm.create_graph(*specs)
-    build.record("lower", "the whole model inlined in one forward graph", [fwd])
+    blocks = fxm.block_graphs(build.ir)
+    build.record("lower", _lower_detail(fxm, specs), [fwd, *blocks])
     return Lowered(fxm, facts, fwd)
+
+
+def _record_recompute(build: Build, lowered: Lowered) -> None:
+    """The "recompute" stage: the blocks' recomputing gradient graphs (made while lowering)
+    are what the backward calls."""
+    if not lowered.fxm.recompute:
+        return
+    blocks = [g.name for g in lowered.fxm.block_graphs(build.ir)]
+    made = [
+        g
+        for g in build.ir._graphs.values()
+        if "_bwd_recomp" in g.name or any(g.name == f"{b}_bwd" for b in blocks)
+    ]
+    build.record("recompute", "each outlined block's backward recomputes its forward", made)
+
+
+def _lower_detail(fxm: Module, specs: Sequence[Any]) -> str:
+    plan = fxm.outline_plan(*specs)
+    if plan is None or not plan.groups:
+        return "the whole model inlined in one forward graph"
+    return "outlined: " + "; ".join(plan.describe())
 
 
 @contextlib.contextmanager
@@ -270,10 +310,11 @@ def backward(
     required: Sequence[popxl.Tensor],
 ) -> addons.GraphWithNamedArgs:
     """The gradient graph of the forward (autodiff), kept on ``lowered``.
-    [recompute plugs in before it; accumulation uses `addons.autodiff_with_accumulation`]"""
+    [accumulation uses `addons.autodiff_with_accumulation`]"""
     grad = addons.autodiff(lowered.forward, grads_provided=provided, grads_required=required)
     lowered.backward = grad
     build.record("backward", f"autodiff: {len(required)} gradients", [grad])
+    _record_recompute(build, lowered)
     return grad
 
 
@@ -288,6 +329,7 @@ def accumulating_backward(
     )
     lowered.backward = grad
     build.record("backward", f"autodiff: {len(required)} gradients, accumulated", [grad])
+    _record_recompute(build, lowered)
     return facts, grad
 
 

@@ -160,7 +160,7 @@ def build_inference(build: Build, signature: Any, inputs: Sequence[torch.Tensor]
             specs: Sequence[Any] = ins.tensors
         else:
             specs = [popxl.TensorSpec(tuple(x.shape), popxl.dtype.as_dtype(x.dtype)) for x in one]
-        lowered = lower(build, build.model, specs, one, contexts)
+        lowered = lower(build, build.model, specs, one, contexts, differentiated=False)
         variables = lowered.facts.init()
         loaded: list[Inputs] = []
         outputs: dict[str, popxl.DeviceToHostStream] = {}
@@ -201,7 +201,7 @@ def lower_for_compile(
     """The forward graph, and its gradient graph unless ``wants`` (per input) is None; traced
     on ``examples``, the user's first inputs of this signature (real branches and indices)."""
     contexts = (lambda: integer_inputs_explained(build.model, examples),)
-    lowered = lower(build, build.model, specs, examples, contexts)
+    lowered = lower(build, build.model, specs, examples, contexts, wants is not None)
     fwd = lowered.forward
     n_outputs = len(fwd.graph.outputs)
     if wants is None:

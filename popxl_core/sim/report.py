@@ -58,7 +58,9 @@ class SimReport:
     # text ---------------------------------------------------------------------------
     def summary(self) -> str:
         """A compact, human-readable block: memory per IPU, time and work per run."""
-        return "\n".join([self._target_line(), *self._memory_lines(), self._time_line(),
+        outlined = self.outlining()
+        extra = [outlined.line()] if outlined.call_sites else []
+        return "\n".join([self._target_line(), *self._memory_lines(), *extra, self._time_line(),
                           self._work_line(), self._traffic_line(), ESTIMATE_NOTE])
 
     __str__ = summary
@@ -158,6 +160,12 @@ class SimReport:
 
         return plot_liveness(self, Path(path), ipu, title)
 
+    def outlining(self):
+        """Code bytes as compiled vs every ``Call`` inlined (`popxl_core.sim.outlining`)."""
+        from .outlining import outlining
+
+        return outlining(self.plan)
+
     def diff(self, other: SimReport, names: tuple[str, str] = ("this", "other")):
         """A `ReportDiff` of the key numbers of this report and ``other``."""
         from .report_diff import ReportDiff
@@ -215,6 +223,7 @@ class SimReport:
             "cycles": p.work.cycles.to_dict(),
             "seconds": p.seconds,
             "graph_table": [vars(g).copy() for g in p.graphs],
+            "outlining": self.outlining().to_dict(),
             "op_table": [vars(r).copy() for r in p.ops],
             "program_tree": program_tree(p),
             "liveness": [{"step": i, "op": op, "bytes": {str(k): v for k, v in b.items()}}

@@ -83,8 +83,10 @@ def _sdpa(
     if enable_gqa and q.rank >= 3:
         k = _repeat_heads(k, q.shape[-3] // k.shape[-3])
         v = _repeat_heads(v, q.shape[-3] // v.shape[-3])
-    if attn_mask is None and not enable_gqa and eager_uses_flash(
-        [q.shape, k.shape, v.shape], q.dtype, dropout_p, is_causal
+    if (
+        attn_mask is None
+        and not enable_gqa
+        and eager_uses_flash([q.shape, k.shape, v.shape], q.dtype, dropout_p, is_causal)
     ):
         return ops.flash_attention(q, k, v, bool(is_causal), scale)
     mask = _causal(q.shape[-2], k.shape[-2]) if is_causal else attn_mask

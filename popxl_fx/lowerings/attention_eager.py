@@ -38,8 +38,11 @@ def eager_mha_applies(ctx, m, q, k, v, key_padding_mask, need_weights, attn_mask
     if need_weights or attn_mask is not None or key_padding_mask is not None or q.rank != 3:
         return False
     dropout_p = m.dropout if ctx.training else 0.0
-    n, length, s = (q.shape[0], q.shape[1], k.shape[1]) if m.batch_first else (
-        q.shape[1], q.shape[0], k.shape[0])
+    n, length, s = (
+        (q.shape[0], q.shape[1], k.shape[1])
+        if m.batch_first
+        else (q.shape[1], q.shape[0], k.shape[0])
+    )
     h, d = m.num_heads, m.head_dim
     return eager_uses_flash([(n, h, x, d) for x in (length, s, s)], q.dtype, dropout_p)
 
