@@ -17,6 +17,7 @@ from torch import nn
 from .options import Options, resolve
 from .pipeline import Build, Programs, check_entry
 from .program import ProgramView, signature_of
+from .replication import unreplicated
 from .steps import Program, build_inference
 
 __all__ = ["InferenceModel", "inference_model"]
@@ -40,9 +41,11 @@ class InferenceModel(ProgramView):
         prog.weights.changed_from_torch(prog.session)
         out = prog.session.run(prog.inputs.feed(inputs))
         if any(m.training for m in self._model.modules()):
+            # with replication: replica 0's buffers (the statistics of the batch's first share)
             prog.weights.to_torch(prog.session, kinds=("buffer",))
             prog.weights.mark_synced()
-        leaves = [torch.from_numpy(out[s].copy()) for s in prog.outputs.values()]
+        # with replication: outputs concatenated in batch order, scalars averaged
+        leaves = list(unreplicated(prog.outputs, out, inputs, self.options).values())
         return prog.lowered.fxm.unflatten(leaves)
 
     # programs ------------------------------------------------------------------------

@@ -30,6 +30,7 @@ import popxl_core as popxl
 from popxl_core import ops
 
 from .optim_fused import FusedBuilder, fused_feeds, fused_structure
+from .optim_replicated import Replication
 
 __all__ = ["OptimizerProgram", "UnsupportedOptimizerError"]
 
@@ -99,8 +100,15 @@ class OptimizerProgram:
         session.run({**prog.feeds(), ...})
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, names: Mapping[torch.Tensor, str]) -> None:
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        names: Mapping[torch.Tensor, str],
+        replication: Replication | None = None,
+    ) -> None:
         self.optimizer = optimizer
+        self.replication = replication or Replication()
+        self._shapes: dict[str, tuple] = {}  # each parameter's full shape (state is made so)
         self.kind = _kind(optimizer)
         by_id = {id(p): n for p, n in names.items()}
         self.groups: list[_Group] = []
@@ -165,7 +173,9 @@ class OptimizerProgram:
         grads: Mapping[str, popxl.Tensor],
         local: Callable[[popxl.Tensor], popxl.Tensor] | None = None,
     ) -> None:
-        """Add the update of every parameter that has a gradient (in the current graph).
+        """Add the update of every parameter that has a gradient (in the current graph); with
+        replication ``grads`` are already reduced over the replicas
+        (`pipeline.reduce_gradients`), with RTS into shards (`optim_replicated`).
 
         ``local``: when the current graph is a subgraph (a step repeated per device
         iteration), state variables are made in the main graph and ``local(variable)`` is the
@@ -176,18 +186,25 @@ class OptimizerProgram:
             for g, pg in zip(self.groups, self.optimizer.param_groups):
                 g.structure = self._structure(pg)
                 names = [n for n in g.names if n in grads]
-                if not names:
-                    continue
-                if pg.get("fused"):
-                    fused = FusedBuilder(self.kind, self._state_var)
-                    g.streams = fused.streams(g.index)
-                    fused.build(g.streams, names, params, grads, pg)
-                    continue
-                loaded: dict[str, dict] = {}
-                for n in names:
-                    hp = self._hyper(g, params[n].dtype, loaded)
-                    update = self._sgd if self.kind == "sgd" else self._adam
-                    update(n, params[n], grads[n], hp, pg)
+                if names:
+                    self._build_group(g, pg, names, params, grads)
+
+    def _build_group(self, g: _Group, pg: Mapping, names: list, params, grads) -> None:
+        self._shapes.update({n: tuple(params[n].shape) for n in names})
+        # with RTS the gradients are shards (`pipeline.reduce_gradients`): so are the weights
+        targets = {n: self.replication.target(params[n]) for n in names}
+        if pg.get("fused"):
+            fused = FusedBuilder(self.kind, self._state_var)
+            g.streams = fused.streams(g.index)
+            fused.build(g.streams, names, targets, grads, pg)
+        else:
+            loaded: dict[str, dict] = {}
+            for n in names:
+                hp = self._hyper(g, params[n].dtype, loaded)
+                update = self._sgd if self.kind == "sgd" else self._adam
+                update(n, targets[n], grads[n], hp, pg)
+        for n in names:
+            self.replication.write_back(params[n], targets[n])
 
     def _hyper(self, g: _Group, dtype: popxl.dtype, loaded: dict) -> dict[str, popxl.Tensor]:
         """The group's hyper-parameter scalars in ``dtype`` (one stream each, made once)."""
@@ -209,18 +226,22 @@ class OptimizerProgram:
             return np.zeros(shape, dtype)
         return value.detach().cpu().numpy().astype(dtype).reshape(shape)
 
-    def _state_var(self, name: str, key: str, like: popxl.Tensor) -> popxl.Variable:
+    def _state_var(self, name: str, key: str, like: popxl.Tensor) -> popxl.Tensor:
+        """A state variable for the update of ``like`` (the weight, or its RTS shard): the
+        tensor the update works on (with RTS this replica's shard of it)."""
         # torch keeps `step` as a float32 scalar and the rest in the parameter's dtype
-        shape, dtype = ((), popxl.float32) if key == "step" else (like.shape, like.dtype)
+        step = key == "step"
+        shape, dtype = ((), popxl.float32) if step else (self._shapes[name], like.dtype)
         data = self._initial(name, key, shape, dtype.as_numpy())
+        made = f"optimizer.{name}.{key}", step
         if self._local is None:
-            var = popxl.variable(data, dtype, name=f"optimizer.{name}.{key}")
-            self.state.setdefault(name, {})[key] = var
-            return var
-        with popxl.gcg().ir.main_graph:  # variables live in the main graph only
-            var = popxl.variable(data, dtype, name=f"optimizer.{name}.{key}")
+            var, used = self.replication.state_variable(data, dtype, *made)
+        else:
+            with popxl.gcg().ir.main_graph:  # variables live in the main graph only
+                var, used = self.replication.state_variable(data, dtype, *made)
+            used = self._local(used)
         self.state.setdefault(name, {})[key] = var
-        return self._local(var)
+        return used
 
     def _sgd(self, name: str, p, grad, hp, pg) -> None:
         if pg["maximize"]:

@@ -47,11 +47,15 @@ class Options:
             outputs then have the leading dimension too).
         batch_serialisation: process each micro-batch in this many slices, activations through
             remote buffers (addons ``batch_serialise_fwd_and_grad``).
-        replication_factor: data-parallel replicas; each gets its share of the batch and the
-            gradients are mean all-reduced (PopTorch ``replicationFactor``, PopXL
-            ``Ir(replication=)``).
-        replicated_tensor_sharding: shard optimizer state across the replicas (reduce-scatter
-            gradients, sharded update, all-gather weights; PopTorch/PopXL RTS).
+        replication_factor: data-parallel replicas; each gets its share of the batch (dim 0
+            of every input, in batch order), the gradients are mean all-reduced and every
+            replica applies the same update; the loss returned is the mean of the replicas'
+            losses, inference outputs come back concatenated in batch order, BatchNorm
+            statistics are per replica and the torch model gets replica 0's (PopTorch
+            ``replicationFactor``, PopXL ``Ir(replication=)``). Not for ``compile``.
+        replicated_tensor_sharding: shard optimizer state across the replicas, ``ceil(n/R)``
+            elements each (reduce-scatter gradients, sharded update, all-gather weights;
+            PopXL RTS, ``addons.rts``); training_model only.
         precision: ``"float32"`` (default, bit for bit with eager) or ``"float16"`` weights and
             activations with float32 master weights and optimizer state.
         loss_scaling: static loss scale with ``precision="float16"`` (PopTorch ``loss_scaling``).
@@ -168,8 +172,6 @@ def _outline_value(value: object) -> bool | str | tuple:
 NOT_YET = frozenset(
     {
         "batch_serialisation",
-        "replication_factor",
-        "replicated_tensor_sharding",
         "precision",
         "loss_scaling",
     }

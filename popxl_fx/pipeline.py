@@ -61,7 +61,7 @@ import popxl_core as popxl
 from popxl_core.sim.machine import machine_for
 from popxl_core.sim.plan import build_plan
 
-from . import lowerings  # noqa: F401  (fills the lowering table)
+from . import lowerings, replication  # noqa: F401  (lowerings fills the lowering table)
 from .module import Module
 from .options import Options
 from .program import Weights, describe_change, log, make_session
@@ -126,12 +126,18 @@ class Stage:
 _UNSUPPORTED = {
     "inference_model": {
         "gradient_accumulation": "accumulates gradients; inference has none",
+        "replicated_tensor_sharding": "shards optimizer state, and inference has none; "
+        "leave it False (replication_factor alone splits the batch over replicas)",
     },
     "compile": {
         "gradient_accumulation": "is the torch loop's to do around a compiled module "
         "(call it per micro-batch, then optimizer.step())",
         "device_iterations": "is not applied to compile (the torch loop calls it per "
         "step); use training_model",
+        "replication_factor": "keeps no replicas in step: compile hands the gradients to a "
+        "torch optimizer outside the program; use training_model for data-parallel training",
+        "replicated_tensor_sharding": "has no optimizer state to shard (compile keeps the "
+        "optimizer in torch); use training_model",
     },
 }
 
@@ -210,8 +216,8 @@ def _graph_of(g: Any) -> popxl.Graph:
 
 
 def new_ir(options: Options) -> popxl.Ir:
-    """The Ir of one program. [replication plugs in here: ``Ir(replication=...)``]"""
-    return popxl.Ir()
+    """The Ir of one program: ``options.replication_factor`` replicas."""
+    return popxl.Ir(replication=options.replication_factor)
 
 
 @dataclass
@@ -335,10 +341,11 @@ def accumulating_backward(
 
 def reduce_gradients(build: Build, grads: dict[str, popxl.Tensor]) -> dict[str, popxl.Tensor]:
     """The gradients the optimizer steps with, by torch parameter name, in the graph that
-    runs the optimizer. [replication plugs in here: mean all-reduce over the replicas, or
-    reduce-scatter with replicated_tensor_sharding; it records the "replication" stage]
-    With one replica they are the step's own gradients."""
-    return grads
+    runs the optimizer: with replication mean all-reduced over the replicas, or with
+    replicated_tensor_sharding reduce-scattered into this replica's shard (the optimizer then
+    updates the shard: `optim_replicated`); records the "replication" stage. With one
+    replica they are the step's own gradients."""
+    return replication.reduce_gradients(build, grads)
 
 
 def weights_of(variables: Any, lowered: Lowered, prefix: str = "") -> Weights:

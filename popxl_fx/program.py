@@ -43,23 +43,40 @@ def _popxl_dtype(t: torch.Tensor) -> popxl.dtype:
 
 @dataclass
 class Inputs:
-    """Host-to-device streams for a step's torch inputs, and the loaded tensors."""
+    """Host-to-device streams for a step's torch inputs, and the loaded tensors; with
+    ``replicas > 1`` each replica loads its share of the batch (dim 0)."""
 
     streams: list[popxl.HostToDeviceStream]
     tensors: list[popxl.Tensor]
+    replicas: int = 1
 
     def feed(self, values: Sequence[torch.Tensor]) -> dict:
-        return {s: _numpy(v) for s, v in zip(self.streams, values)}
+        """The host arrays of ``values``; with replication the batch dimension ``B`` (after a
+        leading device-iterations dimension, if any) becomes ``[R, B/R]`` (PopXL's layout:
+        replica r gets rows ``r*B/R`` to ``(r+1)*B/R``, in batch order)."""
+        feeds = {s: _numpy(v) for s, v in zip(self.streams, values)}
+        if self.replicas == 1:
+            return feeds
+        return {s: _split_batch(a, len(s.shape), self.replicas) for s, a in feeds.items()}
 
 
-def load_inputs(values: Sequence[torch.Tensor], names: Sequence[str]) -> Inputs:
-    """One stream per torch input (shape and dtype of the example), loaded in the main graph."""
+def _split_batch(a: np.ndarray, rank: int, replicas: int) -> np.ndarray:
+    lead = a.ndim - rank  # a leading device-iterations dimension
+    return a.reshape(*a.shape[:lead], replicas, -1, *a.shape[lead + 1 :])
+
+
+def load_inputs(values: Sequence[torch.Tensor], names: Sequence[str], replicas: int = 1) -> Inputs:
+    """One stream per torch input (shape and dtype of the example; the batch dimension divided
+    by ``replicas``), loaded in the main graph."""
     streams, tensors = [], []
     for value, name in zip(values, names):
-        s = popxl.h2d_stream(tuple(value.shape), _popxl_dtype(value), name)
+        shape = tuple(value.shape)
+        if replicas > 1:
+            shape = (shape[0] // replicas, *shape[1:])
+        s = popxl.h2d_stream(shape, _popxl_dtype(value), name)
         streams.append(s)
         tensors.append(ops.host_load(s, name))
-    return Inputs(streams, tensors)
+    return Inputs(streams, tensors, replicas)
 
 
 def signature_of(model: nn.Module, values: Sequence[object]) -> tuple:

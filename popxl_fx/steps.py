@@ -36,6 +36,7 @@ from .pipeline import (
     weights_of,
 )
 from .program import Inputs, Weights, load_inputs, store
+from .replication import check_batch, replica_examples
 
 __all__ = ["Program", "build_inference", "build_training", "lower_for_compile"]
 
@@ -91,10 +92,13 @@ def build_training(build: Build, signature: Any, req: TrainingRequest) -> Progra
         return build_training_loops(build, signature, req)
     model_inputs = req.inputs[:-1] if req.has_loss_fn else req.inputs
     check_inputs(req.model, req.inputs)
+    check_batch(req.inputs, opts)
+    replicas = opts.replication_factor
+    examples = replica_examples(req.inputs, replicas)  # one replica's share of the batch
     contexts = (lambda: integer_inputs_explained(req.model, model_inputs), *req.contexts)
     with build.ir.main_graph, popxl.in_sequence():
-        ins = load_inputs(req.inputs, req.names)
-        lowered = lower(build, req.root, ins.tensors, req.inputs, contexts)
+        ins = load_inputs(req.inputs, req.names, replicas)
+        lowered = lower(build, req.root, ins.tensors, examples, contexts)
         fwd = lowered.forward
         index = loss_index(lowered.fxm.out_spec, len(fwd.graph.outputs), req.model)
         check_scalar_loss(fwd.graph.outputs[index], req.model, req.has_loss_fn)
@@ -151,22 +155,25 @@ def build_inference(build: Build, signature: Any, inputs: Sequence[torch.Tensor]
     check_inputs(build.model, inputs)
     check_batches(inputs, 1, n)
     one = tuple(x[0] for x in inputs) if n > 1 else tuple(inputs)  # one iteration's inputs
+    check_batch(one, build.options, training=False)
+    replicas = build.options.replication_factor
+    examples = replica_examples(one, replicas)  # what one replica sees of one iteration
     contexts = (lambda: integer_inputs_explained(build.model, one),)
     names = [f"input{i}" for i in range(len(inputs))]
     ir = build.ir
     with ir.main_graph, popxl.in_sequence():
         if n == 1:  # the plain program: inputs loaded in the main graph, as before
-            ins = load_inputs(one, names)
+            ins = load_inputs(one, names, replicas)
             specs: Sequence[Any] = ins.tensors
         else:
-            specs = [popxl.TensorSpec(tuple(x.shape), popxl.dtype.as_dtype(x.dtype)) for x in one]
-        lowered = lower(build, build.model, specs, one, contexts, differentiated=False)
+            specs = [_spec(x) for x in examples]
+        lowered = lower(build, build.model, specs, examples, contexts, differentiated=False)
         variables = lowered.facts.init()
         loaded: list[Inputs] = []
         outputs: dict[str, popxl.DeviceToHostStream] = {}
 
         def forward(local: Callable[[popxl.Tensor], popxl.Tensor], ins=None) -> None:
-            ins = ins or load_inputs(one, names)
+            ins = ins or load_inputs(one, names, replicas)
             loaded.append(ins)
             outs = lowered.forward.bind(_named(variables, local)).call(*ins.tensors)
             outputs.update({f"output{i}": store(t, f"output{i}") for i, t in enumerate(outs)})
@@ -228,12 +235,15 @@ def build_training_loops(build: Build, signature: Any, req: TrainingRequest) -> 
             "it is not available with gradient_accumulation or device_iterations."
         )
     step_inputs = tuple(x[0] for x in req.inputs) if n > 1 else req.inputs
-    micro = tuple(x[: x.shape[0] // k] for x in step_inputs)  # what the forward graph takes
+    check_batch(step_inputs, build.options)
+    replicas = build.options.replication_factor
+    # what the forward graph takes: one micro-batch of one replica
+    micro = tuple(x[: x.shape[0] // (k * replicas)] for x in step_inputs)
     model_inputs = micro[:-1] if req.has_loss_fn else micro
     contexts = (lambda: integer_inputs_explained(req.model, model_inputs), *req.contexts)
     ir = build.ir
     with ir.main_graph, popxl.in_sequence():
-        specs = [popxl.TensorSpec(tuple(x.shape), popxl.dtype.as_dtype(x.dtype)) for x in micro]
+        specs = [_spec(x) for x in micro]
         lowered = lower(build, req.root, specs, micro, contexts)
         fwd = lowered.forward
         index = loss_index(lowered.fxm.out_spec, len(fwd.graph.outputs), req.model)
@@ -252,7 +262,7 @@ def build_training_loops(build: Build, signature: Any, req: TrainingRequest) -> 
         losses: list[popxl.Tensor] = []
 
         def step(local: Callable[[popxl.Tensor], popxl.Tensor]) -> None:
-            ins = load_inputs(step_inputs, req.names)
+            ins = load_inputs(step_inputs, req.names, replicas)
             loaded.append(ins)
             named = _named(variables, local)
             if k > 1:
@@ -295,6 +305,10 @@ def build_training_loops(build: Build, signature: Any, req: TrainingRequest) -> 
     return Program(
         signature, ir, session, loaded[0], outputs, weights, lowered, build.stages, req.optimizer
     )
+
+
+def _spec(x: torch.Tensor) -> popxl.TensorSpec:
+    return popxl.TensorSpec(tuple(x.shape), popxl.dtype.as_dtype(x.dtype))
 
 
 def _named(tensors: addons.NamedTensors, local: Callable) -> addons.NamedTensors:

@@ -20,6 +20,7 @@ from .optim import OptimizerProgram
 from .options import Options, resolve
 from .pipeline import Build, Programs
 from .program import ProgramView, signature_of
+from .replication import broadcast_feeds, replication_of, unreplicated
 from .steps import Program, TrainingRequest, build_training
 
 __all__ = ["Trainer", "training_model"]
@@ -64,15 +65,17 @@ class Trainer(ProgramView):
         """One training step on ``inputs`` (with the target last when there is a loss_fn);
         returns the loss as a torch scalar."""
         prog = self._program(inputs)
-        feeds = {**prog.inputs.feed(inputs), **prog.optim.feeds_for(self.options.device_iterations)}
+        n, replicas = self.options.device_iterations, self.options.replication_factor
+        hyper = broadcast_feeds(prog.optim.feeds_for(n), replicas, n)
+        feeds = {**prog.inputs.feed(inputs), **hyper}
         out = prog.session.run(feeds)
         self._device_newer = True
         # the optimizer has stepped (on the device): torch's lr schedulers check this flag
         self.optimizer._opt_called = True
-        self.last = {
-            k: torch.from_numpy(out[s].copy()) for k, s in prog.outputs.items() if k != "loss"
-        }
-        return torch.from_numpy(out[prog.outputs["loss"]].copy())
+        # with replication: the loss as the mean over replicas, outputs in batch order
+        values = unreplicated(prog.outputs, out, inputs, self.options)
+        self.last = {k: v for k, v in values.items() if k != "loss"}
+        return values["loss"]
 
     # programs ------------------------------------------------------------------------
     @property
@@ -102,7 +105,7 @@ class Trainer(ProgramView):
             root=root,
             inputs=tuple(inputs),
             names=names,
-            optimizer=OptimizerProgram(self.optimizer, self._names),
+            optimizer=OptimizerProgram(self.optimizer, self._names, replication_of(self.options)),
             has_loss_fn=has_loss_fn,
             record=self._record,
             contexts=(lambda: user_terms(self._model, self._prefix),),

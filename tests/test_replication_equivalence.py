@@ -18,6 +18,8 @@ import pytest
 import popxl_core as popxl
 from popxl_core import ops, transforms
 from popxl_core.ops import collectives as coll
+from popxl_core.sim.machine import target
+from popxl_core.sim.plan import OutOfMemoryError
 
 BATCH, D_IN, D_HID, CLASSES, STEPS, LR = 8, 5, 7, 3, 3, 0.5
 
@@ -59,7 +61,7 @@ def _feed(sess, xs, ys, sx, sy, replicas, step):
     sess.run({sx: x, sy: y})
 
 
-def _train_data_parallel(replicas):
+def _train_data_parallel(replicas, device="ipu_hw"):
     xs, ys, w1_0, w2_0 = _data()
     ir = popxl.Ir(replicas)
     with ir.main_graph, popxl.in_sequence():
@@ -71,7 +73,7 @@ def _train_data_parallel(replicas):
             if replicas > 1:
                 g = coll.replicated_all_reduce_(g, "mean")
             ops.scaled_add_(w, g, b=-LR)
-    with popxl.Session(ir, "ipu_hw") as sess:
+    with popxl.Session(ir, device) as sess:
         for step in range(STEPS):
             _feed(sess, xs, ys, sx, sy, replicas, step)
     return [sess.get_tensor_data(w).copy() for w in (w1, w2)]
@@ -113,3 +115,30 @@ def test_data_parallel_all_reduce_mean_equals_one_replica_on_the_whole_batch(rep
 @pytest.mark.parametrize("replicas", [2, 4])
 def test_rts_reduce_scatter_update_all_gather_equals_unsharded_update(replicas):
     _assert_close(_train_sharded(replicas), _train_data_parallel(1), f"RTS R={replicas}")
+
+
+@pytest.mark.parametrize("replicas", [2, 4])
+def test_cpu_device_runs_replicas_like_ipu_hw(replicas):
+    """Session(ir, "cpu") runs R replicas (only its memory model differs: no IPU limit)."""
+    cpu, hw = _train_data_parallel(replicas, "cpu"), _train_data_parallel(replicas)
+    for a, b in zip(cpu, hw):
+        np.testing.assert_array_equal(a, b)
+
+
+def _big_replicated_program():
+    ir = popxl.Ir(replication=2)
+    with ir.main_graph:
+        w = popxl.variable(np.ones((300_000,), np.float32), name="w")  # 1.2 MB per replica
+        coll.replicated_all_reduce_(w, "add")
+    return ir
+
+
+def test_cpu_device_does_not_limit_memory_with_replication():
+    """One tile (624 KiB) cannot hold w: "cpu" plans it, reports it, runs it; "ipu_hw" stops."""
+    sess = popxl.Session(_big_replicated_program(), target("cpu", tiles_per_ipu=1))
+    assert sess.plan.out_of_memory
+    with sess:
+        sess.run({})
+    np.testing.assert_array_equal(sess.get_tensor_data(sess.ir.main_graph.variables[0]), 2.0)
+    with pytest.raises(OutOfMemoryError):
+        popxl.Session(_big_replicated_program(), target("ipu_hw", tiles_per_ipu=1))

@@ -321,11 +321,6 @@ def _counter_on(device):
     return popxl.Session(ir, device), v
 
 
-def test_cpu_device_does_not_replicate():
-    with pytest.raises(ValueError, match="replication"):
-        popxl.Session(popxl.Ir(replication=2), "cpu")
-
-
 def test_a_second_session_on_the_same_ir_raises():
     ir = popxl.Ir()
     popxl.Session(ir, "ipu_hw")

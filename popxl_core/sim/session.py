@@ -45,8 +45,6 @@ class Session:
     ) -> None:
         self.machine = machine_for(device_desc)
         self._built_at = checks.built_at()
-        if self.machine.name == "cpu" and ir.replication_factor > 1:
-            raise ValueError("The 'cpu' device does not support replication; use 'ipu_hw'.")
         if ir._session is not None:
             raise RuntimeError(
                 f"{ir!r} is already owned by {ir._session!r}; a PopXL Session takes "

@@ -1,0 +1,158 @@
+"""Data parallelism for popxl_fx programs: the host side of ``Options(replication_factor=R)``.
+
+Every input is split along its first (batch) dimension into R equal shares, in batch order:
+replica r gets rows ``[r * B/R, (r + 1) * B/R)``, which is PopXL's host layout for a
+replicated stream (``[R, B/R, ...]``). One replica's program is traced and built on the first
+share, so the program has the shapes one replica sees. What comes back per replica is put
+together again: a loss as the mean over the replicas (for a loss that is a mean over the batch,
+the whole batch's mean loss, as eager computes it, up to float32 round-off), forward outputs
+concatenated back into batch order.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import torch
+
+from .optim_replicated import Replication
+from .options import Options
+
+__all__ = [
+    "broadcast_feeds",
+    "check_batch",
+    "from_replicas",
+    "reduce_gradients",
+    "replica_examples",
+    "replication_of",
+    "unreplicated",
+]
+
+
+def _divisor_text(options: Options, training: bool) -> str:
+    if not training:
+        return f"replication_factor={options.replication_factor}"
+    return (
+        f"gradient_accumulation={options.gradient_accumulation} x batch_serialisation="
+        f"{options.batch_serialisation} x replication_factor={options.replication_factor}"
+    )
+
+
+def check_batch(inputs: Sequence[object], options: Options, training: bool = True) -> None:
+    """Every input has a batch dimension that divides by what the options split it into
+    (`Options.batch_divisor` for training, ``replication_factor`` for inference)."""
+    divisor = options.batch_divisor if training else options.replication_factor
+    if divisor == 1:
+        return
+    sizes = set()
+    for i, x in enumerate(inputs):
+        if not isinstance(x, torch.Tensor) or x.dim() == 0:
+            raise ValueError(
+                f"popxl_fx: input {i} has no batch dimension to split over the options' "
+                f"{_divisor_text(options, training)}; pass tensors whose first dimension is "
+                "the batch (or leave those options at 1)."
+            )
+        sizes.add(x.shape[0])
+    if len(sizes) > 1:
+        raise ValueError(
+            f"popxl_fx: the inputs have different batch sizes {sorted(sizes)} (dim 0); "
+            f"{_divisor_text(options, training)} splits every input along dim 0, so give "
+            "them all the same batch size."
+        )
+    (batch,) = sizes
+    if batch % divisor:
+        lower, higher = (batch // divisor) * divisor, (batch // divisor + 1) * divisor
+        fix = f"{higher}" + (f" or {lower}" if lower else "")
+        raise ValueError(
+            f"popxl_fx: the batch size {batch} does not divide by {divisor} = "
+            f"{_divisor_text(options, training)}; use a batch of {fix} (a multiple of "
+            f"{divisor}) or change those options."
+        )
+
+
+def replica_examples(inputs: Sequence[torch.Tensor], replicas: int) -> tuple:
+    """What one replica sees: the first ``B / replicas`` rows of every input."""
+    if replicas == 1:
+        return tuple(inputs)
+    return tuple(x[: x.shape[0] // replicas] for x in inputs)
+
+
+def replication_of(options: Options) -> Replication:
+    """The optimizer update's replication for ``options``."""
+    return Replication(options.replication_factor, options.replicated_tensor_sharding)
+
+
+def reduce_gradients(build, grads: Mapping[str, object]) -> dict:
+    """`pipeline.reduce_gradients` for a `pipeline.Build`: the gradients reduced over the
+    replicas (`Replication.reduce_gradient`), and the "replication" stage record."""
+    opts = build.options
+    if opts.replication_factor == 1:
+        return dict(grads)
+    r, how = (
+        opts.replication_factor,
+        "gradients mean all-reduced, every replica applies the same update",
+    )
+    if opts.replicated_tensor_sharding:
+        how = (
+            "gradients reduce-scattered (mean), optimizer state sharded ceil(n/R) per replica, "
+            "updated weights all-gathered"
+        )
+    reduce = replication_of(opts).reduce_gradient
+    reduced = {n: reduce(g) for n, g in grads.items()}
+    build.record("replication", f"{r} replicas, each on 1/{r} of the batch; {how}")
+    return reduced
+
+
+def broadcast_feeds(feeds: Mapping[object, np.ndarray], replicas: int, iterations: int = 1) -> dict:
+    """Host arrays every replica gets whole (the optimizer's hyper-parameters), as
+    ``[R, ...]`` (``[n, R, ...]`` when they have a leading ``iterations`` dimension n > 1)."""
+    if replicas == 1:
+        return dict(feeds)
+    lead = 1 if iterations > 1 else 0
+    return {s: _broadcast(np.asarray(a), replicas, lead) for s, a in feeds.items()}
+
+
+def _broadcast(a: np.ndarray, replicas: int, lead: int) -> np.ndarray:
+    a = np.expand_dims(a, lead)
+    return np.broadcast_to(a, (*a.shape[:lead], replicas, *a.shape[lead + 1 :]))
+
+
+def unreplicated(
+    outputs: Mapping[str, object], values: Mapping[object, np.ndarray], inputs, options: Options
+) -> dict[str, torch.Tensor]:
+    """The run's ``values`` of the named d2h streams ``outputs`` as torch tensors, put back
+    together over the replicas (`from_replicas`) for the step's ``inputs``."""
+    n, r = options.device_iterations, options.replication_factor
+    if r == 1:
+        return {k: torch.from_numpy(values[s].copy()) for k, s in outputs.items()}
+    batch = inputs[0].shape[1 if n > 1 else 0] // r  # the rows one replica got
+    return {k: from_replicas(k, values[s], r, batch, n) for k, s in outputs.items()}
+
+
+def from_replicas(
+    name: str, values: np.ndarray, replicas: int, batch: int, iterations: int = 1
+) -> torch.Tensor:
+    """A device-to-host stream's per-replica ``values`` (``[R, ...]``, or ``[n, R, ...]`` with
+    ``iterations`` n > 1) as one torch tensor: the loss and other scalars as the mean over
+    replicas, gradients ("grad.*") as the mean all-reduce computes it (added in replica order,
+    divided by R), forward outputs concatenated back in batch order (their dim 0 a multiple of
+    ``batch``, the rows of one replica)."""
+    t = torch.from_numpy(values.copy())
+    if replicas == 1:
+        return t
+    axis = 1 if iterations > 1 else 0
+    if name.startswith("grad."):
+        return functools.reduce(torch.add, t.unbind(axis)) / replicas
+    per_replica = t.shape[axis + 1 :]
+    if not per_replica:
+        return t.mean(axis)
+    if per_replica[0] % batch:
+        raise ValueError(
+            f"popxl_fx: output {name!r} has shape {tuple(per_replica)} per replica: its first "
+            f"dimension is not a multiple of the replica's batch ({batch}), so it cannot be "
+            "put back together in batch order; return per-sample outputs (batch first) or a "
+            "scalar (averaged over replicas), or use replication_factor=1."
+        )
+    return t.reshape(*t.shape[:axis], -1, *per_replica[1:])
