@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["DEVICES", "PRECISIONS", "Options", "resolve"]
+__all__ = ["DEVICES", "PHASE_KINDS", "PRECISIONS", "Options", "resolve"]
 
 DEVICES = ("ipu_hw", "ipu_model", "cpu")
 PRECISIONS = ("float32", "float16")
@@ -59,6 +59,14 @@ class Options:
         precision: ``"float32"`` (default, bit for bit with eager) or ``"float16"`` weights and
             activations with float32 master weights and optimizer state.
         loss_scaling: static loss scale with ``precision="float16"`` (PopTorch ``loss_scaling``).
+        phased_execution: keep each phase's parameters and optimizer state in Streaming
+            Memory (remote buffers) and run the step phase by phase: load a phase's weights,
+            run its forward; then, in reverse, reload them, run its backward and its optimizer
+            update on loaded state, store weights and state back (PopXL phased execution,
+            addons ``named_variable_buffers``/``remote_load``/``remote_store``). Phases:
+            ``"blocks"`` (the repeated blocks ``outline="auto"`` finds), ``"children"`` (the
+            model's top-level children) or a list of module names; the code between phases
+            runs as phases of its own. ``False`` (default): everything on chip.
         memory: reserved for ``"auto"`` planning of models bigger than one IPU; only an empty
             mapping is accepted today.
 
@@ -79,6 +87,7 @@ class Options:
     replicated_tensor_sharding: bool = False
     precision: str = "float32"
     loss_scaling: float = 1.0
+    phased_execution: bool | str | tuple = False
     memory: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -90,6 +99,7 @@ class Options:
         for name in ("recompute", "replicated_tensor_sharding"):
             _check_bool(name, getattr(self, name))
         object.__setattr__(self, "outline", _outline_value(self.outline))
+        object.__setattr__(self, "phased_execution", _phases_value(self.phased_execution))
         self._check_combinations()
         if self.memory:
             raise NotImplementedError(
@@ -164,6 +174,27 @@ def _outline_value(value: object) -> bool | str | tuple:
     for item in value:
         if not isinstance(item, (str, type)):
             raise TypeError(f"Options(outline=...): {item!r} is neither a module name nor a class.")
+    return tuple(value)
+
+
+PHASE_KINDS = ("blocks", "children")
+
+
+def _phases_value(value: object) -> bool | str | tuple:
+    """``False``, ``"blocks"``, ``"children"`` or a tuple of module names (checked against the
+    model when the program is built)."""
+    if value is False or value in PHASE_KINDS:
+        return value
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or not value:
+        raise ValueError(
+            f"Options(phased_execution={value!r}): give 'blocks', 'children', False, or a "
+            "non-empty list of module names (as in model.named_modules())."
+        )
+    for item in value:
+        if not isinstance(item, str) or not item:
+            raise TypeError(
+                f"Options(phased_execution=...): {item!r} is not a module name (a non-empty str)."
+            )
     return tuple(value)
 
 
