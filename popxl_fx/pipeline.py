@@ -128,6 +128,9 @@ _UNSUPPORTED = {
         "gradient_accumulation": "accumulates gradients; inference has none",
         "replicated_tensor_sharding": "shards optimizer state, and inference has none; "
         "leave it False (replication_factor alone splits the batch over replicas)",
+        "phased_execution": "is built for training steps (forward, backward and optimizer "
+        "phase by phase); inference_model does not phase yet: use device='cpu' or "
+        "'ipu_model' for a model bigger than one IPU",
     },
     "compile": {
         "gradient_accumulation": "is the torch loop's to do around a compiled module "
@@ -138,6 +141,8 @@ _UNSUPPORTED = {
         "torch optimizer outside the program; use training_model for data-parallel training",
         "replicated_tensor_sharding": "has no optimizer state to shard (compile keeps the "
         "optimizer in torch); use training_model",
+        "phased_execution": "runs the optimizer per phase, and compile keeps the optimizer in "
+        "torch; use training_model",
     },
 }
 
