@@ -201,7 +201,8 @@ class OptimizerProgram:
                 self.remote.store()
 
     def _build_group(self, g: _Group, pg: Mapping, names: list, params, grads) -> None:
-        self._shapes.update({n: tuple(params[n].shape) for n in names})
+        # full shapes (phased with RTS the parameters are loaded shards: their meta shape)
+        self._shapes.update({n: tuple(params[n].meta_shape or params[n].shape) for n in names})
         # with RTS the gradients are shards (`pipeline.reduce_gradients`): so are the weights
         targets = {n: self.replication.target(params[n]) for n in names}
         if pg.get("fused") and self.remote is not None:

@@ -103,7 +103,8 @@ def build_phased_training(build: Build, signature: Any, req: Any) -> Any:
         env = dict(zip([n for n in gm.graph.nodes if n.op == "placeholder"], ins.tensors))
         leaves, out_spec = pytree.tree_flatten(next(iter(reversed(gm.graph.nodes))).args[0])
         loss_node = leaves[loss_index(out_spec, len(leaves), req.model)]
-        lowered = [_lower_piece(p, names, contexts) for p in pieces]
+        shards = opts.replication_factor if opts.replicated_tensor_sharding else 1
+        lowered = [_lower_piece(p, names, contexts, shards) for p in pieces]
         build.record("lower", _lower_detail(lowered))
         _plan_gradients(lowered, loss_node)
         for lp in lowered:
@@ -143,9 +144,9 @@ def _spec(x: torch.Tensor) -> popxl.TensorSpec:
     return popxl.TensorSpec(tuple(x.shape), popxl.dtype.as_dtype(x.dtype))
 
 
-def _lower_piece(piece: Piece, names: dict, contexts) -> _Lowered:
-    """The piece's forward graph and variables: trainable parameters remote, the rest on
-    chip."""
+def _lower_piece(piece: Piece, names: dict, contexts, shards: int) -> _Lowered:
+    """The piece's forward graph and variables: trainable parameters remote (sharded over
+    ``shards`` replicas when more than 1), the rest on chip."""
     fxm = Module(piece.gm, flatten_outputs=True)
     with _entered(contexts):
         fxm.capture(*piece.examples())
@@ -160,7 +161,7 @@ def _lower_piece(piece: Piece, names: dict, contexts) -> _Lowered:
     lp = _Lowered(piece, fxm, fwd, remote, local)
     if remote:
         chosen = addons.NamedVariableFactories.from_dict({k: factories[k] for k in remote})
-        lp.buffers = named_variable_buffers(chosen, 1, shard_over_dict=False)
+        lp.buffers = named_variable_buffers(chosen, 1, shard_over_dict=shards)
         lp.remote_vars = chosen.init_remote(lp.buffers, 0).to_dict()
     return lp
 
@@ -212,13 +213,23 @@ def _differentiate(lp: _Lowered) -> None:
 
 
 def _load(lp: _Lowered) -> dict[str, popxl.Tensor]:
+    """The piece's parameters loaded from Streaming Memory (with RTS: this replica's shards)."""
     return load_remote(lp.buffers, 0).to_dict() if lp.buffers is not None else {}
+
+
+def _whole(loaded: dict[str, popxl.Tensor]) -> dict[str, popxl.Tensor]:
+    """Full parameters for the forward and backward graphs: with RTS the loaded shards
+    all-gathered (seed 003's shape), else the loaded tensors themselves."""
+    return {
+        k: addons.rts.gather_replica_sharded_tensor(t) if t.meta_shape else t
+        for k, t in loaded.items()
+    }
 
 
 def _forward(lp: _Lowered, env: dict) -> tuple[Any, dict[str, popxl.Tensor]]:
     """Load the piece's parameters and call its forward; its outputs join ``env``. Returns
     the call's info and the loaded parameters."""
-    loaded = _load(lp)
+    loaded = _whole(_load(lp))
     bound = addons.NamedTensors.from_dict({**lp.local, **loaded})
     info = lp.forward.bind(bound).call_with_info(*[env[n] for n in lp.piece.inputs])
     for i, n in enumerate(lp.piece.outputs):
@@ -232,8 +243,9 @@ def _backward_and_update(build: Build, lp: _Lowered, call, env: dict, grads: dic
     if lp.backward is None:
         return
     info, loaded = call
-    reloaded = _load(lp)
-    swap = {loaded[k]: reloaded[k] for k in reloaded}
+    reloaded = _load(lp)  # stored back after the update: shards with RTS
+    whole = _whole(reloaded)
+    swap = {loaded[k]: whole[k] for k in whole}
     grad_info = lp.backward.grad_graph_info
     args = {b: swap.get(t, t) for b, t in grad_info.inputs_dict(info).items()}
     given = [grads[lp.piece.outputs[i]] for i in lp.provided]
