@@ -28,6 +28,7 @@ import torch
 
 import popxl_core as popxl
 from popxl_core import ops
+from popxl_core.context import module_origin
 
 from .optim_fused import FusedBuilder, fused_feeds, fused_structure
 from .optim_remote import RemoteState
@@ -219,7 +220,9 @@ class OptimizerProgram:
             for n in names:
                 hp = self._hyper(g, params[n].dtype, loaded)
                 update = self._sgd if self.kind == "sgd" else self._adam
-                update(n, targets[n], grads[n], hp, pg)
+                # the update's ops name the parameter's module (reports, OOM tables)
+                with module_origin(f"optimizer.{n.rsplit('.', 1)[0] if '.' in n else '<root>'}"):
+                    update(n, targets[n], grads[n], hp, pg)
         for n in names:
             self.replication.write_back(params[n], targets[n])
 

@@ -204,7 +204,7 @@ class Build:
     def session(self) -> popxl.Session:
         """The Session of the built Ir, attached (the weights live on the device between
         calls); its plan is the `session` stage's record."""
-        session = make_session(self.ir, self.options, self.prefix)
+        session = make_session(self.ir, self.options, self.prefix, self.model)
         session.__enter__()
         plan = session.plan
         rows = tuple(GraphRow(g.name, g.ops, g.code_bytes, g.runs) for g in plan.graphs)
