@@ -78,6 +78,9 @@ class Module(addons.Module):
         recompute: give each outlined block a recomputing gradient graph.
         outline_prefix: where the user's model sits in ``torch_module`` (``"model."`` in
             the loss wrapper).
+        weightless: variables get zero-filled data of the right shape and dtype instead of a
+            copy of the torch tensors (what-if planning: the memory plan needs no values, and
+            untouched zero pages cost no host memory).
     """
 
     def __init__(
@@ -88,8 +91,10 @@ class Module(addons.Module):
         outline: bool | str | tuple = False,
         recompute: bool = False,
         outline_prefix: str = "",
+        weightless: bool = False,
     ) -> None:
         super().__init__(cache=cache)
+        self.weightless = weightless
         if recompute and outline is False:
             raise ValueError("recompute=True recomputes outlined blocks: give outline= too.")
         self.torch_module = torch_module
@@ -185,7 +190,7 @@ class Module(addons.Module):
         if self.recompute and graph.graph not in self._called_graphs_grad_info:
             self._recompute_grad(graph, n)
         if node.target not in self._sites:  # a module called twice binds the same variables
-            factories = _site_factories(facts, self.torch_module, node.target)
+            factories = _site_factories(facts, self.torch_module, node.target, self.weightless)
             # overwrite=True merges "blocks.1" into the "blocks" tree "blocks.0" made
             self._sites[node.target] = self.add_variable_inputs(
                 node.target, factories, overwrite=True
@@ -249,7 +254,7 @@ class Module(addons.Module):
             # (each name is added once: self._vars guards it).
             self._vars[name] = self.add_variable_input(
                 name,
-                _host_data(data),
+                _host_data(data, self.weightless),
                 popxl.dtype.as_dtype(data.dtype),
                 by_ref=kind == "buffer",
                 overwrite=True,
@@ -306,7 +311,9 @@ def _block_class(torch_class: type) -> type:
     return _BLOCK_CLASSES[torch_class]
 
 
-def _site_factories(facts: addons.NamedVariableFactories, root: nn.Module, path: str):
+def _site_factories(
+    facts: addons.NamedVariableFactories, root: nn.Module, path: str, weightless: bool = False
+):
     """The block's factories with the data of the call site at ``path``: its own torch
     tensors, and its own random seed (the sites' random streams differ, as inlined ops' do)."""
     site: dict[str, addons.VariableFactory] = {}
@@ -315,7 +322,7 @@ def _site_factories(facts: addons.NamedVariableFactories, root: nn.Module, path:
             start = (int(torch.initial_seed()) + zlib.crc32(path.encode())) % (2**31)
             data = functools.partial(popxl.create_seeds, start)
         else:
-            data = _host_data(_tensor_at(root, f"{path}.{name}"))
+            data = _host_data(_tensor_at(root, f"{path}.{name}"), weightless)
         site[name] = addons.VariableFactory(data, f.dtype, f.name, f.by_ref, f.replica_grouping)
     return addons.NamedVariableFactories.from_dict(site)
 
@@ -325,13 +332,18 @@ def _tensor_at(root: nn.Module, qualname: str) -> torch.Tensor:
     return getattr(root.get_submodule(owner), attr)
 
 
-def _host_data(tensor: torch.Tensor) -> Callable[[], np.ndarray]:
+def _host_data(tensor: torch.Tensor, weightless: bool = False) -> Callable[[], np.ndarray]:
     """The factory's data: one host copy of ``tensor``, made on first use and then reused
-    (a factory draws several times; copying a large model each time costs seconds)."""
+    (a factory draws several times; copying a large model each time costs seconds). With
+    ``weightless``, zeros of its shape and dtype instead (``np.zeros`` maps pages on first
+    write, so a plan that never writes them costs no host memory)."""
     copies: list[np.ndarray] = []
 
     def data() -> np.ndarray:
-        if not copies:
+        if not copies and weightless:
+            dtype = torch.empty((), dtype=tensor.dtype).numpy().dtype
+            copies.append(np.zeros(tuple(tensor.shape), dtype))
+        elif not copies:
             copies.append(tensor.detach().cpu().numpy().copy())
         return copies[0]
 

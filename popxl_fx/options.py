@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["DEVICES", "PHASE_KINDS", "PRECISIONS", "Options", "resolve"]
+__all__ = ["AUTO_CHOOSES", "DEVICES", "PHASE_KINDS", "PRECISIONS", "Options", "resolve"]
 
 DEVICES = ("ipu_hw", "ipu_model", "cpu")
 PRECISIONS = ("float32", "float16")
@@ -67,8 +67,13 @@ class Options:
             ``"blocks"`` (the repeated blocks ``outline="auto"`` finds), ``"children"`` (the
             model's top-level children) or a list of module names; the code between phases
             runs as phases of its own. ``False`` (default): everything on chip.
-        memory: reserved for ``"auto"`` planning of models bigger than one IPU; only an empty
-            mapping is accepted today.
+        memory: ``"auto"``: when the program does not fit the device's IPU memory, search
+            phased execution, RTS (with replication), outlining with recomputation and
+            gradient accumulation with the simulator's planner (weightless what-if builds)
+            and train with the plan that fits with the lowest estimated step time
+            (`popxl_fx.auto`); a model that fits is left unchanged, and when nothing fits the
+            error gives the best plan's shortfall. It chooses those options itself: setting
+            them too raises. The default (an empty mapping) plans nothing.
 
     Example:
         >>> Options(device="cpu").device
@@ -88,7 +93,7 @@ class Options:
     precision: str = "float32"
     loss_scaling: float = 1.0
     phased_execution: bool | str | tuple = False
-    memory: dict[str, Any] = field(default_factory=dict)
+    memory: dict[str, Any] | str = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _check_choice("device", self.device, DEVICES)
@@ -101,11 +106,7 @@ class Options:
         object.__setattr__(self, "outline", _outline_value(self.outline))
         object.__setattr__(self, "phased_execution", _phases_value(self.phased_execution))
         self._check_combinations()
-        if self.memory:
-            raise NotImplementedError(
-                f"Options(memory={self.memory!r}): memory='auto' planning is not available yet; "
-                "use device='ipu_model' or 'cpu' to run a model that does not fit one IPU."
-            )
+        _check_memory(self)
 
     def _check_combinations(self) -> None:
         if isinstance(self.loss_scaling, bool) or not isinstance(self.loss_scaling, (int, float)):
@@ -140,7 +141,8 @@ class Options:
     def key(self) -> tuple:
         """What a compiled program depends on (part of the compile cache key)."""
         values = [getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "memory"]
-        return (*values, tuple(sorted(self.memory.items())))
+        memory = self.memory if isinstance(self.memory, str) else tuple(sorted(self.memory.items()))
+        return (*values, memory)
 
 
 def _check_choice(name: str, value: object, choices: tuple) -> None:
@@ -178,6 +180,33 @@ def _outline_value(value: object) -> bool | str | tuple:
 
 
 PHASE_KINDS = ("blocks", "children")
+# what memory="auto" chooses itself, and the value that leaves each to it
+AUTO_CHOOSES = {
+    "phased_execution": False,
+    "outline": False,
+    "recompute": False,
+    "gradient_accumulation": 1,
+    "replicated_tensor_sharding": False,
+}
+
+
+def _check_memory(options: Options) -> None:
+    memory = options.memory
+    if isinstance(memory, dict) and not memory:
+        return
+    if memory != "auto":
+        raise ValueError(f"Options(memory={memory!r}): give 'auto' (or leave it unset).")
+    if options.device == "cpu":
+        raise ValueError(
+            "Options(memory='auto') plans for an IPU's memory, and device='cpu' has no limit; "
+            "use device='ipu_hw' (or 'ipu_model'), or leave memory unset."
+        )
+    for name, free in AUTO_CHOOSES.items():
+        if getattr(options, name) != free:
+            raise ValueError(
+                f"Options(memory='auto') chooses {name} itself; remove {name}="
+                f"{getattr(options, name)!r} (or memory='auto' to choose it by hand)."
+            )
 
 
 def _phases_value(value: object) -> bool | str | tuple:

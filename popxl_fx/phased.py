@@ -104,7 +104,7 @@ def build_phased_training(build: Build, signature: Any, req: Any) -> Any:
         leaves, out_spec = pytree.tree_flatten(next(iter(reversed(gm.graph.nodes))).args[0])
         loss_node = leaves[loss_index(out_spec, len(leaves), req.model)]
         shards = opts.replication_factor if opts.replicated_tensor_sharding else 1
-        lowered = [_lower_piece(p, names, contexts, shards) for p in pieces]
+        lowered = [_lower_piece(p, names, contexts, shards, build.plan_only) for p in pieces]
         build.record("lower", _lower_detail(lowered))
         _plan_gradients(lowered, loss_node)
         for lp in lowered:
@@ -144,10 +144,12 @@ def _spec(x: torch.Tensor) -> popxl.TensorSpec:
     return popxl.TensorSpec(tuple(x.shape), popxl.dtype.as_dtype(x.dtype))
 
 
-def _lower_piece(piece: Piece, names: dict, contexts, shards: int) -> _Lowered:
+def _lower_piece(
+    piece: Piece, names: dict, contexts, shards: int, weightless: bool = False
+) -> _Lowered:
     """The piece's forward graph and variables: trainable parameters remote (sharded over
     ``shards`` replicas when more than 1), the rest on chip."""
-    fxm = Module(piece.gm, flatten_outputs=True)
+    fxm = Module(piece.gm, flatten_outputs=True, weightless=weightless)
     with _entered(contexts):
         fxm.capture(*piece.examples())
         facts, fwd = fxm.create_graph(*[_spec(x) for x in piece.examples()])

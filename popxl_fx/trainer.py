@@ -15,11 +15,12 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from .auto import Planned, choose
 from .loss import PREFIX, user_terms, with_loss
 from .optim import OptimizerProgram
 from .options import Options, resolve
 from .pipeline import Build, Programs
-from .program import ProgramView, signature_of
+from .program import ProgramView, log, signature_of
 from .replication import broadcast_feeds, replication_of, unreplicated
 from .steps import Program, TrainingRequest, build_training
 
@@ -51,6 +52,7 @@ class Trainer(ProgramView):
         self.options = resolve(options)
         self._prefix = PREFIX if loss_fn is not None else ""
         self._names = {p: n for n, p in model.named_parameters()}
+        self.memory_plan = ""  # memory="auto": the plan chosen and the candidates planned
         OptimizerProgram(optimizer, self._names)  # reject unsupported optimizers now
         self._programs: Programs[Program] = Programs("training_model")
         self._device_newer = False
@@ -94,24 +96,43 @@ class Trainer(ProgramView):
         self._device_newer = False
 
     def _build(self, sig: tuple, inputs: tuple) -> Program:
+        notes = []
+        if self.options.memory == "auto":  # chosen once, on the first signature
+            plan = lambda options: self._what_if(sig, inputs, options)  # noqa: E731
+            batch = inputs[0].shape[self.options.device_iterations > 1] if inputs else None
+            choice = choose(self._model, self.options, plan, batch)
+            log.info("%s", choice.text)
+            self.options, self.memory_plan = choice.options, choice.text
+            notes.append(choice.text)
+        build = Build("training_model", self._model, self.options, self._prefix)
+        build.notes += notes
+        return build_training(build, sig, self._request(inputs, self.options))
+
+    def _request(self, inputs: tuple, options: Options) -> TrainingRequest:
         has_loss_fn = self.loss_fn is not None
         root = self._model
         names = [f"input{i}" for i in range(len(inputs))]
         if has_loss_fn:
             root = with_loss(self._model, self.loss_fn, len(inputs) - 1, self._record)
             names[-1] = "target"
-        request = TrainingRequest(
+        return TrainingRequest(
             model=self._model,
             root=root,
             inputs=tuple(inputs),
             names=names,
-            optimizer=OptimizerProgram(self.optimizer, self._names, replication_of(self.options)),
+            optimizer=OptimizerProgram(self.optimizer, self._names, replication_of(options)),
             has_loss_fn=has_loss_fn,
             record=self._record,
             contexts=(lambda: user_terms(self._model, self._prefix),),
         )
-        build = Build("training_model", self._model, self.options, self._prefix)
-        return build_training(build, sig, request)
+
+    def _what_if(self, sig: tuple, inputs: tuple, options: Options) -> Planned:
+        """Plan the training program under ``options`` without copying weights or making a
+        Session (`auto.choose`'s candidates)."""
+        build = Build("training_model", self._model, options, self._prefix, plan_only=True)
+        build_training(build, sig, self._request(inputs, options))
+        peak = max(m.total for m in build.plan.memory.values())
+        return Planned(options, peak, build.plan.cycles)
 
     # torch side ----------------------------------------------------------------------
     def copy_weights_to_host(self) -> None:
