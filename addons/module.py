@@ -107,6 +107,17 @@ class Module(popxl_core.Module, metaclass=NameScopeMeta):
         self._graph_cache = cache if isinstance(cache, GraphCache) else (
             GraphCache() if cache else None)
 
+    def __getattr__(self, name: str) -> Any:
+        # only reached for a missing attribute: Module's own state missing means its
+        # __init__ never ran
+        if name.startswith("_") and "_variable_factories" not in self.__dict__:
+            raise AttributeError(
+                f"{type(self).__name__} has no attribute {name!r}: its __init__ did not call "
+                "super().__init__(); call it first in __init__ (addons.Module keeps its "
+                "variables and submodules there)."
+            )
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     # submodules ---------------------------------------------------------------------
     def __setattr__(self, name: str, value: Any) -> None:
         if isinstance(value, Module) and not name.startswith("_"):

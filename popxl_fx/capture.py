@@ -26,6 +26,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 
+from .capture_effects import NUMPY, python_effects_recorded
 from .capture_state import (
     changed_plain_tensors,
     plain_tensors,
@@ -116,7 +117,22 @@ class _Proxy(fx.Proxy):
         value = self.node.meta.get("example_value")
         if k in _FOLDED_ATTRS and isinstance(value, torch.Tensor):
             return getattr(value, k)
+        if k.startswith("__array"):  # numpy probing for its protocols: only __array__ is ours
+            raise AttributeError(k)
         return super().__getattr__(k)
+
+    def _as_numpy(self, what: str) -> Any:
+        """numpy on a tensor: reported, then the example's value, so the trace goes on."""
+        self.tracer.record(self.node, NUMPY, f"{what} of {_describe(self.node)}", _NUMPY_HINT)
+        value = self.node.meta["example_value"]
+        return value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value
+
+    def numpy(self, *args: Any, **kwargs: Any) -> Any:
+        return self._as_numpy("Tensor.numpy()")
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
+        array = self._as_numpy("a numpy function (np.asarray/np.<fn>)")
+        return array.astype(dtype) if dtype is not None else array
 
     def __len__(self) -> int:
         self.tracer.check_static(self, "data-dependent length", "len()")
@@ -332,6 +348,11 @@ class CaptureTracer(fx.Tracer):
         return iter([obj[i] for i in range(n)])
 
 
+_NUMPY_HINT = (
+    "numpy runs once, at capture, on the example's values: its result would be frozen into "
+    "the program as a constant; use torch ops in forward."
+)
+
 _DATA_HINT = {
     ".item()": "a Python number read from a tensor freezes one step's data into the graph; "
     "keep it a tensor.",
@@ -392,7 +413,7 @@ def trace_module(tracer: CaptureTracer, model: nn.Module) -> fx.GraphModule:
     try:
         with preserved(model):
             plain = {k: t.detach().clone() for k, t in plain_tensors(model).items()}
-            with random_factories_recorded(tracer):
+            with random_factories_recorded(tracer), python_effects_recorded(tracer, model):
                 graph = tracer.trace(model)
             tracer.issues += plain_update_issues(graph, changed_plain_tensors(model, plain))
         return fx.GraphModule(model, graph, class_name=type(model).__name__)

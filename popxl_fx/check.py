@@ -21,6 +21,7 @@ from torch import nn
 
 from . import lowerings  # noqa: F401  (registers the table)
 from .capture import Captured, CaptureTracer, preserved, trace_module
+from .checks import dtype_issues
 from .errors import Issue, UnsupportedError, user_frame
 from .fallback import decomposition_issue
 from .inplace import inplace_state_issues, inplace_view_issues
@@ -62,6 +63,9 @@ def check(model: nn.Module, *example_inputs: Any) -> CheckReport:
         >>> report.raise_if_any()  # doctest: +SKIP
     """
     report = CheckReport(type(model).__name__)
+    report.issues += dtype_issues(model, example_inputs)
+    if report.issues:  # the trace would only fail on the same dtypes
+        return report
     first = _trace(model, example_inputs, report)
     if first is not None:
         report.issues += all_issues(first, model)

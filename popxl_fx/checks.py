@@ -7,6 +7,7 @@ the model), before the loss function sees a target of the wrong shape.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 
@@ -14,7 +15,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["check_inputs", "check_target", "integer_inputs_explained"]
+from .errors import Issue
+
+__all__ = [
+    "check_inputs",
+    "check_no_autocast",
+    "check_step_arity",
+    "check_target",
+    "dtype_issues",
+    "integer_inputs_explained",
+]
 
 _ELEMENTWISE = (
     nn.MSELoss,
@@ -41,12 +51,87 @@ def _float_dtype(model: nn.Module) -> torch.dtype | None:
 
 
 def check_inputs(model: nn.Module, inputs: Sequence[object]) -> None:
-    """Every input of a step is a tensor."""
+    """Every input of a step is a tensor, and every tensor has a dtype the IPU has."""
     for i, x in enumerate(inputs):
         if not isinstance(x, torch.Tensor):
             raise TypeError(
                 f"input {i} is a {type(x).__name__}; popxl_fx steps take torch tensors."
             )
+    issues = dtype_issues(model, inputs)
+    if issues:
+        raise TypeError(f"{issues[0].what}; {issues[0].hint}")
+
+
+_NO_IPU_DTYPE = {torch.bfloat16, torch.complex64, torch.complex128}
+
+
+def _dtype_issue(what: str, dtype: torch.dtype, fix: str) -> Issue:
+    return Issue(
+        "unsupported dtype",
+        f"{what} is {dtype}",
+        "<unknown>",
+        hint=f"the simulated IPU has no {dtype}: use float32 or float16 ({fix}).",
+    )
+
+
+def dtype_issues(model: nn.Module, inputs: Sequence[object]) -> list[Issue]:
+    """Inputs, parameters and buffers whose dtype popxl has no equivalent for (bfloat16)."""
+    issues = [
+        _dtype_issue(f"input {i}", x.dtype, f"x.float() for input {i}")
+        for i, x in enumerate(inputs)
+        if isinstance(x, torch.Tensor) and x.dtype in _NO_IPU_DTYPE
+    ]
+    for kind, named in (("parameter", model.named_parameters), ("buffer", model.named_buffers)):
+        issues += [
+            _dtype_issue(f"{kind} '{n}'", t.dtype, "model.float() or model.half()")
+            for n, t in named()
+            if t.dtype in _NO_IPU_DTYPE
+        ]
+    return issues
+
+
+def check_no_autocast(what: str) -> None:
+    """torch.autocast changes the dtypes eager computes in; the program was built in the
+    parameters' own dtypes, so under autocast it could not give eager's numbers."""
+    if torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda"):
+        raise RuntimeError(
+            f"{what} was called inside torch.autocast: the simulated IPU program computes in "
+            "the model's own dtypes (float32 or float16), not autocast's. Call it outside the "
+            "autocast block (half precision: model.half() and float16 inputs)."
+        )
+
+
+def check_step_arity(model: nn.Module, inputs: Sequence[object], loss_fn: object) -> None:
+    """With ``loss_fn`` a step takes the model's inputs then one target: a missing or extra
+    target is named here, not by forward's argument error."""
+    if loss_fn is None:
+        return
+    low, high = _positional_range(model)
+    name = getattr(loss_fn, "__name__", type(loss_fn).__name__)
+    shape = "trainer(*model_inputs, target)"
+    if len(inputs) - 1 < low:
+        raise TypeError(
+            f"the trainer got {len(inputs)} tensor(s), but with loss_fn={name} it takes "
+            f"{type(model).__name__}'s {low} input(s) and then the target: {shape}."
+        )
+    if high is not None and len(inputs) - 1 > high:
+        raise TypeError(
+            f"the trainer got {len(inputs)} tensors: {type(model).__name__}.forward takes at "
+            f"most {high} input(s), and with loss_fn={name} only the last tensor is the "
+            f"target ({shape}); pass one target."
+        )
+
+
+def _positional_range(model: nn.Module) -> tuple[int, int | None]:
+    """How many positional tensors ``model.forward`` needs at least and takes at most."""
+    try:
+        params = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError):
+        return 0, None
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return sum(p.default is p.empty for p in positional), None
+    return sum(p.default is p.empty for p in positional), len(positional)
 
 
 @contextmanager
@@ -93,6 +178,14 @@ def check_target(out: object, target: object, loss_fn: Callable) -> None:
         return
     name = getattr(loss_fn, "__name__", type(loss_fn).__name__)
     kind = _loss_kind(loss_fn)
+    labels = tuple(out.shape[:1] + out.shape[2:])
+    if kind == "class" and target.is_floating_point() and tuple(target.shape) == labels:
+        raise ValueError(
+            f"{name} takes int64 class indices (shape {labels}) "
+            f"or float class probabilities of the output's shape {tuple(out.shape)}; the target "
+            f"is {target.dtype} of shape {tuple(target.shape)}: for class labels pass "
+            "target.long()."
+        )
     if kind is not None:
         expected = _expected_target(kind, out, target)
         if tuple(target.shape) != expected:

@@ -30,7 +30,7 @@ import popxl_core as popxl
 from popxl_core import ops
 from popxl_core.transforms.grad_info import ExpectedConnectionType
 
-from .checks import check_inputs
+from .checks import check_inputs, check_no_autocast
 from .options import Options, resolve
 from .pipeline import Build, Programs, Stage, check_entry, weights_of
 from .program import Inputs, Weights, describe_change, load_inputs, signature_of, store
@@ -80,6 +80,7 @@ class CompiledForward:
                 f"compiled {type(self.model).__name__}: pass inputs positionally "
                 f"(got keyword arguments {sorted(kwargs)})."
             )
+        check_no_autocast(f"compiled {type(self.model).__name__}")
         needs_grad = torch.is_grad_enabled()
         wants = [bool(needs_grad and isinstance(a, torch.Tensor) and a.requires_grad) for a in args]
         trainable = needs_grad and any(p.requires_grad for p in self.model.parameters())
@@ -258,11 +259,29 @@ def _install(model: nn.Module, options: Options) -> nn.Module:
     return model
 
 
+def _compiled_class(cls: type, opts: Options) -> type:
+    """A subclass of ``cls`` whose instances get the simulated forward; ``cls`` itself (and its
+    plain instances made later) stay as they were."""
+
+    def __init__(self, *args, **kwargs):
+        cls.__init__(self, *args, **kwargs)
+        _install(self, opts)
+
+    namespace = {
+        "__init__": functools.wraps(cls.__init__)(__init__),
+        "__module__": cls.__module__,
+        "__qualname__": cls.__qualname__,
+        "__doc__": cls.__doc__,
+    }
+    return type(cls.__name__, (cls,), namespace)
+
+
 def compile(model_or_class: nn.Module | type, options: Options | None = None):
     """Run a torch module's forward and backward on the simulated IPU.
 
     On an instance, installs the simulated forward on it and returns it; on an ``nn.Module``
-    subclass (as a decorator), every instance gets it. Programs are built on the first call
+    subclass (as a decorator), returns a subclass whose instances get it (the class itself
+    stays as it was). Programs are built on the first call
     for each input signature.
 
     Example:
@@ -274,16 +293,7 @@ def compile(model_or_class: nn.Module | type, options: Options | None = None):
     if isinstance(model_or_class, nn.Module):
         return _install(model_or_class, opts)
     if isinstance(model_or_class, type) and issubclass(model_or_class, nn.Module):
-        cls = model_or_class
-        original = cls.__init__
-
-        @functools.wraps(original)
-        def __init__(self, *args, **kwargs):
-            original(self, *args, **kwargs)
-            _install(self, opts)
-
-        cls.__init__ = __init__
-        return cls
+        return _compiled_class(model_or_class, opts)
     raise TypeError(
         f"compile expects an nn.Module instance or subclass, got {type(model_or_class).__name__}."
     )

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .checks import check_no_autocast
 from .options import Options, resolve
 from .pipeline import Build, Programs, check_entry
 from .program import ProgramView, signature_of
@@ -37,6 +38,7 @@ class InferenceModel(ProgramView):
         self._programs: Programs[Program] = Programs("inference_model")
 
     def __call__(self, *inputs: torch.Tensor) -> Any:
+        check_no_autocast("the inference model")
         prog = self._program(inputs)
         prog.weights.changed_from_torch(prog.session)
         out = prog.session.run(prog.inputs.feed(inputs))

@@ -18,6 +18,7 @@ activations instead of reading them from the forward.
 from __future__ import annotations
 
 import functools
+import warnings
 import weakref
 import zlib
 from collections.abc import Callable
@@ -34,6 +35,7 @@ import popxl_core as popxl
 from popxl_core import ops
 
 from .capture import Captured, capture
+from .capture_effects import WARN_KINDS
 from .errors import Issue, UnsupportedError
 from .lowering import LoweringContext, run_graph
 from .outline import Group, OutlinePlan, plan_outline
@@ -156,6 +158,9 @@ class Module(addons.Module):
     def build(self, *xs: popxl.Tensor) -> Any:
         captured = self.capture(*xs)
         issues = self.issues(*xs)
+        for issue in [i for i in issues if i.kind in WARN_KINDS]:
+            warnings.warn(f"{type(self.torch_module).__name__}: {issue}", stacklevel=2)
+        issues = [i for i in issues if i.kind not in WARN_KINDS]
         if issues:
             raise UnsupportedError(type(self.torch_module).__name__, issues)
         popxl.gcg().ir.numerics = "torch"  # torch's kernels, as eager PyTorch runs them

@@ -34,7 +34,7 @@ from .optim_fused import FusedBuilder, fused_feeds, fused_structure
 from .optim_remote import RemoteState
 from .optim_replicated import Replication
 
-__all__ = ["OptimizerProgram", "UnsupportedOptimizerError"]
+__all__ = ["OptimizerProgram", "UnsupportedOptimizerError", "group_structure"]
 
 _SGD_HYPER = ("neg_lr", "weight_decay", "buf_scale", "damp_alpha", "momentum")
 _ADAM_HYPER = ("w1", "beta2", "c2", "bc2_sqrt", "eps", "neg_step_size", "weight_decay", "decay")
@@ -145,16 +145,7 @@ class OptimizerProgram:
         )
 
     def _structure(self, pg: Mapping) -> tuple:
-        if pg.get("fused"):
-            return fused_structure(self.kind, pg)
-        if self.kind == "sgd":
-            return (
-                pg["momentum"] != 0,
-                bool(pg["nesterov"]),
-                pg["weight_decay"] != 0,
-                bool(pg["maximize"]),
-            )
-        return (pg["weight_decay"] != 0, _decoupled(pg), bool(pg["maximize"]))
+        return group_structure(type(self.optimizer), pg)
 
     def _initial_step(self, g: _Group) -> int:
         """The step count of the optimizer's existing state (0 when it has none)."""
@@ -362,6 +353,29 @@ class OptimizerProgram:
 
     def variables(self) -> list[popxl.Variable]:
         return [v for vs in self.state.values() for v in vs.values()]
+
+
+_KINDS = {torch.optim.SGD: "sgd", torch.optim.Adam: "adam", torch.optim.AdamW: "adam"}
+
+
+def group_structure(optimizer_type: type, pg: Mapping) -> tuple:
+    """The options of a param group that the program is built with (not fed as streams):
+    a change needs another program."""
+    kind = _KINDS.get(optimizer_type)
+    rejected = tuple(pg.get(opt) for opt in _REJECT)  # a program is refused when set
+    if kind is None:
+        return rejected
+    if pg.get("fused"):
+        return ("fused", fused_structure(kind, pg), rejected)
+    if kind == "sgd":
+        return (
+            pg["momentum"] != 0,
+            bool(pg["nesterov"]),
+            pg["weight_decay"] != 0,
+            bool(pg["maximize"]),
+            rejected,
+        )
+    return (pg["weight_decay"] != 0, _decoupled(pg), bool(pg["maximize"]), rejected)
 
 
 def _decoupled(pg: Mapping) -> bool:

@@ -108,6 +108,7 @@ def build_training(build: Build, signature: Any, req: TrainingRequest) -> Progra
         check_scalar_loss(fwd.graph.outputs[index], req.model, req.has_loss_fn)
         args = fwd.args.to_dict()
         trainable = lowered.trainable()
+        _some_trainable(trainable, req.model)
         backward(build, lowered, [fwd.graph.outputs[index]], [args[n] for n in trainable])
         variables = lowered.facts.init()
         step = _plain_step(build, lowered, variables, ins, index)
@@ -124,6 +125,18 @@ def build_training(build: Build, signature: Any, req: TrainingRequest) -> Progra
     return Program(
         signature, build.ir, session, ins, outputs, weights, lowered, build.stages, req.optimizer
     )
+
+
+def _some_trainable(trainable: list[str], model: nn.Module) -> None:
+    """Eager's ``loss.backward()`` raises when nothing requires grad; so does the trainer
+    (it would otherwise train "successfully" with a constant loss)."""
+    if not trainable:
+        raise RuntimeError(
+            f"no parameter of {type(model).__name__} that the loss depends on requires grad, so "
+            "there is nothing to train (eager's loss.backward() raises 'element 0 of tensors "
+            "does not require grad'); set requires_grad=True on the parameters to train, or use "
+            "popxl_fx.inference_model."
+        )
 
 
 @dataclass

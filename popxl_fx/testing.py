@@ -128,7 +128,7 @@ class _TrainingModelRunner:
         return loss, outs, grads
 
     def finish(self):
-        self.trainer.copy_weights_to_host()
+        pass  # the trainer's weights and optimizer state are the torch model's and optimizer's
 
 
 class _CompileRunner:
@@ -188,6 +188,7 @@ def assert_matches_eager(
     Example:
         >>> assert_matches_eager(nn.Linear(4, 2), torch.randn(3, 4), targets=torch.randn(3, 2),
         ...                      loss_fn=nn.MSELoss(), options=Options(device="cpu"))
+        {'loss': 0.0, 'outputs': 0.0, 'gradients': 0.0, 'parameters': 0.0, 'optimizer state': 0.0}
     """
     rtol = 1e-4 if rtol is None else rtol
     atol = 1e-5 if atol is None else atol

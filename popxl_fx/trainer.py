@@ -1,11 +1,12 @@
 """`training_model`: forward, loss, autodiff and a torch optimizer as one PopXL program.
 
-One Ir and one Session are built per input signature (shapes, dtypes, train/eval mode) and
-cached; switching signature goes through the torch model (device -> torch -> device), so every
-program sees the same weights and optimizer state. The torch model and optimizer stay the
-user's: `Trainer.copy_weights_to_host` (run automatically by ``model.state_dict()``,
-``optimizer.state_dict()`` and `Trainer.model`) writes the simulated weights and optimizer state
-into them in torch's own format.
+One Ir and one Session are built per signature (input shapes and dtypes, train/eval modes,
+and the `torch_state.structure_key` of the model and optimizer: parameters, buffers,
+requires_grad flags, submodules, param groups and their built-in options) and cached. The
+torch model and optimizer are the one source of truth: the program's variables are their
+tensors (`torch_state.SharedState`), so after each step ``model.fc.weight``,
+``optimizer.state`` and an eager ``model(x)`` hold the trained values, and what the user
+writes or loads between steps is what the next step uses.
 """
 
 from __future__ import annotations
@@ -16,15 +17,17 @@ import torch
 from torch import nn
 
 from .auto import Planned, choose
+from .checks import check_no_autocast, check_step_arity
 from .loss import PREFIX, user_terms, with_loss
-from .optim import OptimizerProgram
+from .optim import OptimizerProgram, UnsupportedOptimizerError
 from .options import Options, resolve
 from .pipeline import Build, Programs
-from .program import ProgramView, log, signature_of
+from .program import ProgramView, describe_change, log, signature_of
 from .replication import broadcast_feeds, replication_of, unreplicated
 from .steps import Program, TrainingRequest, build_training
+from .torch_state import SharedState, Structure, describe, snapshot, structure_key
 
-__all__ = ["Trainer", "training_model"]
+__all__ = ["StepLoss", "Trainer", "training_model"]
 
 
 class Trainer(ProgramView):
@@ -51,51 +54,55 @@ class Trainer(ProgramView):
         self.loss_fn = loss_fn
         self.options = resolve(options)
         self._prefix = PREFIX if loss_fn is not None else ""
-        self._names = {p: n for n, p in model.named_parameters()}
+        OptimizerProgram(optimizer, _names(model))  # reject unsupported optimizers now
+        self._programs: Programs[Program] = Programs("training_model", self._why)
+        self._snapshot: dict = {}  # the named structure of the active program (for messages)
         self.memory_plan = ""  # memory="auto": the plan chosen and the candidates planned
-        OptimizerProgram(optimizer, self._names)  # reject unsupported optimizers now
-        self._programs: Programs[Program] = Programs("training_model")
-        self._device_newer = False
-        self._hooks = [
-            model.register_state_dict_pre_hook(lambda *_: self._sync()),
-            optimizer.register_state_dict_pre_hook(lambda *_: self._sync()),
-            model.register_load_state_dict_post_hook(lambda *_: self._torch_changed()),
-        ]
 
     # the step ------------------------------------------------------------------------
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
         """One training step on ``inputs`` (with the target last when there is a loss_fn);
         returns the loss as a torch scalar."""
-        prog = self._program(inputs)
+        check_no_autocast("the trainer")
+        structure = structure_key(self._model, self.optimizer)
+        prog = self._program(inputs, structure)
+        shared = prog.extra["shared"]
+        shared.before_step(structure)  # writes and loads since the last step reach the device
         n, replicas = self.options.device_iterations, self.options.replication_factor
         hyper = broadcast_feeds(prog.optim.feeds_for(n), replicas, n)
-        feeds = {**prog.inputs.feed(inputs), **hyper}
-        out = prog.session.run(feeds)
-        self._device_newer = True
+        out = prog.session.run({**prog.inputs.feed(inputs), **hyper})
+        shared.after_step()
         # the optimizer has stepped (on the device): torch's lr schedulers check this flag
         self.optimizer._opt_called = True
         # with replication: the loss as the mean over replicas, outputs in batch order
         values = unreplicated(prog.outputs, out, inputs, self.options)
         self.last = {k: v for k, v in values.items() if k != "loss"}
-        return values["loss"]
+        return values["loss"].as_subclass(StepLoss)
 
     # programs ------------------------------------------------------------------------
     @property
     def _active(self) -> Program | None:
         return self._programs.active
 
-    def _program(self, inputs: tuple) -> Program:
-        sig = signature_of(self._model, inputs)
+    def _program(self, inputs: tuple, structure: Structure) -> Program:
+        sig = (signature_of(self._model, inputs), structure)
         build = lambda: self._build(sig, inputs)  # noqa: E731
-        leave = lambda _: self.copy_weights_to_host()  # noqa: E731  (through torch)
-        return self._programs.get(sig, build, leave, self._activate)
+        enter = lambda prog: self._activate(prog, structure)  # noqa: E731
+        return self._programs.get(sig, build, None, enter)
 
-    def _activate(self, prog: Program) -> None:
-        prog.weights.from_torch(prog.session)
-        prog.session.write_variables_data(prog.optim.state_from_torch())
-        self._device_newer = False
+    def _activate(self, prog: Program, structure: Structure) -> None:
+        """The program becomes the active one: its variables become the torch tensors."""
+        prog.extra["shared"].attach(structure)
+        self._snapshot = snapshot(self._model, self.optimizer)
+
+    def _why(self, old: tuple, new: tuple) -> str:
+        reasons = [describe_change(old[0], new[0])] if old[0] != new[0] else []
+        if old[1] != new[1]:
+            reasons.append(describe(self._snapshot, snapshot(self._model, self.optimizer)))
+        return "; ".join(reasons)
 
     def _build(self, sig: tuple, inputs: tuple) -> Program:
+        check_step_arity(self._model, inputs, self.loss_fn)
         notes = []
         if self.options.memory == "auto":  # chosen once, on the first signature
             plan = lambda options: self._what_if(sig, inputs, options)  # noqa: E731
@@ -106,7 +113,17 @@ class Trainer(ProgramView):
             notes.append(choice.text)
         build = Build("training_model", self._model, self.options, self._prefix)
         build.notes += notes
-        return build_training(build, sig, self._request(inputs, self.options))
+        prog = build_training(build, sig, self._request(inputs, self.options))
+        prog.extra["shared"] = SharedState(prog.session, prog.weights, prog.optim)
+        return prog
+
+    def _what_if(self, sig: tuple, inputs: tuple, options: Options) -> Planned:
+        """Plan the training program under ``options`` without copying weights or making a
+        Session (`auto.choose`'s candidates)."""
+        build = Build("training_model", self._model, options, self._prefix, plan_only=True)
+        build_training(build, sig, self._request(inputs, options))
+        peak = max(m.total for m in build.plan.memory.values())
+        return Planned(options, peak, build.plan.cycles)
 
     def _request(self, inputs: tuple, options: Options) -> TrainingRequest:
         has_loss_fn = self.loss_fn is not None
@@ -120,45 +137,79 @@ class Trainer(ProgramView):
             root=root,
             inputs=tuple(inputs),
             names=names,
-            optimizer=OptimizerProgram(self.optimizer, self._names, replication_of(options)),
+            optimizer=self._optimizer_program(options),
             has_loss_fn=has_loss_fn,
             record=self._record,
             contexts=(lambda: user_terms(self._model, self._prefix),),
         )
 
-    def _what_if(self, sig: tuple, inputs: tuple, options: Options) -> Planned:
-        """Plan the training program under ``options`` without copying weights or making a
-        Session (`auto.choose`'s candidates)."""
-        build = Build("training_model", self._model, options, self._prefix, plan_only=True)
-        build_training(build, sig, self._request(inputs, options))
-        peak = max(m.total for m in build.plan.memory.values())
-        return Planned(options, peak, build.plan.cycles)
+    def _optimizer_program(self, options: Options) -> OptimizerProgram:
+        try:
+            return OptimizerProgram(self.optimizer, _names(self._model), replication_of(options))
+        except UnsupportedOptimizerError as e:
+            if self._active is None:
+                raise
+            change = describe(self._snapshot, snapshot(self._model, self.optimizer))
+            raise UnsupportedOptimizerError(
+                f"since the last step, {change}; the trainer cannot give eager's result: {e} "
+                "(a replaced submodule needs its new parameters in the optimizer: build a new "
+                "optimizer and trainer)."
+            ) from None
 
     # torch side ----------------------------------------------------------------------
     def copy_weights_to_host(self) -> None:
-        """Write the simulated parameters, buffers and optimizer state into the torch model
-        and optimizer (``model.state_dict()``/``optimizer.state_dict()`` become torch's own)."""
-        prog = self._active
-        if prog is None or not self._device_newer:
-            return
-        self._device_newer = False
-        prog.weights.to_torch(prog.session)
-        prog.optim.state_to_torch(prog.session.get_tensors_data(prog.optim.variables()))
-
-    def _sync(self) -> None:
-        self.copy_weights_to_host()
-
-    def _torch_changed(self) -> None:
-        """Weights loaded into the torch model: the device takes them before the next step."""
-        if self._active is not None:
-            self._active.weights.from_torch(self._active.session)
-            self._device_newer = False
+        """Nothing left to do: the torch model and optimizer hold the trained values after
+        every step (kept for code written before they were shared)."""
 
     @property
     def model(self) -> nn.Module:
-        """The torch model, with the simulated weights copied into it."""
-        self.copy_weights_to_host()
+        """The torch model (it holds the trained weights)."""
         return self._model
+
+
+def _names(model: nn.Module) -> dict:
+    return {p: n for n, p in model.named_parameters()}
+
+
+class StepLoss(torch.Tensor):
+    """The loss a trainer step returns: a plain tensor whose ``backward`` says why it has no
+    graph (the step already ran the backward and the optimizer on the device)."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl  # ops give plain tensors
+
+    def __repr__(self, **kwargs) -> str:
+        return repr(self.as_subclass(torch.Tensor))  # prints as tensor(...), like eager's
+
+    def backward(self, *args, **kwargs):
+        raise RuntimeError(
+            "this loss was returned by a popxl_fx trainer, whose step already ran the backward "
+            "pass and the optimizer step on the simulated IPU: drop loss.backward() and "
+            "optimizer.step() from the loop (use loss.item() to log it)."
+        )
+
+
+def _check_arguments(optimizer: object, loss_fn: object, options: object) -> None:
+    """The positional slots of `training_model`, said plainly when mixed up."""
+    if isinstance(optimizer, Options) or isinstance(loss_fn, Options):
+        where = "optimizer" if isinstance(optimizer, Options) else "loss_fn"
+        raise TypeError(
+            f"training_model got an Options where {where} goes; the signature is "
+            "training_model(model, optimizer, loss_fn=None, options=None): pass "
+            "options=Options(...) by keyword."
+        )
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(
+            f"training_model's optimizer is a {type(optimizer).__name__}; pass a torch.optim "
+            "optimizer over the model's parameters (SGD, Adam or AdamW)."
+        )
+    if loss_fn is not None and not callable(loss_fn):
+        raise TypeError(
+            f"loss_fn is a {type(loss_fn).__name__}, not callable; pass a loss such as "
+            "torch.nn.functional.cross_entropy or nn.MSELoss(), or None when forward returns "
+            "the loss."
+        )
+    if options is not None and not isinstance(options, Options):
+        raise TypeError(f"options is a {type(options).__name__}; pass popxl_fx.Options(...).")
 
 
 def training_model(
@@ -170,11 +221,13 @@ def training_model(
     """A trainer that runs ``model``'s training step, with ``optimizer``, on the simulated IPU.
 
     Args:
-        model: the torch model; its parameters and buffers initialise the program and receive
-            the trained values back (`Trainer.copy_weights_to_host`).
+        model: the torch model; its parameters and buffers are the program's weights (shared
+            storage: they hold the trained values after each step, and what is written into
+            them between steps is what the next step uses).
         optimizer: a ``torch.optim.SGD``, ``Adam`` or ``AdamW`` over ``model``'s parameters
             (``fused=True`` runs torch's fused kernels); its hyper-parameters are read before
-            every step (lr schedulers work).
+            every step (lr schedulers work), and its state tensors are the program's (torch
+            gets them on the first step; ``load_state_dict`` between steps is used).
         loss_fn: ``loss_fn(model(*inputs), target)``; without it ``model.forward`` must
             return the loss (or a tuple starting with it, or a dict with ``"loss"``).
         options: `Options` (device, ...).
@@ -186,4 +239,5 @@ def training_model(
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"training_model expects a torch.nn.Module, got {type(model).__name__}.")
+    _check_arguments(optimizer, loss_fn, options)
     return Trainer(model, optimizer, loss_fn, resolve(options))

@@ -58,6 +58,7 @@ def test_average_pool_default_stride_is_one_1d_and_3d():
 
 
 # gather / tied_gather: out-of-range indices never raise ----------------------------------
+@pytest.mark.filterwarnings("ignore::popxl_core.ops.gather.GatherIndexWarning")
 def test_gather_and_tied_gather_out_of_range_give_zero_rows():
     w = _rand(4, 6, seed=3)
     idx = np.array([3, 2**31 - 1, 0, 9], np.uint32)  # unsigned, two out of range

@@ -231,13 +231,22 @@ def test_fused_with_grad_scale_raises():
 
 
 @pytest.mark.parametrize(("option", "fused"), [("fused", True), ("nesterov", False)])
-def test_switching_an_option_after_build_raises(option, fused):
-    """A structural option changed after the build (fused off, nesterov on) is refused."""
-    model = _model()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, fused=fused)
-    trainer = popxl_fx.training_model(model, opt, nn.CrossEntropyLoss())
-    x, y = _batches(1)[0]
-    trainer(x, y)
-    opt.param_groups[0][option] = not opt.param_groups[0][option]
-    with pytest.raises(UnsupportedOptimizerError, match=f"changed an option.*{option}"):
-        trainer(x, y)
+def test_switching_an_option_after_build_recompiles_to_eager(option, fused, caplog):
+    """A structural option changed between steps (fused off, nesterov on) builds the program
+    for it (issue 17: logged), and the steps stay eager's, bit for bit."""
+    sim_model, ref_model = _model(), _model()
+    sim_opt, ref_opt = (
+        torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, fused=fused)
+        for m in (sim_model, ref_model)
+    )
+    trainer = popxl_fx.training_model(sim_model, sim_opt, nn.CrossEntropyLoss())
+    batches = _batches(3)
+    assert _bits(trainer(*batches[0]), _eager_step(ref_model, ref_opt, *batches[0]))
+    for opt in (sim_opt, ref_opt):
+        opt.param_groups[0][option] = not opt.param_groups[0][option]
+    with caplog.at_level("INFO", logger="popxl_fx"):
+        for x, y in batches[1:]:
+            assert _bits(trainer(x, y), _eager_step(ref_model, ref_opt, x, y))
+    assert "optimizer param group 0 changed" in caplog.text
+    assert len(trainer._programs) == 2
+    _assert_same(sim_model, sim_opt, ref_model, ref_opt)

@@ -100,7 +100,9 @@ def test_changes_between_calls_are_still_found():
         report = check(model, torch.randn(3, 4, 6) if isinstance(model, Growing) else
                        torch.randn(3, 4))
         kinds = [i.kind for i in report.issues]
-        assert "shape changes between calls" in kinds, (type(model).__name__, str(report))
+        # a change made through the module's Python state is named at its line (issue 17)
+        found = {"shape changes between calls", "Python state in forward"} & set(kinds)
+        assert found, (type(model).__name__, str(report))
 
 
 def test_a_changed_module_is_evaluated_and_what_follows_it_too():

@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from . import misuse_cases_build, misuse_cases_run  # noqa: F401 - they register their cases
+from . import misuse_cases_build, misuse_cases_run, misuse_cases_streams  # noqa: F401
 from .misuse_cases_common import CASES
 
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
 import popxl_core as popxl
 from popxl_core import dtypes, ops
+from popxl_core.ops.gather import GatherIndexWarning
 
 F32 = np.float32
 
@@ -129,12 +132,18 @@ def test_other_shape_errors():
 def test_gather_out_of_range_never_raises():
     # PopXL: zero_OOR=True gives zeros; zero_OOR=False is unspecified on the IPU but not an
     # error (the simulator gives zeros as well).
+    # zero_OOR=False warns (the simulator can say what the IPU cannot).
     x = np.arange(6, dtype=F32).reshape(3, 2)
     for zero_oor in (True, False):
-        (out,), _ = _run(
-            lambda v, i, z=zero_oor: ops.gather(v, i, zero_OOR=z), x, np.array([0, 3, -1], np.int32)
-        )
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            (out,), _ = _run(
+                lambda v, i, z=zero_oor: ops.gather(v, i, zero_OOR=z), x,
+                np.array([0, 3, -1], np.int32)
+            )
         np.testing.assert_array_equal(out, [[0, 1], [0, 0], [0, 0]])
+        warned = [w for w in caught if issubclass(w.category, GatherIndexWarning)]
+        assert len(warned) == (0 if zero_oor else 1)
 
 
 # getitem numbers ----------------------------------------------------------------------------

@@ -15,6 +15,9 @@ built, in `indexing.getitem`.
 
 from __future__ import annotations
 
+import warnings
+import weakref
+
 import numpy as np
 import torch
 
@@ -22,7 +25,7 @@ from ..tensor import Constant, Tensor, constant
 from ._utils import rand, randint, spec
 from .registry import Cost, OpDef, Sample, _user_frame, create_op, register
 
-__all__ = ["gather", "gather_elements", "scatter", "tied_gather"]
+__all__ = ["GatherIndexWarning", "gather", "gather_elements", "scatter", "tied_gather"]
 
 def _move_cost(ins, outs, attrs) -> Cost:
     return Cost(0, 2 * sum(s.nbytes for s in outs) + sum(s.nbytes for s in ins[1:2]))
@@ -60,9 +63,38 @@ def _gather_kernel(x, idx, axis, zero_OOR, available_memory_proportion):
     if bool(valid.all()):
         return torch.index_select(x, axis, flat).reshape(out_shape)
     # zero_OOR=False leaves out-of-range rows unspecified on the IPU (no error is raised);
-    # the simulator gives them zeros too, so a run is deterministic either way.
+    # the simulator gives them zeros too, so a run is deterministic either way, and says so.
+    if not zero_OOR:
+        _warn_out_of_range(flat[~valid][0].item(), n, axis)
     out = torch.index_select(x, axis, torch.where(valid, flat, 0))
     return torch.where(_along(valid, axis, x.dim()), out, 0).reshape(out_shape)
+
+
+class GatherIndexWarning(UserWarning):
+    """A gather met run-time indices outside the gathered axis (once per op)."""
+
+
+_warned: weakref.WeakSet = weakref.WeakSet()  # the ops that have warned
+
+
+def _warn_out_of_range(index: int, n: int, axis: int) -> None:
+    """Warn once per op: the IPU raises nothing and returns an unspecified row for such an
+    index; the simulator returns zeros and, unlike hardware, can tell."""
+    from ..sim.checks import running_op
+
+    op = running_op()
+    if op is not None and op in _warned:
+        return
+    if op is not None:
+        _warned.add(op)
+    what = f"{op.type} op {op.outputs[0].id!r}" if op is not None else "a Gather op"
+    warnings.warn(
+        f"{what}: run-time index {index} is outside the valid range [0, {n}) of axis {axis}; "
+        "the simulator returns zeros for it (the IPU an unspecified row). Keep the indices in "
+        "range, or pass zero_OOR=True to ask for zeros (then no warning).",
+        GatherIndexWarning,
+        stacklevel=2,
+    )
 
 
 def _gather_grad(ctx):

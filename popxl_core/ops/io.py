@@ -9,6 +9,7 @@ import torch
 
 from .. import dtypes
 from ..arg_checks import checked_dtype, checked_shape
+from ..context import gcg
 from ..streams import DeviceToHostStream, HostToDeviceStream
 from ..tensor import Tensor, TensorSpec
 from ._print_format import format_tensor, print_options
@@ -94,10 +95,22 @@ HOST_STORE = register(
 )
 
 
+def _check_same_ir(stream, what: str) -> None:
+    """A stream belongs to the Ir it was made in: another Ir's Session would never feed it."""
+    ir = gcg().ir
+    if stream._stream_tensor.ir is not ir:
+        raise ValueError(
+            f"{what}: stream {stream.tensor_id!r} belongs to {stream._stream_tensor.ir!r}, not to "
+            f"{ir!r} being built; make the stream in this Ir (popxl.h2d_stream/d2h_stream "
+            "inside `with ir.main_graph:`)."
+        )
+
+
 def host_load(h2d_stream: HostToDeviceStream, name: Optional[str] = None) -> Tensor:
     """Load the next value of ``h2d_stream`` from the host."""
     if not isinstance(h2d_stream, HostToDeviceStream):
         raise TypeError(f"host_load expects a HostToDeviceStream, got {type(h2d_stream).__name__}.")
+    _check_same_ir(h2d_stream, "host_load")
     name = name or h2d_stream._stream_tensor.name
     buf = init(h2d_stream.shape, h2d_stream.dtype, f"{name}_init", "undef")
     return create_op(HOST_LOAD, [buf], {"stream": h2d_stream}, out_names=[f"{name}_hostload"])[0]
@@ -109,6 +122,7 @@ def host_store(d2h_stream: DeviceToHostStream, t: Tensor) -> None:
         raise TypeError(
             f"host_store expects a DeviceToHostStream, got {type(d2h_stream).__name__}."
         )
+    _check_same_ir(d2h_stream, "host_store")
     if t.shape != d2h_stream.shape or t.dtype is not d2h_stream.dtype:
         raise ValueError(
             f"host_store: tensor {t.id!r} {t.shape} {t.dtype.name} does not match stream "
@@ -167,8 +181,16 @@ def print_tensor(
     gradient is printed as ``"<title>_gradient"``; the values are written between
     ``open_bracket`` and ``close_bracket``, separated by ``separator``.
     """
-    opts = print_options(summarise_threshold, edge_items, max_line_width, digits, float_format,
-                         separator, open_bracket, close_bracket)
+    opts = print_options(
+        summarise_threshold,
+        edge_items,
+        max_line_width,
+        digits,
+        float_format,
+        separator,
+        open_bracket,
+        close_bracket,
+    )
     title = f"print_{t.name}" if title is None else title
     attrs = dict(title=title, print_self=print_self, print_gradient=print_gradient, opts=opts)
     return create_op(PRINT_TENSOR, [t], attrs)[0]

@@ -17,11 +17,15 @@ __all__ = [
     "MissingStreamError",
     "StreamOutputs",
     "built_at",
+    "check_fits",
     "check_output_buffers",
     "check_run_counts",
     "check_tensors_of",
     "check_transfer_counts",
+    "names_hint",
+    "running_op",
     "transfer_counts",
+    "with_op_context",
 ]
 
 _DATA_DEPENDENT = -1  # a stream whose transfer count depends on an If's condition
@@ -201,6 +205,28 @@ def failing_op(program, tb):
     return found
 
 
+def running_op():
+    """The op whose kernel is running now (for a kernel's warning), found on the live stack:
+    the generated graph code's frame (compiled programs) or the reference interpreter's."""
+    import re
+    import sys
+
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_filename.startswith("<popxl graph"):
+            src = frame.f_globals.get("__popxl_sources__", {}).get(code.co_name, "")
+            lines = src.splitlines()
+            line = lines[frame.f_lineno - 1] if 0 < frame.f_lineno <= len(lines) else ""
+            m = re.search(r"\b(k\d+)\(", line)
+            ops = frame.f_globals.get("__popxl_kernel_ops__", {})
+            return ops.get(m.group(1)) if m else None
+        if code.co_name == "_run_kernel" and "op" in frame.f_locals:
+            return frame.f_locals["op"]
+        frame = frame.f_back
+    return None
+
+
 def with_op_context(program, exc: BaseException) -> BaseException:
     """``exc`` re-made with the failing op and its input tensors named in the message."""
     op = failing_op(program, exc.__traceback__)
@@ -209,3 +235,40 @@ def with_op_context(program, exc: BaseException) -> BaseException:
     ins = ", ".join(f"{t.id!r} {t.shape} {t.dtype.name}" for t in op.inputs)
     graph = op.graph.name or "main"
     return type(exc)(f"{op.type} op in graph {graph!r} (inputs: {ins}): {exc}")
+
+
+# host data fed to a run ---------------------------------------------------------------------
+def names_hint(unexpected: list, expected) -> str:
+    """Why a run keyed by stream names fails, when it was: the keys are the stream objects."""
+    ids = {s.tensor_id for s in expected}
+    names = [k for k in unexpected if isinstance(k, str) and k in ids]
+    if not names:
+        return ""
+    return (
+        f". Session.run is keyed by the HostToDeviceStream objects, not by their names "
+        f"({names[0]!r} is a stream's name): pass {{stream: data}} with the stream that "
+        "popxl.h2d_stream returned."
+    )
+
+
+def check_fits(stream, arr: np.ndarray, want: np.dtype) -> None:
+    """A 64-bit host array downcast to the stream's dtype must keep its values: an int64
+    label above 2**31 would wrap silently in an int32 stream (the IPU has no 64-bit types)."""
+    if arr.size == 0:
+        return
+    if np.issubdtype(want, np.integer):
+        info = np.iinfo(want)
+        low, high = arr.min(), arr.max()
+        bad = low if low < info.min else (high if high > info.max else None)
+    else:
+        finite = arr[np.isfinite(arr)] if not np.isfinite(arr).all() else arr
+        big = np.abs(finite).max() if finite.size else 0
+        info = np.finfo(want)
+        bad = big if big > info.max else None
+    if bad is not None:
+        raise ValueError(
+            f"Input for stream {stream.tensor_id!r} holds the value {bad.item()!r}, which the "
+            f"stream's {stream.dtype.name} cannot hold (range [{info.min}, {info.max}]); the "
+            f"{arr.dtype} data would change when cast. Keep the values in range, or declare "
+            "the stream with a dtype that holds them."
+        )

@@ -111,6 +111,7 @@ class Program:
         self._fn_names: Dict[Graph, str] = {}
         self.graphs: Dict[Graph, CompiledGraph] = {}
         self.kernel_ops: Dict[str, Op] = {}  # kernel global -> op, to name a failing op
+        self.namespace["__popxl_kernel_ops__"] = self.kernel_ops  # `checks.running_op` reads it
         self.modified_inputs: Dict[Graph, Set[int]] = {}
         self.view_outputs = ViewOutputs(ir)
         self.once = graphs_run_once(ir)  # graphs that run at most once per Session.run

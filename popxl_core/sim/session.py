@@ -97,6 +97,7 @@ class Session:
             if v.retrieval_mode == "all_replicas" and ir.replication_factor > 1
         }
         self._device: Optional[List[List[torch.Tensor]]] = None
+        self._shared: Dict[Variable, torch.Tensor] = {}  # `share_variable_storage`
         self._attached = False
         self._host_in_sync = True
         self._context_stack: List[bool] = []
@@ -146,6 +147,9 @@ class Session:
         self._require_attached("weights_from_host")
         replicas = self._ir.replication_factor
         self._device = [[self._to_device(v, r) for v in self._variables] for r in range(replicas)]
+        for v, t in self._shared.items():  # the shared storage takes the host value
+            t.copy_(self._device[0][self._variable_index[v]].view(t.shape))
+            self._device[0][self._variable_index[v]] = t
         self._remote.allocate()
         for v in self._remote.variables:
             self._remote.write(v, self._host[v])
@@ -182,6 +186,52 @@ class Session:
     def _from_device(self, v: Variable, index: int) -> np.ndarray:
         device = self._device
         return host_from_replicas(v, lambda r: device[r][index].numpy(), len(device))
+
+    def share_variable_storage(self, tensors: Mapping[Variable, torch.Tensor]) -> None:
+        """Make each variable's device value *be* the given torch tensor: its storage, with
+        the values it holds now (no copy). Runs update it in place, and a write into it
+        between runs is what the next run reads. For frameworks whose own tensors are the
+        weights (popxl_fx: the torch module's parameters and the optimizer's state).
+
+        Each tensor must be a contiguous CPU tensor of the variable's dtype and element count
+        (a view of the variable's shape is taken). Only for Sessions with one replica: with
+        replicas each one holds its own copy (write_variables_data copies to all).
+        """
+        self._require_attached("share_variable_storage")
+        if self._ir.replication_factor > 1:
+            raise NotImplementedError(
+                "share_variable_storage: the Ir has "
+                f"{self._ir.replication_factor} replicas, each with its own copy of every "
+                "variable; use write_variables_data / get_tensors_data instead."
+            )
+        checks.check_tensors_of(self, tensors, "share_variable_storage")
+        views = {v: self._shareable(v, t) for v, t in tensors.items()}
+        if not self._host_in_sync:  # the values not being replaced stay readable
+            self.weights_to_host()
+        for v, view in views.items():
+            self._device[0][self._variable_index[v]] = view
+            self._shared[v] = view
+        self._host_in_sync = False  # the host copies are now older than the shared tensors
+
+    def _shareable(self, v: Variable, t: torch.Tensor) -> torch.Tensor:
+        if not isinstance(v, Variable) or v not in self._variable_index:
+            raise ValueError(
+                f"share_variable_storage: {v!r} is not an on-chip variable of this Session's Ir."
+            )
+        problem = (
+            "is not a torch.Tensor"
+            if not isinstance(t, torch.Tensor)
+            else f"has dtype {t.dtype}, the variable {v.dtype.name}"
+            if t.dtype != v.dtype.as_torch()
+            else f"has {t.numel()} elements, the variable {v.nelms}"
+            if t.numel() != v.nelms
+            else "is not a contiguous CPU tensor"
+            if not (t.is_contiguous() and t.device.type == "cpu")
+            else None
+        )
+        if problem:
+            raise ValueError(f"share_variable_storage: the tensor for {v.id!r} {problem}.")
+        return t.detach().view(v.shape)
 
     # reading and writing tensors ------------------------------------------------------
     def get_tensor_data(self, tensor: Tensor) -> np.ndarray:
@@ -340,7 +390,9 @@ class Session:
             parts += [f"Unexpected input: {s!r}" for s in unexpected if not hasattr(s, "tensor_id")]
             parts += [f"Missing input: {s.tensor_id!r}" for s in missing]
             raise ValueError(
-                "Session.run inputs do not match the streams the Ir loads from. " + "; ".join(parts)
+                "Session.run inputs do not match the streams the Ir loads from. "
+                + "; ".join(parts)
+                + checks.names_hint(unexpected, expected)
             )
         return {s: self._checked_array(s, a, downcast) for s, a in inputs.items()}
 
@@ -355,6 +407,7 @@ class Session:
                     f"Input for stream {stream.tensor_id!r} has dtype {arr.dtype}, "
                     f"the stream carries {stream.dtype.name}."
                 )
+            checks.check_fits(stream, arr, want)
             arr = arr.astype(want)
         if arr.shape != full:
             raise ValueError(

@@ -1,0 +1,202 @@
+"""Python effects of ``forward`` that a static program cannot repeat, found while tracing.
+
+A PopXL program is the forward's *tensor* work; its Python runs once, at capture. So:
+- ``print(x)`` of a tensor prints once (the example's values), not on each step: reported as
+  "print of a tensor" (the entry points warn);
+- Python state changed by ``forward`` (``self.calls += 1``, ``self.history.append(h)``,
+  ``self.cache[k] = v``) changes once, at capture: reported as "Python state in forward"
+  (the entry points raise), and undone after the trace so capture leaves the model as it was;
+- numpy on a tensor (``x.numpy()``, ``np.tanh(x)``) computes once, on the example values, and
+  its result would be frozen into the program: reported by `capture._Proxy` as "numpy on a
+  tensor" (see `numpy_issue`).
+Each issue carries the user's ``file:line``.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+from torch import nn
+
+from .errors import _internal_file
+
+__all__ = ["PRINT", "STATE", "NUMPY", "WARN_KINDS", "python_effects_recorded"]
+
+PRINT = "print of a tensor"
+STATE = "Python state in forward"
+NUMPY = "numpy on a tensor"
+WARN_KINDS = frozenset({PRINT})  # the entry points warn about these and raise for the rest
+
+_PRINT_HINT = (
+    "the program runs forward's Python once, at capture: this printed the example's values "
+    "once and prints nothing on later steps; print the returned outputs, or use "
+    "popxl_core.ops.print_tensor in a hand-written program."
+)
+_STATE_HINT = (
+    "the program runs forward's Python once, at capture, so this changes once and not on each "
+    "step (and eager would change it on every call); keep per-step state in a registered "
+    "buffer updated with tensor ops, or change it outside forward."
+)
+
+
+def _user_caller(depth: int = 2) -> bool:
+    """The code calling the patched function is the user's (not torch's or popxl_fx's)."""
+    return not _internal_file(sys._getframe(depth).f_code.co_filename)
+
+
+def _proxies(args: Any) -> list[fx.Proxy]:
+    return [a for a in pytree.tree_leaves(args) if isinstance(a, fx.Proxy)]
+
+
+def _plain_value(value: Any) -> Any:
+    return value.node.meta.get("example_value") if isinstance(value, fx.Proxy) else value
+
+
+def _printing(tracer, original):
+    def print_(*args: Any, **kwargs: Any) -> None:
+        proxies = _proxies(args)
+        formatted = any(isinstance(a, str) and "Proxy(" in a for a in args)
+        if (proxies or formatted) and not getattr(tracer, "_evaluating", False):
+            node = proxies[0].node if proxies else None
+            what = f"print() of {node.name}" if node is not None else "print() of a tensor"
+            tracer.record(node, PRINT, what, _PRINT_HINT)
+            args = tuple(pytree.tree_map(_plain_value, list(args)))
+        original(*args, **kwargs)
+
+    return print_
+
+
+def _same(old: Any, new: Any) -> bool:
+    if old is new:
+        return True
+    if type(old) is type(new) and isinstance(old, (bool, int, float, str, bytes, tuple)):
+        try:
+            return bool(old == new)
+        except Exception:  # noqa: BLE001 - a tuple holding tensors: not comparable, so changed
+            return False
+    return False
+
+
+def _setting(tracer, modules: set[int], original):
+    def setattr_(module: nn.Module, name: str, value: Any) -> None:
+        if (
+            id(module) in modules
+            and not getattr(tracer, "_evaluating", False)
+            and not isinstance(value, (nn.Module, torch.Tensor))
+            and not name.startswith("_tensor_constant")
+            and _user_caller()
+        ):
+            old = module.__dict__.get(name, _MISSING)
+            if not _same(old, value):
+                what = f"forward sets {type(module).__name__}.{name} = {type(value).__name__}"
+                _record_state(tracer, module, what)
+        original(module, name, value)
+
+    return setattr_
+
+
+_MISSING = object()
+
+
+def _record_state(tracer, module: nn.Module, what: str) -> None:
+    path = next((p for p, m in tracer.root_module.named_modules() if m is module), "")
+    tracer._paths.append(path)  # the issue names the module whose attribute changed
+    try:
+        tracer.record(None, STATE, what, _STATE_HINT)
+    finally:
+        tracer._paths.pop()
+
+
+def _recording(kind: type, mutators: tuple[str, ...]) -> type:
+    """A subclass of list/dict/set whose mutating methods report the mutation first."""
+
+    def wrap(name: str):
+        base = getattr(kind, name)
+
+        def method(self, *args: Any, **kwargs: Any) -> Any:
+            if _user_caller():
+                _record_state(
+                    self._tracer,
+                    self._module,
+                    f"forward mutates {type(self._module).__name__}.{self._attr} "
+                    f"({kind.__name__}.{name})",
+                )
+            return base(self, *args, **kwargs)
+
+        return method
+
+    return type(f"_Recording{kind.__name__}", (kind,), {m: wrap(m) for m in mutators})
+
+
+_LIST_OPS = ("append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse")
+_RECORDING = {
+    list: _recording(list, (*_LIST_OPS, "__setitem__", "__delitem__", "__iadd__")),
+    dict: _recording(
+        dict, ("__setitem__", "__delitem__", "pop", "popitem", "update", "setdefault", "clear")
+    ),
+    set: _recording(set, ("add", "discard", "remove", "update", "clear", "pop")),
+}
+
+
+def _user_modules(model: nn.Module) -> list[nn.Module]:
+    """The modules whose forward is user code (torch.nn's own manage their own state)."""
+    return [m for m in model.modules() if not type(m).__module__.startswith("torch.")]
+
+
+_MODULE_INTERNALS = frozenset(vars(nn.Module()))  # _parameters, _modules, hooks, ...
+
+
+def _swap_containers(tracer, modules: list[nn.Module]) -> None:
+    """Put recording copies of the modules' own list/dict/set attributes in place (the
+    originals, untouched by the trace, come back in `_restore`)."""
+    for m in modules:
+        for name, value in list(vars(m).items()):
+            recording = _RECORDING.get(type(value))
+            if recording is None or name in _MODULE_INTERNALS:
+                continue
+            copy = recording(value)
+            copy._tracer, copy._module, copy._attr = tracer, m, name
+            m.__dict__[name] = copy
+
+
+def _plain_state(modules: list[nn.Module]) -> dict:
+    """Every module's non-tensor, non-module attributes, to put back after the trace."""
+    return {
+        id(m): (m, {k: v for k, v in vars(m).items() if not isinstance(v, torch.Tensor)})
+        for m in modules
+    }
+
+
+def _restore(state: dict) -> None:
+    """Put back the attributes `_plain_state` saved (the original containers among them) and
+    drop plain attributes the forward added."""
+    for m, attrs in state.values():
+        for name in [k for k in vars(m) if k not in attrs]:
+            if not isinstance(m.__dict__[name], (torch.Tensor, nn.Module)):
+                del m.__dict__[name]
+        m.__dict__.update(attrs)
+
+
+@contextlib.contextmanager
+def python_effects_recorded(tracer, model: nn.Module) -> Iterator[None]:
+    """While ``tracer`` traces ``model``: report prints of tensors and Python state that
+    forward changes (see the module docstring); put the model's Python state back after."""
+    modules = _user_modules(model)
+    state = _plain_state(modules)
+    _swap_containers(tracer, modules)
+    ids = {id(m) for m in model.modules()}
+    original_print, original_setattr = builtins.print, nn.Module.__setattr__
+    builtins.print = _printing(tracer, original_print)
+    nn.Module.__setattr__ = _setting(tracer, ids, original_setattr)
+    try:
+        yield
+    finally:
+        builtins.print, nn.Module.__setattr__ = original_print, original_setattr
+        _restore(state)

@@ -1,0 +1,332 @@
+"""One source of truth: a trainer's device variables are the torch model's and optimizer's
+own tensors, and every torch-side change is seen before the next step.
+
+Shared storage: each parameter and buffer variable of the program *is* the torch tensor
+(`popxl_core.Session.share_variable_storage`), and so is each optimizer state variable
+(``momentum_buffer``, ``exp_avg``, ``exp_avg_sq``, ``step``) once torch's optimizer holds it
+(torch creates its state on the first step; so does the trainer, after it). A step updates
+them in place: ``model.fc.weight``, an eager ``model(x)`` or ``optimizer.state`` see the new
+values with no copy, and a user's in-place write between steps is what the next step reads.
+A tensor that cannot be shared (another dtype in the program, or a Session with replicas,
+where each replica holds a copy) is copied back after each step and written to the device
+before a step when its ``_version`` moved (for replicas and sharded variables: the gathered
+value is written back on step, and a write is scattered to every replica).
+
+`structure_key` is what each call checks (cheaply: identities, flags, dtypes, shapes and
+storage pointers, no names or values): the modules and their parameters and buffers, the
+``requires_grad`` flags, the optimizer's param groups and the options of each group that the
+program is built with. A different key selects (or builds) another program, with the reason
+logged (`describe`); a storage pointer that moved (``p.data = ...``) re-shares the variable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+import popxl_core as popxl
+from popxl_core.sim.remote_plan import is_remote_variable
+
+from .optim import OptimizerProgram, UnsupportedOptimizerError, group_structure
+from .program import Weights
+
+__all__ = ["SharedState", "Structure", "describe", "structure_key"]
+
+
+# what the program depends on ---------------------------------------------------------------
+@dataclass
+class Structure:
+    """What a program was built for besides its inputs: a flat key of identities, flags,
+    dtypes and shapes, the objects behind the identities (kept alive, so an id is never
+    reused while the key exists), and the storage pointers of the tensors."""
+
+    key: tuple
+    objects: list = field(repr=False)
+    pointers: tuple = ()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Structure) and self.key == other.key
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+
+def _modules(model: nn.Module) -> Iterator[nn.Module]:
+    """Every module once, depth first in registration order (no names: it runs per step)."""
+    seen, stack = set(), [model]
+    while stack:
+        m = stack.pop()
+        if m is None or id(m) in seen:
+            continue
+        seen.add(id(m))
+        yield m
+        stack.extend(reversed(m._modules.values()))
+
+
+def structure_key(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> Structure:
+    """The `Structure` of ``model`` and ``optimizer`` now (see the module docstring)."""
+    key: list = []
+    objects: list = []
+    pointers: list = []
+    for m in _modules(model):
+        key.append(id(m))
+        objects.append(m)
+        for p in m._parameters.values():
+            if p is not None:
+                key += (id(p), p.requires_grad, p.dtype, p.shape, p.device.type)
+                objects.append(p)
+                pointers.append(p.data_ptr())
+        for b in m._buffers.values():
+            if b is not None:
+                key += (id(b), b.dtype, b.shape, b.device.type)
+                objects.append(b)
+                pointers.append(b.data_ptr())
+    if optimizer is not None:
+        kind = type(optimizer)
+        for pg in optimizer.param_groups:
+            params = pg["params"]
+            key.append(len(params))
+            key += map(id, params)
+            key.append(group_structure(kind, pg))
+            objects += params
+    return Structure(tuple(key), objects, tuple(pointers))
+
+
+def describe(old: dict, new: dict) -> str:
+    """The changes between two `snapshot`s, in words (for the recompile log and errors)."""
+    changes = []
+    for what in dict.fromkeys([*old, *new]):
+        before, after = old.get(what), new.get(what)
+        if before == after:
+            continue
+        if before is None:
+            changes.append(f"{what} was added")
+        elif after is None:
+            changes.append(f"{what} was removed")
+        elif what.startswith("parameter") and before[0] == after[0] and before[1] != after[1]:
+            changes.append(f"{what} has requires_grad={after[1]}")
+        elif before[0] != after[0] and not what.startswith("optimizer"):
+            changes.append(f"{what} was replaced by another object")
+        else:
+            changes.append(f"{what} changed from {_words(before)} to {_words(after)}")
+    return "; ".join(changes[:6]) + ("; ..." if len(changes) > 6 else "")
+
+
+def _words(entry: tuple) -> str:
+    return ", ".join(str(x) for x in (entry[1:] if isinstance(entry[0], int) else entry))
+
+
+def snapshot(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict:
+    """The structure with names (what `describe` compares; only when the key changed)."""
+    names: dict[str, tuple] = {}
+    for path, m in model.named_modules(remove_duplicate=False):
+        names[f"module '{path or '(root)'}'"] = (id(m), type(m).__name__)
+    for n, p in model.named_parameters(remove_duplicate=False):
+        names[f"parameter '{n}'"] = (id(p), p.requires_grad, p.dtype, tuple(p.shape))
+    for n, b in model.named_buffers(remove_duplicate=False):
+        names[f"buffer '{n}'"] = (id(b), b.dtype, tuple(b.shape))
+    if optimizer is not None:
+        by_id = {id(p): n for n, p in model.named_parameters()}
+        for i, pg in enumerate(optimizer.param_groups):
+            held = tuple(by_id.get(id(p), "a tensor not in the model") for p in pg["params"])
+            names[f"optimizer param group {i}"] = (held, group_structure(type(optimizer), pg))
+    return names
+
+
+# shared storage ----------------------------------------------------------------------------
+@dataclass
+class _Copied:
+    """A variable that cannot share the torch tensor's storage: copied, version-tracked."""
+
+    variable: popxl.Variable
+    tensor: torch.Tensor
+    version: int = -1
+
+
+class SharedState:
+    """Ties one program's variables to the torch model's and optimizer's tensors.
+
+    `attach` when the program becomes the active one; `before_step` and `after_step` around
+    each run (cheap: identity and version checks).
+    """
+
+    def __init__(
+        self, session: popxl.Session, weights: Weights, optim: OptimizerProgram | None
+    ) -> None:
+        self.session = session
+        self.weights = weights
+        self.optim = optim
+        self.replicated = session.ir.replication_factor > 1
+        self.copied: list[_Copied] = []
+        self.state: dict[popxl.Variable, tuple[torch.Tensor, str, torch.Tensor | None]] = {}
+        self.pointers: tuple = ()
+        self.versions: list[tuple[torch.Tensor, int]] = []  # torch's shared `step` tensors
+
+    # attaching --------------------------------------------------------------------------
+    def attach(self, structure: Structure) -> None:
+        """Share (or copy in) every parameter, buffer and optimizer state tensor now."""
+        self.copied = []
+        shared = {}
+        for n, v in self.weights.variables.items():
+            t = self.weights.tensors[n]
+            if self._can_share(v, t):
+                shared[v] = t.detach()
+            else:
+                self.copied.append(_Copied(v, t))
+        if shared:
+            self.session.share_variable_storage(shared)
+        self._write_changed_copies()
+        self.pointers = structure.pointers
+        if self.optim is not None:
+            self.load_optimizer_state()
+
+    def _can_share(self, v: popxl.Variable, t: torch.Tensor) -> bool:
+        # a remote variable (phased execution) lives in Streaming Memory: copied, not shared
+        return (
+            not self.replicated
+            and not is_remote_variable(v)
+            and t.dtype == v.dtype.as_torch()
+            and t.numel() == v.nelms
+            and t.is_contiguous()
+            and t.device.type == "cpu"
+        )
+
+    def load_optimizer_state(self) -> None:
+        """Take the torch optimizer's state as it is now: its tensors shared, zeros where it
+        has none (torch makes those on the first step; `after_step` hands ours over)."""
+        optim = self.optim
+        shared, copies = {}, {}
+        self.state = {}
+        state_vars = set(optim.variables())
+        self.copied = [c for c in self.copied if c.variable not in state_vars]
+        for name, vars_ in optim.state.items():
+            p = optim.params[name]
+            held = optim.optimizer.state.get(p, {})
+            for key, var in vars_.items():
+                t = held.get(key)
+                if t is None:
+                    copies[var] = np.zeros(var.shape, var.dtype.as_numpy())
+                elif t.dtype != var.dtype.as_torch():
+                    raise _state_dtype_error(name, key, t, var)
+                elif self._can_share(var, t):
+                    shared[var] = t
+                else:  # copied in now, back after each step, in again when written
+                    self.copied.append(_Copied(var, t))
+                self.state[var] = (p, key, t)
+        if shared:
+            self.session.share_variable_storage(shared)
+        if copies:
+            self.session.write_variables_data(copies)
+        self._write_changed_copies()
+        for g in optim.groups:
+            g.step = optim._initial_step(g)
+        self._note_versions()
+
+    def _note_versions(self) -> None:
+        """The versions of torch's ``step`` tensors: if one moves outside our steps (another
+        trainer on this optimizer, a user's write), the step counts are read again."""
+        self.versions = [
+            (t, t._version)
+            for (_, key, t) in self.state.values()
+            if key == "step" and t is not None
+        ]
+
+    # per step ---------------------------------------------------------------------------
+    def before_step(self, structure: Structure) -> None:
+        """What changed on the torch side since the last step reaches the device."""
+        if structure.pointers != self.pointers:  # p.data = ... : share the new storage
+            self.attach(structure)
+            return
+        if self.copied:
+            self._write_changed_copies()
+        if self.optim is not None:
+            self._optimizer_state_changed()
+
+    def _optimizer_state_changed(self) -> None:
+        """torch's state replaced (load_state_dict, clear): take it; a ``step`` tensor moved
+        by someone else: read the step counts again."""
+        state = self.optim.optimizer.state
+        for p, key, t in self.state.values():
+            if state.get(p, _EMPTY).get(key) is not t:  # load_state_dict, or state cleared
+                self.load_optimizer_state()
+                return
+        for t, version in self.versions:
+            if t._version != version:
+                for g in self.optim.groups:
+                    g.step = self.optim._initial_step(g)
+                self._note_versions()
+                return
+
+    def after_step(self) -> None:
+        """Copies back what is not shared; torch's optimizer gets the state it now has."""
+        if self.copied:
+            self.weights_to_torch()
+        if self.optim is None:
+            return
+        new = [var for var, (_, _, t) in self.state.items() if t is None]
+        if new:
+            self._hand_over(new)
+        self._note_versions()
+
+    def _hand_over(self, new: list[popxl.Variable]) -> None:
+        """The state variables torch has no tensor for yet (first step): make torch's, with
+        the device values, in torch's format (``step`` a float32 scalar), and share them."""
+        values = self.session.get_tensors_data(new)
+        shared = {}
+        for var in new:
+            p, key, _ = self.state[var]
+            shape = () if key == "step" else p.shape
+            t = torch.from_numpy(np.array(values[var])).reshape(shape).clone()
+            self.optim.optimizer.state[p][key] = t
+            self.state[var] = (p, key, t)
+            if self._can_share(var, t):
+                shared[var] = t
+            else:
+                self.copied.append(_Copied(var, t, t._version))
+        if shared:
+            self.session.share_variable_storage(shared)
+
+    def weights_to_torch(self) -> None:
+        """The device values of the tensors that are copied, not shared, into torch's."""
+        values = self.session.get_tensors_data([c.variable for c in self.copied])
+        with torch.no_grad():
+            for c in self.copied:
+                value = torch.from_numpy(np.asarray(values[c.variable]))
+                c.tensor.copy_(value.reshape(c.tensor.shape))
+                c.version = c.tensor._version
+
+    def _write_changed_copies(self) -> None:
+        changed = [c for c in self.copied if c.tensor._version != c.version]
+        if changed:
+            self.session.write_variables_data(
+                {
+                    c.variable: c.tensor.detach()
+                    .cpu()
+                    .contiguous()
+                    .numpy()
+                    .astype(c.variable.dtype.as_numpy())
+                    .reshape(c.variable.shape)
+                    for c in changed
+                }
+            )
+            for c in changed:
+                c.version = c.tensor._version
+
+
+_EMPTY: dict = {}
+
+
+def _state_dtype_error(name: str, key: str, t: torch.Tensor, var: popxl.Variable) -> Exception:
+    """torch's state in another dtype than its parameter (the model converted after the
+    optimizer stepped): eager keeps computing that state in its old dtype, op by op, which
+    the program (state in the parameter's dtype) cannot reproduce."""
+    return UnsupportedOptimizerError(
+        f"the optimizer's {key!r} of parameter '{name}' is {t.dtype}, the parameter "
+        f"{var.dtype.as_torch()} (the model's dtype changed after the optimizer stepped); "
+        "make a new optimizer (and trainer) for the converted model, or convert before the "
+        "first step."
+    )
