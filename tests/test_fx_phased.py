@@ -29,7 +29,7 @@ from torch import nn
 import popxl_fx
 from popxl_fx.optim import UnsupportedOptimizerError
 from popxl_fx.phases import PhaseError
-from tests.fx_zoo import GPT
+from tests.fx_zoo import GPT, small_cnn
 
 BATCH, STEPS = 8, 3
 OPTIMIZERS = {
@@ -166,4 +166,27 @@ def test_phased_with_replication_and_rts_is_bitwise_the_plain_replicated_program
     assert torch.equal(losses, losses0)
     _assert_same(params, params0)
     _assert_same(_states(state), _states(state0))
+    assert peak < peak0
+
+
+@pytest.mark.parametrize(
+    "extra", [{}, {"replication_factor": 2, "replicated_tensor_sharding": True}]
+)
+def test_batchnorm_cnn_phased_by_children_is_bitwise(extra):
+    """A small ResNet-style CNN (conv, BatchNorm, pooling; tests/fx_zoo.small_cnn) phased by
+    its children, SGD-momentum, 3 steps: losses, parameters and the BatchNorm running
+    statistics (buffers stay on chip, per replica) equal the plain program's bit for bit."""
+
+    def run(phased):
+        torch.manual_seed(0)
+        model = small_cnn()
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        options = popxl_fx.Options(device="cpu", phased_execution=phased, **extra)
+        trainer = popxl_fx.training_model(model, opt, F.cross_entropy, options)
+        losses = torch.stack([trainer(x, y) for x, y in _data("seed_mlp")])
+        return losses, model.state_dict(), trainer.session.plan.memory[0].total
+
+    (losses, state, peak), (losses0, state0, peak0) = run("children"), run(False)
+    assert torch.equal(losses, losses0)
+    _assert_same(state, state0)
     assert peak < peak0
