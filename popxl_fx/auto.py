@@ -4,9 +4,9 @@
 unchanged. Otherwise it plans every candidate of `candidates` -- phased execution (the
 repeated blocks, or the top-level children), with replicated tensor sharding when the program
 is replicated, outlining with recomputation, gradient accumulation -- each a what-if build on
-weightless variables (zeros that are never written: no weight copies, no host memory for
-them) that stops at the simulator's plan, and keeps the candidate that fits with the lowest
-estimated step time. When none fits, `NoPlanFitsError` gives the best plan's shortfall and
+weightless variables (broadcast zeros: no weight copies, no host memory for them) that stops
+at the simulator's plan, and keeps the candidate that fits with the lowest estimated step
+time. When none fits, `NoPlanFitsError` gives the best plan's shortfall and
 every candidate's peak.
 """
 

@@ -81,8 +81,8 @@ class Module(addons.Module):
         outline_prefix: where the user's model sits in ``torch_module`` (``"model."`` in
             the loss wrapper).
         weightless: variables get zero-filled data of the right shape and dtype instead of a
-            copy of the torch tensors (what-if planning: the memory plan needs no values, and
-            untouched zero pages cost no host memory).
+            copy of the torch tensors (what-if planning: the memory plan needs no values; a
+            broadcast zero costs no host memory until a Session attaches).
     """
 
     def __init__(
@@ -340,14 +340,14 @@ def _tensor_at(root: nn.Module, qualname: str) -> torch.Tensor:
 def _host_data(tensor: torch.Tensor, weightless: bool = False) -> Callable[[], np.ndarray]:
     """The factory's data: one host copy of ``tensor``, made on first use and then reused
     (a factory draws several times; copying a large model each time costs seconds). With
-    ``weightless``, zeros of its shape and dtype instead (``np.zeros`` maps pages on first
-    write, so a plan that never writes them costs no host memory)."""
+    ``weightless``, zeros of its shape and dtype instead: a broadcast of one zero, which popxl
+    keeps as it is, so a plan costs no host memory for it until a Session attaches."""
     copies: list[np.ndarray] = []
 
     def data() -> np.ndarray:
         if not copies and weightless:
             dtype = torch.empty((), dtype=tensor.dtype).numpy().dtype
-            copies.append(np.zeros(tuple(tensor.shape), dtype))
+            copies.append(np.broadcast_to(np.zeros((), dtype), tuple(tensor.shape)))
         elif not copies:
             copies.append(tensor.detach().cpu().numpy().copy())
         return copies[0]

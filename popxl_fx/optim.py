@@ -233,8 +233,8 @@ class OptimizerProgram:
     def _initial(self, name: str, key: str, shape: tuple, dtype: np.dtype) -> np.ndarray:
         """The torch optimizer's state value (zeros where it has none)."""
         value = self.optimizer.state.get(self.params[name], {}).get(key)
-        if value is None:
-            return np.zeros(shape, dtype)
+        if value is None:  # a fill: no host memory until a Session attaches (planning)
+            return np.broadcast_to(np.zeros((), dtype), shape)
         return value.detach().cpu().numpy().astype(dtype).reshape(shape)
 
     def _state_var(self, name: str, key: str, like: popxl.Tensor) -> popxl.Tensor:

@@ -8,6 +8,10 @@ device="cpu" bit for bit (losses and parameters: phasing runs the same kernels o
 values, `tests/test_fx_phased.py`). On device="ipu_hw" (897 MiB) the same model fits and is
 left unchanged; a single 4 MiB layer fits no plan on "ipu_model", and the error gives the best
 plan's shortfall.
+
+Measured (not asserted: tests never assert on time) for a 103 M-parameter GPT (8 blocks of
+width 1024, Adam) on "ipu_hw": a what-if plan takes 6.6 s and +0.10 GiB resident; reaching the
+real OOM error takes 9.5 s and +0.84 GiB.
 """
 
 from __future__ import annotations
@@ -98,4 +102,5 @@ def test_weightless_modules_copy_no_weights():
     for key, f in facts.to_dict().items():
         data = f.next_data(False)
         assert not data.any(), key  # zeros of the right shape, not the torch values
+        assert not any(data.strides), key  # a broadcast zero: no host memory
         assert tuple(data.shape) == tuple(model.get_parameter(key).shape)
