@@ -134,7 +134,9 @@ class Ir:
         rows, so a row of a 12-row product can differ in the last bits from the same row of
         a 3-row one, and batch serialisation would change the numbers); the simulator sums
         the exact float32 products in float64 and rounds once to the output dtype instead.
-        ``"torch"``: torch's own float32 kernels, bit for bit what eager PyTorch computes;
+        ``"torch"``: torch's own float32 kernels, bit for bit what eager PyTorch computes
+        (and torch's own float16 kernels for float16 tensors, where ``"ipu"`` computes
+        float16 in float32 and rounds, as the IPU's AMP units do);
         `popxl_fx` sets it, because its reference is eager PyTorch. A project setting, not
         PopXL's; it cannot change once a Session has compiled the Ir.
         """

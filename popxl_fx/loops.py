@@ -73,18 +73,26 @@ def micro_batch_loop(
     batch: Sequence[popxl.Tensor],
     k: int,
     loss_index: int,
+    micro_step: Callable[..., popxl.Tensor] | None = None,
+    loss_scale: float = 1.0,
 ) -> popxl.Tensor:
     """Forward and accumulating backward over ``k`` micro-batches of ``batch`` (in the current
-    graph: `ops.repeat` of one micro-batch graph); returns the mean of the k losses."""
+    graph: `ops.repeat` of one micro-batch graph); returns the mean of the k losses.
+
+    ``micro_step(variables, accum, xs) -> loss`` replaces the forward and backward call of one
+    micro-batch (batch serialisation: its slices); ``loss_scale`` seeds the backward."""
     rows = batch[0].shape[0] // k
     loss_dtype = fwd.graph.outputs[loss_index].dtype
 
     def one_micro_batch(local: Local, offset: popxl.Tensor, loss_sum: popxl.Tensor):
         xs = [ops.dynamic_slice(local(x), offset, [0], [rows], True) for x in batch]
-        site = fwd.bind(_named(variables, local)).call_with_info(*xs)
-        loss = site.outputs[loss_index]
-        one = popxl.constant(1.0, loss.dtype, "loss_grad")
-        bwd.bind(_named(accum, local)).call(one, args=bwd.grad_graph_info.inputs_dict(site))
+        if micro_step is not None:
+            loss = micro_step(_named(variables, local), _named(accum, local), xs)
+        else:
+            site = fwd.bind(_named(variables, local)).call_with_info(*xs)
+            loss = site.outputs[loss_index]
+            seed = popxl.constant(float(loss_scale), loss.dtype, "loss_grad")
+            bwd.bind(_named(accum, local)).call(seed, args=bwd.grad_graph_info.inputs_dict(site))
         step = popxl.constant(np.array([rows], np.uint32), popxl.uint32, "rows")
         return offset + step, loss_sum + loss
 

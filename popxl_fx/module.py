@@ -75,6 +75,12 @@ class Module(addons.Module):
             ``create_graph`` needs for dict/nested outputs); `unflatten` restores the structure.
         cache: as for `addons.Module`: reuse the graph for calls with the same input specs
             (e.g. one graph for several ``call_module`` outlines).
+        master: a module with the same parameter and buffer names as ``torch_module`` that
+            holds the weights (``precision="float16"``: ``torch_module`` is a float16 copy
+            traced for its arithmetic, ``master`` the user's float32 model). A parameter whose
+            dtype differs becomes a variable of the master's dtype, cast where the graph uses
+            it (so its gradient comes back in the master's dtype); a buffer keeps the traced
+            dtype and starts from the master's value.
         outline: ``False``, ``"auto"`` or a tuple of module names and classes
             (`popxl_fx.Options.outline`); names are relative to ``outline_prefix``.
         recompute: give each outlined block a recomputing gradient graph.
@@ -90,6 +96,7 @@ class Module(addons.Module):
         torch_module: nn.Module,
         flatten_outputs: bool = False,
         cache: bool = False,
+        master: nn.Module | None = None,
         outline: bool | str | tuple = False,
         recompute: bool = False,
         outline_prefix: str = "",
@@ -100,6 +107,7 @@ class Module(addons.Module):
         if recompute and outline is False:
             raise ValueError("recompute=True recomputes outlined blocks: give outline= too.")
         self.torch_module = torch_module
+        self.master = master
         self.flatten_outputs = flatten_outputs
         self.outline = outline
         self.recompute = recompute
@@ -111,6 +119,8 @@ class Module(addons.Module):
         self._captures: dict[tuple, Captured] = {}
         self._vars: dict[str, popxl.Tensor] = {}
         self._seed: list[popxl.Tensor] = []
+        # master weights' working copies (their casts) in the last graph built, by name
+        self.working_copies: dict[str, popxl.Tensor] = {}
 
     # capture ---------------------------------------------------------------------------
     def capture(self, *example_inputs: Any) -> Captured:
@@ -149,10 +159,9 @@ class Module(addons.Module):
         return [g for group in groups for g in (group.n_outputs or {}) if g.ir is ir]
 
     def torch_names(self) -> dict[str, tuple[str, torch.Tensor]]:
-        """Variable name -> ("param" | "buffer", torch tensor), for every torch tensor."""
-        names = {n: ("param", t) for n, t in self.torch_module.named_parameters()}
-        names.update({n: ("buffer", t) for n, t in self.torch_module.named_buffers()})
-        return names
+        """Variable name -> ("param" | "buffer", torch tensor), for every torch tensor (the
+        master's tensors when there is a master: they are the weights)."""
+        return _named_tensors(self.master if self.master is not None else self.torch_module)
 
     # build -----------------------------------------------------------------------------
     def build(self, *xs: popxl.Tensor) -> Any:
@@ -164,10 +173,11 @@ class Module(addons.Module):
         if issues:
             raise UnsupportedError(type(self.torch_module).__name__, issues)
         popxl.gcg().ir.numerics = "torch"  # torch's kernels, as eager PyTorch runs them
-        self._vars, self._seed = {}, []
-        names = self.torch_names()
-        self._canonical = {id(t): n for n, (_, t) in names.items()}
-        self._kinds = {n: kind for n, (kind, _) in names.items()}
+        self._vars, self._seed, self.working_copies = {}, [], {}
+        traced = _named_tensors(self.torch_module)
+        self._canonical = {id(t): n for n, (_, t) in traced.items()}
+        self._kinds = {n: kind for n, (kind, _) in traced.items()}
+        self._masters = {n: t for n, (_, t) in self.torch_names().items()}
         plan = self._plan = self.outline_plan(*xs)
         self._sites = {}
         gm = plan.gm if plan is not None else captured.gm
@@ -253,17 +263,21 @@ class Module(addons.Module):
                 f"the tensor is not a parameter or buffer of {type(self.torch_module).__name__}."
             )
         if name not in self._vars:
-            kind = self._kinds[name]
-            data = tensor.detach()
+            kind, master = self._kinds[name], self._masters.get(name, tensor)
+            # a buffer is updated in place (by_ref): it lives in the traced dtype
+            data = master.detach() if kind == "param" else master.detach().to(tensor.dtype)
             # overwrite=True: "fc.bias" merges into the "fc" sub-tree that "fc.weight" made
             # (each name is added once: self._vars guards it).
-            self._vars[name] = self.add_variable_input(
+            var = self.add_variable_input(
                 name,
                 _host_data(data, self.weightless),
                 popxl.dtype.as_dtype(data.dtype),
                 by_ref=kind == "buffer",
                 overwrite=True,
             )
+            if data.dtype != tensor.dtype:  # a master weight: its working copy, once per graph
+                var = self.working_copies[name] = ops.cast(var, popxl.dtype.as_dtype(tensor.dtype))
+            self._vars[name] = var
         return self._vars[name]
 
     def _record(self, name: str | int, t: Any, f: Any, overwrite: bool) -> None:
@@ -289,6 +303,12 @@ class Module(addons.Module):
     def _advance_seed(self) -> None:
         if self._seed:
             ops.var_updates.copy_var_update_(self._seed[0], self._seed[1])
+
+
+def _named_tensors(module: nn.Module) -> dict[str, tuple[str, torch.Tensor]]:
+    names = {n: ("param", t) for n, t in module.named_parameters()}
+    names.update({n: ("buffer", t) for n, t in module.named_buffers()})
+    return names
 
 
 def _builder(group: Group) -> Module:

@@ -32,9 +32,10 @@ class Options:
             dtypes, input specs) become one graph called once per instance, each call with its
             own variables bound (PopXL outlining, addons ``Module.call_module``/``bind``); a
             list of module names or classes outlines those; ``False`` (default) inlines all.
-            Outlining is bit for bit with inlining (the same kernels run); the default stays
-            ``False`` because "auto" costs extra traces at build time and gives each block
-            its own dropout seed (other masks than today's). See `popxl_fx.outline`.
+            Outlining runs the same kernels; the default stays ``False`` (bit for bit with
+            eager for every model) because a block given one tensor twice sums that
+            tensor's gradients in another order (last bit) and each block draws dropout
+            masks from its own seed. See `popxl_fx.outline`.
         recompute: rebuild each outlined block's forward in its backward instead of keeping
             its activations (PopXL ``recompute_graph``; PopTorch ``recomputationCheckpoint``).
         gradient_accumulation: split each batch into this many consecutive micro-batches,
@@ -46,7 +47,9 @@ class Options:
             call (PopTorch ``deviceIterations``; `training_model` and `inference_model`, whose
             outputs then have the leading dimension too).
         batch_serialisation: process each micro-batch in this many slices, activations through
-            remote buffers (addons ``batch_serialise_fwd_and_grad``).
+            remote buffers, gradients mean-accumulated over the slices, one optimizer step
+            (PopXL batch serialisation, addons ``batch_serialise_fwd_and_grad``;
+            `popxl_fx.batch_serial`). Batch norm statistics are per slice.
         replication_factor: data-parallel replicas; each gets its share of the batch (dim 0
             of every input, in batch order), the gradients are mean all-reduced and every
             replica applies the same update; the loss returned is the mean of the replicas'
@@ -56,9 +59,13 @@ class Options:
         replicated_tensor_sharding: shard optimizer state across the replicas, ``ceil(n/R)``
             elements each (reduce-scatter gradients, sharded update, all-gather weights;
             PopXL RTS, ``addons.rts``); training_model only.
-        precision: ``"float32"`` (default, bit for bit with eager) or ``"float16"`` weights and
-            activations with float32 master weights and optimizer state.
-        loss_scaling: static loss scale with ``precision="float16"`` (PopTorch ``loss_scaling``).
+        precision: ``"float32"`` (default, bit for bit with eager) or ``"float16"``: the model
+            traced in float16 (PopTorch ``model.half()``), its weights cast per step from
+            float32 master variables, gradients accumulated and the optimizer (and its state)
+            in float32 (`popxl_fx.precision`).
+        loss_scaling: static loss scale with ``precision="float16"``: the backward starts from
+            ``loss_scaling`` and the gradients are divided by it before the optimizer
+            (PopTorch ``opts.Training.setLossScaling``/``loss_scaling``).
         phased_execution: keep each phase's parameters and optimizer state in Streaming
             Memory (remote buffers) and run the step phase by phase: load a phase's weights,
             run its forward; then, in reverse, reload them, run its backward and its optimizer
@@ -229,13 +236,7 @@ def _phases_value(value: object) -> bool | str | tuple:
 
 # Fields the build pipeline does not apply yet: setting one raises instead of being ignored.
 # Whoever implements a field removes it here (and tests it against the plain program).
-NOT_YET = frozenset(
-    {
-        "batch_serialisation",
-        "precision",
-        "loss_scaling",
-    }
-)
+NOT_YET: frozenset[str] = frozenset()
 
 
 def resolve(options: Options | None) -> Options:

@@ -25,6 +25,7 @@ import torch.fx as fx
 from torch import nn
 
 from .capture import Captured, CaptureTracer, capture, is_leaf, preserved, trace_module
+from .capture_effects import WARN_KINDS
 from .inplace import mutated_input
 
 __all__ = ["Group", "OutlineError", "OutlinePlan", "candidates", "plan_outline"]
@@ -231,6 +232,9 @@ def _site(
     args = [a.meta.get("example_value") if isinstance(a, fx.Node) else a for a in node.args]
     if not all(isinstance(a, torch.Tensor) for a in args):
         return "an argument is not a tensor (a python value would be baked into the graph)."
+    returned = torch.utils._pytree.tree_leaves(node.meta.get("example_value"))
+    if not returned or not all(isinstance(r, torch.Tensor) for r in returned):
+        return "it returns something other than tensors (a graph returns tensors only)."
     shared = _shared_tensors(root, module)
     if shared:
         shared = shared[len(prefix) :] if shared.startswith(prefix) else shared
@@ -240,8 +244,9 @@ def _site(
         specs = tuple((tuple(a.shape), a.dtype) for a in args)
         return (_structure(module), specs, "leaf", _configuration(module)), captured
     captured = capture(module, tuple(args))
-    if captured.issues:
-        return f"its forward does not trace alone: {captured.issues[0].what}"
+    fatal = [i for i in captured.issues if i.kind not in WARN_KINDS]  # the model's check warns
+    if fatal:
+        return f"its forward does not trace alone: {fatal[0].what}"
     written = [n.name for n in captured.gm.graph.nodes if _writes_placeholder(n, module)]
     if written:
         return f"its forward writes its input {written[0]!r} in place."

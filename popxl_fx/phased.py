@@ -41,7 +41,7 @@ from .optim_remote import RemoteState
 from .phases import Piece, phase_paths, split_pieces
 from .pipeline import Build, Lowered, _entered
 from .program import Weights, load_inputs, store
-from .replication import check_batch, replica_examples, replication_of
+from .replication import check_batch_split, replica_examples, replication_of
 
 __all__ = ["build_phased_training", "check_phased_options"]
 
@@ -52,6 +52,11 @@ _EXCLUSIVE = ("outline", "gradient_accumulation", "device_iterations", "batch_se
 def check_phased_options(build: Build) -> None:
     """Refuse the `Options` phased execution does not combine with (named, with the fix)."""
     opts = build.options
+    if opts.precision != "float32":
+        raise ValueError(
+            f"Options(phased_execution={opts.phased_execution!r}) does not combine with "
+            f"precision={opts.precision!r} yet; leave precision at 'float32'."
+        )
     for name in _EXCLUSIVE:
         value = getattr(opts, name)
         if value not in (False, 1):
@@ -89,7 +94,7 @@ def build_phased_training(build: Build, signature: Any, req: Any) -> Any:
         )
     opts = build.options
     check_inputs(req.model, req.inputs)
-    check_batch(req.inputs, opts)
+    check_batch_split(req.inputs, opts)
     model_inputs = req.inputs[:-1] if req.has_loss_fn else req.inputs
     contexts = (lambda: integer_inputs_explained(req.model, model_inputs), *req.contexts)
     examples = replica_examples(req.inputs, opts.replication_factor)

@@ -64,6 +64,7 @@ from popxl_core.sim.plan import build_plan
 from . import lowerings, replication  # noqa: F401  (lowerings fills the lowering table)
 from .module import Module
 from .options import Options
+from .precision import check_loss_scale, half_copy, half_inputs, unscale
 from .program import Weights, describe_change, log, make_session
 
 __all__ = [
@@ -77,6 +78,7 @@ __all__ = [
     "backward",
     "check_entry",
     "lower",
+    "master_gradients",
     "reduce_gradients",
     "weights_of",
 ]
@@ -133,8 +135,12 @@ _UNSUPPORTED = {
         "'ipu_model' for a model bigger than one IPU",
         "memory": "plans training programs (memory='auto'); inference_model does not plan "
         "yet: use device='cpu' or 'ipu_model' for a model bigger than one IPU",
+        "batch_serialisation": "is applied by training_model only so far",
     },
     "compile": {
+        "batch_serialisation": "is applied by training_model only so far",
+        "precision": "is applied by training_model only so far (the torch optimizer "
+        "steps the float32 parameters either way)",
         "gradient_accumulation": "is the torch loop's to do around a compiled module "
         "(call it per micro-batch, then optimizer.step())",
         "device_iterations": "is not applied to compile (the torch loop calls it per "
@@ -157,6 +163,13 @@ def check_entry(entry: str, options: Options) -> None:
         value = getattr(options, name)
         if value != getattr(default, name):
             raise ValueError(f"Options({name}={value!r}) {why}; {entry} refuses it.")
+    if options.outline is not False and options.precision != "float32":
+        # an outlined block's call sites bind the traced (float16) copy's tensors, not the
+        # float32 masters: not combined until that is built and tested
+        raise ValueError(
+            f"Options(outline={options.outline!r}) with precision={options.precision!r} is "
+            "not applied yet; use one of them (outline=False, or precision='float32')."
+        )
 
 
 class Build:
@@ -284,18 +297,13 @@ def lower(
     block (`popxl_fx.outline`); with ``recompute=True`` and ``differentiated`` (a backward
     will be built) each block's gradient graph recomputes its forward. Both happen while the
     forward is lowered, since a block's gradient graph must exist before its call sites do;
-    the "recompute" stage is recorded after "backward", which calls those graphs.
+    the "recompute" stage is recorded after "backward", which calls those graphs. With
+    ``precision="float16"`` the traced module is a float16 copy (`popxl_fx.precision`).
     """
     opts = build.options
-    recompute = opts.recompute and differentiated
-    fxm = Module(
-        root,
-        flatten_outputs=True,
-        outline=opts.outline,
-        recompute=recompute,
-        outline_prefix=build.prefix,
-        weightless=build.plan_only,
-    )
+    fxm = _module(opts, root, build.prefix, opts.recompute and differentiated, build.plan_only)
+    if opts.precision == "float16":
+        examples = half_inputs(examples)
     with _entered(contexts):
         captured = fxm.capture(*examples)
     build.record("capture", f"torch.fx graph of {len(captured.gm.graph.nodes)} nodes")
@@ -306,12 +314,39 @@ def lower(
     return Lowered(fxm, facts, fwd)
 
 
+def _module(
+    options: Options, root: nn.Module, prefix: str, recompute: bool, weightless: bool = False
+) -> Module:
+    """The traced module: ``root`` itself, or (precision="float16") a float16 copy of it
+    whose parameters are ``root``'s float32 master weights (`popxl_fx.precision`); outlined
+    as ``options.outline`` says (names relative to ``prefix``, where the model sits);
+    ``weightless`` for what-if plans (`Module`)."""
+    outline = {
+        "outline": options.outline,
+        "recompute": recompute,
+        "outline_prefix": prefix,
+        "weightless": weightless,
+    }
+    if options.precision == "float16":
+        check_loss_scale(options)
+        return Module(half_copy(root), flatten_outputs=True, master=root, **outline)
+    return Module(root, flatten_outputs=True, **outline)
+
+
 def _record_recompute(build: Build, lowered: Lowered) -> None:
     """The "recompute" stage: the blocks' recomputing gradient graphs (made while lowering)
     are what the backward calls."""
     if not lowered.fxm.recompute:
         return
     blocks = [g.name for g in lowered.fxm.block_graphs(build.ir)]
+    if not blocks:  # said, not silent: explain shows it too
+        log.warning(
+            "Options(recompute=True): outline=%r found no repeated block, so nothing is "
+            "recomputed; list the modules to recompute with outline=[...].",
+            build.options.outline,
+        )
+        build.record("recompute", "no outlined block: nothing recomputed")
+        return
     made = [
         g
         for g in build.ir._graphs.values()
@@ -372,6 +407,19 @@ def reduce_gradients(build: Build, grads: dict[str, popxl.Tensor]) -> dict[str, 
     updates the shard: `optim_replicated`); records the "replication" stage. With one
     replica they are the step's own gradients."""
     return replication.reduce_gradients(build, grads)
+
+
+def master_gradients(build: Build, grads: dict[str, popxl.Tensor]) -> dict[str, popxl.Tensor]:
+    """The gradients of the scaled loss, divided by ``loss_scaling`` (float32 master
+    gradients); records the "precision" stage when the program is float16."""
+    if build.options.precision != "float16":
+        return grads
+    build.record(
+        "precision",
+        f"float16 weights (cast from float32 masters) and activations; loss scaled by "
+        f"{build.options.loss_scaling:g}, gradients unscaled in float32",
+    )
+    return {n: unscale(g, build.options) for n, g in grads.items()}
 
 
 def weights_of(variables: Any, lowered: Lowered, prefix: str = "") -> Weights:

@@ -43,8 +43,7 @@ def _popxl_dtype(t: torch.Tensor) -> popxl.dtype:
 
 @dataclass
 class Inputs:
-    """Host-to-device streams for a step's torch inputs, and the loaded tensors; with
-    ``replicas > 1`` each replica loads its share of the batch (dim 0)."""
+    """Host-to-device streams for a step's torch inputs, and the loaded tensors."""
 
     streams: list[popxl.HostToDeviceStream]
     tensors: list[popxl.Tensor]
@@ -54,7 +53,11 @@ class Inputs:
         """The host arrays of ``values``; with replication the batch dimension ``B`` (after a
         leading device-iterations dimension, if any) becomes ``[R, B/R]`` (PopXL's layout:
         replica r gets rows ``r*B/R`` to ``(r+1)*B/R``, in batch order)."""
-        feeds = {s: _numpy(v) for s, v in zip(self.streams, values)}
+        # astype: float inputs of a float16 program are rounded on the host (a no-op otherwise)
+        feeds = {
+            s: _numpy(v).astype(s.dtype.as_numpy(), copy=False)
+            for s, v in zip(self.streams, values)
+        }
         if self.replicas == 1:
             return feeds
         return {s: _split_batch(a, len(s.shape), self.replicas) for s, a in feeds.items()}
@@ -159,7 +162,7 @@ class Weights:
         """Write the torch tensors' values into the device variables."""
         session.write_variables_data(
             {
-                v: _numpy(self.tensors[n])
+                v: _host_value(self.tensors[n], v)
                 for n, v in self.variables.items()
                 if self.kinds[n] in kinds
             }
@@ -173,7 +176,10 @@ class Weights:
         changed = [n for n, v in now.items() if self.synced.get(n) != v]
         if changed:
             session.write_variables_data(
-                {self.variables[n]: _numpy(self.tensors[n]) for n in changed}
+                {
+                    self.variables[n]: _host_value(self.tensors[n], self.variables[n])
+                    for n in changed
+                }
             )
         self.synced = now
 
@@ -183,6 +189,12 @@ class Weights:
 
     def forget_synced(self) -> None:
         self.synced = {}
+
+
+def _host_value(tensor: torch.Tensor, var: popxl.Variable) -> np.ndarray:
+    # astype: a float16 program keeps buffers in float16 (the torch model's stay float32);
+    # a no-op otherwise
+    return _numpy(tensor).astype(var.dtype.as_numpy(), copy=False)
 
 
 def make_session(

@@ -1,4 +1,6 @@
-"""Data parallelism for popxl_fx programs: the host side of ``Options(replication_factor=R)``.
+"""Data parallelism for popxl_fx programs (``Options(replication_factor=R)``): the batch split
+on the host, the pipeline's gradient reduction (`reduce_gradients`), the results put back
+together.
 
 Every input is split along its first (batch) dimension into R equal shares, in batch order:
 replica r gets rows ``[r * B/R, (r + 1) * B/R)``, which is PopXL's host layout for a
@@ -22,7 +24,7 @@ from .options import Options
 
 __all__ = [
     "broadcast_feeds",
-    "check_batch",
+    "check_batch_split",
     "from_replicas",
     "reduce_gradients",
     "replica_examples",
@@ -40,7 +42,7 @@ def _divisor_text(options: Options, training: bool) -> str:
     )
 
 
-def check_batch(inputs: Sequence[object], options: Options, training: bool = True) -> None:
+def check_batch_split(inputs: Sequence[object], options: Options, training: bool = True) -> None:
     """Every input has a batch dimension that divides by what the options split it into
     (`Options.batch_divisor` for training, ``replication_factor`` for inference)."""
     divisor = options.batch_divisor if training else options.replication_factor

@@ -21,6 +21,7 @@ import addons
 import popxl_core as popxl
 from popxl_core import ops
 
+from .batch_serial import check_batch, serialise_step
 from .checks import check_inputs, integer_inputs_explained
 from .loops import check_batches, micro_batch_loop, repeat_step
 from .loss import check_scalar_loss, loss_index
@@ -32,11 +33,13 @@ from .pipeline import (
     accumulating_backward,
     backward,
     lower,
+    master_gradients,
     reduce_gradients,
     weights_of,
 )
+from .precision import loss_seed, stream_values
 from .program import Inputs, Weights, load_inputs, store
-from .replication import check_batch, replica_examples
+from .replication import check_batch_split, replica_examples
 
 __all__ = ["Program", "build_inference", "build_training", "lower_for_compile"]
 
@@ -92,16 +95,16 @@ def build_training(build: Build, signature: Any, req: TrainingRequest) -> Progra
         from .phased import build_phased_training  # phased imports Program from here
 
         return build_phased_training(build, signature, req)
-    if opts.gradient_accumulation > 1 or opts.device_iterations > 1:
+    if max(opts.gradient_accumulation, opts.device_iterations, opts.batch_serialisation) > 1:
         return build_training_loops(build, signature, req)
     model_inputs = req.inputs[:-1] if req.has_loss_fn else req.inputs
     check_inputs(req.model, req.inputs)
-    check_batch(req.inputs, opts)
+    check_batch_split(req.inputs, opts)
     replicas = opts.replication_factor
     examples = replica_examples(req.inputs, replicas)  # one replica's share of the batch
     contexts = (lambda: integer_inputs_explained(req.model, model_inputs), *req.contexts)
     with build.ir.main_graph, popxl.in_sequence():
-        ins = load_inputs(req.inputs, req.names, replicas)
+        ins = load_inputs(stream_values(opts, req.inputs), req.names, replicas)
         lowered = lower(build, req.root, ins.tensors, examples, contexts)
         fwd = lowered.forward
         index = loss_index(lowered.fxm.out_spec, len(fwd.graph.outputs), req.model)
@@ -116,10 +119,11 @@ def build_training(build: Build, signature: Any, req: TrainingRequest) -> Progra
         weights = weights_of(variables, lowered, build.prefix)
         params = {n: weights.variables[n] for n in weights.names("param")}
         grads = {n: step.grads[v] for n, v in params.items() if v in step.grads}
-        req.optimizer.build(params, reduce_gradients(build, grads))
+        grads = master_gradients(build, reduce_gradients(build, grads))
+        req.optimizer.build(params, grads)
         build.record("optimizer", f"{type(req.optimizer.optimizer).__name__} var updates")
         outputs = {"loss": store(step.loss, "loss")}
-        if req.record:
+        if req.record:  # the gradients the optimizer steps with (float16: unscaled)
             outputs.update(_recorded(step.outputs, index, grads))
     session = build.session()
     return Program(
@@ -152,8 +156,8 @@ def _plain_step(build: Build, lowered: Lowered, variables, ins: Inputs, index: i
     fwd = fwd_graph.bind(variables).call_with_info(*ins.tensors)
     loss = fwd.outputs[index]
     info = bwd_graph.grad_graph_info
-    one = popxl.constant(1.0, loss.dtype, "loss_grad")
-    bwd = bwd_graph.call_with_info(one, args=info.inputs_dict(fwd))
+    seed = loss_seed(loss, build.options)
+    bwd = bwd_graph.call_with_info(seed, args=info.inputs_dict(fwd))
     grads = info.fwd_parent_ins_to_grad_parent_outs(fwd, bwd)
     return _Step(loss, list(fwd.outputs), grads)
 
@@ -172,7 +176,7 @@ def build_inference(build: Build, signature: Any, inputs: Sequence[torch.Tensor]
     check_inputs(build.model, inputs)
     check_batches(inputs, 1, n)
     one = tuple(x[0] for x in inputs) if n > 1 else tuple(inputs)  # one iteration's inputs
-    check_batch(one, build.options, training=False)
+    check_batch_split(one, build.options, training=False)
     replicas = build.options.replication_factor
     examples = replica_examples(one, replicas)  # what one replica sees of one iteration
     contexts = (lambda: integer_inputs_explained(build.model, one),)
@@ -180,17 +184,20 @@ def build_inference(build: Build, signature: Any, inputs: Sequence[torch.Tensor]
     ir = build.ir
     with ir.main_graph, popxl.in_sequence():
         if n == 1:  # the plain program: inputs loaded in the main graph, as before
-            ins = load_inputs(one, names, replicas)
+            ins = load_inputs(stream_values(build.options, one), names, replicas)
             specs: Sequence[Any] = ins.tensors
         else:
-            specs = [_spec(x) for x in examples]
+            specs = [
+                popxl.TensorSpec(tuple(x.shape), popxl.dtype.as_dtype(x.dtype))
+                for x in stream_values(build.options, examples)
+            ]
         lowered = lower(build, build.model, specs, examples, contexts, differentiated=False)
         variables = lowered.facts.init()
         loaded: list[Inputs] = []
         outputs: dict[str, popxl.DeviceToHostStream] = {}
 
         def forward(local: Callable[[popxl.Tensor], popxl.Tensor], ins=None) -> None:
-            ins = ins or load_inputs(one, names, replicas)
+            ins = ins or load_inputs(stream_values(build.options, one), names, replicas)
             loaded.append(ins)
             outs = lowered.forward.bind(_named(variables, local)).call(*ins.tensors)
             outputs.update({f"output{i}": store(t, f"output{i}") for i, t in enumerate(outs)})
@@ -241,26 +248,34 @@ def lower_for_compile(
 
 
 def build_training_loops(build: Build, signature: Any, req: TrainingRequest) -> Program:
-    """The training program with a micro-batch loop (k = gradient_accumulation) and/or a
-    device-iteration loop (n = device_iterations) around the step (see `loops`)."""
-    k, n = build.options.gradient_accumulation, build.options.device_iterations
+    """The training program with a micro-batch loop (k = gradient_accumulation), slices
+    (s = batch_serialisation, `batch_serial`) and/or a device-iteration loop
+    (n = device_iterations) around the step (see `loops`)."""
+    opts = build.options
+    k, n, s = opts.gradient_accumulation, opts.device_iterations, opts.batch_serialisation
     check_inputs(req.model, req.inputs)
     check_batches(req.inputs, k, n)
     if req.record:
         raise NotImplementedError(
             "recording outputs and gradients (assert_matches_eager) compares single steps; "
-            "it is not available with gradient_accumulation or device_iterations."
+            "it is not available with gradient_accumulation, batch_serialisation or "
+            "device_iterations."
         )
     step_inputs = tuple(x[0] for x in req.inputs) if n > 1 else req.inputs
-    check_batch(step_inputs, build.options)
-    replicas = build.options.replication_factor
-    # what the forward graph takes: one micro-batch of one replica
-    micro = tuple(x[: x.shape[0] // (k * replicas)] for x in step_inputs)
+    if s > 1:
+        check_batch(step_inputs, opts.batch_divisor, opts)
+    check_batch_split(step_inputs, opts)
+    replicas = opts.replication_factor
+    # the forward graph's: one slice of one micro-batch of one replica
+    micro = tuple(x[: x.shape[0] // (k * s * replicas)] for x in step_inputs)
     model_inputs = micro[:-1] if req.has_loss_fn else micro
     contexts = (lambda: integer_inputs_explained(req.model, model_inputs), *req.contexts)
     ir = build.ir
     with ir.main_graph, popxl.in_sequence():
-        specs = [_spec(x) for x in micro]
+        specs = [
+            popxl.TensorSpec(tuple(x.shape), popxl.dtype.as_dtype(x.dtype))
+            for x in stream_values(opts, micro)
+        ]
         lowered = lower(build, req.root, specs, micro, contexts)
         fwd = lowered.forward
         index = loss_index(lowered.fxm.out_spec, len(fwd.graph.outputs), req.model)
@@ -268,7 +283,7 @@ def build_training_loops(build: Build, signature: Any, req: TrainingRequest) -> 
         args = fwd.args.to_dict()
         trainable = lowered.trainable()
         loss_out, required = fwd.graph.outputs[index], [args[t] for t in trainable]
-        if k > 1:
+        if k > 1 or s > 1:
             accum_facts, _ = accumulating_backward(build, lowered, loss_out, required)
             accum = accum_facts.init()
         else:
@@ -279,33 +294,29 @@ def build_training_loops(build: Build, signature: Any, req: TrainingRequest) -> 
         losses: list[popxl.Tensor] = []
 
         def step(local: Callable[[popxl.Tensor], popxl.Tensor]) -> None:
-            ins = load_inputs(step_inputs, req.names, replicas)
+            ins = load_inputs(stream_values(opts, step_inputs), req.names, replicas)
             loaded.append(ins)
             named = _named(variables, local)
-            if k > 1:
+            if k > 1 or s > 1:
                 local_accum = _named(accum, local)
-                loss = micro_batch_loop(
-                    ir, fwd, lowered.backward, named, local_accum, ins.tensors, k, index
-                )
-                build.record(
-                    "accumulation",
-                    f"{k} micro-batches of {micro[0].shape[0]} rows: forward and backward "
-                    "repeated (ops.repeat), gradients mean-accumulated",
-                )
+                loss = _accumulated_step(build, lowered, named, local_accum, ins, index, micro)
                 sums, main = local_accum.to_dict(), variables.to_dict()
                 grads = {main[t]: sums[f"accum.{t}"] for t in trainable}
             else:
-                grads, loss = _local_step(lowered, named, variables, ins, index)
+                grads, loss = _local_step(build, lowered, named, variables, ins, index)
             params = {name: weights.variables[name] for name in weights.names("param")}
             req.optimizer.build(
                 {name: local(v) for name, v in params.items()},
-                reduce_gradients(
-                    build, {name: grads[v] for name, v in params.items() if v in grads}
+                master_gradients(
+                    build,
+                    reduce_gradients(
+                        build, {name: grads[v] for name, v in params.items() if v in grads}
+                    ),
                 ),
                 local=None if n == 1 else local,
             )
             build.record("optimizer", f"{type(req.optimizer.optimizer).__name__} var updates")
-            if k > 1:
+            if k > 1 or s > 1:  # the next step's first accumulation overwrites the sums
                 ops.var_updates.accumulator_scale_(local(accum.mean_accum_counter), 0.0)
             losses.append(store(loss, "loss"))
 
@@ -315,7 +326,7 @@ def build_training_loops(build: Build, signature: Any, req: TrainingRequest) -> 
             build.planned = True
             build.record("device_iterations", f"the step repeated {n} times per call")
         else:
-            build.planned = k > 1  # the micro-batch loop is called from the main graph
+            build.planned = k > 1 or s > 1  # the loops are called from the main graph
             step(lambda t: t)
     session = build.session()
     outputs = {"loss": losses[0]}
@@ -324,23 +335,58 @@ def build_training_loops(build: Build, signature: Any, req: TrainingRequest) -> 
     )
 
 
-def _spec(x: torch.Tensor) -> popxl.TensorSpec:
-    return popxl.TensorSpec(tuple(x.shape), popxl.dtype.as_dtype(x.dtype))
-
-
 def _named(tensors: addons.NamedTensors, local: Callable) -> addons.NamedTensors:
     return addons.NamedTensors.from_dict({n: local(t) for n, t in tensors.to_dict().items()})
 
 
-def _local_step(lowered: Lowered, named, variables, ins: Inputs, index: int) -> tuple:
+def _accumulated_step(
+    build: Build, lowered: Lowered, named, accum, ins: Inputs, index: int, micro: tuple
+) -> popxl.Tensor:
+    """Forward and accumulating backward over the step's batch: k micro-batches
+    (`loops.micro_batch_loop`) and/or s slices of each (`batch_serial.serialise_step`);
+    returns the step's loss (the mean of the micro-batches' / slices' losses)."""
+    opts = build.options
+    k, s = opts.gradient_accumulation, opts.batch_serialisation
+    fwd, bwd = lowered.forward, lowered.backward
+
+    def sliced(variables, sums, xs) -> popxl.Tensor:
+        copies = lowered.fxm.working_copies
+        return serialise_step(
+            fwd, bwd, variables, sums, xs, s, index, opts.loss_scaling, copies
+        ).loss
+
+    micro_step = sliced if s > 1 else None
+    if k > 1:
+        loss = micro_batch_loop(
+            build.ir, fwd, bwd, named, accum, ins.tensors, k, index, micro_step,
+            opts.loss_scaling,
+        )  # fmt: skip
+        rows = micro[0].shape[0] * s
+        build.record(
+            "accumulation",
+            f"{k} micro-batches of {rows} rows: forward and backward repeated (ops.repeat), "
+            "gradients mean-accumulated",
+        )
+    else:
+        loss = sliced(named, accum, ins.tensors)
+    if s > 1:
+        build.record(
+            "batch_serialisation",
+            f"{s} slices per micro-batch, {micro[0].shape[0]} rows each: forward and backward "
+            "loops, activations through remote buffers, gradients mean-accumulated",
+        )
+    return loss
+
+
+def _local_step(build: Build, lowered: Lowered, named, variables, ins: Inputs, index: int) -> tuple:
     """One forward and backward call on ``named`` (the step graph's stand-ins for
     ``variables``); gradients keyed by the main graph's variables."""
     fwd_graph, bwd_graph = lowered.forward, lowered.backward
     fwd = fwd_graph.bind(named).call_with_info(*ins.tensors)
     loss = fwd.outputs[index]
     info = bwd_graph.grad_graph_info
-    one = popxl.constant(1.0, loss.dtype, "loss_grad")
-    bwd = bwd_graph.call_with_info(one, args=info.inputs_dict(fwd))
+    seed = loss_seed(loss, build.options)
+    bwd = bwd_graph.call_with_info(seed, args=info.inputs_dict(fwd))
     by_local = info.fwd_parent_ins_to_grad_parent_outs(fwd, bwd)
     local_of = {named.to_dict()[name]: v for name, v in variables.to_dict().items()}
     return {local_of[t]: g for t, g in by_local.items() if t in local_of}, loss

@@ -60,6 +60,21 @@ def _kernel(data, idx, *initial, reduction, axis, axis_size, enable_index_broadc
     return out.narrow(axis, 0, axis_size)
 
 
+def _torch_kernel(data, idx, *initial, reduction, axis, axis_size, enable_index_broadcast):
+    """``Ir.numerics == "torch"``: a float16 sum of rows at 1-D indices (an embedding's
+    gradient) summed as eager's embedding backward sums it, row after row, each add rounded to
+    float16 (torch's scatter_reduce rounds differently in float16; float32 agrees)."""
+    if (data.dtype not in (torch.float16, torch.bfloat16) or reduction != "sum" or initial
+            or axis != 0 or idx.dim() != 1):
+        return _kernel(data, idx, *initial, reduction=reduction, axis=axis,
+                       axis_size=axis_size, enable_index_broadcast=enable_index_broadcast)
+    i = idx.long()
+    i = torch.where((i >= 0) & (i < axis_size), i, axis_size)  # the cut-off slot, as _kernel
+    rows = torch.ops.aten.embedding_dense_backward(
+        data.reshape(data.shape[0], -1), i, axis_size + 1, -1, False)
+    return rows[:axis_size].reshape((axis_size, *data.shape[1:]))
+
+
 def _grad(ctx):
     from . import init
     from .gather import gather, gather_elements
@@ -122,7 +137,8 @@ def _samples():
 
 
 SCATTER_REDUCE = register(OpDef("ScatterReduce", _infer, _kernel, grad=_grad, cost=_cost,
-                                samples=_samples, out_name="scatterreduce_out"))
+                                samples=_samples, out_name="scatterreduce_out",
+                                numerics_kernels={"torch": _torch_kernel}))
 
 
 def scatter_reduce(data: Tensor, indices: Tensor, reduction: str,

@@ -289,7 +289,7 @@ def _bound_kernel(op: Op, em: Emitter) -> Callable:
     if base is None:
         raise RuntimeError(f"{op.type}.{op.id} has no kernel and no emitter in the op table.")
     kernel = functools.partial(base, **op.attrs) if op.attrs else base
-    if opdef.fp16_in_fp32 and _touches_fp16(op):
+    if fp16_in_fp32(op):
         kernel = _fp16_via_fp32(kernel, op)
     if not opdef.view and _touches_narrow_unsigned(op):
         kernel = _unsigned_via_int64(kernel, op)
@@ -325,6 +325,13 @@ def _spec_checked(kernel: Callable, op: Op) -> Callable:
         return res
 
     return run
+
+
+def fp16_in_fp32(op: Op) -> bool:
+    """Whether ``op`` computes its float16 inputs in float32 (`OpDef.fp16_in_fp32`): on the
+    IPU's numerics; with ``Ir.numerics == "torch"`` torch's own float16 kernels run, as eager
+    PyTorch runs a ``model.half()`` (popxl_fx's reference, bit for bit)."""
+    return op.opdef.fp16_in_fp32 and op.graph.ir.numerics != "torch" and _touches_fp16(op)
 
 
 def _touches_fp16(op: Op) -> bool:

@@ -30,9 +30,9 @@ from ..tensor import Constant, Tensor, Variable
 from .compile import (
     _fp16_via_fp32,
     _modified_graph_inputs,
-    _touches_fp16,
     _touches_narrow_unsigned,
     _unsigned_via_int64,
+    fp16_in_fp32,
     is_remote,
 )
 
@@ -171,7 +171,7 @@ def plain_kernel(op: Op) -> Callable:
         raise RuntimeError(f"{op.type}.{op.id} has no kernel and no emitter in the op table.")
     if op.attrs:
         kernel = functools.partial(kernel, **op.attrs)
-    if op.opdef.fp16_in_fp32 and _touches_fp16(op):
+    if fp16_in_fp32(op):
         kernel = _fp16_via_fp32(kernel, op)
     if not op.opdef.view and _touches_narrow_unsigned(op):
         kernel = _unsigned_via_int64(kernel, op)

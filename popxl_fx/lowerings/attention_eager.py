@@ -25,8 +25,8 @@ def eager_uses_flash(shapes, dtype, dropout_p: float, is_causal: bool = False) -
     if dropout_p > 0 or any(len(s) != 4 for s in shapes):
         return False
     dt = dtype.as_torch()
-    if dt not in (torch.float32, torch.float64):
-        return False  # the simulator's low-precision arithmetic is not eager's anyway
+    if dt not in (torch.float32, torch.float64, torch.float16):
+        return False  # (float16: popxl_fx's numerics="torch" runs torch's float16 kernels)
     empty = [torch.empty(s, dtype=dt) for s in shapes]
     choice = torch._fused_sdp_choice(*empty, None, 0.0, is_causal)
     return choice == int(SDPBackend.FLASH_ATTENTION)

@@ -1,0 +1,93 @@
+"""``Options(precision="float16", loss_scaling=S)``: float16 arithmetic, float32 master weights.
+
+The lowering (`pipeline.lower`; training_model and inference_model apply it):
+
+* the model is traced as a float16 copy (``copy.deepcopy(model).half()``): every activation,
+  and the arithmetic of every op, is torch's float16 arithmetic for that op;
+* each float32 parameter of the user's model is a float32 *master* variable; the forward graph
+  casts it to float16 where it is used (once per graph call, i.e. per step or per slice), so
+  the gradient autodiff returns for it is the float16 gradient cast to float32
+  (`popxl_fx.Module`'s ``master=``);
+* buffers (BatchNorm running statistics) live in float16, as in ``model.half()``; the torch
+  model's buffers stay float32 and receive the float16 values;
+* floating inputs (and a floating target) are rounded to float16 on the host;
+* static loss scaling: the backward is seeded with ``S`` in float16 (the gradient of
+  ``loss * S``), and the float32 gradients are divided by ``S`` before the optimizer, which
+  updates the float32 master weights and keeps its state in float32.
+
+Eager PyTorch doing the same by hand (`half_step_reference` in the tests) is::
+
+    half = copy.deepcopy(model).half()           # refreshed from the masters every step
+    loss = loss_fn(half(x.half()), y)             # float16 forward and loss
+    (loss * S).backward()                         # float16 backward
+    for p, h in zip(model.parameters(), half.parameters()):
+        p.grad = h.grad.float() / S               # float32 gradient
+    optimizer.step()                              # float32 master weights
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+import popxl_core as popxl
+from popxl_core import ops
+
+from .options import Options
+
+__all__ = [
+    "FLOAT16_MAX",
+    "check_loss_scale",
+    "half_copy",
+    "half_inputs",
+    "loss_seed",
+    "stream_values",
+    "unscale",
+]
+
+FLOAT16_MAX = 65504.0
+
+
+def half_copy(model: nn.Module) -> nn.Module:
+    """The float16 copy of ``model`` that is traced (its values are never used: the program's
+    weights come from the float32 master variables)."""
+    return copy.deepcopy(model).half()
+
+
+def half_inputs(inputs: Sequence[object]) -> tuple:
+    """Floating tensors rounded to float16, the rest as given."""
+    return tuple(
+        x.half() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs
+    )
+
+
+def stream_values(options: Options, inputs: Sequence[object]) -> tuple:
+    """What the input streams carry: the inputs, floating ones in float16 for a float16
+    program (`program.Inputs.feed` rounds the float32 values the user passes)."""
+    return half_inputs(inputs) if options.precision == "float16" else tuple(inputs)
+
+
+def check_loss_scale(options: Options) -> None:
+    """A float16 program seeds its backward with the loss scale in float16: it must fit."""
+    scale = float(options.loss_scaling)
+    if options.precision == "float16" and scale > FLOAT16_MAX:
+        raise ValueError(
+            f"Options(loss_scaling={scale:g}) is larger than float16 can hold ({FLOAT16_MAX:g}); "
+            "use a smaller loss scale (a power of two such as 1024 keeps the unscaling exact)."
+        )
+
+
+def loss_seed(loss: popxl.Tensor, options: Options) -> popxl.Tensor:
+    """The backward's seed: d(loss * loss_scaling)/d(loss), in the loss's dtype (1 for
+    float32)."""
+    return popxl.constant(float(options.loss_scaling), loss.dtype, "loss_grad")
+
+
+def unscale(grad: popxl.Tensor, options: Options) -> popxl.Tensor:
+    """A gradient of the scaled loss, divided by the loss scale (float32 master gradients)."""
+    if options.loss_scaling == 1.0:
+        return grad
+    return ops.div(grad, popxl.constant(float(options.loss_scaling), grad.dtype, "loss_scale"))
