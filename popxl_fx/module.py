@@ -87,6 +87,9 @@ class Module(addons.Module):
         recompute: give each outlined block a recomputing gradient graph.
         outline_prefix: where the user's model sits in ``torch_module`` (``"model."`` in
             the loss wrapper).
+        weightless: variables get zero-filled data of the right shape and dtype instead of a
+            copy of the torch tensors (what-if planning: the memory plan needs no values; a
+            broadcast zero costs no host memory until a Session attaches).
     """
 
     def __init__(
@@ -99,8 +102,10 @@ class Module(addons.Module):
         recompute: bool = False,
         outline_prefix: str = "",
         rng: str = "torch",
+        weightless: bool = False,
     ) -> None:
         super().__init__(cache=cache)
+        self.weightless = weightless
         if recompute and outline is False:
             raise ValueError("recompute=True recomputes outlined blocks: give outline= too.")
         self.torch_module = torch_module
@@ -205,7 +210,7 @@ class Module(addons.Module):
         if self.recompute and graph.graph not in self._called_graphs_grad_info:
             self._recompute_grad(graph, n)
         if node.target not in self._sites:  # a module called twice binds the same variables
-            factories = _site_factories(facts, self.torch_module, node.target)
+            factories = _site_factories(facts, self.torch_module, node.target, self.weightless)
             # overwrite=True merges "blocks.1" into the "blocks" tree "blocks.0" made
             self._sites[node.target] = self.add_variable_inputs(
                 node.target, factories, overwrite=True
@@ -272,7 +277,7 @@ class Module(addons.Module):
             # (each name is added once: self._vars guards it).
             var = self.add_variable_input(
                 name,
-                _host_data(data),
+                _host_data(data, self.weightless),
                 popxl.dtype.as_dtype(data.dtype),
                 by_ref=kind == "buffer",
                 overwrite=True,
@@ -339,7 +344,9 @@ def _block_class(torch_class: type) -> type:
     return _BLOCK_CLASSES[torch_class]
 
 
-def _site_factories(facts: addons.NamedVariableFactories, root: nn.Module, path: str):
+def _site_factories(
+    facts: addons.NamedVariableFactories, root: nn.Module, path: str, weightless: bool = False
+):
     """The block's factories with the data of the call site at ``path``: its own torch
     tensors, and its own random seed (the sites' random streams differ, as inlined ops' do)."""
     site: dict[str, addons.VariableFactory] = {}
@@ -348,7 +355,7 @@ def _site_factories(facts: addons.NamedVariableFactories, root: nn.Module, path:
             start = (int(torch.initial_seed()) + zlib.crc32(path.encode())) % (2**31)
             data = functools.partial(popxl.create_seeds, start)
         else:
-            data = _host_data(_tensor_at(root, f"{path}.{name}"))
+            data = _host_data(_tensor_at(root, f"{path}.{name}"), weightless)
         site[name] = addons.VariableFactory(data, f.dtype, f.name, f.by_ref, f.replica_grouping)
     return addons.NamedVariableFactories.from_dict(site)
 
@@ -358,13 +365,18 @@ def _tensor_at(root: nn.Module, qualname: str) -> torch.Tensor:
     return getattr(root.get_submodule(owner), attr)
 
 
-def _host_data(tensor: torch.Tensor) -> Callable[[], np.ndarray]:
+def _host_data(tensor: torch.Tensor, weightless: bool = False) -> Callable[[], np.ndarray]:
     """The factory's data: one host copy of ``tensor``, made on first use and then reused
-    (a factory draws several times; copying a large model each time costs seconds)."""
+    (a factory draws several times; copying a large model each time costs seconds). With
+    ``weightless``, zeros of its shape and dtype instead: a broadcast of one zero, which popxl
+    keeps as it is, so a plan costs no host memory for it until a Session attaches."""
     copies: list[np.ndarray] = []
 
     def data() -> np.ndarray:
-        if not copies:
+        if not copies and weightless:
+            dtype = torch.empty((), dtype=tensor.dtype).numpy().dtype
+            copies.append(np.broadcast_to(np.zeros((), dtype), tuple(tensor.shape)))
+        elif not copies:
             copies.append(tensor.detach().cpu().numpy().copy())
         return copies[0]
 

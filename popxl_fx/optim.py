@@ -28,8 +28,10 @@ import torch
 
 import popxl_core as popxl
 from popxl_core import ops
+from popxl_core.context import module_origin
 
 from .optim_fused import FusedBuilder, fused_feeds, fused_structure
+from .optim_remote import RemoteState
 from .optim_replicated import Replication
 
 __all__ = ["OptimizerProgram", "UnsupportedOptimizerError", "group_structure"]
@@ -124,6 +126,10 @@ class OptimizerProgram:
         self.params = {by_id[id(p)]: p for g in optimizer.param_groups for p in g["params"]}
         self.state: dict[str, dict[str, popxl.Variable]] = {}
         self._local: Callable[[popxl.Tensor], popxl.Tensor] | None = None
+        # phased: state in remote buffers (`optim_remote`), built phase by phase; the
+        # hyper-parameter scalars are loaded once per step and shared by the phases' updates
+        self.remote: RemoteState | None = None
+        self._hyper_loaded: dict[int, dict] = {}
         for g in self.groups:
             g.step = self._initial_step(g)
 
@@ -171,6 +177,10 @@ class OptimizerProgram:
         ``local``: when the current graph is a subgraph (a step repeated per device
         iteration), state variables are made in the main graph and ``local(variable)`` is the
         subgraph's input that stands for it.
+
+        Phased (``self.remote`` set): called once per phase with that phase's (loaded)
+        parameters; each state tensor is loaded from its remote buffer at first use and
+        stored back once the phase's updates are built.
         """
         self._local = local
         with popxl.in_sequence():
@@ -179,21 +189,31 @@ class OptimizerProgram:
                 names = [n for n in g.names if n in grads]
                 if names:
                     self._build_group(g, pg, names, params, grads)
+            if self.remote is not None:
+                self.remote.store()
 
     def _build_group(self, g: _Group, pg: Mapping, names: list, params, grads) -> None:
-        self._shapes.update({n: tuple(params[n].shape) for n in names})
+        # full shapes (phased with RTS the parameters are loaded shards: their meta shape)
+        self._shapes.update({n: tuple(params[n].meta_shape or params[n].shape) for n in names})
         # with RTS the gradients are shards (`pipeline.reduce_gradients`): so are the weights
         targets = {n: self.replication.target(params[n]) for n in names}
+        if pg.get("fused") and self.remote is not None:
+            raise UnsupportedOptimizerError(
+                f"param group {g.index}: fused=True updates all parameters of a group in one "
+                "kernel, but phased_execution updates them phase by phase; use fused=False."
+            )
         if pg.get("fused"):
             fused = FusedBuilder(self.kind, self._state_var)
             g.streams = fused.streams(g.index)
             fused.build(g.streams, names, targets, grads, pg)
         else:
-            loaded: dict[str, dict] = {}
+            loaded = self._hyper_loaded.setdefault(g.index, {})
             for n in names:
                 hp = self._hyper(g, params[n].dtype, loaded)
                 update = self._sgd if self.kind == "sgd" else self._adam
-                update(n, targets[n], grads[n], hp, pg)
+                # the update's ops name the parameter's module (reports, OOM tables)
+                with module_origin(f"optimizer.{n.rsplit('.', 1)[0] if '.' in n else '<root>'}"):
+                    update(n, targets[n], grads[n], hp, pg)
         for n in names:
             self.replication.write_back(params[n], targets[n])
 
@@ -213,8 +233,8 @@ class OptimizerProgram:
     def _initial(self, name: str, key: str, shape: tuple, dtype: np.dtype) -> np.ndarray:
         """The torch optimizer's state value (zeros where it has none)."""
         value = self.optimizer.state.get(self.params[name], {}).get(key)
-        if value is None:
-            return np.zeros(shape, dtype)
+        if value is None:  # a fill: no host memory until a Session attaches (planning)
+            return np.broadcast_to(np.zeros((), dtype), shape)
         return value.detach().cpu().numpy().astype(dtype).reshape(shape)
 
     def _state_var(self, name: str, key: str, like: popxl.Tensor) -> popxl.Tensor:
@@ -225,7 +245,9 @@ class OptimizerProgram:
         shape, dtype = ((), popxl.float32) if step else (self._shapes[name], like.dtype)
         data = self._initial(name, key, shape, dtype.as_numpy())
         made = f"optimizer.{name}.{key}", step
-        if self._local is None:
+        if self.remote is not None:
+            var, used = self.remote.state_variable(data, dtype, *made)
+        elif self._local is None:
             var, used = self.replication.state_variable(data, dtype, *made)
         else:
             with popxl.gcg().ir.main_graph:  # variables live in the main graph only

@@ -60,7 +60,7 @@ class Replication:
     def target(self, param: popxl.Tensor) -> popxl.Tensor:
         """What the update of ``param`` works on: the weight, or with RTS this replica's
         shard of it (the gradient is a shard then too)."""
-        if not self.sharded:
+        if not self.sharded or param.meta_shape:  # a shard already (phased: loaded shard)
             return param
         return ops.collectives.replica_sharded_slice(param)
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["DEVICES", "PRECISIONS", "RNGS", "Options", "resolve"]
+__all__ = ["AUTO_CHOOSES", "DEVICES", "PHASE_KINDS", "PRECISIONS", "RNGS", "Options", "resolve"]
 
 DEVICES = ("ipu_hw", "ipu_model", "cpu")
 PRECISIONS = ("float32", "float16")
@@ -67,14 +67,27 @@ class Options:
         loss_scaling: static loss scale with ``precision="float16"``: the backward starts from
             ``loss_scaling`` and the gradients are divided by it before the optimizer
             (PopTorch ``opts.Training.setLossScaling``/``loss_scaling``).
+        phased_execution: keep each phase's parameters and optimizer state in Streaming
+            Memory (remote buffers) and run the step phase by phase: load a phase's weights,
+            run its forward; then, in reverse, reload them, run its backward and its optimizer
+            update on loaded state, store weights and state back (PopXL phased execution,
+            addons ``named_variable_buffers``/``remote_load``/``remote_store``). Phases:
+            ``"blocks"`` (the repeated blocks ``outline="auto"`` finds), ``"children"`` (the
+            model's top-level children) or a list of module names; the code between phases
+            runs as phases of its own. ``False`` (default): everything on chip.
+        memory: ``"auto"``: when the program does not fit the device's IPU memory, search
+            phased execution, RTS (with replication), outlining with recomputation and
+            gradient accumulation with the simulator's planner (weightless what-if builds)
+            and train with the plan that fits with the lowest estimated step time
+            (`popxl_fx.auto`); a model that fits is left unchanged, and when nothing fits the
+            error gives the best plan's shortfall. It chooses those options itself: setting
+            them too raises. The default (an empty mapping) plans nothing.
         rng: where random ops in train mode (dropout, ``torch.rand*``, ``bernoulli``) draw
             from. ``"torch"`` (default): torch's default generator, in eager's order, so with
             the same ``torch.manual_seed`` the masks equal eager's and train-mode results are
             eager's bit for bit. ``"ipu"``: the simulator's own seeded stream (PopXL's seed
             tensors, split per op: the same numbers every run for a given seed, whatever torch
             does; its masks differ from eager's).
-        memory: reserved for ``"auto"`` planning of models bigger than one IPU; only an empty
-            mapping is accepted today.
 
     Example:
         >>> Options(device="cpu").device
@@ -93,7 +106,8 @@ class Options:
     replicated_tensor_sharding: bool = False
     precision: str = "float32"
     loss_scaling: float = 1.0
-    memory: dict[str, Any] = field(default_factory=dict)
+    phased_execution: bool | str | tuple = False
+    memory: dict[str, Any] | str = field(default_factory=dict)
     rng: str = "torch"
 
     def __post_init__(self) -> None:
@@ -106,12 +120,9 @@ class Options:
         for name in ("recompute", "replicated_tensor_sharding"):
             _check_bool(name, getattr(self, name))
         object.__setattr__(self, "outline", _outline_value(self.outline))
+        object.__setattr__(self, "phased_execution", _phases_value(self.phased_execution))
         self._check_combinations()
-        if self.memory:
-            raise NotImplementedError(
-                f"Options(memory={self.memory!r}): memory='auto' planning is not available yet; "
-                "use device='ipu_model' or 'cpu' to run a model that does not fit one IPU."
-            )
+        _check_memory(self)
 
     def _check_combinations(self) -> None:
         if isinstance(self.loss_scaling, bool) or not isinstance(self.loss_scaling, (int, float)):
@@ -146,7 +157,8 @@ class Options:
     def key(self) -> tuple:
         """What a compiled program depends on (part of the compile cache key)."""
         values = [getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "memory"]
-        return (*values, tuple(sorted(self.memory.items())))
+        memory = self.memory if isinstance(self.memory, str) else tuple(sorted(self.memory.items()))
+        return (*values, memory)
 
 
 def _check_choice(name: str, value: object, choices: tuple) -> None:
@@ -180,6 +192,54 @@ def _outline_value(value: object) -> bool | str | tuple:
     for item in value:
         if not isinstance(item, (str, type)):
             raise TypeError(f"Options(outline=...): {item!r} is neither a module name nor a class.")
+    return tuple(value)
+
+
+PHASE_KINDS = ("blocks", "children")
+# what memory="auto" chooses itself, and the value that leaves each to it
+AUTO_CHOOSES = {
+    "phased_execution": False,
+    "outline": False,
+    "recompute": False,
+    "gradient_accumulation": 1,
+    "replicated_tensor_sharding": False,
+}
+
+
+def _check_memory(options: Options) -> None:
+    memory = options.memory
+    if isinstance(memory, dict) and not memory:
+        return
+    if memory != "auto":
+        raise ValueError(f"Options(memory={memory!r}): give 'auto' (or leave it unset).")
+    if options.device == "cpu":
+        raise ValueError(
+            "Options(memory='auto') plans for an IPU's memory, and device='cpu' has no limit; "
+            "use device='ipu_hw' (or 'ipu_model'), or leave memory unset."
+        )
+    for name, free in AUTO_CHOOSES.items():
+        if getattr(options, name) != free:
+            raise ValueError(
+                f"Options(memory='auto') chooses {name} itself; remove {name}="
+                f"{getattr(options, name)!r} (or memory='auto' to choose it by hand)."
+            )
+
+
+def _phases_value(value: object) -> bool | str | tuple:
+    """``False``, ``"blocks"``, ``"children"`` or a tuple of module names (checked against the
+    model when the program is built)."""
+    if value is False or value in PHASE_KINDS:
+        return value
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or not value:
+        raise ValueError(
+            f"Options(phased_execution={value!r}): give 'blocks', 'children', False, or a "
+            "non-empty list of module names (as in model.named_modules())."
+        )
+    for item in value:
+        if not isinstance(item, str) or not item:
+            raise TypeError(
+                f"Options(phased_execution=...): {item!r} is not a module name (a non-empty str)."
+            )
     return tuple(value)
 
 

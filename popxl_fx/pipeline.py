@@ -130,6 +130,11 @@ _UNSUPPORTED = {
         "gradient_accumulation": "accumulates gradients; inference has none",
         "replicated_tensor_sharding": "shards optimizer state, and inference has none; "
         "leave it False (replication_factor alone splits the batch over replicas)",
+        "phased_execution": "is built for training steps (forward, backward and optimizer "
+        "phase by phase); inference_model does not phase yet: use device='cpu' or "
+        "'ipu_model' for a model bigger than one IPU",
+        "memory": "plans training programs (memory='auto'); inference_model does not plan "
+        "yet: use device='cpu' or 'ipu_model' for a model bigger than one IPU",
         "batch_serialisation": "is applied by training_model only so far",
     },
     "compile": {
@@ -144,6 +149,9 @@ _UNSUPPORTED = {
         "torch optimizer outside the program; use training_model for data-parallel training",
         "replicated_tensor_sharding": "has no optimizer state to shard (compile keeps the "
         "optimizer in torch); use training_model",
+        "phased_execution": "runs the optimizer per phase, and compile keeps the optimizer in "
+        "torch; use training_model",
+        "memory": "plans training programs (memory='auto'); use training_model",
     },
 }
 
@@ -174,8 +182,18 @@ class Build:
         prefix: where the user's model sits in the traced root (the loss wrapper's "model.").
     """
 
-    def __init__(self, entry: str, model: nn.Module, options: Options, prefix: str = "") -> None:
+    def __init__(
+        self,
+        entry: str,
+        model: nn.Module,
+        options: Options,
+        prefix: str = "",
+        plan_only: bool = False,
+    ) -> None:
         self.entry = entry
+        self.plan_only = plan_only  # what-if: weightless variables, a plan and no Session
+        self.plan: Any = None
+        self.notes: list[str] = []  # added to the "session" record (memory="auto"'s choice)
         self.model = model
         self.options = options
         self.prefix = prefix
@@ -202,26 +220,33 @@ class Build:
     def _plan(self) -> tuple[tuple[GraphRow, ...], dict[int, int]]:
         # the simulator's own plan of the program so far, on the options' target, never
         # fatal (only the Session's plan decides out-of-memory) and never reported as one
-        machine = dataclasses.replace(
-            machine_for(self.options.device), oom_is_error=False, oom_warns=False
-        )
-        plan = build_plan(self.ir, machine, observe=False)
+        plan = build_plan(self.ir, _no_oom(self.options), observe=False)
         rows = tuple(GraphRow(g.name, g.ops, g.code_bytes, g.runs) for g in plan.graphs)
         return rows, {ipu: m.total for ipu, m in plan.memory.items()}
 
     def session(self) -> popxl.Session:
         """The Session of the built Ir, attached (the weights live on the device between
-        calls); its plan is the `session` stage's record."""
-        session = make_session(self.ir, self.options, self.prefix)
+        calls); its plan is the `session` stage's record. A ``plan_only`` build plans the
+        Ir on the options' target (never fatal), keeps it in ``plan`` and returns None."""
+        if self.plan_only:
+            self.plan = build_plan(self.ir, _no_oom(self.options), observe=False)
+            return None
+        session = make_session(self.ir, self.options, self.prefix, self.model)
         session.__enter__()
         plan = session.plan
         rows = tuple(GraphRow(g.name, g.ops, g.code_bytes, g.runs) for g in plan.graphs)
         memory = {ipu: m.total for ipu, m in plan.memory.items()}
         outlined = session.report.outlining()
         saved = f"; {outlined.line()}" if outlined.call_sites else ""
-        self.record("session", f"Session on {self.options.device!r}{saved}")
+        notes = "".join(f"\n{n}" for n in self.notes)
+        self.record("session", f"Session on {self.options.device!r}{saved}{notes}")
         self.stages[-1] = dataclasses.replace(self.stages[-1], graphs=rows, memory=memory)
         return session
+
+
+def _no_oom(options: Options):
+    """The options' target, planned without an out-of-memory error or warning."""
+    return dataclasses.replace(machine_for(options.device), oom_is_error=False, oom_warns=False)
 
 
 def _graph_of(g: Any) -> popxl.Graph:
@@ -276,7 +301,7 @@ def lower(
     ``precision="float16"`` the traced module is a float16 copy (`popxl_fx.precision`).
     """
     opts = build.options
-    fxm = _module(opts, root, build.prefix, opts.recompute and differentiated)
+    fxm = _module(opts, root, build.prefix, opts.recompute and differentiated, build.plan_only)
     if opts.precision == "float16":
         examples = half_inputs(examples)
     with _entered(contexts):
@@ -289,11 +314,19 @@ def lower(
     return Lowered(fxm, facts, fwd)
 
 
-def _module(options: Options, root: nn.Module, prefix: str, recompute: bool) -> Module:
+def _module(
+    options: Options, root: nn.Module, prefix: str, recompute: bool, weightless: bool = False
+) -> Module:
     """The traced module: ``root`` itself, or (precision="float16") a float16 copy of it
     whose parameters are ``root``'s float32 master weights (`popxl_fx.precision`); outlined
-    as ``options.outline`` says (names relative to ``prefix``, where the model sits)."""
-    outline = {"outline": options.outline, "recompute": recompute, "outline_prefix": prefix}
+    as ``options.outline`` says (names relative to ``prefix``, where the model sits);
+    ``weightless`` for what-if plans (`Module`)."""
+    outline = {
+        "outline": options.outline,
+        "recompute": recompute,
+        "outline_prefix": prefix,
+        "weightless": weightless,
+    }
     outline["rng"] = options.rng  # where train-mode random ops draw from
     if options.precision == "float16":
         check_loss_scale(options)

@@ -198,7 +198,9 @@ def _host_value(tensor: torch.Tensor, var: popxl.Variable) -> np.ndarray:
     return _numpy(tensor).astype(var.dtype.as_numpy(), copy=False)
 
 
-def make_session(ir: popxl.Ir, options: Options, prefix: str = "") -> popxl.Session:
+def make_session(
+    ir: popxl.Ir, options: Options, prefix: str = "", model: nn.Module | None = None
+) -> popxl.Session:
     """A Session on ``options.device``; an IPU overflow names the largest torch tensors.
 
     The Ir runs torch's own kernels (``numerics="torch"``): popxl_fx's reference is eager
@@ -209,7 +211,9 @@ def make_session(ir: popxl.Ir, options: Options, prefix: str = "") -> popxl.Sess
     try:
         session = popxl.Session(ir, options.device)
     except OutOfMemoryError as e:
-        raise OutOfMemoryError(_oom_message(e, prefix), e.plan) from e
+        if model is None:
+            raise OutOfMemoryError(_oom_message(e, prefix), e.plan) from e
+        raise OutOfMemoryError(_model_oom_message(e, options, prefix, model), e.plan) from e
     if session.plan.out_of_memory:
         log.warning(
             "the program does not fit one IPU (device=%r runs it anyway):\n%s",
@@ -231,6 +235,16 @@ def _oom_message(err: OutOfMemoryError, prefix: str) -> str:
         "(the memory-transform options will come in Options).\n"
         f"Simulator estimate: {err}"
     )
+
+
+def _model_oom_message(err, options: Options, prefix: str, model: nn.Module) -> str:
+    """The per-module table and ranked Options (`popxl_fx.oom`)."""
+    from .oom import oom_message
+    from .outline import candidates
+
+    names = {n for n, _ in model.named_parameters()} | {n for n, _ in model.named_buffers()}
+    blocks = max((len(paths) for paths in candidates(model).values()), default=0)
+    return oom_message(err, options, prefix, names, blocks)
 
 
 def _torch_name(name: str, prefix: str) -> str:

@@ -92,6 +92,10 @@ def build_training(build: Build, signature: Any, req: TrainingRequest) -> Progra
     """The training step program: forward, loss, backward, optimizer update (with
     gradient_accumulation or device_iterations: `build_training_loops`)."""
     opts = build.options
+    if opts.phased_execution is not False:
+        from .phased import build_phased_training  # phased imports Program from here
+
+        return build_phased_training(build, signature, req)
     if max(opts.gradient_accumulation, opts.device_iterations, opts.batch_serialisation) > 1:
         return build_training_loops(build, signature, req)
     model_inputs = req.inputs[:-1] if req.has_loss_fn else req.inputs

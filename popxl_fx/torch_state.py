@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 import popxl_core as popxl
+from popxl_core.sim.remote_plan import is_remote_variable
 
 from .optim import OptimizerProgram, UnsupportedOptimizerError, group_structure
 from .program import Weights
@@ -184,8 +185,10 @@ class SharedState:
             self.load_optimizer_state()
 
     def _can_share(self, v: popxl.Variable, t: torch.Tensor) -> bool:
+        # a remote variable (phased execution) lives in Streaming Memory: copied, not shared
         return (
             not self.replicated
+            and not is_remote_variable(v)
             and t.dtype == v.dtype.as_torch()
             and t.numel() == v.nelms
             and t.is_contiguous()

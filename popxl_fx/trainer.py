@@ -16,13 +16,14 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from .auto import Planned, choose
 from .checks import check_no_autocast, check_step_arity
 from .loss import PREFIX, user_terms, with_loss
 from .names import escape
 from .optim import OptimizerProgram, UnsupportedOptimizerError
 from .options import Options, resolve
 from .pipeline import Build, Programs
-from .program import ProgramView, describe_change, signature_of
+from .program import ProgramView, describe_change, log, signature_of
 from .replication import broadcast_feeds, replication_of, unreplicated
 from .steps import Program, TrainingRequest, build_training
 from .torch_state import SharedState, Structure, describe, snapshot, structure_key
@@ -57,6 +58,7 @@ class Trainer(ProgramView):
         OptimizerProgram(optimizer, _names(model))  # reject unsupported optimizers now
         self._programs: Programs[Program] = Programs("training_model", self._why)
         self._snapshot: dict = {}  # the named structure of the active program (for messages)
+        self.memory_plan = ""  # memory="auto": the plan chosen and the candidates planned
 
     # the step ------------------------------------------------------------------------
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
@@ -102,32 +104,49 @@ class Trainer(ProgramView):
 
     def _build(self, sig: tuple, inputs: tuple) -> Program:
         check_step_arity(self._model, inputs, self.loss_fn)
+        notes = []
+        if self.options.memory == "auto":  # chosen once, on the first signature
+            plan = lambda options: self._what_if(sig, inputs, options)  # noqa: E731
+            batch = inputs[0].shape[self.options.device_iterations > 1] if inputs else None
+            choice = choose(self._model, self.options, plan, batch)
+            log.info("%s", choice.text)
+            self.options, self.memory_plan = choice.options, choice.text
+            notes.append(choice.text)
+        build = Build("training_model", self._model, self.options, self._prefix)
+        build.notes += notes
+        prog = build_training(build, sig, self._request(inputs, self.options))
+        prog.extra["shared"] = SharedState(prog.session, prog.weights, prog.optim)
+        return prog
+
+    def _what_if(self, sig: tuple, inputs: tuple, options: Options) -> Planned:
+        """Plan the training program under ``options`` without copying weights or making a
+        Session (`auto.choose`'s candidates)."""
+        build = Build("training_model", self._model, options, self._prefix, plan_only=True)
+        build_training(build, sig, self._request(inputs, options))
+        peak = max(m.total for m in build.plan.memory.values())
+        return Planned(options, peak, build.plan.cycles)
+
+    def _request(self, inputs: tuple, options: Options) -> TrainingRequest:
         has_loss_fn = self.loss_fn is not None
         root = self._model
         names = [f"input{i}" for i in range(len(inputs))]
         if has_loss_fn:
             root = with_loss(self._model, self.loss_fn, len(inputs) - 1, self._record)
             names[-1] = "target"
-        request = TrainingRequest(
+        return TrainingRequest(
             model=self._model,
             root=root,
             inputs=tuple(inputs),
             names=names,
-            optimizer=self._optimizer_program(),
+            optimizer=self._optimizer_program(options),
             has_loss_fn=has_loss_fn,
             record=self._record,
             contexts=(lambda: user_terms(self._model, self._prefix),),
         )
-        build = Build("training_model", self._model, self.options, self._prefix)
-        prog = build_training(build, sig, request)
-        prog.extra["shared"] = SharedState(prog.session, prog.weights, prog.optim)
-        return prog
 
-    def _optimizer_program(self) -> OptimizerProgram:
+    def _optimizer_program(self, options: Options) -> OptimizerProgram:
         try:
-            return OptimizerProgram(
-                self.optimizer, _names(self._model), replication_of(self.options)
-            )
+            return OptimizerProgram(self.optimizer, _names(self._model), replication_of(options))
         except UnsupportedOptimizerError as e:
             if self._active is None:
                 raise

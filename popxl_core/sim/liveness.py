@@ -20,7 +20,7 @@ from ..schedule import schedule
 from ..tensor import Tensor
 from .cost import nbytes_of
 
-__all__ = ["TOP_N", "LiveTensor", "Liveness", "LivenessAnalysis", "flat_curve"]
+__all__ = ["TOP_N", "LiveTensor", "Liveness", "LivenessAnalysis", "flat_curve", "live_at_peak"]
 
 TOP_N = 5  # how many of the largest tensors live at a peak are kept for reports
 
@@ -124,6 +124,24 @@ class LivenessAnalysis:
             callee = max((self.of(g) for g in op.called_graphs), key=lambda lv: lv.peak.get(ipu, 0))
             found += callee.top.get(ipu, [])
         return heapq.nlargest(TOP_N, found, key=lambda x: x.nbytes)
+
+
+def live_at_peak(analysis: LivenessAnalysis, graph: Graph, ipu: int) -> list[Tensor]:
+    """Every not-always-live buffer of ``graph`` live at its peak on ``ipu``; at a call step,
+    what the caller keeps across the call plus the largest callee's own peak set (the full
+    list behind ``Liveness.top``, for reports that group it, e.g. by module)."""
+    live = analysis.of(graph)
+    i = live.peak_step.get(ipu)
+    if i is None:
+        return []
+    op = live.ops[i]
+    skip = set(_own_outputs(op)) if op.called_graphs else set()
+    found = [t for t, (a, b) in _buffer_spans(graph, live.ops).items()
+             if a <= i <= b and t.ipu == ipu and t not in skip]
+    if op.called_graphs:
+        callee = max(op.called_graphs, key=lambda g: analysis.of(g).peak.get(ipu, 0))
+        found += live_at_peak(analysis, callee, ipu)
+    return found
 
 
 def flat_curve(analysis: LivenessAnalysis, graph: Graph, ipu: int,

@@ -1,0 +1,128 @@
+"""``Options(memory="auto")``: find options under which a training program fits one IPU.
+
+`choose` first plans the options as given: a model that fits (with `MARGIN` to spare) is left
+unchanged. Otherwise it plans every candidate of `candidates` -- phased execution (the
+repeated blocks, or the top-level children), with replicated tensor sharding when the program
+is replicated, outlining with recomputation, gradient accumulation -- each a what-if build on
+weightless variables (broadcast zeros: no weight copies, no host memory for them) that stops
+at the simulator's plan, and keeps the candidate that fits with the lowest estimated step
+time. When none fits, `NoPlanFitsError` gives the best plan's shortfall and
+every candidate's peak.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from torch import nn
+
+from popxl_core.sim.machine import machine_for
+from popxl_core.sim.report import fmt_bytes
+
+from .options import Options
+from .outline import candidates as repeated
+
+__all__ = ["MARGIN", "Choice", "NoPlanFitsError", "Planned", "candidates", "choose"]
+
+MARGIN = 0.05  # a plan fits when its peak leaves this share of the IPU's memory free
+
+
+class NoPlanFitsError(MemoryError):
+    """``memory="auto"`` found no candidate whose peak fits one IPU."""
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One candidate's plan: its options, peak bytes per IPU and estimated cycles per step."""
+
+    options: Options
+    peak: int
+    cycles: int
+
+    def describe(self, changes: dict) -> str:
+        return f"{_text(changes)}: peak {fmt_bytes(self.peak)}, {self.cycles:,} cycles per step"
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What `choose` decided: the options to build with and the text explaining it."""
+
+    options: Options
+    text: str
+
+
+def _text(changes: dict) -> str:
+    if not changes:
+        return "Options as given"
+    return "Options(" + ", ".join(f"{k}={v!r}" for k, v in changes.items()) + ")"
+
+
+def candidates(model: nn.Module, options: Options, batch: int | None) -> list[dict]:
+    """The option changes `choose` tries, in order (each a dict of `Options` fields)."""
+    found: list[dict] = []
+    rts = {"replicated_tensor_sharding": True} if options.replication_factor > 1 else {}
+    blocks = bool(repeated(model))
+    for kind in ("blocks", "children") if blocks else ("children",):
+        found.append({"phased_execution": kind})
+        if rts:
+            found.append({"phased_execution": kind, **rts})
+    if rts:
+        found.append(dict(rts))
+    if blocks:
+        found.append({"outline": "auto", "recompute": True})
+    for k in (2, 4):
+        if batch is not None and batch % (k * options.batch_divisor) == 0:
+            found.append({"gradient_accumulation": k})
+    return found
+
+
+def choose(
+    model: nn.Module,
+    options: Options,
+    plan: Callable[[Options], Planned],
+    batch: int | None = None,
+) -> Choice:
+    """The options to train ``model`` with under ``options.memory == "auto"``.
+
+    Args:
+        plan: a what-if build of the training program for the given options (no Session).
+        batch: the batch size (gradient accumulation is tried where it divides it).
+    """
+    capacity = machine_for(options.device).bytes_per_ipu
+    limit = int(capacity * (1 - MARGIN))
+    base = options.replace(memory={})
+    given = plan(base)
+    if given.peak <= limit:
+        return Choice(base, f"memory='auto': the model fits as given ({_fits(given, capacity)})")
+    tried = [({}, given)]
+    for changes in candidates(model, options, batch):
+        tried.append((changes, plan(base.replace(**changes))))
+    fitting = [(c, p) for c, p in tried if p.peak <= limit]
+    if not fitting:
+        raise NoPlanFitsError(_none_fits(tried, capacity, limit))
+    changes, best = min(fitting, key=lambda cp: cp[1].cycles)
+    lines = [f"memory='auto' chose {_text(changes)} ({_fits(best, capacity)}); planned:"]
+    lines += [f"  {p.describe(c)}" + ("  <- chosen" if c is changes else "") for c, p in tried]
+    return Choice(best.options, "\n".join(lines))
+
+
+def _fits(planned: Planned, capacity: int) -> str:
+    share = 100 * planned.peak / capacity
+    return (
+        f"peak {fmt_bytes(planned.peak)} of {fmt_bytes(capacity)} per IPU ({share:.0f}%), "
+        f"{planned.cycles:,} cycles per step"
+    )
+
+
+def _none_fits(tried: list, capacity: int, limit: int) -> str:
+    changes, best = min(tried, key=lambda cp: cp[1].peak)
+    lines = [
+        f"popxl_fx: memory='auto' found no plan that fits one IPU ({fmt_bytes(capacity)}, "
+        f"{MARGIN:.0%} kept free: {fmt_bytes(limit)}). The best, {_text(changes)}, needs "
+        f"{fmt_bytes(best.peak)}: short by {fmt_bytes(best.peak - limit)}. Planned:",
+        *[f"  {p.describe(c)}" for c, p in tried],
+        "Use a smaller model or batch, more replicas with replicated_tensor_sharding, or "
+        "Options(device='ipu_model') / 'cpu' to run it anyway.",
+    ]
+    return "\n".join(lines)

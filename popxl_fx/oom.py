@@ -1,0 +1,193 @@
+"""The out-of-memory error of a traced model, in the model's terms.
+
+`module_table` sorts what an IPU holds at its peak into one row per torch module (the user's
+names; backward ops carry the module path of the forward op they differentiate) and four
+categories, because the remedy follows the category:
+
+    weights      parameters and buffers on chip (always live), or loaded for a phase
+    gradients    tensors the backward made, live at the peak (weight gradients waiting for
+                 the optimizer, activation gradients)
+    optimizer    optimizer state (always live, or loaded) and the update's temporaries
+    activations  forward tensors kept for the backward, and the forward's own temporaries
+
+`oom_message` prints the table, largest module first, then `remedies`: the exact
+``Options(...)`` to try, ranked by the bytes each is estimated to save (estimates from the
+table: ``memory="auto"`` plans the candidates themselves).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import popxl_core as popxl
+from popxl_core.sim.cost import nbytes_of
+from popxl_core.sim.liveness import live_at_peak
+from popxl_core.sim.remote_plan import is_remote_variable
+from popxl_core.sim.report import fmt_bytes
+
+from .options import Options
+
+__all__ = ["ModuleRow", "module_table", "oom_message", "remedies"]
+
+CATEGORIES = ("weights", "gradients", "optimizer", "activations")
+_OPTIMIZER = "optimizer."  # state variables' and update ops' prefix (`optim.py`)
+_PROGRAM = "(program: inputs, seeds, other)"
+
+
+@dataclass
+class ModuleRow:
+    """Bytes one torch module holds at the peak, per category."""
+
+    module: str
+    weights: int = 0
+    gradients: int = 0
+    optimizer: int = 0
+    activations: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.gradients + self.optimizer + self.activations
+
+
+def _owner(name: str) -> str:
+    """The module of a torch tensor name (``"blocks.0.attn.weight"`` -> ``"blocks.0.attn"``)."""
+    return name.rsplit(".", 1)[0] if "." in name else "<root>"
+
+
+def _short(name: str, prefix: str) -> str:
+    return name[len(prefix) :] if prefix and name.startswith(prefix) else name
+
+
+def _variable_row(name: str, prefix: str, params: set[str]) -> tuple[str, str]:
+    name = _short(name.split("__t")[0], prefix)
+    if name.startswith(_OPTIMIZER):
+        return _owner(name[len(_OPTIMIZER) :].rsplit(".", 1)[0]), "optimizer"
+    return (_owner(name), "weights") if name in params else (_PROGRAM, "weights")
+
+
+def _origin(t: popxl.Tensor):
+    """The op that computed ``t``'s value: through call outputs into the called graph."""
+    op = t.producer
+    while op is not None and op.called_graphs and t in op.outputs:
+        callee = op.called_graphs[0]
+        k = op.outputs.index(t)
+        if k >= len(callee._outputs):
+            break
+        t = callee._outputs[k]
+        op = t.producer
+    return op
+
+
+def _live_row(t: popxl.Tensor, prefix: str, params: set[str]) -> tuple[str, str]:
+    op = _origin(t)
+    if op is None:
+        return _PROGRAM, "activations"
+    path = getattr(op, "module_path", None)
+    if op.type == "RemoteLoad":  # a phase's weights or optimizer state, loaded
+        return _variable_row(t.name or t.id, prefix, params)
+    if path and path.startswith(_OPTIMIZER):
+        return _owner(path[len(_OPTIMIZER) :]), "optimizer"
+    if path is None:
+        return _PROGRAM, "activations"
+    module = _short(path, prefix) if path not in ("<root>", prefix.rstrip(".")) else "<root>"
+    backward = "_bwd" in (op.graph.id or "")
+    return module, "gradients" if backward else "activations"
+
+
+def module_table(plan, ipu: int, prefix: str, params: set[str]) -> list[ModuleRow]:
+    """Per torch module, the bytes of each category on ``ipu`` at its peak (largest first).
+
+    Args:
+        plan: the simulator's `Plan`.
+        prefix: where the user's model sits in the traced root (stripped from names).
+        params: the model's parameter and buffer names (without ``prefix``).
+    """
+    rows: dict[str, ModuleRow] = {}
+
+    def add(where: tuple[str, str], nbytes: int) -> None:
+        row = rows.setdefault(where[0], ModuleRow(where[0]))
+        setattr(row, where[1], getattr(row, where[1]) + nbytes)
+
+    for v in plan.main.variables:
+        if v.ipu == ipu and not is_remote_variable(v):
+            add(_variable_row(v.name or v.id, prefix, params), nbytes_of(v))
+    for t in live_at_peak(plan.analysis, plan.main, ipu):
+        add(_live_row(t, prefix, params), nbytes_of(t))
+    return sorted(rows.values(), key=lambda r: -r.total)
+
+
+def _table_text(rows: list[ModuleRow], limit: int = 12) -> list[str]:
+    width = max([len(r.module) for r in rows[:limit]] + [6])
+    head = f"    {'module':<{width}}  " + "  ".join(f"{c:>11}" for c in (*CATEGORIES, "total"))
+    lines = [head]
+    for r in rows[:limit]:
+        cells = [getattr(r, c) for c in CATEGORIES] + [r.total]
+        lines.append(f"    {r.module:<{width}}  " + "  ".join(f"{fmt_bytes(b):>11}" for b in cells))
+    if len(rows) > limit:
+        rest = sum(r.total for r in rows[limit:])
+        lines.append(f"    ... {len(rows) - limit} more modules, {fmt_bytes(rest)}")
+    return lines
+
+
+def _sum(rows: list[ModuleRow], category: str) -> int:
+    return sum(getattr(r, category) for r in rows)
+
+
+def remedies(
+    rows: list[ModuleRow], options: Options, blocks: int, floor: int = 1
+) -> list[tuple[int, str]]:
+    """``(estimated bytes saved, "Options(...)")`` for the options worth trying, best first.
+
+    Args:
+        blocks: how many repeated blocks ``outline="auto"`` would find (0: none).
+        floor: leave out options saving less (the error asks for 1% of the overflow).
+    """
+    o, a = _sum(rows, "optimizer"), _sum(rows, "activations")
+    held = [r.weights + r.gradients + r.optimizer for r in rows if r.module != _PROGRAM]
+    found: list[tuple[int, str]] = []
+    if options.phased_execution is False and held:
+        kind = "blocks" if blocks else "children"
+        saved = sum(held) - max(held)  # roughly: one phase's weights, gradients and state stay
+        found.append((saved, f"Options(phased_execution={kind!r})"))
+    r = options.replication_factor
+    if r > 1 and not options.replicated_tensor_sharding and o:
+        saved = o - o // r
+        found.append((saved, f"Options(replication_factor={r}, replicated_tensor_sharding=True)"))
+    if r == 1 and o:  # optimizer state halved over two replicas (each on half the batch)
+        found.append(
+            (o - o // 2, "Options(replication_factor=2, replicated_tensor_sharding=True) (2 IPUs)")
+        )
+    alone = options.phased_execution is False  # phased does not combine with these yet
+    if blocks and options.outline is False and a and alone:
+        saved = a - a // blocks  # one block's activations instead of all of them
+        found.append((saved, "Options(outline='auto', recompute=True)"))
+    if a and alone:
+        k = 2 * options.gradient_accumulation
+        found.append((a - a // 2, f"Options(gradient_accumulation={k}) (a batch dividing by {k})"))
+    return sorted(((s, text) for s, text in found if s >= floor), key=lambda x: -x[0])
+
+
+def oom_message(err, options: Options, prefix: str, params: set[str], blocks: int) -> str:
+    """The user's OOM error: the overflow, the per-module table and the ranked remedies."""
+    plan = err.plan
+    ipu = plan.out_of_memory[0]
+    m = plan.memory[ipu]
+    rows = module_table(plan, ipu, prefix, params)
+    tried = remedies(rows, options, blocks, max(1, (m.total - m.capacity) // 100))
+    lines = [
+        f"popxl_fx: the model does not fit one IPU with device={options.device!r}: the peak "
+        f"needs {fmt_bytes(m.total)}, the IPU has {fmt_bytes(m.capacity)} (over by "
+        f"{fmt_bytes(m.total - m.capacity)}; code {fmt_bytes(m.code)} and stream buffers "
+        f"{fmt_bytes(m.streams)} of it are not per module).",
+        "  What each module holds at the peak (torch names, largest first):",
+        *_table_text(rows),
+        "  Options to try, by estimated bytes saved (memory='auto' plans them exactly):",
+        *(
+            [f"    {text}: about {fmt_bytes(saved)}" for saved, text in tried]
+            or ["    none saves enough: a smaller model or batch"]
+        ),
+        "  Or Options(device='ipu_model') to run it anyway (with a warning), "
+        "Options(device='cpu') to ignore IPU limits.",
+        f"Simulator estimate: {err}",
+    ]
+    return "\n".join(lines)

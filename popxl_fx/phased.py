@@ -1,0 +1,279 @@
+"""The training program of ``Options(phased_execution=...)``: phase by phase, weights and
+optimizer state in Streaming Memory.
+
+The model's graph is cut into pieces (`phases.split_pieces`: one per phase module, one per
+stretch of code between phases), each lowered to a graph of its own with its own autodiff.
+Every trainable parameter lives in a remote buffer (a remote variable: the Session and the
+torch bridge read and write it like any variable); buffers, frozen parameters and random
+seeds stay on chip. The main graph then runs, in order:
+
+    forward:  per piece, load its parameters, call its forward graph (the loaded copies die
+              after the call; the activations its backward needs stay, as in the plain step)
+    backward: per piece in reverse, load its parameters again, call its gradient graph with
+              the gradients of its outputs (the sum of what the later pieces gave back),
+              reduce the gradients over replicas, run the optimizer's update of the piece's
+              parameters on loaded state (`optim_remote.RemoteState`), store parameters and
+              state back
+
+This is seed 003's shape (phased execution by hand) for any traced model. Every op is the
+plain program's op on the same values, and each piece's backward is autodiff of its forward,
+so numbers equal the plain program's; only where a value feeds several pieces are its
+gradient contributions added in piece order (float32 round-off).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+import addons
+import popxl_core as popxl
+from addons.remote import load_remote, named_variable_buffers, store_remote
+from popxl_core import ops
+
+from .checks import check_inputs, integer_inputs_explained
+from .loss import check_scalar_loss, loss_index
+from .module import Module
+from .optim_remote import RemoteState
+from .phases import Piece, phase_paths, split_pieces
+from .pipeline import Build, Lowered, _entered
+from .program import Weights, load_inputs, store
+from .replication import check_batch_split, replica_examples, replication_of
+
+__all__ = ["build_phased_training", "check_phased_options"]
+
+# options phased execution does not combine with yet: an error, never ignored
+_EXCLUSIVE = ("outline", "gradient_accumulation", "device_iterations", "batch_serialisation")
+
+
+def check_phased_options(build: Build) -> None:
+    """Refuse the `Options` phased execution does not combine with (named, with the fix)."""
+    opts = build.options
+    if opts.precision != "float32":
+        raise ValueError(
+            f"Options(phased_execution={opts.phased_execution!r}) does not combine with "
+            f"precision={opts.precision!r} yet; leave precision at 'float32'."
+        )
+    for name in _EXCLUSIVE:
+        value = getattr(opts, name)
+        if value not in (False, 1):
+            raise ValueError(
+                f"Options(phased_execution={opts.phased_execution!r}) does not combine with "
+                f"{name}={value!r} yet; leave {name} at its default."
+            )
+
+
+@dataclass
+class _Lowered:
+    """One piece in the Ir: its graphs, variables and what crosses its boundary."""
+
+    piece: Piece
+    fxm: Module
+    forward: addons.GraphWithNamedArgs
+    remote: list[str]  # trainable parameter keys (remote)
+    local: dict[str, popxl.Tensor]  # on-chip variables by key (buffers, seeds, frozen)
+    buffers: Any = None  # NamedRemoteBuffers of the remote parameters
+    remote_vars: dict[str, popxl.Variable] = field(default_factory=dict)
+    needs: list[bool] = field(default_factory=list)  # per input: its gradient is wanted
+    provided: list[int] = field(default_factory=list)  # outputs given a gradient
+    backward: addons.GraphWithNamedArgs | None = None
+
+
+def build_phased_training(build: Build, signature: Any, req: Any) -> Any:
+    """The phased training step (see the module docstring); a `steps.Program`."""
+    from .steps import Program  # steps imports this module
+
+    check_phased_options(build)
+    if req.record:
+        raise NotImplementedError(
+            "recording outputs and gradients (assert_matches_eager) is not available with "
+            "phased_execution; compare against the plain trainer instead."
+        )
+    opts = build.options
+    check_inputs(req.model, req.inputs)
+    check_batch_split(req.inputs, opts)
+    model_inputs = req.inputs[:-1] if req.has_loss_fn else req.inputs
+    contexts = (lambda: integer_inputs_explained(req.model, model_inputs), *req.contexts)
+    examples = replica_examples(req.inputs, opts.replication_factor)
+    with _entered(contexts):
+        paths = phase_paths(req.root, opts.phased_execution, examples, build.prefix)
+        gm, pieces = split_pieces(req.root, examples, paths, build.prefix)
+    build.record("capture", f"torch.fx graph of {len(gm.graph.nodes)} nodes, {len(pieces)} pieces")
+    names = _torch_names(req.root)
+    with build.ir.main_graph, popxl.in_sequence():
+        ins = load_inputs(req.inputs, req.names, opts.replication_factor)
+        env = dict(zip([n for n in gm.graph.nodes if n.op == "placeholder"], ins.tensors))
+        leaves, out_spec = pytree.tree_flatten(next(iter(reversed(gm.graph.nodes))).args[0])
+        loss_node = leaves[loss_index(out_spec, len(leaves), req.model)]
+        shards = opts.replication_factor if opts.replicated_tensor_sharding else 1
+        lowered = [_lower_piece(p, names, contexts, shards, build.plan_only) for p in pieces]
+        build.record("lower", _lower_detail(lowered))
+        _plan_gradients(lowered, loss_node)
+        for lp in lowered:
+            _differentiate(lp)
+        build.record("backward", "autodiff per piece, gradients chained piece to piece")
+        fwd_infos = [_forward(lp, env) for lp in lowered]
+        loss = env[loss_node]
+        check_scalar_loss(loss, req.model, req.has_loss_fn)
+        build.planned = True
+        optimizer = req.optimizer
+        optimizer.remote = RemoteState(replication_of(opts))
+        grads: dict = {loss_node: popxl.constant(1.0, loss.dtype, "loss_grad")}
+        for lp, info in reversed(list(zip(lowered, fwd_infos))):
+            _backward_and_update(build, lp, info, env, grads, optimizer)
+        if opts.replication_factor > 1:
+            build.record("replication", _replication_detail(opts))
+        build.record("optimizer", f"{type(optimizer.optimizer).__name__} per phase, state remote")
+        outputs = {"loss": store(loss, "loss")}
+        variables = {k: v for lp in lowered for k, v in lp.local.items()}
+        variables.update({k: v for lp in lowered for k, v in lp.remote_vars.items()})
+        weights = Weights.from_named(variables, names, build.prefix)
+    session = build.session()
+    first = lowered[0]
+    view = Lowered(first.fxm, None, first.forward, first.backward)
+    return Program(
+        signature, build.ir, session, ins, outputs, weights, view, build.stages, req.optimizer
+    )
+
+
+def _torch_names(root: torch.nn.Module) -> dict[str, tuple[str, torch.Tensor]]:
+    names = {n: ("param", t) for n, t in root.named_parameters()}
+    names.update({n: ("buffer", t) for n, t in root.named_buffers()})
+    return names
+
+
+def _spec(x: torch.Tensor) -> popxl.TensorSpec:
+    return popxl.TensorSpec(tuple(x.shape), popxl.dtype.as_dtype(x.dtype))
+
+
+def _lower_piece(
+    piece: Piece, names: dict, contexts, shards: int, weightless: bool = False
+) -> _Lowered:
+    """The piece's forward graph and variables: trainable parameters remote (sharded over
+    ``shards`` replicas when more than 1), the rest on chip."""
+    fxm = Module(piece.gm, flatten_outputs=True, weightless=weightless)
+    with _entered(contexts):
+        fxm.capture(*piece.examples())
+        facts, fwd = fxm.create_graph(*[_spec(x) for x in piece.examples()])
+    factories = facts.to_dict()
+    remote = [k for k in factories if k in names and _trainable(names[k])]
+    local = {
+        k: f.create_tensor(k if k in names else f"{piece.label}.{k}")
+        for k, f in factories.items()
+        if k not in remote
+    }
+    lp = _Lowered(piece, fxm, fwd, remote, local)
+    if remote:
+        chosen = addons.NamedVariableFactories.from_dict({k: factories[k] for k in remote})
+        lp.buffers = named_variable_buffers(chosen, 1, shard_over_dict=shards)
+        lp.remote_vars = chosen.init_remote(lp.buffers, 0).to_dict()
+    return lp
+
+
+def _trainable(entry: tuple[str, torch.Tensor]) -> bool:
+    return entry[0] == "param" and entry[1].requires_grad
+
+
+def _lower_detail(lowered: list[_Lowered]) -> str:
+    phases = [lp.piece.label for lp in lowered if lp.piece.phase]
+    remote = sum(len(lp.remote) for lp in lowered)
+    return (
+        f"{len(phases)} phases ({', '.join(phases)}) and {len(lowered) - len(phases)} glue "
+        f"pieces, each its own graph; {remote} parameters in Streaming Memory"
+    )
+
+
+def _plan_gradients(lowered: list[_Lowered], loss_node) -> None:
+    """Which inputs of each piece need a gradient (they depend on a trainable parameter)
+    and which outputs get one (read by a later piece that needs it, or the loss)."""
+    needs: dict = {}
+    for lp in lowered:
+        lp.needs = [needs.get(n, False) for n in lp.piece.inputs]
+        out = bool(lp.remote) or any(lp.needs)
+        for n in lp.piece.outputs:
+            needs[n] = out and n.meta["example_value"].is_floating_point()
+    readers = {n for lp in lowered for n, w in zip(lp.piece.inputs, lp.needs) if w}
+    for lp in lowered:
+        lp.provided = [
+            i
+            for i, n in enumerate(lp.piece.outputs)
+            if needs[n] and (n in readers or n is loss_node)
+        ]
+
+
+def _differentiate(lp: _Lowered) -> None:
+    """Autodiff of the piece's forward (before any call site: it adds forward outputs)."""
+    if not lp.provided:
+        return
+    graph = lp.forward.graph
+    args = lp.forward.args.to_dict()
+    inputs = [t for t in graph.inputs if t not in set(args.values())]
+    required = [t for t, w in zip(inputs, lp.needs) if w] + [args[k] for k in lp.remote]
+    if not required:
+        lp.provided = []
+        return
+    provided = [graph.outputs[i] for i in lp.provided]
+    lp.backward = addons.autodiff(lp.forward, grads_provided=provided, grads_required=required)
+
+
+def _load(lp: _Lowered) -> dict[str, popxl.Tensor]:
+    """The piece's parameters loaded from Streaming Memory (with RTS: this replica's shards)."""
+    return load_remote(lp.buffers, 0).to_dict() if lp.buffers is not None else {}
+
+
+def _whole(loaded: dict[str, popxl.Tensor]) -> dict[str, popxl.Tensor]:
+    """Full parameters for the forward and backward graphs: with RTS the loaded shards
+    all-gathered (seed 003's shape), else the loaded tensors themselves."""
+    return {
+        k: addons.rts.gather_replica_sharded_tensor(t) if t.meta_shape else t
+        for k, t in loaded.items()
+    }
+
+
+def _forward(lp: _Lowered, env: dict) -> tuple[Any, dict[str, popxl.Tensor]]:
+    """Load the piece's parameters and call its forward; its outputs join ``env``. Returns
+    the call's info and the loaded parameters."""
+    loaded = _whole(_load(lp))
+    bound = addons.NamedTensors.from_dict({**lp.local, **loaded})
+    info = lp.forward.bind(bound).call_with_info(*[env[n] for n in lp.piece.inputs])
+    for i, n in enumerate(lp.piece.outputs):
+        env[n] = info.parent_output(i)
+    return info, loaded
+
+
+def _backward_and_update(build: Build, lp: _Lowered, call, env: dict, grads: dict, optim) -> None:
+    """The piece's backward on reloaded parameters, its inputs' gradients added to
+    ``grads``, and the optimizer's update of its parameters, stored back."""
+    if lp.backward is None:
+        return
+    info, loaded = call
+    reloaded = _load(lp)  # stored back after the update: shards with RTS
+    whole = _whole(reloaded)
+    swap = {loaded[k]: whole[k] for k in whole}
+    grad_info = lp.backward.grad_graph_info
+    args = {b: swap.get(t, t) for b, t in grad_info.inputs_dict(info).items()}
+    given = [grads[lp.piece.outputs[i]] for i in lp.provided]
+    bwd = lp.backward.call_with_info(*given, args=args)
+    by_input = grad_info.fwd_parent_ins_to_grad_parent_outs(info, bwd)
+    for n, wanted in zip(lp.piece.inputs, lp.needs):
+        if wanted:
+            g = by_input[env[n]]
+            grads[n] = g if n not in grads else ops.add(grads[n], g)
+    if not lp.remote:
+        return
+    prefix, reduce = build.prefix, replication_of(build.options).reduce_gradient
+    short = {k: k[len(prefix) :] if k.startswith(prefix) else k for k in lp.remote}
+    params = {short[k]: reloaded[k] for k in lp.remote}
+    optim.build(params, {short[k]: reduce(by_input[loaded[k]]) for k in lp.remote})
+    store_remote(lp.buffers, addons.NamedTensors.from_dict(reloaded), 0)
+
+
+def _replication_detail(opts) -> str:
+    r = opts.replication_factor
+    how = "mean all-reduced"
+    if opts.replicated_tensor_sharding:
+        how = "reduce-scattered (mean), optimizer state sharded ceil(n/R) per replica"
+    return f"{r} replicas, each on 1/{r} of the batch; gradients {how}, per phase"

@@ -1,0 +1,182 @@
+"""Which phases a traced model runs in, and the model's fx graph cut into them.
+
+`phase_paths` turns ``Options(phased_execution=...)`` into module paths: ``"children"`` the
+model's top-level children, ``"blocks"`` the repeated blocks ``outline="auto"`` finds, or the
+modules a list names. `split_pieces` traces the model with those modules as leaves and cuts
+the graph into `Piece`s in execution order: one per phase module call, and one for the code
+between two phases (glue: embeddings, the loss, ...). Each piece is an ``fx.GraphModule`` of
+its own over the same torch tensors (qualified names kept: ``"blocks.3.attn.weight"``) that
+`popxl_fx.Module` lowers like any model; its inputs and outputs are the values that cross the
+cut, in node order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+from .capture import CaptureTracer, is_leaf, trace_module
+from .outline import plan_outline
+
+__all__ = ["Piece", "PhaseError", "phase_paths", "split_pieces"]
+
+
+class PhaseError(ValueError):
+    """A ``phased_execution=`` value that does not fit the model."""
+
+
+@dataclass
+class Piece:
+    """A cut of the traced graph: a phase module's call, or the glue between phases.
+
+    Attributes:
+        label: the phase's module path (user's names), or "glue before <phase>" / "glue
+            after <phase>".
+        phase: True for a phase module's call.
+        nodes: the traced graph's nodes it runs, in order.
+        inputs: nodes outside it whose values it reads (in first-use order).
+        outputs: its nodes read outside it (later pieces or the model's output).
+        gm: the piece as a graph module (inputs as placeholders, outputs as a tuple).
+    """
+
+    label: str
+    phase: bool
+    nodes: list[fx.Node] = field(default_factory=list)
+    inputs: list[fx.Node] = field(default_factory=list)
+    outputs: list[fx.Node] = field(default_factory=list)
+    gm: fx.GraphModule | None = None
+
+    def examples(self) -> tuple:
+        """The inputs' values on the example inputs (what the piece is captured with)."""
+        return tuple(n.meta["example_value"] for n in self.inputs)
+
+
+def _model(root: nn.Module, prefix: str) -> nn.Module:
+    return root.get_submodule(prefix[:-1]) if prefix else root
+
+
+def phase_paths(root: nn.Module, spec: str | tuple, examples: tuple, prefix: str = "") -> list:
+    """The module paths (in ``root``) of the phases ``spec`` asks for."""
+    model = _model(root, prefix)
+    if spec == "children":
+        paths = [name for name, _ in model.named_children()]
+        if not paths:
+            raise PhaseError(
+                f"Options(phased_execution='children'): {type(model).__name__} has no child "
+                "modules; phases need modules holding the parameters."
+            )
+    elif spec == "blocks":
+        plan = plan_outline(root, "auto", examples, prefix)
+        paths = [p[len(prefix) :] for g in plan.groups for p in g.paths]
+        if not paths:
+            raise PhaseError(
+                "Options(phased_execution='blocks'): the model has no repeated blocks that "
+                "outline='auto' would outline; use phased_execution='children' or a list of "
+                "module names."
+            )
+    else:
+        paths = _listed(model, spec)
+    return [prefix + p for p in paths]
+
+
+def _listed(model: nn.Module, spec: Sequence[str]) -> list[str]:
+    modules = dict(model.named_modules())
+    for name in spec:
+        if name not in modules or not name:
+            children = ", ".join(n for n, _ in model.named_children()) or "none"
+            raise PhaseError(
+                f"Options(phased_execution=...): {name!r} names no submodule of "
+                f"{type(model).__name__}; give names from model.named_modules() (its children: "
+                f"{children}), or 'children' / 'blocks'."
+            )
+    for a in spec:
+        for b in spec:
+            if b.startswith(a + "."):
+                raise PhaseError(
+                    f"Options(phased_execution=...): {b!r} is inside {a!r}; a phase cannot "
+                    "hold another: list the outer or the inner modules."
+                )
+    return list(dict.fromkeys(spec))
+
+
+def split_pieces(
+    root: nn.Module, examples: tuple, paths: list[str], prefix: str = ""
+) -> tuple[fx.GraphModule, list[Piece]]:
+    """The leaf trace of ``root`` with ``paths`` as leaves, and its pieces in order."""
+    ids = {id(root.get_submodule(p)) for p in paths}
+    tracer = CaptureTracer(root, examples, leaf=lambda m: id(m) in ids or is_leaf(m))
+    gm = trace_module(tracer, root)
+    pieces = _cut(gm, set(paths), prefix)
+    called = {p.nodes[0].target for p in pieces if p.phase}
+    for path in paths:
+        if path not in called:
+            raise PhaseError(
+                f"Options(phased_execution=...): {path[len(prefix) :]!r} is never called by "
+                "forward as a whole (a ModuleList or ModuleDict is not called: name its items)."
+            )
+    _connect(pieces)
+    training = _model(root, prefix).training
+    for p in pieces:
+        p.gm = _piece_module(gm, p, training)
+    return gm, pieces
+
+
+def _cut(gm: fx.GraphModule, wanted: set[str], prefix: str) -> list[Piece]:
+    pieces: list[Piece] = []
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output", "get_attr"):
+            continue  # get_attr nodes are copied into every piece that reads them
+        if node.op == "call_module" and node.target in wanted:
+            if any(p.phase and p.nodes[0].target == node.target for p in pieces):
+                raise PhaseError(
+                    f"Options(phased_execution=...): {node.target[len(prefix) :]!r} is called "
+                    "twice by forward; a phase's weights are loaded once per pass: make it "
+                    "part of a larger phase, or leave it out of the list."
+                )
+            pieces.append(Piece(node.target[len(prefix) :], True, [node]))
+            continue
+        if not pieces or pieces[-1].phase:
+            pieces.append(Piece("", False))
+        pieces[-1].nodes.append(node)
+    for i, p in enumerate(pieces):
+        if not p.phase:
+            after = next((q.label for q in pieces[i + 1 :] if q.phase), None)
+            p.label = f"glue before {after}" if after else f"glue after {pieces[i - 1].label}"
+    return pieces
+
+
+def _connect(pieces: list[Piece]) -> None:
+    for p in pieces:
+        inside = set(p.nodes)
+        reads = [a for n in p.nodes for a in n.all_input_nodes]
+        p.inputs = list(dict.fromkeys(a for a in reads if a not in inside and a.op != "get_attr"))
+        p.outputs = [n for n in p.nodes if any(u not in inside for u in n.users)]
+        for n in (*p.inputs, *p.outputs):
+            if not isinstance(n.meta.get("example_value"), torch.Tensor):
+                raise PhaseError(
+                    f"Options(phased_execution=...): the value {n.name!r} "
+                    f"({type(n.meta.get('example_value')).__name__}) crosses into or out of "
+                    f"{p.label!r}; only tensors can pass between phases: compute python "
+                    "values inside the phase that uses them, or choose other phases."
+                )
+
+
+def _piece_module(gm: fx.GraphModule, piece: Piece, training: bool) -> fx.GraphModule:
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for i, n in enumerate(piece.inputs):
+        env[n] = graph.placeholder(f"input{i}_{n.name}")
+    for node in piece.nodes:
+        for a in node.all_input_nodes:
+            if a.op == "get_attr" and a not in env:
+                env[a] = graph.node_copy(a)
+        env[node] = graph.node_copy(node, lambda a: env[a])
+    graph.output(tuple(env[n] for n in piece.outputs))
+    # the root's tensors and modules are shared by qualified name, not copied
+    module = fx.GraphModule(gm, graph, class_name=piece.label.replace(" ", "_") or "Piece")
+    module.training = training  # the user model's mode, for ops traced in its forward
+    return module
