@@ -27,6 +27,11 @@ BAD = {
         "--epochs",
         "got 0",
     ),
+    "fx_transforms": (
+        ["examples/fx_transforms.py", "--batch-size", "30"],
+        "--batch-size",
+        "got 30",
+    ),
     "bench_mnist_step": (["benchmarks/bench_mnist_step.py", "--rounds", "0"], "--rounds", "got 0"),
     "seed_accuracy": (["benchmarks/seed_accuracy.py", "--repeats", "-5"], "--repeats", "got -5"),
     "seed_runner": (
