@@ -81,9 +81,11 @@ class DotTree(Generic[T]):
             child = node._map.get(part)
             if not isinstance(child, DotTree):
                 where = ".".join(parts[: i + 1])
-                raise KeyError(f"{key!r}: {where!r} is not a sub-tree (available keys: "
-                               f"{node.keys()})" if child is not None else
-                               f"{key!r}: no key {where!r} (available keys: {node.keys()})")
+                raise KeyError(
+                    f"{key!r}: {where!r} is not a sub-tree (available keys: {node.keys()})"
+                    if child is not None
+                    else f"{key!r}: no key {where!r} (available keys: {node.keys()})"
+                )
             node = child
         return node, parts[-1]
 
@@ -94,8 +96,9 @@ class DotTree(Generic[T]):
             raise KeyError(f"Negative key {key}: this tree has no integer keys ({self.keys()}).")
         resolved = max(numeric) + 1 + key
         if resolved < 0:
-            raise KeyError(f"Negative key {key} is out of range (largest integer key "
-                           f"{max(numeric)}).")
+            raise KeyError(
+                f"Negative key {key} is out of range (largest integer key {max(numeric)})."
+            )
         return str(resolved)
 
     def get(self, key: Key) -> Any:
@@ -104,8 +107,9 @@ class DotTree(Generic[T]):
         try:
             return node._map[last]
         except KeyError:
-            raise KeyError(f"No key {key!r} in {type(self).__name__} (available keys: "
-                           f"{node.keys()}).") from None
+            raise KeyError(
+                f"No key {key!r} in {type(self).__name__} (available keys: {node.keys()})."
+            ) from None
 
     def __getitem__(self, key: Key) -> Any:
         return self.get(key)
@@ -117,8 +121,10 @@ class DotTree(Generic[T]):
         try:
             return self.get(key)
         except (KeyError, ValueError):
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute or key "
-                                 f"{key!r}. Available keys: {self.keys()}") from None
+            raise AttributeError(
+                f"{type(self).__name__!r} object has no attribute or key "
+                f"{key!r}. Available keys: {self.keys()}"
+            ) from None
 
     def __contains__(self, key: Key) -> bool:
         try:
@@ -145,16 +151,20 @@ class DotTree(Generic[T]):
             if existing is not None and not isinstance(existing, DotTree):
                 raise ValueError(f"Cannot insert {key!r}: {head!r} is a leaf, not a sub-tree.")
             if existing is not None and not overwrite:
-                raise ValueError(f"Cannot insert {key!r}: key {head!r} already exists in "
-                                 f"{type(self).__name__}. Use overwrite=True to merge into it.")
+                raise ValueError(
+                    f"Cannot insert {key!r}: key {head!r} already exists in "
+                    f"{type(self).__name__}. Use overwrite=True to merge into it."
+                )
             sub = existing.copy() if existing is not None else type(self)()
             sub.insert(".".join(parts[1:]), value, overwrite)
             self._map[head] = sub
             return
         if head in self._map:
             if not overwrite:
-                raise ValueError(f"Key {key!r} already exists in {type(self).__name__}. "
-                                 "Use overwrite=True to replace it.")
+                raise ValueError(
+                    f"Key {key!r} already exists in {type(self).__name__}. "
+                    "Use overwrite=True to replace it."
+                )
             current = self._map[head]
             if isinstance(current, DotTree) and isinstance(value, DotTree):
                 merged = current.copy()
@@ -201,8 +211,9 @@ class DotTree(Generic[T]):
         """Remove and return the leaf or sub-tree at ``key``."""
         node, last = self._resolve(key)
         if last not in node._map:
-            raise KeyError(f"No key {key!r} in {type(self).__name__} (available keys: "
-                           f"{node.keys()}).")
+            raise KeyError(
+                f"No key {key!r} in {type(self).__name__} (available keys: {node.keys()})."
+            )
         return node._map.pop(last)
 
     def _set(self, key: str, value: Any) -> None:
@@ -292,7 +303,8 @@ class DotTree(Generic[T]):
         # Without tree values, every sub-tree is made here and held by nobody else, so the
         # inserts need not copy them (which costs O(n^2) for n keys under one prefix).
         insert = (
-            tree.insert if any(isinstance(v, DotTree) for v in d.values())
+            tree.insert
+            if any(isinstance(v, DotTree) for v in d.values())
             else tree._insert_in_place
         )
         for k, v in d.items():

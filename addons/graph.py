@@ -32,8 +32,13 @@ def _flatten_one_level(targs: Iterable[Any]) -> list[Any]:
 class BoundGraph:
     """A graph with parent tensors bound to (some of) its inputs; `call` supplies them."""
 
-    def __init__(self, graph: Graph, args: TensorMap | None = None,
-                 _names: dict[Tensor, str] | None = None, _extra: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        graph: Graph,
+        args: TensorMap | None = None,
+        _names: dict[Tensor, str] | None = None,
+        _extra: tuple[str, ...] = (),
+    ) -> None:
         self.graph = graph
         self.args: dict[Tensor, Tensor] = dict(args or {})
         # Named inputs bind() could not match, reported by name if the call leaves them unfed.
@@ -62,15 +67,20 @@ class BoundGraph:
         missing = [n for t, n in self._unbound_names.items() if t not in fed]
         if not missing:
             return
-        extra = (f" bind() was given keys that match no named input: {list(self._extra_keys)}."
-                 if self._extra_keys else "")
+        extra = (
+            f" bind() was given keys that match no named input: {list(self._extra_keys)}."
+            if self._extra_keys
+            else ""
+        )
         raise ValueError(
             f"Named inputs {missing} of graph {self.graph.id!r} are not bound and were not "
             f"passed at the call.{extra} Bind them with `graph.bind(named_tensors)` (keys must "
-            "match the graph's args) or pass them with `args={graph_input: tensor}`.")
+            "match the graph's args) or pass them with `args={graph_input: tensor}`."
+        )
 
-    def subgraph_io_map(self, *targs: Any, args: TensorMap | None = None,
-                        outs: Iterable[Tensor] | None = None) -> dict[Tensor, Tensor]:
+    def subgraph_io_map(
+        self, *targs: Any, args: TensorMap | None = None, outs: Iterable[Tensor] | None = None
+    ) -> dict[Tensor, Tensor]:
         """``{subgraph tensor: parent tensor}`` for the inputs of a call (and ``outs``)."""
         inputs_dict = {**self.args, **dict(args or {})}
         positional = _flatten_one_level(targs)
@@ -96,34 +106,43 @@ class GraphWithNamedArgs:
         called_graphs_grad_info: grad infos of graphs called inside, for autodiff.
     """
 
-    def __init__(self, graph: Graph, args: NamedTensors | None = None,
-                 grad_graph_info: GradGraphInfo | None = None,
-                 from_module: Module | None = None, aux: Mapping | None = None,
-                 called_graphs_grad_info: Mapping[Graph, GradGraphInfo] | None = None
-                 ) -> None:
+    def __init__(
+        self,
+        graph: Graph,
+        args: NamedTensors | None = None,
+        grad_graph_info: GradGraphInfo | None = None,
+        from_module: Module | None = None,
+        aux: Mapping | None = None,
+        called_graphs_grad_info: Mapping[Graph, GradGraphInfo] | None = None,
+    ) -> None:
         if not isinstance(graph, Graph):
-            raise TypeError(f"GraphWithNamedArgs expects a popxl Graph, got "
-                            f"{type(graph).__name__}.")
+            raise TypeError(
+                f"GraphWithNamedArgs expects a popxl Graph, got {type(graph).__name__}."
+            )
         self.graph = graph
         self.args: NamedTensors = args if args is not None else NamedTensors()
         self._grad_graph_info = grad_graph_info
         self.from_module = from_module
         self.aux: dict[str, Any] = dict(aux or {})
         self.called_graphs_grad_info: dict[Graph, GradGraphInfo] = dict(
-            called_graphs_grad_info or {})
+            called_graphs_grad_info or {}
+        )
         self.autodiff_applied = False
 
     @classmethod
-    def from_grad_graph(cls, grad_graph_info: GradGraphInfo,
-                        args: NamedTensors | None = None) -> GraphWithNamedArgs:
+    def from_grad_graph(
+        cls, grad_graph_info: GradGraphInfo, args: NamedTensors | None = None
+    ) -> GraphWithNamedArgs:
         """Wrap the graph of ``grad_graph_info``, keeping the info."""
         return cls(grad_graph_info.graph, args, grad_graph_info=grad_graph_info)
 
     @property
     def grad_graph_info(self) -> GradGraphInfo:
         if self._grad_graph_info is None:
-            raise AttributeError(f"Graph {self.graph.id!r} is not a gradient graph: it has no "
-                                 "grad_graph_info. Make one with addons.autodiff(graph).")
+            raise AttributeError(
+                f"Graph {self.graph.id!r} is not a gradient graph: it has no "
+                "grad_graph_info. Make one with addons.autodiff(graph)."
+            )
         return self._grad_graph_info
 
     @grad_graph_info.setter
@@ -137,8 +156,10 @@ class GraphWithNamedArgs:
             args = NamedTensors()
         elif not isinstance(args, DotTree):
             if not isinstance(args, Mapping):
-                raise TypeError(f"bind expects NamedTensors (or a mapping of names to "
-                                f"tensors), got {type(args).__name__}.")
+                raise TypeError(
+                    f"bind expects NamedTensors (or a mapping of names to "
+                    f"tensors), got {type(args).__name__}."
+                )
             args = NamedTensors.from_dict(args)
         mapping = self.args.to_mapping(args)
         mine, theirs = self.args.to_dict(), args.to_dict()
@@ -154,10 +175,14 @@ class GraphWithNamedArgs:
         return self.bind().call_with_info(*targs, args=args)
 
     # transforms -------------------------------------------------------------------------
-    def autodiff(self, grads_provided: Iterable[Tensor] | None = None,
-                 grads_required: Iterable[Tensor] | None = None,
-                 called_graphs_grad_info: Mapping[Graph, GradGraphInfo] | None = None,
-                 method: str = "auto", force: bool = False) -> GraphWithNamedArgs:
+    def autodiff(
+        self,
+        grads_provided: Iterable[Tensor] | None = None,
+        grads_required: Iterable[Tensor] | None = None,
+        called_graphs_grad_info: Mapping[Graph, GradGraphInfo] | None = None,
+        method: str = "auto",
+        force: bool = False,
+    ) -> GraphWithNamedArgs:
         """The gradient graph of this graph (custom `build_grad` if the module has one).
 
         Autodiff adds forward outputs to this graph, so applying it twice is an error unless
@@ -169,16 +194,21 @@ class GraphWithNamedArgs:
             raise RuntimeError(
                 f"Autodiff has already been applied to graph {self.graph.id!r}. Applying it "
                 "again adds more forward outputs; reuse the first gradient graph, or pass "
-                "force=True.")
+                "force=True."
+            )
         module = self.from_module
         custom = module is not None and module.implements_grad_graph
         if method == "build_grad" and module is None:
-            raise ValueError(f"method='build_grad' needs the module that built "
-                             f"{self.graph.id!r}: it works only if `from_module` is specified "
-                             "(create the graph with Module.create_graph).")
+            raise ValueError(
+                f"method='build_grad' needs the module that built "
+                f"{self.graph.id!r}: it works only if `from_module` is specified "
+                "(create the graph with Module.create_graph)."
+            )
         if method == "build_grad" and not custom:
-            raise ValueError(f"method='build_grad' but the module that built {self.graph.id!r} "
-                             "does not implement build_grad.")
+            raise ValueError(
+                f"method='build_grad' but the module that built {self.graph.id!r} "
+                "does not implement build_grad."
+            )
         if custom and method != "autodiff":
             grad = module.create_grad_graph(self, grads_provided, grads_required)
         else:
@@ -190,8 +220,14 @@ class GraphWithNamedArgs:
 
     def copy(self) -> GraphWithNamedArgs:
         """A shallow copy with its own ``args`` tree (the graph is shared)."""
-        new = GraphWithNamedArgs(self.graph, self.args.copy(), self._grad_graph_info,
-                                 self.from_module, self.aux, self.called_graphs_grad_info)
+        new = GraphWithNamedArgs(
+            self.graph,
+            self.args.copy(),
+            self._grad_graph_info,
+            self.from_module,
+            self.aux,
+            self.called_graphs_grad_info,
+        )
         new.autodiff_applied = self.autodiff_applied
         return new
 

@@ -56,7 +56,8 @@ class GraphCache:
 
     def __init__(self) -> None:
         self._graphs: weakref.WeakKeyDictionary[Ir, weakref.WeakValueDictionary] = (
-            weakref.WeakKeyDictionary())
+            weakref.WeakKeyDictionary()
+        )
 
     def create_graph(self, fn: Callable, *args: Any, **kwargs: Any) -> Graph:
         """The cached graph for these arguments, tracing ``fn`` on a miss."""
@@ -101,12 +102,17 @@ def tensor_inputs(fn: Callable, args, kwargs) -> list[Tensor]:
     bound = sig.bind(*args, **kwargs)
     out: list[Tensor] = []
     for value in bound.arguments.values():
-        values = value.values() if isinstance(value, dict) else (
-            value if isinstance(value, (list, tuple)) else [value])
+        values = (
+            value.values()
+            if isinstance(value, dict)
+            else (value if isinstance(value, (list, tuple)) else [value])
+        )
         for v in values:
             if isinstance(v, TensorSpec):
-                raise TypeError(f"{fn.__qualname__}: an outlined call needs Tensors, got a "
-                                "TensorSpec. Pass the tensors themselves.")
+                raise TypeError(
+                    f"{fn.__qualname__}: an outlined call needs Tensors, got a "
+                    "TensorSpec. Pass the tensors themselves."
+                )
             if isinstance(v, Tensor):
                 out.append(v)
     return out

@@ -85,27 +85,32 @@ class Module(popxl_core.Module, metaclass=NameScopeMeta):
             (which skips the custom gradient): 'error', 'warning' or 'none'.
     """
 
-    def __init__(self, cache: bool | GraphCache | None = False,
-                 grad_inlining_error: str = "error") -> None:
+    def __init__(
+        self, cache: bool | GraphCache | None = False, grad_inlining_error: str = "error"
+    ) -> None:
         if grad_inlining_error not in _GRAD_INLINING:
-            raise ValueError(f"grad_inlining_error should be one of {_GRAD_INLINING}, got "
-                             f"{grad_inlining_error!r}.")
+            raise ValueError(
+                f"grad_inlining_error should be one of {_GRAD_INLINING}, got "
+                f"{grad_inlining_error!r}."
+            )
         self._variable_factories = NamedVariableFactories()
         self._named_inputs = NamedTensors()
         self._name_scope: str | None = None
         self._submodules: dict[str, Module] = {}
         self._called_graphs_grad_info: dict[Graph, GradGraphInfo] = {}
-        self._cached_args: weakref.WeakKeyDictionary[Graph, tuple] = (
-            weakref.WeakKeyDictionary())
+        self._cached_args: weakref.WeakKeyDictionary[Graph, tuple] = weakref.WeakKeyDictionary()
         self._list_len: int | None = None
         self.grad_inlining_error = grad_inlining_error
         self.aux = AuxStore()
         self.var_grad = VarGradStore()
         if cache and self.implements_grad_graph:
-            raise ValueError(f"{type(self).__name__}: You cannot use graph caching if you have "
-                             "implemented `build_grad` (cache=True).")
-        self._graph_cache = cache if isinstance(cache, GraphCache) else (
-            GraphCache() if cache else None)
+            raise ValueError(
+                f"{type(self).__name__}: You cannot use graph caching if you have "
+                "implemented `build_grad` (cache=True)."
+            )
+        self._graph_cache = (
+            cache if isinstance(cache, GraphCache) else (GraphCache() if cache else None)
+        )
 
     def __getattr__(self, name: str) -> Any:
         # only reached for a missing attribute: Module's own state missing means its
@@ -127,11 +132,15 @@ class Module(popxl_core.Module, metaclass=NameScopeMeta):
     def _adopt(self, name: str, child: Module) -> None:
         """Nest ``child``'s factories and named inputs under ``name`` (shared trees)."""
         if "_variable_factories" not in self.__dict__:
-            raise RuntimeError(f"{type(self).__name__}.__init__ must call super().__init__() "
-                               f"before assigning the submodule {name!r}.")
+            raise RuntimeError(
+                f"{type(self).__name__}.__init__ must call super().__init__() "
+                f"before assigning the submodule {name!r}."
+            )
         child.set_name_scope(name)
-        for mine, theirs in ((self._variable_factories, child._variable_factories),
-                             (self._named_inputs, child._named_inputs)):
+        for mine, theirs in (
+            (self._variable_factories, child._variable_factories),
+            (self._named_inputs, child._named_inputs),
+        ):
             if name in mine:
                 mine.pop(name)
             mine.insert(name, theirs)
@@ -147,8 +156,10 @@ class Module(popxl_core.Module, metaclass=NameScopeMeta):
             if part.lstrip("-").isdigit() and int(part) < 0 and node._list_len is not None:
                 part = str(node._list_len + int(part))
             if part not in node._submodules:
-                raise KeyError(f"{type(node).__name__} has no submodule {part!r} "
-                               f"(submodules: {list(node._submodules)}).")
+                raise KeyError(
+                    f"{type(node).__name__} has no submodule {part!r} "
+                    f"(submodules: {list(node._submodules)})."
+                )
             node = node._submodules[part]
         return node
 
@@ -157,8 +168,10 @@ class Module(popxl_core.Module, metaclass=NameScopeMeta):
 
     def __iter__(self) -> Iterator[Module]:
         if self._list_len is None:
-            raise TypeError(f"{type(self).__name__} is not iterable; only modules made with "
-                            "Module.from_list are.")
+            raise TypeError(
+                f"{type(self).__name__} is not iterable; only modules made with "
+                "Module.from_list are."
+            )
         return (self._submodules[str(i)] for i in range(self._list_len))
 
     def __len__(self) -> int:
@@ -186,12 +199,16 @@ class Module(popxl_core.Module, metaclass=NameScopeMeta):
             raise RuntimeError(
                 f"{type(self).__name__}.{what} was called outside graph construction. Call it "
                 "inside build(), and build the graph with module.create_graph(...) (or call "
-                "the module inside another module's build).")
+                "the module inside another module's build)."
+            )
 
     def _taken(self, name: str | int) -> tuple:
         """What the trees hold at ``name``: (any value?, any non-placeholder value?)."""
-        held = [tree.get(name) for tree in (self._variable_factories, self._named_inputs)
-                if name in tree]
+        held = [
+            tree.get(name)
+            for tree in (self._variable_factories, self._named_inputs)
+            if name in tree
+        ]
         return bool(held), any(not isinstance(v, DotTree) or v.len_flat() for v in held)
 
     def _check_free(self, name: str | int, overwrite: bool) -> bool:
@@ -202,17 +219,25 @@ class Module(popxl_core.Module, metaclass=NameScopeMeta):
             return True
         held, used = self._taken(name)
         if used:
-            raise ValueError(f"{type(self).__name__} already has a named input {name!r}. "
-                             "Use another name or overwrite=True.")
+            raise ValueError(
+                f"{type(self).__name__} already has a named input {name!r}. "
+                "Use another name or overwrite=True."
+            )
         return held
 
     def _record(self, name: str | int, t: Any, f: Any, overwrite: bool) -> None:
         self._variable_factories.insert(name, f, overwrite)
         self._named_inputs.insert(name, t, overwrite)
 
-    def add_variable_input(self, name: str, data_iter: DataIter, dtype: dtype | None = None,
-                           by_ref: bool = False, replica_grouping=None,
-                           overwrite: bool = False) -> Tensor:
+    def add_variable_input(
+        self,
+        name: str,
+        data_iter: DataIter,
+        dtype: dtype | None = None,
+        by_ref: bool = False,
+        replica_grouping=None,
+        overwrite: bool = False,
+    ) -> Tensor:
         """A graph input named ``name`` plus a factory for the variable that feeds it."""
         self._check_building(f"add_variable_input({name!r})")
         overwrite = self._check_free(name, overwrite)
@@ -220,20 +245,27 @@ class Module(popxl_core.Module, metaclass=NameScopeMeta):
         self._record(name, t, f, overwrite)
         return t
 
-    def add_replica_sharded_variable_input(self, name: str, data_iter: DataIter,
-                                           dtype: dtype | None = None, by_ref: bool = False,
-                                           replica_grouping=None,
-                                           shard_over: int | None = None) -> Tensor:
+    def add_replica_sharded_variable_input(
+        self,
+        name: str,
+        data_iter: DataIter,
+        dtype: dtype | None = None,
+        by_ref: bool = False,
+        replica_grouping=None,
+        shard_over: int | None = None,
+    ) -> Tensor:
         """Like `add_variable_input`, for a replica-sharded variable (the input is the shard)."""
         self._check_building(f"add_replica_sharded_variable_input({name!r})")
         overwrite = self._check_free(name, False)
-        t, f = add_replica_sharded_variable_input(name, data_iter, dtype, by_ref,
-                                                  replica_grouping, shard_over)
+        t, f = add_replica_sharded_variable_input(
+            name, data_iter, dtype, by_ref, replica_grouping, shard_over
+        )
         self._record(name, t, f, overwrite)
         return t
 
-    def add_variable_factory(self, variable_f: VariableFactory, name: str | None = None,
-                             overwrite: bool = False) -> Tensor:
+    def add_variable_factory(
+        self, variable_f: VariableFactory, name: str | None = None, overwrite: bool = False
+    ) -> Tensor:
         """A graph input for an existing factory, stored under ``name`` (default its name)."""
         name = name if name is not None else variable_f.name
         self._check_building(f"add_variable_factory({name!r})")
@@ -242,8 +274,9 @@ class Module(popxl_core.Module, metaclass=NameScopeMeta):
         self._record(name, t, variable_f, overwrite)
         return t
 
-    def add_variable_inputs(self, name: str | int, variable_f: NamedVariableFactories,
-                            overwrite: bool = False) -> NamedTensors:
+    def add_variable_inputs(
+        self, name: str | int, variable_f: NamedVariableFactories, overwrite: bool = False
+    ) -> NamedTensors:
         """New graph inputs for every factory of ``variable_f``, stored under ``name.*``.
 
         Use it to outline: bind one subgraph to several sets of named inputs.
@@ -261,16 +294,19 @@ class Module(popxl_core.Module, metaclass=NameScopeMeta):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Inline ``build`` into the current graph."""
         if self.implements_grad_graph and self.grad_inlining_error != "none":
-            msg = (f"{type(self).__name__}: `build_grad` has been implemented, but calling the "
-                   "module inline skips the custom gradient. Outline it with "
-                   "`self.call_module(module)(...)`, or set grad_inlining_error='none'.")
+            msg = (
+                f"{type(self).__name__}: `build_grad` has been implemented, but calling the "
+                "module inline skips the custom gradient. Outline it with "
+                "`self.call_module(module)(...)`, or set grad_inlining_error='none'."
+            )
             if self.grad_inlining_error == "error":
                 raise RuntimeError(msg)
             warnings.warn(msg, stacklevel=2)
         return self.build(*args, **kwargs)
 
-    def create_graph(self, *args: Any, **kwargs: Any
-                     ) -> tuple[NamedVariableFactories, GraphWithNamedArgs]:
+    def create_graph(
+        self, *args: Any, **kwargs: Any
+    ) -> tuple[NamedVariableFactories, GraphWithNamedArgs]:
         """Trace `build` into a new subgraph ``{ClassName}_subgraph(N)``.
 
         Tensor/TensorSpec arguments become graph inputs. Returns the factories of the named
@@ -279,8 +315,10 @@ class Module(popxl_core.Module, metaclass=NameScopeMeta):
         try:
             ir = gcg().ir
         except RuntimeError:
-            raise RuntimeError(f"{type(self).__name__}.create_graph needs a graph context: "
-                               "call it inside `with ir.main_graph:`.") from None
+            raise RuntimeError(
+                f"{type(self).__name__}.create_graph needs a graph context: "
+                "call it inside `with ir.main_graph:`."
+            ) from None
         try:
             if self._graph_cache is None:
                 graph = ir.create_graph(self, *args, **kwargs)
@@ -292,14 +330,19 @@ class Module(popxl_core.Module, metaclass=NameScopeMeta):
             if self.implements_grad_graph:
                 mark_unsafe_to_autodiff(graph)
             facts, named, aux, called = state
-            return facts.copy(), GraphWithNamedArgs(graph, named.copy(), from_module=self,
-                                                    aux=aux, called_graphs_grad_info=called)
+            return facts.copy(), GraphWithNamedArgs(
+                graph, named.copy(), from_module=self, aux=aux, called_graphs_grad_info=called
+            )
         finally:
             self._reset()
 
     def _state(self) -> tuple:
-        return (self._variable_factories.copy(), self._named_inputs.copy(), self.aux.raw(),
-                self._all_called_graphs_grad_info())
+        return (
+            self._variable_factories.copy(),
+            self._named_inputs.copy(),
+            self.aux.raw(),
+            self._all_called_graphs_grad_info(),
+        )
 
     def _all_called_graphs_grad_info(self) -> dict[Graph, GradGraphInfo]:
         info = dict(self._called_graphs_grad_info)
@@ -308,8 +351,10 @@ class Module(popxl_core.Module, metaclass=NameScopeMeta):
         return info
 
     def _reset(self) -> None:
-        for tree, attr in ((self._variable_factories, "_variable_factories"),
-                           (self._named_inputs, "_named_inputs")):
+        for tree, attr in (
+            (self._variable_factories, "_variable_factories"),
+            (self._named_inputs, "_named_inputs"),
+        ):
             tree._clear()
             for key in tree.keys():  # only (empty) sub-trees are left
                 if key not in self._submodules:
@@ -322,9 +367,14 @@ class Module(popxl_core.Module, metaclass=NameScopeMeta):
         for child in self._submodules.values():
             child._reset()
 
-    def call_module(self, module: Module, name: str | int | None = None,
-                    autodiff: str = "auto", grads_provided: Iterable[Tensor] | None = None,
-                    grads_required: Iterable[Tensor] | None = None) -> Callable:
+    def call_module(
+        self,
+        module: Module,
+        name: str | int | None = None,
+        autodiff: str = "auto",
+        grads_provided: Iterable[Tensor] | None = None,
+        grads_required: Iterable[Tensor] | None = None,
+    ) -> Callable:
         """A callable that outlines ``module``: create_graph + add_variable_inputs + call.
 
         With ``autodiff='auto'`` a module with `build_grad` gets its custom gradient recorded
@@ -376,10 +426,12 @@ class Module(popxl_core.Module, metaclass=NameScopeMeta):
     def implements_grad_graph(self) -> bool:
         return type(self).build_grad is not Module.build_grad
 
-    def create_grad_graph(self, fwd_graph: GraphWithNamedArgs,
-                          grads_provided: Iterable[Tensor] | None = None,
-                          grads_required: Iterable[Tensor] | None = None
-                          ) -> GraphWithNamedArgs:
+    def create_grad_graph(
+        self,
+        fwd_graph: GraphWithNamedArgs,
+        grads_provided: Iterable[Tensor] | None = None,
+        grads_required: Iterable[Tensor] | None = None,
+    ) -> GraphWithNamedArgs:
         """The gradient graph of ``fwd_graph`` from `build_grad`.
 
         ``build_grad(*grads)`` gets one gradient per provided forward output, reads forward
@@ -394,10 +446,14 @@ class Module(popxl_core.Module, metaclass=NameScopeMeta):
             self.aux, self.var_grad = AuxStore(), VarGradStore()
 
 
-def create_grad_graph_info(ir, fwd_graph: Graph, grad_graph: Graph,
-                           grad_input_to_fwd_output: dict[Tensor, Tensor],
-                           grad_output_to_fwd_input: dict[Tensor, Tensor],
-                           fwd_tensors: dict[Tensor, Tensor]) -> GradGraphInfo:
+def create_grad_graph_info(
+    ir,
+    fwd_graph: Graph,
+    grad_graph: Graph,
+    grad_input_to_fwd_output: dict[Tensor, Tensor],
+    grad_output_to_fwd_input: dict[Tensor, Tensor],
+    fwd_tensors: dict[Tensor, Tensor],
+) -> GradGraphInfo:
     """A GradGraphInfo for a hand-built gradient graph.
 
     Args:
@@ -407,5 +463,6 @@ def create_grad_graph_info(ir, fwd_graph: Graph, grad_graph: Graph,
     """
     from ._custom_grad import grad_info_from_maps
 
-    return grad_info_from_maps(fwd_graph, grad_graph, grad_input_to_fwd_output,
-                               grad_output_to_fwd_input, fwd_tensors)
+    return grad_info_from_maps(
+        fwd_graph, grad_graph, grad_input_to_fwd_output, grad_output_to_fwd_input, fwd_tensors
+    )

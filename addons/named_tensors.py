@@ -31,8 +31,9 @@ class NamedTensors(DotTree[Tensor]):
 
         Tensors missing from ``mapping`` are dropped (their keys are left out).
         """
-        return NamedTensors.from_dict({k: mapping[t] for k, t in self.to_dict().items()
-                                       if t in mapping})
+        return NamedTensors.from_dict(
+            {k: mapping[t] for k, t in self.to_dict().items() if t in mapping}
+        )
 
 
 class NamedTensorData(DotTree[np.ndarray]):

@@ -31,8 +31,7 @@ HostData = Any  # numpy array, torch tensor, python scalar or nested list
 DataIter = Callable[[], HostData] | Iterable[HostData]
 
 # popxl.variable downcasts 64-bit host data unless a dtype is given; factories follow it.
-_DOWNCAST = {np.dtype(np.float64): float32, np.dtype(np.int64): int32,
-             np.dtype(np.uint64): uint32}
+_DOWNCAST = {np.dtype(np.float64): float32, np.dtype(np.int64): int32, np.dtype(np.uint64): uint32}
 
 
 def _default_dtype(arr: np.ndarray) -> dtype:
@@ -60,9 +59,15 @@ class VariableFactory:
         shard_over: > 1 makes a replica-sharded input of shape ``(ceil(nelms / shard_over),)``.
     """
 
-    def __init__(self, data_iter: DataIter, dtype: dtype | None = None,
-                 name: str | None = None, by_ref: bool = False, replica_grouping=None,
-                 shard_over: int = 1) -> None:
+    def __init__(
+        self,
+        data_iter: DataIter,
+        dtype: dtype | None = None,
+        name: str | None = None,
+        by_ref: bool = False,
+        replica_grouping=None,
+        shard_over: int = 1,
+    ) -> None:
         checked_dtype(dtype, f"VariableFactory({name!r})", optional=True)
         self.name = name
         self.by_ref = by_ref
@@ -81,14 +86,18 @@ class VariableFactory:
             try:
                 data_iter()
             except Exception as e:
-                raise ValueError(f"Passed callable via `data_iter` throws error. Variable "
-                                 f"{name!r}: {type(e).__name__}: {e}") from e
+                raise ValueError(
+                    f"Passed callable via `data_iter` throws error. Variable "
+                    f"{name!r}: {type(e).__name__}: {e}"
+                ) from e
             return _call_forever(data_iter)
         try:
             return iter(data_iter)
         except TypeError:
-            raise TypeError(f"Variable {name!r}: data_iter must be a callable or an iterable, "
-                            f"got {type(data_iter).__name__}.") from None
+            raise TypeError(
+                f"Variable {name!r}: data_iter must be a callable or an iterable, "
+                f"got {type(data_iter).__name__}."
+            ) from None
 
     def _shapes(self, full: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
         if self.shard_over <= 1:
@@ -127,15 +136,18 @@ class VariableFactory:
         data = self._peeked.pop() if self._peeked else self._draw()
         arr = np.asarray(data)
         if arr.shape != self.data_shape:
-            raise ValueError(f"Variable {self.name!r}: data_iter gave shape {arr.shape}, "
-                             f"expected {self.data_shape} (the shape of its first value).")
+            raise ValueError(
+                f"Variable {self.name!r}: data_iter gave shape {arr.shape}, "
+                f"expected {self.data_shape} (the shape of its first value)."
+            )
         with np.errstate(all="ignore"):  # check_conversion names a value that changes
             out = arr.astype(np_dtype, copy=False)
         check_conversion(arr, out, f"Variable {self.name!r}")
         return out
 
-    def next_memmap(self, memmap_dir: str, name: str, empty: bool = False,
-                    read_only_if_exists: bool = False) -> np.ndarray:
+    def next_memmap(
+        self, memmap_dir: str, name: str, empty: bool = False, read_only_if_exists: bool = False
+    ) -> np.ndarray:
         """The next value, stored in (or read back from) ``memmap_dir/name.npy``."""
         path = os.path.join(memmap_dir, f"{name}.npy")
         if read_only_if_exists and os.path.exists(path):
@@ -155,12 +167,17 @@ class VariableFactory:
 
     def input_named(self, name: str | None) -> Tensor:
         """A graph input of the current graph for this factory, named exactly ``name``."""
-        return popxl_core.graph_input(self.shape, self.dtype, name, by_ref=self.by_ref,
-                                      meta_shape=self.meta_shape or None)
+        return popxl_core.graph_input(
+            self.shape, self.dtype, name, by_ref=self.by_ref, meta_shape=self.meta_shape or None
+        )
 
-    def create_tensor(self, name: str | None = None, empty: bool = False,
-                      memmap_dir: str | None = None,
-                      read_only_if_exists: bool = False) -> Tensor:
+    def create_tensor(
+        self,
+        name: str | None = None,
+        empty: bool = False,
+        memmap_dir: str | None = None,
+        read_only_if_exists: bool = False,
+    ) -> Tensor:
         """A main-graph variable initialised with the next value.
 
         A replica-sharded factory returns the on-chip shard of a replica-sharded variable.
@@ -172,19 +189,28 @@ class VariableFactory:
             data = self.next_data(empty)
         if self.replica_sharded:
             _var, shard = popxl_core.replica_sharded_variable(
-                data, self.dtype, name, replica_grouping=self.replica_grouping,
-                shard_over=self.shard_over)
+                data,
+                self.dtype,
+                name,
+                replica_grouping=self.replica_grouping,
+                shard_over=self.shard_over,
+            )
             return shard
         return popxl_core.variable(data, self.dtype, name, replica_grouping=self._grouping())
 
-    def create_remote_tensor(self, buffer, entry: int, name: str | None = None,
-                             empty: bool = False) -> Tensor:
+    def create_remote_tensor(
+        self, buffer, entry: int, name: str | None = None, empty: bool = False
+    ) -> Tensor:
         """A remote variable stored in ``buffer[entry]`` (replica-sharded if the buffer is)."""
         data = self.next_data(empty)
-        make = (popxl_core.remote_replica_sharded_variable if buffer.meta_shape
-                else popxl_core.remote_variable)
-        return make(data, buffer, entry, self.dtype, name or self.name,
-                    replica_grouping=self._grouping())
+        make = (
+            popxl_core.remote_replica_sharded_variable
+            if buffer.meta_shape
+            else popxl_core.remote_variable
+        )
+        return make(
+            data, buffer, entry, self.dtype, name or self.name, replica_grouping=self._grouping()
+        )
 
     def _grouping(self):
         # A single group is the default grouping: leave it implicit, like popxl.
@@ -199,17 +225,23 @@ def _current_ir(name: str | None):
     try:
         return gcg().ir
     except RuntimeError:
-        raise RuntimeError(f"VariableFactory {name!r} needs an active graph context (its "
-                           "default replica grouping comes from the current Ir): create it "
-                           "inside `with ir.main_graph:` or while building a graph.") from None
+        raise RuntimeError(
+            f"VariableFactory {name!r} needs an active graph context (its "
+            "default replica grouping comes from the current Ir): create it "
+            "inside `with ir.main_graph:` or while building a graph."
+        ) from None
 
 
 class NamedVariableFactories(DotTree[VariableFactory]):
     """Factories addressed by dotted names; `init` turns them into main-graph variables."""
 
-    def init(self, prefix: str | None = None, empty: bool = False,
-             memmap_dir: str | None = None, read_only_if_exists: bool = False
-             ) -> NamedTensors:
+    def init(
+        self,
+        prefix: str | None = None,
+        empty: bool = False,
+        memmap_dir: str | None = None,
+        read_only_if_exists: bool = False,
+    ) -> NamedTensors:
         """Create a variable per factory in **sorted key order**, named ``prefix.key``."""
         out = {}
         for key, f in sorted(self.to_dict().items(), key=lambda kv: kv[0]):
@@ -217,15 +249,17 @@ class NamedVariableFactories(DotTree[VariableFactory]):
             out[key] = f.create_tensor(name, empty, memmap_dir, read_only_if_exists)
         return NamedTensors.from_dict(out)
 
-    def init_remote(self, buffers: DotTree, entry: int = 0, prefix: str | None = None,
-                    empty: bool = False) -> NamedTensors:
+    def init_remote(
+        self, buffers: DotTree, entry: int = 0, prefix: str | None = None, empty: bool = False
+    ) -> NamedTensors:
         """Remote variables, each in the buffer with the same key, in sorted key order."""
         bufs = buffers.to_dict()
         out = {}
         for key, f in sorted(self.to_dict().items(), key=lambda kv: kv[0]):
             if key not in bufs:
-                raise KeyError(f"init_remote: no remote buffer for {key!r} "
-                               f"(buffers: {list(bufs)}).")
+                raise KeyError(
+                    f"init_remote: no remote buffer for {key!r} (buffers: {list(bufs)})."
+                )
             name = f"{prefix}.{key}" if prefix else key
             out[key] = f.create_remote_tensor(bufs[key], entry, name, empty)
         return NamedTensors.from_dict(out)
@@ -241,9 +275,12 @@ class NamedVariableFactories(DotTree[VariableFactory]):
     def _init_op(self, init_type: str) -> NamedTensors:
         from popxl_core import ops
 
-        return NamedTensors.from_dict({
-            key: ops.init(f.shape, f.dtype, key, init_type, meta_shape=f.meta_shape or None)
-            for key, f in self.to_dict().items()})
+        return NamedTensors.from_dict(
+            {
+                key: ops.init(f.shape, f.dtype, key, init_type, meta_shape=f.meta_shape or None)
+                for key, f in self.to_dict().items()
+            }
+        )
 
     @property
     def replica_groupings(self) -> DotTree:
@@ -251,24 +288,32 @@ class NamedVariableFactories(DotTree[VariableFactory]):
         return DotTree.from_dict({k: f.replica_grouping for k, f in self.to_dict().items()})
 
 
-def add_variable_input(name: str, data_iter: DataIter, dtype: dtype | None = None,
-                       by_ref: bool = False, replica_grouping=None
-                       ) -> tuple[Tensor, VariableFactory]:
+def add_variable_input(
+    name: str,
+    data_iter: DataIter,
+    dtype: dtype | None = None,
+    by_ref: bool = False,
+    replica_grouping=None,
+) -> tuple[Tensor, VariableFactory]:
     """A graph input of the current graph named ``name`` and the factory for its variable."""
     factory = VariableFactory(data_iter, dtype, name, by_ref, replica_grouping)
     return factory.create_input(), factory
 
 
-def add_replica_sharded_variable_input(name: str, data_iter: DataIter,
-                                       dtype: dtype | None = None, by_ref: bool = False,
-                                       replica_grouping=None, shard_over: int | None = None
-                                       ) -> tuple[Tensor, VariableFactory]:
+def add_replica_sharded_variable_input(
+    name: str,
+    data_iter: DataIter,
+    dtype: dtype | None = None,
+    by_ref: bool = False,
+    replica_grouping=None,
+    shard_over: int | None = None,
+) -> tuple[Tensor, VariableFactory]:
     """Like `add_variable_input`, but the input is the flat shard ``(ceil(nelms / shard_over),)``.
 
     ``shard_over`` defaults to the replica grouping's group size.
     """
     rg = replica_grouping or _current_ir(name).replica_grouping()
-    factory = VariableFactory(data_iter, dtype, name, by_ref, rg,
-                              shard_over if shard_over is not None else rg.group_size)
+    factory = VariableFactory(
+        data_iter, dtype, name, by_ref, rg, shard_over if shard_over is not None else rg.group_size
+    )
     return factory.create_input(), factory
-

@@ -93,8 +93,10 @@ def build_row(repeats: int) -> list[str]:
         walls.append(time.perf_counter() - wall)
         cpus.append(time.process_time() - cpu)
     wall, cpu = statistics.median(walls), statistics.median(cpus)
-    return [f"| resnet50_build | (no eager twin) | {wall:.2f} s wall, {cpu:.2f} s CPU | | "
-            f"| {TARGETS['resnet50_build']} |"]
+    return [
+        f"| resnet50_build | (no eager twin) | {wall:.2f} s wall, {cpu:.2f} s CPU | | "
+        f"| {TARGETS['resnet50_build']} |"
+    ]
 
 
 def seed_rows(seed_batches: int) -> list[str]:
@@ -123,7 +125,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument(
-        "--clock", choices=sorted(CLOCKS), default="wall",
+        "--clock",
+        choices=sorted(CLOCKS),
+        default="wall",
         help="step cases: wall time, or the thread's CPU time (steadier on a loaded machine)",
     )
     ap.add_argument("--seed-batches", type=int, default=0, help="cap seed 001 (0: full epoch)")

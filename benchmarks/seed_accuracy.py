@@ -114,8 +114,9 @@ def run_seed(path: Path, shuffle_seed: int | None) -> tuple[Result, list[torch.T
     res = seed_runner.execute(path, echo=False, namespace=namespace)
     missing = seed_runner.missing_lines(seed_runner.expected_lines(path), res.stdout)
     (train_n, train_s), (test_n, test_s) = _TimedTqdm.loops[:2]
-    return Result(res.accuracy, train_n, train_n / train_s, test_n / test_s, len(missing),
-                  len(res.skipped)), initial
+    return Result(
+        res.accuracy, train_n, train_n / train_s, test_n / test_s, len(missing), len(res.skipped)
+    ), initial
 
 
 def initial_weights(namespace: dict) -> list[torch.Tensor]:
@@ -135,8 +136,13 @@ def twin_loaders(batch: int = BATCH) -> tuple:
 
     tf = transforms.Compose([transforms.ToTensor(), transforms.Normalize(*MNIST_MEAN_STD)])
     root = Path(seed_runner.SEED_DATA_ROOT).expanduser()
-    kw = {"data_dir": root, "dataset": "mnist", "download": False,
-          "allow_fashion_as_mnist": True, "transform": tf}
+    kw = {
+        "data_dir": root,
+        "dataset": "mnist",
+        "download": False,
+        "allow_fashion_as_mnist": True,
+        "transform": tf,
+    }
     train = DataLoader(mnist(True, **kw), batch_size=batch, shuffle=True, drop_last=True)
     test = DataLoader(mnist(False, **kw), batch_size=TEST_BATCH, shuffle=True, drop_last=True)
     return train, test
@@ -194,8 +200,9 @@ class AdamNoBiasCorrection:
             p.add_(direction, alpha=-self.lr)
 
 
-def run_twin(seed_id: str, loaders, params: list[torch.Tensor], fp16_m: bool,
-             shuffle_seed: int | None) -> Result:
+def run_twin(
+    seed_id: str, loaders, params: list[torch.Tensor], fp16_m: bool, shuffle_seed: int | None
+) -> Result:
     cfg = SEEDS[seed_id]
     if cfg["optimiser"] == "sgd":
         opt = Sgd(params, cfg["lr"])
@@ -227,8 +234,10 @@ def run_twin(seed_id: str, loaders, params: list[torch.Tensor], fp16_m: bool,
 
 # Report ---------------------------------------------------------------------------------------
 def _line(name: str, r: Result) -> str:
-    return (f"  {name:<26} accuracy {r.accuracy:6.2f}%  train {r.train_steps:5d} steps "
-            f"{r.train_it_s:8.1f} it/s  test {r.test_it_s:7.1f} it/s")
+    return (
+        f"  {name:<26} accuracy {r.accuracy:6.2f}%  train {r.train_steps:5d} steps "
+        f"{r.train_it_s:8.1f} it/s  test {r.test_it_s:7.1f} it/s"
+    )
 
 
 def report(seed_id: str, runs: list[tuple[Result, Result]], args) -> None:
@@ -237,40 +246,67 @@ def report(seed_id: str, runs: list[tuple[Result, Result]], args) -> None:
     pairing = "unpaired" if args.unpaired else "paired: same initial weights and batch order"
     m_note = ""
     if cfg["optimiser"] == "adam":
-        m_note = ("; first order float16 in the seed, "
-                  + ("float16" if args.fp16_first_order else "float32") + " in the twin")
-    print(f"\nseed {seed_id}: {cfg['optimiser'].upper()} lr {cfg['lr']}, "
-          f"batch {cfg.get('batch', BATCH)}, "
-          f"{length}, Fashion-MNIST staged as MNIST ({pairing}{m_note})")
+        m_note = (
+            "; first order float16 in the seed, "
+            + ("float16" if args.fp16_first_order else "float32")
+            + " in the twin"
+        )
+    print(
+        f"\nseed {seed_id}: {cfg['optimiser'].upper()} lr {cfg['lr']}, "
+        f"batch {cfg.get('batch', BATCH)}, "
+        f"{length}, Fashion-MNIST staged as MNIST ({pairing}{m_note})"
+    )
     sim0 = runs[0][0]
-    print(f"  documented output lines missing: {sim0.missing}; illustrative blocks skipped: "
-          f"{sim0.skipped}")
+    print(
+        f"  documented output lines missing: {sim0.missing}; illustrative blocks skipped: "
+        f"{sim0.skipped}"
+    )
     for i, (sim, eager) in enumerate(runs):
         tag = f"[{i + 1}] " if len(runs) > 1 else ""
         print(_line(f"{tag}simulator (seed code)", sim))
         print(_line(f"{tag}eager PyTorch twin", eager))
     diffs = [s.accuracy - e.accuracy + 0.0 for s, e in runs]  # + 0.0: no "-0.00"
     speed = [s.train_it_s / e.train_it_s for s, e in runs]
-    print(f"  accuracy sim - eager: mean {np.mean(diffs):+.2f} points (runs: "
-          f"{', '.join(f'{d:+.2f}' for d in diffs)}); training speed sim/eager: "
-          f"{np.mean(speed):.2f}x")
+    print(
+        f"  accuracy sim - eager: mean {np.mean(diffs):+.2f} points (runs: "
+        f"{', '.join(f'{d:+.2f}' for d in diffs)}); training speed sim/eager: "
+        f"{np.mean(speed):.2f}x"
+    )
 
 
 def main() -> None:
     ap = make_parser(__doc__.splitlines()[0])
     ap.add_argument("--seeds", nargs="+", default=["001", "000"], choices=sorted(SEEDS))
-    ap.add_argument("--seeds-dir", type=Path, default=default_seeds_dir(),
-                    help=f"where the seed tutorials are (env {SEEDS_ENV})")
-    ap.add_argument("--max-batches", type=non_negative_int, default=0,
-                    help="cap every DataLoader (both sides) at N batches; 0: full epoch")
+    ap.add_argument(
+        "--seeds-dir",
+        type=Path,
+        default=default_seeds_dir(),
+        help=f"where the seed tutorials are (env {SEEDS_ENV})",
+    )
+    ap.add_argument(
+        "--max-batches",
+        type=non_negative_int,
+        default=0,
+        help="cap every DataLoader (both sides) at N batches; 0: full epoch",
+    )
     ap.add_argument("--repeats", type=positive_int, default=1)
     ap.add_argument("--threads", type=positive_int, default=1)
-    ap.add_argument("--unpaired", action="store_true",
-                    help="independent twin: its own initial weights and batch order")
-    ap.add_argument("--fp16-first-order", action="store_true",
-                    help="the Adam twin keeps its first moment in float16, like seed 000")
-    ap.add_argument("--twin-seed", type=int, default=0,
-                    help="the twin's weights (--unpaired); else the shared shuffle seed")
+    ap.add_argument(
+        "--unpaired",
+        action="store_true",
+        help="independent twin: its own initial weights and batch order",
+    )
+    ap.add_argument(
+        "--fp16-first-order",
+        action="store_true",
+        help="the Adam twin keeps its first moment in float16, like seed 000",
+    )
+    ap.add_argument(
+        "--twin-seed",
+        type=int,
+        default=0,
+        help="the twin's weights (--unpaired); else the shared shuffle seed",
+    )
     ap.add_argument("--progress", action="store_true", help="show the seeds' progress bars")
     args = ap.parse_args()
     paths = {s: seed_runner.resolve_seed(ap, s, args.seeds_dir) for s in args.seeds}

@@ -42,8 +42,9 @@ IMAGE_SHAPE = (28, 28)
 class Dense(addons.Module):
     """``activation(x @ w + b)``; w ~ N(0, std^2), b = 0. ``cache=True`` reuses the graph."""
 
-    def __init__(self, features: int, activation=None, std: float = 0.02,
-                 cache: bool = False) -> None:
+    def __init__(
+        self, features: int, activation=None, std: float = 0.02, cache: bool = False
+    ) -> None:
         super().__init__(cache=cache)
         self.features, self.activation, self.std = features, activation, std
 
@@ -62,8 +63,9 @@ class Classifier(addons.Module):
     Both variants name their variables alike (``first.w``, ``hidden0.w``, ..., ``out.b``).
     """
 
-    def __init__(self, width: int = 256, depth: int = 2, classes: int = 10,
-                 outline: bool = False) -> None:
+    def __init__(
+        self, width: int = 256, depth: int = 2, classes: int = 10, outline: bool = False
+    ) -> None:
         super().__init__()
         self.depth, self.outline = depth, outline
         self.first = Dense(width, ops.gelu)
@@ -113,8 +115,10 @@ def tour() -> None:
     session = popxl.Session(ir, "ipu_hw")
     with session:
         out = session.run()
-    print("one graph, two weight sets, two results differ:",
-          not np.allclose(out[streams["first"]], out[streams["second"]]))
+    print(
+        "one graph, two weight sets, two results differ:",
+        not np.allclose(out[streams["first"]], out[streams["second"]]),
+    )
 
 
 # 4: inlined vs outlined --------------------------------------------------------------------
@@ -174,7 +178,8 @@ def _host(images, labels) -> tuple[np.ndarray, np.ndarray]:
 
 def train(args, loader) -> tuple[dict, addons.NamedTensors]:
     session, (image_stream, label_stream), params, loss_stream = training_program(
-        args.batch_size, args.lr, args.outline)
+        args.batch_size, args.lr, args.outline
+    )
     steps, start = 0, time.perf_counter()
     with session:
         for epoch in range(args.epochs):
@@ -191,10 +196,12 @@ def train(args, loader) -> tuple[dict, addons.NamedTensors]:
 
 def evaluate(args, loader, trained: dict, train_params: addons.NamedTensors) -> float:
     session, image_stream, params, logits_stream = inference_program(
-        args.test_batch_size, args.outline)
+        args.test_batch_size, args.outline
+    )
     # Both programs use the same keys, so the trained arrays reach the right variables.
     session.write_variables_data(
-        {test_t: trained[train_t] for train_t, test_t in train_params.to_mapping(params).items()})
+        {test_t: trained[train_t] for train_t, test_t in train_params.to_mapping(params).items()}
+    )
     correct = seen = 0
     with session:
         for images, labels in islice(loader, args.max_batches or None):
@@ -208,8 +215,12 @@ def evaluate(args, loader, trained: dict, train_params: addons.NamedTensors) -> 
 def main() -> None:
     ap = make_parser(__doc__.splitlines()[0])
     ap.add_argument("--epochs", type=positive_int, default=1)
-    ap.add_argument("--max-batches", type=non_negative_int, default=0,
-                    help="stop each epoch (and the evaluation) after N batches; 0: all")
+    ap.add_argument(
+        "--max-batches",
+        type=non_negative_int,
+        default=0,
+        help="stop each epoch (and the evaluation) after N batches; 0: all",
+    )
     ap.add_argument("--batch-size", type=positive_int, default=16)
     ap.add_argument("--test-batch-size", type=positive_int, default=100)
     ap.add_argument("--lr", type=float, default=0.05)
@@ -219,8 +230,9 @@ def main() -> None:
 
     tour()
     schedules()
-    train_loader, test_loader = get_data_loaders(args.batch_size, args.test_batch_size,
-                                                 **data_kwargs(args))
+    train_loader, test_loader = get_data_loaders(
+        args.batch_size, args.test_batch_size, **data_kwargs(args)
+    )
     trained, params = train(args, train_loader)
     accuracy = evaluate(args, test_loader, trained, params)
     print(f"test accuracy ({args.dataset}): {accuracy:.2f}%")

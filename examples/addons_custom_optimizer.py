@@ -51,14 +51,26 @@ class Adam(addons.Module):
     """
 
     @popxl.in_sequence()
-    def build(self, param: popxl.TensorByRef, grad: popxl.Tensor, lr: float | popxl.Tensor, *,
-              b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
-              m_dtype: popxl.dtype = popxl.float32, bias_correction: bool = True) -> None:
+    def build(
+        self,
+        param: popxl.TensorByRef,
+        grad: popxl.Tensor,
+        lr: float | popxl.Tensor,
+        *,
+        b1: float = 0.9,
+        b2: float = 0.999,
+        eps: float = 1e-8,
+        m_dtype: popxl.dtype = popxl.float32,
+        bias_correction: bool = True,
+    ) -> None:
         zeros = partial(np.zeros, param.shape)
         m = self.add_variable_input("m", zeros, m_dtype, by_ref=True)
         v = self.add_variable_input("v", zeros, popxl.float32, by_ref=True)
-        t = (self.add_variable_input("t", partial(np.zeros, ()), popxl.float32, by_ref=True)
-             if bias_correction else None)
+        t = (
+            self.add_variable_input("t", partial(np.zeros, ()), popxl.float32, by_ref=True)
+            if bias_correction
+            else None
+        )
         var_updates.accumulate_moving_average_(m, grad, f=b1)
         var_updates.accumulate_moving_average_square_(v, grad, f=b2)
         direction = var_updates.adam_updater(m, v, time_step=t, beta1=b1, beta2=b2, epsilon=eps)
@@ -125,8 +137,10 @@ def training_program(batch: int, lr0: float, m_dtype: popxl.dtype):
         bwd_site = backward.call_with_info(dlogits, args=info.inputs_dict(fwd_site))
         grads = info.fwd_parent_ins_to_grad_parent_outs(fwd_site, bwd_site)
         graphs = apply(Adam(cache=True), params, grads, lr, m_dtype=m_dtype)
-        print(f"{len(params.tensors)} parameters updated by {len(graphs)} optimiser graphs "
-              f"(one per distinct shape, thanks to cache=True); first moments in {m_dtype.name}")
+        print(
+            f"{len(params.tensors)} parameters updated by {len(graphs)} optimiser graphs "
+            f"(one per distinct shape, thanks to cache=True); first moments in {m_dtype.name}"
+        )
 
         loss_stream = popxl.d2h_stream(loss.shape, loss.dtype, "loss")
         ops.host_store(loss_stream, loss)
@@ -136,7 +150,8 @@ def training_program(batch: int, lr0: float, m_dtype: popxl.dtype):
 
 def train(args, loader):
     session, (image_stream, label_stream), params, loss_stream, lr = training_program(
-        args.batch_size, args.lr, popxl.float16 if args.fp16_moments else popxl.float32)
+        args.batch_size, args.lr, popxl.float16 if args.fp16_moments else popxl.float32
+    )
     total = args.epochs * (min(len(loader), args.max_batches) if args.max_batches else len(loader))
     step, start = 0, time.perf_counter()
     with session:
@@ -157,20 +172,28 @@ def train(args, loader):
 def main() -> None:
     ap = make_parser(__doc__.splitlines()[0])
     ap.add_argument("--epochs", type=positive_int, default=1)
-    ap.add_argument("--max-batches", type=non_negative_int, default=0,
-                    help="stop each epoch (and the evaluation) after N batches; 0: all")
+    ap.add_argument(
+        "--max-batches",
+        type=non_negative_int,
+        default=0,
+        help="stop each epoch (and the evaluation) after N batches; 0: all",
+    )
     ap.add_argument("--batch-size", type=positive_int, default=16)
     ap.add_argument("--test-batch-size", type=positive_int, default=100)
     ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--fp16-moments", action="store_true",
-                    help="keep Adam's first moments in float16 (computed in float16)")
+    ap.add_argument(
+        "--fp16-moments",
+        action="store_true",
+        help="keep Adam's first moments in float16 (computed in float16)",
+    )
     add_data_args(ap)
     args = ap.parse_args()
     args.outline = False  # the Classifier variant evaluate() rebuilds
 
     check_against_numpy()
-    train_loader, test_loader = get_data_loaders(args.batch_size, args.test_batch_size,
-                                                 **data_kwargs(args))
+    train_loader, test_loader = get_data_loaders(
+        args.batch_size, args.test_batch_size, **data_kwargs(args)
+    )
     trained, params = train(args, train_loader)
     accuracy = evaluate(args, test_loader, trained, params)
     print(f"test accuracy ({args.dataset}): {accuracy:.2f}%")

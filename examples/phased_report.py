@@ -67,18 +67,28 @@ def main(argv: list[str] | None = None) -> None:
     diff = plain.diff(phased, ("unphased", "phased"))
     print(diff)
     before, after = diff["variables_on_chip_peak_bytes"]
-    print(f"variables on chip at once: {before:,} B unphased, {after:,} B phased "
-          f"(the largest phase's, {after / before:.2f}x)")
+    print(
+        f"variables on chip at once: {before:,} B unphased, {after:,} B phased "
+        f"(the largest phase's, {after / before:.2f}x)"
+    )
     seconds = phased.totals()["estimated_seconds"]
-    print(f"estimated time per training step of {GLOBAL_BATCH} samples: "
-          f"{seconds * 1e3:.2f} ms (estimate, not a measurement)")
+    print(
+        f"estimated time per training step of {GLOBAL_BATCH} samples: "
+        f"{seconds * 1e3:.2f} ms (estimate, not a measurement)"
+    )
 
     phased.to_json(args.out / "phased.json")
     plain.to_json(args.out / "unphased.json")
-    plot(phased, args.out / "liveness_phased.png",
-         "Seed 003 phased training step on ipu_hw, one replica (estimate)")
-    plot(plain, args.out / "liveness_unphased.png",
-         "Seed 003's MLP unphased, batch 64, on ipu_hw (estimate)")
+    plot(
+        phased,
+        args.out / "liveness_phased.png",
+        "Seed 003 phased training step on ipu_hw, one replica (estimate)",
+    )
+    plot(
+        plain,
+        args.out / "liveness_unphased.png",
+        "Seed 003's MLP unphased, batch 64, on ipu_hw (estimate)",
+    )
     print(f"reports: {args.out}/phased.json, {args.out}/unphased.json")
 
 

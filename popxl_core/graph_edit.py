@@ -112,8 +112,9 @@ def _external_inputs(order: List[Op], body: Graph) -> Dict[Tensor, Tensor]:
                 if t.producer in moved or t in seen:
                     continue
                 seen.add(t)
-                inner = graph_input(t.shape, t.dtype, t.name, by_ref=t in modified,
-                                    meta_shape=t.meta_shape or None)
+                inner = graph_input(
+                    t.shape, t.dtype, t.name, by_ref=t in modified, meta_shape=t.meta_shape or None
+                )
                 out[inner] = t
     return out
 

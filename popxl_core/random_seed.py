@@ -39,8 +39,13 @@ def two_uint32_to_uint64(words) -> int:
     return (hi << 32) | lo
 
 
-def create_seeds(seed: int, offset: int = 0, batches_per_step: int = 1,
-                 gradient_accumulation_factor: int = 1, replicas: int = 1) -> np.ndarray:
+def create_seeds(
+    seed: int,
+    offset: int = 0,
+    batches_per_step: int = 1,
+    gradient_accumulation_factor: int = 1,
+    replicas: int = 1,
+) -> np.ndarray:
     """Seeds for every (batch, accumulation step, replica), as uint32 words.
 
     ``np.random.default_rng(seed + offset)`` draws one uint64 per entry; each becomes two
@@ -50,8 +55,11 @@ def create_seeds(seed: int, offset: int = 0, batches_per_step: int = 1,
     >>> create_seeds(42).shape, create_seeds(42, replicas=4).shape
     ((2,), (4, 2))
     """
-    counts = {"batches_per_step": batches_per_step,
-              "gradient_accumulation_factor": gradient_accumulation_factor, "replicas": replicas}
+    counts = {
+        "batches_per_step": batches_per_step,
+        "gradient_accumulation_factor": gradient_accumulation_factor,
+        "replicas": replicas,
+    }
     for name, value in counts.items():
         if int(value) < 1:
             raise ValueError(f"create_seeds: {name} must be >= 1, got {value}.")

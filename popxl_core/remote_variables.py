@@ -148,12 +148,14 @@ def replica_sharded_variable(
     return var, shard
 
 
-def _host_spec(data, dtype, downcast: bool, replica_grouping, log2_scale=None,
-               nan_on_overflow=None) -> Tuple[np.ndarray, TensorSpec]:
+def _host_spec(
+    data, dtype, downcast: bool, replica_grouping, log2_scale=None, nan_on_overflow=None
+) -> Tuple[np.ndarray, TensorSpec]:
     """The host array and the on-device spec a variable made from ``data`` would have
     (float8 data converted as `popxl.variable` converts it)."""
-    arr, dtype = _host_array(data, dtype, downcast, log2_scale, nan_on_overflow,
-                             "remote variable data")
+    arr, dtype = _host_array(
+        data, dtype, downcast, log2_scale, nan_on_overflow, "remote variable data"
+    )
     groups = replica_grouping.num_groups if replica_grouping is not None else 1
     shape = arr.shape[1:] if groups > 1 else arr.shape
     return arr, TensorSpec(shape, dtype or dtypes.dtype.as_dtype(arr))

@@ -341,16 +341,23 @@ def _fp8_host_array(data, dt, log2_scale, nan_on_overflow, where) -> np.ndarray:
     arr = np.asarray(data.detach().cpu().numpy() if isinstance(data, torch.Tensor) else data)
     if arr.dtype.kind == "f":
         bits = fp8_utils.host_pow2scale_cast_to_fp8(
-            arr, dt, 0 if log2_scale is None else log2_scale,
-            True if nan_on_overflow is None else nan_on_overflow)
+            arr,
+            dt,
+            0 if log2_scale is None else log2_scale,
+            True if nan_on_overflow is None else nan_on_overflow,
+        )
     elif arr.dtype in (np.dtype(np.uint8), dt.as_numpy()):
         if log2_scale is not None:
-            raise ValueError(f"{where}: log2_scale applies when float data is converted to "
-                             f"{dt.name}, not to float8 bits.")
+            raise ValueError(
+                f"{where}: log2_scale applies when float data is converted to "
+                f"{dt.name}, not to float8 bits."
+            )
         bits = np.ascontiguousarray(arr).view(np.uint8).reshape(arr.shape)
     else:
-        raise TypeError(f"{where}: {dt.name} data must be float values (converted with "
-                        f"log2_scale) or uint8 bits, got {arr.dtype}.")
+        raise TypeError(
+            f"{where}: {dt.name} data must be float values (converted with "
+            f"log2_scale) or uint8 bits, got {arr.dtype}."
+        )
     return np.array(bits, copy=True).view(dt.as_numpy()).reshape(arr.shape)
 
 
@@ -359,8 +366,10 @@ def _check_data(data, dt, where: str) -> None:
     check_host_data(data, where)
 
 
-_FP8_BY_NP = {dtypes.np_dtype_float8_143: dtypes.float8_143,
-              dtypes.np_dtype_float8_152: dtypes.float8_152}
+_FP8_BY_NP = {
+    dtypes.np_dtype_float8_143: dtypes.float8_143,
+    dtypes.np_dtype_float8_152: dtypes.float8_152,
+}
 
 
 def variable(

@@ -24,7 +24,20 @@ def get_all_int_dtypes(include_8bit_ints: bool = True) -> List[dtypes.dtype]:
 
 
 _ALL = [
-    dtypes.bool, dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64, dtypes.uint8,
-    dtypes.uint16, dtypes.uint32, dtypes.uint64, dtypes.float8_143, dtypes.float8_152,
-    dtypes.float16, dtypes.float32, dtypes.float64, dtypes.complex64, dtypes.complex128,
+    dtypes.bool,
+    dtypes.int8,
+    dtypes.int16,
+    dtypes.int32,
+    dtypes.int64,
+    dtypes.uint8,
+    dtypes.uint16,
+    dtypes.uint32,
+    dtypes.uint64,
+    dtypes.float8_143,
+    dtypes.float8_152,
+    dtypes.float16,
+    dtypes.float32,
+    dtypes.float64,
+    dtypes.complex64,
+    dtypes.complex128,
 ]

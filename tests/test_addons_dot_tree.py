@@ -199,8 +199,10 @@ def test_named_tensors_tensors_sorted_by_tensor_name_not_key():
 def test_named_tensors_repr_matches_seed_format():
     _, (b, w) = _variables("bias", "weight")
     nt = addons.NamedTensors(bias=b, weight=w)
-    assert repr(nt) == ("{'bias': Tensor[bias popxl.dtypes.float32 (2,)], "
-                        "'weight': Tensor[weight popxl.dtypes.float32 (2,)]}")
+    assert repr(nt) == (
+        "{'bias': Tensor[bias popxl.dtypes.float32 (2,)], "
+        "'weight': Tensor[weight popxl.dtypes.float32 (2,)]}"
+    )
 
 
 def test_named_tensors_remap_swaps_leaves():
@@ -233,9 +235,11 @@ def test_insert_in_place_matches_insert():
     for i, k in enumerate(keys):
         copying.insert(k, i, overwrite=True)
         in_place._insert_in_place(k, i, overwrite=True)
-    assert in_place.to_dict() == copying.to_dict() == {
-        "a.b.c": 4, "a.b.d": 1, "a.e": 2, "f": 3, "g.0.h": 5, "g.1": 6
-    }
+    assert (
+        in_place.to_dict()
+        == copying.to_dict()
+        == {"a.b.c": 4, "a.b.d": 1, "a.e": 2, "f": 3, "g.0.h": 5, "g.1": 6}
+    )
     sub = in_place.a
     in_place._insert_in_place("a.z", 9, overwrite=True)
     assert in_place.a is sub and sub.z == 9  # no copy swapped in

@@ -37,8 +37,9 @@ def _run(layer, x_data, torch_layer, mapping, grads=(), build_kwargs=None, seed=
         names = {t: k for k, t in graph.args.to_dict().items()}
         names[graph.graph.inputs[0]] = "x"
         by_name = {k: t for t, k in names.items()}
-        dgraph = addons.autodiff(graph, grads_required=[by_name[g] for g in grads]) if grads \
-            else None
+        dgraph = (
+            addons.autodiff(graph, grads_required=[by_name[g] for g in grads]) if grads else None
+        )
         variables = facts.init()
         info = graph.bind(variables).call_with_info(x)
         y = info.outputs[0]
@@ -132,11 +133,13 @@ def test_embedding_matches_torch(axis):
     idx = np.array([[3, 0, 9], [3, 3, 1]], np.int32)  # repeats accumulate in the grad
     tl = _randomise(torch.nn.Embedding(10, 4), seed=9)
     layer = Embedding(popxl.float32, 10, 4, axis=axis)
-    out, dy = _run(layer, idx, tl,
-                   lambda v, m: Embedding.torch_mapping(v, m, axis=axis), ["weight"])
+    out, dy = _run(
+        layer, idx, tl, lambda v, m: Embedding.torch_mapping(v, m, axis=axis), ["weight"]
+    )
     ref = tl(torch.from_numpy(idx).long())
-    (dw,) = torch.autograd.grad(ref, [tl.weight], torch.from_numpy(
-        dy if axis == 0 else np.moveaxis(dy, 0, -1)))
+    (dw,) = torch.autograd.grad(
+        ref, [tl.weight], torch.from_numpy(dy if axis == 0 else np.moveaxis(dy, 0, -1))
+    )
     if axis == 0:
         _close(out["y"], ref.detach().numpy())
         _close(out["weight"], dw.numpy())
@@ -151,18 +154,32 @@ def test_embedding_rejects_float_indices():
         Embedding(popxl.float32, 10, 4).create_graph(popxl.TensorSpec((3,), popxl.float32))
 
 
-@pytest.mark.parametrize("cfg", [
-    dict(kernel=3, stride=1, pad=0, dil=1, groups=1, bias=True),
-    dict(kernel=(3, 2), stride=2, pad=1, dil=1, groups=2, bias=False),
-    dict(kernel=3, stride=1, pad=2, dil=2, groups=1, bias=True),
-])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        dict(kernel=3, stride=1, pad=0, dil=1, groups=1, bias=True),
+        dict(kernel=(3, 2), stride=2, pad=1, dil=1, groups=2, bias=False),
+        dict(kernel=3, stride=1, pad=2, dil=2, groups=1, bias=True),
+    ],
+)
 def test_conv2d_matches_torch(cfg):
     x = _randn(2, 4, 7, 6, seed=10)
-    tl = _randomise(torch.nn.Conv2d(4, 6, cfg["kernel"], cfg["stride"], cfg["pad"], cfg["dil"],
-                                    cfg["groups"], cfg["bias"]), seed=11)
+    tl = _randomise(
+        torch.nn.Conv2d(
+            4, 6, cfg["kernel"], cfg["stride"], cfg["pad"], cfg["dil"], cfg["groups"], cfg["bias"]
+        ),
+        seed=11,
+    )
     pad = cfg["pad"]
-    layer = Conv2D(6, cfg["kernel"], strides=(cfg["stride"],) * 2, paddings=(pad,) * 4,
-                   dilations=(cfg["dil"],) * 2, groups=cfg["groups"], bias=cfg["bias"])
+    layer = Conv2D(
+        6,
+        cfg["kernel"],
+        strides=(cfg["stride"],) * 2,
+        paddings=(pad,) * 4,
+        dilations=(cfg["dil"],) * 2,
+        groups=cfg["groups"],
+        bias=cfg["bias"],
+    )
     grads = ["x", "weight", "bias"] if cfg["bias"] else ["x", "weight"]
     out, dy = _run(layer, x, tl, Conv2D.torch_mapping, grads)
     ref_y, ref_grads = _torch_grads(tl, x, dy, grads[1:])
@@ -212,5 +229,6 @@ def test_torch_mapping_casts_to_the_requested_dtype():
         variables = facts.init()
     weights = Linear.torch_mapping(variables, tl, popxl.float16)
     assert weights[variables.weight].dtype == np.float16
-    np.testing.assert_array_equal(weights[variables.weight],
-                                  tl.weight.detach().numpy().T.astype(np.float16))
+    np.testing.assert_array_equal(
+        weights[variables.weight], tl.weight.detach().numpy().T.astype(np.float16)
+    )

@@ -18,8 +18,8 @@ class Linear(addons.Module):
 
     def build(self, x: popxl.Tensor) -> popxl.Tensor:
         w = self.add_variable_input(
-            "weight", partial(np.random.normal, 0, 0.02, (x.shape[-1], self.out_features)),
-            x.dtype)
+            "weight", partial(np.random.normal, 0, 0.02, (x.shape[-1], self.out_features)), x.dtype
+        )
         y = x @ w
         if self.bias:
             b = self.add_variable_input("bias", partial(np.zeros, y.shape[-1]), x.dtype)
@@ -64,22 +64,42 @@ class NetOutlined(addons.Module):
 
 class Adam(addons.Module):
     @popxl.in_sequence()
-    def build(self, weight: popxl.TensorByRef, grad: popxl.Tensor, *, lr, beta1=0.9,
-              beta2=0.999, eps=1e-5, weight_decay=0.0, first_order_dtype=popxl.float16,
-              bias_correction=True):
+    def build(
+        self,
+        weight: popxl.TensorByRef,
+        grad: popxl.Tensor,
+        *,
+        lr,
+        beta1=0.9,
+        beta2=0.999,
+        eps=1e-5,
+        weight_decay=0.0,
+        first_order_dtype=popxl.float16,
+        bias_correction=True,
+    ):
         first_order = self.add_variable_input(
-            "first_order", partial(np.zeros, weight.shape), first_order_dtype, by_ref=True)
+            "first_order", partial(np.zeros, weight.shape), first_order_dtype, by_ref=True
+        )
         ops.var_updates.accumulate_moving_average_(first_order, grad, f=beta1)
         second_order = self.add_variable_input(
-            "second_order", partial(np.zeros, weight.shape), popxl.float32, by_ref=True)
+            "second_order", partial(np.zeros, weight.shape), popxl.float32, by_ref=True
+        )
         ops.var_updates.accumulate_moving_average_square_(second_order, grad, f=beta2)
         step = None
         if bias_correction:
-            step = self.add_variable_input("step", partial(np.zeros, ()), popxl.float32,
-                                           by_ref=True)
+            step = self.add_variable_input(
+                "step", partial(np.zeros, ()), popxl.float32, by_ref=True
+            )
         dw = ops.var_updates.adam_updater(
-            first_order, second_order, weight=weight, weight_decay=weight_decay,
-            time_step=step, beta1=beta1, beta2=beta2, epsilon=eps)
+            first_order,
+            second_order,
+            weight=weight,
+            weight_decay=weight_decay,
+            time_step=step,
+            beta1=beta1,
+            beta2=beta2,
+            epsilon=eps,
+        )
         ops.scaled_add_(weight, dw, b=-lr)
 
 
@@ -153,10 +173,15 @@ def test_training_step_updates_weights_with_autodiff_gradients():
     b0 = session.get_tensor_data(variables.bias).copy()
     with session:
         session.run()
-    np.testing.assert_allclose(session.get_tensor_data(variables.weight),
-                               w0 - lr * x_data.T @ dy_data, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(session.get_tensor_data(variables.bias),
-                               b0 - lr * dy_data.sum(0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        session.get_tensor_data(variables.weight),
+        w0 - lr * x_data.T @ dy_data,
+        rtol=1e-5,
+        atol=1e-6,
+    )
+    np.testing.assert_allclose(
+        session.get_tensor_data(variables.bias), b0 - lr * dy_data.sum(0), rtol=1e-5, atol=1e-6
+    )
 
 
 def test_adam_with_cache_runs_and_updates_state():

@@ -28,8 +28,7 @@ def test_create_graph_names_graph_inputs_and_leaves_no_state():
         facts, graph = module.create_graph(SPEC)
     assert graph.graph.name == "Linear_subgraph(0)"
     assert [t.name for t in graph.graph.inputs] == ["x", "weight", "bias"]
-    assert graph.args.to_dict() == {"weight": graph.graph.inputs[1],
-                                    "bias": graph.graph.inputs[2]}
+    assert graph.args.to_dict() == {"weight": graph.graph.inputs[1], "bias": graph.graph.inputs[2]}
     assert facts.keys_flat() == ["weight", "bias"]
     assert facts.weight.shape == (4, 32) and facts.bias.dtype is popxl.float32
     assert module._variable_factories.len_flat() == 0 and module._named_inputs.len_flat() == 0
@@ -45,9 +44,11 @@ def test_create_graph_needs_a_graph_context():
 
 def test_factories_repr_matches_seed():
     facts, _ = _linear(popxl.Ir())
-    pattern = (r"\{'weight': <popxl_addons\.variable_factory\.VariableFactory object at "
-               r"0x[0-9a-f]+>, 'bias': <popxl_addons\.variable_factory\.VariableFactory "
-               r"object at 0x[0-9a-f]+>\}")
+    pattern = (
+        r"\{'weight': <popxl_addons\.variable_factory\.VariableFactory object at "
+        r"0x[0-9a-f]+>, 'bias': <popxl_addons\.variable_factory\.VariableFactory "
+        r"object at 0x[0-9a-f]+>\}"
+    )
     assert re.fullmatch(pattern, repr(facts))
 
 
@@ -75,10 +76,8 @@ def test_factory_consumes_rng_twice_at_construction():
     np.random.seed(42)
     draws = [np.random.normal(0, 0.02, (4, 32)) for _ in range(3)]
     session = popxl.Session(ir, "ipu_hw")
-    np.testing.assert_array_equal(session.get_tensor_data(v1.weight),
-                                  draws[1].astype(np.float32))
-    np.testing.assert_array_equal(session.get_tensor_data(v2.weight),
-                                  draws[2].astype(np.float32))
+    np.testing.assert_array_equal(session.get_tensor_data(v1.weight), draws[1].astype(np.float32))
+    np.testing.assert_array_equal(session.get_tensor_data(v2.weight), draws[2].astype(np.float32))
 
 
 def test_factory_data_function_raising_names_the_variable():
@@ -207,8 +206,7 @@ def test_bind_accepts_supersets_and_rejects_non_mappings():
         extra = variables.copy()
         extra.insert("unused", variables.bias)
         bound = graph.bind(extra)
-        assert bound.args == {graph.args.weight: variables.weight,
-                               graph.args.bias: variables.bias}
+        assert bound.args == {graph.args.weight: variables.weight, graph.args.bias: variables.bias}
         with pytest.raises(TypeError, match="NamedTensors"):
             graph.bind([variables.weight])
         x = popxl.variable(np.zeros((2, 4), np.float32))
@@ -227,8 +225,11 @@ def test_bound_graph_bind_merges_and_subgraph_io_map():
         bound = bound.bind({graph.args.bias: variables.bias})
         io = bound.subgraph_io_map(x)
         info = bound.call_with_info(x)
-    assert io == {graph.graph.inputs[0]: x, graph.args.weight: variables.weight,
-                  graph.args.bias: variables.bias}
+    assert io == {
+        graph.graph.inputs[0]: x,
+        graph.args.weight: variables.weight,
+        graph.args.bias: variables.bias,
+    }
     assert info.called_graph == graph.graph
 
 
@@ -252,8 +253,7 @@ def test_addons_autodiff_marks_forward_graph_and_accepts_plain_graphs():
     grad = addons.autodiff(graph)
     assert graph.autodiff_applied
     assert {c.connection_type.name for c in grad.grad_graph_info.expected_outputs} == {"FwdGrad"}
-    assert [c.fwd_tensor for c in grad.grad_graph_info.expected_outputs] == list(
-        graph.graph.inputs)
+    assert [c.fwd_tensor for c in grad.grad_graph_info.expected_outputs] == list(graph.graph.inputs)
     with ir.main_graph:
         plain = ir.create_graph(lambda a: a * a, popxl.TensorSpec((2,), popxl.float32))
     assert addons.autodiff(plain).grad_graph_info.forward_graph == plain
@@ -327,8 +327,10 @@ def test_call_module_and_from_list():
         facts, graph = stack.create_graph(popxl.TensorSpec((2, 4), popxl.float32))
     assert facts.keys_flat() == ["layer0.weight", "layer0.bias", "layer1.weight", "layer1.bias"]
     calls = [op for op in graph.graph.ops if op.type == "Call"]
-    assert [op.called_graphs[0].name for op in calls] == ["Linear_subgraph(1)",
-                                                          "Linear_subgraph(2)"]
+    assert [op.called_graphs[0].name for op in calls] == [
+        "Linear_subgraph(1)",
+        "Linear_subgraph(2)",
+    ]
     with pytest.raises(TypeError):
         iter(Linear(2))
 

@@ -27,8 +27,12 @@ def _labels(seed: int, ignore: int | None = None) -> np.ndarray:
 
 def _torch_ce(x, labels, reduction, ignore_index, cotangent):
     xt = torch.from_numpy(x).requires_grad_()
-    loss = F.cross_entropy(xt, torch.from_numpy(labels).long(), reduction=reduction,
-                           ignore_index=-100 if ignore_index is None else ignore_index)
+    loss = F.cross_entropy(
+        xt,
+        torch.from_numpy(labels).long(),
+        reduction=reduction,
+        ignore_index=-100 if ignore_index is None else ignore_index,
+    )
     (dx,) = torch.autograd.grad(loss, xt, torch.as_tensor(cotangent).expand_as(loss))
     return loss.detach().numpy(), dx.numpy()
 
@@ -90,8 +94,9 @@ def test_cross_entropy_and_its_autodiff_match_torch(reduction, ignore_index):
         _, graph = Loss().create_graph(xt, lt)
         grad = addons.autodiff(graph, grads_required=[graph.graph.inputs[0]])
         info = graph.call_with_info(xt, lt)
-        (dx,) = grad.call(popxl.variable(cot, name="dy"),
-                          args=grad.grad_graph_info.inputs_dict(info))
+        (dx,) = grad.call(
+            popxl.variable(cot, name="dy"), args=grad.grad_graph_info.inputs_dict(info)
+        )
         return info.outputs[0], dx
 
     loss, dx = _run(build)

@@ -51,8 +51,9 @@ def _run_popxl(grads, *, scale_grads=1.0, norm_of=None, **hyper):
     return weights, facts, state, session, graph
 
 
-def _numpy_adamw(grads, lr, beta1=0.9, beta2=0.999, eps=1e-5, weight_decay=1e-2,
-                 bias_correction=True, clip=None):
+def _numpy_adamw(
+    grads, lr, beta1=0.9, beta2=0.999, eps=1e-5, weight_decay=1e-2, bias_correction=True, clip=None
+):
     w, m, v = _w0().astype(np.float64), 0.0, 0.0
     out = []
     for t, g in enumerate(grads, start=1):
@@ -67,8 +68,7 @@ def _numpy_adamw(grads, lr, beta1=0.9, beta2=0.999, eps=1e-5, weight_decay=1e-2,
 
 def _torch_adamw(grads, lr, beta1, beta2, eps, weight_decay):
     p = torch.nn.Parameter(torch.from_numpy(_w0()))
-    opt = torch.optim.AdamW([p], lr=lr, betas=(beta1, beta2), eps=eps,
-                            weight_decay=weight_decay)
+    opt = torch.optim.AdamW([p], lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=weight_decay)
     out = []
     for g in grads:
         p.grad = torch.from_numpy(g)
@@ -105,8 +105,9 @@ def test_state_variables_and_defaults():
 
 def test_without_bias_correction_or_weight_decay():
     grads = _grads(2)
-    ours, facts, *_ = _run_popxl(grads, lr=0.02, bias_correction=False, weight_decay=0.0,
-                                 first_order_dtype=popxl.float32)
+    ours, facts, *_ = _run_popxl(
+        grads, lr=0.02, bias_correction=False, weight_decay=0.0, first_order_dtype=popxl.float32
+    )
     assert "step" not in facts
     ref = _numpy_adamw(grads, lr=0.02, bias_correction=False, weight_decay=0.0)
     np.testing.assert_allclose(ours[-1], ref[-1], rtol=1e-5, atol=1e-6)
@@ -118,8 +119,9 @@ def test_loss_scaling_is_undone(as_tensor):
     if as_tensor:
         ours = _run_scaled_tensor(grads, scale, lr=0.05, first_order_dtype=popxl.float32)
     else:
-        ours, *_ = _run_popxl(grads, scale_grads=scale, loss_scaling=scale, lr=0.05,
-                              first_order_dtype=popxl.float32)
+        ours, *_ = _run_popxl(
+            grads, scale_grads=scale, loss_scaling=scale, lr=0.05, first_order_dtype=popxl.float32
+        )
     ref = _numpy_adamw(grads, lr=0.05)
     np.testing.assert_allclose(ours[-1], ref[-1], rtol=1e-5, atol=1e-6)
 
@@ -147,8 +149,15 @@ def test_global_norm_clipping(norm_max):
     def norm(g):
         return float(np.sqrt((g.astype(np.float64) ** 2).sum()))
 
-    ours, *_ = _run_popxl(grads, scale_grads=8.0, norm_of=norm, lr=0.05, loss_scaling=8.0,
-                          global_norm_max=norm_max, first_order_dtype=popxl.float32)
+    ours, *_ = _run_popxl(
+        grads,
+        scale_grads=8.0,
+        norm_of=norm,
+        lr=0.05,
+        loss_scaling=8.0,
+        global_norm_max=norm_max,
+        first_order_dtype=popxl.float32,
+    )
     ref = _numpy_adamw(grads, lr=0.05, clip=lambda g: min(1.0, norm_max / norm(g)))
     np.testing.assert_allclose(ours[-1], ref[-1], rtol=1e-5, atol=1e-6)
     if norm_max < 1:  # per-step clip factors differ, so Adam's result changes

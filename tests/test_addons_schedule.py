@@ -15,8 +15,10 @@ Graph : Linear_subgraph(0)
     Add.101 (%4 [(2, 32) float32], %3 [(32,) float32]) -> (%5 [(2, 32) float32])
   }"""
 
-NET_INPUTS = ("  (%1, fc1.weight=%2, fc1.bias=%3, fc2.weight=%4, fc2.bias=%5, fc3.weight=%6, "
-              "fc3.bias=%7, fc4.weight=%8, fc4.bias=%9)")
+NET_INPUTS = (
+    "  (%1, fc1.weight=%2, fc1.bias=%3, fc2.weight=%4, fc2.bias=%5, fc3.weight=%6, "
+    "fc3.bias=%7, fc4.weight=%8, fc4.bias=%9)"
+)
 
 NET = f"""\
 Graph : Net_subgraph(0)
@@ -89,7 +91,8 @@ def test_inlined_net_schedule_matches_seed():
     with ir.main_graph:
         facts, graph = Net().create_graph(popxl.TensorSpec((28, 28), popxl.float32))
     assert list(facts.to_dict().keys()) == [
-        f"fc{i}.{p}" for i in range(1, 5) for p in ("weight", "bias")]
+        f"fc{i}.{p}" for i in range(1, 5) for p in ("weight", "bias")
+    ]
     assert graph.print_schedule() == NET
 
 
@@ -99,7 +102,8 @@ def test_outlined_net_schedule_matches_seed():
         facts, graph = NetOutlined().create_graph(popxl.TensorSpec((28, 28), popxl.float32))
     # fc1/fc4 were registered in __init__, fc2/fc3 during build
     assert list(facts.to_dict().keys()) == [
-        f"fc{i}.{p}" for i in (1, 4, 2, 3) for p in ("weight", "bias")]
+        f"fc{i}.{p}" for i in (1, 4, 2, 3) for p in ("weight", "bias")
+    ]
     assert graph.print_schedule() == NET_OUTLINED
 
 
@@ -108,8 +112,7 @@ def test_adam_schedules_match_seed():
     with ir.main_graph:
         var = popxl.variable(np.ones((2, 2)), popxl.float32)
         _, adam = Adam(cache=True).create_graph(var, var.spec, lr=1e-3)
-        _, adam_lr = Adam().create_graph(var, var.spec,
-                                         lr=popxl.TensorSpec((), popxl.float32))
+        _, adam_lr = Adam().create_graph(var, var.spec, lr=popxl.TensorSpec((), popxl.float32))
     assert adam.print_schedule() == ADAM_FLOAT_LR
     assert adam_lr.print_schedule() == ADAM_TENSOR_LR
 
@@ -126,6 +129,7 @@ def test_schedule_of_graph_without_ops_has_blank_body():
 def test_schedule_labels_follow_args_not_input_order(names):
     ir = popxl.Ir()
     with ir.main_graph:
+
         def fn(x, y):
             return x + y
 

@@ -20,7 +20,8 @@ def test_accumulation_names_outputs_and_factories():
         x = popxl.variable(np.zeros((2, 4), np.float32), name="x")
         _, fwd = Linear(3).create_graph(x)
         facts, bwd = addons.autodiff_with_accumulation(
-            fwd, fwd.args.tensors, grads_required=[fwd.graph.inputs[0]])
+            fwd, fwd.args.tensors, grads_required=[fwd.graph.inputs[0]]
+        )
         accum = facts.init()
     assert sorted(facts.keys_flat()) == ["accum.bias", "accum.weight", "mean_accum_counter"]
     assert sorted(bwd.args.keys_flat()) == sorted(facts.keys_flat())
@@ -28,11 +29,9 @@ def test_accumulation_names_outputs_and_factories():
     assert facts.accum.weight.shape == (4, 3) and facts.accum.weight.by_ref
     # only the gradient of x is still an output
     assert len(bwd.graph.outputs) == 1
-    assert [c.fwd_tensor for c in bwd.grad_graph_info.expected_outputs] == [
-        fwd.graph.inputs[0]]
+    assert [c.fwd_tensor for c in bwd.grad_graph_info.expected_outputs] == [fwd.graph.inputs[0]]
     # tutorials drop the counter with `.tensors[:-1]`: accum.* sort before it
-    assert [t.name for t in accum.tensors] == ["accum.bias", "accum.weight",
-                                               "mean_accum_counter"]
+    assert [t.name for t in accum.tensors] == ["accum.bias", "accum.weight", "mean_accum_counter"]
     types = [op.type for op in bwd.graph.ops]
     assert types[-3:] == ["Accumulate", "Accumulate", "Accumulate"]
 
@@ -45,7 +44,8 @@ def test_accumulation_takes_the_running_mean_and_counts():
         dys = [popxl.variable(dy1, name="dy1"), popxl.variable(dy2, name="dy2")]
         facts, fwd = Linear(3).create_graph(xs[0])
         bfacts, bwd = addons.autodiff_with_accumulation(
-            fwd, fwd.args.tensors, grads_required=[fwd.graph.inputs[0]])
+            fwd, fwd.args.tensors, grads_required=[fwd.graph.inputs[0]]
+        )
         variables, accum = facts.init(), bfacts.init()
         dx_streams = []
         for x, dy in zip(xs, dys):
@@ -58,10 +58,12 @@ def test_accumulation_takes_the_running_mean_and_counts():
         out = session.run()
     w = session.get_tensor_data(variables.weight)
     data = session.get_tensors_data(accum.tensors)
-    np.testing.assert_allclose(data[accum.accum.weight], (x1.T @ dy1 + x2.T @ dy2) / 2,
-                               rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(data[accum.accum.bias], (dy1.sum(0) + dy2.sum(0)) / 2,
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        data[accum.accum.weight], (x1.T @ dy1 + x2.T @ dy2) / 2, rtol=1e-5, atol=1e-6
+    )
+    np.testing.assert_allclose(
+        data[accum.accum.bias], (dy1.sum(0) + dy2.sum(0)) / 2, rtol=1e-5, atol=1e-6
+    )
     assert float(data[accum.mean_accum_counter]) == 2.0
     np.testing.assert_allclose(out[dx_streams[1]], dy2 @ w.T, rtol=1e-5, atol=1e-6)
 
@@ -109,6 +111,7 @@ def test_recompute_of_accumulating_graph_keeps_named_by_ref_inputs():
     session = popxl.Session(ir, "ipu_hw")
     with session:
         session.run()
-    np.testing.assert_allclose(session.get_tensor_data(accum.accum.weight),
-                               x_data.T @ dy_data, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        session.get_tensor_data(accum.accum.weight), x_data.T @ dy_data, rtol=1e-5, atol=1e-6
+    )
     assert float(session.get_tensor_data(accum.mean_accum_counter)) == 1.0

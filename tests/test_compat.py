@@ -24,8 +24,21 @@ def _run(tmp_path: Path, source: str, *args: str, check: bool = True, files=None
         (tmp_path / name).write_text(textwrap.dedent(text))
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run(
-        [sys.executable, "-W", "error::ImportWarning", "-m", "popxl_core.compat", str(script),
-         *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-W",
+            "error::ImportWarning",
+            "-m",
+            "popxl_core.compat",
+            str(script),
+            *args,
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if check:
         assert proc.returncode == 0, proc.stderr
     return proc
@@ -83,7 +96,10 @@ from popxl_addons.array_munging import shard, unshard, repeat
 
 
 def test_every_supported_path_imports_and_is_this_project(tmp_path):
-    proc = _run(tmp_path, IMPORTS + """
+    proc = _run(
+        tmp_path,
+        IMPORTS
+        + """
 import addons as real_addons, popxl_core
 assert popxl is popxl_core and addons is real_addons
 assert popxl.ops.call is popxl_core.ops.call and callable(popxl.ops.call)  # the op, not the module
@@ -94,27 +110,38 @@ assert popxl.__spec__.name == "popxl_core"  # aliasing leaves the real module in
 assert sys.modules["popxl.ops.call"] is sys.modules["popxl_core.ops.call"]
 print(repr(popxl.float32))
 print(repr(popxl.dtypes.float16))
-""")
+""",
+    )
     assert proc.stdout.splitlines() == ["popxl.dtypes.float32", "popxl.dtypes.float16"]
 
 
 def test_popxl_ops_is_reachable_after_plain_import(tmp_path):
-    proc = _run(tmp_path, """
+    proc = _run(
+        tmp_path,
+        """
 import popxl
 ir = popxl.Ir()
 with ir.main_graph:
     a = popxl.constant(1.0, popxl.float32)
     print(popxl.ops.add(a, a).dtype)
-""")
+""",
+    )
     assert proc.stdout.strip() == "popxl.dtypes.float32"
 
 
 def test_argv_main_and_script_directory(tmp_path):
-    proc = _run(tmp_path, """
+    proc = _run(
+        tmp_path,
+        """
 import sys
 import helper  # a module next to the script, as with `python script.py`
 print(__name__, sys.argv[1:], helper.VALUE, sys.argv[0].endswith("script.py"))
-""", "--steps", "3", "x y", files={"helper.py": "VALUE = 42\n"})
+""",
+        "--steps",
+        "3",
+        "x y",
+        files={"helper.py": "VALUE = 42\n"},
+    )
     assert proc.stdout.strip() == "__main__ ['--steps', '3', 'x y'] 42 True"
 
 
@@ -128,13 +155,20 @@ def test_script_errors_and_exit_codes_propagate(tmp_path):
 
 def test_usage_without_a_script():
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-m", "popxl_core.compat"], env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "popxl_core.compat"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode != 0 and "usage" in proc.stderr
 
 
 def test_popxl_addons_program_runs_unchanged(tmp_path):
-    proc = _run(tmp_path, """
+    proc = _run(
+        tmp_path,
+        """
 import numpy as np
 import popxl
 import popxl_addons as addons
@@ -155,7 +189,8 @@ with session:
 w, b = session.get_tensors_data([variables.weight, variables.bias]).values()
 np.testing.assert_allclose(out, x @ w + b, rtol=1e-6)
 print(stream.tensor_id, repr(y))
-""")
+""",
+    )
     assert proc.stdout.strip() == "add_out_stream Tensor[add_out popxl.dtypes.float32 (2, 4)]"
 
 
@@ -181,7 +216,9 @@ def test_install_and_uninstall_in_process():
 
 
 def test_popart_stand_ins_and_module_paths(tmp_path):
-    _run(tmp_path, """
+    _run(
+        tmp_path,
+        """
         import popart
         import pytest
         import popxl
@@ -205,4 +242,5 @@ def test_popart_stand_ins_and_module_paths(tmp_path):
         with ir.main_graph:
             with pytest.raises(popart.popart_exception):
                 popxl.remote_buffer((2,), popxl.float32, entries=0)
-        """)
+        """,
+    )

@@ -77,6 +77,7 @@ def _called(calls: int, runs: int, reference: bool, repeat: bool = False):
         g, x = (ops.host_load(s, s.tensor_id) for s in ins)
         sub = ir.create_graph(_grads, g.spec, x.spec, w.spec)
         if repeat:
+
             def body(a, b, c):  # carries a (6, 4) through dw: dw is read in every iteration
                 dw = _grads(a, b, c)[1]
                 return (a * 0.5 + ops.matmul(b, ops.transpose(dw)) * 0.01,)

@@ -130,8 +130,14 @@ def _pointwise_scalars(ws, ms, gs, s):
 
 @pytest.mark.parametrize(
     "update,groups",
-    [(_sgd, 1), (_momentum, 2), (_adam_like, 8), (_misc, 4), (_torch_adam, 4),
-     (_pointwise_scalars, 3)],
+    [
+        (_sgd, 1),
+        (_momentum, 2),
+        (_adam_like, 8),
+        (_misc, 4),
+        (_torch_adam, 4),
+        (_pointwise_scalars, 3),
+    ],
     ids=["sgd", "momentum", "adam_like", "misc", "torch_adam", "pointwise_scalars"],
 )
 def test_grouped_updates_equal_the_reference_bitwise(update, groups):

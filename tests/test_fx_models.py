@@ -62,8 +62,14 @@ def _double(case):
 @pytest.mark.parametrize("name, optimizer", TV_FLOAT64)
 def test_torchvision_models_float64(name, optimizer, via):
     """3 steps in float64: the lowerings and updates are torch's to rounding (rtol 1e-9)."""
-    train_against_eager(lambda: _double(TORCHVISION[name]()), optimizer, via, rtol=1e-9,
-                        atol=1e-12, options=Options(device="cpu"))
+    train_against_eager(
+        lambda: _double(TORCHVISION[name]()),
+        optimizer,
+        via,
+        rtol=1e-9,
+        atol=1e-12,
+        options=Options(device="cpu"),
+    )
 
 
 @pytest.mark.slow

@@ -97,8 +97,9 @@ class Swapped(nn.Module):
 
 def test_changes_between_calls_are_still_found():
     for model in (Growing(), NewTable(), Swapped()):
-        report = check(model, torch.randn(3, 4, 6) if isinstance(model, Growing) else
-                       torch.randn(3, 4))
+        report = check(
+            model, torch.randn(3, 4, 6) if isinstance(model, Growing) else torch.randn(3, 4)
+        )
         kinds = [i.kind for i in report.issues]
         # a change made through the module's Python state is named at its line (issue 17)
         found = {"shape changes between calls", "Python state in forward"} & set(kinds)
@@ -109,9 +110,11 @@ def test_a_changed_module_is_evaluated_and_what_follows_it_too():
     model = Growing()
     captured, replay, replayed, _ = _traces(model, torch.randn(3, 4, 6))
     assert replay.reused == 0  # the pool's state differs, and the mul reads its output
+
     def shapes(gm):
-        return [tuple(n.meta["example_value"].shape) for n in gm.graph.nodes
-                if n.op.startswith("call")]
+        return [
+            tuple(n.meta["example_value"].shape) for n in gm.graph.nodes if n.op.startswith("call")
+        ]
 
     # kernel 2, then 3 (stride stays 1) over length 6
     assert shapes(captured.gm) == [(3, 4, 5)] * 2

@@ -18,8 +18,12 @@ from popxl_core.ops._nll_labels import aten_nll_backward, check_labels, valid_la
 def _eager_grad(logp, labels, g, reduction, ignore_index):
     x = logp.detach().requires_grad_()
     with torch.enable_grad():
-        loss = F.nll_loss(x, labels.long(), reduction=reduction,
-                          ignore_index=-100 if ignore_index is None else ignore_index)
+        loss = F.nll_loss(
+            x,
+            labels.long(),
+            reduction=reduction,
+            ignore_index=-100 if ignore_index is None else ignore_index,
+        )
         return torch.autograd.grad(loss, x, g.expand_as(loss))[0]
 
 

@@ -28,8 +28,11 @@ def test_scaled_add_float_scales_are_attributes_tensor_scales_inputs():
 
     g = _subgraph(fn, ((2, 2), dtypes.float32), ((2, 2), dtypes.float16), ((), dtypes.float32))
     first, neg, second = g._ops
-    assert (first.type, neg.type, second.type) == ("ScaledAddLhsInplace", "Neg",
-                                                   "ScaledAddLhsInplace")
+    assert (first.type, neg.type, second.type) == (
+        "ScaledAddLhsInplace",
+        "Neg",
+        "ScaledAddLhsInplace",
+    )
     assert len(first.inputs) == 2 and first.attrs["b"] == -0.05
     assert len(second.inputs) == 3 and second.inputs[2] is neg.outputs[0]
     # Mixed precision: a float32 weight updated with a float16 gradient stays float32.
@@ -38,7 +41,7 @@ def test_scaled_add_float_scales_are_attributes_tensor_scales_inputs():
 
 def test_dunders_build_ops_with_scalars_in_the_tensor_dtype():
     def fn(x):
-        return x * 2, 2 - x, x ** 2, -x, x % 3, 2 / x
+        return x * 2, 2 - x, x**2, -x, x % 3, 2 / x
 
     g = _subgraph(fn, ((3,), dtypes.float16))
     assert _types(g) == ["Mul", "Sub", "Pow", "Neg", "Fmod", "Div"]

@@ -38,9 +38,13 @@ def test_binary_shape_mismatch_names_both_shapes():
 
 
 def test_where_needs_bool_condition():
-    g, (c, a, b) = _graph_with(((3,), dtypes.float32), ((3,), dtypes.float32),
-                               ((3,), dtypes.float32))
-    with g, pytest.raises(TypeError, match="Where: the condition must be a bool tensor, got float32"):  # noqa: E501
+    g, (c, a, b) = _graph_with(
+        ((3,), dtypes.float32), ((3,), dtypes.float32), ((3,), dtypes.float32)
+    )
+    with (
+        g,
+        pytest.raises(TypeError, match="Where: the condition must be a bool tensor, got float32"),
+    ):  # noqa: E501
         where(c, a, b)
 
 
@@ -53,8 +57,9 @@ def test_scaled_add_inplace_cannot_broadcast_its_target():
 
 
 def test_scaled_add_tensor_scale_must_have_one_element():
-    g, (x, y, s) = _graph_with(((4,), dtypes.float32), ((4,), dtypes.float32),
-                               ((2,), dtypes.float32))
+    g, (x, y, s) = _graph_with(
+        ((4,), dtypes.float32), ((4,), dtypes.float32), ((2,), dtypes.float32)
+    )
     with g, pytest.raises(ValueError, match=r"one element, got shape \(2,\)"):
         scaled_add_(x, y, b=s)
 

@@ -30,8 +30,9 @@ def _run(build, seeds, extra=None):
 def test_create_seeds_shapes_and_dtype():
     assert create_seeds(1).shape == (2,)
     assert create_seeds(1, replicas=4).shape == (4, 2)
-    assert create_seeds(1, batches_per_step=3, gradient_accumulation_factor=2,
-                        replicas=4).shape == (3, 2, 4, 2)
+    assert create_seeds(
+        1, batches_per_step=3, gradient_accumulation_factor=2, replicas=4
+    ).shape == (3, 2, 4, 2)
     assert create_seeds(1, batches_per_step=3, replicas=1).shape == (3, 2)
     assert create_seeds(1).dtype == np.uint32
 
@@ -63,8 +64,7 @@ def test_uint64_words_round_trip():
 # random_uniform / random_normal -----------------------------------------------------------
 def test_random_uniform_statistics_and_determinism():
     s1, s2 = create_seeds(1), create_seeds(2)
-    (a,), (b,), (c,) = _run(lambda s: ops.random_uniform(s, (400, 500), -2.0, 3.0),
-                            [s1, s1, s2])
+    (a,), (b,), (c,) = _run(lambda s: ops.random_uniform(s, (400, 500), -2.0, 3.0), [s1, s1, s2])
     assert a.shape == (400, 500) and a.dtype == np.float32
     np.testing.assert_array_equal(a, b)
     assert not np.array_equal(a, c)
@@ -76,8 +76,7 @@ def test_random_uniform_statistics_and_determinism():
 
 def test_random_normal_statistics_and_determinism():
     s1, s2 = create_seeds(3), create_seeds(4)
-    (a,), (b,), (c,) = _run(lambda s: ops.random_normal(s, (400, 500), 1.5, 0.25),
-                            [s1, s1, s2])
+    (a,), (b,), (c,) = _run(lambda s: ops.random_normal(s, (400, 500), 1.5, 0.25), [s1, s1, s2])
     np.testing.assert_array_equal(a, b)
     assert not np.array_equal(a, c)
     assert abs(a.mean() - 1.5) < 0.005
@@ -86,14 +85,17 @@ def test_random_normal_statistics_and_determinism():
 
 
 def test_random_float16_output():
-    ((a,),) = _run(lambda s: ops.random_uniform(s, (100, 100), dtype=popxl.float16),
-                   [create_seeds(5)])
+    ((a,),) = _run(
+        lambda s: ops.random_uniform(s, (100, 100), dtype=popxl.float16), [create_seeds(5)]
+    )
     assert a.dtype == np.float16 and 0.0 <= a.min() and a.max() <= 1.0
 
 
 def test_seeds_differing_only_in_the_high_word_differ():
-    (a,), (b,) = _run(lambda s: ops.random_uniform(s, (64,)),
-                      [np.array([1, 9], np.uint32), np.array([2, 9], np.uint32)])
+    (a,), (b,) = _run(
+        lambda s: ops.random_uniform(s, (64,)),
+        [np.array([1, 9], np.uint32), np.array([2, 9], np.uint32)],
+    )
     assert not np.array_equal(a, b)
 
 
@@ -104,6 +106,7 @@ def test_dropout_statistics_scaling_and_determinism():
 
     def build(s):
         return ops.dropout(popxl.constant(x), s, p)
+
     s1, s2 = create_seeds(10), create_seeds(11)
     (a,), (b,), (c,) = _run(build, [s1, s1, s2])
     np.testing.assert_array_equal(a, b)
@@ -121,12 +124,14 @@ def test_dropout_gradient_uses_the_forward_mask():
 
     def build(seed):
         xv = popxl.variable(x, name="x")
-        graph = popxl.gir().create_graph(lambda t, s: ops.dropout(t, s, p), xv.spec,
-                                         popxl.TensorSpec((2,), popxl.uint32))
+        graph = popxl.gir().create_graph(
+            lambda t, s: ops.dropout(t, s, p), xv.spec, popxl.TensorSpec((2,), popxl.uint32)
+        )
         bwd = transforms.autodiff(graph, grads_required=[graph.inputs[0]])
         site = ops.call_with_info(graph, xv, seed)
         (dx,) = ops.call(bwd.graph, popxl.constant(dy), inputs_dict=bwd.inputs_dict(site))
         return site.outputs[0], dx
+
     for k in (20, 21):
         ((y, dx),) = _run(build, [create_seeds(k)])
         kept = y != 0
@@ -137,8 +142,9 @@ def test_dropout_gradient_uses_the_forward_mask():
 
 def test_shaped_dropout_drops_whole_slices():
     x = np.ones((8, 16, 10), np.float32)
-    ((a,),) = _run(lambda s: ops.shaped_dropout(popxl.constant(x), s, [8, 1, 10], 0.5),
-                   [create_seeds(30)])
+    ((a,),) = _run(
+        lambda s: ops.shaped_dropout(popxl.constant(x), s, [8, 1, 10], 0.5), [create_seeds(30)]
+    )
     column_dropped = a[:, 0, :] == 0
     assert 0 < column_dropped.mean() < 1
     for j in range(16):
@@ -169,6 +175,7 @@ def test_split_seeds_give_different_dropout_masks():
         s1, s2 = ops.split_random_seed(seed)
         t = popxl.constant(x)
         return ops.dropout(t, s1, 0.5), ops.dropout(t, s2, 0.5)
+
     ((a, b),) = _run(build, [create_seeds(50)])
     assert not np.array_equal(a == 0, b == 0)
 

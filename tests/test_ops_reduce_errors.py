@@ -27,8 +27,9 @@ def test_matmul_inner_dim_mismatch_names_both_shapes():
 
 
 def test_matmul_batch_mismatch_and_scalar():
-    g, (a, b, s) = _graph_with(((2, 3, 4), popxl.float32), ((3, 4, 5), popxl.float32),
-                               ((), popxl.float32))
+    g, (a, b, s) = _graph_with(
+        ((2, 3, 4), popxl.float32), ((3, 4, 5), popxl.float32), ((), popxl.float32)
+    )
     with g:
         with pytest.raises(ValueError, match=r"batch dimensions.*\(2, 3, 4\).*\(3, 4, 5\)"):
             ops.matmul(a, b)
@@ -43,8 +44,9 @@ def test_matmul_dtype_mismatch():
 
 
 def test_matmul_output_type_and_shapes():
-    g, (a, b, v) = _graph_with(((2, 1, 3, 4), popxl.float16), ((5, 4, 6), popxl.float16),
-                               ((4,), popxl.float16))
+    g, (a, b, v) = _graph_with(
+        ((2, 1, 3, 4), popxl.float16), ((5, 4, 6), popxl.float16), ((4,), popxl.float16)
+    )
     with g:
         out = ops.matmul(a, b, output_type=popxl.float32)
         assert out.shape == (2, 5, 3, 6) and out.dtype == popxl.float32

@@ -67,8 +67,9 @@ def test_concat_mismatched_ranks():
 
 
 def test_concat_mismatched_sizes_and_dtypes():
-    g, (a, b, c) = _graph_with(((2, 3), dtypes.float32), ((2, 4), dtypes.float32),
-                               ((2, 3), dtypes.float16))
+    g, (a, b, c) = _graph_with(
+        ((2, 3), dtypes.float32), ((2, 4), dtypes.float32), ((2, 3), dtypes.float16)
+    )
     with g:
         assert ops.concat([a, b], axis=1).shape == (2, 7)
         with pytest.raises(ValueError, match="every axis but 0"):
@@ -80,8 +81,9 @@ def test_concat_mismatched_sizes_and_dtypes():
 def test_gather_with_float_indices():
     g, (x, i) = _graph_with(((4, 3), dtypes.float32), ((2,), dtypes.float32))
     with g:
-        with pytest.raises(TypeError, match="Gather: gather indices must be an integer tensor, "
-                                            "got float32"):
+        with pytest.raises(
+            TypeError, match="Gather: gather indices must be an integer tensor, got float32"
+        ):
             ops.gather(x, i)
         with pytest.raises(TypeError, match="integers"):
             ops.gather(x, np.array([0.5, 1.0]))
@@ -138,8 +140,9 @@ def test_gather_out_of_range_never_raises():
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             (out,), _ = _run(
-                lambda v, i, z=zero_oor: ops.gather(v, i, zero_OOR=z), x,
-                np.array([0, 3, -1], np.int32)
+                lambda v, i, z=zero_oor: ops.gather(v, i, zero_OOR=z),
+                x,
+                np.array([0, 3, -1], np.int32),
             )
         np.testing.assert_array_equal(out, [[0, 1], [0, 0], [0, 0]])
         warned = [w for w in caught if issubclass(w.category, GatherIndexWarning)]
@@ -149,8 +152,14 @@ def test_gather_out_of_range_never_raises():
 # getitem numbers ----------------------------------------------------------------------------
 def test_getitem_basic_matches_numpy():
     x = np.random.default_rng(0).standard_normal((4, 5, 6)).astype(F32)
-    keys = [(1, slice(None), 2), (Ellipsis, 0), (slice(None, None, -1), None, 3),
-            (slice(-2, None), slice(1, 100, 2), slice(5, 0, -2)), slice(None), -1]
+    keys = [
+        (1, slice(None), 2),
+        (Ellipsis, 0),
+        (slice(None, None, -1), None, 3),
+        (slice(-2, None), slice(1, 100, 2), slice(5, 0, -2)),
+        slice(None),
+        -1,
+    ]
     outs, _ = _run(lambda v: [v[k] for k in keys], x)
     for k, o in zip(keys, outs):
         np.testing.assert_array_equal(o, x[k])
@@ -185,6 +194,7 @@ def _plus_one(region):
         x = x.copy()
         x[region] += 1
         return x
+
     return want
 
 
@@ -194,15 +204,26 @@ def _updated_then_plus_one(x):
     return x + 1
 
 
-@pytest.mark.parametrize("alias,want", [
-    (lambda v: ops.reshape_(v, (6,)), _plus_one(np.s_[:, :])),
-    (lambda v: v.flatten_(), _plus_one(np.s_[:, :])),
-    (lambda v: v.T_, _plus_one(np.s_[:, :])),
-    (lambda v: ops.slice_(v, [1, 1], [2, 3], axis=[0, 1]), _plus_one(np.s_[1:, 1:])),
-    (lambda v: ops.dynamic_update_(v, popxl.constant(np.array([1], np.int32)),
-                                   popxl.constant(np.zeros((2, 1), F32)), [1], [1], True),
-     _updated_then_plus_one),
-])
+@pytest.mark.parametrize(
+    "alias,want",
+    [
+        (lambda v: ops.reshape_(v, (6,)), _plus_one(np.s_[:, :])),
+        (lambda v: v.flatten_(), _plus_one(np.s_[:, :])),
+        (lambda v: v.T_, _plus_one(np.s_[:, :])),
+        (lambda v: ops.slice_(v, [1, 1], [2, 3], axis=[0, 1]), _plus_one(np.s_[1:, 1:])),
+        (
+            lambda v: ops.dynamic_update_(
+                v,
+                popxl.constant(np.array([1], np.int32)),
+                popxl.constant(np.zeros((2, 1), F32)),
+                [1],
+                [1],
+                True,
+            ),
+            _updated_then_plus_one,
+        ),
+    ],
+)
 def test_inplace_ops_alias_their_input(alias, want):
     x = np.arange(6, dtype=F32).reshape(2, 3)
 
@@ -219,8 +240,13 @@ def test_view_outputs_do_not_leak_writes_into_inputs():
     x = np.arange(6, dtype=F32).reshape(2, 3)
 
     def build(v):
-        outs = [ops.reshape(v, (3, 2)), ops.transpose(v), ops.slice(v, 0, 1),
-                ops.expand(v, (2, 2, 3)), v[1]]
+        outs = [
+            ops.reshape(v, (3, 2)),
+            ops.transpose(v),
+            ops.slice(v, 0, 1),
+            ops.expand(v, (2, 2, 3)),
+            v[1],
+        ]
         for t in outs:
             ops.add_(t, popxl.constant(np.ones(t.shape, F32)))
         return outs

@@ -12,8 +12,15 @@ from popxl_core.ops.reduce import _sum_any, _sum_kernel
 
 @pytest.mark.parametrize(
     "shape,axis",
-    [((8, 512), 0), ((256, 512), 0), ((7, 13), 1), ((3, 4, 5), 1), ((16, 64, 8, 8), 2),
-     ((4096, 10), 0), ((2, 1000), 1)],
+    [
+        ((8, 512), 0),
+        ((256, 512), 0),
+        ((7, 13), 1),
+        ((3, 4, 5), 1),
+        ((16, 64, 8, 8), 2),
+        ((4096, 10), 0),
+        ((2, 1000), 1),
+    ],
 )
 @pytest.mark.parametrize("keepdims", [False, True])
 def test_one_axis_sum_equals_the_general_path_bitwise(shape, axis, keepdims):

@@ -43,8 +43,7 @@ OPTIMIZERS = {
     "adam_wd": lambda ps: torch.optim.Adam(ps, lr=1e-2, weight_decay=1e-2),
     "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-2, betas=(0.3, 0.99)),
     # torch's fused kernels, one call per param group when compiled, one per op interpreted
-    "fused_sgd": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, nesterov=True,
-                                            fused=True),
+    "fused_sgd": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, nesterov=True, fused=True),
     "fused_adam": lambda ps: torch.optim.Adam(ps, lr=1e-2, weight_decay=1e-2, fused=True),
     "fused_adamw_amsgrad": lambda ps: torch.optim.AdamW(ps, lr=1e-2, amsgrad=True, fused=True),
 }
@@ -53,7 +52,11 @@ OPTIMIZERS = {
 def _model() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(
-        nn.Flatten(), nn.Linear(20, 24), nn.GELU(), nn.Linear(24, 24), nn.GELU(),
+        nn.Flatten(),
+        nn.Linear(20, 24),
+        nn.GELU(),
+        nn.Linear(24, 24),
+        nn.GELU(),
         nn.Linear(24, 5),
     )
 
@@ -62,14 +65,17 @@ def _train(opt_name: str, reference: bool, make=None, x_shape=(6, 4, 5), **optio
     model = (make or _model)()
     opt = OPTIMIZERS[opt_name](model.parameters())
     g = torch.Generator().manual_seed(1)
-    batches = [(torch.randn(*x_shape, generator=g), torch.randint(0, 5, (6,), generator=g))
-               for _ in range(3)]
+    batches = [
+        (torch.randn(*x_shape, generator=g), torch.randint(0, 5, (6,), generator=g))
+        for _ in range(3)
+    ]
     with interpreted() if reference else compiler_options(**options):
         trainer = popxl_fx.training_model(model, opt, nn.CrossEntropyLoss())
         losses = [trainer(x, y).clone() for x, y in batches]
     state = {k: v.clone() for k, v in model.state_dict().items()}
     opt_state = {
-        f"{i}.{k}": v.clone() for i, s in enumerate(opt.state_dict()["state"].values())
+        f"{i}.{k}": v.clone()
+        for i, s in enumerate(opt.state_dict()["state"].values())
         for k, v in s.items()
     }
     return trainer, losses, state, opt_state
@@ -132,9 +138,14 @@ def test_training_step_compiled_matches_reference(opt_name):
 def _cnn() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(
-        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
-        nn.Conv2d(8, 8, 3, stride=2, padding=1, bias=False), nn.ReLU(),
-        nn.Conv2d(8, 4, 1, groups=4), nn.Flatten(), nn.Linear(4 * 4 * 4, 5),
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.Conv2d(8, 8, 3, stride=2, padding=1, bias=False),
+        nn.ReLU(),
+        nn.Conv2d(8, 4, 1, groups=4),
+        nn.Flatten(),
+        nn.Linear(4 * 4 * 4, 5),
     )
 
 

@@ -48,23 +48,40 @@ def home(tmp_path_factory) -> Path:
 
     home = tmp_path_factory.mktemp("home")
     try:
-        data.prepare("mnist", data_dir=home / ".torch" / "datasets", download=False,
-                     allow_fashion_as_mnist=True)
+        data.prepare(
+            "mnist",
+            data_dir=home / ".torch" / "datasets",
+            download=False,
+            allow_fashion_as_mnist=True,
+        )
     except data.DataNotFoundError as err:
         pytest.skip(f"no Fashion-MNIST source to stage as MNIST: {err}")
     return home
 
 
 def _env(home: Path) -> dict:
-    return {**os.environ, "HOME": str(home), "PYTHONPATH": os.pathsep.join(
-        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    return {
+        **os.environ,
+        "HOME": str(home),
+        "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+    }
 
 
 def _run_seed(seed: Path, home: Path, batches: int = BATCHES) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "seed_runner.py"), str(seed),
-         "--max-batches", str(batches)],
-        capture_output=True, text=True, env=_env(home), cwd=ROOT, timeout=900)
+        [
+            sys.executable,
+            str(ROOT / "tools" / "seed_runner.py"),
+            str(seed),
+            "--max-batches",
+            str(batches),
+        ],
+        capture_output=True,
+        text=True,
+        env=_env(home),
+        cwd=ROOT,
+        timeout=900,
+    )
 
 
 @pytest.mark.parametrize("prefix", ["001", "000"])
@@ -83,8 +100,9 @@ def test_seed_runs_unchanged_and_prints_its_documented_output(prefix, home):
 
 def test_expected_lines_are_checked_in_order(tmp_path):
     seed = tmp_path / "s.txt"
-    seed.write_text("```python\nprint('a')\nprint('b at 0x7f12')\n```\n"
-                    "```output\na\nb at 0x1\n```\n")
+    seed.write_text(
+        "```python\nprint('a')\nprint('b at 0x7f12')\n```\n```output\na\nb at 0x1\n```\n"
+    )
     want = seed_runner.expected_lines(seed)
     assert want == ["a", "b at 0xADDR"]
     assert seed_runner.missing_lines(want, "a\nb at 0xdeadbeef\n") == []
@@ -93,8 +111,9 @@ def test_expected_lines_are_checked_in_order(tmp_path):
 
 def test_block_naming_an_undefined_name_is_skipped_and_reported(tmp_path):
     seed = tmp_path / "s.txt"
-    seed.write_text("```python\nx = 1\n```\ntext\n```python\nfrobnicate(x)\n```\n"
-                    "```python\nprint(x + 1)\n```\n")
+    seed.write_text(
+        "```python\nx = 1\n```\ntext\n```python\nfrobnicate(x)\n```\n```python\nprint(x + 1)\n```\n"
+    )
     res = seed_runner.execute(seed, echo=False)
     assert res.stdout == "2\n"
     assert [(s.line, s.name) for s in res.skipped] == [(6, "frobnicate")]  # seed line
@@ -116,8 +135,9 @@ def test_globals_read_inside_functions_count(tmp_path):
 
 def test_extract_leaves_out_illustrative_blocks_and_runs(tmp_path):
     seed = tmp_path / "s.txt"
-    seed.write_text("```python\nx = 2\n```\n```python\nfrobnicate(x)\n```\n"
-                    "```python\nprint(x * 3)\n```\n")
+    seed.write_text(
+        "```python\nx = 2\n```\n```python\nfrobnicate(x)\n```\n```python\nprint(x * 3)\n```\n"
+    )
     script = tmp_path / "s.py"
     script.write_text(seed_runner.extract(seed))
     assert "left out: ['frobnicate']" in script.read_text()
@@ -127,9 +147,11 @@ def test_extract_leaves_out_illustrative_blocks_and_runs(tmp_path):
 
 def test_notebook_cells_are_the_code_of_a_notebook_seed(tmp_path):
     seed = tmp_path / "s.txt"
-    seed.write_text("## Intro\n```python\nsignature(x: int) -> y\n```\n### Code\n\n"
-                    "In [None]:\n# a comment at column 0\nx = 2\n\n"
-                    "In [None]:\nprint(x * 5)\n### Next\nprose\n")
+    seed.write_text(
+        "## Intro\n```python\nsignature(x: int) -> y\n```\n### Code\n\n"
+        "In [None]:\n# a comment at column 0\nx = 2\n\n"
+        "In [None]:\nprint(x * 5)\n### Next\nprose\n"
+    )
     assert [b.line for b in seed_runner.python_blocks(seed)] == [8, 12]
     assert seed_runner.execute(seed, echo=False).stdout == "10\n"
 
@@ -153,12 +175,26 @@ def test_seed_003_phased_equals_the_unphased_mlp_loss_by_loss(home):
     round-off-sized change (its losses from initial weights one float32 ulp away), measured
     alongside."""
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "seed003_unphased.py"), "--max-batches",
-         "12", "--seeds-dir", str(_seed("003").parent)],
-        capture_output=True, text=True, env=_env(home), cwd=ROOT, timeout=900)
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "seed003_unphased.py"),
+            "--max-batches",
+            "12",
+            "--seeds-dir",
+            str(_seed("003").parent),
+        ],
+        capture_output=True,
+        text=True,
+        env=_env(home),
+        cwd=ROOT,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-6000:]
-    m = re.search(r"(\d+) steps.*worst difference ([0-9.e+-]+) absolute.*1 ulp away: "
-                  r"([0-9.e+-]+) absolute", proc.stdout)
+    m = re.search(
+        r"(\d+) steps.*worst difference ([0-9.e+-]+) absolute.*1 ulp away: "
+        r"([0-9.e+-]+) absolute",
+        proc.stdout,
+    )
     assert m, proc.stdout[-2000:]
     steps, worst, noise = int(m.group(1)), float(m.group(2)), float(m.group(3))
     assert steps == 12

@@ -56,8 +56,9 @@ def test_loading_more_transfers_than_num_host_transfers_raises():
     ir.num_host_transfers = 2
     with ir.main_graph:
         x_in = popxl.h2d_stream((2,), popxl.float32, "x")
-        g = ir.create_graph(lambda: ops.host_store(popxl.d2h_stream((2,), popxl.float32, "y"),
-                                                   ops.host_load(x_in)))
+        g = ir.create_graph(
+            lambda: ops.host_store(popxl.d2h_stream((2,), popxl.float32, "y"), ops.host_load(x_in))
+        )
         ops.repeat(g, 3)
     # caught when the Session is built (misuse issue 8), before any run
     with pytest.raises(ValueError, match="num_host_transfers=2.*'x' is loaded 3 times"):
@@ -137,8 +138,9 @@ def test_weights_to_host_on_exit_false_keeps_the_host_copy():
 def test_runtime_calls_outside_the_context_raise():
     session, _ = _counter()
     for call in (session.run, session.weights_to_host, session.weights_from_host):
-        with pytest.raises(ValueError, match="Must be attached to device before calling a "
-                                             "runtime function"):
+        with pytest.raises(
+            ValueError, match="Must be attached to device before calling a runtime function"
+        ):
             call()
     with session:
         session.run()
@@ -192,8 +194,9 @@ def test_write_variable_data_accepts_python_scalars():
 
 
 @pytest.mark.parametrize("inside", [False, True])
-@pytest.mark.parametrize("bad,error", [(np.zeros(2, np.int32), TypeError),
-                                       (np.zeros(3, F32), ValueError)])
+@pytest.mark.parametrize(
+    "bad,error", [(np.zeros(2, np.int32), TypeError), (np.zeros(3, F32), ValueError)]
+)
 def test_write_variables_data_with_one_bad_entry_changes_nothing(inside, bad, error):
     ir = popxl.Ir()
     with ir.main_graph:
@@ -284,13 +287,16 @@ def test_run_with_outputs_fills_the_callers_buffers():
     session, x, n, y, m = _two_inputs()
     outputs = session.create_host_outputs()
     with session:
-        session.run_with_outputs({x: np.array([1.0, 2.0], F32), n: np.array([5, 6], np.int32)},
-                                 outputs)
+        session.run_with_outputs(
+            {x: np.array([1.0, 2.0], F32), n: np.array([5, 6], np.int32)}, outputs
+        )
     assert outputs[y].tolist() == [1.0, 2.0] and outputs[m].tolist() == [5, 6]
 
 
-@pytest.mark.parametrize("nht,reps,want", [(1, 1, (4, 5)), (3, 1, (3, 4, 5)), (1, 2, (2, 4, 5)),
-                                           (3, 2, (3, 2, 4, 5)), (2, 2, (2, 2, 1))])
+@pytest.mark.parametrize(
+    "nht,reps,want",
+    [(1, 1, (4, 5)), (3, 1, (3, 4, 5)), (1, 2, (2, 4, 5)), (3, 2, (3, 2, 4, 5)), (2, 2, (2, 2, 1))],
+)
 def test_full_input_shape_drops_leading_dims_of_one(nht, reps, want):
     ir = popxl.Ir(replication=reps)
     ir.num_host_transfers = nht

@@ -93,14 +93,16 @@ def _onchip_training_ir():
         losses = popxl.d2h_stream((), popxl.float32, "loss")
         params = calibration._variables(specs)
         accums = calibration._variables(specs, "accum_")
-        forward = ir.create_graph(calibration._mlp, popxl.TensorSpec((8, 784), popxl.float32),
-                                  *specs)
+        forward = ir.create_graph(
+            calibration._mlp, popxl.TensorSpec((8, 784), popxl.float32), *specs
+        )
         backward = transforms.autodiff(forward, grads_required=forward.inputs[1:])
 
         def micro_step(ws, accs: popxl.TensorByRef):
             fwd = ops.call_with_info(forward, ops.host_load(images), *ws)
             loss, dlogits = ops.nll_loss_with_softmax_grad(
-                ops.softmax(fwd.outputs[0], axis=-1), ops.host_load(labels))
+                ops.softmax(fwd.outputs[0], axis=-1), ops.host_load(labels)
+            )
             bwd = ops.call_with_info(backward.graph, dlogits, inputs_dict=backward.inputs_dict(fwd))
             grads = backward.fwd_parent_ins_to_grad_parent_outs(fwd, bwd)
             for w, acc in zip(ws, accs):
@@ -125,7 +127,8 @@ def _one_step(ir, replicas: int, rng_seed: int = 0):
     params = [found[n] for n in names]
     session = popxl.Session(ir, "ipu_hw")
     session.write_variables_data(
-        {v: rng.normal(0, 0.05, v.shape).astype(np.float32) for v in params})
+        {v: rng.normal(0, 0.05, v.shape).astype(np.float32) for v in params}
+    )
     x = rng.uniform(0, 1, (4, 8, 784)).astype(np.float32)
     y = rng.integers(0, 10, (4, 8)).astype(np.int32)
     if replicas > 1:  # (transfers, replicas, ...): every replica sees the same batch

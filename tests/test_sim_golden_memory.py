@@ -44,8 +44,11 @@ def _state_ir(replicas: int, sharded: bool):
                 w = popxl.variable(ones, name=f"w{i}")
             total = total + ops.sum(w)
             for dtype in (popxl.float16, popxl.float32):
-                buf = (popxl.replica_sharded_buffer(shape, dtype) if sharded
-                       else popxl.remote_buffer(shape, dtype))
+                buf = (
+                    popxl.replica_sharded_buffer(shape, dtype)
+                    if sharded
+                    else popxl.remote_buffer(shape, dtype)
+                )
                 make = popxl.remote_replica_sharded_variable if sharded else popxl.remote_variable
                 make(ones.astype(dtype.as_numpy()), buf, 0, name=f"m{i}_{dtype.name}")
                 state = ops.remote_load(buf, 0)

@@ -70,8 +70,9 @@ def test_liveness_of_a_chain_is_exact():
     assert [step[0] for step in live.curve] == [4000, 8000, 12000, 8000]
     assert live.peak == {0: 12000} and live.peak_step == {0: 2}
     assert {t.name for t in live.top[0]} == {"t1", "t2", t3.id}
-    assert {t.op for t in live.top[0]} == {f"{t.producer.type}.{t.producer.id}"
-                                           for t in (t1, t2, t3)}
+    assert {t.op for t in live.top[0]} == {
+        f"{t.producer.type}.{t.producer.id}" for t in (t1, t2, t3)
+    }
     assert plan.memory[0].activations == 12000
     # t1..t4 are 4000 B = 16 grains of 256 B, so each op is spread over 16 tiles
     code = 4 * (CODE_BYTES_PER_OP + 16 * CODE_BYTES_PER_TILE)
@@ -127,7 +128,7 @@ def test_the_live_set_across_a_call_adds_to_the_callee_peak():
         v = popxl.variable(f32(25), name="v")  # 100 B
         keep = ops.identity(v, "keep")
         g = ir.create_graph(lambda a: ops.identity(ops.identity(a)), v)  # peak 200 B
-        out, = ops.call(g, v)
+        (out,) = ops.call(g, v)
         ops.add(keep, out)
     assert [s[0] for s in build_plan(ir, MK2).liveness.curve] == [100, 300, 300]
 
@@ -324,8 +325,9 @@ def test_session_report_is_a_simreport_built_once():
     text = report.summary()
     assert str(report) == text
     lines = text.splitlines()
-    assert lines[0] == ("IPU memory (estimate, ipu_hw: 1472 tiles x 624 KiB = 897 MiB per IPU, "
-                        "per replica)")
+    assert lines[0] == (
+        "IPU memory (estimate, ipu_hw: 1472 tiles x 624 KiB = 897 MiB per IPU, per replica)"
+    )
     assert lines[1].startswith("  IPU 0: variables 64 B, constants 0 B, code ")
     assert lines[2].startswith(f"Time per run (estimate): {report.plan.cycles:,} cycles = ")
     assert "FLOPs" in lines[3] and "host in 64 B, out 64 B" in lines[3]

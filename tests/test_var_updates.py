@@ -50,28 +50,43 @@ def _moving(f, t, x):
 
 CASES = {
     "accumulate": (lambda t, x: var_updates.accumulate_(t, x), lambda t, x: t + x),
-    "accumulate_float_f": (lambda t, x: var_updates.accumulate_(t, x, 0.5),
-                           lambda t, x: t + F32(0.5) * x),
-    "accumulate_tensor_f": (lambda t, x: var_updates.accumulate_(t, x, popxl.constant(-2.0)),
-                            lambda t, x: t - 2 * x),
-    "accumulate_square": (lambda t, x: var_updates.accumulate_square_(t, x, 0.25),
-                          lambda t, x: t + F32(0.25) * x * x),
-    "accumulate_mean": (lambda t, x: var_updates.accumulate_mean_(t, x, 2.0),
-                        lambda t, x: F32(2 / 3) * t + x / F32(3)),
-    "moving_average": (lambda t, x: var_updates.accumulate_moving_average_(t, x, 0.9),
-                       lambda t, x: _moving(0.9, t, x)),
+    "accumulate_float_f": (
+        lambda t, x: var_updates.accumulate_(t, x, 0.5),
+        lambda t, x: t + F32(0.5) * x,
+    ),
+    "accumulate_tensor_f": (
+        lambda t, x: var_updates.accumulate_(t, x, popxl.constant(-2.0)),
+        lambda t, x: t - 2 * x,
+    ),
+    "accumulate_square": (
+        lambda t, x: var_updates.accumulate_square_(t, x, 0.25),
+        lambda t, x: t + F32(0.25) * x * x,
+    ),
+    "accumulate_mean": (
+        lambda t, x: var_updates.accumulate_mean_(t, x, 2.0),
+        lambda t, x: F32(2 / 3) * t + x / F32(3),
+    ),
+    "moving_average": (
+        lambda t, x: var_updates.accumulate_moving_average_(t, x, 0.9),
+        lambda t, x: _moving(0.9, t, x),
+    ),
     "moving_average_square": (
         lambda t, x: var_updates.accumulate_moving_average_square_(t, x, 0.999),
-        lambda t, x: _moving(0.999, t, x * x)),
-    "accumulator_scale": (lambda t, x: var_updates.accumulator_scale_(t, 0.5),
-                          lambda t, x: t * F32(0.5)),
+        lambda t, x: _moving(0.999, t, x * x),
+    ),
+    "accumulator_scale": (
+        lambda t, x: var_updates.accumulator_scale_(t, 0.5),
+        lambda t, x: t * F32(0.5),
+    ),
     "accumulator_zero": (lambda t, x: var_updates.accumulator_zero_(t), lambda t, x: 0 * t),
     "copy_var_update": (lambda t, x: var_updates.copy_var_update_(t, x), lambda t, x: x),
     # axis 1 of a (3, 4) accumulator; index 3 is repeated, so it accumulates twice
     "sparse_accumulate": (
         lambda t, x: var_updates.sparse_accumulate_(
-            t, x, popxl.constant(np.array([3, 0, 3], np.int32)), axis=1),
-        lambda t, x: _index_add_axis1(t, [3, 0, 3], x)),
+            t, x, popxl.constant(np.array([3, 0, 3], np.int32)), axis=1
+        ),
+        lambda t, x: _index_add_axis1(t, [3, 0, 3], x),
+    ),
 }
 X_SHAPES = {"sparse_accumulate": (3, 3)}
 
@@ -118,7 +133,7 @@ def _numpy_adam(m, v, w, step, g, b1, b2, eps, wd, lr):
     m = b1 * m + (F32(1) - b1) * g
     v = b2 * v + (F32(1) - b2) * g * g
     step = step + 1
-    mc, vc = m / (1 - b1 ** step), v / (1 - b2 ** step)
+    mc, vc = m / (1 - b1**step), v / (1 - b2**step)
     dw = mc / (np.sqrt(vc) + F32(eps)) + F32(wd) * w
     return m, v, w - F32(lr) * dw, step, dw
 
@@ -138,8 +153,9 @@ def test_adam_updater_increments_step_and_matches_numpy_adam():
         g = ops.host_load(gs)
         var_updates.accumulate_moving_average_(m, g, b1)
         var_updates.accumulate_moving_average_square_(v, g, b2)
-        dw = var_updates.adam_updater(m, v, weight=w, time_step=step, weight_decay=wd,
-                                      beta1=b1, beta2=b2, epsilon=eps)
+        dw = var_updates.adam_updater(
+            m, v, weight=w, time_step=step, weight_decay=wd, beta1=b1, beta2=b2, epsilon=eps
+        )
         ops.host_store(out, dw)
         var_updates.copy_var_update_(w, w - dw * lr)
     assert [t.name for t in dw.producer.inputs] == ["w", "m", "v", "step"]
@@ -157,12 +173,25 @@ def test_adam_updater_increments_step_and_matches_numpy_adam():
     np.testing.assert_allclose(session.get_tensor_data(v), state[1], rtol=1e-5, atol=1e-9)
 
 
-def _tutorial_adam(weight: popxl.TensorByRef, grad, first_order: popxl.TensorByRef,
-                   second_order: popxl.TensorByRef, step: popxl.TensorByRef):
+def _tutorial_adam(
+    weight: popxl.TensorByRef,
+    grad,
+    first_order: popxl.TensorByRef,
+    second_order: popxl.TensorByRef,
+    step: popxl.TensorByRef,
+):
     var_updates.accumulate_moving_average_(first_order, grad, f=0.9)
     var_updates.accumulate_moving_average_square_(second_order, grad, f=0.999)
-    var_updates.adam_updater(first_order, second_order, weight=weight, weight_decay=0.0,
-                             time_step=step, beta1=0.9, beta2=0.999, epsilon=1e-5)
+    var_updates.adam_updater(
+        first_order,
+        second_order,
+        weight=weight,
+        weight_decay=0.0,
+        time_step=step,
+        beta1=0.9,
+        beta2=0.999,
+        epsilon=1e-5,
+    )
 
 
 def test_adam_schedule_print_and_values_match_the_tutorial():
@@ -170,9 +199,14 @@ def test_adam_schedule_print_and_values_match_the_tutorial():
     ir = popxl.Ir()
     with ir.main_graph:
         spec = popxl.TensorSpec((2, 2), popxl.float32)
-        graph = ir.create_graph(_tutorial_adam, spec, spec,
-                                popxl.TensorSpec((2, 2), popxl.float16), spec,
-                                popxl.TensorSpec((), popxl.float32))
+        graph = ir.create_graph(
+            _tutorial_adam,
+            spec,
+            spec,
+            popxl.TensorSpec((2, 2), popxl.float16),
+            spec,
+            popxl.TensorSpec((), popxl.float32),
+        )
         w = popxl.variable(np.ones((2, 2)), popxl.float32)
         grad = popxl.variable(np.full((2, 2), 0.1), popxl.float32)
         m = popxl.variable(np.zeros((2, 2)), popxl.float16, name="first_order")
@@ -184,8 +218,10 @@ def test_adam_schedule_print_and_values_match_the_tutorial():
         "  (%1, %2, first_order=%3, second_order=%4, step=%5) -> () {",
         "    Accumulate.100 (%3 [(2, 2) float16], %2 [(2, 2) float32]) -> (%6 [(2, 2) float16])",
         "    Accumulate.101 (%4 [(2, 2) float32], %2 [(2, 2) float32]) -> (%7 [(2, 2) float32])",
-        ("    AdamUpdater.102 (%3 [(2, 2) float16], %4 [(2, 2) float32], %5 [() float32]) "
-         "-> (%8 [(2, 2) float16])"),
+        (
+            "    AdamUpdater.102 (%3 [(2, 2) float16], %4 [(2, 2) float32], %5 [() float32]) "
+            "-> (%8 [(2, 2) float16])"
+        ),
         "  }",
     ]
     session = popxl.Session(ir, "ipu_hw")
@@ -242,8 +278,9 @@ def test_adam_step_increment_reaches_the_caller_only_by_reference(by_ref):
     ir = popxl.Ir()
     with ir.main_graph:
         spec = popxl.TensorSpec((2,), popxl.float32)
-        graph = ir.create_graph(upd_ref if by_ref else upd, spec, spec,
-                                popxl.TensorSpec((), popxl.float32))
+        graph = ir.create_graph(
+            upd_ref if by_ref else upd, spec, spec, popxl.TensorSpec((), popxl.float32)
+        )
         m = popxl.variable(np.array([0.1, -0.2], F32))
         v = popxl.variable(np.array([0.01, 0.04], F32))
         step = popxl.variable(np.zeros((), F32), name="step")
@@ -274,7 +311,11 @@ def test_float_factor_is_an_attribute_and_tensor_factor_an_input():
     assert [len(o.producer.inputs) for o in (a, b, c, d)] == [2, 3, 2, 4]
     assert a.producer.attrs["factor"] == 0.5 and b.producer.attrs["factor"] is None
     assert [o.producer.type for o in (a, b, c, d)] == [
-        "Accumulate", "Accumulate", "AccumulatorScale", "SparseAccumulate"]
+        "Accumulate",
+        "Accumulate",
+        "AccumulatorScale",
+        "SparseAccumulate",
+    ]
 
 
 def test_invalid_arguments_raise():
@@ -290,8 +331,9 @@ def test_invalid_arguments_raise():
         with pytest.raises(ValueError, match="time_step"):
             var_updates.adamax_updater(m, v)
         with pytest.raises(TypeError, match="float32"):
-            var_updates.adam_updater(m, v, time_step=popxl.variable(np.zeros(1, np.int32)),
-                                     beta1=0.9, beta2=0.9)
+            var_updates.adam_updater(
+                m, v, time_step=popxl.variable(np.zeros(1, np.int32)), beta1=0.9, beta2=0.9
+            )
         with pytest.raises(ValueError, match="broadcast"):
             var_updates.accumulate_(m, popxl.variable(np.zeros(3, F32)))
         with pytest.raises(TypeError, match="floating point"):

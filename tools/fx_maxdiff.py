@@ -32,17 +32,28 @@ def main(argv=None) -> None:
     p.add_argument("--optimizer", nargs="+", default=["adamw", "sgd_momentum"])
     p.add_argument("--steps", type=int, default=3)
     a = p.parse_args(argv)
-    print(f"{'model':16s} {'optimizer':13s} {'via':15s} " + " ".join(f"{k[:9]:>9s}" for k in KINDS)
-          + "   time")
+    print(
+        f"{'model':16s} {'optimizer':13s} {'via':15s} "
+        + " ".join(f"{k[:9]:>9s}" for k in KINDS)
+        + "   time"
+    )
     for name in a.models:
         for opt in a.optimizer:
             for via in a.via:
                 case = zoo[name]()
                 start = time.perf_counter()
                 errors = assert_matches_eager(
-                    case.model, case.inputs, targets=case.targets, loss_fn=case.loss_fn,
-                    optimizer=OPTIMIZERS[opt], steps=a.steps, options=Options(device="cpu"),
-                    rtol=1e9, atol=1e9, via=via)
+                    case.model,
+                    case.inputs,
+                    targets=case.targets,
+                    loss_fn=case.loss_fn,
+                    optimizer=OPTIMIZERS[opt],
+                    steps=a.steps,
+                    options=Options(device="cpu"),
+                    rtol=1e9,
+                    atol=1e9,
+                    via=via,
+                )
                 took = time.perf_counter() - start
                 cols = " ".join(f"{errors.get(k, 0.0):9.2e}" for k in KINDS)
                 print(f"{name:16s} {opt:13s} {via:15s} {cols} {took:6.1f}s", flush=True)

@@ -66,8 +66,10 @@ class Skipped:
     first_line: str
 
     def __str__(self) -> str:
-        return (f"line {self.line}: `{self.first_line}` - NameError: {self.name!r} is "
-                "defined nowhere in the seed (illustrative fragment)")
+        return (
+            f"line {self.line}: `{self.first_line}` - NameError: {self.name!r} is "
+            "defined nowhere in the seed (illustrative fragment)"
+        )
 
 
 @dataclass
@@ -87,16 +89,20 @@ class SeedRun:
 def blocks(path: Path) -> List[Block]:
     """The fenced blocks of a seed, in order."""
     text = path.read_text()
-    return [Block(m.group(1), m.group(2), text.count("\n", 0, m.start(2)) + 1)
-            for m in _BLOCK.finditer(text)]
+    return [
+        Block(m.group(1), m.group(2), text.count("\n", 0, m.start(2)) + 1)
+        for m in _BLOCK.finditer(text)
+    ]
 
 
 def notebook_cells(path: Path) -> List[Block]:
     """The code cells of a seed rendered from a notebook: each ``In [..]:`` line starts one,
     which runs to the next cell, the next markdown heading (## and deeper) or the end."""
     text = path.read_text()
-    return [Block("python", m.group(1), text.count("\n", 0, m.start(1)) + 1)
-            for m in _CELL.finditer(text)]
+    return [
+        Block("python", m.group(1), text.count("\n", 0, m.start(1)) + 1)
+        for m in _CELL.finditer(text)
+    ]
 
 
 def python_blocks(path: Path) -> List[Block]:
@@ -289,8 +295,10 @@ def extract(path: Path) -> str:
     for b in python_blocks(path):
         names = sorted(global_reads(b.text, nested=False) & undefined)
         if names:
-            parts.append(f"# seed_runner: block at line {b.line} left out: {names} defined "
-                         "nowhere in the seed (illustrative fragment)\n")
+            parts.append(
+                f"# seed_runner: block at line {b.line} left out: {names} defined "
+                "nowhere in the seed (illustrative fragment)\n"
+            )
         else:
             parts.append(f"# seed line {b.line}\n{b.text}")
     return "\n".join(parts)
@@ -305,8 +313,10 @@ def resolve_seed(ap: argparse.ArgumentParser, text: str, seeds_dir: Path) -> Pat
     if len(hits) == 1:
         return hits[0]
     where = f"{seeds_dir} (from --seeds-dir or $POPXL_FX_SEEDS_DIR)"
-    ap.error(f"seed {text!r} is neither a file nor a single NNN_*.txt in {where}"
-             + ("" if seeds_dir.is_dir() else "; that folder does not exist"))
+    ap.error(
+        f"seed {text!r} is neither a file nor a single NNN_*.txt in {where}"
+        + ("" if seeds_dir.is_dir() else "; that folder does not exist")
+    )
 
 
 def main() -> int:
@@ -320,16 +330,33 @@ def main() -> int:
 
     ap = make_parser(__doc__.splitlines()[0])
     ap.add_argument("seed", help="a seed file, or its number (e.g. 001) in --seeds-dir")
-    ap.add_argument("--seeds-dir", type=Path, default=default_seeds_dir(),
-                    help=f"where the seed tutorials are (env {SEEDS_ENV})")
-    ap.add_argument("--max-batches", type=non_negative_int, default=0,
-                    help="cap every DataLoader at N batches (0: no cap)")
-    ap.add_argument("--data-dir", type=existing_data_dir, default=None,
-                    help="folder with the four (Fashion-)MNIST IDX files, if not in the "
-                         "usual places (Debian's dataset-fashion-mnist)")
-    ap.add_argument("--extract", type=Path, default=None, metavar="SCRIPT",
-                    help="only write the runnable blocks to SCRIPT (to run with "
-                         "`python -m popxl_core.compat SCRIPT`), and stage the data")
+    ap.add_argument(
+        "--seeds-dir",
+        type=Path,
+        default=default_seeds_dir(),
+        help=f"where the seed tutorials are (env {SEEDS_ENV})",
+    )
+    ap.add_argument(
+        "--max-batches",
+        type=non_negative_int,
+        default=0,
+        help="cap every DataLoader at N batches (0: no cap)",
+    )
+    ap.add_argument(
+        "--data-dir",
+        type=existing_data_dir,
+        default=None,
+        help="folder with the four (Fashion-)MNIST IDX files, if not in the "
+        "usual places (Debian's dataset-fashion-mnist)",
+    )
+    ap.add_argument(
+        "--extract",
+        type=Path,
+        default=None,
+        metavar="SCRIPT",
+        help="only write the runnable blocks to SCRIPT (to run with "
+        "`python -m popxl_core.compat SCRIPT`), and stage the data",
+    )
     args = ap.parse_args()
     args.seed = resolve_seed(ap, args.seed, args.seeds_dir)
     stage_data(args.data_dir)
@@ -343,9 +370,12 @@ def main() -> int:
         print(f"seed_runner: skipped block at {skip}", file=log)
     for line in missing:
         print(f"MISSING: {line}", file=log)
-    print(f"seed_runner: {len(missing)} expected line(s) missing; "
-          f"{len(res.skipped)} illustrative block(s) skipped; accuracy {res.accuracy}; "
-          f"{res.seconds:.1f} s", file=log)
+    print(
+        f"seed_runner: {len(missing)} expected line(s) missing; "
+        f"{len(res.skipped)} illustrative block(s) skipped; accuracy {res.accuracy}; "
+        f"{res.seconds:.1f} s",
+        file=log,
+    )
     return 1 if missing else 0
 
 

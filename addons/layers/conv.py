@@ -33,11 +33,18 @@ class Conv2D(Module):
     (out,) zeros when ``bias`` is True.
     """
 
-    def __init__(self, out_channels: int, kernel_size: int | Sequence[int],
-                 strides: Sequence[int] = (1, 1),
-                 paddings: Sequence[int] | PadType = (0, 0, 0, 0),
-                 dilations: Sequence[int] = (1, 1), groups: int = 1, bias: bool = True,
-                 pad_type: PadType = "not_set", replica_grouping=None) -> None:
+    def __init__(
+        self,
+        out_channels: int,
+        kernel_size: int | Sequence[int],
+        strides: Sequence[int] = (1, 1),
+        paddings: Sequence[int] | PadType = (0, 0, 0, 0),
+        dilations: Sequence[int] = (1, 1),
+        groups: int = 1,
+        bias: bool = True,
+        pad_type: PadType = "not_set",
+        replica_grouping=None,
+    ) -> None:
         super().__init__()
         self.out_channels = out_channels
         self.kernel_size = _pair(kernel_size, "kernel_size")
@@ -55,26 +62,34 @@ class Conv2D(Module):
         if x.rank != 4:
             raise ValueError(f"Conv2D expects (N, C, H, W) input, got shape {x.shape}.")
         if x.shape[1] % self.groups:
-            raise ValueError(f"Conv2D: groups={self.groups} does not divide the {x.shape[1]} "
-                             "input channels.")
+            raise ValueError(
+                f"Conv2D: groups={self.groups} does not divide the {x.shape[1]} input channels."
+            )
         shape = (self.out_channels, x.shape[1] // self.groups, *self.kernel_size)
-        w = self.add_variable_input("weight", partial(np.random.normal, 0, 0.02, shape),
-                                    x.dtype, replica_grouping=self.replica_grouping)
-        y = ops.conv(x, w, self.strides, self.paddings, self.dilations, self.groups,
-                     self.pad_type)
+        w = self.add_variable_input(
+            "weight",
+            partial(np.random.normal, 0, 0.02, shape),
+            x.dtype,
+            replica_grouping=self.replica_grouping,
+        )
+        y = ops.conv(x, w, self.strides, self.paddings, self.dilations, self.groups, self.pad_type)
         if self.bias:
-            b = self.add_variable_input("bias", partial(np.zeros, self.out_channels), x.dtype,
-                                        replica_grouping=self.replica_grouping)
+            b = self.add_variable_input(
+                "bias",
+                partial(np.zeros, self.out_channels),
+                x.dtype,
+                replica_grouping=self.replica_grouping,
+            )
             y = y + b.reshape((self.out_channels, 1, 1))
         return y
 
     @staticmethod
-    def torch_mapping(variables: NamedTensors, nn_layer: torch.nn.Conv2d,
-                      dtype: dtype = float32) -> WeightsDict:
+    def torch_mapping(
+        variables: NamedTensors, nn_layer: torch.nn.Conv2d, dtype: dtype = float32
+    ) -> WeightsDict:
         """Host data for ``variables`` from ``nn_layer`` (same weight layout)."""
         mapping = WeightsDict()
-        mapping[variables.weight] = host_value(variables.weight, nn_layer.weight.detach(),
-                                               dtype)
+        mapping[variables.weight] = host_value(variables.weight, nn_layer.weight.detach(), dtype)
         if nn_layer.bias is not None and "bias" in variables:
             mapping[variables.bias] = host_value(variables.bias, nn_layer.bias.detach(), dtype)
         return mapping

@@ -24,8 +24,9 @@ class Embedding(Module):
     ``build(indices)`` returns ``gather(weight, indices, axis)``.
     """
 
-    def __init__(self, dtype: dtype, vocab_size: int, hidden_size: int, axis: int = 0,
-                 replica_grouping=None) -> None:
+    def __init__(
+        self, dtype: dtype, vocab_size: int, hidden_size: int, axis: int = 0, replica_grouping=None
+    ) -> None:
         super().__init__()
         if axis not in (0, 1):
             raise ValueError(f"Embedding axis must be 0 or 1, got {axis!r}.")
@@ -43,13 +44,17 @@ class Embedding(Module):
         if not indices.dtype.is_int:
             raise TypeError(f"Embedding indices must be integers, got {indices.dtype.name}.")
         w = self.add_variable_input(
-            "weight", partial(np.random.normal, 0, 0.02, self._shape()), self.dtype,
-            replica_grouping=self.replica_grouping)
+            "weight",
+            partial(np.random.normal, 0, 0.02, self._shape()),
+            self.dtype,
+            replica_grouping=self.replica_grouping,
+        )
         return ops.gather(w, indices, axis=self.axis)
 
     @staticmethod
-    def torch_mapping(variables: NamedTensors, nn_layer: torch.nn.Embedding,
-                      dtype: dtype = float32, axis: int = 0) -> WeightsDict:
+    def torch_mapping(
+        variables: NamedTensors, nn_layer: torch.nn.Embedding, dtype: dtype = float32, axis: int = 0
+    ) -> WeightsDict:
         """Host data for ``variables`` from ``nn_layer``; pass the layer's ``axis`` (an
         axis-1 table is the transposed torch weight)."""
         weight = nn_layer.weight.detach()

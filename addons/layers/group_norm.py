@@ -22,8 +22,9 @@ class GroupNorm(Module):
     Variables: ``weight`` (ones) and ``bias`` (zeros), both of shape (C,) = (x.shape[1],).
     """
 
-    def __init__(self, num_groups: int, replica_grouping=None, eps: float = 1e-5,
-                 cache: bool = False) -> None:
+    def __init__(
+        self, num_groups: int, replica_grouping=None, eps: float = 1e-5, cache: bool = False
+    ) -> None:
         super().__init__(cache=cache)
         self.num_groups = num_groups
         self.replica_grouping = replica_grouping
@@ -33,17 +34,22 @@ class GroupNorm(Module):
         if x.rank < 2:
             raise ValueError(f"GroupNorm expects (N, C, ...) input, got shape {x.shape}.")
         channels = x.shape[1]
-        w = self.add_variable_input("weight", partial(np.ones, channels), x.dtype,
-                                    replica_grouping=self.replica_grouping)
-        b = self.add_variable_input("bias", partial(np.zeros, channels), x.dtype,
-                                    replica_grouping=self.replica_grouping)
+        w = self.add_variable_input(
+            "weight", partial(np.ones, channels), x.dtype, replica_grouping=self.replica_grouping
+        )
+        b = self.add_variable_input(
+            "bias", partial(np.zeros, channels), x.dtype, replica_grouping=self.replica_grouping
+        )
         return ops.group_norm(x, w, b, self.num_groups, self.eps)
 
     @staticmethod
-    def torch_mapping(variables: NamedTensors, nn_layer: torch.nn.GroupNorm,
-                      dtype: dtype = float32) -> WeightsDict:
+    def torch_mapping(
+        variables: NamedTensors, nn_layer: torch.nn.GroupNorm, dtype: dtype = float32
+    ) -> WeightsDict:
         """Host data for ``variables`` from ``nn_layer`` (elementwise affine)."""
-        return WeightsDict({
-            variables.weight: host_value(variables.weight, nn_layer.weight.detach(), dtype),
-            variables.bias: host_value(variables.bias, nn_layer.bias.detach(), dtype),
-        })
+        return WeightsDict(
+            {
+                variables.weight: host_value(variables.weight, nn_layer.weight.detach(), dtype),
+                variables.bias: host_value(variables.bias, nn_layer.bias.detach(), dtype),
+            }
+        )

@@ -33,11 +33,14 @@ class LayerNorm(Module):
         return y.reshape(x.shape)
 
     @staticmethod
-    def torch_mapping(variables: NamedTensors, nn_layer: torch.nn.LayerNorm,
-                      dtype: dtype = float32) -> WeightsDict:
+    def torch_mapping(
+        variables: NamedTensors, nn_layer: torch.nn.LayerNorm, dtype: dtype = float32
+    ) -> WeightsDict:
         """Host data for ``variables`` from ``nn_layer`` (elementwise affine); a torch layer
         normalising over several trailing dims has its weights flattened to match."""
-        return WeightsDict({
-            v: host_value(v, p.detach().reshape(v.shape), dtype)
-            for v, p in ((variables.weight, nn_layer.weight), (variables.bias, nn_layer.bias))
-        })
+        return WeightsDict(
+            {
+                v: host_value(v, p.detach().reshape(v.shape), dtype)
+                for v, p in ((variables.weight, nn_layer.weight), (variables.bias, nn_layer.bias))
+            }
+        )

@@ -30,22 +30,29 @@ class Linear(Module):
 
     def build(self, x: Tensor) -> Tensor:
         w = self.add_variable_input(
-            "weight", partial(np.random.normal, 0, 0.02, (x.shape[-1], self.out_features)),
-            x.dtype, replica_grouping=self.replica_grouping)
+            "weight",
+            partial(np.random.normal, 0, 0.02, (x.shape[-1], self.out_features)),
+            x.dtype,
+            replica_grouping=self.replica_grouping,
+        )
         y = x @ w
         if self.bias:
-            b = self.add_variable_input("bias", partial(np.zeros, y.shape[-1]), x.dtype,
-                                        replica_grouping=self.replica_grouping)
+            b = self.add_variable_input(
+                "bias",
+                partial(np.zeros, y.shape[-1]),
+                x.dtype,
+                replica_grouping=self.replica_grouping,
+            )
             y = y + b
         return y
 
     @staticmethod
-    def torch_mapping(variables: NamedTensors, nn_layer: torch.nn.Linear,
-                      dtype: dtype = float32) -> WeightsDict:
+    def torch_mapping(
+        variables: NamedTensors, nn_layer: torch.nn.Linear, dtype: dtype = float32
+    ) -> WeightsDict:
         """Host data for ``variables`` from ``nn_layer`` (its (out, in) weight transposed)."""
         mapping = WeightsDict()
-        mapping[variables.weight] = host_value(variables.weight, nn_layer.weight.detach().T,
-                                               dtype)
+        mapping[variables.weight] = host_value(variables.weight, nn_layer.weight.detach().T, dtype)
         if nn_layer.bias is not None and "bias" in variables:
             mapping[variables.bias] = host_value(variables.bias, nn_layer.bias.detach(), dtype)
         return mapping

@@ -32,11 +32,15 @@ class WeightsDict(OrderedDict):
     def __setitem__(self, var: Tensor, value: np.ndarray) -> None:
         value = np.asarray(value)
         if value.shape != _host_shape(var):
-            raise ValueError(f"WeightsDict: data of shape {value.shape} for {var.id!r}, which "
-                             f"has host shape {_host_shape(var)}.")
+            raise ValueError(
+                f"WeightsDict: data of shape {value.shape} for {var.id!r}, which "
+                f"has host shape {_host_shape(var)}."
+            )
         if value.dtype != var.dtype.as_numpy():
-            raise TypeError(f"WeightsDict: data of dtype {value.dtype} for {var.id!r}, which "
-                            f"is {var.dtype.name}.")
+            raise TypeError(
+                f"WeightsDict: data of dtype {value.dtype} for {var.id!r}, which "
+                f"is {var.dtype.name}."
+            )
         super().__setitem__(var, value)
 
 

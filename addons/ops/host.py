@@ -11,8 +11,9 @@ from popxl_core.tensor import HostTensor, to_numpy
 __all__ = ["host_load", "host_store"]
 
 
-def host_load(t: HostTensor, dtype: popxl_core.dtype | None = None, name: str | None = None
-              ) -> tuple[np.ndarray, HostToDeviceStream, Tensor]:
+def host_load(
+    t: HostTensor, dtype: popxl_core.dtype | None = None, name: str | None = None
+) -> tuple[np.ndarray, HostToDeviceStream, Tensor]:
     """A stream shaped like the host data ``t`` and a load from it in the current graph.
 
     Returns:

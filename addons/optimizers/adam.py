@@ -18,12 +18,16 @@ def _as_float32(v: Value) -> Value:
     return ops.cast(v, float32) if isinstance(v, Tensor) and v.dtype is not float32 else v
 
 
-def _grad_scale(loss_scaling: Value, global_norm: Tensor | None,
-                global_norm_max: Value | None) -> Value:
+def _grad_scale(
+    loss_scaling: Value, global_norm: Tensor | None, global_norm_max: Value | None
+) -> Value:
     """The factor that turns the incoming gradient into the one Adam uses: undo the loss
     scaling, then clip so that the global norm of the true gradients is at most the max."""
-    scale: Value = 1.0 / loss_scaling if not isinstance(loss_scaling, Tensor) else (
-        1.0 / _as_float32(loss_scaling))
+    scale: Value = (
+        1.0 / loss_scaling
+        if not isinstance(loss_scaling, Tensor)
+        else (1.0 / _as_float32(loss_scaling))
+    )
     if global_norm is None:
         return scale
     true_norm = _as_float32(global_norm) * scale
@@ -49,30 +53,61 @@ class AdamOptimizerStep(Module):
     """
 
     @popxl_core.in_sequence()
-    def build(self, var: TensorByRef, grad: Tensor, replica_grouping=None, *, lr: Value,
-              beta1: Value = 0.9, beta2: Value = 0.999, eps: Value = 1e-5,
-              weight_decay: Value = 1e-2, first_order_dtype: dtype = float16,
-              bias_correction: bool = True, loss_scaling: Value = 1,
-              global_norm: Tensor | None = None, global_norm_max: Value | None = None) -> None:
+    def build(
+        self,
+        var: TensorByRef,
+        grad: Tensor,
+        replica_grouping=None,
+        *,
+        lr: Value,
+        beta1: Value = 0.9,
+        beta2: Value = 0.999,
+        eps: Value = 1e-5,
+        weight_decay: Value = 1e-2,
+        first_order_dtype: dtype = float16,
+        bias_correction: bool = True,
+        loss_scaling: Value = 1,
+        global_norm: Tensor | None = None,
+        global_norm_max: Value | None = None,
+    ) -> None:
         if global_norm is not None and global_norm_max is None:
-            raise ValueError("AdamOptimizerStep: global_norm was given without "
-                             "global_norm_max.")
+            raise ValueError("AdamOptimizerStep: global_norm was given without global_norm_max.")
         if global_norm is not None or not _is_one(loss_scaling):
             scale = _grad_scale(loss_scaling, global_norm, global_norm_max)
             grad = grad * (ops.cast(scale, grad.dtype) if isinstance(scale, Tensor) else scale)
         first_order = self.add_variable_input(
-            "first_order", partial(np.zeros, var.shape), first_order_dtype, by_ref=True,
-            replica_grouping=replica_grouping)
+            "first_order",
+            partial(np.zeros, var.shape),
+            first_order_dtype,
+            by_ref=True,
+            replica_grouping=replica_grouping,
+        )
         ops.var_updates.accumulate_moving_average_(first_order, grad, f=beta1)
         second_order = self.add_variable_input(
-            "second_order", partial(np.zeros, var.shape), float32, by_ref=True,
-            replica_grouping=replica_grouping)
+            "second_order",
+            partial(np.zeros, var.shape),
+            float32,
+            by_ref=True,
+            replica_grouping=replica_grouping,
+        )
         ops.var_updates.accumulate_moving_average_square_(second_order, grad, f=beta2)
         step = None
         if bias_correction:
-            step = self.add_variable_input("step", partial(np.zeros, ()), float32, by_ref=True,
-                                           replica_grouping=replica_grouping)
+            step = self.add_variable_input(
+                "step",
+                partial(np.zeros, ()),
+                float32,
+                by_ref=True,
+                replica_grouping=replica_grouping,
+            )
         update = ops.var_updates.adam_updater(
-            first_order, second_order, weight=var, time_step=step, weight_decay=weight_decay,
-            beta1=beta1, beta2=beta2, epsilon=eps)
+            first_order,
+            second_order,
+            weight=var,
+            time_step=step,
+            weight_decay=weight_decay,
+            beta1=beta1,
+            beta2=beta2,
+            epsilon=eps,
+        )
         ops.scaled_add_(var, update, b=-lr)

@@ -28,14 +28,17 @@ def _split_graph(graph: AnyGraph) -> tuple[Graph, dict[Graph, GradGraphInfo]]:
         return graph.graph, dict(graph.called_graphs_grad_info)
     if isinstance(graph, Graph):
         return graph, {}
-    raise TypeError(f"autodiff expects a GraphWithNamedArgs or popxl Graph, got "
-                    f"{type(graph).__name__}.")
+    raise TypeError(
+        f"autodiff expects a GraphWithNamedArgs or popxl Graph, got {type(graph).__name__}."
+    )
 
 
-def autodiff(graph: AnyGraph, grads_provided: Iterable[Tensor] | None = None,
-             grads_required: Iterable[Tensor] | None = None,
-             called_graphs_grad_info: Mapping[Graph, GradGraphInfo] | None = None
-             ) -> GraphWithNamedArgs:
+def autodiff(
+    graph: AnyGraph,
+    grads_provided: Iterable[Tensor] | None = None,
+    grads_required: Iterable[Tensor] | None = None,
+    called_graphs_grad_info: Mapping[Graph, GradGraphInfo] | None = None,
+) -> GraphWithNamedArgs:
     """popxl autodiff of ``graph``, returned as a GraphWithNamedArgs with `grad_graph_info`.
 
     Like popxl's autodiff it adds forward outputs, so build the forward call sites after it.
@@ -46,8 +49,9 @@ def autodiff(graph: AnyGraph, grads_provided: Iterable[Tensor] | None = None,
     fwd, known = _split_graph(graph)
     known.update(called_graphs_grad_info or {})
     check_safe_to_autodiff(fwd, known)
-    infos = core_transforms.autodiff(fwd, grads_provided, grads_required, known,
-                                     return_all_grad_graphs=True)
+    infos = core_transforms.autodiff(
+        fwd, grads_provided, grads_required, known, return_all_grad_graphs=True
+    )
     if isinstance(graph, GraphWithNamedArgs):
         graph.autodiff_applied = True
     result = GraphWithNamedArgs.from_grad_graph(infos[fwd])
@@ -75,11 +79,13 @@ def _lookup_grouping(replica_groupings, key: str):
 
 
 def autodiff_with_accumulation(
-        graph: GraphWithNamedArgs, tensors_to_accumulate_grads: Iterable[Tensor],
-        grads_provided: Iterable[Tensor] | None = None,
-        grads_required: Iterable[Tensor] | None = None,
-        called_graphs_grad_info: Mapping[Graph, GradGraphInfo] | None = None,
-        replica_groupings=None) -> tuple[NamedVariableFactories, GraphWithNamedArgs]:
+    graph: GraphWithNamedArgs,
+    tensors_to_accumulate_grads: Iterable[Tensor],
+    grads_provided: Iterable[Tensor] | None = None,
+    grads_required: Iterable[Tensor] | None = None,
+    called_graphs_grad_info: Mapping[Graph, GradGraphInfo] | None = None,
+    replica_groupings=None,
+) -> tuple[NamedVariableFactories, GraphWithNamedArgs]:
     """Autodiff that accumulates some gradients into by-ref inputs instead of outputting them.
 
     Each gradient of ``tensors_to_accumulate_grads`` is mean-accumulated in place into a new
@@ -102,24 +108,37 @@ def autodiff_with_accumulation(
     inputs: dict[str, Tensor] = {}
     with grad.graph, popxl_core.in_sequence(True):
         counter, factories["mean_accum_counter"] = add_variable_input(
-            "mean_accum_counter", partial(np.zeros, ()), float32, by_ref=True,
-            replica_grouping=_lookup_grouping(replica_groupings, "mean_accum_counter"))
+            "mean_accum_counter",
+            partial(np.zeros, ()),
+            float32,
+            by_ref=True,
+            replica_grouping=_lookup_grouping(replica_groupings, "mean_accum_counter"),
+        )
         with popxl_core.in_sequence(False):
-            for t, g in zip(accumulate, grad_outputs[len(remaining):]):
+            for t, g in zip(accumulate, grad_outputs[len(remaining) :]):
                 key = f"accum.{_accum_name(t, names)}"
                 accum, factories[key] = add_variable_input(
-                    key, partial(np.zeros, t.shape), t.dtype, by_ref=True,
-                    replica_grouping=_lookup_grouping(replica_groupings, key))
+                    key,
+                    partial(np.zeros, t.shape),
+                    t.dtype,
+                    by_ref=True,
+                    replica_grouping=_lookup_grouping(replica_groupings, key),
+                )
                 ops.var_updates.accumulate_mean_(accum, g, counter)
                 inputs[key] = accum
         ops.var_updates.accumulate_(counter, popxl_core.constant(1.0, float32))
     inputs["mean_accum_counter"] = counter
-    _drop_outputs(grad.graph, grad_outputs[len(remaining):])
-    new_info = _with_outputs(info, info.expected_outputs[:len(remaining)])
-    result = GraphWithNamedArgs(grad.graph, NamedTensors.from_dict(inputs), new_info,
-                                called_graphs_grad_info=grad.called_graphs_grad_info)
+    _drop_outputs(grad.graph, grad_outputs[len(remaining) :])
+    new_info = _with_outputs(info, info.expected_outputs[: len(remaining)])
+    result = GraphWithNamedArgs(
+        grad.graph,
+        NamedTensors.from_dict(inputs),
+        new_info,
+        called_graphs_grad_info=grad.called_graphs_grad_info,
+    )
     facts = NamedVariableFactories.from_dict(
-        {k: factories[k] for k in inputs})  # same key order as the named inputs
+        {k: factories[k] for k in inputs}
+    )  # same key order as the named inputs
     return facts, result
 
 
@@ -133,4 +152,3 @@ def _drop_outputs(graph: Graph, outputs: list[Tensor]) -> None:
 def _with_outputs(info: GradGraphInfo, outputs: tuple[ExpectedConnection, ...]) -> GradGraphInfo:
     # No public constructor exists (addons uses `GradGraphInfo._from_pb`).
     return GradGraphInfo._create(info.graph, info.forward_graph, info.expected_inputs, outputs)
-

@@ -22,8 +22,9 @@ def suffix_graph_name(name: str, suffix: str) -> str:
 
 
 def _input_like(t: Tensor, by_ref: bool = False) -> Tensor:
-    return popxl_core.graph_input(t.shape, t.dtype, t.name, by_ref=by_ref,
-                                  meta_shape=t.meta_shape or None)
+    return popxl_core.graph_input(
+        t.shape, t.dtype, t.name, by_ref=by_ref, meta_shape=t.meta_shape or None
+    )
 
 
 def recompute_graph(grad_graph: GraphWithNamedArgs) -> GraphWithNamedArgs:
@@ -57,5 +58,6 @@ def recompute_graph(grad_graph: GraphWithNamedArgs) -> GraphWithNamedArgs:
     # No public GradGraphInfo constructor exists (addons uses `_from_pb`).
     new_info = GradGraphInfo._create(graph, fwd, expected, info.expected_outputs)
     args = grad_graph.args.remap(extra)
-    return GraphWithNamedArgs(graph, args, new_info,
-                              called_graphs_grad_info=grad_graph.called_graphs_grad_info)
+    return GraphWithNamedArgs(
+        graph, args, new_info, called_graphs_grad_info=grad_graph.called_graphs_grad_info
+    )

@@ -33,8 +33,9 @@ def _in_range(lab: torch.Tensor, classes: int) -> bool:
     return int(lo) >= 0 and int(hi) < classes
 
 
-def check_labels(lab: torch.Tensor, valid: torch.Tensor | None, classes: int,
-                 ignore_index=None) -> None:
+def check_labels(
+    lab: torch.Tensor, valid: torch.Tensor | None, classes: int, ignore_index=None
+) -> None:
     """Raise `OpDataError` for the first label that counts and is not a class (``valid``:
     `valid_labels`, computed from ``ignore_index`` when None and needed)."""
     if _in_range(lab, classes):

@@ -34,16 +34,20 @@ def spatial_tuple(value, n: int, what: str, default: int) -> tuple[int, ...]:
         return vals
     if all(v == default for v in vals):
         return (default,) * n
-    raise ValueError(f"{what} {tuple(vals)} has {len(vals)} values; {n} are expected for this "
-                     "input's spatial dimensions")
+    raise ValueError(
+        f"{what} {tuple(vals)} has {len(vals)} values; {n} are expected for this "
+        "input's spatial dimensions"
+    )
 
 
 def check_rank(shape: Sequence[int], op: str) -> int:
     """The number of spatial dims of an NC... tensor (1 to 3)."""
     r = len(shape) - 2
     if not 1 <= r <= 3:
-        raise ValueError(f"{op} expects an input of shape (N, C, *spatial) with 1 to 3 spatial "
-                         f"dimensions, got shape {tuple(shape)}")
+        raise ValueError(
+            f"{op} expects an input of shape (N, C, *spatial) with 1 to 3 spatial "
+            f"dimensions, got shape {tuple(shape)}"
+        )
     return r
 
 
@@ -51,9 +55,14 @@ def effective_kernel(k: int, d: int) -> int:
     return d * (k - 1) + 1
 
 
-def auto_pads(pad_type: str, sizes: Sequence[int], kernel: Sequence[int],
-              strides: Sequence[int], dilation: Sequence[int],
-              pads: Sequence[int] | None) -> tuple[int, ...]:
+def auto_pads(
+    pad_type: str,
+    sizes: Sequence[int],
+    kernel: Sequence[int],
+    strides: Sequence[int],
+    dilation: Sequence[int],
+    pads: Sequence[int] | None,
+) -> tuple[int, ...]:
     """Explicit ONNX pads for ``pad_type`` ('not_set' keeps ``pads``)."""
     kind = str(pad_type).lower()
     if kind not in PAD_TYPES:

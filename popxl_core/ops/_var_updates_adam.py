@@ -38,8 +38,9 @@ def _adam_infer(ins, mode, roles, **hyper):
         if name in s and s[name].shape != m.shape:
             raise ValueError(f"{name} has shape {s[name].shape}, acc_first_order has {m.shape}")
     if "step" in s and (s["step"].dtype is not dtypes.float32 or s["step"].nelms != 1):
-        raise TypeError(f"time_step must be a float32 scalar, got {s['step'].shape} "
-                        f"{s['step'].dtype.name}")
+        raise TypeError(
+            f"time_step must be a float32 scalar, got {s['step'].shape} {s['step'].dtype.name}"
+        )
     for name in _HYPER:
         if name in s:
             check_scalar(name, s[name])
@@ -81,45 +82,80 @@ def _adam_samples() -> list[Sample]:
     v22 = rand(2, 2, low=0.0, seed=54)
     hyp = [np.array(x, np.float32) for x in (0.01, 0.8, 0.99, 1e-5)]
     return [
-        Sample([m16, v22, step],
-               lambda a, b, s: (adam_updater(a, b, time_step=s, weight_decay=0.0, beta1=0.9,
-                                             beta2=0.999), s),
-               lambda a, b, s: (_adam_ref(a, b, s).half(), s + 1), grad=False, rtol=1e-3,
-               name="adam_float16_m_step_increments"),
-        Sample([m, v, w], lambda a, b, c: adam_updater(a, b, weight=c, weight_decay=0.1),
-               lambda a, b, c: _adam_ref(a, b, w=c, wd=0.1), grad=False, name="no_bias_wd"),
-        Sample([m, v, w, np.array(3.0, np.float32), *hyp],
-               lambda a, b, c, s, wd, b1, b2, e: adam_updater(a, b, c, s, wd, b1, b2, e),
-               lambda a, b, c, s, wd, b1, b2, e: _adam_ref(a, b, s, c, wd, b1, b2, e),
-               grad=False, name="tensor_hyperparameters"),
-        Sample([m, v, np.array(4.0, np.float32)],
-               lambda a, b, s: adamax_updater(a, b, time_step=s, beta1=0.8),
-               lambda a, b, s: _adam_ref(a, b, s, b1=0.8, mode="adamax"), grad=False,
-               name="adamax"),
-        Sample([m, v, w, step],
-               lambda a, b, c, s: lamb_updater(a, b, c, s, 0.01, beta1=0.9, beta2=0.999),
-               lambda a, b, c, s: _adam_ref(a, b, s, c, 0.01), grad=False, name="lamb"),
+        Sample(
+            [m16, v22, step],
+            lambda a, b, s: (
+                adam_updater(a, b, time_step=s, weight_decay=0.0, beta1=0.9, beta2=0.999),
+                s,
+            ),
+            lambda a, b, s: (_adam_ref(a, b, s).half(), s + 1),
+            grad=False,
+            rtol=1e-3,
+            name="adam_float16_m_step_increments",
+        ),
+        Sample(
+            [m, v, w],
+            lambda a, b, c: adam_updater(a, b, weight=c, weight_decay=0.1),
+            lambda a, b, c: _adam_ref(a, b, w=c, wd=0.1),
+            grad=False,
+            name="no_bias_wd",
+        ),
+        Sample(
+            [m, v, w, np.array(3.0, np.float32), *hyp],
+            lambda a, b, c, s, wd, b1, b2, e: adam_updater(a, b, c, s, wd, b1, b2, e),
+            lambda a, b, c, s, wd, b1, b2, e: _adam_ref(a, b, s, c, wd, b1, b2, e),
+            grad=False,
+            name="tensor_hyperparameters",
+        ),
+        Sample(
+            [m, v, np.array(4.0, np.float32)],
+            lambda a, b, s: adamax_updater(a, b, time_step=s, beta1=0.8),
+            lambda a, b, s: _adam_ref(a, b, s, b1=0.8, mode="adamax"),
+            grad=False,
+            name="adamax",
+        ),
+        Sample(
+            [m, v, w, step],
+            lambda a, b, c, s: lamb_updater(a, b, c, s, 0.01, beta1=0.9, beta2=0.999),
+            lambda a, b, c, s: _adam_ref(a, b, s, c, 0.01),
+            grad=False,
+            name="lamb",
+        ),
     ]
 
 
-ADAM_UPDATER = register(OpDef(
-    "AdamUpdater", _adam_infer, _adam_kernel, cost=_per_element_cost(10),
-    samples=_adam_samples, out_name="adamupdater_out"))
+ADAM_UPDATER = register(
+    OpDef(
+        "AdamUpdater",
+        _adam_infer,
+        _adam_kernel,
+        cost=_per_element_cost(10),
+        samples=_adam_samples,
+        out_name="adamupdater_out",
+    )
+)
 
 
 def _uses_weight_decay(weight_decay: Value) -> bool:
     return isinstance(weight_decay, Tensor) or (weight_decay is not None and weight_decay != 0)
 
 
-def _updater(mode: str, m: Tensor, v: Tensor, weight: Tensor | None, time_step: Tensor | None,
-             hyper: dict[str, Value]) -> Tensor:
+def _updater(
+    mode: str,
+    m: Tensor,
+    v: Tensor,
+    weight: Tensor | None,
+    time_step: Tensor | None,
+    hyper: dict[str, Value],
+) -> Tensor:
     """Build an AdamUpdater; inputs in popart's index order: weight, m, v, step, then the
     optimiser values that are tensors (weight decay, beta1, beta2, epsilon)."""
     roles, ins = [], []
     if _uses_weight_decay(hyper["weight_decay"]):
         if weight is None:
-            raise ValueError(f"{mode}_updater: weight decay {hyper['weight_decay']!r} needs the "
-                             "`weight` tensor.")
+            raise ValueError(
+                f"{mode}_updater: weight decay {hyper['weight_decay']!r} needs the `weight` tensor."
+            )
         roles.append("weight")
         ins.append(weight)
     roles += ["m", "v"]
@@ -146,37 +182,54 @@ def _bias_mode(name: str, time_step, beta1, beta2) -> str:
     if time_step is None:
         return f"{name}_no_bias"
     if beta1 is None or beta2 is None:
-        raise ValueError(f"{name}_updater: bias correction (time_step given) needs beta1 and "
-                         f"beta2, got beta1={beta1!r}, beta2={beta2!r}.")
+        raise ValueError(
+            f"{name}_updater: bias correction (time_step given) needs beta1 and "
+            f"beta2, got beta1={beta1!r}, beta2={beta2!r}."
+        )
     return name
 
 
-def adam_updater(acc_first_order: Tensor, acc_second_order: Tensor,
-                 weight: Tensor | None = None, time_step: Tensor | None = None,
-                 weight_decay: Value = None, beta1: Value = None, beta2: Value = None,
-                 epsilon: Value = 1e-07) -> Tensor:
+def adam_updater(
+    acc_first_order: Tensor,
+    acc_second_order: Tensor,
+    weight: Tensor | None = None,
+    time_step: Tensor | None = None,
+    weight_decay: Value = None,
+    beta1: Value = None,
+    beta2: Value = None,
+    epsilon: Value = 1e-07,
+) -> Tensor:
     """The Adam update term m̂/(sqrt(v̂)+eps) (+ wd*w); increments ``time_step`` in place."""
     mode = _bias_mode("adam", time_step, beta1, beta2)
-    hyper = {"weight_decay": weight_decay, "beta1": beta1, "beta2": beta2,
-             "epsilon": epsilon}
+    hyper = {"weight_decay": weight_decay, "beta1": beta1, "beta2": beta2, "epsilon": epsilon}
     return _updater(mode, acc_first_order, acc_second_order, weight, time_step, hyper)
 
 
-def lamb_updater(acc_first_order: Tensor, acc_second_order: Tensor,
-                 weight: Tensor | None = None, time_step: Tensor | None = None,
-                 weight_decay: Value = None, beta1: Value = None, beta2: Value = None,
-                 epsilon: Value = 1e-07) -> Tensor:
+def lamb_updater(
+    acc_first_order: Tensor,
+    acc_second_order: Tensor,
+    weight: Tensor | None = None,
+    time_step: Tensor | None = None,
+    weight_decay: Value = None,
+    beta1: Value = None,
+    beta2: Value = None,
+    epsilon: Value = 1e-07,
+) -> Tensor:
     """The LAMB update term (as Adam's; scale it with adam_var_update's trust ratio)."""
     mode = _bias_mode("lamb", time_step, beta1, beta2)
-    hyper = {"weight_decay": weight_decay, "beta1": beta1, "beta2": beta2,
-             "epsilon": epsilon}
+    hyper = {"weight_decay": weight_decay, "beta1": beta1, "beta2": beta2, "epsilon": epsilon}
     return _updater(mode, acc_first_order, acc_second_order, weight, time_step, hyper)
 
 
-def adamax_updater(acc_first_order: Tensor, acc_second_order: Tensor,
-                   weight: Tensor | None = None, time_step: Tensor | None = None,
-                   weight_decay: Value = None, beta1: Value = 0.9,
-                   epsilon: Value = 1e-07) -> Tensor:
+def adamax_updater(
+    acc_first_order: Tensor,
+    acc_second_order: Tensor,
+    weight: Tensor | None = None,
+    time_step: Tensor | None = None,
+    weight_decay: Value = None,
+    beta1: Value = 0.9,
+    epsilon: Value = 1e-07,
+) -> Tensor:
     """The AdaMax update term m/(1-b1^t)/(u+eps) (+ wd*w); increments ``time_step``."""
     if time_step is None:
         raise ValueError("adamax_updater: AdaMax needs time_step for its bias correction.")
@@ -225,29 +278,58 @@ def _var_update_samples() -> list[Sample]:
     r1, r2 = np.array(4.0, np.float32), np.array(2.25, np.float32)
     zero, lr = np.array(0.0, np.float32), np.array(0.1, np.float32)
     return [
-        Sample([t, x, r1, r2], lambda a, b, c, d: adam_var_update(a, b, c, d, 0.01),
-               lambda a, b, c, d: _var_update_ref(a, b, c, d, 0.01), grad=False),
-        Sample([t, x, r1, r2, lr], lambda a, b, c, d, e: adam_var_update(a, b, c, d, e, 1.5),
-               lambda a, b, c, d, e: _var_update_ref(a, b, c, d, e, 1.5), grad=False,
-               name="tensor_lr_clipped"),
-        Sample([t, x, zero, r2], lambda a, b, c, d: adam_var_update(a, b, c, d, 0.01),
-               lambda a, b, c, d: a - 0.01 * b, grad=False, name="zero_norm_ratio_one"),
+        Sample(
+            [t, x, r1, r2],
+            lambda a, b, c, d: adam_var_update(a, b, c, d, 0.01),
+            lambda a, b, c, d: _var_update_ref(a, b, c, d, 0.01),
+            grad=False,
+        ),
+        Sample(
+            [t, x, r1, r2, lr],
+            lambda a, b, c, d, e: adam_var_update(a, b, c, d, e, 1.5),
+            lambda a, b, c, d, e: _var_update_ref(a, b, c, d, e, 1.5),
+            grad=False,
+            name="tensor_lr_clipped",
+        ),
+        Sample(
+            [t, x, zero, r2],
+            lambda a, b, c, d: adam_var_update(a, b, c, d, 0.01),
+            lambda a, b, c, d: a - 0.01 * b,
+            grad=False,
+            name="zero_norm_ratio_one",
+        ),
     ]
 
 
-ADAM_VAR_UPDATE = register(OpDef(
-    "AdamVarUpdate", _var_update_infer, _var_update_kernel, cost=_per_element_cost(2),
-    inplace=(0,), samples=_var_update_samples, out_name="adamvarupdate_out"))
+ADAM_VAR_UPDATE = register(
+    OpDef(
+        "AdamVarUpdate",
+        _var_update_infer,
+        _var_update_kernel,
+        cost=_per_element_cost(2),
+        inplace=(0,),
+        samples=_var_update_samples,
+        out_name="adamvarupdate_out",
+    )
+)
 
 
-def adam_var_update(t: Tensor, x: Tensor, r1: Tensor, r2: Tensor, learning_rate: Value = None,
-                    max_weight_norm: Value = None) -> Tensor:
+def adam_var_update(
+    t: Tensor,
+    x: Tensor,
+    r1: Tensor,
+    r2: Tensor,
+    learning_rate: Value = None,
+    max_weight_norm: Value = None,
+) -> Tensor:
     """In place: t -= lr * (min(sqrt(r1), mwn) / sqrt(r2)) * x, with r1, r2 sums of squares
     (ratio 1 when a norm is 0). learning_rate None means 0; max_weight_norm None, no clip."""
     roles, ins = ["t", "x", "r1", "r2"], [t, x, r1, r2]
     attrs: dict[str, object] = {}
-    for name, value, default in (("learning_rate", learning_rate, 0.0),
-                                 ("max_weight_norm", max_weight_norm, float("inf"))):
+    for name, value, default in (
+        ("learning_rate", learning_rate, 0.0),
+        ("max_weight_norm", max_weight_norm, float("inf")),
+    ):
         if isinstance(value, Tensor):
             roles.append(name)
             ins.append(value)

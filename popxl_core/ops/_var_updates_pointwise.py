@@ -78,28 +78,78 @@ def _samples(build, ref, n_operands: int, seed: int):
     xs = [rand(3, 5, seed=seed + 1 + i, low=0.5, high=2.0) for i in range(n_operands)]
     w = torch.tensor(0.3, dtype=torch.float32).numpy()
     return lambda: [
-        Sample([t, *xs], lambda a, *b: build(a * 1.0, *b, 0.1), lambda a, *b: ref(a, *b, 0.1),
-               grad=False, rtol=0, atol=0, name="float"),
-        Sample([t, *xs, w], lambda a, *b: build(a * 1.0, *b), lambda a, *b: ref(a, *b[:-1],
-               b[-1].item()), grad=False, rtol=0, atol=0, name="tensor"),
-        Sample([t, *xs], lambda a, *b: build(a * 1.0, *b, 0.7), lambda a, *b: ref(a, *b, 0.7),
-               grad=False, rtol=0, atol=0, name="large"),
+        Sample(
+            [t, *xs],
+            lambda a, *b: build(a * 1.0, *b, 0.1),
+            lambda a, *b: ref(a, *b, 0.1),
+            grad=False,
+            rtol=0,
+            atol=0,
+            name="float",
+        ),
+        Sample(
+            [t, *xs, w],
+            lambda a, *b: build(a * 1.0, *b),
+            lambda a, *b: ref(a, *b[:-1], b[-1].item()),
+            grad=False,
+            rtol=0,
+            atol=0,
+            name="tensor",
+        ),
+        Sample(
+            [t, *xs],
+            lambda a, *b: build(a * 1.0, *b, 0.7),
+            lambda a, *b: ref(a, *b, 0.7),
+            grad=False,
+            rtol=0,
+            atol=0,
+            name="large",
+        ),
     ]
 
 
 def _op(name, kernel, n_operands, flops, build, ref, seed):
-    return register(OpDef(
-        name, _infer(n_operands), kernel, cost=_cost(flops), inplace=(0,),
-        samples=_samples(build, ref, n_operands, seed), out_name=f"{name.lower()}_out",
-        fp16_in_fp32=False))
+    return register(
+        OpDef(
+            name,
+            _infer(n_operands),
+            kernel,
+            cost=_cost(flops),
+            inplace=(0,),
+            samples=_samples(build, ref, n_operands, seed),
+            out_name=f"{name.lower()}_out",
+            fp16_in_fp32=False,
+        )
+    )
 
 
-LERP = _op("LerpInplace", _lerp_kernel, 1, 3, lambda t, x, w: lerp_(t, x, w),
-           lambda t, x, w: t.clone().lerp_(x, w), 700)
-ADDCMUL = _op("AddcmulInplace", _addcmul_kernel, 2, 3, lambda t, x, y, v: addcmul_(t, x, y, v),
-              lambda t, x, y, v: t.clone().addcmul_(x, y, value=v), 710)
-ADDCDIV = _op("AddcdivInplace", _addcdiv_kernel, 2, 3, lambda t, x, y, v: addcdiv_(t, x, y, v),
-              lambda t, x, y, v: t.clone().addcdiv_(x, y, value=v), 720)
+LERP = _op(
+    "LerpInplace",
+    _lerp_kernel,
+    1,
+    3,
+    lambda t, x, w: lerp_(t, x, w),
+    lambda t, x, w: t.clone().lerp_(x, w),
+    700,
+)
+ADDCMUL = _op(
+    "AddcmulInplace",
+    _addcmul_kernel,
+    2,
+    3,
+    lambda t, x, y, v: addcmul_(t, x, y, v),
+    lambda t, x, y, v: t.clone().addcmul_(x, y, value=v),
+    710,
+)
+ADDCDIV = _op(
+    "AddcdivInplace",
+    _addcdiv_kernel,
+    2,
+    3,
+    lambda t, x, y, v: addcdiv_(t, x, y, v),
+    lambda t, x, y, v: t.clone().addcdiv_(x, y, value=v),
+    720,
+)
 
 
 def lerp_(t: Tensor, x: Tensor, weight: float | Tensor) -> Tensor:

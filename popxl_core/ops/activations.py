@@ -78,8 +78,10 @@ def _relu_grad_samples():
     def relu_backward(g, x):  # differentiable in g, as autograd's double backward
         return torch.ops.aten.threshold_backward(g, torch.relu(x), 0)
 
-    return [Sample([g, x], build, _grad_reference(torch.relu), grad=False, rtol=0.0, atol=0.0),
-            Sample([g, x], build, relu_backward, rtol=0.0, atol=0.0, name="double_backward")]
+    return [
+        Sample([g, x], build, _grad_reference(torch.relu), grad=False, rtol=0.0, atol=0.0),
+        Sample([g, x], build, relu_backward, rtol=0.0, atol=0.0, name="double_backward"),
+    ]
 
 
 def _sigmoid_grad(ctx):
@@ -90,14 +92,37 @@ def _relu_inplace_kernel(x):
     return x.relu_()
 
 
-RELU = register(OpDef("Relu", float_spec, torch.relu, grad=_relu_grad,
-                      samples=unary_samples(lambda x: relu(x), torch.relu, seed=300)))
-RELU_INPLACE = register(OpDef(
-    "ReluInplace", float_spec, _relu_inplace_kernel, grad=_relu_grad, inplace=(0,),
-    out_name="relu_out", samples=unary_samples(lambda x: relu_(x * 1.0), torch.relu, seed=302)))
-SIGMOID = register(OpDef(
-    "Sigmoid", float_spec, torch.sigmoid, grad=_sigmoid_grad, cost=_flops(4), pointwise=True,
-    samples=unary_samples(lambda x: sigmoid(x), torch.sigmoid, -4.0, 4.0, seed=304)))
+RELU = register(
+    OpDef(
+        "Relu",
+        float_spec,
+        torch.relu,
+        grad=_relu_grad,
+        samples=unary_samples(lambda x: relu(x), torch.relu, seed=300),
+    )
+)
+RELU_INPLACE = register(
+    OpDef(
+        "ReluInplace",
+        float_spec,
+        _relu_inplace_kernel,
+        grad=_relu_grad,
+        inplace=(0,),
+        out_name="relu_out",
+        samples=unary_samples(lambda x: relu_(x * 1.0), torch.relu, seed=302),
+    )
+)
+SIGMOID = register(
+    OpDef(
+        "Sigmoid",
+        float_spec,
+        torch.sigmoid,
+        grad=_sigmoid_grad,
+        cost=_flops(4),
+        pointwise=True,
+        samples=unary_samples(lambda x: sigmoid(x), torch.sigmoid, -4.0, 4.0, seed=304),
+    )
+)
 
 
 def relu(t: Tensor) -> Tensor:
@@ -145,20 +170,31 @@ def _grad_reference(fwd: Callable) -> Callable:
 
 
 def _grad_samples(build: Callable, fwd: Callable, seed: int) -> Callable:
-    return lambda: [Sample([rand(3, 4, seed=seed), rand(3, 4, low=-3.0, high=3.0, seed=seed + 1)],
-                           build, _grad_reference(fwd), grad=False)]
+    return lambda: [
+        Sample(
+            [rand(3, 4, seed=seed), rand(3, 4, low=-3.0, high=3.0, seed=seed + 1)],
+            build,
+            _grad_reference(fwd),
+            grad=False,
+        )
+    ]
 
 
-def _activation(name: str, public: str, fwd: Callable, backward: Callable, flops: int,
-                seed: int):
+def _activation(name: str, public: str, fwd: Callable, backward: Callable, flops: int, seed: int):
     """Register ``name``, ``name + 'Inplace'`` and ``name + 'Grad'``; returns the three defs.
 
     ``public`` is the op function's name; samples call it and its ``public + '_'`` form.
     """
-    grad_def = register(OpDef(
-        f"{name}Grad", floating(_grad_op_infer, (0, 1)), backward, cost=_flops(2 * flops),
-        pointwise=True,
-        samples=_grad_samples(lambda g, x: create_op(grad_def, [g, x])[0], fwd, seed)))
+    grad_def = register(
+        OpDef(
+            f"{name}Grad",
+            floating(_grad_op_infer, (0, 1)),
+            backward,
+            cost=_flops(2 * flops),
+            pointwise=True,
+            samples=_grad_samples(lambda g, x: create_op(grad_def, [g, x])[0], fwd, seed),
+        )
+    )
 
     def grad(ctx):
         return [create_op(grad_def, [ctx.grad_output(0), ctx.input(0)])[0]]
@@ -167,51 +203,92 @@ def _activation(name: str, public: str, fwd: Callable, backward: Callable, flops
         return x.copy_(fwd(x))
 
     lo, hi = -3.0, 3.0
-    fwd_def = register(OpDef(
-        name, float_spec, fwd, grad=grad, cost=_flops(flops), pointwise=True,
-        samples=unary_samples(lambda x: globals()[public](x), fwd, lo, hi, seed + 2)))
-    inplace_def = register(OpDef(
-        f"{name}Inplace", float_spec, inplace_kernel, grad=grad, cost=_flops(flops), pointwise=True,
-        inplace=(0,), out_name=f"{name.lower()}_out",
-        samples=unary_samples(lambda x: globals()[public + "_"](x * 1.0), fwd, lo, hi,
-                              seed + 4)))
+    fwd_def = register(
+        OpDef(
+            name,
+            float_spec,
+            fwd,
+            grad=grad,
+            cost=_flops(flops),
+            pointwise=True,
+            samples=unary_samples(lambda x: globals()[public](x), fwd, lo, hi, seed + 2),
+        )
+    )
+    inplace_def = register(
+        OpDef(
+            f"{name}Inplace",
+            float_spec,
+            inplace_kernel,
+            grad=grad,
+            cost=_flops(flops),
+            pointwise=True,
+            inplace=(0,),
+            out_name=f"{name.lower()}_out",
+            samples=unary_samples(
+                lambda x: globals()[public + "_"](x * 1.0), fwd, lo, hi, seed + 4
+            ),
+        )
+    )
     return fwd_def, inplace_def, grad_def
 
 
 GELU, GELU_INPLACE, GELU_GRAD = _activation(
-    "Gelu", "gelu", _gelu_tanh, lambda g, x: torch.ops.aten.gelu_backward(g, x, approximate="tanh"),
-    8, 310)
+    "Gelu",
+    "gelu",
+    _gelu_tanh,
+    lambda g, x: torch.ops.aten.gelu_backward(g, x, approximate="tanh"),
+    8,
+    310,
+)
 GELU_ERF, GELU_ERF_INPLACE, GELU_ERF_GRAD = _activation(
-    "GeluErf", "geluerf", _gelu_erf, lambda g, x: torch.ops.aten.gelu_backward(g, x), 10, 320)
+    "GeluErf", "geluerf", _gelu_erf, lambda g, x: torch.ops.aten.gelu_backward(g, x), 10, 320
+)
 SWISH, SWISH_INPLACE, SWISH_GRAD = _activation(
-    "Swish", "swish", F.silu, torch.ops.aten.silu_backward, 5, 330)
+    "Swish", "swish", F.silu, torch.ops.aten.silu_backward, 5, 330
+)
 
 
 HARD_SWISH, HARD_SWISH_INPLACE, HARD_SWISH_GRAD = _activation(
-    "HardSwish", "hardswish", F.hardswish, torch.ops.aten.hardswish_backward, 5, 340)
+    "HardSwish", "hardswish", F.hardswish, torch.ops.aten.hardswish_backward, 5, 340
+)
 HARD_SIGMOID, HARD_SIGMOID_INPLACE, HARD_SIGMOID_GRAD = _activation(
-    "HardSigmoid", "hardsigmoid", F.hardsigmoid, torch.ops.aten.hardsigmoid_backward, 4, 350)
+    "HardSigmoid", "hardsigmoid", F.hardsigmoid, torch.ops.aten.hardsigmoid_backward, 4, 350
+)
 
 
 def _sigmoid_grad_samples():
     """SigmoidGrad reads the forward output; checked against autograd of torch.sigmoid."""
+
     def build(g, x):
         return create_op(SIGMOID_GRAD, [g, sigmoid(x)])[0]
 
     inputs = [rand(3, 4, seed=360), rand(3, 4, low=-4.0, high=4.0, seed=361)]
     # 2 ulps: under the default Ir.numerics="ipu" all 12 elements take torch's SIMD formula
     # (`_positional`), eager's reference takes its scalar one for the last 12 mod 32
-    return [Sample(inputs, build, _grad_reference(torch.sigmoid), grad=False, rtol=2.5e-7,
-                   atol=0.0)]
+    return [
+        Sample(inputs, build, _grad_reference(torch.sigmoid), grad=False, rtol=2.5e-7, atol=0.0)
+    ]
 
 
-RELU_GRAD = register(OpDef(
-    "ReluGrad", floating(_grad_op_infer, (0, 1)), _relu_grad_kernel, grad=_relu_grad_grad,
-    samples=_relu_grad_samples))
-SIGMOID_GRAD = register(OpDef(
-    "SigmoidGrad", floating(_grad_op_infer, (0, 1)), torch.ops.aten.sigmoid_backward,
-    pointwise=True,
-    cost=_flops(3), samples=_sigmoid_grad_samples))
+RELU_GRAD = register(
+    OpDef(
+        "ReluGrad",
+        floating(_grad_op_infer, (0, 1)),
+        _relu_grad_kernel,
+        grad=_relu_grad_grad,
+        samples=_relu_grad_samples,
+    )
+)
+SIGMOID_GRAD = register(
+    OpDef(
+        "SigmoidGrad",
+        floating(_grad_op_infer, (0, 1)),
+        torch.ops.aten.sigmoid_backward,
+        pointwise=True,
+        cost=_flops(3),
+        samples=_sigmoid_grad_samples,
+    )
+)
 
 
 def gelu(t: Tensor) -> Tensor:

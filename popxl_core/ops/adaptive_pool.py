@@ -29,8 +29,10 @@ def _infer(ins, output_size):
     r = sp.check_rank(x.shape, "adaptive_average_pool")
     check_float(x, "the pooling input")
     if len(output_size) != r or any(m < 1 for m in output_size):
-        raise ValueError(f"output_size {tuple(output_size)} must hold {r} positive sizes for the "
-                         f"input {tuple(x.shape)}")
+        raise ValueError(
+            f"output_size {tuple(output_size)} must hold {r} positive sizes for the "
+            f"input {tuple(x.shape)}"
+        )
     return [spec((*x.shape[:2], *output_size), x.dtype)]
 
 
@@ -61,8 +63,14 @@ def _cost(ins, outs, attrs) -> Cost:
 
 def _samples():
     def case(shape, out, seed, name):
-        return Sample([rand(*shape, seed=seed)], lambda x: adaptive_average_pool(x, out),
-                      lambda x: _POOL[len(out)](x, out), rtol=0.0, atol=0.0, name=name)
+        return Sample(
+            [rand(*shape, seed=seed)],
+            lambda x: adaptive_average_pool(x, out),
+            lambda x: _POOL[len(out)](x, out),
+            rtol=0.0,
+            atol=0.0,
+            name=name,
+        )
 
     return [
         case((2, 3, 2, 2), (7, 7), 370, "upsample_2d"),
@@ -74,28 +82,53 @@ def _samples():
 
 def _grad_samples():
     def build(dy, x):
-        return create_op(ADAPTIVE_AVERAGE_POOL_GRAD, [dy],
-                         {"output_size": (7, 5), "input_shape": tuple(x.shape)})[0]
+        return create_op(
+            ADAPTIVE_AVERAGE_POOL_GRAD, [dy], {"output_size": (7, 5), "input_shape": tuple(x.shape)}
+        )[0]
 
     def ref(dy, x):
         x = x.detach().requires_grad_()
         with torch.enable_grad():
             return torch.autograd.grad(F.adaptive_avg_pool2d(x, (7, 5)), x, dy)[0]
 
-    return [Sample([rand(2, 3, 7, 5, seed=374), rand(2, 3, 3, 8, seed=375)], build, ref,
-                   grad=False, rtol=0.0, atol=0.0)]
+    return [
+        Sample(
+            [rand(2, 3, 7, 5, seed=374), rand(2, 3, 3, 8, seed=375)],
+            build,
+            ref,
+            grad=False,
+            rtol=0.0,
+            atol=0.0,
+        )
+    ]
 
 
-ADAPTIVE_AVERAGE_POOL = register(OpDef(
-    "AdaptiveAveragePool", _infer, _kernel, grad=_grad, cost=_cost, samples=_samples,
-    out_name="adaptive_average_pool_out"))
-ADAPTIVE_AVERAGE_POOL_GRAD = register(OpDef(
-    "AdaptiveAveragePoolGrad", _grad_infer, _grad_kernel, cost=_cost, samples=_grad_samples,
-    out_name="adaptive_average_pool_grad_out"))
+ADAPTIVE_AVERAGE_POOL = register(
+    OpDef(
+        "AdaptiveAveragePool",
+        _infer,
+        _kernel,
+        grad=_grad,
+        cost=_cost,
+        samples=_samples,
+        out_name="adaptive_average_pool_out",
+    )
+)
+ADAPTIVE_AVERAGE_POOL_GRAD = register(
+    OpDef(
+        "AdaptiveAveragePoolGrad",
+        _grad_infer,
+        _grad_kernel,
+        cost=_cost,
+        samples=_grad_samples,
+        out_name="adaptive_average_pool_grad_out",
+    )
+)
 
 
 def adaptive_average_pool(t: Tensor, output_size: Sequence[int]) -> Tensor:
     """Average-pool the spatial dims of ``t`` (N, C, *spatial) to ``output_size`` with torch's
     adaptive bins."""
-    return create_op(ADAPTIVE_AVERAGE_POOL, [t], {"output_size": tuple(int(m) for m in
-                                                                      output_size)})[0]
+    return create_op(
+        ADAPTIVE_AVERAGE_POOL, [t], {"output_size": tuple(int(m) for m in output_size)}
+    )[0]

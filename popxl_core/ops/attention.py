@@ -64,15 +64,24 @@ def _grad_cost(ins, outs, attrs) -> Cost:
 def _grad(ctx):
     if ctx.grad_output(1) is not None:
         raise NotImplementedError("flash_attention: no gradient through the log-sum-exp output")
-    ins = [ctx.grad_output(0), ctx.input(0), ctx.input(1), ctx.input(2), ctx.output(0),
-           ctx.output(1)]
+    ins = [
+        ctx.grad_output(0),
+        ctx.input(0),
+        ctx.input(1),
+        ctx.input(2),
+        ctx.output(0),
+        ctx.output(1),
+    ]
     attrs = {"is_causal": ctx.attrs["is_causal"], "scale": ctx.attrs["scale"]}
     return create_op(FLASH_ATTENTION_GRAD, ins, attrs)
 
 
 def _qkv(seed: int, s: int = 5):
-    return [rand(2, 3, 4, 8, seed=seed), rand(2, 3, s, 8, seed=seed + 1),
-            rand(2, 3, s, 8, seed=seed + 2)]
+    return [
+        rand(2, 3, 4, 8, seed=seed),
+        rand(2, 3, s, 8, seed=seed + 1),
+        rand(2, 3, s, 8, seed=seed + 2),
+    ]
 
 
 def _samples():
@@ -80,14 +89,27 @@ def _samples():
     the same kernel on CPU."""
     exact = {"rtol": 0.0, "atol": 0.0}
     return [
-        Sample(_qkv(800), lambda q, k, v: flash_attention(q, k, v),
-               F.scaled_dot_product_attention, name="plain", **exact),
-        Sample(_qkv(810, 4), lambda q, k, v: flash_attention(q, k, v, is_causal=True),
-               lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
-               name="causal", **exact),
-        Sample(_qkv(820), lambda q, k, v: flash_attention(q, k, v, scale=0.3),
-               lambda q, k, v: F.scaled_dot_product_attention(q, k, v, scale=0.3),
-               name="scale", **exact),
+        Sample(
+            _qkv(800),
+            lambda q, k, v: flash_attention(q, k, v),
+            F.scaled_dot_product_attention,
+            name="plain",
+            **exact,
+        ),
+        Sample(
+            _qkv(810, 4),
+            lambda q, k, v: flash_attention(q, k, v, is_causal=True),
+            lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+            name="causal",
+            **exact,
+        ),
+        Sample(
+            _qkv(820),
+            lambda q, k, v: flash_attention(q, k, v, scale=0.3),
+            lambda q, k, v: F.scaled_dot_product_attention(q, k, v, scale=0.3),
+            name="scale",
+            **exact,
+        ),
     ]
 
 
@@ -102,20 +124,37 @@ def _grad_samples():
         with torch.enable_grad():
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             return torch.autograd.grad(y, (q, k, v), g)
+
     inputs = [rand(2, 3, 4, 8, seed=830), *_qkv(831, 4)]
     return [Sample(inputs, build, ref, grad=False, rtol=0.0, atol=0.0)]
 
 
-FLASH_ATTENTION = register(OpDef(
-    "FlashAttention", _infer, _kernel, grad=_grad, cost=_cost, samples=_samples,
-    out_name="flash_attention_out"))
-FLASH_ATTENTION_GRAD = register(OpDef(
-    "FlashAttentionGrad", _grad_infer, _grad_kernel, cost=_grad_cost, samples=_grad_samples,
-    out_name="flash_attention_grad_out"))
+FLASH_ATTENTION = register(
+    OpDef(
+        "FlashAttention",
+        _infer,
+        _kernel,
+        grad=_grad,
+        cost=_cost,
+        samples=_samples,
+        out_name="flash_attention_out",
+    )
+)
+FLASH_ATTENTION_GRAD = register(
+    OpDef(
+        "FlashAttentionGrad",
+        _grad_infer,
+        _grad_kernel,
+        cost=_grad_cost,
+        samples=_grad_samples,
+        out_name="flash_attention_grad_out",
+    )
+)
 
 
-def flash_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
-                    scale: float | None = None) -> Tensor:
+def flash_attention(
+    q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False, scale: float | None = None
+) -> Tensor:
     """softmax(q k^T * scale) v over (N, H, L, D) x (N, H, S, D), computed by torch's CPU
     flash-attention kernel (``scale`` defaults to 1/sqrt(D); ``is_causal`` masks the upper
     triangle)."""

@@ -43,21 +43,29 @@ def _check_inputs(ins, affine: bool, track: bool, momentum) -> None:
     x = ins[0]
     want = 1 + _n_params(affine, track) + (track and momentum is None)
     if len(ins) != want:
-        raise ValueError(f"expected {want} inputs (affine={affine}, track={track}, "
-                         f"momentum={momentum}), got {len(ins)}")
+        raise ValueError(
+            f"expected {want} inputs (affine={affine}, track={track}, "
+            f"momentum={momentum}), got {len(ins)}"
+        )
     if len(x.shape) < 2 or not x.dtype.is_floating_point:
-        raise ValueError(f"the input must be floating point with shape (N, C, ...), got "
-                         f"{tuple(x.shape)} {x.dtype.name}")
+        raise ValueError(
+            f"the input must be floating point with shape (N, C, ...), got "
+            f"{tuple(x.shape)} {x.dtype.name}"
+        )
     params = ins[1 : 1 + _n_params(affine, track)]
     same_dtype(x, *params)
     for p in params:
         if tuple(p.shape) != (x.shape[1],):
-            raise ValueError(f"scale, bias and running statistics must have shape "
-                             f"({x.shape[1]},) (the channels of {tuple(x.shape)}), got "
-                             f"{tuple(p.shape)}")
+            raise ValueError(
+                f"scale, bias and running statistics must have shape "
+                f"({x.shape[1]},) (the channels of {tuple(x.shape)}), got "
+                f"{tuple(p.shape)}"
+            )
     if x.nelms // x.shape[1] <= 1:
-        raise ValueError(f"training-mode batch norm needs more than 1 value per channel, got "
-                         f"input {tuple(x.shape)}")
+        raise ValueError(
+            f"training-mode batch norm needs more than 1 value per channel, got "
+            f"input {tuple(x.shape)}"
+        )
 
 
 def _infer(ins, epsilon, momentum, affine, track):
@@ -73,8 +81,7 @@ def _kernel(x, *rest, epsilon, momentum, affine, track):
     mean, var = (t.clone() for t in rest[2 * affine : 2 * affine + 2])
     # torch's BatchNorm passes 1 / num_batches_tracked as a Python float for momentum=None
     factor = 1.0 / float(rest[-1]) if momentum is None else momentum
-    y, save_mean, save_invstd = _aten.native_batch_norm(x, w, b, mean, var, True, factor,
-                                                        epsilon)
+    y, save_mean, save_invstd = _aten.native_batch_norm(x, w, b, mean, var, True, factor, epsilon)
     return y, save_mean, save_invstd, mean, var
 
 
@@ -87,21 +94,25 @@ def _grad_kernel(dy, x, *rest, epsilon, affine):
     w = rest[0] if affine else None
     mean, invstd = rest[-2:]
     mask = [True, affine, affine]
-    grads = _aten.native_batch_norm_backward(dy, x, w, None, None, mean, invstd, True, epsilon,
-                                             mask)
+    grads = _aten.native_batch_norm_backward(
+        dy, x, w, None, None, mean, invstd, True, epsilon, mask
+    )
     return grads if affine else grads[0]
 
 
 def _grad(ctx):
     if any(ctx.grad_output(i) is not None for i in range(1, len(ctx.op.outputs))):
-        raise NotImplementedError("BatchNormalizationTraining: gradients through the batch "
-                                  "statistics outputs are not supported")
+        raise NotImplementedError(
+            "BatchNormalizationTraining: gradients through the batch "
+            "statistics outputs are not supported"
+        )
     a = ctx.attrs
     n_in = len(ctx.op.inputs)
     ins = [ctx.grad_output(0), ctx.input(0)] + ([ctx.input(1)] if a["affine"] else [])
     ins += [ctx.output(1), ctx.output(2)]
-    outs = create_op(BATCH_NORM_TRAINING_GRAD, ins,
-                     {"epsilon": a["epsilon"], "affine": a["affine"]})
+    outs = create_op(
+        BATCH_NORM_TRAINING_GRAD, ins, {"epsilon": a["epsilon"], "affine": a["affine"]}
+    )
     return list(outs) + [None] * (n_in - len(outs))
 
 
@@ -128,13 +139,20 @@ def _inputs(shape, k, affine, track):
 def _samples():
     def case(shape, k, affine=True, track=True, eps=1e-5, momentum=0.1, out="y", name=""):
         def build(*ts):
-            y, mean, var = batch_norm_training(*_unpack(ts, affine, track), epsilon=eps,
-                                               momentum=momentum)
+            y, mean, var = batch_norm_training(
+                *_unpack(ts, affine, track), epsilon=eps, momentum=momentum
+            )
             return y if out == "y" else (mean, var)
 
-        return Sample(_inputs(shape, k, affine, track), build,
-                      _reference(eps, momentum, affine, track, out), grad=out == "y",
-                      rtol=0.0, atol=0.0, name=name)
+        return Sample(
+            _inputs(shape, k, affine, track),
+            build,
+            _reference(eps, momentum, affine, track, out),
+            grad=out == "y",
+            rtol=0.0,
+            atol=0.0,
+            name=name,
+        )
 
     return [
         case((4, 3, 5, 6), 110, name="4d"),
@@ -155,35 +173,66 @@ def _unpack(ts, affine, track):
 
 def _grad_samples():
     def build(dy, x, w, b):
-        _, mean, invstd = create_op(BATCH_NORM_TRAINING, [x, w, b],
-                                    {"epsilon": 1e-5, "momentum": 0.1, "affine": True,
-                                     "track": False})
-        return tuple(create_op(BATCH_NORM_TRAINING_GRAD, [dy, x, w, mean, invstd],
-                               {"epsilon": 1e-5, "affine": True}))
+        _, mean, invstd = create_op(
+            BATCH_NORM_TRAINING,
+            [x, w, b],
+            {"epsilon": 1e-5, "momentum": 0.1, "affine": True, "track": False},
+        )
+        return tuple(
+            create_op(
+                BATCH_NORM_TRAINING_GRAD,
+                [dy, x, w, mean, invstd],
+                {"epsilon": 1e-5, "affine": True},
+            )
+        )
 
     def ref(dy, x, w, b):
         x, w, b = (t.detach().requires_grad_() for t in (x, w, b))
         with torch.enable_grad():
             return torch.autograd.grad(F.batch_norm(x, None, None, w, b, True), (x, w, b), dy)
 
-    inputs = [rand(4, 3, 2, 2, seed=130), rand(4, 3, 2, 2, seed=131),
-              rand(3, low=0.5, high=1.5, seed=132), rand(3, seed=133)]
+    inputs = [
+        rand(4, 3, 2, 2, seed=130),
+        rand(4, 3, 2, 2, seed=131),
+        rand(3, low=0.5, high=1.5, seed=132),
+        rand(3, seed=133),
+    ]
     return [Sample(inputs, build, ref, grad=False, rtol=0.0, atol=0.0)]
 
 
-BATCH_NORM_TRAINING = register(OpDef(
-    "BatchNormalizationTraining", _infer, _kernel, grad=_grad, cost=_cost(7), samples=_samples,
-    out_name="batch_norm_out"))
-BATCH_NORM_TRAINING_GRAD = register(OpDef(
-    "BatchNormalizationTrainingGrad", _grad_infer, _grad_kernel, cost=_cost(8),
-    samples=_grad_samples, out_name="batch_norm_grad_out"))
+BATCH_NORM_TRAINING = register(
+    OpDef(
+        "BatchNormalizationTraining",
+        _infer,
+        _kernel,
+        grad=_grad,
+        cost=_cost(7),
+        samples=_samples,
+        out_name="batch_norm_out",
+    )
+)
+BATCH_NORM_TRAINING_GRAD = register(
+    OpDef(
+        "BatchNormalizationTrainingGrad",
+        _grad_infer,
+        _grad_kernel,
+        cost=_cost(8),
+        samples=_grad_samples,
+        out_name="batch_norm_grad_out",
+    )
+)
 
 
-def batch_norm_training(t: Tensor, scale: Tensor | None = None, bias: Tensor | None = None,
-                        running_mean: Tensor | None = None, running_var: Tensor | None = None,
-                        epsilon: float = 1e-5, momentum: float | None = 0.1,
-                        num_batches: Tensor | None = None) -> tuple[Tensor, Tensor | None,
-                                                                    Tensor | None]:
+def batch_norm_training(
+    t: Tensor,
+    scale: Tensor | None = None,
+    bias: Tensor | None = None,
+    running_mean: Tensor | None = None,
+    running_var: Tensor | None = None,
+    epsilon: float = 1e-5,
+    momentum: float | None = 0.1,
+    num_batches: Tensor | None = None,
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """Training-mode batch norm over dim 1 of ``t``, with torch's semantics.
 
     Returns ``(y, new_running_mean, new_running_var)``; the running statistics are None when
@@ -193,13 +242,19 @@ def batch_norm_training(t: Tensor, scale: Tensor | None = None, bias: Tensor | N
     """
     affine, track = scale is not None, running_mean is not None
     if (bias is not None) != affine or (running_var is not None) != track:
-        raise ValueError("batch_norm_training: give scale with bias, and running_mean with "
-                         "running_var (or neither)")
+        raise ValueError(
+            "batch_norm_training: give scale with bias, and running_mean with "
+            "running_var (or neither)"
+        )
     if track and momentum is None and num_batches is None:
         raise ValueError("batch_norm_training: momentum=None needs num_batches")
     ins = [t] + ([scale, bias] if affine else []) + ([running_mean, running_var] if track else [])
     ins += [num_batches] if track and momentum is None else []
-    attrs = {"epsilon": float(epsilon), "momentum": None if momentum is None else float(momentum),
-             "affine": affine, "track": track}
+    attrs = {
+        "epsilon": float(epsilon),
+        "momentum": None if momentum is None else float(momentum),
+        "affine": affine,
+        "track": track,
+    }
     outs = create_op(BATCH_NORM_TRAINING, ins, attrs)
     return (outs[0], outs[3], outs[4]) if track else (outs[0], None, None)

@@ -420,8 +420,14 @@ def _make_repeat(graph: Graph, repeat_count: int, inputs, inputs_dict, check_inp
     attrs = {"graph": graph, "repeat_count": repeat_count, "carried": carried}
     # a loop body may span IPUs (each op has its own; a pipeline's main phase, a repeated
     # multi-IPU main graph), so its inputs may too, as in PopART
-    outs = create_op(REPEAT, parents, attrs, called_graphs=(graph,), out_names=names or None,
-                     check_placement=False)
+    outs = create_op(
+        REPEAT,
+        parents,
+        attrs,
+        called_graphs=(graph,),
+        out_names=names or None,
+        check_placement=False,
+    )
     op = outs[0].producer if outs else gcg()._ops[-1]
     op.by_ref_modified |= {i for i, t in enumerate(graph._inputs) if t in graph._by_ref_inputs}
     return op

@@ -36,8 +36,9 @@ def binary_infer(ins, **attrs):
 def inplace_binary_infer(ins, **attrs):
     out = binary_infer(ins)[0]
     if out.shape != ins[0].shape:
-        raise ValueError(f"in-place op cannot broadcast its first input {ins[0].shape} "
-                         f"to {out.shape}")
+        raise ValueError(
+            f"in-place op cannot broadcast its first input {ins[0].shape} to {out.shape}"
+        )
     return [ins[0]]
 
 
@@ -49,8 +50,9 @@ def _add_grad(ctx):
 def _add_samples():
     return [
         Sample([rand(3, 4), rand(3, 4, seed=1)], lambda a, b: add(a, b), torch.add),
-        Sample([rand(2, 3, 4), rand(4, seed=2)], lambda a, b: add(a, b), torch.add,
-               name="broadcast"),
+        Sample(
+            [rand(2, 3, 4), rand(4, seed=2)], lambda a, b: add(a, b), torch.add, name="broadcast"
+        ),
         Sample([rand(3, 1), rand(1, 5, seed=3)], lambda a, b: a + b, torch.add, name="both"),
     ]
 
@@ -59,13 +61,22 @@ def _add_inplace_kernel(a, b):
     return a.add_(b)
 
 
-ADD = register(OpDef("Add", binary_infer, torch.add, grad=_add_grad, samples=_add_samples,
-                     out_name="add_out"))
-ADD_LHS_INPLACE = register(OpDef(
-    "AddLhsInplace", inplace_binary_infer, _add_inplace_kernel, grad=_add_grad, inplace=(0,),
-    out_name="add_out",
-    samples=lambda: [Sample([rand(3, 4), rand(4, seed=5)], lambda a, b: add_(a * 1.0, b),
-                            torch.add)]))
+ADD = register(
+    OpDef("Add", binary_infer, torch.add, grad=_add_grad, samples=_add_samples, out_name="add_out")
+)
+ADD_LHS_INPLACE = register(
+    OpDef(
+        "AddLhsInplace",
+        inplace_binary_infer,
+        _add_inplace_kernel,
+        grad=_add_grad,
+        inplace=(0,),
+        out_name="add_out",
+        samples=lambda: [
+            Sample([rand(3, 4), rand(4, seed=5)], lambda a, b: add_(a * 1.0, b), torch.add)
+        ],
+    )
+)
 
 
 def add(lhs: Tensor, rhs: Tensor) -> Tensor:
@@ -78,10 +89,16 @@ def add_(lhs: Tensor, rhs: Tensor) -> Tensor:
     return create_op(ADD_LHS_INPLACE, [lhs, as_tensor(rhs, lhs)])[0]
 
 
-IDENTITY = register(OpDef(
-    "Identity", lambda ins: [ins[0]], lambda x: x.clone(), grad=lambda ctx: [ctx.grad_output(0)],
-    out_name="identity_out",
-    samples=lambda: [Sample([rand(2, 3)], lambda x: identity(x), lambda x: x * 1)]))
+IDENTITY = register(
+    OpDef(
+        "Identity",
+        lambda ins: [ins[0]],
+        lambda x: x.clone(),
+        grad=lambda ctx: [ctx.grad_output(0)],
+        out_name="identity_out",
+        samples=lambda: [Sample([rand(2, 3)], lambda x: identity(x), lambda x: x * 1)],
+    )
+)
 
 
 def identity(t: Tensor, output_name: str | None = None) -> Tensor:
@@ -98,15 +115,19 @@ rename = identity
 def _sub_grad(ctx):
     g = ctx.grad_output(0)
     a, b = ctx.op.inputs
-    return [unbroadcast(g, a.shape) if ctx.requires_grad(0) else None,
-            unbroadcast(negate(g), b.shape) if ctx.requires_grad(1) else None]
+    return [
+        unbroadcast(g, a.shape) if ctx.requires_grad(0) else None,
+        unbroadcast(negate(g), b.shape) if ctx.requires_grad(1) else None,
+    ]
 
 
 def _mul_grad(ctx):
     g = ctx.grad_output(0)
     a, b = ctx.op.inputs
-    return [unbroadcast(mul(g, ctx.input(1)), a.shape) if ctx.requires_grad(0) else None,
-            unbroadcast(mul(g, ctx.input(0)), b.shape) if ctx.requires_grad(1) else None]
+    return [
+        unbroadcast(mul(g, ctx.input(1)), a.shape) if ctx.requires_grad(0) else None,
+        unbroadcast(mul(g, ctx.input(0)), b.shape) if ctx.requires_grad(1) else None,
+    ]
 
 
 def _div_grad(ctx):
@@ -115,40 +136,91 @@ def _div_grad(ctx):
     ga = div(g, ctx.input(1))
     # d(a/b)/db = -(a/b)/b, so the rhs gradient reuses ga and the forward output.
     gb = negate(mul(ga, ctx.output(0))) if ctx.requires_grad(1) else None
-    return [unbroadcast(ga, a.shape) if ctx.requires_grad(0) else None,
-            unbroadcast(gb, b.shape) if gb is not None else None]
+    return [
+        unbroadcast(ga, a.shape) if ctx.requires_grad(0) else None,
+        unbroadcast(gb, b.shape) if gb is not None else None,
+    ]
 
 
 def _binary_samples(fn, ref, low=-1.0, high=1.0, rlow=None, rhigh=None, seed=10):
     rlow = low if rlow is None else rlow
     rhigh = high if rhigh is None else rhigh
     return [
-        Sample([rand(3, 4, low=low, high=high, seed=seed),
-                rand(3, 4, low=rlow, high=rhigh, seed=seed + 1)], fn, ref),
-        Sample([rand(2, 3, 4, low=low, high=high, seed=seed + 2),
-                rand(4, low=rlow, high=rhigh, seed=seed + 3)], fn, ref, name="broadcast"),
-        Sample([rand(3, 1, low=low, high=high, seed=seed + 4),
-                rand(1, 5, low=rlow, high=rhigh, seed=seed + 5)], fn, ref, name="both"),
+        Sample(
+            [
+                rand(3, 4, low=low, high=high, seed=seed),
+                rand(3, 4, low=rlow, high=rhigh, seed=seed + 1),
+            ],
+            fn,
+            ref,
+        ),
+        Sample(
+            [
+                rand(2, 3, 4, low=low, high=high, seed=seed + 2),
+                rand(4, low=rlow, high=rhigh, seed=seed + 3),
+            ],
+            fn,
+            ref,
+            name="broadcast",
+        ),
+        Sample(
+            [
+                rand(3, 1, low=low, high=high, seed=seed + 4),
+                rand(1, 5, low=rlow, high=rhigh, seed=seed + 5),
+            ],
+            fn,
+            ref,
+            name="both",
+        ),
     ]
 
 
-SUB = register(OpDef("Sub", binary_infer, torch.sub, grad=_sub_grad, out_name="sub_out",
-                     samples=lambda: _binary_samples(lambda a, b: sub(a, b), torch.sub, seed=20)
-                     + [Sample([rand(3, 2, seed=26)], lambda a: 2 - a, lambda a: 2 - a,
-                               name="rsub_scalar")]))
-MUL = register(OpDef("Mul", binary_infer, torch.mul, grad=_mul_grad, out_name="mul_out",
-                     samples=lambda: _binary_samples(lambda a, b: mul(a, b), torch.mul, seed=30)
-                     + [Sample([rand(3, 2, seed=36)], lambda a: a * 2, lambda a: a * 2,
-                               name="scalar")]))
+SUB = register(
+    OpDef(
+        "Sub",
+        binary_infer,
+        torch.sub,
+        grad=_sub_grad,
+        out_name="sub_out",
+        samples=lambda: (
+            _binary_samples(lambda a, b: sub(a, b), torch.sub, seed=20)
+            + [Sample([rand(3, 2, seed=26)], lambda a: 2 - a, lambda a: 2 - a, name="rsub_scalar")]
+        ),
+    )
+)
+MUL = register(
+    OpDef(
+        "Mul",
+        binary_infer,
+        torch.mul,
+        grad=_mul_grad,
+        out_name="mul_out",
+        samples=lambda: (
+            _binary_samples(lambda a, b: mul(a, b), torch.mul, seed=30)
+            + [Sample([rand(3, 2, seed=36)], lambda a: a * 2, lambda a: a * 2, name="scalar")]
+        ),
+    )
+)
+
+
 def _div_kernel(a, b):
     if a.dtype.is_floating_point:
         return torch.div(a, b)
     return torch.div(a, b, rounding_mode="trunc")  # integer division keeps the integer dtype
 
 
-DIV = register(OpDef("Div", binary_infer, _div_kernel, grad=_div_grad, out_name="div_out",
-                     samples=lambda: _binary_samples(lambda a, b: div(a, b), torch.div,
-                                                     rlow=0.5, rhigh=2.0, seed=40)))
+DIV = register(
+    OpDef(
+        "Div",
+        binary_infer,
+        _div_kernel,
+        grad=_div_grad,
+        out_name="div_out",
+        samples=lambda: _binary_samples(
+            lambda a, b: div(a, b), torch.div, rlow=0.5, rhigh=2.0, seed=40
+        ),
+    )
+)
 
 
 def sub(lhs: Tensor, rhs: Tensor) -> Tensor:
@@ -166,11 +238,19 @@ def div(lhs: Tensor, rhs: Tensor) -> Tensor:
     return create_op(DIV, list(coerce_pair(lhs, rhs)))[0]
 
 
-NEG = register(OpDef("Neg", lambda ins: [ins[0]], torch.neg, out_name="neg_out",
-                     grad=lambda ctx: [negate(ctx.grad_output(0))],
-                     samples=lambda: [Sample([rand(3, 4, seed=50)], lambda a: negate(a), torch.neg),
-                                      Sample([rand(2, seed=51)], lambda a: -a, torch.neg,
-                                             name="dunder")]))
+NEG = register(
+    OpDef(
+        "Neg",
+        lambda ins: [ins[0]],
+        torch.neg,
+        out_name="neg_out",
+        grad=lambda ctx: [negate(ctx.grad_output(0))],
+        samples=lambda: [
+            Sample([rand(3, 4, seed=50)], lambda a: negate(a), torch.neg),
+            Sample([rand(2, seed=51)], lambda a: -a, torch.neg, name="dunder"),
+        ],
+    )
+)
 
 
 def negate(t: Tensor) -> Tensor:
@@ -192,20 +272,46 @@ def _fmod_grad(ctx):
     return [unbroadcast(g, a.shape) if ctx.requires_grad(0) else None, gb]
 
 
-FMOD = register(OpDef(
-    "Fmod", binary_infer, torch.fmod, grad=_fmod_grad, out_name="fmod_out",
-    samples=lambda: [
-        Sample([np.array([[2.3, -1.7, 0.4], [5.2, -4.1, 3.3]], np.float32),
-                np.array([[0.9, 1.1, 1.5], [1.6, 0.7, 2.3]], np.float32)],
-               lambda a, b: fmod(a, b), torch.fmod),
-        Sample([np.array([[2.3, -1.7, 0.4], [5.3, -4.1, 3.3]], np.float32),
-                np.array([1.6, 0.7, 1.3], np.float32)],
-               lambda a, b: fmod(a, b), torch.fmod, name="broadcast"),
-        Sample([np.array([2.5, -3.5, 7.0, 1.0], np.float32)], lambda a: a % 3,
-               lambda a: torch.fmod(a, 3), name="dunder_scalar"),
-        Sample([np.array([7, -7, 9, 3], np.int32), np.array([3, 3, -4, 5], np.int32)],
-               lambda a, b: fmod(a, b), torch.fmod, name="int"),
-    ]))
+FMOD = register(
+    OpDef(
+        "Fmod",
+        binary_infer,
+        torch.fmod,
+        grad=_fmod_grad,
+        out_name="fmod_out",
+        samples=lambda: [
+            Sample(
+                [
+                    np.array([[2.3, -1.7, 0.4], [5.2, -4.1, 3.3]], np.float32),
+                    np.array([[0.9, 1.1, 1.5], [1.6, 0.7, 2.3]], np.float32),
+                ],
+                lambda a, b: fmod(a, b),
+                torch.fmod,
+            ),
+            Sample(
+                [
+                    np.array([[2.3, -1.7, 0.4], [5.3, -4.1, 3.3]], np.float32),
+                    np.array([1.6, 0.7, 1.3], np.float32),
+                ],
+                lambda a, b: fmod(a, b),
+                torch.fmod,
+                name="broadcast",
+            ),
+            Sample(
+                [np.array([2.5, -3.5, 7.0, 1.0], np.float32)],
+                lambda a: a % 3,
+                lambda a: torch.fmod(a, 3),
+                name="dunder_scalar",
+            ),
+            Sample(
+                [np.array([7, -7, 9, 3], np.int32), np.array([3, 3, -4, 5], np.int32)],
+                lambda a, b: fmod(a, b),
+                torch.fmod,
+                name="int",
+            ),
+        ],
+    )
+)
 
 
 def fmod(lhs: Tensor, rhs: Tensor) -> Tensor:
@@ -233,19 +339,42 @@ def _pow_grad(ctx):
     return [gt, ge]
 
 
-POW = register(OpDef(
-    "Pow", binary_infer, torch.pow, grad=_pow_grad, out_name="pow_out", pointwise=True,
-    samples=lambda: [
-        Sample([rand(3, 4, low=0.5, high=2.0, seed=60), rand(3, 4, seed=61)],
-               lambda a, b: pow(a, b), torch.pow),
-        Sample([rand(2, 3, low=0.5, high=2.0, seed=62), rand(3, seed=63)],
-               lambda a, b: pow(a, b), torch.pow, name="broadcast"),
-        Sample([rand(3, 4, seed=64)], lambda a: pow(a, 3), lambda a: torch.pow(a, 3),
-               name="int_exponent"),
-        Sample([rand(3, 4, low=0.5, high=2.0, seed=65)], lambda a: a ** 0.5,
-               lambda a: a ** 0.5, name="dunder"),
-        Sample([rand(4, seed=66)], lambda a: 2 ** a, lambda a: 2 ** a, name="rpow"),
-    ]))
+POW = register(
+    OpDef(
+        "Pow",
+        binary_infer,
+        torch.pow,
+        grad=_pow_grad,
+        out_name="pow_out",
+        pointwise=True,
+        samples=lambda: [
+            Sample(
+                [rand(3, 4, low=0.5, high=2.0, seed=60), rand(3, 4, seed=61)],
+                lambda a, b: pow(a, b),
+                torch.pow,
+            ),
+            Sample(
+                [rand(2, 3, low=0.5, high=2.0, seed=62), rand(3, seed=63)],
+                lambda a, b: pow(a, b),
+                torch.pow,
+                name="broadcast",
+            ),
+            Sample(
+                [rand(3, 4, seed=64)],
+                lambda a: pow(a, 3),
+                lambda a: torch.pow(a, 3),
+                name="int_exponent",
+            ),
+            Sample(
+                [rand(3, 4, low=0.5, high=2.0, seed=65)],
+                lambda a: a**0.5,
+                lambda a: a**0.5,
+                name="dunder",
+            ),
+            Sample([rand(4, seed=66)], lambda a: 2**a, lambda a: 2**a, name="rpow"),
+        ],
+    )
+)
 
 
 def pow(t: Tensor, e: float | Tensor) -> Tensor:
@@ -283,14 +412,27 @@ def _max_ref(*ts):
     return functools.reduce(torch.maximum, ts)
 
 
-MAX = register(OpDef(
-    "Max", _max_infer, _max_kernel, grad=_max_grad, out_name="max_out",
-    samples=lambda: [
-        Sample([rand(3, 4, seed=70), rand(3, 4, seed=71)], lambda a, b: maximum(a, b), _max_ref),
-        Sample([rand(2, 3, 4, seed=72), rand(4, seed=73), rand(3, 1, seed=74)],
-               lambda a, b, c: maximum(a, b, c), _max_ref, name="three_broadcast"),
-        Sample([rand(5, seed=75)], lambda a: maximum(a), _max_ref, name="one"),
-    ]))
+MAX = register(
+    OpDef(
+        "Max",
+        _max_infer,
+        _max_kernel,
+        grad=_max_grad,
+        out_name="max_out",
+        samples=lambda: [
+            Sample(
+                [rand(3, 4, seed=70), rand(3, 4, seed=71)], lambda a, b: maximum(a, b), _max_ref
+            ),
+            Sample(
+                [rand(2, 3, 4, seed=72), rand(4, seed=73), rand(3, 1, seed=74)],
+                lambda a, b, c: maximum(a, b, c),
+                _max_ref,
+                name="three_broadcast",
+            ),
+            Sample([rand(5, seed=75)], lambda a: maximum(a), _max_ref, name="one"),
+        ],
+    )
+)
 
 
 def maximum(*ts: Tensor) -> Tensor:
@@ -309,8 +451,10 @@ def maximum(*ts: Tensor) -> Tensor:
 def _where_infer(ins, **attrs):
     cond, lhs, rhs = ins
     if cond.dtype is not dtypes.bool:
-        raise TypeError(f"the condition must be a bool tensor, got {cond.dtype.name}; "
-                        "build it with a comparison (ops.greater, ops.equal) or ops.cast")
+        raise TypeError(
+            f"the condition must be a bool tensor, got {cond.dtype.name}; "
+            "build it with a comparison (ops.greater, ops.equal) or ops.cast"
+        )
     same_dtype(lhs, rhs)
     return [spec(broadcast_shapes(cond.shape, lhs.shape, rhs.shape), lhs.dtype)]
 
@@ -328,17 +472,35 @@ def _where_grad(ctx):
     return grads
 
 
-WHERE = register(OpDef(
-    "Where", _where_infer, torch.where, grad=_where_grad, out_name="where_out",
-    fp16_in_fp32=False,
-    samples=lambda: [
-        Sample([rand(3, 4, seed=80) > 0, rand(3, 4, seed=81), rand(3, 4, seed=82)],
-               lambda c, a, b: where(c, a, b), torch.where),
-        Sample([rand(4, seed=83) > 0, rand(2, 3, 1, seed=84), rand(3, 4, seed=85)],
-               lambda c, a, b: where(c, a, b), torch.where, name="broadcast"),
-        Sample([rand(3, 4, seed=86) > 0, rand(3, 4, seed=87)], lambda c, a: where(c, a, 0.5),
-               lambda c, a: torch.where(c, a, 0.5), name="scalar_rhs"),
-    ]))
+WHERE = register(
+    OpDef(
+        "Where",
+        _where_infer,
+        torch.where,
+        grad=_where_grad,
+        out_name="where_out",
+        fp16_in_fp32=False,
+        samples=lambda: [
+            Sample(
+                [rand(3, 4, seed=80) > 0, rand(3, 4, seed=81), rand(3, 4, seed=82)],
+                lambda c, a, b: where(c, a, b),
+                torch.where,
+            ),
+            Sample(
+                [rand(4, seed=83) > 0, rand(2, 3, 1, seed=84), rand(3, 4, seed=85)],
+                lambda c, a, b: where(c, a, b),
+                torch.where,
+                name="broadcast",
+            ),
+            Sample(
+                [rand(3, 4, seed=86) > 0, rand(3, 4, seed=87)],
+                lambda c, a: where(c, a, 0.5),
+                lambda c, a: torch.where(c, a, 0.5),
+                name="scalar_rhs",
+            ),
+        ],
+    )
+)
 
 
 def where(condition: Tensor, lhs: Tensor, rhs: Tensor) -> Tensor:

@@ -27,6 +27,7 @@ from .registry import Cost, OpDef, Sample, _user_frame, create_op, register
 
 __all__ = ["GatherIndexWarning", "gather", "gather_elements", "scatter", "tied_gather"]
 
+
 def _move_cost(ins, outs, attrs) -> Cost:
     return Cost(0, 2 * sum(s.nbytes for s in outs) + sum(s.nbytes for s in ins[1:2]))
 
@@ -52,13 +53,13 @@ def _gather_infer(ins, axis, zero_OOR, available_memory_proportion):
     t, idx = ins
     _check_indices(idx, "gather")
     a = _check_axis(axis, len(t.shape), "gather")
-    return [spec(t.shape[:a] + idx.shape + t.shape[a + 1:], t.dtype)]
+    return [spec(t.shape[:a] + idx.shape + t.shape[a + 1 :], t.dtype)]
 
 
 def _gather_kernel(x, idx, axis, zero_OOR, available_memory_proportion):
     axis %= x.dim()
     n, flat = x.shape[axis], idx.reshape(-1).long()
-    out_shape = x.shape[:axis] + idx.shape + x.shape[axis + 1:]
+    out_shape = x.shape[:axis] + idx.shape + x.shape[axis + 1 :]
     valid = (flat >= 0) & (flat < n)
     if bool(valid.all()):
         return torch.index_select(x, axis, flat).reshape(out_shape)
@@ -103,7 +104,7 @@ def _gather_grad(ctx):
 
     t, idx, a = ctx.op.inputs[0], ctx.op.inputs[1], ctx.attrs["axis"] % ctx.op.inputs[0].rank
     n = int(np.prod(idx.shape, dtype=np.int64))
-    g = reshape(ctx.grad_output(0), t.shape[:a] + (n,) + t.shape[a + 1:])
+    g = reshape(ctx.grad_output(0), t.shape[:a] + (n,) + t.shape[a + 1 :])
     flat = reshape(ctx.input(1), (n,))
     return [scatter_reduce(g, flat, "sum", axis=a, axis_size=t.shape[a]), None]
 
@@ -122,33 +123,83 @@ def _gather_samples(fn, with_getitem: bool = False):
             return torch.where(valid[:, None], x[torch.where(valid, i, 0).long()], 0)
 
         return [
-            Sample([rand(5, 3), np.array([4, 0, 4], np.int32)], lambda x, i: fn(x, i),
-                   lambda x, i: x[i.long()]),
-            Sample([rand(3, 4, 2, seed=1), randint(2, 3, high=4, seed=1)],
-                   lambda x, i: fn(x, i, axis=1), lambda x, i: x[:, i.long()], name="axis1"),
-            Sample([rand(4, 3, seed=2), np.array([1, 5, -1, 3], np.int32)],
-                   lambda x, i: fn(x, i, zero_OOR=True), oor, name="zero_OOR"),
-            Sample([rand(4, 3, seed=6), np.array([7, 2, -9, 0], np.int32)],
-                   lambda x, i: fn(x, i), oor, name="oor_no_error"),
-            Sample([rand(4, 3, seed=3)], lambda x: fn(x, _scalar_index(2), -2), lambda x: x[2],
-                   name="scalar_index"),
-        ] + ([] if not with_getitem else [
-            Sample([rand(4, 3, seed=4), np.array([[3, 0], [1, 1]], np.int32)],
-                   lambda x, i: x[i], lambda x, i: x[i.long()], name="getitem_tensor"),
-            Sample([rand(4, 3, seed=5)], lambda x: x[np.array([-1, 2])], lambda x: x[[3, 2]],
-                   name="getitem_host_array"),
-        ])
+            Sample(
+                [rand(5, 3), np.array([4, 0, 4], np.int32)],
+                lambda x, i: fn(x, i),
+                lambda x, i: x[i.long()],
+            ),
+            Sample(
+                [rand(3, 4, 2, seed=1), randint(2, 3, high=4, seed=1)],
+                lambda x, i: fn(x, i, axis=1),
+                lambda x, i: x[:, i.long()],
+                name="axis1",
+            ),
+            Sample(
+                [rand(4, 3, seed=2), np.array([1, 5, -1, 3], np.int32)],
+                lambda x, i: fn(x, i, zero_OOR=True),
+                oor,
+                name="zero_OOR",
+            ),
+            Sample(
+                [rand(4, 3, seed=6), np.array([7, 2, -9, 0], np.int32)],
+                lambda x, i: fn(x, i),
+                oor,
+                name="oor_no_error",
+            ),
+            Sample(
+                [rand(4, 3, seed=3)],
+                lambda x: fn(x, _scalar_index(2), -2),
+                lambda x: x[2],
+                name="scalar_index",
+            ),
+        ] + (
+            []
+            if not with_getitem
+            else [
+                Sample(
+                    [rand(4, 3, seed=4), np.array([[3, 0], [1, 1]], np.int32)],
+                    lambda x, i: x[i],
+                    lambda x, i: x[i.long()],
+                    name="getitem_tensor",
+                ),
+                Sample(
+                    [rand(4, 3, seed=5)],
+                    lambda x: x[np.array([-1, 2])],
+                    lambda x: x[[3, 2]],
+                    name="getitem_host_array",
+                ),
+            ]
+        )
+
     return samples
 
 
-GATHER = register(OpDef("Gather", _gather_infer, _gather_kernel, grad=_gather_grad,
-                        cost=_move_cost, out_name="gather_out", fp16_in_fp32=False,
-                        samples=_gather_samples(lambda *a, **k: gather(*a, **k), True)))
+GATHER = register(
+    OpDef(
+        "Gather",
+        _gather_infer,
+        _gather_kernel,
+        grad=_gather_grad,
+        cost=_move_cost,
+        out_name="gather_out",
+        fp16_in_fp32=False,
+        samples=_gather_samples(lambda *a, **k: gather(*a, **k), True),
+    )
+)
 # popxl's TiedGather is a Gather whose weight is shared with a MatMul (tied embeddings); the
 # numbers are the same, only the op type (and its IPU tile layout) differs.
-TIED_GATHER = register(OpDef("TiedGather", _gather_infer, _gather_kernel, grad=_gather_grad,
-                             cost=_move_cost, out_name="tiedgather_out", fp16_in_fp32=False,
-                             samples=_gather_samples(lambda *a, **k: tied_gather(*a, **k))))
+TIED_GATHER = register(
+    OpDef(
+        "TiedGather",
+        _gather_infer,
+        _gather_kernel,
+        grad=_gather_grad,
+        cost=_move_cost,
+        out_name="tiedgather_out",
+        fp16_in_fp32=False,
+        samples=_gather_samples(lambda *a, **k: tied_gather(*a, **k)),
+    )
+)
 
 
 def _check_constant_indices(t: Tensor, idx, axis: int, what: str) -> None:
@@ -182,8 +233,13 @@ def _index_tensor(indices, like: Tensor) -> Tensor:
     return constant(arr.astype(np.int32))
 
 
-def gather(t: Tensor, indices, axis: int = 0, available_memory_proportion: float | None = None,
-           zero_OOR: bool = False) -> Tensor:
+def gather(
+    t: Tensor,
+    indices,
+    axis: int = 0,
+    available_memory_proportion: float | None = None,
+    zero_OOR: bool = False,
+) -> Tensor:
     """Select slices of ``t`` along ``axis`` at ``indices`` (numpy ``take``)."""
     attrs = _gather_attrs(axis, zero_OOR, available_memory_proportion)
     if not zero_OOR:
@@ -192,9 +248,13 @@ def gather(t: Tensor, indices, axis: int = 0, available_memory_proportion: float
     return create_op(GATHER, [t, idx], attrs)[0]
 
 
-def tied_gather(t: Tensor, indices, axis: int = 0,
-                available_memory_proportion: float | None = None,
-                zero_OOR: bool = False) -> Tensor:
+def tied_gather(
+    t: Tensor,
+    indices,
+    axis: int = 0,
+    available_memory_proportion: float | None = None,
+    zero_OOR: bool = False,
+) -> Tensor:
     """`gather` for a weight shared with a matmul (a TiedGather op)."""
     attrs = _gather_attrs(axis, zero_OOR, available_memory_proportion)
     if not zero_OOR:
@@ -209,9 +269,11 @@ def _gather_elements_infer(ins, axis):
     _check_indices(idx, "gather_elements")
     a = _check_axis(axis, len(x.shape), "gather_elements")
     if len(idx.shape) != len(x.shape) or any(
-            i != s for d, (i, s) in enumerate(zip(idx.shape, x.shape)) if d != a):
-        raise ValueError(f"gather_elements indices {idx.shape} must match {x.shape} on every "
-                         f"axis but {a}")
+        i != s for d, (i, s) in enumerate(zip(idx.shape, x.shape)) if d != a
+    ):
+        raise ValueError(
+            f"gather_elements indices {idx.shape} must match {x.shape} on every axis but {a}"
+        )
     return [spec(idx.shape, x.dtype)]
 
 
@@ -223,21 +285,36 @@ def _gather_elements_grad(ctx):
     x, a = ctx.op.inputs[0], ctx.attrs["axis"] % ctx.op.inputs[0].rank
     from .scatter_reduce import scatter_reduce
 
-    return [scatter_reduce(ctx.grad_output(0), ctx.input(1), "sum", axis=a, axis_size=x.shape[a]),
-            None]
+    return [
+        scatter_reduce(ctx.grad_output(0), ctx.input(1), "sum", axis=a, axis_size=x.shape[a]),
+        None,
+    ]
 
 
-GATHER_ELEMENTS = register(OpDef(
-    "GatherElements", _gather_elements_infer, _gather_elements_kernel,
-    grad=_gather_elements_grad, cost=_move_cost, out_name="gatherelements_out",
-    fp16_in_fp32=False,
-    samples=lambda: [
-        Sample([rand(3, 4, seed=4), np.array([[0, 2, 1, 1], [2, 2, 0, 0]], np.int32)],
-               lambda x, i: gather_elements(x, i, 0), lambda x, i: torch.gather(x, 0, i.long())),
-        Sample([rand(3, 4, seed=5), np.array([[3, 3], [0, 1], [2, 0]], np.int32)],
-               lambda x, i: gather_elements(x, i, -1),
-               lambda x, i: torch.gather(x, 1, i.long()), name="axis-1"),
-    ]))
+GATHER_ELEMENTS = register(
+    OpDef(
+        "GatherElements",
+        _gather_elements_infer,
+        _gather_elements_kernel,
+        grad=_gather_elements_grad,
+        cost=_move_cost,
+        out_name="gatherelements_out",
+        fp16_in_fp32=False,
+        samples=lambda: [
+            Sample(
+                [rand(3, 4, seed=4), np.array([[0, 2, 1, 1], [2, 2, 0, 0]], np.int32)],
+                lambda x, i: gather_elements(x, i, 0),
+                lambda x, i: torch.gather(x, 0, i.long()),
+            ),
+            Sample(
+                [rand(3, 4, seed=5), np.array([[3, 3], [0, 1], [2, 0]], np.int32)],
+                lambda x, i: gather_elements(x, i, -1),
+                lambda x, i: torch.gather(x, 1, i.long()),
+                name="axis-1",
+            ),
+        ],
+    )
+)
 
 
 def gather_elements(t: Tensor, indices: Tensor, axis: int = 0) -> Tensor:
@@ -252,8 +329,10 @@ def _scatter_infer(ins, axis, available_memory_proportion):
     _check_indices(idx, "scatter")
     _check_axis(axis, len(t.shape), "scatter")
     if idx.shape != values.shape or len(idx.shape) != len(t.shape):
-        raise ValueError(f"scatter indices {idx.shape} and values {values.shape} must have the "
-                         f"same shape and the rank of t {t.shape}")
+        raise ValueError(
+            f"scatter indices {idx.shape} and values {values.shape} must have the "
+            f"same shape and the rank of t {t.shape}"
+        )
     if values.dtype != t.dtype:
         raise TypeError(f"scatter values are {values.dtype.name}, t is {t.dtype.name}")
     return [t]
@@ -272,22 +351,42 @@ def _scatter_grad(ctx):
     return [scatter(g, idx, zeros, a), None, gather_elements(g, idx, a)]
 
 
-SCATTER = register(OpDef(
-    "Scatter", _scatter_infer, _scatter_kernel, grad=_scatter_grad, cost=_move_cost,
-    out_name="scatter_out", fp16_in_fp32=False,
-    samples=lambda: [
-        Sample([rand(3, 4), np.array([[0, 2, 1, 1], [2, 1, 0, 2]], np.int32), rand(2, 4, seed=1)],
-               lambda t, i, v: scatter(t, i, v), lambda t, i, v: t.scatter(0, i.long(), v)),
-        Sample([rand(2, 5, seed=2), np.array([[4, 1], [0, 3]], np.int32), rand(2, 2, seed=3)],
-               lambda t, i, v: scatter(t, i, v, axis=1),
-               lambda t, i, v: t.scatter(1, i.long(), v), name="axis1"),
-    ]))
+SCATTER = register(
+    OpDef(
+        "Scatter",
+        _scatter_infer,
+        _scatter_kernel,
+        grad=_scatter_grad,
+        cost=_move_cost,
+        out_name="scatter_out",
+        fp16_in_fp32=False,
+        samples=lambda: [
+            Sample(
+                [rand(3, 4), np.array([[0, 2, 1, 1], [2, 1, 0, 2]], np.int32), rand(2, 4, seed=1)],
+                lambda t, i, v: scatter(t, i, v),
+                lambda t, i, v: t.scatter(0, i.long(), v),
+            ),
+            Sample(
+                [rand(2, 5, seed=2), np.array([[4, 1], [0, 3]], np.int32), rand(2, 2, seed=3)],
+                lambda t, i, v: scatter(t, i, v, axis=1),
+                lambda t, i, v: t.scatter(1, i.long(), v),
+                name="axis1",
+            ),
+        ],
+    )
+)
 
 
-def scatter(t: Tensor, indices: Tensor, values: Tensor, axis: int = 0,
-            available_memory_proportion: float | None = None) -> Tensor:
+def scatter(
+    t: Tensor,
+    indices: Tensor,
+    values: Tensor,
+    axis: int = 0,
+    available_memory_proportion: float | None = None,
+) -> Tensor:
     """A copy of ``t`` with ``values`` written at ``indices`` along ``axis`` (ScatterElements)."""
     amp = None if available_memory_proportion is None else float(available_memory_proportion)
     _check_constant_indices(t, indices, int(axis), "scatter")
-    return create_op(SCATTER, [t, indices, values],
-                     {"axis": int(axis), "available_memory_proportion": amp})[0]
+    return create_op(
+        SCATTER, [t, indices, values], {"axis": int(axis), "available_memory_proportion": amp}
+    )[0]

@@ -38,9 +38,11 @@ def getitem(t: Tensor, key: Any) -> Tensor:
     items = key if isinstance(key, tuple) else (key,)
     for k in items:
         if not isinstance(k, _BASIC) or isinstance(k, (bool, np.bool_)):
-            raise TypeError(f"{t.id!r}[{key!r}]: index {k!r} is not supported; a tuple may hold "
-                            "ints, slices, ... and None. For integer-array indexing use a single "
-                            "array or ops.gather.")
+            raise TypeError(
+                f"{t.id!r}[{key!r}]: index {k!r} is not supported; a tuple may hold "
+                "ints, slices, ... and None. For integer-array indexing use a single "
+                "array or ops.gather."
+            )
     return _basic_index(t, _expand_ellipsis(t, items))
 
 
@@ -51,8 +53,9 @@ def _tensor_index(t: Tensor, key: Tensor) -> Tensor:
         return where(key, t, constant(0, t.dtype))
     if key.dtype.is_int:
         return gather(t, key)
-    raise TypeError(f"{t.id!r}[{key.id!r}]: index tensors must be integer or bool, got "
-                    f"{key.dtype.name}.")
+    raise TypeError(
+        f"{t.id!r}[{key.id!r}]: index tensors must be integer or bool, got {key.dtype.name}."
+    )
 
 
 def _host_index(t: Tensor, key: np.ndarray) -> Tensor:
@@ -64,23 +67,27 @@ def _host_index(t: Tensor, key: np.ndarray) -> Tensor:
         raise IndexError(f"{t.id!r} is a scalar and cannot be indexed with an array.")
     n = t.shape[0]
     if key.size and (key.min() < -n or key.max() >= n):
-        raise IndexError(f"{t.id!r}[{key.tolist()}]: indices out of range for axis 0 of size "
-                         f"{n} (shape {t.shape}).")
+        raise IndexError(
+            f"{t.id!r}[{key.tolist()}]: indices out of range for axis 0 of size "
+            f"{n} (shape {t.shape})."
+        )
     return gather(t, constant((key % max(n, 1)).astype(np.int32)))
 
 
 def _expand_ellipsis(t: Tensor, items: tuple) -> list:
     consumed = sum(1 for k in items if k is not None and k is not Ellipsis)
     if consumed > t.rank:
-        raise IndexError(f"{t.id!r}: too many indices ({consumed}) for a tensor of rank {t.rank} "
-                         f"(shape {t.shape}).")
+        raise IndexError(
+            f"{t.id!r}: too many indices ({consumed}) for a tensor of rank {t.rank} "
+            f"(shape {t.shape})."
+        )
     fill = [builtins.slice(None)] * (t.rank - consumed)
     if sum(1 for k in items if k is Ellipsis) > 1:
         raise IndexError(f"{t.id!r}: an index can only have a single ellipsis ('...').")
     if not any(k is Ellipsis for k in items):
         return list(items) + fill
     i = next(i for i, k in enumerate(items) if k is Ellipsis)
-    return list(items[:i]) + fill + list(items[i + 1:])
+    return list(items[:i]) + fill + list(items[i + 1 :])
 
 
 def _basic_index(t: Tensor, items: list) -> Tensor:
@@ -125,6 +132,7 @@ def _add_range(axes, starts, stops, steps, axis, start, stop, step) -> None:
 def _checked_int(t: Tensor, i: int, axis: int) -> int:
     n = t.shape[axis]
     if not -n <= i < n:
-        raise IndexError(f"{t.id!r}: index {i} is out of range for axis {axis} with size {n} "
-                         f"(shape {t.shape}).")
+        raise IndexError(
+            f"{t.id!r}: index {i} is out of range for axis {axis} with size {n} (shape {t.shape})."
+        )
     return i % n

@@ -27,8 +27,10 @@ def _infer(ins, normalized_shape, epsilon, has_weight, has_bias):
         raise TypeError(f"layer norm needs a floating point input, got {x.dtype.name}")
     k = len(normalized_shape)
     if k == 0 or tuple(x.shape[len(x.shape) - k :]) != tuple(normalized_shape):
-        raise ValueError(f"normalized_shape {tuple(normalized_shape)} is not the trailing shape "
-                         f"of the input {x.shape}")
+        raise ValueError(
+            f"normalized_shape {tuple(normalized_shape)} is not the trailing shape "
+            f"of the input {x.shape}"
+        )
     if len(params) != int(has_weight) + int(has_bias):
         raise ValueError("give exactly the weight and bias that has_weight/has_bias announce")
     for p in params:
@@ -60,7 +62,8 @@ def _grad_kernel(g, x, mean, rstd, *params, normalized_shape, has_weight, has_bi
     w, b = _split(params, has_weight, has_bias)
     mask = [True, has_weight, has_bias]
     dx, dw, db = torch.ops.aten.native_layer_norm_backward(
-        g, x, list(normalized_shape), mean, rstd, w, b, mask)
+        g, x, list(normalized_shape), mean, rstd, w, b, mask
+    )
     outs = tuple(t for t in (dx, dw, db) if t is not None)
     return outs if len(outs) > 1 else dx  # the simulator takes one output as a tensor
 
@@ -68,6 +71,7 @@ def _grad_kernel(g, x, mean, rstd, *params, normalized_shape, has_weight, has_bi
 def _cost(flops: int):
     def cost(ins, outs, attrs) -> Cost:
         return Cost(flops * ins[0].nelms, sum(s.nbytes for s in (*ins, *outs)))
+
     return cost
 
 
@@ -86,12 +90,27 @@ def _samples():
     x, w, b = rand(2, 3, 8, seed=900), rand(8, low=0.5, high=1.5, seed=901), rand(8, seed=902)
     exact = {"rtol": 0.0, "atol": 0.0}
     return [
-        Sample([x, w, b], lambda x, w, b: native_layer_norm(x, (8,), w, b),
-               lambda x, w, b: F.layer_norm(x, (8,), w, b), name="affine", **exact),
-        Sample([x], lambda x: native_layer_norm(x, (3, 8), eps=1e-3),
-               lambda x: F.layer_norm(x, (3, 8), eps=1e-3), name="plain_2axes", **exact),
-        Sample([x, w], lambda x, w: native_layer_norm(x, (8,), w),
-               lambda x, w: F.layer_norm(x, (8,), w), name="weight_only", **exact),
+        Sample(
+            [x, w, b],
+            lambda x, w, b: native_layer_norm(x, (8,), w, b),
+            lambda x, w, b: F.layer_norm(x, (8,), w, b),
+            name="affine",
+            **exact,
+        ),
+        Sample(
+            [x],
+            lambda x: native_layer_norm(x, (3, 8), eps=1e-3),
+            lambda x: F.layer_norm(x, (3, 8), eps=1e-3),
+            name="plain_2axes",
+            **exact,
+        ),
+        Sample(
+            [x, w],
+            lambda x, w: native_layer_norm(x, (8,), w),
+            lambda x, w: F.layer_norm(x, (8,), w),
+            name="weight_only",
+            **exact,
+        ),
     ]
 
 
@@ -105,22 +124,53 @@ def _grad_samples():
         x, w, b = (t.detach().requires_grad_() for t in (x, w, b))
         with torch.enable_grad():
             return torch.autograd.grad(F.layer_norm(x, (8,), w, b), (x, w, b), g)
-    inputs = [rand(4, 5, 8, seed=903), rand(4, 5, 8, seed=904),
-              rand(8, low=0.5, high=1.5, seed=905), rand(8, seed=906)]
+
+    inputs = [
+        rand(4, 5, 8, seed=903),
+        rand(4, 5, 8, seed=904),
+        rand(8, low=0.5, high=1.5, seed=905),
+        rand(8, seed=906),
+    ]
     return [Sample(inputs, build, ref, grad=False, rtol=0.0, atol=0.0)]
 
 
-LAYER_NORM = register(OpDef("LayerNorm", _infer, _kernel, grad=_grad, cost=_cost(8),
-                            samples=_samples, out_name="layer_norm_out"))
-LAYER_NORM_GRAD = register(OpDef("LayerNormGrad", _grad_infer, _grad_kernel, cost=_cost(12),
-                                 samples=_grad_samples, out_name="layer_norm_grad_out"))
+LAYER_NORM = register(
+    OpDef(
+        "LayerNorm",
+        _infer,
+        _kernel,
+        grad=_grad,
+        cost=_cost(8),
+        samples=_samples,
+        out_name="layer_norm_out",
+    )
+)
+LAYER_NORM_GRAD = register(
+    OpDef(
+        "LayerNormGrad",
+        _grad_infer,
+        _grad_kernel,
+        cost=_cost(12),
+        samples=_grad_samples,
+        out_name="layer_norm_grad_out",
+    )
+)
 
 
-def native_layer_norm(x: Tensor, normalized_shape, weight: Tensor | None = None,
-                      bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
+def native_layer_norm(
+    x: Tensor,
+    normalized_shape,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    eps: float = 1e-5,
+) -> Tensor:
     """torch's ``F.layer_norm``: normalise over the trailing ``normalized_shape`` axes, then
     scale by ``weight`` and shift by ``bias`` (each of that shape, optional)."""
     params = [t for t in (weight, bias) if t is not None]
-    attrs = {"normalized_shape": tuple(int(d) for d in normalized_shape), "epsilon": float(eps),
-             "has_weight": weight is not None, "has_bias": bias is not None}
+    attrs = {
+        "normalized_shape": tuple(int(d) for d in normalized_shape),
+        "epsilon": float(eps),
+        "has_weight": weight is not None,
+        "has_bias": bias is not None,
+    }
     return create_op(LAYER_NORM, [x, *params], attrs)[0]

@@ -112,15 +112,31 @@ def _samples():
     x2, x3, w, b = rand(6, 5, seed=1), rand(2, 3, 5, seed=2), rand(4, 5, seed=3), rand(4, seed=4)
     exact = {"rtol": 0.0, "atol": 0.0}
     return [
-        Sample([x2, w, b], lambda x, w, b: linear(x, w, b), torch.nn.functional.linear,
-               name="2d_addmm", **exact),
-        Sample([x3, w, b], lambda x, w, b: linear(x, w, b), torch.nn.functional.linear,
-               name="3d_addmm", **exact),
-        Sample([x3, w], lambda x, w: linear(x, w), torch.nn.functional.linear, name="no_bias",
-               **exact),
+        Sample(
+            [x2, w, b],
+            lambda x, w, b: linear(x, w, b),
+            torch.nn.functional.linear,
+            name="2d_addmm",
+            **exact,
+        ),
+        Sample(
+            [x3, w, b],
+            lambda x, w, b: linear(x, w, b),
+            torch.nn.functional.linear,
+            name="3d_addmm",
+            **exact,
+        ),
+        Sample(
+            [x3, w], lambda x, w: linear(x, w), torch.nn.functional.linear, name="no_bias", **exact
+        ),
         # eager's matmul path: a non-contiguous 3-D input (seq-first view of batch-first data)
-        Sample([x3, w, b], lambda x, w, b: linear(x, w, b, fold="mm"),
-               _seq_first_linear, name="3d_mm", **exact),
+        Sample(
+            [x3, w, b],
+            lambda x, w, b: linear(x, w, b, fold="mm"),
+            _seq_first_linear,
+            name="3d_mm",
+            **exact,
+        ),
     ]
 
 
@@ -132,17 +148,30 @@ def _grad_samples():
         x, w, b = (t.detach().requires_grad_() for t in (x, w, b))
         with torch.enable_grad():
             return torch.autograd.grad(torch.nn.functional.linear(x, w, b), (x, w, b), g)
+
     inputs = [rand(2, 3, 4, seed=5), rand(2, 3, 5, seed=6), rand(4, 5, seed=7), rand(4, seed=8)]
     return [Sample(inputs, build, ref, grad=False, rtol=0.0, atol=0.0)]
 
 
-LINEAR = register(OpDef("Linear", _infer, _kernel, grad=_grad, cost=_cost, samples=_samples,
-                        out_name="linear_out"))
-LINEAR_GRAD = register(OpDef(
-    "LinearGrad", _grad_infer, _grad_kernel, cost=_grad_cost, samples=_grad_samples,
-    out_name="linear_grad_out",
-    extra={"dead_output_kernels": {frozenset({0}): functools.partial(_grad_kernel, skip_dx=True)},
-           "buffered_kernel": _buffered_grad_kernel}))
+LINEAR = register(
+    OpDef(
+        "Linear", _infer, _kernel, grad=_grad, cost=_cost, samples=_samples, out_name="linear_out"
+    )
+)
+LINEAR_GRAD = register(
+    OpDef(
+        "LinearGrad",
+        _grad_infer,
+        _grad_kernel,
+        cost=_grad_cost,
+        samples=_grad_samples,
+        out_name="linear_grad_out",
+        extra={
+            "dead_output_kernels": {frozenset({0}): functools.partial(_grad_kernel, skip_dx=True)},
+            "buffered_kernel": _buffered_grad_kernel,
+        },
+    )
+)
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, fold: str = "addmm") -> Tensor:

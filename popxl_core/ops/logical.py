@@ -44,18 +44,29 @@ def _pair_samples(fn, ref, seed: int):
 
     return lambda: [
         Sample([data(3, 4, s=seed), data(3, 4, s=seed + 1)], fn, ref, grad=False),
-        Sample([data(2, 3, 4, s=seed + 2), data(4, s=seed + 3)], fn, ref, grad=False,
-               name="broadcast"),
-        Sample([np.array([1, 5, -2], np.int32), np.array([1, 3, 4], np.int32)], fn, ref,
-               grad=False, name="int"),
+        Sample(
+            [data(2, 3, 4, s=seed + 2), data(4, s=seed + 3)], fn, ref, grad=False, name="broadcast"
+        ),
+        Sample(
+            [np.array([1, 5, -2], np.int32), np.array([1, 3, 4], np.int32)],
+            fn,
+            ref,
+            grad=False,
+            name="int",
+        ),
     ]
 
 
 def _bool_samples(fn, ref, seed: int):
     return lambda: [
         Sample([rand(3, 4, seed=seed) > 0, rand(3, 4, seed=seed + 1) > 0], fn, ref, grad=False),
-        Sample([rand(2, 4, seed=seed + 2) > 0, rand(4, seed=seed + 3) > 0], fn, ref,
-               grad=False, name="broadcast"),
+        Sample(
+            [rand(2, 4, seed=seed + 2) > 0, rand(4, seed=seed + 3) > 0],
+            fn,
+            ref,
+            grad=False,
+            name="broadcast",
+        ),
     ]
 
 
@@ -63,35 +74,103 @@ def _special_values():
     return np.array([1.0, np.nan, np.inf, -np.inf, 0.0, -3.5], np.float32)
 
 
-EQUAL = register(OpDef("Equal", _compare_infer, torch.eq, grad=_no_grad,
-                       samples=_pair_samples(lambda a, b: equal(a, b), torch.eq, 400)))
-GREATER = register(OpDef("Greater", _compare_infer, torch.gt, grad=_no_grad,
-                         samples=lambda: _pair_samples(lambda a, b: greater(a, b), torch.gt,
-                                                       410)() + [
-                             Sample([rand(5, seed=415)], lambda a: less(a, 0.25),
-                                    lambda a: a < 0.25, grad=False, name="less"),
-                             Sample([np.array([1.0, 2.0, 3.0], np.float32)],
-                                    lambda a: greater_equal(a, 2.0), lambda a: a >= 2.0,
-                                    grad=False, name="greater_equal")]))
-AND = register(OpDef("And", _compare_infer, torch.logical_and, grad=_no_grad,
-                     samples=_bool_samples(lambda a, b: logical_and(a, b), torch.logical_and,
-                                           420)))
-OR = register(OpDef("Or", _compare_infer, torch.logical_or, grad=_no_grad,
-                    samples=_bool_samples(lambda a, b: logical_or(a, b), torch.logical_or, 430)))
-NOT = register(OpDef(
-    "Not", _unary_bool_infer, torch.logical_not, grad=_no_grad,
-    samples=lambda: [Sample([rand(3, 4, seed=440) > 0], lambda a: logical_not(a),
-                            torch.logical_not, grad=False),
-                     Sample([rand(5, seed=441) > 0], lambda a: ~a, torch.logical_not,
-                            grad=False, name="dunder")]))
-IS_NAN = register(OpDef(
-    "IsNaN", _unary_bool_infer, torch.isnan, grad=_no_grad,
-    samples=lambda: [Sample([_special_values()], lambda a: isnan(a), torch.isnan, grad=False),
-                     Sample([_special_values()], lambda a: isfinite(a), torch.isfinite,
-                            grad=False, name="isfinite")]))
-IS_INF = register(OpDef(
-    "IsInf", _unary_bool_infer, torch.isinf, grad=_no_grad,
-    samples=lambda: [Sample([_special_values()], lambda a: isinf(a), torch.isinf, grad=False)]))
+EQUAL = register(
+    OpDef(
+        "Equal",
+        _compare_infer,
+        torch.eq,
+        grad=_no_grad,
+        samples=_pair_samples(lambda a, b: equal(a, b), torch.eq, 400),
+    )
+)
+GREATER = register(
+    OpDef(
+        "Greater",
+        _compare_infer,
+        torch.gt,
+        grad=_no_grad,
+        samples=lambda: (
+            _pair_samples(lambda a, b: greater(a, b), torch.gt, 410)()
+            + [
+                Sample(
+                    [rand(5, seed=415)],
+                    lambda a: less(a, 0.25),
+                    lambda a: a < 0.25,
+                    grad=False,
+                    name="less",
+                ),
+                Sample(
+                    [np.array([1.0, 2.0, 3.0], np.float32)],
+                    lambda a: greater_equal(a, 2.0),
+                    lambda a: a >= 2.0,
+                    grad=False,
+                    name="greater_equal",
+                ),
+            ]
+        ),
+    )
+)
+AND = register(
+    OpDef(
+        "And",
+        _compare_infer,
+        torch.logical_and,
+        grad=_no_grad,
+        samples=_bool_samples(lambda a, b: logical_and(a, b), torch.logical_and, 420),
+    )
+)
+OR = register(
+    OpDef(
+        "Or",
+        _compare_infer,
+        torch.logical_or,
+        grad=_no_grad,
+        samples=_bool_samples(lambda a, b: logical_or(a, b), torch.logical_or, 430),
+    )
+)
+NOT = register(
+    OpDef(
+        "Not",
+        _unary_bool_infer,
+        torch.logical_not,
+        grad=_no_grad,
+        samples=lambda: [
+            Sample(
+                [rand(3, 4, seed=440) > 0], lambda a: logical_not(a), torch.logical_not, grad=False
+            ),
+            Sample(
+                [rand(5, seed=441) > 0], lambda a: ~a, torch.logical_not, grad=False, name="dunder"
+            ),
+        ],
+    )
+)
+IS_NAN = register(
+    OpDef(
+        "IsNaN",
+        _unary_bool_infer,
+        torch.isnan,
+        grad=_no_grad,
+        samples=lambda: [
+            Sample([_special_values()], lambda a: isnan(a), torch.isnan, grad=False),
+            Sample(
+                [_special_values()],
+                lambda a: isfinite(a),
+                torch.isfinite,
+                grad=False,
+                name="isfinite",
+            ),
+        ],
+    )
+)
+IS_INF = register(
+    OpDef(
+        "IsInf",
+        _unary_bool_infer,
+        torch.isinf,
+        grad=_no_grad,
+        samples=lambda: [Sample([_special_values()], lambda a: isinf(a), torch.isinf, grad=False)],
+    )
+)
 
 
 def _as_bool(t: Tensor) -> Tensor:

@@ -68,6 +68,7 @@ def _log_softmax_grad_kernel(g, y, axis):
 
 def _softmax_grad_samples(fwd, torch_fwd, grad_def):
     """The gradient op on the forward op's output, against torch autograd, bit for bit."""
+
     def build(g, x):
         return create_op(grad_def(), [g, fwd(x, 1)], {"axis": 1})[0]
 
@@ -82,29 +83,65 @@ def _softmax_grad_samples(fwd, torch_fwd, grad_def):
 
 def _softmax_samples(fn, ref):
     return lambda: [
-        Sample([rand(4, 6, low=-3, high=3, seed=300)], lambda x: fn(x, -1),
-               lambda x: ref(x, -1), name="last"),
-        Sample([rand(2, 5, 3, low=-3, high=3, seed=301)], lambda x: fn(x, 1),
-               lambda x: ref(x, 1), name="middle"),
+        Sample(
+            [rand(4, 6, low=-3, high=3, seed=300)],
+            lambda x: fn(x, -1),
+            lambda x: ref(x, -1),
+            name="last",
+        ),
+        Sample(
+            [rand(2, 5, 3, low=-3, high=3, seed=301)],
+            lambda x: fn(x, 1),
+            lambda x: ref(x, 1),
+            name="middle",
+        ),
     ]
 
 
-SOFTMAX = register(OpDef(
-    "Softmax", _softmax_infer, lambda x, axis: torch.softmax(x, axis), grad=_softmax_grad,
-    cost=_softmax_cost, out_name="softmax_out",
-    samples=_softmax_samples(lambda x, a: softmax(x, a), torch.softmax)))
-LOG_SOFTMAX = register(OpDef(
-    "LogSoftmax", _softmax_infer, lambda x, axis: torch.log_softmax(x, axis),
-    grad=_log_softmax_grad, cost=_softmax_cost, out_name="logsoftmax_out",
-    samples=_softmax_samples(lambda x, a: log_softmax(x, a), torch.log_softmax)))
-SOFTMAX_GRAD = register(OpDef(
-    "SoftmaxGrad", _softmax_grad_infer, _softmax_grad_kernel, cost=_softmax_cost,
-    samples=_softmax_grad_samples(lambda x, a: softmax(x, a), torch.softmax,
-                                  lambda: SOFTMAX_GRAD)))
-LOG_SOFTMAX_GRAD = register(OpDef(
-    "LogSoftmaxGrad", _softmax_grad_infer, _log_softmax_grad_kernel, cost=_softmax_cost,
-    samples=_softmax_grad_samples(lambda x, a: log_softmax(x, a), torch.log_softmax,
-                                  lambda: LOG_SOFTMAX_GRAD)))
+SOFTMAX = register(
+    OpDef(
+        "Softmax",
+        _softmax_infer,
+        lambda x, axis: torch.softmax(x, axis),
+        grad=_softmax_grad,
+        cost=_softmax_cost,
+        out_name="softmax_out",
+        samples=_softmax_samples(lambda x, a: softmax(x, a), torch.softmax),
+    )
+)
+LOG_SOFTMAX = register(
+    OpDef(
+        "LogSoftmax",
+        _softmax_infer,
+        lambda x, axis: torch.log_softmax(x, axis),
+        grad=_log_softmax_grad,
+        cost=_softmax_cost,
+        out_name="logsoftmax_out",
+        samples=_softmax_samples(lambda x, a: log_softmax(x, a), torch.log_softmax),
+    )
+)
+SOFTMAX_GRAD = register(
+    OpDef(
+        "SoftmaxGrad",
+        _softmax_grad_infer,
+        _softmax_grad_kernel,
+        cost=_softmax_cost,
+        samples=_softmax_grad_samples(
+            lambda x, a: softmax(x, a), torch.softmax, lambda: SOFTMAX_GRAD
+        ),
+    )
+)
+LOG_SOFTMAX_GRAD = register(
+    OpDef(
+        "LogSoftmaxGrad",
+        _softmax_grad_infer,
+        _log_softmax_grad_kernel,
+        cost=_softmax_cost,
+        samples=_softmax_grad_samples(
+            lambda x, a: log_softmax(x, a), torch.log_softmax, lambda: LOG_SOFTMAX_GRAD
+        ),
+    )
+)
 
 
 def _axis(t: Tensor, axis: int, what: str) -> int:
@@ -132,11 +169,15 @@ def _check_nll(probs, labels) -> None:
     if not probs.dtype.is_floating_point:
         raise TypeError(f"probs must be floating point, got {probs.dtype.name}")
     if not labels.dtype.is_int:
-        raise TypeError(f"labels must be an integer (int32) tensor of class indices, got "
-                        f"{labels.dtype.name}; cast them with ops.cast(labels, popxl.int32)")
+        raise TypeError(
+            f"labels must be an integer (int32) tensor of class indices, got "
+            f"{labels.dtype.name}; cast them with ops.cast(labels, popxl.int32)"
+        )
     if len(probs.shape) < 1 or tuple(labels.shape) != tuple(probs.shape[:-1]):
-        raise ValueError(f"labels shape {labels.shape} must be probs shape {probs.shape} "
-                         "without its last (class) axis")
+        raise ValueError(
+            f"labels shape {labels.shape} must be probs shape {probs.shape} "
+            "without its last (class) axis"
+        )
 
 
 def _pick(probs: torch.Tensor, labels: torch.Tensor, ignore_index):
@@ -213,8 +254,12 @@ def _torch_nll(p, labels, reduction="mean", ignore_index=None, log_prob=False):
     logp = p if log_prob else torch.log(p)
     # torch wants the class axis at dim 1.
     logp = logp.movedim(-1, 1) if logp.dim() > 2 else logp
-    return F.nll_loss(logp, labels.long(), reduction=reduction,
-                      ignore_index=-100 if ignore_index is None else ignore_index)
+    return F.nll_loss(
+        logp,
+        labels.long(),
+        reduction=reduction,
+        ignore_index=-100 if ignore_index is None else ignore_index,
+    )
 
 
 def _ignored_labels(seed: int) -> np.ndarray:
@@ -225,20 +270,36 @@ def _ignored_labels(seed: int) -> np.ndarray:
 
 def _nll_samples():
     return [
-        Sample([_probs(5, 4, seed=310), randint(5, high=4, seed=311)],
-               lambda p, lab: nll_loss(p, lab), _torch_nll, name="mean"),
-        Sample([_probs(2, 3, 4, seed=312), randint(2, 3, high=4, seed=313)],
-               lambda p, lab: nll_loss(p, lab, reduction="sum"),
-               lambda p, lab: _torch_nll(p, lab, "sum"), name="sum_3d"),
-        Sample([_probs(6, 4, seed=314), _ignored_labels(315)],
-               lambda p, lab: nll_loss(p, lab, ignore_index=2),
-               lambda p, lab: _torch_nll(p, lab, "mean", 2), name="ignore_mean"),
-        Sample([_probs(6, 4, seed=316), _ignored_labels(317)],
-               lambda p, lab: nll_loss(p, lab, ignore_index=2, reduction="none"),
-               lambda p, lab: _torch_nll(p, lab, "none", 2), name="ignore_none"),
-        Sample([np.log(_probs(5, 3, seed=318)), randint(5, high=3, seed=319)],
-               lambda p, lab: nll_loss(p, lab, log_prob=True),
-               lambda p, lab: _torch_nll(p, lab, log_prob=True), name="log_prob"),
+        Sample(
+            [_probs(5, 4, seed=310), randint(5, high=4, seed=311)],
+            lambda p, lab: nll_loss(p, lab),
+            _torch_nll,
+            name="mean",
+        ),
+        Sample(
+            [_probs(2, 3, 4, seed=312), randint(2, 3, high=4, seed=313)],
+            lambda p, lab: nll_loss(p, lab, reduction="sum"),
+            lambda p, lab: _torch_nll(p, lab, "sum"),
+            name="sum_3d",
+        ),
+        Sample(
+            [_probs(6, 4, seed=314), _ignored_labels(315)],
+            lambda p, lab: nll_loss(p, lab, ignore_index=2),
+            lambda p, lab: _torch_nll(p, lab, "mean", 2),
+            name="ignore_mean",
+        ),
+        Sample(
+            [_probs(6, 4, seed=316), _ignored_labels(317)],
+            lambda p, lab: nll_loss(p, lab, ignore_index=2, reduction="none"),
+            lambda p, lab: _torch_nll(p, lab, "none", 2),
+            name="ignore_none",
+        ),
+        Sample(
+            [np.log(_probs(5, 3, seed=318)), randint(5, high=3, seed=319)],
+            lambda p, lab: nll_loss(p, lab, log_prob=True),
+            lambda p, lab: _torch_nll(p, lab, log_prob=True),
+            name="log_prob",
+        ),
     ]
 
 
@@ -250,21 +311,35 @@ def _nll_grad_samples():
             return torch.autograd.grad(loss, p, g)[0]
 
     return [
-        Sample([_probs(6, 4, seed=320), _ignored_labels(321), rand(6, seed=322)],
-               lambda p, lab, g: _nll_grad_op(p, lab, g, "none", 2, False),
-               lambda p, lab, g: ref(p, lab, g, reduction="none", ignore_index=2),
-               grad=False, name="none"),
-        Sample([_probs(6, 4, seed=323), _ignored_labels(324), np.float32(0.7)],
-               lambda p, lab, g: _nll_grad_op(p, lab, g, "mean", 2, True),
-               lambda p, lab, g: ref(p, lab, g, reduction="mean", ignore_index=2, log_prob=True),
-               grad=False, name="mean_log_prob"),
+        Sample(
+            [_probs(6, 4, seed=320), _ignored_labels(321), rand(6, seed=322)],
+            lambda p, lab, g: _nll_grad_op(p, lab, g, "none", 2, False),
+            lambda p, lab, g: ref(p, lab, g, reduction="none", ignore_index=2),
+            grad=False,
+            name="none",
+        ),
+        Sample(
+            [_probs(6, 4, seed=323), _ignored_labels(324), np.float32(0.7)],
+            lambda p, lab, g: _nll_grad_op(p, lab, g, "mean", 2, True),
+            lambda p, lab, g: ref(p, lab, g, reduction="mean", ignore_index=2, log_prob=True),
+            grad=False,
+            name="mean_log_prob",
+        ),
     ]
 
 
-NLL = register(OpDef("Nll", _nll_infer, _nll_kernel, grad=_nll_grad, samples=_nll_samples,
-                     out_name="nll_out"))
-NLL_GRAD = register(OpDef("NllGrad", _nll_grad_infer, _nll_grad_kernel, samples=_nll_grad_samples,
-                          out_name="nllgrad_out"))
+NLL = register(
+    OpDef("Nll", _nll_infer, _nll_kernel, grad=_nll_grad, samples=_nll_samples, out_name="nll_out")
+)
+NLL_GRAD = register(
+    OpDef(
+        "NllGrad",
+        _nll_grad_infer,
+        _nll_grad_kernel,
+        samples=_nll_grad_samples,
+        out_name="nllgrad_out",
+    )
+)
 
 
 def _nll_grad_op(probs, labels, g, reduction, ignore_index, log_prob):
@@ -272,8 +347,13 @@ def _nll_grad_op(probs, labels, g, reduction, ignore_index, log_prob):
     return create_op(NLL_GRAD, [probs, labels, g], attrs)[0]
 
 
-def nll_loss(probs: Tensor, labels: Tensor, ignore_index: int | None = None,
-             reduction: REDUCTION_TYPE = "mean", log_prob: bool = False) -> Tensor:
+def nll_loss(
+    probs: Tensor,
+    labels: Tensor,
+    ignore_index: int | None = None,
+    reduction: REDUCTION_TYPE = "mean",
+    log_prob: bool = False,
+) -> Tensor:
     """Negative log likelihood of ``labels`` under ``probs`` (classes on the last axis)."""
     _check_attrs(reduction, ignore_index)
     attrs = {"reduction": reduction, "ignore_index": ignore_index, "log_prob": bool(log_prob)}
@@ -320,40 +400,67 @@ def _direct_samples():
     def ref(logits, lab, g=None, *, lg=1.0, reduction="mean", ignore_index=None):
         x = logits.detach().requires_grad_()
         with torch.enable_grad():
-            loss = F.cross_entropy(x, lab.long(), reduction=reduction,
-                                   ignore_index=-100 if ignore_index is None else ignore_index)
+            loss = F.cross_entropy(
+                x,
+                lab.long(),
+                reduction=reduction,
+                ignore_index=-100 if ignore_index is None else ignore_index,
+            )
             scale = g if g is not None else torch.tensor(lg)
             dx = torch.autograd.grad(loss, x, torch.ones_like(loss) * scale)[0]
         return loss.detach(), dx
 
     logits = rand(6, 4, low=-2, high=2, seed=330)
     return [
-        Sample([logits, randint(6, high=4, seed=331)],
-               lambda x, lab: nll_loss_with_softmax_grad(softmax(x, 1), lab), ref,
-               grad=False, name="mean"),
-        Sample([logits, _ignored_labels(332)],
-               lambda x, lab: nll_loss_with_softmax_grad(softmax(x, -1), lab, 0.5, 2, "sum"),
-               lambda x, lab: ref(x, lab, lg=0.5, reduction="sum", ignore_index=2),
-               grad=False, name="sum_ignore"),
-        Sample([logits, _ignored_labels(333), np.float32(1.5)],
-               lambda x, lab, g: nll_loss_with_softmax_grad(softmax(x, -1), lab, g, 2),
-               lambda x, lab, g: ref(x, lab, g, ignore_index=2), grad=False,
-               name="tensor_loss_grad"),
-        Sample([logits, randint(6, high=4, seed=334)],
-               lambda x, lab: nll_loss_with_softmax_grad(softmax(x, -1), lab, 2.0,
-                                                         reduction="none"),
-               lambda x, lab: ref(x, lab, lg=2.0, reduction="none"), grad=False, name="none"),
+        Sample(
+            [logits, randint(6, high=4, seed=331)],
+            lambda x, lab: nll_loss_with_softmax_grad(softmax(x, 1), lab),
+            ref,
+            grad=False,
+            name="mean",
+        ),
+        Sample(
+            [logits, _ignored_labels(332)],
+            lambda x, lab: nll_loss_with_softmax_grad(softmax(x, -1), lab, 0.5, 2, "sum"),
+            lambda x, lab: ref(x, lab, lg=0.5, reduction="sum", ignore_index=2),
+            grad=False,
+            name="sum_ignore",
+        ),
+        Sample(
+            [logits, _ignored_labels(333), np.float32(1.5)],
+            lambda x, lab, g: nll_loss_with_softmax_grad(softmax(x, -1), lab, g, 2),
+            lambda x, lab, g: ref(x, lab, g, ignore_index=2),
+            grad=False,
+            name="tensor_loss_grad",
+        ),
+        Sample(
+            [logits, randint(6, high=4, seed=334)],
+            lambda x, lab: nll_loss_with_softmax_grad(softmax(x, -1), lab, 2.0, reduction="none"),
+            lambda x, lab: ref(x, lab, lg=2.0, reduction="none"),
+            grad=False,
+            name="none",
+        ),
     ]
 
 
-NLL_SOFTMAX_GRAD = register(OpDef(
-    "NlllWithSoftmaxGradDirect", _direct_infer, _direct_kernel, samples=_direct_samples,
-    out_name="nlllwithsoftmaxgraddirect_out"))
+NLL_SOFTMAX_GRAD = register(
+    OpDef(
+        "NlllWithSoftmaxGradDirect",
+        _direct_infer,
+        _direct_kernel,
+        samples=_direct_samples,
+        out_name="nlllwithsoftmaxgraddirect_out",
+    )
+)
 
 
-def nll_loss_with_softmax_grad(probs: Tensor, labels: Tensor, loss_grad: float | Tensor = 1,
-                               ignore_index: int | None = None,
-                               reduction: REDUCTION_TYPE = "mean") -> tuple[Tensor, Tensor]:
+def nll_loss_with_softmax_grad(
+    probs: Tensor,
+    labels: Tensor,
+    loss_grad: float | Tensor = 1,
+    ignore_index: int | None = None,
+    reduction: REDUCTION_TYPE = "mean",
+) -> tuple[Tensor, Tensor]:
     """NLL of softmax ``probs`` and dL/dlogits of softmax+NLL, scaled by ``loss_grad``."""
     _check_attrs(reduction, ignore_index)
     inputs = [probs, labels]

@@ -25,6 +25,7 @@ def _norm_cost(flops_per_elm: int):
     def cost(ins, outs, attrs) -> Cost:
         nbytes = sum(s.nbytes for s in ins) + sum(s.nbytes for s in outs)
         return Cost(flops_per_elm * ins[0].nelms if ins[0].shape else 0, nbytes)
+
     return cost
 
 
@@ -37,8 +38,10 @@ def _check_channel_params(x, params: Sequence, names: Sequence[str]) -> int:
     c = x.shape[1]
     for p, name in zip(params, names):
         if tuple(p.shape) != (c,):
-            raise ValueError(f"{name} must have shape ({c},) (the channels, dim 1 of the input "
-                             f"{tuple(x.shape)}), got {tuple(p.shape)}")
+            raise ValueError(
+                f"{name} must have shape ({c},) (the channels, dim 1 of the input "
+                f"{tuple(x.shape)}), got {tuple(p.shape)}"
+            )
     return c
 
 
@@ -85,8 +88,10 @@ def _gn_grad_kernel(dy, x, w, mean, inv, num_groups):
 
 def _gn_grad(ctx):
     if ctx.grad_output(1) is not None or ctx.grad_output(2) is not None:
-        raise NotImplementedError("GroupNormalization: gradients through the mean and inverse "
-                                  "standard deviation outputs are not supported")
+        raise NotImplementedError(
+            "GroupNormalization: gradients through the mean and inverse "
+            "standard deviation outputs are not supported"
+        )
     ins = [ctx.grad_output(0), ctx.input(0), ctx.input(1), ctx.output(1), ctx.output(2)]
     return create_op(GROUP_NORM_GRAD, ins, {"num_groups": ctx.attrs["num_groups"]})
 
@@ -94,15 +99,24 @@ def _gn_grad(ctx):
 def _gn_samples():
     def case(shape, groups, k, eps=1e-5):
         c = shape[1]
-        inputs = [rand(*shape, seed=k), rand(c, low=0.5, high=1.5, seed=k + 1),
-                  rand(c, seed=k + 2)]
-        return Sample(inputs, lambda x, w, b: group_norm(x, w, b, groups, eps),
-                      lambda x, w, b: F.group_norm(x, groups, w, b, eps), rtol=1e-4, atol=1e-5,
-                      name=f"{len(shape)}d_g{groups}")
-    layer = Sample([rand(5, 8, seed=80), rand(8, low=0.5, high=1.5, seed=81), rand(8, seed=82)],
-                   lambda x, w, b: layer_norm(x, w, b, 1e-3),
-                   lambda x, w, b: F.layer_norm(x, (8,), w, b, 1e-3), rtol=1e-4, atol=1e-5,
-                   name="layer_norm")
+        inputs = [rand(*shape, seed=k), rand(c, low=0.5, high=1.5, seed=k + 1), rand(c, seed=k + 2)]
+        return Sample(
+            inputs,
+            lambda x, w, b: group_norm(x, w, b, groups, eps),
+            lambda x, w, b: F.group_norm(x, groups, w, b, eps),
+            rtol=1e-4,
+            atol=1e-5,
+            name=f"{len(shape)}d_g{groups}",
+        )
+
+    layer = Sample(
+        [rand(5, 8, seed=80), rand(8, low=0.5, high=1.5, seed=81), rand(8, seed=82)],
+        lambda x, w, b: layer_norm(x, w, b, 1e-3),
+        lambda x, w, b: F.layer_norm(x, (8,), w, b, 1e-3),
+        rtol=1e-4,
+        atol=1e-5,
+        name="layer_norm",
+    )
     return [case((2, 6, 3, 4), 3, 70), case((4, 6), 2, 73), case((2, 4, 5), 1, 76, 1e-2), layer]
 
 
@@ -116,20 +130,42 @@ def _gn_grad_samples():
         with torch.enable_grad():
             y = F.group_norm(x, 2, w, b, 1e-5)
             return torch.autograd.grad(y, (x, w, b), dy)
-    inputs = [rand(3, 4, 5, seed=84), rand(3, 4, 5, seed=85), rand(4, low=0.5, seed=86),
-              rand(4, seed=87)]
+
+    inputs = [
+        rand(3, 4, 5, seed=84),
+        rand(3, 4, 5, seed=85),
+        rand(4, low=0.5, seed=86),
+        rand(4, seed=87),
+    ]
     return [Sample(inputs, build, ref, grad=False, rtol=1e-4, atol=1e-5)]
 
 
-GROUP_NORM = register(OpDef("GroupNormalization", floating(_gn_infer), _gn_kernel, grad=_gn_grad,
-                            cost=_norm_cost(8), samples=_gn_samples, out_name="group_norm_out"))
-GROUP_NORM_GRAD = register(OpDef("GroupNormalizationGrad", _gn_grad_infer, _gn_grad_kernel,
-                                 cost=_norm_cost(12), samples=_gn_grad_samples,
-                                 out_name="group_norm_grad_out"))
+GROUP_NORM = register(
+    OpDef(
+        "GroupNormalization",
+        floating(_gn_infer),
+        _gn_kernel,
+        grad=_gn_grad,
+        cost=_norm_cost(8),
+        samples=_gn_samples,
+        out_name="group_norm_out",
+    )
+)
+GROUP_NORM_GRAD = register(
+    OpDef(
+        "GroupNormalizationGrad",
+        _gn_grad_infer,
+        _gn_grad_kernel,
+        cost=_norm_cost(12),
+        samples=_gn_grad_samples,
+        out_name="group_norm_grad_out",
+    )
+)
 
 
-def group_norm(t: Tensor, weight: Tensor, bias: Tensor, num_groups: int,
-               eps: float = 1e-5) -> Tensor:
+def group_norm(
+    t: Tensor, weight: Tensor, bias: Tensor, num_groups: int, eps: float = 1e-5
+) -> Tensor:
     """Normalise ``t`` (N, C, ...) over each group of C/num_groups channels, then scale and
     shift per channel by ``weight`` and ``bias`` (shape (C,))."""
     attrs = {"num_groups": int(num_groups), "epsilon": float(eps)}
@@ -142,9 +178,11 @@ def layer_norm(t: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5) -> Te
     for a 2-D ``t`` is the usual layer norm over the last axis."""
     shape, w_shape = tuple(t.shape), tuple(weight.shape)
     if len(shape) > 2 and w_shape == shape[-1:] and w_shape != shape[1:2]:
-        raise ValueError(f"layer_norm: the weight {w_shape} matches the last axis of the input "
-                         f"{shape}, but popxl's layer_norm scales along axis 1. Reshape the "
-                         f"input to 2-D first: t.reshape((-1, {shape[-1]})).")
+        raise ValueError(
+            f"layer_norm: the weight {w_shape} matches the last axis of the input "
+            f"{shape}, but popxl's layer_norm scales along axis 1. Reshape the "
+            f"input to 2-D first: t.reshape((-1, {shape[-1]}))."
+        )
     return group_norm(t, weight, bias, 1, eps)
 
 
@@ -171,34 +209,54 @@ def _bn_grad_kernel(dy, x, scale, mean, var, epsilon):
     dbias = dy.sum(axes)
     dcentred = (dy * centred).sum(axes)
     dx = dy * (scale * inv).reshape(b)
-    return dx, dcentred * inv, dbias, -dbias * scale * inv, -0.5 * dcentred * scale * inv ** 3
+    return dx, dcentred * inv, dbias, -dbias * scale * inv, -0.5 * dcentred * scale * inv**3
 
 
 def _bn_grad(ctx):
     ins = [ctx.grad_output(0), *(ctx.input(i) for i in (0, 1, 3, 4))]
-    dx, dscale, dbias, dmean, dvar = create_op(BATCH_NORM_GRAD, ins,
-                                               {"epsilon": ctx.attrs["epsilon"]})
+    dx, dscale, dbias, dmean, dvar = create_op(
+        BATCH_NORM_GRAD, ins, {"epsilon": ctx.attrs["epsilon"]}
+    )
     return [dx, dscale, dbias, dmean, dvar]
 
 
 def _bn_reference(eps):
     def ref(x, scale, bias, mean, var):
         b = (1, -1) + (1,) * (x.dim() - 2)
-        return (x - mean.reshape(b)) / torch.sqrt(var.reshape(b) + eps) * scale.reshape(b) \
-            + bias.reshape(b)
+        return (x - mean.reshape(b)) / torch.sqrt(var.reshape(b) + eps) * scale.reshape(
+            b
+        ) + bias.reshape(b)
+
     return ref
 
 
 def _bn_samples():
     def inputs(shape, k):
         c = shape[1]
-        return [rand(*shape, seed=k), rand(c, low=0.5, high=1.5, seed=k + 1), rand(c, seed=k + 2),
-                rand(c, seed=k + 3), rand(c, low=0.5, high=2.0, seed=k + 4)]
+        return [
+            rand(*shape, seed=k),
+            rand(c, low=0.5, high=1.5, seed=k + 1),
+            rand(c, seed=k + 2),
+            rand(c, seed=k + 3),
+            rand(c, low=0.5, high=2.0, seed=k + 4),
+        ]
+
     return [
-        Sample(inputs((2, 3, 4, 5), 90), lambda *a: batch_norm_inference(*a),
-               _bn_reference(1e-5), rtol=1e-4, atol=1e-5),
-        Sample(inputs((6, 4), 95), lambda *a: batch_norm_inference(*a, epsilon=1e-2),
-               _bn_reference(1e-2), rtol=1e-4, atol=1e-5, name="2d"),
+        Sample(
+            inputs((2, 3, 4, 5), 90),
+            lambda *a: batch_norm_inference(*a),
+            _bn_reference(1e-5),
+            rtol=1e-4,
+            atol=1e-5,
+        ),
+        Sample(
+            inputs((6, 4), 95),
+            lambda *a: batch_norm_inference(*a, epsilon=1e-2),
+            _bn_reference(1e-2),
+            rtol=1e-4,
+            atol=1e-5,
+            name="2d",
+        ),
     ]
 
 
@@ -210,23 +268,52 @@ def _bn_grad_samples():
         args = [a.detach().requires_grad_() for a in args]
         with torch.enable_grad():
             return torch.autograd.grad(_bn_reference(1e-3)(*args), args, dy)
+
     c = 3
-    inputs = [rand(2, c, 4, seed=100), rand(2, c, 4, seed=101), rand(c, low=0.5, seed=102),
-              rand(c, seed=103), rand(c, seed=104), rand(c, low=0.5, high=2.0, seed=105)]
+    inputs = [
+        rand(2, c, 4, seed=100),
+        rand(2, c, 4, seed=101),
+        rand(c, low=0.5, seed=102),
+        rand(c, seed=103),
+        rand(c, seed=104),
+        rand(c, low=0.5, high=2.0, seed=105),
+    ]
     # bias is not an input of the grad op, but dbias (= sum of dy) is one of its outputs
     return [Sample(inputs, build, ref, grad=False, rtol=1e-4, atol=1e-5)]
 
 
-BATCH_NORM = register(OpDef("BatchNormalization", floating(_bn_infer), _bn_kernel, grad=_bn_grad,
-                            cost=_norm_cost(4), samples=_bn_samples,
-                            out_name="batch_norm_out"))
-BATCH_NORM_GRAD = register(OpDef("BatchNormalizationGrad", _bn_grad_infer, _bn_grad_kernel,
-                                 cost=_norm_cost(6), samples=_bn_grad_samples,
-                                 out_name="batch_norm_grad_out"))
+BATCH_NORM = register(
+    OpDef(
+        "BatchNormalization",
+        floating(_bn_infer),
+        _bn_kernel,
+        grad=_bn_grad,
+        cost=_norm_cost(4),
+        samples=_bn_samples,
+        out_name="batch_norm_out",
+    )
+)
+BATCH_NORM_GRAD = register(
+    OpDef(
+        "BatchNormalizationGrad",
+        _bn_grad_infer,
+        _bn_grad_kernel,
+        cost=_norm_cost(6),
+        samples=_bn_grad_samples,
+        out_name="batch_norm_grad_out",
+    )
+)
 
 
-def batch_norm_inference(t: Tensor, scale: Tensor, bias: Tensor, mean: Tensor, var: Tensor,
-                         epsilon: float = 1e-5, momentum: float = 0.9) -> Tensor:
+def batch_norm_inference(
+    t: Tensor,
+    scale: Tensor,
+    bias: Tensor,
+    mean: Tensor,
+    var: Tensor,
+    epsilon: float = 1e-5,
+    momentum: float = 0.9,
+) -> Tensor:
     """Batch normalisation with fixed statistics: (t - mean) / sqrt(var + eps) * scale + bias,
     per channel (dim 1). ``momentum`` only matters in training and is kept for the API."""
     attrs = {"epsilon": float(epsilon), "momentum": float(momentum)}

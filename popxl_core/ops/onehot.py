@@ -19,8 +19,9 @@ def _infer(ins, axis, depth):
     if num_classes.shape not in ((), (1,)):
         raise ValueError(f"onehot num_classes must be a scalar, got shape {num_classes.shape}")
     if values.shape != (2,):
-        raise ValueError(f"onehot values must be [off_value, on_value] of shape (2,), got "
-                         f"{values.shape}")
+        raise ValueError(
+            f"onehot values must be [off_value, on_value] of shape (2,), got {values.shape}"
+        )
     rank = len(t.shape) + 1
     if not -rank <= axis < rank:
         raise ValueError(f"onehot axis {axis} is out of range for an output of rank {rank}")
@@ -43,8 +44,9 @@ def _grad(ctx):
 
     values = ctx.op.inputs[2]
     g = ctx.grad_output(0)
-    mask = onehot(ctx.input(0), ctx.input(1), constant(np.array([0, 1]), values.dtype),
-                  ctx.attrs["axis"])
+    mask = onehot(
+        ctx.input(0), ctx.input(1), constant(np.array([0, 1]), values.dtype), ctx.attrs["axis"]
+    )
     on = reduce_sum(mul(g, mask))
     off = sub(reduce_sum(g), on)
     return [None, None, concat([reshape(off, (1,)), reshape(on, (1,))])]
@@ -55,21 +57,30 @@ def _reference(depth, axis):
         idx = torch.where(t < 0, t + depth, t).long()
         hot = torch.nn.functional.one_hot(idx, depth).bool().movedim(-1, axis)
         return torch.where(hot, v[1], v[0])
+
     return ref
 
 
 def _samples():
     vals = rand(2, seed=7)
     return [
-        Sample([randint(2, 3, high=5, seed=1), vals],
-               lambda t, v: onehot(t, constant(5), v, -1), _reference(5, -1)),
-        Sample([np.array([3, -1, 0, 2], np.int32), vals],
-               lambda t, v: onehot(t, constant(4), v, 0), _reference(4, 0), name="axis0"),
+        Sample(
+            [randint(2, 3, high=5, seed=1), vals],
+            lambda t, v: onehot(t, constant(5), v, -1),
+            _reference(5, -1),
+        ),
+        Sample(
+            [np.array([3, -1, 0, 2], np.int32), vals],
+            lambda t, v: onehot(t, constant(4), v, 0),
+            _reference(4, 0),
+            name="axis0",
+        ),
     ]
 
 
-ONEHOT = register(OpDef("OneHot", _infer, _kernel, grad=_grad, samples=_samples,
-                        out_name="onehot_out"))
+ONEHOT = register(
+    OpDef("OneHot", _infer, _kernel, grad=_grad, samples=_samples, out_name="onehot_out")
+)
 
 
 def onehot(t: Tensor, num_classes: Tensor, values: Tensor, axis: int) -> Tensor:
@@ -80,7 +91,9 @@ def onehot(t: Tensor, num_classes: Tensor, values: Tensor, axis: int) -> Tensor:
     if not isinstance(num_classes, Tensor):
         num_classes = constant(int(num_classes))
     if not isinstance(num_classes, Constant):
-        raise TypeError(f"onehot num_classes must be a popxl.constant (it fixes the output "
-                        f"shape), got {num_classes!r}")
+        raise TypeError(
+            f"onehot num_classes must be a popxl.constant (it fixes the output "
+            f"shape), got {num_classes!r}"
+        )
     depth = int(np.asarray(num_classes._data).reshape(-1)[0])
     return create_op(ONEHOT, [t, num_classes, values], {"axis": int(axis), "depth": depth})[0]

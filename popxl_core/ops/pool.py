@@ -27,8 +27,10 @@ def _out_size(n, k, s, pb, pe, d, ceil_mode) -> int:
     ek = sp.effective_kernel(k, d)
     span = n + pb + pe - ek
     if span < 0 or pb >= ek or pe >= ek:
-        raise ValueError(f"a pooling window of {ek} does not fit the input size {n} with pads "
-                         f"({pb}, {pe}) (pads must be smaller than the window)")
+        raise ValueError(
+            f"a pooling window of {ek} does not fit the input size {n} with pads "
+            f"({pb}, {pe}) (pads must be smaller than the window)"
+        )
     out = (-(-span // s) if ceil_mode else span // s) + 1
     # torch's and ONNX's rule: the last window must start inside the input or the begin pad
     if ceil_mode and (out - 1) * s >= n + pb:
@@ -40,12 +42,15 @@ def _pool_infer(ins, kernel, strides, pads, ceil_mode, dilation=None, **_):
     x = ins[0]
     r = sp.check_rank(x.shape, "pooling")
     if len(kernel) != r:
-        raise ValueError(f"kernel_size {tuple(kernel)} must have {r} values for the input "
-                         f"{tuple(x.shape)}")
+        raise ValueError(
+            f"kernel_size {tuple(kernel)} must have {r} values for the input {tuple(x.shape)}"
+        )
     check_float(x, "the pooling input")
     dil = dilation or (1,) * r
-    out = [_out_size(x.shape[2 + i], kernel[i], strides[i], pads[i], pads[r + i], dil[i],
-                     ceil_mode) for i in range(r)]
+    out = [
+        _out_size(x.shape[2 + i], kernel[i], strides[i], pads[i], pads[r + i], dil[i], ceil_mode)
+        for i in range(r)
+    ]
     return [spec((*x.shape[:2], *out), x.dtype)]
 
 
@@ -58,14 +63,17 @@ def _crop_to(y: torch.Tensor, sizes) -> torch.Tensor:
 def _out_sizes(x, kernel, strides, pads, ceil_mode, dilation=None):
     r = len(kernel)
     dil = dilation or (1,) * r
-    return [_out_size(x.shape[2 + i], kernel[i], strides[i], pads[i], pads[r + i], dil[i],
-                      ceil_mode) for i in range(r)]
+    return [
+        _out_size(x.shape[2 + i], kernel[i], strides[i], pads[i], pads[r + i], dil[i], ceil_mode)
+        for i in range(r)
+    ]
 
 
 def _sum_pool(x, kernel, strides, ceil_mode):
     if len(kernel) == 1:
-        y = F.avg_pool2d(x.unsqueeze(-2), (1, kernel[0]), (1, strides[0]), 0, ceil_mode,
-                         divisor_override=1)
+        y = F.avg_pool2d(
+            x.unsqueeze(-2), (1, kernel[0]), (1, strides[0]), 0, ceil_mode, divisor_override=1
+        )
         return y.squeeze(-2)
     pool = F.avg_pool2d if len(kernel) == 2 else F.avg_pool3d
     return pool(x, kernel, strides, 0, ceil_mode, divisor_override=1)
@@ -74,8 +82,9 @@ def _sum_pool(x, kernel, strides, ceil_mode):
 def _avg_kernel(x, kernel, strides, pads, ceil_mode, count_include_pad=False):
     sums = _sum_pool(sp.prepad(x, pads), kernel, strides, ceil_mode)
     ones = x.new_ones((1, 1, *x.shape[2:]))
-    counts = _sum_pool(sp.prepad(ones, pads, 1.0 if count_include_pad else 0.0), kernel,
-                       strides, ceil_mode)
+    counts = _sum_pool(
+        sp.prepad(ones, pads, 1.0 if count_include_pad else 0.0), kernel, strides, ceil_mode
+    )
     return _crop_to(sums / counts, _out_sizes(x, kernel, strides, pads, ceil_mode))
 
 
@@ -84,7 +93,8 @@ def _native_pads(kernel, pads, dilation) -> bool:
     the effective window, where its output size rule is `_out_size`'s."""
     r = len(kernel)
     return sp.is_symmetric(pads) and all(
-        pads[i] <= sp.effective_kernel(kernel[i], dilation[i]) // 2 for i in range(r))
+        pads[i] <= sp.effective_kernel(kernel[i], dilation[i]) // 2 for i in range(r)
+    )
 
 
 def _max_kernel(x, kernel, strides, pads, ceil_mode, dilation):
@@ -158,65 +168,123 @@ def _ref_avg(kernel, strides, pads, ceil_mode=False):
         xp = F.pad(x, sp.torch_pads(pads))
         ones = F.pad(torch.ones_like(x), sp.torch_pads(pads))
         n, c = x.shape[:2]
-        out = [(x.shape[2 + i] + pads[i] + pads[r + i] - kernel[i]) // strides[i] + 1
-               for i in range(r)]
+        out = [
+            (x.shape[2 + i] + pads[i] + pads[r + i] - kernel[i]) // strides[i] + 1 for i in range(r)
+        ]
         sums = unfold(xp.reshape(n * c, 1, *xp.shape[2:])).sum(1)
         counts = unfold(ones.reshape(n * c, 1, *xp.shape[2:])).sum(1)
         return (sums / counts).reshape(n, c, *out)
+
     return ref
 
 
 def _avg_samples():
     S = Sample
     return [
-        S([rand(2, 3, 6, 7, seed=110)], lambda x: average_pool(x, (2, 3)),
-          _ref_avg((2, 3), (1, 1), (0,) * 4), name="default_stride_1"),
-        S([rand(2, 3, 6, 7, seed=116)], lambda x: average_pool(x, (2, 3), (2, 3)),
-          _ref_avg((2, 3), (2, 3), (0,) * 4), name="stride_kernel"),
-        S([rand(2, 3, 7, 7, seed=111)], lambda x: average_pool(x, (3, 3), (2, 2), (1, 1, 1, 1)),
-          _ref_avg((3, 3), (2, 2), (1, 1, 1, 1)), name="padded"),
-        S([rand(1, 2, 6, 5, seed=112)], lambda x: average_pool(x, (3, 2), (2, 1), (1, 0, 2, 1)),
-          _ref_avg((3, 2), (2, 1), (1, 0, 2, 1)), name="asym"),
-        S([rand(2, 2, 8, seed=113)],
-          lambda x: average_pool(x, (3,), (2,), (1, 1), ceil_mode=True),
-          _ref_avg((3,), (2,), (1, 1), True), name="1d_ceil"),
-        S([rand(1, 2, 4, 5, 6, seed=114)], lambda x: average_pool(x, (2, 2, 3)),
-          _ref_avg((2, 2, 3), (1, 1, 1), (0,) * 6), name="3d"),
-        S([rand(2, 2, 5, 6, seed=115)],
-          lambda x: create_op(AVERAGE_POOL, [x], {"kernel": (3, 3), "strides": (2, 2),
-                                                  "pads": (1,) * 4, "ceil_mode": True,
-                                                  "count_include_pad": True})[0],
-          lambda x: F.avg_pool2d(x, 3, 2, 1, True, count_include_pad=True),
-          name="count_include_pad_ceil"),
+        S(
+            [rand(2, 3, 6, 7, seed=110)],
+            lambda x: average_pool(x, (2, 3)),
+            _ref_avg((2, 3), (1, 1), (0,) * 4),
+            name="default_stride_1",
+        ),
+        S(
+            [rand(2, 3, 6, 7, seed=116)],
+            lambda x: average_pool(x, (2, 3), (2, 3)),
+            _ref_avg((2, 3), (2, 3), (0,) * 4),
+            name="stride_kernel",
+        ),
+        S(
+            [rand(2, 3, 7, 7, seed=111)],
+            lambda x: average_pool(x, (3, 3), (2, 2), (1, 1, 1, 1)),
+            _ref_avg((3, 3), (2, 2), (1, 1, 1, 1)),
+            name="padded",
+        ),
+        S(
+            [rand(1, 2, 6, 5, seed=112)],
+            lambda x: average_pool(x, (3, 2), (2, 1), (1, 0, 2, 1)),
+            _ref_avg((3, 2), (2, 1), (1, 0, 2, 1)),
+            name="asym",
+        ),
+        S(
+            [rand(2, 2, 8, seed=113)],
+            lambda x: average_pool(x, (3,), (2,), (1, 1), ceil_mode=True),
+            _ref_avg((3,), (2,), (1, 1), True),
+            name="1d_ceil",
+        ),
+        S(
+            [rand(1, 2, 4, 5, 6, seed=114)],
+            lambda x: average_pool(x, (2, 2, 3)),
+            _ref_avg((2, 2, 3), (1, 1, 1), (0,) * 6),
+            name="3d",
+        ),
+        S(
+            [rand(2, 2, 5, 6, seed=115)],
+            lambda x: create_op(
+                AVERAGE_POOL,
+                [x],
+                {
+                    "kernel": (3, 3),
+                    "strides": (2, 2),
+                    "pads": (1,) * 4,
+                    "ceil_mode": True,
+                    "count_include_pad": True,
+                },
+            )[0],
+            lambda x: F.avg_pool2d(x, 3, 2, 1, True, count_include_pad=True),
+            name="count_include_pad_ceil",
+        ),
     ]
 
 
 def _max_samples():
     S = Sample
     return [
-        S([rand(2, 3, 6, 7, seed=120)], lambda x: max_pool(x, (2, 2)),
-          lambda x: F.max_pool2d(x, 2, 1), name="default_stride_1"),
-        S([rand(2, 3, 6, 7, seed=125)], lambda x: max_pool(x, (2, 2), (2, 2)),
-          lambda x: F.max_pool2d(x, 2), name="stride_kernel"),
-        S([rand(2, 3, 9, 8, seed=121)],
-          lambda x: max_pool(x, (3, 2), (2, 1), (1, 1, 1, 1), dilation=(2, 1)),
-          lambda x: F.max_pool2d(x, (3, 2), (2, 1), 1, (2, 1)), name="dilated"),
-        S([rand(1, 2, 7, seed=122)], lambda x: max_pool(x, (3,), (2,), (0, 2)),
-          lambda x: F.max_pool1d(F.pad(x, (0, 2), value=float("-inf")), 3, 2), name="1d_asym"),
-        S([rand(1, 2, 7, 6, seed=123)], lambda x: max_pool(x, (2, 2), (2, 2), ceil_mode=True),
-          lambda x: F.max_pool2d(x, 2, ceil_mode=True), name="ceil"),
-        S([rand(1, 2, 5, 5, seed=124)],
-          lambda x: max_pool(x, (3, 3), (3, 3), auto_pad="same_upper"),
-          lambda x: F.max_pool2d(F.pad(x, (0, 1, 0, 1), value=float("-inf")), 3),
-          name="same_upper"),
+        S(
+            [rand(2, 3, 6, 7, seed=120)],
+            lambda x: max_pool(x, (2, 2)),
+            lambda x: F.max_pool2d(x, 2, 1),
+            name="default_stride_1",
+        ),
+        S(
+            [rand(2, 3, 6, 7, seed=125)],
+            lambda x: max_pool(x, (2, 2), (2, 2)),
+            lambda x: F.max_pool2d(x, 2),
+            name="stride_kernel",
+        ),
+        S(
+            [rand(2, 3, 9, 8, seed=121)],
+            lambda x: max_pool(x, (3, 2), (2, 1), (1, 1, 1, 1), dilation=(2, 1)),
+            lambda x: F.max_pool2d(x, (3, 2), (2, 1), 1, (2, 1)),
+            name="dilated",
+        ),
+        S(
+            [rand(1, 2, 7, seed=122)],
+            lambda x: max_pool(x, (3,), (2,), (0, 2)),
+            lambda x: F.max_pool1d(F.pad(x, (0, 2), value=float("-inf")), 3, 2),
+            name="1d_asym",
+        ),
+        S(
+            [rand(1, 2, 7, 6, seed=123)],
+            lambda x: max_pool(x, (2, 2), (2, 2), ceil_mode=True),
+            lambda x: F.max_pool2d(x, 2, ceil_mode=True),
+            name="ceil",
+        ),
+        S(
+            [rand(1, 2, 5, 5, seed=124)],
+            lambda x: max_pool(x, (3, 3), (3, 3), auto_pad="same_upper"),
+            lambda x: F.max_pool2d(F.pad(x, (0, 1, 0, 1), value=float("-inf")), 3),
+            name="same_upper",
+        ),
     ]
 
 
 def _grad_op_samples(which):
-    cases = [(rand(2, 3, 7, 6, seed=130), (3, 2), (2, 2), (1, 0, 1, 1), False),
-             (rand(1, 2, 9, seed=131), (2,), (3,), (0, 1), True),
-             # overlapping windows, pads torch applies itself (MaxPoolGrad's native path)
-             (rand(2, 3, 6, 6, seed=132), (3, 3), (2, 2), (1, 1, 1, 1), True)]
+    cases = [
+        (rand(2, 3, 7, 6, seed=130), (3, 2), (2, 2), (1, 0, 1, 1), False),
+        (rand(1, 2, 9, seed=131), (2,), (3,), (0, 1), True),
+        # overlapping windows, pads torch applies itself (MaxPoolGrad's native path)
+        (rand(2, 3, 6, 6, seed=132), (3, 3), (2, 2), (1, 1, 1, 1), True),
+    ]
     out = []
     for i, (x, k, s, p, ceil) in enumerate(cases):
         attrs = {"kernel": k, "strides": s, "pads": p, "ceil_mode": ceil}
@@ -235,21 +303,53 @@ def _grad_op_samples(which):
             x = x.detach().requires_grad_()
             with torch.enable_grad():
                 return torch.autograd.grad(fwd(x, **attrs), x, dy)[0]
+
         out.append(Sample([dy, x], build, ref, grad=False, name=f"case{i}"))
     return out
 
 
-AVERAGE_POOL = register(OpDef("AveragePool", _pool_infer, _avg_kernel, grad=_avg_grad,
-                              cost=_pool_cost, samples=_avg_samples,
-                              out_name="average_pool_out"))
-AVERAGE_POOL_GRAD = register(OpDef("AveragePoolGrad", _avg_grad_infer, _avg_grad_kernel,
-                                   cost=_pool_cost, samples=lambda: _grad_op_samples("avg"),
-                                   out_name="average_pool_grad_out"))
-MAX_POOL = register(OpDef("MaxPool", _pool_infer, _max_kernel, grad=_max_grad, cost=_pool_cost,
-                          samples=_max_samples, out_name="max_pool_out"))
-MAX_POOL_GRAD = register(OpDef("MaxPoolGrad", _max_grad_infer, _max_grad_kernel,
-                               cost=_pool_cost, samples=lambda: _grad_op_samples("max"),
-                               out_name="max_pool_grad_out"))
+AVERAGE_POOL = register(
+    OpDef(
+        "AveragePool",
+        _pool_infer,
+        _avg_kernel,
+        grad=_avg_grad,
+        cost=_pool_cost,
+        samples=_avg_samples,
+        out_name="average_pool_out",
+    )
+)
+AVERAGE_POOL_GRAD = register(
+    OpDef(
+        "AveragePoolGrad",
+        _avg_grad_infer,
+        _avg_grad_kernel,
+        cost=_pool_cost,
+        samples=lambda: _grad_op_samples("avg"),
+        out_name="average_pool_grad_out",
+    )
+)
+MAX_POOL = register(
+    OpDef(
+        "MaxPool",
+        _pool_infer,
+        _max_kernel,
+        grad=_max_grad,
+        cost=_pool_cost,
+        samples=_max_samples,
+        out_name="max_pool_out",
+    )
+)
+MAX_POOL_GRAD = register(
+    OpDef(
+        "MaxPoolGrad",
+        _max_grad_infer,
+        _max_grad_kernel,
+        cost=_pool_cost,
+        samples=lambda: _grad_op_samples("max"),
+        out_name="max_pool_grad_out",
+    )
+)
 
 
 def _pool_attrs(op, t, kernel_size, stride, padding, dilation, auto_pad, ceil_mode):
@@ -260,8 +360,10 @@ def _pool_attrs(op, t, kernel_size, stride, padding, dilation, auto_pad, ceil_mo
     dil = sp.spatial_tuple(dilation, r, f"{op} dilation", 1)
     pads = sp.spatial_tuple(padding, 2 * r, f"{op} padding", 0)
     if min(kernel) < 1 or min(strides) < 1 or min(dil) < 1 or min(pads) < 0:
-        raise ValueError(f"{op}: kernel_size, stride and dilation must be >= 1 and padding "
-                         f">= 0, got {kernel}, {strides}, {dil}, {pads}")
+        raise ValueError(
+            f"{op}: kernel_size, stride and dilation must be >= 1 and padding "
+            f">= 0, got {kernel}, {strides}, {dil}, {pads}"
+        )
     pads = sp.auto_pads(auto_pad, t.shape[2:], kernel, strides, dil, pads)
     return {"kernel": kernel, "strides": strides, "pads": pads, "ceil_mode": bool(ceil_mode)}, dil
 
@@ -270,38 +372,52 @@ def _check_unsupported(op, out_pads, in_dilations) -> None:
     if out_pads is not None and any(out_pads):
         raise ValueError(f"{op}: out_pads {tuple(out_pads)} is not supported (only zeros)")
     if in_dilations is not None and any(d != 1 for d in in_dilations):
-        raise ValueError(f"{op}: in_dilations {tuple(in_dilations)} is not supported "
-                         "(only ones)")
+        raise ValueError(f"{op}: in_dilations {tuple(in_dilations)} is not supported (only ones)")
 
 
-def average_pool(t: Tensor, kernel_size: tuple[int, ...], stride: tuple[int, ...] | None = None,
-                 padding: tuple[int, ...] | None = None,
-                 out_pads: tuple[int, ...] | None = None,
-                 dilation: tuple[int, ...] | None = None,
-                 in_dilations: tuple[int, ...] | None = None, auto_pad: str = "not_set",
-                 ceil_mode: bool = False) -> Tensor:
+def average_pool(
+    t: Tensor,
+    kernel_size: tuple[int, ...],
+    stride: tuple[int, ...] | None = None,
+    padding: tuple[int, ...] | None = None,
+    out_pads: tuple[int, ...] | None = None,
+    dilation: tuple[int, ...] | None = None,
+    in_dilations: tuple[int, ...] | None = None,
+    auto_pad: str = "not_set",
+    ceil_mode: bool = False,
+) -> Tensor:
     """Average over windows of ``kernel_size`` (stride defaults to 1, as in popxl, unlike
     torch); padding, in ONNX order, is not counted in the divisor."""
     _check_unsupported("average_pool", out_pads, in_dilations)
-    attrs, dil = _pool_attrs("average_pool", t, kernel_size, stride, padding, dilation,
-                             auto_pad, ceil_mode)
+    attrs, dil = _pool_attrs(
+        "average_pool", t, kernel_size, stride, padding, dilation, auto_pad, ceil_mode
+    )
     if any(d != 1 for d in dil):
         raise ValueError(f"average_pool: dilation {dil} is not supported (only ones)")
     return create_op(AVERAGE_POOL, [t], attrs)[0]
 
 
-def max_pool(t: Tensor, kernel_size: tuple[int, ...], stride: tuple[int, ...] | None = None,
-             padding: tuple[int, ...] | None = None, out_pads: tuple[int, ...] | None = None,
-             dilation: tuple[int, ...] | None = None,
-             in_dilations: tuple[int, ...] | None = None, auto_pad: str = "not_set",
-             ceil_mode: bool = False, storage_order: str = "row") -> Tensor:
+def max_pool(
+    t: Tensor,
+    kernel_size: tuple[int, ...],
+    stride: tuple[int, ...] | None = None,
+    padding: tuple[int, ...] | None = None,
+    out_pads: tuple[int, ...] | None = None,
+    dilation: tuple[int, ...] | None = None,
+    in_dilations: tuple[int, ...] | None = None,
+    auto_pad: str = "not_set",
+    ceil_mode: bool = False,
+    storage_order: str = "row",
+) -> Tensor:
     """Maximum over (dilated) windows of ``kernel_size`` (stride defaults to 1, as in popxl);
     padding, in ONNX order, never wins. ``storage_order`` only affects indices, which popxl
     does not return."""
     _check_unsupported("max_pool", out_pads, in_dilations)
     if storage_order not in ("row", "column"):
-        raise ValueError(f"max_pool: storage_order must be 'row' or 'column', got "
-                         f"{storage_order!r}")
-    attrs, dil = _pool_attrs("max_pool", t, kernel_size, stride, padding, dilation, auto_pad,
-                             ceil_mode)
+        raise ValueError(
+            f"max_pool: storage_order must be 'row' or 'column', got {storage_order!r}"
+        )
+    attrs, dil = _pool_attrs(
+        "max_pool", t, kernel_size, stride, padding, dilation, auto_pad, ceil_mode
+    )
     return create_op(MAX_POOL, [t], {**attrs, "dilation": dil})[0]

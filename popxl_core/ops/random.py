@@ -51,11 +51,14 @@ def generator_from_seed(seed: torch.Tensor) -> torch.Generator:
 
 def _check_seed(s: TensorSpec) -> None:
     if s.dtype is not dtypes.uint32:
-        raise TypeError(f"the seed tensor must be uint32, got {s.dtype.name} "
-                        "(make one with popxl.create_seeds)")
+        raise TypeError(
+            f"the seed tensor must be uint32, got {s.dtype.name} (make one with popxl.create_seeds)"
+        )
     if tuple(s.shape) != (2,):
-        raise ValueError(f"the seed tensor must have shape (2,), got {tuple(s.shape)} "
-                         "(make one with popxl.create_seeds)")
+        raise ValueError(
+            f"the seed tensor must have shape (2,), got {tuple(s.shape)} "
+            "(make one with popxl.create_seeds)"
+        )
 
 
 def _check_float(s: TensorSpec, what: str) -> None:
@@ -90,8 +93,10 @@ def _check_mask_shape(shape, mask_shape) -> None:
     except ValueError:
         out = None
     if out != tuple(shape):
-        raise ValueError(f"the dropout shape {tuple(mask_shape)} does not broadcast to the "
-                         f"input shape {tuple(shape)}")
+        raise ValueError(
+            f"the dropout shape {tuple(mask_shape)} does not broadcast to the "
+            f"input shape {tuple(shape)}"
+        )
 
 
 def _dropout_kernel(t, seed, ratio, shape=None):
@@ -109,37 +114,67 @@ def _dropout_reference(ratio, shape=None):
     def ref(t, seed):
         mask = _keep_mask(seed, t.shape if shape is None else shape, ratio)
         return t * mask * (1.0 / (1.0 - ratio))
+
     return ref
 
 
 def _dropout_samples():
     x = rand(4, 6, seed=11)
     return [
-        Sample([x, _seed_samples_input(0)], lambda t, s: dropout(t, s, 0.3),
-               _dropout_reference(0.3)),
-        Sample([rand(2, 3, 5, seed=12), _seed_samples_input(1)],
-               lambda t, s: dropout(t, s, 0.5), _dropout_reference(0.5), name="rank3"),
-        Sample([x, _seed_samples_input(2)], lambda t, s: dropout(t, s, 0.0),
-               _dropout_reference(0.0), name="p0"),
+        Sample(
+            [x, _seed_samples_input(0)], lambda t, s: dropout(t, s, 0.3), _dropout_reference(0.3)
+        ),
+        Sample(
+            [rand(2, 3, 5, seed=12), _seed_samples_input(1)],
+            lambda t, s: dropout(t, s, 0.5),
+            _dropout_reference(0.5),
+            name="rank3",
+        ),
+        Sample(
+            [x, _seed_samples_input(2)],
+            lambda t, s: dropout(t, s, 0.0),
+            _dropout_reference(0.0),
+            name="p0",
+        ),
     ]
 
 
 def _shaped_dropout_samples():
     return [
-        Sample([rand(3, 4, 5, seed=13), _seed_samples_input(3)],
-               lambda t, s: shaped_dropout(t, s, [3, 1, 5], 0.4),
-               _dropout_reference(0.4, (3, 1, 5))),
-        Sample([rand(3, 4, seed=14), _seed_samples_input(4)],
-               lambda t, s: shaped_dropout(t, s, [4], 0.5), _dropout_reference(0.5, (4,)),
-               name="rank1_mask"),
+        Sample(
+            [rand(3, 4, 5, seed=13), _seed_samples_input(3)],
+            lambda t, s: shaped_dropout(t, s, [3, 1, 5], 0.4),
+            _dropout_reference(0.4, (3, 1, 5)),
+        ),
+        Sample(
+            [rand(3, 4, seed=14), _seed_samples_input(4)],
+            lambda t, s: shaped_dropout(t, s, [4], 0.5),
+            _dropout_reference(0.5, (4,)),
+            name="rank1_mask",
+        ),
     ]
 
 
-DROPOUT = register(OpDef("Dropout", _dropout_infer, _dropout_kernel, grad=_dropout_grad,
-                         samples=_dropout_samples, out_name="dropout_out"))
-SHAPED_DROPOUT = register(OpDef("ShapedDropout", _dropout_infer, _dropout_kernel,
-                                grad=_dropout_grad, samples=_shaped_dropout_samples,
-                                out_name="shaped_dropout_out"))
+DROPOUT = register(
+    OpDef(
+        "Dropout",
+        _dropout_infer,
+        _dropout_kernel,
+        grad=_dropout_grad,
+        samples=_dropout_samples,
+        out_name="dropout_out",
+    )
+)
+SHAPED_DROPOUT = register(
+    OpDef(
+        "ShapedDropout",
+        _dropout_infer,
+        _dropout_kernel,
+        grad=_dropout_grad,
+        samples=_shaped_dropout_samples,
+        out_name="shaped_dropout_out",
+    )
+)
 
 
 def dropout(t: Tensor, seed_tensor: Tensor, p: float) -> Tensor:
@@ -150,8 +185,9 @@ def dropout(t: Tensor, seed_tensor: Tensor, p: float) -> Tensor:
 def shaped_dropout(t: Tensor, seed_tensor: Tensor, shape: Sequence[int], ratio: float) -> Tensor:
     """Dropout with one mask of ``shape``, broadcast over ``t`` (e.g. whole channels)."""
     mask_shape = tuple(int(s) for s in shape)
-    return create_op(SHAPED_DROPOUT, [t, seed_tensor],
-                     {"ratio": float(ratio), "shape": mask_shape})[0]
+    return create_op(
+        SHAPED_DROPOUT, [t, seed_tensor], {"ratio": float(ratio), "shape": mask_shape}
+    )[0]
 
 
 # RandomUniform and RandomNormal -------------------------------------------------------------
@@ -177,36 +213,60 @@ def _normal_kernel(seed, shape, dtype, mean, std):
 def _uniform_samples():
     def ref(seed):
         return torch.rand((40, 30), generator=generator_from_seed(seed)) * 4.0 - 1.0
-    return [Sample([_seed_samples_input(5)],
-                   lambda s: random_uniform(s, (40, 30), -1.0, 3.0), ref)]
+
+    return [Sample([_seed_samples_input(5)], lambda s: random_uniform(s, (40, 30), -1.0, 3.0), ref)]
 
 
 def _normal_samples():
     def ref(seed):
         return torch.randn((50, 20), generator=generator_from_seed(seed)) * 0.5 + 2.0
-    return [Sample([_seed_samples_input(6)],
-                   lambda s: random_normal(s, (50, 20), 2.0, 0.5), ref)]
+
+    return [Sample([_seed_samples_input(6)], lambda s: random_normal(s, (50, 20), 2.0, 0.5), ref)]
 
 
-RANDOM_UNIFORM = register(OpDef("RandomUniform", _random_infer, _uniform_kernel,
-                                samples=_uniform_samples, out_name="random_uniform_out"))
-RANDOM_NORMAL = register(OpDef("RandomNormal", _random_infer, _normal_kernel,
-                               samples=_normal_samples, out_name="random_normal_out"))
+RANDOM_UNIFORM = register(
+    OpDef(
+        "RandomUniform",
+        _random_infer,
+        _uniform_kernel,
+        samples=_uniform_samples,
+        out_name="random_uniform_out",
+    )
+)
+RANDOM_NORMAL = register(
+    OpDef(
+        "RandomNormal",
+        _random_infer,
+        _normal_kernel,
+        samples=_normal_samples,
+        out_name="random_normal_out",
+    )
+)
 
 
 def _shape_attr(shape) -> tuple[int, ...]:
     return (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(d) for d in shape)
 
 
-def random_uniform(seed_tensor: Tensor, shape: Sequence[int], low: float = 0.0,
-                   high: float = 1.0, dtype: dtypes.dtype = dtypes.float32) -> Tensor:
+def random_uniform(
+    seed_tensor: Tensor,
+    shape: Sequence[int],
+    low: float = 0.0,
+    high: float = 1.0,
+    dtype: dtypes.dtype = dtypes.float32,
+) -> Tensor:
     """Uniform random values in ``[low, high)``, a function of the seed."""
     attrs = {"shape": _shape_attr(shape), "dtype": dtype, "low": float(low), "high": float(high)}
     return create_op(RANDOM_UNIFORM, [seed_tensor], attrs)[0]
 
 
-def random_normal(seed_tensor: Tensor, shape: Sequence[int], mean: float = 0.0,
-                  std: float = 1.0, dtype: dtypes.dtype = dtypes.float32) -> Tensor:
+def random_normal(
+    seed_tensor: Tensor,
+    shape: Sequence[int],
+    mean: float = 0.0,
+    std: float = 1.0,
+    dtype: dtypes.dtype = dtypes.float32,
+) -> Tensor:
     """Normally distributed random values, a function of the seed."""
     attrs = {"shape": _shape_attr(shape), "dtype": dtype, "mean": float(mean), "std": float(std)}
     return create_op(RANDOM_NORMAL, [seed_tensor], attrs)[0]
@@ -216,8 +276,10 @@ def random_normal(seed_tensor: Tensor, shape: Sequence[int], mean: float = 0.0,
 def _modify_seed_infer(ins):
     _check_seed(ins[0])
     if ins[1].dtype is not dtypes.uint32 or ins[1].nelms != 1:
-        raise TypeError(f"the seed modifier must be a uint32 scalar, got {ins[1].dtype.name} "
-                        f"{tuple(ins[1].shape)}")
+        raise TypeError(
+            f"the seed modifier must be a uint32 scalar, got {ins[1].dtype.name} "
+            f"{tuple(ins[1].shape)}"
+        )
     return [ins[0]]
 
 
@@ -238,16 +300,25 @@ def _modify_seed_samples():
 
     def ref(seed):
         return tuple(derive_seed(seed, i) for i in range(3))
+
     return [Sample([_seed_samples_input(7)], build, ref, rtol=0, atol=0)]
 
 
-MODIFY_RANDOM_SEED = register(OpDef("ModifyRandomSeed", _modify_seed_infer, _modify_seed_kernel,
-                                    samples=_modify_seed_samples, out_name="modified_seed"))
+MODIFY_RANDOM_SEED = register(
+    OpDef(
+        "ModifyRandomSeed",
+        _modify_seed_infer,
+        _modify_seed_kernel,
+        samples=_modify_seed_samples,
+        out_name="modified_seed",
+    )
+)
 
 
 def split_random_seed(seed: Tensor, n: int = 2) -> tuple[Tensor, ...]:
     """``n`` new seeds derived from ``seed`` (one ModifyRandomSeed op each)."""
     if int(n) < 1:
         raise ValueError(f"split_random_seed: n must be >= 1, got {n}.")
-    return tuple(create_op(MODIFY_RANDOM_SEED, [seed, constant(i, dtypes.uint32)])[0]
-                 for i in range(int(n)))
+    return tuple(
+        create_op(MODIFY_RANDOM_SEED, [seed, constant(i, dtypes.uint32)])[0] for i in range(int(n))
+    )

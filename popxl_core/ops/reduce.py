@@ -154,16 +154,28 @@ def _expand_grad(ctx):
     return [g]
 
 
-REDUCE_SUM_GRAD = register(OpDef(
-    "ReduceSumGrad", _expand_infer, _expand_kernel, grad=_expand_grad, samples=_expand_samples,
-    out_name="reducesumgrad_out"))
+REDUCE_SUM_GRAD = register(
+    OpDef(
+        "ReduceSumGrad",
+        _expand_infer,
+        _expand_kernel,
+        grad=_expand_grad,
+        samples=_expand_samples,
+        out_name="reducesumgrad_out",
+    )
+)
 
 
-def expand_reduced(g: Tensor, shape: Sequence[int], axes: tuple[int, ...], keepdims: bool,
-                   scale: float = 1.0) -> Tensor:
+def expand_reduced(
+    g: Tensor, shape: Sequence[int], axes: tuple[int, ...], keepdims: bool, scale: float = 1.0
+) -> Tensor:
     """Broadcast a reduced tensor ``g`` back to ``shape`` (times ``scale``): sum's gradient."""
-    attrs = {"shape": tuple(shape), "axes": tuple(axes), "keepdims": keepdims,
-             "scale": float(scale)}
+    attrs = {
+        "shape": tuple(shape),
+        "axes": tuple(axes),
+        "keepdims": keepdims,
+        "scale": float(scale),
+    }
     return create_op(REDUCE_SUM_GRAD, [g], attrs)[0]
 
 
@@ -252,8 +264,17 @@ def _declare(name: str, grad, fn_name: str, *, float_only=False, low=-1.0, seed=
         return reduction_samples(name, globals()[fn_name], low, seed)
 
     kernel = _sum_kernel if name == "ReduceSum" else _make_kernel(_KERNELS[name])
-    opdef = register(OpDef(name, _make_infer(float_only), kernel, grad=grad,
-                           cost=_reduce_cost, samples=samples, out_name=f"{name.lower()}_out"))
+    opdef = register(
+        OpDef(
+            name,
+            _make_infer(float_only),
+            kernel,
+            grad=grad,
+            cost=_reduce_cost,
+            samples=samples,
+            out_name=f"{name.lower()}_out",
+        )
+    )
     REDUCE_OPS[name] = opdef
     return opdef
 

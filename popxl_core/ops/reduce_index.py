@@ -30,30 +30,48 @@ def _scan_cost(ins, outs, attrs) -> Cost:
 # ArgMax / ArgMin ---------------------------------------------------------------------------
 def _arg_infer(ins, dim, keepdim):
     shape = ins[0].shape
-    out = tuple(1 if i == dim else s for i, s in enumerate(shape)) if keepdim else \
-        tuple(s for i, s in enumerate(shape) if i != dim)
+    out = (
+        tuple(1 if i == dim else s for i, s in enumerate(shape))
+        if keepdim
+        else tuple(s for i, s in enumerate(shape) if i != dim)
+    )
     return [spec(out, dtypes.int32)]
 
 
 def _arg_samples(fn, ref):
     xi = np.random.default_rng(402).permutation(12).reshape(3, 4).astype(np.int32)
     return lambda: [
-        Sample([rand(3, 4, 5, seed=400)], lambda x: fn(x), lambda x: ref(x, 0).int(),
-               name="dim0"),
-        Sample([rand(3, 4, 5, seed=401)], lambda x: fn(x, -1, True),
-               lambda x: ref(x, -1, keepdim=True).int(), name="last_keepdim"),
+        Sample([rand(3, 4, 5, seed=400)], lambda x: fn(x), lambda x: ref(x, 0).int(), name="dim0"),
+        Sample(
+            [rand(3, 4, 5, seed=401)],
+            lambda x: fn(x, -1, True),
+            lambda x: ref(x, -1, keepdim=True).int(),
+            name="last_keepdim",
+        ),
         Sample([xi], lambda x: fn(x, 1), lambda x: ref(x, 1).int(), name="int32"),
     ]
 
 
-ARGMAX = register(OpDef(
-    "ArgMax", _arg_infer, lambda x, dim, keepdim: torch.argmax(x, dim, keepdim).int(),
-    cost=_scan_cost, out_name="argmax_out", samples=_arg_samples(
-        lambda *a: argmax(*a), torch.argmax)))
-ARGMIN = register(OpDef(
-    "ArgMin", _arg_infer, lambda x, dim, keepdim: torch.argmin(x, dim, keepdim).int(),
-    cost=_scan_cost, out_name="argmin_out", samples=_arg_samples(
-        lambda *a: argmin(*a), torch.argmin)))
+ARGMAX = register(
+    OpDef(
+        "ArgMax",
+        _arg_infer,
+        lambda x, dim, keepdim: torch.argmax(x, dim, keepdim).int(),
+        cost=_scan_cost,
+        out_name="argmax_out",
+        samples=_arg_samples(lambda *a: argmax(*a), torch.argmax),
+    )
+)
+ARGMIN = register(
+    OpDef(
+        "ArgMin",
+        _arg_infer,
+        lambda x, dim, keepdim: torch.argmin(x, dim, keepdim).int(),
+        cost=_scan_cost,
+        out_name="argmin_out",
+        samples=_arg_samples(lambda *a: argmin(*a), torch.argmin),
+    )
+)
 
 
 def argmax(t: Tensor, dim: int = 0, keepdim: bool = False) -> Tensor:
@@ -98,26 +116,58 @@ def _topk_samples():
         return v, i.int()
 
     return [
-        Sample([rand(4, 6, seed=410)], lambda x: topk(x, 3, -1, True, True)[0],
-               lambda x: ref(x, 3, -1, True, True)[0], name="largest_values"),
-        Sample([rand(5, 3, seed=411)], lambda x: topk(x, 2, 0, False, True)[0],
-               lambda x: ref(x, 2, 0, False, True)[0], name="smallest_axis0"),
-        Sample([rand(3, 6, seed=412)], lambda x: topk(x, 4, 1, True, True),
-               lambda x: ref(x, 4, 1, True, True), name="values_and_indices"),
+        Sample(
+            [rand(4, 6, seed=410)],
+            lambda x: topk(x, 3, -1, True, True)[0],
+            lambda x: ref(x, 3, -1, True, True)[0],
+            name="largest_values",
+        ),
+        Sample(
+            [rand(5, 3, seed=411)],
+            lambda x: topk(x, 2, 0, False, True)[0],
+            lambda x: ref(x, 2, 0, False, True)[0],
+            name="smallest_axis0",
+        ),
+        Sample(
+            [rand(3, 6, seed=412)],
+            lambda x: topk(x, 4, 1, True, True),
+            lambda x: ref(x, 4, 1, True, True),
+            name="values_and_indices",
+        ),
     ]
 
 
-TOPK = register(OpDef("TopK", _topk_infer, _topk_kernel, grad=_topk_grad, cost=_scan_cost,
-                      samples=_topk_samples, out_name="topk_out"))
+TOPK = register(
+    OpDef(
+        "TopK",
+        _topk_infer,
+        _topk_kernel,
+        grad=_topk_grad,
+        cost=_scan_cost,
+        samples=_topk_samples,
+        out_name="topk_out",
+    )
+)
 
 
-def topk(t: Tensor, k: int, axis: int, largest: bool, sorted: bool,
-         available_memory_proportion: float | None = None) -> tuple[Tensor, Tensor]:
+def topk(
+    t: Tensor,
+    k: int,
+    axis: int,
+    largest: bool,
+    sorted: bool,
+    available_memory_proportion: float | None = None,
+) -> tuple[Tensor, Tensor]:
     """The ``k`` largest (or smallest) values along ``axis`` and their int32 indices."""
     if not isinstance(k, (int, np.integer)) or isinstance(k, bool):
         raise TypeError(f"topk: k must be an int, got {k!r}.")
-    attrs = {"k": int(k), "axis": _axis(t, axis, "topk"), "largest": bool(largest),
-             "sorted": bool(sorted), "available_memory_proportion": available_memory_proportion}
+    attrs = {
+        "k": int(k),
+        "axis": _axis(t, axis, "topk"),
+        "largest": bool(largest),
+        "sorted": bool(sorted),
+        "available_memory_proportion": available_memory_proportion,
+    }
     values, indices = create_op(TOPK, [t], attrs)
     return values, indices
 
@@ -138,19 +188,36 @@ def _cumsum_grad(ctx):
 def _cumsum_samples():
     xi = np.arange(12, dtype=np.int32).reshape(3, 4) - 6
     return [
-        Sample([rand(4, 5, seed=420)], lambda x: cumsum(x), lambda x: torch.cumsum(x, 0),
-               name="dim0"),
-        Sample([rand(2, 3, 4, seed=421)], lambda x: cumsum(x, -1),
-               lambda x: torch.cumsum(x, -1), name="last"),
-        Sample([rand(2, 5, seed=422)], lambda x: _cumsum(x, 1, True),
-               lambda x: torch.flip(torch.cumsum(torch.flip(x, (1,)), 1), (1,)), name="reverse"),
+        Sample(
+            [rand(4, 5, seed=420)], lambda x: cumsum(x), lambda x: torch.cumsum(x, 0), name="dim0"
+        ),
+        Sample(
+            [rand(2, 3, 4, seed=421)],
+            lambda x: cumsum(x, -1),
+            lambda x: torch.cumsum(x, -1),
+            name="last",
+        ),
+        Sample(
+            [rand(2, 5, seed=422)],
+            lambda x: _cumsum(x, 1, True),
+            lambda x: torch.flip(torch.cumsum(torch.flip(x, (1,)), 1), (1,)),
+            name="reverse",
+        ),
         Sample([xi], lambda x: cumsum(x, 1), lambda x: torch.cumsum(x, 1).int(), name="int32"),
     ]
 
 
-CUMSUM = register(OpDef("CumSum", lambda ins, dim, reverse: [ins[0]], _cumsum_kernel,
-                        grad=_cumsum_grad, cost=_scan_cost, samples=_cumsum_samples,
-                        out_name="cumsum_out"))
+CUMSUM = register(
+    OpDef(
+        "CumSum",
+        lambda ins, dim, reverse: [ins[0]],
+        _cumsum_kernel,
+        grad=_cumsum_grad,
+        cost=_scan_cost,
+        samples=_cumsum_samples,
+        out_name="cumsum_out",
+    )
+)
 
 
 def _cumsum(t: Tensor, dim: int, reverse: bool) -> Tensor:

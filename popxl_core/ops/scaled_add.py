@@ -22,8 +22,9 @@ Scale = float | Tensor
 
 def _check_numeric(x, y, scales) -> None:
     if x.dtype.is_floating_point != y.dtype.is_floating_point:
-        raise TypeError(f"X ({x.dtype.name}) and Y ({y.dtype.name}) must both be floating "
-                        "point or both integer")
+        raise TypeError(
+            f"X ({x.dtype.name}) and Y ({y.dtype.name}) must both be floating point or both integer"
+        )
     for s in scales:
         if s.nelms != 1:
             raise ValueError(f"a tensor scale must have one element, got shape {s.shape}")
@@ -40,8 +41,10 @@ def _infer(ins, a: float | None = None, b: float | None = None):
 def _inplace_infer(ins, a: float | None = None, b: float | None = None):
     out = _infer(ins, a, b)[0]
     if out.shape != ins[0].shape:
-        raise ValueError(f"the in-place target X {ins[0].shape} cannot be broadcast to "
-                         f"{out.shape}: Y {ins[1].shape} must broadcast to X's shape")
+        raise ValueError(
+            f"the in-place target X {ins[0].shape} cannot be broadcast to "
+            f"{out.shape}: Y {ins[1].shape} must broadcast to X's shape"
+        )
     return [ins[0]]
 
 
@@ -129,39 +132,89 @@ def _samples():
         return scaled_add(x, y, a=sa, b=sb)
 
     return [
-        Sample([rand(3, 4, seed=90), rand(3, 4, seed=91)], lambda x, y: scaled_add(x, y),
-               _ref(), name="default"),
-        Sample([rand(3, 4, seed=92), rand(4, seed=93)],
-               lambda x, y: scaled_add(x, y, 0.5, -2.0), _ref(0.5, -2.0), name="broadcast"),
-        Sample([rand(3, 4, seed=94), rand(3, 4, seed=95), np.float32(0.7), np.float32(-1.3)],
-               ab, _ref(None, None), name="tensor_scales"),
-        Sample([rand(3, 4, seed=96), rand(3, 4, seed=97), np.float32(-0.25)],
-               lambda x, y, sb: scaled_add(x, y, 2.0, sb), _ref(2.0, None), name="tensor_b"),
-        Sample([rand(3, 4, seed=98), rand(3, 4, seed=99).astype(np.float16)],
-               lambda x, y: scaled_add(x, y, b=-0.5), _ref(1.0, -0.5), rtol=1e-3, atol=1e-3,
-               name="mixed_dtype"),
+        Sample(
+            [rand(3, 4, seed=90), rand(3, 4, seed=91)],
+            lambda x, y: scaled_add(x, y),
+            _ref(),
+            name="default",
+        ),
+        Sample(
+            [rand(3, 4, seed=92), rand(4, seed=93)],
+            lambda x, y: scaled_add(x, y, 0.5, -2.0),
+            _ref(0.5, -2.0),
+            name="broadcast",
+        ),
+        Sample(
+            [rand(3, 4, seed=94), rand(3, 4, seed=95), np.float32(0.7), np.float32(-1.3)],
+            ab,
+            _ref(None, None),
+            name="tensor_scales",
+        ),
+        Sample(
+            [rand(3, 4, seed=96), rand(3, 4, seed=97), np.float32(-0.25)],
+            lambda x, y, sb: scaled_add(x, y, 2.0, sb),
+            _ref(2.0, None),
+            name="tensor_b",
+        ),
+        Sample(
+            [rand(3, 4, seed=98), rand(3, 4, seed=99).astype(np.float16)],
+            lambda x, y: scaled_add(x, y, b=-0.5),
+            _ref(1.0, -0.5),
+            rtol=1e-3,
+            atol=1e-3,
+            name="mixed_dtype",
+        ),
     ]
 
 
 def _inplace_samples():
     return [
         # `x * 1.0` gives the in-place op a fresh target instead of the graph input.
-        Sample([rand(3, 4, seed=100), rand(4, seed=101)],
-               lambda x, y: scaled_add_(x * 1.0, y, b=-0.05), _ref(1.0, -0.05)),
-        Sample([rand(3, 4, seed=102), rand(3, 4, seed=103), np.float32(-0.1)],
-               lambda x, y, sb: scaled_add_(x * 1.0, y, b=sb), _ref(1.0, None),
-               name="tensor_b"),
-        Sample([rand(2, 2, seed=104), rand(2, 2, seed=105).astype(np.float16), np.float32(0.3)],
-               lambda x, y, sb: scaled_add_(x * 1.0, y, 0.9, sb), _ref(0.9, None),
-               rtol=1e-3, atol=1e-3, name="mixed_dtype"),
+        Sample(
+            [rand(3, 4, seed=100), rand(4, seed=101)],
+            lambda x, y: scaled_add_(x * 1.0, y, b=-0.05),
+            _ref(1.0, -0.05),
+        ),
+        Sample(
+            [rand(3, 4, seed=102), rand(3, 4, seed=103), np.float32(-0.1)],
+            lambda x, y, sb: scaled_add_(x * 1.0, y, b=sb),
+            _ref(1.0, None),
+            name="tensor_b",
+        ),
+        Sample(
+            [rand(2, 2, seed=104), rand(2, 2, seed=105).astype(np.float16), np.float32(0.3)],
+            lambda x, y, sb: scaled_add_(x * 1.0, y, 0.9, sb),
+            _ref(0.9, None),
+            rtol=1e-3,
+            atol=1e-3,
+            name="mixed_dtype",
+        ),
     ]
 
 
-SCALED_ADD = register(OpDef("ScaledAdd", _infer, _kernel, grad=_grad, cost=_cost,
-                            samples=_samples, out_name="scaledadd_out"))
-SCALED_ADD_LHS_INPLACE = register(OpDef(
-    "ScaledAddLhsInplace", _inplace_infer, _inplace_kernel, grad=_grad, cost=_cost,
-    inplace=(0,), samples=_inplace_samples, out_name="scaledadd_out"))
+SCALED_ADD = register(
+    OpDef(
+        "ScaledAdd",
+        _infer,
+        _kernel,
+        grad=_grad,
+        cost=_cost,
+        samples=_samples,
+        out_name="scaledadd_out",
+    )
+)
+SCALED_ADD_LHS_INPLACE = register(
+    OpDef(
+        "ScaledAddLhsInplace",
+        _inplace_infer,
+        _inplace_kernel,
+        grad=_grad,
+        cost=_cost,
+        inplace=(0,),
+        samples=_inplace_samples,
+        out_name="scaledadd_out",
+    )
+)
 
 
 def _operands(X: Tensor, Y: Tensor, a: Scale, b: Scale):

@@ -25,20 +25,24 @@ def _infer(ins, reduction, axis, axis_size, enable_index_broadcast):
     if not idx.dtype.is_int:
         raise TypeError(f"scatter_reduce indices must be an integer tensor, got {idx.dtype.name}")
     if reduction not in REDUCTIONS:
-        raise ValueError(f"scatter_reduce reduction must be one of {sorted(REDUCTIONS)}, got "
-                         f"{reduction!r}")
+        raise ValueError(
+            f"scatter_reduce reduction must be one of {sorted(REDUCTIONS)}, got {reduction!r}"
+        )
     rank = len(data.shape)
     if not 0 <= axis < rank:
         raise ValueError(f"scatter_reduce axis {axis} is out of range for shape {data.shape}")
     broadcast = enable_index_broadcast and idx.shape == (data.shape[axis],)
     if idx.shape != data.shape and not broadcast:
-        raise ValueError(f"scatter_reduce indices {idx.shape} must have the data shape "
-                         f"{data.shape}" + (f" or be ({data.shape[axis]},)"
-                                             if enable_index_broadcast else ""))
-    out = spec(data.shape[:axis] + (axis_size,) + data.shape[axis + 1:], data.dtype)
+        raise ValueError(
+            f"scatter_reduce indices {idx.shape} must have the data shape "
+            f"{data.shape}" + (f" or be ({data.shape[axis]},)" if enable_index_broadcast else "")
+        )
+    out = spec(data.shape[:axis] + (axis_size,) + data.shape[axis + 1 :], data.dtype)
     if len(ins) == 3 and (ins[2].shape != out.shape or ins[2].dtype != out.dtype):
-        raise ValueError(f"scatter_reduce initial_values must be {out.shape} {out.dtype.name}, "
-                         f"got {ins[2].shape} {ins[2].dtype.name}")
+        raise ValueError(
+            f"scatter_reduce initial_values must be {out.shape} {out.dtype.name}, "
+            f"got {ins[2].shape} {ins[2].dtype.name}"
+        )
     return [out]
 
 
@@ -46,7 +50,7 @@ def _kernel(data, idx, *initial, reduction, axis, axis_size, enable_index_broadc
     idx = idx.long()
     if idx.shape != data.shape:
         idx = idx.view([1] * axis + [-1] + [1] * (data.dim() - axis - 1)).expand(data.shape)
-    out_shape = data.shape[:axis] + (axis_size + 1,) + data.shape[axis + 1:]
+    out_shape = data.shape[:axis] + (axis_size + 1,) + data.shape[axis + 1 :]
     # One extra slot along the axis collects the out-of-range contributions; it is cut off.
     base = data.new_zeros(out_shape)
     if initial:
@@ -55,8 +59,9 @@ def _kernel(data, idx, *initial, reduction, axis, axis_size, enable_index_broadc
     if reduction == "none":
         out = base.scatter(axis, idx, data)
     else:
-        out = base.scatter_reduce(axis, idx, data, REDUCTIONS[reduction],
-                                  include_self=bool(initial))
+        out = base.scatter_reduce(
+            axis, idx, data, REDUCTIONS[reduction], include_self=bool(initial)
+        )
     return out.narrow(axis, 0, axis_size)
 
 
@@ -64,14 +69,27 @@ def _torch_kernel(data, idx, *initial, reduction, axis, axis_size, enable_index_
     """``Ir.numerics == "torch"``: a float16 sum of rows at 1-D indices (an embedding's
     gradient) summed as eager's embedding backward sums it, row after row, each add rounded to
     float16 (torch's scatter_reduce rounds differently in float16; float32 agrees)."""
-    if (data.dtype not in (torch.float16, torch.bfloat16) or reduction != "sum" or initial
-            or axis != 0 or idx.dim() != 1):
-        return _kernel(data, idx, *initial, reduction=reduction, axis=axis,
-                       axis_size=axis_size, enable_index_broadcast=enable_index_broadcast)
+    if (
+        data.dtype not in (torch.float16, torch.bfloat16)
+        or reduction != "sum"
+        or initial
+        or axis != 0
+        or idx.dim() != 1
+    ):
+        return _kernel(
+            data,
+            idx,
+            *initial,
+            reduction=reduction,
+            axis=axis,
+            axis_size=axis_size,
+            enable_index_broadcast=enable_index_broadcast,
+        )
     i = idx.long()
     i = torch.where((i >= 0) & (i < axis_size), i, axis_size)  # the cut-off slot, as _kernel
     rows = torch.ops.aten.embedding_dense_backward(
-        data.reshape(data.shape[0], -1), i, axis_size + 1, -1, False)
+        data.reshape(data.shape[0], -1), i, axis_size + 1, -1, False
+    )
     return rows[:axis_size].reshape((axis_size, *data.shape[1:]))
 
 
@@ -81,8 +99,10 @@ def _grad(ctx):
 
     reduction, axis = ctx.attrs["reduction"], ctx.attrs["axis"]
     if reduction not in ("sum", "none"):
-        raise NotImplementedError(f"autodiff: ScatterReduce with reduction={reduction!r} has no "
-                                  "gradient rule (only 'sum' and 'none').")
+        raise NotImplementedError(
+            f"autodiff: ScatterReduce with reduction={reduction!r} has no "
+            "gradient rule (only 'sum' and 'none')."
+        )
     data, idx_fwd = ctx.op.inputs[0], ctx.op.inputs[1]
     g, idx = ctx.grad_output(0), ctx.input(1)
     if idx_fwd.shape == data.shape:
@@ -97,8 +117,16 @@ def _grad(ctx):
             grads.append(g)
         else:  # overwritten positions do not reach the initial values
             zeros = init(data.shape, data.dtype, "zeros", "zero")
-            grads.append(scatter_reduce(zeros, idx, "none", initial_values=g, axis=axis,
-                                        axis_size=ctx.op.outputs[0].shape[axis]))
+            grads.append(
+                scatter_reduce(
+                    zeros,
+                    idx,
+                    "none",
+                    initial_values=g,
+                    axis=axis,
+                    axis_size=ctx.op.outputs[0].shape[axis],
+                )
+            )
     return grads
 
 
@@ -117,34 +145,65 @@ def _samples():
         return torch.zeros(3, 3).index_add(0, i.long(), d)
 
     return [
-        Sample([rand(4, 3), rows], lambda d, i: scatter_reduce(d, i, "sum", axis_size=3),
-               index_add),
-        Sample([rand(4, 3, seed=1), _i32(0, 7, -1, 1)],
-               lambda d, i: scatter_reduce(d, i, "sum", axis_size=3),
-               lambda d, i: torch.zeros(3, 3).index_add(0, torch.tensor([0, 1]), d[[0, 3]]),
-               name="out_of_range_ignored"),
-        Sample([rand(2, 4, seed=2), np.array([[0, 2, 2, 1], [1, 1, 0, 0]], np.int32),
-                rand(2, 3, seed=3)],
-               lambda d, i, z: scatter_reduce(d, i, "sum", initial_values=z, axis=1),
-               lambda d, i, z: z.scatter_add(1, i.long(), d), name="elementwise_initial"),
-        Sample([rand(4, 3, seed=4), rows], lambda d, i: scatter_reduce(d, i, "max", axis_size=3),
-               lambda d, i: torch.stack([torch.maximum(d[0], d[2]), d[3], d[1]]),
-               grad=False, name="max"),
-        Sample([rand(2, 3, seed=5), _i32(2, 0), rand(3, 3, seed=6)],
-               lambda d, i, z: scatter_reduce(d, i, "none", initial_values=z),
-               lambda d, i, z: z.index_copy(0, i.long(), d), name="none"),
+        Sample(
+            [rand(4, 3), rows], lambda d, i: scatter_reduce(d, i, "sum", axis_size=3), index_add
+        ),
+        Sample(
+            [rand(4, 3, seed=1), _i32(0, 7, -1, 1)],
+            lambda d, i: scatter_reduce(d, i, "sum", axis_size=3),
+            lambda d, i: torch.zeros(3, 3).index_add(0, torch.tensor([0, 1]), d[[0, 3]]),
+            name="out_of_range_ignored",
+        ),
+        Sample(
+            [
+                rand(2, 4, seed=2),
+                np.array([[0, 2, 2, 1], [1, 1, 0, 0]], np.int32),
+                rand(2, 3, seed=3),
+            ],
+            lambda d, i, z: scatter_reduce(d, i, "sum", initial_values=z, axis=1),
+            lambda d, i, z: z.scatter_add(1, i.long(), d),
+            name="elementwise_initial",
+        ),
+        Sample(
+            [rand(4, 3, seed=4), rows],
+            lambda d, i: scatter_reduce(d, i, "max", axis_size=3),
+            lambda d, i: torch.stack([torch.maximum(d[0], d[2]), d[3], d[1]]),
+            grad=False,
+            name="max",
+        ),
+        Sample(
+            [rand(2, 3, seed=5), _i32(2, 0), rand(3, 3, seed=6)],
+            lambda d, i, z: scatter_reduce(d, i, "none", initial_values=z),
+            lambda d, i, z: z.index_copy(0, i.long(), d),
+            name="none",
+        ),
     ]
 
 
-SCATTER_REDUCE = register(OpDef("ScatterReduce", _infer, _kernel, grad=_grad, cost=_cost,
-                                samples=_samples, out_name="scatterreduce_out",
-                                numerics_kernels={"torch": _torch_kernel}))
+SCATTER_REDUCE = register(
+    OpDef(
+        "ScatterReduce",
+        _infer,
+        _kernel,
+        grad=_grad,
+        cost=_cost,
+        samples=_samples,
+        out_name="scatterreduce_out",
+        numerics_kernels={"torch": _torch_kernel},
+    )
+)
 
 
-def scatter_reduce(data: Tensor, indices: Tensor, reduction: str,
-                   initial_values: Tensor | None = None, axis: int = 0,
-                   axis_size: int | None = None, enable_index_broadcast: bool = True,
-                   available_memory_proportion: float | None = None) -> Tensor:
+def scatter_reduce(
+    data: Tensor,
+    indices: Tensor,
+    reduction: str,
+    initial_values: Tensor | None = None,
+    axis: int = 0,
+    axis_size: int | None = None,
+    enable_index_broadcast: bool = True,
+    available_memory_proportion: float | None = None,
+) -> Tensor:
     """Reduce ``data`` into ``axis_size`` slots along ``axis`` at ``indices``.
 
     ``reduction`` is one of 'sum', 'max', 'min', 'mul' or 'none' (overwrite).
@@ -156,6 +215,10 @@ def scatter_reduce(data: Tensor, indices: Tensor, reduction: str,
         src = initial_values if initial_values is not None else data
         axis_size = src.shape[axis] if 0 <= axis < src.rank else 0
     inputs = [data, indices] + ([initial_values] if initial_values is not None else [])
-    attrs = {"reduction": reduction, "axis": axis, "axis_size": int(axis_size),
-             "enable_index_broadcast": bool(enable_index_broadcast)}
+    attrs = {
+        "reduction": reduction,
+        "axis": axis,
+        "axis_size": int(axis_size),
+        "enable_index_broadcast": bool(enable_index_broadcast),
+    }
     return create_op(SCATTER_REDUCE, inputs, attrs)[0]

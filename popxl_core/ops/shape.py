@@ -62,17 +62,19 @@ def resolve_shape(in_shape: Sequence[int], shape: Sequence[int]) -> tuple:
     n_in = int(np.prod(in_shape, dtype=np.int64))
     unknown = [i for i, s in enumerate(shape) if s == -1]
     if len(unknown) > 1 or any(s < -1 for s in shape):
-        raise ValueError(f"invalid reshape target {shape}: sizes must be >= 0, with at most "
-                         "one -1")
+        raise ValueError(f"invalid reshape target {shape}: sizes must be >= 0, with at most one -1")
     known = int(np.prod([s for s in shape if s != -1], dtype=np.int64))
     if unknown:
         if known == 0 or n_in % known:
-            raise ValueError(f"cannot reshape a tensor of shape {tuple(in_shape)} ({n_in} "
-                             f"elements) to {shape}")
-        shape = shape[: unknown[0]] + (n_in // known,) + shape[unknown[0] + 1:]
+            raise ValueError(
+                f"cannot reshape a tensor of shape {tuple(in_shape)} ({n_in} elements) to {shape}"
+            )
+        shape = shape[: unknown[0]] + (n_in // known,) + shape[unknown[0] + 1 :]
     elif known != n_in:
-        raise ValueError(f"cannot reshape a tensor of shape {tuple(in_shape)} ({n_in} elements) "
-                         f"to {shape} ({known} elements)")
+        raise ValueError(
+            f"cannot reshape a tensor of shape {tuple(in_shape)} ({n_in} elements) "
+            f"to {shape} ({known} elements)"
+        )
     return shape
 
 
@@ -87,16 +89,28 @@ def _reshape_grad(ctx):
 def _reshape_samples():
     return [
         Sample([rand(2, 3, 4)], lambda x: reshape(x, (6, 4)), lambda x: x.reshape(6, 4)),
-        Sample([rand(2, 3, 4, seed=1)], lambda x: reshape(x, (-1, 3)),
-               lambda x: x.reshape(-1, 3), name="minus1"),
-        Sample([rand(2, 3, seed=2)], lambda x: flatten(x), lambda x: x.reshape(-1),
-               name="flatten"),
-        Sample([rand(3, 1, 4, 1, seed=3)], lambda x: squeeze(x), lambda x: x.squeeze(),
-               name="squeeze"),
-        Sample([rand(3, 1, 4, 1, seed=4)], lambda x: squeeze(x, [-1]),
-               lambda x: x.squeeze(-1), name="squeeze_axis"),
-        Sample([rand(3, 4, seed=5)], lambda x: unsqueeze(x, [0, -1]),
-               lambda x: x[None, :, :, None], name="unsqueeze"),
+        Sample(
+            [rand(2, 3, 4, seed=1)],
+            lambda x: reshape(x, (-1, 3)),
+            lambda x: x.reshape(-1, 3),
+            name="minus1",
+        ),
+        Sample([rand(2, 3, seed=2)], lambda x: flatten(x), lambda x: x.reshape(-1), name="flatten"),
+        Sample(
+            [rand(3, 1, 4, 1, seed=3)], lambda x: squeeze(x), lambda x: x.squeeze(), name="squeeze"
+        ),
+        Sample(
+            [rand(3, 1, 4, 1, seed=4)],
+            lambda x: squeeze(x, [-1]),
+            lambda x: x.squeeze(-1),
+            name="squeeze_axis",
+        ),
+        Sample(
+            [rand(3, 4, seed=5)],
+            lambda x: unsqueeze(x, [0, -1]),
+            lambda x: x[None, :, :, None],
+            name="unsqueeze",
+        ),
     ]
 
 
@@ -104,21 +118,45 @@ def _reshape_kernel(x, shape):
     return torch.reshape(x, shape)
 
 
-RESHAPE = register(OpDef("Reshape", _reshape_infer, _reshape_kernel, grad=_reshape_grad,
-                         cost=copy_cost, view=True, samples=_reshape_samples,
-                         out_name="reshape_out", fp16_in_fp32=False))
+RESHAPE = register(
+    OpDef(
+        "Reshape",
+        _reshape_infer,
+        _reshape_kernel,
+        grad=_reshape_grad,
+        cost=copy_cost,
+        view=True,
+        samples=_reshape_samples,
+        out_name="reshape_out",
+        fp16_in_fp32=False,
+    )
+)
 # In-place variants return the view itself and leave ``view`` False, so the compiler never
 # clones it: the alias is the point. It is a true alias when torch can view the input's
 # strides with the new shape (always, unless a TransposeInplace came first).
-RESHAPE_INPLACE = register(OpDef(
-    "ReshapeInplace", _reshape_infer, _reshape_kernel, grad=_reshape_grad, cost=no_cost,
-    inplace=(0,), out_name="reshape_out", fp16_in_fp32=False,
-    samples=lambda: [
-        Sample([rand(4, 3, seed=6)], lambda x: reshape_(x * 1.0, (2, 6)),
-               lambda x: x.reshape(2, 6)),
-        Sample([rand(4, 3, seed=7)], lambda x: flatten_(x * 1.0), lambda x: x.reshape(-1),
-               name="flatten_"),
-    ]))
+RESHAPE_INPLACE = register(
+    OpDef(
+        "ReshapeInplace",
+        _reshape_infer,
+        _reshape_kernel,
+        grad=_reshape_grad,
+        cost=no_cost,
+        inplace=(0,),
+        out_name="reshape_out",
+        fp16_in_fp32=False,
+        samples=lambda: [
+            Sample(
+                [rand(4, 3, seed=6)], lambda x: reshape_(x * 1.0, (2, 6)), lambda x: x.reshape(2, 6)
+            ),
+            Sample(
+                [rand(4, 3, seed=7)],
+                lambda x: flatten_(x * 1.0),
+                lambda x: x.reshape(-1),
+                name="flatten_",
+            ),
+        ],
+    )
+)
 
 
 def reshape(t: Tensor, shape: Sequence[int]) -> Tensor:
@@ -181,8 +219,10 @@ def _axes_in_range(axes, rank: int, what: str) -> list[int]:
 def _transpose_infer(ins, permutation):
     rank = len(ins[0].shape)
     if sorted(permutation) != list(range(rank)):
-        raise ValueError(f"permutation {tuple(permutation)} is not a permutation of the "
-                         f"{rank} axes of shape {ins[0].shape}")
+        raise ValueError(
+            f"permutation {tuple(permutation)} is not a permutation of the "
+            f"{rank} axes of shape {ins[0].shape}"
+        )
     return [spec([ins[0].shape[p] for p in permutation], ins[0].dtype)]
 
 
@@ -198,21 +238,48 @@ def _transpose_kernel(x, permutation):
 def _transpose_samples():
     return [
         Sample([rand(2, 3, 4)], lambda x: transpose(x), lambda x: x.permute(2, 1, 0)),
-        Sample([rand(2, 3, 4, seed=1)], lambda x: transpose(x, (1, 2, 0)),
-               lambda x: x.permute(1, 2, 0), name="perm"),
+        Sample(
+            [rand(2, 3, 4, seed=1)],
+            lambda x: transpose(x, (1, 2, 0)),
+            lambda x: x.permute(1, 2, 0),
+            name="perm",
+        ),
         Sample([rand(3, 5, seed=2)], lambda x: x.T, lambda x: x.T, name="T"),
     ]
 
 
-TRANSPOSE = register(OpDef("Transpose", _transpose_infer, _transpose_kernel,
-                           grad=_transpose_grad, cost=copy_cost, view=True,
-                           samples=_transpose_samples, out_name="transpose_out",
-                           fp16_in_fp32=False))
-TRANSPOSE_INPLACE = register(OpDef(
-    "TransposeInplace", _transpose_infer, _transpose_kernel, grad=_transpose_grad,
-    cost=no_cost, inplace=(0,), out_name="transpose_out", fp16_in_fp32=False,
-    samples=lambda: [Sample([rand(2, 3, 4, seed=3)], lambda x: transpose_(x * 1.0, (0, 2, 1)),
-                            lambda x: x.permute(0, 2, 1))]))
+TRANSPOSE = register(
+    OpDef(
+        "Transpose",
+        _transpose_infer,
+        _transpose_kernel,
+        grad=_transpose_grad,
+        cost=copy_cost,
+        view=True,
+        samples=_transpose_samples,
+        out_name="transpose_out",
+        fp16_in_fp32=False,
+    )
+)
+TRANSPOSE_INPLACE = register(
+    OpDef(
+        "TransposeInplace",
+        _transpose_infer,
+        _transpose_kernel,
+        grad=_transpose_grad,
+        cost=no_cost,
+        inplace=(0,),
+        out_name="transpose_out",
+        fp16_in_fp32=False,
+        samples=lambda: [
+            Sample(
+                [rand(2, 3, 4, seed=3)],
+                lambda x: transpose_(x * 1.0, (0, 2, 1)),
+                lambda x: x.permute(0, 2, 1),
+            )
+        ],
+    )
+)
 
 
 def _perm_attr(t: Tensor, permutation) -> tuple:
@@ -245,14 +312,27 @@ def _expand_grad(ctx):
     return [unbroadcast(ctx.grad_output(0), ctx.op.inputs[0].shape)]
 
 
-EXPAND = register(OpDef(
-    "Expand", _expand_infer, _expand_kernel, grad=_expand_grad, cost=copy_cost, view=True,
-    out_name="expand_out", fp16_in_fp32=False,
-    samples=lambda: [
-        Sample([rand(3, 1)], lambda x: expand(x, (2, 3, 4)), lambda x: x.expand(2, 3, 4)),
-        Sample([rand(1, 4, seed=1)], lambda x: expand(x, (3, 1)), lambda x: x.expand(3, 4),
-               name="bidirectional"),
-    ]))
+EXPAND = register(
+    OpDef(
+        "Expand",
+        _expand_infer,
+        _expand_kernel,
+        grad=_expand_grad,
+        cost=copy_cost,
+        view=True,
+        out_name="expand_out",
+        fp16_in_fp32=False,
+        samples=lambda: [
+            Sample([rand(3, 1)], lambda x: expand(x, (2, 3, 4)), lambda x: x.expand(2, 3, 4)),
+            Sample(
+                [rand(1, 4, seed=1)],
+                lambda x: expand(x, (3, 1)),
+                lambda x: x.expand(3, 4),
+                name="bidirectional",
+            ),
+        ],
+    )
+)
 
 
 def expand(t: Tensor, shape: Sequence[int]) -> Tensor:
@@ -267,18 +347,21 @@ def _concat_infer(ins, axis):
     same_dtype(*ins)
     ranks = {len(s.shape) for s in ins}
     if len(ranks) > 1:
-        raise ValueError(f"concat inputs must have the same rank, got shapes "
-                         f"{[s.shape for s in ins]}")
+        raise ValueError(
+            f"concat inputs must have the same rank, got shapes {[s.shape for s in ins]}"
+        )
     rank = ranks.pop()
     if not -rank <= axis < rank:
         raise ValueError(f"concat axis {axis} is out of range for rank {rank}")
     axis %= rank
-    rest = {s.shape[:axis] + s.shape[axis + 1:] for s in ins}
+    rest = {s.shape[:axis] + s.shape[axis + 1 :] for s in ins}
     if len(rest) > 1:
-        raise ValueError(f"concat inputs must match on every axis but {axis}, got shapes "
-                         f"{[s.shape for s in ins]}")
+        raise ValueError(
+            f"concat inputs must match on every axis but {axis}, got shapes "
+            f"{[s.shape for s in ins]}"
+        )
     size = sum(s.shape[axis] for s in ins)
-    return [spec(ins[0].shape[:axis] + (size,) + ins[0].shape[axis + 1:], ins[0].dtype)]
+    return [spec(ins[0].shape[:axis] + (size,) + ins[0].shape[axis + 1 :], ins[0].dtype)]
 
 
 def _concat_kernel(*xs, axis):
@@ -297,25 +380,48 @@ def _concat_grad(ctx):
 def _concat_samples(fn):
     def samples():
         return [
-            Sample([rand(2, 3), rand(4, 3, seed=1)], lambda a, b: fn([a, b]),
-                   lambda a, b: torch.cat([a, b])),
-            Sample([rand(2, 3, seed=2), rand(2, 1, seed=3), rand(2, 2, seed=4)],
-                   lambda a, b, c: fn([a, b, c], axis=-1),
-                   lambda a, b, c: torch.cat([a, b, c], -1), name="axis-1"),
+            Sample(
+                [rand(2, 3), rand(4, 3, seed=1)],
+                lambda a, b: fn([a, b]),
+                lambda a, b: torch.cat([a, b]),
+            ),
+            Sample(
+                [rand(2, 3, seed=2), rand(2, 1, seed=3), rand(2, 2, seed=4)],
+                lambda a, b, c: fn([a, b, c], axis=-1),
+                lambda a, b, c: torch.cat([a, b, c], -1),
+                name="axis-1",
+            ),
         ]
+
     return samples
 
 
-CONCAT = register(OpDef(
-    "Concat", _concat_infer, _concat_kernel, grad=_concat_grad, cost=copy_cost,
-    samples=_concat_samples(lambda ts, axis=0: concat(ts, axis)), out_name="concat_out",
-    fp16_in_fp32=False))
+CONCAT = register(
+    OpDef(
+        "Concat",
+        _concat_infer,
+        _concat_kernel,
+        grad=_concat_grad,
+        cost=copy_cost,
+        samples=_concat_samples(lambda ts, axis=0: concat(ts, axis)),
+        out_name="concat_out",
+        fp16_in_fp32=False,
+    )
+)
 # popxl's ConcatInplace makes the output an alias of all its inputs. torch cannot express
 # that, so the simulator copies: writes into the output do not reach the inputs.
-CONCAT_INPLACE = register(OpDef(
-    "ConcatInplace", _concat_infer, _concat_kernel, grad=_concat_grad, cost=no_cost,
-    samples=_concat_samples(lambda ts, axis=0: concat_(ts, axis)), out_name="concat_out",
-    fp16_in_fp32=False))
+CONCAT_INPLACE = register(
+    OpDef(
+        "ConcatInplace",
+        _concat_infer,
+        _concat_kernel,
+        grad=_concat_grad,
+        cost=no_cost,
+        samples=_concat_samples(lambda ts, axis=0: concat_(ts, axis)),
+        out_name="concat_out",
+        fp16_in_fp32=False,
+    )
+)
 
 
 def concat(ts: Sequence[Tensor], axis: int = 0) -> Tensor:
@@ -334,9 +440,11 @@ def _split_infer(ins, axis, splits):
         raise ValueError(f"split axis {axis} is out of range for shape {shape}")
     axis %= len(shape)
     if sum(splits) != shape[axis] or any(s < 0 for s in splits):
-        raise ValueError(f"split sizes {list(splits)} do not add up to {shape[axis]}, the size "
-                         f"of axis {axis} of shape {shape}")
-    return [spec(shape[:axis] + (s,) + shape[axis + 1:], ins[0].dtype) for s in splits]
+        raise ValueError(
+            f"split sizes {list(splits)} do not add up to {shape[axis]}, the size "
+            f"of axis {axis} of shape {shape}"
+        )
+    return [spec(shape[:axis] + (s,) + shape[axis + 1 :], ins[0].dtype) for s in splits]
 
 
 def _split_kernel(x, axis, splits):
@@ -349,16 +457,32 @@ def _split_grad(ctx):
     return [concat([ctx.grad_output_or_zero(i) for i in range(n)], ctx.attrs["axis"])]
 
 
-SPLIT = register(OpDef(
-    "Split", _split_infer, _split_kernel, grad=_split_grad, cost=copy_cost, out_name="split_out",
-    fp16_in_fp32=False,
-    samples=lambda: [
-        Sample([rand(6, 2)], lambda x: split(x, 3), lambda x: torch.split(x, 2)),
-        Sample([rand(2, 5, seed=1)], lambda x: split(x, [1, 4], axis=1),
-               lambda x: torch.split(x, [1, 4], 1), name="sizes"),
-        Sample([rand(2, 5, seed=2)], lambda x: split(x, [2, 3], axis=-1)[1],
-               lambda x: torch.split(x, [2, 3], -1)[1], name="one_used"),
-    ]))
+SPLIT = register(
+    OpDef(
+        "Split",
+        _split_infer,
+        _split_kernel,
+        grad=_split_grad,
+        cost=copy_cost,
+        out_name="split_out",
+        fp16_in_fp32=False,
+        samples=lambda: [
+            Sample([rand(6, 2)], lambda x: split(x, 3), lambda x: torch.split(x, 2)),
+            Sample(
+                [rand(2, 5, seed=1)],
+                lambda x: split(x, [1, 4], axis=1),
+                lambda x: torch.split(x, [1, 4], 1),
+                name="sizes",
+            ),
+            Sample(
+                [rand(2, 5, seed=2)],
+                lambda x: split(x, [2, 3], axis=-1)[1],
+                lambda x: torch.split(x, [2, 3], -1)[1],
+                name="one_used",
+            ),
+        ],
+    )
+)
 
 
 def split(t: Tensor, splits: int | list[int], axis: int = 0) -> list[Tensor]:
@@ -368,7 +492,8 @@ def split(t: Tensor, splits: int | list[int], axis: int = 0) -> list[Tensor]:
     if isinstance(splits, (int, np.integer)):
         size = t.shape[axis]
         if splits <= 0 or size % splits:
-            raise ValueError(f"split: cannot split axis {axis} of {t.id!r} {t.shape} into "
-                             f"{splits} equal parts")
+            raise ValueError(
+                f"split: cannot split axis {axis} of {t.id!r} {t.shape} into {splits} equal parts"
+            )
         splits = [size // splits] * int(splits)
     return create_op(SPLIT, [t], {"axis": int(axis), "splits": tuple(int(s) for s in splits)})

@@ -85,38 +85,75 @@ def _slice_samples(fn, with_getitem: bool = False):
     def samples():
         return [
             Sample([rand(5, 4)], lambda x: fn(x, 1, 4), lambda x: x[1:4]),
-            Sample([rand(5, 4, seed=1)], lambda x: fn(x, [-3, 0], [100, 3], axis=[0, 1]),
-                   lambda x: x[-3:, :3], name="multi_clamp"),
-            Sample([rand(5, 6, seed=2)], lambda x: fn(x, None, None, 2, axis=1),
-                   lambda x: x[:, ::2], name="step"),
-            Sample([rand(5, 6, seed=3)], lambda x: fn(x, [4], [0], [-1], axis=[0]),
-                   lambda x: x[1:5].flip(0), name="negative_step"),
+            Sample(
+                [rand(5, 4, seed=1)],
+                lambda x: fn(x, [-3, 0], [100, 3], axis=[0, 1]),
+                lambda x: x[-3:, :3],
+                name="multi_clamp",
+            ),
+            Sample(
+                [rand(5, 6, seed=2)],
+                lambda x: fn(x, None, None, 2, axis=1),
+                lambda x: x[:, ::2],
+                name="step",
+            ),
+            Sample(
+                [rand(5, 6, seed=3)],
+                lambda x: fn(x, [4], [0], [-1], axis=[0]),
+                lambda x: x[1:5].flip(0),
+                name="negative_step",
+            ),
         ]
 
     def getitem_samples():
         # Tensor.__getitem__ builds Slice (+ Subsample, Reshape); checked against torch.
         return samples() + [
-            Sample([rand(5, 4, seed=8)], lambda x: x[1:3, 0], lambda x: x[1:3, 0],
-                   name="getitem"),
-            Sample([rand(2, 3, 4, seed=9)], lambda x: x[..., None, -1],
-                   lambda x: x[..., None, -1], name="getitem_ellipsis_none"),
-            Sample([rand(5, 4, seed=10)], lambda x: x[-1], lambda x: x[-1],
-                   name="getitem_negative_int"),
+            Sample([rand(5, 4, seed=8)], lambda x: x[1:3, 0], lambda x: x[1:3, 0], name="getitem"),
+            Sample(
+                [rand(2, 3, 4, seed=9)],
+                lambda x: x[..., None, -1],
+                lambda x: x[..., None, -1],
+                name="getitem_ellipsis_none",
+            ),
+            Sample(
+                [rand(5, 4, seed=10)], lambda x: x[-1], lambda x: x[-1], name="getitem_negative_int"
+            ),
         ]
+
     return getitem_samples if with_getitem else samples
 
 
-SLICE = register(OpDef("Slice", _slice_infer, _slice_kernel, grad=_slice_grad, cost=_copy_cost,
-                       view=True, samples=_slice_samples(lambda *a, **k: slice(*a, **k), True),
-                       out_name="slice_out", fp16_in_fp32=False))
-SLICE_INPLACE = register(OpDef(
-    "SliceInplace", _slice_infer, _slice_kernel, grad=_slice_grad, cost=no_cost, inplace=(0,),
-    samples=_slice_samples(lambda x, *a, **k: slice_(x * 1.0, *a, **k)),
-    out_name="slice_out", fp16_in_fp32=False))
+SLICE = register(
+    OpDef(
+        "Slice",
+        _slice_infer,
+        _slice_kernel,
+        grad=_slice_grad,
+        cost=_copy_cost,
+        view=True,
+        samples=_slice_samples(lambda *a, **k: slice(*a, **k), True),
+        out_name="slice_out",
+        fp16_in_fp32=False,
+    )
+)
+SLICE_INPLACE = register(
+    OpDef(
+        "SliceInplace",
+        _slice_infer,
+        _slice_kernel,
+        grad=_slice_grad,
+        cost=no_cost,
+        inplace=(0,),
+        samples=_slice_samples(lambda x, *a, **k: slice_(x * 1.0, *a, **k)),
+        out_name="slice_out",
+        fp16_in_fp32=False,
+    )
+)
 
 
-def _slice_attrs(t: Tensor, start: IntOrList, stop: IntOrList, step: IntOrList,
-                 axis: IntOrList) -> dict:
+def _slice_attrs(
+    t: Tensor, start: IntOrList, stop: IntOrList, step: IntOrList, axis: IntOrList
+) -> dict:
     args = [v if v is None or isinstance(v, (list, tuple)) else [v] for v in (start, stop, step)]
     n = max((len(v) for v in args if v is not None), default=0)
     if axis is None:
@@ -135,18 +172,32 @@ def _slice_attrs(t: Tensor, start: IntOrList, stop: IntOrList, step: IntOrList,
     def ints(vs):
         return tuple(None if v is None else int(v) for v in vs)
 
-    return {"axes": tuple(int(a) % t.rank for a in axes), "starts": ints(starts),
-            "stops": ints(stops), "steps": tuple(1 if s is None else int(s) for s in steps)}
+    return {
+        "axes": tuple(int(a) % t.rank for a in axes),
+        "starts": ints(starts),
+        "stops": ints(stops),
+        "steps": tuple(1 if s is None else int(s) for s in steps),
+    }
 
 
-def slice(t: Tensor, start: IntOrList = None, stop: IntOrList = None, step: IntOrList = None,
-          axis: IntOrList = None) -> Tensor:
+def slice(
+    t: Tensor,
+    start: IntOrList = None,
+    stop: IntOrList = None,
+    step: IntOrList = None,
+    axis: IntOrList = None,
+) -> Tensor:
     """numpy-style slice of ``t``; lists slice several axes (``axis`` defaults to 0, 1, ...)."""
     return create_op(SLICE, [t], _slice_attrs(t, start, stop, step, axis))[0]
 
 
-def slice_(t: Tensor, start: IntOrList = None, stop: IntOrList = None, step: IntOrList = None,
-           axis: IntOrList = None) -> Tensor:
+def slice_(
+    t: Tensor,
+    start: IntOrList = None,
+    stop: IntOrList = None,
+    step: IntOrList = None,
+    axis: IntOrList = None,
+) -> Tensor:
     """Like `slice`, but the output aliases ``t`` (for positive steps)."""
     return create_op(SLICE_INPLACE, [t], _slice_attrs(t, start, stop, step, axis))[0]
 
@@ -155,8 +206,10 @@ def slice_(t: Tensor, start: IntOrList = None, stop: IntOrList = None, step: Int
 def _slice_grad_infer(ins, in_shape, axes, starts, stops, steps):
     want = _slice_infer([spec(in_shape, ins[0].dtype)], axes, starts, stops, steps)[0]
     if want.shape != ins[0].shape:
-        raise ValueError(f"slice gradient of shape {ins[0].shape} does not match the slice "
-                         f"shape {want.shape} of {tuple(in_shape)}")
+        raise ValueError(
+            f"slice gradient of shape {ins[0].shape} does not match the slice "
+            f"shape {want.shape} of {tuple(in_shape)}"
+        )
     return [spec(in_shape, ins[0].dtype)]
 
 
@@ -169,36 +222,65 @@ def _slice_grad_kernel(g, in_shape, axes, starts, stops, steps):
 
 def _slice_grad_grad(ctx):
     a = ctx.attrs
-    return [create_op(SLICE, [ctx.grad_output(0)], {k: a[k] for k in ("axes", "starts", "stops",
-                                                                     "steps")})[0]]
+    return [
+        create_op(
+            SLICE, [ctx.grad_output(0)], {k: a[k] for k in ("axes", "starts", "stops", "steps")}
+        )[0]
+    ]
 
 
 def _vjp_reference(in_shape, index_fn):
     """Eager torch adjoint of ``index_fn`` at zeros, differentiable in the cotangent."""
+
     def ref(g):
         x = torch.zeros(in_shape, requires_grad=True)
         return torch.autograd.grad(index_fn(x), x, g, create_graph=True)[0]
+
     return ref
 
 
-SLICE_GRAD = register(OpDef(
-    "SliceGrad", _slice_grad_infer, _slice_grad_kernel, grad=_slice_grad_grad, cost=_copy_cost,
-    out_name="slice_grad_out", fp16_in_fp32=False,
-    samples=lambda: [
-        Sample([rand(2, 4, seed=4)], lambda g: slice_grad(g, (5, 4), (0,), (1,), (None,), (2,)),
-               _vjp_reference((5, 4), lambda x: x[1::2])),
-        Sample([rand(3, 2, seed=5)],
-               lambda g: slice_grad(g, (5, 4), (0, 1), (-1, 3), (-4, 0), (-1, -2)),
-               _vjp_reference((5, 4), lambda x: x[2:5].flip(0)[:, [3, 1]]), name="negative"),
-    ]))
+SLICE_GRAD = register(
+    OpDef(
+        "SliceGrad",
+        _slice_grad_infer,
+        _slice_grad_kernel,
+        grad=_slice_grad_grad,
+        cost=_copy_cost,
+        out_name="slice_grad_out",
+        fp16_in_fp32=False,
+        samples=lambda: [
+            Sample(
+                [rand(2, 4, seed=4)],
+                lambda g: slice_grad(g, (5, 4), (0,), (1,), (None,), (2,)),
+                _vjp_reference((5, 4), lambda x: x[1::2]),
+            ),
+            Sample(
+                [rand(3, 2, seed=5)],
+                lambda g: slice_grad(g, (5, 4), (0, 1), (-1, 3), (-4, 0), (-1, -2)),
+                _vjp_reference((5, 4), lambda x: x[2:5].flip(0)[:, [3, 1]]),
+                name="negative",
+            ),
+        ],
+    )
+)
 
 
-def slice_grad(g: Tensor, in_shape: Sequence[int], axes: Sequence[int],
-               starts: Sequence[int | None], stops: Sequence[int | None],
-               steps: Sequence[int]) -> Tensor:
+def slice_grad(
+    g: Tensor,
+    in_shape: Sequence[int],
+    axes: Sequence[int],
+    starts: Sequence[int | None],
+    stops: Sequence[int | None],
+    steps: Sequence[int],
+) -> Tensor:
     """Zeros of ``in_shape`` with ``g`` written at the slice's positions (its adjoint)."""
-    attrs = {"in_shape": tuple(int(s) for s in in_shape), "axes": tuple(axes),
-             "starts": tuple(starts), "stops": tuple(stops), "steps": tuple(steps)}
+    attrs = {
+        "in_shape": tuple(int(s) for s in in_shape),
+        "axes": tuple(axes),
+        "starts": tuple(starts),
+        "stops": tuple(stops),
+        "steps": tuple(steps),
+    }
     return create_op(SLICE_GRAD, [g], attrs)[0]
 
 
@@ -206,8 +288,9 @@ def slice_grad(g: Tensor, in_shape: Sequence[int], axes: Sequence[int],
 def _subsample_infer(ins, strides):
     shape = ins[0].shape
     if len(strides) != len(shape) or any(s < 1 for s in strides):
-        raise ValueError(f"subsample strides {list(strides)} must be >= 1, one per axis of "
-                         f"shape {shape}")
+        raise ValueError(
+            f"subsample strides {list(strides)} must be >= 1, one per axis of shape {shape}"
+        )
     return [spec([-(-d // s) for d, s in zip(shape, strides)], ins[0].dtype)]
 
 
@@ -218,24 +301,54 @@ def _subsample_kernel(x, strides):
 def _subsample_grad(ctx):
     strides = ctx.attrs["strides"]
     n = len(strides)
-    return [slice_grad(ctx.grad_output(0), ctx.op.inputs[0].shape, tuple(range(n)),
-                       (None,) * n, (None,) * n, strides)]
+    return [
+        slice_grad(
+            ctx.grad_output(0),
+            ctx.op.inputs[0].shape,
+            tuple(range(n)),
+            (None,) * n,
+            (None,) * n,
+            strides,
+        )
+    ]
 
 
-SUBSAMPLE = register(OpDef(
-    "Subsample", _subsample_infer, _subsample_kernel, grad=_subsample_grad, cost=_copy_cost,
-    view=True, out_name="subsample_out", fp16_in_fp32=False,
-    samples=lambda: [
-        Sample([rand(5, 6, 2)], lambda x: subsample(x, [2, 3, 1]), lambda x: x[::2, ::3]),
-        Sample([rand(5, 6, seed=3)], lambda x: subsample(x, 2), lambda x: x[::2],
-               name="int_stride"),
-        Sample([rand(5, 6, 3, seed=4)], lambda x: subsample(x, [3, 4]), lambda x: x[::3, ::4],
-               name="short_strides"),
-        Sample([rand(7, 6, seed=1)], lambda x: x[::-2, 1::3],
-               lambda x: x.flip(0)[::2, 1::3], name="getitem"),
-        Sample([rand(7, 6, seed=2)], lambda x: x[5:0:-3, -2],
-               lambda x: x[[5, 2], -2], name="getitem_negative_step"),
-    ]))
+SUBSAMPLE = register(
+    OpDef(
+        "Subsample",
+        _subsample_infer,
+        _subsample_kernel,
+        grad=_subsample_grad,
+        cost=_copy_cost,
+        view=True,
+        out_name="subsample_out",
+        fp16_in_fp32=False,
+        samples=lambda: [
+            Sample([rand(5, 6, 2)], lambda x: subsample(x, [2, 3, 1]), lambda x: x[::2, ::3]),
+            Sample(
+                [rand(5, 6, seed=3)], lambda x: subsample(x, 2), lambda x: x[::2], name="int_stride"
+            ),
+            Sample(
+                [rand(5, 6, 3, seed=4)],
+                lambda x: subsample(x, [3, 4]),
+                lambda x: x[::3, ::4],
+                name="short_strides",
+            ),
+            Sample(
+                [rand(7, 6, seed=1)],
+                lambda x: x[::-2, 1::3],
+                lambda x: x.flip(0)[::2, 1::3],
+                name="getitem",
+            ),
+            Sample(
+                [rand(7, 6, seed=2)],
+                lambda x: x[5:0:-3, -2],
+                lambda x: x[[5, 2], -2],
+                name="getitem_negative_step",
+            ),
+        ],
+    )
+)
 
 
 def subsample(t: Tensor, strides: int | Sequence[int]) -> Tensor:
@@ -246,8 +359,10 @@ def subsample(t: Tensor, strides: int | Sequence[int]) -> Tensor:
     """
     given = (int(strides),) if isinstance(strides, (int, np.integer)) else tuple(strides)
     if len(given) > t.rank:
-        raise ValueError(f"subsample: {len(given)} strides {list(given)} for the "
-                         f"{t.rank}-d tensor {t.id!r} of shape {t.shape}")
+        raise ValueError(
+            f"subsample: {len(given)} strides {list(given)} for the "
+            f"{t.rank}-d tensor {t.id!r} of shape {t.shape}"
+        )
     full = tuple(int(s) for s in given) + (1,) * (t.rank - len(given))
     return create_op(SUBSAMPLE, [t], {"strides": full})[0]
 
@@ -257,8 +372,10 @@ def _check_dynamic(shape, index, axes, sizes, what: str) -> None:
     if not index.dtype.is_int:
         raise TypeError(f"{what} index must be an integer tensor, got {index.dtype.name}")
     if index.shape != (len(axes),):
-        raise ValueError(f"{what} index must have shape ({len(axes)},) (one offset per axis "
-                         f"{list(axes)}), got {index.shape}")
+        raise ValueError(
+            f"{what} index must have shape ({len(axes)},) (one offset per axis "
+            f"{list(axes)}), got {index.shape}"
+        )
     if len(axes) != len(sizes):
         raise ValueError(f"{what}: axes {list(axes)} and sizes {list(sizes)} differ in length")
     for a, s in zip(axes, sizes):
@@ -297,31 +414,59 @@ def _zeros(shape, dtype) -> Tensor:
 
 def _dynamic_slice_grad(ctx):
     t, a = ctx.op.inputs[0], ctx.attrs
-    return [dynamic_update(_zeros(t.shape, t.dtype), ctx.input(1), ctx.grad_output(0),
-                           a["axes"], a["sizes"], a["no_overlap"]), None]
+    return [
+        dynamic_update(
+            _zeros(t.shape, t.dtype),
+            ctx.input(1),
+            ctx.grad_output(0),
+            a["axes"],
+            a["sizes"],
+            a["no_overlap"],
+        ),
+        None,
+    ]
 
 
 def _i32(*v):
     return np.array(v, dtype=np.int32)
 
 
-DYNAMIC_SLICE = register(OpDef(
-    "DynamicSlice", _dynamic_slice_infer, _dynamic_slice_kernel, grad=_dynamic_slice_grad,
-    cost=_copy_cost, view=True, out_name="dynamicslice_out", fp16_in_fp32=False,
-    samples=lambda: [
-        Sample([rand(5, 4), _i32(1, 2)], lambda x, i: dynamic_slice(x, i, [0, 1], [3, 2], True),
-               lambda x, i: x[int(i[0]):int(i[0]) + 3, int(i[1]):int(i[1]) + 2]),
-        Sample([rand(5, 4, seed=1), np.array([3], np.uint32)],
-               lambda x, i: dynamic_slice(x, i, [0], [2], False), lambda x, i: x[3:5],
-               name="uint32"),
-    ]))
+DYNAMIC_SLICE = register(
+    OpDef(
+        "DynamicSlice",
+        _dynamic_slice_infer,
+        _dynamic_slice_kernel,
+        grad=_dynamic_slice_grad,
+        cost=_copy_cost,
+        view=True,
+        out_name="dynamicslice_out",
+        fp16_in_fp32=False,
+        samples=lambda: [
+            Sample(
+                [rand(5, 4), _i32(1, 2)],
+                lambda x, i: dynamic_slice(x, i, [0, 1], [3, 2], True),
+                lambda x, i: x[int(i[0]) : int(i[0]) + 3, int(i[1]) : int(i[1]) + 2],
+            ),
+            Sample(
+                [rand(5, 4, seed=1), np.array([3], np.uint32)],
+                lambda x, i: dynamic_slice(x, i, [0], [2], False),
+                lambda x, i: x[3:5],
+                name="uint32",
+            ),
+        ],
+    )
+)
 
 
-def dynamic_slice(t: Tensor, index: Tensor, axes: list[int], sizes: list[int],
-                  no_overlap: bool) -> Tensor:
+def dynamic_slice(
+    t: Tensor, index: Tensor, axes: list[int], sizes: list[int], no_overlap: bool
+) -> Tensor:
     """The window of ``sizes`` on ``axes`` of ``t`` starting at the run-time offsets ``index``."""
-    attrs = {"axes": tuple(int(a) for a in axes), "sizes": tuple(int(s) for s in sizes),
-             "no_overlap": bool(no_overlap)}
+    attrs = {
+        "axes": tuple(int(a) for a in axes),
+        "sizes": tuple(int(s) for s in sizes),
+        "no_overlap": bool(no_overlap),
+    }
     return create_op(DYNAMIC_SLICE, [t, index], attrs)[0]
 
 
@@ -330,8 +475,10 @@ def _dynamic_update_infer(ins, axes, sizes, no_overlap):
     _check_dynamic(t.shape, index, axes, sizes, "dynamic_update")
     want = _sliced_shape(t.shape, axes, sizes)
     if upd.shape != want or upd.dtype != t.dtype:
-        raise ValueError(f"dynamic_update: t_update must be {want} {t.dtype.name}, got "
-                         f"{upd.shape} {upd.dtype.name}")
+        raise ValueError(
+            f"dynamic_update: t_update must be {want} {t.dtype.name}, got "
+            f"{upd.shape} {upd.dtype.name}"
+        )
     return [t]
 
 
@@ -349,48 +496,78 @@ def _dynamic_update_inplace_kernel(x, index, upd, axes, sizes, no_overlap):
 def _dynamic_update_grad(ctx):
     g, a, index = ctx.grad_output(0), ctx.attrs, ctx.input(1)
     upd = ctx.op.inputs[2]
-    dt = dynamic_update(g, index, _zeros(upd.shape, upd.dtype), a["axes"], a["sizes"],
-                        a["no_overlap"])
+    dt = dynamic_update(
+        g, index, _zeros(upd.shape, upd.dtype), a["axes"], a["sizes"], a["no_overlap"]
+    )
     return [dt, None, dynamic_slice(g, index, a["axes"], a["sizes"], a["no_overlap"])]
 
 
 def _update_reference(x, i, u):
     o = int(i[0])
-    return torch.cat([x[:, :o], u, x[:, o + u.shape[1]:]], 1)
+    return torch.cat([x[:, :o], u, x[:, o + u.shape[1] :]], 1)
 
 
 def _dynamic_update_samples(fn):
     def samples():
-        return [Sample([rand(3, 5), _i32(1), rand(3, 2, seed=1)],
-                       lambda x, i, u: fn(x, i, u, [1], [2], True), _update_reference)]
+        return [
+            Sample(
+                [rand(3, 5), _i32(1), rand(3, 2, seed=1)],
+                lambda x, i, u: fn(x, i, u, [1], [2], True),
+                _update_reference,
+            )
+        ]
+
     return samples
 
 
-DYNAMIC_UPDATE = register(OpDef(
-    "DynamicUpdate", _dynamic_update_infer, _dynamic_update_kernel, grad=_dynamic_update_grad,
-    cost=_copy_cost, out_name="dynamicupdate_out", fp16_in_fp32=False,
-    samples=_dynamic_update_samples(lambda *a: dynamic_update(*a))))
-DYNAMIC_UPDATE_INPLACE = register(OpDef(
-    "DynamicUpdateInplace", _dynamic_update_infer, _dynamic_update_inplace_kernel,
-    grad=_dynamic_update_grad, cost=_copy_cost, inplace=(0,), out_name="dynamicupdate_out",
-    fp16_in_fp32=False,
-    samples=_dynamic_update_samples(lambda x, *a: dynamic_update_(x * 1.0, *a))))
+DYNAMIC_UPDATE = register(
+    OpDef(
+        "DynamicUpdate",
+        _dynamic_update_infer,
+        _dynamic_update_kernel,
+        grad=_dynamic_update_grad,
+        cost=_copy_cost,
+        out_name="dynamicupdate_out",
+        fp16_in_fp32=False,
+        samples=_dynamic_update_samples(lambda *a: dynamic_update(*a)),
+    )
+)
+DYNAMIC_UPDATE_INPLACE = register(
+    OpDef(
+        "DynamicUpdateInplace",
+        _dynamic_update_infer,
+        _dynamic_update_inplace_kernel,
+        grad=_dynamic_update_grad,
+        cost=_copy_cost,
+        inplace=(0,),
+        out_name="dynamicupdate_out",
+        fp16_in_fp32=False,
+        samples=_dynamic_update_samples(lambda x, *a: dynamic_update_(x * 1.0, *a)),
+    )
+)
 
 
 def _dynamic_update_attrs(axes, sizes, no_overlap) -> dict:
-    return {"axes": tuple(int(a) for a in axes), "sizes": tuple(int(s) for s in sizes),
-            "no_overlap": bool(no_overlap)}
+    return {
+        "axes": tuple(int(a) for a in axes),
+        "sizes": tuple(int(s) for s in sizes),
+        "no_overlap": bool(no_overlap),
+    }
 
 
-def dynamic_update(t: Tensor, index: Tensor, t_update: Tensor, axes: list[int],
-                   sizes: list[int], no_overlap: bool) -> Tensor:
+def dynamic_update(
+    t: Tensor, index: Tensor, t_update: Tensor, axes: list[int], sizes: list[int], no_overlap: bool
+) -> Tensor:
     """A copy of ``t`` with the window at run-time offsets ``index`` replaced by ``t_update``."""
-    return create_op(DYNAMIC_UPDATE, [t, index, t_update],
-                     _dynamic_update_attrs(axes, sizes, no_overlap))[0]
+    return create_op(
+        DYNAMIC_UPDATE, [t, index, t_update], _dynamic_update_attrs(axes, sizes, no_overlap)
+    )[0]
 
 
-def dynamic_update_(t: Tensor, index: Tensor, t_update: Tensor, axes: list[int],
-                    sizes: list[int], no_overlap: bool) -> Tensor:
+def dynamic_update_(
+    t: Tensor, index: Tensor, t_update: Tensor, axes: list[int], sizes: list[int], no_overlap: bool
+) -> Tensor:
     """Like `dynamic_update`, but writes ``t`` in place."""
-    return create_op(DYNAMIC_UPDATE_INPLACE, [t, index, t_update],
-                     _dynamic_update_attrs(axes, sizes, no_overlap))[0]
+    return create_op(
+        DYNAMIC_UPDATE_INPLACE, [t, index, t_update], _dynamic_update_attrs(axes, sizes, no_overlap)
+    )[0]

@@ -45,8 +45,9 @@ def same_spec(ins, **attrs):
 float_spec = floating(same_spec)  # exp, log, sqrt, trigonometry, rounding: float only in PopXL
 
 
-def unary_samples(build: Callable, ref: Callable, low: float = -1.0, high: float = 1.0,
-                  seed: int = 0) -> Callable:
+def unary_samples(
+    build: Callable, ref: Callable, low: float = -1.0, high: float = 1.0, seed: int = 0
+) -> Callable:
     """Two samples (a matrix and a rank-3 tensor) with data in [low, high)."""
     return lambda: [
         Sample([rand(3, 4, low=low, high=high, seed=seed)], build, ref),
@@ -129,8 +130,12 @@ def _tanh_grad_samples():
 
     return [
         Sample([g, x], build, vjp, grad=False, rtol=0.0, atol=0.0),
-        Sample([g, x], build, lambda g, x: torch.ops.aten.tanh_backward(g, torch.tanh(x)),
-               name="double_backward"),
+        Sample(
+            [g, x],
+            build,
+            lambda g, x: torch.ops.aten.tanh_backward(g, torch.tanh(x)),
+            name="double_backward",
+        ),
     ]
 
 
@@ -138,36 +143,132 @@ def _exp_inplace_kernel(x):
     return x.exp_()
 
 
-ABS = register(OpDef("Abs", same_spec, torch.abs, grad=_abs_grad,
-                     samples=unary_samples(lambda x: abs(x), torch.abs, seed=200)))
-SQRT = register(OpDef("Sqrt", float_spec, torch.sqrt, grad=_sqrt_grad,
-                      samples=unary_samples(lambda x: sqrt(x), torch.sqrt, 0.1, 4.0, seed=202)))
-EXP = register(OpDef("Exp", float_spec, torch.exp, pointwise=True, grad=_exp_grad,
-                     samples=unary_samples(lambda x: exp(x), torch.exp, -2.0, 2.0, seed=204)))
-EXP_INPLACE = register(OpDef(
-    "ExpInplace", float_spec, _exp_inplace_kernel, grad=_exp_grad, pointwise=True, inplace=(0,),
-    out_name="exp_out",
-    samples=unary_samples(lambda x: exp_(x * 1.0), torch.exp, -2.0, 2.0, seed=206)))
-LOG = register(OpDef(
-    "Log", float_spec, torch.log, grad=_log_grad, pointwise=True,
-    samples=lambda: unary_samples(lambda x: log(x), torch.log, 0.1, 4.0, seed=208)() + [
-        Sample([rand(3, 4, low=0.1, high=8.0, seed=210)], lambda x: log2(x), torch.log2,
-               name="log2")]))
-SIN = register(OpDef("Sin", float_spec, torch.sin, pointwise=True, grad=_sin_grad,
-                     samples=unary_samples(lambda x: sin(x), torch.sin, -3.0, 3.0, seed=212)))
-COS = register(OpDef("Cos", float_spec, torch.cos, pointwise=True, grad=_cos_grad,
-                     samples=unary_samples(lambda x: cos(x), torch.cos, -3.0, 3.0, seed=214)))
-TANH = register(OpDef("Tanh", float_spec, torch.tanh, pointwise=True, grad=_tanh_grad,
-                      samples=unary_samples(lambda x: tanh(x), torch.tanh, -2.0, 2.0, seed=216)))
-TANH_GRAD = register(OpDef("TanhGrad", _tanh_grad_infer, torch.ops.aten.tanh_backward,
-                           grad=_tanh_grad_grad, samples=_tanh_grad_samples))
-CEIL = register(OpDef("Ceil", float_spec, torch.ceil, grad=no_grad,
-                      samples=unary_samples(lambda x: ceil(x), torch.ceil, -3.0, 3.0, seed=218)))
-FLOOR = register(OpDef(
-    "Floor", float_spec, torch.floor, grad=no_grad,
-    samples=unary_samples(lambda x: floor(x), torch.floor, -3.0, 3.0, seed=220)))
-SIGN = register(OpDef("Sign", same_spec, torch.sign, grad=no_grad,
-                      samples=unary_samples(lambda x: sign(x), torch.sign, seed=222)))
+ABS = register(
+    OpDef(
+        "Abs",
+        same_spec,
+        torch.abs,
+        grad=_abs_grad,
+        samples=unary_samples(lambda x: abs(x), torch.abs, seed=200),
+    )
+)
+SQRT = register(
+    OpDef(
+        "Sqrt",
+        float_spec,
+        torch.sqrt,
+        grad=_sqrt_grad,
+        samples=unary_samples(lambda x: sqrt(x), torch.sqrt, 0.1, 4.0, seed=202),
+    )
+)
+EXP = register(
+    OpDef(
+        "Exp",
+        float_spec,
+        torch.exp,
+        pointwise=True,
+        grad=_exp_grad,
+        samples=unary_samples(lambda x: exp(x), torch.exp, -2.0, 2.0, seed=204),
+    )
+)
+EXP_INPLACE = register(
+    OpDef(
+        "ExpInplace",
+        float_spec,
+        _exp_inplace_kernel,
+        grad=_exp_grad,
+        pointwise=True,
+        inplace=(0,),
+        out_name="exp_out",
+        samples=unary_samples(lambda x: exp_(x * 1.0), torch.exp, -2.0, 2.0, seed=206),
+    )
+)
+LOG = register(
+    OpDef(
+        "Log",
+        float_spec,
+        torch.log,
+        grad=_log_grad,
+        pointwise=True,
+        samples=lambda: (
+            unary_samples(lambda x: log(x), torch.log, 0.1, 4.0, seed=208)()
+            + [
+                Sample(
+                    [rand(3, 4, low=0.1, high=8.0, seed=210)],
+                    lambda x: log2(x),
+                    torch.log2,
+                    name="log2",
+                )
+            ]
+        ),
+    )
+)
+SIN = register(
+    OpDef(
+        "Sin",
+        float_spec,
+        torch.sin,
+        pointwise=True,
+        grad=_sin_grad,
+        samples=unary_samples(lambda x: sin(x), torch.sin, -3.0, 3.0, seed=212),
+    )
+)
+COS = register(
+    OpDef(
+        "Cos",
+        float_spec,
+        torch.cos,
+        pointwise=True,
+        grad=_cos_grad,
+        samples=unary_samples(lambda x: cos(x), torch.cos, -3.0, 3.0, seed=214),
+    )
+)
+TANH = register(
+    OpDef(
+        "Tanh",
+        float_spec,
+        torch.tanh,
+        pointwise=True,
+        grad=_tanh_grad,
+        samples=unary_samples(lambda x: tanh(x), torch.tanh, -2.0, 2.0, seed=216),
+    )
+)
+TANH_GRAD = register(
+    OpDef(
+        "TanhGrad",
+        _tanh_grad_infer,
+        torch.ops.aten.tanh_backward,
+        grad=_tanh_grad_grad,
+        samples=_tanh_grad_samples,
+    )
+)
+CEIL = register(
+    OpDef(
+        "Ceil",
+        float_spec,
+        torch.ceil,
+        grad=no_grad,
+        samples=unary_samples(lambda x: ceil(x), torch.ceil, -3.0, 3.0, seed=218),
+    )
+)
+FLOOR = register(
+    OpDef(
+        "Floor",
+        float_spec,
+        torch.floor,
+        grad=no_grad,
+        samples=unary_samples(lambda x: floor(x), torch.floor, -3.0, 3.0, seed=220),
+    )
+)
+SIGN = register(
+    OpDef(
+        "Sign",
+        same_spec,
+        torch.sign,
+        grad=no_grad,
+        samples=unary_samples(lambda x: sign(x), torch.sign, seed=222),
+    )
+)
 
 
 def abs(t: Tensor) -> Tensor:
@@ -258,16 +359,33 @@ def _clip_grad(ctx):
     return [where(equal(x, ctx.output(0)), ctx.grad_output(0), 0.0)]
 
 
-CLIP = register(OpDef(
-    "Clip", _clip_infer, _clip_kernel, grad=_clip_grad,
-    samples=lambda: [
-        Sample([rand(3, 4, low=-2.0, high=2.0, seed=230)], lambda x: clip(x, -0.5, 0.8),
-               lambda x: torch.clamp(x, -0.5, 0.8)),
-        Sample([rand(2, 6, low=-2.0, high=2.0, seed=231)], lambda x: clamp(x, min=0.1),
-               lambda x: torch.clamp(x, min=0.1), name="min_only"),
-        Sample([np.array([-7, 3, 12, 5], np.int32)], lambda x: clip(x, 0, 6),
-               lambda x: torch.clamp(x, 0, 6), name="int"),
-    ]))
+CLIP = register(
+    OpDef(
+        "Clip",
+        _clip_infer,
+        _clip_kernel,
+        grad=_clip_grad,
+        samples=lambda: [
+            Sample(
+                [rand(3, 4, low=-2.0, high=2.0, seed=230)],
+                lambda x: clip(x, -0.5, 0.8),
+                lambda x: torch.clamp(x, -0.5, 0.8),
+            ),
+            Sample(
+                [rand(2, 6, low=-2.0, high=2.0, seed=231)],
+                lambda x: clamp(x, min=0.1),
+                lambda x: torch.clamp(x, min=0.1),
+                name="min_only",
+            ),
+            Sample(
+                [np.array([-7, 3, 12, 5], np.int32)],
+                lambda x: clip(x, 0, 6),
+                lambda x: torch.clamp(x, 0, 6),
+                name="int",
+            ),
+        ],
+    )
+)
 
 
 def clip(t: Tensor, min: float = float("-inf"), max: float = float("inf")) -> Tensor:
@@ -283,8 +401,10 @@ clamp = clip
 
 def _cast_infer(ins, data_type):
     if data_type in (dtypes.float8_143, dtypes.float8_152):
-        raise TypeError(f"cast to {data_type.name} is not a plain cast; use "
-                        "ops.pow2scale_cast_to_fp8 / pow2scale_cast_from_fp8")
+        raise TypeError(
+            f"cast to {data_type.name} is not a plain cast; use "
+            "ops.pow2scale_cast_to_fp8 / pow2scale_cast_from_fp8"
+        )
     return [spec(ins[0].shape, data_type)]
 
 
@@ -299,18 +419,43 @@ def _cast_grad(ctx):
     return [cast(g, src.dtype)]
 
 
-CAST = register(OpDef(
-    "Cast", _cast_infer, _cast_kernel, grad=_cast_grad, fp16_in_fp32=False,
-    samples=lambda: [
-        Sample([rand(3, 4, seed=240)], lambda x: cast(x, dtypes.float16),
-               lambda x: x.to(torch.float16), rtol=1e-3, atol=1e-3, name="to_float16"),
-        Sample([np.array([2.7, -3.2, 0.4, 9.9], np.float32)], lambda x: cast(x, dtypes.int32),
-               lambda x: x.to(torch.int32), name="to_int32"),
-        Sample([np.array([3, -1, 0, 7], np.int32)], lambda x: cast(x, dtypes.float32),
-               lambda x: x.to(torch.float32), name="from_int32"),
-        Sample([np.array([3, 0, -2], np.int32)], lambda x: cast(x, dtypes.bool),
-               lambda x: x.to(torch.bool), name="to_bool"),
-    ]))
+CAST = register(
+    OpDef(
+        "Cast",
+        _cast_infer,
+        _cast_kernel,
+        grad=_cast_grad,
+        fp16_in_fp32=False,
+        samples=lambda: [
+            Sample(
+                [rand(3, 4, seed=240)],
+                lambda x: cast(x, dtypes.float16),
+                lambda x: x.to(torch.float16),
+                rtol=1e-3,
+                atol=1e-3,
+                name="to_float16",
+            ),
+            Sample(
+                [np.array([2.7, -3.2, 0.4, 9.9], np.float32)],
+                lambda x: cast(x, dtypes.int32),
+                lambda x: x.to(torch.int32),
+                name="to_int32",
+            ),
+            Sample(
+                [np.array([3, -1, 0, 7], np.int32)],
+                lambda x: cast(x, dtypes.float32),
+                lambda x: x.to(torch.float32),
+                name="from_int32",
+            ),
+            Sample(
+                [np.array([3, 0, -2], np.int32)],
+                lambda x: cast(x, dtypes.bool),
+                lambda x: x.to(torch.bool),
+                name="to_bool",
+            ),
+        ],
+    )
+)
 
 
 def cast(t: Tensor, data_type: dtypes.dtype) -> Tensor:
@@ -327,16 +472,34 @@ def _alias(x):
     return x
 
 
-DETACH = register(OpDef(
-    "Detach", same_spec, _alias, grad=no_grad, view=True, fp16_in_fp32=False,
-    extra={"stops_gradient": True},
-    samples=lambda: [Sample([rand(3, 4, seed=250)], lambda x: x * detach(x),
-                            lambda x: x * x.detach())]))
-DETACH_INPLACE = register(OpDef(
-    "DetachInplace", same_spec, _alias, grad=no_grad, inplace=(0,), fp16_in_fp32=False,
-    out_name="detach_out",
-    samples=lambda: [Sample([rand(3, 4, seed=252)], lambda x: x * detach_(x * 1.0),
-                            lambda x: x * x.detach())]))
+DETACH = register(
+    OpDef(
+        "Detach",
+        same_spec,
+        _alias,
+        grad=no_grad,
+        view=True,
+        fp16_in_fp32=False,
+        extra={"stops_gradient": True},
+        samples=lambda: [
+            Sample([rand(3, 4, seed=250)], lambda x: x * detach(x), lambda x: x * x.detach())
+        ],
+    )
+)
+DETACH_INPLACE = register(
+    OpDef(
+        "DetachInplace",
+        same_spec,
+        _alias,
+        grad=no_grad,
+        inplace=(0,),
+        fp16_in_fp32=False,
+        out_name="detach_out",
+        samples=lambda: [
+            Sample([rand(3, 4, seed=252)], lambda x: x * detach_(x * 1.0), lambda x: x * x.detach())
+        ],
+    )
+)
 
 
 def detach(t: Tensor) -> Tensor:
@@ -372,20 +535,40 @@ def _incmod_grad(ctx):
 
 def _incmod_samples(fn: Callable, seed: int) -> Callable:
     return lambda: [
-        Sample([rand(3, 4, low=0.0, high=2.0, seed=seed)], lambda x: fn(x, 1.25, 2.5),
-               lambda x: torch.fmod(x + 1.25, 2.5)),
-        Sample([np.array([0, 3, 4, 6], np.int32)], lambda x: fn(x, 1, 5),
-               lambda x: torch.fmod(x + 1, 5), name="int"),
+        Sample(
+            [rand(3, 4, low=0.0, high=2.0, seed=seed)],
+            lambda x: fn(x, 1.25, 2.5),
+            lambda x: torch.fmod(x + 1.25, 2.5),
+        ),
+        Sample(
+            [np.array([0, 3, 4, 6], np.int32)],
+            lambda x: fn(x, 1, 5),
+            lambda x: torch.fmod(x + 1, 5),
+            name="int",
+        ),
     ]
 
 
-INCREMENT_MOD = register(OpDef(
-    "IncrementMod", _incmod_infer, _incmod_kernel, grad=_incmod_grad,
-    samples=_incmod_samples(lambda x, i, m: increment_mod(x, i, m), 260)))
-INCREMENT_MOD_INPLACE = register(OpDef(
-    "IncrementModInplace", _incmod_infer, _incmod_inplace_kernel, grad=_incmod_grad,
-    inplace=(0,), out_name="incrementmod_out",
-    samples=_incmod_samples(lambda x, i, m: increment_mod_(x * 1, i, m), 262)))
+INCREMENT_MOD = register(
+    OpDef(
+        "IncrementMod",
+        _incmod_infer,
+        _incmod_kernel,
+        grad=_incmod_grad,
+        samples=_incmod_samples(lambda x, i, m: increment_mod(x, i, m), 260),
+    )
+)
+INCREMENT_MOD_INPLACE = register(
+    OpDef(
+        "IncrementModInplace",
+        _incmod_infer,
+        _incmod_inplace_kernel,
+        grad=_incmod_grad,
+        inplace=(0,),
+        out_name="incrementmod_out",
+        samples=_incmod_samples(lambda x, i, m: increment_mod_(x * 1, i, m), 262),
+    )
+)
 
 
 def increment_mod(t: Tensor, increment: float, modulus: float) -> Tensor:
@@ -396,5 +579,3 @@ def increment_mod(t: Tensor, increment: float, modulus: float) -> Tensor:
 def increment_mod_(t: Tensor, increment: float, modulus: float) -> Tensor:
     """t <- fmod(t + increment, modulus) in place; returns the updated alias of t."""
     return create_op(INCREMENT_MOD_INPLACE, [t], {"increment": increment, "modulus": modulus})[0]
-
-

@@ -95,15 +95,19 @@ def _check_int_accumulate(t, x, factor_in, kind, factor) -> None:
     """popxl accumulates integer tensors too (t += f * X, exact); only with integer factors,
     so nothing is silently truncated."""
     if kind not in ("add", "square"):
-        raise TypeError(f"accumulation kind {kind!r} needs a floating point t, got "
-                        f"{t.dtype.name} (integers support plain and square accumulation)")
+        raise TypeError(
+            f"accumulation kind {kind!r} needs a floating point t, got "
+            f"{t.dtype.name} (integers support plain and square accumulation)"
+        )
     if x.dtype != t.dtype:
         raise TypeError(f"X is {x.dtype.name} but the integer accumulator t is {t.dtype.name}")
     if factor is not None and float(factor) != int(factor):
         raise ValueError(f"the factor {factor} of an integer accumulator must be a whole number")
     if factor_in and (not factor_in[0].dtype.is_int or factor_in[0].nelms != 1):
-        raise TypeError(f"the factor of an integer accumulator must be an integer scalar, got "
-                        f"{factor_in[0].dtype.name} {factor_in[0].shape}")
+        raise TypeError(
+            f"the factor of an integer accumulator must be an integer scalar, got "
+            f"{factor_in[0].dtype.name} {factor_in[0].shape}"
+        )
 
 
 def _accumulate_kernel(t, x, *factor_in, kind, factor):
@@ -123,8 +127,7 @@ def _accumulate_cost(ins, outs, attrs) -> Cost:
 
 
 def _acc_sample(kind, build, ref, *inputs, rtol=1e-5, name=""):
-    return Sample(list(inputs), build, ref, grad=False, rtol=rtol, atol=1e-6,
-                  name=name or kind)
+    return Sample(list(inputs), build, ref, grad=False, rtol=rtol, atol=1e-6, name=name or kind)
 
 
 def _accumulate_samples():
@@ -133,40 +136,109 @@ def _accumulate_samples():
     h = rand(2, 2, seed=13, dtype=np.float16)
     return [
         _acc_sample("add", lambda a, b: accumulate_(a, b), lambda a, b: a + b, t, x),
-        _acc_sample("add", lambda a, b: accumulate_(a, b, 0.5), lambda a, b: a + 0.5 * b, t, x,
-                    name="add_float_f"),
-        _acc_sample("add", lambda a, b, c: accumulate_(a, b, c), lambda a, b, c: a + c * b,
-                    t, x2, f, name="add_tensor_f_broadcast"),
-        _acc_sample("square", lambda a, b: accumulate_square_(a, b, 0.25),
-                    lambda a, b: a + 0.25 * b * b, t, x),
-        _acc_sample("mean", lambda a, b, s: accumulate_mean_(a, b, s),
-                    lambda a, b, s: s / (s + 1) * a + b / (s + 1), t, x, step),
-        _acc_sample("moving_average", lambda a, b: accumulate_moving_average_(a, b, 0.9),
-                    lambda a, b: 0.9 * a + 0.1 * b, t, x),
-        _acc_sample("moving_average", lambda a, b, c: accumulate_moving_average_(a, b, c),
-                    lambda a, b, c: c * a + (1 - c) * b, t, x, f, name="moving_average_tensor_f"),
-        _acc_sample("moving_average_square",
-                    lambda a, b: accumulate_moving_average_square_(a, b, 0.999),
-                    lambda a, b: 0.999 * a + 0.001 * b * b, t, x),
+        _acc_sample(
+            "add",
+            lambda a, b: accumulate_(a, b, 0.5),
+            lambda a, b: a + 0.5 * b,
+            t,
+            x,
+            name="add_float_f",
+        ),
+        _acc_sample(
+            "add",
+            lambda a, b, c: accumulate_(a, b, c),
+            lambda a, b, c: a + c * b,
+            t,
+            x2,
+            f,
+            name="add_tensor_f_broadcast",
+        ),
+        _acc_sample(
+            "square",
+            lambda a, b: accumulate_square_(a, b, 0.25),
+            lambda a, b: a + 0.25 * b * b,
+            t,
+            x,
+        ),
+        _acc_sample(
+            "mean",
+            lambda a, b, s: accumulate_mean_(a, b, s),
+            lambda a, b, s: s / (s + 1) * a + b / (s + 1),
+            t,
+            x,
+            step,
+        ),
+        _acc_sample(
+            "moving_average",
+            lambda a, b: accumulate_moving_average_(a, b, 0.9),
+            lambda a, b: 0.9 * a + 0.1 * b,
+            t,
+            x,
+        ),
+        _acc_sample(
+            "moving_average",
+            lambda a, b, c: accumulate_moving_average_(a, b, c),
+            lambda a, b, c: c * a + (1 - c) * b,
+            t,
+            x,
+            f,
+            name="moving_average_tensor_f",
+        ),
+        _acc_sample(
+            "moving_average_square",
+            lambda a, b: accumulate_moving_average_square_(a, b, 0.999),
+            lambda a, b: 0.999 * a + 0.001 * b * b,
+            t,
+            x,
+        ),
         # float16 state with a float32 update: X and the float32 coefficients 0.9 and
         # 1 - 0.9 are cast to float16 and the rule runs in float16 (IPU var-update semantics)
-        _acc_sample("moving_average", lambda a, b: accumulate_moving_average_(a, b, 0.9),
-                    lambda a, b: _h(0.9) * a + _h(1 - np.float32(0.9)) * b.half(), h,
-                    rand(2, 2, seed=14), rtol=0, name="float16_state"),
-        _acc_sample("square", lambda a, b: accumulate_square_(a, b, 0.25),
-                    lambda a, b: a + _h(0.25) * (b.half() * b.half()), h, rand(2, 2, seed=15),
-                    rtol=0, name="float16_state_square"),
-        _acc_sample("add", lambda a, b: accumulate_(a, b), lambda a, b: a + b,
-                    randint(3, 4, high=2**30, seed=16), randint(3, 4, high=2**30, seed=17),
-                    rtol=0, name="int32"),
-        _acc_sample("add", lambda a, b, c: accumulate_(a, b, c), lambda a, b, c: a + c * b,
-                    randint(2, 3, high=1000, seed=18), randint(3, high=1000, seed=19),
-                    np.array(-3, np.int32), rtol=0, name="int32_tensor_f"),
-        _acc_sample("square", lambda a, b: accumulate_square_(a, b, 2.0),
-                    lambda a, b: (a.long() + 2 * b.long() ** 2).to(torch.uint32),
-                    randint(2, 3, high=2**31, seed=20).astype(np.uint32),
-                    randint(2, 3, high=2**20, seed=21).astype(np.uint32), rtol=0,
-                    name="uint32_wraps"),
+        _acc_sample(
+            "moving_average",
+            lambda a, b: accumulate_moving_average_(a, b, 0.9),
+            lambda a, b: _h(0.9) * a + _h(1 - np.float32(0.9)) * b.half(),
+            h,
+            rand(2, 2, seed=14),
+            rtol=0,
+            name="float16_state",
+        ),
+        _acc_sample(
+            "square",
+            lambda a, b: accumulate_square_(a, b, 0.25),
+            lambda a, b: a + _h(0.25) * (b.half() * b.half()),
+            h,
+            rand(2, 2, seed=15),
+            rtol=0,
+            name="float16_state_square",
+        ),
+        _acc_sample(
+            "add",
+            lambda a, b: accumulate_(a, b),
+            lambda a, b: a + b,
+            randint(3, 4, high=2**30, seed=16),
+            randint(3, 4, high=2**30, seed=17),
+            rtol=0,
+            name="int32",
+        ),
+        _acc_sample(
+            "add",
+            lambda a, b, c: accumulate_(a, b, c),
+            lambda a, b, c: a + c * b,
+            randint(2, 3, high=1000, seed=18),
+            randint(3, high=1000, seed=19),
+            np.array(-3, np.int32),
+            rtol=0,
+            name="int32_tensor_f",
+        ),
+        _acc_sample(
+            "square",
+            lambda a, b: accumulate_square_(a, b, 2.0),
+            lambda a, b: (a.long() + 2 * b.long() ** 2).to(torch.uint32),
+            randint(2, 3, high=2**31, seed=20).astype(np.uint32),
+            randint(2, 3, high=2**20, seed=21).astype(np.uint32),
+            rtol=0,
+            name="uint32_wraps",
+        ),
     ]
 
 
@@ -174,9 +246,18 @@ def _h(value: float) -> torch.Tensor:
     return torch.tensor(np.float32(value), dtype=torch.float16)
 
 
-ACCUMULATE = register(OpDef(
-    "Accumulate", _accumulate_infer, _accumulate_kernel, cost=_accumulate_cost, inplace=(0,),
-    samples=_accumulate_samples, out_name="accumulate_out", fp16_in_fp32=False))
+ACCUMULATE = register(
+    OpDef(
+        "Accumulate",
+        _accumulate_infer,
+        _accumulate_kernel,
+        cost=_accumulate_cost,
+        inplace=(0,),
+        samples=_accumulate_samples,
+        out_name="accumulate_out",
+        fp16_in_fp32=False,
+    )
+)
 
 
 def _accumulate(kind: str, t: Tensor, X: Tensor, f: Factor | None) -> Tensor:
@@ -225,10 +306,12 @@ def _sparse_infer(ins, axis, factor, has_f, has_w):
     if not -rank <= axis < rank:
         raise ValueError(f"axis {axis} is out of range for the accumulator's rank {rank}")
     axis %= rank
-    want = (*t.shape[:axis], *idx.shape, *t.shape[axis + 1:])
+    want = (*t.shape[:axis], *idx.shape, *t.shape[axis + 1 :])
     if x.shape != want:
-        raise ValueError(f"X has shape {x.shape}; gathering {idx.shape} indices on axis {axis} "
-                         f"of {t.shape} gives {want}")
+        raise ValueError(
+            f"X has shape {x.shape}; gathering {idx.shape} indices on axis {axis} "
+            f"of {t.shape} gives {want}"
+        )
     if has_w and ins[-1].shape != t.shape:
         raise ValueError(f"W has shape {ins[-1].shape}, the accumulator has {t.shape}")
     return [t]
@@ -239,7 +322,7 @@ def _sparse_kernel(t, x, *rest, axis, factor, has_f, has_w):
     idx = rest[1 if has_f else 0].reshape(-1).long()
     axis %= t.dim()
     c = _in_dtype_of(t)
-    src = c(x).reshape(*t.shape[:axis], idx.numel(), *t.shape[axis + 1:])
+    src = c(x).reshape(*t.shape[:axis], idx.numel(), *t.shape[axis + 1 :])
     t.index_add_(axis, idx, c(f) * src)
     return t
 
@@ -254,31 +337,61 @@ def _sparse_samples():
 
     return [
         Sample([t, x, idx], lambda a, b, i: sparse_accumulate_(a, b, i), ref, grad=False),
-        Sample([t, x, idx, np.array(0.5, np.float32)],
-               lambda a, b, i, f: sparse_accumulate_(a, b, i, f=f), ref, grad=False,
-               name="tensor_f"),
-        Sample([t, rand(5, 2, seed=22), np.array([2, 1], np.int32), w],
-               lambda a, b, i, ww: sparse_accumulate_(a, b, i, axis=1, f=-2.0, W=ww),
-               lambda a, b, i, ww: a.index_add(1, i.long(), -2.0 * b), grad=False,
-               name="axis1_float_f_W"),
-        Sample([rand(4, 2, seed=24), rand(2, 3, 2, seed=25), randint(2, 3, high=4, seed=3)],
-               lambda a, b, i: sparse_accumulate_(a, b, i),
-               lambda a, b, i: a.index_add(0, i.reshape(-1).long(), b.reshape(6, 2)),
-               grad=False, name="2d_indices"),
-        Sample([rand(5, 3, seed=26, dtype=np.float16), x, idx],
-               lambda a, b, i: sparse_accumulate_(a, b, i, f=0.3),
-               lambda a, b, i: a.index_add(0, i.long(), _h(0.3) * b.half()), grad=False,
-               rtol=0, atol=0, name="float16_state"),
+        Sample(
+            [t, x, idx, np.array(0.5, np.float32)],
+            lambda a, b, i, f: sparse_accumulate_(a, b, i, f=f),
+            ref,
+            grad=False,
+            name="tensor_f",
+        ),
+        Sample(
+            [t, rand(5, 2, seed=22), np.array([2, 1], np.int32), w],
+            lambda a, b, i, ww: sparse_accumulate_(a, b, i, axis=1, f=-2.0, W=ww),
+            lambda a, b, i, ww: a.index_add(1, i.long(), -2.0 * b),
+            grad=False,
+            name="axis1_float_f_W",
+        ),
+        Sample(
+            [rand(4, 2, seed=24), rand(2, 3, 2, seed=25), randint(2, 3, high=4, seed=3)],
+            lambda a, b, i: sparse_accumulate_(a, b, i),
+            lambda a, b, i: a.index_add(0, i.reshape(-1).long(), b.reshape(6, 2)),
+            grad=False,
+            name="2d_indices",
+        ),
+        Sample(
+            [rand(5, 3, seed=26, dtype=np.float16), x, idx],
+            lambda a, b, i: sparse_accumulate_(a, b, i, f=0.3),
+            lambda a, b, i: a.index_add(0, i.long(), _h(0.3) * b.half()),
+            grad=False,
+            rtol=0,
+            atol=0,
+            name="float16_state",
+        ),
     ]
 
 
-SPARSE_ACCUMULATE = register(OpDef(
-    "SparseAccumulate", _sparse_infer, _sparse_kernel, cost=elementwise_cost, inplace=(0,),
-    samples=_sparse_samples, out_name="sparseaccumulate_out", fp16_in_fp32=False))
+SPARSE_ACCUMULATE = register(
+    OpDef(
+        "SparseAccumulate",
+        _sparse_infer,
+        _sparse_kernel,
+        cost=elementwise_cost,
+        inplace=(0,),
+        samples=_sparse_samples,
+        out_name="sparseaccumulate_out",
+        fp16_in_fp32=False,
+    )
+)
 
 
-def sparse_accumulate_(t: Tensor, X: Tensor, indices: Tensor, axis: int = 0,
-                       f: Factor | None = None, W: Tensor | None = None) -> Tensor:
+def sparse_accumulate_(
+    t: Tensor,
+    X: Tensor,
+    indices: Tensor,
+    axis: int = 0,
+    f: Factor | None = None,
+    W: Tensor | None = None,
+) -> Tensor:
     """In place: t[indices along axis] += f * X (the update of a gather's gradient)."""
     factor, extra = _factor_inputs(f)
     ins = [t, X, *extra, indices, *([W] if W is not None else [])]
@@ -303,20 +416,48 @@ def _scale_kernel(t, *factor_in, factor):
     return t
 
 
-ACCUMULATOR_SCALE = register(OpDef(
-    "AccumulatorScale", _scale_infer, _scale_kernel, inplace=(0,),
-    out_name="accumulatorscale_out", fp16_in_fp32=False,
-    samples=lambda: [
-        Sample([rand(3, 4, seed=30)], lambda a: accumulator_scale_(a, 0.25),
-               lambda a: 0.25 * a, grad=False, name="float_f"),
-        Sample([rand(3, 4, seed=31), np.array(-1.5, np.float32)],
-               lambda a, f: accumulator_scale_(a, f), lambda a, f: f * a, grad=False,
-               name="tensor_f"),
-        Sample([np.array([1.0, np.inf, 3.0], np.float32)], lambda a: accumulator_zero_(a),
-               lambda a: torch.zeros(3), grad=False, name="zero"),
-        Sample([rand(3, 4, seed=32, dtype=np.float16)], lambda a: accumulator_scale_(a, 0.3),
-               lambda a: a * _h(0.3), grad=False, rtol=0, atol=0, name="float16_state"),
-    ]))
+ACCUMULATOR_SCALE = register(
+    OpDef(
+        "AccumulatorScale",
+        _scale_infer,
+        _scale_kernel,
+        inplace=(0,),
+        out_name="accumulatorscale_out",
+        fp16_in_fp32=False,
+        samples=lambda: [
+            Sample(
+                [rand(3, 4, seed=30)],
+                lambda a: accumulator_scale_(a, 0.25),
+                lambda a: 0.25 * a,
+                grad=False,
+                name="float_f",
+            ),
+            Sample(
+                [rand(3, 4, seed=31), np.array(-1.5, np.float32)],
+                lambda a, f: accumulator_scale_(a, f),
+                lambda a, f: f * a,
+                grad=False,
+                name="tensor_f",
+            ),
+            Sample(
+                [np.array([1.0, np.inf, 3.0], np.float32)],
+                lambda a: accumulator_zero_(a),
+                lambda a: torch.zeros(3),
+                grad=False,
+                name="zero",
+            ),
+            Sample(
+                [rand(3, 4, seed=32, dtype=np.float16)],
+                lambda a: accumulator_scale_(a, 0.3),
+                lambda a: a * _h(0.3),
+                grad=False,
+                rtol=0,
+                atol=0,
+                name="float16_state",
+            ),
+        ],
+    )
+)
 
 
 def accumulator_scale_(t: Tensor, f: Factor) -> Tensor:
@@ -334,21 +475,37 @@ def accumulator_zero_(t: Tensor) -> Tensor:
 def _copy_infer(ins):
     t, x = ins
     if t.shape != x.shape or t.dtype is not x.dtype:
-        raise ValueError(f"X {x.shape} {x.dtype.name} must match the updated tensor "
-                         f"{t.shape} {t.dtype.name}")
+        raise ValueError(
+            f"X {x.shape} {x.dtype.name} must match the updated tensor {t.shape} {t.dtype.name}"
+        )
     return [t]
 
 
-COPY_VAR_UPDATE = register(OpDef(
-    "CopyVarUpdate", _copy_infer, lambda t, x: t.copy_(x), inplace=(0,), fp16_in_fp32=False,
-    out_name="copyvarupdate_out",
-    samples=lambda: [
-        Sample([rand(2, 3, seed=40), rand(2, 3, seed=41)], lambda a, b: copy_var_update_(a, b),
-               lambda a, b: b * 1, grad=False),
-        Sample([rand(4, seed=42, dtype=np.float16), rand(4, seed=43, dtype=np.float16)],
-               lambda a, b: copy_var_update_(a, b), lambda a, b: b * 1, grad=False,
-               name="float16"),
-    ]))
+COPY_VAR_UPDATE = register(
+    OpDef(
+        "CopyVarUpdate",
+        _copy_infer,
+        lambda t, x: t.copy_(x),
+        inplace=(0,),
+        fp16_in_fp32=False,
+        out_name="copyvarupdate_out",
+        samples=lambda: [
+            Sample(
+                [rand(2, 3, seed=40), rand(2, 3, seed=41)],
+                lambda a, b: copy_var_update_(a, b),
+                lambda a, b: b * 1,
+                grad=False,
+            ),
+            Sample(
+                [rand(4, seed=42, dtype=np.float16), rand(4, seed=43, dtype=np.float16)],
+                lambda a, b: copy_var_update_(a, b),
+                lambda a, b: b * 1,
+                grad=False,
+                name="float16",
+            ),
+        ],
+    )
+)
 
 
 def copy_var_update_(t: Tensor, X: Tensor) -> Tensor:

@@ -152,9 +152,12 @@ def _adam(homes, shards, accums, specs) -> None:
     """Adam on this replica's shards of weights, state and mean gradients; store them back."""
     for i, (home, w, acc, spec) in enumerate(zip(homes, shards, accums, specs)):
         g = collectives.replicated_reduce_scatter(
-            acc, "mean", configure_output_for_replicated_tensor_sharding=True)
-        bufs = (_remote_shards(spec, float16, f"first_{i}"),
-                _remote_shards(spec, float32, f"second_{i}"))
+            acc, "mean", configure_output_for_replicated_tensor_sharding=True
+        )
+        bufs = (
+            _remote_shards(spec, float16, f"first_{i}"),
+            _remote_shards(spec, float32, f"second_{i}"),
+        )
         m, v = (ops.remote_load(b, 0) for b in bufs)
         ops.var_updates.accumulate_moving_average_(m, ops.cast(g, float16), 0.9)
         ops.var_updates.accumulate_moving_average_square_(v, g, 0.999)

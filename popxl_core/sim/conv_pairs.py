@@ -42,8 +42,9 @@ def _matches(data: Op, weight: Op) -> bool:
     if any(data.attrs[k] != weight.attrs[k] for k in _KEYS):
         return False
     x, w = weight.inputs[1], data.inputs[1]
-    return (tuple(data.attrs["input_shape"]) == tuple(x.shape)
-            and tuple(weight.attrs["weight_shape"]) == tuple(w.shape))
+    return tuple(data.attrs["input_shape"]) == tuple(x.shape) and tuple(
+        weight.attrs["weight_shape"]
+    ) == tuple(w.shape)
 
 
 def _movable(later: Op, at: int, until: int, ops: List[Op], pos: Dict[Op, int]) -> bool:

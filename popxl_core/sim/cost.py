@@ -46,8 +46,11 @@ _REMOTE = frozenset({"RemoteLoad", "RemoteLoadInplace", "RemoteStore"})
 _TILE_COPIES = frozenset({"IoTileCopy"})
 _LINK_COPIES = frozenset({"IpuCopy"})
 # ring collectives over the replicas: bytes each replica sends, as a fraction of the tensor
-_RING = (("ReplicatedAllReduce", 2.0), ("ReplicatedReduceScatter", 1.0),
-         ("ReplicatedAllGather", 1.0))
+_RING = (
+    ("ReplicatedAllReduce", 2.0),
+    ("ReplicatedReduceScatter", 1.0),
+    ("ReplicatedAllGather", 1.0),
+)
 
 
 @dataclass(slots=True)  # not frozen: frozen dataclasses are slow to build
@@ -69,8 +72,16 @@ class Cycles:
 
     def _values(self) -> tuple[int, ...]:
         # explicit (not dataclasses.fields): planning adds these once per op
-        return (self.compute, self.exchange, self.sync, self.host, self.link, self.remote,
-                self.control, self.launch)
+        return (
+            self.compute,
+            self.exchange,
+            self.sync,
+            self.host,
+            self.link,
+            self.remote,
+            self.control,
+            self.launch,
+        )
 
     def __add__(self, other: Cycles) -> Cycles:
         return Cycles(*map(add, self._values(), other._values()))
@@ -95,8 +106,14 @@ class Work:
     remote_bytes_stored: int = 0
 
     def _values(self) -> tuple[int, ...]:
-        return (self.flops, self.host_bytes_in, self.host_bytes_out, self.link_bytes,
-                self.remote_bytes_loaded, self.remote_bytes_stored)
+        return (
+            self.flops,
+            self.host_bytes_in,
+            self.host_bytes_out,
+            self.link_bytes,
+            self.remote_bytes_loaded,
+            self.remote_bytes_stored,
+        )
 
     def __add__(self, other: Work) -> Work:
         return Work(self.cycles + other.cycles, *map(add, self._values(), other._values()))
@@ -144,8 +161,9 @@ class CostModel:
         replicas: replication factor, for the ring collectives.
     """
 
-    def __init__(self, machine: Machine, num_ipus: int = 1, io_tiles: int = 0,
-                 replicas: int = 1) -> None:
+    def __init__(
+        self, machine: Machine, num_ipus: int = 1, io_tiles: int = 0, replicas: int = 1
+    ) -> None:
         self.machine = machine
         self.replicas = replicas
         self.sync = sync_cycles(machine, num_ipus)
@@ -208,17 +226,21 @@ class CostModel:
         if cost.flops == 0 and cost.bytes == 0:
             return Work()  # no compute set (e.g. an undefined Init, a print)
         m, tiles = self.machine, self.tiles_used(op)
-        compute = max(_cdiv(cost.flops, tiles * self.flops_per_cycle(op)),
-                      _cdiv(cost.bytes, tiles * m.sram_bytes_per_cycle_per_tile))
+        compute = max(
+            _cdiv(cost.flops, tiles * self.flops_per_cycle(op)),
+            _cdiv(cost.bytes, tiles * m.sram_bytes_per_cycle_per_tile),
+        )
         exchange = _cdiv(_exchanged_bytes(op), tiles * m.exchange_bytes_per_cycle_per_tile)
-        cycles = Cycles(compute=compute + m.compute_set_overhead_cycles, exchange=exchange,
-                        sync=self.sync)
+        cycles = Cycles(
+            compute=compute + m.compute_set_overhead_cycles, exchange=exchange, sync=self.sync
+        )
         return Work(cycles, flops=int(cost.flops))  # int: op tables may hand back numpy ints
 
     def flops_per_cycle(self, op: Op) -> int:
         """Per tile: the FP16 AMP rate when an operand is 16-bit or narrower float, else FP32."""
-        narrow = any(t.dtype.is_floating_point and t.dtype.itemsize <= 2
-                     for t in (*op.inputs, *op.outputs))
+        narrow = any(
+            t.dtype.is_floating_point and t.dtype.itemsize <= 2 for t in (*op.inputs, *op.outputs)
+        )
         m = self.machine
         return m.fp16_flops_per_cycle_per_tile if narrow else m.fp32_flops_per_cycle_per_tile
 
@@ -229,8 +251,11 @@ class CostModel:
             nbytes = nbytes_of((op.outputs if t in _HOST_IN else op.inputs)[0])
             host = ceil((m.host_latency_s + nbytes / m.host_bytes_per_s) * m.clock_hz)
             sync = self.sync if pays_exchange_sync(op) else 0
-            return Work(Cycles(sync=sync, host=host), host_bytes_in=nbytes * (t in _HOST_IN),
-                        host_bytes_out=nbytes * (t in _HOST_OUT))
+            return Work(
+                Cycles(sync=sync, host=host),
+                host_bytes_in=nbytes * (t in _HOST_IN),
+                host_bytes_out=nbytes * (t in _HOST_OUT),
+            )
         if t in _REMOTE:
             nbytes = max(nbytes_of(x) for x in (*op.inputs[:1], *op.outputs[:1]))
             # merge_exchange: the second and later ops of one merged exchange share its sync
@@ -253,9 +278,11 @@ class CostModel:
         exchange's), then bytes / bandwidth."""
         m = self.machine
         remote = _cdiv(nbytes * m.clock_hz, m.streaming_bytes_per_s)
-        return Work(Cycles(sync=self.sync if sync else 0, remote=remote),
-                    remote_bytes_loaded=0 if stored else nbytes,
-                    remote_bytes_stored=nbytes if stored else 0)
+        return Work(
+            Cycles(sync=self.sync if sync else 0, remote=remote),
+            remote_bytes_loaded=0 if stored else nbytes,
+            remote_bytes_stored=nbytes if stored else 0,
+        )
 
     def ring_work(self, nbytes: int, factor: float, group_size: int | None = None) -> Work:
         """A ring collective over the replicas (of one group) on a tensor of ``nbytes``: each

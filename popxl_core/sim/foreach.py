@@ -252,8 +252,10 @@ def group_kernel(group: Group) -> Callable:
     if t in _BINARY:
         return _binary_kernel(group, columns)
     if t in ("Sqrt", "Neg"):
-        fresh, inplace = {"Sqrt": (torch._foreach_sqrt, torch._foreach_sqrt_),
-                          "Neg": (torch._foreach_neg, torch._foreach_neg_)}[t]
+        fresh, inplace = {
+            "Sqrt": (torch._foreach_sqrt, torch._foreach_sqrt_),
+            "Neg": (torch._foreach_neg, torch._foreach_neg_),
+        }[t]
         if group.mode == "in0":
             return lambda *flat: _apply_(inplace, list(flat))
         return lambda *flat: tuple(fresh(list(flat)))
@@ -387,7 +389,7 @@ def _options(key: tuple, t: str) -> List[Tuple[str, int]]:
 
 
 def _mode(grp: Group, pos, reusable) -> str:
-    """"in0": into the per-tensor operand (input 0, or 1 when a scalar comes first); "in1":
+    """ "in0": into the per-tensor operand (input 0, or 1 when a scalar comes first); "in1":
     into input 1 of a commutative op of two tensors; else "fresh"."""
     for mode, i in _options(grp.key, grp.ops[0].type):
         if all(reusable(op.inputs[i], op, pos[op]) for op in grp.ops):

@@ -42,8 +42,9 @@ class LiveTensor(NamedTuple):
     def of(cls, t: Tensor) -> LiveTensor:
         op = t.producer
         made = f"{op.type}.{op.id}" if op is not None else "input"
-        return cls(t.id, nbytes_of(t), made, t.graph.name or "main",
-                   getattr(op, "module_path", None))
+        return cls(
+            t.id, nbytes_of(t), made, t.graph.name or "main", getattr(op, "module_path", None)
+        )
 
 
 @dataclass
@@ -118,8 +119,11 @@ class LivenessAnalysis:
 
     def _top_at(self, op: Op, i: int, ipu: int, spans) -> list[LiveTensor]:
         skip = set(_own_outputs(op)) if op.called_graphs else set()
-        found = [LiveTensor.of(t) for t, (a, b) in spans.items()
-                 if a <= i <= b and t.ipu == ipu and t not in skip]
+        found = [
+            LiveTensor.of(t)
+            for t, (a, b) in spans.items()
+            if a <= i <= b and t.ipu == ipu and t not in skip
+        ]
         if op.called_graphs:
             callee = max((self.of(g) for g in op.called_graphs), key=lambda lv: lv.peak.get(ipu, 0))
             found += callee.top.get(ipu, [])
@@ -136,16 +140,20 @@ def live_at_peak(analysis: LivenessAnalysis, graph: Graph, ipu: int) -> list[Ten
         return []
     op = live.ops[i]
     skip = set(_own_outputs(op)) if op.called_graphs else set()
-    found = [t for t, (a, b) in _buffer_spans(graph, live.ops).items()
-             if a <= i <= b and t.ipu == ipu and t not in skip]
+    found = [
+        t
+        for t, (a, b) in _buffer_spans(graph, live.ops).items()
+        if a <= i <= b and t.ipu == ipu and t not in skip
+    ]
     if op.called_graphs:
         callee = max(op.called_graphs, key=lambda g: analysis.of(g).peak.get(ipu, 0))
         found += live_at_peak(analysis, callee, ipu)
     return found
 
 
-def flat_curve(analysis: LivenessAnalysis, graph: Graph, ipu: int,
-               prefix: str = "") -> list[tuple[str, int]]:
+def flat_curve(
+    analysis: LivenessAnalysis, graph: Graph, ipu: int, prefix: str = ""
+) -> list[tuple[str, int]]:
     """``(step path, bytes)`` on ``ipu`` along ``graph``'s schedule with every call and loop
     expanded into its callee's steps (one iteration of a loop: they all look alike); a path
     reads ``"Call.3/Add.1"``."""

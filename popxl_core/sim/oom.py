@@ -68,10 +68,13 @@ def remedies(plan, ipu: int) -> list[str]:
 
 def _closing(fatal: bool) -> str:
     if fatal:
-        return ("  Device 'ipu_model' reports OOM without stopping. The full estimate is in "
-                "this error's .plan.report().")
-    return ("  'ipu_hw' would stop here; this target runs on. The full estimate is in "
-            "session.report.")
+        return (
+            "  Device 'ipu_model' reports OOM without stopping. The full estimate is in "
+            "this error's .plan.report()."
+        )
+    return (
+        "  'ipu_hw' would stop here; this target runs on. The full estimate is in session.report."
+    )
 
 
 def oom_message(plan, ipu: int, fatal: bool = True) -> str:

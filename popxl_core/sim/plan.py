@@ -23,8 +23,17 @@ from .oom import OutOfMemoryError, OutOfMemoryWarning, oom_message
 from .remote_plan import is_remote_variable
 from .variable_liveness import VariableCurve, VariableLiveness
 
-__all__ = ["PLAN_OBSERVERS", "GraphInfo", "IpuMemory", "OpRow", "OutOfMemoryError",
-           "OutOfMemoryWarning", "Plan", "RemoteBufferInfo", "build_plan"]
+__all__ = [
+    "PLAN_OBSERVERS",
+    "GraphInfo",
+    "IpuMemory",
+    "OpRow",
+    "OutOfMemoryError",
+    "OutOfMemoryWarning",
+    "Plan",
+    "RemoteBufferInfo",
+    "build_plan",
+]
 
 # Called with every Plan as it is built, before any OOM is raised (`python -m popxl_core.report`
 # uses it to find the Sessions a script builds).
@@ -166,23 +175,39 @@ def build_plan(ir, machine: Machine, observe: bool = True) -> Plan:
     graphs = _reachable(ir.main_graph)
     opts = ir._pb_ir.getSessionOptions()
     ipus = _num_ipus(graphs, machine)
-    model = CostModel(machine, num_ipus=ipus * ir.replication_factor,
-                      io_tiles=opts.numIOTiles, replicas=ir.replication_factor)
+    model = CostModel(
+        machine,
+        num_ipus=ipus * ir.replication_factor,
+        io_tiles=opts.numIOTiles,
+        replicas=ir.replication_factor,
+    )
     analysis = LivenessAnalysis()
     liveness = analysis.of(ir.main_graph)
     loaded = VariableLiveness(ir, analysis).of(ir.main_graph)
     runs = model.graph_runs(ir.main_graph)
     work = model.graph_work(ir.main_graph) + Work(Cycles(launch=machine.run_overhead_cycles))
-    plan = Plan(machine, ir.replication_factor, _memory(ir, graphs, model, liveness, loaded),
-                work, _graph_infos(graphs, model, runs), _op_rows(graphs, model, runs), liveness,
-                analysis, _remote_buffers(ir), ir.main_graph, loaded, model)
+    plan = Plan(
+        machine,
+        ir.replication_factor,
+        _memory(ir, graphs, model, liveness, loaded),
+        work,
+        _graph_infos(graphs, model, runs),
+        _op_rows(graphs, model, runs),
+        liveness,
+        analysis,
+        _remote_buffers(ir),
+        ir.main_graph,
+        loaded,
+        model,
+    )
     for observer in PLAN_OBSERVERS if observe else ():
         observer(plan)
     if plan.out_of_memory and machine.oom_is_error:
         raise OutOfMemoryError(oom_message(plan, plan.out_of_memory[0]), plan)
     if plan.out_of_memory and machine.oom_warns:
-        warnings.warn(oom_message(plan, plan.out_of_memory[0], fatal=False), OutOfMemoryWarning,
-                      stacklevel=3)
+        warnings.warn(
+            oom_message(plan, plan.out_of_memory[0], fatal=False), OutOfMemoryWarning, stacklevel=3
+        )
     return plan
 
 
@@ -194,7 +219,8 @@ def _num_ipus(graphs: list[Graph], machine: Machine) -> int:
         raise ValueError(
             f"Op {op.type}.{op.id} ({op.name!r}) in graph {op.graph.name or 'main'!r} is placed "
             f"on IPU {op.ipu}, but target {machine.name!r} has num_ipus={machine.num_ipus} per "
-            "replica: raise num_ipus or place the op with popxl.ipu() on a lower IPU.")
+            "replica: raise num_ipus or place the op with popxl.ipu() on a lower IPU."
+        )
     return machine.num_ipus or used
 
 
@@ -223,8 +249,9 @@ def _reachable(main: Graph) -> list[Graph]:
 
 
 # memory -------------------------------------------------------------------------------
-def _memory(ir, graphs: list[Graph], model: CostModel, live: Liveness,
-            loaded: VariableCurve) -> dict[int, IpuMemory]:
+def _memory(
+    ir, graphs: list[Graph], model: CostModel, live: Liveness, loaded: VariableCurve
+) -> dict[int, IpuMemory]:
     cap = model.machine.bytes_per_ipu
     mem: dict[int, IpuMemory] = {}
     items: dict[int, list[tuple[str, str, int]]] = {}
@@ -251,8 +278,9 @@ def _memory(ir, graphs: list[Graph], model: CostModel, live: Liveness,
                 add(op.ipu, "streams", stream.tensor_id, nbytes_of(stream))
     for ipu, nbytes in live.peak.items():
         add(ipu, "activations", None, nbytes)
-        items.setdefault(ipu, []).extend(("activations", t.name, t.nbytes)
-                                         for t in live.top.get(ipu, []))
+        items.setdefault(ipu, []).extend(
+            ("activations", t.name, t.nbytes) for t in live.top.get(ipu, [])
+        )
         mem[ipu].live_top = list(live.top.get(ipu, []))
     for ipu, nbytes in loaded.peak.items():
         add(ipu, "loaded_variables", None, nbytes)
@@ -264,10 +292,17 @@ def _memory(ir, graphs: list[Graph], model: CostModel, live: Liveness,
 
 
 # work ---------------------------------------------------------------------------------
-def _graph_infos(graphs: list[Graph], model: CostModel,
-                 runs: dict[Graph, int]) -> list[GraphInfo]:
-    return [GraphInfo(g.name or "main", len(g._ops), sum(model.code_bytes(op) for op in g._ops),
-                      runs.get(g, 0), model.graph_work(g).cycles.total) for g in graphs]
+def _graph_infos(graphs: list[Graph], model: CostModel, runs: dict[Graph, int]) -> list[GraphInfo]:
+    return [
+        GraphInfo(
+            g.name or "main",
+            len(g._ops),
+            sum(model.code_bytes(op) for op in g._ops),
+            runs.get(g, 0),
+            model.graph_work(g).cycles.total,
+        )
+        for g in graphs
+    ]
 
 
 def _op_rows(graphs: list[Graph], model: CostModel, runs: dict[Graph, int]) -> list[OpRow]:
@@ -275,7 +310,18 @@ def _op_rows(graphs: list[Graph], model: CostModel, runs: dict[Graph, int]) -> l
     for g in graphs:
         for op in schedule(g):
             w = model.op_work(op)
-            rows.append(OpRow(g.name or "main", f"{op.type}.{op.id}", op.ipu, model.tiles_used(op),
-                              w.flops, w.cycles.total, model.code_bytes(op), runs.get(g, 0),
-                              sum(nbytes_of(t) for t in op.outputs), op.module_path))
+            rows.append(
+                OpRow(
+                    g.name or "main",
+                    f"{op.type}.{op.id}",
+                    op.ipu,
+                    model.tiles_used(op),
+                    w.flops,
+                    w.cycles.total,
+                    model.code_bytes(op),
+                    runs.get(g, 0),
+                    sum(nbytes_of(t) for t in op.outputs),
+                    op.module_path,
+                )
+            )
     return rows

@@ -75,9 +75,17 @@ def _loaded_variables(ax, report, ipu: int, xs: list[int], floor: int) -> None:
     if not any(loaded):
         return
     mib = 1 << 20
-    ax.fill_between(xs, floor / mib, [(floor + b) / mib for b in loaded], step="mid",
-                    facecolor="none", edgecolor="#235", hatch="///", lw=0,
-                    label="of which remote variables loaded")
+    ax.fill_between(
+        xs,
+        floor / mib,
+        [(floor + b) / mib for b in loaded],
+        step="mid",
+        facecolor="none",
+        edgecolor="#235",
+        hatch="///",
+        lw=0,
+        label="of which remote variables loaded",
+    )
 
 
 def _boundaries(ax, steps: list[tuple[str, int]]) -> None:

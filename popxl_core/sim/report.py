@@ -20,7 +20,8 @@ __all__ = ["ESTIMATE_NOTE", "SimReport", "fmt_bytes", "fmt_seconds"]
 ESTIMATE_NOTE = (
     "Estimate from the simulator's machine model (popxl_core/sim/machine.py): per-run and "
     "per-stream fixed costs fitted to Graphcore's published MNIST tutorial timings "
-    "(popxl_core/sim/calibration.py); not a measurement.")
+    "(popxl_core/sim/calibration.py); not a measurement."
+)
 
 
 def fmt_bytes(n: float) -> str:
@@ -60,34 +61,51 @@ class SimReport:
         """A compact, human-readable block: memory per IPU, time and work per run."""
         outlined = self.outlining()
         extra = [outlined.line()] if outlined.call_sites else []
-        return "\n".join([self._target_line(), *self._memory_lines(), *extra, self._time_line(),
-                          self._work_line(), self._traffic_line(), ESTIMATE_NOTE])
+        return "\n".join(
+            [
+                self._target_line(),
+                *self._memory_lines(),
+                *extra,
+                self._time_line(),
+                self._work_line(),
+                self._traffic_line(),
+                ESTIMATE_NOTE,
+            ]
+        )
 
     __str__ = summary
 
     def __repr__(self) -> str:
         p = self.plan
-        return (f"<SimReport {p.machine.name}: {len(p.memory)} IPU(s), "
-                f"{p.cycles:,} cycles per run (estimate)>")
+        return (
+            f"<SimReport {p.machine.name}: {len(p.memory)} IPU(s), "
+            f"{p.cycles:,} cycles per run (estimate)>"
+        )
 
     def _target_line(self) -> str:
         m = self.plan.machine
-        return (f"IPU memory (estimate, {m.name}: {m.tiles_per_ipu} tiles x "
-                f"{fmt_bytes(m.bytes_per_tile)} = {fmt_bytes(m.bytes_per_ipu)} per IPU, "
-                "per replica)")
+        return (
+            f"IPU memory (estimate, {m.name}: {m.tiles_per_ipu} tiles x "
+            f"{fmt_bytes(m.bytes_per_tile)} = {fmt_bytes(m.bytes_per_ipu)} per IPU, "
+            "per replica)"
+        )
 
     def _memory_lines(self):
         live = self.plan.liveness
         for ipu, m in self.plan.memory.items():
-            line = (f"  IPU {ipu}: variables {fmt_bytes(m.variables)}, constants "
-                    f"{fmt_bytes(m.constants)}, code {fmt_bytes(m.code)}, stream buffers "
-                    f"{fmt_bytes(m.streams)}, activations peak {fmt_bytes(m.activations)}; "
-                    f"total {fmt_bytes(m.total)} ({_fmt_percent(m.fraction)})")
+            line = (
+                f"  IPU {ipu}: variables {fmt_bytes(m.variables)}, constants "
+                f"{fmt_bytes(m.constants)}, code {fmt_bytes(m.code)}, stream buffers "
+                f"{fmt_bytes(m.streams)}, activations peak {fmt_bytes(m.activations)}; "
+                f"total {fmt_bytes(m.total)} ({_fmt_percent(m.fraction)})"
+            )
             if m.out_of_memory:
                 line += f" OUT OF MEMORY by {fmt_bytes(m.total - m.capacity)}"
             if m.loaded_variables:
-                line += (f"; remote variables on chip at most {fmt_bytes(m.loaded_variables)} "
-                         "(in the activations)")
+                line += (
+                    f"; remote variables on chip at most {fmt_bytes(m.loaded_variables)} "
+                    "(in the activations)"
+                )
             step = live.peak_step.get(ipu)
             if step is not None and m.activations:
                 line += f"; peak at step {step} ({live.steps[step]})"
@@ -95,33 +113,45 @@ class SimReport:
 
     def _time_line(self) -> str:
         p, c = self.plan, self.plan.work.cycles
-        parts = [f"{name} {value:,}" for name, value in c.to_dict().items()
-                 if value and name != "total"]
+        parts = [
+            f"{name} {value:,}" for name, value in c.to_dict().items() if value and name != "total"
+        ]
         split = f" ({', '.join(parts)})" if parts else ""
-        return (f"Time per run (estimate): {c.total:,} cycles = {fmt_seconds(p.seconds)} at "
-                f"{p.machine.clock_hz / 1e9:.2f} GHz{split}")
+        return (
+            f"Time per run (estimate): {c.total:,} cycles = {fmt_seconds(p.seconds)} at "
+            f"{p.machine.clock_hz / 1e9:.2f} GHz{split}"
+        )
 
     def _work_line(self) -> str:
         p, w = self.plan, self.plan.work
         ops = sum(g.ops for g in p.graphs)
-        return (f"Work per run: {w.flops:,} FLOPs; host in {fmt_bytes(w.host_bytes_in)}, out "
-                f"{fmt_bytes(w.host_bytes_out)} per replica; {ops} ops in {len(p.graphs)} graph(s)")
+        return (
+            f"Work per run: {w.flops:,} FLOPs; host in {fmt_bytes(w.host_bytes_in)}, out "
+            f"{fmt_bytes(w.host_bytes_out)} per replica; {ops} ops in {len(p.graphs)} graph(s)"
+        )
 
     def _traffic_line(self) -> str:
         p, w = self.plan, self.plan.work
-        return (f"Streaming Memory: {len(p.remote_buffers)} remote buffer(s), "
-                f"{fmt_bytes(p.streaming_memory_bytes)}; per run loaded "
-                f"{fmt_bytes(w.remote_bytes_loaded)}, stored {fmt_bytes(w.remote_bytes_stored)}; "
-                f"IPU-Link {fmt_bytes(w.link_bytes)}")
+        return (
+            f"Streaming Memory: {len(p.remote_buffers)} remote buffer(s), "
+            f"{fmt_bytes(p.streaming_memory_bytes)}; per run loaded "
+            f"{fmt_bytes(w.remote_bytes_loaded)}, stored {fmt_bytes(w.remote_bytes_stored)}; "
+            f"IPU-Link {fmt_bytes(w.link_bytes)}"
+        )
 
     def op_table(self, limit: int | None = 20) -> str:
         """The ops that cost most per run (cycles x executions), one line each."""
         rows = sorted(self.plan.ops, key=lambda r: -r.cycles * r.runs)[:limit]
-        lines = [f"{'graph':<16} {'op':<24} {'ipu':>3} {'tiles':>5} {'runs':>5} "
-                 f"{'cycles/run':>11} {'FLOPs':>13} {'out bytes':>10} {'code':>9}"]
-        lines += [f"{r.graph[:16]:<16} {r.op[:24]:<24} {r.ipu:>3} {r.tiles:>5} {r.runs:>5} "
-                  f"{r.cycles * r.runs:>11,} {r.flops * r.runs:>13,} "
-                  f"{fmt_bytes(r.out_bytes):>10} {fmt_bytes(r.code_bytes):>9}" for r in rows]
+        lines = [
+            f"{'graph':<16} {'op':<24} {'ipu':>3} {'tiles':>5} {'runs':>5} "
+            f"{'cycles/run':>11} {'FLOPs':>13} {'out bytes':>10} {'code':>9}"
+        ]
+        lines += [
+            f"{r.graph[:16]:<16} {r.op[:24]:<24} {r.ipu:>3} {r.tiles:>5} {r.runs:>5} "
+            f"{r.cycles * r.runs:>11,} {r.flops * r.runs:>13,} "
+            f"{fmt_bytes(r.out_bytes):>10} {fmt_bytes(r.code_bytes):>9}"
+            for r in rows
+        ]
         return "\n".join(lines)
 
     def program_tree(self) -> str:
@@ -212,10 +242,15 @@ class SimReport:
         return self.totals() | {
             "estimate": True,
             "note": ESTIMATE_NOTE,
-            "machine": {"name": m.name, "tiles_per_ipu": m.tiles_per_ipu,
-                        "bytes_per_tile": m.bytes_per_tile, "bytes_per_ipu": m.bytes_per_ipu,
-                        "num_ipus": m.num_ipus, "clock_hz": m.clock_hz,
-                        "oom_is_error": m.oom_is_error},
+            "machine": {
+                "name": m.name,
+                "tiles_per_ipu": m.tiles_per_ipu,
+                "bytes_per_tile": m.bytes_per_tile,
+                "bytes_per_ipu": m.bytes_per_ipu,
+                "num_ipus": m.num_ipus,
+                "clock_hz": m.clock_hz,
+                "oom_is_error": m.oom_is_error,
+            },
             "replication_factor": p.replication_factor,
             "memory": {str(i): _memory_dict(mem) for i, mem in p.memory.items()},
             "out_of_memory": list(p.out_of_memory),
@@ -226,14 +261,18 @@ class SimReport:
             "outlining": self.outlining().to_dict(),
             "op_table": [vars(r).copy() for r in p.ops],
             "program_tree": program_tree(p),
-            "liveness": [{"step": i, "op": op, "bytes": {str(k): v for k, v in b.items()}}
-                         for i, (op, b) in enumerate(zip(p.liveness.steps, p.liveness.curve))],
+            "liveness": [
+                {"step": i, "op": op, "bytes": {str(k): v for k, v in b.items()}}
+                for i, (op, b) in enumerate(zip(p.liveness.steps, p.liveness.curve))
+            ],
             # calls and repeats expanded, per IPU: what plot_liveness draws
-            "liveness_expanded": {str(i): [[op, b] for op, b in self.liveness(i)]
-                                  for i in p.memory},
+            "liveness_expanded": {
+                str(i): [[op, b] for op, b in self.liveness(i)] for i in p.memory
+            },
             # per main-graph step, per IPU: remote variables' data on chip
-            "loaded_variables": {str(i): [b for _, b in self.loaded_variables(i, False)]
-                                 for i in p.memory},
+            "loaded_variables": {
+                str(i): [b for _, b in self.loaded_variables(i, False)] for i in p.memory
+            },
         }
 
     def to_json(self, path: str | Path | None = None, indent: int = 1) -> str:
@@ -245,11 +284,19 @@ class SimReport:
 
 
 def _memory_dict(m) -> dict[str, Any]:
-    return {"variables": m.variables, "constants": m.constants, "code": m.code,
-            "streams": m.streams, "activations_peak": m.activations,
-            "loaded_variables_peak": m.loaded_variables,
-            "variables_on_chip_peak": m.variables_on_chip,
-            "always_live": m.always_live, "total": m.total, "capacity": m.capacity,
-            "fraction": m.fraction, "out_of_memory": m.out_of_memory,
-            "top": [{"category": c, "name": n, "bytes": b} for c, n, b in m.top],
-            "live_at_peak": [t._asdict() for t in m.live_top]}
+    return {
+        "variables": m.variables,
+        "constants": m.constants,
+        "code": m.code,
+        "streams": m.streams,
+        "activations_peak": m.activations,
+        "loaded_variables_peak": m.loaded_variables,
+        "variables_on_chip_peak": m.variables_on_chip,
+        "always_live": m.always_live,
+        "total": m.total,
+        "capacity": m.capacity,
+        "fraction": m.fraction,
+        "out_of_memory": m.out_of_memory,
+        "top": [{"category": c, "name": n, "bytes": b} for c, n, b in m.top],
+        "live_at_peak": [t._asdict() for t in m.live_top],
+    }

@@ -101,13 +101,16 @@ class VariableLiveness:
                 flags = tuple(t in marked for t in op.inputs)
             curves.append(self.of(g, flags))
         best = max(curves, key=lambda c: sum(c.peak.values()))
-        outs = tuple(any(c.marked_outputs[k] for c in curves if k < len(c.marked_outputs))
-                     for k in range(len(op.outputs)))
+        outs = tuple(
+            any(c.marked_outputs[k] for c in curves if k < len(c.marked_outputs))
+            for k in range(len(op.outputs))
+        )
         return VariableCurve(best.curve, best.peak, outs)
 
 
-def _call_step(step: dict[int, int], op: Op, marked: set[Tensor],
-               callee_peak: dict[int, int]) -> dict[int, int]:
+def _call_step(
+    step: dict[int, int], op: Op, marked: set[Tensor], callee_peak: dict[int, int]
+) -> dict[int, int]:
     """What the caller keeps live across a call plus the callee's own peak (the call's
     outputs are counted inside the callee)."""
     step = dict(step)
