@@ -81,7 +81,7 @@ def _fx(n_ops: int) -> tuple[float, int]:
     trainer = popxl_fx.training_model(model, opt, F.mse_loss, popxl_fx.Options("cpu"))
     inputs = (torch.randn(2, 4), torch.randn(2, 4))
     start = time.perf_counter()
-    program = trainer._program(inputs)
+    program = trainer.build(*inputs)
     elapsed = time.perf_counter() - start
     return elapsed, sum(len(g._ops) for g in program.ir._graphs.values())
 

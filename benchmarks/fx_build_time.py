@@ -37,7 +37,7 @@ def measure(name: str, batch: int, steps: int, device: str) -> dict[str, float]:
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     trainer = popxl_fx.training_model(model, opt, F.cross_entropy, popxl_fx.Options(device))
     start = time.perf_counter()
-    trainer._program((x, y))  # build only: trace, lower, autodiff, Session
+    trainer.build(x, y)  # build only: trace, lower, autodiff, Session
     build = time.perf_counter() - start
     start = time.perf_counter()
     for _ in range(steps):

@@ -81,6 +81,11 @@ class Trainer(ProgramView):
         return values["loss"].as_subclass(StepLoss)
 
     # programs ------------------------------------------------------------------------
+    def build(self, *inputs: torch.Tensor) -> Program:
+        """Build (or fetch from the cache) the program for ``inputs`` without running a step:
+        trace, lower, autodiff, optimizer and Session, as the first call would."""
+        return self._program(inputs, structure_key(self._model, self.optimizer))
+
     @property
     def _active(self) -> Program | None:
         return self._programs.active
