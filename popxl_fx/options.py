@@ -18,6 +18,12 @@ __all__ = ["AUTO_CHOOSES", "DEVICES", "PHASE_KINDS", "PRECISIONS", "RNGS", "Opti
 DEVICES = ("ipu_hw", "ipu_model", "cpu")
 PRECISIONS = ("float32", "float16")
 RNGS = ("torch", "ipu")
+_COUNTS = (
+    "gradient_accumulation",
+    "device_iterations",
+    "batch_serialisation",
+    "replication_factor",
+)
 
 
 @dataclass(frozen=True)
@@ -114,9 +120,8 @@ class Options:
         _check_choice("device", self.device, DEVICES)
         _check_choice("rng", self.rng, RNGS)
         _check_choice("precision", self.precision, PRECISIONS)
-        for name in ("gradient_accumulation", "device_iterations", "batch_serialisation"):
+        for name in _COUNTS:
             _check_count(name, getattr(self, name))
-        _check_count("replication_factor", self.replication_factor)
         for name in ("recompute", "replicated_tensor_sharding"):
             _check_bool(name, getattr(self, name))
         object.__setattr__(self, "outline", _outline_value(self.outline))

@@ -321,17 +321,17 @@ def _module(
     whose parameters are ``root``'s float32 master weights (`popxl_fx.precision`); outlined
     as ``options.outline`` says (names relative to ``prefix``, where the model sits);
     ``weightless`` for what-if plans (`Module`)."""
-    outline = {
+    kwargs = {
         "outline": options.outline,
         "recompute": recompute,
         "outline_prefix": prefix,
         "weightless": weightless,
+        "rng": options.rng,  # where train-mode random ops draw from
     }
-    outline["rng"] = options.rng  # where train-mode random ops draw from
     if options.precision == "float16":
         check_loss_scale(options)
-        return Module(half_copy(root), flatten_outputs=True, master=root, **outline)
-    return Module(root, flatten_outputs=True, **outline)
+        return Module(half_copy(root), flatten_outputs=True, master=root, **kwargs)
+    return Module(root, flatten_outputs=True, **kwargs)
 
 
 def _check_no_torch_draws(blocks: Sequence[popxl.Graph]) -> None:
