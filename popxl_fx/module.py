@@ -34,6 +34,7 @@ import addons
 import popxl_core as popxl
 from popxl_core import ops
 
+from . import fallback
 from .capture import Captured, capture
 from .capture_effects import WARN_KINDS
 from .errors import Issue, UnsupportedError
@@ -186,7 +187,15 @@ class Module(addons.Module):
         self._sites = {}
         gm = plan.gm if plan is not None else captured.gm
         try:
-            out = run_graph(gm, xs, self._context, self._attr, self._call_site, self._path_prefix)
+            out = run_graph(
+                gm,
+                xs,
+                self._context,
+                self._attr,
+                self._call_site,
+                self._path_prefix,
+                fallback.lower_by_decomposition,  # looked up per build: tests replace it
+            )
             self._advance_seed()
         finally:
             self._vars, self._seed, self._sites, self._plan = {}, [], {}, None

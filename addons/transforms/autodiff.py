@@ -9,12 +9,10 @@ import numpy as np
 
 import popxl_core
 from popxl_core import Graph, Tensor, float32, ops
-from popxl_core import transforms as core_transforms
 from popxl_core.transforms import ExpectedConnection, GradGraphInfo
 
-from .._grad_state import check_safe_to_autodiff
 from ..dot_tree import DotTree
-from ..graph import GraphWithNamedArgs
+from ..graph import GraphWithNamedArgs, gradient_graph
 from ..named_tensors import NamedTensors
 from ..variable_factory import NamedVariableFactories, add_variable_input
 
@@ -48,14 +46,9 @@ def autodiff(
     """
     fwd, known = _split_graph(graph)
     known.update(called_graphs_grad_info or {})
-    check_safe_to_autodiff(fwd, known)
-    infos = core_transforms.autodiff(
-        fwd, grads_provided, grads_required, known, return_all_grad_graphs=True
-    )
+    result = gradient_graph(fwd, grads_provided, grads_required, known)
     if isinstance(graph, GraphWithNamedArgs):
         graph.autodiff_applied = True
-    result = GraphWithNamedArgs.from_grad_graph(infos[fwd])
-    result.called_graphs_grad_info = {g: i for g, i in infos.items() if g is not fwd}
     return result
 
 

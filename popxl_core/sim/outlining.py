@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from .plan import _reachable  # the graphs the planner walks
+from .graphs import reachable_graphs  # the graphs the planner walks
+from .units import fmt_bytes
 
 __all__ = ["Outlining", "outlining"]
 
@@ -36,8 +37,6 @@ class Outlining:
         return self.inlined_code_bytes - self.code_bytes
 
     def line(self) -> str:
-        from .report import fmt_bytes
-
         graphs = ", ".join(f"{g} x{n}" for g, n in self.call_sites.items())
         return (
             f"Outlining: code {fmt_bytes(self.code_bytes)}, inlined "
@@ -76,7 +75,7 @@ def outlining(plan) -> Outlining:
             inlined[g] = total
         return inlined[g]
 
-    graphs = _reachable(plan.main)
+    graphs = reachable_graphs(plan.main)
     sites = Counter(op.called_graphs[0].name for g in graphs for op in g._ops if op.type == "Call")
     return Outlining(
         sum(code(g) for g in graphs),
