@@ -226,8 +226,15 @@ class Module(popxl_core.Module, metaclass=NameScopeMeta):
         return held
 
     def _record(self, name: str | int, t: Any, f: Any, overwrite: bool) -> None:
-        self._variable_factories.insert(name, f, overwrite)
-        self._named_inputs.insert(name, t, overwrite)
+        if self._submodules:  # the trees hold the children's sub-trees: copying inserts
+            self._variable_factories.insert(name, f, overwrite)
+            self._named_inputs.insert(name, t, overwrite)
+            return
+        # With no submodules no other tree holds these trees' sub-trees, so the inserts may
+        # add to them in place: a traced torch module (popxl_fx) records thousands of tensors
+        # under a few prefixes, and copying inserts would make its build quadratic.
+        self._variable_factories._insert_in_place(name, f, overwrite)
+        self._named_inputs._insert_in_place(name, t, overwrite)
 
     def add_variable_input(
         self,

@@ -163,6 +163,12 @@ class Graph:
         return tuple(self._ops)
 
     @property
+    def by_ref_inputs(self) -> frozenset:
+        """The inputs made with ``graph_input(..., by_ref=True)`` (popxl keeps them as the
+        private ``_by_ref_inputs``): every call site marks their parent tensors modified."""
+        return frozenset(self._by_ref_inputs)
+
+    @property
     def called_graphs(self) -> Tuple["Graph", ...]:
         seen: Dict[str, Graph] = {}
         for op in self._ops:

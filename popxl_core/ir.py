@@ -104,7 +104,7 @@ class Ir:
 
     @num_host_transfers.setter
     def num_host_transfers(self, value: int) -> None:
-        self._check_editable(f"setting num_host_transfers to {value!r}")
+        self.check_editable(f"setting num_host_transfers to {value!r}")
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"num_host_transfers must be a positive int, got {value!r}.")
         self._num_host_transfers = value
@@ -147,7 +147,7 @@ class Ir:
     def numerics(self, value: str) -> None:
         if value not in NUMERICS:
             raise ValueError(f"Ir.numerics must be one of {NUMERICS}, got {value!r}.")
-        self._check_editable(f"setting numerics to {value!r}")
+        self.check_editable(f"setting numerics to {value!r}")
         self._numerics = value
 
     @property
@@ -178,7 +178,12 @@ class Ir:
         }
 
     # graphs -------------------------------------------------------------------
-    def _check_editable(self, what: str) -> None:
+    @property
+    def graphs(self) -> tuple:
+        """Every graph of this Ir, the main graph first, then in creation order."""
+        return tuple(self._graphs.values())
+
+    def check_editable(self, what: str) -> None:
         """Refuse any change once a Session has compiled this Ir: it would be left out silently."""
         if self._session is not None:
             raise RuntimeError(
@@ -189,7 +194,7 @@ class Ir:
             )
 
     def _new_graph(self, graph_id: str) -> Graph:
-        self._check_editable(f"creating graph {graph_id!r}")
+        self.check_editable(f"creating graph {graph_id!r}")
         g = Graph._create(self, graph_id)
         self._graphs[graph_id] = g
         return g
@@ -198,7 +203,7 @@ class Ir:
         return f"{name}_subgraph({next(self._graph_counter)})"
 
     def _unique_tensor_id(self, base: str) -> str:
-        self._check_editable(f"creating tensor {base!r}")
+        self.check_editable(f"creating tensor {base!r}")
         tid = base
         while tid in self._tensor_ids:
             tid = f"{base}__t{next(self._dedup_counter)}"

@@ -296,15 +296,6 @@ class Module(addons.Module):
             self._vars[name] = var
         return self._vars[name]
 
-    def _record(self, name: str | int, t: Any, f: Any, overwrite: bool) -> None:
-        # One insert per torch tensor, all under a few prefixes ("layer1.0.conv1.weight"):
-        # addons' copying insert would make the build quadratic in the number of tensors.
-        # With no submodules, no other tree holds these trees' sub-trees.
-        if self._submodules:
-            return super()._record(name, t, f, overwrite)
-        self._variable_factories._insert_in_place(name, f, overwrite)
-        self._named_inputs._insert_in_place(name, t, overwrite)
-
     def seed(self) -> popxl.Tensor:
         """A fresh seed, split from one seed variable that advances every run."""
         if not self._seed:

@@ -9,7 +9,8 @@ import numpy as np
 
 import popxl_core
 from popxl_core import Graph, Tensor, float32, ops
-from popxl_core.transforms import ExpectedConnection, GradGraphInfo
+from popxl_core.graph_edit import remove_outputs
+from popxl_core.transforms import ExpectedConnection, GradGraphInfo, new_grad_graph_info
 
 from ..dot_tree import DotTree
 from ..graph import GraphWithNamedArgs, gradient_graph
@@ -121,7 +122,8 @@ def autodiff_with_accumulation(
                 inputs[key] = accum
         ops.var_updates.accumulate_(counter, popxl_core.constant(1.0, float32))
     inputs["mean_accum_counter"] = counter
-    _drop_outputs(grad.graph, grad_outputs[len(remaining) :])
+    # the grad graph was made just above, so no call site sees its outputs change
+    remove_outputs(grad.graph, grad_outputs[len(remaining) :])
     new_info = _with_outputs(info, info.expected_outputs[: len(remaining)])
     result = GraphWithNamedArgs(
         grad.graph,
@@ -135,13 +137,5 @@ def autodiff_with_accumulation(
     return facts, result
 
 
-def _drop_outputs(graph: Graph, outputs: list[Tensor]) -> None:
-    # popxl (and addons) remove graph outputs through PopART's removeOutput; the core keeps
-    # outputs in `Graph._outputs`. The grad graph was made just above, so no call site sees it.
-    for t in outputs:
-        graph._outputs.remove(t)
-
-
 def _with_outputs(info: GradGraphInfo, outputs: tuple[ExpectedConnection, ...]) -> GradGraphInfo:
-    # No public constructor exists (addons uses `GradGraphInfo._from_pb`).
-    return GradGraphInfo._create(info.graph, info.forward_graph, info.expected_inputs, outputs)
+    return new_grad_graph_info(info.graph, info.forward_graph, info.expected_inputs, outputs)

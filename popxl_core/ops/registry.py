@@ -218,7 +218,7 @@ def create_op(
     opdef = get_opdef(opdef) if isinstance(opdef, str) else opdef
     g = graph or gcg()
     attrs = dict(attrs or {})
-    g.ir._check_editable(f"creating a {opdef.name} op in graph {g.name or 'main'!r}")
+    g.ir.check_editable(f"creating a {opdef.name} op in graph {g.name or 'main'!r}")
     try:
         check_in_graph(g, **{f"{opdef.name} input {i}": t for i, t in enumerate(inputs)})
     except (TypeError, ValueError) as e:
