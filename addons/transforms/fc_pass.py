@@ -37,5 +37,5 @@ def _set(ir: popxl_core.Ir, value: bool) -> None:
     ir.check_editable("setting the fully connected pass")
     for g in ir.graphs:
         for op in g.ops:
-            if op.type == "MatMul":
+            if op.opType() == "MatMul":  # pow2-scaled matmuls too, as in PopXL
                 op.settings[_KEY] = value

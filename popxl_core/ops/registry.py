@@ -104,6 +104,10 @@ class OpDef:
             arithmetic whose rounding torch's SIMD and scalar loops do differently (exp, tanh,
             gelu, ...); under ``Ir.numerics == "ipu"`` it runs padded so an element's result
             does not depend on the tensor's size (`_positional`).
+        popxl_type: the op type PopXL gives this op where it differs from ``name``, the
+            table's key: PopXL's ``matmul_pow2scaled`` makes a ``MatMul`` with a third
+            (log2 scale) input, a different kernel here, so its row is ``MatMulPow2Scaled``
+            with ``popxl_type="MatMul"``. `print_schedule` and ``Op.opType()`` show it.
     """
 
     name: str
@@ -121,6 +125,7 @@ class OpDef:
     extra: Dict[str, Any] = field(default_factory=dict)
     numerics_kernels: Dict[str, Callable[..., Any]] = field(default_factory=dict)
     pointwise: bool = False
+    popxl_type: str = ""
 
     def kernel_for(
         self, numerics: str, sizes: Optional[Sequence[int]] = None
