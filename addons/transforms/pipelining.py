@@ -26,6 +26,7 @@ from popxl_core import Tensor, ops
 from popxl_core.context import get_current_context
 from popxl_core.graph_edit import remove_ops
 from popxl_core.ops.registry import create_op
+from popxl_core.transforms.ipu_concurrency import concurrent_ipus
 
 __all__ = ["pipelined_execution", "StageContext"]
 
@@ -183,6 +184,11 @@ def _time_step(stages, active, crossing, stash, remap) -> None:
     def here(t):
         return remap.get(t, t)
 
+    with concurrent_ipus():  # each stage on its own IPU, at once (the cycle estimate)
+        _time_step_ops(stages, active, crossing, stash, here)
+
+
+def _time_step_ops(stages, active, crossing, stash, here) -> None:
     for bufs in stash.values():
         for k in range(len(bufs) - 1, 0, -1):
             with popxl_core.ipu(bufs[k].ipu):
