@@ -63,6 +63,22 @@ class _PbIr:
     def getMainGraph(self) -> Graph:  # noqa: N802
         return self._ir.main_graph
 
+    def getRemoteBufferInfo(self, buffer_id: int):  # noqa: N802
+        """The `remote_buffer.RemoteBufferInfo` of remote buffer ``buffer_id``."""
+        buffers = self._ir._remote_buffers
+        if buffer_id not in buffers:
+            raise KeyError(
+                f"No remote buffer with id {buffer_id} in this Ir (ids: {sorted(buffers)})."
+            )
+        return buffers[buffer_id].remote_buffer_info
+
+    def hasRemoteBufferInfo(self, buffer_id: int) -> bool:  # noqa: N802
+        return buffer_id in self._ir._remote_buffers
+
+    def getAllRemoteBufferInfos(self) -> Dict[int, Any]:  # noqa: N802
+        """Remote buffer id -> its `remote_buffer.RemoteBufferInfo`, for every buffer."""
+        return {i: b.remote_buffer_info for i, b in self._ir._remote_buffers.items()}
+
     def logIr(self) -> None:  # noqa: N802
         from .printing import format_graph
 

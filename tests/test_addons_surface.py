@@ -65,6 +65,25 @@ def test_remote_buffer_error_wording():
             b.entries = -1
 
 
+def test_remote_buffer_internals_popxl_code_reads():
+    """PopXL's RemoteBuffer keeps ``_current_ir`` (the PopART IR) and ``_remote_buffer_id``;
+    PopART's ``getRemoteBufferInfo(id)`` gives ``TensorInfo.shape()`` and ``repeats``."""
+    ir = popxl.Ir()
+    with ir.main_graph:
+        a = popxl.remote_buffer((2, 3), popxl.float16, entries=4)
+        b = popxl.remote_buffer((5,), popxl.int32)
+    assert a._current_ir is ir._pb_ir and (a._remote_buffer_id, b._remote_buffer_id) == (1, 2)
+    info = ir._pb_ir.getRemoteBufferInfo(a.remote_buffer_id)
+    assert info.TensorInfo.shape() == [2, 3] and info.repeats == 4
+    assert info.TensorInfo.data_type_lcase() == "float16" and info.TensorInfo.nelms() == 6
+    a.entries = 7  # addons' load_remote_graph grows a buffer: PopART's record follows
+    assert ir._pb_ir.getRemoteBufferInfo(1).repeats == 7
+    assert sorted(ir._pb_ir.getAllRemoteBufferInfos()) == [1, 2]
+    assert ir._pb_ir.hasRemoteBufferInfo(2) and not ir._pb_ir.hasRemoteBufferInfo(3)
+    with pytest.raises(KeyError, match="No remote buffer with id 3"):
+        ir._pb_ir.getRemoteBufferInfo(3)
+
+
 def _matmul_ir():
     ir = popxl.Ir()
     with ir.main_graph:
