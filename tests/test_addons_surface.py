@@ -189,3 +189,27 @@ def test_named_replica_grouping():
     assert named.to_dict() == {"a.w": g, "b": g}
     with pytest.raises(TypeError, match="must be a ReplicaGrouping"):
         NamedReplicaGrouping.build_groups(["a"], 2)
+
+
+def test_module_paths_and_names_popxl_code_imports(caplog):
+    """Names the reference lists at popxl.addons' top level and in its ``utils``, and the
+    type aliases of ``popxl.session`` (popxl_api.md §1.1, §4.1, §4.9)."""
+    import logging
+    import re
+
+    from addons import array_munging, utils
+    from addons.layers import WeightsDict
+    from popxl_core.sim import session
+
+    assert addons.shard is array_munging.shard and addons.unshard2D is array_munging.unshard2D
+    assert addons.WeightsDict is utils.WeightsDict is WeightsDict
+    assert addons.GradGraphInfo is popxl.transforms.GradGraphInfo
+    assert re.fullmatch("[0-9a-f]{40}|unknown", addons.GIT_COMMIT)
+    with pytest.raises(AttributeError, match="no attribute 'GIT_COMMITS'"):
+        addons.GIT_COMMITS  # noqa: B018
+    assert session.h2dStreamBufferMaps.__args__[0] is popxl.HostToDeviceStream
+    assert session.d2hStreamBufferMaps.__args__[0] is popxl.DeviceToHostStream
+    with caplog.at_level(logging.INFO, logger="popxl_addons"):
+        with addons.timer("load", log_to_wandb=False):
+            pass
+    assert re.fullmatch(r"load took \d+\.\d{4} s", caplog.records[-1].getMessage())
