@@ -43,6 +43,8 @@ from .scaled_add import *  # noqa: F401,F403
 from .scaled_add import __all__ as _scaled_add_all
 from .shape import *  # noqa: F401,F403
 from .shape import __all__ as _shape_all
+from .statistics import *  # noqa: F401,F403
+from .statistics import __all__ as _statistics_all
 from .unary import *  # noqa: F401,F403
 from .unary import __all__ as _unary_all
 
@@ -68,6 +70,7 @@ __all__ = [
     *_reduce_all,
     *_remote_all,
     *_shape_all,
+    *_statistics_all,
     *_activations_all,
     *_scaled_add_all,
     *_unary_all,
