@@ -414,6 +414,16 @@ class Module(popxl_core.Module, metaclass=NameScopeMeta):
         self._called_graphs_grad_info.update(grad.called_graphs_grad_info)
         self._called_graphs_grad_info[graph.graph] = grad.grad_graph_info
 
+    def add_called_graphs_grad_info(self, infos: dict[Graph, GradGraphInfo]) -> None:
+        """Differentiate the graphs in ``infos`` with the given grad infos wherever this
+        module's graph is differentiated (a subclass that builds a called graph's gradient
+        itself, e.g. popxl_fx's recomputed blocks)."""
+        self._called_graphs_grad_info.update(infos)
+
+    def has_grad_graph_info(self, graph: Graph) -> bool:
+        """Whether the gradient of called graph ``graph`` is already recorded."""
+        return graph in self._called_graphs_grad_info
+
     def _outline_name(self, module: Module, name: str | int | None) -> str:
         if name is not None:
             return str(name)

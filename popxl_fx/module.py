@@ -216,7 +216,7 @@ class Module(addons.Module):
         builder.rng = self.rng
         facts, graph = builder.create_graph(*args)
         n = group.n_outputs.setdefault(graph.graph, len(graph.graph.outputs))
-        if self.recompute and graph.graph not in self._called_graphs_grad_info:
+        if self.recompute and not self.has_grad_graph_info(graph.graph):
             self._recompute_grad(graph, n)
         if node.target not in self._sites:  # a module called twice binds the same variables
             factories = _site_factories(facts, self.torch_module, node.target, self.weightless)
@@ -233,8 +233,9 @@ class Module(addons.Module):
         from addons.transforms import recompute_graph
 
         grad = graph.autodiff(grads_provided=graph.graph.outputs[:n], method="autodiff")
-        self._called_graphs_grad_info.update(grad.called_graphs_grad_info)
-        self._called_graphs_grad_info[graph.graph] = recompute_graph(grad).grad_graph_info
+        self.add_called_graphs_grad_info(
+            {**grad.called_graphs_grad_info, graph.graph: recompute_graph(grad).grad_graph_info}
+        )
 
     def unflatten(self, leaves: Any) -> Any:
         """The forward's output structure around ``leaves`` (after ``flatten_outputs``)."""
