@@ -17,6 +17,8 @@ from .elementwise import *  # noqa: F401,F403
 from .elementwise import __all__ as _elementwise_all
 from .fp8 import *  # noqa: F401,F403
 from .fp8 import __all__ as _fp8_all
+from .fp8_conv_transpose import *  # noqa: F401,F403
+from .fp8_conv_transpose import __all__ as _fp8_conv_transpose_all
 from .indexing import *  # noqa: F401,F403
 from .indexing import __all__ as _indexing_all
 from .io import *  # noqa: F401,F403
@@ -58,6 +60,7 @@ __all__ = [
     *_conditional_all,
     *_elementwise_all,
     *_fp8_all,
+    *_fp8_conv_transpose_all,
     *_indexing_all,
     *_io_all,
     *_layer_norm_all,
