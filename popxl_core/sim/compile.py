@@ -21,7 +21,7 @@ from .call_outputs import kept_outputs
 from .conv_pairs import conv_backward_pairs, conv_pair_kernel
 from .direct import direct_call
 from .foreach import Group, foreach_schedule, group_kernel, plan_modes
-from .fuse import transposed_matmul_kernel, transposed_matmuls
+from .fuse import transposed_kernel, transposed_matmuls
 from .inplace import inplace_kernel, reusable_in, reuse_plan
 from .release import release_points
 from .variants import graphs_run_once, variant_kernel
@@ -222,7 +222,7 @@ def _live_ops(g: Graph, outputs: List[Tensor]) -> List[Op]:
         )
         if keep:
             live.append(op)
-            if not op.opdef.extra.get("ignores_inputs"):
+            if not op.opdef.ignores_inputs:
                 used.update(op.inputs)
     return live[::-1]
 
@@ -255,7 +255,7 @@ def _emit_kernel(op: Op, em: Emitter) -> None:
 
 
 def _emit_transposed_matmul(op: Op, mm: Op, em: Emitter) -> None:
-    k = _bind_kernel(em, transposed_matmul_kernel(mm, em.program.ir.numerics), mm, checked=op)
+    k = _bind_kernel(em, transposed_kernel(mm, em.program.ir.numerics), mm, checked=op)
     em.emit(f"{em.name(op.outputs[0])} = {k}({em.name(mm.inputs[0])}, {em.name(mm.inputs[1])})")
 
 

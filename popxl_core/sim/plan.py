@@ -15,6 +15,7 @@ from math import prod
 from typing import Callable
 
 from ..graph import Graph
+from ..ops.io import HOST_LOAD, HOST_STORE
 from ..schedule import schedule
 from .cost import CostModel, Cycles, Work, nbytes_of
 from .liveness import TOP_N, Liveness, LivenessAnalysis, LiveTensor
@@ -272,7 +273,7 @@ def _memory(
             add(c.ipu, "constants", c.id, nbytes_of(c))
         for op in g._ops:
             add(op.ipu, "code", None, model.code_bytes(op))
-            stream = op.attrs.get("stream") if op.type in ("HostLoad", "HostStore") else None
+            stream = op.attrs.get("stream") if op.opdef in (HOST_LOAD, HOST_STORE) else None
             if stream is not None and (stream, op.ipu) not in streams:
                 streams.add((stream, op.ipu))
                 add(op.ipu, "streams", stream.tensor_id, nbytes_of(stream))

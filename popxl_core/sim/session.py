@@ -82,7 +82,7 @@ class Session:
             )
         # collectives need every replica at once: then replicas run in threads
         self._threaded = any(
-            op.opdef.extra.get("collective") for g in self._program.graphs_used() for op in g._ops
+            op.opdef.collective for g in self._program.graphs_used() for op in g._ops
         )
         ir._session = self
         self._variables: List[Variable] = self._program.variables
