@@ -16,6 +16,7 @@ import pytest
 import popxl_core as popxl
 from popxl_core import ops
 from popxl_core.ops import var_updates
+from popxl_core.sim import CompileOptions
 
 SHAPES = [(4, 5), (7,), (3, 11), (33,)]  # vectorised parts and scalar tails
 
@@ -66,7 +67,7 @@ def _adam_program(dtype=np.float32, split_hyper=False):
 
 def _run(build, reference: bool):
     ir, feeds = build()  # a Session owns its Ir: one Ir per run
-    session = popxl.Session(ir, "cpu", _reference=reference)
+    session = popxl.Session(ir, "cpu", compile_options=CompileOptions(interpret=reference))
     variables = list(ir.main_graph.variables)
     with session:
         session.run(feeds)
