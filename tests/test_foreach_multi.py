@@ -1,5 +1,6 @@
 """Ops with a multi-tensor kernel of their own (FusedSGD/FusedAdam/FusedAdamW) grouped by the
-compiler (popxl_core/sim/foreach_multi.py), against the reference interpreter.
+compiler (popxl_core/sim/foreach.py, `forms.multi_tensor_foreach`), against the reference
+interpreter.
 
 The compiled program runs a group as one ``torch._fused_*_`` call over lists; the
 interpreter runs each op alone. torch's fused CPU kernels work tensor by tensor, so the

@@ -80,3 +80,46 @@ def test_foreach_forms():
     # only ops that may write into a dead input choose a group mode other than "fresh"
     writes = {name for name in have if all_opdefs()[name].foreach.targets is not None}
     assert writes == {"Add", "Sub", "Mul", "Div", "Sqrt"}
+
+
+def test_each_pass_has_a_docstring_and_a_compile_options_switch():
+    from popxl_core.sim.options import CompileOptions
+    from popxl_core.sim.passes import PASSES, STATS
+
+    switches = {f.name for f in dataclasses.fields(CompileOptions)}
+    for p in PASSES:
+        assert p.run.__doc__, p.run.__name__
+        assert p.switch == "" or p.switch in switches, p.switch
+        assert set(p.stats) <= set(STATS)
+
+
+def test_compile_options_are_checked():
+    from popxl_core.sim.options import CompileOptions
+
+    with pytest.raises(TypeError, match=r"CompileOptions\(foreach=1\): give True or False"):
+        CompileOptions(foreach=1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        CompileOptions().foreach = False
+
+
+# test-sample tables (lists of `Sample` literals, one per case) are data, not logic
+MAX_LINES = 40
+
+
+def _long_functions(path: Path) -> list[tuple[str, int, int]]:
+    return [
+        (node.name, node.lineno, node.end_lineno - node.lineno + 1)
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.end_lineno - node.lineno + 1 > MAX_LINES
+        and "samples" not in node.name
+    ]
+
+
+def test_no_function_in_popxl_core_over_40_lines():
+    found = [
+        f"{path.relative_to(ROOT)}:{line} {name} has {n} lines"
+        for path in sorted((ROOT / "popxl_core").rglob("*.py"))
+        for name, line, n in _long_functions(path)
+    ]
+    assert not found, "\n".join(found)

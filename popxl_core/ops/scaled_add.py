@@ -224,7 +224,6 @@ def _foreach_kernel(inplace: bool):
     return kernel
 
 
-
 SCALED_ADD = register(
     OpDef(
         "ScaledAdd",

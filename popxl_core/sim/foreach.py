@@ -145,54 +145,72 @@ def foreach_schedule(ops: List[Op], reusable=None) -> Tuple[List[Op], List[Group
     fresh results allocates every tensor's result at once (as torch.optim's foreach path
     does), where one op at a time reuses the previous tensor's dead temporaries. The compiler
     passes ``reusable`` when its ``foreach_fresh`` option is off (see the module docstring)."""
-    preds = _dependencies(ops)
-    index = {op: k for k, op in enumerate(ops)}
-    succs: Dict[Op, List[Op]] = {op: [] for op in ops}
-    waiting = {op: len(p) for op, p in preds.items()}
-    for op, ps in preds.items():
-        for q in ps:
-            succs[q].append(op)
+    order, groups = _ReadyQueue(ops, _dependencies(ops), _group_keys(ops, reusable)).drain()
+    if len(order) != len(ops):
+        raise RuntimeError("foreach_schedule: dependency cycle (a bug in the pass).")
+    return order, groups
+
+
+def _group_keys(ops: List[Op], reusable) -> Dict[Op, Optional[tuple]]:
+    """Each op's group key; with ``reusable``, None for an op that may write into a dead
+    input but has none to write into here."""
     keys = {op: group_key(op) for op in ops}
     if reusable is not None:
         for k, op in enumerate(ops):
             if keys[op] is not None and _writes_inputs(op):
                 if not any(reusable(op.inputs[i], op, k) for _, i in _targets(op, keys[op])):
                     keys[op] = None
-    ready: List[Tuple[int, Op]] = []
-    ready_by_key: Dict[tuple, Dict[Op, None]] = {}
-    done: set = set()
+    return keys
 
-    def make_ready(op: Op) -> None:
-        heapq.heappush(ready, (index[op], op.id, op))
-        if keys[op] is not None:
-            ready_by_key.setdefault(keys[op], {})[op] = None
 
-    for op in ops:
-        if waiting[op] == 0:
-            make_ready(op)
-    order: List[Op] = []
-    groups: List[Group] = []
-    while ready:
-        _, _, op = heapq.heappop(ready)
-        if op in done:
-            continue
-        taken = [op]
-        if keys[op] is not None:
-            same = ready_by_key.pop(keys[op])
-            taken = sorted(same, key=index.__getitem__)
+class _ReadyQueue:
+    """A topological sort that takes ops in their original order, except that taking an op
+    of a group key takes every other ready op of that key with it."""
+
+    def __init__(self, ops: List[Op], preds: Dict[Op, set], keys) -> None:
+        self.index = {op: k for k, op in enumerate(ops)}
+        self.keys = keys
+        self.succs: Dict[Op, List[Op]] = {op: [] for op in ops}
+        for op, ps in preds.items():
+            for q in ps:
+                self.succs[q].append(op)
+        self.waiting = {op: len(p) for op, p in preds.items()}
+        self.ready: List[Tuple[int, int, Op]] = []
+        self.ready_by_key: Dict[tuple, Dict[Op, None]] = {}
+        self.done: set = set()
+        for op in ops:
+            if self.waiting[op] == 0:
+                self._make_ready(op)
+
+    def _make_ready(self, op: Op) -> None:
+        heapq.heappush(self.ready, (self.index[op], op.id, op))
+        if self.keys[op] is not None:
+            self.ready_by_key.setdefault(self.keys[op], {})[op] = None
+
+    def _take(self, op: Op) -> List[Op]:
+        """``op`` and the ready ops of its key, in schedule order."""
+        if self.keys[op] is None:
+            return [op]
+        return sorted(self.ready_by_key.pop(self.keys[op]), key=self.index.__getitem__)
+
+    def drain(self) -> Tuple[List[Op], List[Group]]:
+        order: List[Op] = []
+        groups: List[Group] = []
+        while self.ready:
+            op = heapq.heappop(self.ready)[2]
+            if op in self.done:
+                continue
+            taken = self._take(op)
             if len(taken) > 1:
-                groups.append(Group(taken, keys[op]))
-        for t in taken:
-            done.add(t)
-            order.append(t)
-        for t in taken:
-            for s in succs[t]:
-                waiting[s] -= 1
-                if waiting[s] == 0:
-                    make_ready(s)
-    if len(order) != len(ops):
-        raise RuntimeError("foreach_schedule: dependency cycle (a bug in the pass).")
-    return order, groups
+                groups.append(Group(taken, self.keys[op]))
+            self.done.update(taken)
+            order.extend(taken)
+            for t in taken:
+                for s in self.succs[t]:
+                    self.waiting[s] -= 1
+                    if self.waiting[s] == 0:
+                        self._make_ready(s)
+        return order, groups
 
 
 # kernels ------------------------------------------------------------------------------

@@ -203,13 +203,18 @@ def build_plan(ir, machine: Machine, observe: bool = True) -> Plan:
     )
     for observer in PLAN_OBSERVERS if observe else ():
         observer(plan)
+    _check_fits(plan, machine)
+    return plan
+
+
+def _check_fits(plan: Plan, machine: Machine) -> None:
+    """Raise or warn, as ``machine`` says, when an IPU overflows."""
     if plan.out_of_memory and machine.oom_is_error:
         raise OutOfMemoryError(oom_message(plan, plan.out_of_memory[0]), plan)
     if plan.out_of_memory and machine.oom_warns:
         warnings.warn(
-            oom_message(plan, plan.out_of_memory[0], fatal=False), OutOfMemoryWarning, stacklevel=3
+            oom_message(plan, plan.out_of_memory[0], fatal=False), OutOfMemoryWarning, stacklevel=4
         )
-    return plan
 
 
 def _num_ipus(graphs: list[Graph], machine: Machine) -> int:
