@@ -27,6 +27,8 @@ from ..tensor import Constant, Tensor
 __all__ = [
     "Foreach",
     "JointGrad",
+    "Targets",
+    "binary_direct",
     "binary_foreach",
     "columns",
     "float32_only",
