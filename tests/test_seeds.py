@@ -1,7 +1,8 @@
 """The seed tutorials 000 and 001 run unchanged on this project and print what they document.
 
 Each seed runs in its own process through tools/seed_runner.py (``popxl``/``popxl_addons``
-resolved to this project, every DataLoader capped at BATCHES batches to keep CI fast), with
+resolved to this project, every DataLoader capped at BATCHES batches to keep the suite fast;
+that the training reaches a useful accuracy takes TRAINING_BATCHES and is a ``slow`` test), with
 HOME pointing at a temporary folder where the runner stages Fashion-MNIST under MNIST's file
 names for ``torchvision.datasets.MNIST("~/.torch/datasets")``. Every schedule, dict_keys and
 NamedTensors line of the seed's output blocks must be printed, in order.
@@ -23,7 +24,8 @@ from popxl_fx.cli import SEEDS_ENV, default_seeds_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 SEEDS = default_seeds_dir()  # $POPXL_FX_SEEDS_DIR, else ../shared/seeds beside the repo
-BATCHES = 150
+BATCHES = 20  # enough to run every block, train and test loop included
+TRAINING_BATCHES = 150  # enough for the accuracy to say the seed trains
 sys.path.insert(0, str(ROOT / "tools"))
 import seed_runner  # noqa: E402
 
@@ -84,6 +86,10 @@ def _run_seed(seed: Path, home: Path, batches: int = BATCHES) -> subprocess.Comp
     )
 
 
+def _accuracy(proc: subprocess.CompletedProcess) -> float:
+    return float(re.search(r"Accuracy on test set: ([0-9.]+)%", proc.stdout).group(1))
+
+
 @pytest.mark.parametrize("prefix", ["001", "000"])
 def test_seed_runs_unchanged_and_prints_its_documented_output(prefix, home):
     seed = _seed(prefix)
@@ -93,9 +99,17 @@ def test_seed_runs_unchanged_and_prints_its_documented_output(prefix, home):
     assert "seed_runner: 0 expected line(s) missing" in proc.stderr, log
     skipped = re.findall(r"NameError: '(\w+)' is defined nowhere", proc.stderr)
     assert skipped == EXPECTED_SKIPS[prefix], log
-    accuracy = float(re.search(r"Accuracy on test set: ([0-9.]+)%", proc.stdout).group(1))
-    # 150 steps of SGD (001) or Adam (000) at batch 8 reach 50-80% (chance: 10%).
-    assert accuracy > 30.0, proc.stdout[-2000:]
+    assert 0.0 <= _accuracy(proc) <= 100.0  # the test loop ran to its printout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("prefix", ["001", "000"])
+def test_seed_trains_well_above_chance(prefix, home):
+    proc = _run_seed(_seed(prefix), home, TRAINING_BATCHES)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    # 150 steps of SGD (001) or Adam (000) at batch 8 reach 50-80% (chance: 10%); the data
+    # order is random (an unseeded shuffle), so fewer steps would make this a coin toss.
+    assert _accuracy(proc) > 30.0, proc.stdout[-2000:]
 
 
 def test_expected_lines_are_checked_in_order(tmp_path):
@@ -157,15 +171,15 @@ def test_notebook_cells_are_the_code_of_a_notebook_seed(tmp_path):
 
 
 def test_seed_003_phased_execution_trains_and_tests(home):
-    """Replication 2, gradient accumulation 4, seven phases, RTS, io mode: 40 steps of global
+    """Replication 2, gradient accumulation 4, seven phases, RTS, io mode: 12 steps of global
     batch 64, the test loop, and both throughput measurements."""
-    proc = _run_seed(_seed("003"), home, batches=40)
+    proc = _run_seed(_seed("003"), home, batches=12)
     assert proc.returncode == 0, proc.stderr[-6000:]
     assert "0 illustrative block(s) skipped" in proc.stderr, proc.stderr[-3000:]
     out = proc.stdout
     assert out.count("Throughput:") == 2 and "train session" in out and "test session" in out
-    accuracy = float(re.search(r"Accuracy on test set: ([0-9.]+)%", out).group(1))
-    assert accuracy > 30.0, out[-2000:]  # 40 Adam steps reach about 60% (chance: 10%)
+    # 12 Adam steps of 64 images reach about 57% (56.7 and 57.0 measured; chance: 10%)
+    assert _accuracy(proc) > 30.0, out[-2000:]
 
 
 def test_seed_003_phased_equals_the_unphased_mlp_loss_by_loss(home):
