@@ -40,6 +40,20 @@ def _is_one(v: Value) -> bool:
     return not isinstance(v, Tensor) and float(v) == 1.0
 
 
+def _zero_state(
+    module: Module, var_shape, replica_grouping, name: str, dt: dtype, shape=None
+) -> Tensor:
+    """A zero-initialised state input of ``module`` by reference (the var's shape unless
+    ``shape``)."""
+    return module.add_variable_input(
+        name,
+        partial(np.zeros, var_shape if shape is None else shape),
+        dt,
+        by_ref=True,
+        replica_grouping=replica_grouping,
+    )
+
+
 class AdamOptimizerStep(Module):
     """AdamW on ``var`` in place (decoupled weight decay, optional bias correction).
 
@@ -75,7 +89,7 @@ class AdamOptimizerStep(Module):
         if global_norm is not None or not _is_one(loss_scaling):
             scale = _grad_scale(loss_scaling, global_norm, global_norm_max)
             grad = grad * (ops.cast(scale, grad.dtype) if isinstance(scale, Tensor) else scale)
-        state = partial(self._state, var.shape, replica_grouping)
+        state = partial(_zero_state, self, var.shape, replica_grouping)
         first_order = state("first_order", first_order_dtype)
         ops.var_updates.accumulate_moving_average_(first_order, grad, f=beta1)
         second_order = state("second_order", float32)
@@ -92,13 +106,3 @@ class AdamOptimizerStep(Module):
             epsilon=eps,
         )
         ops.scaled_add_(var, update, b=-lr)
-
-    def _state(self, var_shape, replica_grouping, name: str, dt: dtype, shape=None) -> Tensor:
-        """A zero-initialised state input by reference (the var's shape unless ``shape``)."""
-        return self.add_variable_input(
-            name,
-            partial(np.zeros, var_shape if shape is None else shape),
-            dt,
-            by_ref=True,
-            replica_grouping=replica_grouping,
-        )
