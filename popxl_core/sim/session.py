@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Dict, Iterable, List, Mapping, Optional, Set
 
 import numpy as np
@@ -88,9 +89,12 @@ class Session:
         self._variables: List[Variable] = self._program.variables
         self._variable_index = {v: i for i, v in enumerate(self._variables)}
         self._remote = RemoteState(ir, self._runtime, self._variables)
+        # each variable's host buffer; until first written (or handed out) it is the
+        # variable's own data, read in place: a large model's weights are not copied here
         self._host: Dict[Variable, np.ndarray] = {
-            v: _host_copy(v) for v in (*self._variables, *self._remote.variables)
+            v: v._data for v in (*self._variables, *self._remote.variables)
         }
+        self._borrowed: Set[Variable] = {v for v in self._host if not _is_file(v)}
         # retrieval_mode='all_replicas': what get_tensor_data returns, one row per replica
         self._per_replica: Dict[Variable, np.ndarray] = {
             v: np.stack(
@@ -101,6 +105,7 @@ class Session:
         }
         self._device: Optional[List[List[torch.Tensor]]] = None
         self._shared: Dict[Variable, torch.Tensor] = {}  # `share_variable_storage`
+        self._pending: Set[int] = set()  # device values not copied in yet (weights_from_host)
         self._attached = False
         self._host_in_sync = True
         self._context_stack: List[bool] = []
@@ -146,13 +151,25 @@ class Session:
 
     # weights -----------------------------------------------------------------------
     def weights_from_host(self) -> None:
-        """Copy every variable's host value to every replica on the device."""
+        """Copy every variable's host value to every replica on the device.
+
+        With one replica the copies are made when first needed (the next run): a variable
+        whose storage is shared before then (`share_variable_storage`, popxl_fx's weights)
+        is never copied, and until a run the device values are the host values."""
         self._require_attached("weights_from_host")
         replicas = self._ir.replication_factor
-        self._device = [[self._to_device(v, r) for v in self._variables] for r in range(replicas)]
-        for v, t in self._shared.items():  # the shared storage takes the host value
-            t.copy_(self._device[0][self._variable_index[v]].view(t.shape))
-            self._device[0][self._variable_index[v]] = t
+        shared = {self._variable_index[v]: t for v, t in self._shared.items()}
+        shards = set(self._remote.shards.values())
+        self._pending = set()
+        if replicas == 1:
+            self._pending = set(range(len(self._variables))) - set(shared) - shards
+        self._device = [
+            [
+                None if r == 0 and i in self._pending else self._load(v, r, shared.get(i))
+                for i, v in enumerate(self._variables)
+            ]
+            for r in range(replicas)
+        ]
         self._remote.allocate()
         for v in self._remote.variables:
             self._remote.write(v, self._host[v])
@@ -165,16 +182,16 @@ class Session:
         if self._device is None:
             return
         for i, v in enumerate(self._variables):
-            if v in self._remote.shards:
+            if v in self._remote.shards or i in self._pending:  # pending: device == host
                 continue
-            self._host[v][...] = self._from_device(v, i)
+            self._owned(v)[...] = self._from_device(v, i)
             if v in self._per_replica:
                 self._per_replica[v][...] = np.stack(
                     [torch_to_host(rep[i]) for rep in self._device]
                 )
         self._remote.store_shards(self._device)
         for v in self._remote.variables:
-            self._host[v][...] = self._remote.read(v)
+            self._owned(v)[...] = self._remote.read(v)
             if v in self._per_replica:
                 self._per_replica[v][...] = np.stack(
                     [torch_to_host(self._remote.entry(v, r)) for r in range(len(self._device))]
@@ -187,6 +204,31 @@ class Session:
 
     def _to_device(self, v: Variable, replica: int) -> torch.Tensor:
         return host_to_torch(np.array(self._host_value(v, replica), copy=True))
+
+    def _devices(self) -> List[List[torch.Tensor]]:
+        """The device values, the pending copies (`weights_from_host`) made now."""
+        for i in self._pending:
+            self._device[0][i] = self._to_device(self._variables[i], 0)
+        self._pending = set()
+        return self._device
+
+    def _load(self, v: Variable, replica: int, shared: Optional[torch.Tensor]) -> torch.Tensor:
+        """``v``'s device value for ``replica``: a copy of its host value, or, for storage
+        shared with `share_variable_storage`, that storage with the host value copied in."""
+        if shared is None:
+            return self._to_device(v, replica)
+        with warnings.catch_warnings():  # a read-only host buffer is only read here
+            warnings.simplefilter("ignore", UserWarning)
+            shared.copy_(host_to_torch(self._host_value(v, replica)).view(shared.shape))
+        return shared
+
+    def _owned(self, v: Variable) -> np.ndarray:
+        """``v``'s host buffer, made the Session's own (copied from the variable's data) before
+        it is written or handed out."""
+        if v in self._borrowed:
+            self._host[v] = np.array(self._host[v], copy=True)
+            self._borrowed.discard(v)
+        return self._host[v]
 
     def _from_device(self, v: Variable, index: int) -> np.ndarray:
         device = self._device
@@ -215,6 +257,7 @@ class Session:
             self.weights_to_host()
         for v, view in views.items():
             self._device[0][self._variable_index[v]] = view
+            self._pending.discard(self._variable_index[v])
             self._shared[v] = view
         self._host_in_sync = False  # the host copies are now older than the shared tensors
 
@@ -266,7 +309,11 @@ class Session:
         ):
             self.weights_to_host()
         return {
-            t: self._per_replica.get(t, self._host[t]) if isinstance(t, Variable) else t._data
+            t: self._per_replica.get(t)
+            if t in self._per_replica
+            else self._owned(t)
+            if isinstance(t, Variable)
+            else t._data
             for t in tensors
         }
 
@@ -277,10 +324,12 @@ class Session:
         """Write host values; all are checked first, so a bad one changes nothing."""
         checks.check_tensors_of(self, tensors, "write_variables_data")
         checked = {v: self._checked_value(v, d) for v, d in tensors.items()}
-        if self._attached and not self._host_in_sync:
-            self.weights_to_host()
         for v, arr in checked.items():
-            self._host[v][...] = arr
+            if v in self._borrowed:  # the Session's own buffer: a copy of the new value
+                self._host[v] = np.array(arr, copy=True)
+                self._borrowed.discard(v)
+            else:
+                self._host[v][...] = arr
             if v in self._per_replica:
                 self._per_replica[v][...] = np.stack(
                     [self._host_value(v, r) for r in range(len(self._per_replica[v]))]
@@ -292,7 +341,8 @@ class Session:
                     continue
                 index = self._variable_index[v]
                 for r, rep in enumerate(self._device):
-                    rep[index].copy_(host_to_torch(self._host_value(v, r)))
+                    if rep[index] is not None:  # a pending copy takes the new host value
+                        rep[index].copy_(host_to_torch(self._host_value(v, r)))
             self._remote.load_shards(self._device, only=set(checked))
 
     def _checked_value(self, v: Variable, data) -> np.ndarray:
@@ -360,6 +410,7 @@ class Session:
         spec = self._stream_spec
         full = {s: a.reshape(spec[s][2]) for s, a in outputs.items()}
         self._runtime.start(feeds, full)
+        self._devices()
         with torch.no_grad():
             run_replicas(self._runtime, self._replica_body, self._threaded)
         self._host_in_sync = False
@@ -437,9 +488,7 @@ def _expanded_shape(shape, ir) -> tuple:
     return (nht if nht > 1 else 1, reps if reps > 1 else 1, *tuple(shape))
 
 
-def _host_copy(v: Variable) -> np.ndarray:
-    """The host buffer of ``v``: a copy of its data, or, for a writable ``np.memmap``, the
-    memmap itself (as PopXL: `weights_to_host` writes the file, `get_tensor_data` views it)."""
-    if isinstance(v._data, np.memmap) and v._data.flags.writeable:
-        return v._data
-    return np.array(v._data, copy=True)
+def _is_file(v: Variable) -> bool:
+    """A writable ``np.memmap`` is the host buffer itself (as PopXL: `weights_to_host`
+    writes the file, `get_tensor_data` views it)."""
+    return isinstance(v._data, np.memmap) and v._data.flags.writeable
