@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from ..errors import OpDataError
-from ..host_data import host_to_torch, torch_to_host
+from ..host_data import host_to_torch, is_fill, torch_to_host
 from ..schedule import verify
 from ..streams import DeviceToHostStream, HostToDeviceStream
 from ..tensor import Constant, Tensor, Variable
@@ -106,6 +106,7 @@ class Session:
         self._device: Optional[List[List[torch.Tensor]]] = None
         self._shared: Dict[Variable, torch.Tensor] = {}  # `share_variable_storage`
         self._pending: Set[int] = set()  # device values not copied in yet (weights_from_host)
+        self._synced: Set[Variable] = set()  # host == device since the last run (`_sync`)
         self._attached = False
         self._host_in_sync = True
         self._context_stack: List[bool] = []
@@ -184,14 +185,14 @@ class Session:
         for i, v in enumerate(self._variables):
             if v in self._remote.shards or i in self._pending:  # pending: device == host
                 continue
-            self._owned(v)[...] = self._from_device(v, i)
+            self._set_host(v, self._from_device(v, i))
             if v in self._per_replica:
                 self._per_replica[v][...] = np.stack(
                     [torch_to_host(rep[i]) for rep in self._device]
                 )
         self._remote.store_shards(self._device)
         for v in self._remote.variables:
-            self._owned(v)[...] = self._remote.read(v)
+            self._set_host(v, self._remote.read(v))
             if v in self._per_replica:
                 self._per_replica[v][...] = np.stack(
                     [torch_to_host(self._remote.entry(v, r)) for r in range(len(self._device))]
@@ -217,10 +218,38 @@ class Session:
         shared with `share_variable_storage`, that storage with the host value copied in."""
         if shared is None:
             return self._to_device(v, replica)
-        with warnings.catch_warnings():  # a read-only host buffer is only read here
-            warnings.simplefilter("ignore", UserWarning)
-            shared.copy_(host_to_torch(self._host_value(v, replica)).view(shared.shape))
+        shared.copy_(self._host_tensor(v, replica).view(shared.shape))
         return shared
+
+    def _host_tensor(self, v: Variable, replica: int) -> torch.Tensor:
+        """``v``'s host value for ``replica`` as a torch tensor, to be read (copied) only."""
+        with warnings.catch_warnings():  # the buffer may be read-only (borrowed, a fill)
+            warnings.simplefilter("ignore", UserWarning)
+            return host_to_torch(self._host_value(v, replica))
+
+    def _sync(self, variables: List[Variable]) -> None:
+        """Bring these variables' host buffers up to date with the device: only these with
+        one replica and no remote variables (a large model's weights are not copied to read
+        a few), else every variable (`weights_to_host`)."""
+        if self._remote.variables or self._per_replica or self._ir.replication_factor > 1:
+            if variables:
+                self.weights_to_host()
+            return
+        for v in variables:
+            i = self._variable_index.get(v)
+            if i is not None and v not in self._synced and i not in self._pending:
+                self._set_host(v, self._from_device(v, i))
+                self._synced.add(v)
+
+    def _set_host(self, v: Variable, value: np.ndarray) -> None:
+        """Write ``v``'s host buffer; a borrowed one is replaced (one pass, not two)."""
+        if v in self._borrowed:
+            buf = np.empty(self._host[v].shape, self._host[v].dtype)
+            buf[...] = value
+            self._host[v] = buf
+            self._borrowed.discard(v)
+        else:
+            self._host[v][...] = value
 
     def _owned(self, v: Variable) -> np.ndarray:
         """``v``'s host buffer, made the Session's own (copied from the variable's data) before
@@ -253,13 +282,26 @@ class Session:
             )
         checks.check_tensors_of(self, tensors, "share_variable_storage")
         views = {v: self._shareable(v, t) for v, t in tensors.items()}
-        if not self._host_in_sync:  # the values not being replaced stay readable
-            self.weights_to_host()
+        # (the host copies of the others are read from the device when next asked for)
         for v, view in views.items():
             self._device[0][self._variable_index[v]] = view
             self._pending.discard(self._variable_index[v])
             self._shared[v] = view
         self._host_in_sync = False  # the host copies are now older than the shared tensors
+        self._synced = set()
+
+    def device_tensor(self, v: Variable) -> torch.Tensor:
+        """The device value of on-chip variable ``v`` (one replica) as the torch tensor the
+        runs update in place, not a copy: a framework adopts it as its own tensor (the other
+        direction of `share_variable_storage`), and it stays shared."""
+        self._require_attached("device_tensor")
+        if self._ir.replication_factor > 1 or v not in self._variable_index:
+            raise ValueError(
+                f"device_tensor: {v!r} is not an on-chip variable of a one-replica Session."
+            )
+        t = self._devices()[0][self._variable_index[v]]
+        self._shared[v] = t
+        return t
 
     def _shareable(self, v: Variable, t: torch.Tensor) -> torch.Tensor:
         if not isinstance(v, Variable) or v not in self._variable_index:
@@ -302,12 +344,8 @@ class Session:
                     "get_tensor_data reads only those: stream intermediate tensors out with "
                     "host_store instead."
                 )
-        if (
-            self._attached
-            and not self._host_in_sync
-            and any(isinstance(t, Variable) for t in tensors)
-        ):
-            self.weights_to_host()
+        if self._attached and not self._host_in_sync:
+            self._sync([t for t in tensors if isinstance(t, Variable)])
         return {
             t: self._per_replica.get(t)
             if t in self._per_replica
@@ -325,7 +363,10 @@ class Session:
         checks.check_tensors_of(self, tensors, "write_variables_data")
         checked = {v: self._checked_value(v, d) for v, d in tensors.items()}
         for v, arr in checked.items():
-            if v in self._borrowed:  # the Session's own buffer: a copy of the new value
+            if is_fill(arr):  # one value: kept as a fresh broadcast, copied when written
+                self._host[v] = np.broadcast_to(np.array(arr.flat[0]), arr.shape)
+                self._borrowed.add(v)
+            elif v in self._borrowed:  # the Session's own buffer: a copy of the new value
                 self._host[v] = np.array(arr, copy=True)
                 self._borrowed.discard(v)
             else:
@@ -342,7 +383,7 @@ class Session:
                 index = self._variable_index[v]
                 for r, rep in enumerate(self._device):
                     if rep[index] is not None:  # a pending copy takes the new host value
-                        rep[index].copy_(host_to_torch(self._host_value(v, r)))
+                        rep[index].copy_(self._host_tensor(v, r))
             self._remote.load_shards(self._device, only=set(checked))
 
     def _checked_value(self, v: Variable, data) -> np.ndarray:
@@ -414,6 +455,7 @@ class Session:
         with torch.no_grad():
             run_replicas(self._runtime, self._replica_body, self._threaded)
         self._host_in_sync = False
+        self._synced = set()
 
     def _replica_body(self, r: int) -> None:
         """One replica's run of the main graph, with the failing op named on a data error."""
