@@ -200,17 +200,8 @@ class GraphWithNamedArgs:
             )
         module = self.from_module
         custom = module is not None and module.implements_grad_graph
-        if method == "build_grad" and module is None:
-            raise ValueError(
-                f"method='build_grad' needs the module that built "
-                f"{self.graph.id!r}: it works only if `from_module` is specified "
-                "(create the graph with Module.create_graph)."
-            )
-        if method == "build_grad" and not custom:
-            raise ValueError(
-                f"method='build_grad' but the module that built {self.graph.id!r} "
-                "does not implement build_grad."
-            )
+        if method == "build_grad":
+            _check_build_grad(self.graph.id, module, custom)
         if custom and method != "autodiff":
             grad = module.create_grad_graph(self, grads_provided, grads_required)
         else:
@@ -261,3 +252,18 @@ def gradient_graph(
     result = GraphWithNamedArgs.from_grad_graph(infos[fwd])
     result.called_graphs_grad_info = {g: i for g, i in infos.items() if g is not fwd}
     return result
+
+
+def _check_build_grad(graph_id: str, module: Module | None, custom: bool) -> None:
+    """``method='build_grad'`` needs the module that built the graph, with a build_grad."""
+    if module is None:
+        raise ValueError(
+            f"method='build_grad' needs the module that built "
+            f"{graph_id!r}: it works only if `from_module` is specified "
+            "(create the graph with Module.create_graph)."
+        )
+    if not custom:
+        raise ValueError(
+            f"method='build_grad' but the module that built {graph_id!r} "
+            "does not implement build_grad."
+        )

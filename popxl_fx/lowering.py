@@ -201,16 +201,20 @@ def run_graph(
         elif outlined is not None and node.op == "call_module" and _outline(node, env, outlined):
             continue
         else:
-            ctx = make_ctx(node)
-            # every op made for this node names its torch module (reports, OOM errors)
-            path = ".".join(p for p in (path_prefix, node.meta.get("module_path", "")) if p)
-            with module_origin(path or "<root>"):
-                env[node] = lower_node(node, env, ctx, fallback)
-            mutated = mutated_input(node, ctx.owner.torch_module)
-            if mutated is not None:  # later users of the tensor see the updated value
-                env[mutated] = env[node]
-                _write_back(mutated, env[node], ctx)
+            _lower_call(node, env, make_ctx(node), path_prefix, fallback)
     raise ValueError("the fx graph has no output node.")
+
+
+def _lower_call(node: fx.Node, env: dict, ctx, path_prefix: str, fallback) -> None:
+    """Lower one call node into ``env``; an in-place update of an input is written back."""
+    # every op made for this node names its torch module (reports, OOM errors)
+    path = ".".join(p for p in (path_prefix, node.meta.get("module_path", "")) if p)
+    with module_origin(path or "<root>"):
+        env[node] = lower_node(node, env, ctx, fallback)
+    mutated = mutated_input(node, ctx.owner.torch_module)
+    if mutated is not None:  # later users of the tensor see the updated value
+        env[mutated] = env[node]
+        _write_back(mutated, env[node], ctx)
 
 
 def _outline(node: fx.Node, env: dict, outlined: Callable[[fx.Node, tuple], Any]) -> bool:
