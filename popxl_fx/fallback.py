@@ -229,20 +229,20 @@ def decomposition_issue(node: fx.Node, root: torch.nn.Module) -> Issue | None:
     random = [t for t in missing if _packet(t) in RANDOM_ATEN]
     if random:
         return unsupported(node, what, "unsupported random op", _random_hint(random))
+    return unsupported(node, what, kind, _missing_hint(node, root, missing))
+
+
+def _missing_hint(node: fx.Node, root: torch.nn.Module, missing: list[Any]) -> str:
+    """The ATen ops a decomposition needs that have no lowering, and the nearby supported
+    ops (of the node's target and of those ops)."""
     names = ", ".join(target_name(t) for t in missing)
-    near = sorted(
-        {s for t in missing for s in nearby_supported(t)}
-        | set(
-            nearby_supported(
-                node.target if node.op != "call_module" else type(root.get_submodule(node.target))
-            )
-        )
-    )
+    own = node.target if node.op != "call_module" else type(root.get_submodule(node.target))
+    near = sorted({s for t in missing for s in nearby_supported(t)} | set(nearby_supported(own)))
     which = "which has no lowering" if len(missing) == 1 else "which have no lowerings"
     hint = f"it has no lowering, and its ATen decomposition needs {names}, {which}."
     if near:
         hint += f" Nearby supported: {', '.join(near)}."
-    return unsupported(node, what, kind, hint)
+    return hint
 
 
 def _random_hint(random: list[Any]) -> str:

@@ -97,33 +97,12 @@ def autodiff_with_accumulation(
     grad = autodiff(graph, grads_provided, remaining + accumulate, called_graphs_grad_info)
     info = grad.grad_graph_info
     grad_outputs = list(grad.graph.outputs)
-    names = _arg_names(graph)
-    factories: dict[str, object] = {}
-    inputs: dict[str, Tensor] = {}
-    with grad.graph, popxl_core.in_sequence(True):
-        counter, factories["mean_accum_counter"] = add_variable_input(
-            "mean_accum_counter",
-            partial(np.zeros, ()),
-            float32,
-            by_ref=True,
-            replica_grouping=_lookup_grouping(replica_groupings, "mean_accum_counter"),
-        )
-        with popxl_core.in_sequence(False):
-            for t, g in zip(accumulate, grad_outputs[len(remaining) :]):
-                key = f"accum.{_accum_name(t, names)}"
-                accum, factories[key] = add_variable_input(
-                    key,
-                    partial(np.zeros, t.shape),
-                    t.dtype,
-                    by_ref=True,
-                    replica_grouping=_lookup_grouping(replica_groupings, key),
-                )
-                ops.var_updates.accumulate_mean_(accum, g, counter)
-                inputs[key] = accum
-        ops.var_updates.accumulate_(counter, popxl_core.constant(1.0, float32))
-    inputs["mean_accum_counter"] = counter
+    accumulated = grad_outputs[len(remaining) :]
+    inputs, factories = _add_accumulators(
+        grad.graph, accumulate, accumulated, _arg_names(graph), replica_groupings
+    )
     # the grad graph was made just above, so no call site sees its outputs change
-    remove_outputs(grad.graph, grad_outputs[len(remaining) :])
+    remove_outputs(grad.graph, accumulated)
     new_info = _with_outputs(info, info.expected_outputs[: len(remaining)])
     result = GraphWithNamedArgs(
         grad.graph,
@@ -131,10 +110,41 @@ def autodiff_with_accumulation(
         new_info,
         called_graphs_grad_info=grad.called_graphs_grad_info,
     )
-    facts = NamedVariableFactories.from_dict(
-        {k: factories[k] for k in inputs}
-    )  # same key order as the named inputs
+    facts = NamedVariableFactories.from_dict({k: factories[k] for k in inputs})  # same order
     return facts, result
+
+
+def _add_accumulators(
+    grad_graph: Graph, accumulate: list, grads: list, names: dict, replica_groupings
+) -> tuple[dict[str, Tensor], dict[str, object]]:
+    """In ``grad_graph``: each gradient mean-accumulated into a new by-ref input
+    ``accum.<name>``, then the counter incremented; the inputs and their factories."""
+    factories: dict[str, object] = {}
+    inputs: dict[str, Tensor] = {}
+    with grad_graph, popxl_core.in_sequence(True):
+        counter, factories["mean_accum_counter"] = _zero_input(
+            "mean_accum_counter", (), float32, replica_groupings
+        )
+        with popxl_core.in_sequence(False):
+            for t, g in zip(accumulate, grads):
+                key = f"accum.{_accum_name(t, names)}"
+                accum, factories[key] = _zero_input(key, t.shape, t.dtype, replica_groupings)
+                ops.var_updates.accumulate_mean_(accum, g, counter)
+                inputs[key] = accum
+        ops.var_updates.accumulate_(counter, popxl_core.constant(1.0, float32))
+    inputs["mean_accum_counter"] = counter
+    return inputs, factories
+
+
+def _zero_input(key: str, shape, dtype, replica_groupings) -> tuple:
+    """A zero-initialised by-ref input of the current graph, and its factory."""
+    return add_variable_input(
+        key,
+        partial(np.zeros, shape),
+        dtype,
+        by_ref=True,
+        replica_grouping=_lookup_grouping(replica_groupings, key),
+    )
 
 
 def _with_outputs(info: GradGraphInfo, outputs: tuple[ExpectedConnection, ...]) -> GradGraphInfo:
