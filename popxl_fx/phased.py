@@ -38,6 +38,7 @@ from .checks import check_inputs, integer_inputs_explained
 from .loss import check_scalar_loss, loss_index
 from .module import Module
 from .optim_remote import RemoteState
+from .phase_report import PhaseSteps
 from .phases import Piece, phase_paths, split_pieces
 from .pipeline import Build, Lowered, _entered
 from .program import Weights, load_inputs, store
@@ -115,15 +116,23 @@ def build_phased_training(build: Build, signature: Any, req: Any) -> Any:
         for lp in lowered:
             _differentiate(lp)
         build.record("backward", "autodiff per piece, gradients chained piece to piece")
-        fwd_infos = [_forward(lp, env) for lp in lowered]
+        main = build.ir.main_graph
+        steps = [PhaseSteps(lp.piece.label, lp.piece.phase) for lp in lowered]
+        fwd_infos = []
+        for lp, st in zip(lowered, steps):
+            n = len(main.ops)
+            fwd_infos.append(_forward(lp, env))
+            st.forward = list(main.ops[n:])  # the report's per-phase rows
         loss = env[loss_node]
         check_scalar_loss(loss, req.model, req.has_loss_fn)
         build.planned = True
         optimizer = req.optimizer
         optimizer.remote = RemoteState(replication_of(opts))
         grads: dict = {loss_node: popxl.constant(1.0, loss.dtype, "loss_grad")}
-        for lp, info in reversed(list(zip(lowered, fwd_infos))):
+        for lp, info, st in reversed(list(zip(lowered, fwd_infos, steps))):
+            n = len(main.ops)
             _backward_and_update(build, lp, info, env, grads, optimizer)
+            st.backward = list(main.ops[n:])
         if opts.replication_factor > 1:
             build.record("replication", _replication_detail(opts))
         build.record("optimizer", f"{type(optimizer.optimizer).__name__} per phase, state remote")
@@ -134,9 +143,11 @@ def build_phased_training(build: Build, signature: Any, req: Any) -> Any:
     session = build.session()
     first = lowered[0]
     view = Lowered(first.fxm, None, first.forward, first.backward)
-    return Program(
+    prog = Program(
         signature, build.ir, session, ins, outputs, weights, view, build.stages, req.optimizer
     )
+    prog.extra["phases"] = steps  # trainer.report(): a PhasedReport
+    return prog
 
 
 def _torch_names(root: torch.nn.Module) -> dict[str, tuple[str, torch.Tensor]]:

@@ -1,13 +1,13 @@
 """Which phases a traced model runs in, and the model's fx graph cut into them.
 
 `phase_paths` turns ``Options(phased_execution=...)`` into module paths: ``"children"`` the
-model's top-level children, ``"blocks"`` the repeated blocks ``outline="auto"`` finds, or the
-modules a list names. `split_pieces` traces the model with those modules as leaves and cuts
-the graph into `Piece`s in execution order: one per phase module call, and one for the code
-between two phases (glue: embeddings, the loss, ...). Each piece is an ``fx.GraphModule`` of
-its own over the same torch tensors (qualified names kept: ``"blocks.3.attn.weight"``) that
-`popxl_fx.Module` lowers like any model; its inputs and outputs are the values that cross the
-cut, in node order.
+model's top-level children, ``"blocks"`` the repeated blocks ``outline="auto"`` finds,
+``"marked"`` the modules marked with `phase`, or the modules a list names. `split_pieces` traces
+the model with those modules as leaves and cuts the graph into `Piece`s in execution order: one
+per phase module call, and one for the code between two phases (glue: embeddings, the loss,
+...). Each piece is an ``fx.GraphModule`` of its own over the same torch tensors (qualified
+names kept: ``"blocks.3.attn.weight"``) that `popxl_fx.Module` lowers like any model; its inputs
+and outputs are the values that cross the cut, in node order.
 """
 
 from __future__ import annotations
@@ -22,7 +22,30 @@ from torch import nn
 from .capture import CaptureTracer, is_leaf, trace_module
 from .outline import plan_outline
 
-__all__ = ["Piece", "PhaseError", "phase_paths", "split_pieces"]
+__all__ = ["Piece", "PhaseError", "marked", "phase", "phase_paths", "split_pieces"]
+
+_MARK = "_popxl_fx_phase"  # the attribute `phase` sets (copied with the module by deepcopy)
+
+
+def phase(module: nn.Module) -> nn.Module:
+    """Mark ``module`` as a phase of ``Options(phased_execution="marked")`` and return it
+    (so it can wrap a layer where it is made: ``nn.Sequential(phase(nn.Linear(8, 8)), ...)``).
+
+    The mark only names the phase: without ``phased_execution="marked"`` (or
+    ``memory="auto"``, which tries the marked phases first) the model trains as before.
+    """
+    if not isinstance(module, nn.Module):
+        raise TypeError(
+            f"popxl_fx.phase expects an nn.Module (the layer or block to run as one phase), "
+            f"got {type(module).__name__}."
+        )
+    object.__setattr__(module, _MARK, True)
+    return module
+
+
+def marked(model: nn.Module) -> list[str]:
+    """The paths of ``model``'s submodules marked with `phase`, in registration order."""
+    return [n for n, m in model.named_modules() if n and getattr(m, _MARK, False)]
 
 
 class PhaseError(ValueError):
@@ -78,12 +101,22 @@ def phase_paths(root: nn.Module, spec: str | tuple, examples: tuple, prefix: str
                 "outline='auto' would outline; use phased_execution='children' or a list of "
                 "module names."
             )
+    elif spec == "marked":
+        paths = marked(model)
+        if not paths:
+            raise PhaseError(
+                "Options(phased_execution='marked'): no submodule of "
+                f"{type(model).__name__} is marked; mark each phase with "
+                "popxl_fx.phase(module) (e.g. model.blocks[0] = popxl_fx.phase(model.blocks[0])), "
+                "or use 'children' / 'blocks' / a list of module names."
+            )
+        paths = _listed(model, paths, "popxl_fx.phase")
     else:
         paths = _listed(model, spec)
     return [prefix + p for p in paths]
 
 
-def _listed(model: nn.Module, spec: Sequence[str]) -> list[str]:
+def _listed(model: nn.Module, spec: Sequence[str], how: str = "") -> list[str]:
     modules = dict(model.named_modules())
     for name in spec:
         if name not in modules or not name:
@@ -96,9 +129,15 @@ def _listed(model: nn.Module, spec: Sequence[str]) -> list[str]:
     for a in spec:
         for b in spec:
             if b.startswith(a + "."):
+                fix = (
+                    "unmark the outer or the inner ones"
+                    if how
+                    else "list the outer or the inner modules"
+                )
                 raise PhaseError(
-                    f"Options(phased_execution=...): {b!r} is inside {a!r}; a phase cannot "
-                    "hold another: list the outer or the inner modules."
+                    f"Options(phased_execution=...): {b!r} is inside {a!r}"
+                    f"{' (both marked with ' + how + ')' if how else ''}; a phase cannot "
+                    f"hold another: {fix}."
                 )
     return list(dict.fromkeys(spec))
 

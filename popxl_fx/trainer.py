@@ -22,6 +22,7 @@ from .loss import PREFIX, user_terms, with_loss
 from .names import escape
 from .optim import OptimizerProgram, UnsupportedOptimizerError
 from .options import Options, resolve
+from .phase_report import PhasedReport
 from .pipeline import Build, Programs
 from .program import ProgramView, describe_change, log, signature_of
 from .replication import broadcast_feeds, replication_of, unreplicated
@@ -79,6 +80,13 @@ class Trainer(ProgramView):
         values = unreplicated(prog.outputs, out, inputs, self.options)
         self.last = {k: v for k, v in values.items() if k != "loss"}
         return values["loss"].as_subclass(StepLoss)
+
+    def report(self):
+        """The Session's `SimReport`; for a phased program a `PhasedReport` (per phase: peak,
+        loaded weights and state, Streaming Memory traffic, cycles and transfer share)."""
+        prog = self._require()
+        steps = prog.extra.get("phases")
+        return prog.session.report if steps is None else PhasedReport(prog.session.report, steps)
 
     # programs ------------------------------------------------------------------------
     def build(self, *inputs: torch.Tensor) -> Program:
