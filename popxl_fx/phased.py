@@ -110,7 +110,7 @@ def build_phased_training(build: Build, signature: Any, req: Any) -> Any:
         leaves, out_spec = pytree.tree_flatten(next(iter(reversed(gm.graph.nodes))).args[0])
         loss_node = leaves[loss_index(out_spec, len(leaves), req.model)]
         shards = opts.replication_factor if opts.replicated_tensor_sharding else 1
-        lowered = [_lower_piece(p, names, contexts, shards, build.plan_only) for p in pieces]
+        lowered = [_lower_piece(p, names, contexts, shards, build.weightless) for p in pieces]
         build.record("lower", _lower_detail(lowered))
         _plan_gradients(lowered, loss_node)
         for lp in lowered:

@@ -189,9 +189,14 @@ class Build:
         options: Options,
         prefix: str = "",
         plan_only: bool = False,
+        weightless: bool = False,
     ) -> None:
         self.entry = entry
         self.plan_only = plan_only  # what-if: weightless variables, a plan and no Session
+        # variables made as broadcast zeros, no weight copies: for what-if plans, and for
+        # programs whose owner writes every weight when the Session attaches (the trainer's
+        # `SharedState`), so a model too big for the IPU gets its OOM error before any copy
+        self.weightless = weightless or plan_only
         self.plan: Any = None
         self.notes: list[str] = []  # added to the "session" record (memory="auto"'s choice)
         self.model = model
@@ -301,7 +306,7 @@ def lower(
     ``precision="float16"`` the traced module is a float16 copy (`popxl_fx.precision`).
     """
     opts = build.options
-    fxm = _module(opts, root, build.prefix, opts.recompute and differentiated, build.plan_only)
+    fxm = _module(opts, root, build.prefix, opts.recompute and differentiated, build.weightless)
     if opts.precision == "float16":
         examples = half_inputs(examples)
     with _entered(contexts):

@@ -125,7 +125,8 @@ class Trainer(ProgramView):
             log.info("%s", choice.text)
             self.options, self.memory_plan = choice.options, choice.text
             notes.append(choice.text)
-        build = Build("training_model", self._model, self.options, self._prefix)
+        # weightless: `SharedState.attach` shares or writes every parameter and buffer
+        build = Build("training_model", self._model, self.options, self._prefix, weightless=True)
         build.notes += notes
         prog = build_training(build, sig, self._request(inputs, self.options))
         prog.extra["shared"] = SharedState(prog.session, prog.weights, prog.optim)
