@@ -33,13 +33,14 @@ import addons
 import popxl_core as popxl
 from addons.remote import load_remote, named_variable_buffers, store_remote
 from popxl_core import ops
+from popxl_core.sim.machine import machine_for
 
 from .checks import check_inputs, integer_inputs_explained
 from .loss import check_scalar_loss, loss_index
 from .module import Module
 from .optim_remote import RemoteState
 from .phase_report import PhaseSteps
-from .phases import Piece, phase_paths, split_pieces
+from .phases import Piece, check_phase_sizes, phase_paths, split_pieces
 from .pipeline import Build, Lowered, _entered
 from .program import Weights, load_inputs, store
 from .replication import check_batch_split, replica_examples, replication_of
@@ -102,6 +103,7 @@ def build_phased_training(build: Build, signature: Any, req: Any) -> Any:
     with _entered(contexts):
         paths = phase_paths(req.root, opts.phased_execution, examples, build.prefix)
         gm, pieces = split_pieces(req.root, examples, paths, build.prefix)
+    _check_sizes(build, req, pieces)
     build.record("capture", f"torch.fx graph of {len(gm.graph.nodes)} nodes, {len(pieces)} pieces")
     names = _torch_names(req.root)
     with build.ir.main_graph, popxl.in_sequence():
@@ -150,6 +152,20 @@ def build_phased_training(build: Build, signature: Any, req: Any) -> Any:
     return prog
 
 
+def _check_sizes(build: Build, req: Any, pieces: list[Piece]) -> None:
+    """A phase too big for one IPU by its variables alone raises now (where the device's
+    out-of-memory is an error; a what-if plan just reports its peak)."""
+    machine = machine_for(build.options.device)
+    if build.plan_only or not machine.oom_is_error:
+        return
+    optim = req.optimizer
+    groups = optim.optimizer.param_groups
+    slots = 2 if optim.kind == "adam" else int(any(g.get("momentum", 0) for g in groups))
+    opts = build.options
+    shards = opts.replication_factor if opts.replicated_tensor_sharding else 1
+    check_phase_sizes(req.root, pieces, build.prefix, slots, shards, machine.bytes_per_ipu)
+
+
 def _torch_names(root: torch.nn.Module) -> dict[str, tuple[str, torch.Tensor]]:
     names = {n: ("param", t) for n, t in root.named_parameters()}
     names.update({n: ("buffer", t) for n, t in root.named_buffers()})
@@ -161,7 +177,7 @@ def _spec(x: torch.Tensor) -> popxl.TensorSpec:
 
 
 def _lower_piece(
-    piece: Piece, names: dict, contexts, shards: int, weightless: bool = False
+    piece: Piece, names: dict, contexts, shards: int, weightless: bool | frozenset = False
 ) -> _Lowered:
     """The piece's forward graph and variables: trainable parameters remote (sharded over
     ``shards`` replicas when more than 1), the rest on chip."""

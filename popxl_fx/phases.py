@@ -19,10 +19,20 @@ import torch
 import torch.fx as fx
 from torch import nn
 
+from popxl_core.sim.report import fmt_bytes
+
 from .capture import CaptureTracer, is_leaf, trace_module
 from .outline import plan_outline
 
-__all__ = ["Piece", "PhaseError", "marked", "phase", "phase_paths", "split_pieces"]
+__all__ = [
+    "Piece",
+    "PhaseError",
+    "check_phase_sizes",
+    "marked",
+    "phase",
+    "phase_paths",
+    "split_pieces",
+]
 
 _MARK = "_popxl_fx_phase"  # the attribute `phase` sets (copied with the module by deepcopy)
 
@@ -219,3 +229,32 @@ def _piece_module(gm: fx.GraphModule, piece: Piece, training: bool) -> fx.GraphM
     module = fx.GraphModule(gm, graph, class_name=piece.label.replace(" ", "_") or "Piece")
     module.training = training  # the user model's mode, for ops traced in its forward
     return module
+
+
+def check_phase_sizes(
+    root: nn.Module, pieces: list[Piece], prefix: str, slots: int, shards: int, capacity: int
+) -> None:
+    """Refuse a phase whose trainable parameters and optimizer state alone (``slots`` state
+    tensors per parameter, each replica holding ``1/shards`` of them) exceed ``capacity``:
+    it cannot fit however the rest is planned."""
+    for p in pieces:
+        if not p.phase:
+            continue
+        module = root.get_submodule(prefix + p.label)
+        weights = sum(
+            -(-t.numel() // shards) * t.element_size()
+            for t in module.parameters()
+            if t.requires_grad
+        )
+        if weights * (1 + slots) <= capacity:
+            continue
+        inner = [f"{p.label}.{n}" for n, _ in module.named_children()][:4]
+        split = f"phased_execution={inner!r} (its parts)" if inner else "a smaller layer"
+        raise PhaseError(
+            f"Options(phased_execution=...): phase {p.label!r} holds {fmt_bytes(weights)} of "
+            f"trainable parameters and {fmt_bytes(weights * slots)} of optimizer state per "
+            f"replica: {fmt_bytes(weights * (1 + slots))} loaded at its update, more than one IPU"
+            f" ({fmt_bytes(capacity)}) before any activation. Split it finer "
+            f"({split}), or shard it over replicas: replication_factor=2 or more with "
+            "replicated_tensor_sharding=True."
+        )
