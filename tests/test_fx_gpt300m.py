@@ -12,26 +12,49 @@ batch (2 sequences of 16 tokens):
   program with ``device="cpu"`` (same initial weights and batches) bit for bit: losses and
   every parameter (phasing runs the same kernels on the same values).
 
-Slow tier (about 2 minutes, and about 10 GiB of host memory at its peak: the model and its
-twin, AdamW state on both sides, the phased program's Streaming Memory). Measured on the
-2-core machine under load: the OOM error in 1.6-5.2 s (load average 7-9) with +0.06 GiB
-resident beyond the torch model (benchmarks/gpt_oom.py; it was 19 s and +2.3 GiB).
+Slow tier, and heavy on host memory: measured on the shared 2-core machine, the process held
+1.90 GiB after the OOM error (the torch model is 1.2 GB of it), 12.5 GiB at the plain
+program's peak and more than 14 GiB in the phased program's first step (the torch model, its
+AdamW state, the Streaming Memory copies of weights and state and the step's transfers),
+where the run was stopped because the machine ran out: the test skips unless
+`NEEDED_GIB` are available. The OOM error alone (benchmarks/gpt_oom.py): 1.6-5.2 s on the
+loaded machine (load average 7-9) with +0.06 GiB resident beyond the torch model (it was 19 s
+and +2.3 GiB).
 """
 
 from __future__ import annotations
 
 import copy
 import gc
+import hashlib
 import resource
+from pathlib import Path
 
 import pytest
 import torch
 
 import popxl_fx
 from examples.fx_phased import Decoder
-from popxl_core.errors import OutOfMemoryError
+from popxl_core.sim.plan import OutOfMemoryError
 
-pytestmark = pytest.mark.slow
+NEEDED_GIB = 20
+
+
+def _available_gib() -> float:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / (1 << 20)
+    return 0.0
+
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        _available_gib() < NEEDED_GIB,
+        reason=f"needs about {NEEDED_GIB} GiB of free host memory (300 M parameters with AdamW, "
+        "trained phased and plain)",
+    ),
+]
 
 VOCAB, CONTEXT, WIDTH, LAYERS, BATCH, STEPS = 256, 16, 1024, 24, 2, 2
 
@@ -45,6 +68,11 @@ def _batches() -> list:
     g = torch.Generator().manual_seed(1)
     make = lambda: torch.randint(0, VOCAB, (BATCH, CONTEXT), generator=g)  # noqa: E731
     return [(make(), make()) for _ in range(STEPS)]
+
+
+def _digest(t: torch.Tensor) -> str:
+    """The tensor's exact bits as a hash (equal digests: equal bit for bit)."""
+    return hashlib.sha256(t.detach().contiguous().numpy().tobytes()).hexdigest()
 
 
 def _rss_gib() -> float:
@@ -70,7 +98,7 @@ def test_gpt_300m_fails_with_the_module_table_then_auto_trains_like_the_plain_pr
     twin = copy.deepcopy(model)  # the plain program's copy of the same initial weights
     plain = _trainer(twin, popxl_fx.Options(device="cpu"))
     plain_losses = [plain(a, b) for a, b in _batches()]
-    expected = {k: v.clone() for k, v in twin.state_dict().items()}
+    expected = {k: _digest(v) for k, v in twin.state_dict().items()}  # bits, not a copy
     del plain, twin
     gc.collect()
 
@@ -84,4 +112,4 @@ def test_gpt_300m_fails_with_the_module_table_then_auto_trains_like_the_plain_pr
     assert peak <= auto.report().totals()["capacity_bytes_per_ipu"]
     assert all(torch.equal(a, b) for a, b in zip(losses, plain_losses)), (losses, plain_losses)
     for k, v in model.state_dict().items():
-        assert torch.equal(v, expected[k]), k
+        assert _digest(v) == expected[k], k
