@@ -26,6 +26,8 @@ import torch
 import torch.fx as fx
 from torch import nn
 
+from .calls import POSITIONAL, Binding
+from .capture_calls import RootCalls
 from .capture_effects import NUMPY, python_effects_recorded
 from .capture_state import (
     changed_plain_tensors,
@@ -100,6 +102,8 @@ class Captured:
     issues: list[Issue] = field(default_factory=list)
     checked: list[Issue] | None = None
     example_inputs: tuple = ()
+    out_spec: Any = None  # the pytree structure forward returns (`calls.flat_outputs`)
+    binding: Binding = POSITIONAL  # how the example inputs reached forward
 
 
 def _value(arg: Any) -> Any:
@@ -160,8 +164,9 @@ class _Proxy(fx.Proxy):
         return self._scalar(int)
 
 
-class CaptureTracer(fx.Tracer):
-    """The tracer behind `capture` (see the module docstring)."""
+class CaptureTracer(RootCalls, fx.Tracer):
+    """The tracer behind `capture` (see the module docstring); ``binding`` says how the
+    example inputs reach the root's ``forward`` (`calls.Binding`)."""
 
     def __init__(
         self,
@@ -169,8 +174,10 @@ class CaptureTracer(fx.Tracer):
         example_inputs: Sequence[Any],
         leaf: Callable[[nn.Module], bool] = is_leaf,
         replay: Replay | None = None,
+        binding: Binding = POSITIONAL,
     ) -> None:
         super().__init__()  # shapes fold in _Proxy (also for parameters)
+        self.binding = binding
         # node.stack_trace (for users of the captured graph) comes from `user_stack`, which
         # reads only the user's frames; a replay trace is only compared and keeps none
         self.record_stack_traces = False
@@ -190,7 +197,10 @@ class CaptureTracer(fx.Tracer):
     def call_module(self, m: nn.Module, forward: Callable, args: tuple, kwargs: dict) -> Any:
         if self._evaluating:  # computing an example value: plain eager call
             return forward(*args, **kwargs)
-        self._paths.append(self.path_of_module(m))
+        path = self.installed_path(m)
+        if path is None:  # made during forward: traced through (`capture_calls`)
+            return self.adopt(m, forward, args, kwargs)
+        self._paths.append(path)
         try:
             return super().call_module(m, forward, args, kwargs)
         finally:
@@ -423,13 +433,15 @@ def trace_module(tracer: CaptureTracer, model: nn.Module) -> fx.GraphModule:
                 delattr(model, name)
 
 
-def capture(model: nn.Module, example_inputs: Sequence[Any]) -> Captured:
-    """Trace ``model`` on ``example_inputs`` (see the module docstring).
+def capture(
+    model: nn.Module, example_inputs: Sequence[Any], binding: Binding = POSITIONAL
+) -> Captured:
+    """Trace ``model`` on ``example_inputs`` (see the module docstring), passed to its
+    ``forward`` as ``binding`` says.
 
     The model's buffers and the torch RNG are restored afterwards, so capture has no effect
     on the model even in train mode (batch-norm statistics, dropout).
     """
-    tracer = CaptureTracer(model, example_inputs)
-    return Captured(
-        trace_module(tracer, model), tracer.issues, example_inputs=tuple(example_inputs)
-    )
+    tracer = CaptureTracer(model, example_inputs, binding=binding)
+    gm = trace_module(tracer, model)
+    return Captured(gm, tracer.issues, None, tuple(example_inputs), tracer.out_spec, binding)

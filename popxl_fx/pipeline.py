@@ -62,6 +62,7 @@ from popxl_core.sim.machine import machine_for
 from popxl_core.sim.plan import build_plan
 
 from . import lowerings, replication  # noqa: F401  (lowerings fills the lowering table)
+from .calls import POSITIONAL, Binding
 from .module import Module
 from .options import Options
 from .precision import check_loss_scale, half_copy, half_inputs, unscale
@@ -180,6 +181,8 @@ class Build:
         model: the user's torch model (for messages).
         options: resolved `Options`.
         prefix: where the user's model sits in the traced root (the loss wrapper's "model.").
+        binding: how the program's inputs reach the traced root's ``forward``
+            (`popxl_fx.calls.Binding`: keyword tensors, constants).
     """
 
     def __init__(
@@ -189,8 +192,10 @@ class Build:
         options: Options,
         prefix: str = "",
         plan_only: bool = False,
+        binding: Binding = POSITIONAL,
     ) -> None:
         self.entry = entry
+        self.binding = binding
         self.plan_only = plan_only  # what-if: weightless variables, a plan and no Session
         self.plan: Any = None
         self.notes: list[str] = []  # added to the "session" record (memory="auto"'s choice)
@@ -301,7 +306,8 @@ def lower(
     ``precision="float16"`` the traced module is a float16 copy (`popxl_fx.precision`).
     """
     opts = build.options
-    fxm = _module(opts, root, build.prefix, opts.recompute and differentiated, build.plan_only)
+    recompute = opts.recompute and differentiated
+    fxm = _module(opts, root, build.prefix, recompute, build.plan_only, build.binding)
     if opts.precision == "float16":
         examples = half_inputs(examples)
     with _entered(contexts):
@@ -315,7 +321,12 @@ def lower(
 
 
 def _module(
-    options: Options, root: nn.Module, prefix: str, recompute: bool, weightless: bool = False
+    options: Options,
+    root: nn.Module,
+    prefix: str,
+    recompute: bool,
+    weightless: bool = False,
+    binding: Binding = POSITIONAL,
 ) -> Module:
     """The traced module: ``root`` itself, or (precision="float16") a float16 copy of it
     whose parameters are ``root``'s float32 master weights (`popxl_fx.precision`); outlined
@@ -327,6 +338,7 @@ def _module(
         "outline_prefix": prefix,
         "weightless": weightless,
         "rng": options.rng,  # where train-mode random ops draw from
+        "binding": binding,
     }
     if options.precision == "float16":
         check_loss_scale(options)
