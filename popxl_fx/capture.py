@@ -145,6 +145,9 @@ class _Proxy(fx.Proxy):
     def __iter__(self) -> Iterator[fx.Proxy]:
         return self.tracer.iter(self)
 
+    def __setitem__(self, index: Any, value: Any) -> None:
+        self.tracer.assign_item(self, index, value)  # a new tensor (`capture_calls`)
+
     def _scalar(self, kind: type) -> Any:
         self.tracer.record(
             self.node,

@@ -8,6 +8,11 @@
 - What it returns is recorded as a pytree structure (`calls.flat_outputs`): dataclasses and
   HuggingFace ``ModelOutput``s come back as such from the entry points; a value that is not a
   tensor (a KV cache object) is reported.
+- ``x[index] = value`` becomes ``x = setitem(x, index, value)``, a new tensor (the proxy
+  is rebound to it), when ``x`` is a tensor made in ``forward`` with no view of it taken:
+  eager's in-place write is then seen by nothing but ``x``'s later uses (T5's label
+  shifting: ``shifted = ids.new_zeros(...); shifted[..., 1:] = ids[..., :-1]``). Into a
+  view, a model input or an attribute it is reported.
 - A module that is not a submodule of the model (``nn.ReLU()(x)`` in ``forward``, a
   module-level activation, ``CrossEntropyLoss()`` built in a loss) is traced through, its ops
   belonging to the module that called it; one holding parameters is reported, since its
@@ -20,17 +25,33 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+import torch.fx as fx
 from torch import nn
 
 from .calls import POSITIONAL, Binding, flat_outputs
+from .inplace import is_view
 
-__all__ = ["RootCalls"]
+__all__ = ["RootCalls", "setitem"]
 
 _CACHE_HINT = (
     "a static program returns tensors only; HuggingFace models return their KV cache "
     "unless called with use_cache=False (e.g. trainer(ids, labels=ids, use_cache=False), "
     "or model.config.use_cache = False): caches are for generation."
 )
+
+
+_SETITEM_HINT = (
+    "eager torch writes into memory that other tensors (a view, a model input, an "
+    "attribute) share; write into a copy (x = x.clone(); x[...] = value) or build the tensor "
+    "with torch.cat / torch.where."
+)
+
+
+def setitem(x: Any, index: Any, value: Any) -> Any:
+    """``x[index] = value`` as a new tensor: what the capture records for item assignment."""
+    out = x.clone()
+    out[index] = value
+    return out
 
 
 class RootCalls:
@@ -58,6 +79,19 @@ class RootCalls:
             self.record(None, "non-tensor output", f"forward returns a {type_name} at {path}",
                         _CACHE_HINT)  # fmt: skip
         return fx_out
+
+    # item assignment ------------------------------------------------------------------------
+    def assign_item(self, proxy: fx.Proxy, index: Any, value: Any) -> None:
+        """``proxy[index] = value``, captured as a new tensor that ``proxy`` then stands for."""
+        target = proxy.node
+        shared = target.op in ("placeholder", "get_attr") or is_view(target)
+        views = [u.name for u in target.users if is_view(u)]
+        if shared or views:
+            what = f"'{target.name}'" + (f" (viewed as '{views[0]}')" if views else "")
+            self.record(target, "item assignment into a shared tensor",
+                        f"x[...] = value on {what}, whose memory other tensors share",
+                        _SETITEM_HINT)  # fmt: skip
+        proxy.node = self.create_proxy("call_function", setitem, (proxy, index, value), {}).node
 
     # modules made during forward -----------------------------------------------------------
     def installed_path(self, m: nn.Module) -> str | None:
