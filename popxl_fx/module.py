@@ -129,6 +129,10 @@ class Module(addons.Module):
         self._seed: list[popxl.Tensor] = []
         # master weights' working copies (their casts) in the last graph built, by name
         self.working_copies: dict[str, popxl.Tensor] = {}
+        # which inputs require grad in eager (compile's autograd bridge, tests): see
+        # `requires_grad`
+        self.inputs_require_grad: tuple[bool, ...] = ()
+        self._grad_inputs: set[int] = set()
 
     # capture ---------------------------------------------------------------------------
     def capture(self, *example_inputs: Any) -> Captured:
@@ -191,10 +195,12 @@ class Module(addons.Module):
         self._sites = {}
         gm = plan.gm if plan is not None else captured.gm
         try:
+            self._grad_inputs = {id(x) for x, g in zip(xs, self.inputs_require_grad) if g}
             out = run_graph(gm, xs, self._context, self._attr, self._call_site, self._path_prefix)
             self._advance_seed()
         finally:
             self._vars, self._seed, self._sites, self._plan = {}, [], {}, None
+            self._grad_inputs = set()
         leaves, spec = pytree.tree_flatten(out)
         if captured.out_spec is not None and captured.out_spec.num_leaves == len(leaves):
             spec = captured.out_spec  # what forward returned: dataclasses, ModelOutputs
@@ -294,6 +300,28 @@ class Module(addons.Module):
                 var = self.working_copies[name] = ops.cast(var, popxl.dtype.as_dtype(tensor.dtype))
             self._vars[name] = var
         return self._vars[name]
+
+    def requires_grad(self, t: popxl.Tensor) -> bool:
+        """Whether eager's twin of ``t`` requires grad: it is computed from a parameter that
+        requires grad. Torch picks some kernels by it (a float attention mask that requires
+        grad runs SDPA's math kernel), so a lowering asks to pick the same one. Inputs count
+        where `inputs_require_grad` says so."""
+        trainable = set(self._grad_inputs) | {
+            id(v)
+            for n, v in self._vars.items()
+            if self._kinds[n] == "param" and self._masters[n].requires_grad
+        }
+        seen, stack = set(), [t]
+        while stack:
+            x = stack.pop()
+            if id(x) in trainable:
+                return True
+            if id(x) in seen or x.producer is None:
+                continue
+            seen.add(id(x))
+            if not x.producer.opdef.extra.get("stops_gradient"):
+                stack.extend(x.producer.inputs)
+        return False
 
     def _record(self, name: str | int, t: Any, f: Any, overwrite: bool) -> None:
         # One insert per torch tensor, all under a few prefixes ("layer1.0.conv1.weight"):
