@@ -403,8 +403,8 @@ def _tensor_at(root: nn.Module, qualname: str) -> torch.Tensor:
 
 
 def _host_data(tensor: torch.Tensor, weightless: bool = False) -> Callable[[], np.ndarray]:
-    """The factory's data: one host copy of ``tensor``, made on first use and then reused
-    (a factory draws several times; copying a large model each time costs seconds). With
+    """The factory's data: ``tensor``'s memory as a numpy array, which ``popxl.variable``
+    copies when the variable is made (the variable's data is then its own snapshot). With
     ``weightless``, zeros of its shape and dtype instead: a broadcast of one zero, which popxl
     keeps as it is, so a plan costs no host memory for it until a Session attaches."""
     copies: list[np.ndarray] = []
@@ -413,8 +413,8 @@ def _host_data(tensor: torch.Tensor, weightless: bool = False) -> Callable[[], n
         if not copies and weightless:
             dtype = torch.empty((), dtype=tensor.dtype).numpy().dtype
             copies.append(np.broadcast_to(np.zeros((), dtype), tuple(tensor.shape)))
-        elif not copies:
-            copies.append(tensor.detach().cpu().numpy().copy())
+        elif not copies:  # a view: popxl.variable copies it once (a second copy cost seconds)
+            copies.append(tensor.detach().cpu().numpy())
         return copies[0]
 
     return data
