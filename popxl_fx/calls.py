@@ -120,16 +120,30 @@ def _is_leaf_value(x: Any) -> bool:
 
 
 def _dataclass_node(cls: type) -> None:
-    """A plain dataclass returned by forward becomes a pytree node (its fields in order),
-    as HuggingFace registers its ``ModelOutput`` classes, so it is rebuilt on the way out."""
+    """A plain dataclass returned by forward becomes a pytree node, as HuggingFace registers
+    its ``ModelOutput`` classes (and like those, its fields that are None are no leaves), so
+    it is rebuilt on the way out."""
     if cls in pytree.SUPPORTED_NODES:
         return
     names = [f.name for f in dataclasses.fields(cls) if f.init]
+
+    def children(obj: Any) -> tuple[list, list]:
+        present = [n for n in names if getattr(obj, n) is not None]
+        return [getattr(obj, n) for n in present], present
+
+    def rebuild(values: list, present: list) -> Any:
+        return cls(**{**dict.fromkeys(names), **dict(zip(present, values))})
+
+    def with_keys(obj: Any) -> tuple[list, list]:
+        values, present = children(obj)
+        return [(pytree.GetAttrKey(n), v) for n, v in zip(present, values)], present
+
     pytree.register_pytree_node(
         cls,
-        lambda obj: ([getattr(obj, n) for n in names], names),
-        lambda values, context: cls(**dict(zip(context, values))),
+        children,
+        rebuild,
         serialized_type_name=f"{cls.__module__}.{cls.__qualname__}",
+        flatten_with_keys_fn=with_keys,
     )
 
 
@@ -144,7 +158,8 @@ def _register_dataclasses(out: Any) -> None:
 
 def flat_outputs(out: Any) -> tuple[Any, pytree.TreeSpec, list[tuple[str, str]]]:
     """What ``forward`` returned, with its dataclasses (``ModelOutput``s) turned into dicts
-    (what torch.fx can hold in a graph's output; same leaves in the same order), the pytree
+    and namedtuples into tuples (what torch.fx holds in a graph's output as it is; the same
+    leaves in the same order), the pytree
     structure of the original to rebuild it from, and the leaves that are not tensors:
     ``(path, type name)`` (they are left out, as ``None``)."""
     _register_dataclasses(out)
@@ -162,15 +177,17 @@ def flat_outputs(out: Any) -> tuple[Any, pytree.TreeSpec, list[tuple[str, str]]]
 
 
 def _as_fx(out: Any) -> Any:
-    """Dataclasses as dicts, recursively (fx would make a call of their class a node)."""
+    """Dataclasses as dicts and namedtuples as tuples, recursively (fx would make a call of
+    their class a node); the same leaves in the same order."""
     if dataclasses.is_dataclass(out) and not isinstance(out, type):
         if isinstance(out, dict):  # a ModelOutput: a dict of its fields that are set
             return {k: _as_fx(v) for k, v in out.items()}
-        return {f.name: _as_fx(getattr(out, f.name)) for f in dataclasses.fields(out) if f.init}
-    if isinstance(out, tuple) and hasattr(out, "_fields"):
-        return type(out)(*(_as_fx(v) for v in out))
-    if isinstance(out, (tuple, list)):
-        return type(out)(_as_fx(v) for v in out)
+        fields = [f.name for f in dataclasses.fields(out) if f.init]
+        return {n: _as_fx(getattr(out, n)) for n in fields if getattr(out, n) is not None}
+    if isinstance(out, tuple):  # a namedtuple too: fx would make its construction a node
+        return tuple(_as_fx(v) for v in out)
+    if isinstance(out, list):
+        return [_as_fx(v) for v in out]
     if isinstance(out, dict):
         return {k: _as_fx(v) for k, v in out.items()}
     return out
