@@ -16,7 +16,6 @@ goes on with the example's concrete value so that one pass finds every problem.
 
 from __future__ import annotations
 
-import contextlib
 import operator
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -28,13 +27,8 @@ from torch import nn
 
 from .calls import POSITIONAL, Binding
 from .capture_calls import RootCalls
-from .capture_effects import NUMPY, python_effects_recorded
-from .capture_state import (
-    changed_plain_tensors,
-    plain_tensors,
-    plain_update_issues,
-    random_factories_recorded,
-)
+from .capture_effects import NUMPY
+from .capture_state import preserved, trace_module
 from .errors import Issue, user_frame, user_stack
 from .lowering import lookup
 from .replay import MISSING, Replay, module_state
@@ -396,44 +390,6 @@ def _fetch(root: nn.Module, target: str) -> Any:
     for part in target.split("."):
         value = getattr(value, part)
     return value
-
-
-@contextlib.contextmanager
-def preserved(model: nn.Module) -> Iterator[None]:
-    """Run eager code on ``model`` without changing its buffers, its plain tensor
-    attributes or the torch RNG."""
-    saved = {name: b.detach().clone() for name, b in model.named_buffers()}
-    plain = {key: t.detach().clone() for key, t in plain_tensors(model).items()}
-    with torch.random.fork_rng(devices=[]):
-        try:
-            yield
-        finally:
-            with torch.no_grad():
-                for name, b in model.named_buffers():
-                    b.copy_(saved[name])
-                for key, t in plain_tensors(model).items():
-                    if key in plain and t.shape == plain[key].shape:
-                        t.copy_(plain[key])
-
-
-def trace_module(tracer: CaptureTracer, model: nn.Module) -> fx.GraphModule:
-    """Trace ``model`` with ``tracer`` and leave the model as it was.
-
-    torch.fx stores tensors that the forward creates from constants as ``_tensor_constantN``
-    attributes of the root; the graph module keeps them, the user's model does not.
-    """
-    before = set(vars(model))
-    try:
-        with preserved(model):
-            plain = {k: t.detach().clone() for k, t in plain_tensors(model).items()}
-            with random_factories_recorded(tracer), python_effects_recorded(tracer, model):
-                graph = tracer.trace(model)
-            tracer.issues += plain_update_issues(graph, changed_plain_tensors(model, plain))
-        return fx.GraphModule(model, graph, class_name=type(model).__name__)
-    finally:
-        for name in set(vars(model)) - before:
-            if name.startswith("_tensor_constant"):
-                delattr(model, name)
 
 
 def capture(
