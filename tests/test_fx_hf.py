@@ -185,3 +185,14 @@ def test_kv_cache_output_is_named():
     assert "use_cache=False" in report.issues[0].hint
     assert "rewrite" not in str(report)
     assert popxl_fx.check(model, *args, use_cache=False).ok
+
+
+def test_assert_matches_eager_with_keyword_labels():
+    """The testing helper takes forward's keyword arguments: outputs (the ModelOutput's
+    logits), gradients, parameters and AdamW state equal eager's at tolerance 0."""
+    model, args, kwargs, labels = _case("bert")
+    errors = popxl_fx.testing.assert_matches_eager(
+        model.train(), args, kwargs={**kwargs, "labels": labels}, steps=2, rtol=0, atol=0,
+        optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3),
+    )  # fmt: skip
+    assert set(errors.values()) == {0.0}
