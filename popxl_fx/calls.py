@@ -73,13 +73,6 @@ class Binding:
         """What the program is specialised to (part of the signature)."""
         return self.keywords, tuple((k, repr(v)) for k, v in self.constants)
 
-    def describe(self, n: int) -> str:
-        """The call in words, for messages: ``model(input0, labels=..., use_cache=False)``."""
-        parts = [f"input{i}" for i in range(n - len(self.keywords))]
-        parts += [f"{k}=<tensor>" for k in self.keywords]
-        parts += [f"{k}={v!r}" for k, v in self.constants]
-        return ", ".join(parts)
-
 
 POSITIONAL = Binding()
 
