@@ -195,6 +195,7 @@ def main(argv: list[str] | None = None) -> None:
             skipped[name] = why
             continue
         rows.append(measure(name))
+        Path(args.out).write_text(_markdown(rows, skipped))  # so far: a long run can stop
         r = rows[-1]
         print(
             f"{name:20s} build {r.build_s:6.1f} s  fwd {r.forward_diff:.3g}  p {r.param_diff:.3g}"

@@ -319,7 +319,7 @@ class Module(addons.Module):
             if id(x) in seen or x.producer is None:
                 continue
             seen.add(id(x))
-            if not x.producer.opdef.extra.get("stops_gradient"):
+            if not x.producer.opdef.stops_gradient:
                 stack.extend(x.producer.inputs)
         return False
 
