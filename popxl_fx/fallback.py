@@ -291,7 +291,9 @@ def lower_by_decomposition(node: fx.Node, args: tuple, kwargs: dict, ctx: Loweri
     def make_ctx(n: fx.Node) -> LoweringContext:
         return LoweringContext(ctx.owner, n, ctx.module_path, ctx.training)
 
-    return run_graph(dec.gm, [*state, *leaves], make_ctx, _constant)
+    return run_graph(
+        dec.gm, [*state, *leaves], make_ctx, _constant, fallback=lower_by_decomposition
+    )
 
 
 def _constant(gm: fx.GraphModule, target: str) -> Any:

@@ -34,6 +34,7 @@ import addons
 import popxl_core as popxl
 from popxl_core import ops
 
+from . import fallback
 from .capture import Captured, capture
 from .capture_effects import WARN_KINDS
 from .errors import Issue, UnsupportedError
@@ -89,7 +90,9 @@ class Module(addons.Module):
             the loss wrapper).
         weightless: variables get zero-filled data of the right shape and dtype instead of a
             copy of the torch tensors (what-if planning: the memory plan needs no values; a
-            broadcast zero costs no host memory until a Session attaches).
+            broadcast zero costs no host memory until a Session attaches). ``True``: all of
+            them; a set of qualified names: those only (the ones the owner writes when the
+            Session attaches; a traced constant keeps its data).
     """
 
     def __init__(
@@ -102,7 +105,7 @@ class Module(addons.Module):
         recompute: bool = False,
         outline_prefix: str = "",
         rng: str = "torch",
-        weightless: bool = False,
+        weightless: bool | frozenset[str] = False,
     ) -> None:
         super().__init__(cache=cache)
         self.weightless = weightless
@@ -191,7 +194,15 @@ class Module(addons.Module):
         gm = plan.gm if plan is not None else captured.gm
         try:
             self._grad_inputs = {id(x) for x, g in zip(xs, self.inputs_require_grad) if g}
-            out = run_graph(gm, xs, self._context, self._attr, self._call_site, self._path_prefix)
+            out = run_graph(
+                gm,
+                xs,
+                self._context,
+                self._attr,
+                self._call_site,
+                self._path_prefix,
+                fallback.lower_by_decomposition,  # looked up per build: tests replace it
+            )
             self._advance_seed()
         finally:
             self._vars, self._seed, self._sites, self._plan = {}, [], {}, None
@@ -213,7 +224,7 @@ class Module(addons.Module):
         builder.rng = self.rng
         facts, graph = builder.create_graph(*args)
         n = group.n_outputs.setdefault(graph.graph, len(graph.graph.outputs))
-        if self.recompute and graph.graph not in self._called_graphs_grad_info:
+        if self.recompute and not self.has_grad_graph_info(graph.graph):
             self._recompute_grad(graph, n)
         if node.target not in self._sites:  # a module called twice binds the same variables
             factories = _site_factories(facts, self.torch_module, node.target, self.weightless)
@@ -230,8 +241,9 @@ class Module(addons.Module):
         from addons.transforms import recompute_graph
 
         grad = graph.autodiff(grads_provided=graph.graph.outputs[:n], method="autodiff")
-        self._called_graphs_grad_info.update(grad.called_graphs_grad_info)
-        self._called_graphs_grad_info[graph.graph] = recompute_graph(grad).grad_graph_info
+        self.add_called_graphs_grad_info(
+            {**grad.called_graphs_grad_info, graph.graph: recompute_graph(grad).grad_graph_info}
+        )
 
     def unflatten(self, leaves: Any) -> Any:
         """The forward's output structure around ``leaves`` (after ``flatten_outputs``)."""
@@ -283,7 +295,7 @@ class Module(addons.Module):
             # (each name is added once: self._vars guards it).
             var = self.add_variable_input(
                 name,
-                _host_data(data, self.weightless),
+                _host_data(data, _zeros_for(self.weightless, name)),
                 popxl.dtype.as_dtype(data.dtype),
                 by_ref=kind == "buffer",
                 overwrite=True,
@@ -314,15 +326,6 @@ class Module(addons.Module):
             if not x.producer.opdef.stops_gradient:
                 stack.extend(x.producer.inputs)
         return False
-
-    def _record(self, name: str | int, t: Any, f: Any, overwrite: bool) -> None:
-        # One insert per torch tensor, all under a few prefixes ("layer1.0.conv1.weight"):
-        # addons' copying insert would make the build quadratic in the number of tensors.
-        # With no submodules, no other tree holds these trees' sub-trees.
-        if self._submodules:
-            return super()._record(name, t, f, overwrite)
-        self._variable_factories._insert_in_place(name, f, overwrite)
-        self._named_inputs._insert_in_place(name, t, overwrite)
 
     def seed(self) -> popxl.Tensor:
         """A fresh seed, split from one seed variable that advances every run."""
@@ -373,7 +376,10 @@ def _block_class(torch_class: type) -> type:
 
 
 def _site_factories(
-    facts: addons.NamedVariableFactories, root: nn.Module, path: str, weightless: bool = False
+    facts: addons.NamedVariableFactories,
+    root: nn.Module,
+    path: str,
+    weightless: bool | frozenset[str] = False,
 ):
     """The block's factories with the data of the call site at ``path``: its own torch
     tensors, and its own random seed (the sites' random streams differ, as inlined ops' do)."""
@@ -383,7 +389,8 @@ def _site_factories(
             start = (int(torch.initial_seed()) + zlib.crc32(path.encode())) % (2**31)
             data = functools.partial(popxl.create_seeds, start)
         else:
-            data = _host_data(_tensor_at(root, f"{path}.{name}"), weightless)
+            qualname = f"{path}.{name}"
+            data = _host_data(_tensor_at(root, qualname), _zeros_for(weightless, qualname))
         site[name] = addons.VariableFactory(data, f.dtype, f.name, f.by_ref, f.replica_grouping)
     return addons.NamedVariableFactories.from_dict(site)
 
@@ -391,6 +398,13 @@ def _site_factories(
 def _tensor_at(root: nn.Module, qualname: str) -> torch.Tensor:
     owner, _, attr = qualname.rpartition(".")
     return getattr(root.get_submodule(owner), attr)
+
+
+def _zeros_for(weightless: bool | frozenset[str], name: str) -> bool:
+    """Whether the variable ``name`` is made weightless (`Module`'s ``weightless``)."""
+    if isinstance(weightless, bool):
+        return weightless
+    return name in weightless or unescape(name) in weightless
 
 
 def _host_data(tensor: torch.Tensor, weightless: bool = False) -> Callable[[], np.ndarray]:

@@ -22,7 +22,11 @@ from .remote_state import RemoteState
 from .runtime import Runtime, run_replicas
 from .session_weights import SessionWeights, is_file
 
-__all__ = ["Session"]
+__all__ = ["Session", "d2hStreamBufferMaps", "h2dStreamBufferMaps"]
+
+# PopXL's names for the host buffers `Session.run` takes and returns
+h2dStreamBufferMaps = Mapping[HostToDeviceStream, np.ndarray]  # noqa: N816 - PopXL's name
+d2hStreamBufferMaps = Mapping[DeviceToHostStream, np.ndarray]  # noqa: N816
 
 _NOT_ATTACHED = (
     "Must be attached to device before calling a runtime function. Put the call "
