@@ -16,7 +16,6 @@ goes on with the example's concrete value so that one pass finds every problem.
 
 from __future__ import annotations
 
-import contextlib
 import operator
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -26,13 +25,10 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from .capture_effects import NUMPY, python_effects_recorded
-from .capture_state import (
-    changed_plain_tensors,
-    plain_tensors,
-    plain_update_issues,
-    random_factories_recorded,
-)
+from .calls import POSITIONAL, Binding
+from .capture_calls import RootCalls
+from .capture_effects import NUMPY
+from .capture_state import preserved, trace_module
 from .errors import Issue, user_frame, user_stack
 from .lowering import lookup
 from .replay import MISSING, Replay, module_state
@@ -100,6 +96,8 @@ class Captured:
     issues: list[Issue] = field(default_factory=list)
     checked: list[Issue] | None = None
     example_inputs: tuple = ()
+    out_spec: Any = None  # the pytree structure forward returns (`calls.flat_outputs`)
+    binding: Binding = POSITIONAL  # how the example inputs reached forward
 
 
 def _value(arg: Any) -> Any:
@@ -141,6 +139,9 @@ class _Proxy(fx.Proxy):
     def __iter__(self) -> Iterator[fx.Proxy]:
         return self.tracer.iter(self)
 
+    def __setitem__(self, index: Any, value: Any) -> None:
+        self.tracer.assign_item(self, index, value)  # a new tensor (`capture_calls`)
+
     def _scalar(self, kind: type) -> Any:
         self.tracer.record(
             self.node,
@@ -160,8 +161,9 @@ class _Proxy(fx.Proxy):
         return self._scalar(int)
 
 
-class CaptureTracer(fx.Tracer):
-    """The tracer behind `capture` (see the module docstring)."""
+class CaptureTracer(RootCalls, fx.Tracer):
+    """The tracer behind `capture` (see the module docstring); ``binding`` says how the
+    example inputs reach the root's ``forward`` (`calls.Binding`)."""
 
     def __init__(
         self,
@@ -169,8 +171,10 @@ class CaptureTracer(fx.Tracer):
         example_inputs: Sequence[Any],
         leaf: Callable[[nn.Module], bool] = is_leaf,
         replay: Replay | None = None,
+        binding: Binding = POSITIONAL,
     ) -> None:
         super().__init__()  # shapes fold in _Proxy (also for parameters)
+        self.binding = binding
         # node.stack_trace (for users of the captured graph) comes from `user_stack`, which
         # reads only the user's frames; a replay trace is only compared and keeps none
         self.record_stack_traces = False
@@ -190,7 +194,10 @@ class CaptureTracer(fx.Tracer):
     def call_module(self, m: nn.Module, forward: Callable, args: tuple, kwargs: dict) -> Any:
         if self._evaluating:  # computing an example value: plain eager call
             return forward(*args, **kwargs)
-        self._paths.append(self.path_of_module(m))
+        path = self.installed_path(m)
+        if path is None:  # made during forward: traced through (`capture_calls`)
+            return self.adopt(m, forward, args, kwargs)
+        self._paths.append(path)
         try:
             return super().call_module(m, forward, args, kwargs)
         finally:
@@ -385,51 +392,15 @@ def _fetch(root: nn.Module, target: str) -> Any:
     return value
 
 
-@contextlib.contextmanager
-def preserved(model: nn.Module) -> Iterator[None]:
-    """Run eager code on ``model`` without changing its buffers, its plain tensor
-    attributes or the torch RNG."""
-    saved = {name: b.detach().clone() for name, b in model.named_buffers()}
-    plain = {key: t.detach().clone() for key, t in plain_tensors(model).items()}
-    with torch.random.fork_rng(devices=[]):
-        try:
-            yield
-        finally:
-            with torch.no_grad():
-                for name, b in model.named_buffers():
-                    b.copy_(saved[name])
-                for key, t in plain_tensors(model).items():
-                    if key in plain and t.shape == plain[key].shape:
-                        t.copy_(plain[key])
-
-
-def trace_module(tracer: CaptureTracer, model: nn.Module) -> fx.GraphModule:
-    """Trace ``model`` with ``tracer`` and leave the model as it was.
-
-    torch.fx stores tensors that the forward creates from constants as ``_tensor_constantN``
-    attributes of the root; the graph module keeps them, the user's model does not.
-    """
-    before = set(vars(model))
-    try:
-        with preserved(model):
-            plain = {k: t.detach().clone() for k, t in plain_tensors(model).items()}
-            with random_factories_recorded(tracer), python_effects_recorded(tracer, model):
-                graph = tracer.trace(model)
-            tracer.issues += plain_update_issues(graph, changed_plain_tensors(model, plain))
-        return fx.GraphModule(model, graph, class_name=type(model).__name__)
-    finally:
-        for name in set(vars(model)) - before:
-            if name.startswith("_tensor_constant"):
-                delattr(model, name)
-
-
-def capture(model: nn.Module, example_inputs: Sequence[Any]) -> Captured:
-    """Trace ``model`` on ``example_inputs`` (see the module docstring).
+def capture(
+    model: nn.Module, example_inputs: Sequence[Any], binding: Binding = POSITIONAL
+) -> Captured:
+    """Trace ``model`` on ``example_inputs`` (see the module docstring), passed to its
+    ``forward`` as ``binding`` says.
 
     The model's buffers and the torch RNG are restored afterwards, so capture has no effect
     on the model even in train mode (batch-norm statistics, dropout).
     """
-    tracer = CaptureTracer(model, example_inputs)
-    return Captured(
-        trace_module(tracer, model), tracer.issues, example_inputs=tuple(example_inputs)
-    )
+    tracer = CaptureTracer(model, example_inputs, binding=binding)
+    gm = trace_module(tracer, model)
+    return Captured(gm, tracer.issues, None, tuple(example_inputs), tracer.out_spec, binding)

@@ -8,7 +8,8 @@ like any call (the fallback draws from the simulator's seeded stream, or reports
 
 A tensor held as a plain attribute (not a parameter or buffer) is not traced: updating it in
 place in ``forward`` changes the model behind the graph's back. `plain_tensors` lists them so
-the trace can restore them and report the update.
+the trace can restore them and report the update. `preserved` and `trace_module` run eager
+code and traces on a model without changing it (buffers, plain tensors, torch's RNG).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 from torch import nn
 
+from .capture_effects import python_effects_recorded
 from .errors import Issue
 
 __all__ = [
@@ -29,7 +31,9 @@ __all__ = [
     "RANDOM_FACTORIES",
     "changed_plain_tensors",
     "plain_tensors",
+    "preserved",
     "random_factories_recorded",
+    "trace_module",
 ]
 
 # torch functions that draw random numbers and may be called with only Python arguments
@@ -104,3 +108,42 @@ def random_factories_recorded(tracer: fx.Tracer) -> Iterator[None]:
     finally:
         for name, fn in originals.items():
             setattr(torch, name, fn)
+
+
+@contextlib.contextmanager
+def preserved(model: nn.Module) -> Iterator[None]:
+    """Run eager code on ``model`` without changing its buffers, its plain tensor
+    attributes or the torch RNG."""
+    saved = {name: b.detach().clone() for name, b in model.named_buffers()}
+    plain = {key: t.detach().clone() for key, t in plain_tensors(model).items()}
+    with torch.random.fork_rng(devices=[]):
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for name, b in model.named_buffers():
+                    b.copy_(saved[name])
+                for key, t in plain_tensors(model).items():
+                    if key in plain and t.shape == plain[key].shape:
+                        t.copy_(plain[key])
+
+
+def trace_module(tracer: fx.Tracer, model: nn.Module) -> fx.GraphModule:
+    """Trace ``model`` with ``tracer`` (a `capture.CaptureTracer`) and leave the model as it
+    was.
+
+    torch.fx stores tensors that the forward creates from constants as ``_tensor_constantN``
+    attributes of the root; the graph module keeps them, the user's model does not.
+    """
+    before = set(vars(model))
+    try:
+        with preserved(model):
+            plain = {k: t.detach().clone() for k, t in plain_tensors(model).items()}
+            with random_factories_recorded(tracer), python_effects_recorded(tracer, model):
+                graph = tracer.trace(model)
+            tracer.issues += plain_update_issues(graph, changed_plain_tensors(model, plain))
+        return fx.GraphModule(model, graph, class_name=type(model).__name__)
+    finally:
+        for name in set(vars(model)) - before:
+            if name.startswith("_tensor_constant"):
+                delattr(model, name)

@@ -20,6 +20,7 @@ import torch.fx as fx
 from torch import nn
 
 from . import lowerings  # noqa: F401  (registers the table)
+from .calls import POSITIONAL, Binding, bind
 from .capture import Captured, CaptureTracer, preserved, trace_module
 from .checks import dtype_issues
 from .errors import Issue, UnsupportedError, user_frame
@@ -53,8 +54,10 @@ class CheckReport:
         return str(UnsupportedError(self.model, list(self.issues)))
 
 
-def check(model: nn.Module, *example_inputs: Any) -> CheckReport:
-    """Report every unsupported op/module and static-graph violation of ``model``.
+def check(model: nn.Module, *example_inputs: Any, **example_kwargs: Any) -> CheckReport:
+    """Report every unsupported op/module and static-graph violation of ``model``, called as
+    ``model(*example_inputs, **example_kwargs)`` (keyword tensors are inputs, other keyword
+    values constants, and the parameters left out keep their defaults: `calls.bind`).
 
     The model's buffers and the torch RNG are left as they were.
 
@@ -63,10 +66,11 @@ def check(model: nn.Module, *example_inputs: Any) -> CheckReport:
         >>> report.raise_if_any()  # doctest: +SKIP
     """
     report = CheckReport(type(model).__name__)
+    example_inputs, binding = bind(example_inputs, example_kwargs)
     report.issues += dtype_issues(model, example_inputs)
     if report.issues:  # the trace would only fail on the same dtypes
         return report
-    first = _trace(model, example_inputs, report)
+    first = _trace(model, example_inputs, report, binding=binding)
     if first is not None:
         report.issues += all_issues(first, model)
     return report
@@ -78,7 +82,7 @@ def all_issues(captured: Captured, model: nn.Module) -> list[Issue]:
     issues = check_captured(captured, model)
     # the second trace reuses the first one's values wherever the call is provably the same
     replay = Replay(captured.gm.graph)
-    second = _trace(model, captured.example_inputs, CheckReport(""), replay)
+    second = _trace(model, captured.example_inputs, CheckReport(""), replay, captured.binding)
     found = [_rerun_with_other_data(captured.gm, model, captured.example_inputs)]
     if second is not None:
         found.insert(0, _compare(captured.gm, second.gm, "between calls"))
@@ -129,10 +133,14 @@ def _call_key(node: fx.Node, module: nn.Module | None) -> tuple:
 
 
 def _trace(
-    model: nn.Module, inputs: Sequence[Any], report: CheckReport, replay: Replay | None = None
+    model: nn.Module,
+    inputs: Sequence[Any],
+    report: CheckReport,
+    replay: Replay | None = None,
+    binding: Binding = POSITIONAL,
 ) -> Captured | None:
     """Capture, turning an exception while tracing into an issue at the user's line."""
-    tracer = CaptureTracer(model, inputs, replay=replay)
+    tracer = CaptureTracer(model, inputs, replay=replay, binding=binding)
     try:
         gm = trace_module(tracer, model)
     except Exception as exc:  # noqa: BLE001 - the report says what failed, and where
@@ -149,7 +157,7 @@ def _trace(
             )
         )
         return None
-    return Captured(gm, tracer.issues, example_inputs=tuple(inputs))
+    return Captured(gm, tracer.issues, None, tuple(inputs), tracer.out_spec, binding)
 
 
 def _shape(value: Any) -> Any:

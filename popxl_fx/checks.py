@@ -101,11 +101,15 @@ def check_no_autocast(what: str) -> None:
         )
 
 
-def check_step_arity(model: nn.Module, inputs: Sequence[object], loss_fn: object) -> None:
+def check_step_arity(
+    model: nn.Module, inputs: Sequence[object], loss_fn: object, n_keywords: int = 0
+) -> None:
     """With ``loss_fn`` a step takes the model's inputs then one target: a missing or extra
-    target is named here, not by forward's argument error."""
+    target is named here, not by forward's argument error. ``n_keywords`` of the inputs
+    (before the target) were passed to the model by keyword."""
     if loss_fn is None:
         return
+    inputs = [*inputs[: len(inputs) - 1 - n_keywords], inputs[-1]] if inputs else inputs
     low, high = _positional_range(model)
     name = getattr(loss_fn, "__name__", type(loss_fn).__name__)
     shape = "trainer(*model_inputs, target)"

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .calls import POSITIONAL, Binding, bind
 from .checks import check_no_autocast
 from .options import Options, resolve
 from .pipeline import Build, Programs, check_entry
@@ -25,8 +26,11 @@ __all__ = ["InferenceModel", "inference_model"]
 
 
 class InferenceModel(ProgramView):
-    """The callable `inference_model` returns: ``model(*inputs)`` runs the forward on the
-    simulator and returns torch tensors in the structure the torch forward returns."""
+    """The callable `inference_model` returns: ``model(*inputs, **kwargs)`` runs the forward
+    on the simulator and returns torch tensors in the structure the torch forward returns
+    (tuples, dicts, namedtuples, dataclasses, HuggingFace ``ModelOutput``s). Keyword tensors
+    are inputs too; other keyword values (``use_cache=False``) are constants of the program,
+    and forward's parameters left out keep their defaults."""
 
     _not_called = "the inference model has not been called yet: call it once first."
     _entry = "inference_model"
@@ -37,9 +41,10 @@ class InferenceModel(ProgramView):
         check_entry("inference_model", self.options)
         self._programs: Programs[Program] = Programs("inference_model")
 
-    def __call__(self, *inputs: torch.Tensor) -> Any:
+    def __call__(self, *inputs: torch.Tensor, **kwargs: Any) -> Any:
         check_no_autocast("the inference model")
-        prog = self._program(inputs)
+        inputs, binding = bind(inputs, kwargs)  # keyword tensors follow the positional ones
+        prog = self._program(inputs, binding)
         prog.weights.changed_from_torch(prog.session)
         out = prog.session.run(prog.inputs.feed(inputs))
         if any(m.training for m in self._model.modules()):
@@ -55,15 +60,16 @@ class InferenceModel(ProgramView):
     def _active(self) -> Program | None:
         return self._programs.active
 
-    def _program(self, inputs: Sequence[torch.Tensor]) -> Program:
-        sig = signature_of(self._model, inputs)
-        return self._programs.get(sig, lambda: self._build(sig, inputs), enter=self._entered)
+    def _program(self, inputs: Sequence[torch.Tensor], binding: Binding = POSITIONAL) -> Program:
+        sig = signature_of(self._model, inputs, binding)
+        build = lambda: self._build(sig, inputs, binding)  # noqa: E731
+        return self._programs.get(sig, build, enter=self._entered)
 
     def _entered(self, prog: Program) -> None:
         prog.weights.forget_synced()  # the program takes every torch weight before its call
 
-    def _build(self, sig: tuple, inputs: Sequence[torch.Tensor]) -> Program:
-        build = Build("inference_model", self._model, self.options)
+    def _build(self, sig: tuple, inputs: Sequence[torch.Tensor], binding: Binding) -> Program:
+        build = Build("inference_model", self._model, self.options, binding=binding)
         return build_inference(build, sig, inputs)
 
 

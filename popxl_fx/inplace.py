@@ -19,7 +19,7 @@ from torch import nn
 
 from .errors import Issue
 
-__all__ = ["inplace_state_issues", "inplace_view_issues", "mutated_input"]
+__all__ = ["inplace_state_issues", "inplace_view_issues", "is_view", "mutated_input"]
 
 _VIEW_METHODS = frozenset(
     {
@@ -84,21 +84,26 @@ def mutated_input(node: fx.Node, root: nn.Module) -> fx.Node | None:
     return node.args[0] if inplace else None
 
 
-def _is_view(node: fx.Node) -> bool:
+def is_view(node: fx.Node) -> bool:
+    """Whether ``node``'s tensor is a view of its first argument's (shares its memory)."""
     if node.op == "call_method":
         return node.target in _VIEW_METHODS
     return node.op == "call_function" and node.target in _VIEW_FUNCTIONS
 
 
-def _aliases(target: fx.Node) -> set[fx.Node]:
-    """Nodes whose tensors share memory with ``target``'s: its bases and their views."""
+def _aliases(target: fx.Node, update: fx.Node, order: dict[fx.Node, int]) -> set[fx.Node]:
+    """Nodes whose tensors share memory with ``target``'s when ``update`` changes it in
+    place: its bases and their views. A view of ``target`` itself taken after the update
+    reads the updated value (the driver rebinds ``target``), so it does not count."""
     family = {target}
     base = target
-    while _is_view(base) and isinstance(base.args[0], fx.Node):
+    while is_view(base) and isinstance(base.args[0], fx.Node):
         base = base.args[0]
         family.add(base)
     for n in list(family):
-        family.update(u for u in n.users if _is_view(u))
+        family.update(
+            u for u in n.users if is_view(u) and (n is not target or order[u] < order[update])
+        )
     return family - {target}
 
 
@@ -111,7 +116,8 @@ def inplace_view_issues(gm: fx.GraphModule, root: nn.Module) -> list[Issue]:
         target = mutated_input(node, root)
         if target is None:
             continue
-        later = [a for a in _aliases(target) if any(order[u] > order[node] for u in a.users)]
+        aliases = _aliases(target, node, order)
+        later = [a for a in aliases if any(order[u] > order[node] for u in a.users)]
         if later:
             issues.append(
                 Issue(

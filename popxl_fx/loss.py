@@ -1,8 +1,8 @@
 """The loss wrapper of `training_model`: ``loss_fn(model(*inputs), target)`` as one module.
 
 The loss is traced and lowered through the same table as the model (a loss module is a leaf,
-a loss function a call). torch.fx traces a fixed signature (no ``*args``), so the wrapper's
-``forward`` is made for the number of model inputs: one class per arity, made on first use.
+a loss function a call). The capture calls the wrapper's ``forward(*inputs_and_target)``
+with one placeholder per tensor (`popxl_fx.capture_calls`).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from torch import nn
 
 import popxl_core as popxl
 
+from .calls import POSITIONAL, Binding, loss_position
 from .checks import check_target
 from .errors import Issue, UnsupportedError
 
@@ -26,18 +27,26 @@ PREFIX = "model."  # where the model sits inside the loss wrapper
 
 
 class WithLoss(nn.Module):
-    """``loss_fn(model(*inputs), target)``; ``with_output`` also returns the model's output."""
+    """``loss_fn(model(*inputs), target)``; ``with_output`` also returns the model's output.
+    ``binding`` says how the inputs reach ``model.forward`` (keyword tensors, constants)."""
 
-    n_inputs = 1
-
-    def __init__(self, model: nn.Module, loss_fn: Callable, with_output: bool = False) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        loss_fn: Callable,
+        with_output: bool = False,
+        binding: Binding = POSITIONAL,
+    ) -> None:
         super().__init__()
         self.model = model
         self.loss_fn = loss_fn
         self.with_output = with_output
+        self.binding = binding
 
-    def forward(self, input0, target):
-        return self._loss(self.model(input0), target)
+    def forward(self, *inputs_and_target):
+        # traced with one placeholder per tensor (`capture_calls`): inputs, then the target
+        *inputs, target = inputs_and_target
+        return self._loss(self.binding.call(self.model, *inputs), target)
 
     def _loss(self, out, target):
         # while traced, out and target are proxies carrying their example values
@@ -46,29 +55,12 @@ class WithLoss(nn.Module):
         return (loss, out) if self.with_output else loss
 
 
-_CLASSES: dict[int, type[WithLoss]] = {1: WithLoss}
-
-
-def _class_for(n_inputs: int) -> type[WithLoss]:
-    """The wrapper class whose ``forward(self, input0, ..., input<n-1>, target)`` takes
-    ``n_inputs`` model inputs. fx reads the argument names from the code object, so the
-    method is compiled from its source (as fx itself generates its modules' code)."""
-    if n_inputs not in _CLASSES:
-        names = ", ".join(f"input{i}" for i in range(n_inputs))
-        source = (
-            f"def forward(self, {names}, target):\n"
-            f"    return self._loss(self.model({names}), target)\n"
-        )
-        scope: dict = {}
-        exec(compile(source, f"<popxl_fx.WithLoss{n_inputs}>", "exec"), scope)  # noqa: S102
-        _CLASSES[n_inputs] = type(
-            f"WithLoss{n_inputs}", (WithLoss,), {"forward": scope["forward"], "n_inputs": n_inputs}
-        )
-    return _CLASSES[n_inputs]
-
-
 def with_loss(
-    model: nn.Module, loss_fn: Callable, n_inputs: int, with_output: bool = False
+    model: nn.Module,
+    loss_fn: Callable,
+    n_inputs: int,
+    with_output: bool = False,
+    binding: Binding = POSITIONAL,
 ) -> WithLoss:
     """The loss wrapper for a model taking ``n_inputs`` tensors (1 or more)."""
     if not isinstance(n_inputs, int) or n_inputs < 1:
@@ -76,7 +68,7 @@ def with_loss(
             f"with loss_fn, the model takes at least one input besides the target (got "
             f"{n_inputs}); pass the inputs and then the target: trainer(x, target)."
         )
-    return _class_for(n_inputs)(model, loss_fn, with_output)
+    return WithLoss(model, loss_fn, with_output, binding)
 
 
 def _example_value(x: object) -> object:
@@ -105,17 +97,15 @@ def _unwrapped(issue: Issue, prefix: str) -> Issue:
 
 
 def loss_index(out_spec: pytree.TreeSpec, n_outputs: int, model: nn.Module) -> int:
-    """Which flattened output is the loss: the tensor, ``out["loss"]`` or ``out[0]``."""
-    where = pytree.tree_unflatten(list(range(n_outputs)), out_spec)
-    if isinstance(where, dict) and "loss" in where:
-        where = where["loss"]
-    elif isinstance(where, (tuple, list)) and where:
-        where = where[0]
-    if not isinstance(where, int):
+    """Which flattened output is the loss: the tensor, ``out["loss"]``, ``out.loss`` (a
+    ModelOutput, dataclass or namedtuple) or ``out[0]``."""
+    where = loss_position(out_spec, n_outputs)
+    if where is None:
+        kind = type(pytree.tree_unflatten(list(range(n_outputs)), out_spec)).__name__
         raise ValueError(
-            f"{type(model).__name__}.forward returns {type(where).__name__} without a loss; "
-            "return the loss (a tensor, a tuple starting with it, or a dict with 'loss') or "
-            "pass loss_fn=."
+            f"{type(model).__name__}.forward returns {kind} without a loss; return the loss "
+            "(a tensor, a tuple starting with it, or a dict or ModelOutput with 'loss': "
+            "HuggingFace models compute it when given labels=) or pass loss_fn=."
         )
     return where
 

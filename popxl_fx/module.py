@@ -35,6 +35,7 @@ import popxl_core as popxl
 from popxl_core import ops
 
 from . import fallback
+from .calls import POSITIONAL, Binding
 from .capture import Captured, capture
 from .capture_effects import WARN_KINDS
 from .errors import Issue, UnsupportedError
@@ -93,6 +94,8 @@ class Module(addons.Module):
             broadcast zero costs no host memory until a Session attaches). ``True``: all of
             them; a set of qualified names: those only (the ones the owner writes when the
             Session attaches; a traced constant keeps its data).
+        binding: how the graph's inputs reach ``forward`` (keyword tensors and constants,
+            `popxl_fx.calls.Binding`); positional by default.
     """
 
     def __init__(
@@ -106,9 +109,11 @@ class Module(addons.Module):
         outline_prefix: str = "",
         rng: str = "torch",
         weightless: bool | frozenset[str] = False,
+        binding: Binding = POSITIONAL,
     ) -> None:
         super().__init__(cache=cache)
         self.weightless = weightless
+        self.binding = binding
         if recompute and outline is False:
             raise ValueError("recompute=True recomputes outlined blocks: give outline= too.")
         self.torch_module = torch_module
@@ -135,10 +140,10 @@ class Module(addons.Module):
     # capture ---------------------------------------------------------------------------
     def capture(self, *example_inputs: Any) -> Captured:
         """The capture for these inputs' signature (traced on first use, then cached)."""
-        key = signature(self.torch_module, example_inputs)
+        key = signature(self.torch_module, example_inputs), self.binding.key()
         if key not in self._captures:
             examples = tuple(_example(x) for x in example_inputs)
-            self._captures[key] = capture(self.torch_module, examples)
+            self._captures[key] = capture(self.torch_module, examples, self.binding)
         return self._captures[key]
 
     def issues(self, *example_inputs: Any) -> list[Issue]:
@@ -159,7 +164,7 @@ class Module(addons.Module):
         if key not in self._plans:
             examples = self.capture(*example_inputs).example_inputs
             self._plans[key] = plan_outline(
-                self.torch_module, self.outline, examples, self.outline_prefix
+                self.torch_module, self.outline, examples, self.outline_prefix, self.binding
             )
         return self._plans[key]
 
@@ -207,9 +212,12 @@ class Module(addons.Module):
         finally:
             self._vars, self._seed, self._sites, self._plan = {}, [], {}, None
             self._grad_inputs = set()
+        leaves, spec = pytree.tree_flatten(out)
+        if captured.out_spec is not None and captured.out_spec.num_leaves == len(leaves):
+            spec = captured.out_spec  # what forward returned: dataclasses, ModelOutputs
         if not self.flatten_outputs:
-            return out
-        leaves, self.out_spec = pytree.tree_flatten(out)
+            return pytree.tree_unflatten(leaves, spec)
+        self.out_spec = spec
         return tuple(leaves)
 
     _path_prefix = ""  # a block graph's builder names its ops "<label>.<path>"
@@ -357,7 +365,8 @@ def _builder(group: Group) -> Module:
             group.representative, flatten_outputs=True, cache=True
         )
         rep = group.captured
-        builder._captures[signature(group.representative, rep.example_inputs)] = rep
+        key = signature(group.representative, rep.example_inputs), builder.binding.key()
+        builder._captures[key] = rep
         builder._path_prefix = group.label
         group.builder = builder
         group.n_outputs = weakref.WeakKeyDictionary()

@@ -24,6 +24,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 
+from .calls import POSITIONAL, Binding
 from .capture import Captured, CaptureTracer, capture, is_leaf, preserved, trace_module
 from .capture_effects import WARN_KINDS
 from .inplace import mutated_input
@@ -143,7 +144,11 @@ def _listed(root: nn.Module, spec: tuple, prefix: str) -> list[str]:
 
 # the plan ---------------------------------------------------------------------------------
 def plan_outline(
-    root: nn.Module, spec: str | tuple, examples: tuple, prefix: str = ""
+    root: nn.Module,
+    spec: str | tuple,
+    examples: tuple,
+    prefix: str = "",
+    binding: Binding = POSITIONAL,
 ) -> OutlinePlan:
     """Which call sites of ``root`` outline, and the leaf trace that calls them.
 
@@ -163,20 +168,23 @@ def plan_outline(
             if strict
             else _outermost(p for p in repeated if p not in excluded)
         )
-        gm = _leaf_trace(root, examples, paths)
+        gm = _leaf_trace(root, examples, paths, binding)
         groups, dropped = _group_sites(root, gm, paths, strict, prefix)
         if not dropped:
             return OutlinePlan(gm, groups)
         excluded |= dropped
-    return OutlinePlan(_leaf_trace(root, examples, []))
+    return OutlinePlan(_leaf_trace(root, examples, [], binding))
 
 
 _ROUNDS = 6  # traces "auto" tries before it inlines everything
 
 
-def _leaf_trace(root: nn.Module, examples: tuple, paths: list[str]) -> fx.GraphModule:
+def _leaf_trace(
+    root: nn.Module, examples: tuple, paths: list[str], binding: Binding = POSITIONAL
+) -> fx.GraphModule:
     ids = {id(root.get_submodule(p)) for p in paths}
-    tracer = CaptureTracer(root, examples, leaf=lambda m: id(m) in ids or is_leaf(m))
+    leaf = lambda m: id(m) in ids or is_leaf(m)  # noqa: E731
+    tracer = CaptureTracer(root, examples, leaf=leaf, binding=binding)
     return trace_module(tracer, root)
 
 

@@ -102,7 +102,7 @@ def build_phased_training(build: Build, signature: Any, req: Any) -> Any:
     examples = replica_examples(req.inputs, opts.replication_factor)
     with _entered(contexts):
         paths = phase_paths(req.root, opts.phased_execution, examples, build.prefix)
-        gm, pieces = split_pieces(req.root, examples, paths, build.prefix)
+        gm, pieces = split_pieces(req.root, examples, paths, build.prefix, build.binding)
     _check_sizes(build, req, pieces)
     build.record("capture", f"torch.fx graph of {len(gm.graph.nodes)} nodes, {len(pieces)} pieces")
     names = _torch_names(req.root)

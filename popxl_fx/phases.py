@@ -21,6 +21,7 @@ from torch import nn
 
 from popxl_core.sim.report import fmt_bytes
 
+from .calls import POSITIONAL, Binding
 from .capture import CaptureTracer, is_leaf, trace_module
 from .outline import plan_outline
 
@@ -153,11 +154,16 @@ def _listed(model: nn.Module, spec: Sequence[str], how: str = "") -> list[str]:
 
 
 def split_pieces(
-    root: nn.Module, examples: tuple, paths: list[str], prefix: str = ""
+    root: nn.Module,
+    examples: tuple,
+    paths: list[str],
+    prefix: str = "",
+    binding: Binding = POSITIONAL,
 ) -> tuple[fx.GraphModule, list[Piece]]:
     """The leaf trace of ``root`` with ``paths`` as leaves, and its pieces in order."""
     ids = {id(root.get_submodule(p)) for p in paths}
-    tracer = CaptureTracer(root, examples, leaf=lambda m: id(m) in ids or is_leaf(m))
+    leaf = lambda m: id(m) in ids or is_leaf(m)  # noqa: E731
+    tracer = CaptureTracer(root, examples, leaf=leaf, binding=binding)
     gm = trace_module(tracer, root)
     pieces = _cut(gm, set(paths), prefix)
     called = {p.nodes[0].target for p in pieces if p.phase}

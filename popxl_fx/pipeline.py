@@ -62,6 +62,7 @@ from popxl_core.sim.machine import machine_for
 from popxl_core.sim.plan import build_plan
 
 from . import lowerings, replication  # noqa: F401  (lowerings fills the lowering table)
+from .calls import POSITIONAL, Binding
 from .module import Module
 from .options import Options
 from .precision import check_loss_scale, half_copy, half_inputs, unscale
@@ -180,6 +181,8 @@ class Build:
         model: the user's torch model (for messages).
         options: resolved `Options`.
         prefix: where the user's model sits in the traced root (the loss wrapper's "model.").
+        binding: how the program's inputs reach the traced root's ``forward``
+            (`popxl_fx.calls.Binding`: keyword tensors, constants).
     """
 
     def __init__(
@@ -189,9 +192,11 @@ class Build:
         options: Options,
         prefix: str = "",
         plan_only: bool = False,
+        binding: Binding = POSITIONAL,
         weightless: bool = False,
     ) -> None:
         self.entry = entry
+        self.binding = binding
         self.plan_only = plan_only  # what-if: weightless variables, a plan and no Session
         # variables made as broadcast zeros, no weight copies: all for what-if plans; the
         # model's parameters and buffers for programs whose owner writes them when the
@@ -314,7 +319,8 @@ def lower(
     ``precision="float16"`` the traced module is a float16 copy (`popxl_fx.precision`).
     """
     opts = build.options
-    fxm = _module(opts, root, build.prefix, opts.recompute and differentiated, build.weightless)
+    recompute = opts.recompute and differentiated
+    fxm = _module(opts, root, build.prefix, recompute, build.weightless, build.binding)
     if opts.precision == "float16":
         examples = half_inputs(examples)
     with _entered(contexts):
@@ -333,6 +339,7 @@ def _module(
     prefix: str,
     recompute: bool,
     weightless: bool | frozenset[str] = False,
+    binding: Binding = POSITIONAL,
 ) -> Module:
     """The traced module: ``root`` itself, or (precision="float16") a float16 copy of it
     whose parameters are ``root``'s float32 master weights (`popxl_fx.precision`); outlined
@@ -344,6 +351,7 @@ def _module(
         "outline_prefix": prefix,
         "weightless": weightless,
         "rng": options.rng,  # where train-mode random ops draw from
+        "binding": binding,
     }
     if options.precision == "float16":
         check_loss_scale(options)

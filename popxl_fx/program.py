@@ -21,6 +21,7 @@ from popxl_core import ops
 from popxl_core.printing import format_schedule
 from popxl_core.sim.plan import OutOfMemoryError
 
+from .calls import POSITIONAL, Binding
 from .names import unescape
 from .options import Options
 
@@ -83,12 +84,15 @@ def load_inputs(values: Sequence[torch.Tensor], names: Sequence[str], replicas: 
     return Inputs(streams, tensors, replicas)
 
 
-def signature_of(model: nn.Module, values: Sequence[object]) -> tuple:
-    """What a compiled program is specialised to: input shapes/dtypes and every module's mode."""
+def signature_of(
+    model: nn.Module, values: Sequence[object], binding: Binding = POSITIONAL
+) -> tuple:
+    """What a compiled program is specialised to: input shapes/dtypes, every module's mode
+    and how the inputs reach forward (keyword names, constants: `calls.Binding`)."""
     shapes = tuple(
         (tuple(v.shape), str(v.dtype)) if isinstance(v, torch.Tensor) else repr(v) for v in values
     )
-    return shapes, _modes(model)
+    return shapes, _modes(model), binding.key()
 
 
 def _modes(model: nn.Module) -> tuple:
@@ -110,6 +114,8 @@ def describe_change(old: tuple, new: tuple) -> str:
     """Why a signature differs from the previous one, in words (for the recompile log)."""
     if old[1] != new[1]:
         return "the model's train/eval mode changed"
+    if old[0] == new[0] and old[2:] != new[2:]:
+        return f"the keyword arguments changed from {old[2]} to {new[2]}"
     return f"the inputs changed from {old[0]} to {new[0]}"
 
 

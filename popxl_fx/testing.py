@@ -101,8 +101,8 @@ def _make_optimizer(optimizer: OptimizerLike, model: nn.Module, twin: nn.Module)
     return optimizer, type(optimizer)(groups)
 
 
-def _eager_step(model, opt, loss_fn, inputs, targets):
-    out = model(*inputs)
+def _eager_step(model, opt, loss_fn, inputs, targets, kwargs):
+    out = model(*inputs, **kwargs)
     loss = loss_fn(out, targets) if loss_fn is not None else pytree.tree_leaves(out)[0]
     opt.zero_grad()
     loss.backward()
@@ -118,9 +118,9 @@ class _TrainingModelRunner:
         self.trainer = Trainer(model, opt, loss_fn, options, record=True)
         self.has_loss_fn = loss_fn is not None
 
-    def step(self, inputs, targets):
+    def step(self, inputs, targets, kwargs):
         args = (*inputs, targets) if self.has_loss_fn else inputs
-        loss = self.trainer(*args)
+        loss = self.trainer(*args, **kwargs)
         last = self.trainer.last
         keys = sorted((k for k in last if k.startswith("output.")), key=lambda k: int(k[7:]))
         outs = [last[k] for k in keys]
@@ -139,9 +139,8 @@ class _CompileRunner:
 
         self.model, self.opt, self.loss_fn = compile_(model, options), opt, loss_fn
 
-    def step(self, inputs, targets):
-        loss, out, grads = _eager_step(self.model, self.opt, self.loss_fn, inputs, targets)
-        return loss, out, grads
+    def step(self, inputs, targets, kwargs):
+        return _eager_step(self.model, self.opt, self.loss_fn, inputs, targets, kwargs)
 
     def finish(self):
         pass
@@ -167,6 +166,7 @@ def assert_matches_eager(
     atol: float | None = None,
     via: str = "training_model",
     normwise: bool = False,
+    kwargs: dict[str, Any] | None = None,
 ) -> dict[str, float]:
     """Train ``model`` for ``steps`` steps on the simulator and eagerly; assert they agree.
 
@@ -180,6 +180,9 @@ def assert_matches_eager(
         via: ``"training_model"`` or ``"compile"`` (unchanged torch loop, torch's optimizer).
         rtol, atol: tolerances of every comparison (default 1e-4 and 1e-5, float32).
         normwise: compare each tensor relative to its largest value (see `compare`).
+        kwargs: keyword arguments of the model's forward at every step (``labels=``,
+            ``use_cache=False``; `popxl_fx.calls.bind`: tensors are inputs, plain values
+            constants).
 
     Returns:
         the largest absolute difference seen in each kind of tensor: ``loss``, ``outputs``,
@@ -192,7 +195,7 @@ def assert_matches_eager(
     """
     rtol = 1e-4 if rtol is None else rtol
     atol = 1e-5 if atol is None else atol
-    inputs = _as_tuple(inputs)
+    inputs, kwargs = _as_tuple(inputs), dict(kwargs or {})
     twin = copy.deepcopy(model)
     sim_opt, eager_opt = _make_optimizer(optimizer, model, twin)
     runners = {"training_model": _TrainingModelRunner, "compile": _CompileRunner}
@@ -205,9 +208,9 @@ def assert_matches_eager(
         # both start each step from one torch generator state: with Options(rng="torch")
         # (the default) the simulated dropout masks are eager's
         state = torch.get_rng_state()
-        eager = _eager_step(twin, eager_opt, twin_loss_fn, inputs, targets)
+        eager = _eager_step(twin, eager_opt, twin_loss_fn, inputs, targets, kwargs)
         torch.set_rng_state(state)
-        simulated = runner.step(inputs, targets)
+        simulated = runner.step(inputs, targets, kwargs)
         _compare_step(f"step {step}", simulated, eager, loss_fn, via, worst)
     runner.finish()
     _compare_state(model, twin, sim_opt, eager_opt, worst)

@@ -12,11 +12,13 @@ writes or loads between steps is what the next step uses.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
 
 from .auto import Planned, choose
+from .calls import POSITIONAL, Binding, bind
 from .checks import check_no_autocast, check_step_arity
 from .loss import PREFIX, user_terms, with_loss
 from .names import escape
@@ -62,12 +64,14 @@ class Trainer(ProgramView):
         self.memory_plan = ""  # memory="auto": the plan chosen and the candidates planned
 
     # the step ------------------------------------------------------------------------
-    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
+    def __call__(self, *inputs: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         """One training step on ``inputs`` (with the target last when there is a loss_fn);
-        returns the loss as a torch scalar."""
+        keyword arguments go to the model's forward (``labels=``, ``attention_mask=``,
+        ``use_cache=False``: `popxl_fx.calls.bind`). Returns the loss as a torch scalar."""
         check_no_autocast("the trainer")
         structure = structure_key(self._model, self.optimizer)
-        prog = self._program(inputs, structure)
+        inputs, binding = self._bind(inputs, kwargs)
+        prog = self._program(inputs, structure, binding)
         shared = prog.extra["shared"]
         shared.before_step(structure)  # writes and loads since the last step reach the device
         n, replicas = self.options.device_iterations, self.options.replication_factor
@@ -89,18 +93,29 @@ class Trainer(ProgramView):
         return prog.session.report if steps is None else PhasedReport(prog.session.report, steps)
 
     # programs ------------------------------------------------------------------------
-    def build(self, *inputs: torch.Tensor) -> Program:
+    def build(self, *inputs: torch.Tensor, **kwargs: Any) -> Program:
         """Build (or fetch from the cache) the program for ``inputs`` without running a step:
         trace, lower, autodiff, optimizer and Session, as the first call would."""
-        return self._program(inputs, structure_key(self._model, self.optimizer))
+        inputs, binding = self._bind(inputs, kwargs)
+        return self._program(inputs, structure_key(self._model, self.optimizer), binding)
+
+    def _bind(self, inputs: tuple, kwargs: dict) -> tuple[tuple, Binding]:
+        """The step's flat tensors (keyword tensors after the positional model inputs, the
+        target last) and how the model's reach its forward."""
+        if self.loss_fn is None or not inputs:
+            return bind(inputs, kwargs)
+        flat, binding = bind(inputs[:-1], kwargs)
+        return (*flat, inputs[-1]), binding
 
     @property
     def _active(self) -> Program | None:
         return self._programs.active
 
-    def _program(self, inputs: tuple, structure: Structure) -> Program:
-        sig = (signature_of(self._model, inputs), structure)
-        build = lambda: self._build(sig, inputs)  # noqa: E731
+    def _program(
+        self, inputs: tuple, structure: Structure, binding: Binding = POSITIONAL
+    ) -> Program:
+        sig = (signature_of(self._model, inputs, binding), structure)
+        build = lambda: self._build(sig, inputs, binding)  # noqa: E731
         enter = lambda prog: self._activate(prog, structure)  # noqa: E731
         return self._programs.get(sig, build, None, enter)
 
@@ -115,37 +130,53 @@ class Trainer(ProgramView):
             reasons.append(describe(self._snapshot, snapshot(self._model, self.optimizer)))
         return "; ".join(reasons)
 
-    def _build(self, sig: tuple, inputs: tuple) -> Program:
-        check_step_arity(self._model, inputs, self.loss_fn)
+    def _build(self, sig: tuple, inputs: tuple, binding: Binding) -> Program:
+        n_keywords = len(binding.keywords)
+        check_step_arity(self._model, inputs, self.loss_fn, n_keywords)
         notes = []
         if self.options.memory == "auto":  # chosen once, on the first signature
-            plan = lambda options: self._what_if(sig, inputs, options)  # noqa: E731
+            plan = lambda options: self._what_if(sig, inputs, options, binding)  # noqa: E731
             batch = inputs[0].shape[self.options.device_iterations > 1] if inputs else None
             choice = choose(self._model, self.options, plan, batch)
             log.info("%s", choice.text)
             self.options, self.memory_plan = choice.options, choice.text
             notes.append(choice.text)
         # weightless: `SharedState.attach` shares or writes every parameter and buffer
-        build = Build("training_model", self._model, self.options, self._prefix, weightless=True)
+        build = self._new_build(self.options, binding, weightless=True)
         build.notes += notes
-        prog = build_training(build, sig, self._request(inputs, self.options))
+        prog = build_training(build, sig, self._request(inputs, self.options, binding))
         prog.extra["shared"] = SharedState(prog.session, prog.weights, prog.optim)
         return prog
 
-    def _what_if(self, sig: tuple, inputs: tuple, options: Options) -> Planned:
+    def _new_build(
+        self, options: Options, binding: Binding, plan_only: bool = False, weightless: bool = False
+    ) -> Build:
+        # with a loss_fn the traced root is the loss wrapper: it binds the model's inputs
+        root_binding = POSITIONAL if self.loss_fn is not None else binding
+        return Build(
+            "training_model",
+            self._model,
+            options,
+            self._prefix,
+            plan_only,
+            root_binding,
+            weightless=weightless,
+        )
+
+    def _what_if(self, sig: tuple, inputs: tuple, options: Options, binding: Binding) -> Planned:
         """Plan the training program under ``options`` without copying weights or making a
         Session (`auto.choose`'s candidates)."""
-        build = Build("training_model", self._model, options, self._prefix, plan_only=True)
-        build_training(build, sig, self._request(inputs, options))
+        build = self._new_build(options, binding, plan_only=True)
+        build_training(build, sig, self._request(inputs, options, binding))
         peak = max(m.total for m in build.plan.memory.values())
         return Planned(options, peak, build.plan.cycles)
 
-    def _request(self, inputs: tuple, options: Options) -> TrainingRequest:
+    def _request(self, inputs: tuple, options: Options, binding: Binding) -> TrainingRequest:
         has_loss_fn = self.loss_fn is not None
         root = self._model
         names = [f"input{i}" for i in range(len(inputs))]
         if has_loss_fn:
-            root = with_loss(self._model, self.loss_fn, len(inputs) - 1, self._record)
+            root = with_loss(self._model, self.loss_fn, len(inputs) - 1, self._record, binding)
             names[-1] = "target"
         return TrainingRequest(
             model=self._model,

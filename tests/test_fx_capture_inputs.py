@@ -16,9 +16,9 @@ def traced(monkeypatch):
     calls = []
     real = fx_module.capture
 
-    def recording(model, examples):
+    def recording(model, examples, *binding):
         calls.append(tuple(examples))
-        return real(model, examples)
+        return real(model, examples, *binding)
 
     monkeypatch.setattr(fx_module, "capture", recording)
     return calls

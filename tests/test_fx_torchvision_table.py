@@ -2,9 +2,10 @@
 eval forward and 2 SGD-momentum steps in train mode with dropout as built, random init,
 num_classes=10, the smallest input each builder accepts.
 
-Slow tier. CI runs one builder per family (`FAMILY_SAMPLE`, 20 models, the small Swin and
-RegNet among them); ``POPXL_FX_TORCHVISION_ALL=1`` runs every builder (80 + the small Swin;
-hours on 2 cores), those too large for the host skipped with the reason.
+Slow tier. CI runs `FAMILY_SAMPLE` (10 light builders of the families tests/test_fx_models.py
+does not already train, the small Swin and both RegNets among them);
+``POPXL_FX_TORCHVISION_ALL=1`` runs every builder (80 + the small Swin; hours on 2 cores),
+those too large for the host skipped with the reason.
 """
 
 import os

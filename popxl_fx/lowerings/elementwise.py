@@ -158,14 +158,12 @@ def _pow(ctx, a, b):
 
 
 def _pow_scalar(a, e):
-    # Small integer powers as products: exact like torch's, and defined for negative bases.
-    if e == 2:
-        return ops.mul(a, a)
+    # torch's own kernel and gradient: x.pow(2) as x * x would give x two gradient terms,
+    # summed in another order than eager's one `2 * x * grad` where x has other uses too
+    # (RMSNorm's x * rsqrt(x.pow(2).mean()): the last bit of its input gradient)
     if e == 1:
         return a
-    if e == 0.5:
-        return ops.sqrt(a)
-    return ops.pow(a, const(e, a.dtype))
+    return torch_call(torch.pow, a, e)
 
 
 @lowers(torch.rsub)

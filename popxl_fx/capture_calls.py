@@ -1,0 +1,116 @@
+"""The capture tracer's calls into user code: the root ``forward`` and modules made on the fly.
+
+- The root ``forward`` is called with the example inputs bound by a `calls.Binding`
+  (positional, keyword, constants): one placeholder per input tensor and nothing else, so
+  parameters left out keep their defaults, ``**kwargs`` stays empty and ``forward(*args)``
+  gets its tensors one by one (fx's own root arguments would make a placeholder for each
+  parameter, ``*args`` and ``**kwargs`` included).
+- What it returns is recorded as a pytree structure (`calls.flat_outputs`): dataclasses and
+  HuggingFace ``ModelOutput``s come back as such from the entry points; a value that is not a
+  tensor (a KV cache object) is reported.
+- ``x[index] = value`` becomes ``x = setitem(x, index, value)``, a new tensor (the proxy
+  is rebound to it), when ``x`` is a tensor made in ``forward`` with no view of it taken:
+  eager's in-place write is then seen by nothing but ``x``'s later uses (T5's label
+  shifting: ``shifted = ids.new_zeros(...); shifted[..., 1:] = ids[..., :-1]``). Into a
+  view, a model input or an attribute it is reported.
+- A module that is not a submodule of the model (``nn.ReLU()(x)`` in ``forward``, a
+  module-level activation, ``CrossEntropyLoss()`` built in a loss) is traced through, its ops
+  belonging to the module that called it; one holding parameters is reported, since its
+  weights are not the model's.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch.fx as fx
+from torch import nn
+
+from .calls import POSITIONAL, Binding, flat_outputs
+from .inplace import is_view
+
+__all__ = ["RootCalls", "setitem"]
+
+_CACHE_HINT = (
+    "a static program returns tensors only; HuggingFace models return their KV cache "
+    "unless called with use_cache=False (e.g. trainer(ids, labels=ids, use_cache=False), "
+    "or model.config.use_cache = False): caches are for generation."
+)
+
+
+_SETITEM_HINT = (
+    "eager torch writes into memory that other tensors (a view, a model input, an "
+    "attribute) share; write into a copy (x = x.clone(); x[...] = value) or build the tensor "
+    "with torch.cat / torch.where."
+)
+
+
+def setitem(x: Any, index: Any, value: Any) -> Any:
+    """``x[index] = value`` as a new tensor: what the capture records for item assignment."""
+    out = x.clone()
+    out[index] = value
+    return out
+
+
+class RootCalls:
+    """Mixin of `capture.CaptureTracer` (see the module docstring)."""
+
+    binding: Binding = POSITIONAL
+    out_spec: Any = None  # the pytree structure of what the root forward returned
+
+    def create_args_for_root(
+        self, root_fn: Callable, is_module: bool, concrete_args: Any = None
+    ) -> tuple[Callable, list]:
+        if not is_module or concrete_args is not None:
+            return super().create_args_for_root(root_fn, is_module, concrete_args)
+        names = self.binding.names(root_fn, len(self._inputs))
+        proxies = [self.create_proxy("placeholder", name, (), {}) for name in names]
+
+        def root_call(root: nn.Module, *xs: Any) -> Any:
+            return self._root_outputs(self.binding.call(functools.partial(root_fn, root), *xs))
+
+        return root_call, [self.root, *proxies]
+
+    def _root_outputs(self, out: Any) -> Any:
+        fx_out, self.out_spec, bad = flat_outputs(out)
+        for path, type_name in bad:
+            self.record(None, "non-tensor output", f"forward returns a {type_name} at {path}",
+                        _CACHE_HINT)  # fmt: skip
+        return fx_out
+
+    # item assignment ------------------------------------------------------------------------
+    def assign_item(self, proxy: fx.Proxy, index: Any, value: Any) -> None:
+        """``proxy[index] = value``, captured as a new tensor that ``proxy`` then stands for."""
+        target = proxy.node
+        shared = target.op in ("placeholder", "get_attr") or is_view(target)
+        views = [u.name for u in target.users if is_view(u)]
+        if shared or views:
+            what = f"'{target.name}'" + (f" (viewed as '{views[0]}')" if views else "")
+            self.record(target, "item assignment into a shared tensor",
+                        f"x[...] = value on {what}, whose memory other tensors share",
+                        _SETITEM_HINT)  # fmt: skip
+        proxy.node = self.create_proxy("call_function", setitem, (proxy, index, value), {}).node
+
+    # modules made during forward -----------------------------------------------------------
+    def installed_path(self, m: nn.Module) -> str | None:
+        """The module's qualified name in the model, or None when it is not a submodule."""
+        try:
+            return self.path_of_module(m)
+        except NameError:
+            return None
+
+    def adopt(self, m: nn.Module, forward: Callable, args: tuple, kwargs: dict) -> Any:
+        """Trace through a module that is not a submodule of the model."""
+        weights = [n for n, p in m.named_parameters() if p.requires_grad]
+        if weights:
+            self.record(
+                None,
+                "module made during forward",
+                f"{type(m).__name__} is not a submodule of the model and holds the "
+                f"parameter '{weights[0]}'",
+                "its weights would be new ones at every call and are not trained; create it "
+                "in __init__ (self.layer = ...) so that it is part of the model.",
+            )
+        return forward(*args, **kwargs)
