@@ -13,11 +13,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["AUTO_CHOOSES", "DEVICES", "PHASE_KINDS", "PRECISIONS", "RNGS", "Options", "resolve"]
+__all__ = [
+    "AUTO_CHOOSES",
+    "DEVICES",
+    "KERNELS",
+    "PHASE_KINDS",
+    "PRECISIONS",
+    "RNGS",
+    "Options",
+    "resolve",
+]
 
 DEVICES = ("ipu_hw", "ipu_model", "cpu")
 PRECISIONS = ("float32", "float16")
 RNGS = ("torch", "ipu")
+KERNELS = ("table", "inductor")
 _COUNTS = (
     "gradient_accumulation",
     "device_iterations",
@@ -94,6 +104,13 @@ class Options:
             eager's bit for bit. ``"ipu"``: the simulator's own seeded stream (PopXL's seed
             tensors, split per op: the same numbers every run for a given seed, whatever torch
             does; its masks differ from eager's).
+        kernels: ``"table"`` (default): the op table's kernels, eager's numbers bit for bit.
+            ``"inductor"``: the forward and backward graphs (every called graph without
+            streams, collectives, random draws or in-place writes) are handed to
+            ``torch.compile`` (inductor fuses their elementwise chains); the optimizer update
+            keeps the table kernels. Not bitwise: inductor rounds fused arithmetic its own
+            way (tolerance in tests/test_inductor_kernels.py); the first step compiles (seconds
+            to minutes); graphs with dropout keep the table kernels.
 
     Example:
         >>> Options(device="cpu").device
@@ -115,10 +132,12 @@ class Options:
     phased_execution: bool | str | tuple = False
     memory: dict[str, Any] | str = field(default_factory=dict)
     rng: str = "torch"
+    kernels: str = "table"
 
     def __post_init__(self) -> None:
         _check_choice("device", self.device, DEVICES)
         _check_choice("rng", self.rng, RNGS)
+        _check_choice("kernels", self.kernels, KERNELS)
         _check_choice("precision", self.precision, PRECISIONS)
         for name in _COUNTS:
             _check_count(name, getattr(self, name))

@@ -22,6 +22,7 @@ from .conv_pairs import conv_backward_pairs, conv_pair_kernel
 from .direct import direct_call
 from .foreach import Group, foreach_schedule, group_kernel, plan_modes
 from .fuse import transposed_matmul_kernel, transposed_matmuls
+from .inductor import KERNELS, compile_pure_graphs
 from .inplace import inplace_kernel, reusable_in, reuse_plan
 from .release import release_points
 from .variants import graphs_run_once, variant_kernel
@@ -82,8 +83,13 @@ class Program:
         direct: bool = True,
         release: bool = True,
         conv_pairs: bool = True,
+        kernels: str = "table",
     ) -> None:
+        if kernels not in KERNELS:
+            raise ValueError(f"kernels={kernels!r}: must be one of {KERNELS}.")
         self.ir = ir
+        # "inductor": pure called graphs run under torch.compile (inductor.py), not bitwise
+        self.kernels = kernels
         self.check_specs = check_specs
         self.foreach = foreach  # multi-tensor kernels (foreach.py), bitwise equal
         # also group ops that allocate their results, as torch.optim's foreach path does
@@ -121,6 +127,8 @@ class Program:
         # subgraph outputs no call site reads are not computed (call_outputs.py)
         self.kept_outputs = kept_outputs(ir.main_graph, _live_ops)
         self.main = self._compile(ir.main_graph, is_main=True)
+        if kernels == "inductor":
+            compile_pure_graphs(self)
 
     def graphs_used(self) -> List[Graph]:
         """The main graph and every graph compiled for it."""

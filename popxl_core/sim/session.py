@@ -43,6 +43,7 @@ class Session:
         weights_to_host_on_exit: bool = True,
         _check_specs: bool = False,
         _reference: Optional[bool] = None,
+        _kernels: str = "table",
     ) -> None:
         self.machine = machine_for(device_desc)
         self._built_at = checks.built_at()
@@ -74,11 +75,13 @@ class Session:
         self.plan = build_plan(ir, self.machine)
         # tests run the plain interpreter (`reference.py`) to check the compiled program
         use_reference = reference_enabled() if _reference is None else _reference
+        if use_reference and _kernels != "table":
+            raise ValueError(f"Session(_kernels={_kernels!r}) has no reference interpreter.")
         if use_reference:
             self._program = ReferenceProgram(ir, self._runtime, check_specs=_check_specs)
         else:
             self._program = Program(
-                ir, self._runtime, check_specs=_check_specs, **program_options()
+                ir, self._runtime, check_specs=_check_specs, kernels=_kernels, **program_options()
             )
         # collectives need every replica at once: then replicas run in threads
         self._threaded = any(

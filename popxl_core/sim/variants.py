@@ -29,7 +29,9 @@ def variant_kernel(op: Op, em) -> Callable | None:
         return None
     dead = frozenset(i for i, t in enumerate(op.outputs) if t not in em.read)
     kernel = None
-    if buffered is not None and em.graph in em.program.once and _bounded(op):
+    # (not under inductor: its compiled graphs allocate their outputs themselves)
+    kept = em.program.kernels == "table" and em.graph in em.program.once
+    if buffered is not None and kept and _bounded(op):
         kernel = buffered(op, dead)
         em.program.stats["buffered_ops"] += kernel is not None
     kernel = kernel or variants.get(dead)
