@@ -9,8 +9,8 @@ eager side detaches it), so neither waits on more than the other.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
