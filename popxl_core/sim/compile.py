@@ -13,6 +13,7 @@ import torch
 
 from ..graph import Graph, Op
 from ..host_data import host_to_torch
+from ..ops.call import call_args
 from ..remote_variables import remote_info
 from ..schedule import schedule
 from ..tensor import Constant, Tensor, Variable
@@ -22,6 +23,7 @@ from .conv_pairs import conv_backward_pairs, conv_pair_kernel
 from .direct import direct_call
 from .foreach import Group, foreach_schedule, group_kernel, plan_modes
 from .fuse import transposed_matmul_kernel, transposed_matmuls
+from .handoff import HANDOFF_PARAM, emit_handoff_call, handoff_graph, unpack_lines
 from .inductor import KERNELS, compile_pure_graphs
 from .inplace import inplace_kernel, reusable_in, reuse_plan
 from .release import release_points
@@ -83,6 +85,7 @@ class Program:
         direct: bool = True,
         release: bool = True,
         conv_pairs: bool = True,
+        handoff: bool = True,
         kernels: str = "table",
     ) -> None:
         if kernels not in KERNELS:
@@ -101,6 +104,8 @@ class Program:
         self.transpose_matmuls = transposed_matmuls
         # a conv's data and weight gradients in one convolution_backward call (conv_pairs.py)
         self.conv_pairs = conv_pairs
+        # arguments handed to graphs called once, which free them (handoff.py)
+        self.handoff = handoff
         # how often each optimisation applied (tests check that the fused paths ran)
         self.stats: Dict[str, int] = dict.fromkeys(
             (
@@ -149,6 +154,9 @@ class Program:
     def _compile(self, g: Graph, is_main: bool) -> CompiledGraph:
         em = Emitter(self, g)
         params = ["V"] if is_main else [em.name(t) for t in g._inputs]
+        if handoff_graph(self, g):
+            em.lines.extend(unpack_lines(params))
+            params = [HANDOFF_PARAM]
         if is_main:
             # remote variables live in Streaming Memory, not in the on-chip state
             self.variables: List[Variable] = [v for v in g.variables if not is_remote(v)]
@@ -186,7 +194,13 @@ class Program:
         self.stats["conv_pairs"] += len(pairs)
         released = release_points(live, groups, computed_at, reuse, g) if self.release else {}
         for k, op in enumerate(live):
-            if op in first:
+            handed: Set[Tensor] = set()  # arguments whose last reader is a handoff call
+            if _handed_over(op, self):
+                em.graph_fn(op.called_graphs[0])  # compiled first: its modified inputs
+                last = [t for t in released.get(k, ()) if t in op.inputs and t in em.names]
+                handed = set(last)
+                emit_handoff_call(op, call_args(op, em), [em.names[t] for t in last], em)
+            elif op in first:
                 _emit_group(first[op], em)
             elif op in skip:
                 continue  # computed by a fused kernel or a group emitted before
@@ -198,7 +212,7 @@ class Program:
                 _emit_into(op, reuse[op], em)
             else:
                 (op.opdef.emit or _emit_kernel)(op, em)
-            dead = [em.names[t] for t in released.get(k, ()) if t in em.names]
+            dead = [em.names[t] for t in released.get(k, ()) if t in em.names and t not in handed]
             if dead:  # drop the last reference: the allocator recycles the storage now
                 em.emit(f"del {', '.join(dead)}")
         outs = ", ".join(em.name(t) if i in kept else "None" for i, t in enumerate(g._outputs))
@@ -210,6 +224,10 @@ class Program:
         exec(compile(source, f"<popxl graph {g.name or 'main'}>", "exec"), self.namespace)
         self.modified_inputs[g] = _modified_graph_inputs(g)
         return CompiledGraph(g, self.namespace[fname], source)
+
+
+def _handed_over(op: Op, program: Program) -> bool:
+    return op.type == "Call" and handoff_graph(program, op.called_graphs[0])
 
 
 def is_remote(v: Variable) -> bool:

@@ -76,4 +76,6 @@ def _bounded(op: Op) -> bool:
 
 
 def _all_float32(op: Op) -> bool:
-    return all(t.dtype.as_torch() == torch.float32 for t in (*op.inputs, *op.outputs))
+    """Every floating point operand is float32 (integer ones, e.g. pooling indices, pass)."""
+    ts = (*op.inputs, *op.outputs)
+    return all(t.dtype.as_torch() == torch.float32 for t in ts if not t.dtype.is_int)
