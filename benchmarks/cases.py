@@ -19,7 +19,7 @@ from torch import nn
 
 import popxl_fx
 
-__all__ = ["StepCase", "STEP_CASES", "seed_mlp", "gpt", "resnet"]
+__all__ = ["StepCase", "STEP_CASES", "seed_mlp", "gpt", "resnet", "replicated"]
 
 Step = Callable[[], torch.Tensor]
 
@@ -160,6 +160,31 @@ def resnet(
     return _case(model, _sgd, {"eager": _sgd}, F.cross_entropy, (x, y), opts, compiled)
 
 
+def replicated(build: Callable[[popxl_fx.Options], StepCase], replicas: int) -> StepCase:
+    """The simulator with ``replicas`` data-parallel replicas against the simulator with one,
+    the same model, optimizer and global batch (each replica gets its share of dim 0)."""
+    one = build(popxl_fx.Options())
+    many = build(popxl_fx.Options(replication_factor=replicas))
+    one.sim()  # built before timing, as the simulator side is
+    return StepCase(many.sim, {"sim, 1 replica": one.sim}, many.trainer, many.inputs)
+
+
+def _mlp_with(batch: int, options: popxl_fx.Options) -> StepCase:
+    torch.manual_seed(0)
+    x = torch.randn(batch, 1, 28, 28, generator=_gen(1))
+    y = torch.randint(0, 10, (batch,), generator=_gen(2))
+    return _case(SeedMLP(), _sgd, {}, F.cross_entropy, (x, y), options)
+
+
+def _gpt_with(batch: int, options: popxl_fx.Options) -> StepCase:
+    from tests.fx_zoo import GPT
+
+    torch.manual_seed(0)
+    idx = torch.randint(0, 64, (batch, 16), generator=_gen(1))
+    targets = torch.randint(0, 64, (batch, 16), generator=_gen(2))
+    return _case(GPT(), _sgd, {}, None, (idx, targets), options)
+
+
 STEP_CASES: dict[str, Callable[[], StepCase]] = {
     "mlp_sgd_b8": lambda: seed_mlp(8, "sgd"),
     "mlp_sgd_b256": lambda: seed_mlp(256, "sgd"),
@@ -172,4 +197,7 @@ STEP_CASES: dict[str, Callable[[], StepCase]] = {
     # the opt-in fast mode, Options(kernels="inductor"): not bitwise
     "resnet18_b16_inductor": lambda: resnet("resnet18", 16, 64, True, "inductor"),
     "gpt_b8_inductor": lambda: gpt(8, "inductor"),
+    # replication 4 against one replica, the same global batch
+    "mlp_sgd_b32_r4": lambda: replicated(lambda o: _mlp_with(32, o), 4),
+    "gpt_b8_r4": lambda: replicated(lambda o: _gpt_with(8, o), 4),
 }
