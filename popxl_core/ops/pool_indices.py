@@ -33,8 +33,10 @@ def torch_applies_pads(kernel, pads, dilation) -> bool:
 def native_max_pool2d(x: Tensor, attrs: dict) -> bool:
     """Whether ``attrs`` (MaxPool's) describe a 2-D pool whose pads torch applies itself."""
     kernel = attrs["kernel"]
-    return len(kernel) == 2 and len(x.shape) == 4 and _native_pads(
-        kernel, attrs["pads"], attrs["dilation"]
+    return (
+        len(kernel) == 2
+        and len(x.shape) == 4
+        and _native_pads(kernel, attrs["pads"], attrs["dilation"])
     )
 
 
@@ -124,7 +126,7 @@ MAX_POOL_WITH_INDICES = register(
         cost=_pool_cost,
         samples=_samples,
         out_name="max_pool_out",
-        extra={"dead_output_kernels": {frozenset({1}): _values_only}},
+        dead_output_kernels={frozenset({1}): _values_only},
     )
 )
 MAX_POOL_INDICES_GRAD = register(
@@ -145,9 +147,7 @@ def max_pool2d_with_indices(
     """torch's 2-D max pooling (``padding`` in ONNX order, symmetric, at most half the
     window) as MaxPoolWithIndices; returns the pooled values (the indices are the op's
     second output, read by its gradient)."""
-    attrs, dil = _pool_attrs(
-        "max_pool", t, kernel, stride, padding, dilation, "not_set", ceil_mode
-    )
+    attrs, dil = _pool_attrs("max_pool", t, kernel, stride, padding, dilation, "not_set", ceil_mode)
     attrs = {**attrs, "dilation": dil}
     if not native_max_pool2d(t, attrs):
         raise ValueError(

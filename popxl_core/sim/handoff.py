@@ -29,9 +29,10 @@ HANDOFF_PARAM = "_H"
 def handoff_graph(program, g: Graph) -> bool:
     """Whether ``g`` takes its arguments as a handed-over list: it runs once per run from one
     Call site, under the table kernels (torch.compile's graphs keep the plain signature)."""
+    options = program.options
     return (
-        program.handoff
-        and program.kernels == "table"
+        options.handoff
+        and not options.inductor
         and g is not program.ir.main_graph
         and g in program.once
     )

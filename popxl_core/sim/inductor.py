@@ -1,6 +1,6 @@
 """The opt-in fast mode: a compiled program's called graphs handed to torch.compile (inductor).
 
-``Session(ir, ..., _kernels="inductor")`` (popxl_fx: ``Options(kernels="inductor")``) compiles
+``CompileOptions(inductor=True)`` (popxl_fx: ``Options(kernels="inductor")``) compiles
 the program as usual, then replaces the generated function of every *pure* called graph (the
 forward and backward graphs of a traced model) with ``torch.compile(fn, dynamic=False)``:
 dynamo traces the table kernels it calls into one FX graph and inductor fuses its elementwise
@@ -11,7 +11,7 @@ the gradients inductor computes.
 Inductor's fused loops round differently from eager's kernels (reassociated reductions,
 vectorised transcendental functions): results are within a stated tolerance of the default
 program, not bit for bit (tests/test_inductor_kernels.py). The default (``"table"``) is
-unchanged. A graph is pure when it reads no host stream, runs no collective or remote
+unchanged; the reference interpreter has no such mode. A graph is pure when it reads no host stream, runs no collective or remote
 transfer, draws no random numbers and writes none of its inputs: compiling it cannot change
 what it does besides rounding. Graphs that are not pure keep their table kernels.
 """
@@ -24,9 +24,7 @@ import torch
 
 from ..graph import Graph
 
-__all__ = ["KERNELS", "compile_pure_graphs", "is_pure"]
-
-KERNELS = ("table", "inductor")
+__all__ = ["compile_pure_graphs", "is_pure"]
 
 
 def is_pure(g: Graph, source: str) -> bool:
