@@ -13,7 +13,8 @@ vectorised transcendental functions): results are within a stated tolerance of t
 program, not bit for bit (tests/test_inductor_kernels.py). The default is unchanged; the
 reference interpreter has no such mode. A graph is pure when it reads no host stream, runs no
 collective or remote transfer, draws no random numbers and writes none of its inputs:
-compiling it cannot change what it does besides rounding. Graphs that are not pure keep their table kernels.
+compiling it cannot change what it does besides rounding. Graphs that are not pure keep
+their table kernels.
 """
 
 from __future__ import annotations
