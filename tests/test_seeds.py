@@ -102,9 +102,7 @@ def seed_runs(home) -> dict[str, SeedOutput]:
     (the runner names the seed before its output on both)."""
     seeds = [_seed(prefix) for prefix in ("001", "000", "003")]
     proc = _run_seed(*seeds, home=home)
-    out, err = (
-        re.split(r"seed_runner: seed (\S+)\n", s) for s in (proc.stdout, proc.stderr)
-    )
+    out, err = (re.split(r"seed_runner: seed (\S+)\n", s) for s in (proc.stdout, proc.stderr))
     assert len(out) == len(err) == 7, proc.stderr[-6000:]  # a text before, then name/text pairs
     return {
         name[:3]: SeedOutput(proc.returncode, o, e)
