@@ -19,6 +19,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -120,6 +121,24 @@ def seed_rows(seed_batches: int) -> list[str]:
     ]
 
 
+def machine_line() -> str:
+    """The CPU model (/proc/cpuinfo), cores, torch version and load: what the table needs to
+    be read against."""
+    model = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next(
+                (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model
+            )
+    except OSError:
+        pass
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return (
+        f"Machine: {model}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+        f"load average {load:.1f} at start"
+    )
+
+
 HEADER = [
     "| case | eager side | simulator | eager side's time | sim / eager side | sim build + first "
     "step | eager side's compile | target |",
@@ -144,6 +163,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.repeats < 1 or args.warmup < 0 or args.threads < 1 or args.seed_batches < 0:
         ap.error("--repeats and --threads must be >= 1, --warmup and --seed-batches >= 0")
     torch.set_num_threads(args.threads)
+    print(machine_line() + "\n", flush=True)
     print("\n".join(HEADER), flush=True)
     for name in args.cases:
         if name in STEP_CASES:
