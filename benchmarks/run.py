@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 
 import torch
+import torch._inductor.config
 
 from benchmarks.cases import STEP_CASES, resnet
 
@@ -163,6 +164,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.repeats < 1 or args.warmup < 0 or args.threads < 1 or args.seed_batches < 0:
         ap.error("--repeats and --threads must be >= 1, --warmup and --seed-batches >= 0")
     torch.set_num_threads(args.threads)
+    # compile columns time a cold compile: no FX graph reused from an earlier run's disk cache
+    torch._inductor.config.fx_graph_cache = False
     print(machine_line() + "\n", flush=True)
     print("\n".join(HEADER), flush=True)
     for name in args.cases:
