@@ -90,7 +90,9 @@ class Module(addons.Module):
             the loss wrapper).
         weightless: variables get zero-filled data of the right shape and dtype instead of a
             copy of the torch tensors (what-if planning: the memory plan needs no values; a
-            broadcast zero costs no host memory until a Session attaches).
+            broadcast zero costs no host memory until a Session attaches). ``True``: all of
+            them; a set of qualified names: those only (the ones the owner writes when the
+            Session attaches; a traced constant keeps its data).
     """
 
     def __init__(
@@ -103,7 +105,7 @@ class Module(addons.Module):
         recompute: bool = False,
         outline_prefix: str = "",
         rng: str = "torch",
-        weightless: bool = False,
+        weightless: bool | frozenset[str] = False,
     ) -> None:
         super().__init__(cache=cache)
         self.weightless = weightless
@@ -293,7 +295,7 @@ class Module(addons.Module):
             # (each name is added once: self._vars guards it).
             var = self.add_variable_input(
                 name,
-                _host_data(data, self.weightless),
+                _host_data(data, _zeros_for(self.weightless, name)),
                 popxl.dtype.as_dtype(data.dtype),
                 by_ref=kind == "buffer",
                 overwrite=True,
@@ -374,7 +376,10 @@ def _block_class(torch_class: type) -> type:
 
 
 def _site_factories(
-    facts: addons.NamedVariableFactories, root: nn.Module, path: str, weightless: bool = False
+    facts: addons.NamedVariableFactories,
+    root: nn.Module,
+    path: str,
+    weightless: bool | frozenset[str] = False,
 ):
     """The block's factories with the data of the call site at ``path``: its own torch
     tensors, and its own random seed (the sites' random streams differ, as inlined ops' do)."""
@@ -384,7 +389,8 @@ def _site_factories(
             start = (int(torch.initial_seed()) + zlib.crc32(path.encode())) % (2**31)
             data = functools.partial(popxl.create_seeds, start)
         else:
-            data = _host_data(_tensor_at(root, f"{path}.{name}"), weightless)
+            qualname = f"{path}.{name}"
+            data = _host_data(_tensor_at(root, qualname), _zeros_for(weightless, qualname))
         site[name] = addons.VariableFactory(data, f.dtype, f.name, f.by_ref, f.replica_grouping)
     return addons.NamedVariableFactories.from_dict(site)
 
@@ -392,6 +398,13 @@ def _site_factories(
 def _tensor_at(root: nn.Module, qualname: str) -> torch.Tensor:
     owner, _, attr = qualname.rpartition(".")
     return getattr(root.get_submodule(owner), attr)
+
+
+def _zeros_for(weightless: bool | frozenset[str], name: str) -> bool:
+    """Whether the variable ``name`` is made weightless (`Module`'s ``weightless``)."""
+    if isinstance(weightless, bool):
+        return weightless
+    return name in weightless or unescape(name) in weightless
 
 
 def _host_data(tensor: torch.Tensor, weightless: bool = False) -> Callable[[], np.ndarray]:
