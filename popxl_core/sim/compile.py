@@ -13,7 +13,7 @@ import torch
 
 from ..graph import Graph, Op
 from ..host_data import host_to_torch
-from ..ops.call import call_args
+from ..ops.call import CALL, call_args
 from ..remote_variables import remote_info
 from ..schedule import schedule
 from ..tensor import Constant, Tensor, Variable
@@ -190,7 +190,7 @@ def _emit_ops(plan: GraphPlan, em: Emitter) -> None:
 
 
 def _handed_over(op: Op, program: Program) -> bool:
-    return op.type == "Call" and handoff_graph(program, op.called_graphs[0])
+    return op.opdef is CALL and handoff_graph(program, op.called_graphs[0])
 
 
 def _emit_handoff(op: Op, released, em: Emitter) -> Set[Tensor]:
