@@ -16,11 +16,21 @@ from typing import Any
 from popxl_core.sim.options import DEFAULT as DEFAULT_COMPILE
 from popxl_core.sim.options import CompileOptions
 
-__all__ = ["AUTO_CHOOSES", "DEVICES", "PHASE_KINDS", "PRECISIONS", "RNGS", "Options", "resolve"]
+__all__ = [
+    "AUTO_CHOOSES",
+    "DEVICES",
+    "KERNELS",
+    "PHASE_KINDS",
+    "PRECISIONS",
+    "RNGS",
+    "Options",
+    "resolve",
+]
 
 DEVICES = ("ipu_hw", "ipu_model", "cpu")
 PRECISIONS = ("float32", "float16")
 RNGS = ("torch", "ipu")
+KERNELS = ("table", "inductor")
 _COUNTS = (
     "gradient_accumulation",
     "device_iterations",
@@ -101,6 +111,13 @@ class Options:
         compiler: the simulator's compile passes (`popxl_core.sim.CompileOptions`, every
             pass on by default, each bit for bit with the reference interpreter);
             ``CompileOptions(interpret=True)`` runs the plain interpreter instead (tests).
+        kernels: ``"table"`` (default): the op table's kernels, eager's numbers bit for bit.
+            ``"inductor"``: the forward and backward graphs (every called graph without
+            streams, collectives, random draws or in-place writes) are handed to
+            ``torch.compile`` (inductor fuses their elementwise chains); the optimizer update
+            keeps the table kernels. Not bitwise: inductor rounds fused arithmetic its own
+            way (tolerance in tests/test_inductor_kernels.py); the first step compiles (seconds
+            to minutes); graphs with dropout keep the table kernels.
 
     Example:
         >>> Options(device="cpu").device
@@ -122,11 +139,13 @@ class Options:
     phased_execution: bool | str | tuple = False
     memory: dict[str, Any] | str = field(default_factory=dict)
     rng: str = "torch"
+    kernels: str = "table"
     compiler: CompileOptions = DEFAULT_COMPILE
 
     def __post_init__(self) -> None:
         _check_choice("device", self.device, DEVICES)
         _check_choice("rng", self.rng, RNGS)
+        _check_choice("kernels", self.kernels, KERNELS)
         _check_choice("precision", self.precision, PRECISIONS)
         if not isinstance(self.compiler, CompileOptions):
             raise TypeError(

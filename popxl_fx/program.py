@@ -8,6 +8,7 @@ into one that names the torch tensors and says what would help.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -215,7 +216,10 @@ def make_session(
     """
     ir.numerics = "torch"
     try:
-        session = popxl.Session(ir, options.device, compile_options=options.compiler)
+        compiler = options.compiler
+        if options.kernels == "inductor":  # the opt-in fast mode (popxl_core/sim/inductor.py)
+            compiler = dataclasses.replace(compiler, inductor=True)
+        session = popxl.Session(ir, options.device, compile_options=compiler)
     except OutOfMemoryError as e:
         if model is None:
             raise OutOfMemoryError(_oom_message(e, prefix), e.plan) from e

@@ -21,3 +21,10 @@ def test_each_side_runs_warmup_plus_repeats_times_in_rotating_order(clock):
 def test_unknown_clock_is_refused():
     with pytest.raises(KeyError):
         time_side_by_side({"a": lambda: None}, 1, 0, clock="gpu")
+
+
+def test_machine_line_names_the_cpu_and_torch():
+    from benchmarks.run import machine_line
+
+    line = machine_line()
+    assert line.startswith("Machine: ") and "CPUs" in line and "torch " in line

@@ -16,6 +16,17 @@ from popxl_core import ops, transforms
 from popxl_core.ops import collectives as coll
 
 R = 4
+
+
+@pytest.fixture(autouse=True, params=["lockstep", "threads"])
+def replica_mode(request, monkeypatch):
+    """Every test with the replicas in lock step (greenlets, the default) and in threads."""
+    from popxl_core.sim import runtime
+
+    monkeypatch.setattr(runtime, "LOCKSTEP", request.param == "lockstep")
+    return request.param
+
+
 GROUPINGS = [None, (1, 2), (2, 2), (1, 4), (1, 1)]
 
 
@@ -257,8 +268,9 @@ def test_error_in_one_replica_does_not_hang():
 
 
 def test_many_collectives_in_a_loop_with_in_place_writes_after_each():
-    """Replicas run in threads; a value written in place right after a collective must not
-    reach a slower replica still reading it (the exchange keeps a snapshot)."""
+    """A value written in place right after a collective must not reach a replica still
+    reading it (threads: the exchange keeps a snapshot; lock step: every result is computed
+    before any replica resumes)."""
     data = np.arange(R, dtype=np.float32).reshape(R, 1) + 1
 
     def build(x, ir):

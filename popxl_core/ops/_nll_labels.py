@@ -33,11 +33,23 @@ def _in_range(lab: torch.Tensor, classes: int) -> bool:
     return int(lo) >= 0 and int(hi) < classes
 
 
+def _assert_in_range(lab, valid, classes: int, ignore_index) -> None:
+    """The check inside a torch.compile'd graph (no Python branch on data there): the run
+    stops with torch's assertion error, which names the class count."""
+    if valid is None:
+        valid = valid_labels(lab, ignore_index)
+    ok = ~(valid & ((lab < 0) | (lab >= classes))).any()
+    torch._assert_async(ok, f"a label that counts is out of range for {classes} classes")
+
+
 def check_labels(
     lab: torch.Tensor, valid: torch.Tensor | None, classes: int, ignore_index=None
 ) -> None:
     """Raise `OpDataError` for the first label that counts and is not a class (``valid``:
     `valid_labels`, computed from ``ignore_index`` when None and needed)."""
+    if torch.compiler.is_compiling():  # Options(kernels="inductor"): a check in the graph
+        _assert_in_range(lab, valid, classes, ignore_index)
+        return
     if _in_range(lab, classes):
         return
     if valid is None:
@@ -71,7 +83,9 @@ def aten_nll_backward(logp, labels, g, reduction, ignore_index):
     2**24, so the forward does not run again for it."""
     lab, n = labels.long(), logp.shape[-1]
     ignorable = ignore_index is not None and 0 <= ignore_index < n  # a class is ignored
-    if ignorable or lab.numel() >= 2**24 or not _in_range(lab, n):
+    # compiling: the forward (with its in-graph check) gives the total; the graph fuses it
+    rerun = ignorable or lab.numel() >= 2**24 or torch.compiler.is_compiling()
+    if rerun or not _in_range(lab, n):
         (_, total), lab, red, ignore = aten_nll_forward(logp, labels, reduction, ignore_index)
     else:
         total = torch.tensor(float(lab.numel()), dtype=logp.dtype)

@@ -210,16 +210,22 @@ def _call_infer(ins, graph):
     return [t.spec for t in graph._outputs]
 
 
-def _emit_call(op: Op, em) -> None:
+def call_args(op: Op, em) -> List[str]:
+    """The argument expressions of a Call site: copies of the inputs the graph writes."""
     g = op.called_graphs[0]
-    fn = em.graph_fn(g)
     modified = em.program.modified_inputs[g]
     # by reference: TensorByRef graph inputs, and set_parent_input_modified at this call site
     by_ref = {i for i, t in enumerate(g._inputs) if t in g._by_ref_inputs} | op.by_ref_modified
-    args = [
+    return [
         f"{em.name(t)}.clone()" if i in modified and i not in by_ref else em.name(t)
         for i, t in enumerate(op.inputs)
     ]
+
+
+def _emit_call(op: Op, em) -> None:
+    g = op.called_graphs[0]
+    fn = em.graph_fn(g)
+    args = call_args(op, em)
     outs = [em.name(t) for t in op.outputs]
     call = f"{fn}({', '.join(args)})"
     em.emit(

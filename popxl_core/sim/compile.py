@@ -13,6 +13,7 @@ import torch
 
 from ..graph import Graph, Op
 from ..host_data import host_to_torch
+from ..ops.call import CALL, call_args
 from ..remote_variables import remote_info
 from ..schedule import schedule
 from ..tensor import Constant, Tensor, Variable
@@ -22,6 +23,8 @@ from .conv_pairs import conv_pair_kernel
 from .direct import direct_call
 from .foreach import Group, group_kernel
 from .fuse import transposed_kernel
+from .handoff import HANDOFF_PARAM, emit_handoff_call, handoff_graph, unpack_lines
+from .inductor import compile_pure_graphs
 from .inplace import inplace_kernel
 from .options import DEFAULT, CompileOptions
 from .passes import STATS, GraphPlan, live_ops, run_passes
@@ -90,6 +93,8 @@ class Program:
         # subgraph outputs no call site reads are not computed (call_outputs.py)
         self.kept_outputs = kept_outputs(ir.main_graph, live_ops)
         self.main = self._compile(ir.main_graph, is_main=True)
+        if options.inductor:
+            compile_pure_graphs(self)
 
     @property
     def check_specs(self) -> bool:
@@ -115,6 +120,9 @@ class Program:
         """Plan ``g`` (dead ops, then the passes), emit its ops, define its function."""
         em = Emitter(self, g)
         params = self._main_params(em) if is_main else [em.name(t) for t in g._inputs]
+        if handoff_graph(self, g):
+            em.lines.extend(unpack_lines(params))
+            params = [HANDOFF_PARAM]
         plan = run_passes(self._plan(g), self.options, self.stats)
         em.read = _read_tensors(plan.live, plan.returned)
         _emit_ops(plan, em)
@@ -169,13 +177,29 @@ def _emit_ops(plan: GraphPlan, em: Emitter) -> None:
     first = {grp.ops[0]: grp for grp in plan.groups}
     skip = plan.skipped()
     for k, op in enumerate(plan.live):
+        handed: Set[Tensor] = set()  # arguments whose last reader is a handoff call
         if op in first:
             _emit_group(first[op], em)
+        elif _handed_over(op, em.program):
+            handed = _emit_handoff(op, plan.released.get(k, ()), em)
         elif op not in skip:
             _emit_op(op, plan, em)
-        dead = [em.names[t] for t in plan.released.get(k, ()) if t in em.names]
+        dead = [em.names[t] for t in plan.released.get(k, ()) if t in em.names and t not in handed]
         if dead:  # drop the last reference: the allocator recycles the storage now
             em.emit(f"del {', '.join(dead)}")
+
+
+def _handed_over(op: Op, program: Program) -> bool:
+    return op.opdef is CALL and handoff_graph(program, op.called_graphs[0])
+
+
+def _emit_handoff(op: Op, released, em: Emitter) -> Set[Tensor]:
+    """The call with its arguments handed over (handoff.py); returns the arguments whose
+    names it deleted."""
+    em.graph_fn(op.called_graphs[0])  # compiled first: its modified inputs
+    last = [t for t in released if t in op.inputs and t in em.names]
+    emit_handoff_call(op, call_args(op, em), [em.names[t] for t in last], em)
+    return set(last)
 
 
 def _emit_op(op: Op, plan: GraphPlan, em: Emitter) -> None:

@@ -33,6 +33,11 @@ class CompileOptions:
         conv_pairs: a convolution's data and weight gradients in one call (conv_pairs.py).
         direct: torch calls written into the generated source (direct.py).
         release: ``del`` each temporary after its last reader (release.py).
+        handoff: a graph called once per run gets its arguments as a list it empties, so it
+            frees each after its last reader (handoff.py).
+        inductor: the opt-in fast mode, not bitwise: every pure called graph (no streams,
+            collectives, random draws or in-place writes) runs under ``torch.compile``
+            (inductor.py; popxl_fx ``Options(kernels="inductor")``).
 
     Example:
         >>> CompileOptions(foreach=False).transposed_matmuls
@@ -47,6 +52,8 @@ class CompileOptions:
     conv_pairs: bool = True
     direct: bool = True
     release: bool = True
+    handoff: bool = True
+    inductor: bool = False
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

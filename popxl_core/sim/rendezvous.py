@@ -19,6 +19,8 @@ class ReplicaMismatchError(RuntimeError):
 class Rendezvous:
     """A reusable barrier for ``parties`` threads that fails instead of waiting forever."""
 
+    lockstep = False  # threads: each replica snapshots its value (`Runtime.collective`)
+
     def __init__(self, parties: int) -> None:
         self.parties = parties
         self._cond = threading.Condition()

@@ -2,8 +2,9 @@
 the replicas' collective exchange and Streaming Memory (remote buffers).
 
 Replicas of one `Session.run` execute the same compiled program. Without collectives they run
-one after the other; with collectives each replica runs in its own thread and every collective
-is a barrier where all replicas' values meet (`Runtime.all_values`), like the IPU's BSP sync.
+one after the other; with collectives each replica runs in its own greenlet (`lockstep.py`;
+or its own thread) and every collective is a barrier where all replicas' values meet, like the
+IPU's BSP sync.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ import numpy as np
 import torch
 
 from ..host_data import host_to_torch, torch_to_host
+from .lockstep import run_lockstep
 from .rendezvous import Rendezvous, ReplicaMismatchError
 
-__all__ = ["Runtime", "run_replicas"]
+__all__ = ["LOCKSTEP", "Runtime", "collective_results", "run_replicas"]
 
 
 class Runtime:
@@ -32,6 +34,7 @@ class Runtime:
         self._local = threading.local()
         self._barrier: Optional[Rendezvous] = None
         self._slots: List[List[object]] = [[None] * replicas, [None] * replicas]
+        self._results: List[Optional[list]] = [None, None]  # lock step: per parity
         self.start_replica(0)
 
     def start(self, inputs: Dict[object, np.ndarray], outputs: Dict[object, np.ndarray]) -> None:
@@ -96,6 +99,8 @@ class Runtime:
                 raise RuntimeError("A collective ran outside a threaded multi-replica run.")
             return fn(self.replica, value, [value])
         local = self._local
+        if self._barrier.lockstep:
+            return self._lockstep_collective(local, value, fn)
         slots = self._slots[local.parity]
         local.parity ^= 1
         slots[local.replica] = (fn, value.clone())
@@ -103,6 +108,22 @@ class Runtime:
         if any(f is not fn for f, _ in slots):
             _mismatch(slots)
         return fn(local.replica, value, [v for _, v in slots])
+
+    def _lockstep_collective(self, local, value: torch.Tensor, fn: Callable) -> torch.Tensor:
+        """In lock step (greenlets) the last replica to arrive computes every replica's
+        result while the others wait, their values untouched (no snapshot copies); a result
+        the same for a whole group (all-reduce, `collective_results`) is computed once."""
+        slots = self._slots[local.parity]
+        local.parity ^= 1
+        slots[local.replica] = (fn, value)
+        if all(s is not None for s in slots):
+            if any(f is not fn for f, _ in slots):
+                _mismatch(slots)
+            values = [v for _, v in slots]
+            self._results[local.parity ^ 1] = collective_results(fn, values)
+            slots[:] = [None] * self.replicas
+        self._barrier.wait()
+        return self._results[local.parity ^ 1][local.replica]
 
     # Streaming Memory ---------------------------------------------------------------
     def remote_entry(self, buffer, offset) -> torch.Tensor:
@@ -123,6 +144,25 @@ class Runtime:
         self.remote_entry(buffer, offset).copy_(value)
 
 
+def collective_results(fn: Callable, values: List[torch.Tensor]) -> List[torch.Tensor]:
+    """Every replica's result of collective ``fn``; where ``fn.group_members`` says the result
+    is one per group (replica -> its group's members), computed once per group and copied for
+    the group's other members (each replica owns its result)."""
+    members = getattr(fn, "group_members", None)
+    if members is None:
+        return [fn(r, v, values) for r, v in enumerate(values)]
+    per_group: Dict[tuple, torch.Tensor] = {}
+    out = []
+    for r, v in enumerate(values):
+        group = members[r]
+        if group in per_group:
+            out.append(per_group[group].clone())
+        else:
+            per_group[group] = fn(r, v, values)
+            out.append(per_group[group])
+    return out
+
+
 def _mismatch(slots) -> None:
     names = [getattr(f, "op_name", f) for f, _ in slots]
     where = ", ".join(f"replica {r} at {name}" for r, name in enumerate(names))
@@ -132,15 +172,23 @@ def _mismatch(slots) -> None:
     )
 
 
+# replicas with collectives as greenlets in lock step (lockstep.py); False: one OS thread
+# per replica meeting at a `Rendezvous` (tests run both)
+LOCKSTEP = True
+
+
 def run_replicas(runtime: Runtime, body: Callable[[int], None], threaded: bool) -> None:
-    """Run ``body(replica)`` for every replica: in order, or one thread per replica so that
-    collectives can meet. An error in one replica breaks the barrier for the others; the
-    first real error is raised."""
+    """Run ``body(replica)`` for every replica: in order, or, when collectives must meet, in
+    lock step (greenlets) or one thread per replica (``LOCKSTEP = False``). An error in one
+    replica breaks the barrier for the others; the first real error is raised."""
     n = runtime.replicas
     if not threaded or n == 1:
         for r in range(n):
             runtime.start_replica(r)
             body(r)
+        return
+    if LOCKSTEP:
+        run_lockstep(runtime, body)
         return
     runtime._barrier = Rendezvous(n)
     errors: List[Optional[BaseException]] = [None] * n

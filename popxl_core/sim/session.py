@@ -365,6 +365,10 @@ def _check_unowned(ir) -> None:
 def _program(ir, runtime: Runtime, options: CompileOptions):
     """The compiled program, or the reference interpreter (``options.interpret``: tests
     compare the compiled passes with it)."""
+    if options.interpret and options.inductor:
+        raise ValueError(
+            "CompileOptions(interpret=True, inductor=True): interpret runs no kernels to compile."
+        )
     if options.interpret:
         return ReferenceProgram(ir, runtime, check_specs=options.check_specs)
     return Program(ir, runtime, options)

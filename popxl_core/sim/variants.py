@@ -29,7 +29,9 @@ def variant_kernel(op: Op, em) -> Callable | None:
         return None
     dead = frozenset(i for i, t in enumerate(op.outputs) if t not in em.read)
     kernel = None
-    if buffered is not None and em.graph in em.program.once and _bounded(op):
+    # (not under inductor: its compiled graphs allocate their outputs themselves)
+    kept = not em.program.options.inductor and em.graph in em.program.once
+    if buffered is not None and kept and _bounded(op):
         kernel = buffered(op, dead)
         em.program.stats["buffered_ops"] += kernel is not None
     kernel = kernel or variants.get(dead)
@@ -74,4 +76,6 @@ def _bounded(op: Op) -> bool:
 
 
 def _all_float32(op: Op) -> bool:
-    return all(t.dtype.as_torch() == torch.float32 for t in (*op.inputs, *op.outputs))
+    """Every floating point operand is float32 (integer ones, e.g. pooling indices, pass)."""
+    ts = (*op.inputs, *op.outputs)
+    return all(t.dtype.as_torch() == torch.float32 for t in ts if not t.dtype.is_int)

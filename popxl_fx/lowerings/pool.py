@@ -18,6 +18,7 @@ import torch.nn.functional as F
 import popxl_core as popxl
 from popxl_core import ops
 from popxl_core.ops.pool import AVERAGE_POOL
+from popxl_core.ops.pool_indices import max_pool2d_with_indices, torch_applies_pads
 from popxl_core.ops.registry import create_op
 
 from ..lowering import lowers
@@ -61,7 +62,11 @@ def max_pool(
         raise NotImplementedError("max_pool with return_indices=True is not supported")
     _rank(x, r, f"max_pool{r}d")
     k, s, p = _params(kernel_size, stride, padding, r)
-    return ops.max_pool(x, k, s, p, dilation=tuple_of(dilation, r), ceil_mode=bool(ceil_mode))
+    d = tuple_of(dilation, r)
+    # eager's pair where torch pads itself: the gradient reads the forward's indices
+    if r == 2 and torch_applies_pads(k, p, d):
+        return max_pool2d_with_indices(x, k, s, p, d, bool(ceil_mode))
+    return ops.max_pool(x, k, s, p, dilation=d, ceil_mode=bool(ceil_mode))
 
 
 def avg_pool(

@@ -43,6 +43,11 @@ def to_collective_op(op: str) -> str:
 
 
 def _fold(fn, values: Sequence[torch.Tensor]) -> torch.Tensor:
+    if fn is torch.add and len(values) > 2:  # one result tensor, the same additions in order
+        total = torch.add(values[0], values[1])
+        for v in values[2:]:
+            total.add_(v)
+        return total
     return functools.reduce(fn, values[1:], values[0])
 
 

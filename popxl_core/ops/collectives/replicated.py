@@ -44,6 +44,8 @@ def _emit_collective(kernel):
         attrs = {k: v for k, v in op.attrs.items() if k != "group"}
         fn = functools.partial(kernel, table=table, **attrs)
         fn.op_name = f"{op.type}.{op.id}"  # named in replica-mismatch errors
+        if kernel is _all_reduce_kernel:  # one result per group: the runtime computes it once
+            fn.group_members = table.members
         k = em.bind_global("coll", fn)
         x, out = em.name(op.inputs[0]), em.name(op.outputs[0])
         if attrs.get("op") == "local":

@@ -1,0 +1,73 @@
+"""The opt-in fast mode: a compiled program's called graphs handed to torch.compile (inductor).
+
+``CompileOptions(inductor=True)`` (popxl_fx: ``Options(kernels="inductor")``) compiles
+the program as usual, then replaces the generated function of every *pure* called graph (the
+forward and backward graphs of a traced model) with ``torch.compile(fn, dynamic=False)``:
+dynamo traces the table kernels it calls into one FX graph and inductor fuses its elementwise
+chains into generated C++ loops. The main graph (host streams, the optimizer update, variable
+writes) keeps the table kernels, so the weight update is the default program's arithmetic on
+the gradients inductor computes.
+
+Inductor's fused loops round differently from eager's kernels (reassociated reductions,
+vectorised transcendental functions): results are within a stated tolerance of the default
+program, not bit for bit (tests/test_inductor_kernels.py). The default is unchanged; the
+reference interpreter has no such mode. A graph is pure when it reads no host stream, runs no
+collective or remote transfer, draws no random numbers and writes none of its inputs:
+compiling it cannot change what it does besides rounding. Graphs that are not pure keep
+their table kernels.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, List
+
+import torch
+
+from ..graph import Graph
+
+__all__ = ["compile_pure_graphs", "is_pure"]
+
+
+def is_pure(g: Graph, source: str) -> bool:
+    """No op with a side effect (streams, collectives, random draws, remote buffers), no
+    write to an input or a variable, and no call of another graph (compiled on its own)."""
+    if "RT." in source:  # the runtime: streams, collectives, Streaming Memory
+        return False
+    for op in g._ops:
+        if op.opdef.side_effect or op.modified_inputs() or op.called_graphs:
+            return False
+    return True
+
+
+def _named_errors(fn: Callable, g: Graph) -> Callable:
+    """Inductor's generated code checks indices (a label, a gather index) itself, and its
+    message names a temporary of the generated C++; say which graph it was and how to find
+    the op."""
+
+    def run(*args):
+        try:
+            return fn(*args)
+        except RuntimeError as e:
+            raise RuntimeError(
+                f"graph {g.name!r} compiled by inductor (Options(kernels='inductor')) failed: "
+                f"{e}. An index out of bounds is data out of range (a label >= the class "
+                "count, an embedding index >= its rows); with kernels='table' the error names "
+                "the op and the value."
+            ) from e
+
+    return run
+
+
+def compile_pure_graphs(program) -> List[Graph]:
+    """Replace each pure called graph's function in ``program``'s namespace (where callers
+    look it up at run time) with its ``torch.compile``d version; returns those graphs.
+    Compilation itself happens on the first run (as torch.compile's does)."""
+    done = []
+    for g, compiled in program.graphs.items():
+        if not is_pure(g, compiled.source):
+            continue
+        name = program.fn_name(g)
+        program.namespace[name] = _named_errors(torch.compile(compiled.fn, dynamic=False), g)
+        done.append(g)
+    program.stats["inductor_graphs"] = len(done)
+    return done
