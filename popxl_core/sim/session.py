@@ -7,6 +7,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Set
 import numpy as np
 import torch
 
+from ..distributed import placement_for
 from ..errors import OpDataError
 from ..host_data import host_to_torch, torch_to_host
 from ..schedule import verify
@@ -17,7 +18,7 @@ from .compile import Program
 from .machine import machine_for
 from .plan import build_plan
 from .reference import ReferenceProgram, program_options, reference_enabled
-from .remote_state import RemoteState, host_from_replicas, replica_value
+from .remote_state import RemoteState, host_from_replicas, read_replicas, replica_value
 from .runtime import Runtime, run_replicas
 
 __all__ = ["Session"]
@@ -56,14 +57,24 @@ class Session:
         self._ir = ir
         self.device_desc = device_desc
         self.weights_to_host_on_exit = weights_to_host_on_exit
-        self._runtime = Runtime(ir.replication_factor)
+        # in a torch.distributed job this process runs only its share of the replicas
+        self._placement = placement_for(ir, {v: v._data for v in ir.main_graph.variables})
+        self._runtime = Runtime(ir.replication_factor, self._placement)
         # the Session owns the Ir from here on, so its streams are fixed
         self._h2d = frozenset(ir.get_all_h2d_streams())
         self._d2h = tuple(ir.get_all_d2h_streams())
         # numpy dtype, full host shape and the run's [transfers, replicas, *shape] view of
-        # every stream, computed once: checked and applied on each run
+        # every stream, then the same two for this process's replicas, computed once: checked
+        # and applied on each run
+        local = len(self._placement.local)
         self._stream_spec = {
-            s: (s.dtype.as_numpy(), self._full_input_shape(s.shape), _expanded_shape(s.shape, ir))
+            s: (
+                s.dtype.as_numpy(),
+                self._full_input_shape(s.shape),
+                _expanded_shape(s.shape, ir),
+                self._full_input_shape(s.shape, local),
+                _expanded_shape(s.shape, ir, local),
+            )
             for s in (*self._h2d, *self._d2h)
         }
         self._h2d_spec = {s: self._stream_spec[s] for s in self._h2d}
@@ -88,6 +99,7 @@ class Session:
         self._variables: List[Variable] = self._program.variables
         self._variable_index = {v: i for i, v in enumerate(self._variables)}
         self._remote = RemoteState(ir, self._runtime, self._variables)
+        self._remote_set = frozenset(self._remote.variables)
         self._host: Dict[Variable, np.ndarray] = {
             v: _host_copy(v) for v in (*self._variables, *self._remote.variables)
         }
@@ -99,7 +111,8 @@ class Session:
             for v in self._host
             if v.retrieval_mode == "all_replicas" and ir.replication_factor > 1
         }
-        self._device: Optional[List[List[torch.Tensor]]] = None
+        # replica -> its variables' device values, for the replicas this process runs
+        self._device: Optional[Dict[int, List[torch.Tensor]]] = None
         self._shared: Dict[Variable, torch.Tensor] = {}  # `share_variable_storage`
         self._attached = False
         self._host_in_sync = True
@@ -146,10 +159,11 @@ class Session:
 
     # weights -----------------------------------------------------------------------
     def weights_from_host(self) -> None:
-        """Copy every variable's host value to every replica on the device."""
+        """Copy every variable's host value to every (local) replica on the device."""
         self._require_attached("weights_from_host")
-        replicas = self._ir.replication_factor
-        self._device = [[self._to_device(v, r) for v in self._variables] for r in range(replicas)]
+        self._device = {
+            r: [self._to_device(v, r) for v in self._variables] for r in self._runtime.local
+        }
         for v, t in self._shared.items():  # the shared storage takes the host value
             t.copy_(self._device[0][self._variable_index[v]].view(t.shape))
             self._device[0][self._variable_index[v]] = t
@@ -160,26 +174,39 @@ class Session:
         self._host_in_sync = True
 
     def weights_to_host(self) -> None:
-        """Copy every variable's device value back to its host buffer."""
+        """Copy every variable's device value back to its host buffer (in a torch.distributed
+        job, gathered from the processes: every process must call it)."""
         self._require_attached("weights_to_host")
         if self._device is None:
             return
-        for i, v in enumerate(self._variables):
-            if v in self._remote.shards:
-                continue
-            self._host[v][...] = self._from_device(v, i)
-            if v in self._per_replica:
-                self._per_replica[v][...] = np.stack(
-                    [torch_to_host(rep[i]) for rep in self._device]
-                )
         self._remote.store_shards(self._device)
-        for v in self._remote.variables:
-            self._host[v][...] = self._remote.read(v)
+        replicas = self._ir.replication_factor
+        values = self._replica_values()
+        for v in self._readable():
+            self._host[v][...] = host_from_replicas(v, lambda r, v=v: values[v, r], replicas)
             if v in self._per_replica:
-                self._per_replica[v][...] = np.stack(
-                    [torch_to_host(self._remote.entry(v, r)) for r in range(len(self._device))]
-                )
+                self._per_replica[v][...] = np.stack([values[v, r] for r in range(replicas)])
         self._host_in_sync = True
+
+    def _readable(self) -> List[Variable]:
+        """The variables with a host value read back from the device (not RTS shards)."""
+        on_chip = [v for v in self._variables if v not in self._remote.shards]
+        return [*on_chip, *self._remote.variables]
+
+    def _replica_values(self) -> Dict[tuple, np.ndarray]:
+        """``(variable, replica) -> value`` for the replicas the host values are read from."""
+        replicas = self._ir.replication_factor
+        pairs = [
+            (v, r)
+            for v in self._readable()
+            for r in (range(replicas) if v in self._per_replica else read_replicas(v, replicas))
+        ]
+        return self._placement.gather_values(pairs, self._local_value)
+
+    def _local_value(self, v: Variable, replica: int) -> np.ndarray:
+        if v in self._remote_set:
+            return torch_to_host(self._remote.entry(v, replica))
+        return torch_to_host(self._device[replica][self._variable_index[v]])
 
     def _host_value(self, v: Variable, replica: int) -> np.ndarray:
         """The host buffer (a view) that ``replica`` holds for ``v``."""
@@ -187,10 +214,6 @@ class Session:
 
     def _to_device(self, v: Variable, replica: int) -> torch.Tensor:
         return host_to_torch(np.array(self._host_value(v, replica), copy=True))
-
-    def _from_device(self, v: Variable, index: int) -> np.ndarray:
-        device = self._device
-        return host_from_replicas(v, lambda r: torch_to_host(device[r][index]), len(device))
 
     def share_variable_storage(self, tensors: Mapping[Variable, torch.Tensor]) -> None:
         """Make each variable's device value *be* the given torch tensor: its storage, with
@@ -291,7 +314,7 @@ class Session:
                     self._remote.write(v, self._host[v])
                     continue
                 index = self._variable_index[v]
-                for r, rep in enumerate(self._device):
+                for r, rep in self._device.items():
                     rep[index].copy_(host_to_torch(self._host_value(v, r)))
             self._remote.load_shards(self._device, only=set(checked))
 
@@ -330,8 +353,9 @@ class Session:
     def expected_inputs(self) -> Set[HostToDeviceStream]:
         return set(self._h2d)
 
-    def _full_input_shape(self, shape) -> tuple:
-        lead = tuple(n for n in (self._ir.num_host_transfers, self._ir.replication_factor) if n > 1)
+    def _full_input_shape(self, shape, replicas: Optional[int] = None) -> tuple:
+        replicas = self._ir.replication_factor if replicas is None else replicas
+        lead = tuple(n for n in (self._ir.num_host_transfers, replicas) if n > 1)
         return (*lead, *tuple(shape))
 
     def create_host_outputs(self) -> Dict[DeviceToHostStream, np.ndarray]:
@@ -359,9 +383,13 @@ class Session:
         """The run itself, on checked inputs and output buffers of the right shapes."""
         spec = self._stream_spec
         full = {s: a.reshape(spec[s][2]) for s, a in outputs.items()}
-        self._runtime.start(feeds, full)
+        whole = self._placement.exchange is None
+        local = full if whole else {s: np.empty(spec[s][4], spec[s][0]) for s in outputs}
+        self._runtime.start(feeds, local)
         with torch.no_grad():
             run_replicas(self._runtime, self._replica_body, self._threaded)
+        if not whole:  # every process returns all replicas' outputs
+            self._placement.gather_outputs(local, full)
         self._host_in_sync = False
 
     def _replica_body(self, r: int) -> None:
@@ -405,7 +433,7 @@ class Session:
         self, stream: HostToDeviceStream, value, downcast: bool, spec: tuple | None = None
     ) -> np.ndarray:
         arr = value.detach().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
-        want, full, expanded = spec or self._stream_spec[stream]
+        want, full, expanded, local_full, local_expanded = spec or self._stream_spec[stream]
         if arr.dtype == np.uint8 and want.kind == "V":  # float8 bits, as fp8_utils gives them
             arr = arr.view(want).reshape(arr.shape)
         if arr.dtype != want:
@@ -416,12 +444,24 @@ class Session:
                 )
             checks.check_fits(stream, arr, want)
             arr = arr.astype(want)
-        if arr.shape != full and not _single_value(arr, full):
-            raise ValueError(
-                f"Input for stream {stream.tensor_id!r} has shape {arr.shape}; expected "
-                f"{full} = [num_host_transfers, replicas (dims > 1 only), *{stream.shape}]."
-            )
-        return arr.reshape(expanded)
+        if self._placement.exchange is None:
+            if arr.shape != full and not _single_value(arr, full):
+                raise ValueError(
+                    f"Input for stream {stream.tensor_id!r} has shape {arr.shape}; expected "
+                    f"{full} = [num_host_transfers, replicas (dims > 1 only), *{stream.shape}]."
+                )
+            return arr.reshape(expanded)
+        local = self._placement.local  # all replicas' data (use this process's), or its own
+        if arr.shape == full:
+            return arr.reshape(expanded)[:, local.start : local.stop]
+        if arr.shape == local_full:
+            return arr.reshape(local_expanded)
+        raise ValueError(
+            f"Input for stream {stream.tensor_id!r} has shape {arr.shape}; expected {full} "
+            f"(every replica's data; this process uses replicas {local.start}..{local.stop - 1}) "
+            f"or {local_full} (this process's {len(local)} replicas) = [num_host_transfers, "
+            f"replicas (dims > 1 only), *{stream.shape}]."
+        )
 
 
 def _single_value(arr: np.ndarray, full: tuple) -> bool:
@@ -430,10 +470,11 @@ def _single_value(arr: np.ndarray, full: tuple) -> bool:
     return arr.size == 1 and all(d == 1 for d in full)
 
 
-def _expanded_shape(shape, ir) -> tuple:
+def _expanded_shape(shape, ir, replicas: Optional[int] = None) -> tuple:
     """The ``[num_host_transfers, replicas, *shape]`` view of a stream's host arrays that the
     run indexes (``[transfer, replica]``), whether or not those dimensions are in the host shape."""
-    nht, reps = ir.num_host_transfers, ir.replication_factor
+    nht = ir.num_host_transfers
+    reps = ir.replication_factor if replicas is None else replicas
     return (nht if nht > 1 else 1, reps if reps > 1 else 1, *tuple(shape))
 
 
