@@ -40,7 +40,7 @@ from .pipeline import (
 )
 from .precision import loss_seed, stream_values
 from .program import Inputs, Weights, load_inputs, store
-from .replication import check_batch_split, replica_examples
+from .replication import check_batch_split, replica_examples, split_replicas
 
 __all__ = ["Program", "build_inference", "build_training", "lower_for_compile"]
 
@@ -101,7 +101,7 @@ def build_training(build: Build, signature: Any, req: TrainingRequest) -> Progra
     model_inputs = req.inputs[:-1] if req.has_loss_fn else req.inputs
     check_inputs(req.model, req.inputs)
     check_batch_split(req.inputs, opts)
-    replicas = opts.replication_factor
+    replicas = split_replicas(opts)
     examples = replica_examples(req.inputs, replicas)  # one replica's share of the batch
     contexts = (lambda: integer_inputs_explained(req.model, model_inputs), *req.contexts)
     with build.ir.main_graph, popxl.in_sequence():
@@ -179,7 +179,7 @@ def build_inference(build: Build, signature: Any, inputs: Sequence[torch.Tensor]
     check_batches(inputs, 1, n)
     one = tuple(x[0] for x in inputs) if n > 1 else tuple(inputs)  # one iteration's inputs
     check_batch_split(one, build.options, training=False)
-    replicas = build.options.replication_factor
+    replicas = split_replicas(build.options)
     examples = replica_examples(one, replicas)  # what one replica sees of one iteration
     contexts = (lambda: integer_inputs_explained(build.model, one),)
     names = [f"input{i}" for i in range(len(inputs))]
@@ -265,9 +265,11 @@ def build_training_loops(build: Build, signature: Any, req: TrainingRequest) -> 
         )
     step_inputs = tuple(x[0] for x in req.inputs) if n > 1 else req.inputs
     if s > 1:
-        check_batch(step_inputs, opts.batch_divisor, opts)
+        check_batch(
+            step_inputs, opts.batch_divisor // opts.replication_factor * split_replicas(opts), opts
+        )
     check_batch_split(step_inputs, opts)
-    replicas = opts.replication_factor
+    replicas = split_replicas(opts)
     # the forward graph's: one slice of one micro-batch of one replica
     micro = tuple(x[: x.shape[0] // (k * s * replicas)] for x in step_inputs)
     model_inputs = micro[:-1] if req.has_loss_fn else micro

@@ -94,7 +94,7 @@ class Exchange:
     def _agree(self, what: str, nbytes: int) -> None:
         """The header: every process is at the same exchange with the same number of bytes."""
         head = torch.tensor([zlib.crc32(what.encode()), nbytes], dtype=torch.int64)
-        heads = self._all_gather(head, f"{what} (header)")
+        heads = self._all_gather(head, what)
         if all(bool((h == head).all()) for h in heads):
             return
         names = self.gather_object(f"{what} (names)", (what, nbytes))

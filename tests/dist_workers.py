@@ -1,0 +1,91 @@
+"""What the multi-process tests run in each process (``python tests/dist_workers.py KIND OUT``),
+and, for the references, in the test's own process. See `tests/test_distributed.py`."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import popxl_fx  # noqa: E402
+from tests.fx_zoo import SeedMLP  # noqa: E402
+
+__all__ = ["train_seed_mlp", "rank_share"]
+
+REPLICAS, PER_REPLICA, STEPS = 4, 2, 3
+
+
+def rank_share(batch: torch.Tensor) -> torch.Tensor:
+    """This process's rows of a global batch: with P processes, rank p gets the p-th of P
+    contiguous blocks (its replicas' rows; a DistributedSampler-style split)."""
+    rank, size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    n = batch.shape[0] // size
+    return batch[rank * n : (rank + 1) * n]
+
+
+def train_seed_mlp(steps: int = STEPS, kill_after: int = -1) -> dict:
+    """The seed MLP trained ``steps`` steps with replication 4 and RTS (Adam: sharded state);
+    each process feeds its share of every global batch. Returns losses and final weights."""
+    torch.manual_seed(0)
+    model = SeedMLP()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    options = popxl_fx.Options(
+        device="cpu", replication_factor=REPLICAS, replicated_tensor_sharding=True
+    )
+    trainer = popxl_fx.training_model(model, opt, nn.CrossEntropyLoss(), options)
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    for step in range(steps):
+        x = torch.randn(REPLICAS * PER_REPLICA, 1, 28, 28, generator=g)
+        y = torch.randint(0, 10, (REPLICAS * PER_REPLICA,), generator=g)
+        if step == kill_after:
+            print("READY", flush=True)
+            os.kill(os.getpid(), 9)  # dies mid-run: the peer waits in the next step
+        losses.append(trainer(rank_share(x), rank_share(y)).detach().clone())
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return {"losses": torch.stack(losses), **state}
+
+
+def run_seed003(batches: int) -> dict:
+    """Seed 003, unchanged, through tools/seed_runner.py (every DataLoader capped at
+    ``batches``; the loaders' shuffle seeded the same in every run). Returns the trained
+    weights the seed reads back and its test accuracy."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    import seed_runner
+    from popxl_fx.cli import default_seeds_dir
+
+    (path,) = sorted(default_seeds_dir().glob("003_*.txt"))
+    torch.manual_seed(0)
+    ns = seed_runner.run(path, batches, echo=False).namespace
+    weights = {t.name: torch.from_numpy(a.copy()) for t, a in ns["train_vars_to_data"].items()}
+    return {**weights, "accuracy": torch.tensor(ns["sum_acc"] / len(ns["test_data"]))}
+
+
+def _rank() -> str:
+    return os.environ.get("RANK", "0")
+
+
+def _save(result: dict, out: str) -> None:
+    np.savez(out, **{k: v.numpy() for k, v in result.items()})
+
+
+def main(kind: str, out: str) -> None:
+    if kind == "mlp":
+        _save(train_seed_mlp(), out.format(_rank()))
+    elif kind == "seed003":
+        _save(run_seed003(int(os.environ.get("SEED_BATCHES", "4"))), out.format(_rank()))
+    elif kind == "kill":
+        rank = int(os.environ["RANK"])
+        train_seed_mlp(steps=50, kill_after=1 if rank == 1 else -1)
+    else:
+        raise SystemExit(f"unknown kind {kind!r}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "")
