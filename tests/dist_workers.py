@@ -58,6 +58,7 @@ def run_seed003(batches: int) -> dict:
     weights the seed reads back and its test accuracy."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
     import seed_runner
+
     from popxl_fx.cli import default_seeds_dir
 
     (path,) = sorted(default_seeds_dir().glob("003_*.txt"))
@@ -65,6 +66,30 @@ def run_seed003(batches: int) -> dict:
     ns = seed_runner.run(path, batches, echo=False).namespace
     weights = {t.name: torch.from_numpy(a.copy()) for t, a in ns["train_vars_to_data"].items()}
     return {**weights, "accuracy": torch.tensor(ns["sum_acc"] / len(ns["test_data"]))}
+
+
+def bad_input() -> None:
+    """Each mistake raises the same error in every process; prints ``OK <name>: <message>``."""
+    import popxl_core as popxl
+    from popxl_core import ops
+    from popxl_core.distributed import LaunchError, ProgramMismatchError
+
+    def session(replicas: int, init: float):
+        ir = popxl.Ir(replication=replicas)
+        with ir.main_graph:
+            w = popxl.variable(np.full((2, 3), init, np.float32), name="w")
+            y = ops.collectives.replicated_all_reduce(w, "add")
+            ops.host_store(popxl.d2h_stream(y.shape, y.dtype, "y"), y)
+        return popxl.Session(ir, "ipu_model")
+
+    for name, make, error in [
+        ("split", lambda: session(3, 0.0), LaunchError),
+        ("program", lambda: session(2, float(_rank())), ProgramMismatchError),
+    ]:
+        try:
+            make()
+        except error as e:
+            print(f"OK {name}: " + str(e).replace("\n", " "), flush=True)
 
 
 def _rank() -> str:
@@ -76,13 +101,12 @@ def _save(result: dict, out: str) -> None:
 
 
 def main(kind: str, out: str) -> None:
-    if kind == "mlp":
+    if kind == "job":  # one job for the fast tests: bad input, training, then a kill
+        bad_input()
         _save(train_seed_mlp(), out.format(_rank()))
+        train_seed_mlp(steps=50, kill_after=1 if _rank() == "1" else -1)
     elif kind == "seed003":
         _save(run_seed003(int(os.environ.get("SEED_BATCHES", "4"))), out.format(_rank()))
-    elif kind == "kill":
-        rank = int(os.environ["RANK"])
-        train_seed_mlp(steps=50, kill_after=1 if rank == 1 else -1)
     else:
         raise SystemExit(f"unknown kind {kind!r}")
 
