@@ -40,6 +40,7 @@ __all__ = [
     "Placement",
     "ProgramMismatchError",
     "local_replica_count",
+    "local_replicas",
     "placement_for",
     "popdist_replication",
     "world",
@@ -110,6 +111,15 @@ def local_replica_count(replicas: int) -> int:
     """How many of ``replicas`` this process runs (all of them outside a job)."""
     found = world() if replicas > 1 else None
     return replicas if found is None else replicas // _checked_split(replicas, found[1])
+
+
+def local_replicas(replicas: int) -> range:
+    """The replicas this process runs (all of them outside a job), e.g. to give each one its
+    shard of a dataset (``DistributedSampler(num_replicas=replicas, rank=r)`` for each r)."""
+    n = local_replica_count(replicas)
+    found = world() if n != replicas else None
+    rank = 0 if found is None else found[0]
+    return range(rank * n, (rank + 1) * n)
 
 
 def _checked_split(replicas: int, processes: int) -> int:

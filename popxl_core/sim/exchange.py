@@ -70,6 +70,8 @@ class Exchange:
 
         self.rank, self.size, self.timeout_s = rank, size, float(timeout_s)
         self._dist = dist
+        # totals since the job started (benchmarks/dist_steps.py reports them per step)
+        self.calls, self.bytes_sent, self.seconds = 0, 0, 0.0
         self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
 
     def __repr__(self) -> str:
@@ -79,8 +81,13 @@ class Exchange:
     def gather(self, what: str, payload: np.ndarray) -> List[np.ndarray]:
         """Every process's ``payload`` (flat uint8, the same size everywhere), in rank order."""
         payload = np.ascontiguousarray(payload, np.uint8).reshape(-1)
+        start = time.perf_counter()
         self._agree(what, payload.size)
-        return [t.numpy() for t in self._all_gather(torch.from_numpy(payload), what)]
+        out = [t.numpy() for t in self._all_gather(torch.from_numpy(payload), what)]
+        self.calls += 1
+        self.bytes_sent += payload.size
+        self.seconds += time.perf_counter() - start
+        return out
 
     def gather_object(self, what: str, obj) -> list:
         """Every process's picklable ``obj``, in rank order (build time only: slow)."""
