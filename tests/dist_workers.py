@@ -92,6 +92,14 @@ def bad_input() -> None:
             print(f"OK {name}: " + str(e).replace("\n", " "), flush=True)
 
 
+def example_losses() -> list:
+    """examples/fx_distributed.py: 3 steps (its per-replica DistributedSampler split)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    import fx_distributed
+
+    return fx_distributed.train(steps=3)
+
+
 def _rank() -> str:
     return os.environ.get("RANK", "0")
 
@@ -104,6 +112,7 @@ def main(kind: str, out: str) -> None:
     if kind == "job":  # one job for the fast tests: bad input, training, then a kill
         bad_input()
         _save(train_seed_mlp(), out.format(_rank()))
+        _save({"losses": torch.tensor(example_losses())}, out.format("example" + _rank()))
         train_seed_mlp(steps=50, kill_after=1 if _rank() == "1" else -1)
     elif kind == "seed003":
         _save(run_seed003(int(os.environ.get("SEED_BATCHES", "4"))), out.format(_rank()))

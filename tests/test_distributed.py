@@ -61,22 +61,23 @@ def job(tmp_path_factory):
     """One 2-process job for the fast tests (`dist_workers.main("job")`): the bad launches,
     3 training steps of the seed MLP, then a second training in which rank 1 kills itself.
     The one-process reference trains here while the job runs."""
-    from dist_workers import train_seed_mlp
+    from dist_workers import example_losses, train_seed_mlp
 
     out = tmp_path_factory.mktemp("dist")
     env = {"POPXL_COLLECTIVE_TIMEOUT": str(COLLECTIVE_TIMEOUT_S)}
     procs = start([WORKERS, "job", str(out / "rank{}.npz")], 2, env)
     ref = _one_thread(train_seed_mlp)  # 4 replicas in this process
+    ref_example = {"losses": torch.tensor(_one_thread(example_losses))}
     procs[1].wait(timeout=JOB_BOUND_S)
     died = time.monotonic()
     done = finish(procs, COLLECTIVE_TIMEOUT_S + 30.0)
-    return done, time.monotonic() - died, out, ref
+    return done, time.monotonic() - died, out, ref, ref_example
 
 
 def test_two_processes_train_the_seed_mlp_like_four_simulated_replicas(job):
     """Replication 4 (2 replicas per process), RTS (Adam state sharded over the 4 replicas):
     losses and final weights bit for bit those of 4 replicas in one process."""
-    done, _, out, ref = job
+    done, _, out, ref, _ = job
     assert len(ref["losses"]) == 3
     for rank in (0, 1):
         assert (out / f"rank{rank}.npz").exists(), done[rank].stderr[-3000:]
@@ -87,7 +88,7 @@ def test_a_killed_process_makes_the_other_fail_naming_its_rank(job):
     """Rank 1 kills itself (SIGKILL) after its first step; rank 0, at the next collective,
     raises PeerFailureError naming rank 1 and the collective, well within the timeout (the
     job's bound is the timeout + 30 s)."""
-    (rank0, rank1), after, _, _ = job
+    (rank0, rank1), after, *_ = job
     print(f"rank 0 exited {after:.2f} s after rank 1 died")
     assert rank1.returncode == -9 and "READY" in rank1.stdout, rank1.stderr[-3000:]
     assert rank0.returncode not in (0, None, -9), rank0.stderr[-2000:]
@@ -96,6 +97,14 @@ def test_a_killed_process_makes_the_other_fail_naming_its_rank(job):
     assert "process rank 1 stopped answering" in last
     assert "collective Replicated" in last  # the collective it waited at, named
     assert f"at most {COLLECTIVE_TIMEOUT_S} s" in last
+
+
+def test_the_example_gives_the_same_losses_in_two_processes(job):
+    """examples/fx_distributed.py (4 replicas, per-replica DistributedSampler shards)."""
+    done, _, out, _, ref = job
+    for rank in (0, 1):
+        assert (out / f"rankexample{rank}.npz").exists(), done[rank].stderr[-3000:]
+        _assert_same(ref, out / f"rankexample{rank}.npz")
 
 
 def test_bad_launches_fail_in_every_process_saying_what_to_do(job):
