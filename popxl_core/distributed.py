@@ -35,6 +35,7 @@ from .sim.exchange import Exchange, PeerFailureError, pack_arrays, unpack_arrays
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
+    "InputMismatchError",
     "LaunchError",
     "PeerFailureError",
     "Placement",
@@ -57,6 +58,10 @@ _exchanges: Dict[Tuple[int, int], Exchange] = {}  # one gloo group per job, made
 class LaunchError(RuntimeError):
     """The program needs processes (a torch.distributed job) that are not there, or does not
     split over the ones that are."""
+
+
+class InputMismatchError(ValueError):
+    """The processes of a job were given different whole-batch inputs for one run."""
 
 
 class ProgramMismatchError(RuntimeError):
@@ -179,16 +184,50 @@ class Placement:
             out.update(zip(rows, unpack_arrays(b, [specs[k] for k, _ in rows])))
         return out
 
-    def gather_outputs(self, local: Dict[object, np.ndarray], full: Dict[object, np.ndarray]):
+    def gather_outputs(
+        self,
+        local: Dict[object, np.ndarray],
+        full: Dict[object, np.ndarray],
+        whole_inputs: Dict[str, np.ndarray],
+    ) -> None:
         """Fill ``full[s]`` (``[transfers, R, ...]``) from every process's ``local[s]``
-        (``[transfers, R/P, ...]``)."""
+        (``[transfers, R/P, ...]``). In the same exchange, the inputs each process was given
+        whole (``whole_inputs``: stream name -> array, of which it used its replicas' slice)
+        are checked to be the same in every process: else the replicas would have trained on
+        rows of different batches, silently."""
         keys = list(local)
         specs = [(local[s].shape, local[s].dtype) for s in keys]
-        parts = self.exchange.gather("the run's outputs", pack_arrays([local[s] for s in keys]))
+        names = sorted(whole_inputs)
+        digests = np.zeros((len(names), 8), np.uint8)
+        for i, name in enumerate(names):
+            digests[i] = np.frombuffer(_digest(whole_inputs[name]), np.uint8)
+        payload = pack_arrays([*(local[s] for s in keys), digests])
+        parts = self.exchange.gather("the run's outputs", payload)
+        tail = digests.size
+        _check_same_inputs(names, [b[b.size - tail :].reshape(-1, 8) for b in parts])
         n = self.per_process
         for p, b in enumerate(parts):
-            for s, a in zip(keys, unpack_arrays(b, specs)):
+            for s, a in zip(keys, unpack_arrays(b[: b.size - tail], specs)):
                 full[s][:, p * n : (p + 1) * n] = a
+
+
+def _digest(a: np.ndarray) -> bytes:
+    return hashlib.sha1(np.ascontiguousarray(a).view(np.uint8)).digest()[:8]
+
+
+def _check_same_inputs(names: List[str], digests: List[np.ndarray]) -> None:
+    for i, name in enumerate(names):
+        seen = [(r, d[i].tobytes()) for r, d in enumerate(digests) if d.shape[0] > i]
+        given = [(r, d) for r, d in seen if any(d)]
+        if len({d for _, d in given}) > 1:
+            ranks = " and ".join(str(r) for r, _ in given[:2])
+            raise InputMismatchError(
+                f"Session.run: stream {name!r} got different data in ranks {ranks}. Each "
+                "process given every replica's data uses only its replicas' rows, so the "
+                "arrays must be equal in every process: seed the data loader's shuffling the "
+                "same way in every process (torch.manual_seed), or pass each process only its "
+                "[num_host_transfers, R/P, ...] share."
+            )
 
 
 def _nbytes(spec) -> int:

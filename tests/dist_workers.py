@@ -72,7 +72,7 @@ def bad_input() -> None:
     """Each mistake raises the same error in every process; prints ``OK <name>: <message>``."""
     import popxl_core as popxl
     from popxl_core import ops
-    from popxl_core.distributed import LaunchError, ProgramMismatchError
+    from popxl_core.distributed import InputMismatchError, LaunchError, ProgramMismatchError
 
     def session(replicas: int, init: float):
         ir = popxl.Ir(replication=replicas)
@@ -82,9 +82,19 @@ def bad_input() -> None:
             ops.host_store(popxl.d2h_stream(y.shape, y.dtype, "y"), y)
         return popxl.Session(ir, "ipu_model")
 
+    def unequal_batches():
+        ir = popxl.Ir(replication=2)
+        with ir.main_graph:
+            xs = popxl.h2d_stream((3,), popxl.float32, "x")
+            y = ops.collectives.replicated_all_reduce(ops.host_load(xs, "x"), "add")
+            ops.host_store(popxl.d2h_stream(y.shape, y.dtype, "y"), y)
+        with popxl.Session(ir, "ipu_model") as s:  # unseeded shuffles: each rank's own batch
+            s.run({xs: np.full((2, 3), float(_rank()), np.float32)})
+
     for name, make, error in [
         ("split", lambda: session(3, 0.0), LaunchError),
         ("program", lambda: session(2, float(_rank())), ProgramMismatchError),
+        ("inputs", unequal_batches, InputMismatchError),
     ]:
         try:
             make()

@@ -108,7 +108,8 @@ def test_the_example_gives_the_same_losses_in_two_processes(job):
 
 
 def test_bad_launches_fail_in_every_process_saying_what_to_do(job):
-    """Replication 3 over 2 processes, and programs that differ (rank 1's initial weights)."""
+    """Replication 3 over 2 processes, programs that differ (rank 1's initial weights), and
+    whole-batch inputs that differ between the processes (unseeded shuffling)."""
     for d in job[0]:
         lines = d.stdout.splitlines()
         assert any(
@@ -120,6 +121,11 @@ def test_bad_launches_fail_in_every_process_saying_what_to_do(job):
             "OK program: The processes built different programs: at line 5, rank 0 has" in x
             and "variable w (2, 3) float32 initial value" in x
             and "and rank 1 has" in x
+            for x in lines
+        ), d.stdout
+        assert any(
+            "OK inputs: Session.run: stream 'x' got different data in ranks 0 and 1" in x
+            and "torch.manual_seed" in x
             for x in lines
         ), d.stdout
 

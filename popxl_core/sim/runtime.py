@@ -3,7 +3,11 @@ the replicas' collective exchange and Streaming Memory (remote buffers).
 
 Replicas of one `Session.run` execute the same compiled program. Without collectives they run
 one after the other; with collectives each replica runs in its own thread and every collective
-is a barrier where all replicas' values meet (`Runtime.all_values`), like the IPU's BSP sync.
+is a barrier where all replicas' values meet, like the IPU's BSP sync. In a torch.distributed
+job (`popxl_core.distributed`) the Runtime holds only this process's replicas (``local``):
+host data and Streaming Memory are indexed by the replica's slot among them, and at each
+collective the last local replica to arrive exchanges the local values with the other
+processes (`exchange.Exchange`), so every replica reduces all R values in replica order.
 """
 
 from __future__ import annotations

@@ -117,6 +117,7 @@ class Session:
         self._attached = False
         self._host_in_sync = True
         self._context_stack: List[bool] = []
+        self._whole_inputs: Dict[str, np.ndarray] = {}
 
     def __repr__(self) -> str:
         return f"Session[{self._ir!r} {self.device_desc!r} built at {self._built_at}]"
@@ -389,7 +390,7 @@ class Session:
         with torch.no_grad():
             run_replicas(self._runtime, self._replica_body, self._threaded)
         if not whole:  # every process returns all replicas' outputs
-            self._placement.gather_outputs(local, full)
+            self._placement.gather_outputs(local, full, self._whole_inputs)
         self._host_in_sync = False
 
     def _replica_body(self, r: int) -> None:
@@ -402,6 +403,7 @@ class Session:
             checks.check_run_counts(self, self._runtime, self._data_dependent)
 
     def _checked_inputs(self, inputs: Mapping, downcast: bool) -> Dict[object, np.ndarray]:
+        self._whole_inputs = {}  # in a job: the inputs given for all replicas (checked equal)
         expected = self._h2d
         if len(inputs) == len(expected):
             specs = self._h2d_spec
@@ -453,6 +455,7 @@ class Session:
             return arr.reshape(expanded)
         local = self._placement.local  # all replicas' data (use this process's), or its own
         if arr.shape == full:
+            self._whole_inputs[stream.tensor_id] = arr
             return arr.reshape(expanded)[:, local.start : local.stop]
         if arr.shape == local_full:
             return arr.reshape(local_expanded)
