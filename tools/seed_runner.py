@@ -350,6 +350,14 @@ def main() -> int:
         "usual places (Debian's dataset-fashion-mnist)",
     )
     ap.add_argument(
+        "--torch-seed",
+        type=int,
+        default=None,
+        metavar="N",
+        help="torch.manual_seed(N) before the seed runs (its DataLoaders shuffle with torch's "
+        "generator: the processes of a torchrun job must draw the same batches)",
+    )
+    ap.add_argument(
         "--extract",
         type=Path,
         default=None,
@@ -364,6 +372,10 @@ def main() -> int:
         args.extract.write_text(extract(args.seed))
         print(f"seed_runner: wrote {args.extract}", file=sys.stderr)
         return 0
+    if args.torch_seed is not None:
+        import torch
+
+        torch.manual_seed(args.torch_seed)
     res, missing = check(args.seed, args.max_batches)
     log = sys.stderr
     for skip in res.skipped:
