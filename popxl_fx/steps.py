@@ -98,31 +98,21 @@ def build_training(build: Build, signature: Any, req: TrainingRequest) -> Progra
         return build_phased_training(build, signature, req)
     if max(opts.gradient_accumulation, opts.device_iterations, opts.batch_serialisation) > 1:
         return build_training_loops(build, signature, req)
-    model_inputs = req.inputs[:-1] if req.has_loss_fn else req.inputs
     check_inputs(req.model, req.inputs)
     check_batch_split(req.inputs, opts)
-    replicas = split_replicas(opts)
-    examples = replica_examples(req.inputs, replicas)  # one replica's share of the batch
-    contexts = (lambda: integer_inputs_explained(req.model, model_inputs), *req.contexts)
+    examples = replica_examples(req.inputs, split_replicas(opts))  # one replica's share
     with build.ir.main_graph, popxl.in_sequence():
-        ins = load_inputs(stream_values(opts, req.inputs), req.names, replicas)
-        lowered = lower(build, req.root, ins.tensors, examples, contexts)
-        fwd = lowered.forward
-        index = loss_index(lowered.fxm.out_spec, len(fwd.graph.outputs), req.model)
-        check_scalar_loss(fwd.graph.outputs[index], req.model, req.has_loss_fn)
-        args = fwd.args.to_dict()
-        trainable = lowered.trainable()
+        ins = load_inputs(stream_values(opts, req.inputs), req.names, split_replicas(opts))
+        lowered, index, trainable = _lower_with_loss(build, req, ins.tensors, examples)
         _some_trainable(trainable, req.model)
+        fwd = lowered.forward
+        args = fwd.args.to_dict()
         backward(build, lowered, [fwd.graph.outputs[index]], [args[n] for n in trainable])
         variables = lowered.facts.init()
         step = _plain_step(build, lowered, variables, ins, index)
         build.planned = True  # the main graph calls the step: later stages plan memory
         weights = weights_of(variables, lowered, build.prefix)
-        params = {n: weights.variables[n] for n in weights.names("param")}
-        grads = {n: step.grads[v] for n, v in params.items() if v in step.grads}
-        grads = master_gradients(build, reduce_gradients(build, grads))
-        req.optimizer.build(params, grads)
-        build.record("optimizer", f"{type(req.optimizer.optimizer).__name__} var updates")
+        grads = _optimizer_update(build, req, weights, step.grads)
         outputs = {"loss": store(step.loss, "loss")}
         if req.record:  # the gradients the optimizer steps with (float16: unscaled)
             outputs.update(_recorded(step.outputs, index, grads))
@@ -130,6 +120,35 @@ def build_training(build: Build, signature: Any, req: TrainingRequest) -> Progra
     return Program(
         signature, build.ir, session, ins, outputs, weights, lowered, build.stages, req.optimizer
     )
+
+
+def _lower_with_loss(build: Build, req: TrainingRequest, specs, examples: tuple) -> tuple:
+    """Trace and lower ``req.root`` on ``examples`` (one replica's, or one micro-batch's,
+    inputs); returns the lowered graphs, the loss's output index (a scalar, checked) and the
+    trainable parameters' names."""
+    model_inputs = examples[:-1] if req.has_loss_fn else examples
+    contexts = (lambda: integer_inputs_explained(req.model, model_inputs), *req.contexts)
+    lowered = lower(build, req.root, specs, examples, contexts)
+    outputs = lowered.forward.graph.outputs
+    index = loss_index(lowered.fxm.out_spec, len(outputs), req.model)
+    check_scalar_loss(outputs[index], req.model, req.has_loss_fn)
+    return lowered, index, lowered.trainable()
+
+
+def _optimizer_update(
+    build: Build, req: TrainingRequest, weights: Weights, grads_of: dict, local=None
+) -> dict:
+    """The optimizer update of every parameter with a gradient in ``grads_of`` (variable ->
+    gradient), after the gradients are reduced over replicas and unscaled to the float32
+    masters; returns the gradients it steps with, by name. ``local``: in a repeated step, the
+    step graph's stand-in of a main-graph variable (`optim.OptimizerProgram.build`)."""
+    params = {name: weights.variables[name] for name in weights.names("param")}
+    stepped = params if local is None else {name: local(v) for name, v in params.items()}
+    grads = {name: grads_of[v] for name, v in params.items() if v in grads_of}
+    grads = master_gradients(build, reduce_gradients(build, grads))
+    req.optimizer.build(stepped, grads, local=local)
+    build.record("optimizer", f"{type(req.optimizer.optimizer).__name__} var updates")
+    return grads
 
 
 def _some_trainable(trainable: list[str], model: nn.Module) -> None:
@@ -179,42 +198,62 @@ def build_inference(build: Build, signature: Any, inputs: Sequence[torch.Tensor]
     check_batches(inputs, 1, n)
     one = tuple(x[0] for x in inputs) if n > 1 else tuple(inputs)  # one iteration's inputs
     check_batch_split(one, build.options, training=False)
-    replicas = split_replicas(build.options)
-    examples = replica_examples(one, replicas)  # what one replica sees of one iteration
-    contexts = (lambda: integer_inputs_explained(build.model, one),)
-    names = [f"input{i}" for i in range(len(inputs))]
-    ir = build.ir
-    with ir.main_graph, popxl.in_sequence():
-        if n == 1:  # the plain program: inputs loaded in the main graph, as before
-            ins = load_inputs(stream_values(build.options, one), names, replicas)
+    calls = _ForwardCalls(build, one, [f"input{i}" for i in range(len(inputs))])
+    with build.ir.main_graph, popxl.in_sequence():
+        ins = calls.load() if n == 1 else None  # the plain program loads in the main graph
+        calls.lower(ins)
+        if n == 1:
+            calls.forward(lambda t: t, ins)
+            build.planned = True
+        else:
+            build.ir.num_host_transfers = n
+            repeat_step(build.ir, n, calls.forward)
+            build.planned = True
+            build.record("device_iterations", f"the forward repeated {n} times per call")
+        weights = weights_of(calls.variables, calls.lowered)
+    session = build.session()
+    return Program(
+        signature, build.ir, session, calls.loaded[0], calls.outputs, weights, calls.lowered,
+        build.stages,
+    )  # fmt: skip
+
+
+@dataclass
+class _ForwardCalls:
+    """`build_inference`'s forward: lowered once, called once or once per device iteration."""
+
+    build: Build
+    one: tuple  # one iteration's torch inputs
+    names: list[str]
+    lowered: Lowered | None = None
+    variables: addons.NamedTensors | None = None
+    loaded: list[Inputs] = field(default_factory=list)
+    outputs: dict[str, popxl.DeviceToHostStream] = field(default_factory=dict)
+
+    def load(self) -> Inputs:
+        values = stream_values(self.build.options, self.one)
+        return load_inputs(values, self.names, split_replicas(self.build.options))
+
+    def lower(self, ins: Inputs | None) -> None:
+        """Trace on one replica's share of one iteration; make the variables."""
+        build = self.build
+        examples = replica_examples(self.one, split_replicas(build.options))
+        if ins is not None:
             specs: Sequence[Any] = ins.tensors
         else:
             specs = [
                 popxl.TensorSpec(tuple(x.shape), popxl.dtype.as_dtype(x.dtype))
                 for x in stream_values(build.options, examples)
             ]
-        lowered = lower(build, build.model, specs, examples, contexts, differentiated=False)
-        variables = lowered.facts.init()
-        loaded: list[Inputs] = []
-        outputs: dict[str, popxl.DeviceToHostStream] = {}
+        contexts = (lambda: integer_inputs_explained(build.model, self.one),)
+        self.lowered = lower(build, build.model, specs, examples, contexts, differentiated=False)
+        self.variables = self.lowered.facts.init()
 
-        def forward(local: Callable[[popxl.Tensor], popxl.Tensor], ins=None) -> None:
-            ins = ins or load_inputs(stream_values(build.options, one), names, replicas)
-            loaded.append(ins)
-            outs = lowered.forward.bind(_named(variables, local)).call(*ins.tensors)
-            outputs.update({f"output{i}": store(t, f"output{i}") for i, t in enumerate(outs)})
-
-        if n == 1:
-            forward(lambda t: t, ins)
-            build.planned = True
-        else:
-            ir.num_host_transfers = n
-            repeat_step(ir, n, forward)
-            build.planned = True
-            build.record("device_iterations", f"the forward repeated {n} times per call")
-        weights = weights_of(variables, lowered)
-    session = build.session()
-    return Program(signature, ir, session, loaded[0], outputs, weights, lowered, build.stages)
+    def forward(self, local: Callable[[popxl.Tensor], popxl.Tensor], ins=None) -> None:
+        ins = ins or self.load()
+        self.loaded.append(ins)
+        outs = self.lowered.forward.bind(_named(self.variables, local)).call(*ins.tensors)
+        self.outputs.update({f"output{i}": store(t, f"output{i}") for i, t in enumerate(outs)})
 
 
 # compile -----------------------------------------------------------------------------------
@@ -253,7 +292,39 @@ def build_training_loops(build: Build, signature: Any, req: TrainingRequest) -> 
     """The training program with a micro-batch loop (k = gradient_accumulation), slices
     (s = batch_serialisation, `batch_serial`) and/or a device-iteration loop
     (n = device_iterations) around the step (see `loops`)."""
-    opts = build.options
+    step_inputs = _loop_step_inputs(build.options, req)
+    with build.ir.main_graph, popxl.in_sequence():
+        loop = _lower_loop_step(build, req, step_inputs)
+        _call_loop_steps(loop)
+    session = build.session()
+    outputs = {"loss": loop.losses[0]}
+    return Program(
+        signature, build.ir, session, loop.loaded[0], outputs, loop.weights, loop.lowered,
+        build.stages, req.optimizer,
+    )  # fmt: skip
+
+
+@dataclass
+class _LoopStep:
+    """One training step of `build_training_loops`, lowered; `_loop_step` calls it once per
+    device iteration (or once, in the main graph)."""
+
+    build: Build
+    req: TrainingRequest
+    step_inputs: tuple  # one step's torch inputs (the device-iteration dim dropped)
+    micro: tuple  # what the forward graph sees: one slice of one micro-batch of one replica
+    lowered: Lowered
+    index: int  # the loss's forward output
+    trainable: list[str]
+    variables: addons.NamedTensors
+    accum: addons.NamedTensors | None  # the gradient sums (k > 1 or s > 1)
+    weights: Weights
+    loaded: list[Inputs] = field(default_factory=list)
+    losses: list[popxl.DeviceToHostStream] = field(default_factory=list)
+
+
+def _loop_step_inputs(opts, req: TrainingRequest) -> tuple:
+    """Check the inputs against k, s, n and the replicas; one step's inputs."""
     k, n, s = opts.gradient_accumulation, opts.device_iterations, opts.batch_serialisation
     check_inputs(req.model, req.inputs)
     check_batches(req.inputs, k, n)
@@ -269,74 +340,75 @@ def build_training_loops(build: Build, signature: Any, req: TrainingRequest) -> 
             step_inputs, opts.batch_divisor // opts.replication_factor * split_replicas(opts), opts
         )
     check_batch_split(step_inputs, opts)
-    replicas = split_replicas(opts)
-    # the forward graph's: one slice of one micro-batch of one replica
-    micro = tuple(x[: x.shape[0] // (k * s * replicas)] for x in step_inputs)
-    model_inputs = micro[:-1] if req.has_loss_fn else micro
-    contexts = (lambda: integer_inputs_explained(req.model, model_inputs), *req.contexts)
-    ir = build.ir
-    with ir.main_graph, popxl.in_sequence():
-        specs = [
-            popxl.TensorSpec(tuple(x.shape), popxl.dtype.as_dtype(x.dtype))
-            for x in stream_values(opts, micro)
-        ]
-        lowered = lower(build, req.root, specs, micro, contexts)
-        fwd = lowered.forward
-        index = loss_index(lowered.fxm.out_spec, len(fwd.graph.outputs), req.model)
-        check_scalar_loss(fwd.graph.outputs[index], req.model, req.has_loss_fn)
-        args = fwd.args.to_dict()
-        trainable = lowered.trainable()
-        loss_out, required = fwd.graph.outputs[index], [args[t] for t in trainable]
-        if k > 1 or s > 1:
-            accum_facts, _ = accumulating_backward(build, lowered, loss_out, required)
-            accum = accum_facts.init()
-        else:
-            backward(build, lowered, [loss_out], required)
-        variables = lowered.facts.init()
-        weights = weights_of(variables, lowered, build.prefix)
-        loaded: list[Inputs] = []
-        losses: list[popxl.Tensor] = []
+    return step_inputs
 
-        def step(local: Callable[[popxl.Tensor], popxl.Tensor]) -> None:
-            ins = load_inputs(stream_values(opts, step_inputs), req.names, replicas)
-            loaded.append(ins)
-            named = _named(variables, local)
-            if k > 1 or s > 1:
-                local_accum = _named(accum, local)
-                loss = _accumulated_step(build, lowered, named, local_accum, ins, index, micro)
-                sums, main = local_accum.to_dict(), variables.to_dict()
-                grads = {main[t]: sums[f"accum.{t}"] for t in trainable}
-            else:
-                grads, loss = _local_step(build, lowered, named, variables, ins, index)
-            params = {name: weights.variables[name] for name in weights.names("param")}
-            req.optimizer.build(
-                {name: local(v) for name, v in params.items()},
-                master_gradients(
-                    build,
-                    reduce_gradients(
-                        build, {name: grads[v] for name, v in params.items() if v in grads}
-                    ),
-                ),
-                local=None if n == 1 else local,
-            )
-            build.record("optimizer", f"{type(req.optimizer.optimizer).__name__} var updates")
-            if k > 1 or s > 1:  # the next step's first accumulation overwrites the sums
-                ops.var_updates.accumulator_scale_(local(accum.mean_accum_counter), 0.0)
-            losses.append(store(loss, "loss"))
 
-        if n > 1:
-            ir.num_host_transfers = n
-            repeat_step(ir, n, step)
-            build.planned = True
-            build.record("device_iterations", f"the step repeated {n} times per call")
-        else:
-            build.planned = k > 1 or s > 1  # the loops are called from the main graph
-            step(lambda t: t)
-    session = build.session()
-    outputs = {"loss": losses[0]}
-    return Program(
-        signature, ir, session, loaded[0], outputs, weights, lowered, build.stages, req.optimizer
+def _lower_loop_step(build: Build, req: TrainingRequest, step_inputs: tuple) -> _LoopStep:
+    """Lower the forward on one slice of one micro-batch, its (accumulating) backward, and
+    make the variables and gradient sums in the main graph."""
+    opts = build.options
+    parts = opts.gradient_accumulation * opts.batch_serialisation * split_replicas(opts)
+    micro = tuple(x[: x.shape[0] // parts] for x in step_inputs)
+    specs = [
+        popxl.TensorSpec(tuple(x.shape), popxl.dtype.as_dtype(x.dtype))
+        for x in stream_values(opts, micro)
+    ]
+    lowered, index, trainable = _lower_with_loss(build, req, specs, micro)
+    fwd = lowered.forward
+    args = fwd.args.to_dict()
+    loss_out, required = fwd.graph.outputs[index], [args[t] for t in trainable]
+    accum = None
+    if _accumulates(opts):
+        accum_facts, _ = accumulating_backward(build, lowered, loss_out, required)
+        accum = accum_facts.init()
+    else:
+        backward(build, lowered, [loss_out], required)
+    variables = lowered.facts.init()
+    weights = weights_of(variables, lowered, build.prefix)
+    return _LoopStep(
+        build, req, step_inputs, micro, lowered, index, trainable, variables, accum, weights
     )
+
+
+def _accumulates(opts) -> bool:
+    """Gradients are summed over micro-batches or slices before the optimizer steps."""
+    return opts.gradient_accumulation > 1 or opts.batch_serialisation > 1
+
+
+def _call_loop_steps(loop: _LoopStep) -> None:
+    """The step repeated n times per call (device iterations), or called once."""
+    build, n = loop.build, loop.build.options.device_iterations
+    if n > 1:
+        build.ir.num_host_transfers = n
+        repeat_step(build.ir, n, lambda local: _loop_step(loop, local))
+        build.planned = True
+        build.record("device_iterations", f"the step repeated {n} times per call")
+    else:
+        build.planned = _accumulates(build.options)  # the loops are called from the main graph
+        _loop_step(loop, lambda t: t)
+
+
+def _loop_step(loop: _LoopStep, local: Callable[[popxl.Tensor], popxl.Tensor]) -> None:
+    """Load the step's inputs, run forward and backward (accumulating), update, store the
+    loss. ``local`` maps a main-graph tensor to the current graph's stand-in."""
+    build, req, opts = loop.build, loop.req, loop.build.options
+    ins = load_inputs(stream_values(opts, loop.step_inputs), req.names, split_replicas(opts))
+    loop.loaded.append(ins)
+    named = _named(loop.variables, local)
+    if _accumulates(opts):
+        local_accum = _named(loop.accum, local)
+        loss = _accumulated_step(
+            build, loop.lowered, named, local_accum, ins, loop.index, loop.micro
+        )
+        sums, main = local_accum.to_dict(), loop.variables.to_dict()
+        grads = {main[t]: sums[f"accum.{t}"] for t in loop.trainable}
+    else:
+        grads, loss = _local_step(build, loop.lowered, named, loop.variables, ins, loop.index)
+    one_step = opts.device_iterations == 1
+    _optimizer_update(build, req, loop.weights, grads, local=None if one_step else local)
+    if _accumulates(opts):  # the next step's first accumulation overwrites the sums
+        ops.var_updates.accumulator_scale_(local(loop.accum.mean_accum_counter), 0.0)
+    loop.losses.append(store(loss, "loss"))
 
 
 def _named(tensors: addons.NamedTensors, local: Callable) -> addons.NamedTensors:

@@ -1,10 +1,15 @@
-"""Every command line refuses a bad argument with argparse's one-line error, not a traceback."""
+"""Every command line refuses a bad argument with argparse's one-line error, not a traceback.
+
+The scripts run in this process (`runpy`, as ``python SCRIPT ARGS``: ``__main__``, their argv,
+their folder first on sys.path): argparse stops them before any work, so a separate Python per
+script would only add its start-up time. An exception other than argparse's ``SystemExit``
+fails the test, as a traceback would.
+"""
 
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
+import runpy
 import sys
 from pathlib import Path
 
@@ -42,35 +47,49 @@ BAD = {
 }
 
 
-def _run(args, **env) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **env}
-    return subprocess.run(
-        [sys.executable, *args], cwd=ROOT, capture_output=True, text=True, env=full_env, timeout=300
-    )
+def _run(args: list[str], monkeypatch, capsys, module: bool = False) -> tuple[int, str, str]:
+    """``python SCRIPT ARGS`` (or ``python -m MODULE ARGS``) in this process: its exit code,
+    stdout and stderr."""
+    target = args[0] if module else str(ROOT / args[0])
+    monkeypatch.setattr(sys, "argv", [target, *args[1:]])
+    monkeypatch.chdir(ROOT)
+    if not module:
+        monkeypatch.syspath_prepend(str(Path(target).parent))
+    with pytest.raises(SystemExit) as stop:
+        if module:
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(target, run_name="__main__")
+    out, err = capsys.readouterr()
+    code = stop.value.code
+    if isinstance(code, str):  # SystemExit("message"): Python prints it and exits with 1
+        code, err = 1, err + code + "\n"
+    return 0 if code is None else code, out, err
 
 
 @pytest.mark.parametrize("tool", sorted(BAD))
-def test_bad_argument_is_a_one_line_error(tool):
+def test_bad_argument_is_a_one_line_error(tool, monkeypatch, capsys):
     args, option, value = BAD[tool]
-    res = _run(args)
-    assert res.returncode == 2, res.stderr
-    assert "Traceback" not in res.stderr
-    last = res.stderr.strip().splitlines()[-1]
+    code, _, err = _run(args, monkeypatch, capsys)
+    assert code == 2 and "Traceback" not in err, err
+    last = err.strip().splitlines()[-1]
     assert "error:" in last and option in last and value in last, last
 
 
-def test_missing_data_dir_is_refused_and_not_created(tmp_path):
+def test_missing_data_dir_is_refused_and_not_created(tmp_path, monkeypatch, capsys):
     missing = tmp_path / "nonexistent"
-    res = _run(["examples/mnist_popxl.py", "--data-dir", str(missing)])
-    assert res.returncode == 2 and "is not an existing folder" in res.stderr
+    code, _, err = _run(
+        ["examples/mnist_popxl.py", "--data-dir", str(missing)], monkeypatch, capsys
+    )
+    assert code == 2 and "is not an existing folder" in err
     assert not missing.exists()
 
 
-def test_compat_help_is_usage_not_a_script():
-    res = _run(["-m", "popxl_core.compat", "--help"])
-    assert res.returncode == 0 and res.stdout.startswith("usage: python -m popxl_core.compat")
-    res = _run(["-m", "popxl_core.compat", "no_such_script.py"])
-    assert res.returncode == 1 and "no such script 'no_such_script.py'" in res.stderr
+def test_compat_help_is_usage_not_a_script(monkeypatch, capsys):
+    code, out, _ = _run(["popxl_core.compat", "--help"], monkeypatch, capsys, module=True)
+    assert code == 0 and out.startswith("usage: python -m popxl_core.compat")
+    code, _, err = _run(["popxl_core.compat", "no_such_script.py"], monkeypatch, capsys, True)
+    assert code == 1 and "no such script 'no_such_script.py'" in err
 
 
 # the argparse types, in process --------------------------------------------------------------

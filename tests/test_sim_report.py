@@ -1,15 +1,13 @@
 """SimReport: golden memory arithmetic, totals/JSON, liveness, program tree, diff, plot, CLI."""
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import popxl_core as popxl
 from popxl_core import ops
+from popxl_core import report as report_cli
 from popxl_core.sim import calibration
 from popxl_core.sim.cost import CODE_BYTES_PER_OP
 from popxl_core.sim.machine import MK2
@@ -139,8 +137,8 @@ def test_liveness_plot_is_a_png(tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-# python -m popxl_core.report -----------------------------------------------------------------
-def test_report_cli_writes_every_session_a_script_builds(tmp_path):
+# python -m popxl_core.report: its main, in this process (the script runs as __main__) -------------
+def test_report_cli_writes_every_session_a_script_builds(tmp_path, capsys):
     script = tmp_path / "prog.py"
     script.write_text(
         "import sys\nimport numpy as np\nimport popxl_core as popxl\nfrom popxl_core import ops\n"
@@ -152,23 +150,15 @@ def test_report_cli_writes_every_session_a_script_builds(tmp_path):
         "    popxl.Session(ir, 'ipu_hw')\n"
     )
     out = tmp_path / "reports"
-    root = Path(__file__).resolve().parents[1]
-    done = subprocess.run(
-        [sys.executable, "-m", "popxl_core.report", "--out", str(out), str(script), "5"],
-        capture_output=True,
-        text=True,
-        cwd=root,
-        env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
-    )
-    assert done.returncode == 0, done.stderr
-    assert "2 Session(s)" in done.stdout
+    assert report_cli.main(["--out", str(out), str(script), "5"]) == 0
+    assert "2 Session(s)" in capsys.readouterr().out
     for i, n in ((1, 2), (2, 5)):
         data = json.loads((out / f"session_{i}.json").read_text())
         assert data["variable_bytes"] == 4 * n
         assert (out / f"session_{i}.txt").read_text().startswith("IPU memory (estimate, ipu_hw")
 
 
-def test_report_cli_reports_a_session_that_ran_out_of_memory(tmp_path):
+def test_report_cli_reports_a_session_that_ran_out_of_memory(tmp_path, capsys):
     script = tmp_path / "oom.py"
     script.write_text(
         "import numpy as np\nimport popxl_core as popxl\n"
@@ -177,15 +167,8 @@ def test_report_cli_reports_a_session_that_ran_out_of_memory(tmp_path):
         "    popxl.variable(np.broadcast_to(np.float32(0), (30000, 10000)), name='huge')\n"
         "popxl.Session(ir, 'ipu_hw')\n"
     )
-    root = Path(__file__).resolve().parents[1]
-    done = subprocess.run(
-        [sys.executable, "-m", "popxl_core.report", "--out", str(tmp_path / "r"), str(script)],
-        capture_output=True,
-        text=True,
-        cwd=root,
-        env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
-    )
-    assert done.returncode == 1 and "Out of memory on IPU 0 of 'ipu_hw'" in done.stderr
+    assert report_cli.main(["--out", str(tmp_path / "r"), str(script)]) == 1
+    assert "Out of memory on IPU 0 of 'ipu_hw'" in capsys.readouterr().err
     data = json.loads((tmp_path / "r" / "session_1.json").read_text())
     assert data["out_of_memory"] == [0] and data["variable_bytes"] == 1_200_000_000
 
