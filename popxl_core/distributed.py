@@ -179,9 +179,14 @@ class Placement:
         width = max(sum(_nbytes(specs[k]) for k, _ in rows) for rows in per_rank)
         padded = np.zeros(width, np.uint8)
         padded[: payload.size] = payload
+        owners = [p for p, rows in enumerate(per_rank) if rows]
+        if len(owners) == 1:  # e.g. every value from replica 0: one process sends, none pads
+            parts = {owners[0]: self.exchange.broadcast("variable values", padded, owners[0])}
+        else:
+            parts = dict(enumerate(self.exchange.gather("variable values", padded)))
         out = {}
-        for rows, b in zip(per_rank, self.exchange.gather("variable values", padded)):
-            out.update(zip(rows, unpack_arrays(b, [specs[k] for k, _ in rows])))
+        for p, b in parts.items():
+            out.update(zip(per_rank[p], unpack_arrays(b, [specs[k] for k, _ in per_rank[p]])))
         return out
 
     def gather_outputs(

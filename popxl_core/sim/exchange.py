@@ -89,6 +89,20 @@ class Exchange:
         self.seconds += time.perf_counter() - start
         return out
 
+    def broadcast(self, what: str, payload: np.ndarray, src: int) -> np.ndarray:
+        """Rank ``src``'s ``payload`` (flat uint8; every process passes one of that size)."""
+        t = torch.from_numpy(np.array(payload, np.uint8).reshape(-1))
+        start = time.perf_counter()
+        self._agree(what, t.numel())
+        try:
+            self._dist.broadcast(t, src, group=self.group)
+        except Exception as e:  # noqa: BLE001 - gloo: closed connection or timeout
+            raise self.failure(what, e) from e
+        self.calls += 1
+        self.bytes_sent += t.numel() if src == self.rank else 0
+        self.seconds += time.perf_counter() - start
+        return t.numpy()
+
     def gather_object(self, what: str, obj) -> list:
         """Every process's picklable ``obj``, in rank order (build time only: slow)."""
         out = [None] * self.size
