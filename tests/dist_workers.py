@@ -68,6 +68,38 @@ def run_seed003(batches: int) -> dict:
     return {**weights, "accuracy": torch.tensor(ns["sum_acc"] / len(ns["test_data"]))}
 
 
+def core_program() -> dict:
+    """A hand-written program over 4 replicas: an all-reduce within groups that span the
+    processes ({0, 2}, {1, 3}), a variable grouped the same way, one read back per replica
+    (retrieval_mode='all_replicas'), and a remote buffer; 2 runs. Every output and variable."""
+    import popxl_core as popxl
+    from popxl_core import ops
+
+    ir = popxl.Ir(replication=REPLICAS)
+    groups = ir.replica_grouping(stride=2, group_size=2)
+    with ir.main_graph:
+        xs = popxl.h2d_stream((3,), popxl.float32, "x")
+        x = ops.host_load(xs, "x")
+        g = popxl.variable(np.array([[1, 2, 3], [4, 5, 6]], np.float32), name="g",
+                           replica_grouping=groups.transpose())  # fmt: skip
+        every = popxl.variable(np.zeros(3, np.float32), name="every", retrieval_mode="all_replicas")
+        buf = popxl.remote_buffer((3,), popxl.float32, entries=1)
+        y = ops.collectives.replicated_all_reduce(x * g, "add", group=groups)
+        ops.var_updates.accumulate_(every, y)
+        ops.remote_store(buf, 0, ops.remote_load(buf, 0) + y)
+        ops.host_store(popxl.d2h_stream(y.shape, y.dtype, "y"), y)
+        ops.host_store(popxl.d2h_stream((3,), popxl.float32, "r"), ops.remote_load(buf, 0))
+    data = np.arange(2 * REPLICAS * 3, dtype=np.float32).reshape(2, REPLICAS, 3) / 7
+    out = {}
+    with popxl.Session(ir, "ipu_model") as s:
+        for i in range(2):
+            for stream, a in s.run({xs: data[i]}).items():
+                out[f"{stream.tensor_id}{i}"] = torch.from_numpy(a.copy())
+        for v in (g, every):
+            out[v.name] = torch.from_numpy(s.get_tensor_data(v).copy())
+    return out
+
+
 def bad_input() -> None:
     """Each mistake raises the same error in every process; prints ``OK <name>: <message>``."""
     import popxl_core as popxl
@@ -121,6 +153,7 @@ def _save(result: dict, out: str) -> None:
 def main(kind: str, out: str) -> None:
     if kind == "job":  # one job for the fast tests: bad input, training, then a kill
         bad_input()
+        _save(core_program(), out.format("core" + _rank()))
         _save(train_seed_mlp(), out.format(_rank()))
         _save({"losses": torch.tensor(example_losses())}, out.format("example" + _rank()))
         train_seed_mlp(steps=50, kill_after=1 if _rank() == "1" else -1)

@@ -61,23 +61,24 @@ def job(tmp_path_factory):
     """One 2-process job for the fast tests (`dist_workers.main("job")`): the bad launches,
     3 training steps of the seed MLP, then a second training in which rank 1 kills itself.
     The one-process reference trains here while the job runs."""
-    from dist_workers import example_losses, train_seed_mlp
+    from dist_workers import core_program, example_losses, train_seed_mlp
 
     out = tmp_path_factory.mktemp("dist")
     env = {"POPXL_COLLECTIVE_TIMEOUT": str(COLLECTIVE_TIMEOUT_S)}
     procs = start([WORKERS, "job", str(out / "rank{}.npz")], 2, env)
     ref = _one_thread(train_seed_mlp)  # 4 replicas in this process
     ref_example = {"losses": torch.tensor(_one_thread(example_losses))}
+    ref_core = _one_thread(core_program)
     procs[1].wait(timeout=JOB_BOUND_S)
     died = time.monotonic()
     done = finish(procs, COLLECTIVE_TIMEOUT_S + 30.0)
-    return done, time.monotonic() - died, out, ref, ref_example
+    return done, time.monotonic() - died, out, ref, ref_example, ref_core
 
 
 def test_two_processes_train_the_seed_mlp_like_four_simulated_replicas(job):
     """Replication 4 (2 replicas per process), RTS (Adam state sharded over the 4 replicas):
     losses and final weights bit for bit those of 4 replicas in one process."""
-    done, _, out, ref, _ = job
+    done, _, out, ref, *_ = job
     assert len(ref["losses"]) == 3
     for rank in (0, 1):
         assert (out / f"rank{rank}.npz").exists(), done[rank].stderr[-3000:]
@@ -101,10 +102,21 @@ def test_a_killed_process_makes_the_other_fail_naming_its_rank(job):
 
 def test_the_example_gives_the_same_losses_in_two_processes(job):
     """examples/fx_distributed.py (4 replicas, per-replica DistributedSampler shards)."""
-    done, _, out, _, ref = job
+    done, _, out, _, ref, _ = job
     for rank in (0, 1):
         assert (out / f"rankexample{rank}.npz").exists(), done[rank].stderr[-3000:]
         _assert_same(ref, out / f"rankexample{rank}.npz")
+
+
+def test_groups_across_processes_all_replicas_reads_and_remote_buffers(job):
+    """`dist_workers.core_program`: an all-reduce in groups {0, 2}, {1, 3} (each spans both
+    processes), a grouped variable, retrieval_mode='all_replicas' (one row per replica,
+    gathered) and a remote buffer: every output and variable equal to one process's."""
+    done, _, out, _, _, ref = job
+    for rank in (0, 1):
+        assert (out / f"rankcore{rank}.npz").exists(), done[rank].stderr[-3000:]
+        _assert_same(ref, out / f"rankcore{rank}.npz")
+    assert ref["every"].shape == (4, 3) and ref["g"].shape == (2, 3)
 
 
 def test_bad_launches_fail_in_every_process_saying_what_to_do(job):
