@@ -105,6 +105,7 @@ def bad_input() -> None:
     import popxl_core as popxl
     from popxl_core import ops
     from popxl_core.distributed import InputMismatchError, LaunchError, ProgramMismatchError
+    from popxl_core.sim.rendezvous import ReplicaMismatchError
 
     def session(replicas: int, init: float):
         ir = popxl.Ir(replication=replicas)
@@ -123,7 +124,17 @@ def bad_input() -> None:
         with popxl.Session(ir, "ipu_model") as s:  # unseeded shuffles: each rank's own batch
             s.run({xs: np.full((2, 3), float(_rank()), np.float32)})
 
+    def different_points():
+        s = session(2, 0.0)
+        with s:
+            s.run()
+            if _rank() == "0":  # a read where the other process runs: different exchanges
+                s.get_tensor_data(s.ir.main_graph.variables[0])
+            else:
+                s.run()
+
     for name, make, error in [
+        ("points", different_points, ReplicaMismatchError),
         ("split", lambda: session(3, 0.0), LaunchError),
         ("program", lambda: session(2, float(_rank())), ProgramMismatchError),
         ("inputs", unequal_batches, InputMismatchError),

@@ -120,8 +120,9 @@ def test_groups_across_processes_all_replicas_reads_and_remote_buffers(job):
 
 
 def test_bad_launches_fail_in_every_process_saying_what_to_do(job):
-    """Replication 3 over 2 processes, programs that differ (rank 1's initial weights), and
-    whole-batch inputs that differ between the processes (unseeded shuffling)."""
+    """Replication 3 over 2 processes, programs that differ (rank 1's initial weights), the
+    processes at different exchanges (a read in one, a run in the other), and whole-batch
+    inputs that differ between the processes (unseeded shuffling)."""
     for d in job[0]:
         lines = d.stdout.splitlines()
         assert any(
@@ -133,6 +134,11 @@ def test_bad_launches_fail_in_every_process_saying_what_to_do(job):
             "OK program: The processes built different programs: at line 5, rank 0 has" in x
             and "variable w (2, 3) float32 initial value" in x
             and "and rank 1 has" in x
+            for x in lines
+        ), d.stdout
+        assert any(
+            "OK points: The processes reached different exchanges (rank 0 at variable values" in x
+            and "rank 1 at collective ReplicatedAllReduce" in x
             for x in lines
         ), d.stdout
         assert any(
