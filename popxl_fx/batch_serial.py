@@ -104,27 +104,50 @@ def serialise_step(
     loss = forward.graph.outputs[loss_index]
     loss_buffer = popxl.remote_buffer(loss.shape, loss.dtype, k)
     copies = {f"{COPY}.{n}": t for n, t in (working_copies or {}).items()}
-    fwd, bwd = addons.batch_serialise_fwd_and_grad(
+    fwd, bwd = _loops(forward, backward, copies, k, loads, {loss: (loss_buffer, 0)})
+    fwd.graph.bind(variables).call(0)
+    _call_backward(backward, bwd, variables, accumulators, copies, (loss_scale, loss.dtype))
+    grads = _accumulated(accumulators)
+    return SerialStep(_mean_loss(loss_buffer, k), grads, fwd.graph, bwd.graph)
+
+
+def _loops(forward, backward, copies: Mapping, k: int, loads: dict, stores: dict) -> tuple:
+    """The forward and backward loops over the k slices: each slice loaded from its buffer
+    entry, the activations the backward needs and the loss stored per slice."""
+    return addons.batch_serialise_fwd_and_grad(
         forward,
         backward,
         _merged(forward.args, addons.NamedTensors.from_dict(copies)),
         k,
         load_handles=loads,
         store_streams={},
-        store_buffers={loss: (loss_buffer, 0)},
+        store_buffers=stores,
         io_mode="compute",
     )
-    fwd.graph.bind(variables).call(0)
+
+
+def _call_backward(
+    backward: addons.GraphWithNamedArgs,
+    bwd: addons.BatchSerialResult,
+    variables: addons.NamedTensors,
+    accumulators: addons.NamedTensors,
+    copies: Mapping[str, popxl.Tensor],
+    seed_value: tuple[float, popxl.dtype],
+) -> None:
+    """Call the serialised backward loop, seeded with the loss's gradient (the loss scale, in
+    the loss's dtype), on the variables, the accumulators and the working copies cast once
+    here."""
     seed_in = _grad_seed_input(backward, bwd)
-    seed = popxl.constant(float(loss_scale), loss.dtype, "loss_grad")
+    seed = popxl.constant(float(seed_value[0]), seed_value[1], "loss_grad")
     casts = _casts(variables, copies, bwd.graph.args.keys_flat())
     bwd.graph.bind(_merged(variables, accumulators, casts)).call(0, args={seed_in: seed})
-    grads = {
-        key[len("accum.") :]: t
-        for key, t in accumulators.to_dict().items()
-        if key.startswith("accum.")
-    }
-    return SerialStep(_mean_loss(loss_buffer, k), grads, fwd.graph, bwd.graph)
+
+
+def _accumulated(accumulators: addons.NamedTensors) -> dict[str, popxl.Tensor]:
+    """The gradient sums by parameter name (``accum.<name>``)."""
+    prefix = "accum."
+    named = accumulators.to_dict()
+    return {key[len(prefix) :]: t for key, t in named.items() if key.startswith(prefix)}
 
 
 def _data_inputs(forward: addons.GraphWithNamedArgs) -> list[popxl.Tensor]:

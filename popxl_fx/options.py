@@ -13,6 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from popxl_core.sim.options import DEFAULT as DEFAULT_COMPILE
+from popxl_core.sim.options import CompileOptions
+
 __all__ = ["AUTO_CHOOSES", "DEVICES", "PHASE_KINDS", "PRECISIONS", "RNGS", "Options", "resolve"]
 
 DEVICES = ("ipu_hw", "ipu_model", "cpu")
@@ -97,6 +100,9 @@ class Options:
             eager's bit for bit. ``"ipu"``: the simulator's own seeded stream (PopXL's seed
             tensors, split per op: the same numbers every run for a given seed, whatever torch
             does; its masks differ from eager's).
+        compiler: the simulator's compile passes (`popxl_core.sim.CompileOptions`, every
+            pass on by default, each bit for bit with the reference interpreter);
+            ``CompileOptions(interpret=True)`` runs the plain interpreter instead (tests).
 
     Example:
         >>> Options(device="cpu").device
@@ -118,11 +124,16 @@ class Options:
     phased_execution: bool | str | tuple = False
     memory: dict[str, Any] | str = field(default_factory=dict)
     rng: str = "torch"
+    compiler: CompileOptions = DEFAULT_COMPILE
 
     def __post_init__(self) -> None:
         _check_choice("device", self.device, DEVICES)
         _check_choice("rng", self.rng, RNGS)
         _check_choice("precision", self.precision, PRECISIONS)
+        if not isinstance(self.compiler, CompileOptions):
+            raise TypeError(
+                f"Options(compiler={self.compiler!r}): give a popxl_core.sim.CompileOptions."
+            )
         for name in _COUNTS:
             _check_count(name, getattr(self, name))
         for name in ("recompute", "replicated_tensor_sharding"):

@@ -209,7 +209,7 @@ def make_session(
     """
     ir.numerics = "torch"
     try:
-        session = popxl.Session(ir, options.device)
+        session = popxl.Session(ir, options.device, compile_options=options.compiler)
     except OutOfMemoryError as e:
         if model is None:
             raise OutOfMemoryError(_oom_message(e, prefix), e.plan) from e

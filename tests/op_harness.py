@@ -17,6 +17,7 @@ import torch
 import popxl_core as popxl
 from popxl_core import ops, transforms
 from popxl_core.ops.registry import OpDef, Sample
+from popxl_core.sim import CompileOptions
 
 __all__ = ["run_sample", "build_sample", "BuiltSample"]
 
@@ -43,7 +44,7 @@ def _is_float(a: np.ndarray) -> bool:
 
 def run_sample(opdef: OpDef, sample: Sample) -> None:
     built = build_sample(opdef, sample)
-    session = popxl.Session(built.ir, "ipu_hw", _check_specs=True)
+    session = popxl.Session(built.ir, "ipu_hw", compile_options=CompileOptions(check_specs=True))
     with session:
         results = session.run({})
     _compare_forward(sample, built.inputs, [results[s] for s in built.fwd_streams])

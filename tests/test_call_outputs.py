@@ -12,6 +12,7 @@ import pytest
 
 import popxl_core as popxl
 from popxl_core import ops
+from popxl_core.sim import CompileOptions
 
 RNG = np.random.default_rng(3)
 X = RNG.standard_normal((8, 16)).astype(np.float32)
@@ -41,7 +42,7 @@ def _layer_and_grads(read_dx_at: tuple[bool, ...]):
 
 def _run(read_dx_at, reference: bool):
     ir, streams = _layer_and_grads(read_dx_at)
-    session = popxl.Session(ir, "ipu_hw", _reference=reference)
+    session = popxl.Session(ir, "ipu_hw", compile_options=CompileOptions(interpret=reference))
     with session:
         out = session.run()
     return session, [out[s] for s in streams]

@@ -1,44 +1,68 @@
 """popxl_core.compat: PopXL / popxl.addons import paths resolve to this project.
 
-Scripts run in a subprocess (``python -m popxl_core.compat SCRIPT ARGS``) so the aliases never
-leak into this test process.
+Scripts run as ``python -m popxl_core.compat SCRIPT ARGS`` would, but in this process
+(`compat.main`): ImportWarnings are errors (as ``-W error::ImportWarning``), and afterwards the
+hook and every alias are removed (`compat.uninstall`, itself tested below), as are the modules
+the script imported from its own folder, and sys.argv and sys.path are restored, so nothing
+leaks into the other tests.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
+import contextlib
+import io
 import sys
 import textwrap
+import traceback
+import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from popxl_core import compat
 
 
-def _run(tmp_path: Path, source: str, *args: str, check: bool = True, files=None):
+@dataclass
+class Ran:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def _main(argv: list[str], cwd: Path) -> Ran:
+    """``python -m popxl_core.compat ARGV`` in this process: exit code, stdout, stderr."""
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    before = set(sys.modules)
+    with pytest.MonkeyPatch.context() as patch, warnings.catch_warnings():
+        warnings.simplefilter("error", ImportWarning)
+        patch.setattr(sys, "argv", list(sys.argv))  # compat.main sets the script's argv
+        patch.setattr(sys, "path", list(sys.path))  # and puts the script's folder first
+        patch.chdir(cwd)
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                compat.main(argv)
+        except SystemExit as stop:  # as the interpreter turns it into an exit code
+            code = stop.code if isinstance(stop.code, int) else 0 if stop.code is None else 1
+            if isinstance(stop.code, str):
+                err.write(stop.code + "\n")
+        except Exception:  # an uncaught error: a traceback and exit code 1
+            code = 1
+            err.write(traceback.format_exc())
+        finally:
+            compat.uninstall()
+            for name in set(sys.modules) - before:  # the script's own modules (helper.py)
+                if str(cwd) in str(getattr(sys.modules[name], "__file__", None) or ""):
+                    del sys.modules[name]
+    return Ran(code, out.getvalue(), err.getvalue())
+
+
+def _run(tmp_path: Path, source: str, *args: str, check: bool = True, files=None) -> Ran:
     script = tmp_path / "script.py"
     script.write_text(textwrap.dedent(source))
     for name, text in (files or {}).items():
         (tmp_path / name).write_text(textwrap.dedent(text))
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-W",
-            "error::ImportWarning",
-            "-m",
-            "popxl_core.compat",
-            str(script),
-            *args,
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = _main([str(script), *args], tmp_path)
     if check:
         assert proc.returncode == 0, proc.stderr
     return proc
@@ -153,15 +177,8 @@ def test_script_errors_and_exit_codes_propagate(tmp_path):
     assert "popxl.no_such_module" in proc.stderr
 
 
-def test_usage_without_a_script():
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "popxl_core.compat"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+def test_usage_without_a_script(tmp_path):
+    proc = _main([], tmp_path)
     assert proc.returncode != 0 and "usage" in proc.stderr
 
 

@@ -24,7 +24,7 @@ import popxl_fx
 from addons.optimizers.adam import AdamOptimizerStep
 from popxl_core import ops
 from popxl_core.compat_skips import skip_reason
-from popxl_core.sim.reference import interpreted
+from popxl_core.sim import CompileOptions
 from popxl_fx.module import Module
 
 RNG = np.random.default_rng(7)
@@ -33,7 +33,7 @@ W1 = RNG.standard_normal((8, 16)).astype(np.float32)
 W2 = RNG.standard_normal((16, 8)).astype(np.float32)
 
 
-def _two_matmuls(x: np.ndarray, numerics: str | None = None) -> np.ndarray:
+def _two_matmuls(x: np.ndarray, numerics: str | None = None, interpret: bool = False) -> np.ndarray:
     """``(x @ W1) @ W2`` as a hand-written PopXL program (a layer and its input gradient's
     shape of product); ``numerics`` None leaves the Ir's default."""
     ir = popxl.Ir()
@@ -44,7 +44,8 @@ def _two_matmuls(x: np.ndarray, numerics: str | None = None) -> np.ndarray:
         h = ops.host_load(stream, "x") @ popxl.variable(W1, name="w1")
         out = popxl.d2h_stream((x.shape[0], 8), popxl.float32, "out")
         ops.host_store(out, h @ popxl.variable(W2, name="w2"))
-    with popxl.Session(ir, "ipu_hw") as session:
+    options = CompileOptions(interpret=interpret)
+    with popxl.Session(ir, "ipu_hw", compile_options=options) as session:
         return session.run({stream: x})[out]
 
 
@@ -76,10 +77,10 @@ def test_default_numerics_rows_do_not_depend_on_batch_size():
 
 
 def test_reference_interpreter_uses_the_irs_numerics():
-    with interpreted():
-        np.testing.assert_array_equal(_two_matmuls(X), _padded_rows(X))
-        tx, w1, w2 = (torch.from_numpy(a) for a in (X, W1, W2))
-        np.testing.assert_array_equal(_two_matmuls(X, "torch"), ((tx @ w1) @ w2).numpy())
+    np.testing.assert_array_equal(_two_matmuls(X, interpret=True), _padded_rows(X))
+    tx, w1, w2 = (torch.from_numpy(a) for a in (X, W1, W2))
+    want = ((tx @ w1) @ w2).numpy()
+    np.testing.assert_array_equal(_two_matmuls(X, "torch", interpret=True), want)
 
 
 def test_torch_numerics_are_eager_torch_bit_for_bit():

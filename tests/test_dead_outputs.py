@@ -1,4 +1,4 @@
-"""Kernels that skip outputs nothing reads (``OpDef.extra["dead_output_kernels"]``).
+"""Kernels that skip outputs nothing reads (``OpDef.dead_output_kernels``).
 
 A linear layer's gradient op computes ``dx``, ``dw`` and ``db``; for a first layer nothing reads
 ``dx`` (eager autograd does not compute it either), and the compiler runs the op table's kernel
@@ -15,6 +15,7 @@ import popxl_core as popxl
 from popxl_core import ops
 from popxl_core.ops.linear import LINEAR_GRAD
 from popxl_core.ops.registry import create_op
+from popxl_core.sim import CompileOptions
 
 
 def _program(read_dx: bool, dtype=np.float32):
@@ -37,7 +38,7 @@ def _program(read_dx: bool, dtype=np.float32):
 
 def _run(read_dx: bool, reference: bool, dtype=np.float32):
     ir, streams = _program(read_dx, dtype)
-    session = popxl.Session(ir, "ipu_hw", _reference=reference)
+    session = popxl.Session(ir, "ipu_hw", compile_options=CompileOptions(interpret=reference))
     with session:
         out = session.run({})
     return [np.array(out[s]) for s in streams], session._program
@@ -93,7 +94,7 @@ def _called(calls: int, runs: int, reference: bool, repeat: bool = False):
             s = popxl.d2h_stream(t.shape, t.dtype, f"out{i}")
             ops.host_store(s, t)
             streams.append(s)
-    session = popxl.Session(ir, "ipu_hw", _reference=reference)
+    session = popxl.Session(ir, "ipu_hw", compile_options=CompileOptions(interpret=reference))
     outs = []
     with session:
         for run in range(runs):

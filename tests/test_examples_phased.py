@@ -3,9 +3,8 @@ loss and the example prints both programs' on-chip memory from their Session rep
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
+import runpy
 import sys
 from pathlib import Path
 
@@ -24,30 +23,15 @@ def fashion_mnist():
         pytest.skip(f"no Fashion-MNIST source on this machine: {err}")
 
 
-def test_phased_mlp_matches_unphased_and_reports_memory():
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
-    }
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "examples" / "phased_mlp.py"),
-            "--steps",
-            "4",
-            "--hidden-layers",
-            "3",
-            "--width",
-            "64",
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    out = proc.stdout
+def test_phased_mlp_matches_unphased_and_reports_memory(capsys):
+    script = ROOT / "examples" / "phased_mlp.py"
+    args = ["--steps", "4", "--hidden-layers", "3", "--width", "64"]
+    with pytest.MonkeyPatch.context() as patch:  # as `python SCRIPT ARGS`, in this process
+        patch.setattr(sys, "argv", [str(script), *args])
+        patch.chdir(ROOT)
+        patch.syspath_prepend(str(ROOT / "examples"))  # the script's folder, as python does
+        runpy.run_path(str(script), run_name="__main__")
+    out = capsys.readouterr().out
     assert len(re.findall(r"^step +\d+ +loss phased", out, re.M)) == 4
     worst = float(re.search(r"worst loss difference: ([0-9.e+-]+)", out).group(1))
     assert worst < 1e-5, out  # losses ~2.3: float32 round-off of the re-ordered mean

@@ -15,9 +15,9 @@ import pytest
 import popxl_core as popxl
 from popxl_core import ops
 from popxl_core.ops import var_updates
-from popxl_core.sim.compile import _live_ops
+from popxl_core.sim import CompileOptions
 from popxl_core.sim.foreach import foreach_schedule, group_key
-from popxl_core.sim.reference import compiler_options
+from popxl_core.sim.passes import live_ops
 
 SHAPES = [(4, 5), (7,), (3, 2, 2)]
 
@@ -52,8 +52,8 @@ def _program(update):
 
 def _run(update, reference: bool, **options: bool):
     ir, feeds = _program(update)
-    with compiler_options(**options):
-        session = popxl.Session(ir, "ipu_hw", _reference=reference)
+    compiler = CompileOptions(interpret=reference, **options)
+    session = popxl.Session(ir, "ipu_hw", compile_options=compiler)
     variables = list(ir.main_graph.variables)
     with session:
         res = session.run(feeds)
@@ -154,7 +154,7 @@ def test_lerp_addcmul_addcdiv_group_with_their_scalar():
     program = _check(_torch_adam, 2, foreach_fresh=False)
     assert program.stats["foreach_ops"] == 6, program.stats
     ir, _ = _program(_pointwise_scalars)
-    _, groups = foreach_schedule(_live_ops(ir.main_graph, ir.main_graph._outputs))
+    _, groups = foreach_schedule(live_ops(ir.main_graph, ir.main_graph._outputs))
     sizes = {g.ops[0].type: len(g.ops) for g in groups}
     # addcmul_ by the stream (two tensors) and by 0.25 (one tensor) are two kernels
     assert sizes == {"LerpInplace": 3, "AddcdivInplace": 3, "AddcmulInplace": 2, "Mul": 3}, sizes
@@ -193,7 +193,7 @@ def test_an_op_reading_another_ops_target_is_not_grouped_with_it():
 
     _check(chained, 1, foreach_fresh=True)
     ir, _ = _program(chained)
-    _, groups = foreach_schedule(_live_ops(ir.main_graph, ir.main_graph._outputs))
+    _, groups = foreach_schedule(live_ops(ir.main_graph, ir.main_graph._outputs))
     updates = [g for g in groups if g.ops[0].type == "ScaledAddLhsInplace"]
     assert [len(g.ops) for g in updates] == [2]  # w0 and w1 together; m0 after them
     assert updates[0].ops[0].inputs[0].id.startswith("w0")

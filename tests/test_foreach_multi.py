@@ -1,5 +1,6 @@
 """Ops with a multi-tensor kernel of their own (FusedSGD/FusedAdam/FusedAdamW) grouped by the
-compiler (popxl_core/sim/foreach_multi.py), against the reference interpreter.
+compiler (popxl_core/sim/foreach.py, `forms.multi_tensor_foreach`), against the reference
+interpreter.
 
 The compiled program runs a group as one ``torch._fused_*_`` call over lists; the
 interpreter runs each op alone. torch's fused CPU kernels work tensor by tensor, so the
@@ -16,6 +17,7 @@ import pytest
 import popxl_core as popxl
 from popxl_core import ops
 from popxl_core.ops import var_updates
+from popxl_core.sim import CompileOptions
 
 SHAPES = [(4, 5), (7,), (3, 11), (33,)]  # vectorised parts and scalar tails
 
@@ -66,7 +68,7 @@ def _adam_program(dtype=np.float32, split_hyper=False):
 
 def _run(build, reference: bool):
     ir, feeds = build()  # a Session owns its Ir: one Ir per run
-    session = popxl.Session(ir, "cpu", _reference=reference)
+    session = popxl.Session(ir, "cpu", compile_options=CompileOptions(interpret=reference))
     variables = list(ir.main_graph.variables)
     with session:
         session.run(feeds)

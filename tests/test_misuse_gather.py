@@ -12,6 +12,7 @@ import pytest
 import popxl_core as popxl
 from popxl_core import ops
 from popxl_core.ops.gather import GatherIndexWarning
+from popxl_core.sim import CompileOptions
 
 
 def _gather_session(reference: bool, zero_oor: bool = False):
@@ -21,7 +22,11 @@ def _gather_session(reference: bool, zero_oor: bool = False):
         idx = popxl.h2d_stream((3,), popxl.int32, "idx")
         out = popxl.d2h_stream((3, 3), popxl.float32, "rows")
         ops.host_store(out, ops.gather(table, ops.host_load(idx), zero_OOR=zero_oor))
-    return popxl.Session(ir, "ipu_hw", _reference=reference), idx, out
+    return (
+        popxl.Session(ir, "ipu_hw", compile_options=CompileOptions(interpret=reference)),
+        idx,
+        out,
+    )
 
 
 @pytest.mark.parametrize("reference", [False, True], ids=["compiled", "reference"])

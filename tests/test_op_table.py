@@ -28,7 +28,7 @@ def test_op_against_torch(opdef, sample):
 @pytest.mark.parametrize("name", sorted(all_opdefs()))
 def test_every_op_has_samples(name):
     opdef = all_opdefs()[name]
-    tested_by = opdef.extra.get("tested_by")
+    tested_by = opdef.tested_by
     if tested_by:
         path, func = tested_by.split("::")
         assert f"def {func}(" in (_ROOT / path).read_text(), f"{name}: {tested_by} does not exist"

@@ -10,9 +10,9 @@ gradient without its unread input gradient (``dead_output_kernels``), the weight
 written into buffers kept between steps (``buffered_kernel``) and, for a small CNN, a
 convolution's data and weight gradients in one call (conv_pairs.py); the test checks that the
 fusions ran. ``fused=True`` optimizers run torch's fused kernels: compiled, one call over a
-param group's parameters (foreach_multi.py); interpreted, one call per parameter. (popxl_fx lowers
-nn.Linear to eager's own addmm/mm ops, so the transposed-matmul fusion of fuse.py does not
-arise here; tests/test_fuse.py bounds it against ``(a @ b).T``.)
+param group's parameters (foreach.py, `forms.multi_tensor_foreach`); interpreted, one call per
+parameter. (popxl_fx lowers nn.Linear to eager's own addmm/mm ops, so the transposed-matmul
+fusion of fuse.py does not arise here; tests/test_fuse.py bounds it against ``(a @ b).T``.)
 
 With the transposed matmuls off, losses, weights and optimizer state after three steps must be
 equal to the bit: ``out=`` reuse and the foreach kernels compute every element with the same
@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 import popxl_fx
-from popxl_core.sim.reference import compiler_options, interpreted
+from popxl_core.sim import CompileOptions
 
 OPTIMIZERS = {
     "sgd": lambda ps: torch.optim.SGD(ps, lr=0.05),
@@ -69,9 +69,11 @@ def _train(opt_name: str, reference: bool, make=None, x_shape=(6, 4, 5), **optio
         (torch.randn(*x_shape, generator=g), torch.randint(0, 5, (6,), generator=g))
         for _ in range(3)
     ]
-    with interpreted() if reference else compiler_options(**options):
-        trainer = popxl_fx.training_model(model, opt, nn.CrossEntropyLoss())
-        losses = [trainer(x, y).clone() for x, y in batches]
+    compiler = CompileOptions(interpret=reference, **options)
+    trainer = popxl_fx.training_model(
+        model, opt, nn.CrossEntropyLoss(), options=popxl_fx.Options(compiler=compiler)
+    )
+    losses = [trainer(x, y).clone() for x, y in batches]
     state = {k: v.clone() for k, v in model.state_dict().items()}
     opt_state = {
         f"{i}.{k}": v.clone()

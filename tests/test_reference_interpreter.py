@@ -18,6 +18,7 @@ import addons  # noqa: F401 - registers the addons ops (ReplicatedAllReduceTP) i
 import popxl_core as popxl
 from popxl_core import ops
 from popxl_core.ops.registry import all_opdefs
+from popxl_core.sim import CompileOptions
 
 from .op_harness import build_sample
 
@@ -66,7 +67,9 @@ EXTRA: Dict[str, Callable] = {
 def _run(ir, feeds, reference: bool) -> Dict[str, np.ndarray]:
     """Every streamed output and every variable's value after one run, by name."""
     # the compiled side as users run it (spec checks would wrap every kernel)
-    session = popxl.Session(ir, "ipu_hw", _reference=reference, _check_specs=reference)
+    session = popxl.Session(
+        ir, "ipu_hw", compile_options=CompileOptions(interpret=reference, check_specs=reference)
+    )
     variables = list(ir.main_graph.variables)
     with session:
         results = session.run(feeds)
@@ -120,6 +123,6 @@ def test_every_op_has_a_reference_case(name):
 def test_reference_does_not_compile():
     """The interpreter really is another path: no generated graph code, no fused kernels."""
     ir, feeds = _host_io_ir()
-    session = popxl.Session(ir, "ipu_hw", _reference=True)
+    session = popxl.Session(ir, "ipu_hw", compile_options=CompileOptions(interpret=True))
     assert type(session._program).__name__ == "ReferenceProgram"
     assert not hasattr(session._program, "namespace")

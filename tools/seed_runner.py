@@ -7,6 +7,7 @@ another in one namespace with ``popxl``/``popxl_addons`` resolved to this projec
 bars and the numbers training produces aside).
 
     python tools/seed_runner.py ../shared/seeds/001_*.txt [--max-batches N] [--data-dir D]
+    python tools/seed_runner.py 001 000 003 --max-batches 12   # several, one after another
     python tools/seed_runner.py ../shared/seeds/001_*.txt --extract /tmp/seed001.py
     python -m popxl_core.compat /tmp/seed001.py     # the same code as one plain script
 
@@ -190,7 +191,10 @@ def cap_data_loaders(max_batches: int) -> None:
 
     import torch.utils.data as tud
 
+    if getattr(tud.DataLoader, "_seed_runner_cap", None) == max_batches:
+        return  # already capped (several seeds in one process)
     orig_iter, orig_len = tud.DataLoader.__iter__, tud.DataLoader.__len__
+    tud.DataLoader._seed_runner_cap = max_batches
     tud.DataLoader.__iter__ = lambda self: itertools.islice(orig_iter(self), max_batches)
     tud.DataLoader.__len__ = lambda self: min(orig_len(self), max_batches)
 
@@ -329,7 +333,12 @@ def main() -> int:
     )
 
     ap = make_parser(__doc__.splitlines()[0])
-    ap.add_argument("seed", help="a seed file, or its number (e.g. 001) in --seeds-dir")
+    ap.add_argument(
+        "seed",
+        nargs="+",
+        help="a seed file, or its number (e.g. 001) in --seeds-dir; several run one after "
+        "another in this process, each in a namespace of its own",
+    )
     ap.add_argument(
         "--seeds-dir",
         type=Path,
@@ -366,17 +375,29 @@ def main() -> int:
         "`python -m popxl_core.compat SCRIPT`), and stage the data",
     )
     args = ap.parse_args()
-    args.seed = resolve_seed(ap, args.seed, args.seeds_dir)
+    seeds = [resolve_seed(ap, text, args.seeds_dir) for text in args.seed]
+    if args.extract is not None and len(seeds) > 1:
+        ap.error("--extract writes one seed's script: give one seed")
     stage_data(args.data_dir)
     if args.extract is not None:
-        args.extract.write_text(extract(args.seed))
+        args.extract.write_text(extract(seeds[0]))
         print(f"seed_runner: wrote {args.extract}", file=sys.stderr)
         return 0
-    if args.torch_seed is not None:
+    if args.torch_seed is not None:  # the DataLoaders shuffle with torch's generator
         import torch
 
         torch.manual_seed(args.torch_seed)
-    res, missing = check(args.seed, args.max_batches)
+    missing = [_check_and_log(seed, args.max_batches, len(seeds) > 1) for seed in seeds]
+    return 1 if any(missing) else 0
+
+
+def _check_and_log(seed: Path, max_batches: int, several: bool) -> int:
+    """Run one seed, log what was skipped or missing to stderr; the count of missing lines.
+    With several seeds, a line on stdout and on stderr names the seed its output follows."""
+    if several:
+        print(f"seed_runner: seed {seed.name}", flush=True)
+        print(f"seed_runner: seed {seed.name}", file=sys.stderr)
+    res, missing = check(seed, max_batches)
     log = sys.stderr
     for skip in res.skipped:
         print(f"seed_runner: skipped block at {skip}", file=log)
@@ -388,7 +409,7 @@ def main() -> int:
         f"{res.seconds:.1f} s",
         file=log,
     )
-    return 1 if missing else 0
+    return len(missing)
 
 
 if __name__ == "__main__":

@@ -96,7 +96,7 @@ TP_ALL_REDUCE = register(
         grad=_grad,
         cost=lambda ins, outs, attrs: _cost(ins, attrs),
         samples=_samples,
-        extra={"collective": True},
+        collective=True,
     )
 )
 

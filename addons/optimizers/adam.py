@@ -40,6 +40,20 @@ def _is_one(v: Value) -> bool:
     return not isinstance(v, Tensor) and float(v) == 1.0
 
 
+def _zero_state(
+    module: Module, var_shape, replica_grouping, name: str, dt: dtype, shape=None
+) -> Tensor:
+    """A zero-initialised state input of ``module`` by reference (the var's shape unless
+    ``shape``)."""
+    return module.add_variable_input(
+        name,
+        partial(np.zeros, var_shape if shape is None else shape),
+        dt,
+        by_ref=True,
+        replica_grouping=replica_grouping,
+    )
+
+
 class AdamOptimizerStep(Module):
     """AdamW on ``var`` in place (decoupled weight decay, optional bias correction).
 
@@ -75,31 +89,12 @@ class AdamOptimizerStep(Module):
         if global_norm is not None or not _is_one(loss_scaling):
             scale = _grad_scale(loss_scaling, global_norm, global_norm_max)
             grad = grad * (ops.cast(scale, grad.dtype) if isinstance(scale, Tensor) else scale)
-        first_order = self.add_variable_input(
-            "first_order",
-            partial(np.zeros, var.shape),
-            first_order_dtype,
-            by_ref=True,
-            replica_grouping=replica_grouping,
-        )
+        state = partial(_zero_state, self, var.shape, replica_grouping)
+        first_order = state("first_order", first_order_dtype)
         ops.var_updates.accumulate_moving_average_(first_order, grad, f=beta1)
-        second_order = self.add_variable_input(
-            "second_order",
-            partial(np.zeros, var.shape),
-            float32,
-            by_ref=True,
-            replica_grouping=replica_grouping,
-        )
+        second_order = state("second_order", float32)
         ops.var_updates.accumulate_moving_average_square_(second_order, grad, f=beta2)
-        step = None
-        if bias_correction:
-            step = self.add_variable_input(
-                "step",
-                partial(np.zeros, ()),
-                float32,
-                by_ref=True,
-                replica_grouping=replica_grouping,
-            )
+        step = state("step", float32, ()) if bias_correction else None
         update = ops.var_updates.adam_updater(
             first_order,
             second_order,

@@ -106,6 +106,19 @@ def batch_serialise(
         with no handle (and not the seed) stay inputs, in order; unstored outputs are dropped.
     """
     g = graph.graph
+    loads, stores = _checked_handles(
+        g, steps, rows, io_mode, load_handles, store_streams, store_buffers, seed_input
+    )
+    plan = _loop_plan(g, steps, loads, store_streams, stores, seed_input, io_mode)
+    new_graph, remap = build_serial_graph(plan)
+    args = graph.args.remap(remap)
+    return BatchSerialResult(GraphWithNamedArgs(new_graph, args), dict(stores), remap)
+
+
+def _checked_handles(
+    g, steps, rows, io_mode, load_handles, store_streams, store_buffers, seed_input
+) -> tuple:
+    """`batch_serialise`'s arguments checked; the load and store handles normalised."""
     _check_positive("steps", steps)
     _check_positive("rows", rows)
     _check_io_mode(io_mode, steps)
@@ -116,7 +129,11 @@ def batch_serialise(
         _check_stream(t, s, DeviceToHostStream, "store_streams")
     if seed_input is not None:
         _check_seed(g, seed_input, loads)
-    plan = LoopPlan(
+    return loads, stores
+
+
+def _loop_plan(g, steps, loads, store_streams, stores, seed_input, io_mode) -> LoopPlan:
+    return LoopPlan(
         graph=g,
         steps=steps,
         loads=loads,
@@ -126,9 +143,6 @@ def batch_serialise(
         io=io_mode != "compute",
         overlapped=io_mode == "io_overlapped",
     )
-    new_graph, remap = build_serial_graph(plan)
-    args = graph.args.remap(remap)
-    return BatchSerialResult(GraphWithNamedArgs(new_graph, args), dict(stores), remap)
 
 
 # validation -------------------------------------------------------------------------------
@@ -265,19 +279,39 @@ def batch_serialise_fwd_and_grad(
     fwd, bwd = forward_graph.graph, gradient_graph.graph
     info = gradient_graph.grad_graph_info
     _check_grad_of(info, fwd, bwd)
-    f_loads = {t: h for t, h in load_handles.items() if t.graph is fwd}
-    b_loads = {t: h for t, h in load_handles.items() if t.graph is bwd}
+    f_loads, b_loads = _split(load_handles, fwd, bwd, "load_handles")
     # a new buffer asked for by a ReplicaGrouping is made once, for both graphs
-    f_stores = {
-        t: _as_handle(t, h, "store_buffers", steps, rows) if _is_grouping(h) else h
-        for t, h in store_buffers.items()
-        if t.graph is fwd
-    }
-    b_stores = {t: h for t, h in store_buffers.items() if t.graph is bwd}
-    _check_split(load_handles, f_loads, b_loads, fwd, bwd, "load_handles")
-    _check_split(store_buffers, f_stores, b_stores, fwd, bwd, "store_buffers")
+    f_stores, b_stores = _split(store_buffers, fwd, bwd, "store_buffers")
+    f_stores = {t: _new_buffer_if_grouping(t, h, steps, rows) for t, h in f_stores.items()}
     named = {t: k for k, t in named_inputs_for_grad_graph.to_dict().items()}
-    b_named: Dict[str, Tensor] = {}  # backward inputs that become named args
+    b_named = _route_forward_values(info, bwd, f_loads, f_stores, b_loads, named, steps, rows)
+    f_streams = {t: s for t, s in store_streams.items() if t.graph is fwd}
+    b_streams = {t: s for t, s in store_streams.items() if t.graph is bwd}
+    f_res = batch_serialise(
+        forward_graph, steps, f_loads, f_streams, f_stores, seed_input, rows, io_mode
+    )
+    b_args = NamedTensors.from_dict({**gradient_graph.args.to_dict(), **b_named})
+    b_graph = GraphWithNamedArgs(bwd, b_args, info)
+    b_res = batch_serialise(b_graph, steps, b_loads, b_streams, b_stores, None, rows, io_mode)
+    return f_res, b_res
+
+
+def _split(handles: Mapping, fwd, bwd, what: str) -> Tuple[dict, dict]:
+    """``handles`` split into the forward graph's and the backward graph's (every key in
+    one of them, checked)."""
+    f = {t: h for t, h in handles.items() if t.graph is fwd}
+    b = {t: h for t, h in handles.items() if t.graph is bwd}
+    _check_split(handles, f, b, fwd, bwd, what)
+    return f, b
+
+
+def _route_forward_values(
+    info, bwd, f_loads, f_stores, b_loads, named, steps: int, rows: int
+) -> Dict[str, Tensor]:
+    """Give each forward value the backward needs a way in (see `batch_serialise_fwd_and_grad`):
+    fills ``b_loads`` (and ``f_stores`` with new buffers); returns the backward inputs that
+    become named args, by key."""
+    b_named: Dict[str, Tensor] = {}
     for i, c in enumerate(info.expected_inputs):
         if c.connection_type.name != "Fwd":
             continue
@@ -292,19 +326,14 @@ def batch_serialise_fwd_and_grad(
             handle = RemoteHandle(batch_serial_buffer(t, steps, rows), 0)
             f_stores[t] = handle
             b_loads[b_in] = handle
-    f_streams = {t: s for t, s in store_streams.items() if t.graph is fwd}
-    b_streams = {t: s for t, s in store_streams.items() if t.graph is bwd}
-    f_res = batch_serialise(
-        forward_graph, steps, f_loads, f_streams, f_stores, seed_input, rows, io_mode
-    )
-    b_args = NamedTensors.from_dict({**gradient_graph.args.to_dict(), **b_named})
-    b_graph = GraphWithNamedArgs(bwd, b_args, info)
-    b_res = batch_serialise(b_graph, steps, b_loads, b_streams, b_stores, None, rows, io_mode)
-    return f_res, b_res
+    return b_named
 
 
-def _is_grouping(h) -> bool:
-    return isinstance(h, popxl_core.ReplicaGrouping)
+def _new_buffer_if_grouping(t: Tensor, h, steps: int, rows: int):
+    """A store handle given as a ReplicaGrouping becomes a new buffer sharded over it."""
+    if isinstance(h, popxl_core.ReplicaGrouping):
+        return _as_handle(t, h, "store_buffers", steps, rows)
+    return h
 
 
 def _check_grad_of(info, fwd, bwd) -> None:

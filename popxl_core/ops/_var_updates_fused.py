@@ -6,7 +6,7 @@ Their CPU kernels fuse the whole update per element (with FMAs) and compute the 
 double precision from ``lr`` and the betas (Adam's ``lr / (1 - beta1**step)``, AdamW's
 ``1 - lr * weight_decay``), so no composition of single-tensor ops gives the same bits. These
 ops call the same kernels: one op per parameter in the IR, and one kernel call per group of
-them when the compiler runs the group as one (``extra["multi_tensor"]``, see sim/foreach.py);
+them when the compiler runs the group as one (``OpDef.foreach``, see sim/foreach.py);
 the kernels work tensor by tensor, so the grouped call gives the bits of the single ones.
 
 Hyper-parameters (``lr``, ``weight_decay``, ...) are Python floats (attributes), scalar
@@ -31,6 +31,7 @@ from .. import dtypes
 from ..tensor import Tensor, TensorSpec
 from ._var_updates_common import check_float, check_scalar
 from ._var_updates_fused_samples import adam_samples, sgd_samples
+from .forms import multi_tensor_foreach
 from .registry import Cost, OpDef, create_op, register
 
 __all__ = ["fused_adam_", "fused_sgd_", "SGD_HYPER", "ADAM_HYPER"]
@@ -177,7 +178,7 @@ def _op(name: str, hyper, multi, flops: int, samples) -> OpDef:
             samples=samples,
             out_name=f"{name.lower()}_out",
             fp16_in_fp32=False,
-            extra={"multi_tensor": multi, "shared_inputs": (*hyper, "hyper")},
+            foreach=multi_tensor_foreach(multi, (*hyper, "hyper")),
         )
     )
 

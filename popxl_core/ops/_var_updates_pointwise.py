@@ -19,6 +19,7 @@ import torch
 from ..tensor import Tensor
 from ._utils import broadcast_shapes, rand
 from ._var_updates_common import check_float, check_scalar
+from .forms import Foreach, columns, shared_identity
 from .registry import Cost, OpDef, Sample, create_op, elementwise_cost, register
 
 __all__ = ["addcdiv_", "addcmul_", "lerp_"]
@@ -108,7 +109,34 @@ def _samples(build, ref, n_operands: int, seed: int):
     ]
 
 
-def _op(name, kernel, n_operands, flops, build, ref, seed):
+def _foreach(n: int, multi) -> Foreach:
+    """The multi-tensor form (sim/foreach.py): ops of one kind sharing their scalar (the same
+    scalar tensor, or an equal float attribute) run as one ``torch._foreach_lerp_`` /
+    ``_foreach_addcmul_`` / ``_foreach_addcdiv_``, as ``torch.optim.Adam(foreach=True)`` does.
+    Same bits: the scalar reaches the foreach kernel as the same Python float (the ``Scalar``
+    overloads), and on CPU those loop over the lists calling the single-tensor ATen ops."""
+
+    def key(op) -> tuple | None:
+        target, operands, extra = op.inputs[0], op.inputs[1 : 1 + n], op.inputs[1 + n :]
+        if any(tuple(x.shape) != tuple(target.shape) for x in operands):
+            return None  # an operand broadcasts: the foreach kernels want one per target
+        return (op.attrs.get("scalar"), *map(shared_identity, extra))
+
+    def kernel(ops, key, mode):
+        scalar, width = ops[0].attrs.get("scalar"), len(ops[0].inputs)
+
+        def run(*flat):
+            cols = columns(flat, width)
+            value = _value(cols[1 + n][:1] if len(cols) > 1 + n else (), scalar)
+            multi(cols[0], *cols[1 : 1 + n], value)
+            return tuple(cols[0])
+
+        return run
+
+    return Foreach(key, kernel)
+
+
+def _op(name, kernel, multi, n_operands, flops, build, ref, seed):
     return register(
         OpDef(
             name,
@@ -119,6 +147,7 @@ def _op(name, kernel, n_operands, flops, build, ref, seed):
             samples=_samples(build, ref, n_operands, seed),
             out_name=f"{name.lower()}_out",
             fp16_in_fp32=False,
+            foreach=_foreach(n_operands, multi),
         )
     )
 
@@ -126,6 +155,7 @@ def _op(name, kernel, n_operands, flops, build, ref, seed):
 LERP = _op(
     "LerpInplace",
     _lerp_kernel,
+    torch._foreach_lerp_,
     1,
     3,
     lambda t, x, w: lerp_(t, x, w),
@@ -135,6 +165,7 @@ LERP = _op(
 ADDCMUL = _op(
     "AddcmulInplace",
     _addcmul_kernel,
+    torch._foreach_addcmul_,
     2,
     3,
     lambda t, x, y, v: addcmul_(t, x, y, v),
@@ -144,6 +175,7 @@ ADDCMUL = _op(
 ADDCDIV = _op(
     "AddcdivInplace",
     _addcdiv_kernel,
+    torch._foreach_addcdiv_,
     2,
     3,
     lambda t, x, y, v: addcdiv_(t, x, y, v),

@@ -199,37 +199,40 @@ def _activation(name: str, public: str, fwd: Callable, backward: Callable, flops
     def grad(ctx):
         return [create_op(grad_def, [ctx.grad_output(0), ctx.input(0)])[0]]
 
+    forward = _forward_defs(name, public, fwd, grad, flops, seed)
+    return (*forward, grad_def)
+
+
+def _forward_defs(name: str, public: str, fwd: Callable, grad: Callable, flops: int, seed: int):
+    """The activation's op and its in-place form, sharing ``grad``."""
+
     def inplace_kernel(x):
         return x.copy_(fwd(x))
 
     lo, hi = -3.0, 3.0
+    common = dict(grad=grad, cost=_flops(flops), pointwise=True)
     fwd_def = register(
         OpDef(
             name,
             float_spec,
             fwd,
-            grad=grad,
-            cost=_flops(flops),
-            pointwise=True,
             samples=unary_samples(lambda x: globals()[public](x), fwd, lo, hi, seed + 2),
+            **common,
         )
     )
+    samples = unary_samples(lambda x: globals()[public + "_"](x * 1.0), fwd, lo, hi, seed + 4)
     inplace_def = register(
         OpDef(
             f"{name}Inplace",
             float_spec,
             inplace_kernel,
-            grad=grad,
-            cost=_flops(flops),
-            pointwise=True,
             inplace=(0,),
             out_name=f"{name.lower()}_out",
-            samples=unary_samples(
-                lambda x: globals()[public + "_"](x * 1.0), fwd, lo, hi, seed + 4
-            ),
+            samples=samples,
+            **common,
         )
     )
-    return fwd_def, inplace_def, grad_def
+    return fwd_def, inplace_def
 
 
 GELU, GELU_INPLACE, GELU_GRAD = _activation(

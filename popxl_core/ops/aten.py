@@ -321,6 +321,6 @@ TORCH_RANDOM = register(
         samples=_random_samples,
         fp16_in_fp32=False,
         side_effect=True,
-        extra={"stops_gradient": True},
+        stops_gradient=True,
     )
 )

@@ -24,7 +24,7 @@ REMOTE_CODE_LOAD = register(
         lambda graph_id, destination: None,
         cost=no_cost,
         side_effect=True,
-        extra={"tested_by": "tests/test_conformance_core.py::test_remote_code_load"},
+        tested_by="tests/test_conformance_core.py::test_remote_code_load",
     )
 )
 

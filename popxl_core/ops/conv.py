@@ -15,10 +15,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .. import dtypes
 from ..tensor import Tensor
 from . import _spatial as sp
 from ._dtype_rules import check_float
 from ._utils import rand, same_dtype, spec
+from .forms import JointGrad
 from .registry import Cost, OpDef, Sample, create_op, register
 
 __all__ = ["PadType", "conv", "conv_transpose"]
@@ -336,6 +338,41 @@ def _bias_grad_samples():
     ]
 
 
+# ConvDataGrad and ConvWeightsGrad of one Conv in one ``convolution_backward`` call
+# (`OpDef.joint_grad`, sim/conv_pairs.py): eager PyTorch asks for both results at once, and
+# each is the same computation as the single one (separate GEMMs), so the same bits
+_JOINT_KEYS = ("stride", "pads", "dilation", "groups")
+
+
+def _joint_eligible(op) -> bool:
+    if not sp.is_symmetric(op.attrs["pads"]):
+        return False  # the kernels pre-pad x / crop dx themselves
+    return all(t.dtype is dtypes.float32 for t in (*op.inputs, *op.outputs))
+
+
+def _joint_matches(data, weight) -> bool:
+    if any(data.attrs[k] != weight.attrs[k] for k in _JOINT_KEYS):
+        return False
+    x, w = weight.inputs[1], data.inputs[1]
+    shapes = tuple(data.attrs["input_shape"]), tuple(weight.attrs["weight_shape"])
+    return shapes == (tuple(x.shape), tuple(w.shape))
+
+
+def _joint_kernel(data):
+    """``(dy, x, w) -> (dx, dw)`` in one ``convolution_backward`` call."""
+    a = {k: data.attrs[k] for k in _JOINT_KEYS}
+
+    def dx_dw(dy, x, w):
+        dx, dw, _ = _conv_backward(dy, x, w, mask=(True, True, False), **a)
+        return dx, dw
+
+    return dx_dw
+
+
+def _joint(role: str) -> JointGrad:
+    return JointGrad(role, _joint_eligible, _joint_matches, _joint_kernel)
+
+
 CONV = register(
     OpDef(
         "Conv",
@@ -355,6 +392,7 @@ CONV_DATA_GRAD = register(
         cost=_conv_cost("in"),
         samples=lambda: _conv_grad_samples("data"),
         out_name="conv_data_grad_out",
+        joint_grad=_joint("data"),
     )
 )
 CONV_BIAS_GRAD = register(
@@ -375,6 +413,7 @@ CONV_WEIGHTS_GRAD = register(
         cost=_conv_cost("in"),
         samples=lambda: _conv_grad_samples("weights"),
         out_name="conv_weights_grad_out",
+        joint_grad=_joint("weight"),
     )
 )
 

@@ -10,6 +10,7 @@ import torch
 from .. import dtypes
 from ..tensor import Constant, Tensor, constant
 from ._utils import as_tensor, broadcast_shapes, coerce_pair, rand, same_dtype, spec, unbroadcast
+from .forms import binary_direct, binary_foreach, unary_foreach
 from .registry import OpDef, Sample, create_op, register
 
 __all__ = [
@@ -62,7 +63,17 @@ def _add_inplace_kernel(a, b):
 
 
 ADD = register(
-    OpDef("Add", binary_infer, torch.add, grad=_add_grad, samples=_add_samples, out_name="add_out")
+    OpDef(
+        "Add",
+        binary_infer,
+        torch.add,
+        grad=_add_grad,
+        samples=_add_samples,
+        out_name="add_out",
+        foreach=binary_foreach(torch._foreach_add, torch._foreach_add_, commutative=True),
+        out_kernel=torch.add,
+        direct=binary_direct("torch.add"),
+    )
 )
 ADD_LHS_INPLACE = register(
     OpDef(
@@ -182,6 +193,12 @@ SUB = register(
         torch.sub,
         grad=_sub_grad,
         out_name="sub_out",
+        # a scalar right operand is not grouped (no SL / LS form)
+        foreach=binary_foreach(
+            torch._foreach_sub, torch._foreach_sub_, commutative=False, scalar_rhs=False
+        ),
+        out_kernel=torch.sub,
+        direct=binary_direct("torch.sub"),
         samples=lambda: (
             _binary_samples(lambda a, b: sub(a, b), torch.sub, seed=20)
             + [Sample([rand(3, 2, seed=26)], lambda a: 2 - a, lambda a: 2 - a, name="rsub_scalar")]
@@ -195,6 +212,9 @@ MUL = register(
         torch.mul,
         grad=_mul_grad,
         out_name="mul_out",
+        foreach=binary_foreach(torch._foreach_mul, torch._foreach_mul_, commutative=True),
+        out_kernel=torch.mul,
+        direct=binary_direct("torch.mul"),
         samples=lambda: (
             _binary_samples(lambda a, b: mul(a, b), torch.mul, seed=30)
             + [Sample([rand(3, 2, seed=36)], lambda a: a * 2, lambda a: a * 2, name="scalar")]
@@ -216,6 +236,9 @@ DIV = register(
         _div_kernel,
         grad=_div_grad,
         out_name="div_out",
+        # float32 only, where the kernel is torch.div
+        foreach=binary_foreach(torch._foreach_div, torch._foreach_div_, commutative=False),
+        out_kernel=torch.div,
         samples=lambda: _binary_samples(
             lambda a, b: div(a, b), torch.div, rlow=0.5, rhigh=2.0, seed=40
         ),
@@ -244,6 +267,7 @@ NEG = register(
         lambda ins: [ins[0]],
         torch.neg,
         out_name="neg_out",
+        foreach=unary_foreach(torch._foreach_neg, torch._foreach_neg_),
         grad=lambda ctx: [negate(ctx.grad_output(0))],
         samples=lambda: [
             Sample([rand(3, 4, seed=50)], lambda a: negate(a), torch.neg),

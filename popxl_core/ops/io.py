@@ -80,7 +80,8 @@ HOST_LOAD = register(
         out_name="hostload",
         side_effect=True,
         # the Init buffer it formally reads is overwritten whole, so it may be dropped
-        extra={"tested_by": "tests/test_session.py::test_host_load_store", "ignores_inputs": True},
+        tested_by="tests/test_session.py::test_host_load_store",
+        ignores_inputs=True,
     )
 )
 HOST_STORE = register(
@@ -90,7 +91,8 @@ HOST_STORE = register(
         emit=_emit_host_store,
         cost=_transfer_cost,
         side_effect=True,
-        extra={"tested_by": "tests/test_session.py::test_host_load_store"},
+        tested_by="tests/test_session.py::test_host_load_store",
+        reads_only=True,  # a copy to the host
     )
 )
 

@@ -58,7 +58,8 @@ def _grad_infer(ins, has_bias):
 
 
 def _grad_kernel(g, x, w, has_bias, skip_dx=False, dw_out=None):
-    """``dx``, ``dw`` (and ``db``). The compiler's variants (`OpDef.extra`): ``skip_dx`` when
+    """``dx``, ``dw`` (and ``db``). The compiler's variants (`OpDef.dead_output_kernels`,
+    `OpDef.buffered_kernel`): ``skip_dx`` when
     nothing reads ``dx`` (a first layer: eager skips that GEMM too), ``dw_out`` a buffer
     ``dw`` is written into (``mm(..., out=)`` is the same GEMM call: same bits)."""
     g2 = g.reshape(-1, g.shape[-1])
@@ -166,10 +167,8 @@ LINEAR_GRAD = register(
         cost=_grad_cost,
         samples=_grad_samples,
         out_name="linear_grad_out",
-        extra={
-            "dead_output_kernels": {frozenset({0}): functools.partial(_grad_kernel, skip_dx=True)},
-            "buffered_kernel": _buffered_grad_kernel,
-        },
+        dead_output_kernels={frozenset({0}): functools.partial(_grad_kernel, skip_dx=True)},
+        buffered_kernel=_buffered_grad_kernel,
     )
 )
 

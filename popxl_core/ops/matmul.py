@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
@@ -244,6 +246,40 @@ def _samples():
     ]
 
 
+def _plain(op) -> bool:
+    """The op's kernel is torch.matmul: "torch" numerics, or "ipu" numerics on shapes it
+    does not pad (`runs_unpadded`), without an output type or with float32 (those kernels
+    add a no-op ``.to(float32)``)."""
+    if op.attrs.get("output_type") not in (None, dtypes.float32):
+        return False
+    if op.graph.ir.numerics == "torch":
+        return True
+    return runs_unpadded(tuple(op.inputs[0].shape), tuple(op.inputs[1].shape))
+
+
+def _direct(op, ins, literal):
+    """``OpDef.direct`` (sim/direct.py): ``torch.matmul(a, b)`` where that is the kernel."""
+    return f"torch.matmul({ins[0]}, {ins[1]})" if _plain(op) else None
+
+
+def _transposed_kernel(op, numerics: str = "ipu"):
+    """``OpDef.transposed_kernel`` (sim/fuse.py): ``(a, b) -> (a @ b).T`` on matrices. Under
+    "torch" numerics ``b.T @ a.T``, the call eager PyTorch makes for a linear layer's weight
+    gradient (``grad_out.t().mm(input)``), a contiguous result; under "ipu" ``a @ b`` copied
+    transposed: the bits of the unfused pair, whose rows do not depend on the row count
+    (``b.T @ a.T`` would make them columns)."""
+    base = op.opdef.kernel_for(numerics)
+    kernel = functools.partial(base, **op.attrs) if op.attrs else base
+
+    def matmul_t(a, b):
+        return kernel(b.t(), a.t())
+
+    def matmul_then_t(a, b):
+        return kernel(a, b).t().contiguous()
+
+    return matmul_then_t if numerics == "ipu" else matmul_t
+
+
 MATMUL = register(
     OpDef(
         "MatMul",
@@ -254,6 +290,8 @@ MATMUL = register(
         samples=_samples,
         out_name="matmul_out",
         numerics_kernels={"torch": _torch_kernel},
+        direct=_direct,
+        transposed_kernel=_transposed_kernel,
     )
 )
 

@@ -17,6 +17,7 @@ from ..context import gcg, get_current_context
 from ..graph import Graph, Op
 from ..tensor import Tensor, TensorSpec
 from ._positional import position_invariant, runs_in_whole_blocks
+from .forms import Foreach, JointGrad
 
 __all__ = [
     "OpDef",
@@ -91,14 +92,33 @@ class OpDef:
         fp16_in_fp32: compute float16 inputs in float32 and round the outputs.
         numerics_kernels: kernels that replace ``kernel`` under an `Ir.numerics` setting
             (e.g. MatMul's ``{"torch": ...}``); ``kernel`` is the default (``"ipu"``).
-        extra: free-form facts the simulator reads, e.g. ``"dead_output_kernels"``:
-            ``{frozenset(indexes of outputs nothing reads): kernel}``, a float32 kernel that
-            skips those outputs (returns None in their place); the compiler uses it where
-            those outputs are dead, with the same bits for the others. ``"buffered_kernel"``:
-            ``(op, dead output indexes) -> kernel or None``, a float32 kernel that writes its
-            outputs into buffers it keeps; the compiler uses it only for an op that runs at
-            most once per `Session.run` (so every value it returns is dead before it runs
-            again: a run returns only copies).
+        side_effect: the op must run even when nothing reads its outputs.
+        stops_gradient: autodiff passes no gradient through the op (detach).
+        collective: the op exchanges data between replicas (the Session then runs the
+            replicas in threads).
+        ignores_inputs: the kernel reads none of its inputs' values (a host load fills its
+            input), so dead-code removal keeps no producer alive for it.
+        tested_by: the test that covers an op the table-driven op tests cannot run.
+        The simulator's compile-time rewrites read these (`popxl_core.ops.forms`):
+        foreach: the op's multi-tensor form (`forms.Foreach`, sim/foreach.py).
+        out_kernel: a torch function with the kernel's arithmetic taking ``out=`` (float32,
+            no attributes): the op may write its result into a dead input (sim/inplace.py).
+        direct: ``(op, input names, literal) -> source | None``: the torch call the generated
+            code makes instead of the kernel, the same bits (float32, one output; sim/direct.py).
+        transposed_kernel: ``(op, numerics) -> fn(a, b)`` computing the op's 2-D output
+            transposed, with the bits of the op then a transpose (sim/fuse.py).
+        matrix_transpose: ``op -> bool``: the op transposes a matrix (sim/fuse.py folds it
+            into a producer with a ``transposed_kernel``).
+        joint_grad: this gradient op and its partner in one call (`forms.JointGrad`).
+        reads_only: the op neither writes its inputs nor returns anything sharing their
+            storage (a host store copies): sim/inplace.py may reuse an input after it.
+        dead_output_kernels: ``{frozenset(indexes of outputs nothing reads): kernel}``, a
+            float32 kernel that skips those outputs (returns None in their place); the compiler
+            uses it where those outputs are dead, with the same bits for the others.
+        buffered_kernel: ``(op, dead output indexes) -> kernel or None``, a float32 kernel
+            that writes its outputs into buffers it keeps; the compiler uses it only for an op
+            that runs at most once per `Session.run` (so every value it returns is dead before
+            it runs again: a run returns only copies). Both: sim/variants.py.
         pointwise: the kernel computes each output element from the elements at the same
             index of its operands (operands of the output's shape, or broadcast), with
             arithmetic whose rounding torch's SIMD and scalar loops do differently (exp, tanh,
@@ -118,9 +138,21 @@ class OpDef:
     emit: Optional[Callable[..., Any]] = None
     fp16_in_fp32: bool = True
     side_effect: bool = False
-    extra: Dict[str, Any] = field(default_factory=dict)
     numerics_kernels: Dict[str, Callable[..., Any]] = field(default_factory=dict)
     pointwise: bool = False
+    stops_gradient: bool = False
+    collective: bool = False
+    ignores_inputs: bool = False
+    tested_by: str = ""
+    foreach: Optional[Foreach] = None
+    out_kernel: Optional[Callable[..., Any]] = None
+    direct: Optional[Callable[..., Optional[str]]] = None
+    transposed_kernel: Optional[Callable[..., Callable[..., Any]]] = None
+    matrix_transpose: Optional[Callable[[Op], bool]] = None
+    joint_grad: Optional[JointGrad] = None
+    reads_only: bool = False
+    dead_output_kernels: Dict[frozenset, Callable[..., Any]] = field(default_factory=dict)
+    buffered_kernel: Optional[Callable[..., Any]] = None
 
     def kernel_for(
         self, numerics: str, sizes: Optional[Sequence[int]] = None

@@ -13,6 +13,7 @@ import torch
 
 from ..tensor import Tensor
 from ._utils import as_tensor, broadcast_shapes, rand, spec, unbroadcast
+from .forms import Foreach, columns, shared_identity
 from .registry import Cost, OpDef, Sample, create_op, register
 
 __all__ = ["scaled_add", "scaled_add_"]
@@ -192,6 +193,37 @@ def _inplace_samples():
     ]
 
 
+# the multi-tensor form (sim/foreach.py): the arithmetic of `_kernel` / `_inplace_kernel` over
+# lists, for float32 X and Y of the output's shape and scalar scales shared by the group
+def _foreach_key(op) -> tuple | None:
+    x, y, *scales = op.inputs
+    out = tuple(op.outputs[0].shape)
+    if tuple(x.shape) != out or tuple(y.shape) != out or any(tuple(s.shape) != () for s in scales):
+        return None
+    return (op.attrs.get("a"), op.attrs.get("b"), *map(shared_identity, scales))
+
+
+def _foreach_kernel(inplace: bool):
+    def kernel(ops, key, mode):
+        a, b, n = ops[0].attrs.get("a"), ops[0].attrs.get("b"), len(ops[0].inputs)
+
+        def run(*flat):
+            xs, ys, *scales = columns(flat, n)
+            sa, sb = (_number(s) for s in _scales([c[0] for c in scales], a, b))
+            one = isinstance(sa, (int, float)) and sa == 1
+            if inplace:
+                if not one:
+                    torch._foreach_mul_(xs, sa)
+                torch._foreach_add_(xs, ys, alpha=sb)
+                return tuple(xs)
+            scaled = xs if one else torch._foreach_mul(xs, sa)
+            return tuple(torch._foreach_add(scaled, ys, alpha=sb))
+
+        return run
+
+    return kernel
+
+
 SCALED_ADD = register(
     OpDef(
         "ScaledAdd",
@@ -201,6 +233,7 @@ SCALED_ADD = register(
         cost=_cost,
         samples=_samples,
         out_name="scaledadd_out",
+        foreach=Foreach(_foreach_key, _foreach_kernel(inplace=False)),
     )
 )
 SCALED_ADD_LHS_INPLACE = register(
@@ -213,6 +246,7 @@ SCALED_ADD_LHS_INPLACE = register(
         inplace=(0,),
         samples=_inplace_samples,
         out_name="scaledadd_out",
+        foreach=Foreach(_foreach_key, _foreach_kernel(inplace=True)),
     )
 )
 

@@ -118,6 +118,13 @@ def _reshape_kernel(x, shape):
     return torch.reshape(x, shape)
 
 
+def _reshape_direct(op, ins, literal):
+    """``OpDef.direct`` (sim/direct.py): the kernel's torch call."""
+    if set(op.attrs) != {"shape"}:
+        return None
+    return f"torch.reshape({ins[0]}, {literal(tuple(op.attrs['shape']))})"
+
+
 RESHAPE = register(
     OpDef(
         "Reshape",
@@ -129,6 +136,7 @@ RESHAPE = register(
         samples=_reshape_samples,
         out_name="reshape_out",
         fp16_in_fp32=False,
+        direct=_reshape_direct,
     )
 )
 # In-place variants return the view itself and leave ``view`` False, so the compiler never
@@ -248,6 +256,18 @@ def _transpose_samples():
     ]
 
 
+def _transpose_direct(op, ins, literal):
+    """``OpDef.direct`` (sim/direct.py): the kernel's torch call."""
+    if set(op.attrs) != {"permutation"}:
+        return None
+    return f"{ins[0]}.permute({literal(tuple(op.attrs['permutation']))})"
+
+
+def _matrix_transpose(op) -> bool:
+    """``OpDef.matrix_transpose`` (sim/fuse.py): swaps the two axes of a matrix."""
+    return tuple(op.attrs.get("permutation", ())) == (1, 0)
+
+
 TRANSPOSE = register(
     OpDef(
         "Transpose",
@@ -259,6 +279,8 @@ TRANSPOSE = register(
         samples=_transpose_samples,
         out_name="transpose_out",
         fp16_in_fp32=False,
+        direct=_transpose_direct,
+        matrix_transpose=_matrix_transpose,
     )
 )
 TRANSPOSE_INPLACE = register(

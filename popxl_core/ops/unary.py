@@ -13,6 +13,7 @@ from .. import dtypes
 from ..tensor import Tensor, constant
 from ._dtype_rules import checked_float_to_int, floating
 from ._utils import rand, spec
+from .forms import unary_foreach
 from .registry import OpDef, Sample, create_op, register
 
 __all__ = [
@@ -158,6 +159,8 @@ SQRT = register(
         float_spec,
         torch.sqrt,
         grad=_sqrt_grad,
+        foreach=unary_foreach(torch._foreach_sqrt, torch._foreach_sqrt_, writes_input=True),
+        out_kernel=torch.sqrt,
         samples=unary_samples(lambda x: sqrt(x), torch.sqrt, 0.1, 4.0, seed=202),
     )
 )
@@ -480,7 +483,7 @@ DETACH = register(
         grad=no_grad,
         view=True,
         fp16_in_fp32=False,
-        extra={"stops_gradient": True},
+        stops_gradient=True,
         samples=lambda: [
             Sample([rand(3, 4, seed=250)], lambda x: x * detach(x), lambda x: x * x.detach())
         ],

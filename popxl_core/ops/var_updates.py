@@ -21,6 +21,7 @@ from ..tensor import Tensor, constant
 from ._utils import broadcast_shapes, rand, randint
 from ._var_updates_adam import adam_updater, adam_var_update, adamax_updater, lamb_updater
 from ._var_updates_common import check_float, check_scalar, f32
+from ._var_updates_foreach import ACCUMULATE_FOREACH, COPY_FOREACH, SCALE_FOREACH
 from ._var_updates_fused import fused_adam_, fused_sgd_
 from ._var_updates_pointwise import addcdiv_, addcmul_, lerp_
 from .registry import Cost, OpDef, Sample, create_op, elementwise_cost, register
@@ -256,6 +257,7 @@ ACCUMULATE = register(
         samples=_accumulate_samples,
         out_name="accumulate_out",
         fp16_in_fp32=False,
+        foreach=ACCUMULATE_FOREACH,
     )
 )
 
@@ -424,6 +426,7 @@ ACCUMULATOR_SCALE = register(
         inplace=(0,),
         out_name="accumulatorscale_out",
         fp16_in_fp32=False,
+        foreach=SCALE_FOREACH,
         samples=lambda: [
             Sample(
                 [rand(3, 4, seed=30)],
@@ -489,6 +492,7 @@ COPY_VAR_UPDATE = register(
         inplace=(0,),
         fp16_in_fp32=False,
         out_name="copyvarupdate_out",
+        foreach=COPY_FOREACH,
         samples=lambda: [
             Sample(
                 [rand(2, 3, seed=40), rand(2, 3, seed=41)],

@@ -22,6 +22,7 @@ import bisect
 from typing import Dict, List, Set, Tuple
 
 from ..graph import Graph, Op
+from ..ops.call import CALL
 from ..schedule import schedule
 from ..tensor import Tensor
 
@@ -36,7 +37,7 @@ def view_root(t: Tensor) -> Tensor:
 
 
 def _is_plain_call(op: Op, g: Graph) -> bool:
-    return op.type == "Call" and tuple(op.called_graphs) == (g,)
+    return op.opdef is CALL and tuple(op.called_graphs) == (g,)
 
 
 class _GraphIndex:
@@ -188,7 +189,7 @@ class ViewOutputs:
     def _call_aliases(self, op: Op, x: Tensor) -> List[Tensor]:
         """Outputs of ``op`` that may alias its input ``x``: of a plain call, those its graph
         returns as (views of) the input ``x`` feeds, or from an inner call; else all."""
-        if op.type != "Call":
+        if op.opdef is not CALL:
             return list(op.outputs)
         if op not in self._call_maps:
             g = op.called_graphs[0]

@@ -39,6 +39,7 @@ from ..context import in_sequence
 from ..dtypes import float16, float32, int32
 from ..ir import Ir
 from ..ops import collectives
+from ..ops.io import HOST_LOAD, HOST_STORE
 from ..remote_buffer import replica_sharded_buffer
 from ..remote_variables import remote_replica_sharded_variable
 from ..streams import d2h_stream, h2d_stream
@@ -64,7 +65,7 @@ SOURCE = (
 )
 TRAIN = {"replicas": 4, "accumulation": 4, "micro_batch": 8}
 INFER_BATCH = 80
-_HOST_OPS = ("HostLoad", "HostStore")
+_HOST_OPS = (HOST_LOAD.name, HOST_STORE.name)
 
 
 def _mlp(x, *params):

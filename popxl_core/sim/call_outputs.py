@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Dict, FrozenSet, List, Set
 
 from ..graph import Graph, Op
+from ..ops.call import CALL
 
 __all__ = ["kept_outputs"]
 
@@ -64,11 +65,11 @@ def kept_outputs(main: Graph, live_ops) -> Dict[Graph, FrozenSet[int]]:
     read_by_callers: Dict[Graph, Set[int]] = {}
     for g in order:
         everything = frozenset(range(len(g._outputs)))
-        only_calls = g is not main and all(op.type == "Call" for op in sites.get(g, ()))
+        only_calls = g is not main and all(op.opdef is CALL for op in sites.get(g, ()))
         kept[g] = frozenset(read_by_callers.get(g, ())) if only_calls else everything
         read = _reads(g, kept[g], live_ops)
         for op in g._ops:
-            if op.type == "Call":
+            if op.opdef is CALL:
                 used = {i for i, t in enumerate(op.outputs) if t in read}
                 read_by_callers.setdefault(op.called_graphs[0], set()).update(used)
     return kept

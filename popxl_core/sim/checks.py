@@ -12,6 +12,9 @@ from typing import Dict, Iterable, List, Mapping, Optional
 import numpy as np
 
 from ..graph import Graph
+from ..ops.call import REPEAT
+from ..ops.conditional import CONDITIONAL
+from ..ops.io import HOST_LOAD, HOST_STORE
 
 __all__ = [
     "MissingStreamError",
@@ -46,12 +49,12 @@ def transfer_counts(graph: Graph) -> Dict[object, int]:
     and both branches of an If; -1 where the branches disagree, so only the data decides)."""
     counts: Dict[object, int] = {}
     for op in graph._ops:
-        if op.type in ("HostLoad", "HostStore"):
+        if op.opdef in (HOST_LOAD, HOST_STORE):
             _add(counts, {op.attrs["stream"]: 1})
-        elif op.type == "If":
+        elif op.opdef is CONDITIONAL:
             _add(counts, _branch_counts([transfer_counts(g) for g in op.called_graphs]))
         elif op.called_graphs:
-            times = op.attrs.get("repeat_count", 1) if op.type == "Loop" else 1
+            times = op.attrs.get("repeat_count", 1) if op.opdef is REPEAT else 1
             for g in op.called_graphs:
                 _add(counts, {s: _times(n, times) for s, n in transfer_counts(g).items()})
     return counts

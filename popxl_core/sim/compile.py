@@ -18,12 +18,13 @@ from ..schedule import schedule
 from ..tensor import Constant, Tensor, Variable
 from .alias import ViewOutputs
 from .call_outputs import kept_outputs
-from .conv_pairs import conv_backward_pairs, conv_pair_kernel
+from .conv_pairs import conv_pair_kernel
 from .direct import direct_call
-from .foreach import Group, foreach_schedule, group_kernel, plan_modes
-from .fuse import transposed_matmul_kernel, transposed_matmuls
-from .inplace import inplace_kernel, reusable_in, reuse_plan
-from .release import release_points
+from .foreach import Group, group_kernel
+from .fuse import transposed_kernel
+from .inplace import inplace_kernel
+from .options import DEFAULT, CompileOptions
+from .passes import STATS, GraphPlan, live_ops, run_passes
 from .variants import graphs_run_once, variant_kernel
 
 __all__ = ["Program", "CompiledGraph", "Emitter"]
@@ -69,46 +70,14 @@ class Emitter:
 
 
 class Program:
-    """All graphs of an Ir compiled to Python functions sharing one namespace."""
+    """All graphs of an Ir compiled to Python functions sharing one namespace, with the
+    passes `options` switches on (`passes.PASSES`)."""
 
-    def __init__(
-        self,
-        ir,
-        runtime: Any,
-        check_specs: bool = False,
-        foreach: bool = True,
-        transposed_matmuls: bool = True,
-        foreach_fresh: bool = True,
-        direct: bool = True,
-        release: bool = True,
-        conv_pairs: bool = True,
-    ) -> None:
+    def __init__(self, ir, runtime: Any, options: CompileOptions = DEFAULT) -> None:
         self.ir = ir
-        self.check_specs = check_specs
-        self.foreach = foreach  # multi-tensor kernels (foreach.py), bitwise equal
-        # also group ops that allocate their results, as torch.optim's foreach path does
-        # (False: only ops that can write into dead inputs; which is faster: see foreach.py)
-        self.foreach_fresh = foreach_fresh
-        self.direct = direct  # torch calls written into the source (direct.py)
-        self.release = release  # del each temporary after its last reader (release.py)
-        # (a @ b).T as b.T @ a.T (fuse.py): eager torch's call, may differ in the last bit
-        self.transpose_matmuls = transposed_matmuls
-        # a conv's data and weight gradients in one convolution_backward call (conv_pairs.py)
-        self.conv_pairs = conv_pairs
+        self.options = options
         # how often each optimisation applied (tests check that the fused paths ran)
-        self.stats: Dict[str, int] = dict.fromkeys(
-            (
-                "foreach_groups",
-                "foreach_ops",
-                "transposed_matmuls",
-                "out_reuse",
-                "conv_pairs",
-                "dead_outputs",
-                "buffered_ops",
-                "unread_graph_outputs",
-            ),
-            0,
-        )
+        self.stats: Dict[str, int] = dict.fromkeys(STATS, 0)
         self.namespace: Dict[str, Any] = {"RT": runtime, "torch": torch}
         self._counter = 0
         self._fn_names: Dict[Graph, str] = {}
@@ -119,8 +88,12 @@ class Program:
         self.view_outputs = ViewOutputs(ir)
         self.once = graphs_run_once(ir)  # graphs that run at most once per Session.run
         # subgraph outputs no call site reads are not computed (call_outputs.py)
-        self.kept_outputs = kept_outputs(ir.main_graph, _live_ops)
+        self.kept_outputs = kept_outputs(ir.main_graph, live_ops)
         self.main = self._compile(ir.main_graph, is_main=True)
+
+    @property
+    def check_specs(self) -> bool:
+        return self.options.check_specs
 
     def graphs_used(self) -> List[Graph]:
         """The main graph and every graph compiled for it."""
@@ -139,92 +112,37 @@ class Program:
         return self._fn_names[g]
 
     def _compile(self, g: Graph, is_main: bool) -> CompiledGraph:
+        """Plan ``g`` (dead ops, then the passes), emit its ops, define its function."""
         em = Emitter(self, g)
-        params = ["V"] if is_main else [em.name(t) for t in g._inputs]
-        if is_main:
-            # remote variables live in Streaming Memory, not in the on-chip state
-            self.variables: List[Variable] = [v for v in g.variables if not is_remote(v)]
-            for i, v in enumerate(self.variables):
-                em.emit(f"{em.name(v)} = V[{i}]")
-        kept = self.kept_outputs.get(g, frozenset(range(len(g._outputs))))
-        returned = [t for i, t in enumerate(g._outputs) if i in kept]
-        self.stats["unread_graph_outputs"] += len(g._outputs) - len(returned)
-        live = _live_ops(g, returned)
-        em.read = _read_tensors(live, returned)
-        fused = transposed_matmuls(live, g) if self.transpose_matmuls else {}
-        skip = set(fused.values())
-        groups: List[Group] = []
-        if self.foreach:
-            live, groups = foreach_schedule(
-                live, None if self.foreach_fresh else reusable_in(live, g)
-            )
-        pairs: Dict[Op, tuple] = {}
-        if self.conv_pairs and not self.check_specs:  # spec checks are per op
-            live, pairs = conv_backward_pairs(live)
-        # the op emitted at each fused site -> the op it also computes
-        computed_at = {**fused, **{first: _other(first, p) for first, p in pairs.items()}}
-        skip.update(computed_at.values())
-        fixed, groups = plan_modes(groups, live, reusable_in(live, g), self.foreach_fresh)
-        reuse = reuse_plan(live, g, fixed)
-        first = {grp.ops[0]: grp for grp in groups}
-        skip.update(op for grp in groups for op in grp.ops[1:])
-        self.stats["foreach_groups"] += len(groups)
-        self.stats["foreach_ops"] += sum(len(grp.ops) for grp in groups)
-        for grp in groups:  # per kind, e.g. "foreach_LerpInplace" (tests check the kinds)
-            kind = f"foreach_{grp.ops[0].type}"
-            self.stats[kind] = self.stats.get(kind, 0) + len(grp.ops)
-        self.stats["transposed_matmuls"] += len(fused)
-        self.stats["out_reuse"] += len(reuse)  # single ops and grouped ones
-        self.stats["conv_pairs"] += len(pairs)
-        released = release_points(live, groups, computed_at, reuse, g) if self.release else {}
-        for k, op in enumerate(live):
-            if op in first:
-                _emit_group(first[op], em)
-            elif op in skip:
-                continue  # computed by a fused kernel or a group emitted before
-            elif op in fused:
-                _emit_transposed_matmul(op, fused[op], em)
-            elif op in pairs:
-                _emit_conv_pair(*pairs[op], em)
-            elif op in reuse:
-                _emit_into(op, reuse[op], em)
-            else:
-                (op.opdef.emit or _emit_kernel)(op, em)
-            dead = [em.names[t] for t in released.get(k, ()) if t in em.names]
-            if dead:  # drop the last reference: the allocator recycles the storage now
-                em.emit(f"del {', '.join(dead)}")
-        outs = ", ".join(em.name(t) if i in kept else "None" for i, t in enumerate(g._outputs))
+        params = self._main_params(em) if is_main else [em.name(t) for t in g._inputs]
+        plan = run_passes(self._plan(g), self.options, self.stats)
+        em.read = _read_tensors(plan.live, plan.returned)
+        _emit_ops(plan, em)
         fname = "main" if is_main else self._fn_names.get(g, f"graph_{id(g)}")
-        body = "\n    ".join(em.lines) or "pass"
-        ret = f"({outs},)" if outs else "()"
-        source = f"def {fname}({', '.join(params)}):\n    {body}\n    return {ret}\n"
+        source = _source(fname, params, em, self.kept_outputs.get(g))
         self.namespace.setdefault("__popxl_sources__", {})[fname] = source
         exec(compile(source, f"<popxl graph {g.name or 'main'}>", "exec"), self.namespace)
         self.modified_inputs[g] = _modified_graph_inputs(g)
         return CompiledGraph(g, self.namespace[fname], source)
 
+    def _main_params(self, em: Emitter) -> List[str]:
+        """The main function takes the variables' values as one list ``V``; remote variables
+        live in Streaming Memory, not in the on-chip state."""
+        self.variables: List[Variable] = [v for v in em.graph.variables if not is_remote(v)]
+        for i, v in enumerate(self.variables):
+            em.emit(f"{em.name(v)} = V[{i}]")
+        return ["V"]
+
+    def _plan(self, g: Graph) -> GraphPlan:
+        """``g``'s live schedule: the outputs some caller reads and the ops they need."""
+        kept = self.kept_outputs.get(g)
+        returned = [t for i, t in enumerate(g._outputs) if kept is None or i in kept]
+        self.stats["unread_graph_outputs"] += len(g._outputs) - len(returned)
+        return GraphPlan(g, returned, live_ops(g, returned))
+
 
 def is_remote(v: Variable) -> bool:
     return remote_info(v) is not None
-
-
-def _live_ops(g: Graph, outputs: List[Tensor]) -> List[Op]:
-    """The schedule without dead ops: no side effect, no writes, no output that is used
-    (``outputs``: the graph outputs it returns)."""
-    used = set(outputs)
-    live: List[Op] = []
-    for op in reversed(schedule(g)):
-        keep = (
-            op.opdef.side_effect
-            or op.modified_inputs()
-            or op.called_graphs
-            or any(t in used for t in op.outputs)
-        )
-        if keep:
-            live.append(op)
-            if not op.opdef.extra.get("ignores_inputs"):
-                used.update(op.inputs)
-    return live[::-1]
 
 
 def _read_tensors(live: List[Op], outputs: List[Tensor]) -> Set[Tensor]:
@@ -234,10 +152,47 @@ def _read_tensors(live: List[Op], outputs: List[Tensor]) -> Set[Tensor]:
     return read
 
 
+def _source(fname: str, params: List[str], em: Emitter, kept) -> str:
+    """The graph's function: its emitted lines, returning the kept outputs (None for the
+    others)."""
+    outs = ", ".join(
+        em.name(t) if kept is None or i in kept else "None" for i, t in enumerate(em.graph._outputs)
+    )
+    body = "\n    ".join(em.lines) or "pass"
+    ret = f"({outs},)" if outs else "()"
+    return f"def {fname}({', '.join(params)}):\n    {body}\n    return {ret}\n"
+
+
+def _emit_ops(plan: GraphPlan, em: Emitter) -> None:
+    """Each live op's code (a group's at its first op, a fused pair's at the op emitted),
+    then ``del`` of the temporaries no later op reads."""
+    first = {grp.ops[0]: grp for grp in plan.groups}
+    skip = plan.skipped()
+    for k, op in enumerate(plan.live):
+        if op in first:
+            _emit_group(first[op], em)
+        elif op not in skip:
+            _emit_op(op, plan, em)
+        dead = [em.names[t] for t in plan.released.get(k, ()) if t in em.names]
+        if dead:  # drop the last reference: the allocator recycles the storage now
+            em.emit(f"del {', '.join(dead)}")
+
+
+def _emit_op(op: Op, plan: GraphPlan, em: Emitter) -> None:
+    if op in plan.fused:
+        _emit_transposed_matmul(op, plan.fused[op], em)
+    elif op in plan.pairs:
+        _emit_conv_pair(*plan.pairs[op], em)
+    elif op in plan.reuse:
+        _emit_into(op, plan.reuse[op], em)
+    else:
+        (op.opdef.emit or _emit_kernel)(op, em)
+
+
 def _emit_kernel(op: Op, em: Emitter) -> None:
     """Default emission: ``outs = kernel(ins)`` with the op's attributes bound; the torch
     call itself for the ops `direct.py` lists."""
-    if em.program.direct and not em.program.check_specs:
+    if em.program.options.runs("direct", per_op=True):
         if not (op.opdef.view and _view_needs_copy(op, em)):
             call = direct_call(op, em.name, lambda v: em.bind_global("a", v))
             if call is not None:
@@ -255,12 +210,8 @@ def _emit_kernel(op: Op, em: Emitter) -> None:
 
 
 def _emit_transposed_matmul(op: Op, mm: Op, em: Emitter) -> None:
-    k = _bind_kernel(em, transposed_matmul_kernel(mm, em.program.ir.numerics), mm, checked=op)
+    k = _bind_kernel(em, transposed_kernel(mm, em.program.ir.numerics), mm, checked=op)
     em.emit(f"{em.name(op.outputs[0])} = {k}({em.name(mm.inputs[0])}, {em.name(mm.inputs[1])})")
-
-
-def _other(first: Op, pair: tuple) -> Op:
-    return pair[1] if pair[0] is first else pair[0]
 
 
 def _emit_conv_pair(data: Op, weight: Op, em: Emitter) -> None:

@@ -9,8 +9,9 @@ is the same computation as the single one (torch's backends compute ``dx`` and `
 separate GEMMs), so numbers are equal to the bit; tests compare the compiled program with the
 reference interpreter, which runs the two ops apart.
 
-The compiler pairs a data-gradient and a weight-gradient op that read the same ``dy`` with the
-same convolution attributes and matching shapes (whatever produced ``x`` and ``w``: each
+The compiler pairs a data-gradient and a weight-gradient op (``OpDef.joint_grad``, declared in
+`popxl_core.ops.conv`) that read the same ``dy`` with the same convolution attributes and
+matching shapes (whatever produced ``x`` and ``w``: each
 result reads only its own operand), and moves the later one up to the earlier one when that is
 safe: all its inputs exist there and no op in between writes their storage.
 """
@@ -19,32 +20,19 @@ from __future__ import annotations
 
 from typing import Callable, Dict, List, Tuple
 
-from .. import dtypes
 from ..graph import Op
-from ..ops import _spatial as sp
-from ..ops.conv import _conv_backward
-from .foreach import _root
+from .foreach import root
 
 __all__ = ["conv_backward_pairs", "conv_pair_kernel"]
 
-_KEYS = ("stride", "pads", "dilation", "groups")
-
 
 def _eligible(op: Op) -> bool:
-    if op.type not in ("ConvDataGrad", "ConvWeightsGrad") or op.called_graphs:
-        return False
-    if not sp.is_symmetric(op.attrs["pads"]):
-        return False  # the kernels pre-pad x / crop dx themselves
-    return all(t.dtype is dtypes.float32 for t in (*op.inputs, *op.outputs))
+    joint = op.opdef.joint_grad
+    return joint is not None and not op.called_graphs and joint.eligible(op)
 
 
-def _matches(data: Op, weight: Op) -> bool:
-    if any(data.attrs[k] != weight.attrs[k] for k in _KEYS):
-        return False
-    x, w = weight.inputs[1], data.inputs[1]
-    return tuple(data.attrs["input_shape"]) == tuple(x.shape) and tuple(
-        weight.attrs["weight_shape"]
-    ) == tuple(w.shape)
+def _role(op: Op) -> str:
+    return op.opdef.joint_grad.role
 
 
 def _movable(later: Op, at: int, until: int, ops: List[Op], pos: Dict[Op, int]) -> bool:
@@ -53,11 +41,11 @@ def _movable(later: Op, at: int, until: int, ops: List[Op], pos: Dict[Op, int]) 
         p = t.producer
         if p is not None and p in pos and pos[p] > at:
             return False
-    roots = {_root(t) for t in later.inputs}
+    roots = {root(t) for t in later.inputs}
     for op in ops[at + 1 : until]:
         if op.called_graphs:
             return False  # a call may write anything it is given; keep it simple
-        if any(_root(op.inputs[i]) in roots for i in op.modified_inputs()):
+        if any(root(op.inputs[i]) in roots for i in op.modified_inputs()):
             return False
     return True
 
@@ -76,11 +64,12 @@ def conv_backward_pairs(ops: List[Op]) -> Tuple[List[Op], Dict[Op, Tuple[Op, Op]
     pairs: Dict[Op, Tuple[Op, Op]] = {}
     moved: Dict[Op, Op] = {}  # first op -> the op that follows it now
     for candidates in by_dy.values():
-        weights = [op for op in candidates if op.type == "ConvWeightsGrad"]
-        for data in (op for op in candidates if op.type == "ConvDataGrad"):
+        weights = [op for op in candidates if _role(op) == "weight"]
+        for data in (op for op in candidates if _role(op) == "data"):
             for weight in weights:
                 first, later = sorted((data, weight), key=pos.__getitem__)
-                if _matches(data, weight) and _movable(later, pos[first], pos[later], ops, pos):
+                matches = data.opdef.joint_grad.matches(data, weight)
+                if matches and _movable(later, pos[first], pos[later], ops, pos):
                     pairs[first], moved[first] = (data, weight), later
                     weights.remove(weight)
                     break
@@ -97,11 +86,5 @@ def conv_backward_pairs(ops: List[Op]) -> Tuple[List[Op], Dict[Op, Tuple[Op, Op]
 
 
 def conv_pair_kernel(data: Op) -> Callable:
-    """``(dy, x, w) -> (dx, dw)`` in one ``convolution_backward`` call."""
-    a = {k: data.attrs[k] for k in _KEYS}
-
-    def dx_dw(dy, x, w):
-        dx, dw, _ = _conv_backward(dy, x, w, mask=(True, True, False), **a)
-        return dx, dw
-
-    return dx_dw
+    """``(dy, x, w) -> (dx, dw)`` in one call (`JointGrad.kernel` of the data-gradient op)."""
+    return data.opdef.joint_grad.kernel(data)

@@ -14,6 +14,11 @@ from math import ceil, prod
 from operator import add
 
 from ..graph import Graph, Op
+from ..ops.call import CALL, REPEAT
+from ..ops.collectives.replicated import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
+from ..ops.conditional import CONDITIONAL
+from ..ops.io import HOST_LOAD, HOST_STORE, IO_TILE_COPY, IPU_COPY
+from ..ops.remote import REMOTE_LOAD, REMOTE_LOAD_INPLACE, REMOTE_STORE
 from ..schedule import schedule
 from .machine import Machine
 from .remote_plan import pays_exchange_sync
@@ -40,16 +45,22 @@ GRAIN_BYTES = 256
 # Control-flow cost of entering a call, one loop iteration or a branch.
 CONTROL_CYCLES = 10
 
-_CONTROL_OPS = frozenset({"Call", "Loop", "If"})
-_HOST_IN, _HOST_OUT = frozenset({"HostLoad"}), frozenset({"HostStore"})
-_REMOTE = frozenset({"RemoteLoad", "RemoteLoadInplace", "RemoteStore"})
-_TILE_COPIES = frozenset({"IoTileCopy"})
-_LINK_COPIES = frozenset({"IpuCopy"})
+
+def _names(*opdefs) -> frozenset:
+    """A table of op types, built from the op table's rows."""
+    return frozenset(d.name for d in opdefs)
+
+
+_CONTROL_OPS = _names(CALL, REPEAT, CONDITIONAL)
+_HOST_IN, _HOST_OUT = _names(HOST_LOAD), _names(HOST_STORE)
+_REMOTE = _names(REMOTE_LOAD, REMOTE_LOAD_INPLACE, REMOTE_STORE)
+_TILE_COPIES = _names(IO_TILE_COPY)
+_LINK_COPIES = _names(IPU_COPY)
 # ring collectives over the replicas: bytes each replica sends, as a fraction of the tensor
 _RING = (
-    ("ReplicatedAllReduce", 2.0),
-    ("ReplicatedReduceScatter", 1.0),
-    ("ReplicatedAllGather", 1.0),
+    (ALL_REDUCE.name, 2.0),
+    (REDUCE_SCATTER.name, 1.0),
+    (ALL_GATHER.name, 1.0),
 )
 
 
@@ -205,7 +216,7 @@ class CostModel:
 
     def _control(self, op: Op) -> Work:
         step = Work(Cycles(control=CONTROL_CYCLES))
-        if op.type == "Loop":
+        if op.opdef is REPEAT:
             return (self.graph_work(op.called_graphs[0]) + step).scaled(op.attrs["repeat_count"])
         branches = [self.graph_work(g) for g in op.called_graphs]
         return step + max(branches, key=lambda w: w.cycles.total, default=Work())
@@ -259,7 +270,9 @@ class CostModel:
         if t in _REMOTE:
             nbytes = max(nbytes_of(x) for x in (*op.inputs[:1], *op.outputs[:1]))
             # merge_exchange: the second and later ops of one merged exchange share its sync
-            return self.remote_work(nbytes, stored=t == "RemoteStore", sync=pays_exchange_sync(op))
+            return self.remote_work(
+                nbytes, stored=t == REMOTE_STORE.name, sync=pays_exchange_sync(op)
+            )
         if t in _TILE_COPIES:
             nbytes = nbytes_of(op.inputs[0])
             tiles = self.tiles_used(op)
@@ -302,7 +315,7 @@ class CostModel:
         if graph not in self._runs:
             runs: dict[Graph, int] = {graph: 1}
             for op in graph._ops:
-                times = op.attrs.get("repeat_count", 1) if op.type == "Loop" else 1
+                times = op.attrs.get("repeat_count", 1) if op.opdef is REPEAT else 1
                 for callee in op.called_graphs:
                     for g, n in self.graph_runs(callee).items():
                         runs[g] = runs.get(g, 0) + n * times

@@ -30,12 +30,10 @@ they order side effects, and the only side effects here are in-place writes, who
 dependencies keep. A scalar operand is shared when it is the same tensor or a constant of the
 same value.
 
-Kinds (float32 only): Add/Sub/Mul/Div (two tensors of the output's shape, or a tensor and one
-shared scalar tensor), Sqrt, Neg, ScaledAdd, ScaledAddLhsInplace, Accumulate ("add"),
-AccumulatorScale and CopyVarUpdate, LerpInplace, AddcmulInplace and AddcdivInplace
-(`foreach_pointwise.py`), with every scalar operand shared by the whole group.
-Ops that declare a multi-tensor kernel of their own (torch's fused optimizer steps) group by
-`foreach_multi.multi_tensor_key`, in any dtype.
+Which ops group, and with which list kernel, each op declares next to its kernel
+(``OpDef.foreach``, `popxl_core.ops.forms.Foreach`): elementwise add/sub/mul/div, sqrt, neg,
+scaled adds, accumulator updates, lerp_/addcmul_/addcdiv_ (float32, every scalar operand
+shared by the group) and torch's fused optimizer steps (any dtype, one call per param group).
 """
 
 from __future__ import annotations
@@ -44,94 +42,55 @@ import heapq
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
-import torch
-
-from .. import dtypes
 from ..graph import Op
-from ..ops._var_updates_common import f32
-from ..ops.scaled_add import _number, _scales
+from ..ops.forms import Targets, float32_only
 from ..tensor import Tensor
-from .foreach_multi import multi_tensor_kernel, multi_tensor_key
-from .foreach_multi import shared_identity as _same
-from .foreach_pointwise import POINTWISE_UPDATES, pointwise_kernel, pointwise_key
 
-__all__ = ["Group", "foreach_schedule", "group_kernel", "group_key", "plan_modes"]
-
-_BINARY = {"Add", "Sub", "Mul", "Div"}
-_COMMUTATIVE = {"Add", "Mul"}
-_FRESH_TYPES = {"Add", "Sub", "Mul", "Div", "Sqrt"}  # may write into a dead input (mode in0/in1)
+__all__ = ["Group", "foreach_schedule", "group_kernel", "group_key", "plan_modes", "root"]
 
 
 @dataclass
 class Group:
     """Ops computed by one multi-tensor kernel, in schedule order.
 
-    ``lists``: which input of each op is the per-tensor operand (binary ops: 0, or 1 when a
-    shared scalar is the first operand of a commutative op). ``mode``: "fresh" (new outputs),
-    "in0"/"in1" (written into the dead input 0/1 of each op, as ``out=`` reuse does)."""
+    ``key``: the op type then its `Foreach.key`. ``mode``: "fresh" (new outputs), "in0"/"in1"
+    (written into the dead input of each op that the form's ``targets`` name for the mode, as
+    ``out=`` reuse does)."""
 
     ops: List[Op]
     key: tuple
     mode: str = "fresh"
 
 
-def _float32(op: Op) -> bool:
-    return all(t.dtype is dtypes.float32 for t in (*op.inputs, *op.outputs))
-
-
-def _scalar(t: Tensor) -> bool:
-    return tuple(t.shape) == ()
-
-
-def _shape(t: Tensor) -> tuple:
-    return tuple(t.shape)
-
-
 def group_key(op: Op) -> Optional[tuple]:
-    """What ops must share to run as one kernel (type, operand roles, shared scalar tensors
-    and attributes); None for an op that is never grouped."""
-    if op.opdef.extra.get("multi_tensor") is not None:  # any dtype: foreach_multi.py
-        return multi_tensor_key(op)
-    if op.called_graphs or not op.outputs or not _float32(op):
+    """What ops must share to run as one kernel (type, then the op's `Foreach.key`); None
+    for an op that is never grouped."""
+    form = op.opdef.foreach
+    if form is None or op.called_graphs or not op.outputs:
         return None
-    t, ins, out = op.type, op.inputs, _shape(op.outputs[0])
-    if t in _BINARY and not op.attrs:
-        a, b = ins
-        if _shape(a) == out and _shape(b) == out:
-            return (t, "LL")
-        if _shape(a) == out and _scalar(b) and t != "Sub":
-            return (t, "LS", _same(b))
-        if _scalar(a) and _shape(b) == out and t in _COMMUTATIVE:
-            return (t, "SL", _same(a))
+    if not form.any_dtype and not float32_only(op):
         return None
-    if t in ("Sqrt", "Neg") and not op.attrs:
-        return (t,)
-    if t in ("ScaledAdd", "ScaledAddLhsInplace"):
-        x, y, *scales = ins
-        if _shape(x) != out or _shape(y) != out or not all(_scalar(s) for s in scales):
-            return None
-        return (t, op.attrs.get("a"), op.attrs.get("b"), *map(_same, scales))
-    if t == "Accumulate" and op.attrs.get("kind") == "add":
-        if _shape(ins[0]) != _shape(ins[1]) or not all(_scalar(f) for f in ins[2:]):
-            return None
-        return (t, op.attrs.get("factor"), *map(_same, ins[2:]))
-    if t == "AccumulatorScale":
-        factor = op.attrs.get("factor")
-        if len(ins) == 1 and (factor is None or factor == 0.0):
-            return None  # a constant 0 zeroes (keeps no inf/nan): not a multiply
-        return (t, factor, *map(_same, ins[1:]))
-    if t == "CopyVarUpdate" and _shape(ins[0]) == _shape(ins[1]):
-        return (t,)
-    if t in POINTWISE_UPDATES:  # lerp_, addcmul_, addcdiv_ (foreach_pointwise.py)
-        return pointwise_key(op)
-    return None
+    key = form.key(op)
+    return None if key is None else (op.type, *key)
+
+
+def _targets(op: Op, key: tuple) -> Targets:
+    """(mode, input written) pairs a group of ``op``'s kind may use; empty: always fresh."""
+    targets = op.opdef.foreach.targets
+    return targets(key[1:]) if targets is not None else []
+
+
+def _writes_inputs(op: Op) -> bool:
+    """Ops of this kind may write into dead inputs (else their group allocates: see
+    `foreach_schedule`'s ``reusable``)."""
+    return op.opdef.foreach.targets is not None
 
 
 def _barrier(op: Op) -> bool:
     return bool(op.called_graphs or op.opdef.side_effect or op.opdef.emit is not None)
 
 
-def _root(t: Tensor) -> Tensor:
+def root(t: Tensor) -> Tensor:
     """The tensor whose storage ``t`` shares: through views and in-place outputs."""
     while t.producer is not None:
         op = t.producer
@@ -161,8 +120,8 @@ def _dependencies(ops: List[Op]) -> Dict[Op, set]:
             p.update(since_barrier)
             last_barrier, since_barrier = op, []
         since_barrier.append(op)
-        reads = {_root(t) for t in op.inputs}
-        writes = {_root(op.inputs[i]) for i in op.modified_inputs()}
+        reads = {root(t) for t in op.inputs}
+        writes = {root(op.inputs[i]) for i in op.modified_inputs()}
         for r in reads:
             if r in writer:
                 p.add(writer[r])
@@ -186,178 +145,80 @@ def foreach_schedule(ops: List[Op], reusable=None) -> Tuple[List[Op], List[Group
     fresh results allocates every tensor's result at once (as torch.optim's foreach path
     does), where one op at a time reuses the previous tensor's dead temporaries. The compiler
     passes ``reusable`` when its ``foreach_fresh`` option is off (see the module docstring)."""
-    preds = _dependencies(ops)
-    index = {op: k for k, op in enumerate(ops)}
-    succs: Dict[Op, List[Op]] = {op: [] for op in ops}
-    waiting = {op: len(p) for op, p in preds.items()}
-    for op, ps in preds.items():
-        for q in ps:
-            succs[q].append(op)
-    keys = {op: group_key(op) for op in ops}
-    if reusable is not None:
-        for k, op in enumerate(ops):
-            if op.type in _FRESH_TYPES and keys[op] is not None:
-                if not any(reusable(op.inputs[i], op, k) for _, i in _options(keys[op], op.type)):
-                    keys[op] = None
-    ready: List[Tuple[int, Op]] = []
-    ready_by_key: Dict[tuple, Dict[Op, None]] = {}
-    done: set = set()
-
-    def make_ready(op: Op) -> None:
-        heapq.heappush(ready, (index[op], op.id, op))
-        if keys[op] is not None:
-            ready_by_key.setdefault(keys[op], {})[op] = None
-
-    for op in ops:
-        if waiting[op] == 0:
-            make_ready(op)
-    order: List[Op] = []
-    groups: List[Group] = []
-    while ready:
-        _, _, op = heapq.heappop(ready)
-        if op in done:
-            continue
-        taken = [op]
-        if keys[op] is not None:
-            same = ready_by_key.pop(keys[op])
-            taken = sorted(same, key=index.__getitem__)
-            if len(taken) > 1:
-                groups.append(Group(taken, keys[op]))
-        for t in taken:
-            done.add(t)
-            order.append(t)
-        for t in taken:
-            for s in succs[t]:
-                waiting[s] -= 1
-                if waiting[s] == 0:
-                    make_ready(s)
+    order, groups = _ReadyQueue(ops, _dependencies(ops), _group_keys(ops, reusable)).drain()
     if len(order) != len(ops):
         raise RuntimeError("foreach_schedule: dependency cycle (a bug in the pass).")
     return order, groups
 
 
+def _group_keys(ops: List[Op], reusable) -> Dict[Op, Optional[tuple]]:
+    """Each op's group key; with ``reusable``, None for an op that may write into a dead
+    input but has none to write into here."""
+    keys = {op: group_key(op) for op in ops}
+    if reusable is not None:
+        for k, op in enumerate(ops):
+            if keys[op] is not None and _writes_inputs(op):
+                if not any(reusable(op.inputs[i], op, k) for _, i in _targets(op, keys[op])):
+                    keys[op] = None
+    return keys
+
+
+class _ReadyQueue:
+    """A topological sort that takes ops in their original order, except that taking an op
+    of a group key takes every other ready op of that key with it."""
+
+    def __init__(self, ops: List[Op], preds: Dict[Op, set], keys) -> None:
+        self.index = {op: k for k, op in enumerate(ops)}
+        self.keys = keys
+        self.succs: Dict[Op, List[Op]] = {op: [] for op in ops}
+        for op, ps in preds.items():
+            for q in ps:
+                self.succs[q].append(op)
+        self.waiting = {op: len(p) for op, p in preds.items()}
+        self.ready: List[Tuple[int, int, Op]] = []
+        self.ready_by_key: Dict[tuple, Dict[Op, None]] = {}
+        self.done: set = set()
+        for op in ops:
+            if self.waiting[op] == 0:
+                self._make_ready(op)
+
+    def _make_ready(self, op: Op) -> None:
+        heapq.heappush(self.ready, (self.index[op], op.id, op))
+        if self.keys[op] is not None:
+            self.ready_by_key.setdefault(self.keys[op], {})[op] = None
+
+    def _take(self, op: Op) -> List[Op]:
+        """``op`` and the ready ops of its key, in schedule order."""
+        if self.keys[op] is None:
+            return [op]
+        return sorted(self.ready_by_key.pop(self.keys[op]), key=self.index.__getitem__)
+
+    def drain(self) -> Tuple[List[Op], List[Group]]:
+        order: List[Op] = []
+        groups: List[Group] = []
+        while self.ready:
+            op = heapq.heappop(self.ready)[2]
+            if op in self.done:
+                continue
+            taken = self._take(op)
+            if len(taken) > 1:
+                groups.append(Group(taken, self.keys[op]))
+            self.done.update(taken)
+            order.extend(taken)
+            for t in taken:
+                for s in self.succs[t]:
+                    self.waiting[s] -= 1
+                    if self.waiting[s] == 0:
+                        self._make_ready(s)
+        return order, groups
+
+
 # kernels ------------------------------------------------------------------------------
-def _list_index(group: Group) -> int:
-    return 1 if group.key[1:2] == ("SL",) else 0
-
-
 def group_kernel(group: Group) -> Callable:
-    """``(*inputs of every op, flattened) -> (output of every op)`` for ``group``."""
-    n = len(group.ops[0].inputs)
-    op0, t = group.ops[0], group.ops[0].type
-
-    def columns(flat):
-        return [list(flat[i::n]) for i in range(n)]
-
-    if t in _BINARY:
-        return _binary_kernel(group, columns)
-    if t in ("Sqrt", "Neg"):
-        fresh, inplace = {
-            "Sqrt": (torch._foreach_sqrt, torch._foreach_sqrt_),
-            "Neg": (torch._foreach_neg, torch._foreach_neg_),
-        }[t]
-        if group.mode == "in0":
-            return lambda *flat: _apply_(inplace, list(flat))
-        return lambda *flat: tuple(fresh(list(flat)))
-    if t in ("ScaledAdd", "ScaledAddLhsInplace"):
-        return _scaled_add_kernel(group, columns, inplace=t == "ScaledAddLhsInplace")
-    if t == "Accumulate":
-        factor = op0.attrs.get("factor")
-
-        def accumulate(*flat):
-            cols = columns(flat)
-            f = f32(cols[2][0] if n > 2 else (1.0 if factor is None else factor))
-            tt = cols[0]
-            summed = torch._foreach_add(tt, torch._foreach_mul(cols[1], f))
-            torch._foreach_copy_(tt, summed)
-            return tuple(tt)
-
-        return accumulate
-    if t == "AccumulatorScale":
-        factor = op0.attrs.get("factor")
-
-        def scale(*flat):
-            cols = columns(flat)
-            f = f32(cols[1][0] if n > 1 else factor)
-            torch._foreach_mul_(cols[0], f)
-            return tuple(cols[0])
-
-        return scale
-    if t == "CopyVarUpdate":
-
-        def copy(*flat):
-            cols = columns(flat)
-            torch._foreach_copy_(cols[0], cols[1])
-            return tuple(cols[0])
-
-        return copy
-    if t in POINTWISE_UPDATES:
-        return pointwise_kernel(t, op0.attrs, columns)
-    if op0.opdef.extra.get("multi_tensor") is not None:
-        return multi_tensor_kernel(group)
-    raise ValueError(f"no multi-tensor kernel for {t}")
-
-
-def _apply_(fn, tensors: List[torch.Tensor]) -> tuple:
-    fn(tensors)
-    return tuple(tensors)
-
-
-_FOREACH = {
-    "Add": (torch._foreach_add, torch._foreach_add_),
-    "Sub": (torch._foreach_sub, torch._foreach_sub_),
-    "Mul": (torch._foreach_mul, torch._foreach_mul_),
-    "Div": (torch._foreach_div, torch._foreach_div_),
-}
-
-
-def _binary_kernel(group: Group, columns) -> Callable:
-    fresh, inplace = _FOREACH[group.ops[0].type]
-    roles, mode = group.key[1], group.mode
-    if roles == "LL":
-        if mode == "fresh":
-            return lambda *flat: tuple(fresh(*columns(flat)))
-        # in1 only for commutative ops: b op a has the same bits as a op b
-        first = 0 if mode == "in0" else 1
-
-        def into(*flat):
-            cols = columns(flat)
-            inplace(cols[first], cols[1 - first])
-            return tuple(cols[first])
-
-        return into
-    li = _list_index(group)
-
-    def with_scalar(*flat):
-        cols = columns(flat)
-        tensors, scalar = cols[li], cols[1 - li][0]
-        if mode == "fresh":
-            return tuple(fresh(tensors, scalar))
-        inplace(tensors, scalar)
-        return tuple(tensors)
-
-    return with_scalar
-
-
-def _scaled_add_kernel(group: Group, columns, inplace: bool) -> Callable:
-    """The arithmetic of `ops.scaled_add._kernel` / `_inplace_kernel` over lists."""
-    attrs = group.ops[0].attrs
-    a, b = attrs.get("a"), attrs.get("b")
-
-    def run(*flat):
-        cols = columns(flat)
-        xs, ys = cols[0], cols[1]
-        sa, sb = (_number(s) for s in _scales([c[0] for c in cols[2:]], a, b))
-        one = isinstance(sa, (int, float)) and sa == 1
-        if inplace:
-            if not one:
-                torch._foreach_mul_(xs, sa)
-            torch._foreach_add_(xs, ys, alpha=sb)
-            return tuple(xs)
-        scaled = xs if one else torch._foreach_mul(xs, sa)
-        return tuple(torch._foreach_add(scaled, ys, alpha=sb))
-
-    return run
+    """``(*inputs of every op, flattened) -> (output of every op)`` for ``group``: the list
+    kernel its ops declare (`Foreach.kernel`)."""
+    op0 = group.ops[0]
+    return op0.opdef.foreach.kernel(group.ops, group.key[1:], group.mode)
 
 
 def plan_modes(
@@ -371,7 +232,7 @@ def plan_modes(
     fixed: Dict[Op, object] = {}
     kept: List[Group] = []
     for grp in groups:
-        if grp.ops[0].type in _FRESH_TYPES:
+        if _writes_inputs(grp.ops[0]):
             grp.mode = _mode(grp, pos, reusable)
             if grp.mode == "fresh" and not keep_fresh:
                 continue
@@ -381,17 +242,10 @@ def plan_modes(
     return fixed, kept
 
 
-def _options(key: tuple, t: str) -> List[Tuple[str, int]]:
-    """(mode, input written) pairs an op of this key may use."""
-    if t in _BINARY and key[1] == "LL":
-        return [("in0", 0)] + ([("in1", 1)] if t in _COMMUTATIVE else [])
-    return [("in0", 1 if key[1:2] == ("SL",) else 0)]
-
-
 def _mode(grp: Group, pos, reusable) -> str:
     """ "in0": into the per-tensor operand (input 0, or 1 when a scalar comes first); "in1":
     into input 1 of a commutative op of two tensors; else "fresh"."""
-    for mode, i in _options(grp.key, grp.ops[0].type):
+    for mode, i in _targets(grp.ops[0], grp.key):
         if all(reusable(op.inputs[i], op, pos[op]) for op in grp.ops):
             return mode
     return "fresh"
@@ -400,4 +254,4 @@ def _mode(grp: Group, pos, reusable) -> str:
 def _written_input(grp: Group, op: Op):
     if grp.mode == "fresh":
         return None
-    return op.inputs[_list_index(grp) if grp.mode == "in0" else 1]
+    return op.inputs[dict(_targets(op, grp.key))[grp.mode]]

@@ -1,24 +1,22 @@
 """Kernel fusions chosen at compile time, keeping the arithmetic of the unfused kernels
 (eager PyTorch's under ``Ir.numerics = "torch"``).
 
-``transpose(matmul(a, b))`` on 2-D float32 tensors is computed as ``matmul(b.T, a.T)``: the
-same products, but the result is a contiguous tensor instead of a transposed view. Under
-``"ipu"`` numerics it is ``matmul(a, b)`` copied transposed: the bits of the unfused pair, whose
-rows do not depend on the row count (``matmul(b.T, a.T)`` would make them columns). Autodiff of
-``x @ w.T`` (every linear layer) yields exactly this for the weight gradient; the view made the
-optimizer's in-place update walk the weight in strided order. ``matmul(b.T, a.T)`` is the call
-eager PyTorch makes for a linear layer's weight gradient (``grad_out.t().mm(input)``).
+A matrix transpose (``OpDef.matrix_transpose``) of the 2-D float32 result of an op with a
+``transposed_kernel`` (MatMul: ``(a @ b).T`` as ``b.T @ a.T``, or under "ipu" numerics
+``a @ b`` copied transposed, see `popxl_core.ops.matmul`) that nothing else reads is computed by
+that kernel: a contiguous tensor instead of a transposed view. Autodiff of ``x @ w.T`` (every
+linear layer) yields exactly this for the weight gradient; the view made the optimizer's
+in-place update walk the weight in strided order.
 """
 
 from __future__ import annotations
 
-import functools
 from typing import Callable, Dict, List
 
 from .. import dtypes
 from ..graph import Graph, Op
 
-__all__ = ["transposed_matmuls", "transposed_matmul_kernel"]
+__all__ = ["transposed_matmuls", "transposed_kernel"]
 
 
 def _consumers(ops: List[Op], g: Graph) -> Dict[object, int]:
@@ -30,31 +28,22 @@ def _consumers(ops: List[Op], g: Graph) -> Dict[object, int]:
 
 
 def _fusable(op: Op, uses: Dict[object, int]) -> bool:
-    if op.type != "Transpose" or tuple(op.attrs.get("permutation", ())) != (1, 0):
+    transposes = op.opdef.matrix_transpose
+    if transposes is None or not transposes(op):
         return False
-    mm = op.inputs[0].producer
-    if mm is None or mm.type != "MatMul" or uses.get(op.inputs[0], 0) != 1:
+    src = op.inputs[0].producer
+    if src is None or src.opdef.transposed_kernel is None or uses.get(op.inputs[0], 0) != 1:
         return False
-    tensors = (*mm.inputs, *mm.outputs, *op.outputs)
+    tensors = (*src.inputs, *src.outputs, *op.outputs)
     return all(len(t.shape) == 2 and t.dtype is dtypes.float32 for t in tensors)
 
 
 def transposed_matmuls(ops: List[Op], g: Graph) -> Dict[Op, Op]:
-    """Transpose op -> the MatMul it reads, for each pair computed as one matmul."""
+    """Transpose op -> the op it reads (a MatMul), for each pair computed as one kernel."""
     uses = _consumers(ops, g)
     return {op: op.inputs[0].producer for op in ops if _fusable(op, uses)}
 
 
-def transposed_matmul_kernel(mm: Op, numerics: str = "ipu") -> Callable:
-    """``(a, b) -> (a @ b).T`` computed as ``b.T @ a.T`` with ``mm``'s own kernel (the one
-    of the Ir's ``numerics``)."""
-    base = mm.opdef.kernel_for(numerics)
-    kernel = functools.partial(base, **mm.attrs) if mm.attrs else base
-
-    def matmul_t(a, b):
-        return kernel(b.t(), a.t())
-
-    def matmul_then_t(a, b):  # "ipu": the rows of a @ b keep their bits (a copy, contiguous)
-        return kernel(a, b).t().contiguous()
-
-    return matmul_then_t if numerics == "ipu" else matmul_t
+def transposed_kernel(src: Op, numerics: str = "ipu") -> Callable:
+    """``(a, b) -> src(a, b).T`` with ``src``'s kernel of the Ir's ``numerics``."""
+    return src.opdef.transposed_kernel(src, numerics)

@@ -1,41 +1,29 @@
 """Elementwise kernels that write into an input that is dead after them (``out=``).
 
 Adam's update is a chain of elementwise ops on weight-sized temporaries; eager torch runs it
-in place. A float32 add/sub/mul/div/sqrt writes its result (the same kernel with ``out=``, the
-same bits) into the storage of a temporary of the output's shape that no op reads any more:
-one of its own inputs that it reads last, else one that died earlier in the schedule. Only
-temporaries made by those same kernels qualify (fresh tensors that no view, call, variable or
-graph output shares); the generated code keeps every name alive until the graph returns, so
-without reuse each temporary would be a new allocation.
+in place. A float32 op with an ``out=`` form (``OpDef.out_kernel``: add, sub, mul, div, sqrt)
+writes its result (the same kernel with ``out=``, the same bits) into the storage of a
+temporary of the output's shape that no op reads any more: one of its own inputs that it
+reads last, else one that died earlier in the schedule. Only temporaries made by those same
+kernels qualify (fresh tensors that no view, call, variable or graph output shares); the
+generated code keeps every name alive until the graph returns, so without reuse each
+temporary would be a new allocation.
 """
 
 from __future__ import annotations
 
 from typing import Callable, Dict, List, Optional
 
-import torch
-
-from .. import dtypes
 from ..graph import Graph, Op
+from ..ops.forms import float32_only
 from ..tensor import Tensor
 
 __all__ = ["reuse_plan", "reusable_in", "inplace_kernel"]
 
-_FRESH = {
-    "Add": torch.add,
-    "Sub": torch.sub,
-    "Mul": torch.mul,
-    "Div": torch.div,
-    "Sqrt": torch.sqrt,
-}
-
-
-def _float32(op: Op) -> bool:
-    return all(t.dtype is dtypes.float32 for t in (*op.inputs, *op.outputs))
-
 
 def _eligible(op: Op) -> bool:
-    return op.type in _FRESH and not op.attrs and not op.modified_inputs() and _float32(op)
+    fresh = op.opdef.out_kernel is not None and not op.attrs
+    return fresh and not op.modified_inputs() and float32_only(op)
 
 
 def _liveness(ops: List[Op], g: Graph):
@@ -96,7 +84,7 @@ def _owned(t: Tensor, op: Op, readers, outputs) -> bool:
 def _reads_only(r: Op, t: Tensor) -> bool:
     """``r`` neither writes ``t`` nor returns anything that may share its storage: a fresh
     kernel, a host store (a copy), or an in-place op whose target is another tensor."""
-    if _eligible(r) or r.type == "HostStore":
+    if _eligible(r) or r.opdef.reads_only:
         return True
     written = {r.inputs[i] for i in r.modified_inputs()}
     return bool(r.opdef.inplace) and not r.called_graphs and t not in written
@@ -113,7 +101,7 @@ def _reusable(t: Tensor, op: Op, k: int, last, readers, outputs) -> bool:
 
 def inplace_kernel(op: Op) -> Callable:
     """``op``'s kernel writing its result into its last argument (the storage to reuse)."""
-    fn = _FRESH[op.type]
+    fn = op.opdef.out_kernel
 
     def into(*args):
         return fn(*args[:-1], out=args[-1])

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from ..graph import Graph, Op
+from ..ops.io import HOST_LOAD
+from ..ops.remote import REMOTE_LOAD_INPLACE
 from ..schedule import schedule
 from ..tensor import Tensor
 from .cost import nbytes_of
@@ -25,7 +27,7 @@ __all__ = ["TOP_N", "LiveTensor", "Liveness", "LivenessAnalysis", "flat_curve", 
 TOP_N = 5  # how many of the largest tensors live at a peak are kept for reports
 
 # A HostLoad writes the stream data into the buffer its Init input allocated (as in PopART).
-_FILLS_INPUT = frozenset({"HostLoad", "RemoteLoadInplace"})
+_FILLS_INPUT = frozenset((HOST_LOAD.name, REMOTE_LOAD_INPLACE.name))
 
 
 class LiveTensor(NamedTuple):

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from ..ops.call import CALL
 from .plan import _reachable  # the graphs the planner walks
 
 __all__ = ["Outlining", "outlining"]
@@ -69,7 +70,7 @@ def outlining(plan) -> Outlining:
         if g not in inlined:
             total = 0
             for op in g._ops:
-                if op.type == "Call":  # the call op becomes its graph's ops
+                if op.opdef is CALL:  # the call op becomes its graph's ops
                     total += expanded(op.called_graphs[0])
                     continue
                 total += model.code_bytes(op) + sum(expanded(c) for c in op.called_graphs)
@@ -77,7 +78,7 @@ def outlining(plan) -> Outlining:
         return inlined[g]
 
     graphs = _reachable(plan.main)
-    sites = Counter(op.called_graphs[0].name for g in graphs for op in g._ops if op.type == "Call")
+    sites = Counter(op.called_graphs[0].name for g in graphs for op in g._ops if op.opdef is CALL)
     return Outlining(
         sum(code(g) for g in graphs),
         expanded(plan.main),

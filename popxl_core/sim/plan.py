@@ -15,6 +15,7 @@ from math import prod
 from typing import Callable
 
 from ..graph import Graph
+from ..ops.io import HOST_LOAD, HOST_STORE
 from ..schedule import schedule
 from .cost import CostModel, Cycles, Work, nbytes_of
 from .liveness import TOP_N, Liveness, LivenessAnalysis, LiveTensor
@@ -202,13 +203,18 @@ def build_plan(ir, machine: Machine, observe: bool = True) -> Plan:
     )
     for observer in PLAN_OBSERVERS if observe else ():
         observer(plan)
+    _check_fits(plan, machine)
+    return plan
+
+
+def _check_fits(plan: Plan, machine: Machine) -> None:
+    """Raise or warn, as ``machine`` says, when an IPU overflows."""
     if plan.out_of_memory and machine.oom_is_error:
         raise OutOfMemoryError(oom_message(plan, plan.out_of_memory[0]), plan)
     if plan.out_of_memory and machine.oom_warns:
         warnings.warn(
-            oom_message(plan, plan.out_of_memory[0], fatal=False), OutOfMemoryWarning, stacklevel=3
+            oom_message(plan, plan.out_of_memory[0], fatal=False), OutOfMemoryWarning, stacklevel=4
         )
-    return plan
 
 
 def _num_ipus(graphs: list[Graph], machine: Machine) -> int:
@@ -272,7 +278,7 @@ def _memory(
             add(c.ipu, "constants", c.id, nbytes_of(c))
         for op in g._ops:
             add(op.ipu, "code", None, model.code_bytes(op))
-            stream = op.attrs.get("stream") if op.type in ("HostLoad", "HostStore") else None
+            stream = op.attrs.get("stream") if op.opdef in (HOST_LOAD, HOST_STORE) else None
             if stream is not None and (stream, op.ipu) not in streams:
                 streams.add((stream, op.ipu))
                 add(op.ipu, "streams", stream.tensor_id, nbytes_of(stream))

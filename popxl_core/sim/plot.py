@@ -29,13 +29,32 @@ def plot_liveness(report, path: Path, ipu: int = 0, title: str | None = None) ->
     mem = report.plan.memory[ipu]
     floor = mem.always_live
     xs = list(range(len(steps)))
-    mib = 1 << 20
-    ys = [(floor + b) / mib for _, b in steps]
+    ys = [(floor + b) / _MIB for _, b in steps]
     fig, ax = plt.subplots(figsize=(9, 4.5), dpi=100)
-    ax.fill_between(xs, 0, [floor / mib] * len(xs), step="mid", color="#9ab", label="always-live")
-    ax.fill_between(xs, floor / mib, ys, step="mid", color="#e83", label="not-always-live")
+    ax.fill_between(xs, 0, [floor / _MIB] * len(xs), step="mid", color="#9ab", label="always-live")
+    ax.fill_between(xs, floor / _MIB, ys, step="mid", color="#e83", label="not-always-live")
     _loaded_variables(ax, report, ipu, xs, floor)
-    cap = mem.capacity / mib
+    _peak(ax, steps, xs, ys)
+    _boundaries(ax, steps)
+    ax.set_xlabel("program step (calls and repeats expanded)")
+    ax.set_ylabel("MiB on IPU %d" % ipu)
+    _capacity(ax, mem.capacity / _MIB, max([*ys, floor / _MIB, 1e-9]) * 1.25)
+    ax.set_title(
+        title
+        or f"Liveness (estimate), {report.plan.machine.name}: capacity "
+        f"{mem.capacity / _MIB:.2f} MiB per IPU"
+    )
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+_MIB = 1 << 20
+
+
+def _peak(ax, steps, xs: list[int], ys: list[float]) -> None:
     if steps:
         peak = max(xs, key=lambda i: ys[i])
         ax.annotate(
@@ -45,25 +64,15 @@ def plot_liveness(report, path: Path, ipu: int = 0, title: str | None = None) ->
             xytext=(5, 5),
             fontsize=8,
         )
-    _boundaries(ax, steps)
-    ax.set_xlabel("program step (calls and repeats expanded)")
-    ax.set_ylabel("MiB on IPU %d" % ipu)
-    top = max([*ys, floor / mib, 1e-9]) * 1.25
+
+
+def _capacity(ax, cap: float, top: float) -> None:
+    """The capacity line; the plot's top kept above it when the curve comes near it."""
     if top > 0.5 * cap:  # near or over capacity: keep the line in view
         top = max(top, 1.05 * cap)
     ax.set_ylim(0, top)
     off = "" if cap <= top else ", above the plot"
     ax.axhline(cap, color="red", ls="--", lw=1, label=f"capacity {cap:.2f} MiB{off}")
-    ax.set_title(
-        title
-        or f"Liveness (estimate), {report.plan.machine.name}: capacity "
-        f"{mem.capacity / mib:.2f} MiB per IPU"
-    )
-    ax.legend(loc="upper left", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
 
 
 def _loaded_variables(ax, report, ipu: int, xs: list[int], floor: int) -> None:

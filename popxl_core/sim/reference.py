@@ -11,16 +11,14 @@ unsigned integers computed in int64, in-place ops writing their target, and the 
 remote and collective ops' own emitters (the definition of call-by-value, streams and
 exchanges), whose called graphs are interpreted here too.
 
-`Session(ir, ..., _reference=True)`, or any Session built inside ``with interpreted():``
-(how tests run a popxl_fx trainer on it), runs the Ir with this interpreter instead.
+``Session(ir, ..., compile_options=CompileOptions(interpret=True))`` runs the Ir with this
+interpreter instead (popxl_fx: ``Options(compiler=CompileOptions(interpret=True))``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import threading
-from typing import Any, Callable, Dict, Iterator, List
+from typing import Any, Callable, Dict, List
 
 import torch
 
@@ -37,46 +35,7 @@ from .compile import (
     is_remote,
 )
 
-__all__ = [
-    "ReferenceProgram",
-    "interpreted",
-    "reference_enabled",
-    "compiler_options",
-    "program_options",
-]
-
-_MODE = threading.local()
-
-
-@contextlib.contextmanager
-def interpreted() -> Iterator[None]:
-    """Sessions built in this block (in this thread) run with `ReferenceProgram`."""
-    before = getattr(_MODE, "on", False)
-    _MODE.on = True
-    try:
-        yield
-    finally:
-        _MODE.on = before
-
-
-def reference_enabled() -> bool:
-    return getattr(_MODE, "on", False)
-
-
-@contextlib.contextmanager
-def compiler_options(**options: bool) -> Iterator[None]:
-    """Sessions built in this block (in this thread) compile with these `compile.Program`
-    options, e.g. ``transposed_matmuls=False`` to compare a fusion with the reference."""
-    before = getattr(_MODE, "options", {})
-    _MODE.options = {**before, **options}
-    try:
-        yield
-    finally:
-        _MODE.options = before
-
-
-def program_options() -> Dict[str, bool]:
-    return dict(getattr(_MODE, "options", {}))
+__all__ = ["ReferenceProgram"]
 
 
 class _Main:

@@ -238,19 +238,10 @@ class SimReport:
         from .tree import program_tree
 
         p = self.plan
-        m = p.machine
         return self.totals() | {
             "estimate": True,
             "note": ESTIMATE_NOTE,
-            "machine": {
-                "name": m.name,
-                "tiles_per_ipu": m.tiles_per_ipu,
-                "bytes_per_tile": m.bytes_per_tile,
-                "bytes_per_ipu": m.bytes_per_ipu,
-                "num_ipus": m.num_ipus,
-                "clock_hz": m.clock_hz,
-                "oom_is_error": m.oom_is_error,
-            },
+            "machine": _machine_dict(p.machine),
             "replication_factor": p.replication_factor,
             "memory": {str(i): _memory_dict(mem) for i, mem in p.memory.items()},
             "out_of_memory": list(p.out_of_memory),
@@ -300,3 +291,8 @@ def _memory_dict(m) -> dict[str, Any]:
         "top": [{"category": c, "name": n, "bytes": b} for c, n, b in m.top],
         "live_at_peak": [t._asdict() for t in m.live_top],
     }
+
+
+def _machine_dict(m) -> dict[str, Any]:
+    keys = ("name", "tiles_per_ipu", "bytes_per_tile", "bytes_per_ipu", "num_ipus", "clock_hz")
+    return {k: getattr(m, k) for k in (*keys, "oom_is_error")}

@@ -16,8 +16,9 @@ from ..tensor import Constant, Tensor, Variable
 from . import checks
 from .compile import Program
 from .machine import machine_for
+from .options import DEFAULT, CompileOptions
 from .plan import build_plan
-from .reference import ReferenceProgram, program_options, reference_enabled
+from .reference import ReferenceProgram
 from .remote_state import RemoteState, host_from_replicas, read_replicas, replica_value
 from .runtime import Runtime, run_replicas
 
@@ -34,7 +35,9 @@ class Session:
     `popxl_core.sim.machine.target(...)` with overridden tiles, IPUs, memory or clock).
 
     Building the Session verifies the IR, plans memory and cycles and compiles every graph
-    once; `run` then only feeds streams and calls the compiled kernels.
+    once; `run` then only feeds streams and calls the compiled kernels. ``compile_options``
+    (`popxl_core.sim.options.CompileOptions`) switches the compiler's passes, or runs the
+    reference interpreter instead (tests).
     """
 
     def __init__(
@@ -42,30 +45,33 @@ class Session:
         ir,
         device_desc: str = "cpu",
         weights_to_host_on_exit: bool = True,
-        _check_specs: bool = False,
-        _reference: Optional[bool] = None,
+        compile_options: Optional[CompileOptions] = None,
     ) -> None:
         self.machine = machine_for(device_desc)
         self._built_at = checks.built_at()
-        if ir._session is not None:
-            raise RuntimeError(
-                f"{ir!r} is already owned by {ir._session!r}; a PopXL Session takes "
-                "ownership of its Ir, so build a new Ir for a second Session."
-            )
-        for g in ir._graphs.values():
-            verify(g)
+        _check_unowned(ir)
         self._ir = ir
         self.device_desc = device_desc
         self.weights_to_host_on_exit = weights_to_host_on_exit
         # in a torch.distributed job this process runs only its share of the replicas
         self._placement = placement_for(ir, {v: v._data for v in ir.main_graph.variables})
         self._runtime = Runtime(ir.replication_factor, self._placement)
-        # the Session owns the Ir from here on, so its streams are fixed
+        self._fix_streams(ir)
+        # plan first: an out-of-memory program fails before anything is compiled or copied
+        self.plan = build_plan(ir, self.machine)
+        self._program = _program(ir, self._runtime, compile_options or DEFAULT)
+        # collectives need every replica at once: then replicas run in threads
+        self._threaded = _has_collectives(self._program)
+        ir._session = self
+        self._init_state(ir)
+
+    def _fix_streams(self, ir) -> None:
+        """The Session owns the Ir from here on, so its streams are fixed: their numpy dtype,
+        full host shape and the run's [transfers, replicas, *shape] view, then the same two
+        for this process's replicas, computed once (checked and applied on each run), and the
+        transfer counts checked."""
         self._h2d = frozenset(ir.get_all_h2d_streams())
         self._d2h = tuple(ir.get_all_d2h_streams())
-        # numpy dtype, full host shape and the run's [transfers, replicas, *shape] view of
-        # every stream, then the same two for this process's replicas, computed once: checked
-        # and applied on each run
         local = len(self._placement.local)
         self._stream_spec = {
             s: (
@@ -81,21 +87,10 @@ class Session:
         counts = checks.transfer_counts(ir.main_graph)
         checks.check_transfer_counts(self, counts)
         self._data_dependent = [s for s, n in counts.items() if n < 0]
-        # plan first: an out-of-memory program fails before anything is compiled or copied
-        self.plan = build_plan(ir, self.machine)
-        # tests run the plain interpreter (`reference.py`) to check the compiled program
-        use_reference = reference_enabled() if _reference is None else _reference
-        if use_reference:
-            self._program = ReferenceProgram(ir, self._runtime, check_specs=_check_specs)
-        else:
-            self._program = Program(
-                ir, self._runtime, check_specs=_check_specs, **program_options()
-            )
-        # collectives need every replica at once: then replicas run in threads
-        self._threaded = any(
-            op.opdef.extra.get("collective") for g in self._program.graphs_used() for op in g._ops
-        )
-        ir._session = self
+
+    def _init_state(self, ir) -> None:
+        """The variables' host buffers (and per-replica copies), remote state, and the
+        detached, in-sync starting state."""
         self._variables: List[Variable] = self._program.variables
         self._variable_index = {v: i for i, v in enumerate(self._variables)}
         self._remote = RemoteState(ir, self._runtime, self._variables)
@@ -105,9 +100,7 @@ class Session:
         }
         # retrieval_mode='all_replicas': what get_tensor_data returns, one row per replica
         self._per_replica: Dict[Variable, np.ndarray] = {
-            v: np.stack(
-                [torch_to_host(self._to_device(v, r)) for r in range(ir.replication_factor)]
-            )
+            v: self._replica_rows(v)
             for v in self._host
             if v.retrieval_mode == "all_replicas" and ir.replication_factor > 1
         }
@@ -118,6 +111,10 @@ class Session:
         self._host_in_sync = True
         self._context_stack: List[bool] = []
         self._whole_inputs: Dict[str, np.ndarray] = {}
+
+    def _replica_rows(self, v: Variable) -> np.ndarray:
+        replicas = range(self._ir.replication_factor)
+        return np.stack([torch_to_host(self._to_device(v, r)) for r in replicas])
 
     def __repr__(self) -> str:
         return f"Session[{self._ir!r} {self.device_desc!r} built at {self._built_at}]"
@@ -471,6 +468,29 @@ def _single_value(arr: np.ndarray, full: tuple) -> bool:
     """PopXL's ``_verify_io_shape`` accepts any size-1 array where the expected host shape is
     all ones (``()`` or ``(1,)``, ...): the one value is the same whatever its shape."""
     return arr.size == 1 and all(d == 1 for d in full)
+
+
+def _check_unowned(ir) -> None:
+    """A PopXL Session takes ownership of its Ir (verified here, before anything is built)."""
+    if ir._session is not None:
+        raise RuntimeError(
+            f"{ir!r} is already owned by {ir._session!r}; a PopXL Session takes "
+            "ownership of its Ir, so build a new Ir for a second Session."
+        )
+    for g in ir._graphs.values():
+        verify(g)
+
+
+def _program(ir, runtime: Runtime, options: CompileOptions):
+    """The compiled program, or the reference interpreter (``options.interpret``: tests
+    compare the compiled passes with it)."""
+    if options.interpret:
+        return ReferenceProgram(ir, runtime, check_specs=options.check_specs)
+    return Program(ir, runtime, options)
+
+
+def _has_collectives(program) -> bool:
+    return any(op.opdef.collective for g in program.graphs_used() for op in g._ops)
 
 
 def _expanded_shape(shape, ir, replicas: Optional[int] = None) -> tuple:

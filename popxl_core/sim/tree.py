@@ -10,12 +10,15 @@ from __future__ import annotations
 from typing import Any
 
 from ..graph import Graph
+from ..ops.call import CALL, REPEAT
+from ..ops.io import HOST_LOAD, HOST_STORE, IO_TILE_COPY, IPU_COPY
 from ..schedule import schedule
 from .cost import CostModel
 
 __all__ = ["program_tree", "tree_text"]
 
-_SHOWN = ("HostLoad", "HostStore", "Remote", "Replicated", "IpuCopy", "IoTileCopy")
+# op types the tree shows (prefixes: every remote and replicated op)
+_SHOWN = (HOST_LOAD.name, HOST_STORE.name, "Remote", "Replicated", IPU_COPY.name, IO_TILE_COPY.name)
 
 
 def program_tree(plan) -> dict[str, Any]:
@@ -51,10 +54,10 @@ def _graph_node(graph: Graph, model: CostModel, kind: str, times: int) -> dict[s
 
 
 def _control_node(op, model: CostModel) -> dict[str, Any]:
-    if op.type == "Loop":
+    if op.opdef is REPEAT:
         n = op.attrs["repeat_count"]
         return _graph_node(op.called_graphs[0], model, f"repeat({n})", n)
-    kind = "call" if op.type == "Call" else op.type.lower()
+    kind = "call" if op.opdef is CALL else op.type.lower()
     branches = [_graph_node(g, model, "branch", 1) for g in op.called_graphs]
     if len(branches) == 1:
         return branches[0] | {"kind": kind}

@@ -15,6 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..graph import Graph, Op
+from ..ops.collectives.replicated import ALL_GATHER
+from ..ops.conditional import CONDITIONAL
+from ..ops.elementwise import IDENTITY
+from ..ops.io import IO_TILE_COPY
+from ..ops.remote import REMOTE_LOAD, REMOTE_LOAD_INPLACE
 from ..remote_variables import remote_info
 from ..tensor import Tensor
 from .cost import nbytes_of
@@ -22,9 +27,9 @@ from .liveness import LivenessAnalysis, _alias_source, _buffer_spans, _live_curv
 
 __all__ = ["VariableLiveness", "VariableCurve"]
 
-_LOADS = frozenset({"RemoteLoad", "RemoteLoadInplace"})
+_LOADS = frozenset((REMOTE_LOAD.name, REMOTE_LOAD_INPLACE.name))
 # ops whose output 0 is a new buffer holding the same variable data as input 0
-_CARRIES = frozenset({"ReplicatedAllGather", "IoTileCopy", "Identity"})
+_CARRIES = frozenset((ALL_GATHER.name, IO_TILE_COPY.name, IDENTITY.name))
 
 
 @dataclass
@@ -97,7 +102,7 @@ class VariableLiveness:
         curves = []
         for g in op.called_graphs:
             flags = None
-            if op.type != "If" and len(op.inputs) == len(g._inputs):
+            if op.opdef is not CONDITIONAL and len(op.inputs) == len(g._inputs):
                 flags = tuple(t in marked for t in op.inputs)
             curves.append(self.of(g, flags))
         best = max(curves, key=lambda c: sum(c.peak.values()))

@@ -1,7 +1,7 @@
 """Op-table kernel variants the compiler picks from what it knows about an op's use.
 
-``OpDef.extra["dead_output_kernels"]``: a kernel that skips outputs nothing reads (a first
-linear layer's input gradient). ``OpDef.extra["buffered_kernel"]``: a kernel that writes its
+``OpDef.dead_output_kernels``: a kernel that skips outputs nothing reads (a first
+linear layer's input gradient). ``OpDef.buffered_kernel``: a kernel that writes its
 outputs into buffers it keeps between runs, used only for an op of a graph that runs at most
 once per `Session.run` (every value a run computes is dead when the run returns: it returns
 copies, and variables are written in place), so no value is overwritten while still read.
@@ -16,6 +16,7 @@ from typing import Callable, Dict, List, Set
 import torch
 
 from ..graph import Graph, Op
+from ..ops.call import CALL
 
 __all__ = ["MAX_BUFFER_BYTES", "graphs_run_once", "variant_kernel"]
 
@@ -23,8 +24,7 @@ __all__ = ["MAX_BUFFER_BYTES", "graphs_run_once", "variant_kernel"]
 def variant_kernel(op: Op, em) -> Callable | None:
     """The op table's kernel that skips the outputs nothing reads, or that keeps its output
     buffers between runs where the op runs at most once per run (float32, not checked)."""
-    extra = op.opdef.extra
-    variants, buffered = extra.get("dead_output_kernels", {}), extra.get("buffered_kernel")
+    variants, buffered = op.opdef.dead_output_kernels, op.opdef.buffered_kernel
     if not (variants or buffered) or em.program.check_specs or not _all_float32(op):
         return None
     dead = frozenset(i for i, t in enumerate(op.outputs) if t not in em.read)
@@ -56,7 +56,7 @@ def graphs_run_once(ir) -> Set[Graph]:
         for g, ops in sites.items():
             if g in once or len(ops) != 1:
                 continue
-            if ops[0].type == "Call" and ops[0].graph in once and g is not ir.main_graph:
+            if ops[0].opdef is CALL and ops[0].graph in once and g is not ir.main_graph:
                 once.add(g)
                 changed = True
     return once

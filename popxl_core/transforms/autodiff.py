@@ -324,7 +324,7 @@ def _forward_reach(graph: Graph, start: Iterable[Tensor], reads) -> Set[Tensor]:
     reach = set(start)
     for op in graph._ops:
         # a detached value needs no gradient: rules may then skip it (GradContext.requires_grad)
-        if any(t in reach for t in reads[op]) and not op.opdef.extra.get("stops_gradient"):
+        if any(t in reach for t in reads[op]) and not op.opdef.stops_gradient:
             reach.update(op.outputs)
     return reach
 

@@ -148,14 +148,7 @@ def multi_head_attention(
     if eager_mha_applies(ctx, m, query, key, value, key_padding_mask, need_weights, attn_mask):
         return eager_mha(ctx, m, query, key, value), None
     unbatched = query.rank == 2
-    if unbatched:
-        query, key, value = (
-            ops.unsqueeze(t, 0 if m.batch_first else 1) for t in (query, key, value)
-        )
-        if key_padding_mask is not None:
-            key_padding_mask = ops.unsqueeze(key_padding_mask, 0)
-    if not m.batch_first:
-        query, key, value = (ops.transpose(t, (1, 0, 2)) for t in (query, key, value))
+    query, key, value, key_padding_mask = _batch_first(m, query, key, value, key_padding_mask)
     n, length, s = query.shape[0], query.shape[1], key.shape[1]
     if is_causal and attn_mask is None:
         attn_mask = ops.logical_not(_causal(length, s))
@@ -167,13 +160,33 @@ def multi_head_attention(
     out, weights = attention(ctx, q, k, v, mask, m.dropout if ctx.training else 0.0)
     out = ops.reshape(ops.transpose(out, (0, 2, 1, 3)), (n, length, m.embed_dim))
     out = call_child(ctx, m, "out_proj", out)
+    return _module_layout(m, out, weights, unbatched, need_weights, average_attn_weights)
+
+
+def _batch_first(m, query, key, value, key_padding_mask) -> tuple:
+    """The inputs as (N, L, E) (a batch of one for unbatched inputs; transposed when the
+    module is not batch_first), and the padding mask as (N, S)."""
+    if query.rank == 2:  # unbatched
+        query, key, value = (
+            ops.unsqueeze(t, 0 if m.batch_first else 1) for t in (query, key, value)
+        )
+        if key_padding_mask is not None:
+            key_padding_mask = ops.unsqueeze(key_padding_mask, 0)
+    if not m.batch_first:
+        query, key, value = (ops.transpose(t, (1, 0, 2)) for t in (query, key, value))
+    return query, key, value, key_padding_mask
+
+
+def _module_layout(m, out, weights, unbatched: bool, need_weights: bool, average: bool):
+    """(output, weights) back in the module's layout: not batch_first transposed back, the
+    batch of one dropped for unbatched inputs, weights averaged over heads if asked."""
     if not m.batch_first:
         out = ops.transpose(out, (1, 0, 2))
     if unbatched:
         out = ops.squeeze(out, [0 if m.batch_first else 1])
     if not need_weights:
         return out, None
-    if average_attn_weights:
+    if average:
         weights = ops.mean(weights, 1)
     return out, ops.squeeze(weights, [0]) if unbatched else weights
 

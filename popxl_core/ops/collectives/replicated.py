@@ -102,7 +102,7 @@ ALL_REDUCE = register(
         grad=_all_reduce_grad,
         cost=_collective_cost,
         samples=_reduce_samples,
-        extra={"collective": True},
+        collective=True,
     )
 )
 ALL_REDUCE_INPLACE = register(
@@ -116,7 +116,7 @@ ALL_REDUCE_INPLACE = register(
         samples=lambda: [
             Sample([rand(3)], lambda x: replicated_all_reduce_(x * 1, "add"), lambda x: x * 1)
         ],
-        extra={"collective": True},
+        collective=True,
     )
 )
 
@@ -186,7 +186,7 @@ REDUCE_SCATTER = register(
         grad=_scatter_grad,
         cost=_collective_cost,
         samples=_scatter_samples,
-        extra={"collective": True},
+        collective=True,
     )
 )
 
@@ -278,7 +278,7 @@ ALL_GATHER = register(
         grad=_gather_grad,
         cost=_collective_cost,
         samples=_gather_samples,
-        extra={"collective": True},
+        collective=True,
     )
 )
 

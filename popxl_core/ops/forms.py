@@ -1,0 +1,219 @@
+"""What the simulator's compile-time rewrites know about an op, declared on its `OpDef`.
+
+The rewrites in ``popxl_core/sim/`` (multi-tensor groups, ``out=`` reuse, direct torch calls,
+fused transposes, joint convolution gradients) recognise ops only through these fields, so an
+op's special forms are declared next to its kernel, in its op module:
+
+* `Foreach`: the op's multi-tensor form (``OpDef.foreach``; sim/foreach.py);
+* ``OpDef.out_kernel``: a torch function taking ``out=``, the same arithmetic as the kernel
+  (sim/inplace.py writes the result into a dead input);
+* ``OpDef.direct``: the torch call written into the generated code (sim/direct.py);
+* ``OpDef.transposed_kernel`` / ``OpDef.matrix_transpose``: ``(a op b).T`` in one kernel
+  (sim/fuse.py);
+* `JointGrad`: two gradient ops computed by one call (sim/conv_pairs.py).
+
+This module also holds the helpers the multi-tensor forms share.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, List, Optional, Sequence, Tuple
+
+from .. import dtypes
+from ..graph import Op
+from ..tensor import Constant, Tensor
+
+__all__ = [
+    "Foreach",
+    "JointGrad",
+    "Targets",
+    "binary_direct",
+    "binary_foreach",
+    "columns",
+    "float32_only",
+    "multi_tensor_foreach",
+    "shared_identity",
+    "unary_foreach",
+]
+
+# (mode, input index) pairs a group may write its results into ("in0": the per-tensor operand,
+# "in1": input 1 of a commutative op of two tensors); empty: the group always allocates
+Targets = List[Tuple[str, int]]
+
+
+@dataclass(frozen=True)
+class Foreach:
+    """An op's multi-tensor form: ops of one type whose ``key`` is equal run as one call.
+
+    Args:
+        key: ``op -> tuple | None``: what ops must share to run as one kernel (operand roles,
+            shared scalar tensors, attributes); None for an op that is never grouped. The
+            compiler prefixes the op type.
+        kernel: ``(ops, key, mode) -> fn`` with ``fn(*inputs of every op, flattened) ->
+            (output 0 of every op)``; ``mode`` is "fresh", "in0" or "in1" (see ``targets``).
+        targets: ``key -> [(mode, input)]`` for ops that may instead write into a dead input
+            of their own, as ``out=`` reuse does (None: the group's mode stays "fresh").
+        any_dtype: group ops of any dtype (default: float32 only).
+    """
+
+    key: Callable[[Op], Optional[tuple]]
+    kernel: Callable[[Sequence[Op], tuple, str], Callable]
+    targets: Optional[Callable[[tuple], Targets]] = None
+    any_dtype: bool = False
+
+
+@dataclass(frozen=True)
+class JointGrad:
+    """Two gradient ops of one forward op (a "data" and a "weight" role) that read the same
+    output gradient (input 0) and may be computed by one call (sim/conv_pairs.py).
+
+    Args:
+        role: "data" or "weight".
+        eligible: ``op -> bool``: this op may join a pair (attributes, dtypes).
+        matches: ``(data op, weight op) -> bool``: the two are one forward op's gradients.
+        kernel: ``data op -> fn`` with ``fn(dy, x, w) -> (dx, dw)``; ``x`` is the weight op's
+            input 1, ``w`` the data op's input 1.
+    """
+
+    role: str
+    eligible: Callable[[Op], bool]
+    matches: Callable[[Op, Op], bool]
+    kernel: Callable[[Op], Callable]
+
+
+def shared_identity(t: Tensor) -> object:
+    """A shared operand's identity in a group key: the tensor, or a constant's value
+    (``x + 1e-3`` makes one constant per op; equal values may share a kernel)."""
+    if isinstance(t, Constant):
+        return ("constant", t.dtype.name, t._data.tobytes())
+    return t
+
+
+def columns(flat: Sequence, n: int) -> List[list]:
+    """The flattened inputs of a group's ops (``n`` each) as one list per input position."""
+    return [list(flat[i::n]) for i in range(n)]
+
+
+def _shape(t: Tensor) -> tuple:
+    return tuple(t.shape)
+
+
+def _scalar(t: Tensor) -> bool:
+    return tuple(t.shape) == ()
+
+
+# binary ops -------------------------------------------------------------------------
+def binary_foreach(
+    fresh: Callable, inplace: Callable, commutative: bool, scalar_rhs: bool = True
+) -> Foreach:
+    """Add/Sub/Mul/Div: two tensors of the output's shape ("LL"), a tensor and one shared
+    scalar tensor ("LS", with ``scalar_rhs``), or (commutative ops) a shared scalar and a
+    tensor ("SL")."""
+
+    def key(op: Op) -> Optional[tuple]:
+        if op.attrs:
+            return None
+        (a, b), out = op.inputs, _shape(op.outputs[0])
+        if _shape(a) == out and _shape(b) == out:
+            return ("LL",)
+        if _shape(a) == out and _scalar(b) and scalar_rhs:
+            return ("LS", shared_identity(b))
+        if _scalar(a) and _shape(b) == out and commutative:
+            return ("SL", shared_identity(a))
+        return None
+
+    def targets(key: tuple) -> Targets:
+        if key[0] == "LL":
+            return [("in0", 0)] + ([("in1", 1)] if commutative else [])
+        return [("in0", 1 if key[0] == "SL" else 0)]
+
+    def kernel(ops, key: tuple, mode: str) -> Callable:
+        return _binary_kernel(fresh, inplace, key[0], mode, len(ops[0].inputs))
+
+    return Foreach(key, kernel, targets)
+
+
+def _binary_kernel(fresh, inplace, roles: str, mode: str, n: int) -> Callable:
+    if roles == "LL":
+        if mode == "fresh":
+            return lambda *flat: tuple(fresh(*columns(flat, n)))
+        first = 0 if mode == "in0" else 1  # in1 only for commutative ops: b op a == a op b
+
+        def into(*flat):
+            cols = columns(flat, n)
+            inplace(cols[first], cols[1 - first])
+            return tuple(cols[first])
+
+        return into
+    li = 1 if roles == "SL" else 0
+
+    def with_scalar(*flat):
+        cols = columns(flat, n)
+        tensors, scalar = cols[li], cols[1 - li][0]
+        if mode == "fresh":
+            return tuple(fresh(tensors, scalar))
+        inplace(tensors, scalar)
+        return tuple(tensors)
+
+    return with_scalar
+
+
+# unary ops --------------------------------------------------------------------------
+def unary_foreach(fresh: Callable, inplace: Callable, writes_input: bool = False) -> Foreach:
+    """Sqrt/Neg: one tensor; with ``writes_input`` the group may write into its dead inputs."""
+
+    def kernel(ops, key: tuple, mode: str) -> Callable:
+        if mode == "in0":
+            return lambda *flat: _apply_(inplace, list(flat))
+        return lambda *flat: tuple(fresh(list(flat)))
+
+    targets = (lambda key: [("in0", 0)]) if writes_input else None
+    return Foreach(lambda op: () if not op.attrs else None, kernel, targets)
+
+
+def _apply_(fn: Callable, tensors: list) -> tuple:
+    fn(tensors)
+    return tuple(tensors)
+
+
+# ops with a multi-tensor kernel of their own ----------------------------------------
+def multi_tensor_foreach(multi: Callable, shared_roles: Tuple[str, ...]) -> Foreach:
+    """An op (torch's fused optimizer steps) whose list kernel ``multi(values, **attrs)``
+    takes one ``{role: tensor}`` dict per op (``attrs["roles"]`` names the inputs) and
+    returns each op's output 0. Ops with the same attributes, parameter dtype and
+    hyper-parameter tensors (``shared_roles``) run as one call, as ``torch.optim(fused=True)``
+    updates a param group; any dtype."""
+
+    def key(op: Op) -> tuple:
+        roles = op.attrs["roles"]
+        shared = tuple(shared_identity(t) for r, t in zip(roles, op.inputs) if r in shared_roles)
+        return (op.outputs[0].dtype.name, tuple(sorted(op.attrs.items())), shared)
+
+    def kernel(ops, key: tuple, mode: str) -> Callable:
+        attrs = dict(ops[0].attrs)
+        roles, n = attrs.pop("roles"), len(ops[0].inputs)
+
+        def run(*flat):
+            values = [dict(zip(roles, flat[i : i + n])) for i in range(0, len(flat), n)]
+            return tuple(multi(values, **attrs))
+
+        return run
+
+    return Foreach(key, kernel, any_dtype=True)
+
+
+def float32_only(op: Op) -> bool:
+    """Every input and output of ``op`` is float32."""
+    return all(t.dtype is dtypes.float32 for t in (*op.inputs, *op.outputs))
+
+
+def binary_direct(fn: str) -> Callable[[Op, List[str], Callable], Optional[str]]:
+    """``OpDef.direct`` of a binary op without attributes: ``fn(a, b)`` (e.g. "torch.add")."""
+
+    def call(op: Op, ins: List[str], literal: Callable) -> Optional[str]:
+        if op.attrs or len(ins) != 2:
+            return None
+        return f"{fn}({ins[0]}, {ins[1]})"
+
+    return call

@@ -1,0 +1,65 @@
+"""`CompileOptions`: how a `Session` turns its Ir into a program, passed explicitly.
+
+Each field is the switch of one compiler pass (`passes.PASSES`) or a test mode. Every pass
+keeps the bits of the reference interpreter (`reference.py`): tests build the same Ir with
+``CompileOptions(interpret=True)`` and compare, pass by pass (``transposed_matmuls`` under
+``Ir.numerics == "torch"`` is eager PyTorch's own call for a linear layer's weight gradient,
+which may differ from the unfused pair in the last bit; see `fuse.py`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+__all__ = ["CompileOptions", "DEFAULT"]
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """How `compile.Program` compiles an Ir (all passes on by default).
+
+    Args:
+        interpret: run the plain reference interpreter (`reference.ReferenceProgram`) instead
+            of compiling: what tests compare each pass with.
+        check_specs: check every kernel's output shape and dtype against the op table's
+            inference (test mode; the passes that replace per-op kernels by joint calls
+            or torch calls in the source then stay off: direct, conv_pairs, variants).
+        transposed_matmuls: a matrix transpose of a matmul's result in one kernel (fuse.py).
+        foreach: same-kind elementwise ops of many tensors as one multi-tensor kernel
+            (foreach.py), bitwise equal.
+        foreach_fresh: also group ops that allocate their results, as torch.optim's foreach
+            path does (False: only ops that can write into dead inputs; see foreach.py).
+        conv_pairs: a convolution's data and weight gradients in one call (conv_pairs.py).
+        direct: torch calls written into the generated source (direct.py).
+        release: ``del`` each temporary after its last reader (release.py).
+
+    Example:
+        >>> CompileOptions(foreach=False).transposed_matmuls
+        True
+    """
+
+    interpret: bool = False
+    check_specs: bool = False
+    transposed_matmuls: bool = True
+    foreach: bool = True
+    foreach_fresh: bool = True
+    conv_pairs: bool = True
+    direct: bool = True
+    release: bool = True
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, bool):
+                raise TypeError(f"CompileOptions({f.name}={value!r}): give True or False.")
+
+    def runs(self, switch: str, per_op: bool = False) -> bool:
+        """Whether the pass switched by field ``switch`` ("" for an unswitched pass) runs;
+        ``per_op``: the pass replaces per-op kernels, so spec checks turn it off."""
+        if per_op and self.check_specs:
+            return False
+        return not switch or getattr(self, switch)
+
+
+DEFAULT = CompileOptions()  # every pass on
