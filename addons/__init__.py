@@ -1,13 +1,29 @@
 """addons: popxl.addons re-implemented on popxl_core (Modules, named tensors, factories,
 graphs with named args, graph caching and gradient transforms)."""
 
+from popxl_core.transforms import GradGraphInfo
+
 from . import array_munging, layers, ops, optimizers, remote, rts, testing_utils, transforms
+from .array_munging import (
+    handle_negative_axis,
+    pad_axis,
+    repeat,
+    repeat_axis,
+    repeat_shard,
+    shard,
+    shard2D,
+    split2D,
+    squeeze_safe,
+    tensor_parallel_input,
+    unshard,
+    unshard2D,
+    unshard_arrays,
+)
 from .debugging import print_tensor, print_text
 from .dot_tree import DotTree, to_mapping
 from .graph import BoundGraph, GraphWithNamedArgs
 from .graph_cache import GraphCache, function
 from .graph_utils import is_subgraph, route_tensor_into_graph, seed_variable
-from .layers.weights_dict import WeightsDict
 from .module import Module, NameScopeMeta, create_grad_graph_info
 from .named_tensors import NamedTensorData, NamedTensors, print_named_tensors
 from .ops import cross_entropy, cross_entropy_with_grad, fp8_amax_scale, host_load, host_store
@@ -43,7 +59,7 @@ from .transforms import (
     set_available_memory_proportion_by_ipu,
     set_graph_available_memory_proportion_by_ipu,
 )
-from .utils import OrderedDict
+from .utils import OrderedDict, WeightsDict, git_commit, timer
 from .variable_factory import (
     NamedVariableFactories,
     VariableFactory,
@@ -116,4 +132,29 @@ __all__ = [
     "pipelined_execution",
     "set_available_memory_proportion_by_ipu",
     "set_graph_available_memory_proportion_by_ipu",
+    "GradGraphInfo",
+    "timer",
+    "GIT_COMMIT",
+    # array_munging, star-exported by popxl.addons
+    "handle_negative_axis",
+    "pad_axis",
+    "repeat",
+    "repeat_axis",
+    "repeat_shard",
+    "shard",
+    "shard2D",
+    "split2D",
+    "squeeze_safe",
+    "tensor_parallel_input",
+    "unshard",
+    "unshard2D",
+    "unshard_arrays",
 ]
+
+
+def __getattr__(name: str):
+    # popxl.addons sets GIT_COMMIT at import (through gitpython); here it is looked up when
+    # first read, so importing addons runs no subprocess
+    if name == "GIT_COMMIT":
+        return git_commit()
+    raise AttributeError(f"module 'addons' has no attribute {name!r}")

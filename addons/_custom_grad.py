@@ -8,7 +8,12 @@ from typing import TYPE_CHECKING, Any
 
 import popxl_core
 from popxl_core import Graph, Tensor
-from popxl_core.transforms import ExpectedConnection, ExpectedConnectionType, GradGraphInfo
+from popxl_core.transforms import (
+    ExpectedConnection,
+    ExpectedConnectionType,
+    GradGraphInfo,
+    new_grad_graph_info,
+)
 
 from ._grad_state import expose_as_output, fwd_connection
 from .graph import GraphWithNamedArgs
@@ -28,9 +33,8 @@ def _make_info(
     expected_inputs: list[ExpectedConnection],
     expected_outputs: list[ExpectedConnection],
 ) -> GradGraphInfo:
-    # popxl has no public constructor (addons itself goes through `_from_pb`); the core's
-    # `_create` is the one private hook addons needs for hand-built grad graphs.
-    return GradGraphInfo._create(grad_graph, fwd_graph, expected_inputs, expected_outputs)
+    # popxl has no public constructor (addons itself goes through `_from_pb`)
+    return new_grad_graph_info(grad_graph, fwd_graph, expected_inputs, expected_outputs)
 
 
 def grad_info_from_maps(

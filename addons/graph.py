@@ -7,17 +7,19 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from popxl_core import Graph, Tensor, ops
+from popxl_core import transforms as core_transforms
 from popxl_core.ops.call import CallSiteInfo
 from popxl_core.printing import format_schedule
 from popxl_core.transforms import GradGraphInfo
 
+from ._grad_state import check_safe_to_autodiff
 from .dot_tree import DotTree
 from .named_tensors import NamedTensors
 
 if TYPE_CHECKING:  # pragma: no cover
     from .module import Module
 
-__all__ = ["BoundGraph", "GraphWithNamedArgs"]
+__all__ = ["BoundGraph", "GraphWithNamedArgs", "gradient_graph"]
 
 TensorMap = Mapping[Tensor, Tensor]
 
@@ -212,9 +214,8 @@ class GraphWithNamedArgs:
         if custom and method != "autodiff":
             grad = module.create_grad_graph(self, grads_provided, grads_required)
         else:
-            from .transforms.autodiff import autodiff
-
-            grad = autodiff(self, grads_provided, grads_required, called_graphs_grad_info)
+            known = {**self.called_graphs_grad_info, **(called_graphs_grad_info or {})}
+            grad = gradient_graph(self.graph, grads_provided, grads_required, known)
         self.autodiff_applied = True
         return grad
 
@@ -238,3 +239,25 @@ class GraphWithNamedArgs:
 
     def __repr__(self) -> str:
         return f"<popxl_addons.graph.GraphWithNamedArgs object at {hex(id(self))}>"
+
+
+def gradient_graph(
+    fwd: Graph,
+    grads_provided: Iterable[Tensor] | None,
+    grads_required: Iterable[Tensor] | None,
+    called_graphs_grad_info: Mapping[Graph, GradGraphInfo],
+) -> GraphWithNamedArgs:
+    """popxl autodiff of ``fwd`` as a GraphWithNamedArgs with `grad_graph_info` and the grad
+    infos of the graphs it calls (those in ``called_graphs_grad_info`` are reused).
+
+    Here, below `addons.transforms.autodiff` (which wraps it), so that
+    `GraphWithNamedArgs.autodiff` does not import the transforms package back.
+    """
+    known = dict(called_graphs_grad_info)
+    check_safe_to_autodiff(fwd, known)
+    infos = core_transforms.autodiff(
+        fwd, grads_provided, grads_required, known, return_all_grad_graphs=True
+    )
+    result = GraphWithNamedArgs.from_grad_graph(infos[fwd])
+    result.called_graphs_grad_info = {g: i for g, i in infos.items() if g is not fwd}
+    return result

@@ -226,8 +226,15 @@ class Module(popxl_core.Module, metaclass=NameScopeMeta):
         return held
 
     def _record(self, name: str | int, t: Any, f: Any, overwrite: bool) -> None:
-        self._variable_factories.insert(name, f, overwrite)
-        self._named_inputs.insert(name, t, overwrite)
+        if self._submodules:  # the trees hold the children's sub-trees: copying inserts
+            self._variable_factories.insert(name, f, overwrite)
+            self._named_inputs.insert(name, t, overwrite)
+            return
+        # With no submodules no other tree holds these trees' sub-trees, so the inserts may
+        # add to them in place: a traced torch module (popxl_fx) records thousands of tensors
+        # under a few prefixes, and copying inserts would make its build quadratic.
+        self._variable_factories._insert_in_place(name, f, overwrite)
+        self._named_inputs._insert_in_place(name, t, overwrite)
 
     def add_variable_input(
         self,
@@ -406,6 +413,16 @@ class Module(popxl_core.Module, metaclass=NameScopeMeta):
             return
         self._called_graphs_grad_info.update(grad.called_graphs_grad_info)
         self._called_graphs_grad_info[graph.graph] = grad.grad_graph_info
+
+    def add_called_graphs_grad_info(self, infos: dict[Graph, GradGraphInfo]) -> None:
+        """Differentiate the graphs in ``infos`` with the given grad infos wherever this
+        module's graph is differentiated (a subclass that builds a called graph's gradient
+        itself, e.g. popxl_fx's recomputed blocks)."""
+        self._called_graphs_grad_info.update(infos)
+
+    def has_grad_graph_info(self, graph: Graph) -> bool:
+        """Whether the gradient of called graph ``graph`` is already recorded."""
+        return graph in self._called_graphs_grad_info
 
     def _outline_name(self, module: Module, name: str | int | None) -> str:
         if name is not None:

@@ -62,8 +62,8 @@ def apply_pre_alias_patterns(ir: Ir, level: str = "default") -> int:
     # decide every op first, so an error leaves the Ir untouched
     hits = [
         op
-        for g in ir._graphs.values()
-        for op in g._ops
+        for g in ir.graphs
+        for op in g.ops
         if op.type in _IDENTITY_WHEN and _IDENTITY_WHEN[op.type](op)
     ]
     for op in hits:

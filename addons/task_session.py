@@ -107,7 +107,7 @@ class TaskSession(popxl_core.Session):
             {
                 state[k]: v
                 for k, v in flat.items()
-                if k in state and not (skip_memmap and isinstance(state[k]._data, np.memmap))
+                if k in state and not (skip_memmap and state[k].memmap_backed)
             }
         )
 

@@ -63,4 +63,4 @@ def _to_tensor(value: Any, name: str) -> Any:
 
 def ops_of_type(graph: Graph, op_type: str) -> int:
     """How many ops of PopXL type ``op_type`` (e.g. ``"MatMul"``) ``graph`` has."""
-    return sum(1 for op in graph._ops if op.type == op_type)
+    return sum(1 for op in graph.ops if op.opType() == op_type)

@@ -64,18 +64,21 @@ class Op:
 
     @property
     def type(self) -> str:
-        """The PopXL op type, as `print_schedule` shows it."""
+        """The op table's name of this op (the simulator's key); the PopXL op type, except
+        for the few rows PopXL shares with another (see `OpDef.popxl_type`)."""
         return self.opdef.name
 
     def opType(self) -> str:  # noqa: N802 - popart spelling used by user code
-        return self.opdef.name
+        """The PopXL op type, as `print_schedule` shows it (``MatMul`` for a pow2-scaled
+        matmul too)."""
+        return self.opdef.popxl_type or self.opdef.name
 
     def modified_inputs(self) -> Set[int]:
         """Indexes of inputs this op writes to (in-place ops and by-ref call inputs)."""
         return set(self.opdef.inplace) | self.by_ref_modified
 
     def __repr__(self) -> str:
-        return f"Op[{self.type}.{self.id} in {self.graph.name!r}]"
+        return f"Op[{self.opType()}.{self.id} in {self.graph.name!r}]"
 
 
 class Graph:
@@ -161,6 +164,12 @@ class Graph:
     @property
     def ops(self) -> Tuple[Op, ...]:
         return tuple(self._ops)
+
+    @property
+    def by_ref_inputs(self) -> frozenset:
+        """The inputs made with ``graph_input(..., by_ref=True)`` (popxl keeps them as the
+        private ``_by_ref_inputs``): every call site marks their parent tensors modified."""
+        return frozenset(self._by_ref_inputs)
 
     @property
     def called_graphs(self) -> Tuple["Graph", ...]:

@@ -10,7 +10,14 @@ from .graph import Graph, Op
 from .schedule import schedule
 from .tensor import Tensor, graph_input
 
-__all__ = ["call_sites", "append_call_input", "move_ops_into_subgraph", "move_ops"]
+__all__ = [
+    "call_sites",
+    "append_call_input",
+    "move_ops_into_subgraph",
+    "move_ops",
+    "remove_ops",
+    "remove_outputs",
+]
 
 _CALLING_OPS = ("Call", "Loop")
 
@@ -19,7 +26,7 @@ def call_sites(graph: Graph) -> List[Op]:
     """Every Call and Loop (repeat) op of ``graph``'s Ir that calls ``graph``."""
     return [
         op
-        for g in graph.ir._graphs.values()
+        for g in graph.ir.graphs
         for op in g._ops
         if op.type in _CALLING_OPS and graph in op.called_graphs
     ]
@@ -43,7 +50,7 @@ def append_call_input(op: Op, parent: Tensor, graph_input: Tensor, modified: boo
             f"{op.type}.{op.id} feeds {len(op.inputs)} of the "
             f"{len(g._inputs) - 1} earlier inputs of {g.id!r}."
         )
-    op.graph.ir._check_editable(f"adding an input to {op.type}.{op.id}")
+    op.graph.ir.check_editable(f"adding an input to {op.type}.{op.id}")
     op.inputs.append(parent)
     op.graph._consumers.setdefault(parent.id, []).append(op)
     if modified:
@@ -78,7 +85,7 @@ def move_ops(graph: Graph, ops: List[Op], name: str):
     for every output of a moved op; the old tensors leave ``graph``, and any op left in
     ``graph`` that read one must be given the call's output instead (the caller's job).
     """
-    graph.ir._check_editable(f"moving ops of graph {graph.name or 'main'!r}")
+    graph.ir.check_editable(f"moving ops of graph {graph.name or 'main'!r}")
     moved = set(ops)
     body = graph.ir.create_empty_graph(name)
     inputs = _external_inputs(ops, body)
@@ -130,3 +137,44 @@ def _move_op(op: Op, body: Graph, mapping: Dict[Tensor, Tensor]) -> None:
     op.outputs = outs
     op.graph = body
     body._add_op(op)
+
+
+def remove_ops(graph: Graph, ops: List[Op]) -> None:
+    """Take ``ops`` and the tensors they make out of ``graph`` (addons' pipelining keeps them
+    as templates and builds its schedule from copies).
+
+    ValueError if a remaining op or a graph output uses one of their outputs; nothing is
+    changed then.
+    """
+    gone = set(ops)
+    made = [t for op in ops for t in op.outputs]
+    used = [
+        t for t in made if t in graph._outputs or any(c not in gone for c in graph.consumers(t))
+    ]
+    if used:
+        raise ValueError(
+            f"remove_ops: {', '.join(repr(t.id) for t in used)} of graph {graph.name!r} are "
+            "still used by ops or outputs that stay."
+        )
+    graph._ops = [op for op in graph._ops if op not in gone]
+    graph._topocons = [(a, b) for a, b in graph._topocons if a not in gone and b not in gone]
+    graph._consumers = {}
+    for op in graph._ops:
+        for t in op.inputs:
+            graph._consumers.setdefault(t.id, []).append(op)
+    for t in made:
+        graph._tensors.pop(t.id, None)
+
+
+def remove_outputs(graph: Graph, outputs: List[Tensor]) -> None:
+    """Remove ``outputs`` from ``graph``'s outputs (PopART's ``removeOutput``). Only for a
+    graph no call site uses yet: a call op's outputs follow its graph's outputs."""
+    for t in outputs:
+        if t not in graph._outputs:
+            raise ValueError(f"remove_outputs: {t.id!r} is not an output of {graph.name!r}.")
+        if call_sites(graph):
+            raise ValueError(
+                f"remove_outputs: graph {graph.name!r} is already called; remove outputs "
+                "before creating its call sites."
+            )
+        graph._outputs.remove(t)

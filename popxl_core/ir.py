@@ -63,6 +63,22 @@ class _PbIr:
     def getMainGraph(self) -> Graph:  # noqa: N802
         return self._ir.main_graph
 
+    def getRemoteBufferInfo(self, buffer_id: int):  # noqa: N802
+        """The `remote_buffer.RemoteBufferInfo` of remote buffer ``buffer_id``."""
+        buffers = self._ir._remote_buffers
+        if buffer_id not in buffers:
+            raise KeyError(
+                f"No remote buffer with id {buffer_id} in this Ir (ids: {sorted(buffers)})."
+            )
+        return buffers[buffer_id].remote_buffer_info
+
+    def hasRemoteBufferInfo(self, buffer_id: int) -> bool:  # noqa: N802
+        return buffer_id in self._ir._remote_buffers
+
+    def getAllRemoteBufferInfos(self) -> Dict[int, Any]:  # noqa: N802
+        """Remote buffer id -> its `remote_buffer.RemoteBufferInfo`, for every buffer."""
+        return {i: b.remote_buffer_info for i, b in self._ir._remote_buffers.items()}
+
     def logIr(self) -> None:  # noqa: N802
         from .printing import format_graph
 
@@ -107,7 +123,7 @@ class Ir:
 
     @num_host_transfers.setter
     def num_host_transfers(self, value: int) -> None:
-        self._check_editable(f"setting num_host_transfers to {value!r}")
+        self.check_editable(f"setting num_host_transfers to {value!r}")
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"num_host_transfers must be a positive int, got {value!r}.")
         self._num_host_transfers = value
@@ -150,7 +166,7 @@ class Ir:
     def numerics(self, value: str) -> None:
         if value not in NUMERICS:
             raise ValueError(f"Ir.numerics must be one of {NUMERICS}, got {value!r}.")
-        self._check_editable(f"setting numerics to {value!r}")
+        self.check_editable(f"setting numerics to {value!r}")
         self._numerics = value
 
     @property
@@ -185,7 +201,12 @@ class Ir:
         }
 
     # graphs -------------------------------------------------------------------
-    def _check_editable(self, what: str) -> None:
+    @property
+    def graphs(self) -> tuple:
+        """Every graph of this Ir, the main graph first, then in creation order."""
+        return tuple(self._graphs.values())
+
+    def check_editable(self, what: str) -> None:
         """Refuse any change once a Session has compiled this Ir: it would be left out silently."""
         if self._session is not None:
             raise RuntimeError(
@@ -196,7 +217,7 @@ class Ir:
             )
 
     def _new_graph(self, graph_id: str) -> Graph:
-        self._check_editable(f"creating graph {graph_id!r}")
+        self.check_editable(f"creating graph {graph_id!r}")
         g = Graph._create(self, graph_id)
         self._graphs[graph_id] = g
         return g
@@ -205,7 +226,7 @@ class Ir:
         return f"{name}_subgraph({next(self._graph_counter)})"
 
     def _unique_tensor_id(self, base: str) -> str:
-        self._check_editable(f"creating tensor {base!r}")
+        self.check_editable(f"creating tensor {base!r}")
         tid = base
         while tid in self._tensor_ids:
             tid = f"{base}__t{next(self._dedup_counter)}"

@@ -36,7 +36,7 @@ def _format_op(op, ids) -> str:
     def fmt(ts):
         return ", ".join(f"%{ids[t.id]} [{t.shape} {t.dtype.name}]" for t in ts)
 
-    return f"{op.type}.{op.id}{called} ({fmt(op.inputs)}) -> ({fmt(op.outputs)})"
+    return f"{op.opType()}.{op.id}{called} ({fmt(op.inputs)}) -> ({fmt(op.outputs)})"
 
 
 def format_graph(graph: Graph) -> str:
@@ -45,6 +45,6 @@ def format_graph(graph: Graph) -> str:
     for op in schedule(graph):
         ins = ", ".join(t.id for t in op.inputs)
         outs = ", ".join(t.id for t in op.outputs)
-        lines.append(f"  {op.type}.{op.id}({ins}) -> ({outs})")
+        lines.append(f"  {op.opType()}.{op.id}({ins}) -> ({outs})")
     lines.append(f"  outputs={[t.id for t in graph.outputs]}")
     return "\n".join(lines)

@@ -9,7 +9,13 @@ from typing import Optional, Tuple
 from . import dtypes
 from .context import gcg
 
-__all__ = ["RemoteBuffer", "remote_buffer", "replica_sharded_buffer"]
+__all__ = [
+    "RemoteBuffer",
+    "RemoteBufferInfo",
+    "TensorInfo",
+    "remote_buffer",
+    "replica_sharded_buffer",
+]
 
 
 class RemoteBuffer:
@@ -29,6 +35,10 @@ class RemoteBuffer:
         self._ir = weakref.ref(ir)
         self._id = len(ir._remote_buffers) + 1
         ir._remote_buffers[self._id] = self
+        # PopXL's own attribute names, which code written for PopXL reads: the PopART IR
+        # the buffer is registered on, and its id
+        self._current_ir = ir._pb_ir
+        self._remote_buffer_id = self._id
         self._meta_shape: Tuple[int, ...] = ()
         # replica sharding: the shard group size and grouping (None: not sharded)
         self._shard_over: Optional[int] = None
@@ -59,6 +69,11 @@ class RemoteBuffer:
     @property
     def remote_buffer_id(self) -> int:
         return self._id
+
+    @property
+    def remote_buffer_info(self) -> "RemoteBufferInfo":
+        """What PopART records for this buffer (``ir._pb_ir.getRemoteBufferInfo(id)``)."""
+        return RemoteBufferInfo(TensorInfo(self._dtype, self._shape), self._entries)
 
     @property
     def tensor_shape(self) -> Tuple[int, ...]:
@@ -132,6 +147,49 @@ class RemoteBuffer:
             f"RemoteBuffer(id={self._id}, shape={self._shape}, dtype={self._dtype.name}, "
             f"entries={self._entries})"
         )
+
+
+class TensorInfo:
+    """PopART's ``TensorInfo`` as PopXL code reads it off a remote buffer."""
+
+    def __init__(self, dtype: dtypes.dtype, shape: Tuple[int, ...]) -> None:
+        self._dtype, self._shape = dtype, tuple(shape)
+
+    def shape(self) -> list:
+        return list(self._shape)
+
+    def rank(self) -> int:
+        return len(self._shape)
+
+    def nelms(self) -> int:
+        return prod(self._shape)
+
+    def nbytes(self) -> int:
+        return self.nelms() * self._dtype.itemsize
+
+    def data_type_lcase(self) -> str:
+        return self._dtype.name
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, TensorInfo) and (other._dtype, other._shape) == (
+            self._dtype,
+            self._shape,
+        )
+
+    def __repr__(self) -> str:
+        return f"TensorInfo({self._dtype.name}, {list(self._shape)})"
+
+
+class RemoteBufferInfo:
+    """PopART's ``RemoteBufferInfo``: the tensor info of one entry and the entry count
+    (``repeats``), as ``ir._pb_ir.getRemoteBufferInfo(buffer.remote_buffer_id)`` returns it."""
+
+    def __init__(self, info: TensorInfo, repeats: int) -> None:
+        self.TensorInfo = info  # noqa: N815 - PopART's attribute name
+        self.repeats = repeats
+
+    def __repr__(self) -> str:
+        return f"RemoteBufferInfo({self.TensorInfo!r}, repeats={self.repeats})"
 
 
 def _read_only(name: str) -> None:

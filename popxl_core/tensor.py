@@ -283,6 +283,12 @@ class Variable(Tensor):
         return self._replica_grouping
 
     @property
+    def memmap_backed(self) -> bool:
+        """Whether the host data is an ``np.memmap`` (kept as the host buffer, so
+        ``weights_to_host`` writes the file)."""
+        return isinstance(self._data, np.memmap)
+
+    @property
     def retrieval_mode(self) -> str:
         return self._retrieval_mode
 
@@ -453,5 +459,5 @@ def graph_output(t: Tensor) -> None:
             f"graph_output: tensor {t.id!r} belongs to {t.graph.name!r}, "
             f"not to the current graph {g.name!r}."
         )
-    g.ir._check_editable(f"marking {t.id!r} as an output of graph {g.name!r}")
+    g.ir.check_editable(f"marking {t.id!r} as an output of graph {g.name!r}")
     g._outputs.append(t)

@@ -204,6 +204,8 @@ def decomposition_issue(node: fx.Node, root: torch.nn.Module) -> Issue | None:
     """None when ``node`` lowers through its decomposition, else the `Issue` saying why not."""
     kind = "unsupported module" if node.op == "call_module" else "unsupported op"
     what = _what(node, root)
+    if node.op == "call_function" and _packet(node.target) in REFUSED:  # the op itself
+        return unsupported(node, what, kind, f"{REFUSED[_packet(node.target)]}.")
     try:
         dec = decompose(node, root)
     except Exception as exc:  # noqa: BLE001 - any failure means there is no decomposition
@@ -289,7 +291,9 @@ def lower_by_decomposition(node: fx.Node, args: tuple, kwargs: dict, ctx: Loweri
     def make_ctx(n: fx.Node) -> LoweringContext:
         return LoweringContext(ctx.owner, n, ctx.module_path, ctx.training)
 
-    return run_graph(dec.gm, [*state, *leaves], make_ctx, _constant)
+    return run_graph(
+        dec.gm, [*state, *leaves], make_ctx, _constant, fallback=lower_by_decomposition
+    )
 
 
 def _constant(gm: fx.GraphModule, target: str) -> Any:

@@ -26,6 +26,7 @@ from .errors import Issue, UnsupportedError
 from .inplace import mutated_input
 
 __all__ = [
+    "Fallback",
     "LOWERINGS",
     "LoweringContext",
     "VariableOwner",
@@ -105,6 +106,12 @@ def target_name(target: Any) -> str:
     return f"{module}.{name}" if module else name
 
 
+# What the driver calls for a node the table lacks: ``fallback(node, args, kwargs, ctx)``
+# returns the node's popxl value(s) (`popxl_fx.fallback.lower_by_decomposition`). Passed in,
+# not imported, so the table never imports the fallback that is built on it.
+Fallback = Callable[[fx.Node, tuple, dict, "LoweringContext"], Any]
+
+
 class VariableOwner(Protocol):
     """What the driver needs from the module being built (popxl_fx.Module implements it)."""
 
@@ -167,6 +174,7 @@ def run_graph(
     attr: Callable[[fx.GraphModule, str], Any],
     outlined: Callable[[fx.Node, tuple], Any] | None = None,
     path_prefix: str = "",
+    fallback: Fallback | None = None,
 ) -> Any:
     """Lower every node of ``gm`` in order; return the output pytree of popxl values.
 
@@ -174,6 +182,8 @@ def run_graph(
         inputs: values for the placeholders, in order.
         make_ctx: the context for a node.
         attr: resolves a get_attr target to a popxl value (variable or constant).
+        fallback: lowers a node the table has no entry for (the driver passes
+            `popxl_fx.fallback.lower_by_decomposition`); None: such a node is an error.
         outlined: lowers an outlined call site (a ``call_module`` node) with its tensor
             arguments, or returns ``NotImplemented`` for a node it does not outline.
         path_prefix: put before every op's module path (a block graph names its modules
@@ -195,7 +205,7 @@ def run_graph(
             # every op made for this node names its torch module (reports, OOM errors)
             path = ".".join(p for p in (path_prefix, node.meta.get("module_path", "")) if p)
             with module_origin(path or "<root>"):
-                env[node] = lower_node(node, env, ctx)
+                env[node] = lower_node(node, env, ctx, fallback)
             mutated = mutated_input(node, ctx.owner.torch_module)
             if mutated is not None:  # later users of the tensor see the updated value
                 env[mutated] = env[node]
@@ -227,8 +237,10 @@ def _write_back(target: fx.Node, value: Any, ctx: LoweringContext) -> None:
     ops.var_updates.copy_var_update_(variable, value)
 
 
-def lower_node(node: fx.Node, env: dict, ctx: LoweringContext) -> Any:
-    """Lower one call node through the table, or the ATen fallback when it has no entry.
+def lower_node(
+    node: fx.Node, env: dict, ctx: LoweringContext, fallback: Fallback | None = None
+) -> Any:
+    """Lower one call node through the table, or ``fallback`` when it has no entry.
 
     An error raised by a lowering keeps its type and gains a note naming the fx node, its
     target, the module path and the user's source line.
@@ -250,16 +262,20 @@ def lower_node(node: fx.Node, env: dict, ctx: LoweringContext) -> Any:
     except Exception as exc:
         exc.add_note(_where(node, ctx))
         raise
-    from .fallback import lower_by_decomposition
+    if fallback is None:
+        issue = unsupported(node, _what(node, ctx), hint="it has no lowering.")
+        raise UnsupportedError(type(ctx.owner.torch_module).__name__, [issue])
+    return fallback(node, args, kwargs, ctx)
 
-    return lower_by_decomposition(node, args, kwargs, ctx)
+
+def _what(node: fx.Node, ctx: LoweringContext) -> str:
+    if node.op == "call_module":
+        return target_name(type(ctx.owner.torch_module.get_submodule(node.target)))
+    return target_name(node.target)
 
 
 def _where(node: fx.Node, ctx: LoweringContext) -> str:
-    if node.op == "call_module":
-        what = target_name(type(ctx.owner.torch_module.get_submodule(node.target)))
-    else:
-        what = target_name(node.target)
+    what = _what(node, ctx)
     path = node.meta.get("module_path", "")
     where = f"module '{path}'" if path else "the root module"
     source = node.meta.get("source", "<unknown>")

@@ -34,6 +34,7 @@ import addons
 import popxl_core as popxl
 from popxl_core import ops
 
+from . import fallback
 from .capture import Captured, capture
 from .capture_effects import WARN_KINDS
 from .errors import Issue, UnsupportedError
@@ -124,6 +125,10 @@ class Module(addons.Module):
         self._seed: list[popxl.Tensor] = []
         # master weights' working copies (their casts) in the last graph built, by name
         self.working_copies: dict[str, popxl.Tensor] = {}
+        # which inputs require grad in eager (compile's autograd bridge, tests): see
+        # `requires_grad`
+        self.inputs_require_grad: tuple[bool, ...] = ()
+        self._grad_inputs: set[int] = set()
 
     # capture ---------------------------------------------------------------------------
     def capture(self, *example_inputs: Any) -> Captured:
@@ -186,10 +191,20 @@ class Module(addons.Module):
         self._sites = {}
         gm = plan.gm if plan is not None else captured.gm
         try:
-            out = run_graph(gm, xs, self._context, self._attr, self._call_site, self._path_prefix)
+            self._grad_inputs = {id(x) for x, g in zip(xs, self.inputs_require_grad) if g}
+            out = run_graph(
+                gm,
+                xs,
+                self._context,
+                self._attr,
+                self._call_site,
+                self._path_prefix,
+                fallback.lower_by_decomposition,  # looked up per build: tests replace it
+            )
             self._advance_seed()
         finally:
             self._vars, self._seed, self._sites, self._plan = {}, [], {}, None
+            self._grad_inputs = set()
         if not self.flatten_outputs:
             return out
         leaves, self.out_spec = pytree.tree_flatten(out)
@@ -207,7 +222,7 @@ class Module(addons.Module):
         builder.rng = self.rng
         facts, graph = builder.create_graph(*args)
         n = group.n_outputs.setdefault(graph.graph, len(graph.graph.outputs))
-        if self.recompute and graph.graph not in self._called_graphs_grad_info:
+        if self.recompute and not self.has_grad_graph_info(graph.graph):
             self._recompute_grad(graph, n)
         if node.target not in self._sites:  # a module called twice binds the same variables
             factories = _site_factories(facts, self.torch_module, node.target, self.weightless)
@@ -224,8 +239,9 @@ class Module(addons.Module):
         from addons.transforms import recompute_graph
 
         grad = graph.autodiff(grads_provided=graph.graph.outputs[:n], method="autodiff")
-        self._called_graphs_grad_info.update(grad.called_graphs_grad_info)
-        self._called_graphs_grad_info[graph.graph] = recompute_graph(grad).grad_graph_info
+        self.add_called_graphs_grad_info(
+            {**grad.called_graphs_grad_info, graph.graph: recompute_graph(grad).grad_graph_info}
+        )
 
     def unflatten(self, leaves: Any) -> Any:
         """The forward's output structure around ``leaves`` (after ``flatten_outputs``)."""
@@ -287,14 +303,27 @@ class Module(addons.Module):
             self._vars[name] = var
         return self._vars[name]
 
-    def _record(self, name: str | int, t: Any, f: Any, overwrite: bool) -> None:
-        # One insert per torch tensor, all under a few prefixes ("layer1.0.conv1.weight"):
-        # addons' copying insert would make the build quadratic in the number of tensors.
-        # With no submodules, no other tree holds these trees' sub-trees.
-        if self._submodules:
-            return super()._record(name, t, f, overwrite)
-        self._variable_factories._insert_in_place(name, f, overwrite)
-        self._named_inputs._insert_in_place(name, t, overwrite)
+    def requires_grad(self, t: popxl.Tensor) -> bool:
+        """Whether eager's twin of ``t`` requires grad: it is computed from a parameter that
+        requires grad. Torch picks some kernels by it (a float attention mask that requires
+        grad runs SDPA's math kernel), so a lowering asks to pick the same one. Inputs count
+        where `inputs_require_grad` says so."""
+        trainable = set(self._grad_inputs) | {
+            id(v)
+            for n, v in self._vars.items()
+            if self._kinds[n] == "param" and self._masters[n].requires_grad
+        }
+        seen, stack = set(), [t]
+        while stack:
+            x = stack.pop()
+            if id(x) in trainable:
+                return True
+            if id(x) in seen or x.producer is None:
+                continue
+            seen.add(id(x))
+            if not x.producer.opdef.stops_gradient:
+                stack.extend(x.producer.inputs)
+        return False
 
     def seed(self) -> popxl.Tensor:
         """A fresh seed, split from one seed variable that advances every run."""
@@ -366,8 +395,8 @@ def _tensor_at(root: nn.Module, qualname: str) -> torch.Tensor:
 
 
 def _host_data(tensor: torch.Tensor, weightless: bool = False) -> Callable[[], np.ndarray]:
-    """The factory's data: one host copy of ``tensor``, made on first use and then reused
-    (a factory draws several times; copying a large model each time costs seconds). With
+    """The factory's data: ``tensor``'s memory as a numpy array, which ``popxl.variable``
+    copies when the variable is made (the variable's data is then its own snapshot). With
     ``weightless``, zeros of its shape and dtype instead: a broadcast of one zero, which popxl
     keeps as it is, so a plan costs no host memory for it until a Session attaches."""
     copies: list[np.ndarray] = []
@@ -376,8 +405,8 @@ def _host_data(tensor: torch.Tensor, weightless: bool = False) -> Callable[[], n
         if not copies and weightless:
             dtype = torch.empty((), dtype=tensor.dtype).numpy().dtype
             copies.append(np.broadcast_to(np.zeros((), dtype), tuple(tensor.shape)))
-        elif not copies:
-            copies.append(tensor.detach().cpu().numpy().copy())
+        elif not copies:  # a view: popxl.variable copies it once (a second copy cost seconds)
+            copies.append(tensor.detach().cpu().numpy())
         return copies[0]
 
     return data

@@ -71,9 +71,9 @@ def _origin(t: popxl.Tensor):
     while op is not None and op.called_graphs and t in op.outputs:
         callee = op.called_graphs[0]
         k = op.outputs.index(t)
-        if k >= len(callee._outputs):
+        if k >= len(callee.outputs):
             break
-        t = callee._outputs[k]
+        t = callee.outputs[k]
         op = t.producer
     return op
 

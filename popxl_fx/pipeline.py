@@ -337,7 +337,7 @@ def _module(
 def _check_no_torch_draws(blocks: Sequence[popxl.Graph]) -> None:
     """A recomputed block re-runs its forward in the backward: a draw from torch's generator
     (Options(rng="torch") dropout) would give a new mask there, a wrong gradient."""
-    drawing = [g.name for g in blocks if any(op.type == "TorchRandom" for op in g._ops)]
+    drawing = [g.name for g in blocks if any(op.type == "TorchRandom" for op in g.ops)]
     if drawing:
         raise NotImplementedError(
             f"Options(recompute=True) with random ops drawing from torch's generator in "
@@ -363,7 +363,7 @@ def _record_recompute(build: Build, lowered: Lowered) -> None:
         return
     made = [
         g
-        for g in build.ir._graphs.values()
+        for g in build.ir.graphs
         if "_bwd_recomp" in g.name or any(g.name == f"{b}_bwd" for b in blocks)
     ]
     build.record("recompute", "each outlined block's backward recomputes its forward", made)

@@ -210,3 +210,46 @@ def test_pipelined_training_equals_unpipelined(steps):
     for got, want in zip(results[1], results[0]):
         np.testing.assert_array_equal(got, want)
     assert np.abs(results[1][1]).max() > 0  # the stashed activations reached the backward
+
+
+def _serial_and_overlapped(model, ops_):
+    """(sum of every op's cycles, the busiest IPU's cycles + the IPU copies' cycles)."""
+    per_ipu, copies = {}, 0
+    for op in ops_:
+        c = model.op_work(op).cycles.total
+        if op.type == "IpuCopy":
+            copies += c
+        else:
+            per_ipu[op.ipu] = per_ipu.get(op.ipu, 0) + c
+    return sum(per_ipu.values()) + copies, max(per_ipu.values()) + copies
+
+
+def test_cycle_estimate_runs_the_stages_of_a_time_step_at_once():
+    """The machine model runs a pipeline's stages concurrently, each on its IPU: one time
+    step costs its busiest IPU plus the IPU copies, not the sum over the IPUs; FLOPs and
+    traffic still count every op."""
+    ir = _mlp(True, 6, three=True)[0]
+    plan = popxl.Session(ir, "ipu_hw").plan
+    model = plan.model
+    (loop,) = [op for op in ir.main_graph.ops if op.type == "Loop"]
+    body = loop.called_graphs[0]
+    serial, overlapped = _serial_and_overlapped(model, body.ops)
+    assert len({op.ipu for op in body.ops}) == 3 and overlapped < serial
+    assert model.graph_work(body).cycles.total == overlapped
+    assert model.graph_work(body).flops == sum(model.op_work(op).flops for op in body.ops)
+    # the whole program: every ramp step overlapped too, and less than the serial sum
+    main_serial = (
+        sum(model.op_work(op).cycles.total for op in ir.main_graph.ops if op.type != "Loop")
+        + model.op_work(loop).cycles.total
+    )
+    assert plan.work.cycles.total - plan.work.cycles.launch < main_serial
+
+
+def test_unpipelined_multi_ipu_ops_stay_serial():
+    """Outside a pipeline nothing is assumed to overlap: the loop body costs the sum."""
+    ir = _mlp(False, 4, three=True)[0]
+    model = popxl.Session(ir, "ipu_hw").plan.model
+    (loop,) = [op for op in ir.main_graph.ops if op.type == "Loop"]
+    body = loop.called_graphs[0]
+    serial, _ = _serial_and_overlapped(model, body.ops)
+    assert model.graph_work(body).cycles.total == serial

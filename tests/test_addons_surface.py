@@ -65,6 +65,25 @@ def test_remote_buffer_error_wording():
             b.entries = -1
 
 
+def test_remote_buffer_internals_popxl_code_reads():
+    """PopXL's RemoteBuffer keeps ``_current_ir`` (the PopART IR) and ``_remote_buffer_id``;
+    PopART's ``getRemoteBufferInfo(id)`` gives ``TensorInfo.shape()`` and ``repeats``."""
+    ir = popxl.Ir()
+    with ir.main_graph:
+        a = popxl.remote_buffer((2, 3), popxl.float16, entries=4)
+        b = popxl.remote_buffer((5,), popxl.int32)
+    assert a._current_ir is ir._pb_ir and (a._remote_buffer_id, b._remote_buffer_id) == (1, 2)
+    info = ir._pb_ir.getRemoteBufferInfo(a.remote_buffer_id)
+    assert info.TensorInfo.shape() == [2, 3] and info.repeats == 4
+    assert info.TensorInfo.data_type_lcase() == "float16" and info.TensorInfo.nelms() == 6
+    a.entries = 7  # addons' load_remote_graph grows a buffer: PopART's record follows
+    assert ir._pb_ir.getRemoteBufferInfo(1).repeats == 7
+    assert sorted(ir._pb_ir.getAllRemoteBufferInfos()) == [1, 2]
+    assert ir._pb_ir.hasRemoteBufferInfo(2) and not ir._pb_ir.hasRemoteBufferInfo(3)
+    with pytest.raises(KeyError, match="No remote buffer with id 3"):
+        ir._pb_ir.getRemoteBufferInfo(3)
+
+
 def _matmul_ir():
     ir = popxl.Ir()
     with ir.main_graph:
@@ -170,3 +189,27 @@ def test_named_replica_grouping():
     assert named.to_dict() == {"a.w": g, "b": g}
     with pytest.raises(TypeError, match="must be a ReplicaGrouping"):
         NamedReplicaGrouping.build_groups(["a"], 2)
+
+
+def test_module_paths_and_names_popxl_code_imports(caplog):
+    """Names the reference lists at popxl.addons' top level and in its ``utils``, and the
+    type aliases of ``popxl.session`` (popxl_api.md §1.1, §4.1, §4.9)."""
+    import logging
+    import re
+
+    from addons import array_munging, utils
+    from addons.layers import WeightsDict
+    from popxl_core.sim import session
+
+    assert addons.shard is array_munging.shard and addons.unshard2D is array_munging.unshard2D
+    assert addons.WeightsDict is utils.WeightsDict is WeightsDict
+    assert addons.GradGraphInfo is popxl.transforms.GradGraphInfo
+    assert re.fullmatch("[0-9a-f]{40}|unknown", addons.GIT_COMMIT)
+    with pytest.raises(AttributeError, match="no attribute 'GIT_COMMITS'"):
+        addons.GIT_COMMITS  # noqa: B018
+    assert session.h2dStreamBufferMaps.__args__[0] is popxl.HostToDeviceStream
+    assert session.d2hStreamBufferMaps.__args__[0] is popxl.DeviceToHostStream
+    with caplog.at_level(logging.INFO, logger="popxl_addons"):
+        with addons.timer("load", log_to_wandb=False):
+            pass
+    assert re.fullmatch(r"load took \d+\.\d{4} s", caplog.records[-1].getMessage())

@@ -246,3 +246,33 @@ def test_float_data_is_never_stored_as_float8_bits():
 
     with pytest.raises(TypeError, match="host_pow2scale_cast_to_fp8"):
         to_numpy(np.array([1.0, 2.0]), popxl.float8_143)
+
+
+def test_pow2scaled_ops_have_popxl_op_types():
+    """PopXL's matmul_pow2scaled / conv_pow2scaled / conv_transpose_pow2scaled make a MatMul /
+    Conv / ConvTranspose with a third (log2 scale) input; the table keeps their own rows, but
+    users see PopXL's types. (Their numbers: the op table's samples, bit for bit.)"""
+    from addons.testing_utils import ops_of_type
+
+    ir = popxl.Ir()
+    g = ir.create_empty_graph("fp8")
+    with g:
+        a = popxl.graph_input((2, 4), popxl.float8_143, "a")
+        b = popxl.graph_input((4, 3), popxl.float8_143, "b")
+        x = popxl.graph_input((1, 2, 4, 4), popxl.float8_143, "x")
+        w = popxl.graph_input((3, 2, 2, 2), popxl.float8_143, "w")
+        mm = ops.matmul_pow2scaled(a, b, 0)
+        cv = ops.conv_pow2scaled(x, w, 0)
+        wt = popxl.graph_input((2, 3, 2, 2), popxl.float8_152, "wt")
+        ct = ops.conv_transpose_pow2scaled(x, wt, -2, stride=(2, 2))
+        with pytest.raises(TypeError, match="must be float8_143 or float8_152, got float16"):
+            ops.conv_transpose_pow2scaled(ops.cast(x, popxl.float16), wt, 0)
+    assert (mm.producer.opType(), cv.producer.opType()) == ("MatMul", "Conv")
+    assert ct.producer.opType() == "ConvTranspose"
+    assert (ct.shape, ct.dtype) == ((1, 3, 8, 8), popxl.float16)
+    text = addons.GraphWithNamedArgs(g).print_schedule()
+    lines = text.splitlines()[2:4]
+    assert lines[0].startswith(f"    MatMul.{mm.producer.id} (%1 [(2, 4) float8_143], ")
+    assert lines[0].count("[") == 4 and "[() int32]) -> (" in lines[0]  # the scale: 3rd input
+    assert lines[1].startswith(f"    Conv.{cv.producer.id} (")
+    assert ops_of_type(g, "MatMul") == 1 and ops_of_type(g, "Conv") == 1

@@ -1,4 +1,6 @@
-"""The packages import in one direction: popxl_fx -> addons -> popxl_core (DESIGN.md).
+"""The packages import in one direction: popxl_fx -> addons -> popxl_core (DESIGN.md), use
+only the public names of the packages below them, and the import circles cut in issue 23 stay
+cut.
 
 Checked on the source (every ``import`` and ``from ... import`` statement, including those inside
 functions), so a late import cannot hide a reversed dependency.
@@ -7,6 +9,7 @@ functions), so a late import cannot hide a reversed dependency.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -41,3 +44,203 @@ def test_the_check_sees_an_import_inside_a_function(tmp_path):
     source = tmp_path / "m.py"
     source.write_text("def f():\n    import popxl_fx.api\n")
     assert ("popxl_fx", 2) in _imported_packages(source)
+
+
+# --- import circles ------------------------------------------------------------------------
+# Modules whose import circles were cut (issue 23): none of them may be part of a circle again.
+# An import under ``if TYPE_CHECKING:`` does not run, so it makes no circle.
+CUT = (
+    "popxl_fx.lowering",
+    "popxl_fx.fallback",
+    "popxl_core.sim.report",
+    "popxl_core.sim.report_diff",
+    "popxl_core.sim.plan",
+    "addons.graph",
+    "addons.transforms.autodiff",
+    "popxl_core.transforms.merge_exchange",
+)
+PACKAGES = ("popxl_core", "addons", "popxl_fx")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
+
+
+def _runtime_nodes(tree: ast.AST):
+    """Every node of ``tree`` outside ``if TYPE_CHECKING:`` blocks."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        for child in ast.iter_child_nodes(node):
+            test = getattr(child, "test", None)
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(test):
+                stack.extend(child.orelse)
+                continue
+            stack.append(child)
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The project modules that module ``name`` imports (at any depth of its code)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in _runtime_nodes(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name in modules}
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")[: len(package.split(".")) - node.level + 1]
+            target = node.module if node.level == 0 else ".".join(base + [node.module or ""])
+            target = target.rstrip(".")
+            for alias in node.names:
+                full = f"{target}.{alias.name}"
+                found.add(full if full in modules else target)
+    return (found & modules.keys()) - {name}
+
+
+@functools.cache
+def _import_graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(name, path, modules) for name, path in modules.items()}
+
+
+def _reaches(graph: dict[str, set[str]], start: str, goal: str) -> bool:
+    seen, stack = set(), [start]
+    while stack:
+        for nxt in graph[stack.pop()] - seen:
+            if nxt == goal:
+                return True
+            seen.add(nxt)
+            stack.append(nxt)
+    return False
+
+
+def _circles_through(graph: dict[str, set[str]], name: str) -> list[str]:
+    """The modules ``name`` imports that import ``name`` back (directly or not)."""
+    return sorted(m for m in graph[name] if m == name or _reaches(graph, m, name))
+
+
+@pytest.mark.parametrize("name", CUT)
+def test_no_import_circle_through(name):
+    graph = _import_graph()
+    assert name in graph, f"{name} moved: update CUT"
+    assert not _circles_through(graph, name), f"{name} is in an import circle"
+
+
+def test_merge_exchange_does_not_import_the_simulator():
+    graph = _import_graph()
+    assert not [m for m in graph["popxl_core.transforms.merge_exchange"] if ".sim" in m]
+
+
+def test_the_circle_check_sees_a_circle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _circles_through(graph, "a") == ["b"] and not _circles_through(graph, "d")
+
+
+def test_the_import_graph_skips_type_checking_imports(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    source = tmp_path / "pkg" / "m.py"
+    source.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import n\n")
+    modules = {"pkg.m": source, "pkg.n": tmp_path / "pkg" / "n.py"}
+    assert _imports("pkg.m", source, modules) == set()
+    source.write_text("def f():\n    from . import n\n")
+    assert _imports("pkg.m", source, modules) == {"pkg.n"}
+
+
+# --- private names across packages ---------------------------------------------------------
+LOWER = {"addons": ("popxl_core",), "popxl_fx": ("popxl_core", "addons")}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+@functools.cache
+def _private_names(package: str) -> set[str]:
+    """Private names a package defines: functions, classes, module-level names, attributes
+    it assigns (``self._x = ...``) and its private modules."""
+    names = set()
+    for path in (ROOT / package).rglob("*.py"):
+        names.add(path.stem)
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                names.add(node.attr)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+    return {n for n in names if _private(n)}
+
+
+def _root(node: ast.expr) -> ast.expr:
+    while isinstance(node, (ast.Attribute, ast.Call, ast.Subscript)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node
+
+
+def _third_party_names(tree: ast.AST) -> set[str]:
+    """Names a file binds to modules outside the project (``torch`` in ``torch._ops``)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {
+                (a.asname or a.name).split(".")[0]
+                for a in node.names
+                if a.name.split(".")[0] not in PACKAGES
+            }
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module.split(".")[0] not in PACKAGES:
+                names |= {a.asname or a.name for a in node.names}
+    return names
+
+
+def _private_reach(
+    path: Path, lower: set[str], packages: tuple[str, ...], own: frozenset[str] = frozenset()
+) -> list[str]:
+    """Where ``path`` uses a private name of the packages below it: ``from lower import _x``,
+    a private module of theirs, ``obj._x`` for an ``_x`` they define (third-party modules
+    such as ``torch._ops`` excepted), and ``self._x`` / ``super()._x`` for an ``_x`` that its
+    own package (``own``) never defines: a subclass reaching into its base class."""
+    tree = ast.parse(path.read_text(), str(path))
+    outside = _third_party_names(tree)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module.split(".")[0] in packages:
+                names = [*node.module.split("."), *(a.name for a in node.names)]
+                found += [f"{node.lineno}: import of {n}" for n in names if _private(n)]
+        elif isinstance(node, ast.Attribute) and _private(node.attr) and node.attr in lower:
+            root = _root(node.value)
+            if isinstance(root, ast.Name) and root.id in outside:
+                continue
+            if isinstance(root, ast.Name) and root.id in {"self", "cls", "super"}:
+                if node.attr in own:
+                    continue
+            found.append(f"{node.lineno}: .{node.attr}")
+    return found
+
+
+@pytest.mark.parametrize("package", sorted(LOWER))
+def test_no_private_names_of_the_packages_below(package):
+    lower = set().union(*(_private_names(p) for p in LOWER[package]))
+    own = frozenset(_private_names(package))
+    wrong = [
+        f"{path.relative_to(ROOT)}:{where}"
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for where in _private_reach(path, lower, LOWER[package], own)
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_private_check_sees_a_reach(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text(
+        "import torch\nfrom popxl_core.ops._utils import rand\n"
+        "def f(g):\n    return g._ops, self._ops, torch._ops, self._vars\n"
+    )
+    found = _private_reach(source, {"_ops", "_vars"}, ("popxl_core",), frozenset({"_ops"}))
+    assert found == ["2: import of _utils", "4: ._ops", "4: ._vars"]

@@ -20,9 +20,10 @@ from __future__ import annotations
 import functools
 from typing import Optional
 
+import numpy as np
+
 from popxl_core import ReplicaGrouping, Tensor
 from popxl_core.context import gcg
-from popxl_core.ops._utils import rand
 from popxl_core.ops.collectives.collectives import (
     group_table,
     reduce_values,
@@ -75,7 +76,7 @@ def _samples():
     # one replica in the op tests: both directions are the identity there
     return [
         Sample(
-            [rand(2, 3)],
+            [np.random.default_rng(0).uniform(-1, 1, (2, 3)).astype(np.float32)],
             lambda x, f=f: f(x),
             lambda x: x * 1,
             name=f.__name__,

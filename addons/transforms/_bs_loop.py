@@ -57,7 +57,7 @@ def build_serial_graph(plan: LoopPlan) -> Tuple[Graph, Dict[Tensor, Tensor]]:
 
 def _mirror(g: Graph, t: Tensor) -> Tensor:
     """A new input of the current graph like ``t`` (by reference if ``t`` is)."""
-    by_ref = t in g._by_ref_inputs
+    by_ref = t in g.by_ref_inputs
     return popxl_core.graph_input(t.shape, t.dtype, t.name, by_ref=by_ref, meta_shape=t.meta_shape)
 
 

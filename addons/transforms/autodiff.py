@@ -9,12 +9,11 @@ import numpy as np
 
 import popxl_core
 from popxl_core import Graph, Tensor, float32, ops
-from popxl_core import transforms as core_transforms
-from popxl_core.transforms import ExpectedConnection, GradGraphInfo
+from popxl_core.graph_edit import remove_outputs
+from popxl_core.transforms import ExpectedConnection, GradGraphInfo, new_grad_graph_info
 
-from .._grad_state import check_safe_to_autodiff
 from ..dot_tree import DotTree
-from ..graph import GraphWithNamedArgs
+from ..graph import GraphWithNamedArgs, gradient_graph
 from ..named_tensors import NamedTensors
 from ..variable_factory import NamedVariableFactories, add_variable_input
 
@@ -48,14 +47,9 @@ def autodiff(
     """
     fwd, known = _split_graph(graph)
     known.update(called_graphs_grad_info or {})
-    check_safe_to_autodiff(fwd, known)
-    infos = core_transforms.autodiff(
-        fwd, grads_provided, grads_required, known, return_all_grad_graphs=True
-    )
+    result = gradient_graph(fwd, grads_provided, grads_required, known)
     if isinstance(graph, GraphWithNamedArgs):
         graph.autodiff_applied = True
-    result = GraphWithNamedArgs.from_grad_graph(infos[fwd])
-    result.called_graphs_grad_info = {g: i for g, i in infos.items() if g is not fwd}
     return result
 
 
@@ -128,7 +122,8 @@ def autodiff_with_accumulation(
                 inputs[key] = accum
         ops.var_updates.accumulate_(counter, popxl_core.constant(1.0, float32))
     inputs["mean_accum_counter"] = counter
-    _drop_outputs(grad.graph, grad_outputs[len(remaining) :])
+    # the grad graph was made just above, so no call site sees its outputs change
+    remove_outputs(grad.graph, grad_outputs[len(remaining) :])
     new_info = _with_outputs(info, info.expected_outputs[: len(remaining)])
     result = GraphWithNamedArgs(
         grad.graph,
@@ -142,13 +137,5 @@ def autodiff_with_accumulation(
     return facts, result
 
 
-def _drop_outputs(graph: Graph, outputs: list[Tensor]) -> None:
-    # popxl (and addons) remove graph outputs through PopART's removeOutput; the core keeps
-    # outputs in `Graph._outputs`. The grad graph was made just above, so no call site sees it.
-    for t in outputs:
-        graph._outputs.remove(t)
-
-
 def _with_outputs(info: GradGraphInfo, outputs: tuple[ExpectedConnection, ...]) -> GradGraphInfo:
-    # No public constructor exists (addons uses `GradGraphInfo._from_pb`).
-    return GradGraphInfo._create(info.graph, info.forward_graph, info.expected_inputs, outputs)
+    return new_grad_graph_info(info.graph, info.forward_graph, info.expected_inputs, outputs)

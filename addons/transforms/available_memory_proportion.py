@@ -17,7 +17,7 @@ _KEYS = ("available_memory_proportion", "available_memory_proportions")
 
 def set_available_memory_proportion_by_ipu(ir: popxl_core.Ir, proportions: Sequence[float]) -> None:
     """Set the proportion of every op in every graph of ``ir``: ``proportions[op.ipu]``."""
-    for g in ir._pb_ir.getAllGraphs():
+    for g in ir.graphs:
         set_graph_available_memory_proportion_by_ipu(g, proportions)
 
 
@@ -36,7 +36,7 @@ def set_graph_available_memory_proportion_by_ipu(
     0.3
     """
     props = [_checked(p) for p in proportions]
-    graph.ir._check_editable("setting available memory proportions")
+    graph.ir.check_editable("setting available memory proportions")
     for op in graph.ops:
         key = next((k for k in _KEYS if k in op.attrs), None)
         if key is None:

@@ -34,8 +34,8 @@ def disable_fc_pass(ir: popxl_core.Ir) -> None:
 
 
 def _set(ir: popxl_core.Ir, value: bool) -> None:
-    ir._check_editable("setting the fully connected pass")
-    for g in ir._pb_ir.getAllGraphs():
+    ir.check_editable("setting the fully connected pass")
+    for g in ir.graphs:
         for op in g.ops:
-            if op.type == "MatMul":
+            if op.opType() == "MatMul":  # pow2-scaled matmuls too, as in PopXL
                 op.settings[_KEY] = value

@@ -24,7 +24,9 @@ from typing import Dict, Iterator, List, Optional, Tuple
 import popxl_core
 from popxl_core import Tensor, ops
 from popxl_core.context import get_current_context
+from popxl_core.graph_edit import remove_ops
 from popxl_core.ops.registry import create_op
+from popxl_core.transforms.ipu_concurrency import concurrent_ipus
 
 __all__ = ["pipelined_execution", "StageContext"]
 
@@ -128,20 +130,14 @@ def _build_schedule(ctx: StageContext) -> None:
 def _remove(graph: popxl_core.Graph, moved: List) -> None:
     """Take the stage ops out of ``graph``: they are templates for the schedule's copies."""
     gone = set(moved)
-    graph._ops = [op for op in graph._ops if op not in gone]
-    graph._topocons = [(a, b) for a, b in graph._topocons if a not in gone and b not in gone]
-    graph._consumers = {}
-    for op in graph._ops:
-        for t in op.inputs:
-            graph._consumers.setdefault(t.id, []).append(op)
     for op in moved:
         for t in op.outputs:
-            if any(t in c.inputs for c in graph._ops) or t in graph._outputs:
+            if any(c not in gone for c in graph.consumers(t)) or t in graph.outputs:
                 raise RuntimeError(
                     f"{t.id!r}, made in a pipeline stage, is used after pipelined_execution: "
                     "a pipeline hands results on through host_store or variables only."
                 )
-            graph._tensors.pop(t.id, None)
+    remove_ops(graph, moved)
 
 
 def _crossing(stages: List[List]) -> Dict[Tensor, Tuple[int, int]]:
@@ -188,6 +184,11 @@ def _time_step(stages, active, crossing, stash, remap) -> None:
     def here(t):
         return remap.get(t, t)
 
+    with concurrent_ipus():  # each stage on its own IPU, at once (the cycle estimate)
+        _time_step_ops(stages, active, crossing, stash, here)
+
+
+def _time_step_ops(stages, active, crossing, stash, here) -> None:
     for bufs in stash.values():
         for k in range(len(bufs) - 1, 0, -1):
             with popxl_core.ipu(bufs[k].ipu):
@@ -223,7 +224,7 @@ def _clone(op, inputs: List[Tensor]) -> List[Tensor]:
             out_names=[t.name for t in op.outputs] or None,
             check_placement=False,
         )
-    new = outs[0].producer if outs else popxl_core.gcg()._ops[-1]
+    new = outs[0].producer if outs else popxl_core.gcg().ops[-1]
     new.by_ref_modified = set(op.by_ref_modified)
     new.settings = dict(op.settings)
     return outs

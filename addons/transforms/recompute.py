@@ -6,7 +6,11 @@ import re
 
 import popxl_core
 from popxl_core import Tensor, ops
-from popxl_core.transforms import ExpectedConnection, ExpectedConnectionType, GradGraphInfo
+from popxl_core.transforms import (
+    ExpectedConnection,
+    ExpectedConnectionType,
+    new_grad_graph_info,
+)
 
 from ..graph import GraphWithNamedArgs
 
@@ -46,17 +50,15 @@ def recompute_graph(grad_graph: GraphWithNamedArgs) -> GraphWithNamedArgs:
                 expected.append(c)
         fwd_inputs = [_input_like(t) for t in fwd.inputs]
         expected += [ExpectedConnection(t, _FWD) for t in fwd.inputs]
-        # The core records by-ref inputs only privately (popxl: `graph._by_ref_inputs` too);
-        # named inputs such as gradient accumulators must stay by reference.
-        extra = {t: _input_like(t, t in bwd._by_ref_inputs) for t in bwd.inputs[n_expected:]}
+        # named inputs such as gradient accumulators must stay by reference
+        extra = {t: _input_like(t, t in bwd.by_ref_inputs) for t in bwd.inputs[n_expected:]}
         site = ops.call_with_info(fwd, *fwd_inputs)
         for c, t in zip(info.expected_inputs, bwd.inputs):
             if c.connection_type is _FWD:
                 feeds[t] = site.graph_to_parent(c.fwd_tensor)
         for out in ops.call(bwd, inputs_dict={**feeds, **extra}):
             popxl_core.graph_output(out)
-    # No public GradGraphInfo constructor exists (addons uses `_from_pb`).
-    new_info = GradGraphInfo._create(graph, fwd, expected, info.expected_outputs)
+    new_info = new_grad_graph_info(graph, fwd, expected, info.expected_outputs)
     args = grad_graph.args.remap(extra)
     return GraphWithNamedArgs(
         graph, args, new_info, called_graphs_grad_info=grad_graph.called_graphs_grad_info

@@ -17,6 +17,8 @@ from .elementwise import *  # noqa: F401,F403
 from .elementwise import __all__ as _elementwise_all
 from .fp8 import *  # noqa: F401,F403
 from .fp8 import __all__ as _fp8_all
+from .fp8_conv_transpose import *  # noqa: F401,F403
+from .fp8_conv_transpose import __all__ as _fp8_conv_transpose_all
 from .indexing import *  # noqa: F401,F403
 from .indexing import __all__ as _indexing_all
 from .io import *  # noqa: F401,F403
@@ -43,6 +45,8 @@ from .scaled_add import *  # noqa: F401,F403
 from .scaled_add import __all__ as _scaled_add_all
 from .shape import *  # noqa: F401,F403
 from .shape import __all__ as _shape_all
+from .statistics import *  # noqa: F401,F403
+from .statistics import __all__ as _statistics_all
 from .unary import *  # noqa: F401,F403
 from .unary import __all__ as _unary_all
 
@@ -56,6 +60,7 @@ __all__ = [
     *_conditional_all,
     *_elementwise_all,
     *_fp8_all,
+    *_fp8_conv_transpose_all,
     *_indexing_all,
     *_io_all,
     *_layer_norm_all,
@@ -68,6 +73,7 @@ __all__ = [
     *_reduce_all,
     *_remote_all,
     *_shape_all,
+    *_statistics_all,
     *_activations_all,
     *_scaled_add_all,
     *_unary_all,

@@ -234,6 +234,7 @@ MATMUL_FP8 = register(
         cost=_mm_cost,
         samples=_mm_samples,
         fp16_in_fp32=False,
+        popxl_type="MatMul",
     )
 )
 
@@ -321,5 +322,6 @@ CONV_FP8 = register(
         cost=_conv_cost,
         samples=_conv_samples,
         fp16_in_fp32=False,
+        popxl_type="Conv",
     )
 )

@@ -124,6 +124,10 @@ class OpDef:
             arithmetic whose rounding torch's SIMD and scalar loops do differently (exp, tanh,
             gelu, ...); under ``Ir.numerics == "ipu"`` it runs padded so an element's result
             does not depend on the tensor's size (`_positional`).
+        popxl_type: the op type PopXL gives this op where it differs from ``name``, the
+            table's key: PopXL's ``matmul_pow2scaled`` makes a ``MatMul`` with a third
+            (log2 scale) input, a different kernel here, so its row is ``MatMulPow2Scaled``
+            with ``popxl_type="MatMul"``. `print_schedule` and ``Op.opType()`` show it.
     """
 
     name: str
@@ -153,6 +157,7 @@ class OpDef:
     reads_only: bool = False
     dead_output_kernels: Dict[frozenset, Callable[..., Any]] = field(default_factory=dict)
     buffered_kernel: Optional[Callable[..., Any]] = None
+    popxl_type: str = ""
 
     def kernel_for(
         self, numerics: str, sizes: Optional[Sequence[int]] = None
@@ -250,7 +255,7 @@ def create_op(
     opdef = get_opdef(opdef) if isinstance(opdef, str) else opdef
     g = graph or gcg()
     attrs = dict(attrs or {})
-    g.ir._check_editable(f"creating a {opdef.name} op in graph {g.name or 'main'!r}")
+    g.ir.check_editable(f"creating a {opdef.name} op in graph {g.name or 'main'!r}")
     try:
         check_in_graph(g, **{f"{opdef.name} input {i}": t for i, t in enumerate(inputs)})
     except (TypeError, ValueError) as e:

@@ -4,7 +4,9 @@ Every op that does work is one BSP superstep: a global sync, an exchange of the 
 must move between tiles, then compute on the tiles the op is spread over. Host, IPU-Link and
 Streaming-Memory transfers cost latency + bytes / bandwidth. Control flow walks into the called
 graphs: a Call costs its callee, a Loop ``repeat_count`` times its body, an If its dearer
-branch. All numbers are estimates, like the IPU Model's own cycle counts.
+branch. Ops recorded as one concurrent step (`transforms.ipu_concurrency`, e.g. a pipeline's
+time step) run on their IPUs at once: the step costs its busiest IPU's cycles plus its
+inter-IPU copies. All numbers are estimates, like the IPU Model's own cycle counts.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from ..ops.conditional import CONDITIONAL
 from ..ops.io import HOST_LOAD, HOST_STORE, IO_TILE_COPY, IPU_COPY
 from ..ops.remote import REMOTE_LOAD, REMOTE_LOAD_INPLACE, REMOTE_STORE
 from ..schedule import schedule
+from ..transforms.ipu_concurrency import concurrent_runs
 from .machine import Machine
 from .remote_plan import pays_exchange_sync
 
@@ -204,9 +207,23 @@ class CostModel:
     def graph_work(self, graph: Graph) -> Work:
         """One execution of ``graph``, walking into the graphs it calls."""
         if graph not in self._graphs:
-            works = [self.op_work(op) for op in schedule(graph)]
+            works = [self._run_work(run) for run in concurrent_runs(schedule(graph))]
             self._graphs[graph] = Work.total_of(works) if works else Work()
         return self._graphs[graph]
+
+    def _run_work(self, run: list[Op]) -> Work:
+        """One op, or one concurrent step: its busiest IPU's cycles, then its IPU copies
+        (the copies' exchange follows the compute); FLOPs and traffic of every op."""
+        if len(run) == 1:
+            return self.op_work(run[0])
+        works = [self.op_work(op) for op in run]
+        per_ipu: dict[int, list[Work]] = {}
+        copies = []
+        for op, work in zip(run, works):
+            (copies if op.type in _LINK_COPIES else per_ipu.setdefault(op.ipu, [])).append(work)
+        busiest = max((Work.total_of(ws) for ws in per_ipu.values()), key=_total_cycles)
+        cycles = Work.total_of([Work(busiest.cycles), *(Work(w.cycles) for w in copies)]).cycles
+        return Work(cycles, *Work.total_of(works)._values())
 
     def op_work(self, op: Op) -> Work:
         """One execution of ``op``, including the graphs it calls."""
@@ -321,6 +338,10 @@ class CostModel:
                         runs[g] = runs.get(g, 0) + n * times
             self._runs[graph] = runs
         return self._runs[graph]
+
+
+def _total_cycles(work: Work) -> int:
+    return work.cycles.total
 
 
 def _group_size(op: Op) -> int | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import heapq
 
 from .liveness import TOP_N
-from .report import fmt_bytes
+from .units import fmt_bytes
 
 __all__ = ["OutOfMemoryError", "OutOfMemoryWarning", "oom_message", "remedies"]
 

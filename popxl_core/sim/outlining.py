@@ -12,7 +12,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ..ops.call import CALL
-from .plan import _reachable  # the graphs the planner walks
+from .graphs import reachable_graphs  # the graphs the planner walks
+from .units import fmt_bytes
 
 __all__ = ["Outlining", "outlining"]
 
@@ -37,8 +38,6 @@ class Outlining:
         return self.inlined_code_bytes - self.code_bytes
 
     def line(self) -> str:
-        from .report import fmt_bytes
-
         graphs = ", ".join(f"{g} x{n}" for g, n in self.call_sites.items())
         return (
             f"Outlining: code {fmt_bytes(self.code_bytes)}, inlined "
@@ -77,7 +76,7 @@ def outlining(plan) -> Outlining:
             inlined[g] = total
         return inlined[g]
 
-    graphs = _reachable(plan.main)
+    graphs = reachable_graphs(plan.main)
     sites = Counter(op.called_graphs[0].name for g in graphs for op in g._ops if op.opdef is CALL)
     return Outlining(
         sum(code(g) for g in graphs),

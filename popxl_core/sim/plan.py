@@ -18,6 +18,7 @@ from ..graph import Graph
 from ..ops.io import HOST_LOAD, HOST_STORE
 from ..schedule import schedule
 from .cost import CostModel, Cycles, Work, nbytes_of
+from .graphs import reachable_graphs
 from .liveness import TOP_N, Liveness, LivenessAnalysis, LiveTensor
 from .machine import Machine
 from .oom import OutOfMemoryError, OutOfMemoryWarning, oom_message
@@ -173,7 +174,7 @@ def build_plan(ir, machine: Machine, observe: bool = True) -> Plan:
     target treats that as fatal (``machine.oom_is_error``), warns if ``machine.oom_warns``.
     ``observe=False`` keeps the plan from `PLAN_OBSERVERS` (an estimate of a program under
     construction, e.g. popxl_fx's per-stage memory, is not a Session's plan)."""
-    graphs = _reachable(ir.main_graph)
+    graphs = reachable_graphs(ir.main_graph)
     opts = ir._pb_ir.getSessionOptions()
     ipus = _num_ipus(graphs, machine)
     model = CostModel(
@@ -239,19 +240,6 @@ def _remote_buffers(ir) -> list[RemoteBufferInfo]:
         nbytes = prod(shape) * dtype.itemsize * buf.entries
         found.append(RemoteBufferInfo(key, shape, dtype.name, buf.entries, nbytes))
     return found
-
-
-def _reachable(main: Graph) -> list[Graph]:
-    """The main graph and every graph it calls, directly or not, in discovery order."""
-    found: dict[Graph, None] = {main: None}
-    stack = [main]
-    while stack:
-        for op in stack.pop()._ops:
-            for g in op.called_graphs:
-                if g not in found:
-                    found[g] = None
-                    stack.append(g)
-    return list(found)
 
 
 # memory -------------------------------------------------------------------------------

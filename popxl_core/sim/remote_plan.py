@@ -8,23 +8,18 @@ on-chip shard of ``ceil(nelms / shard_over)`` elements. Exchanges merged by
 
 from __future__ import annotations
 
-import weakref
-
 from ..remote_variables import remote_info
+from ..transforms.merge_exchange import exchange_group
 
 __all__ = [
     "is_remote_variable",
-    "EXCHANGE_GROUPS",
     "pays_exchange_sync",
 ]
-
-# op -> (group id, is the first op of its merged exchange); filled by merge_exchange
-EXCHANGE_GROUPS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def pays_exchange_sync(op) -> bool:
     """False for the second and later ops of one merged exchange: they share its sync."""
-    entry = EXCHANGE_GROUPS.get(op)
+    entry = exchange_group(op)
     return entry is None or entry[1]
 
 

@@ -15,6 +15,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .units import fmt_bytes, fmt_seconds
+
 __all__ = ["ESTIMATE_NOTE", "SimReport", "fmt_bytes", "fmt_seconds"]
 
 ESTIMATE_NOTE = (
@@ -24,25 +26,9 @@ ESTIMATE_NOTE = (
 )
 
 
-def fmt_bytes(n: float) -> str:
-    """Bytes in binary units: ``512 B``, ``624 KiB``, ``2.45 MiB``, ``1.17 GiB``."""
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(n) >= size:
-            return f"{n // size:.0f} {unit}" if n % size == 0 else f"{n / size:.2f} {unit}"
-    return f"{int(n)} B"
-
-
 def _fmt_percent(fraction: float) -> str:
     pct = 100 * fraction
     return f"{pct:.1f}%" if pct >= 0.1 or pct == 0 else f"{pct:.2g}%"
-
-
-def fmt_seconds(s: float) -> str:
-    """Seconds with a unit: ``3.4 ms``, ``12.0 us``."""
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if s >= scale:
-            return f"{s / scale:.1f} {unit}"
-    return f"{s / 1e-9:.1f} ns"
 
 
 class SimReport:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .report import fmt_bytes, fmt_seconds
+from .units import fmt_bytes, fmt_seconds
 
 __all__ = ["ReportDiff"]
 

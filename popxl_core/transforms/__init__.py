@@ -1,6 +1,7 @@
 """popxl.transforms: functions from graph to graph."""
 
 from .autodiff import ExpectedConnection, ExpectedConnectionType, GradGraphInfo, autodiff
+from .grad_info import new_grad_graph_info
 from .merge_exchange import io_tile_exchange, merge_exchange
 
 __all__ = [
@@ -10,4 +11,5 @@ __all__ = [
     "ExpectedConnectionType",
     "merge_exchange",
     "io_tile_exchange",
+    "new_grad_graph_info",
 ]

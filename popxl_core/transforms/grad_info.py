@@ -10,7 +10,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..ops.call import CallSiteInfo
     from ..tensor import Tensor
 
-__all__ = ["ExpectedConnectionType", "ExpectedConnection", "GradGraphInfo"]
+__all__ = ["ExpectedConnectionType", "ExpectedConnection", "GradGraphInfo", "new_grad_graph_info"]
 
 
 class ExpectedConnectionType(enum.Enum):
@@ -128,3 +128,18 @@ class GradGraphInfo:
             f"{block(self._expected_inputs)}  ]\n  expected_outputs=[\n"
             f"{block(self._expected_outputs)}  ]\n]"
         )
+
+
+def new_grad_graph_info(
+    graph: "Graph",
+    forward_graph: "Graph",
+    expected_inputs: Tuple[ExpectedConnection, ...],
+    expected_outputs: Tuple[ExpectedConnection, ...],
+) -> GradGraphInfo:
+    """A `GradGraphInfo` for a gradient graph built without `autodiff` (a hand-written
+    ``build_grad``, a recompute graph, an autodiff result with outputs removed).
+
+    PopXL has no public constructor (popxl.addons builds one through PopART's
+    ``BwdGraphInfo``); this is the one public way here, for the packages above.
+    """
+    return GradGraphInfo._create(graph, forward_graph, expected_inputs, expected_outputs)

@@ -11,18 +11,29 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import weakref
 from typing import Iterator, List
 
 from ..context import get_current_context, in_sequence, io_tiles
-from ..sim.remote_plan import EXCHANGE_GROUPS
 from ..tensor import Constant
 
-__all__ = ["merge_exchange", "io_tile_exchange", "EXCHANGE_TYPES"]
+__all__ = ["merge_exchange", "io_tile_exchange", "exchange_group", "EXCHANGE_TYPES"]
 
 EXCHANGE_TYPES = frozenset(
     {"HostLoad", "HostStore", "RemoteLoad", "RemoteLoadInplace", "RemoteStore"}
 )
 _GROUP_IDS = itertools.count(1)
+
+# op -> (group id, is the first op of its merged exchange). Kept here, by the transform that
+# records it, and read by the simulator's cost model (`sim.remote_plan`) through
+# `exchange_group`: an IR transform does not depend on the simulator.
+_EXCHANGE_GROUPS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def exchange_group(op) -> tuple[int, bool] | None:
+    """(group id, whether ``op`` is the first op) of the merged exchange ``op`` belongs to;
+    None for an op no `merge_exchange` merged."""
+    return _EXCHANGE_GROUPS.get(op)
 
 
 @contextlib.contextmanager
@@ -42,7 +53,7 @@ def _merge(ops: List) -> None:
     _check_no_load_and_store_of_one_entry(ops)
     group = next(_GROUP_IDS)
     for i, op in enumerate(sorted(ops, key=lambda o: o.id)):
-        EXCHANGE_GROUPS[op] = (group, i == 0)
+        _EXCHANGE_GROUPS[op] = (group, i == 0)
 
 
 def _static_entry(op):

@@ -1,0 +1,58 @@
+"""Ops that run at the same time on different IPUs, for the simulator's cycle estimate.
+
+A pipeline's time step runs each stage on its own IPU at once (ipu_model.md: IPUs are separate
+processors; a multi-IPU program is one BSP program whose compute phases run on every IPU
+together). Ops created inside `concurrent_ipus()` are recorded as one such step: the cost model
+charges the step the cycles of its busiest IPU plus its inter-IPU copies, instead of the sum
+over all IPUs. Like `merge_exchange` it changes estimates, never results.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import weakref
+from typing import Iterator, List, Optional
+
+from ..context import get_current_context
+
+__all__ = ["concurrent_ipus", "concurrency_group", "concurrent_runs"]
+
+_GROUP_IDS = itertools.count(1)
+# op -> the id of the concurrent step it belongs to (kept here, read by sim/cost.py)
+_GROUPS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+@contextlib.contextmanager
+def concurrent_ipus() -> Iterator[None]:
+    """Record the ops created inside as one step whose IPUs run concurrently."""
+    created: List = []
+    ctx = get_current_context()
+    handle = ctx.register_op_created_hook(created.append)
+    try:
+        yield
+    finally:
+        ctx.remove_op_created_hook(handle)
+    group = next(_GROUP_IDS)
+    for op in created:
+        _GROUPS[op] = group
+
+
+def concurrency_group(op) -> Optional[int]:
+    """The concurrent step ``op`` was created in; None for an op made outside any."""
+    return _GROUPS.get(op)
+
+
+def concurrent_runs(ops: List) -> List[List]:
+    """``ops`` (a schedule) cut into runs: consecutive ops of one concurrent step together,
+    every other op alone."""
+    runs: List[List] = []
+    last = None
+    for op in ops:
+        group = _GROUPS.get(op)
+        if group is not None and group == last:
+            runs[-1].append(op)
+        else:
+            runs.append([op])
+        last = group
+    return runs
