@@ -90,8 +90,11 @@ class Ir:
     """A PopXL program: the main graph plus the subgraphs it calls."""
 
     def __init__(self, replication: Any = 1) -> None:
-        if replication == "popdist":
-            replication = 1
+        # "popdist": the replicas are the launcher's processes (popxl_core.distributed);
+        # without a launcher the Session says how to launch
+        self._from_launcher = replication == "popdist"
+        if self._from_launcher:
+            replication = _launcher_replication()
         if not isinstance(replication, int) or replication < 1:
             raise ValueError(f"Ir(replication=...) must be a positive int, got {replication!r}.")
         self._id = next(_IR_IDS)
@@ -168,7 +171,11 @@ class Ir:
 
     @property
     def instance_replication_factor(self) -> int:
-        return self._replication_factor
+        """The replicas this process runs: all of them, or its share in a torch.distributed
+        job (`popxl_core.distributed`)."""
+        from .distributed import local_replica_count
+
+        return local_replica_count(self._replication_factor)
 
     def replica_grouping(
         self, stride: int = 1, group_size: Optional[int] = None
@@ -266,6 +273,15 @@ class Ir:
         print(f"# dot checkpoint {check}")
         for g in self._graphs.values():
             print(format_graph(g))
+
+
+def _launcher_replication() -> int:
+    from .distributed import LaunchError, popdist_replication
+
+    try:
+        return popdist_replication()
+    except LaunchError:
+        return 1  # Session(ir) raises the LaunchError: the Ir alone may still be inspected
 
 
 def _traced_callable(fn):

@@ -107,7 +107,8 @@ def _stage(files: dict[str, Path], dest: Path) -> None:
     """Copy (gunzipping where needed) the IDX files into ``dest`` under torchvision's names."""
     dest.mkdir(parents=True, exist_ok=True)
     for name, src in files.items():
-        part = dest / f"{name}.part"
+        # one partial file per process: the processes of a torchrun job may stage at once
+        part = dest / f"{name}.{os.getpid()}.part"
         opener = gzip.open if src.suffix == ".gz" else open
         with opener(src, "rb") as fin, open(part, "wb") as fout:
             shutil.copyfileobj(fin, fout)

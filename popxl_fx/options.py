@@ -75,7 +75,10 @@ class Options:
             replica applies the same update; the loss returned is the mean of the replicas'
             losses, inference outputs come back concatenated in batch order, BatchNorm
             statistics are per replica and the torch model gets replica 0's (PopTorch
-            ``replicationFactor``, PopXL ``Ir(replication=)``). Not for ``compile``.
+            ``replicationFactor``, PopXL ``Ir(replication=)``). Not for ``compile``. Under
+            torchrun (P processes) each process runs R/P replicas and passes its own share
+            of the batch, split over its replicas; loss and outputs are all R replicas'
+            (`popxl_core.distributed`, examples/fx_distributed.py).
         replicated_tensor_sharding: shard optimizer state across the replicas, ``ceil(n/R)``
             elements each (reduce-scatter gradients, sharded update, all-gather weights;
             PopXL RTS, ``addons.rts``); training_model only.

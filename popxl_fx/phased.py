@@ -43,7 +43,7 @@ from .phase_report import PhaseSteps
 from .phases import Piece, check_phase_sizes, phase_paths, split_pieces
 from .pipeline import Build, Lowered, _entered
 from .program import Weights, load_inputs, store
-from .replication import check_batch_split, replica_examples, replication_of
+from .replication import check_batch_split, replica_examples, replication_of, split_replicas
 
 __all__ = ["build_phased_training", "check_phased_options"]
 
@@ -99,7 +99,7 @@ def build_phased_training(build: Build, signature: Any, req: Any) -> Any:
     check_batch_split(req.inputs, opts)
     model_inputs = req.inputs[:-1] if req.has_loss_fn else req.inputs
     contexts = (lambda: integer_inputs_explained(req.model, model_inputs), *req.contexts)
-    examples = replica_examples(req.inputs, opts.replication_factor)
+    examples = replica_examples(req.inputs, split_replicas(opts))
     with _entered(contexts):
         paths = phase_paths(req.root, opts.phased_execution, examples, build.prefix)
         gm, pieces = split_pieces(req.root, examples, paths, build.prefix, build.binding)
@@ -107,7 +107,7 @@ def build_phased_training(build: Build, signature: Any, req: Any) -> Any:
     build.record("capture", f"torch.fx graph of {len(gm.graph.nodes)} nodes, {len(pieces)} pieces")
     names = _torch_names(req.root)
     with build.ir.main_graph, popxl.in_sequence():
-        ins = load_inputs(req.inputs, req.names, opts.replication_factor)
+        ins = load_inputs(req.inputs, req.names, split_replicas(opts))
         env = dict(zip([n for n in gm.graph.nodes if n.op == "placeholder"], ins.tensors))
         leaves, out_spec = pytree.tree_flatten(next(iter(reversed(gm.graph.nodes))).args[0])
         loss_node = leaves[loss_index(out_spec, len(leaves), req.model)]

@@ -2,6 +2,11 @@
 on the host, the pipeline's gradient reduction (`reduce_gradients`), the results put back
 together.
 
+In a torch.distributed job (``torchrun``; `popxl_core.distributed`) each process runs R/P of
+the replicas and passes its own share of the global batch (a ``DistributedSampler``-style split
+of the data): that share is split over its R/P replicas (`split_replicas`), and the loss and
+outputs that come back are every replica's, as in one process.
+
 Every input is split along its first (batch) dimension into R equal shares, in batch order:
 replica r gets rows ``[r * B/R, (r + 1) * B/R)``, which is PopXL's host layout for a
 replicated stream (``[R, B/R, ...]``). One replica's program is traced and built on the first
@@ -19,6 +24,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
+from popxl_core.distributed import local_replica_count
+
 from .optim_replicated import Replication
 from .options import Options
 
@@ -29,16 +36,25 @@ __all__ = [
     "reduce_gradients",
     "replica_examples",
     "replication_of",
+    "split_replicas",
     "unreplicated",
 ]
 
 
+def split_replicas(options: Options) -> int:
+    """The replicas this process's inputs are split over: ``replication_factor``, or in a
+    torch.distributed job this process's share of them (`popxl_core.distributed`)."""
+    return local_replica_count(options.replication_factor)
+
+
 def _divisor_text(options: Options, training: bool) -> str:
+    r, local = options.replication_factor, split_replicas(options)
+    replicas = f"replication_factor={r}" if r == local else f"{local} of the {r} replicas here"
     if not training:
-        return f"replication_factor={options.replication_factor}"
+        return replicas
     return (
         f"gradient_accumulation={options.gradient_accumulation} x batch_serialisation="
-        f"{options.batch_serialisation} x replication_factor={options.replication_factor}"
+        f"{options.batch_serialisation} x {replicas}"
     )
 
 
@@ -46,6 +62,7 @@ def check_batch_split(inputs: Sequence[object], options: Options, training: bool
     """Every input has a batch dimension that divides by what the options split it into
     (`Options.batch_divisor` for training, ``replication_factor`` for inference)."""
     divisor = options.batch_divisor if training else options.replication_factor
+    divisor = divisor // options.replication_factor * split_replicas(options)
     if divisor == 1:
         return
     sizes = set()
@@ -129,7 +146,7 @@ def unreplicated(
     n, r = options.device_iterations, options.replication_factor
     if r == 1:
         return {k: torch.from_numpy(values[s].copy()) for k, s in outputs.items()}
-    batch = inputs[0].shape[1 if n > 1 else 0] // r  # the rows one replica got
+    batch = inputs[0].shape[1 if n > 1 else 0] // split_replicas(options)  # one replica's rows
     return {k: from_replicas(k, values[s], r, batch, n) for k, s in outputs.items()}
 
 

@@ -40,7 +40,7 @@ from .pipeline import (
 )
 from .precision import loss_seed, stream_values
 from .program import Inputs, Weights, load_inputs, store
-from .replication import check_batch_split, replica_examples
+from .replication import check_batch_split, replica_examples, split_replicas
 
 __all__ = ["Program", "build_inference", "build_training", "lower_for_compile"]
 
@@ -100,9 +100,9 @@ def build_training(build: Build, signature: Any, req: TrainingRequest) -> Progra
         return build_training_loops(build, signature, req)
     check_inputs(req.model, req.inputs)
     check_batch_split(req.inputs, opts)
-    examples = replica_examples(req.inputs, opts.replication_factor)  # one replica's share
+    examples = replica_examples(req.inputs, split_replicas(opts))  # one replica's share
     with build.ir.main_graph, popxl.in_sequence():
-        ins = load_inputs(stream_values(opts, req.inputs), req.names, opts.replication_factor)
+        ins = load_inputs(stream_values(opts, req.inputs), req.names, split_replicas(opts))
         lowered, index, trainable = _lower_with_loss(build, req, ins.tensors, examples)
         _some_trainable(trainable, req.model)
         fwd = lowered.forward
@@ -232,12 +232,12 @@ class _ForwardCalls:
 
     def load(self) -> Inputs:
         values = stream_values(self.build.options, self.one)
-        return load_inputs(values, self.names, self.build.options.replication_factor)
+        return load_inputs(values, self.names, split_replicas(self.build.options))
 
     def lower(self, ins: Inputs | None) -> None:
         """Trace on one replica's share of one iteration; make the variables."""
         build = self.build
-        examples = replica_examples(self.one, build.options.replication_factor)
+        examples = replica_examples(self.one, split_replicas(build.options))
         if ins is not None:
             specs: Sequence[Any] = ins.tensors
         else:
@@ -336,7 +336,9 @@ def _loop_step_inputs(opts, req: TrainingRequest) -> tuple:
         )
     step_inputs = tuple(x[0] for x in req.inputs) if n > 1 else req.inputs
     if s > 1:
-        check_batch(step_inputs, opts.batch_divisor, opts)
+        check_batch(
+            step_inputs, opts.batch_divisor // opts.replication_factor * split_replicas(opts), opts
+        )
     check_batch_split(step_inputs, opts)
     return step_inputs
 
@@ -345,7 +347,7 @@ def _lower_loop_step(build: Build, req: TrainingRequest, step_inputs: tuple) -> 
     """Lower the forward on one slice of one micro-batch, its (accumulating) backward, and
     make the variables and gradient sums in the main graph."""
     opts = build.options
-    parts = opts.gradient_accumulation * opts.batch_serialisation * opts.replication_factor
+    parts = opts.gradient_accumulation * opts.batch_serialisation * split_replicas(opts)
     micro = tuple(x[: x.shape[0] // parts] for x in step_inputs)
     specs = [
         popxl.TensorSpec(tuple(x.shape), popxl.dtype.as_dtype(x.dtype))
@@ -390,7 +392,7 @@ def _loop_step(loop: _LoopStep, local: Callable[[popxl.Tensor], popxl.Tensor]) -
     """Load the step's inputs, run forward and backward (accumulating), update, store the
     loss. ``local`` maps a main-graph tensor to the current graph's stand-in."""
     build, req, opts = loop.build, loop.req, loop.build.options
-    ins = load_inputs(stream_values(opts, loop.step_inputs), req.names, opts.replication_factor)
+    ins = load_inputs(stream_values(opts, loop.step_inputs), req.names, split_replicas(opts))
     loop.loaded.append(ins)
     named = _named(loop.variables, local)
     if _accumulates(opts):

@@ -359,6 +359,14 @@ def main() -> int:
         "usual places (Debian's dataset-fashion-mnist)",
     )
     ap.add_argument(
+        "--torch-seed",
+        type=int,
+        default=None,
+        metavar="N",
+        help="torch.manual_seed(N) before the seed runs (its DataLoaders shuffle with torch's "
+        "generator: the processes of a torchrun job must draw the same batches)",
+    )
+    ap.add_argument(
         "--extract",
         type=Path,
         default=None,
@@ -375,6 +383,10 @@ def main() -> int:
         args.extract.write_text(extract(seeds[0]))
         print(f"seed_runner: wrote {args.extract}", file=sys.stderr)
         return 0
+    if args.torch_seed is not None:  # the DataLoaders shuffle with torch's generator
+        import torch
+
+        torch.manual_seed(args.torch_seed)
     missing = [_check_and_log(seed, args.max_batches, len(seeds) > 1) for seed in seeds]
     return 1 if any(missing) else 0
 

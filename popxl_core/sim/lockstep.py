@@ -41,7 +41,7 @@ def run_lockstep(runtime, body: Callable[[int], None]) -> None:
     """``body(replica)`` for every replica of ``runtime``, meeting at each collective."""
     n = runtime.replicas
     hub = greenlet.getcurrent()
-    states = [SimpleNamespace(replica=r, counts={}, parity=0) for r in range(n)]
+    states = [SimpleNamespace(replica=r, slot=r, counts={}, parity=0) for r in range(n)]
     lets = [greenlet.greenlet(lambda r=r: body(r)) for r in range(n)]
     saved = runtime._local
     runtime._barrier = _HubBarrier(hub)

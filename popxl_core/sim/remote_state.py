@@ -14,11 +14,11 @@ from typing import Callable, Dict, List
 import numpy as np
 import torch
 
-from ..host_data import host_to_torch, torch_to_host
+from ..host_data import host_to_torch
 from ..remote_variables import remote_info, shard_source
 from ..tensor import Variable
 
-__all__ = ["replica_value", "host_from_replicas", "shard_members", "RemoteState"]
+__all__ = ["replica_value", "host_from_replicas", "read_replicas", "shard_members", "RemoteState"]
 
 
 def _group_members(v: Variable, replicas: int) -> List[List[int]]:
@@ -79,13 +79,27 @@ def host_from_replicas(
     return np.stack(per_group) if rg is not None and rg.num_groups > 1 else per_group[0]
 
 
+def read_replicas(v: Variable, replicas: int) -> List[int]:
+    """The replicas whose copies `host_from_replicas` reads for ``v`` (in that order)."""
+    info = remote_info(v)
+    out: List[int] = []
+    for members in _group_members(v, replicas):
+        if info is not None and info.shard_over > 1:
+            out += shard_members(v, members[0], replicas)
+        else:
+            out.append(members[0])
+    return out
+
+
 class RemoteState:
     """Streaming Memory of one Session: every remote buffer on every replica, the remote
-    variables stored in them and the on-chip shards of replica-sharded variables."""
+    variables stored in them and the on-chip shards of replica-sharded variables. Only the
+    replicas this process runs (``runtime.local``) have Streaming Memory here."""
 
     def __init__(self, ir, runtime, on_chip: List[Variable]) -> None:
         self.replicas = ir.replication_factor
         self.runtime = runtime
+        self.local = runtime.local
         self.buffers = list(ir._remote_buffers.values())
         self.variables = [v for v in ir.main_graph.variables if remote_info(v) is not None]
         # on-chip shard -> its index in the Session's state list
@@ -100,32 +114,29 @@ class RemoteState:
             return
         for b in self.buffers:
             shape, dt = (b.entries, *b.tensor_shape), b.tensor_dtype.as_torch()
-            self.runtime.remote[b] = [torch.zeros(shape, dtype=dt) for _ in range(self.replicas)]
+            self.runtime.remote[b] = [torch.zeros(shape, dtype=dt) for _ in self.local]
 
     def entry(self, v: Variable, replica: int) -> torch.Tensor:
         info = remote_info(v)
-        return self.runtime.remote[info.buffer][replica][info.offset]
+        return self.runtime.remote[info.buffer][replica - self.local[0]][info.offset]
 
     def write(self, v: Variable, host: np.ndarray) -> None:
-        """Put the host value of remote variable ``v`` into its entry on every replica."""
-        for r in range(self.replicas):
+        """Put the host value of remote variable ``v`` into its entry on every local replica."""
+        for r in self.local:
             value = replica_value(v, host, r, self.replicas)
             self.entry(v, r).copy_(host_to_torch(np.array(value, copy=True)))  # 0-d stays 0-d
 
-    def read(self, v: Variable) -> np.ndarray:
-        return host_from_replicas(v, lambda r: torch_to_host(self.entry(v, r)), self.replicas)
-
-    def load_shards(self, device: List[List[torch.Tensor]], only=None) -> None:
+    def load_shards(self, device: Dict[int, List[torch.Tensor]], only=None) -> None:
         """Copy each on-chip shard from its remote variable's entry (weights to the device)."""
         for shard, i in self.shards.items():
             if only is None or shard_source(shard) in only:
-                for r, state in enumerate(device):
+                for r, state in device.items():
                     state[i].copy_(self.entry(shard_source(shard), r))
 
-    def store_shards(self, device: List[List[torch.Tensor]]) -> None:
+    def store_shards(self, device: Dict[int, List[torch.Tensor]]) -> None:
         """Copy each on-chip shard back into its remote variable's entry."""
         for shard, i in self.shards.items():
-            for r, state in enumerate(device):
+            for r, state in device.items():
                 self.entry(shard_source(shard), r).copy_(state[i])
 
 

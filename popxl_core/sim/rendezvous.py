@@ -8,6 +8,7 @@ e.g. an If took different branches), and it raises instead of hanging.
 from __future__ import annotations
 
 import threading
+from typing import Callable, Optional
 
 __all__ = ["Rendezvous", "ReplicaMismatchError"]
 
@@ -29,12 +30,21 @@ class Rendezvous:
         self._finished = 0
         self._broken = False
 
-    def wait(self) -> None:
+    def wait(self, action: Optional[Callable[[], None]] = None) -> None:
+        """Wait for every party; the last to arrive first runs ``action`` (an exchange with
+        other processes), while the others wait. An error there breaks the barrier."""
         with self._cond:
             self._check()
             generation = self._generation
             self._arrived += 1
             if self._arrived == self.parties:
+                if action is not None:
+                    try:
+                        action()
+                    except BaseException:
+                        self._broken = True
+                        self._cond.notify_all()
+                        raise
                 self._arrived = 0
                 self._generation += 1
                 self._cond.notify_all()

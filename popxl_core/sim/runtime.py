@@ -4,7 +4,11 @@ the replicas' collective exchange and Streaming Memory (remote buffers).
 Replicas of one `Session.run` execute the same compiled program. Without collectives they run
 one after the other; with collectives each replica runs in its own greenlet (`lockstep.py`;
 or its own thread) and every collective is a barrier where all replicas' values meet, like the
-IPU's BSP sync.
+IPU's BSP sync. In a torch.distributed job (`popxl_core.distributed`) the Runtime holds only
+this process's replicas (``local``, run as threads): host data and Streaming Memory are indexed
+by the replica's slot among them, and at each collective the last local replica to arrive
+exchanges the local values with the other processes (`exchange.Exchange`), so every replica
+reduces all R values in replica order.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import numpy as np
 import torch
 
 from ..host_data import host_to_torch, torch_to_host
+from .exchange import bytes_tensor, tensor_bytes
 from .lockstep import run_lockstep
 from .rendezvous import Rendezvous, ReplicaMismatchError
 
@@ -25,17 +30,22 @@ __all__ = ["LOCKSTEP", "Runtime", "collective_results", "run_replicas"]
 class Runtime:
     """Stream buffers of the current `Session.run`, indexed ``[transfer, replica, ...]``."""
 
-    def __init__(self, replicas: int = 1) -> None:
+    def __init__(self, replicas: int = 1, placement=None) -> None:
         self.inputs: Dict[object, np.ndarray] = {}
         self.outputs: Dict[object, np.ndarray] = {}
         self.replicas = replicas
-        # remote buffer -> one tensor [entries, *shape] per replica (Streaming Memory)
+        # the replicas this process runs (`popxl_core.distributed.Placement`; all by default)
+        self.local = range(replicas) if placement is None else placement.local
+        self._exchange = None if placement is None else placement.exchange
+        # remote buffer -> one tensor [entries, *shape] per local replica (Streaming Memory)
         self.remote: Dict[object, List[torch.Tensor]] = {}
         self._local = threading.local()
         self._barrier: Optional[Rendezvous] = None
-        self._slots: List[List[object]] = [[None] * replicas, [None] * replicas]
+        n = len(self.local)
+        self._slots: List[List[object]] = [[None] * n, [None] * n]
+        self._gathered: List[Optional[list]] = [None, None]
         self._results: List[Optional[list]] = [None, None]  # lock step: per parity
-        self.start_replica(0)
+        self.start_replica(self.local[0])
 
     def start(self, inputs: Dict[object, np.ndarray], outputs: Dict[object, np.ndarray]) -> None:
         self.inputs, self.outputs = inputs, outputs
@@ -43,6 +53,8 @@ class Runtime:
     def start_replica(self, replica: int) -> None:
         """Make the calling thread run as ``replica`` with fresh stream counters."""
         self._local.replica = replica
+        # its index among this process's replicas: host data and Streaming Memory are local
+        self._local.slot = replica - self.local[0]
         self._local.counts = {}
         self._local.parity = 0
 
@@ -73,7 +85,7 @@ class Runtime:
                 f"Stream {stream.tensor_id!r} was loaded {i + 1} times in one run, "
                 f"but only {buf.shape[0]} transfers were provided (num_host_transfers)."
             )
-        return host_to_torch(np.array(buf[i, local.replica]))  # 0-d slices are scalars
+        return host_to_torch(np.array(buf[i, local.slot]))  # 0-d slices are scalars
 
     def store(self, stream, value: torch.Tensor) -> None:
         buf = self.outputs[stream]
@@ -83,7 +95,7 @@ class Runtime:
                 f"Stream {stream.tensor_id!r} was stored {i + 1} times in one run; "
                 f"num_host_transfers is {buf.shape[0]}."
             )
-        buf[i, self.replica] = torch_to_host(value.detach())
+        buf[i, self._local.slot] = torch_to_host(value.detach())
 
     # collectives --------------------------------------------------------------------
     def collective(self, value: torch.Tensor, fn: Callable) -> torch.Tensor:
@@ -101,13 +113,35 @@ class Runtime:
         local = self._local
         if self._barrier.lockstep:
             return self._lockstep_collective(local, value, fn)
-        slots = self._slots[local.parity]
+        parity = local.parity
+        slots = self._slots[parity]
         local.parity ^= 1
-        slots[local.replica] = (fn, value.clone())
-        self._barrier.wait()
+        slots[local.slot] = (fn, value.clone())
+        if self._exchange is None:
+            self._barrier.wait()
+            if any(f is not fn for f, _ in slots):
+                _mismatch(slots)
+            return fn(local.replica, value, [v for _, v in slots])
+        # replicas in several processes: the last local replica to arrive exchanges the local
+        # values with the other processes while the others wait (one exchange per process)
+        self._barrier.wait(lambda: self._exchange_slots(parity))
+        return fn(local.replica, value, self._gathered[parity])
+
+    def _exchange_slots(self, parity: int) -> None:
+        slots = self._slots[parity]
+        fn = slots[0][0]
         if any(f is not fn for f, _ in slots):
-            _mismatch(slots)
-        return fn(local.replica, value, [v for _, v in slots])
+            _mismatch(slots, self.local[0])
+        name = getattr(fn, "op_name", repr(fn))
+        values = [v for _, v in slots]
+        parts = self._exchange.gather(f"collective {name}", _packed(values))
+        shape, dtype = values[0].shape, values[0].dtype
+        n = values[0].numel() * values[0].element_size()
+        self._gathered[parity] = [
+            bytes_tensor(b[i * n : (i + 1) * n], shape, dtype)
+            for b in parts
+            for i in range(len(values))
+        ]
 
     def _lockstep_collective(self, local, value: torch.Tensor, fn: Callable) -> torch.Tensor:
         """In lock step (greenlets) the last replica to arrive computes every replica's
@@ -128,7 +162,7 @@ class Runtime:
     # Streaming Memory ---------------------------------------------------------------
     def remote_entry(self, buffer, offset) -> torch.Tensor:
         """The storage of entry ``offset`` of ``buffer`` on this replica (a view)."""
-        entries = self.remote[buffer][self.replica]
+        entries = self.remote[buffer][self._local.slot]
         i = int(offset)
         if not 0 <= i < entries.shape[0]:
             raise IndexError(
@@ -163,9 +197,13 @@ def collective_results(fn: Callable, values: List[torch.Tensor]) -> List[torch.T
     return out
 
 
-def _mismatch(slots) -> None:
+def _packed(values: List[torch.Tensor]) -> np.ndarray:
+    return np.concatenate([tensor_bytes(v) for v in values])
+
+
+def _mismatch(slots, first: int = 0) -> None:
     names = [getattr(f, "op_name", f) for f, _ in slots]
-    where = ", ".join(f"replica {r} at {name}" for r, name in enumerate(names))
+    where = ", ".join(f"replica {first + r} at {name}" for r, name in enumerate(names))
     raise ReplicaMismatchError(
         f"The replicas reached different collectives ({where}); every replica must run the "
         "same collectives in the same order."
@@ -178,32 +216,34 @@ LOCKSTEP = True
 
 
 def run_replicas(runtime: Runtime, body: Callable[[int], None], threaded: bool) -> None:
-    """Run ``body(replica)`` for every replica: in order, or, when collectives must meet, in
-    lock step (greenlets) or one thread per replica (``LOCKSTEP = False``). An error in one
-    replica breaks the barrier for the others; the first real error is raised."""
-    n = runtime.replicas
-    if not threaded or n == 1:
-        for r in range(n):
+    """Run ``body(replica)`` for every replica of this process: in order, or, when collectives
+    must meet, in lock step (greenlets; one process only) or one thread per replica. An error
+    in one replica breaks the barrier for the others; the first real error is raised."""
+    local = runtime.local
+    if not threaded or (len(local) == 1 and runtime._exchange is None):
+        for r in local:
             runtime.start_replica(r)
             body(r)
         return
-    if LOCKSTEP:
+    if LOCKSTEP and runtime._exchange is None:
         run_lockstep(runtime, body)
         return
-    runtime._barrier = Rendezvous(n)
-    errors: List[Optional[BaseException]] = [None] * n
+    runtime._barrier = Rendezvous(len(local))
+    errors: List[Optional[BaseException]] = [None] * len(local)
 
-    def worker(r: int) -> None:
+    def worker(i: int, r: int) -> None:
         runtime.start_replica(r)
         try:
             with torch.no_grad():
                 body(r)
             runtime._barrier.finish()
         except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
-            errors[r] = e
+            errors[i] = e
             runtime._barrier.abort()
 
-    threads = [threading.Thread(target=worker, args=(r,), daemon=True) for r in range(n)]
+    threads = [
+        threading.Thread(target=worker, args=(i, r), daemon=True) for i, r in enumerate(local)
+    ]
     try:
         for t in threads:
             t.start()
@@ -211,7 +251,7 @@ def run_replicas(runtime: Runtime, body: Callable[[int], None], threaded: bool) 
             t.join()
     finally:
         runtime._barrier = None
-        runtime.start_replica(0)
+        runtime.start_replica(local[0])
     real = [e for e in errors if e is not None and not isinstance(e, threading.BrokenBarrierError)]
     if real or any(errors):
         raise (real or [e for e in errors if e is not None])[0]

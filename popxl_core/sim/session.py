@@ -7,6 +7,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Set
 import numpy as np
 import torch
 
+from ..distributed import placement_for
 from ..errors import OpDataError
 from ..host_data import is_fill, torch_to_host
 from ..schedule import verify
@@ -57,7 +58,9 @@ class Session(SessionWeights):
         self._ir = ir
         self.device_desc = device_desc
         self.weights_to_host_on_exit = weights_to_host_on_exit
-        self._runtime = Runtime(ir.replication_factor)
+        # in a torch.distributed job this process runs only its share of the replicas
+        self._placement = placement_for(ir, {v: v._data for v in ir.main_graph.variables})
+        self._runtime = Runtime(ir.replication_factor, self._placement)
         self._fix_streams(ir)
         # plan first: an out-of-memory program fails before anything is compiled or copied
         self.plan = build_plan(ir, self.machine)
@@ -69,12 +72,20 @@ class Session(SessionWeights):
 
     def _fix_streams(self, ir) -> None:
         """The Session owns the Ir from here on, so its streams are fixed: their numpy dtype,
-        full host shape and the run's [transfers, replicas, *shape] view, computed once
-        (checked and applied on each run), and the transfer counts checked."""
+        full host shape and the run's [transfers, replicas, *shape] view, then the same two
+        for this process's replicas, computed once (checked and applied on each run), and the
+        transfer counts checked."""
         self._h2d = frozenset(ir.get_all_h2d_streams())
         self._d2h = tuple(ir.get_all_d2h_streams())
+        local = len(self._placement.local)
         self._stream_spec = {
-            s: (s.dtype.as_numpy(), self._full_input_shape(s.shape), _expanded_shape(s.shape, ir))
+            s: (
+                s.dtype.as_numpy(),
+                self._full_input_shape(s.shape),
+                _expanded_shape(s.shape, ir),
+                self._full_input_shape(s.shape, local),
+                _expanded_shape(s.shape, ir, local),
+            )
             for s in (*self._h2d, *self._d2h)
         }
         self._h2d_spec = {s: self._stream_spec[s] for s in self._h2d}
@@ -88,6 +99,7 @@ class Session(SessionWeights):
         self._variables: List[Variable] = self._program.variables
         self._variable_index = {v: i for i, v in enumerate(self._variables)}
         self._remote = RemoteState(ir, self._runtime, self._variables)
+        self._remote_set = frozenset(self._remote.variables)
         # each variable's host buffer; until first written (or handed out) it is the
         # variable's own data, read in place: a large model's weights are not copied here
         self._host: Dict[Variable, np.ndarray] = {
@@ -100,13 +112,15 @@ class Session(SessionWeights):
             for v in self._host
             if v.retrieval_mode == "all_replicas" and ir.replication_factor > 1
         }
-        self._device: Optional[List[List[torch.Tensor]]] = None
+        # replica -> its variables' device values, for the replicas this process runs
+        self._device: Optional[Dict[int, List[torch.Tensor]]] = None
         self._shared: Dict[Variable, torch.Tensor] = {}  # `share_variable_storage`
         self._pending: Set[int] = set()  # device values not copied in yet (weights_from_host)
         self._synced: Set[Variable] = set()  # host == device since the last run (`_sync`)
         self._attached = False
         self._host_in_sync = True
         self._context_stack: List[bool] = []
+        self._whole_inputs: Dict[str, np.ndarray] = {}
 
     def _replica_rows(self, v: Variable) -> np.ndarray:
         replicas = range(self._ir.replication_factor)
@@ -209,7 +223,7 @@ class Session(SessionWeights):
                     self._remote.write(v, self._host[v])
                     continue
                 index = self._variable_index[v]
-                for r, rep in enumerate(self._device):
+                for r, rep in self._device.items():
                     if rep[index] is not None:  # a pending copy takes the new host value
                         rep[index].copy_(self._host_tensor(v, r))
             self._remote.load_shards(self._device, only=set(checked))
@@ -249,8 +263,9 @@ class Session(SessionWeights):
     def expected_inputs(self) -> Set[HostToDeviceStream]:
         return set(self._h2d)
 
-    def _full_input_shape(self, shape) -> tuple:
-        lead = tuple(n for n in (self._ir.num_host_transfers, self._ir.replication_factor) if n > 1)
+    def _full_input_shape(self, shape, replicas: Optional[int] = None) -> tuple:
+        replicas = self._ir.replication_factor if replicas is None else replicas
+        lead = tuple(n for n in (self._ir.num_host_transfers, replicas) if n > 1)
         return (*lead, *tuple(shape))
 
     def create_host_outputs(self) -> Dict[DeviceToHostStream, np.ndarray]:
@@ -278,10 +293,14 @@ class Session(SessionWeights):
         """The run itself, on checked inputs and output buffers of the right shapes."""
         spec = self._stream_spec
         full = {s: a.reshape(spec[s][2]) for s, a in outputs.items()}
-        self._runtime.start(feeds, full)
+        whole = self._placement.exchange is None
+        local = full if whole else {s: np.empty(spec[s][4], spec[s][0]) for s in outputs}
+        self._runtime.start(feeds, local)
         self._devices()
         with torch.no_grad():
             run_replicas(self._runtime, self._replica_body, self._threaded)
+        if not whole:  # every process returns all replicas' outputs
+            self._placement.gather_outputs(local, full, self._whole_inputs)
         self._host_in_sync = False
         self._synced = set()
 
@@ -295,6 +314,7 @@ class Session(SessionWeights):
             checks.check_run_counts(self, self._runtime, self._data_dependent)
 
     def _checked_inputs(self, inputs: Mapping, downcast: bool) -> Dict[object, np.ndarray]:
+        self._whole_inputs = {}  # in a job: the inputs given for all replicas (checked equal)
         expected = self._h2d
         if len(inputs) == len(expected):
             specs = self._h2d_spec
@@ -326,7 +346,7 @@ class Session(SessionWeights):
         self, stream: HostToDeviceStream, value, downcast: bool, spec: tuple | None = None
     ) -> np.ndarray:
         arr = value.detach().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
-        want, full, expanded = spec or self._stream_spec[stream]
+        want, full, expanded, local_full, local_expanded = spec or self._stream_spec[stream]
         if arr.dtype == np.uint8 and want.kind == "V":  # float8 bits, as fp8_utils gives them
             arr = arr.view(want).reshape(arr.shape)
         if arr.dtype != want:
@@ -337,12 +357,25 @@ class Session(SessionWeights):
                 )
             checks.check_fits(stream, arr, want)
             arr = arr.astype(want)
-        if arr.shape != full and not _single_value(arr, full):
-            raise ValueError(
-                f"Input for stream {stream.tensor_id!r} has shape {arr.shape}; expected "
-                f"{full} = [num_host_transfers, replicas (dims > 1 only), *{stream.shape}]."
-            )
-        return arr.reshape(expanded)
+        if self._placement.exchange is None:
+            if arr.shape != full and not _single_value(arr, full):
+                raise ValueError(
+                    f"Input for stream {stream.tensor_id!r} has shape {arr.shape}; expected "
+                    f"{full} = [num_host_transfers, replicas (dims > 1 only), *{stream.shape}]."
+                )
+            return arr.reshape(expanded)
+        local = self._placement.local  # all replicas' data (use this process's), or its own
+        if arr.shape == full:
+            self._whole_inputs[stream.tensor_id] = arr
+            return arr.reshape(expanded)[:, local.start : local.stop]
+        if arr.shape == local_full:
+            return arr.reshape(local_expanded)
+        raise ValueError(
+            f"Input for stream {stream.tensor_id!r} has shape {arr.shape}; expected {full} "
+            f"(every replica's data; this process uses replicas {local.start}..{local.stop - 1}) "
+            f"or {local_full} (this process's {len(local)} replicas) = [num_host_transfers, "
+            f"replicas (dims > 1 only), *{stream.shape}]."
+        )
 
 
 def _single_value(arr: np.ndarray, full: tuple) -> bool:
@@ -378,8 +411,9 @@ def _has_collectives(program) -> bool:
     return any(op.opdef.collective for g in program.graphs_used() for op in g._ops)
 
 
-def _expanded_shape(shape, ir) -> tuple:
+def _expanded_shape(shape, ir, replicas: Optional[int] = None) -> tuple:
     """The ``[num_host_transfers, replicas, *shape]`` view of a stream's host arrays that the
     run indexes (``[transfer, replica]``), whether or not those dimensions are in the host shape."""
-    nht, reps = ir.num_host_transfers, ir.replication_factor
+    nht = ir.num_host_transfers
+    reps = ir.replication_factor if replicas is None else replicas
     return (nht if nht > 1 else 1, reps if reps > 1 else 1, *tuple(shape))

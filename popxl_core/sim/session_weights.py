@@ -10,7 +10,7 @@ for. So building a large model's program copies none of its weights.
 from __future__ import annotations
 
 import warnings
-from typing import List, Mapping, Optional
+from typing import Dict, List, Mapping, Optional
 
 import numpy as np
 import torch
@@ -18,7 +18,7 @@ import torch
 from ..host_data import host_to_torch, torch_to_host
 from ..tensor import Variable
 from . import checks
-from .remote_state import host_from_replicas, replica_value
+from .remote_state import host_from_replicas, read_replicas, replica_value
 
 __all__ = ["SessionWeights", "is_file"]
 
@@ -40,13 +40,13 @@ class SessionWeights:
         self._pending = set()
         if replicas == 1:
             self._pending = set(range(len(self._variables))) - set(shared) - shards
-        self._device = [
-            [
+        self._device = {  # the replicas this process runs (all but in a torch.distributed job)
+            r: [
                 None if r == 0 and i in self._pending else self._load(v, r, shared.get(i))
                 for i, v in enumerate(self._variables)
             ]
-            for r in range(replicas)
-        ]
+            for r in self._runtime.local
+        }
         self._remote.allocate()
         for v in self._remote.variables:
             self._remote.write(v, self._host[v])
@@ -54,26 +54,44 @@ class SessionWeights:
         self._host_in_sync = True
 
     def weights_to_host(self) -> None:
-        """Copy every variable's device value back to its host buffer."""
+        """Copy every variable's device value back to its host buffer (in a torch.distributed
+        job, gathered from the processes: every process must call it)."""
         self._require_attached("weights_to_host")
         if self._device is None:
             return
-        for i, v in enumerate(self._variables):
-            if v in self._remote.shards or i in self._pending:  # pending: device == host
-                continue
-            self._set_host(v, self._from_device(v, i))
-            if v in self._per_replica:
-                self._per_replica[v][...] = np.stack(
-                    [torch_to_host(rep[i]) for rep in self._device]
-                )
         self._remote.store_shards(self._device)
-        for v in self._remote.variables:
-            self._set_host(v, self._remote.read(v))
+        replicas = self._ir.replication_factor
+        values = self._replica_values()
+        for v in self._readable():
+            self._set_host(v, host_from_replicas(v, lambda r, v=v: values[v, r], replicas))
             if v in self._per_replica:
-                self._per_replica[v][...] = np.stack(
-                    [torch_to_host(self._remote.entry(v, r)) for r in range(len(self._device))]
-                )
+                self._per_replica[v][...] = np.stack([values[v, r] for r in range(replicas)])
         self._host_in_sync = True
+
+    def _readable(self) -> List[Variable]:
+        """The variables whose host values are read back from the device: not RTS shards,
+        nor pending copies (`weights_from_host`: device == host)."""
+        on_chip = [
+            v
+            for i, v in enumerate(self._variables)
+            if v not in self._remote.shards and i not in self._pending
+        ]
+        return [*on_chip, *self._remote.variables]
+
+    def _replica_values(self) -> Dict[tuple, np.ndarray]:
+        """``(variable, replica) -> value`` for the replicas the host values are read from."""
+        replicas = self._ir.replication_factor
+        pairs = [
+            (v, r)
+            for v in self._readable()
+            for r in (range(replicas) if v in self._per_replica else read_replicas(v, replicas))
+        ]
+        return self._placement.gather_values(pairs, self._local_value)
+
+    def _local_value(self, v: Variable, replica: int) -> np.ndarray:
+        if v in self._remote_set:
+            return torch_to_host(self._remote.entry(v, replica))
+        return torch_to_host(self._device[replica][self._variable_index[v]])
 
     def _host_value(self, v: Variable, replica: int) -> np.ndarray:
         """The host buffer (a view) that ``replica`` holds for ``v``."""
@@ -82,7 +100,7 @@ class SessionWeights:
     def _to_device(self, v: Variable, replica: int) -> torch.Tensor:
         return host_to_torch(np.array(self._host_value(v, replica), copy=True))
 
-    def _devices(self) -> List[List[torch.Tensor]]:
+    def _devices(self) -> Dict[int, List[torch.Tensor]]:
         """The device values, the pending copies (`weights_from_host`) made now."""
         for i in self._pending:
             self._device[0][i] = self._to_device(self._variables[i], 0)
