@@ -75,6 +75,13 @@ def _register_loaded() -> None:
         alias = _alias(name) if name.split(".")[0] in _ALIAS_OF else None
         if alias is not None and module is not None:
             sys.modules.setdefault(alias, module)
+    # Several paths may rename to one module (popxl_addons.seed_variable and .route_tensor
+    # are both addons.graph_utils); `_alias` names one of them, so register each: otherwise
+    # importing popxl_addons.seed_variable would set ``addons.seed_variable`` to the module,
+    # hiding the function for the rest of the process.
+    for alias, real in _RENAMES.items():
+        if sys.modules.get(real) is not None and alias.partition(".")[2]:
+            sys.modules.setdefault(alias, sys.modules[real])
 
 
 class _AliasLoader(importlib.abc.Loader):
