@@ -4,9 +4,13 @@ For each model: the time `training_model` takes to build its program on the firs
 lowering, autodiff, optimizer ops, Session planning and compilation), then the time of a
 training step on the simulator beside the same step in eager PyTorch (one thread each).
 
+Each row also gives the program's op count and the build time per 1,000 ops: flat across
+models of very different sizes (resnet50, vit_b_16, a 24-block GPT) means the build is linear.
+
 Usage::
 
     python benchmarks/fx_build_time.py --models resnet18 vit_b_16 --steps 3
+    python benchmarks/fx_build_time.py --models resnet50 vit_b_16 gpt24 --steps 0
 """
 
 from __future__ import annotations
@@ -21,8 +25,37 @@ import torch.nn.functional as F
 import popxl_fx
 
 
+def _gpt(blocks: int) -> torch.nn.Module:
+    """A GPT of ``blocks`` pre-norm decoder blocks (width 64, 4 heads, vocabulary 128)."""
+    from torch import nn
+
+    layer = nn.TransformerEncoderLayer(64, 4, 256, dropout=0.0, batch_first=True, norm_first=True)
+    blocks_ = nn.TransformerEncoder(layer, blocks, enable_nested_tensor=False)
+    return nn.Sequential(nn.Embedding(128, 64), blocks_, nn.LayerNorm(64), nn.Linear(64, 10))
+
+
+def _inputs(name: str, batch: int):
+    if name.startswith("gpt"):
+        x = torch.randint(0, 128, (batch, 32), generator=torch.Generator().manual_seed(1))
+        return x, torch.randint(0, 10, (batch, 32), generator=torch.Generator().manual_seed(2))
+    x = torch.randn(batch, 3, 64, 64, generator=torch.Generator().manual_seed(1))
+    return x, torch.randint(0, 10, (batch,), generator=torch.Generator().manual_seed(2))
+
+
+def _loss(out, y):
+    return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+
+
+def _n_ops(prog) -> int:
+    return sum(len(g._ops) for g in prog.session.ir._graphs.values())
+
+
 def _model(name: str) -> torch.nn.Module:
     import torchvision
+
+    if name.startswith("gpt"):
+        torch.manual_seed(0)
+        return _gpt(int(name[3:] or 24))
 
     kwargs = {"image_size": 64} if name.startswith("vit") else {}
     torch.manual_seed(0)
@@ -32,13 +65,15 @@ def _model(name: str) -> torch.nn.Module:
 def measure(name: str, batch: int, steps: int, device: str) -> dict[str, float]:
     model = _model(name)
     eager = copy.deepcopy(model)
-    x = torch.randn(batch, 3, 64, 64, generator=torch.Generator().manual_seed(1))
-    y = torch.randint(0, 10, (batch,), generator=torch.Generator().manual_seed(2))
+    x, y = _inputs(name, batch)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    trainer = popxl_fx.training_model(model, opt, F.cross_entropy, popxl_fx.Options(device))
+    trainer = popxl_fx.training_model(model, opt, _loss, popxl_fx.Options(device))
     start = time.perf_counter()
-    trainer.build(x, y)  # build only: trace, lower, autodiff, Session
+    prog = trainer.build(x, y)  # build only: trace, lower, autodiff, Session
     build = time.perf_counter() - start
+    n_ops = _n_ops(prog)
+    if steps == 0:
+        return {"build_s": build, "ops": n_ops}
     start = time.perf_counter()
     for _ in range(steps):
         trainer(x, y)
@@ -46,12 +81,12 @@ def measure(name: str, batch: int, steps: int, device: str) -> dict[str, float]:
     eager_opt = torch.optim.SGD(eager.parameters(), lr=0.01, momentum=0.9)
     start = time.perf_counter()
     for _ in range(steps):
-        loss = F.cross_entropy(eager(x), y)
+        loss = _loss(eager(x), y)
         eager_opt.zero_grad()
         loss.backward()
         eager_opt.step()
     ref = (time.perf_counter() - start) / steps
-    return {"build_s": build, "sim_step_s": sim, "eager_step_s": ref}
+    return {"build_s": build, "ops": n_ops, "sim_step_s": sim, "eager_step_s": ref}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -64,10 +99,13 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     for name in args.models:
         r = measure(name, args.batch, args.steps, args.device)
-        print(
-            f"{name:16s} build {r['build_s']:6.1f} s   step: simulator {r['sim_step_s']:.3f} s, "
-            f"eager {r['eager_step_s']:.3f} s (x{r['sim_step_s'] / r['eager_step_s']:.2f})"
-        )
+        per_k = r["build_s"] / r["ops"] * 1000
+        line = f"{name:16s} build {r['build_s']:6.1f} s, {r['ops']} ops, {per_k:.2f} s/1000 ops"
+        if "sim_step_s" in r:
+            ratio = r["sim_step_s"] / r["eager_step_s"]
+            line += f"   step: simulator {r['sim_step_s']:.3f} s, eager {r['eager_step_s']:.3f} s"
+            line += f" (x{ratio:.2f})"
+        print(line)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,10 @@ token batches with AdamW:
   loaded for its forward, loaded again for its backward and its optimizer update, and stored.
 
 The losses are equal (bit for bit: the same kernels on the same values). The script then
-prints ``unphased.report().diff(phased.report())``: ``variable_bytes`` (weights and state on
+prints ``phased.report()`` (a `popxl_fx.phase_report.PhasedReport`: per phase its peak, its
+weights and state loaded on chip, its Streaming Memory traffic and cycles, then the step's
+traffic and the transfers' share of the estimated step time) and
+``unphased.report().diff(phased.report())``: ``variable_bytes`` (weights and state on
 chip) drops to zero, the on-chip peak drops to the largest phase's working set plus the
 activations, and the step pays for it in Streaming Memory traffic (``remote_*_bytes``) and
 estimated cycles. ``--memory-auto`` instead lets ``Options(memory="auto")`` decide (on

@@ -13,6 +13,7 @@ from .explain import Explanation, explain
 from .inference import InferenceModel, inference_model
 from .lowering import LoweringContext, lowers
 from .module import Module
+from .phases import phase
 
 __all__ = ["Options", "Trainer", "compile", "testing", "training_model"]
 __all__ += [
@@ -27,4 +28,5 @@ __all__ += [
     "explain",
     "inference_model",
     "lowers",
+    "phase",
 ]

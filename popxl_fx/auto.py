@@ -1,13 +1,13 @@
 """``Options(memory="auto")``: find options under which a training program fits one IPU.
 
 `choose` first plans the options as given: a model that fits (with `MARGIN` to spare) is left
-unchanged. Otherwise it plans every candidate of `candidates` -- phased execution (the
-repeated blocks, or the top-level children), with replicated tensor sharding when the program
-is replicated, outlining with recomputation, gradient accumulation -- each a what-if build on
-weightless variables (broadcast zeros: no weight copies, no host memory for them) that stops
-at the simulator's plan, and keeps the candidate that fits with the lowest estimated step
-time. When none fits, `NoPlanFitsError` gives the best plan's shortfall and
-every candidate's peak.
+unchanged. Otherwise it plans every candidate of `candidates` -- phased execution (the modules
+marked with `popxl_fx.phase`, the repeated blocks, or the top-level children), with replicated
+tensor sharding when the program is replicated, outlining with recomputation, gradient
+accumulation -- each a what-if build on weightless variables (broadcast zeros: no weight copies,
+no host memory for them) that stops at the simulator's plan, and keeps the candidate that fits
+with the lowest estimated step time. When none fits, `NoPlanFitsError` gives the best plan's
+shortfall and every candidate's peak.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from popxl_core.sim.report import fmt_bytes
 
 from .options import Options
 from .outline import candidates as repeated
+from .phases import marked
 
 __all__ = ["MARGIN", "Choice", "NoPlanFitsError", "Planned", "candidates", "choose"]
 
@@ -63,7 +64,9 @@ def candidates(model: nn.Module, options: Options, batch: int | None) -> list[di
     found: list[dict] = []
     rts = {"replicated_tensor_sharding": True} if options.replication_factor > 1 else {}
     blocks = bool(repeated(model))
-    for kind in ("blocks", "children") if blocks else ("children",):
+    kinds = ("marked",) if marked(model) else ()  # the user's own phases first
+    kinds += ("blocks", "children") if blocks else ("children",)
+    for kind in kinds:
         found.append({"phased_execution": kind})
         if rts:
             found.append({"phased_execution": kind, **rts})

@@ -204,6 +204,8 @@ def decomposition_issue(node: fx.Node, root: torch.nn.Module) -> Issue | None:
     """None when ``node`` lowers through its decomposition, else the `Issue` saying why not."""
     kind = "unsupported module" if node.op == "call_module" else "unsupported op"
     what = _what(node, root)
+    if node.op == "call_function" and _packet(node.target) in REFUSED:  # the op itself
+        return unsupported(node, what, kind, f"{REFUSED[_packet(node.target)]}.")
     try:
         dec = decompose(node, root)
     except Exception as exc:  # noqa: BLE001 - any failure means there is no decomposition

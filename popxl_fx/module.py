@@ -90,7 +90,9 @@ class Module(addons.Module):
             the loss wrapper).
         weightless: variables get zero-filled data of the right shape and dtype instead of a
             copy of the torch tensors (what-if planning: the memory plan needs no values; a
-            broadcast zero costs no host memory until a Session attaches).
+            broadcast zero costs no host memory until a Session attaches). ``True``: all of
+            them; a set of qualified names: those only (the ones the owner writes when the
+            Session attaches; a traced constant keeps its data).
     """
 
     def __init__(
@@ -103,7 +105,7 @@ class Module(addons.Module):
         recompute: bool = False,
         outline_prefix: str = "",
         rng: str = "torch",
-        weightless: bool = False,
+        weightless: bool | frozenset[str] = False,
     ) -> None:
         super().__init__(cache=cache)
         self.weightless = weightless
@@ -125,6 +127,10 @@ class Module(addons.Module):
         self._seed: list[popxl.Tensor] = []
         # master weights' working copies (their casts) in the last graph built, by name
         self.working_copies: dict[str, popxl.Tensor] = {}
+        # which inputs require grad in eager (compile's autograd bridge, tests): see
+        # `requires_grad`
+        self.inputs_require_grad: tuple[bool, ...] = ()
+        self._grad_inputs: set[int] = set()
 
     # capture ---------------------------------------------------------------------------
     def capture(self, *example_inputs: Any) -> Captured:
@@ -187,6 +193,7 @@ class Module(addons.Module):
         self._sites = {}
         gm = plan.gm if plan is not None else captured.gm
         try:
+            self._grad_inputs = {id(x) for x, g in zip(xs, self.inputs_require_grad) if g}
             out = run_graph(
                 gm,
                 xs,
@@ -199,6 +206,7 @@ class Module(addons.Module):
             self._advance_seed()
         finally:
             self._vars, self._seed, self._sites, self._plan = {}, [], {}, None
+            self._grad_inputs = set()
         if not self.flatten_outputs:
             return out
         leaves, self.out_spec = pytree.tree_flatten(out)
@@ -287,7 +295,7 @@ class Module(addons.Module):
             # (each name is added once: self._vars guards it).
             var = self.add_variable_input(
                 name,
-                _host_data(data, self.weightless),
+                _host_data(data, _zeros_for(self.weightless, name)),
                 popxl.dtype.as_dtype(data.dtype),
                 by_ref=kind == "buffer",
                 overwrite=True,
@@ -296,6 +304,28 @@ class Module(addons.Module):
                 var = self.working_copies[name] = ops.cast(var, popxl.dtype.as_dtype(tensor.dtype))
             self._vars[name] = var
         return self._vars[name]
+
+    def requires_grad(self, t: popxl.Tensor) -> bool:
+        """Whether eager's twin of ``t`` requires grad: it is computed from a parameter that
+        requires grad. Torch picks some kernels by it (a float attention mask that requires
+        grad runs SDPA's math kernel), so a lowering asks to pick the same one. Inputs count
+        where `inputs_require_grad` says so."""
+        trainable = set(self._grad_inputs) | {
+            id(v)
+            for n, v in self._vars.items()
+            if self._kinds[n] == "param" and self._masters[n].requires_grad
+        }
+        seen, stack = set(), [t]
+        while stack:
+            x = stack.pop()
+            if id(x) in trainable:
+                return True
+            if id(x) in seen or x.producer is None:
+                continue
+            seen.add(id(x))
+            if not x.producer.opdef.stops_gradient:
+                stack.extend(x.producer.inputs)
+        return False
 
     def seed(self) -> popxl.Tensor:
         """A fresh seed, split from one seed variable that advances every run."""
@@ -346,7 +376,10 @@ def _block_class(torch_class: type) -> type:
 
 
 def _site_factories(
-    facts: addons.NamedVariableFactories, root: nn.Module, path: str, weightless: bool = False
+    facts: addons.NamedVariableFactories,
+    root: nn.Module,
+    path: str,
+    weightless: bool | frozenset[str] = False,
 ):
     """The block's factories with the data of the call site at ``path``: its own torch
     tensors, and its own random seed (the sites' random streams differ, as inlined ops' do)."""
@@ -356,7 +389,8 @@ def _site_factories(
             start = (int(torch.initial_seed()) + zlib.crc32(path.encode())) % (2**31)
             data = functools.partial(popxl.create_seeds, start)
         else:
-            data = _host_data(_tensor_at(root, f"{path}.{name}"), weightless)
+            qualname = f"{path}.{name}"
+            data = _host_data(_tensor_at(root, qualname), _zeros_for(weightless, qualname))
         site[name] = addons.VariableFactory(data, f.dtype, f.name, f.by_ref, f.replica_grouping)
     return addons.NamedVariableFactories.from_dict(site)
 
@@ -366,9 +400,16 @@ def _tensor_at(root: nn.Module, qualname: str) -> torch.Tensor:
     return getattr(root.get_submodule(owner), attr)
 
 
+def _zeros_for(weightless: bool | frozenset[str], name: str) -> bool:
+    """Whether the variable ``name`` is made weightless (`Module`'s ``weightless``)."""
+    if isinstance(weightless, bool):
+        return weightless
+    return name in weightless or unescape(name) in weightless
+
+
 def _host_data(tensor: torch.Tensor, weightless: bool = False) -> Callable[[], np.ndarray]:
-    """The factory's data: one host copy of ``tensor``, made on first use and then reused
-    (a factory draws several times; copying a large model each time costs seconds). With
+    """The factory's data: ``tensor``'s memory as a numpy array, which ``popxl.variable``
+    copies when the variable is made (the variable's data is then its own snapshot). With
     ``weightless``, zeros of its shape and dtype instead: a broadcast of one zero, which popxl
     keeps as it is, so a plan costs no host memory for it until a Session attaches."""
     copies: list[np.ndarray] = []
@@ -377,8 +418,8 @@ def _host_data(tensor: torch.Tensor, weightless: bool = False) -> Callable[[], n
         if not copies and weightless:
             dtype = torch.empty((), dtype=tensor.dtype).numpy().dtype
             copies.append(np.broadcast_to(np.zeros((), dtype), tuple(tensor.shape)))
-        elif not copies:
-            copies.append(tensor.detach().cpu().numpy().copy())
+        elif not copies:  # a view: popxl.variable copies it once (a second copy cost seconds)
+            copies.append(tensor.detach().cpu().numpy())
         return copies[0]
 
     return data

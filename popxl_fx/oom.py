@@ -113,7 +113,12 @@ def module_table(plan, ipu: int, prefix: str, params: set[str]) -> list[ModuleRo
             add(_variable_row(v.name or v.id, prefix, params), nbytes_of(v))
     for t in live_at_peak(plan.analysis, plan.main, ipu):
         add(_live_row(t, prefix, params), nbytes_of(t))
-    return sorted(rows.values(), key=lambda r: -r.total)
+    return sorted(rows.values(), key=lambda r: (-r.total, _natural(r.module)))
+
+
+def _natural(name: str) -> tuple:
+    """``"blocks.2.fc"`` before ``"blocks.10.fc"`` among equal rows (numbers as numbers)."""
+    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in name.split("."))
 
 
 def _table_text(rows: list[ModuleRow], limit: int = 12) -> list[str]:

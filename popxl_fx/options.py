@@ -82,7 +82,8 @@ class Options:
             update on loaded state, store weights and state back (PopXL phased execution,
             addons ``named_variable_buffers``/``remote_load``/``remote_store``). Phases:
             ``"blocks"`` (the repeated blocks ``outline="auto"`` finds), ``"children"`` (the
-            model's top-level children) or a list of module names; the code between phases
+            model's top-level children), ``"marked"`` (the modules marked with
+            ``popxl_fx.phase(module)``) or a list of module names; the code between phases
             runs as phases of its own. ``False`` (default): everything on chip.
         memory: ``"auto"``: when the program does not fit the device's IPU memory, search
             phased execution, RTS (with replication), outlining with recomputation and
@@ -211,7 +212,7 @@ def _outline_value(value: object) -> bool | str | tuple:
     return tuple(value)
 
 
-PHASE_KINDS = ("blocks", "children")
+PHASE_KINDS = ("blocks", "children", "marked")
 # what memory="auto" chooses itself, and the value that leaves each to it
 AUTO_CHOOSES = {
     "phased_execution": False,
@@ -248,8 +249,8 @@ def _phases_value(value: object) -> bool | str | tuple:
         return value
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or not value:
         raise ValueError(
-            f"Options(phased_execution={value!r}): give 'blocks', 'children', False, or a "
-            "non-empty list of module names (as in model.named_modules())."
+            f"Options(phased_execution={value!r}): give 'blocks', 'children', 'marked', False, "
+            "or a non-empty list of module names (as in model.named_modules())."
         )
     for item in value:
         if not isinstance(item, str) or not item:

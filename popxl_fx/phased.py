@@ -33,12 +33,14 @@ import addons
 import popxl_core as popxl
 from addons.remote import load_remote, named_variable_buffers, store_remote
 from popxl_core import ops
+from popxl_core.sim.machine import machine_for
 
 from .checks import check_inputs, integer_inputs_explained
 from .loss import check_scalar_loss, loss_index
 from .module import Module
 from .optim_remote import RemoteState
-from .phases import Piece, phase_paths, split_pieces
+from .phase_report import PhaseSteps
+from .phases import Piece, check_phase_sizes, phase_paths, split_pieces
 from .pipeline import Build, Lowered, _entered
 from .program import Weights, load_inputs, store
 from .replication import check_batch_split, replica_examples, replication_of
@@ -101,6 +103,7 @@ def build_phased_training(build: Build, signature: Any, req: Any) -> Any:
     with _entered(contexts):
         paths = phase_paths(req.root, opts.phased_execution, examples, build.prefix)
         gm, pieces = split_pieces(req.root, examples, paths, build.prefix)
+    _check_sizes(build, req, pieces)
     build.record("capture", f"torch.fx graph of {len(gm.graph.nodes)} nodes, {len(pieces)} pieces")
     names = _torch_names(req.root)
     with build.ir.main_graph, popxl.in_sequence():
@@ -109,21 +112,29 @@ def build_phased_training(build: Build, signature: Any, req: Any) -> Any:
         leaves, out_spec = pytree.tree_flatten(next(iter(reversed(gm.graph.nodes))).args[0])
         loss_node = leaves[loss_index(out_spec, len(leaves), req.model)]
         shards = opts.replication_factor if opts.replicated_tensor_sharding else 1
-        lowered = [_lower_piece(p, names, contexts, shards, build.plan_only) for p in pieces]
+        lowered = [_lower_piece(p, names, contexts, shards, build.weightless) for p in pieces]
         build.record("lower", _lower_detail(lowered))
         _plan_gradients(lowered, loss_node)
         for lp in lowered:
             _differentiate(lp)
         build.record("backward", "autodiff per piece, gradients chained piece to piece")
-        fwd_infos = [_forward(lp, env) for lp in lowered]
+        main = build.ir.main_graph
+        steps = [PhaseSteps(lp.piece.label, lp.piece.phase) for lp in lowered]
+        fwd_infos = []
+        for lp, st in zip(lowered, steps):
+            n = len(main.ops)
+            fwd_infos.append(_forward(lp, env))
+            st.forward = list(main.ops[n:])  # the report's per-phase rows
         loss = env[loss_node]
         check_scalar_loss(loss, req.model, req.has_loss_fn)
         build.planned = True
         optimizer = req.optimizer
         optimizer.remote = RemoteState(replication_of(opts))
         grads: dict = {loss_node: popxl.constant(1.0, loss.dtype, "loss_grad")}
-        for lp, info in reversed(list(zip(lowered, fwd_infos))):
+        for lp, info, st in reversed(list(zip(lowered, fwd_infos, steps))):
+            n = len(main.ops)
             _backward_and_update(build, lp, info, env, grads, optimizer)
+            st.backward = list(main.ops[n:])
         if opts.replication_factor > 1:
             build.record("replication", _replication_detail(opts))
         build.record("optimizer", f"{type(optimizer.optimizer).__name__} per phase, state remote")
@@ -134,9 +145,25 @@ def build_phased_training(build: Build, signature: Any, req: Any) -> Any:
     session = build.session()
     first = lowered[0]
     view = Lowered(first.fxm, None, first.forward, first.backward)
-    return Program(
+    prog = Program(
         signature, build.ir, session, ins, outputs, weights, view, build.stages, req.optimizer
     )
+    prog.extra["phases"] = steps  # trainer.report(): a PhasedReport
+    return prog
+
+
+def _check_sizes(build: Build, req: Any, pieces: list[Piece]) -> None:
+    """A phase too big for one IPU by its variables alone raises now (where the device's
+    out-of-memory is an error; a what-if plan just reports its peak)."""
+    machine = machine_for(build.options.device)
+    if build.plan_only or not machine.oom_is_error:
+        return
+    optim = req.optimizer
+    groups = optim.optimizer.param_groups
+    slots = 2 if optim.kind == "adam" else int(any(g.get("momentum", 0) for g in groups))
+    opts = build.options
+    shards = opts.replication_factor if opts.replicated_tensor_sharding else 1
+    check_phase_sizes(req.root, pieces, build.prefix, slots, shards, machine.bytes_per_ipu)
 
 
 def _torch_names(root: torch.nn.Module) -> dict[str, tuple[str, torch.Tensor]]:
@@ -150,7 +177,7 @@ def _spec(x: torch.Tensor) -> popxl.TensorSpec:
 
 
 def _lower_piece(
-    piece: Piece, names: dict, contexts, shards: int, weightless: bool = False
+    piece: Piece, names: dict, contexts, shards: int, weightless: bool | frozenset = False
 ) -> _Lowered:
     """The piece's forward graph and variables: trainable parameters remote (sharded over
     ``shards`` replicas when more than 1), the rest on chip."""

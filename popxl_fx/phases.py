@@ -1,13 +1,13 @@
 """Which phases a traced model runs in, and the model's fx graph cut into them.
 
 `phase_paths` turns ``Options(phased_execution=...)`` into module paths: ``"children"`` the
-model's top-level children, ``"blocks"`` the repeated blocks ``outline="auto"`` finds, or the
-modules a list names. `split_pieces` traces the model with those modules as leaves and cuts
-the graph into `Piece`s in execution order: one per phase module call, and one for the code
-between two phases (glue: embeddings, the loss, ...). Each piece is an ``fx.GraphModule`` of
-its own over the same torch tensors (qualified names kept: ``"blocks.3.attn.weight"``) that
-`popxl_fx.Module` lowers like any model; its inputs and outputs are the values that cross the
-cut, in node order.
+model's top-level children, ``"blocks"`` the repeated blocks ``outline="auto"`` finds,
+``"marked"`` the modules marked with `phase`, or the modules a list names. `split_pieces` traces
+the model with those modules as leaves and cuts the graph into `Piece`s in execution order: one
+per phase module call, and one for the code between two phases (glue: embeddings, the loss,
+...). Each piece is an ``fx.GraphModule`` of its own over the same torch tensors (qualified
+names kept: ``"blocks.3.attn.weight"``) that `popxl_fx.Module` lowers like any model; its inputs
+and outputs are the values that cross the cut, in node order.
 """
 
 from __future__ import annotations
@@ -19,10 +19,43 @@ import torch
 import torch.fx as fx
 from torch import nn
 
+from popxl_core.sim.report import fmt_bytes
+
 from .capture import CaptureTracer, is_leaf, trace_module
 from .outline import plan_outline
 
-__all__ = ["Piece", "PhaseError", "phase_paths", "split_pieces"]
+__all__ = [
+    "Piece",
+    "PhaseError",
+    "check_phase_sizes",
+    "marked",
+    "phase",
+    "phase_paths",
+    "split_pieces",
+]
+
+_MARK = "_popxl_fx_phase"  # the attribute `phase` sets (copied with the module by deepcopy)
+
+
+def phase(module: nn.Module) -> nn.Module:
+    """Mark ``module`` as a phase of ``Options(phased_execution="marked")`` and return it
+    (so it can wrap a layer where it is made: ``nn.Sequential(phase(nn.Linear(8, 8)), ...)``).
+
+    The mark only names the phase: without ``phased_execution="marked"`` (or
+    ``memory="auto"``, which tries the marked phases first) the model trains as before.
+    """
+    if not isinstance(module, nn.Module):
+        raise TypeError(
+            f"popxl_fx.phase expects an nn.Module (the layer or block to run as one phase), "
+            f"got {type(module).__name__}."
+        )
+    object.__setattr__(module, _MARK, True)
+    return module
+
+
+def marked(model: nn.Module) -> list[str]:
+    """The paths of ``model``'s submodules marked with `phase`, in registration order."""
+    return [n for n, m in model.named_modules() if n and getattr(m, _MARK, False)]
 
 
 class PhaseError(ValueError):
@@ -78,12 +111,22 @@ def phase_paths(root: nn.Module, spec: str | tuple, examples: tuple, prefix: str
                 "outline='auto' would outline; use phased_execution='children' or a list of "
                 "module names."
             )
+    elif spec == "marked":
+        paths = marked(model)
+        if not paths:
+            raise PhaseError(
+                "Options(phased_execution='marked'): no submodule of "
+                f"{type(model).__name__} is marked; mark each phase with "
+                "popxl_fx.phase(module) (e.g. model.blocks[0] = popxl_fx.phase(model.blocks[0])), "
+                "or use 'children' / 'blocks' / a list of module names."
+            )
+        paths = _listed(model, paths, "popxl_fx.phase")
     else:
         paths = _listed(model, spec)
     return [prefix + p for p in paths]
 
 
-def _listed(model: nn.Module, spec: Sequence[str]) -> list[str]:
+def _listed(model: nn.Module, spec: Sequence[str], how: str = "") -> list[str]:
     modules = dict(model.named_modules())
     for name in spec:
         if name not in modules or not name:
@@ -96,9 +139,15 @@ def _listed(model: nn.Module, spec: Sequence[str]) -> list[str]:
     for a in spec:
         for b in spec:
             if b.startswith(a + "."):
+                fix = (
+                    "unmark the outer or the inner ones"
+                    if how
+                    else "list the outer or the inner modules"
+                )
                 raise PhaseError(
-                    f"Options(phased_execution=...): {b!r} is inside {a!r}; a phase cannot "
-                    "hold another: list the outer or the inner modules."
+                    f"Options(phased_execution=...): {b!r} is inside {a!r}"
+                    f"{' (both marked with ' + how + ')' if how else ''}; a phase cannot "
+                    f"hold another: {fix}."
                 )
     return list(dict.fromkeys(spec))
 
@@ -180,3 +229,32 @@ def _piece_module(gm: fx.GraphModule, piece: Piece, training: bool) -> fx.GraphM
     module = fx.GraphModule(gm, graph, class_name=piece.label.replace(" ", "_") or "Piece")
     module.training = training  # the user model's mode, for ops traced in its forward
     return module
+
+
+def check_phase_sizes(
+    root: nn.Module, pieces: list[Piece], prefix: str, slots: int, shards: int, capacity: int
+) -> None:
+    """Refuse a phase whose trainable parameters and optimizer state alone (``slots`` state
+    tensors per parameter, each replica holding ``1/shards`` of them) exceed ``capacity``:
+    it cannot fit however the rest is planned."""
+    for p in pieces:
+        if not p.phase:
+            continue
+        module = root.get_submodule(prefix + p.label)
+        weights = sum(
+            -(-t.numel() // shards) * t.element_size()
+            for t in module.parameters()
+            if t.requires_grad
+        )
+        if weights * (1 + slots) <= capacity:
+            continue
+        inner = [f"{p.label}.{n}" for n, _ in module.named_children()][:4]
+        split = f"phased_execution={inner!r} (its parts)" if inner else "a smaller layer"
+        raise PhaseError(
+            f"Options(phased_execution=...): phase {p.label!r} holds {fmt_bytes(weights)} of "
+            f"trainable parameters and {fmt_bytes(weights * slots)} of optimizer state per "
+            f"replica: {fmt_bytes(weights * (1 + slots))} loaded at its update, more than one IPU"
+            f" ({fmt_bytes(capacity)}) before any activation. Split it finer "
+            f"({split}), or shard it over replicas: replication_factor=2 or more with "
+            "replicated_tensor_sharding=True."
+        )

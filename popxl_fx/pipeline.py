@@ -189,9 +189,17 @@ class Build:
         options: Options,
         prefix: str = "",
         plan_only: bool = False,
+        weightless: bool = False,
     ) -> None:
         self.entry = entry
         self.plan_only = plan_only  # what-if: weightless variables, a plan and no Session
+        # variables made as broadcast zeros, no weight copies: all for what-if plans; the
+        # model's parameters and buffers for programs whose owner writes them when the
+        # Session attaches (the trainer's `SharedState`), so a model too big for the IPU
+        # gets its OOM error before any copy (traced constants keep their data)
+        self.weightless: bool | frozenset[str] = plan_only or (
+            weightless and frozenset(prefix + n for n, _ in _state(model))
+        )
         self.plan: Any = None
         self.notes: list[str] = []  # added to the "session" record (memory="auto"'s choice)
         self.model = model
@@ -242,6 +250,11 @@ class Build:
         self.record("session", f"Session on {self.options.device!r}{saved}{notes}")
         self.stages[-1] = dataclasses.replace(self.stages[-1], graphs=rows, memory=memory)
         return session
+
+
+def _state(model: nn.Module):
+    yield from model.named_parameters()
+    yield from model.named_buffers()
 
 
 def _no_oom(options: Options):
@@ -301,7 +314,7 @@ def lower(
     ``precision="float16"`` the traced module is a float16 copy (`popxl_fx.precision`).
     """
     opts = build.options
-    fxm = _module(opts, root, build.prefix, opts.recompute and differentiated, build.plan_only)
+    fxm = _module(opts, root, build.prefix, opts.recompute and differentiated, build.weightless)
     if opts.precision == "float16":
         examples = half_inputs(examples)
     with _entered(contexts):
@@ -315,7 +328,11 @@ def lower(
 
 
 def _module(
-    options: Options, root: nn.Module, prefix: str, recompute: bool, weightless: bool = False
+    options: Options,
+    root: nn.Module,
+    prefix: str,
+    recompute: bool,
+    weightless: bool | frozenset[str] = False,
 ) -> Module:
     """The traced module: ``root`` itself, or (precision="float16") a float16 copy of it
     whose parameters are ``root``'s float32 master weights (`popxl_fx.precision`); outlined

@@ -209,7 +209,8 @@ class SharedState:
             for key, var in vars_.items():
                 t = held.get(key)
                 if t is None:
-                    copies[var] = np.zeros(var.shape, var.dtype.as_numpy())
+                    # a broadcast zero: the Session keeps it unmaterialised until it runs
+                    copies[var] = np.broadcast_to(np.zeros((), var.dtype.as_numpy()), var.shape)
                 elif t.dtype != var.dtype.as_torch():
                     raise _state_dtype_error(name, key, t, var)
                 elif self._can_share(var, t):
@@ -275,12 +276,11 @@ class SharedState:
     def _hand_over(self, new: list[popxl.Variable]) -> None:
         """The state variables torch has no tensor for yet (first step): make torch's, with
         the device values, in torch's format (``step`` a float32 scalar), and share them."""
-        values = self.session.get_tensors_data(new)
         shared = {}
         for var in new:
             p, key, _ = self.state[var]
             shape = () if key == "step" else p.shape
-            t = torch.from_numpy(np.array(values[var])).reshape(shape).clone()
+            t = self._device_value(var).reshape(shape)
             self.optim.optimizer.state[p][key] = t
             self.state[var] = (p, key, t)
             if self._can_share(var, t):
@@ -289,6 +289,13 @@ class SharedState:
                 self.copied.append(_Copied(var, t, t._version))
         if shared:
             self.session.share_variable_storage(shared)
+
+    def _device_value(self, var: popxl.Variable) -> torch.Tensor:
+        """The variable's device value as a torch tensor of its own: the device tensor itself
+        where it can be shared (no copy), else a copy of the host value."""
+        if not self.replicated and not is_remote_variable(var):
+            return self.session.device_tensor(var)
+        return torch.from_numpy(np.array(self.session.get_tensor_data(var)))
 
     def weights_to_torch(self) -> None:
         """The device values of the tensors that are copied, not shared, into torch's."""

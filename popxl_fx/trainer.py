@@ -22,6 +22,7 @@ from .loss import PREFIX, user_terms, with_loss
 from .names import escape
 from .optim import OptimizerProgram, UnsupportedOptimizerError
 from .options import Options, resolve
+from .phase_report import PhasedReport
 from .pipeline import Build, Programs
 from .program import ProgramView, describe_change, log, signature_of
 from .replication import broadcast_feeds, replication_of, unreplicated
@@ -80,6 +81,13 @@ class Trainer(ProgramView):
         self.last = {k: v for k, v in values.items() if k != "loss"}
         return values["loss"].as_subclass(StepLoss)
 
+    def report(self):
+        """The Session's `SimReport`; for a phased program a `PhasedReport` (per phase: peak,
+        loaded weights and state, Streaming Memory traffic, cycles and transfer share)."""
+        prog = self._require()
+        steps = prog.extra.get("phases")
+        return prog.session.report if steps is None else PhasedReport(prog.session.report, steps)
+
     # programs ------------------------------------------------------------------------
     def build(self, *inputs: torch.Tensor) -> Program:
         """Build (or fetch from the cache) the program for ``inputs`` without running a step:
@@ -117,7 +125,8 @@ class Trainer(ProgramView):
             log.info("%s", choice.text)
             self.options, self.memory_plan = choice.options, choice.text
             notes.append(choice.text)
-        build = Build("training_model", self._model, self.options, self._prefix)
+        # weightless: `SharedState.attach` shares or writes every parameter and buffer
+        build = Build("training_model", self._model, self.options, self._prefix, weightless=True)
         build.notes += notes
         prog = build_training(build, sig, self._request(inputs, self.options))
         prog.extra["shared"] = SharedState(prog.session, prog.weights, prog.optim)

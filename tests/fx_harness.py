@@ -51,6 +51,7 @@ def _store(t: popxl.Tensor, name: str):
 def _build(model, inputs, grad: bool, rng):
     """The IR: forward call, gradient call with random cotangents, host stores."""
     module = Module(model, flatten_outputs=True)
+    module.inputs_require_grad = tuple(x.is_floating_point() and grad for x in inputs)
     ir = popxl.Ir()
     with ir.main_graph:
         facts, graph = module.create_graph(*[_spec(x) for x in inputs])  # leaves model as is

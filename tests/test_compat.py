@@ -34,6 +34,7 @@ def _main(argv: list[str], cwd: Path) -> Ran:
     """``python -m popxl_core.compat ARGV`` in this process: exit code, stdout, stderr."""
     out, err, code = io.StringIO(), io.StringIO(), 0
     before = set(sys.modules)
+    bindings = _project_bindings()
     with pytest.MonkeyPatch.context() as patch, warnings.catch_warnings():
         warnings.simplefilter("error", ImportWarning)
         patch.setattr(sys, "argv", list(sys.argv))  # compat.main sets the script's argv
@@ -51,10 +52,32 @@ def _main(argv: list[str], cwd: Path) -> Ran:
             err.write(traceback.format_exc())
         finally:
             compat.uninstall()
+            _restore(bindings)
             for name in set(sys.modules) - before:  # the script's own modules (helper.py)
                 if str(cwd) in str(getattr(sys.modules[name], "__file__", None) or ""):
                     del sys.modules[name]
     return Ran(code, out.getvalue(), err.getvalue())
+
+
+def _project_bindings() -> dict:
+    """Every attribute of the project's loaded modules, to restore after a script."""
+    return {
+        name: dict(vars(module))
+        for name, module in list(sys.modules.items())
+        if module is not None and name.split(".")[0] in ("popxl_core", "addons", "popxl_fx")
+    }
+
+
+def _restore(bindings: dict) -> None:
+    """Rebind what a script's imports rebound: importing an alias such as
+    ``popxl_addons.seed_variable`` for the first time binds the module over the package's
+    function of that name, as it would in the script's own process."""
+    for name, names in bindings.items():
+        module = sys.modules.get(name)
+        current = vars(module) if module is not None else {}
+        for key, value in names.items():
+            if key in current and current[key] is not value:
+                setattr(module, key, value)
 
 
 def _run(tmp_path: Path, source: str, *args: str, check: bool = True, files=None) -> Ran:

@@ -1,7 +1,7 @@
 """examples/addons_basics.py and examples/addons_custom_optimizer.py run to the end.
 
 Each runs as ``python SCRIPT ARGS`` would, in this process (`runpy`: ``__main__``, its argv),
-on 30 batches of Fashion-MNIST, and must print what it claims: the outlined schedule calls one
+on a few batches of Fashion-MNIST, and must print what it claims: the outlined schedule calls one
 shared subgraph, the optimiser module agrees with a numpy Adam, and training ends with a test
 accuracy.
 """
@@ -20,7 +20,8 @@ import pytest
 from popxl_fx import data
 
 ROOT = Path(__file__).resolve().parents[1]
-BATCHES = "30"
+BATCHES = "30"  # the custom optimiser's accuracy claim needs 30 Adam steps
+BASICS_BATCHES = "10"  # addons_basics claims no accuracy: 10 batches run every part
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -51,12 +52,12 @@ def _accuracy(out: str) -> float:
 
 
 def test_addons_basics_runs_and_prints_accuracy():
-    out = _run("addons_basics.py", "--max-batches", BATCHES, "--outline")
+    out = _run("addons_basics.py", "--max-batches", BASICS_BATCHES, "--outline")
     assert "one graph, two weight sets, two results differ: True" in out
     outlined = out.split("\noutlined:")[1]
     calls = re.findall(r"Call\.\d+\((Dense_subgraph\(\d+\))\)", outlined)
     assert len(calls) == 2 and calls[0] == calls[1], outlined  # two calls of one graph
-    assert f"trained {BATCHES} steps" in out
+    assert f"trained {BASICS_BATCHES} steps" in out
     assert 0.0 <= _accuracy(out) <= 100.0
 
 

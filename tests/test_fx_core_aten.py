@@ -258,16 +258,36 @@ def test_core_aten_packet_matches_eager(packet, source, k):
     check_lowering(_module(key, len(tensors), direct), *tensors, rtol=rtol, atol=atol, grad=grad)
 
 
-class _DataDependent(nn.Module):
+class _NonZero(nn.Module):
     def forward(self, x):
         return torch.ops.aten.nonzero.default(x).float().sum()  # nonzero-line
 
 
-def test_data_dependent_packets_are_refused_by_check_at_the_users_line():
+class _Item(nn.Module):
+    def forward(self, x):
+        return x * torch.ops.aten._local_scalar_dense.default(x.sum())  # item-line
+
+
+class _Resize(nn.Module):
+    def forward(self, x):
+        return torch.ops.aten.resize_.default(x.clone(), [8]).sum()  # resize-line
+
+
+@pytest.mark.parametrize(
+    "model,marker,packet,words",
+    [
+        (_NonZero, "nonzero-line", "nonzero", "depends on tensor data"),
+        (_Item, "item-line", "_local_scalar_dense", "cannot branch on"),
+        (_Resize, "resize-line", "resize_", "resizes a tensor's storage"),
+    ],
+    ids=["nonzero", "_local_scalar_dense", "resize_"],
+)
+def test_refused_packets_are_reported_by_check_at_the_users_line(model, marker, packet, words):
     from popxl_fx.check import check
 
-    report = check(_DataDependent(), torch.randn(2, 4))
-    issue = next(i for i in report.issues if "nonzero" in i.what)
-    line = next(i for i, t in enumerate(open(__file__), 1) if t.rstrip().endswith("# nonzero-line"))
+    report = check(model(), torch.randn(2, 4))
+    issue = next(i for i in report.issues if packet in i.what)
+    line = next(i for i, t in enumerate(open(__file__), 1) if t.rstrip().endswith(f"# {marker}"))
     assert issue.source == f"{__file__}:{line}"
-    assert "depends on tensor data" in issue.hint
+    assert words in issue.hint
+    assert issue.hint.startswith(REFUSED[getattr(torch.ops.aten, packet)][:30])

@@ -55,6 +55,7 @@ def test_fx_phased_matches_the_unphased_program(capsys):
     out = capsys.readouterr().out
     assert worst == 0
     assert "variable_bytes" in out and "remote_bytes_loaded" in out
+    assert "Phased execution: 2 phases" in out and "remote transfers" in out  # PhasedReport
 
 
 def test_fx_transforms_matches_the_plain_program(capsys):

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from ..errors import OpDataError
-from ..host_data import host_to_torch, torch_to_host
+from ..host_data import is_fill, torch_to_host
 from ..schedule import verify
 from ..streams import DeviceToHostStream, HostToDeviceStream
 from ..tensor import Constant, Tensor, Variable
@@ -18,8 +18,9 @@ from .machine import machine_for
 from .options import DEFAULT, CompileOptions
 from .plan import build_plan
 from .reference import ReferenceProgram
-from .remote_state import RemoteState, host_from_replicas, replica_value
+from .remote_state import RemoteState
 from .runtime import Runtime, run_replicas
+from .session_weights import SessionWeights, is_file
 
 __all__ = ["Session", "d2hStreamBufferMaps", "h2dStreamBufferMaps"]
 
@@ -33,7 +34,7 @@ _NOT_ATTACHED = (
 )
 
 
-class Session:
+class Session(SessionWeights):
     """Runs an Ir on the simulated IPU ("ipu_hw", "ipu_hw:bow", "ipu_model", "cpu" or a
     `popxl_core.sim.machine.target(...)` with overridden tiles, IPUs, memory or clock).
 
@@ -87,9 +88,12 @@ class Session:
         self._variables: List[Variable] = self._program.variables
         self._variable_index = {v: i for i, v in enumerate(self._variables)}
         self._remote = RemoteState(ir, self._runtime, self._variables)
+        # each variable's host buffer; until first written (or handed out) it is the
+        # variable's own data, read in place: a large model's weights are not copied here
         self._host: Dict[Variable, np.ndarray] = {
-            v: _host_copy(v) for v in (*self._variables, *self._remote.variables)
+            v: v._data for v in (*self._variables, *self._remote.variables)
         }
+        self._borrowed: Set[Variable] = {v for v in self._host if not is_file(v)}
         # retrieval_mode='all_replicas': what get_tensor_data returns, one row per replica
         self._per_replica: Dict[Variable, np.ndarray] = {
             v: self._replica_rows(v)
@@ -98,6 +102,8 @@ class Session:
         }
         self._device: Optional[List[List[torch.Tensor]]] = None
         self._shared: Dict[Variable, torch.Tensor] = {}  # `share_variable_storage`
+        self._pending: Set[int] = set()  # device values not copied in yet (weights_from_host)
+        self._synced: Set[Variable] = set()  # host == device since the last run (`_sync`)
         self._attached = False
         self._host_in_sync = True
         self._context_stack: List[bool] = []
@@ -145,100 +151,6 @@ class Session:
         if not self._attached:
             raise ValueError(_NOT_ATTACHED.format(what))
 
-    # weights -----------------------------------------------------------------------
-    def weights_from_host(self) -> None:
-        """Copy every variable's host value to every replica on the device."""
-        self._require_attached("weights_from_host")
-        replicas = self._ir.replication_factor
-        self._device = [[self._to_device(v, r) for v in self._variables] for r in range(replicas)]
-        for v, t in self._shared.items():  # the shared storage takes the host value
-            t.copy_(self._device[0][self._variable_index[v]].view(t.shape))
-            self._device[0][self._variable_index[v]] = t
-        self._remote.allocate()
-        for v in self._remote.variables:
-            self._remote.write(v, self._host[v])
-        self._remote.load_shards(self._device)
-        self._host_in_sync = True
-
-    def weights_to_host(self) -> None:
-        """Copy every variable's device value back to its host buffer."""
-        self._require_attached("weights_to_host")
-        if self._device is None:
-            return
-        for i, v in enumerate(self._variables):
-            if v in self._remote.shards:
-                continue
-            self._host[v][...] = self._from_device(v, i)
-            if v in self._per_replica:
-                self._per_replica[v][...] = np.stack(
-                    [torch_to_host(rep[i]) for rep in self._device]
-                )
-        self._remote.store_shards(self._device)
-        for v in self._remote.variables:
-            self._host[v][...] = self._remote.read(v)
-            if v in self._per_replica:
-                self._per_replica[v][...] = np.stack(
-                    [torch_to_host(self._remote.entry(v, r)) for r in range(len(self._device))]
-                )
-        self._host_in_sync = True
-
-    def _host_value(self, v: Variable, replica: int) -> np.ndarray:
-        """The host buffer (a view) that ``replica`` holds for ``v``."""
-        return replica_value(v, self._host[v], replica, self._ir.replication_factor)
-
-    def _to_device(self, v: Variable, replica: int) -> torch.Tensor:
-        return host_to_torch(np.array(self._host_value(v, replica), copy=True))
-
-    def _from_device(self, v: Variable, index: int) -> np.ndarray:
-        device = self._device
-        return host_from_replicas(v, lambda r: torch_to_host(device[r][index]), len(device))
-
-    def share_variable_storage(self, tensors: Mapping[Variable, torch.Tensor]) -> None:
-        """Make each variable's device value *be* the given torch tensor: its storage, with
-        the values it holds now (no copy). Runs update it in place, and a write into it
-        between runs is what the next run reads. For frameworks whose own tensors are the
-        weights (popxl_fx: the torch module's parameters and the optimizer's state).
-
-        Each tensor must be a contiguous CPU tensor of the variable's dtype and element count
-        (a view of the variable's shape is taken). Only for Sessions with one replica: with
-        replicas each one holds its own copy (write_variables_data copies to all).
-        """
-        self._require_attached("share_variable_storage")
-        if self._ir.replication_factor > 1:
-            raise NotImplementedError(
-                "share_variable_storage: the Ir has "
-                f"{self._ir.replication_factor} replicas, each with its own copy of every "
-                "variable; use write_variables_data / get_tensors_data instead."
-            )
-        checks.check_tensors_of(self, tensors, "share_variable_storage")
-        views = {v: self._shareable(v, t) for v, t in tensors.items()}
-        if not self._host_in_sync:  # the values not being replaced stay readable
-            self.weights_to_host()
-        for v, view in views.items():
-            self._device[0][self._variable_index[v]] = view
-            self._shared[v] = view
-        self._host_in_sync = False  # the host copies are now older than the shared tensors
-
-    def _shareable(self, v: Variable, t: torch.Tensor) -> torch.Tensor:
-        if not isinstance(v, Variable) or v not in self._variable_index:
-            raise ValueError(
-                f"share_variable_storage: {v!r} is not an on-chip variable of this Session's Ir."
-            )
-        problem = (
-            "is not a torch.Tensor"
-            if not isinstance(t, torch.Tensor)
-            else f"has dtype {t.dtype}, the variable {v.dtype.name}"
-            if t.dtype != v.dtype.as_torch()
-            else f"has {t.numel()} elements, the variable {v.nelms}"
-            if t.numel() != v.nelms
-            else "is not a contiguous CPU tensor"
-            if not (t.is_contiguous() and t.device.type == "cpu")
-            else None
-        )
-        if problem:
-            raise ValueError(f"share_variable_storage: the tensor for {v.id!r} {problem}.")
-        return t.detach().view(v.shape)
-
     # reading and writing tensors ------------------------------------------------------
     def get_tensor_data(self, tensor: Tensor) -> np.ndarray:
         """The host value of a variable or constant (a view: `.copy()` it to keep it)."""
@@ -260,14 +172,14 @@ class Session:
                     "get_tensor_data reads only those: stream intermediate tensors out with "
                     "host_store instead."
                 )
-        if (
-            self._attached
-            and not self._host_in_sync
-            and any(isinstance(t, Variable) for t in tensors)
-        ):
-            self.weights_to_host()
+        if self._attached and not self._host_in_sync:
+            self._sync([t for t in tensors if isinstance(t, Variable)])
         return {
-            t: self._per_replica.get(t, self._host[t]) if isinstance(t, Variable) else t._data
+            t: self._per_replica.get(t)
+            if t in self._per_replica
+            else self._owned(t)
+            if isinstance(t, Variable)
+            else t._data
             for t in tensors
         }
 
@@ -278,10 +190,15 @@ class Session:
         """Write host values; all are checked first, so a bad one changes nothing."""
         checks.check_tensors_of(self, tensors, "write_variables_data")
         checked = {v: self._checked_value(v, d) for v, d in tensors.items()}
-        if self._attached and not self._host_in_sync:
-            self.weights_to_host()
         for v, arr in checked.items():
-            self._host[v][...] = arr
+            if is_fill(arr):  # one value: kept as a fresh broadcast, copied when written
+                self._host[v] = np.broadcast_to(np.array(arr.flat[0]), arr.shape)
+                self._borrowed.add(v)
+            elif v in self._borrowed:  # the Session's own buffer: a copy of the new value
+                self._host[v] = np.array(arr, copy=True)
+                self._borrowed.discard(v)
+            else:
+                self._host[v][...] = arr
             if v in self._per_replica:
                 self._per_replica[v][...] = np.stack(
                     [self._host_value(v, r) for r in range(len(self._per_replica[v]))]
@@ -293,7 +210,8 @@ class Session:
                     continue
                 index = self._variable_index[v]
                 for r, rep in enumerate(self._device):
-                    rep[index].copy_(host_to_torch(self._host_value(v, r)))
+                    if rep[index] is not None:  # a pending copy takes the new host value
+                        rep[index].copy_(self._host_tensor(v, r))
             self._remote.load_shards(self._device, only=set(checked))
 
     def _checked_value(self, v: Variable, data) -> np.ndarray:
@@ -361,9 +279,11 @@ class Session:
         spec = self._stream_spec
         full = {s: a.reshape(spec[s][2]) for s, a in outputs.items()}
         self._runtime.start(feeds, full)
+        self._devices()
         with torch.no_grad():
             run_replicas(self._runtime, self._replica_body, self._threaded)
         self._host_in_sync = False
+        self._synced = set()
 
     def _replica_body(self, r: int) -> None:
         """One replica's run of the main graph, with the failing op named on a data error."""
@@ -459,11 +379,3 @@ def _expanded_shape(shape, ir) -> tuple:
     run indexes (``[transfer, replica]``), whether or not those dimensions are in the host shape."""
     nht, reps = ir.num_host_transfers, ir.replication_factor
     return (nht if nht > 1 else 1, reps if reps > 1 else 1, *tuple(shape))
-
-
-def _host_copy(v: Variable) -> np.ndarray:
-    """The host buffer of ``v``: a copy of its data, or, for a writable ``np.memmap``, the
-    memmap itself (as PopXL: `weights_to_host` writes the file, `get_tensor_data` views it)."""
-    if isinstance(v._data, np.memmap) and v._data.flags.writeable:
-        return v._data
-    return np.array(v._data, copy=True)

@@ -2,6 +2,10 @@
 dropout), nn.MultiheadAttention (batch_first, kdim/vdim, key_padding_mask, attn_mask,
 need_weights with head averaging), and the transformer layers/stacks built from them.
 
+Both run eager's own kernels (`attention_eager`): one attention op whose kernel is torch's
+F.scaled_dot_product_attention, masks or not. Only dropout drawn from the simulator's stream
+(``Options(rng="ipu")``, not eager's masks) takes the composite of PopXL ops here.
+
 MultiheadAttention's bool masks mark positions to *ignore*; SDPA's bool mask marks positions
 that *take part* (torch's conventions, kept here).
 """
@@ -18,25 +22,14 @@ import popxl_core as popxl
 from popxl_core import ops
 
 from ..lowering import lookup, lowers
-from ._common import const
 from ._sub import call_child, child_ctx, dropout
-from .attention_eager import eager_mha, eager_mha_applies, eager_uses_flash
+from .attention_eager import additive, eager_mha, sdpa
 
 __all__ = ["attention", "multi_head_attention"]
-
-_NEG_INF = float("-inf")
 
 
 def _causal(n_q: int, n_k: int) -> popxl.Tensor:
     return popxl.constant(np.tril(np.ones((n_q, n_k), bool)))
-
-
-def _additive(mask, dtype, keep_when_true: bool):
-    """A bool mask as 0 / -inf (float masks are added as they are)."""
-    if mask.dtype != popxl.bool:
-        return mask if mask.dtype == dtype else ops.cast(mask, dtype)
-    keep = mask if keep_when_true else ops.logical_not(mask)
-    return ops.where(keep, const(0.0, dtype), const(_NEG_INF, dtype))
 
 
 def attention(
@@ -47,16 +40,16 @@ def attention(
     mask: popxl.Tensor | None = None,
     dropout_p: float = 0.0,
     scale=None,
-    weights_only: bool = False,
 ):
-    """softmax(q k^T * scale + mask) v over (..., L, D) x (..., S, D); ``mask`` additive."""
+    """softmax(q k^T * scale + mask) v with dropout from the simulator's seeded stream
+    (``Options(rng="ipu")``, where eager's masks are not drawn): a composite of PopXL ops."""
     s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     scores = ops.matmul(q * s, swap_last(k))
     if mask is not None:
         scores = scores + mask
     weights = ops.softmax(scores, scores.rank - 1)
     weights = dropout(ctx, weights, dropout_p, dropout_p > 0)
-    return weights if weights_only else (ops.matmul(weights, v), weights)
+    return ops.matmul(weights, v)
 
 
 def swap_last(t: popxl.Tensor) -> popxl.Tensor:
@@ -80,22 +73,32 @@ def _sdpa(
 ):
     if is_causal and attn_mask is not None:
         raise ValueError("scaled_dot_product_attention: is_causal with an explicit attn_mask")
+    out = sdpa(ctx, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    if out is not None:
+        return out
     if enable_gqa and q.rank >= 3:
         k = _repeat_heads(k, q.shape[-3] // k.shape[-3])
         v = _repeat_heads(v, q.shape[-3] // v.shape[-3])
-    if (
-        attn_mask is None
-        and not enable_gqa
-        and eager_uses_flash([q.shape, k.shape, v.shape], q.dtype, dropout_p, is_causal)
-    ):
-        return ops.flash_attention(q, k, v, bool(is_causal), scale)
     mask = _causal(q.shape[-2], k.shape[-2]) if is_causal else attn_mask
     if mask is not None:
-        mask = _additive(mask, q.dtype, keep_when_true=True)
-    return attention(ctx, q, k, v, mask, dropout_p, scale)[0]
+        mask = additive(mask, q.dtype, keep_when_true=True)
+    return attention(ctx, q, k, v, mask, dropout_p, scale)
 
 
 # nn.MultiheadAttention -----------------------------------------------------------------------
+def _mha_mask(m, attn_mask, key_padding_mask, n, length, s, dtype):
+    mask = None
+    if attn_mask is not None:
+        mask = additive(attn_mask, dtype, keep_when_true=False)
+        if mask.rank == 3:  # (N*H, L, S)
+            mask = ops.reshape(mask, (n, m.num_heads, length, s))
+    if key_padding_mask is not None:
+        kpm = additive(key_padding_mask, dtype, keep_when_true=False)
+        kpm = ops.reshape(kpm, (n, 1, 1, s))
+        mask = kpm if mask is None else mask + kpm
+    return mask
+
+
 def _project(ctx, m, x, i: int, name: str):
     e = m.embed_dim
     if m._qkv_same_embed_dim:
@@ -114,17 +117,30 @@ def _heads(t, h: int):
     return ops.transpose(ops.reshape(t, (n, length, h, e // h)), (0, 2, 1, 3))
 
 
-def _mha_mask(m, attn_mask, key_padding_mask, n, length, s, dtype):
-    mask = None
-    if attn_mask is not None:
-        mask = _additive(attn_mask, dtype, keep_when_true=False)
-        if mask.rank == 3:  # (N*H, L, S)
-            mask = ops.reshape(mask, (n, m.num_heads, length, s))
-    if key_padding_mask is not None:
-        kpm = _additive(key_padding_mask, dtype, keep_when_true=False)
-        kpm = ops.reshape(kpm, (n, 1, 1, s))
-        mask = kpm if mask is None else mask + kpm
-    return mask
+def _composite_mha(ctx, m, query, key, value, key_padding_mask, attn_mask, is_causal):
+    """MultiheadAttention without weights, dropout from the simulator's stream."""
+    unbatched = query.rank == 2
+    if unbatched:
+        axis = 0 if m.batch_first else 1
+        query, key, value = (ops.unsqueeze(t, axis) for t in (query, key, value))
+        if key_padding_mask is not None:
+            key_padding_mask = ops.unsqueeze(key_padding_mask, 0)
+    if not m.batch_first:
+        query, key, value = (ops.transpose(t, (1, 0, 2)) for t in (query, key, value))
+    n, length, s = query.shape[0], query.shape[1], key.shape[1]
+    q, k, v = (
+        _heads(_project(ctx, m, t, i, name), m.num_heads)
+        for i, (t, name) in enumerate(((query, "q"), (key, "k"), (value, "v")))
+    )
+    if is_causal and key_padding_mask is None:
+        attn_mask = ops.logical_not(_causal(length, s))
+    mask = _mha_mask(m, attn_mask, key_padding_mask, n, length, s, q.dtype)
+    out = attention(ctx, q, k, v, mask, m.dropout)
+    out = ops.reshape(ops.transpose(out, (0, 2, 1, 3)), (n, length, m.embed_dim))
+    out = call_child(ctx, m, "out_proj", out)
+    if not m.batch_first:
+        out = ops.transpose(out, (1, 0, 2))
+    return ops.squeeze(out, [0 if m.batch_first else 1]) if unbatched else out
 
 
 def multi_head_attention(
@@ -145,50 +161,12 @@ def multi_head_attention(
             f"{ctx.module_path}: MultiheadAttention with add_bias_kv or "
             "add_zero_attn is not supported"
         )
-    if eager_mha_applies(ctx, m, query, key, value, key_padding_mask, need_weights, attn_mask):
-        return eager_mha(ctx, m, query, key, value), None
-    unbatched = query.rank == 2
-    query, key, value, key_padding_mask = _batch_first(m, query, key, value, key_padding_mask)
-    n, length, s = query.shape[0], query.shape[1], key.shape[1]
-    if is_causal and attn_mask is None:
-        attn_mask = ops.logical_not(_causal(length, s))
-    q, k, v = (
-        _heads(_project(ctx, m, t, i, name), m.num_heads)
-        for i, (t, name) in enumerate(((query, "q"), (key, "k"), (value, "v")))
-    )
-    mask = _mha_mask(m, attn_mask, key_padding_mask, n, length, s, q.dtype)
-    out, weights = attention(ctx, q, k, v, mask, m.dropout if ctx.training else 0.0)
-    out = ops.reshape(ops.transpose(out, (0, 2, 1, 3)), (n, length, m.embed_dim))
-    out = call_child(ctx, m, "out_proj", out)
-    return _module_layout(m, out, weights, unbatched, need_weights, average_attn_weights)
-
-
-def _batch_first(m, query, key, value, key_padding_mask) -> tuple:
-    """The inputs as (N, L, E) (a batch of one for unbatched inputs; transposed when the
-    module is not batch_first), and the padding mask as (N, S)."""
-    if query.rank == 2:  # unbatched
-        query, key, value = (
-            ops.unsqueeze(t, 0 if m.batch_first else 1) for t in (query, key, value)
-        )
-        if key_padding_mask is not None:
-            key_padding_mask = ops.unsqueeze(key_padding_mask, 0)
-    if not m.batch_first:
-        query, key, value = (ops.transpose(t, (1, 0, 2)) for t in (query, key, value))
-    return query, key, value, key_padding_mask
-
-
-def _module_layout(m, out, weights, unbatched: bool, need_weights: bool, average: bool):
-    """(output, weights) back in the module's layout: not batch_first transposed back, the
-    batch of one dropped for unbatched inputs, weights averaged over heads if asked."""
-    if not m.batch_first:
-        out = ops.transpose(out, (1, 0, 2))
-    if unbatched:
-        out = ops.squeeze(out, [0 if m.batch_first else 1])
-    if not need_weights:
-        return out, None
-    if average:
-        weights = ops.mean(weights, 1)
-    return out, ops.squeeze(weights, [0]) if unbatched else weights
+    args = (key_padding_mask, need_weights, attn_mask, average_attn_weights, is_causal)
+    res = eager_mha(ctx, m, query, key, value, *args)
+    if res is not None:
+        return res
+    out = _composite_mha(ctx, m, query, key, value, key_padding_mask, attn_mask, is_causal)
+    return out, None
 
 
 @lowers(nn.MultiheadAttention)

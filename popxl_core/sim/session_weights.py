@@ -1,0 +1,206 @@
+"""A Session's variables: host buffers, device values and the storage shared with torch.
+
+The host buffer of a variable is its own data, read in place, until the Session writes it or
+hands it out (copy on write); with one replica the device copies are made when the Session
+first runs; a variable whose storage is shared (`share_variable_storage`) or handed over
+(`device_tensor`) is never copied; `get_tensors_data` reads back only the variables asked
+for. So building a large model's program copies none of its weights.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import List, Mapping, Optional
+
+import numpy as np
+import torch
+
+from ..host_data import host_to_torch, torch_to_host
+from ..tensor import Variable
+from . import checks
+from .remote_state import host_from_replicas, replica_value
+
+__all__ = ["SessionWeights", "is_file"]
+
+
+class SessionWeights:
+    """Session's methods on variable values (the state is made by `Session._init_state`)."""
+
+    # weights -----------------------------------------------------------------------
+    def weights_from_host(self) -> None:
+        """Copy every variable's host value to every replica on the device.
+
+        With one replica the copies are made when first needed (the next run): a variable
+        whose storage is shared before then (`share_variable_storage`, popxl_fx's weights)
+        is never copied, and until a run the device values are the host values."""
+        self._require_attached("weights_from_host")
+        replicas = self._ir.replication_factor
+        shared = {self._variable_index[v]: t for v, t in self._shared.items()}
+        shards = set(self._remote.shards.values())
+        self._pending = set()
+        if replicas == 1:
+            self._pending = set(range(len(self._variables))) - set(shared) - shards
+        self._device = [
+            [
+                None if r == 0 and i in self._pending else self._load(v, r, shared.get(i))
+                for i, v in enumerate(self._variables)
+            ]
+            for r in range(replicas)
+        ]
+        self._remote.allocate()
+        for v in self._remote.variables:
+            self._remote.write(v, self._host[v])
+        self._remote.load_shards(self._device)
+        self._host_in_sync = True
+
+    def weights_to_host(self) -> None:
+        """Copy every variable's device value back to its host buffer."""
+        self._require_attached("weights_to_host")
+        if self._device is None:
+            return
+        for i, v in enumerate(self._variables):
+            if v in self._remote.shards or i in self._pending:  # pending: device == host
+                continue
+            self._set_host(v, self._from_device(v, i))
+            if v in self._per_replica:
+                self._per_replica[v][...] = np.stack(
+                    [torch_to_host(rep[i]) for rep in self._device]
+                )
+        self._remote.store_shards(self._device)
+        for v in self._remote.variables:
+            self._set_host(v, self._remote.read(v))
+            if v in self._per_replica:
+                self._per_replica[v][...] = np.stack(
+                    [torch_to_host(self._remote.entry(v, r)) for r in range(len(self._device))]
+                )
+        self._host_in_sync = True
+
+    def _host_value(self, v: Variable, replica: int) -> np.ndarray:
+        """The host buffer (a view) that ``replica`` holds for ``v``."""
+        return replica_value(v, self._host[v], replica, self._ir.replication_factor)
+
+    def _to_device(self, v: Variable, replica: int) -> torch.Tensor:
+        return host_to_torch(np.array(self._host_value(v, replica), copy=True))
+
+    def _devices(self) -> List[List[torch.Tensor]]:
+        """The device values, the pending copies (`weights_from_host`) made now."""
+        for i in self._pending:
+            self._device[0][i] = self._to_device(self._variables[i], 0)
+        self._pending = set()
+        return self._device
+
+    def _load(self, v: Variable, replica: int, shared: Optional[torch.Tensor]) -> torch.Tensor:
+        """``v``'s device value for ``replica``: a copy of its host value, or, for storage
+        shared with `share_variable_storage`, that storage with the host value copied in."""
+        if shared is None:
+            return self._to_device(v, replica)
+        shared.copy_(self._host_tensor(v, replica).view(shared.shape))
+        return shared
+
+    def _host_tensor(self, v: Variable, replica: int) -> torch.Tensor:
+        """``v``'s host value for ``replica`` as a torch tensor, to be read (copied) only."""
+        with warnings.catch_warnings():  # the buffer may be read-only (borrowed, a fill)
+            warnings.simplefilter("ignore", UserWarning)
+            return host_to_torch(self._host_value(v, replica))
+
+    def _sync(self, variables: List[Variable]) -> None:
+        """Bring these variables' host buffers up to date with the device: only these with
+        one replica and no remote variables (a large model's weights are not copied to read
+        a few), else every variable (`weights_to_host`)."""
+        if self._remote.variables or self._per_replica or self._ir.replication_factor > 1:
+            if variables:
+                self.weights_to_host()
+            return
+        for v in variables:
+            i = self._variable_index.get(v)
+            if i is not None and v not in self._synced and i not in self._pending:
+                self._set_host(v, self._from_device(v, i))
+                self._synced.add(v)
+
+    def _set_host(self, v: Variable, value: np.ndarray) -> None:
+        """Write ``v``'s host buffer; a borrowed one is replaced (one pass, not two)."""
+        if v in self._borrowed:
+            buf = np.empty(self._host[v].shape, self._host[v].dtype)
+            buf[...] = value
+            self._host[v] = buf
+            self._borrowed.discard(v)
+        else:
+            self._host[v][...] = value
+
+    def _owned(self, v: Variable) -> np.ndarray:
+        """``v``'s host buffer, made the Session's own (copied from the variable's data) before
+        it is written or handed out."""
+        if v in self._borrowed:
+            self._host[v] = np.array(self._host[v], copy=True)
+            self._borrowed.discard(v)
+        return self._host[v]
+
+    def _from_device(self, v: Variable, index: int) -> np.ndarray:
+        device = self._device
+        return host_from_replicas(v, lambda r: torch_to_host(device[r][index]), len(device))
+
+    def share_variable_storage(self, tensors: Mapping[Variable, torch.Tensor]) -> None:
+        """Make each variable's device value *be* the given torch tensor: its storage, with
+        the values it holds now (no copy). Runs update it in place, and a write into it
+        between runs is what the next run reads. For frameworks whose own tensors are the
+        weights (popxl_fx: the torch module's parameters and the optimizer's state).
+
+        Each tensor must be a contiguous CPU tensor of the variable's dtype and element count
+        (a view of the variable's shape is taken). Only for Sessions with one replica: with
+        replicas each one holds its own copy (write_variables_data copies to all).
+        """
+        self._require_attached("share_variable_storage")
+        if self._ir.replication_factor > 1:
+            raise NotImplementedError(
+                "share_variable_storage: the Ir has "
+                f"{self._ir.replication_factor} replicas, each with its own copy of every "
+                "variable; use write_variables_data / get_tensors_data instead."
+            )
+        checks.check_tensors_of(self, tensors, "share_variable_storage")
+        views = {v: self._shareable(v, t) for v, t in tensors.items()}
+        # (the host copies of the others are read from the device when next asked for)
+        for v, view in views.items():
+            self._device[0][self._variable_index[v]] = view
+            self._pending.discard(self._variable_index[v])
+            self._shared[v] = view
+        self._host_in_sync = False  # the host copies are now older than the shared tensors
+        self._synced = set()
+
+    def device_tensor(self, v: Variable) -> torch.Tensor:
+        """The device value of on-chip variable ``v`` (one replica) as the torch tensor the
+        runs update in place, not a copy: a framework adopts it as its own tensor (the other
+        direction of `share_variable_storage`), and it stays shared."""
+        self._require_attached("device_tensor")
+        if self._ir.replication_factor > 1 or v not in self._variable_index:
+            raise ValueError(
+                f"device_tensor: {v!r} is not an on-chip variable of a one-replica Session."
+            )
+        t = self._devices()[0][self._variable_index[v]]
+        self._shared[v] = t
+        return t
+
+    def _shareable(self, v: Variable, t: torch.Tensor) -> torch.Tensor:
+        if not isinstance(v, Variable) or v not in self._variable_index:
+            raise ValueError(
+                f"share_variable_storage: {v!r} is not an on-chip variable of this Session's Ir."
+            )
+        problem = (
+            "is not a torch.Tensor"
+            if not isinstance(t, torch.Tensor)
+            else f"has dtype {t.dtype}, the variable {v.dtype.name}"
+            if t.dtype != v.dtype.as_torch()
+            else f"has {t.numel()} elements, the variable {v.nelms}"
+            if t.numel() != v.nelms
+            else "is not a contiguous CPU tensor"
+            if not (t.is_contiguous() and t.device.type == "cpu")
+            else None
+        )
+        if problem:
+            raise ValueError(f"share_variable_storage: the tensor for {v.id!r} {problem}.")
+        return t.detach().view(v.shape)
+
+
+def is_file(v: Variable) -> bool:
+    """A writable ``np.memmap`` is the host buffer itself (as PopXL: `weights_to_host`
+    writes the file, `get_tensor_data` views it)."""
+    return isinstance(v._data, np.memmap) and v._data.flags.writeable
