@@ -75,11 +75,12 @@ def _register_loaded() -> None:
         alias = _alias(name) if name.split(".")[0] in _ALIAS_OF else None
         if alias is not None and module is not None:
             sys.modules.setdefault(alias, module)
-    # a module with two popxl paths (addons.graph_utils: popxl_addons.seed_variable and
-    # .route_tensor): `_ALIAS_OF` keeps one, so register each renamed path; else the first
-    # import of the other would set ``popxl_addons.seed_variable``, the function, to a module
+    # Several paths may rename to one module (popxl_addons.seed_variable and .route_tensor
+    # are both addons.graph_utils); `_alias` names one of them, so register each: otherwise
+    # importing popxl_addons.seed_variable would set ``addons.seed_variable`` to the module,
+    # hiding the function for the rest of the process.
     for alias, real in _RENAMES.items():
-        if sys.modules.get(real) is not None:
+        if sys.modules.get(real) is not None and alias.partition(".")[2]:
             sys.modules.setdefault(alias, sys.modules[real])
 
 
