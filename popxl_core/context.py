@@ -26,6 +26,7 @@ __all__ = [
     "module_origin",
     "op_debug_context",
     "debug_context_frame_offset",
+    "ops_created",
 ]
 
 
@@ -225,3 +226,16 @@ def debug_context_frame_offset(offset: int):
         return fn
 
     return deco
+
+
+@contextlib.contextmanager
+def ops_created():
+    """Collect the ops created inside the block into the yielded list (in creation order); the
+    list is complete once the block has left (transforms that act on what a block built)."""
+    created: List["Op"] = []
+    ctx = get_current_context()
+    handle = ctx.register_op_created_hook(created.append)
+    try:
+        yield created
+    finally:
+        ctx.remove_op_created_hook(handle)

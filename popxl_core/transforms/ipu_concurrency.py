@@ -14,7 +14,7 @@ import itertools
 import weakref
 from typing import Iterator, List, Optional
 
-from ..context import get_current_context
+from ..context import ops_created
 
 __all__ = ["concurrent_ipus", "concurrency_group", "concurrent_runs"]
 
@@ -26,13 +26,8 @@ _GROUPS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 @contextlib.contextmanager
 def concurrent_ipus() -> Iterator[None]:
     """Record the ops created inside as one step whose IPUs run concurrently."""
-    created: List = []
-    ctx = get_current_context()
-    handle = ctx.register_op_created_hook(created.append)
-    try:
+    with ops_created() as created:
         yield
-    finally:
-        ctx.remove_op_created_hook(handle)
     group = next(_GROUP_IDS)
     for op in created:
         _GROUPS[op] = group

@@ -14,7 +14,7 @@ import itertools
 import weakref
 from typing import Iterator, List
 
-from ..context import get_current_context, in_sequence, io_tiles
+from ..context import in_sequence, io_tiles, ops_created
 from ..tensor import Constant
 
 __all__ = ["merge_exchange", "io_tile_exchange", "exchange_group", "EXCHANGE_TYPES"]
@@ -39,13 +39,8 @@ def exchange_group(op) -> tuple[int, bool] | None:
 @contextlib.contextmanager
 def merge_exchange() -> Iterator[None]:
     """Merge the host and remote transfers created inside into one exchange."""
-    created: List = []
-    ctx = get_current_context()
-    handle = ctx.register_op_created_hook(created.append)
-    try:
+    with ops_created() as created:
         yield
-    finally:
-        ctx.remove_op_created_hook(handle)
     _merge([op for op in created if op.type in EXCHANGE_TYPES])
 
 
@@ -84,14 +79,8 @@ def io_tile_exchange(verify_overlap: bool = True) -> Iterator[None]:
     With ``verify_overlap`` a RuntimeError is raised if ops other than transfers (and the
     Init ops of their buffers) were created inside, since those would not overlap.
     """
-    created: List = []
-    ctx = get_current_context()
-    handle = ctx.register_op_created_hook(created.append)
-    try:
-        with io_tiles(), merge_exchange(), in_sequence(False):
-            yield
-    finally:
-        ctx.remove_op_created_hook(handle)
+    with ops_created() as created, io_tiles(), merge_exchange(), in_sequence(False):
+        yield
     others = [op for op in created if op.type not in EXCHANGE_TYPES and op.type != "Init"]
     if verify_overlap and others:
         raise RuntimeError(
