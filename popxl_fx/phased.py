@@ -88,57 +88,11 @@ def build_phased_training(build: Build, signature: Any, req: Any) -> Any:
     """The phased training step (see the module docstring); a `steps.Program`."""
     from .steps import Program  # steps imports this module
 
-    check_phased_options(build)
-    if req.record:
-        raise NotImplementedError(
-            "recording outputs and gradients (assert_matches_eager) is not available with "
-            "phased_execution; compare against the plain trainer instead."
-        )
-    opts = build.options
-    check_inputs(req.model, req.inputs)
-    check_batch_split(req.inputs, opts)
-    model_inputs = req.inputs[:-1] if req.has_loss_fn else req.inputs
-    contexts = (lambda: integer_inputs_explained(req.model, model_inputs), *req.contexts)
-    examples = replica_examples(req.inputs, split_replicas(opts))
-    with _entered(contexts):
-        paths = phase_paths(req.root, opts.phased_execution, examples, build.prefix)
-        gm, pieces = split_pieces(req.root, examples, paths, build.prefix, build.binding)
-    _check_sizes(build, req, pieces)
-    build.record("capture", f"torch.fx graph of {len(gm.graph.nodes)} nodes, {len(pieces)} pieces")
+    _check_request(build, req)
+    contexts, gm, pieces = _capture_pieces(build, req)
     names = _torch_names(req.root)
     with build.ir.main_graph, popxl.in_sequence():
-        ins = load_inputs(req.inputs, req.names, split_replicas(opts))
-        env = dict(zip([n for n in gm.graph.nodes if n.op == "placeholder"], ins.tensors))
-        leaves, out_spec = pytree.tree_flatten(next(iter(reversed(gm.graph.nodes))).args[0])
-        loss_node = leaves[loss_index(out_spec, len(leaves), req.model)]
-        shards = opts.replication_factor if opts.replicated_tensor_sharding else 1
-        lowered = [_lower_piece(p, names, contexts, shards, build.weightless) for p in pieces]
-        build.record("lower", _lower_detail(lowered))
-        _plan_gradients(lowered, loss_node)
-        for lp in lowered:
-            _differentiate(lp)
-        build.record("backward", "autodiff per piece, gradients chained piece to piece")
-        main = build.ir.main_graph
-        steps = [PhaseSteps(lp.piece.label, lp.piece.phase) for lp in lowered]
-        fwd_infos = []
-        for lp, st in zip(lowered, steps):
-            n = len(main.ops)
-            fwd_infos.append(_forward(lp, env))
-            st.forward = list(main.ops[n:])  # the report's per-phase rows
-        loss = env[loss_node]
-        check_scalar_loss(loss, req.model, req.has_loss_fn)
-        build.planned = True
-        optimizer = req.optimizer
-        optimizer.remote = RemoteState(replication_of(opts))
-        grads: dict = {loss_node: popxl.constant(1.0, loss.dtype, "loss_grad")}
-        for lp, info, st in reversed(list(zip(lowered, fwd_infos, steps))):
-            n = len(main.ops)
-            _backward_and_update(build, lp, info, env, grads, optimizer)
-            st.backward = list(main.ops[n:])
-        if opts.replication_factor > 1:
-            build.record("replication", _replication_detail(opts))
-        build.record("optimizer", f"{type(optimizer.optimizer).__name__} per phase, state remote")
-        outputs = {"loss": store(loss, "loss")}
+        ins, lowered, steps, outputs = _lower_and_schedule(build, req, contexts, gm, pieces, names)
         variables = {k: v for lp in lowered for k, v in lp.local.items()}
         variables.update({k: v for lp in lowered for k, v in lp.remote_vars.items()})
         weights = Weights.from_named(variables, names, build.prefix)
@@ -150,6 +104,82 @@ def build_phased_training(build: Build, signature: Any, req: Any) -> Any:
     )
     prog.extra["phases"] = steps  # trainer.report(): a PhasedReport
     return prog
+
+
+def _check_request(build: Build, req: Any) -> None:
+    """Refuse, before any capture, what phased execution does not do."""
+    check_phased_options(build)
+    if req.record:
+        raise NotImplementedError(
+            "recording outputs and gradients (assert_matches_eager) is not available with "
+            "phased_execution; compare against the plain trainer instead."
+        )
+    check_inputs(req.model, req.inputs)
+    check_batch_split(req.inputs, build.options)
+
+
+def _capture_pieces(build: Build, req: Any) -> tuple:
+    """The traced step split at the phase boundaries: (contexts, graph module, pieces)."""
+    opts = build.options
+    model_inputs = req.inputs[:-1] if req.has_loss_fn else req.inputs
+    contexts = (lambda: integer_inputs_explained(req.model, model_inputs), *req.contexts)
+    examples = replica_examples(req.inputs, split_replicas(opts))
+    with _entered(contexts):
+        paths = phase_paths(req.root, opts.phased_execution, examples, build.prefix)
+        gm, pieces = split_pieces(req.root, examples, paths, build.prefix, build.binding)
+    _check_sizes(build, req, pieces)
+    build.record("capture", f"torch.fx graph of {len(gm.graph.nodes)} nodes, {len(pieces)} pieces")
+    return contexts, gm, pieces
+
+
+def _lower_and_schedule(build: Build, req: Any, contexts, gm, pieces, names) -> tuple:
+    """Inputs, the lowered pieces, then main's schedule: every forward in phase order, then
+    every backward with its optimizer update in reverse; (inputs, lowered, steps, outputs)."""
+    opts = build.options
+    ins = load_inputs(req.inputs, req.names, split_replicas(opts))
+    env = dict(zip([n for n in gm.graph.nodes if n.op == "placeholder"], ins.tensors))
+    leaves, out_spec = pytree.tree_flatten(next(iter(reversed(gm.graph.nodes))).args[0])
+    loss_node = leaves[loss_index(out_spec, len(leaves), req.model)]
+    shards = opts.replication_factor if opts.replicated_tensor_sharding else 1
+    lowered = [_lower_piece(p, names, contexts, shards, build.weightless) for p in pieces]
+    build.record("lower", _lower_detail(lowered))
+    _plan_gradients(lowered, loss_node)
+    for lp in lowered:
+        _differentiate(lp)
+    build.record("backward", "autodiff per piece, gradients chained piece to piece")
+    steps = [PhaseSteps(lp.piece.label, lp.piece.phase) for lp in lowered]
+    fwd_infos = _forwards(build, lowered, steps, env)
+    loss = env[loss_node]
+    check_scalar_loss(loss, req.model, req.has_loss_fn)
+    build.planned = True
+    _backwards(build, req, lowered, fwd_infos, steps, env, loss_node)
+    return ins, lowered, steps, {"loss": store(loss, "loss")}
+
+
+def _forwards(build: Build, lowered: list, steps: list, env: dict) -> list:
+    """Every piece's forward in phase order; each phase's ops kept for the report."""
+    main = build.ir.main_graph
+    fwd_infos = []
+    for lp, st in zip(lowered, steps):
+        n = len(main.ops)
+        fwd_infos.append(_forward(lp, env))
+        st.forward = list(main.ops[n:])  # the report's per-phase rows
+    return fwd_infos
+
+
+def _backwards(build: Build, req: Any, lowered, fwd_infos, steps, env, loss_node) -> None:
+    """Every piece's backward and optimizer update, last phase first."""
+    opts, main = build.options, build.ir.main_graph
+    optimizer = req.optimizer
+    optimizer.remote = RemoteState(replication_of(opts))
+    grads: dict = {loss_node: popxl.constant(1.0, env[loss_node].dtype, "loss_grad")}
+    for lp, info, st in reversed(list(zip(lowered, fwd_infos, steps))):
+        n = len(main.ops)
+        _backward_and_update(build, lp, info, env, grads, optimizer)
+        st.backward = list(main.ops[n:])
+    if opts.replication_factor > 1:
+        build.record("replication", _replication_detail(opts))
+    build.record("optimizer", f"{type(optimizer.optimizer).__name__} per phase, state remote")
 
 
 def _check_sizes(build: Build, req: Any, pieces: list[Piece]) -> None:
