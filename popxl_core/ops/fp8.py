@@ -174,8 +174,18 @@ def _mm_infer(ins):
     return [spec(matmul_shape(tuple(a.shape), tuple(b.shape)), dtypes.float16)]
 
 
-def _mm_kernel(a, b, log2_scale):
-    return (torch.matmul(a.to(torch.float32), b.to(torch.float32)) * _scale(log2_scale)).half()
+def pow2scaled_kernel(kernel):
+    """The kernel of a pow2-scaled float8 op: ``kernel`` on the operands decoded to float32,
+    times ``2**log2_scale``, as float16 (the float8 ops' output type)."""
+
+    def run(x, w, log2_scale, **attrs):
+        y = kernel(x.to(torch.float32), w.to(torch.float32), **attrs)
+        return (y * _scale(log2_scale)).half()
+
+    return run
+
+
+_mm_kernel = pow2scaled_kernel(torch.matmul)
 
 
 def _mm_cost(ins, outs, attrs) -> Cost:
@@ -250,9 +260,7 @@ def _conv_infer(ins, stride, pads, dilation, groups):
     return [spec((x.shape[0], w.shape[0], *out), dtypes.float16)]
 
 
-def _conv_fp8_kernel(x, w, log2_scale, **attrs):
-    y = _conv_kernel(x.to(torch.float32), w.to(torch.float32), **attrs)
-    return (y * _scale(log2_scale)).half()
+_conv_fp8_kernel = pow2scaled_kernel(_conv_kernel)
 
 
 def _conv_cost(ins, outs, attrs) -> Cost:

@@ -14,7 +14,14 @@ from ..tensor import Tensor
 from . import _spatial as sp
 from ._utils import rand, spec
 from .conv import _attrs, _convt_infer, _convt_kernel, _convt_pads, _public_params
-from .fp8 import _check_fp8, _check_scale, _fp8_of, _scale, _scale_tensor, pow2scale_cast_to_fp8
+from .fp8 import (
+    _check_fp8,
+    _check_scale,
+    _fp8_of,
+    _scale_tensor,
+    pow2scale_cast_to_fp8,
+    pow2scaled_kernel,
+)
 from .registry import Cost, OpDef, Sample, create_op, register
 
 __all__ = ["conv_transpose_pow2scaled"]
@@ -31,9 +38,7 @@ def _infer(ins, stride, pads, dilation, groups, output_padding):
     return [out]
 
 
-def _kernel(x, w, log2_scale, **attrs):
-    y = _convt_kernel(x.to(torch.float32), w.to(torch.float32), **attrs)
-    return (y * _scale(log2_scale)).half()
+_kernel = pow2scaled_kernel(_convt_kernel)
 
 
 def _cost(ins, outs, attrs) -> Cost:
