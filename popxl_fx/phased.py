@@ -200,7 +200,9 @@ def _check_sizes(build: Build, req: Any, pieces: list[Piece]) -> None:
         return
     optim = req.optimizer
     groups = optim.optimizer.param_groups
-    slots = 2 if optim.kind == "adam" else int(any(g.get("momentum", 0) for g in groups))
+    slots = (
+        2 if optim.kind in ("adam", "ipu_adam") else int(any(g.get("momentum", 0) for g in groups))
+    )
     opts = build.options
     shards = opts.replication_factor if opts.replicated_tensor_sharding else 1
     check_phase_sizes(req.root, pieces, build.prefix, slots, shards, machine.bytes_per_ipu)
