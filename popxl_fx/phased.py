@@ -144,7 +144,7 @@ def _lower_and_schedule(build: Build, req: Any, contexts, gm, pieces, names) -> 
     leaves, out_spec = pytree.tree_flatten(next(iter(reversed(gm.graph.nodes))).args[0])
     loss_node = leaves[loss_index(out_spec, len(leaves), req.model)]
     shards = opts.replication_factor if opts.replicated_tensor_sharding else 1
-    lowered = [_lower_piece(p, names, contexts, shards, build.weightless) for p in pieces]
+    lowered = [_lower_piece(p, names, contexts, shards, build) for p in pieces]
     build.record("lower", _lower_detail(lowered))
     _plan_gradients(lowered, loss_node)
     for lp in lowered:
@@ -218,12 +218,11 @@ def _spec(x: torch.Tensor) -> popxl.TensorSpec:
     return popxl.TensorSpec(tuple(x.shape), popxl.dtype.as_dtype(x.dtype))
 
 
-def _lower_piece(
-    piece: Piece, names: dict, contexts, shards: int, weightless: bool | frozenset = False
-) -> _Lowered:
+def _lower_piece(piece: Piece, names: dict, contexts, shards: int, build: Build) -> _Lowered:
     """The piece's forward graph and variables: trainable parameters remote (sharded over
     ``shards`` replicas when more than 1), the rest on chip."""
-    fxm = Module(piece.gm, flatten_outputs=True, weightless=weightless)
+    numerics = build.options.numerics
+    fxm = Module(piece.gm, flatten_outputs=True, weightless=build.weightless, numerics=numerics)
     with _entered(contexts):
         fxm.capture(*piece.examples())
         facts, fwd = fxm.create_graph(*[_spec(x) for x in piece.examples()])
