@@ -18,15 +18,17 @@ the seed's are; the Session runs the IPU numerics the seed's hand-written Ir def
 Measured over 20 steps (losses 2.30 -> 0.70): the first 2 steps are equal bit for bit, the
 worst step differs by 1.2e-4 (asserted: below 2e-4; before this setup, with torch's Adam
 and no accumulation: 5.1e-3). numerics="ipu" changes nothing here (the same losses, bit for
-bit, as numerics="torch": at these shapes torch's kernels give the IPU numerics' bits). What
-stays different is the loss's gradient: the seed's output layer takes it from the fused
-``cross_entropy_with_grad`` (``(softmax + (-1 at the label)) / n`` in one op), the torch
+bit, as numerics="torch": at these shapes torch's kernels give the IPU numerics' bits). One
+difference is known and measured: the seed's output layer takes the loss's gradient from the
+fused ``cross_entropy_with_grad`` (``(softmax + (-1 at the label)) / n`` in one op), the torch
 program from autodiff of ``F.cross_entropy`` (log-softmax backward: ``g - exp(log_softmax) *
-sum(g)``). Measured on the first micro-batch's logits at the initial weights: 50 of the 80
-logit gradients differ, by up to 2.2e-7 relative (1-2 ulp); the weights' gradients inherit
-it, and this training (uncorrected Adam at lr 1e-3, a loss spike at step 5) carries it: for
-scale, the seed's MLP trained unphased from weights 1 ulp away differs from itself by 1.8e-4
-(benchmarks/seed003_unphased.py), more than the gap here.
+sum(g)``); on the first micro-batch's logits at the initial weights 50 of the 80 logit
+gradients differ, by up to 2.2e-7 relative (1-2 ulp). It is not the only one: lowering the
+loss to the fused gradient instead (tried, not kept) gave a worst step of 6.8e-5 but a first
+difference already at step 2 (2.4e-7), so another last-bit difference in the step-1 update
+remains, not isolated yet. This training (uncorrected Adam at lr 1e-3, a loss spike at step
+5) carries such differences: for scale, the seed's MLP trained unphased from weights 1 ulp
+away differs from itself by 1.8e-4 (benchmarks/seed003_unphased.py), more than the gap here.
 """
 
 from __future__ import annotations
