@@ -124,10 +124,13 @@ class Options:
             way (tolerance in tests/test_inductor_kernels.py); the first step compiles (seconds
             to minutes); graphs with dropout keep the table kernels.
         numerics: ``"torch"`` (default): torch's own kernels, eager's numbers bit for bit.
-            ``"ipu"``: the simulator's IPU numerics, as a hand-written PopXL program runs
+            ``"ipu"``: what a PopXL program computes on the IPU: the simulator's IPU numerics
             (``popxl_core.Ir.numerics``: a MatMul row independent of the batch size,
-            transcendental ops on whole SIMD blocks, float16 computed in float32): to compare
-            with such a program (tests/test_fx_seed003_torch.py), not with eager.
+            transcendental ops on whole SIMD blocks, float16 computed in float32),
+            ``nn.Linear`` as MatMul then Add, and ``F.cross_entropy``'s gradient in one op
+            (PopART's NlllWithSoftmaxGradDirect, `popxl_core.ops.nll_direct`); eager to
+            float32 round-off. With it seed 003's MLP as an ``nn.Sequential`` trains bit for
+            bit like the hand-written seed (tests/test_fx_seed003_torch.py).
 
     Example:
         >>> Options(device="cpu").device
