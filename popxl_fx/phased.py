@@ -18,7 +18,9 @@ seeds stay on chip. The main graph then runs, in order:
 This is seed 003's shape (phased execution by hand) for any traced model. Every op is the
 plain program's op on the same values, and each piece's backward is autodiff of its forward,
 so numbers equal the plain program's; only where a value feeds several pieces are its
-gradient contributions added in piece order (float32 round-off).
+gradient contributions added in piece order (float32 round-off). With gradient_accumulation
+or batch_serialisation each phase runs every slice of the batch on its loaded weights, the
+values between phases waiting in Streaming Memory (`phased_slices`).
 """
 
 from __future__ import annotations
