@@ -50,8 +50,10 @@ def _emit_collective(kernel):
         x, out = em.name(op.inputs[0]), em.name(op.outputs[0])
         if attrs.get("op") == "local":
             em.emit(f"{out} = {k}(RT.replica, {x}, None)")
-        else:
+        elif op.opdef.inplace or op.outputs[0] in em.read:
             em.emit(f"{out} = RT.collective({x}, {k})")
+        else:  # no op reads the result here (a follower's shared update does): no copy of it
+            em.emit(f"{out} = RT.collective({x}, {k}, False)")
         if op.opdef.inplace:
             em.emit(f"{out} = {x}.copy_({out})")
 
