@@ -58,7 +58,9 @@ def reduce_values(op: str, values: Sequence[torch.Tensor]) -> torch.Tensor:
     if op == "mean":
         total = _fold(torch.add, values)
         if total.is_floating_point():
-            return total / len(values)
+            # the sum is a fresh tensor when there are several values: divide it in place
+            # (the same kernel, no second weight-sized allocation)
+            return total.div_(len(values)) if len(values) > 1 else total / len(values)
         return torch.div(total, len(values), rounding_mode="trunc")
     if op == "square_add":
         return _fold(torch.add, [v * v for v in values])
