@@ -92,6 +92,7 @@ class Program:
         self.modified_inputs: Dict[Graph, Set[int]] = {}
         self.view_outputs = ViewOutputs(ir)
         self.once = graphs_run_once(ir)  # graphs that run at most once per Session.run
+        self.once_per_replica = graphs_run_once(ir, per_replica=True)  # ... by each replica
         # subgraph outputs no call site reads are not computed (call_outputs.py)
         self.kept_outputs = kept_outputs(ir.main_graph, live_ops)
         self.main = self._compile(ir.main_graph, is_main=True)

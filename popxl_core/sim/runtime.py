@@ -63,6 +63,11 @@ class Runtime:
         return self._local.replica
 
     @property
+    def slot(self) -> int:
+        """The calling replica's index among this process's replicas."""
+        return self._local.slot
+
+    @property
     def counts(self) -> dict:
         """How many times the calling replica has used each stream in this run."""
         return self._local.counts
@@ -205,9 +210,22 @@ def collective_results(
         elif group in per_group:
             out.append(per_group[group].clone())
         else:
-            per_group[group] = fn(r, v, values)
+            per_group[group] = _group_result(fn, r, v, values, group)
             out.append(per_group[group])
     return out
+
+
+def _group_result(fn: Callable, r: int, v: torch.Tensor, values, group: tuple) -> torch.Tensor:
+    """``fn``'s result for ``group``; where ``fn.keeps_result`` (its op runs once a run: the
+    result is dead when the run returns) written into the buffer its first result left, so
+    a weight-sized reduction is not allocated, and faulted in, every step."""
+    if not getattr(fn, "keeps_result", False):
+        return fn(r, v, values)
+    kept = fn.__dict__.setdefault("kept", {})
+    res = fn(r, v, values, out=kept.get(group))
+    if group not in kept and all(res is not x for x in values):
+        kept[group] = res
+    return res
 
 
 def _collective_key(fn: Callable) -> object:
