@@ -40,6 +40,7 @@ import torch
 
 from ..graph import Graph, Op
 from ..ops.collectives.collectives import group_table
+from ..ops.collectives.replicated import ALL_REDUCE, ALL_REDUCE_INPLACE
 from ..ops.io import HOST_LOAD
 from ..tensor import Constant, Tensor, Variable
 from .passes import GraphPlan
@@ -210,7 +211,7 @@ def _writes(op: Op, v: Variable, root) -> bool:
 
 def _full_all_reduce(op: Op, ir) -> bool:
     """An all-reduce over every replica: the same result on each."""
-    if not (op.opdef.collective and op.type.startswith("ReplicatedAllReduce")):
+    if op.opdef not in (ALL_REDUCE, ALL_REDUCE_INPLACE):
         return False
     if op.attrs.get("op") == "local":
         return False
