@@ -183,3 +183,32 @@ def test_host_data_that_makes_replicas_differ_unshares():
 def test_switch_is_a_compile_option():
     with pytest.raises(TypeError, match="share_uniform"):
         CompileOptions(share_uniform=1)
+
+
+def _no_collectives(read_first: bool, compiler: CompileOptions):
+    """No collective: the replicas run one after the other. ``w += 1`` (uniform) with the
+    weight read by each replica before it (``read_first``: a follower would read the leader's
+    update) or only after it."""
+    ir = popxl.Ir(R)
+    with ir.main_graph, popxl.in_sequence():
+        w = popxl.variable(np.arange(D, dtype=np.float32), name="w")
+        xs = popxl.h2d_stream((D,), popxl.float32, "x")
+        x = ops.host_load(xs)
+        outs = [x * w] if read_first else []
+        ops.add_(w, popxl.constant(np.ones(D, np.float32)))
+        outs.append(x * w)
+        streams = [popxl.d2h_stream((D,), popxl.float32, f"o{i}") for i in range(len(outs))]
+        for s, t in zip(streams, outs):
+            ops.host_store(s, t)
+    x = np.random.default_rng(2).standard_normal((R, D)).astype(np.float32)
+    with popxl.Session(ir, "cpu", compile_options=compiler) as sess:
+        res = [[sess.run({xs: x})[s] for s in streams] for _ in range(2)]
+        return res, sess._program.sharing
+
+
+@pytest.mark.parametrize("read_first", [False, True])
+def test_replicas_without_collectives(read_first):
+    got, sharing = _no_collectives(read_first, SHARED)
+    want, _ = _no_collectives(read_first, UNSHARED)
+    _same_runs(got, want)
+    assert (sharing is None) == read_first
