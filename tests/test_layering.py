@@ -18,10 +18,21 @@ ROOT = Path(__file__).resolve().parent.parent
 FORBIDDEN = {"popxl_core": {"addons", "popxl_fx"}, "addons": {"popxl_fx"}}
 
 
+def _tree(path: Path) -> ast.Module:
+    """The parsed source of ``path``; a source is parsed once per run (the checks only read
+    the trees)."""
+    return _parse(path.read_text(), str(path))
+
+
+@functools.cache
+def _parse(source: str, name: str) -> ast.Module:
+    return ast.parse(source, name)
+
+
 def _imported_packages(path: Path) -> set[tuple[str, int]]:
     """Top-level package names that ``path`` imports, each with the line of its import."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(_tree(path)):
         if isinstance(node, ast.Import):
             found |= {(a.name.split(".")[0], node.lineno) for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -107,7 +118,7 @@ def _imports(name: str, path: Path, modules: dict[str, Path], nodes=_runtime_nod
     those ``nodes`` yields)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
-    for node in nodes(ast.parse(path.read_text(), str(path))):
+    for node in nodes(_tree(path)):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name in modules}
         elif isinstance(node, ast.ImportFrom):
@@ -252,7 +263,7 @@ def _private_names(package: str) -> set[str]:
     names = set()
     for path in (ROOT / package).rglob("*.py"):
         names.add(path.stem)
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(_tree(path)):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 names.add(node.name)
             elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
@@ -291,7 +302,7 @@ def _private_reach(
     a private module of theirs, ``obj._x`` for an ``_x`` they define (third-party modules
     such as ``torch._ops`` excepted), and ``self._x`` / ``super()._x`` for an ``_x`` that its
     own package (``own``) never defines: a subclass reaching into its base class."""
-    tree = ast.parse(path.read_text(), str(path))
+    tree = _tree(path)
     outside = _third_party_names(tree)
     found = []
     for node in ast.walk(tree):
