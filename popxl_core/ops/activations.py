@@ -92,12 +92,19 @@ def _relu_inplace_kernel(x):
     return x.relu_()
 
 
+def _relu_out(x, out):
+    """torch.relu with ``out=`` (ATen's relu is ``clamp_min(x, 0)``, eager's ``relu_`` is
+    ``clamp_min_(x, 0)``): the same bits, written into a dead temporary (sim/inplace.py)."""
+    return torch.clamp_min(x, 0, out=out)
+
+
 RELU = register(
     OpDef(
         "Relu",
         float_spec,
         torch.relu,
         grad=_relu_grad,
+        out_kernel=_relu_out,
         samples=unary_samples(lambda x: relu(x), torch.relu, seed=300),
     )
 )
