@@ -64,6 +64,12 @@ def _relu_grad_kernel(dy, y):
     return torch.ops.aten.threshold_backward(dy, y, 0)
 
 
+def _relu_grad_out(dy, y, out):
+    """`_relu_grad_kernel` with ``out=`` (ATen's ``threshold_backward.grad_input``): the same
+    bits, written into a dead gradient (sim/inplace.py)."""
+    return torch.ops.aten.threshold_backward.grad_input(dy, y, 0, grad_input=out)
+
+
 def _relu_grad_samples():
     """ReluGrad reads the forward output; bitwise against autograd of torch.relu (with zeros
     in x, where the gradient is 0), and its own gradient (relu's double backward) against
@@ -286,6 +292,7 @@ RELU_GRAD = register(
         floating(_grad_op_infer, (0, 1)),
         _relu_grad_kernel,
         grad=_relu_grad_grad,
+        out_kernel=_relu_grad_out,
         samples=_relu_grad_samples,
     )
 )
