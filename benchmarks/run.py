@@ -14,6 +14,7 @@ Usage::
     python -m benchmarks --cases mlp_sgd_b8 gpt_b8 --repeats 50
     python -m benchmarks --cases seed001 --seed-batches 1500
     python -m benchmarks --clock cpu                       # step cases in CPU time
+    python -m benchmarks --cases resnet18_b16 --malloc-keep  # glibc keeps freed memory
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import torch._inductor.config
 
 from benchmarks.cases import STEP_CASES, resnet
 
-__all__ = ["time_side_by_side", "main", "CASES"]
+__all__ = ["time_side_by_side", "keep_freed_memory", "main", "CASES"]
 
 EXTRA = ("resnet50_build", "seed001")
 CASES = (*STEP_CASES, *EXTRA)
@@ -52,6 +53,25 @@ TARGETS = {
 
 
 CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
+
+# glibc mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+
+
+def keep_freed_memory() -> None:
+    """Process-wide, for both sides of every case: glibc serves blocks up to 1 GiB from its
+    heap instead of fresh mmaps (``M_MMAP_THRESHOLD``) and never gives freed heap memory back
+    to the kernel (``M_TRIM_THRESHOLD``), so a step's buffers are not faulted in again each
+    step. Only with ``--malloc-keep``: it changes what eager PyTorch costs as well."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        ok = libc.mallopt(_M_MMAP_THRESHOLD, 2**30) and libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1)
+    except (OSError, AttributeError):
+        ok = False
+    if not ok:
+        raise SystemExit("--malloc-keep needs glibc's mallopt (Linux with glibc)")
 
 
 def time_side_by_side(
@@ -160,13 +180,21 @@ def main(argv: list[str] | None = None) -> None:
         help="step cases: wall time, or the thread's CPU time (steadier on a loaded machine)",
     )
     ap.add_argument("--seed-batches", type=int, default=0, help="cap seed 001 (0: full epoch)")
+    ap.add_argument(
+        "--malloc-keep",
+        action="store_true",
+        help="glibc keeps freed memory (mallopt, process-wide: the simulator and eager alike)",
+    )
     args = ap.parse_args(argv)
     if args.repeats < 1 or args.warmup < 0 or args.threads < 1 or args.seed_batches < 0:
         ap.error("--repeats and --threads must be >= 1, --warmup and --seed-batches >= 0")
     torch.set_num_threads(args.threads)
+    if args.malloc_keep:
+        keep_freed_memory()
     # compile columns time a cold compile: no FX graph reused from an earlier run's disk cache
     torch._inductor.config.fx_graph_cache = False
-    print(machine_line() + "\n", flush=True)
+    keep = ", glibc keeps freed memory (--malloc-keep)" if args.malloc_keep else ""
+    print(machine_line() + keep + "\n", flush=True)
     print("\n".join(HEADER), flush=True)
     for name in args.cases:
         if name in STEP_CASES:

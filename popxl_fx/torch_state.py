@@ -68,7 +68,10 @@ def _modules(model: nn.Module) -> Iterator[nn.Module]:
 
 
 def structure_key(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> Structure:
-    """The `Structure` of ``model`` and ``optimizer`` now (see the module docstring)."""
+    """The `Structure` of ``model`` and ``optimizer`` now (see the module docstring). It runs
+    before every step: one pass over the modules (`_modules`' order), each tensor's device as
+    ``True`` when on the CPU (``is_cpu``: ``.device`` makes an object per call), else its
+    device type."""
     key: list = []
     objects: list = []
     pointers: list = []
@@ -77,12 +80,13 @@ def structure_key(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> 
         objects.append(m)
         for p in m._parameters.values():
             if p is not None:
-                key += (id(p), p.requires_grad, p.dtype, p.shape, p.device.type)
+                where = p.is_cpu or p.device.type
+                key += (id(p), p.requires_grad, p.dtype, p.shape, where)
                 objects.append(p)
                 pointers.append(p.data_ptr())
         for b in m._buffers.values():
             if b is not None:
-                key += (id(b), b.dtype, b.shape, b.device.type)
+                key += (id(b), b.dtype, b.shape, b.is_cpu or b.device.type)
                 objects.append(b)
                 pointers.append(b.data_ptr())
     if optimizer is not None:

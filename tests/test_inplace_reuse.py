@@ -72,3 +72,18 @@ def test_temporary_written_in_place_is_not_reused():
     x, w = torch.from_numpy(X), torch.from_numpy(W)
     np.testing.assert_array_equal(t2, (x * 2.0).add_(w).numpy())
     np.testing.assert_array_equal(u, ((x + 1.0) * 3.0).numpy())
+
+
+def test_relu_writes_into_batch_norm_output_as_eager_relu_():
+    """Batch norm declares fresh outputs (`OpDef.fresh_outputs`): ReLU writes into its dead
+    output, as eager's ``relu_`` does (the one reuse here). Same bits as eager."""
+    x4 = X.reshape(2, 2, 5, 1)
+
+    def block(x, w):
+        y = ops.batch_norm_training(ops.reshape(x, (2, 2, 5, 1)))[0]
+        return [ops.relu(y)]
+
+    (got,), n_into = _run(block)
+    y = torch.nn.functional.batch_norm(torch.from_numpy(x4), None, None, training=True)
+    np.testing.assert_array_equal(got, y.relu_().numpy())
+    assert n_into == 1

@@ -59,7 +59,7 @@ def test_opdef_has_no_untyped_fields():
 @pytest.mark.parametrize(
     "field, names",
     [
-        ("out_kernel", {"Add", "Sub", "Mul", "Div", "Sqrt"}),
+        ("out_kernel", {"Add", "Sub", "Mul", "Div", "Sqrt", "Relu", "ReluGrad"}),
         ("direct", {"Add", "Sub", "Mul", "MatMul", "Reshape", "Transpose"}),
         ("transposed_kernel", {"MatMul"}),
         ("matrix_transpose", {"Transpose"}),

@@ -64,6 +64,12 @@ def _relu_grad_kernel(dy, y):
     return torch.ops.aten.threshold_backward(dy, y, 0)
 
 
+def _relu_grad_out(dy, y, out):
+    """`_relu_grad_kernel` with ``out=`` (ATen's ``threshold_backward.grad_input``): the same
+    bits, written into a dead gradient (sim/inplace.py)."""
+    return torch.ops.aten.threshold_backward.grad_input(dy, y, 0, grad_input=out)
+
+
 def _relu_grad_samples():
     """ReluGrad reads the forward output; bitwise against autograd of torch.relu (with zeros
     in x, where the gradient is 0), and its own gradient (relu's double backward) against
@@ -92,12 +98,19 @@ def _relu_inplace_kernel(x):
     return x.relu_()
 
 
+def _relu_out(x, out):
+    """torch.relu with ``out=`` (ATen's relu is ``clamp_min(x, 0)``, eager's ``relu_`` is
+    ``clamp_min_(x, 0)``): the same bits, written into a dead temporary (sim/inplace.py)."""
+    return torch.clamp_min(x, 0, out=out)
+
+
 RELU = register(
     OpDef(
         "Relu",
         float_spec,
         torch.relu,
         grad=_relu_grad,
+        out_kernel=_relu_out,
         samples=unary_samples(lambda x: relu(x), torch.relu, seed=300),
     )
 )
@@ -279,6 +292,7 @@ RELU_GRAD = register(
         floating(_grad_op_infer, (0, 1)),
         _relu_grad_kernel,
         grad=_relu_grad_grad,
+        out_kernel=_relu_grad_out,
         samples=_relu_grad_samples,
     )
 )

@@ -209,6 +209,7 @@ BATCH_NORM_TRAINING = register(
         cost=_cost(7),
         samples=_samples,
         out_name="batch_norm_out",
+        fresh_outputs=True,  # native_batch_norm's results and the running statistics' clones
     )
 )
 BATCH_NORM_TRAINING_GRAD = register(
@@ -219,6 +220,7 @@ BATCH_NORM_TRAINING_GRAD = register(
         cost=_cost(8),
         samples=_grad_samples,
         out_name="batch_norm_grad_out",
+        fresh_outputs=True,  # native_batch_norm_backward's results
     )
 )
 

@@ -393,6 +393,7 @@ CONV_DATA_GRAD = register(
         samples=lambda: _conv_grad_samples("data"),
         out_name="conv_data_grad_out",
         joint_grad=_joint("data"),
+        fresh_outputs=True,  # convolution_backward's (or a slice of it, for one-sided pads)
     )
 )
 CONV_BIAS_GRAD = register(

@@ -112,6 +112,9 @@ class OpDef:
         joint_grad: this gradient op and its partner in one call (`forms.JointGrad`).
         reads_only: the op neither writes its inputs nor returns anything sharing their
             storage (a host store copies): sim/inplace.py may reuse an input after it.
+        fresh_outputs: the kernel returns new tensors that share storage with no input and
+            no other output: sim/inplace.py may write a later op's result into one of them
+            once nothing reads it (ReLU into batch norm's output, as eager's ``relu_``).
         dead_output_kernels: ``{frozenset(indexes of outputs nothing reads): kernel}``, a
             float32 kernel that skips those outputs (returns None in their place); the compiler
             uses it where those outputs are dead, with the same bits for the others.
@@ -155,6 +158,7 @@ class OpDef:
     matrix_transpose: Optional[Callable[[Op], bool]] = None
     joint_grad: Optional[JointGrad] = None
     reads_only: bool = False
+    fresh_outputs: bool = False
     dead_output_kernels: Dict[frozenset, Callable[..., Any]] = field(default_factory=dict)
     buffered_kernel: Optional[Callable[..., Any]] = None
     popxl_type: str = ""

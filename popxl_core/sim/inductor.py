@@ -2,7 +2,8 @@
 
 ``CompileOptions(inductor=True)`` (popxl_fx: ``Options(kernels="inductor")``) compiles
 the program as usual, then replaces the generated function of every *pure* called graph (the
-forward and backward graphs of a traced model) with ``torch.compile(fn, dynamic=False)``:
+forward and backward graphs of a traced model) with ``torch.compile(fn, dynamic=False)``
+(with inductor's C++ wrapper, ``cpp_wrapper``):
 dynamo traces the table kernels it calls into one FX graph and inductor fuses its elementwise
 chains into generated C++ loops. The main graph (host streams, the optimizer update, variable
 writes) keeps the table kernels, so the weight update is the default program's arithmetic on
@@ -26,6 +27,11 @@ import torch
 from ..graph import Graph
 
 __all__ = ["compile_pure_graphs", "is_pure"]
+
+# inductor's C++ wrapper: a compiled graph's buffer allocations and kernel calls run in C++,
+# not in a generated Python function (GPT step 1.05-1.08 -> 0.97-1.03 of the torch.compile
+# twin's, measured side by side; benchmarks/RESULTS.md gives the compile time)
+_OPTS = {"cpp_wrapper": True}
 
 
 def is_pure(g: Graph, source: str) -> bool:
@@ -67,7 +73,8 @@ def compile_pure_graphs(program) -> List[Graph]:
         if not is_pure(g, compiled.source):
             continue
         name = program.fn_name(g)
-        program.namespace[name] = _named_errors(torch.compile(compiled.fn, dynamic=False), g)
+        fn = torch.compile(compiled.fn, dynamic=False, options=_OPTS)
+        program.namespace[name] = _named_errors(fn, g)
         done.append(g)
     program.stats["inductor_graphs"] = len(done)
     return done

@@ -5,7 +5,8 @@ in place. A float32 op with an ``out=`` form (``OpDef.out_kernel``: add, sub, mu
 writes its result (the same kernel with ``out=``, the same bits) into the storage of a
 temporary of the output's shape that no op reads any more: one of its own inputs that it
 reads last, else one that died earlier in the schedule. Only temporaries made by those same
-kernels qualify (fresh tensors that no view, call, variable or graph output shares); the
+kernels, or by a kernel declared ``fresh_outputs`` (batch norm's), qualify (fresh tensors
+that no view, call, variable or graph output shares); the
 generated code keeps every name alive until the graph returns, so without reuse each
 temporary would be a new allocation.
 """
@@ -75,10 +76,15 @@ def _owned(t: Tensor, op: Op, readers, outputs) -> bool:
     return (
         src is not None
         and src.graph is op.graph
-        and _eligible(src)
+        and (_eligible(src) or _fresh(src))
         and t not in outputs
         and all(_reads_only(r, t) for r in readers[t])
     )
+
+
+def _fresh(op: Op) -> bool:
+    """A kernel declared to return new tensors (`OpDef.fresh_outputs`), all float32."""
+    return op.opdef.fresh_outputs and not op.modified_inputs() and float32_only(op)
 
 
 def _reads_only(r: Op, t: Tensor) -> bool:

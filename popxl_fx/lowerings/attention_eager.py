@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from popxl_core import ops
+from popxl_core.ops.attention_flash import flash_attention, flash_attention_applies
 
 from ._common import const
 from ._sub import call_child, dropout, torch_rng
@@ -49,6 +50,9 @@ def _mask_grad(ctx, mask) -> bool:
 def sdpa(ctx, q, k, v, mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
     """F.scaled_dot_product_attention with torch's kernels; ``None`` when dropout must draw
     from the simulator's stream (``Options(rng="ipu")``): the caller builds the composite."""
+    if flash_attention_applies(q, k, v, mask, dropout_p, enable_gqa):
+        # the forward hands its log-sum-exp to the gradient, as eager autograd does
+        return flash_attention(q, k, v, bool(is_causal), scale)
     state = None
     if dropout_p > 0:
         if not torch_rng(ctx):
