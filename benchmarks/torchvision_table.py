@@ -13,6 +13,12 @@ Usage::
     python -m benchmarks.torchvision_table                 # every builder (hours on 2 cores)
     python -m benchmarks.torchvision_table resnet18 swin_small   # some
     python -m benchmarks.torchvision_table --families      # the slow tier's sample
+    python -m benchmarks.torchvision_table --resume        # skip the rows already written
+
+Built for a long unattended run: builders go smallest first, each in its own process (its
+memory is returned, a crash or a kill for memory becomes that row's error), and every row is
+written to the output as it finishes, so a stopped run keeps its rows and ``--resume``
+continues it. A builder that fails gets a row with the error class and its first line.
 
 tests/test_fx_torchvision_table.py runs the family sample in the slow tier, and every builder
 with ``POPXL_FX_TORCHVISION_ALL=1``.
@@ -31,7 +37,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["FAMILY_SAMPLE", "Row", "builders", "family", "input_size", "measure", "too_large"]
+__all__ = [
+    "FAMILY_SAMPLE",
+    "Row",
+    "builders",
+    "by_size",
+    "family",
+    "input_size",
+    "measure",
+    "too_large",
+]
 
 # parameters above which a model is not run here (weights, momentum, gradients, the eager twin
 # and the simulator's buffers: ~8 copies of float32 weights on a 24 GiB host shared by others)
@@ -117,6 +132,13 @@ class Row:
     build_s: float
     forward_diff: float
     param_diff: float
+    peak_gib: float = 0.0  # the measuring process's peak resident memory
+    error: str = ""  # "ErrorClass: first line" where the builder failed
+
+
+def by_size(names: list[str]) -> list[str]:
+    """``names`` by parameter count, smallest first (a long run gets the most rows early)."""
+    return sorted(names, key=lambda n: (_param_count(n), n))
 
 
 def _max_diff(a, b) -> float:
@@ -171,28 +193,108 @@ def measure(name: str, batch: int | None = None) -> Row:
     return Row(name, n, size, build_s, forward, params)
 
 
-def _markdown(rows: list[Row], skipped: dict[str, str]) -> str:
-    lines = [
-        "# torchvision classifiers on popxl_fx vs eager",
-        "",
-        "Random init, num_classes=10, dropout as built, batch 2 (4 where eager's own training",
-        "diverges at 2, `_BATCH`) at the smallest input; build =",
-        "trace + lower + Session of the eval program and its first run (seconds, this host);",
-        "forward: eval mode; parameters: after 2 SGD-momentum steps in train mode.",
-        "Written by `python -m benchmarks.torchvision_table`.",
-        "",
-        "| model | params (M) | input | build s | max fwd diff | max param diff (2 steps) |",
-        "|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r.name} | {r.params_m:.2f} | {r.size} | {r.build_s:.1f} | "
-            f"{r.forward_diff:.3g} | {r.param_diff:.3g} |"
-        )
+_HEADER = [
+    "# torchvision classifiers on popxl_fx vs eager",
+    "",
+    "Random init, num_classes=10, dropout as built, batch 2 (4 where eager's own training",
+    "diverges at 2, `_BATCH`) at the smallest input; build =",
+    "trace + lower + Session of the eval program and its first run (seconds, this host);",
+    "forward: eval mode; parameters: after 2 SGD-momentum steps in train mode; peak: the",
+    "measuring process's peak resident memory (eager twin and simulator together).",
+    "Written by `python -m benchmarks.torchvision_table`, smallest model first.",
+    "",
+    "| model | params (M) | input | build s | max fwd diff | max param diff (2 steps) | peak GiB |",
+    "|---|---|---|---|---|---|---|",
+]
+_ROW = re.compile(r"^\| (\S+) \| ([\d.]+) \| (\d+) \| ")
+
+
+def _line(r: Row) -> str:
+    if r.error:
+        return f"| {r.name} | {r.params_m:.2f} | {r.size} | - | {r.error} | - | {r.peak_gib:.1f} |"
+    return (
+        f"| {r.name} | {r.params_m:.2f} | {r.size} | {r.build_s:.1f} | "
+        f"{r.forward_diff:.3g} | {r.param_diff:.3g} | {r.peak_gib:.1f} |"
+    )
+
+
+def _markdown(lines: dict[str, str], skipped: dict[str, str], notes: list[str]) -> str:
+    out = _HEADER + list(lines.values())
     if skipped:
-        lines += ["", "Not run here:", ""]
-        lines += [f"- {n}: {why}" for n, why in sorted(skipped.items())]
-    return "\n".join(lines) + "\n"
+        out += ["", "Not run here:", ""]
+        out += [f"- {n}: {why}" for n, why in sorted(skipped.items())]
+    if notes:
+        out += [""] + notes
+    return "\n".join(out) + "\n"
+
+
+def _read(path: Path) -> tuple[dict[str, str], list[str]]:
+    """The measured rows of an earlier output (name -> table line; failed rows are measured
+    again) and its closing notes (the text after the table and the not-run list)."""
+    if not path.exists():
+        return {}, []
+    rows, notes, in_notes = {}, [], False
+    for line in path.read_text().splitlines():
+        m = _ROW.match(line)
+        if m and "Error" not in line and "error" not in line:
+            rows[m.group(1)] = line
+        elif in_notes:
+            notes.append(line)
+        elif line.startswith("Measured") or line.startswith("Notes"):
+            in_notes, notes = True, [line]
+    return rows, notes
+
+
+def _error_text(exc: BaseException) -> str:
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {first[:160]}".replace("|", "/")
+
+
+def _measure_here(name: str) -> Row:
+    """``measure`` with a failure caught into the row, and this process's peak memory."""
+    import resource
+
+    try:
+        row = measure(name)
+    except Exception as exc:  # a failing builder is a row of the table, not the end of the run
+        row = Row(name, _param_count(name) / 1e6, input_size(name), 0, 0, 0, error=_error_text(exc))
+    row.peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    return row
+
+
+def _measure_apart(name: str, timeout_s: float) -> Row:
+    """``name`` measured in a child process: its memory goes back to the host after each
+    builder, and a crash, a kill or a timeout is that row's error."""
+    import json
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "benchmarks.torchvision_table", "--one", name]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return Row(
+            name,
+            _param_count(name) / 1e6,
+            input_size(name),
+            0,
+            0,
+            0,
+            error=f"TimeoutExpired: over {timeout_s:.0f} s on this host",
+        )
+    last = (done.stdout.strip().splitlines() or [""])[-1]
+    if done.returncode == 0 and last.startswith("{"):
+        return Row(**json.loads(last))
+    tail = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+    return Row(
+        name,
+        _param_count(name) / 1e6,
+        input_size(name),
+        0,
+        0,
+        0,
+        error=f"ChildProcessError: exit {done.returncode}: {tail[:160]}".replace("|", "/"),
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -200,22 +302,39 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("models", nargs="*")
     parser.add_argument("--families", action="store_true", help="one builder per family")
     parser.add_argument("--out", default=str(Path(__file__).with_name("TORCHVISION.md")))
+    parser.add_argument("--resume", action="store_true", help="skip rows already measured")
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds per builder")
+    parser.add_argument("--max-params", type=float, default=150, help="M params, run limit")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # a child: measure, print JSON
     args = parser.parse_args(argv)
-    names = args.models or (FAMILY_SAMPLE if args.families else builders())
-    rows, skipped = [], {}
-    for name in names:
-        why = too_large(name)
-        if why:
-            skipped[name] = why
-            continue
-        rows.append(measure(name))
-        Path(args.out).write_text(_markdown(rows, skipped))  # so far: a long run can stop
-        r = rows[-1]
-        print(
-            f"{name:20s} build {r.build_s:6.1f} s  fwd {r.forward_diff:.3g}  p {r.param_diff:.3g}"
+    globals()["MAX_PARAMS"] = int(args.max_params * 1e6)  # too_large's limit for this run
+    torch.set_num_threads(1)  # a shared host: one core per run, and reproducible timings
+    if args.one:
+        import dataclasses
+        import json
+
+        print(json.dumps(dataclasses.asdict(_measure_here(args.one))))
+        return
+    out = Path(args.out)
+    lines, notes = _read(out)
+    if not args.resume:
+        lines = (
+            {n: line for n, line in lines.items() if n not in set(args.models)}
+            if args.models
+            else {}
         )
-    Path(args.out).write_text(_markdown(rows, skipped))
-    print(f"wrote {args.out}")
+    names = by_size(args.models or (FAMILY_SAMPLE if args.families else builders()))
+    skipped = {n: too_large(n) for n in builders() if too_large(n) and n not in lines}
+    for name in names:
+        if name in skipped or name in lines:
+            continue
+        r = _measure_apart(name, args.timeout)
+        lines[name] = _line(r)
+        lines = {n: lines[n] for n in by_size(list(lines))}
+        out.write_text(_markdown(lines, skipped, notes))  # so far: a long run can stop
+        print(_line(r), flush=True)
+    out.write_text(_markdown(lines, skipped, notes))
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":
