@@ -129,6 +129,7 @@ class Row:
     name: str
     params_m: float
     size: int
+    batch: int
     build_s: float
     forward_diff: float
     param_diff: float
@@ -145,17 +146,33 @@ def _max_diff(a, b) -> float:
     return max((x - y).abs().max().item() for x, y in zip(a, b)) if a else 0.0
 
 
-# batch 2 makes some builders' own eager training diverge: regnet_x_400mf's batch norm at
-# the 1x1 last stage gives NaN weights after 2 SGD-momentum steps in eager PyTorch itself, so
-# there is nothing to compare; batch 4 keeps eager finite
-_BATCH = {"regnet_x_400mf": 4}
+# batch 2 makes some builders' own eager training diverge: batch norm over 2 values at a 1x1
+# last stage (regnet_x_400mf, efficientnet_b3/b4 at input 32) gives gradients up to 1e12 and
+# NaN weights after 2 SGD-momentum steps in eager PyTorch itself, so there is nothing to
+# compare; `measure` then doubles the batch (up to _MAX_BATCH); these start at 4
+_BATCH = {"regnet_x_400mf": 4, "efficientnet_b3": 4, "efficientnet_b4": 4}
+_MAX_BATCH = 8
 
 
 def measure(name: str, batch: int | None = None) -> Row:
-    """Eval forward and 2 SGD-momentum train steps on the simulator and eagerly."""
-    import popxl_fx
-
+    """Eval forward and 2 SGD-momentum train steps on the simulator and eagerly, at batch 2
+    (or ``_BATCH``'s), doubled while eager's own training gives non-finite weights."""
     batch = batch or _BATCH.get(name, 2)
+    while True:
+        row = _measure_at(name, batch)
+        if row is not None:
+            return row
+        if batch * 2 > _MAX_BATCH:
+            raise RuntimeError(
+                f"{name}: eager PyTorch's own 2 training steps give non-finite weights up to "
+                f"batch {batch}, so there is nothing to compare; give it a batch in _BATCH"
+            )
+        batch *= 2
+
+
+def _measure_at(name: str, batch: int) -> Row | None:
+    """The row at ``batch``; None where eager's own training gives non-finite weights."""
+    import popxl_fx
 
     model = build(name)
     size = input_size(name)
@@ -165,9 +182,9 @@ def measure(name: str, batch: int | None = None) -> Row:
     model.eval(), twin.eval()
     start = time.perf_counter()
     sim = popxl_fx.inference_model(model)
-    got = sim(x)
-    build_s = time.perf_counter() - start
-    with torch.no_grad():
+    with torch.no_grad():  # inference as users run it (the program follows the grad mode)
+        got = sim(x)
+        build_s = time.perf_counter() - start
         forward = (got - twin(x)).abs().max().item()
     del sim
     model.train(), twin.train()
@@ -184,36 +201,35 @@ def measure(name: str, batch: int | None = None) -> Row:
         trainer(x, y)
     eager_params = [p.detach() for p in twin.parameters()]
     if not all(p.isfinite().all() for p in eager_params):
-        raise RuntimeError(
-            f"{name}: eager PyTorch's own 2 training steps at batch {batch} give non-finite "
-            "weights, so there is nothing to compare; give it a larger batch in _BATCH"
-        )
+        return None
     params = _max_diff([p.detach() for p in model.parameters()], eager_params)
     n = sum(p.numel() for p in model.parameters()) / 1e6
-    return Row(name, n, size, build_s, forward, params)
+    return Row(name, n, size, batch, build_s, forward, params)
 
 
 _HEADER = [
     "# torchvision classifiers on popxl_fx vs eager",
     "",
-    "Random init, num_classes=10, dropout as built, batch 2 (4 where eager's own training",
-    "diverges at 2, `_BATCH`) at the smallest input; build =",
+    "Random init, num_classes=10, dropout as built, batch 2 (4 or 8 where eager's own training",
+    "diverges at 2: `_BATCH`, `measure`) at the smallest input; build =",
     "trace + lower + Session of the eval program and its first run (seconds, this host);",
     "forward: eval mode; parameters: after 2 SGD-momentum steps in train mode; peak: the",
     "measuring process's peak resident memory (eager twin and simulator together).",
     "Written by `python -m benchmarks.torchvision_table`, smallest model first.",
     "",
-    "| model | params (M) | input | build s | max fwd diff | max param diff (2 steps) | peak GiB |",
-    "|---|---|---|---|---|---|---|",
+    "| model | params (M) | input | batch | build s | max fwd diff | max param diff (2 steps) "
+    "| peak GiB |",
+    "|---|---|---|---|---|---|---|---|",
 ]
-_ROW = re.compile(r"^\| (\S+) \| ([\d.]+) \| (\d+) \| ")
+_ROW = re.compile(r"^\| (\S+) \| ([\d.]+) \| (\d+) \| (\d+) \| ")
 
 
 def _line(r: Row) -> str:
     if r.error:
-        return f"| {r.name} | {r.params_m:.2f} | {r.size} | - | {r.error} | - | {r.peak_gib:.1f} |"
+        head = f"| {r.name} | {r.params_m:.2f} | {r.size} | {r.batch} |"
+        return f"{head} - | {r.error} | - | {r.peak_gib:.1f} |"
     return (
-        f"| {r.name} | {r.params_m:.2f} | {r.size} | {r.build_s:.1f} | "
+        f"| {r.name} | {r.params_m:.2f} | {r.size} | {r.batch} | {r.build_s:.1f} | "
         f"{r.forward_diff:.3g} | {r.param_diff:.3g} | {r.peak_gib:.1f} |"
     )
 
@@ -250,6 +266,10 @@ def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first[:160]}".replace("|", "/")
 
 
+def _failed(name: str, error: str) -> Row:
+    return Row(name, _param_count(name) / 1e6, input_size(name), 0, 0, 0, 0, error=error)
+
+
 def _measure_here(name: str) -> Row:
     """``measure`` with a failure caught into the row, and this process's peak memory."""
     import resource
@@ -257,7 +277,7 @@ def _measure_here(name: str) -> Row:
     try:
         row = measure(name)
     except Exception as exc:  # a failing builder is a row of the table, not the end of the run
-        row = Row(name, _param_count(name) / 1e6, input_size(name), 0, 0, 0, error=_error_text(exc))
+        row = _failed(name, _error_text(exc))
     row.peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     return row
 
@@ -273,27 +293,13 @@ def _measure_apart(name: str, timeout_s: float) -> Row:
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        return Row(
-            name,
-            _param_count(name) / 1e6,
-            input_size(name),
-            0,
-            0,
-            0,
-            error=f"TimeoutExpired: over {timeout_s:.0f} s on this host",
-        )
+        return _failed(name, f"TimeoutExpired: over {timeout_s:.0f} s on this host")
     last = (done.stdout.strip().splitlines() or [""])[-1]
     if done.returncode == 0 and last.startswith("{"):
         return Row(**json.loads(last))
     tail = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
-    return Row(
-        name,
-        _param_count(name) / 1e6,
-        input_size(name),
-        0,
-        0,
-        0,
-        error=f"ChildProcessError: exit {done.returncode}: {tail[:160]}".replace("|", "/"),
+    return _failed(
+        name, f"ChildProcessError: exit {done.returncode}: {tail[:160]}".replace("|", "/")
     )
 
 
