@@ -186,25 +186,36 @@ def _measure_at(name: str, batch: int) -> Row | None:
         got = sim(x)
         build_s = time.perf_counter() - start
         forward = (got - twin(x)).abs().max().item()
-    del sim
-    model.train(), twin.train()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    eager_opt = torch.optim.SGD(twin.parameters(), lr=0.01, momentum=0.9)
-    trainer = popxl_fx.training_model(model, opt, F.cross_entropy)
-    for _ in range(2):
-        state = torch.get_rng_state()  # the same dropout draws in both
-        loss = F.cross_entropy(twin(x), y)
-        eager_opt.zero_grad()
-        loss.backward()
-        eager_opt.step()
-        torch.set_rng_state(state)
-        trainer(x, y)
-    eager_params = [p.detach() for p in twin.parameters()]
+    del sim, got
+    # eager's 2 steps first, keeping only its final weights and each step's generator state:
+    # the twin's gradients and momentum are gone before the simulator's (host memory)
+    states, eager_params = _eager_steps(twin, x, y)
+    del twin
     if not all(p.isfinite().all() for p in eager_params):
         return None
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    trainer = popxl_fx.training_model(model, opt, F.cross_entropy)
+    for state in states:
+        torch.set_rng_state(state)  # the same dropout draws as eager's step
+        trainer(x, y)
     params = _max_diff([p.detach() for p in model.parameters()], eager_params)
     n = sum(p.numel() for p in model.parameters()) / 1e6
     return Row(name, n, size, batch, build_s, forward, params)
+
+
+def _eager_steps(twin: nn.Module, x, y) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """2 SGD-momentum steps in train mode: the generator state before each, final weights."""
+    twin.train()
+    opt = torch.optim.SGD(twin.parameters(), lr=0.01, momentum=0.9)
+    states = []
+    for _ in range(2):
+        states.append(torch.get_rng_state())
+        loss = F.cross_entropy(twin(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return states, [p.detach() for p in twin.parameters()]
 
 
 _HEADER = [
