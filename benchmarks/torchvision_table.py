@@ -134,6 +134,7 @@ class Row:
     forward_diff: float
     param_diff: float
     peak_gib: float = 0.0  # the measuring process's peak resident memory
+    device: str = "ipu_hw"  # Options.device of inference / training ("cpu": over one IPU)
     error: str = ""  # "ErrorClass: first line" where the builder failed
 
 
@@ -181,12 +182,11 @@ def _measure_at(name: str, batch: int) -> Row | None:
     twin = copy.deepcopy(model)
     model.eval(), twin.eval()
     start = time.perf_counter()
-    sim = popxl_fx.inference_model(model)
     with torch.no_grad():  # inference as users run it (the program follows the grad mode)
-        got = sim(x)
+        got, infer_on = _on_a_device(lambda o: popxl_fx.inference_model(model, o)(x))
         build_s = time.perf_counter() - start
         forward = (got - twin(x)).abs().max().item()
-    del sim, got
+    del got
     # eager's 2 steps first, keeping only its final weights and each step's generator state:
     # the twin's gradients and momentum are gone before the simulator's (host memory)
     states, eager_params = _eager_steps(twin, x, y)
@@ -195,13 +195,33 @@ def _measure_at(name: str, batch: int) -> Row | None:
         return None
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    trainer = popxl_fx.training_model(model, opt, F.cross_entropy)
-    for state in states:
-        torch.set_rng_state(state)  # the same dropout draws as eager's step
-        trainer(x, y)
+
+    def first_step(options):
+        trainer = popxl_fx.training_model(model, opt, F.cross_entropy, options)
+        torch.set_rng_state(states[0])  # the same dropout draws as eager's step
+        trainer(x, y)  # an IPU that is too small raises here, before the step
+        return trainer
+
+    trainer, train_on = _on_a_device(first_step)
+    torch.set_rng_state(states[1])
+    trainer(x, y)
     params = _max_diff([p.detach() for p in model.parameters()], eager_params)
     n = sum(p.numel() for p in model.parameters()) / 1e6
-    return Row(name, n, size, batch, build_s, forward, params)
+    device = infer_on if infer_on == train_on else f"{infer_on} / {train_on}"
+    return Row(name, n, size, batch, build_s, forward, params, device=device)
+
+
+def _on_a_device(run):
+    """``run(options)`` on one simulated IPU (the default ``device="ipu_hw"``), or, where the
+    program does not fit its memory (raised at compile, before anything runs), with
+    ``device="cpu"`` (no IPU limits; the same kernels): (result, device)."""
+    import popxl_fx
+    from popxl_core.sim.oom import OutOfMemoryError
+
+    try:
+        return run(popxl_fx.Options()), "ipu_hw"
+    except OutOfMemoryError:
+        return run(popxl_fx.Options(device="cpu")), "cpu"
 
 
 def _eager_steps(twin: nn.Module, x, y) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -225,12 +245,14 @@ _HEADER = [
     "diverges at 2: `_BATCH`, `measure`) at the smallest input; build =",
     "trace + lower + Session of the eval program and its first run (seconds, this host);",
     "forward: eval mode; parameters: after 2 SGD-momentum steps in train mode; peak: the",
-    "measuring process's peak resident memory (eager twin and simulator together).",
+    "measuring process's peak resident memory; device: `Options.device` for inference /",
+    "training, `ipu_hw` (one simulated IPU, the default) or `cpu` where the program does not",
+    "fit one IPU's memory (no IPU limit, the same kernels).",
     "Written by `python -m benchmarks.torchvision_table`, smallest model first.",
     "",
     "| model | params (M) | input | batch | build s | max fwd diff | max param diff (2 steps) "
-    "| peak GiB |",
-    "|---|---|---|---|---|---|---|---|",
+    "| peak GiB | device |",
+    "|---|---|---|---|---|---|---|---|---|",
 ]
 _ROW = re.compile(r"^\| (\S+) \| ([\d.]+) \| (\d+) \| (\d+) \| ")
 
@@ -238,10 +260,10 @@ _ROW = re.compile(r"^\| (\S+) \| ([\d.]+) \| (\d+) \| (\d+) \| ")
 def _line(r: Row) -> str:
     if r.error:
         head = f"| {r.name} | {r.params_m:.2f} | {r.size} | {r.batch} |"
-        return f"{head} - | {r.error} | - | {r.peak_gib:.1f} |"
+        return f"{head} - | {r.error} | - | {r.peak_gib:.1f} | - |"
     return (
         f"| {r.name} | {r.params_m:.2f} | {r.size} | {r.batch} | {r.build_s:.1f} | "
-        f"{r.forward_diff:.3g} | {r.param_diff:.3g} | {r.peak_gib:.1f} |"
+        f"{r.forward_diff:.3g} | {r.param_diff:.3g} | {r.peak_gib:.1f} | {r.device} |"
     )
 
 
