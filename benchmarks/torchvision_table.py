@@ -73,6 +73,7 @@ FAMILY_SAMPLE = [
     "shufflenet_v2_x0_5",
     "squeezenet1_1",
     "swin_small",
+    "swin_v2_small",
 ]
 
 
@@ -81,10 +82,14 @@ def family(name: str) -> str:
 
 
 def builders() -> list[str]:
-    """Every torchvision classifier builder, and ``swin_small`` (a small custom Swin)."""
+    """Every torchvision classifier builder, and ``swin_small``/``swin_v2_small`` (small
+    custom Swins: V1 and V2 blocks)."""
     import torchvision
 
-    return sorted(torchvision.models.list_models(module=torchvision.models)) + ["swin_small"]
+    return sorted(torchvision.models.list_models(module=torchvision.models)) + [
+        "swin_small",
+        "swin_v2_small",
+    ]
 
 
 def input_size(name: str) -> int:
@@ -98,6 +103,13 @@ def build(name: str) -> nn.Module:
     torch.manual_seed(0)
     if name == "swin_small":  # 2 stages of a Swin-T shape, small enough for the fast suite
         return SwinTransformer([4, 4], 16, [2, 2], [2, 4], [4, 4], num_classes=10)
+    if name == "swin_v2_small":  # the same with Swin V2's blocks (cosine attention, CPB MLP)
+        from torchvision.models.swin_transformer import PatchMergingV2, SwinTransformerBlockV2
+
+        return SwinTransformer(
+            [4, 4], 16, [2, 2], [2, 4], [4, 4], num_classes=10,
+            block=SwinTransformerBlockV2, downsample_layer=PatchMergingV2,
+        )  # fmt: skip
     kwargs: dict = {"num_classes": 10}
     if family(name) == "vit":
         kwargs["image_size"] = input_size(name)
