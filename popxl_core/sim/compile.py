@@ -28,6 +28,7 @@ from .inductor import compile_pure_graphs
 from .inplace import inplace_kernel
 from .options import DEFAULT, CompileOptions
 from .passes import STATS, GraphPlan, live_ops, run_passes
+from .uniform import plan_sharing
 from .variants import graphs_run_once, variant_kernel
 
 __all__ = ["Program", "CompiledGraph", "Emitter"]
@@ -40,6 +41,7 @@ class CompiledGraph:
         self.graph = graph
         self.fn = fn
         self.source = source
+        self.plan: Any = None  # the `GraphPlan` it was emitted from
 
 
 class Emitter:
@@ -90,9 +92,12 @@ class Program:
         self.modified_inputs: Dict[Graph, Set[int]] = {}
         self.view_outputs = ViewOutputs(ir)
         self.once = graphs_run_once(ir)  # graphs that run at most once per Session.run
+        self.once_per_replica = graphs_run_once(ir, per_replica=True)  # ... by each replica
         # subgraph outputs no call site reads are not computed (call_outputs.py)
         self.kept_outputs = kept_outputs(ir.main_graph, live_ops)
         self.main = self._compile(ir.main_graph, is_main=True)
+        # replicas: the main graph without the work done once for all (uniform.py), or None
+        self.sharing = plan_sharing(self, self.main_plan)
         if options.inductor:
             compile_pure_graphs(self)
 
@@ -116,22 +121,36 @@ class Program:
             self.graphs[g] = self._compile(g, is_main=False)
         return self._fn_names[g]
 
-    def _compile(self, g: Graph, is_main: bool) -> CompiledGraph:
+    def compile_follower(self, skipped) -> tuple:
+        """The main graph without the ops ``skipped`` (run by the first replica only,
+        uniform.py): its function and plan; its pass statistics are not counted."""
+        stats: Dict[str, int] = dict.fromkeys(STATS, 0)
+        compiled = self._compile(self.ir.main_graph, True, skipped, "main_follow", stats)
+        return compiled.fn, compiled.plan
+
+    def _compile(
+        self, g: Graph, is_main: bool, skipped=frozenset(), fname: str = "", stats=None
+    ) -> CompiledGraph:
         """Plan ``g`` (dead ops, then the passes), emit its ops, define its function."""
         em = Emitter(self, g)
         params = self._main_params(em) if is_main else [em.name(t) for t in g._inputs]
         if handoff_graph(self, g):
             em.lines.extend(unpack_lines(params))
             params = [HANDOFF_PARAM]
-        plan = run_passes(self._plan(g), self.options, self.stats)
+        stats = self.stats if stats is None else stats
+        plan = run_passes(self._plan(g, skipped, stats), self.options, stats)
+        if is_main and not skipped:
+            self.main_plan = plan
         em.read = _read_tensors(plan.live, plan.returned)
         _emit_ops(plan, em)
-        fname = "main" if is_main else self._fn_names.get(g, f"graph_{id(g)}")
+        fname = fname or ("main" if is_main else self._fn_names.get(g, f"graph_{id(g)}"))
         source = _source(fname, params, em, self.kept_outputs.get(g))
         self.namespace.setdefault("__popxl_sources__", {})[fname] = source
         exec(compile(source, f"<popxl graph {g.name or 'main'}>", "exec"), self.namespace)
         self.modified_inputs[g] = _modified_graph_inputs(g)
-        return CompiledGraph(g, self.namespace[fname], source)
+        compiled = CompiledGraph(g, self.namespace[fname], source)
+        compiled.plan = plan
+        return compiled
 
     def _main_params(self, em: Emitter) -> List[str]:
         """The main function takes the variables' values as one list ``V``; remote variables
@@ -141,12 +160,14 @@ class Program:
             em.emit(f"{em.name(v)} = V[{i}]")
         return ["V"]
 
-    def _plan(self, g: Graph) -> GraphPlan:
-        """``g``'s live schedule: the outputs some caller reads and the ops they need."""
+    def _plan(self, g: Graph, skipped, stats: Dict[str, int]) -> GraphPlan:
+        """``g``'s live schedule: the outputs some caller reads and the ops they need, less
+        the ``skipped`` ones."""
         kept = self.kept_outputs.get(g)
         returned = [t for i, t in enumerate(g._outputs) if kept is None or i in kept]
-        self.stats["unread_graph_outputs"] += len(g._outputs) - len(returned)
-        return GraphPlan(g, returned, live_ops(g, returned))
+        stats["unread_graph_outputs"] += len(g._outputs) - len(returned)
+        live = [op for op in live_ops(g, returned) if op not in skipped]
+        return GraphPlan(g, returned, live)
 
 
 def is_remote(v: Variable) -> bool:

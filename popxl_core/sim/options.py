@@ -35,6 +35,9 @@ class CompileOptions:
         release: ``del`` each temporary after its last reader (release.py).
         handoff: a graph called once per run gets its arguments as a list it empties, so it
             frees each after its last reader (handoff.py).
+        share_uniform: with replicas in lock step, work whose inputs are provably the same on
+            every replica (an optimizer update from all-reduced gradients) runs once, by the
+            first replica, on variable storage the replicas share (uniform.py).
         inductor: the opt-in fast mode, not bitwise: every pure called graph (no streams,
             collectives, random draws or in-place writes) runs under ``torch.compile``
             (inductor.py; popxl_fx ``Options(kernels="inductor")``).
@@ -53,6 +56,7 @@ class CompileOptions:
     direct: bool = True
     release: bool = True
     handoff: bool = True
+    share_uniform: bool = True
     inductor: bool = False
 
     def __post_init__(self) -> None:

@@ -63,6 +63,11 @@ class Runtime:
         return self._local.replica
 
     @property
+    def slot(self) -> int:
+        """The calling replica's index among this process's replicas."""
+        return self._local.slot
+
+    @property
     def counts(self) -> dict:
         """How many times the calling replica has used each stream in this run."""
         return self._local.counts
@@ -98,8 +103,10 @@ class Runtime:
         buf[i, self._local.slot] = torch_to_host(value.detach())
 
     # collectives --------------------------------------------------------------------
-    def collective(self, value: torch.Tensor, fn: Callable) -> torch.Tensor:
-        """``fn(replica, value, values)`` where ``values`` holds every replica's ``value``.
+    def collective(self, value: torch.Tensor, fn: Callable, need: bool = True) -> torch.Tensor:
+        """``fn(replica, value, values)`` where ``values`` holds every replica's ``value``;
+        ``need=False``: the calling replica reads no result (None in lock step: its copy of a
+        group's result is not made, `uniform.py`).
 
         One barrier per collective: replicas deposit a snapshot of their value in the slots of
         this collective's parity. A replica can only reuse those slots two collectives later,
@@ -112,7 +119,7 @@ class Runtime:
             return fn(self.replica, value, [value])
         local = self._local
         if self._barrier.lockstep:
-            return self._lockstep_collective(local, value, fn)
+            return self._lockstep_collective(local, value, fn, need)
         parity = local.parity
         slots = self._slots[parity]
         local.parity ^= 1
@@ -143,18 +150,24 @@ class Runtime:
             for i in range(len(values))
         ]
 
-    def _lockstep_collective(self, local, value: torch.Tensor, fn: Callable) -> torch.Tensor:
+    def _lockstep_collective(
+        self, local, value: torch.Tensor, fn: Callable, need: bool
+    ) -> torch.Tensor:
         """In lock step (greenlets) the last replica to arrive computes every replica's
         result while the others wait, their values untouched (no snapshot copies); a result
-        the same for a whole group (all-reduce, `collective_results`) is computed once."""
+        the same for a whole group (all-reduce, `collective_results`) is computed once, and
+        copied only for the replicas that read it."""
         slots = self._slots[local.parity]
         local.parity ^= 1
-        slots[local.replica] = (fn, value)
+        slots[local.replica] = (fn, value, need)
         if all(s is not None for s in slots):
-            if any(f is not fn for f, _ in slots):
+            # the followers' main graph (uniform.py) binds its own copy of each collective
+            key = _collective_key(fn)
+            if any(s[0] is not fn and _collective_key(s[0]) != key for s in slots):
                 _mismatch(slots)
-            values = [v for _, v in slots]
-            self._results[local.parity ^ 1] = collective_results(fn, values)
+            values = [s[1] for s in slots]
+            needs = [s[2] for s in slots]
+            self._results[local.parity ^ 1] = collective_results(fn, values, needs)
             slots[:] = [None] * self.replicas
         self._barrier.wait()
         return self._results[local.parity ^ 1][local.replica]
@@ -178,23 +191,46 @@ class Runtime:
         self.remote_entry(buffer, offset).copy_(value)
 
 
-def collective_results(fn: Callable, values: List[torch.Tensor]) -> List[torch.Tensor]:
+def collective_results(
+    fn: Callable, values: List[torch.Tensor], needs: Optional[List[bool]] = None
+) -> List[Optional[torch.Tensor]]:
     """Every replica's result of collective ``fn``; where ``fn.group_members`` says the result
     is one per group (replica -> its group's members), computed once per group and copied for
-    the group's other members (each replica owns its result)."""
+    the group's other members (each replica owns its result), and for a replica whose
+    ``needs`` entry is False (it reads no result) neither computed nor copied: None."""
     members = getattr(fn, "group_members", None)
     if members is None:
         return [fn(r, v, values) for r, v in enumerate(values)]
     per_group: Dict[tuple, torch.Tensor] = {}
-    out = []
+    out: List[Optional[torch.Tensor]] = []
     for r, v in enumerate(values):
         group = members[r]
-        if group in per_group:
+        if needs is not None and not needs[r]:
+            out.append(None)
+        elif group in per_group:
             out.append(per_group[group].clone())
         else:
-            per_group[group] = fn(r, v, values)
+            per_group[group] = _group_result(fn, r, v, values, group)
             out.append(per_group[group])
     return out
+
+
+def _group_result(fn: Callable, r: int, v: torch.Tensor, values, group: tuple) -> torch.Tensor:
+    """``fn``'s result for ``group``; where ``fn.keeps_result`` (its op runs once a run: the
+    result is dead when the run returns) written into the buffer its first result left, so
+    a weight-sized reduction is not allocated, and faulted in, every step."""
+    if not getattr(fn, "keeps_result", False):
+        return fn(r, v, values)
+    kept = fn.__dict__.setdefault("kept", {})
+    res = fn(r, v, values, out=kept.get(group))
+    if group not in kept and all(res is not x for x in values):
+        kept[group] = res
+    return res
+
+
+def _collective_key(fn: Callable) -> object:
+    """What names a collective op (its function is bound once per compiled graph)."""
+    return getattr(fn, "op_name", fn)
 
 
 def _packed(values: List[torch.Tensor]) -> np.ndarray:
@@ -202,7 +238,7 @@ def _packed(values: List[torch.Tensor]) -> np.ndarray:
 
 
 def _mismatch(slots, first: int = 0) -> None:
-    names = [getattr(f, "op_name", f) for f, _ in slots]
+    names = [getattr(s[0], "op_name", s[0]) for s in slots]
     where = ", ".join(f"replica {first + r} at {name}" for r, name in enumerate(names))
     raise ReplicaMismatchError(
         f"The replicas reached different collectives ({where}); every replica must run the "

@@ -14,6 +14,7 @@ from ..schedule import verify
 from ..streams import DeviceToHostStream, HostToDeviceStream
 from ..tensor import Constant, Tensor, Variable
 from . import checks
+from . import runtime as runtime_module
 from .compile import Program
 from .machine import machine_for
 from .options import DEFAULT, CompileOptions
@@ -22,6 +23,7 @@ from .reference import ReferenceProgram
 from .remote_state import RemoteState
 from .runtime import Runtime, run_replicas
 from .session_weights import SessionWeights, is_file
+from .uniform import SharedRuns
 
 __all__ = ["Session", "d2hStreamBufferMaps", "h2dStreamBufferMaps"]
 
@@ -67,6 +69,9 @@ class Session(SessionWeights):
         self._program = _program(ir, self._runtime, compile_options or DEFAULT)
         # collectives need every replica at once: then replicas run in threads
         self._threaded = _has_collectives(self._program)
+        # replica-uniform work run once, on shared variable storage (uniform.py)
+        self._sharing = SharedRuns(getattr(self._program, "sharing", None))
+        self._follow = None  # this run's followers' main function (None: not shared)
         ir._session = self
         self._init_state(ir)
 
@@ -218,6 +223,7 @@ class Session(SessionWeights):
                     [self._host_value(v, r) for r in range(len(self._per_replica[v]))]
                 )
         if self._attached:
+            self._sharing.unshare(self._device)  # the next run checks the replicas agree
             for v in checked:
                 if v in self._remote.variables:
                     self._remote.write(v, self._host[v])
@@ -297,6 +303,8 @@ class Session(SessionWeights):
         local = full if whole else {s: np.empty(spec[s][4], spec[s][0]) for s in outputs}
         self._runtime.start(feeds, local)
         self._devices()
+        lockstep = whole and (not self._threaded or runtime_module.LOCKSTEP)
+        self._follow = self._sharing.prepare(self._device, feeds, lockstep)
         with torch.no_grad():
             run_replicas(self._runtime, self._replica_body, self._threaded)
         if not whole:  # every process returns all replicas' outputs
@@ -307,7 +315,10 @@ class Session(SessionWeights):
     def _replica_body(self, r: int) -> None:
         """One replica's run of the main graph, with the failing op named on a data error."""
         try:
-            self._program.main.fn(self._device[r])
+            if self._follow is not None and r != self._runtime.local[0]:
+                self._follow(self._device[r])  # the first replica ran the uniform work
+            else:
+                self._program.main.fn(self._device[r])
         except (OpDataError, IndexError) as e:
             raise checks.with_op_context(self._program, e) from None
         if self._data_dependent:

@@ -47,6 +47,7 @@ class SessionWeights:
             ]
             for r in self._runtime.local
         }
+        self._sharing.unshare(None)  # fresh copies, one per replica
         self._remote.allocate()
         for v in self._remote.variables:
             self._remote.write(v, self._host[v])

@@ -30,9 +30,9 @@ def variant_kernel(op: Op, em) -> Callable | None:
     dead = frozenset(i for i, t in enumerate(op.outputs) if t not in em.read)
     kernel = None
     # (not under inductor: its compiled graphs allocate their outputs themselves)
-    kept = not em.program.options.inductor and em.graph in em.program.once
+    kept = not em.program.options.inductor and em.graph in em.program.once_per_replica
     if buffered is not None and kept and _bounded(op):
-        kernel = buffered(op, dead)
+        kernel = _per_replica(op, dead, buffered, em.program.namespace["RT"])
         em.program.stats["buffered_ops"] += kernel is not None
     kernel = kernel or variants.get(dead)
     if kernel is not None:
@@ -40,11 +40,27 @@ def variant_kernel(op: Op, em) -> Callable | None:
     return kernel
 
 
-def graphs_run_once(ir) -> Set[Graph]:
+def _per_replica(op: Op, dead: frozenset, buffered: Callable, runtime) -> Callable | None:
+    """The buffered kernel; with several replicas in this process one per replica (each its
+    own buffers: replicas run at once, in lock step or threads), picked by the replica the
+    runtime is running."""
+    n = len(runtime.local)
+    kernels = [buffered(op, dead) for _ in range(n)]
+    if kernels[0] is None or n == 1:
+        return kernels[0]
+
+    def by_replica(*args, **attrs):
+        return kernels[runtime.slot](*args, **attrs)
+
+    return by_replica
+
+
+def graphs_run_once(ir, per_replica: bool = False) -> Set[Graph]:
     """The main graph, and graphs whose one call site in the whole Ir is a plain ``Call`` in
     a graph that runs once (not a loop body, not a branch, not called twice), when the run
-    has one replica (replicas with collectives run at once, in threads)."""
-    if ir.replication_factor != 1:
+    has one replica (replicas with collectives run at once, in threads); ``per_replica``:
+    once per run of each replica, whatever the replication."""
+    if ir.replication_factor != 1 and not per_replica:
         return set()
     sites: Dict[Graph, List[Op]] = {}
     for g in ir._graphs.values():

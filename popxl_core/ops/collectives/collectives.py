@@ -42,23 +42,28 @@ def to_collective_op(op: str) -> str:
     return name
 
 
-def _fold(fn, values: Sequence[torch.Tensor]) -> torch.Tensor:
-    if fn is torch.add and len(values) > 2:  # one result tensor, the same additions in order
-        total = torch.add(values[0], values[1])
+def _fold(fn, values: Sequence[torch.Tensor], out=None) -> torch.Tensor:
+    if fn is torch.add and len(values) > 1:  # one result tensor, the same additions in order
+        total = torch.add(values[0], values[1], out=out)
         for v in values[2:]:
             total.add_(v)
         return total
     return functools.reduce(fn, values[1:], values[0])
 
 
-def reduce_values(op: str, values: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Reduce the group members' ``values`` (in replica order) with ``op``."""
+def reduce_values(
+    op: str, values: Sequence[torch.Tensor], out: Optional[torch.Tensor] = None
+) -> torch.Tensor:
+    """Reduce the group members' ``values`` (in replica order) with ``op``; 'add' and 'mean'
+    of several values write into ``out`` when given (the same kernels: same bits)."""
     if op == "add":
-        return _fold(torch.add, values)
+        return _fold(torch.add, values, out)
     if op == "mean":
-        total = _fold(torch.add, values)
+        total = _fold(torch.add, values, out)
         if total.is_floating_point():
-            return total / len(values)
+            # the sum is a fresh tensor when there are several values: divide it in place
+            # (the same kernel, no second weight-sized allocation)
+            return total.div_(len(values)) if len(values) > 1 else total / len(values)
         return torch.div(total, len(values), rounding_mode="trunc")
     if op == "square_add":
         return _fold(torch.add, [v * v for v in values])

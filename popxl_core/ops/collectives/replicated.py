@@ -46,12 +46,16 @@ def _emit_collective(kernel):
         fn.op_name = f"{op.type}.{op.id}"  # named in replica-mismatch errors
         if kernel is _all_reduce_kernel:  # one result per group: the runtime computes it once
             fn.group_members = table.members
+            # ... into a buffer it keeps, where the graph runs once a run (variants.py)
+            fn.keeps_result = em.graph in getattr(em.program, "once_per_replica", ())
         k = em.bind_global("coll", fn)
         x, out = em.name(op.inputs[0]), em.name(op.outputs[0])
         if attrs.get("op") == "local":
             em.emit(f"{out} = {k}(RT.replica, {x}, None)")
-        else:
+        elif op.opdef.inplace or op.outputs[0] in getattr(em, "read", op.outputs):
             em.emit(f"{out} = RT.collective({x}, {k})")
+        else:  # no op reads the result here (a follower's shared update does): no copy of it
+            em.emit(f"{out} = RT.collective({x}, {k}, False)")
         if op.opdef.inplace:
             em.emit(f"{out} = {x}.copy_({out})")
 
@@ -63,10 +67,10 @@ def _members(table, replica, values):
 
 
 # ReplicatedAllReduce(Inplace) ---------------------------------------------------------
-def _all_reduce_kernel(replica, x, values, *, op, table):
+def _all_reduce_kernel(replica, x, values, *, op, table, out=None):
     if op == "local":
         return x.clone()
-    return reduce_values(op, _members(table, replica, values)).to(x.dtype)
+    return reduce_values(op, _members(table, replica, values), out).to(x.dtype)
 
 
 def _all_reduce_grad(ctx):
