@@ -13,12 +13,14 @@ from .explain import Explanation, explain
 from .inference import InferenceModel, inference_model
 from .lowering import LoweringContext, lowers
 from .module import Module
+from .optim_ipu import IPUAdam
 from .phases import phase
 
 __all__ = ["Options", "Trainer", "compile", "testing", "training_model"]
 __all__ += [
     "CheckReport",
     "Explanation",
+    "IPUAdam",
     "InferenceModel",
     "Issue",
     "LoweringContext",

@@ -4,9 +4,11 @@
 unchanged. Otherwise it plans every candidate of `candidates` -- phased execution (the modules
 marked with `popxl_fx.phase`, the repeated blocks, or the top-level children), with replicated
 tensor sharding when the program is replicated, outlining with recomputation, gradient
-accumulation -- each a what-if build on weightless variables (broadcast zeros: no weight copies,
-no host memory for them) that stops at the simulator's plan, and keeps the candidate that fits
-with the lowest estimated step time. When none fits, `NoPlanFitsError` gives the best plan's
+accumulation -- and, when none of those fits, `sliced_candidates`: phased execution with
+gradient accumulation (each phase then holds one micro-batch's activations) -- each a what-if
+build on weightless variables (broadcast zeros: no weight copies, no host memory for them) that
+stops at the simulator's plan, and keeps the candidate that fits with the lowest estimated step
+time. When none fits, `NoPlanFitsError` gives the best plan's
 shortfall and every candidate's peak.
 """
 
@@ -24,7 +26,15 @@ from .options import Options
 from .outline import candidates as repeated
 from .phases import marked
 
-__all__ = ["MARGIN", "Choice", "NoPlanFitsError", "Planned", "candidates", "choose"]
+__all__ = [
+    "MARGIN",
+    "Choice",
+    "NoPlanFitsError",
+    "Planned",
+    "candidates",
+    "choose",
+    "sliced_candidates",
+]
 
 MARGIN = 0.05  # a plan fits when its peak leaves this share of the IPU's memory free
 
@@ -74,10 +84,26 @@ def candidates(model: nn.Module, options: Options, batch: int | None) -> list[di
         found.append(dict(rts))
     if blocks:
         found.append({"outline": "auto", "recompute": True})
-    for k in (2, 4):
-        if batch is not None and batch % (k * options.batch_divisor) == 0:
-            found.append({"gradient_accumulation": k})
+    for k in _dividing(options, batch):
+        found.append({"gradient_accumulation": k})
     return found
+
+
+def sliced_candidates(model: nn.Module, options: Options, batch: int | None) -> list[dict]:
+    """The second round, tried when no plan of `candidates` fits: phased execution with
+    gradient accumulation, each phase then holding one micro-batch's activations (the rest
+    wait in Streaming Memory, `phased_slices`). Batch serialisation cuts a phased program's
+    batch into the same slices, with the same peak: accumulation stands for both."""
+    found: list[dict] = []
+    for phased in [c for c in candidates(model, options, batch) if "phased_execution" in c]:
+        for k in _dividing(options, batch):
+            found.append({**phased, "gradient_accumulation": k})
+    return found
+
+
+def _dividing(options: Options, batch: int | None) -> list[int]:
+    """The slice counts (2, 4) that divide ``batch`` on top of the options' own split."""
+    return [k for k in (2, 4) if batch is not None and batch % (k * options.batch_divisor) == 0]
 
 
 def choose(
@@ -102,6 +128,10 @@ def choose(
     for changes in candidates(model, options, batch):
         tried.append((changes, plan(base.replace(**changes))))
     fitting = [(c, p) for c, p in tried if p.peak <= limit]
+    if not fitting:  # activations too: phases that hold one slice of the batch at a time
+        for changes in sliced_candidates(model, options, batch):
+            tried.append((changes, plan(base.replace(**changes))))
+        fitting = [(c, p) for c, p in tried if p.peak <= limit]
     if not fitting:
         raise NoPlanFitsError(_none_fits(tried, capacity, limit))
     changes, best = min(fitting, key=lambda cp: cp[1].cycles)

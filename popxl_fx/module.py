@@ -4,8 +4,9 @@
 then lowers its fx graph node by node. Each parameter and buffer the graph uses becomes a
 variable input named by its torch qualified name (``"layer1.0.conv1.weight"``), initialised
 from the torch tensor, so the module fits ``create_graph``, ``bind``, ``autodiff`` and
-``call_module`` like any addons layer. Building it sets the Ir's ``numerics`` to ``"torch"``:
-a lowered torch model's reference is eager PyTorch, bit for bit (`popxl_core.Ir.numerics`).
+``call_module`` like any addons layer. Building it sets the Ir's ``numerics`` (``"torch"`` unless
+``Options(numerics="ipu")``): a lowered torch model's reference is eager PyTorch, bit for bit
+(`popxl_core.Ir.numerics`).
 
 With ``outline=`` (see `popxl_fx.outline`), the submodules of each outlined group become one
 block graph, built once by a child `Module`, that every call site calls with its own variables
@@ -110,8 +111,10 @@ class Module(addons.Module):
         rng: str = "torch",
         weightless: bool | frozenset[str] = False,
         binding: Binding = POSITIONAL,
+        numerics: str = "torch",
     ) -> None:
         super().__init__(cache=cache)
+        self.numerics = numerics  # Options.numerics: the Ir's kernels ("torch": eager's)
         self.weightless = weightless
         self.binding = binding
         if recompute and outline is False:
@@ -190,7 +193,7 @@ class Module(addons.Module):
         issues = [i for i in issues if i.kind not in WARN_KINDS]
         if issues:
             raise UnsupportedError(type(self.torch_module).__name__, issues)
-        popxl.gcg().ir.numerics = "torch"  # torch's kernels, as eager PyTorch runs them
+        popxl.gcg().ir.numerics = self.numerics  # "torch": eager PyTorch's kernels
         self._vars, self._seed, self.working_copies = {}, [], {}
         traced = _named_tensors(self.torch_module)
         self._canonical = {id(t): n for n, (_, t) in traced.items()}

@@ -30,6 +30,7 @@ import popxl_core as popxl
 from popxl_core import ops
 from popxl_core.context import module_origin
 
+from . import optim_ipu
 from .optim_fused import FusedBuilder, fused_feeds, fused_structure
 from .optim_remote import RemoteState
 from .optim_replicated import Replication
@@ -65,9 +66,12 @@ def _kind(optimizer: torch.optim.Optimizer) -> str:
         return "sgd"
     if type(optimizer) in (torch.optim.Adam, torch.optim.AdamW):
         return "adam"
+    if type(optimizer) is optim_ipu.IPUAdam:
+        return "ipu_adam"
     raise UnsupportedOptimizerError(
         f"optimizer {type(optimizer).__name__} is not supported by training_model; use "
-        "torch.optim.SGD, Adam or AdamW, or popxl_fx.compile, which runs any torch optimizer."
+        "torch.optim.SGD, Adam or AdamW, popxl_fx.IPUAdam, or popxl_fx.compile, which runs "
+        "any torch optimizer."
     )
 
 
@@ -150,7 +154,7 @@ class OptimizerProgram:
     def _initial_step(self, g: _Group) -> int:
         """The step count of the optimizer's existing state (0 when it has none)."""
         states = [self.optimizer.state.get(self.params[n], {}) for n in g.names]
-        key = "step" if self.kind == "adam" else "momentum_buffer"
+        key = "momentum_buffer" if self.kind == "sgd" else "step"
         steps = {
             int(float(s["step"])) if key == "step" else 1 for s in states if s.get(key) is not None
         }
@@ -210,7 +214,7 @@ class OptimizerProgram:
             loaded = self._hyper_loaded.setdefault(g.index, {})
             for n in names:
                 hp = self._hyper(g, params[n].dtype, loaded)
-                update = self._sgd if self.kind == "sgd" else self._adam
+                update = {"sgd": self._sgd, "adam": self._adam}.get(self.kind, self._ipu_adam)
                 # the update's ops name the parameter's module (reports, OOM tables)
                 with module_origin(f"optimizer.{n.rsplit('.', 1)[0] if '.' in n else '<root>'}"):
                     update(n, targets[n], grads[n], hp, pg)
@@ -221,7 +225,7 @@ class OptimizerProgram:
         """The group's hyper-parameter scalars in ``dtype`` (one stream each, made once)."""
         if dtype.name not in loaded:
             suffix = "" if dtype == popxl.float32 else f".{dtype.name}"
-            hyper = _SGD_HYPER if self.kind == "sgd" else _ADAM_HYPER
+            hyper = {"sgd": _SGD_HYPER, "adam": _ADAM_HYPER}.get(self.kind, optim_ipu.HYPER)
             streams = {
                 h + suffix: popxl.h2d_stream((), dtype, f"optimizer.group{g.index}.{h}{suffix}")
                 for h in hyper
@@ -237,12 +241,14 @@ class OptimizerProgram:
             return np.broadcast_to(np.zeros((), dtype), shape)
         return value.detach().cpu().numpy().astype(dtype).reshape(shape)
 
-    def _state_var(self, name: str, key: str, like: popxl.Tensor) -> popxl.Tensor:
+    def _state_var(
+        self, name: str, key: str, like: popxl.Tensor, dtype: popxl.dtype | None = None
+    ) -> popxl.Tensor:
         """A state variable for the update of ``like`` (the weight, or its RTS shard): the
         tensor the update works on (with RTS this replica's shard of it)."""
         # torch keeps `step` as a float32 scalar and the rest in the parameter's dtype
         step = key == "step"
-        shape, dtype = ((), popxl.float32) if step else (self._shapes[name], like.dtype)
+        shape, dtype = ((), popxl.float32) if step else (self._shapes[name], dtype or like.dtype)
         data = self._initial(name, key, shape, dtype.as_numpy())
         made = f"optimizer.{name}.{key}", step
         if self.remote is not None:
@@ -287,6 +293,9 @@ class OptimizerProgram:
         denom = ops.sqrt(v) / hp["bc2_sqrt"] + hp["eps"]
         ops.var_updates.addcdiv_(p, m, denom, hp["neg_step_size"])
 
+    def _ipu_adam(self, name: str, p, grad, hp, pg) -> None:
+        optim_ipu.build_update(self._state_var, name, p, grad, hp, pg)
+
     # per step ------------------------------------------------------------------------
     def feeds(self) -> dict[popxl.HostToDeviceStream, np.ndarray]:
         """The hyper-parameters of the next step, read from the torch optimizer now."""
@@ -317,7 +326,10 @@ class OptimizerProgram:
         return {s: np.stack([row[s] for row in rows]) for s in rows[0]}
 
     def _hyper_arrays(self, g: _Group, pg: Mapping) -> dict:
-        values = _sgd_hyper(pg, g.step) if self.kind == "sgd" else _adam_hyper(pg, g.step)
+        if self.kind == "ipu_adam":
+            values = optim_ipu.hyper_values(pg)
+        else:
+            values = _sgd_hyper(pg, g.step) if self.kind == "sgd" else _adam_hyper(pg, g.step)
         return {
             s: np.asarray(values[h.split(".")[0]], s.dtype.as_numpy()) for h, s in g.streams.items()
         }
@@ -355,7 +367,12 @@ class OptimizerProgram:
         return [v for vs in self.state.values() for v in vs.values()]
 
 
-_KINDS = {torch.optim.SGD: "sgd", torch.optim.Adam: "adam", torch.optim.AdamW: "adam"}
+_KINDS = {
+    torch.optim.SGD: "sgd",
+    torch.optim.Adam: "adam",
+    torch.optim.AdamW: "adam",
+    optim_ipu.IPUAdam: "ipu_adam",
+}
 
 
 def group_structure(optimizer_type: type, pg: Mapping) -> tuple:
@@ -365,6 +382,8 @@ def group_structure(optimizer_type: type, pg: Mapping) -> tuple:
     rejected = tuple(pg.get(opt) for opt in _REJECT)  # a program is refused when set
     if kind is None:
         return rejected
+    if kind == "ipu_adam":
+        return optim_ipu.structure(pg)
     if pg.get("fused"):
         return ("fused", fused_structure(kind, pg), rejected)
     if kind == "sgd":

@@ -20,6 +20,7 @@ __all__ = [
     "AUTO_CHOOSES",
     "DEVICES",
     "KERNELS",
+    "NUMERICS",
     "PHASE_KINDS",
     "PRECISIONS",
     "RNGS",
@@ -31,6 +32,7 @@ DEVICES = ("ipu_hw", "ipu_model", "cpu")
 PRECISIONS = ("float32", "float16")
 RNGS = ("torch", "ipu")
 KERNELS = ("table", "inductor")
+NUMERICS = ("torch", "ipu")
 _COUNTS = (
     "gradient_accumulation",
     "device_iterations",
@@ -121,6 +123,14 @@ class Options:
             keeps the table kernels. Not bitwise: inductor rounds fused arithmetic its own
             way (tolerance in tests/test_inductor_kernels.py); the first step compiles (seconds
             to minutes); graphs with dropout keep the table kernels.
+        numerics: ``"torch"`` (default): torch's own kernels, eager's numbers bit for bit.
+            ``"ipu"``: what a PopXL program computes on the IPU: the simulator's IPU numerics
+            (``popxl_core.Ir.numerics``: a MatMul row independent of the batch size,
+            transcendental ops on whole SIMD blocks, float16 computed in float32),
+            ``nn.Linear`` as MatMul then Add, and ``F.cross_entropy``'s gradient in one op
+            (PopART's NlllWithSoftmaxGradDirect, `popxl_core.ops.nll_direct`); eager to
+            float32 round-off. With it seed 003's MLP as an ``nn.Sequential`` trains bit for
+            bit like the hand-written seed (tests/test_fx_seed003_torch.py).
 
     Example:
         >>> Options(device="cpu").device
@@ -143,12 +153,14 @@ class Options:
     memory: dict[str, Any] | str = field(default_factory=dict)
     rng: str = "torch"
     kernels: str = "table"
+    numerics: str = "torch"
     compiler: CompileOptions = DEFAULT_COMPILE
 
     def __post_init__(self) -> None:
         _check_choice("device", self.device, DEVICES)
         _check_choice("rng", self.rng, RNGS)
         _check_choice("kernels", self.kernels, KERNELS)
+        _check_choice("numerics", self.numerics, NUMERICS)
         _check_choice("precision", self.precision, PRECISIONS)
         if not isinstance(self.compiler, CompileOptions):
             raise TypeError(

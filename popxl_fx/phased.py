@@ -18,7 +18,9 @@ seeds stay on chip. The main graph then runs, in order:
 This is seed 003's shape (phased execution by hand) for any traced model. Every op is the
 plain program's op on the same values, and each piece's backward is autodiff of its forward,
 so numbers equal the plain program's; only where a value feeds several pieces are its
-gradient contributions added in piece order (float32 round-off).
+gradient contributions added in piece order (float32 round-off). With gradient_accumulation
+or batch_serialisation each phase runs every slice of the batch on its loaded weights, the
+values between phases waiting in Streaming Memory (`phased_slices`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from .loss import check_scalar_loss, loss_index
 from .module import Module
 from .optim_remote import RemoteState
 from .phase_report import PhaseSteps
+from .phased_slices import Slices, SliceStore
 from .phases import Piece, check_phase_sizes, phase_paths, split_pieces
 from .pipeline import Build, Lowered, _entered
 from .program import Weights, load_inputs, store
@@ -48,7 +51,7 @@ from .replication import check_batch_split, replica_examples, replication_of, sp
 __all__ = ["build_phased_training", "check_phased_options"]
 
 # options phased execution does not combine with yet: an error, never ignored
-_EXCLUSIVE = ("outline", "gradient_accumulation", "device_iterations", "batch_serialisation")
+_EXCLUSIVE = ("outline", "device_iterations")
 
 
 def check_phased_options(build: Build) -> None:
@@ -82,6 +85,7 @@ class _Lowered:
     needs: list[bool] = field(default_factory=list)  # per input: its gradient is wanted
     provided: list[int] = field(default_factory=list)  # outputs given a gradient
     backward: addons.GraphWithNamedArgs | None = None
+    accum: Any = None  # with several slices: the backward's gradient accumulators' factories
 
 
 def build_phased_training(build: Build, signature: Any, req: Any) -> Any:
@@ -123,7 +127,7 @@ def _capture_pieces(build: Build, req: Any) -> tuple:
     opts = build.options
     model_inputs = req.inputs[:-1] if req.has_loss_fn else req.inputs
     contexts = (lambda: integer_inputs_explained(req.model, model_inputs), *req.contexts)
-    examples = replica_examples(req.inputs, split_replicas(opts))
+    examples = Slices.of(opts).examples(replica_examples(req.inputs, split_replicas(opts)))
     with _entered(contexts):
         paths = phase_paths(req.root, opts.phased_execution, examples, build.prefix)
         gm, pieces = split_pieces(req.root, examples, paths, build.prefix, build.binding)
@@ -136,46 +140,54 @@ def _lower_and_schedule(build: Build, req: Any, contexts, gm, pieces, names) -> 
     """Inputs, the lowered pieces, then main's schedule: every forward in phase order, then
     every backward with its optimizer update in reverse; (inputs, lowered, steps, outputs)."""
     opts = build.options
+    slices = Slices.of(opts)
     ins = load_inputs(req.inputs, req.names, split_replicas(opts))
-    env = dict(zip([n for n in gm.graph.nodes if n.op == "placeholder"], ins.tensors))
+    envs = slices.envs([n for n in gm.graph.nodes if n.op == "placeholder"], ins.tensors)
     leaves, out_spec = pytree.tree_flatten(next(iter(reversed(gm.graph.nodes))).args[0])
     loss_node = leaves[loss_index(out_spec, len(leaves), req.model)]
     shards = opts.replication_factor if opts.replicated_tensor_sharding else 1
-    lowered = [_lower_piece(p, names, contexts, shards, build.weightless) for p in pieces]
+    lowered = [_lower_piece(p, names, contexts, shards, build) for p in pieces]
     build.record("lower", _lower_detail(lowered))
     _plan_gradients(lowered, loss_node)
     for lp in lowered:
-        _differentiate(lp)
+        _differentiate(lp, slices.count > 1)
     build.record("backward", "autodiff per piece, gradients chained piece to piece")
+    if slices.count > 1:
+        build.record("accumulation", _slices_detail(slices))
     steps = [PhaseSteps(lp.piece.label, lp.piece.phase) for lp in lowered]
-    fwd_infos = _forwards(build, lowered, steps, env)
-    loss = env[loss_node]
+    kept = SliceStore(slices.count)
+    fwd_calls = _forwards(build, lowered, steps, envs, kept)
+    loss = slices.loss([kept.fetch(env[loss_node]) for env in envs])
     check_scalar_loss(loss, req.model, req.has_loss_fn)
     build.planned = True
-    _backwards(build, req, lowered, fwd_infos, steps, env, loss_node)
+    _backwards(build, req, lowered, fwd_calls, steps, (envs, kept), loss_node)
     return ins, lowered, steps, {"loss": store(loss, "loss")}
 
 
-def _forwards(build: Build, lowered: list, steps: list, env: dict) -> list:
+def _forwards(build: Build, lowered: list, steps: list, envs: list, kept: SliceStore) -> list:
     """Every piece's forward in phase order; each phase's ops kept for the report."""
     main = build.ir.main_graph
-    fwd_infos = []
-    for lp, st in zip(lowered, steps):
+    fwd_calls = []
+    for i, (lp, st) in enumerate(zip(lowered, steps)):
         n = len(main.ops)
-        fwd_infos.append(_forward(lp, env))
+        fwd_calls.append(_forward(lp, i, envs, kept))
         st.forward = list(main.ops[n:])  # the report's per-phase rows
-    return fwd_infos
+    return fwd_calls
 
 
-def _backwards(build: Build, req: Any, lowered, fwd_infos, steps, env, loss_node) -> None:
-    """Every piece's backward and optimizer update, last phase first."""
+def _backwards(build: Build, req: Any, lowered, fwd_calls, steps, where, loss_node) -> None:
+    """Every piece's backward and optimizer update, last phase first. ``where``: the slices'
+    values (``envs``) and the `SliceStore` keeping them."""
     opts, main = build.options, build.ir.main_graph
+    envs, kept = where
     optimizer = req.optimizer
     optimizer.remote = RemoteState(replication_of(opts))
-    grads: dict = {loss_node: popxl.constant(1.0, env[loss_node].dtype, "loss_grad")}
-    for lp, info, st in reversed(list(zip(lowered, fwd_infos, steps))):
+    dtype = loss_node.meta["example_value"].dtype
+    seed = popxl.constant(1.0, popxl.dtype.as_dtype(dtype), "loss_grad")
+    grads: list[dict] = [{loss_node: seed} for _ in envs]  # per slice
+    for lp, calls, st in reversed(list(zip(lowered, fwd_calls, steps))):
         n = len(main.ops)
-        _backward_and_update(build, lp, info, env, grads, optimizer)
+        _backward_and_update(build, lp, calls, (grads, kept), optimizer)
         st.backward = list(main.ops[n:])
     if opts.replication_factor > 1:
         build.record("replication", _replication_detail(opts))
@@ -190,7 +202,9 @@ def _check_sizes(build: Build, req: Any, pieces: list[Piece]) -> None:
         return
     optim = req.optimizer
     groups = optim.optimizer.param_groups
-    slots = 2 if optim.kind == "adam" else int(any(g.get("momentum", 0) for g in groups))
+    slots = (
+        2 if optim.kind in ("adam", "ipu_adam") else int(any(g.get("momentum", 0) for g in groups))
+    )
     opts = build.options
     shards = opts.replication_factor if opts.replicated_tensor_sharding else 1
     check_phase_sizes(req.root, pieces, build.prefix, slots, shards, machine.bytes_per_ipu)
@@ -206,12 +220,11 @@ def _spec(x: torch.Tensor) -> popxl.TensorSpec:
     return popxl.TensorSpec(tuple(x.shape), popxl.dtype.as_dtype(x.dtype))
 
 
-def _lower_piece(
-    piece: Piece, names: dict, contexts, shards: int, weightless: bool | frozenset = False
-) -> _Lowered:
+def _lower_piece(piece: Piece, names: dict, contexts, shards: int, build: Build) -> _Lowered:
     """The piece's forward graph and variables: trainable parameters remote (sharded over
     ``shards`` replicas when more than 1), the rest on chip."""
-    fxm = Module(piece.gm, flatten_outputs=True, weightless=weightless)
+    numerics = build.options.numerics
+    fxm = Module(piece.gm, flatten_outputs=True, weightless=build.weightless, numerics=numerics)
     with _entered(contexts):
         fxm.capture(*piece.examples())
         facts, fwd = fxm.create_graph(*[_spec(x) for x in piece.examples()])
@@ -261,8 +274,9 @@ def _plan_gradients(lowered: list[_Lowered], loss_node) -> None:
         ]
 
 
-def _differentiate(lp: _Lowered) -> None:
-    """Autodiff of the piece's forward (before any call site: it adds forward outputs)."""
+def _differentiate(lp: _Lowered, accumulate: bool) -> None:
+    """Autodiff of the piece's forward (before any call site: it adds forward outputs); with
+    ``accumulate`` (several slices) the parameters' gradients are mean-accumulated."""
     if not lp.provided:
         return
     graph = lp.forward.graph
@@ -273,6 +287,12 @@ def _differentiate(lp: _Lowered) -> None:
         lp.provided = []
         return
     provided = [graph.outputs[i] for i in lp.provided]
+    if accumulate and lp.remote:
+        params = [args[k] for k in lp.remote]
+        lp.accum, lp.backward = addons.autodiff_with_accumulation(
+            lp.forward, params, grads_provided=provided, grads_required=required[: -len(params)]
+        )
+        return
     lp.backward = addons.autodiff(lp.forward, grads_provided=provided, grads_required=required)
 
 
@@ -290,42 +310,82 @@ def _whole(loaded: dict[str, popxl.Tensor]) -> dict[str, popxl.Tensor]:
     }
 
 
-def _forward(lp: _Lowered, env: dict) -> tuple[Any, dict[str, popxl.Tensor]]:
-    """Load the piece's parameters and call its forward; its outputs join ``env``. Returns
-    the call's info and the loaded parameters."""
+def _forward(lp: _Lowered, i: int, envs: list[dict], kept: SliceStore) -> tuple:
+    """Load the piece's parameters once and call its forward on every slice; its outputs
+    join each slice's env. Returns the loaded parameters and, per slice, the call's info,
+    its inputs and what its backward reads (`_call_slice`)."""
     loaded = _whole(_load(lp))
-    bound = addons.NamedTensors.from_dict({**lp.local, **loaded})
-    info = lp.forward.bind(bound).call_with_info(*[env[n] for n in lp.piece.inputs])
+    graph = lp.forward.bind(addons.NamedTensors.from_dict({**lp.local, **loaded}))
+    return loaded, [_call_slice(lp, graph, f"p{i}", j, env, kept) for j, env in enumerate(envs)]
+
+
+def _call_slice(lp: _Lowered, graph, role: str, j: int, env: dict, kept: SliceStore) -> tuple:
+    """The forward call on slice ``j``: (info, its inputs, the backward's inputs), the
+    values other phases or the backward read kept by ``kept`` (on chip with one slice)."""
+    ins = [kept.fetch(env[n]) for n in lp.piece.inputs]
+    info = graph.call_with_info(*ins)
+    where = {x: env[n] for x, n in zip(ins, lp.piece.inputs)}  # reloaded from where they came
     for i, n in enumerate(lp.piece.outputs):
-        env[n] = info.parent_output(i)
-    return info, loaded
+        where[info.parent_output(i)] = env[n] = kept.keep(
+            f"{role}.out{i}", j, info.parent_output(i)
+        )
+    needed = lp.backward.grad_graph_info.inputs_dict(info) if lp.backward is not None else {}
+    if kept.count == 1:
+        return info, ins, needed
+    made = set(info.outputs)  # activations the backward reads (weights stay as they are)
+    acts = {}
+    for b, t in needed.items():
+        if t not in where and t in made:
+            where[t] = kept.keep(f"{role}.act{len(acts)}", j, t)
+        acts[b] = where.get(t, t)
+    return info, ins, acts
 
 
-def _backward_and_update(build: Build, lp: _Lowered, call, env: dict, grads: dict, optim) -> None:
-    """The piece's backward on reloaded parameters, its inputs' gradients added to
-    ``grads``, and the optimizer's update of its parameters, stored back."""
+def _backward_and_update(build: Build, lp: _Lowered, calls, where, optim) -> None:
+    """The piece's backward on reloaded parameters, slice by slice: its inputs' gradients
+    added to each slice's ``grads``, the parameters' gradients mean-accumulated over the
+    slices; then the optimizer's update of its parameters, stored back."""
     if lp.backward is None:
         return
-    info, loaded = call
+    grads, kept = where
+    loaded, per_slice = calls
     reloaded = _load(lp)  # stored back after the update: shards with RTS
     whole = _whole(reloaded)
     swap = {loaded[k]: whole[k] for k in whole}
+    accum = lp.accum.init_zero() if lp.accum is not None else None
+    graph = lp.backward.bind(accum) if accum is not None else lp.backward
     grad_info = lp.backward.grad_graph_info
-    args = {b: swap.get(t, t) for b, t in grad_info.inputs_dict(info).items()}
-    given = [grads[lp.piece.outputs[i]] for i in lp.provided]
-    bwd = lp.backward.call_with_info(*given, args=args)
-    by_input = grad_info.fwd_parent_ins_to_grad_parent_outs(info, bwd)
-    for n, wanted in zip(lp.piece.inputs, lp.needs):
-        if wanted:
-            g = by_input[env[n]]
-            grads[n] = g if n not in grads else ops.add(grads[n], g)
+    for j, (info, ins, needed) in enumerate(per_slice):
+        args = {b: kept.fetch(swap.get(t, t)) for b, t in needed.items()}
+        given = [kept.fetch(grads[j][lp.piece.outputs[i]]) for i in lp.provided]
+        by_input = grad_info.fwd_parent_ins_to_grad_parent_outs(
+            info, graph.call_with_info(*given, args=args)
+        )
+        for n, x, wanted in zip(lp.piece.inputs, ins, lp.needs):
+            if wanted:
+                prev, g = grads[j].get(n), by_input[x]
+                total = g if prev is None else ops.add(kept.fetch(prev), g)
+                grads[j][n] = kept.keep(f"grad.{n.name}.{lp.piece.label}", j, total)
     if not lp.remote:
         return
     prefix, reduce = build.prefix, replication_of(build.options).reduce_gradient
     short = {k: k[len(prefix) :] if k.startswith(prefix) else k for k in lp.remote}
     params = {short[k]: reloaded[k] for k in lp.remote}
-    optim.build(params, {short[k]: reduce(by_input[loaded[k]]) for k in lp.remote})
+    if accum is not None:
+        sums = accum.to_dict()
+        got = {k: sums[f"accum.{k}"] for k in lp.remote}
+    else:
+        got = {k: by_input[loaded[k]] for k in lp.remote}
+    optim.build(params, {short[k]: reduce(got[k]) for k in lp.remote})
     store_remote(lp.buffers, addons.NamedTensors.from_dict(reloaded), 0)
+
+
+def _slices_detail(slices: Slices) -> str:
+    return (
+        f"{slices.k} micro-batches x {slices.s} slices per phase: weights loaded once per "
+        "phase, activations and gradients between phases in Streaming Memory per slice, "
+        "parameter gradients mean-accumulated"
+    )
 
 
 def _replication_detail(opts) -> str:

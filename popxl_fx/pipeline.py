@@ -356,6 +356,7 @@ def _module(
         "weightless": weightless,
         "rng": options.rng,  # where train-mode random ops draw from
         "binding": binding,
+        "numerics": options.numerics,
     }
     if options.precision == "float16":
         check_loss_scale(options)

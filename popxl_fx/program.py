@@ -216,7 +216,7 @@ def make_session(
     PyTorch, bit for bit, where hand-written PopXL gets the IPU's batch-size-independent
     matmul (`popxl_core.Ir.numerics`).
     """
-    ir.numerics = "torch"
+    ir.numerics = options.numerics  # "torch" unless Options(numerics="ipu")
     try:
         compiler = options.compiler
         if options.kernels == "inductor":  # the opt-in fast mode (popxl_core/sim/inductor.py)

@@ -1,6 +1,6 @@
 """popxl.ops: every op function. Each op is declared once in the op table (registry.py)."""
 
-from . import collectives, pool_indices, var_updates  # noqa: F401 (registers ops)
+from . import collectives, nll_direct, pool_indices, var_updates  # noqa: F401 (registers ops)
 from .activations import *  # noqa: F401,F403
 from .activations import __all__ as _activations_all
 from .aten import *  # noqa: F401,F403

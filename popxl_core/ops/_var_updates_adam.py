@@ -63,7 +63,7 @@ def _adam_kernel(*args, mode, roles, **hyper):
     x = m / (v + hp("epsilon")) if mode == "adamax" else m / (torch.sqrt(v) + hp("epsilon"))
     if "weight" in val:
         x = x + hp("weight_decay") * val["weight"].float()
-    return x
+    return x.to(val["m"].dtype)  # the op's output has the first moment's dtype (its spec)
 
 
 def _adam_ref(m, v, step=None, w=None, wd=0.0, b1=0.9, b2=0.999, eps=1e-7, mode="adam"):

@@ -43,9 +43,12 @@ def linear(
     weight_requires_grad: bool = True,
 ) -> popxl.Tensor:
     """F.linear with eager's kernels: ``eager_x`` (the input as eager has it, when known) picks
-    addmm or mm + add like ``at::linear``; without it the input is taken to be contiguous."""
+    addmm or mm + add like ``at::linear``; without it the input is taken to be contiguous.
+    Under ``Options(numerics="ipu")`` a PopXL program's ``x @ w.T + b`` (MatMul, then Add)."""
     fold = _eager_fold(x.rank, eager_x, bias is not None, weight_requires_grad)
-    if fold is None:  # eager batches the GEMM (bmm) here: no bitwise twin, same maths
+    if (
+        fold is None or popxl.gcg().ir.numerics == "ipu"
+    ):  # eager batches the GEMM (bmm) here: no bitwise twin, same maths
         y = x @ ops.transpose(weight)
         return y + bias if bias is not None else y
     return ops.linear(x, weight, bias, fold)

@@ -12,6 +12,7 @@ from torch.nn import _reduction
 import popxl_core as popxl
 from popxl_core import ops
 from popxl_core.ops.gather import gather_elements
+from popxl_core.ops.nll_direct import nll_with_direct_grad
 
 from ..lowering import lowers
 from ._common import const, promote
@@ -109,6 +110,8 @@ def cross_entropy(
     eps: float = 0.0,
 ) -> popxl.Tensor:
     cdim = 1 if x.rank >= 2 else 0
+    if _direct(x, target, weight, reduction, eps):
+        return nll_with_direct_grad(ops.softmax(x, cdim), target, x, ignore_index, reduction)
     logp = ops.log_softmax(x, cdim)
     if target.dtype.is_floating_point:
         return _prob_targets(logp, target, weight, reduction, eps)
@@ -117,6 +120,16 @@ def cross_entropy(
         return loss
     smooth = _smooth_index(logp, target, weight, ignore_index, reduction, eps)
     return loss * (1.0 - eps) + smooth
+
+
+def _direct(x, target, weight, reduction: str, eps: float) -> bool:
+    """Under ``Options(numerics="ipu")`` the plain class-index cross entropy of 2-d logits
+    takes its gradient as the IPU does (PopART's NlllWithSoftmaxGradDirect,
+    `popxl_core.ops.nll_direct`): ``(softmax - onehot) / n``, not autodiff's log-softmax
+    backward; under ``"torch"`` eager's kernels."""
+    simple = weight is None and eps == 0 and reduction in ("mean", "sum") and x.rank == 2
+    ipu = popxl.gcg().ir.numerics == "ipu"
+    return ipu and simple and not target.dtype.is_floating_point
 
 
 @lowers(F.cross_entropy)
