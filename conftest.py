@@ -1,4 +1,7 @@
-"""Names the docstring examples of the product packages use (`pytest --doctest-modules`)."""
+"""Suite-wide set-up: one torch thread, and the names the docstring examples of the product
+packages use (`pytest --doctest-modules`)."""
+
+import os
 
 import numpy as np
 import pytest
@@ -8,6 +11,17 @@ from torch import nn
 import addons
 import popxl_core
 import popxl_fx
+
+# One torch thread for the tests and the processes they start (OMP_NUM_THREADS is inherited).
+# The suite's tensors are small: a second thread saves little on an idle 2-core machine, and
+# on a loaded one its OpenMP barriers spin while the other thread waits for a core (measured
+# on the shared machine at load 10: test_fx_replication + test_fx_accumulation took 225 s of
+# CPU with 2 threads, 30 s with 1). Every comparison runs both sides in one process, so with
+# the same thread count; the tests of thread-count invariance set their own counts.
+# POPXL_FX_TEST_THREADS=N runs the suite with N threads.
+THREADS = int(os.environ.setdefault("POPXL_FX_TEST_THREADS", "1"))
+os.environ["OMP_NUM_THREADS"] = str(THREADS)
+torch.set_num_threads(THREADS)
 
 
 @pytest.fixture(autouse=True)

@@ -31,6 +31,7 @@ from popxl_core import ops
 from popxl_core.transforms.grad_info import ExpectedConnectionType
 
 from .checks import check_inputs, check_no_autocast
+from .explain import Explanation
 from .options import Options, resolve
 from .pipeline import Build, Programs, Stage, check_entry, weights_of
 from .program import Inputs, Weights, describe_change, load_inputs, signature_of, store
@@ -160,8 +161,6 @@ class CompiledForward:
 
     def explain(self):
         """The pipeline as it ran for the last program called (`popxl_fx.explain`)."""
-        from .explain import Explanation
-
         prog = self._programs.active
         if prog is None:
             raise RuntimeError(

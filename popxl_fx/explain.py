@@ -1,6 +1,6 @@
 """`explain`: the build pipeline as it ran for a trainer, inference model or compiled module.
 
-It prints the `pipeline.Stage` records the build filled, in order: which stages (transforms)
+It prints the `stage.Stage` records the build filled, in order: which stages (transforms)
 ran and what each did, the graphs each made, and once the main graph calls the step, the
 memory per IPU the simulator plans after the stage; then the program's graphs with their
 op counts, code bytes and how often each runs per call. Transforms that plug into the
@@ -16,7 +16,7 @@ from typing import Any
 from torch import nn
 
 from .options import Options
-from .pipeline import Stage
+from .stage import Stage
 
 __all__ = ["Explanation", "explain"]
 

@@ -12,6 +12,7 @@ Tensors (python values, including values folded from shapes, stay python values)
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
@@ -32,11 +33,15 @@ __all__ = [
     "VariableOwner",
     "lookup",
     "lowers",
+    "lowers_when_imported",
     "run_graph",
     "target_name",
 ]
 
 LOWERINGS: dict[Any, Callable] = {}
+# lowerings of functions from optional packages, by (module, attribute): registered once the
+# package is imported (by the user's model), so `import popxl_fx` does not import them itself
+_PENDING: dict[tuple[str, str], Callable] = {}
 
 
 def lowers(*targets: Any) -> Callable[[Callable], Callable]:
@@ -58,8 +63,29 @@ def lowers(*targets: Any) -> Callable[[Callable], Callable]:
     return register
 
 
+def lowers_when_imported(module: str, attribute: str) -> Callable[[Callable], Callable]:
+    """Register the decorated function as the lowering of ``module.attribute`` once ``module``
+    is imported: an optional package (torchvision) stays unimported until a model uses it."""
+
+    def register(fn: Callable) -> Callable:
+        _PENDING[(module, attribute)] = fn
+        return fn
+
+    return register
+
+
+def _register_imported() -> None:
+    """Move pending lowerings whose module the process has imported into `LOWERINGS`."""
+    for (module, attribute), fn in list(_PENDING.items()):
+        if module in sys.modules:
+            del _PENDING[(module, attribute)]
+            lowers(getattr(sys.modules[module], attribute))(fn)
+
+
 def lookup(target: Any) -> Callable | None:
     """The lowering of ``target``: exact key, then an ATen op's packet, then a class's bases."""
+    if _PENDING:
+        _register_imported()
     fn = _get(target)
     if fn is None and isinstance(target, torch._ops.OpOverload):
         fn = _get(target.overloadpacket)

@@ -37,6 +37,7 @@ from addons.remote import load_remote, named_variable_buffers, store_remote
 from popxl_core import ops
 from popxl_core.sim.machine import machine_for
 
+from .built import Program
 from .checks import check_inputs, integer_inputs_explained
 from .loss import check_scalar_loss, loss_index
 from .module import Module
@@ -90,8 +91,6 @@ class _Lowered:
 
 def build_phased_training(build: Build, signature: Any, req: Any) -> Any:
     """The phased training step (see the module docstring); a `steps.Program`."""
-    from .steps import Program  # steps imports this module
-
     _check_request(build, req)
     contexts, gm, pieces = _capture_pieces(build, req)
     names = _torch_names(req.root)

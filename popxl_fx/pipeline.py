@@ -51,7 +51,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from torch import nn
@@ -67,6 +67,7 @@ from .module import Module
 from .options import Options
 from .precision import check_loss_scale, half_copy, half_inputs, unscale
 from .program import Weights, describe_change, log, make_session
+from .stage import GraphRow, Stage
 
 __all__ = [
     "STAGES",
@@ -97,32 +98,6 @@ STAGES = (
     "device_iterations",
     "session",
 )
-
-
-@dataclass(frozen=True)
-class GraphRow:
-    """One graph of the program after a stage: ops, code bytes and runs per call."""
-
-    name: str
-    ops: int
-    code_bytes: int
-    runs: int
-
-
-@dataclass(frozen=True)
-class Stage:
-    """What one stage of the pipeline did (`explain` prints these, in order).
-
-    ``memory`` is bytes per IPU (of one replica) planned after the stage, and ``graphs`` the
-    graphs the main graph reaches then; both are empty before the step's call sites exist
-    (``new_graphs`` then names the graphs the stage made, with their op counts).
-    """
-
-    name: str
-    detail: str
-    new_graphs: dict[str, int] = field(default_factory=dict)
-    graphs: tuple[GraphRow, ...] = ()
-    memory: dict[int, int] = field(default_factory=dict)
 
 
 # fields an entry point does not apply (yet): an error, never silently ignored

@@ -23,6 +23,7 @@ from popxl_core.printing import format_schedule
 from popxl_core.sim.plan import OutOfMemoryError
 
 from .calls import POSITIONAL, Binding
+from .explain import Explanation
 from .names import unescape
 from .options import Options
 
@@ -313,8 +314,6 @@ class ProgramView:
 
     def explain(self):
         """The build pipeline as it ran for the current program (`popxl_fx.explain`)."""
-        from .explain import Explanation  # explain imports pipeline, which imports this
-
         prog = self._require()
         title = f"{self._entry}({type(self._model).__name__})"
         return Explanation(title, self.options, {"step": prog.stages})

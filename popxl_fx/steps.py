@@ -22,15 +22,16 @@ import popxl_core as popxl
 from popxl_core import ops
 
 from .batch_serial import check_batch, serialise_step
+from .built import Program
 from .checks import check_inputs, integer_inputs_explained
 from .loops import check_batches, micro_batch_loop, repeat_step
 from .loss import check_scalar_loss, loss_index
 from .names import unescape
 from .optim import OptimizerProgram
+from .phased import build_phased_training
 from .pipeline import (
     Build,
     Lowered,
-    Stage,
     accumulating_backward,
     backward,
     lower,
@@ -43,34 +44,6 @@ from .program import Inputs, Weights, load_inputs, store
 from .replication import check_batch_split, replica_examples, split_replicas
 
 __all__ = ["Program", "build_inference", "build_training", "lower_for_compile"]
-
-
-@dataclass
-class Program:
-    """One built program of any entry point.
-
-    ``outputs`` are the device-to-host streams by name: "loss" (training), "output.<i>" (the
-    forward's flattened outputs), "grad.<name>" (training with ``record``).
-    """
-
-    signature: Any
-    ir: popxl.Ir
-    session: popxl.Session
-    inputs: Inputs
-    outputs: dict[str, popxl.DeviceToHostStream]
-    weights: Weights
-    lowered: Lowered
-    stages: list[Stage]
-    optim: OptimizerProgram | None = None
-    extra: dict[str, Any] = field(default_factory=dict)  # what one entry point alone needs
-
-    @property
-    def forward(self) -> addons.GraphWithNamedArgs:
-        return self.lowered.forward
-
-    @property
-    def backward(self) -> addons.GraphWithNamedArgs | None:
-        return self.lowered.backward
 
 
 # training ----------------------------------------------------------------------------------
@@ -93,8 +66,6 @@ def build_training(build: Build, signature: Any, req: TrainingRequest) -> Progra
     gradient_accumulation or device_iterations: `build_training_loops`)."""
     opts = build.options
     if opts.phased_execution is not False:
-        from .phased import build_phased_training  # phased imports Program from here
-
         return build_phased_training(build, signature, req)
     if max(opts.gradient_accumulation, opts.device_iterations, opts.batch_serialisation) > 1:
         return build_training_loops(build, signature, req)

@@ -9,6 +9,7 @@ raises an `AssertionError` naming the step, the tensor and its max abs/rel error
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -114,12 +115,14 @@ def _eager_step(model, opt, loss_fn, inputs, targets, kwargs):
 class _TrainingModelRunner:
     """One step through `training_model` with its outputs and gradients recorded."""
 
+    via = "training_model"
+
     def __init__(self, model, opt, loss_fn, options):
         self.trainer = Trainer(model, opt, loss_fn, options, record=True)
-        self.has_loss_fn = loss_fn is not None
+        self.loss_fn = loss_fn
 
     def step(self, inputs, targets, kwargs):
-        args = (*inputs, targets) if self.has_loss_fn else inputs
+        args = (*inputs, targets) if self.loss_fn is not None else inputs
         loss = self.trainer(*args, **kwargs)
         last = self.trainer.last
         keys = sorted((k for k in last if k.startswith("output.")), key=lambda k: int(k[7:]))
@@ -133,6 +136,8 @@ class _TrainingModelRunner:
 
 class _CompileRunner:
     """One step through `compile` with an unchanged torch loop."""
+
+    via = "compile"
 
     def __init__(self, model, opt, loss_fn, options):
         from .compiled import compile as compile_
@@ -193,28 +198,37 @@ def assert_matches_eager(
         ...                      loss_fn=nn.MSELoss(), options=Options(device="cpu"))
         {'loss': 0.0, 'outputs': 0.0, 'gradients': 0.0, 'parameters': 0.0, 'optimizer state': 0.0}
     """
-    rtol = 1e-4 if rtol is None else rtol
-    atol = 1e-5 if atol is None else atol
-    inputs, kwargs = _as_tuple(inputs), dict(kwargs or {})
+    worst = _Worst(1e-4 if rtol is None else rtol, 1e-5 if atol is None else atol, normwise)
     twin = copy.deepcopy(model)
     sim_opt, eager_opt = _make_optimizer(optimizer, model, twin)
-    runners = {"training_model": _TrainingModelRunner, "compile": _CompileRunner}
-    if via not in runners:
-        raise ValueError(f"via must be one of {sorted(runners)}, got {via!r}")
-    runner = runners[via](model, sim_opt, loss_fn, options)
+    runner = _runner(via, model, sim_opt, loss_fn, options)
     twin_loss_fn = copy.deepcopy(loss_fn) if isinstance(loss_fn, nn.Module) else loss_fn
-    worst = _Worst(rtol, atol, normwise)
+    eager = functools.partial(_eager_step, twin, eager_opt, twin_loss_fn)
+    inputs, kwargs = _as_tuple(inputs), dict(kwargs or {})
     for step in range(steps):
-        # both start each step from one torch generator state: with Options(rng="torch")
-        # (the default) the simulated dropout masks are eager's
-        state = torch.get_rng_state()
-        eager = _eager_step(twin, eager_opt, twin_loss_fn, inputs, targets, kwargs)
-        torch.set_rng_state(state)
-        simulated = runner.step(inputs, targets, kwargs)
-        _compare_step(f"step {step}", simulated, eager, loss_fn, via, worst)
+        _train_both(runner, eager, inputs, targets, kwargs, f"step {step}", worst)
     runner.finish()
     _compare_state(model, twin, sim_opt, eager_opt, worst)
     return worst.errors
+
+
+def _runner(via: str, model, opt, loss_fn, options):
+    """The simulated side: `training_model` or `compile` (``via``)."""
+    runners = {"training_model": _TrainingModelRunner, "compile": _CompileRunner}
+    if via not in runners:
+        raise ValueError(f"via must be one of {sorted(runners)}, got {via!r}")
+    return runners[via](model, opt, loss_fn, options)
+
+
+def _train_both(runner, eager_step, inputs, targets, kwargs, where: str, worst) -> None:
+    """One step eagerly and one on the simulator, compared."""
+    # both start from one torch generator state: with Options(rng="torch") (the default)
+    # the simulated dropout masks are eager's
+    state = torch.get_rng_state()
+    eager = eager_step(inputs, targets, kwargs)
+    torch.set_rng_state(state)
+    simulated = runner.step(inputs, targets, kwargs)
+    _compare_step(where, simulated, eager, runner.loss_fn, runner.via, worst)
 
 
 class _Worst:

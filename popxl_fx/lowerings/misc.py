@@ -15,7 +15,7 @@ import torch.nn.functional as F
 import popxl_core as popxl
 from popxl_core import ops
 
-from ..lowering import lowers
+from ..lowering import lowers, lowers_when_imported
 from ._common import pdtype
 from ._sub import dropout, torch_rng
 
@@ -135,6 +135,7 @@ for _r in (1, 2, 3):
     )
 
 
+@lowers_when_imported("torchvision.ops.stochastic_depth", "stochastic_depth")
 def stochastic_depth(
     ctx, x: popxl.Tensor, p: float, mode: str, training: bool = True
 ) -> popxl.Tensor:
@@ -147,11 +148,3 @@ def stochastic_depth(
         return x * 0.0
     shape = (x.shape[0],) + (1,) * (x.rank - 1) if mode == "row" else (1,) * x.rank
     return _shaped(ctx, x, shape, float(p))
-
-
-try:  # torchvision is optional
-    from torchvision.ops import stochastic_depth as _tv_sd
-except ImportError:  # pragma: no cover
-    _tv_sd = None
-if _tv_sd is not None:
-    lowers(_tv_sd)(stochastic_depth)
