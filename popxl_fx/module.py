@@ -99,6 +99,10 @@ class Module(addons.Module):
             `popxl_fx.calls.Binding`); positional by default.
     """
 
+    # torch's grad mode around eager's forward (the pipeline sets it per build): under
+    # no_grad only leaves require grad (`requires_grad`)
+    grad_enabled = True
+
     def __init__(
         self,
         torch_module: nn.Module,
@@ -138,8 +142,6 @@ class Module(addons.Module):
         # which inputs require grad in eager (compile's autograd bridge, tests): see
         # `requires_grad`
         self.inputs_require_grad: tuple[bool, ...] = ()
-        # torch's grad mode around eager's forward: under no_grad only leaves require grad
-        self.grad_enabled = True
         self._grad_inputs: set[int] = set()
 
     # capture ---------------------------------------------------------------------------
