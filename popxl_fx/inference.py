@@ -1,9 +1,11 @@
 """`popxl_fx.inference_model`: a torch model's forward as one PopXL program on the simulator.
 
-One program per input signature (shapes, dtypes, train/eval mode); a new signature builds a
-new program and logs why. Before each call the program takes the torch weights that changed
-since it last ran; after a call in train mode the torch buffers take the simulated ones
-(batch-norm running statistics), as eager torch would have updated them.
+One program per input signature (shapes, dtypes, train/eval mode, torch's grad mode); a new
+signature builds a new program and logs why. Torch's grad mode counts because eager picks
+some kernels by it: called under ``torch.no_grad`` the program is eager's no_grad forward.
+Before each call the program takes the torch weights that changed since it last ran; after a
+call in train mode the torch buffers take the simulated ones (batch-norm running statistics),
+as eager torch would have updated them.
 """
 
 from __future__ import annotations
@@ -61,7 +63,9 @@ class InferenceModel(ProgramView):
         return self._programs.active
 
     def _program(self, inputs: Sequence[torch.Tensor], binding: Binding = POSITIONAL) -> Program:
-        sig = signature_of(self._model, inputs, binding)
+        # torch's grad mode is part of it: eager under no_grad runs other kernels (SDPA with a
+        # float mask computed from parameters: flash then, the math kernel with autograd on)
+        sig = (*signature_of(self._model, inputs, binding), torch.is_grad_enabled())
         build = lambda: self._build(sig, inputs, binding)  # noqa: E731
         return self._programs.get(sig, build, enter=self._entered)
 
@@ -70,6 +74,7 @@ class InferenceModel(ProgramView):
 
     def _build(self, sig: tuple, inputs: Sequence[torch.Tensor], binding: Binding) -> Program:
         build = Build("inference_model", self._model, self.options, binding=binding)
+        build.grad_enabled = sig[-1]
         return build_inference(build, sig, inputs)
 
 

@@ -99,6 +99,10 @@ class Module(addons.Module):
             `popxl_fx.calls.Binding`); positional by default.
     """
 
+    # torch's grad mode around eager's forward (the pipeline sets it per build): under
+    # no_grad only leaves require grad (`requires_grad`)
+    grad_enabled = True
+
     def __init__(
         self,
         torch_module: nn.Module,
@@ -320,12 +324,15 @@ class Module(addons.Module):
         """Whether eager's twin of ``t`` requires grad: it is computed from a parameter that
         requires grad. Torch picks some kernels by it (a float attention mask that requires
         grad runs SDPA's math kernel), so a lowering asks to pick the same one. Inputs count
-        where `inputs_require_grad` says so."""
+        where `inputs_require_grad` says so; with ``grad_enabled`` False (an inference program
+        called under ``torch.no_grad``) only the parameters and inputs themselves."""
         trainable = set(self._grad_inputs) | {
             id(v)
             for n, v in self._vars.items()
             if self._kinds[n] == "param" and self._masters[n].requires_grad
         }
+        if not self.grad_enabled:  # eager under no_grad: computed tensors never require grad
+            return id(t) in trainable
         seen, stack = set(), [t]
         while stack:
             x = stack.pop()

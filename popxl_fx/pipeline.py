@@ -188,6 +188,9 @@ class Build:
         self.ir = new_ir(options)
         self.stages: list[Stage] = []
         check_entry(entry, options)
+        # torch's grad mode of the eager forward this program stands for (inference_model
+        # follows its caller's: torch picks some kernels by what requires grad)
+        self.grad_enabled = True
         self.planned = False  # the main graph calls the step: stage records plan memory
 
     def record(self, name: str, detail: str, new_graphs: Iterable[Any] = ()) -> Stage:
@@ -298,6 +301,7 @@ def lower(
     fxm = _module(opts, root, build.prefix, recompute, build.weightless, build.binding)
     if opts.precision == "float16":
         examples = half_inputs(examples)
+    fxm.grad_enabled = build.grad_enabled
     with _entered(contexts):
         captured = fxm.capture(*examples)
     build.record("capture", f"torch.fx graph of {len(captured.gm.graph.nodes)} nodes")

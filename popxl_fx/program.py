@@ -116,6 +116,8 @@ def describe_change(old: tuple, new: tuple) -> str:
     """Why a signature differs from the previous one, in words (for the recompile log)."""
     if old[1] != new[1]:
         return "the model's train/eval mode changed"
+    if old[3:] != new[3:]:  # inference_model's: eager's grad mode picks some kernels
+        return f"torch's grad mode changed (enabled: {new[3]})"
     if old[0] == new[0] and old[2:] != new[2:]:
         return f"the keyword arguments changed from {old[2]} to {new[2]}"
     return f"the inputs changed from {old[0]} to {new[0]}"

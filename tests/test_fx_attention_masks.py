@@ -132,3 +132,31 @@ def test_masked_attention_trains_like_eager(net, weights, kind, dropout):
         **EXACT,
     )
     assert max(errors.values()) == 0.0
+
+
+class _LearnedBias(nn.Module):
+    """A float mask computed from a parameter (T5's position bias): it requires grad in eager
+    with autograd on (torch runs SDPA's math kernel) and not under no_grad (the flash kernel)."""
+
+    def __init__(self):
+        super().__init__()
+        self.bias = nn.Parameter(
+            torch.randn(1, 4, 8, 8, generator=torch.Generator().manual_seed(3))
+        )
+
+    def forward(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.bias * 2.0)
+
+
+def test_inference_follows_the_callers_grad_mode():
+    net = _LearnedBias()
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(2, 4, 8, 16, generator=gen) for _ in range(3))
+    with_grad = net(q, k, v).detach()
+    with torch.no_grad():
+        no_grad = net(q, k, v)
+    assert not torch.equal(with_grad, no_grad)  # eager's two kernels: the case is real
+    sim = popxl_fx.inference_model(net)
+    with torch.no_grad():
+        assert torch.equal(sim(q, k, v), no_grad)  # rtol=atol=0
+    assert torch.equal(sim(q, k, v), with_grad)

@@ -145,8 +145,9 @@ def _div_grad(ctx):
     g = ctx.grad_output(0)
     a, b = ctx.op.inputs
     ga = div(g, ctx.input(1))
-    # d(a/b)/db = -(a/b)/b, so the rhs gradient reuses ga and the forward output.
-    gb = negate(mul(ga, ctx.output(0))) if ctx.requires_grad(1) else None
+    # d(a/b)/db = -(a/b)/b, rounded as torch's DivBackward rounds it: -g * ((a / b) / b)
+    # (a / b is the forward's output; (g/b) * (a/b) is another rounding, 1 ulp off)
+    gb = negate(mul(g, div(ctx.output(0), ctx.input(1)))) if ctx.requires_grad(1) else None
     return [
         unbroadcast(ga, a.shape) if ctx.requires_grad(0) else None,
         unbroadcast(gb, b.shape) if gb is not None else None,

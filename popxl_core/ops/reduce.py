@@ -102,6 +102,21 @@ def _sum_kernel(x, axes, keepdims):
     return _sum_any(x, axes, keepdims)
 
 
+def _torch_kernel(fn):
+    """``Ir.numerics == "torch"``: torch's own reduction over all ``axes`` in one call, as
+    eager's ``sum_to`` reduces a broadcast gradient (``grad.sum((0, 2, 3), keepdim=True)``);
+    summing the axes flattened last is another order, ulps off for more than one axis."""
+
+    def kernel(x, axes, keepdims):
+        y = fn(x, dim=tuple(axes), keepdim=keepdims) if axes else x.clone()
+        return y if y.dtype == x.dtype else y.to(x.dtype)
+
+    return kernel
+
+
+_TORCH_KERNELS = {"ReduceSum": _torch_kernel(torch.sum), "ReduceMean": _torch_kernel(torch.mean)}
+
+
 def _median_last(x: torch.Tensor) -> torch.Tensor:
     return torch.median(x, dim=-1).values
 
@@ -273,6 +288,7 @@ def _declare(name: str, grad, fn_name: str, *, float_only=False, low=-1.0, seed=
             cost=_reduce_cost,
             samples=samples,
             out_name=f"{name.lower()}_out",
+            numerics_kernels={"torch": _TORCH_KERNELS[name]} if name in _TORCH_KERNELS else {},
         )
     )
     REDUCE_OPS[name] = opdef

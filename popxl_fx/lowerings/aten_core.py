@@ -19,7 +19,12 @@ from popxl_core import ops
 
 from ..lowering import LoweringContext, lowers
 from ._common import pdtype
-from .aten_kernels import lower_with_torch_kernel, torch_kernel_when
+from .aten_kernels import (
+    eager_stride,
+    lower_in_eager_layout,
+    lower_with_torch_kernel,
+    torch_kernel_when,
+)
 
 __all__: list = []
 
@@ -95,6 +100,10 @@ def _mul(ctx: LoweringContext, a: Any, b: Any) -> popxl.Tensor:
 @lowers(aten.div)
 @torch_kernel_when(lambda rounding_mode, **_: rounding_mode is not None)  # rounds as eager
 def _div(ctx: LoweringContext, a: Any, b: Any, rounding_mode: str | None = None) -> popxl.Tensor:
+    if any(eager_stride(x) for x in ctx.node.args[:2]):
+        # a strided view in eager (F.normalize of a head sliced from qkv, Swin V2): the
+        # gradient of the broadcast divisor is summed in the layout autograd gives it there
+        return lower_in_eager_layout(ctx, a, b)
     a, b = _pair(a, b)
     return a / b
 
@@ -252,11 +261,14 @@ def _number(ctx: LoweringContext, position: int, bound: Any) -> float | None:
 
 @lowers(aten.mm, aten.bmm)
 def _mm(ctx: LoweringContext, a: popxl.Tensor, b: popxl.Tensor) -> popxl.Tensor:
+    if any(eager_stride(x) for x in ctx.node.args):  # a transposed view in eager
+        return lower_in_eager_layout(ctx, a, b)
     return a @ b
 
 
-# BLAS accumulates the product into beta * bias: torch's own kernel, bit for bit
-lowers(aten.addmm)(lower_with_torch_kernel)
+# BLAS accumulates the product into beta * bias: torch's own kernel, bit for bit, on the
+# operands laid out as in eager
+lowers(aten.addmm)(lower_in_eager_layout)
 
 
 @lowers(aten.copy_)

@@ -30,8 +30,12 @@ from popxl_core.ops import Slot, aten_op, torch_random
 from ..lowering import LoweringContext, lowers
 
 __all__ = [
+    "EAGER_KERNEL_PACKETS",
     "Method",
     "REFUSED",
+    "EagerLayout",
+    "eager_stride",
+    "lower_in_eager_layout",
     "lower_torch_function",
     "lower_with_torch_kernel",
     "lower_with_torch_random",
@@ -209,13 +213,75 @@ def lower_with_torch_kernel(ctx: LoweringContext, *args: Any, **kwargs: Any) -> 
     return _lower_call(aten_op, ctx, args, kwargs)
 
 
+@dataclass(frozen=True)
+class EagerLayout:
+    """``fn`` with its tensor arguments first laid out in memory as eager's were (``strides``,
+    one per positional argument, None: as it comes). The simulator's values are contiguous;
+    a matrix product's BLAS call, and the one autograd makes for its backward from the same
+    operands, round by the operands' layout (a transposed view is another kernel), so
+    ``k.transpose(-2, -1)`` must reach ``bmm`` as the transposed view it is in eager."""
+
+    fn: Any
+    strides: tuple
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        laid = [_restride(a, s) for a, s in zip(args, self.strides)] + list(
+            args[len(self.strides) :]
+        )
+        return self.fn(*laid, **kwargs)
+
+    def __str__(self) -> str:
+        return str(self.fn)
+
+
+def _restride(x: Any, stride: tuple | None) -> Any:
+    if stride is None or not isinstance(x, torch.Tensor) or x.stride() == stride:
+        return x
+    size = 1 + sum((n - 1) * st for n, st in zip(x.shape, stride))
+    return x.new_empty(size).as_strided(x.shape, stride).copy_(x)
+
+
+def eager_stride(source: Any) -> tuple | None:
+    """Eager's strides of a graph argument (fx ``example_value`` or ATen ``val``) where they
+    are not the contiguous ones and no two elements share memory (a transposed, permuted or
+    sliced view); None otherwise (the simulator's contiguous layout is eager's then, or an
+    expanded view, which the kernel reads the same either way)."""
+    if not isinstance(source, fx.Node):
+        return None
+    seen = source.meta.get("val", source.meta.get("example_value"))
+    if not isinstance(seen, torch.Tensor) or seen.is_contiguous():
+        return None
+    return tuple(seen.stride()) if _no_overlap(seen.shape, seen.stride()) else None
+
+
+def _no_overlap(shape: tuple, stride: tuple) -> bool:
+    dims = sorted((st, n) for n, st in zip(shape, stride) if n > 1)
+    reach = 1  # elements spanned by the dims so far
+    for st, n in dims:
+        if st < reach:
+            return False
+        reach = st * n
+    return True
+
+
+def lower_in_eager_layout(ctx: LoweringContext, *args: Any, **kwargs: Any) -> Any:
+    """`lower_with_torch_kernel`, the tensor arguments in eager's memory layout (`EagerLayout`):
+    for the matrix products (``mm``, ``bmm``, ``addmm``), forward and backward."""
+    strides = tuple(eager_stride(a) for a in ctx.node.args)
+    if not any(strides):
+        return lower_with_torch_kernel(ctx, *args, **kwargs)
+    return _lower_call(aten_op, ctx, args, kwargs, EagerLayout(ctx.node.target, strides))
+
+
 def lower_with_torch_random(ctx: LoweringContext, *args: Any, **kwargs: Any) -> Any:
     """Lower the node's random ATen call as one ``TorchRandom`` op: torch's own kernel,
     drawing from torch's default generator in program order (``Options(rng="torch")``)."""
     return _lower_call(torch_random, ctx, args, kwargs)
 
 
-def _lower_call(make: Callable, ctx: LoweringContext, args: tuple, kwargs: dict) -> Any:
+def _lower_call(
+    make: Callable, ctx: LoweringContext, args: tuple, kwargs: dict, fn: Any = None
+) -> Any:
     node = ctx.node
     _check_strided(node)
     inputs: list[popxl.Tensor] = []
@@ -236,7 +302,7 @@ def _lower_call(make: Callable, ctx: LoweringContext, args: tuple, kwargs: dict)
         t if t.dtype.as_torch() == d else popxl.ops.cast(t, _dtype(d))
         for t, d in zip(inputs, wanted)
     ]
-    outs = make(node.target, inputs, tuple(call_args), call_kwargs)
+    outs = make(fn or node.target, inputs, tuple(call_args), call_kwargs)
     expected = ctx.expected()
     return outs if isinstance(expected, (tuple, list)) else outs[0]
 
@@ -315,4 +381,8 @@ def _dtype(d: torch.dtype) -> popxl.dtype:
     return popxl.dtype.as_dtype(d)
 
 
-lowers(*TORCH_KERNEL_PACKETS)(lower_with_torch_kernel)
+# not core ATen, but kept whole by the fallback's decomposition (`fallback._KEPT`): their core
+# decompositions round differently from eager's kernels
+EAGER_KERNEL_PACKETS = (aten.linalg_vector_norm,)
+
+lowers(*TORCH_KERNEL_PACKETS, *EAGER_KERNEL_PACKETS)(lower_with_torch_kernel)

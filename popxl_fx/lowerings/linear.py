@@ -19,13 +19,17 @@ from popxl_core import ops
 
 from ..lowering import lowers
 from ._common import const, promote, single
-from .aten_kernels import Method, torch_call
+from .aten_kernels import Method, eager_stride, lower_in_eager_layout, torch_call
 
 __all__ = ["einsum", "embedding"]
 
 
 @lowers(torch.matmul, operator.matmul, "matmul", "__matmul__", torch.mm, "mm", torch.bmm, "bmm")
 def _matmul(ctx, a, b):
+    if any(eager_stride(x) for x in ctx.node.args[:2]):
+        # a transposed view in eager (q @ k.transpose(-2, -1)): BLAS and autograd's backward
+        # round by the operands' layout, so torch's kernel on eager's layout
+        return lower_in_eager_layout(ctx, a, b)
     a, b = promote(a, b)
     return ops.matmul(a, b)
 
