@@ -74,19 +74,24 @@ def lowers_when_imported(module: str, attribute: str) -> Callable[[Callable], Ca
     return register
 
 
-def _register_imported() -> None:
-    """Move pending lowerings whose module the process has imported into `LOWERINGS`."""
-    for (module, attribute), fn in list(_PENDING.items()):
-        if module in sys.modules:
-            del _PENDING[(module, attribute)]
-            lowers(getattr(sys.modules[module], attribute))(fn)
+def _pending(target: Any) -> Callable | None:
+    """The pending lowering of a function from an optional package, registered on first use.
+
+    Matched by the function's module and name, not by fetching the attribute at import time:
+    while torch.fx traces, the module's global is its patched wrapper, not the node's target.
+    """
+    key = (getattr(target, "__module__", None), getattr(target, "__name__", None))
+    fn = _PENDING.get(key) if key[0] in sys.modules else None
+    if fn is not None:
+        lowers(target)(fn)
+    return fn
 
 
 def lookup(target: Any) -> Callable | None:
     """The lowering of ``target``: exact key, then an ATen op's packet, then a class's bases."""
-    if _PENDING:
-        _register_imported()
     fn = _get(target)
+    if fn is None and callable(target) and _PENDING:
+        fn = _pending(target)
     if fn is None and isinstance(target, torch._ops.OpOverload):
         fn = _get(target.overloadpacket)
     if fn is None and isinstance(target, type):
