@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Callable, Dict, List, Optional
 
+import torch
+
 from ..graph import Graph, Op
 from ..ops.forms import float32_only
 from ..tensor import Tensor
@@ -106,10 +108,17 @@ def _reusable(t: Tensor, op: Op, k: int, last, readers, outputs) -> bool:
 
 
 def inplace_kernel(op: Op) -> Callable:
-    """``op``'s kernel writing its result into its last argument (the storage to reuse)."""
+    """``op``'s kernel writing its result into its last argument (the storage to reuse),
+    where that storage's contiguous layout is the one torch would give the result: with an
+    input in another layout (a permuted view) torch's result follows that input's strides,
+    and a later reduction over it (eager's kernel on eager's layout) sums in that order, so
+    the result is then allocated as the kernel makes it (the same values, eager's layout)."""
     fn = op.opdef.out_kernel
 
     def into(*args):
-        return fn(*args[:-1], out=args[-1])
+        ins = args[:-1]
+        if all(not isinstance(a, torch.Tensor) or a.is_contiguous() for a in ins):
+            return fn(*ins, out=args[-1])
+        return fn(*ins)
 
     return into
