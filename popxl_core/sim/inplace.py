@@ -8,12 +8,17 @@ reads last, else one that died earlier in the schedule. Only temporaries made by
 kernels, or by a kernel declared ``fresh_outputs`` (batch norm's), qualify (fresh tensors
 that no view, call, variable or graph output shares); the
 generated code keeps every name alive until the graph returns, so without reuse each
-temporary would be a new allocation.
+temporary would be a new allocation. At run time the ``out=`` form is taken only where the
+storage and every input are contiguous: otherwise torch lays the result out like a strided
+input (a permuted view), and the storage's layout would change the order of a later
+reduction over it (eager's bits).
 """
 
 from __future__ import annotations
 
 from typing import Callable, Dict, List, Optional
+
+import torch
 
 from ..graph import Graph, Op
 from ..ops.forms import float32_only
@@ -106,10 +111,21 @@ def _reusable(t: Tensor, op: Op, k: int, last, readers, outputs) -> bool:
 
 
 def inplace_kernel(op: Op) -> Callable:
-    """``op``'s kernel writing its result into its last argument (the storage to reuse)."""
+    """``op``'s kernel writing its result into its last argument (the storage to reuse),
+    where that storage's layout (contiguous) is the one torch would give the result: with an
+    input in another layout (a permuted view) torch's result follows that input's strides,
+    and a later reduction over it (eager's kernel on eager's layout) sums in that order, so
+    the result is then allocated as the kernel makes it (the same values, eager's layout)."""
     fn = op.opdef.out_kernel
 
     def into(*args):
-        return fn(*args[:-1], out=args[-1])
+        ins, storage = args[:-1], args[-1]
+        if storage.is_contiguous() and all(_contiguous(a) for a in ins):
+            return fn(*ins, out=storage)
+        return fn(*ins)
 
     return into
+
+
+def _contiguous(a) -> bool:
+    return not isinstance(a, torch.Tensor) or a.is_contiguous()
