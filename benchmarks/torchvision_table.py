@@ -96,7 +96,11 @@ def builders() -> list[str]:
 
 
 def input_size(name: str) -> int:
-    return _MIN_SIZE.get(family(name), 32)
+    size = _MIN_SIZE.get(family(name), 32)
+    if family(name) == "vit":  # a whole number of patches: vit_h_14 takes 28, not 32
+        patch = int(name.rsplit("_", 1)[1])
+        size = max(patch, size // patch * patch)
+    return size
 
 
 def build(name: str) -> nn.Module:
