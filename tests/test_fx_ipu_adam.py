@@ -30,6 +30,17 @@ def _batches():
     return [(torch.randn(8, 32, generator=g), torch.randint(0, 4, (8,), generator=g))] * 3
 
 
+def _train_both(trainer, twin, eager_opt):
+    """The trainer's and eager's losses, step by step, on the same batches."""
+    for x, y in _batches():
+        loss = trainer(x, y)
+        eager_opt.zero_grad()
+        eager = F.cross_entropy(twin(x), y)
+        eager.backward()
+        eager_opt.step()
+        yield loss, eager.detach()
+
+
 @pytest.mark.parametrize("kwargs", CONFIGS)
 def test_ipu_adam_in_training_model_is_bitwise_its_eager_step(kwargs):
     torch.manual_seed(0)
@@ -38,13 +49,8 @@ def test_ipu_adam_in_training_model_is_bitwise_its_eager_step(kwargs):
     opt = popxl_fx.IPUAdam(model.parameters(), lr=1e-2, **kwargs)
     eager_opt = popxl_fx.IPUAdam(twin.parameters(), lr=1e-2, **kwargs)
     trainer = popxl_fx.training_model(model, opt, F.cross_entropy, popxl_fx.Options(device="cpu"))
-    for x, y in _batches():
-        loss = trainer(x, y)
-        eager_opt.zero_grad()
-        eager = F.cross_entropy(twin(x), y)
-        eager.backward()
-        eager_opt.step()
-        assert torch.equal(loss, eager.detach())
+    for loss, eager in _train_both(trainer, twin, eager_opt):
+        assert torch.equal(loss, eager)
     for k, v in twin.state_dict().items():
         assert torch.equal(model.state_dict()[k], v), k
     got, want = opt.state_dict()["state"], eager_opt.state_dict()["state"]
@@ -75,13 +81,8 @@ def test_numerics_ipu_trains_like_eager_to_float32_round_off():
     eager_opt = torch.optim.SGD(twin.parameters(), lr=0.1)
     options = popxl_fx.Options(device="cpu", numerics="ipu")
     trainer = popxl_fx.training_model(model, opt, F.cross_entropy, options)
-    for x, y in _batches():
-        loss = trainer(x, y)
-        eager_opt.zero_grad()
-        eager = F.cross_entropy(twin(x), y)
-        eager.backward()
-        eager_opt.step()
-        assert torch.allclose(loss, eager.detach(), rtol=1e-6, atol=0)
+    for loss, eager in _train_both(trainer, twin, eager_opt):
+        assert torch.allclose(loss, eager, rtol=1e-6, atol=0)
     assert trainer.session.ir.numerics == "ipu"
     for k, v in twin.state_dict().items():
         assert torch.allclose(model.state_dict()[k], v, rtol=0, atol=1e-6), k

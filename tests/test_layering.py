@@ -82,13 +82,16 @@ def _modules() -> dict[str, Path]:
     return {_module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
 
 
-def _runtime_nodes(tree: ast.AST):
-    """Every node of ``tree`` outside ``if TYPE_CHECKING:`` blocks."""
+def _runtime_nodes(tree: ast.AST, skip_functions: bool = False):
+    """Every node of ``tree`` outside ``if TYPE_CHECKING:`` blocks (and outside function
+    bodies with ``skip_functions``)."""
     stack = [tree]
     while stack:
         node = stack.pop()
         yield node
         for child in ast.iter_child_nodes(node):
+            if skip_functions and isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
             test = getattr(child, "test", None)
             if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(test):
                 stack.extend(child.orelse)
@@ -97,20 +100,9 @@ def _runtime_nodes(tree: ast.AST):
 
 
 def _import_time_nodes(tree: ast.AST):
-    """The nodes of ``tree`` that run when the module is imported: `_runtime_nodes` outside
-    function bodies (a function's own imports run when it is called)."""
-    stack = [tree]
-    while stack:
-        node = stack.pop()
-        yield node
-        for child in ast.iter_child_nodes(node):
-            test = getattr(child, "test", None)
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                continue
-            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(test):
-                stack.extend(child.orelse)
-                continue
-            stack.append(child)
+    """The nodes of ``tree`` that run when the module is imported (a function's own imports
+    run when it is called)."""
+    return _runtime_nodes(tree, skip_functions=True)
 
 
 def _imports(name: str, path: Path, modules: dict[str, Path], nodes=_runtime_nodes) -> set[str]:
