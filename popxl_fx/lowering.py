@@ -12,7 +12,6 @@ Tensors (python values, including values folded from shapes, stay python values)
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
@@ -39,8 +38,8 @@ __all__ = [
 ]
 
 LOWERINGS: dict[Any, Callable] = {}
-# lowerings of functions from optional packages, by (module, attribute): registered once the
-# package is imported (by the user's model), so `import popxl_fx` does not import them itself
+# lowerings of functions from optional packages, by (module, name): registered when a graph
+# first calls the function (`_pending`), so `import popxl_fx` does not import the package
 _PENDING: dict[tuple[str, str], Callable] = {}
 
 
@@ -64,8 +63,8 @@ def lowers(*targets: Any) -> Callable[[Callable], Callable]:
 
 
 def lowers_when_imported(module: str, attribute: str) -> Callable[[Callable], Callable]:
-    """Register the decorated function as the lowering of ``module.attribute`` once ``module``
-    is imported: an optional package (torchvision) stays unimported until a model uses it."""
+    """Register the decorated function as the lowering of ``module.attribute`` when a graph
+    first calls it: an optional package (torchvision) stays unimported until a model uses it."""
 
     def register(fn: Callable) -> Callable:
         _PENDING[(module, attribute)] = fn
@@ -81,7 +80,7 @@ def _pending(target: Any) -> Callable | None:
     while torch.fx traces, the module's global is its patched wrapper, not the node's target.
     """
     key = (getattr(target, "__module__", None), getattr(target, "__name__", None))
-    fn = _PENDING.get(key) if key[0] in sys.modules else None
+    fn = _PENDING.get(key)
     if fn is not None:
         lowers(target)(fn)
     return fn
