@@ -211,7 +211,8 @@ def _emit_ops(plan: GraphPlan, em: Emitter) -> None:
         elif op not in skip:
             _emit_op(op, plan, em)
         dead = [em.names[t] for t in plan.released.get(k, ()) if t in em.names and t not in handed]
-        emit_deferred([em.names[t] for t in deferred.get(k, ()) if t in em.names], em)
+        later = [em.names[t] for t in deferred.get(k, ()) if t in em.names and t not in handed]
+        emit_deferred(later, em)
         if dead:  # drop the last reference: the allocator recycles the storage now
             em.emit(f"del {', '.join(dead)}")
 

@@ -29,7 +29,13 @@ DEFER_NAME = "DEFER"  # the generated code's global: `Program.deferred`
 
 
 def _writes_variable(ops: Sequence[Op]) -> bool:
-    return any(isinstance(op.inputs[i], Variable) for op in ops for i in op.modified_inputs())
+    """A kernel (not a call: its arguments may be handed over, handoff.py) writing a variable
+    in place."""
+    return any(
+        not op.called_graphs and isinstance(op.inputs[i], Variable)
+        for op in ops
+        for i in op.modified_inputs()
+    )
 
 
 def deferred_at(
