@@ -63,7 +63,10 @@ def init(
 # HostLoad / HostStore ---------------------------------------------------------------
 def _emit_host_load(op, em) -> None:
     s = em.bind_global("s", op.attrs["stream"])
-    em.emit(f"{em.name(op.outputs[0])} = RT.load({s})")
+    if op.outputs[0] not in em.read:  # consumed, not read (an optimizer option kept off)
+        em.emit(f"RT.skip({s})")
+    else:
+        em.emit(f"{em.name(op.outputs[0])} = RT.load({s})")
 
 
 def _emit_host_store(op, em) -> None:
