@@ -63,7 +63,8 @@ def init(
 # HostLoad / HostStore ---------------------------------------------------------------
 def _emit_host_load(op, em) -> None:
     s = em.bind_global("s", op.attrs["stream"])
-    if op.outputs[0] not in em.read:  # consumed, not read (an optimizer option kept off)
+    read = getattr(em, "read", None)  # the compiler's emitter knows; the interpreter loads
+    if read is not None and op.outputs[0] not in read:  # consumed, not read (an option off)
         em.emit(f"RT.skip({s})")
     else:
         em.emit(f"{em.name(op.outputs[0])} = RT.load({s})")
