@@ -20,7 +20,9 @@ from ._utils import rand, same_dtype, spec
 from .forms import JointGrad
 from .registry import Cost, OpDef, Sample, create_op, register
 
-__all__ = ["CONV_DATA_GRAD", "CONV_BIAS_GRAD", "CONV_WEIGHTS_GRAD"]
+__all__: list[
+    str
+] = []  # declares the gradient ops; conv.py and conv_transpose.py import their OpDefs
 
 
 def _conv_backward(dy, x, w, stride, pads, dilation, groups, mask):

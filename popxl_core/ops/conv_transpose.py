@@ -25,7 +25,7 @@ from ._utils import rand, spec
 from .conv_grads import CONV_WEIGHTS_GRAD
 from .registry import OpDef, Sample, create_op, register
 
-__all__ = ["CONV_TRANSPOSE", "conv_transpose"]
+__all__ = ["conv_transpose"]
 
 
 # ConvTranspose ------------------------------------------------------------------------------
