@@ -32,8 +32,8 @@ def _clip_kernel(x, min: float, max: float):
 
 
 def _clip_grad(ctx):
-    from .elementwise import where
     from .logical import equal
+    from .select import where
 
     # The gradient passes exactly where clipping left the value unchanged (bounds included).
     x = ctx.input(0)
