@@ -10,7 +10,7 @@ from ._dtype_rules import floating
 from ._utils import rand
 from .registry import OpDef, Sample, register
 
-__all__ = ["float_spec", "no_grad", "same_spec", "unary_op", "unary_samples"]
+__all__ = ["float_spec", "same_spec", "unary_op", "unary_samples"]
 
 
 def same_spec(ins, **attrs):
@@ -28,11 +28,6 @@ def unary_samples(
         Sample([rand(3, 4, low=low, high=high, seed=seed)], build, ref),
         Sample([rand(2, 3, 5, low=low, high=high, seed=seed + 1)], build, ref, name="rank3"),
     ]
-
-
-def no_grad(ctx):
-    """Piecewise-constant ops (ceil, floor, sign): the gradient is zero almost everywhere."""
-    return [None] * len(ctx.op.inputs)
 
 
 def unary_op(type_name, infer, kernel, grad, build, low=-1.0, high=1.0, seed=0, **fields) -> OpDef:

@@ -8,9 +8,9 @@ import torch
 from .. import dtypes
 from ..tensor import Tensor
 from ._dtype_rules import checked_float_to_int
-from ._unary_common import no_grad, same_spec
+from ._unary_common import same_spec
 from ._utils import rand, spec
-from .registry import OpDef, Sample, create_op, register
+from .registry import OpDef, Sample, create_op, no_grad, register
 
 __all__ = ["cast", "detach", "detach_"]
 

@@ -32,6 +32,7 @@ __all__ = [
     "copy_cost",
     "elementwise_cost",
     "no_cost",
+    "no_grad",
 ]
 
 
@@ -72,6 +73,12 @@ def elementwise_cost(ins: Sequence[TensorSpec], outs: Sequence[TensorSpec], attr
 
 def no_cost(ins, outs, attrs) -> Cost:
     return Cost(0, 0)
+
+
+def no_grad(ctx) -> list:
+    """The gradient rule of an op with none to give: piecewise-constant ops (ceil, sign),
+    boolean outputs (comparisons), random draws (the inputs give only shapes)."""
+    return [None] * len(ctx.op.inputs)
 
 
 def copy_cost(ins, outs, attrs) -> Cost:

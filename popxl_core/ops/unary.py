@@ -9,13 +9,13 @@ from __future__ import annotations
 import torch
 
 from ..tensor import Tensor, constant
-from ._unary_common import float_spec, no_grad, same_spec, unary_op, unary_samples
+from ._unary_common import float_spec, same_spec, unary_op, unary_samples
 from ._utils import rand
 from .cast import cast, detach, detach_
 from .clip import clamp, clip
 from .forms import unary_foreach
 from .increment_mod import increment_mod, increment_mod_
-from .registry import OpDef, Sample, create_op, register
+from .registry import OpDef, Sample, create_op, no_grad, register
 
 __all__ = [
     "abs",
