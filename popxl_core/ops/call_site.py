@@ -13,7 +13,7 @@ from ..graph import Graph, Op
 from ..tensor import Tensor, constant
 from .registry import Cost
 
-__all__ = ["CallSiteInfo", "sync_call_outputs"]
+__all__ = ["CallSiteInfo", "flatten_one_level", "sync_call_outputs"]
 
 
 class CallSiteInfo:
@@ -107,7 +107,9 @@ def sync_call_outputs(op: Op) -> None:
 
 
 # input preparation ------------------------------------------------------------------
-def _flatten_one_level(inputs: Sequence[Any]) -> List[Any]:
+def flatten_one_level(inputs: Sequence[Any]) -> List[Any]:
+    """A call's positional inputs with lists and tuples spread one level, as popxl's
+    ``call(graph, *inputs)`` takes them (addons' bound graphs take them the same way)."""
     out: List[Any] = []
     for x in inputs:
         out.extend(x) if isinstance(x, (list, tuple)) else out.append(x)
@@ -122,7 +124,7 @@ def _prep_inputs(
     offset: int = 0,
 ) -> List[Tensor]:
     """Parent tensors for every input of ``graph``, in graph-input order."""
-    positional = _flatten_one_level(inputs)
+    positional = flatten_one_level(inputs)
     ins = graph._inputs[offset:]
     if len(positional) > len(ins):
         raise ValueError(
