@@ -63,3 +63,20 @@ def test_a_loop_body_defers_nothing():
     trainer(x, y)
     assert not any("DEFER" in s for s in _sources(trainer))
     assert trainer.session._program.deferred == []
+
+
+def test_only_values_a_call_returned_are_held():
+    """Adam's weight-sized intermediates, made by the update's own ops, are freed as before:
+    the same values are held as under SGD (the backward's gradients, the forward's batch
+    norm statistics)."""
+    x, y = torch.randn(2, 3, 4, 4), torch.tensor([0, 2])
+    held = []
+    for make in (torch.optim.SGD, torch.optim.Adam):
+        model = _model()
+        opts = popxl_fx.Options(device="cpu")
+        trainer = popxl_fx.training_model(
+            model, make(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), opts
+        )
+        trainer(x, y)
+        held.append(sorted(tuple(t.shape) for t in trainer.session._program.deferred))
+    assert held[0] == held[1] and len(held[0]) >= len(list(_model().parameters()))
