@@ -1,0 +1,107 @@
+"""Replicas in lock step computing a shared-weight op as one stacked kernel
+(popxl_core/sim/stacking.py) against the same program with it switched off
+(``CompileOptions(stack_replicas=False)``: each replica runs its own kernel): losses,
+weights and optimizer state equal bit for bit (tolerance 0) for the seed MLP, GPT and a
+batch-norm CNN, with and without RTS and gradient accumulation, and runs where the replicas
+do not share the weights (stacking then falls back to each replica's own kernel).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import popxl_fx
+from popxl_core.sim import CompileOptions
+from popxl_core.sim.stacking import StackSite
+from tests.fx_zoo import GPT, SeedMLP, small_cnn
+
+STACKED, OWN = CompileOptions(), CompileOptions(stack_replicas=False)
+UNSHARED = CompileOptions(share_uniform=False)  # weights per replica: nothing to stack
+
+
+def _data(model: str, batch: int, g: torch.Generator):
+    if model == "gpt":
+        idx = torch.randint(0, 64, (batch, 16), generator=g)
+        return (idx, torch.randint(0, 64, (batch, 16), generator=g))
+    return (torch.randn(batch, 1, 28, 28, generator=g), torch.randint(0, 10, (batch,), generator=g))
+
+
+def _model(model: str) -> nn.Module:
+    return {"mlp": SeedMLP, "gpt": GPT, "cnn": small_cnn}[model]()
+
+
+def _train(model: str, replicas: int, compiler: CompileOptions, rts=False, accum=1, steps=3):
+    torch.manual_seed(0)
+    net = _model(model)
+    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    options = popxl_fx.Options(
+        device="cpu",
+        replication_factor=replicas,
+        replicated_tensor_sharding=rts,
+        gradient_accumulation=accum,
+        compiler=compiler,
+    )
+    loss_fn = None if model == "gpt" else F.cross_entropy
+    trainer = popxl_fx.training_model(net, opt, loss_fn, options)
+    g = torch.Generator().manual_seed(1)
+    losses = [trainer(*_data(model, 4 * replicas * accum, g)) for _ in range(steps)]
+    state = {(i, k): v for i, s in opt.state_dict()["state"].items() for k, v in s.items()}
+    return torch.stack(losses), net.state_dict(), state, trainer._programs.active.session
+
+
+def _assert_same(a, b) -> None:
+    assert a[0].shape == b[0].shape and torch.equal(a[0], b[0])
+    for x, y in ((a[1], b[1]), (a[2], b[2])):
+        assert x.keys() == y.keys()
+        for k in x:
+            assert torch.equal(x[k], y[k]), k
+
+
+def _sites(session) -> list:
+    ns = session._program.namespace
+    return [v for v in ns.values() if isinstance(v, StackSite)]
+
+
+@pytest.mark.parametrize(
+    "model, replicas, rts, accum, shares",
+    [
+        ("mlp", 4, False, 1, True),
+        ("mlp", 2, True, 1, False),
+        # uniform.py does not share the weights a gradient-accumulation loop reads
+        ("mlp", 2, False, 2, False),
+        ("gpt", 2, False, 1, True),
+        ("cnn", 2, False, 1, True),
+        ("cnn", 2, True, 2, False),
+    ],
+)
+def test_stacked_is_bitwise_each_replicas_own(model, replicas, rts, accum, shares):
+    """``shares``: every replica's weights are one tensor (uniform.py), so every site stacks
+    (its bit check held); else some or all sites fall back to each replica's own kernel."""
+    stacked = _train(model, replicas, STACKED, rts, accum)
+    own = _train(model, replicas, OWN, rts, accum)
+    _assert_same(stacked, own)
+    assert own[3]._program.stats["stacked_ops"] == 0
+    sites = _sites(stacked[3])
+    assert sites and stacked[3]._program.stats["stacked_ops"] == len(sites)
+    if shares:  # each site met its shapes and its stacked form held there
+        assert all(s.checked and all(s.checked.values()) for s in sites)
+
+
+def test_unshared_weights_fall_back_to_each_replicas_own():
+    """Without uniform sharing every replica has its own weight tensor: never stacked."""
+    stacked = _train("mlp", 2, UNSHARED)
+    own = _train("mlp", 2, CompileOptions(share_uniform=False, stack_replicas=False))
+    _assert_same(stacked, own)
+    sites = _sites(stacked[3])
+    assert sites and all(not s.checked for s in sites)
+
+
+def test_one_replica_has_no_sites():
+    assert _train("mlp", 1, STACKED)[3]._program.stats["stacked_ops"] == 0
+
+
+def test_switch_is_a_compile_option():
+    assert CompileOptions().stack_replicas and not OWN.stack_replicas
