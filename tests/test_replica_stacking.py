@@ -8,14 +8,17 @@ do not share the weights (stacking then falls back to each replica's own kernel)
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 import popxl_fx
-from popxl_core.sim import CompileOptions
-from popxl_core.sim.stacking import StackSite
+from popxl_core.ops.forms import ReplicaStack
+from popxl_core.sim import CompileOptions, stacking
+from popxl_core.sim.stacking import StackRequest, StackSite, stacked_values
 from tests.fx_zoo import GPT, SeedMLP, small_cnn
 
 STACKED, OWN = CompileOptions(), CompileOptions(stack_replicas=False)
@@ -31,6 +34,13 @@ def _data(model: str, batch: int, g: torch.Generator):
 
 def _model(model: str) -> nn.Module:
     return {"mlp": SeedMLP, "gpt": GPT, "cnn": small_cnn}[model]()
+
+
+@pytest.fixture(autouse=True)
+def _every_size(monkeypatch):
+    """Stack whatever the weight size (GPT's and the CNN's layers are below the bytes where
+    it pays), so these small models exercise every site."""
+    monkeypatch.setattr(stacking, "MIN_SHARED_BYTES", 0)
 
 
 def _train(model: str, replicas: int, compiler: CompileOptions, rts=False, accum=1, steps=3):
@@ -105,3 +115,63 @@ def test_one_replica_has_no_sites():
 
 def test_switch_is_a_compile_option():
     assert CompileOptions().stack_replicas and not OWN.stack_replicas
+
+
+def test_seed_mlp_weights_are_stacked_at_the_default_size(monkeypatch):
+    """The default size threshold keeps the seed MLP's 1-1.6 MB weights stacked."""
+    monkeypatch.setattr(stacking, "MIN_SHARED_BYTES", 256 * 1024)
+    session = _train("mlp", 2, STACKED, steps=1)[3]
+    names = sorted(s.op.opdef.name for s in _sites(session))
+    assert names == ["Linear"] * 3 + ["LinearGrad"] * 3  # not the (10, 512) last layer
+
+
+# the hub's decision, on hand-made requests -------------------------------------------
+def _site(stacked, rest=None):
+    op = SimpleNamespace(attrs={}, outputs=["y"])
+    em = SimpleNamespace(read={"y"}, graph=None, program=SimpleNamespace(once_per_replica=()))
+    rule = ReplicaStack(shared=(1,), outputs=(0,), stacked=stacked, rest=rest)
+    return StackSite(op, lambda x, w: x @ w, rule, runtime=None, em=em)
+
+
+def _own(r, q):
+    return q.site.own_outputs(q.args)
+
+
+def _rows(inputs, live, buffers):
+    y = torch.cat([x for x, _ in inputs]) @ inputs[0][1]
+    return [(part,) for part in y.split(inputs[0][0].shape[0])]
+
+
+def test_hub_stacks_only_the_same_op_with_one_weight():
+    w = torch.randn(5, 3)
+    site, other = _site(_rows), _site(_rows)
+    xs = [torch.randn(2, 5) for _ in range(3)]
+    got = stacked_values([StackRequest(site, (x, w)) for x in xs], _own)
+    assert got is not None and all(torch.equal(g[0], x @ w) for g, x in zip(got, xs))
+    assert list(site.checked.values()) == [True]
+    # another op, a replica at a collective (None), or weights in different memory: no
+    mixed = [StackRequest(site, (xs[0], w)), StackRequest(other, (xs[1], w))]
+    assert stacked_values(mixed, _own) is None
+    assert stacked_values([StackRequest(site, (xs[0], w)), None], _own) is None
+    copies = [StackRequest(site, (x, w.clone())) for x in xs]
+    assert stacked_values(copies, _own) is None
+    # inputs of different shapes do not stack
+    ragged = [StackRequest(site, (torch.randn(n, 5), w)) for n in (1, 2)]
+    assert stacked_values(ragged, _own) is None
+
+
+def test_hub_falls_back_where_the_stacked_bits_differ():
+    """A stacked form whose bits differ from each replica's own kernel is used never again
+    for those shapes: the replicas compute their own."""
+
+    def off_by_one_ulp(inputs, live, buffers):
+        return [
+            (torch.nextafter(y, torch.tensor(float("inf"))),)
+            for (y,) in _rows(inputs, live, buffers)
+        ]
+
+    site, w = _site(off_by_one_ulp), torch.randn(5, 3)
+    requests = [StackRequest(site, (torch.randn(2, 5), w)) for _ in range(2)]
+    assert stacked_values(requests, _own) is None
+    assert list(site.checked.values()) == [False]
+    assert stacked_values(requests, _own) is None  # not tried again
