@@ -126,9 +126,14 @@ def test_seed_mlp_weights_are_stacked_at_the_default_size(monkeypatch):
 
 
 # the hub's decision, on hand-made requests -------------------------------------------
+class _Out:
+    spec = SimpleNamespace(nbytes=4)
+
+
 def _site(stacked, rest=None):
-    op = SimpleNamespace(attrs={}, outputs=["y"])
-    em = SimpleNamespace(read={"y"}, graph=None, program=SimpleNamespace(once_per_replica=()))
+    y = _Out()
+    op = SimpleNamespace(attrs={}, outputs=[y])
+    em = SimpleNamespace(read={y}, graph=None, program=SimpleNamespace(once_per_replica=()))
     rule = ReplicaStack(shared=(1,), outputs=(0,), stacked=stacked, rest=rest)
     return StackSite(op, lambda x, w: x @ w, rule, runtime=None, em=em)
 

@@ -28,6 +28,7 @@ import torch
 
 from ..graph import Op
 from ..ops.forms import ReplicaStack
+from .variants import MAX_BUFFER_BYTES
 
 __all__ = ["MIN_SHARED_BYTES", "StackRequest", "StackSite", "stack_site", "stacked_values"]
 
@@ -51,7 +52,8 @@ class StackSite:
         # output buffers kept between runs where the op runs at most once per run of each
         # replica (what `variants.py` keeps per replica, kept here for the stacked call)
         once = em.graph in em.program.once_per_replica
-        self.buffers: Optional[dict] = {} if once else None
+        bounded = all(t.spec.nbytes <= MAX_BUFFER_BYTES for t in op.outputs)
+        self.buffers: Optional[dict] = {} if once and bounded else None
         self.checked: Dict[tuple, bool] = {}  # shapes -> the stacked form gave the same bits
 
     def __call__(self, *args):
