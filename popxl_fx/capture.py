@@ -117,6 +117,10 @@ class _Proxy(fx.Proxy):
             return getattr(value, k)
         if k.startswith("__array"):  # numpy probing for its protocols: only __array__ is ours
             raise AttributeError(k)
+        if isinstance(value, torch.Tensor) and not hasattr(value, k):
+            # duck-typing probes (`hasattr(x, "jax")` in transformers' is_tracing) answer as
+            # in eager: a lazy attribute proxy would say yes and trace a call eager never makes
+            raise AttributeError(f"{type(value).__name__!r} object has no attribute {k!r}")
         return super().__getattr__(k)
 
     def _as_numpy(self, what: str) -> Any:
