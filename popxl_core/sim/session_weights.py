@@ -200,8 +200,8 @@ class SessionWeights:
 
     def read_tensor(self, v: Variable) -> Optional[torch.Tensor]:
         """The device tensor ``v``'s host value is read from, where that is one on-chip
-        tensor of a replica this process runs (``v`` in one replica group, not sharded, not
-        remote), else None (read `get_tensors_data`). To be copied from before the next
+        tensor (``v`` in one replica group, not sharded, not remote) and this process runs
+        every replica (not a torch.distributed job), else None (read `get_tensors_data`). To be copied from before the next
         run, not written nor kept: with replicas, a framework copies its weights back from it
         without a round trip through the host buffers (`weights_to_host` copies every
         variable of every group)."""
@@ -211,8 +211,11 @@ class SessionWeights:
             return None
         if v in self._per_replica:
             return None
+        # in a torch.distributed job every process reads host values together (an exchange)
+        if len(self._device) != self._ir.replication_factor:
+            return None
         replicas = read_replicas(v, self._ir.replication_factor)
-        if len(replicas) != 1 or replicas[0] not in self._device:
+        if len(replicas) != 1:
             return None
         return self._devices()[replicas[0]][i]
 
