@@ -180,3 +180,47 @@ def test_hub_falls_back_where_the_stacked_bits_differ():
     assert stacked_values(requests, _own) is None
     assert list(site.checked.values()) == [False]
     assert stacked_values(requests, _own) is None  # not tried again
+
+
+# the lock-step hub with replicas at different waits -----------------------------------
+def _sum_fn(replica, value, values):
+    return sum(values[1:], values[0])
+
+
+def test_lockstep_replicas_at_different_waits_each_compute_their_own():
+    """Replica 0 meets the stack site before a collective, replica 1 after it: the hub
+    answers replica 0's wait with None (it runs its own kernel), the collective then meets,
+    and replica 1 runs the site alone after it. Every result is its own kernel's."""
+    from popxl_core.sim.lockstep import run_lockstep
+    from popxl_core.sim.runtime import Runtime
+
+    runtime = Runtime(replicas=2)
+    site = _site(_rows)
+    site.runtime = runtime
+    w = torch.randn(5, 3)
+    xs = [torch.randn(2, 5) for _ in range(2)]
+    got = {}
+
+    def body(r):
+        if r == 0:
+            got["y0"] = site(xs[0], w)
+            got["c0"] = runtime.collective(torch.tensor([1.0]), _sum_fn)
+        else:
+            got["c1"] = runtime.collective(torch.tensor([2.0]), _sum_fn)
+            got["y1"] = site(xs[1], w)
+
+    run_lockstep(runtime, body)
+    assert torch.equal(got["y0"], xs[0] @ w) and torch.equal(got["y1"], xs[1] @ w)
+    assert got["c0"].item() == got["c1"].item() == 3.0
+    assert not site.checked  # never stacked
+
+
+def test_threaded_replicas_run_their_own_kernels(monkeypatch):
+    """One OS thread per replica (``runtime.LOCKSTEP = False``): no hub, no stacking; the
+    same bits."""
+    from popxl_core.sim import runtime
+
+    monkeypatch.setattr(runtime, "LOCKSTEP", False)
+    threaded = _train("mlp", 2, STACKED, steps=2)
+    _assert_same(threaded, _train("mlp", 2, OWN, steps=2))
+    assert all(not s.checked for s in _sites(threaded[3]))
