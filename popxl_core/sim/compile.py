@@ -27,6 +27,14 @@ from .fuse import transposed_kernel
 from .handoff import HANDOFF_PARAM, emit_handoff_call, handoff_graph, unpack_lines
 from .inductor import compile_pure_graphs
 from .inplace import inplace_kernel
+from .kernel_wrappers import (
+    cloning,
+    fp16_in_fp32,
+    fp16_via_fp32,
+    spec_checked,
+    touches_narrow_unsigned,
+    unsigned_via_int64,
+)
 from .options import DEFAULT, CompileOptions
 from .passes import STATS, GraphPlan, live_ops, run_passes
 from .stacking import stack_site
@@ -301,7 +309,7 @@ def _bind_kernel(em: Emitter, kernel: Callable, op: Op, checked: Op | None = Non
     """``kernel`` as a global of the generated code, recorded as ``op``'s (errors name it);
     wrapped to check ``checked``'s output specs when the program checks them."""
     if checked is not None and em.program.check_specs:
-        kernel = _spec_checked(kernel, checked)
+        kernel = spec_checked(kernel, checked)
     k = em.bind_global("k", kernel)
     em.program.kernel_ops[k] = op
     return k
@@ -315,13 +323,13 @@ def _bound_kernel(op: Op, em: Emitter) -> Callable:
         raise RuntimeError(f"{op.type}.{op.id} has no kernel and no emitter in the op table.")
     kernel = functools.partial(base, **op.attrs) if op.attrs else base
     if fp16_in_fp32(op):
-        kernel = _fp16_via_fp32(kernel, op)
-    if not opdef.view and _touches_narrow_unsigned(op):
-        kernel = _unsigned_via_int64(kernel, op)
+        kernel = fp16_via_fp32(kernel, op)
+    if not opdef.view and touches_narrow_unsigned(op):
+        kernel = unsigned_via_int64(kernel, op)
     if opdef.view and _view_needs_copy(op, em):
-        kernel = _cloning(kernel)
+        kernel = cloning(kernel)
     if em.program.check_specs:
-        kernel = _spec_checked(kernel, op)
+        kernel = spec_checked(kernel, op)
     return kernel
 
 
@@ -333,87 +341,6 @@ def _view_needs_copy(op: Op, em: Emitter) -> bool:
     views = em.program.view_outputs
     outs = [t for t in op.outputs if views.is_output(em.graph, t)]
     return any(views.needs_copy(em.graph, t) for t in outs)
-
-
-def _spec_checked(kernel: Callable, op: Op) -> Callable:
-    """Reference mode for tests: assert every kernel output matches the op's inferred spec."""
-    want = [(tuple(t.shape), t.dtype.as_torch()) for t in op.outputs]
-
-    def run(*args):
-        res = kernel(*args)
-        got = res if isinstance(res, tuple) else (res,)
-        have = [(tuple(r.shape), r.dtype) for r in got] if op.outputs else []
-        if have != want:
-            raise AssertionError(
-                f"{op.type}.{op.id}: kernel produced {have}, the op table inferred {want}"
-            )
-        return res
-
-    return run
-
-
-def fp16_in_fp32(op: Op) -> bool:
-    """Whether ``op`` computes its float16 inputs in float32 (`OpDef.fp16_in_fp32`): on the
-    IPU's numerics; with ``Ir.numerics == "torch"`` torch's own float16 kernels run, as eager
-    PyTorch runs a ``model.half()`` (popxl_fx's reference, bit for bit)."""
-    return op.opdef.fp16_in_fp32 and op.graph.ir.numerics != "torch" and _touches_fp16(op)
-
-
-def _touches_fp16(op: Op) -> bool:
-    from .. import dtypes
-
-    return any(t.dtype is dtypes.float16 for t in (*op.inputs, *op.outputs))
-
-
-def _fp16_via_fp32(kernel: Callable, op: Op) -> Callable:
-    """Compute in float32 and round results to the declared dtypes (IPU AMP semantics)."""
-    out_dtypes = [t.dtype.as_torch() for t in op.outputs]
-    target = op.opdef.inplace[0] if op.opdef.inplace else None
-
-    def run(*args):
-        up = [a.float() if a.dtype == torch.float16 else a for a in args]
-        res = kernel(*up)
-        many = isinstance(res, tuple)
-        res = tuple(r.to(d) for r, d in zip(res if many else (res,), out_dtypes))
-        if target is not None:
-            args[target].copy_(res[0])
-            res = (args[target], *res[1:])
-        return res if many else res[0]
-
-    return run
-
-
-_NARROW_UNSIGNED = (torch.uint16, torch.uint32)
-
-
-def _touches_narrow_unsigned(op: Op) -> bool:
-    return any(t.dtype.as_torch() in _NARROW_UNSIGNED for t in (*op.inputs, *op.outputs))
-
-
-def _unsigned_via_int64(kernel: Callable, op: Op) -> Callable:
-    """torch has no arithmetic on uint16/uint32 (``seed + 1`` fails), the IPU has: compute in
-    int64 and cast back, which wraps modulo 2**16 / 2**32 as the IPU's unsigned ops do."""
-    out_dtypes = [t.dtype.as_torch() for t in op.outputs]
-    target = op.opdef.inplace[0] if op.opdef.inplace else None
-
-    def run(*args):
-        wide = [a.long() if a.dtype in _NARROW_UNSIGNED else a for a in args]
-        res = kernel(*wide)
-        many = isinstance(res, tuple)
-        res = tuple(r.to(d) for r, d in zip(res if many else (res,), out_dtypes))
-        if target is not None:
-            args[target].copy_(res[0])
-            res = (args[target], *res[1:])
-        return res if many else res[0]
-
-    return run
-
-
-def _cloning(kernel: Callable) -> Callable:
-    def copied(*args):
-        return kernel(*args).clone()
-
-    return copied
 
 
 def _has_modifying_ops(g: Graph) -> bool:

@@ -26,13 +26,12 @@ from ..graph import Graph, Op
 from ..host_data import host_to_torch
 from ..schedule import schedule
 from ..tensor import Constant, Tensor, Variable
-from .compile import (
-    _fp16_via_fp32,
-    _modified_graph_inputs,
-    _touches_narrow_unsigned,
-    _unsigned_via_int64,
+from .compile import _modified_graph_inputs, is_remote
+from .kernel_wrappers import (
     fp16_in_fp32,
-    is_remote,
+    fp16_via_fp32,
+    touches_narrow_unsigned,
+    unsigned_via_int64,
 )
 
 __all__ = ["ReferenceProgram"]
@@ -132,9 +131,9 @@ def plain_kernel(op: Op) -> Callable:
     if op.attrs:
         kernel = functools.partial(kernel, **op.attrs)
     if fp16_in_fp32(op):
-        kernel = _fp16_via_fp32(kernel, op)
-    if not op.opdef.view and _touches_narrow_unsigned(op):
-        kernel = _unsigned_via_int64(kernel, op)
+        kernel = fp16_via_fp32(kernel, op)
+    if not op.opdef.view and touches_narrow_unsigned(op):
+        kernel = unsigned_via_int64(kernel, op)
     return kernel
 
 
