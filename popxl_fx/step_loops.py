@@ -1,0 +1,202 @@
+"""`training_model`'s program with loops around the step: k micro-batches
+(gradient_accumulation), s slices of each (batch_serialisation) and/or n steps per call
+(device_iterations); `steps.build_training` hands such options over to `build_training_loops`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import addons
+import popxl_core as popxl
+from popxl_core import ops
+
+from .batch_serial import check_batch, serialise_step
+from .built import Program
+from .checks import check_inputs
+from .loops import check_batches, micro_batch_loop, repeat_step
+from .pipeline import Build, Lowered, accumulating_backward, backward, weights_of
+from .precision import loss_seed, stream_values
+from .program import Inputs, Weights, load_inputs, store
+from .replication import check_batch_split, split_replicas
+from .step_parts import TrainingRequest, lower_with_loss, named_locals, optimizer_update
+
+__all__ = ["build_training_loops"]
+
+
+def build_training_loops(build: Build, signature: Any, req: TrainingRequest) -> Program:
+    """The training program with a micro-batch loop (k = gradient_accumulation), slices
+    (s = batch_serialisation, `batch_serial`) and/or a device-iteration loop
+    (n = device_iterations) around the step (see `loops`)."""
+    step_inputs = _loop_step_inputs(build.options, req)
+    with build.ir.main_graph, popxl.in_sequence():
+        loop = _lower_loop_step(build, req, step_inputs)
+        _call_loop_steps(loop)
+    session = build.session()
+    outputs = {"loss": loop.losses[0]}
+    return Program(
+        signature, build.ir, session, loop.loaded[0], outputs, loop.weights, loop.lowered,
+        build.stages, req.optimizer,
+    )  # fmt: skip
+
+
+@dataclass
+class _LoopStep:
+    """One training step of `build_training_loops`, lowered; `_loop_step` calls it once per
+    device iteration (or once, in the main graph)."""
+
+    build: Build
+    req: TrainingRequest
+    step_inputs: tuple  # one step's torch inputs (the device-iteration dim dropped)
+    micro: tuple  # what the forward graph sees: one slice of one micro-batch of one replica
+    lowered: Lowered
+    index: int  # the loss's forward output
+    trainable: list[str]
+    variables: addons.NamedTensors
+    accum: addons.NamedTensors | None  # the gradient sums (k > 1 or s > 1)
+    weights: Weights
+    loaded: list[Inputs] = field(default_factory=list)
+    losses: list[popxl.DeviceToHostStream] = field(default_factory=list)
+
+
+def _loop_step_inputs(opts, req: TrainingRequest) -> tuple:
+    """Check the inputs against k, s, n and the replicas; one step's inputs."""
+    k, n, s = opts.gradient_accumulation, opts.device_iterations, opts.batch_serialisation
+    check_inputs(req.model, req.inputs)
+    check_batches(req.inputs, k, n)
+    if req.record:
+        raise NotImplementedError(
+            "recording outputs and gradients (assert_matches_eager) compares single steps; "
+            "it is not available with gradient_accumulation, batch_serialisation or "
+            "device_iterations."
+        )
+    step_inputs = tuple(x[0] for x in req.inputs) if n > 1 else req.inputs
+    if s > 1:
+        check_batch(
+            step_inputs, opts.batch_divisor // opts.replication_factor * split_replicas(opts), opts
+        )
+    check_batch_split(step_inputs, opts)
+    return step_inputs
+
+
+def _lower_loop_step(build: Build, req: TrainingRequest, step_inputs: tuple) -> _LoopStep:
+    """Lower the forward on one slice of one micro-batch, its (accumulating) backward, and
+    make the variables and gradient sums in the main graph."""
+    opts = build.options
+    parts = opts.gradient_accumulation * opts.batch_serialisation * split_replicas(opts)
+    micro = tuple(x[: x.shape[0] // parts] for x in step_inputs)
+    specs = [
+        popxl.TensorSpec(tuple(x.shape), popxl.dtype.as_dtype(x.dtype))
+        for x in stream_values(opts, micro)
+    ]
+    lowered, index, trainable = lower_with_loss(build, req, specs, micro)
+    fwd = lowered.forward
+    args = fwd.args.to_dict()
+    loss_out, required = fwd.graph.outputs[index], [args[t] for t in trainable]
+    accum = None
+    if _accumulates(opts):
+        accum_facts, _ = accumulating_backward(build, lowered, loss_out, required)
+        accum = accum_facts.init()
+    else:
+        backward(build, lowered, [loss_out], required)
+    variables = lowered.facts.init()
+    weights = weights_of(variables, lowered, build.prefix)
+    return _LoopStep(
+        build, req, step_inputs, micro, lowered, index, trainable, variables, accum, weights
+    )
+
+
+def _accumulates(opts) -> bool:
+    """Gradients are summed over micro-batches or slices before the optimizer steps."""
+    return opts.gradient_accumulation > 1 or opts.batch_serialisation > 1
+
+
+def _call_loop_steps(loop: _LoopStep) -> None:
+    """The step repeated n times per call (device iterations), or called once."""
+    build, n = loop.build, loop.build.options.device_iterations
+    if n > 1:
+        build.ir.num_host_transfers = n
+        repeat_step(build.ir, n, lambda local: _loop_step(loop, local))
+        build.planned = True
+        build.record("device_iterations", f"the step repeated {n} times per call")
+    else:
+        build.planned = _accumulates(build.options)  # the loops are called from the main graph
+        _loop_step(loop, lambda t: t)
+
+
+def _loop_step(loop: _LoopStep, local: Callable[[popxl.Tensor], popxl.Tensor]) -> None:
+    """Load the step's inputs, run forward and backward (accumulating), update, store the
+    loss. ``local`` maps a main-graph tensor to the current graph's stand-in."""
+    build, req, opts = loop.build, loop.req, loop.build.options
+    ins = load_inputs(stream_values(opts, loop.step_inputs), req.names, split_replicas(opts))
+    loop.loaded.append(ins)
+    named = named_locals(loop.variables, local)
+    if _accumulates(opts):
+        local_accum = named_locals(loop.accum, local)
+        loss = _accumulated_step(
+            build, loop.lowered, named, local_accum, ins, loop.index, loop.micro
+        )
+        sums, main = local_accum.to_dict(), loop.variables.to_dict()
+        grads = {main[t]: sums[f"accum.{t}"] for t in loop.trainable}
+    else:
+        grads, loss = _local_step(build, loop.lowered, named, loop.variables, ins, loop.index)
+    one_step = opts.device_iterations == 1
+    optimizer_update(build, req, loop.weights, grads, local=None if one_step else local)
+    if _accumulates(opts):  # the next step's first accumulation overwrites the sums
+        ops.var_updates.accumulator_scale_(local(loop.accum.mean_accum_counter), 0.0)
+    loop.losses.append(store(loss, "loss"))
+
+
+def _accumulated_step(
+    build: Build, lowered: Lowered, named, accum, ins: Inputs, index: int, micro: tuple
+) -> popxl.Tensor:
+    """Forward and accumulating backward over the step's batch: k micro-batches
+    (`loops.micro_batch_loop`) and/or s slices of each (`batch_serial.serialise_step`);
+    returns the step's loss (the mean of the micro-batches' / slices' losses)."""
+    opts = build.options
+    k, s = opts.gradient_accumulation, opts.batch_serialisation
+    fwd, bwd = lowered.forward, lowered.backward
+
+    def sliced(variables, sums, xs) -> popxl.Tensor:
+        copies = lowered.fxm.working_copies
+        return serialise_step(
+            fwd, bwd, variables, sums, xs, s, index, opts.loss_scaling, copies
+        ).loss
+
+    micro_step = sliced if s > 1 else None
+    if k > 1:
+        loss = micro_batch_loop(
+            build.ir, fwd, bwd, named, accum, ins.tensors, k, index, micro_step,
+            opts.loss_scaling,
+        )  # fmt: skip
+        rows = micro[0].shape[0] * s
+        build.record(
+            "accumulation",
+            f"{k} micro-batches of {rows} rows: forward and backward repeated (ops.repeat), "
+            "gradients mean-accumulated",
+        )
+    else:
+        loss = sliced(named, accum, ins.tensors)
+    if s > 1:
+        build.record(
+            "batch_serialisation",
+            f"{s} slices per micro-batch, {micro[0].shape[0]} rows each: forward and backward "
+            "loops, activations through remote buffers, gradients mean-accumulated",
+        )
+    return loss
+
+
+def _local_step(build: Build, lowered: Lowered, named, variables, ins: Inputs, index: int) -> tuple:
+    """One forward and backward call on ``named`` (the step graph's stand-ins for
+    ``variables``); gradients keyed by the main graph's variables."""
+    fwd_graph, bwd_graph = lowered.forward, lowered.backward
+    fwd = fwd_graph.bind(named).call_with_info(*ins.tensors)
+    loss = fwd.outputs[index]
+    info = bwd_graph.grad_graph_info
+    seed = loss_seed(loss, build.options)
+    bwd = bwd_graph.call_with_info(seed, args=info.inputs_dict(fwd))
+    by_local = info.fwd_parent_ins_to_grad_parent_outs(fwd, bwd)
+    local_of = {named.to_dict()[name]: v for name, v in variables.to_dict().items()}
+    return {local_of[t]: g for t, g in by_local.items() if t in local_of}, loss

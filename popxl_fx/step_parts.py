@@ -1,0 +1,69 @@
+"""What the plain and the looped training steps share (`steps`, `step_loops`): the request of
+`training_model` for one signature, the forward lowered with its loss, and the optimizer
+update of the parameters from their gradients.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from torch import nn
+
+import addons
+
+from .checks import integer_inputs_explained
+from .loss import check_scalar_loss, loss_index
+from .optim import OptimizerProgram
+from .pipeline import Build, lower, master_gradients, reduce_gradients
+from .program import Weights
+
+__all__ = ["TrainingRequest", "lower_with_loss", "named_locals", "optimizer_update"]
+
+
+@dataclass
+class TrainingRequest:
+    """What `training_model` asks for one signature."""
+
+    model: nn.Module  # the user's model
+    root: nn.Module  # what is traced: the model, or the loss wrapper around it
+    inputs: tuple  # the user's torch inputs (target last with a loss_fn)
+    names: list[str]  # stream names of the inputs
+    optimizer: OptimizerProgram
+    has_loss_fn: bool
+    record: bool  # also fetch forward outputs and gradients (tests)
+    contexts: Sequence[Callable] = ()
+
+
+def lower_with_loss(build: Build, req: TrainingRequest, specs, examples: tuple) -> tuple:
+    """Trace and lower ``req.root`` on ``examples`` (one replica's, or one micro-batch's,
+    inputs); returns the lowered graphs, the loss's output index (a scalar, checked) and the
+    trainable parameters' names."""
+    model_inputs = examples[:-1] if req.has_loss_fn else examples
+    contexts = (lambda: integer_inputs_explained(req.model, model_inputs), *req.contexts)
+    lowered = lower(build, req.root, specs, examples, contexts)
+    outputs = lowered.forward.graph.outputs
+    index = loss_index(lowered.fxm.out_spec, len(outputs), req.model)
+    check_scalar_loss(outputs[index], req.model, req.has_loss_fn)
+    return lowered, index, lowered.trainable()
+
+
+def optimizer_update(
+    build: Build, req: TrainingRequest, weights: Weights, grads_of: dict, local=None
+) -> dict:
+    """The optimizer update of every parameter with a gradient in ``grads_of`` (variable ->
+    gradient), after the gradients are reduced over replicas and unscaled to the float32
+    masters; returns the gradients it steps with, by name. ``local``: in a repeated step, the
+    step graph's stand-in of a main-graph variable (`optim.OptimizerProgram.build`)."""
+    params = {name: weights.variables[name] for name in weights.names("param")}
+    stepped = params if local is None else {name: local(v) for name, v in params.items()}
+    grads = {name: grads_of[v] for name, v in params.items() if v in grads_of}
+    grads = master_gradients(build, reduce_gradients(build, grads))
+    req.optimizer.build(stepped, grads, local=local)
+    build.record("optimizer", f"{type(req.optimizer.optimizer).__name__} var updates")
+    return grads
+
+
+def named_locals(tensors: addons.NamedTensors, local: Callable) -> addons.NamedTensors:
+    """``tensors`` with each main-graph tensor replaced by ``local``'s stand-in for it."""
+    return addons.NamedTensors.from_dict({n: local(t) for n, t in tensors.to_dict().items()})
