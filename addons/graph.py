@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from popxl_core import Graph, Tensor, ops
 from popxl_core import transforms as core_transforms
 from popxl_core.ops.call import CallSiteInfo
+from popxl_core.ops.call_site import flatten_one_level
 from popxl_core.printing import format_schedule
 from popxl_core.transforms import GradGraphInfo
 
@@ -22,13 +23,6 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["BoundGraph", "GraphWithNamedArgs", "gradient_graph"]
 
 TensorMap = Mapping[Tensor, Tensor]
-
-
-def _flatten_one_level(targs: Iterable[Any]) -> list[Any]:
-    out: list[Any] = []
-    for x in targs:
-        out.extend(x) if isinstance(x, (list, tuple)) else out.append(x)
-    return out
 
 
 class BoundGraph:
@@ -64,7 +58,7 @@ class BoundGraph:
         return ops.call_with_info(self.graph, *targs, inputs_dict=inputs_dict)
 
     def _check_named_inputs_fed(self, targs, inputs_dict) -> None:
-        n_pos = len(_flatten_one_level(targs))
+        n_pos = len(flatten_one_level(targs))
         fed = set(self.graph.inputs[:n_pos]) | set(inputs_dict)
         missing = [n for t, n in self._unbound_names.items() if t not in fed]
         if not missing:
@@ -85,7 +79,7 @@ class BoundGraph:
     ) -> dict[Tensor, Tensor]:
         """``{subgraph tensor: parent tensor}`` for the inputs of a call (and ``outs``)."""
         inputs_dict = {**self.args, **dict(args or {})}
-        positional = _flatten_one_level(targs)
+        positional = flatten_one_level(targs)
         mapping = dict(zip(self.graph.inputs, positional))
         mapping.update(inputs_dict)
         if outs is not None:

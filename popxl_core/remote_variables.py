@@ -17,7 +17,8 @@ import numpy as np
 from . import dtypes
 from .context import gcg
 from .remote_buffer import RemoteBuffer, replica_sharded_buffer
-from .tensor import TensorSpec, Variable, _host_array, variable
+from .tensor import TensorSpec, Variable, variable
+from .tensor_data import host_array
 
 __all__ = [
     "RemoteInfo",
@@ -153,7 +154,7 @@ def _host_spec(
 ) -> Tuple[np.ndarray, TensorSpec]:
     """The host array and the on-device spec a variable made from ``data`` would have
     (float8 data converted as `popxl.variable` converts it)."""
-    arr, dtype = _host_array(
+    arr, dtype = host_array(
         data, dtype, downcast, log2_scale, nan_on_overflow, "remote variable data"
     )
     groups = replica_grouping.num_groups if replica_grouping is not None else 1

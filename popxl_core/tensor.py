@@ -7,11 +7,12 @@ from typing import TYPE_CHECKING, Any, Optional, Tuple
 import numpy as np
 import torch
 
-from . import dtypes, fp8_utils
-from .arg_checks import check_conversion, check_host_data, checked_dtype, checked_shape
+from . import dtypes
+from .arg_checks import checked_dtype, checked_shape
 from .context import gcg, get_current_context
 from .dtypes import dtype
 from .host_data import to_numpy
+from .tensor_data import check_data, host_array
 from .tensor_spec import TensorByRef, TensorSpec
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -35,6 +36,17 @@ __all__ = [
 
 HostTensor = Any  # numpy array, torch tensor, python scalar or nested list
 host_tensor_types = (np.ndarray, torch.Tensor, int, float, bool, list, tuple)
+
+
+def _binary(op: str, reflected: bool = False):
+    """The Tensor method for a binary operator: ``ops.<op>(self, other)``, or
+    ``ops.<op>(other, self)`` for the reflected one (``__radd__``, ...)."""
+
+    def operator(self, other):
+        lhs, rhs = self, self._ensure_tensor(other)
+        return getattr(_ops(), op)(*((rhs, lhs) if reflected else (lhs, rhs)))
+
+    return operator
 
 
 class Tensor:
@@ -186,67 +198,33 @@ class Tensor:
             raise ValueError(f"Cannot combine {self.id!r} with an empty value {value!r}.")
         return scalar_operand(value, dtype or self.dtype, self)
 
-    # dunders -----------------------------------------------------------------
-    def __add__(self, other):
-        return _ops().add(self, self._ensure_tensor(other))
-
-    def __radd__(self, other):
-        return _ops().add(self._ensure_tensor(other), self)
+    # dunders: a Python operand becomes a constant of the tensor's dtype (`scalar_operand`)
+    __add__ = _binary("add")
+    __radd__ = _binary("add", reflected=True)
 
     def __iadd__(self, other):
         _ops().add_(self, self._ensure_tensor(other))
         return self
 
-    def __sub__(self, other):
-        return _ops().sub(self, self._ensure_tensor(other))
-
-    def __rsub__(self, other):
-        return _ops().sub(self._ensure_tensor(other), self)
-
-    def __mul__(self, other):
-        return _ops().mul(self, self._ensure_tensor(other))
-
-    def __rmul__(self, other):
-        return _ops().mul(self._ensure_tensor(other), self)
-
-    def __truediv__(self, other):
-        return _ops().div(self, self._ensure_tensor(other))
-
-    def __rtruediv__(self, other):
-        return _ops().div(self._ensure_tensor(other), self)
-
-    def __mod__(self, other):
-        return _ops().fmod(self, self._ensure_tensor(other))
-
-    def __rmod__(self, other):
-        return _ops().fmod(self._ensure_tensor(other), self)
-
-    def __pow__(self, other):
-        return _ops().pow(self, self._ensure_tensor(other))
-
-    def __rpow__(self, other):
-        return _ops().pow(self._ensure_tensor(other), self)
+    __sub__ = _binary("sub")
+    __rsub__ = _binary("sub", reflected=True)
+    __mul__ = _binary("mul")
+    __rmul__ = _binary("mul", reflected=True)
+    __truediv__ = _binary("div")
+    __rtruediv__ = _binary("div", reflected=True)
+    __mod__ = _binary("fmod")
+    __rmod__ = _binary("fmod", reflected=True)
+    __pow__ = _binary("pow")
+    __rpow__ = _binary("pow", reflected=True)
+    __matmul__ = _binary("matmul")
+    __rmatmul__ = _binary("matmul", reflected=True)
+    __and__ = _binary("logical_and")
+    __rand__ = _binary("logical_and", reflected=True)
+    __or__ = _binary("logical_or")
+    __ror__ = _binary("logical_or", reflected=True)
 
     def __neg__(self):
         return _ops().negate(self)
-
-    def __matmul__(self, other):
-        return _ops().matmul(self, self._ensure_tensor(other))
-
-    def __rmatmul__(self, other):
-        return _ops().matmul(self._ensure_tensor(other), self)
-
-    def __and__(self, other):
-        return _ops().logical_and(self, self._ensure_tensor(other))
-
-    def __rand__(self, other):
-        return _ops().logical_and(self._ensure_tensor(other), self)
-
-    def __or__(self, other):
-        return _ops().logical_or(self, self._ensure_tensor(other))
-
-    def __ror__(self, other):
-        return _ops().logical_or(self._ensure_tensor(other), self)
 
     def __invert__(self):
         return _ops().logical_not(self)
@@ -327,57 +305,6 @@ def _ops():
     return ops
 
 
-def _host_array(data, dt, downcast, log2_scale, nan_on_overflow, where):
-    """``(host array, dtype)`` of a variable's or constant's data; float8 data is uint8 bits
-    (or a popxl float8 array) or float values converted with ``log2_scale`` (default 0) and
-    ``nan_on_overflow`` (default True: out-of-range values become NaN, never clipped)."""
-    arr = np.asarray(data) if not isinstance(data, torch.Tensor) else None
-    if dt is None and arr is not None and arr.dtype in _FP8_BY_NP:
-        dt = _FP8_BY_NP[arr.dtype]
-    if dt is not None and dt.name.startswith("float8"):
-        return _fp8_host_array(data, dt, log2_scale, nan_on_overflow, where), dt
-    if log2_scale is not None or nan_on_overflow is not None:
-        raise ValueError(f"{where}: log2_scale and nan_on_overflow apply to float8 data only.")
-    out = to_numpy(data, dt, downcast)
-    check_conversion(data, out, where, downcast=dt is None)
-    return out, dt
-
-
-def _fp8_host_array(data, dt, log2_scale, nan_on_overflow, where) -> np.ndarray:
-    arr = np.asarray(data.detach().cpu().numpy() if isinstance(data, torch.Tensor) else data)
-    if arr.dtype.kind == "f":
-        bits = fp8_utils.host_pow2scale_cast_to_fp8(
-            arr,
-            dt,
-            0 if log2_scale is None else log2_scale,
-            True if nan_on_overflow is None else nan_on_overflow,
-        )
-    elif arr.dtype in (np.dtype(np.uint8), dt.as_numpy()):
-        if log2_scale is not None:
-            raise ValueError(
-                f"{where}: log2_scale applies when float data is converted to "
-                f"{dt.name}, not to float8 bits."
-            )
-        bits = np.ascontiguousarray(arr).view(np.uint8).reshape(arr.shape)
-    else:
-        raise TypeError(
-            f"{where}: {dt.name} data must be float values (converted with "
-            f"log2_scale) or uint8 bits, got {arr.dtype}."
-        )
-    return np.array(bits, copy=True).view(dt.as_numpy()).reshape(arr.shape)
-
-
-def _check_data(data, dt, where: str) -> None:
-    checked_dtype(dt, where, optional=True)
-    check_host_data(data, where)
-
-
-_FP8_BY_NP = {
-    dtypes.np_dtype_float8_143: dtypes.float8_143,
-    dtypes.np_dtype_float8_152: dtypes.float8_152,
-}
-
-
 def variable(
     data: HostTensor,
     dtype: Optional[dtype] = None,
@@ -397,8 +324,8 @@ def variable(
             "addons VariableFactory) and pass the variable at the call site."
         )
     where = f"popxl.variable({name or 't'!r})"
-    _check_data(data, dtype, where)
-    arr, dtype = _host_array(data, dtype, downcast, log2_scale, nan_on_overflow, where)
+    check_data(data, dtype, where)
+    arr, dtype = host_array(data, dtype, downcast, log2_scale, nan_on_overflow, where)
     groups = replica_grouping.num_groups if replica_grouping is not None else 1
     shape = arr.shape[1:] if groups > 1 else arr.shape
     if groups > 1 and (not arr.shape or arr.shape[0] != groups):
@@ -425,10 +352,10 @@ def constant(
     """Create a constant in the current graph; the data is copied."""
     g = gcg()
     where = f"popxl.constant({name or 't'!r})"
-    _check_data(data, dtype, where)
+    check_data(data, dtype, where)
     if isinstance(data, np.memmap):  # a constant copies its data (only variables keep one)
         data = np.array(data)
-    arr, dtype = _host_array(data, dtype, downcast, log2_scale, nan_on_overflow, where)
+    arr, dtype = host_array(data, dtype, downcast, log2_scale, nan_on_overflow, where)
     spec = TensorSpec(arr.shape, dtype or dtypes.dtype.as_dtype(arr))
     c = Constant._create(g, g._create_tensor_id(name), spec)
     c._data = arr

@@ -25,7 +25,7 @@ updated k times per step, in slice order (as PopTorch micro-batches).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import addons
@@ -34,7 +34,7 @@ from popxl_core import ops
 
 from .options import Options
 
-__all__ = ["SerialStep", "check_batch", "serialise_step"]
+__all__ = ["SerialStep", "check_batch", "mean_in_order", "serialise_step"]
 
 COPY = "working_copy"  # the backward's named inputs for the working copies: "working_copy.<name>"
 
@@ -198,8 +198,15 @@ def _merged(*trees: addons.NamedTensors) -> addons.NamedTensors:
 
 
 def _mean_loss(buffer: popxl.RemoteBuffer, k: int) -> popxl.Tensor:
-    """The mean of the k slices' losses, summed in slice order."""
-    total = ops.remote_load(buffer, 0, "loss.0")
-    for i in range(1, k):
-        total = total + ops.remote_load(buffer, i, f"loss.{i}")
-    return total / popxl.constant(float(k), total.dtype) if k > 1 else total
+    """The mean of the k slices' losses, summed in slice order (each loaded as it is added)."""
+    return mean_in_order(ops.remote_load(buffer, i, f"loss.{i}") for i in range(k))
+
+
+def mean_in_order(values: Iterable[popxl.Tensor]) -> popxl.Tensor:
+    """The mean of ``values``, summed left to right (a generator's values are made as they
+    are added, so their ops interleave with the sums)."""
+    it = iter(values)
+    total, n = next(it), 1
+    for v in it:
+        total, n = total + v, n + 1
+    return total / popxl.constant(float(n), total.dtype) if n > 1 else total

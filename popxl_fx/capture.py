@@ -11,7 +11,8 @@ folded into constants while tracing, so the graph is specialised to the example 
 Standard ``torch.nn`` modules with a lowering (or without children) stay leaves; user modules
 and containers are traced through. What cannot become a static graph (``.item()``, control
 flow on tensor values, data-dependent shapes and lengths) is recorded as `Issue`s, and tracing
-goes on with the example's concrete value so that one pass finds every problem.
+goes on with the example's concrete value so that one pass finds every problem (the proxy
+that answers those questions is `popxl_fx.capture_proxy`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from torch import nn
 
 from .calls import POSITIONAL, Binding
 from .capture_calls import RootCalls
-from .capture_effects import NUMPY
+from .capture_proxy import CaptureProxy, describe
 from .capture_state import preserved, trace_module
 from .errors import Issue, user_frame, user_stack
 from .lowering import lookup
@@ -42,21 +43,8 @@ __all__ = [
     "trace_module",
 ]
 
-# Tensor attributes and methods whose result only depends on the shape/dtype: folded.
-_FOLDED_ATTRS = frozenset(
-    {
-        "shape",
-        "ndim",
-        "dtype",
-        "device",
-        "is_cuda",
-        "layout",
-        "requires_grad",
-        "is_sparse",
-        "is_quantized",
-        "is_meta",
-    }
-)
+# Tensor methods and functions whose result only depends on the shape/dtype: folded (the
+# attributes, `FOLDED_ATTRS`, fold in `CaptureProxy`).
 _FOLDED_METHODS = frozenset(
     {
         "size",
@@ -108,59 +96,6 @@ def _data_dependent(node: fx.Node) -> bool:
     return any(n.meta.get("data_dependent") for n in node.all_input_nodes)
 
 
-class _Proxy(fx.Proxy):
-    """A proxy that answers shape questions and len/iter/int from the example value."""
-
-    def __getattr__(self, k: str) -> Any:
-        value = self.node.meta.get("example_value")
-        if k in _FOLDED_ATTRS and isinstance(value, torch.Tensor):
-            return getattr(value, k)
-        if k.startswith("__array"):  # numpy probing for its protocols: only __array__ is ours
-            raise AttributeError(k)
-        return super().__getattr__(k)
-
-    def _as_numpy(self, what: str) -> Any:
-        """numpy on a tensor: reported, then the example's value, so the trace goes on."""
-        self.tracer.record(self.node, NUMPY, f"{what} of {_describe(self.node)}", _NUMPY_HINT)
-        value = self.node.meta["example_value"]
-        return value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value
-
-    def numpy(self, *args: Any, **kwargs: Any) -> Any:
-        return self._as_numpy("Tensor.numpy()")
-
-    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
-        array = self._as_numpy("a numpy function (np.asarray/np.<fn>)")
-        return array.astype(dtype) if dtype is not None else array
-
-    def __len__(self) -> int:
-        self.tracer.check_static(self, "data-dependent length", "len()")
-        return len(self.node.meta["example_value"])
-
-    def __iter__(self) -> Iterator[fx.Proxy]:
-        return self.tracer.iter(self)
-
-    def __setitem__(self, index: Any, value: Any) -> None:
-        self.tracer.assign_item(self, index, value)  # a new tensor (`capture_calls`)
-
-    def _scalar(self, kind: type) -> Any:
-        self.tracer.record(
-            self.node,
-            ".item()",
-            f"{kind.__name__}() of a tensor value",
-            "the value depends on the data; keep it a tensor.",
-        )
-        return kind(self.node.meta["example_value"])
-
-    def __int__(self) -> int:
-        return self._scalar(int)
-
-    def __float__(self) -> float:
-        return self._scalar(float)
-
-    def __index__(self) -> int:
-        return self._scalar(int)
-
-
 class CaptureTracer(RootCalls, fx.Tracer):
     """The tracer behind `capture` (see the module docstring); ``binding`` says how the
     example inputs reach the root's ``forward`` (`calls.Binding`)."""
@@ -173,7 +108,7 @@ class CaptureTracer(RootCalls, fx.Tracer):
         replay: Replay | None = None,
         binding: Binding = POSITIONAL,
     ) -> None:
-        super().__init__()  # shapes fold in _Proxy (also for parameters)
+        super().__init__()  # shapes fold in CaptureProxy (also for parameters)
         self.binding = binding
         # node.stack_trace (for users of the captured graph) comes from `user_stack`, which
         # reads only the user's frames; a replay trace is only compared and keeps none
@@ -210,7 +145,7 @@ class CaptureTracer(RootCalls, fx.Tracer):
 
     # values ------------------------------------------------------------------------------
     def proxy(self, node: fx.Node) -> fx.Proxy:
-        return _Proxy(node, self)
+        return CaptureProxy(node, self)
 
     def create_proxy(
         self,
@@ -269,7 +204,7 @@ class CaptureTracer(RootCalls, fx.Tracer):
             else node.target in _DATA_FUNCTIONS
         ) or _bool_mask_index(node):
             kind = ".item()" if node.target in ("item", "tolist") else "data-dependent shape"
-            self.record(node, kind, _describe(node), _DATA_HINT[kind])
+            self.record(node, kind, describe(node), _DATA_HINT[kind])
             node.meta["data_dependent"] = True
         elif _data_dependent(node):
             node.meta["data_dependent"] = True
@@ -305,7 +240,7 @@ class CaptureTracer(RootCalls, fx.Tracer):
             module = self.root_module.get_submodule(node.target)
             return f"{type(module).__name__} module '{node.target}'"
         path = node.meta.get("module_path", "")
-        return f"{_describe(node)} in " + (f"module '{path}'" if path else "the root module")
+        return f"{describe(node)} in " + (f"module '{path}'" if path else "the root module")
 
     def _call(self, node: fx.Node, args: tuple, kwargs: dict) -> Any:
         if node.op == "get_attr":
@@ -344,21 +279,16 @@ class CaptureTracer(RootCalls, fx.Tracer):
         self.record(
             obj.node,
             "data-dependent control flow",
-            f"bool({_describe(obj.node)})",
+            f"bool({describe(obj.node)})",
             "a Python `if`/`while` on a tensor value; use torch.where or compute both branches.",
         )
         return bool(obj.node.meta["example_value"])
 
     def iter(self, obj: fx.Proxy) -> Iterator:
-        self.check_static(obj, "data-dependent length", f"iteration over {_describe(obj.node)}")
+        self.check_static(obj, "data-dependent length", f"iteration over {describe(obj.node)}")
         n = len(obj.node.meta["example_value"])
         return iter([obj[i] for i in range(n)])
 
-
-_NUMPY_HINT = (
-    "numpy runs once, at capture, on the example's values: its result would be frozen into "
-    "the program as a constant; use torch ops in forward."
-)
 
 _DATA_HINT = {
     ".item()": "a Python number read from a tensor freezes one step's data into the graph; "
@@ -367,14 +297,6 @@ _DATA_HINT = {
     "use a fixed-size form (masking with torch.where, topk).",
     "data-dependent length": "the number of items depends on the data; pad to a fixed size.",
 }
-
-
-def _describe(node: fx.Node) -> str:
-    if node.op == "call_method":
-        return f"Tensor.{node.target}()"
-    if node.op == "call_function":
-        return f"{getattr(node.target, '__name__', node.target)}()"
-    return node.name
 
 
 def _bool_mask_index(node: fx.Node) -> bool:

@@ -13,19 +13,16 @@ block graph, built once by a child `Module`, that every call site calls with its
 bound (``"blocks.3.attn.weight"``): the ``addons.Module.call_module`` pattern. With
 ``recompute=True`` each block's gradient graph is ``addons.transforms.recompute_graph`` of its
 autodiff, registered before the call sites exist, so the backward recomputes the block's
-activations instead of reading them from the forward.
+activations instead of reading them from the forward. The variables' data (torch tensors as
+factory data, a call site's own factories) comes from `popxl_fx.variable_data`.
 """
 
 from __future__ import annotations
 
-import functools
 import warnings
 import weakref
-import zlib
-from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
@@ -41,12 +38,17 @@ from .capture import Captured, capture
 from .capture_effects import WARN_KINDS
 from .errors import Issue, UnsupportedError
 from .lowering import LoweringContext, run_graph
-from .names import escape, unescape
+from .names import unescape
 from .outline import Group, OutlinePlan, plan_outline
+from .variable_data import (
+    SEED_NAME,
+    host_data,
+    named_tensors,
+    site_factories,
+    zeros_for,
+)
 
 __all__ = ["Module", "SEED_NAME", "signature"]
-
-SEED_NAME = "fx_random_seed"
 
 
 def signature(model: nn.Module, inputs: tuple) -> tuple:
@@ -184,7 +186,7 @@ class Module(addons.Module):
         """Variable name -> ("param" | "buffer", torch tensor), for every torch tensor (the
         master's tensors when there is a master: they are the weights); the variable name is
         the torch name, escaped where it is not a valid PopXL name (`popxl_fx.names`)."""
-        return _named_tensors(self.master if self.master is not None else self.torch_module)
+        return named_tensors(self.master if self.master is not None else self.torch_module)
 
     # build -----------------------------------------------------------------------------
     def build(self, *xs: popxl.Tensor) -> Any:
@@ -197,7 +199,7 @@ class Module(addons.Module):
             raise UnsupportedError(type(self.torch_module).__name__, issues)
         popxl.gcg().ir.numerics = self.numerics  # "torch": eager PyTorch's kernels
         self._vars, self._seed, self.working_copies = {}, [], {}
-        traced = _named_tensors(self.torch_module)
+        traced = named_tensors(self.torch_module)
         self._canonical = {id(t): n for n, (_, t) in traced.items()}
         self._kinds = {n: kind for n, (kind, _) in traced.items()}
         self._masters = {n: t for n, (_, t) in self.torch_names().items()}
@@ -242,7 +244,7 @@ class Module(addons.Module):
         if self.recompute and not self.has_grad_graph_info(graph.graph):
             self._recompute_grad(graph, n)
         if node.target not in self._sites:  # a module called twice binds the same variables
-            factories = _site_factories(facts, self.torch_module, node.target, self.weightless)
+            factories = site_factories(facts, self.torch_module, node.target, self.weightless)
             # overwrite=True merges "blocks.1" into the "blocks" tree "blocks.0" made
             self._sites[node.target] = self.add_variable_inputs(
                 node.target, factories, overwrite=True
@@ -310,7 +312,7 @@ class Module(addons.Module):
             # (each name is added once: self._vars guards it).
             var = self.add_variable_input(
                 name,
-                _host_data(data, _zeros_for(self.weightless, name)),
+                host_data(data, zeros_for(self.weightless, name)),
                 popxl.dtype.as_dtype(data.dtype),
                 by_ref=kind == "buffer",
                 overwrite=True,
@@ -361,13 +363,6 @@ class Module(addons.Module):
             ops.var_updates.copy_var_update_(self._seed[0], self._seed[1])
 
 
-def _named_tensors(module: nn.Module) -> dict[str, tuple[str, torch.Tensor]]:
-    # escaped: any legal torch name is a valid variable name (`popxl_fx.names`)
-    names = {escape(n): ("param", t) for n, t in module.named_parameters()}
-    names.update({escape(n): ("buffer", t) for n, t in module.named_buffers()})
-    return names
-
-
 def _builder(group: Group) -> Module:
     """The child Module that builds ``group``'s block graph (once per Ir: GraphCache)."""
     if group.builder is None:
@@ -392,53 +387,3 @@ def _block_class(torch_class: type) -> type:
     if torch_class not in _BLOCK_CLASSES:
         _BLOCK_CLASSES[torch_class] = type(torch_class.__name__, (Module,), {})
     return _BLOCK_CLASSES[torch_class]
-
-
-def _site_factories(
-    facts: addons.NamedVariableFactories,
-    root: nn.Module,
-    path: str,
-    weightless: bool | frozenset[str] = False,
-):
-    """The block's factories with the data of the call site at ``path``: its own torch
-    tensors, and its own random seed (the sites' random streams differ, as inlined ops' do)."""
-    site: dict[str, addons.VariableFactory] = {}
-    for name, f in facts.to_dict().items():
-        if name == SEED_NAME:
-            start = (int(torch.initial_seed()) + zlib.crc32(path.encode())) % (2**31)
-            data = functools.partial(popxl.create_seeds, start)
-        else:
-            qualname = f"{path}.{name}"
-            data = _host_data(_tensor_at(root, qualname), _zeros_for(weightless, qualname))
-        site[name] = addons.VariableFactory(data, f.dtype, f.name, f.by_ref, f.replica_grouping)
-    return addons.NamedVariableFactories.from_dict(site)
-
-
-def _tensor_at(root: nn.Module, qualname: str) -> torch.Tensor:
-    owner, _, attr = qualname.rpartition(".")
-    return getattr(root.get_submodule(owner), attr)
-
-
-def _zeros_for(weightless: bool | frozenset[str], name: str) -> bool:
-    """Whether the variable ``name`` is made weightless (`Module`'s ``weightless``)."""
-    if isinstance(weightless, bool):
-        return weightless
-    return name in weightless or unescape(name) in weightless
-
-
-def _host_data(tensor: torch.Tensor, weightless: bool = False) -> Callable[[], np.ndarray]:
-    """The factory's data: ``tensor``'s memory as a numpy array, which ``popxl.variable``
-    copies when the variable is made (the variable's data is then its own snapshot). With
-    ``weightless``, zeros of its shape and dtype instead: a broadcast of one zero, which popxl
-    keeps as it is, so a plan costs no host memory for it until a Session attaches."""
-    copies: list[np.ndarray] = []
-
-    def data() -> np.ndarray:
-        if not copies and weightless:
-            dtype = torch.empty((), dtype=tensor.dtype).numpy().dtype
-            copies.append(np.broadcast_to(np.zeros((), dtype), tuple(tensor.shape)))
-        elif not copies:  # a view: popxl.variable copies it once (a second copy cost seconds)
-            copies.append(tensor.detach().cpu().numpy())
-        return copies[0]
-
-    return data

@@ -15,7 +15,9 @@ from the optimizer's state when it has one, and `state_to_torch` writes it back 
 SGD and Adam(W) match torch bit for bit: each update is torch's single-tensor (CPU default,
 ``foreach=False``) sequence op for op, with torch's fused kernels (``lerp_``, ``addcmul_``,
 ``addcdiv_``) as var-update ops of their own. A ``fused=True`` group is built by
-`optim_fused` from torch's multi-tensor fused kernels instead (amsgrad included there).
+`optim_fused` from torch's multi-tensor fused kernels instead (amsgrad included there). What a
+param group means (its kind, refused options, structure and fed hyper-parameters) is in
+`optim_groups`.
 """
 
 from __future__ import annotations
@@ -31,22 +33,23 @@ from popxl_core import ops
 from popxl_core.context import module_origin
 
 from . import optim_ipu
-from .optim_fused import FusedBuilder, fused_feeds, fused_structure
+from .optim_fused import FusedBuilder, fused_feeds
+from .optim_groups import (
+    ADAM_HYPER,
+    SGD_HYPER,
+    UnsupportedOptimizerError,
+    adam_hyper,
+    check_group,
+    decoupled,
+    group_structure,
+    hyper_source,
+    optimizer_kind,
+    sgd_hyper,
+)
 from .optim_remote import RemoteState
 from .optim_replicated import Replication
 
 __all__ = ["OptimizerProgram", "UnsupportedOptimizerError", "group_structure"]
-
-_SGD_HYPER = ("neg_lr", "weight_decay", "buf_scale", "damp_alpha", "momentum")
-_ADAM_HYPER = ("w1", "beta2", "c2", "bc2_sqrt", "eps", "neg_step_size", "weight_decay", "decay")
-# options that change torch's arithmetic in ways the program does not reproduce
-_REJECT = {"amsgrad": True, "capturable": True, "differentiable": True}
-# torch's fused path does amsgrad, and ignores capturable (the same kernels on CPU)
-_REJECT_FUSED = {"differentiable": True}
-
-
-class UnsupportedOptimizerError(ValueError):
-    """The torch optimizer (or one of its options) has no exact equivalent in the program."""
 
 
 @dataclass
@@ -59,41 +62,6 @@ class _Group:
     step: int = 0  # steps taken (Adam's `step`; SGD: 0 until a momentum buffer exists)
     structure: tuple = ()  # `OptimizerProgram._structure` of the group the program was built for
     fed: tuple = ((), {})  # (what the last feeds were computed from, those feeds)
-
-
-def _kind(optimizer: torch.optim.Optimizer) -> str:
-    if type(optimizer) is torch.optim.SGD:
-        return "sgd"
-    if type(optimizer) in (torch.optim.Adam, torch.optim.AdamW):
-        return "adam"
-    if type(optimizer) is optim_ipu.IPUAdam:
-        return "ipu_adam"
-    raise UnsupportedOptimizerError(
-        f"optimizer {type(optimizer).__name__} is not supported by training_model; use "
-        "torch.optim.SGD, Adam or AdamW, popxl_fx.IPUAdam, or popxl_fx.compile, which runs "
-        "any torch optimizer."
-    )
-
-
-def _check_group(optimizer, kind: str, i: int, group: Mapping) -> None:
-    fused = bool(group.get("fused"))
-    for opt, bad in (_REJECT_FUSED if fused else _REJECT).items():
-        if group.get(opt) == bad:
-            also = " with fused=True" if fused else ""
-            hint = " (or fused=True)" if opt == "amsgrad" else ""
-            raise UnsupportedOptimizerError(
-                f"param group {i}: {opt}={bad!r}{also} is not reproduced by the simulated "
-                f"optimizer; use {opt}={not bad!r}{hint}, or popxl_fx.compile to keep the "
-                "torch optimizer."
-            )
-    if fused and getattr(optimizer, "grad_scale", None) is not None:
-        raise UnsupportedOptimizerError(
-            f"param group {i}: fused=True with a grad_scale (torch.amp.GradScaler unscales "
-            "inside the fused kernel) is not reproduced by the simulated optimizer; train "
-            "without the GradScaler, or use popxl_fx.compile to keep the torch optimizer."
-        )
-    if kind == "adam" and float(group["betas"][0]) >= 1.0:
-        raise UnsupportedOptimizerError(f"param group {i}: betas[0] must be below 1.")
 
 
 class OptimizerProgram:
@@ -115,11 +83,11 @@ class OptimizerProgram:
         self.optimizer = optimizer
         self.replication = replication or Replication()
         self._shapes: dict[str, tuple] = {}  # each parameter's full shape (state is made so)
-        self.kind = _kind(optimizer)
+        self.kind = optimizer_kind(optimizer)
         by_id = {id(p): n for p, n in names.items()}
         self.groups: list[_Group] = []
         for i, group in enumerate(optimizer.param_groups):
-            _check_group(optimizer, self.kind, i, group)
+            check_group(optimizer, self.kind, i, group)
             missing = [tuple(p.shape) for p in group["params"] if id(p) not in by_id]
             if missing:
                 raise UnsupportedOptimizerError(
@@ -225,7 +193,7 @@ class OptimizerProgram:
         """The group's hyper-parameter scalars in ``dtype`` (one stream each, made once)."""
         if dtype.name not in loaded:
             suffix = "" if dtype == popxl.float32 else f".{dtype.name}"
-            hyper = {"sgd": _SGD_HYPER, "adam": _ADAM_HYPER}.get(self.kind, optim_ipu.HYPER)
+            hyper = {"sgd": SGD_HYPER, "adam": ADAM_HYPER}.get(self.kind, optim_ipu.HYPER)
             streams = {
                 h + suffix: popxl.h2d_stream((), dtype, f"optimizer.group{g.index}.{h}{suffix}")
                 for h in hyper
@@ -281,7 +249,7 @@ class OptimizerProgram:
         step = self._state_var(name, "step", p)
         ops.var_updates.accumulate_(step, popxl.constant(1.0, popxl.float32))
         if pg["weight_decay"] != 0:
-            if _decoupled(pg):
+            if decoupled(pg):
                 ops.var_updates.accumulator_scale_(p, hp["decay"])
             else:
                 grad = ops.scaled_add(grad, p, b=hp["weight_decay"])
@@ -310,7 +278,7 @@ class OptimizerProgram:
                 continue
             # the arrays are made again only when what they are computed from changed (SGD:
             # after its first step, only when a scheduler changes lr; Adam: every step)
-            source = _hyper_source(self.kind, pg, g.step)
+            source = hyper_source(self.kind, pg, g.step)
             if source != g.fed[0]:
                 g.fed = (source, self._hyper_arrays(g, pg))
             out.update(g.fed[1])
@@ -329,7 +297,7 @@ class OptimizerProgram:
         if self.kind == "ipu_adam":
             values = optim_ipu.hyper_values(pg)
         else:
-            values = _sgd_hyper(pg, g.step) if self.kind == "sgd" else _adam_hyper(pg, g.step)
+            values = sgd_hyper(pg, g.step) if self.kind == "sgd" else adam_hyper(pg, g.step)
         return {
             s: np.asarray(values[h.split(".")[0]], s.dtype.as_numpy()) for h, s in g.streams.items()
         }
@@ -365,80 +333,3 @@ class OptimizerProgram:
 
     def variables(self) -> list[popxl.Variable]:
         return [v for vs in self.state.values() for v in vs.values()]
-
-
-_KINDS = {
-    torch.optim.SGD: "sgd",
-    torch.optim.Adam: "adam",
-    torch.optim.AdamW: "adam",
-    optim_ipu.IPUAdam: "ipu_adam",
-}
-
-
-def group_structure(optimizer_type: type, pg: Mapping) -> tuple:
-    """The options of a param group that the program is built with (not fed as streams):
-    a change needs another program."""
-    kind = _KINDS.get(optimizer_type)
-    rejected = tuple(pg.get(opt) for opt in _REJECT)  # a program is refused when set
-    if kind is None:
-        return rejected
-    if kind == "ipu_adam":
-        return optim_ipu.structure(pg)
-    if pg.get("fused"):
-        return ("fused", fused_structure(kind, pg), rejected)
-    if kind == "sgd":
-        return (
-            pg["momentum"] != 0,
-            bool(pg["nesterov"]),
-            pg["weight_decay"] != 0,
-            bool(pg["maximize"]),
-            rejected,
-        )
-    return (pg["weight_decay"] != 0, _decoupled(pg), bool(pg["maximize"]), rejected)
-
-
-def _decoupled(pg: Mapping) -> bool:
-    return bool(pg.get("decoupled_weight_decay", False))
-
-
-def _hyper_source(kind: str, pg: Mapping, step: int) -> tuple:
-    """Everything `_sgd_hyper` / `_adam_hyper` read (the values as given, not converted)."""
-    if kind == "sgd":
-        keys = ("lr", "weight_decay", "momentum", "dampening")
-        return (step == 1, *(_frozen(pg[k]) for k in keys))
-    return (step, *(_frozen(pg[k]) for k in ("lr", "weight_decay", "betas", "eps")))
-
-
-def _frozen(value: object) -> object:
-    """A hyper-parameter as a cache key: a tensor lr (allowed by torch) by its current value."""
-    if isinstance(value, torch.Tensor):
-        return ("tensor", float(value))
-    if isinstance(value, (tuple, list)):
-        return tuple(_frozen(v) for v in value)
-    return value
-
-
-def _sgd_hyper(pg: Mapping, step: int) -> dict[str, float]:
-    first = step == 1  # torch's buffer is a copy of the gradient on its first step
-    return {
-        "neg_lr": -float(pg["lr"]),
-        "weight_decay": float(pg["weight_decay"]),
-        "buf_scale": 0.0 if first else float(pg["momentum"]),
-        "damp_alpha": 1.0 if first else 1.0 - float(pg["dampening"]),
-        "momentum": float(pg["momentum"]),
-    }
-
-
-def _adam_hyper(pg: Mapping, step: int) -> dict[str, float]:
-    lr, wd = float(pg["lr"]), float(pg["weight_decay"])
-    beta1, beta2 = (float(b) for b in pg["betas"])
-    return {
-        "w1": 1 - beta1,
-        "beta2": beta2,
-        "c2": 1 - beta2,
-        "bc2_sqrt": (1 - beta2**step) ** 0.5,
-        "eps": float(pg["eps"]),
-        "neg_step_size": -(lr / (1 - beta1**step)),
-        "weight_decay": wd,
-        "decay": 1 - lr * wd,
-    }

@@ -40,12 +40,13 @@ from popxl_core.sim.machine import machine_for
 from .built import Program
 from .checks import check_inputs, integer_inputs_explained
 from .loss import check_scalar_loss, loss_index
+from .lower_stage import Lowered, _entered
 from .module import Module
 from .optim_remote import RemoteState
 from .phase_report import PhaseSteps
 from .phased_slices import Slices, SliceStore
 from .phases import Piece, check_phase_sizes, phase_paths, split_pieces
-from .pipeline import Build, Lowered, _entered
+from .pipeline import Build
 from .program import Weights, load_inputs, store
 from .replication import check_batch_split, replica_examples, replication_of, split_replicas
 

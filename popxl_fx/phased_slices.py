@@ -27,6 +27,8 @@ from dataclasses import dataclass
 import popxl_core as popxl
 from popxl_core import ops
 
+from .batch_serial import mean_in_order
+
 __all__ = ["Kept", "SliceStore", "Slices"]
 
 
@@ -65,16 +67,8 @@ class Slices:
     def loss(self, losses: list[popxl.Tensor]) -> popxl.Tensor:
         """The step's loss from the slices' losses, summed and divided as the plain loops do
         (`batch_serial._mean_loss` per micro-batch, then `loops.micro_batch_loop`)."""
-        micro = [_mean(losses[i * self.s : (i + 1) * self.s]) for i in range(self.k)]
-        return _mean(micro)
-
-
-def _mean(values: list[popxl.Tensor]) -> popxl.Tensor:
-    total = values[0]
-    for v in values[1:]:
-        total = total + v
-    n = len(values)
-    return total / popxl.constant(float(n), total.dtype) if n > 1 else total
+        micro = [mean_in_order(losses[i * self.s : (i + 1) * self.s]) for i in range(self.k)]
+        return mean_in_order(micro)
 
 
 @dataclass(frozen=True, eq=False)

@@ -39,6 +39,8 @@ the order stays the stated one):
                                                  [replication_factor, replicated_tensor_sharding]
     check_entry        the fields an entry point refuses (until it applies them)
 
+(`lower`, `backward` and `accumulating_backward` live in `lower_stage`, re-exported here.)
+
 The records are what `explain` prints: the stages that ran, their graphs with how often
 each runs per call, and the memory per IPU after the stage (planned on the program as built
 so far, once the step's call sites exist; `Build.planned`). Weights shared with torch are
@@ -48,10 +50,8 @@ made in one place, `weights_of`, and copied either way by `program.Weights` (``t
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
 from typing import Any, Generic, TypeVar
 
 from torch import nn
@@ -63,9 +63,9 @@ from popxl_core.sim.plan import build_plan
 
 from . import lowerings, replication  # noqa: F401  (lowerings fills the lowering table)
 from .calls import POSITIONAL, Binding
-from .module import Module
+from .lower_stage import Lowered, accumulating_backward, backward, lower
 from .options import Options
-from .precision import check_loss_scale, half_copy, half_inputs, unscale
+from .precision import unscale
 from .program import Weights, describe_change, log, make_session
 from .stage import GraphRow, Stage
 
@@ -252,171 +252,6 @@ def _graph_of(g: Any) -> popxl.Graph:
 def new_ir(options: Options) -> popxl.Ir:
     """The Ir of one program: ``options.replication_factor`` replicas."""
     return popxl.Ir(replication=options.replication_factor)
-
-
-@dataclass
-class Lowered:
-    """The traced model in one Ir: its module, variable factories, forward graph and (when
-    asked) the backward graph."""
-
-    fxm: Module
-    facts: Any  # addons.NamedVariableFactories of the torch parameters and buffers
-    forward: addons.GraphWithNamedArgs
-    backward: addons.GraphWithNamedArgs | None = None
-
-    def torch_names(self) -> dict[str, tuple[str, Any]]:
-        return self.fxm.torch_names()
-
-    def trainable(self) -> list[str]:
-        """Variable names of the parameters that require gradients (forward arg order)."""
-        names = self.torch_names()
-        return [
-            n
-            for n in self.forward.args.to_dict()
-            if n in names and names[n][0] == "param" and names[n][1].requires_grad
-        ]
-
-
-def lower(
-    build: Build,
-    root: nn.Module,
-    specs: Sequence[Any],
-    examples: Sequence[Any],
-    contexts: Sequence[Callable[[], contextlib.AbstractContextManager]] = (),
-    differentiated: bool = True,
-) -> Lowered:
-    """Capture ``root`` on ``examples`` (the user's inputs: real branches and indices) and
-    lower it to a forward graph taking ``specs``. ``contexts`` wrap both (they turn errors
-    into the user's terms).
-
-    With ``Options(outline=...)`` each group of repeated blocks is one graph called once per
-    block (`popxl_fx.outline`); with ``recompute=True`` and ``differentiated`` (a backward
-    will be built) each block's gradient graph recomputes its forward. Both happen while the
-    forward is lowered, since a block's gradient graph must exist before its call sites do;
-    the "recompute" stage is recorded after "backward", which calls those graphs. With
-    ``precision="float16"`` the traced module is a float16 copy (`popxl_fx.precision`).
-    """
-    opts = build.options
-    recompute = opts.recompute and differentiated
-    fxm = _module(opts, root, build.prefix, recompute, build.weightless, build.binding)
-    if opts.precision == "float16":
-        examples = half_inputs(examples)
-    fxm.grad_enabled = build.grad_enabled
-    with _entered(contexts):
-        captured = fxm.capture(*examples)
-    build.record("capture", f"torch.fx graph of {len(captured.gm.graph.nodes)} nodes")
-    with _entered(contexts):
-        facts, fwd = fxm.create_graph(*specs)
-    blocks = fxm.block_graphs(build.ir)
-    build.record("lower", _lower_detail(fxm, specs), [fwd, *blocks])
-    return Lowered(fxm, facts, fwd)
-
-
-def _module(
-    options: Options,
-    root: nn.Module,
-    prefix: str,
-    recompute: bool,
-    weightless: bool | frozenset[str] = False,
-    binding: Binding = POSITIONAL,
-) -> Module:
-    """The traced module: ``root`` itself, or (precision="float16") a float16 copy of it
-    whose parameters are ``root``'s float32 master weights (`popxl_fx.precision`); outlined
-    as ``options.outline`` says (names relative to ``prefix``, where the model sits);
-    ``weightless`` for what-if plans (`Module`)."""
-    kwargs = {
-        "outline": options.outline,
-        "recompute": recompute,
-        "outline_prefix": prefix,
-        "weightless": weightless,
-        "rng": options.rng,  # where train-mode random ops draw from
-        "binding": binding,
-        "numerics": options.numerics,
-    }
-    if options.precision == "float16":
-        check_loss_scale(options)
-        return Module(half_copy(root), flatten_outputs=True, master=root, **kwargs)
-    return Module(root, flatten_outputs=True, **kwargs)
-
-
-def _check_no_torch_draws(blocks: Sequence[popxl.Graph]) -> None:
-    """A recomputed block re-runs its forward in the backward: a draw from torch's generator
-    (Options(rng="torch") dropout) would give a new mask there, a wrong gradient."""
-    drawing = [g.name for g in blocks if any(op.type == "TorchRandom" for op in g.ops)]
-    if drawing:
-        raise NotImplementedError(
-            f"Options(recompute=True) with random ops drawing from torch's generator in "
-            f"{', '.join(drawing)}: recomputation would draw new masks in the backward. Use "
-            "Options(rng='ipu') (seeded draws replay exactly), or recompute=False."
-        )
-
-
-def _record_recompute(build: Build, lowered: Lowered) -> None:
-    """The "recompute" stage: the blocks' recomputing gradient graphs (made while lowering)
-    are what the backward calls."""
-    if not lowered.fxm.recompute:
-        return
-    blocks = [g.name for g in lowered.fxm.block_graphs(build.ir)]
-    _check_no_torch_draws(lowered.fxm.block_graphs(build.ir))
-    if not blocks:  # said, not silent: explain shows it too
-        log.warning(
-            "Options(recompute=True): outline=%r found no repeated block, so nothing is "
-            "recomputed; list the modules to recompute with outline=[...].",
-            build.options.outline,
-        )
-        build.record("recompute", "no outlined block: nothing recomputed")
-        return
-    made = [
-        g
-        for g in build.ir.graphs
-        if "_bwd_recomp" in g.name or any(g.name == f"{b}_bwd" for b in blocks)
-    ]
-    build.record("recompute", "each outlined block's backward recomputes its forward", made)
-
-
-def _lower_detail(fxm: Module, specs: Sequence[Any]) -> str:
-    plan = fxm.outline_plan(*specs)
-    if plan is None or not plan.groups:
-        return "the whole model inlined in one forward graph"
-    return "outlined: " + "; ".join(plan.describe())
-
-
-@contextlib.contextmanager
-def _entered(contexts: Sequence[Callable[[], contextlib.AbstractContextManager]]):
-    with contextlib.ExitStack() as stack:
-        for make in contexts:
-            stack.enter_context(make())
-        yield
-
-
-def backward(
-    build: Build,
-    lowered: Lowered,
-    provided: Sequence[popxl.Tensor],
-    required: Sequence[popxl.Tensor],
-) -> addons.GraphWithNamedArgs:
-    """The gradient graph of the forward (autodiff), kept on ``lowered``.
-    [accumulation uses `addons.autodiff_with_accumulation`]"""
-    grad = addons.autodiff(lowered.forward, grads_provided=provided, grads_required=required)
-    lowered.backward = grad
-    build.record("backward", f"autodiff: {len(required)} gradients", [grad])
-    _record_recompute(build, lowered)
-    return grad
-
-
-def accumulating_backward(
-    build: Build, lowered: Lowered, loss: popxl.Tensor, required: Sequence[popxl.Tensor]
-) -> tuple[Any, addons.GraphWithNamedArgs]:
-    """The gradient graph that mean-accumulates the gradients of ``required`` into
-    ``accum.<name>`` variables (`addons.autodiff_with_accumulation`); returns their
-    factories and the graph (kept on ``lowered``)."""
-    facts, grad = addons.autodiff_with_accumulation(
-        lowered.forward, required, grads_provided=[loss]
-    )
-    lowered.backward = grad
-    build.record("backward", f"autodiff: {len(required)} gradients, accumulated", [grad])
-    _record_recompute(build, lowered)
-    return facts, grad
 
 
 def reduce_gradients(build: Build, grads: dict[str, popxl.Tensor]) -> dict[str, popxl.Tensor]:

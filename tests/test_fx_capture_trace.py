@@ -174,3 +174,23 @@ def test_buffers_are_variables_plain_tensors_are_constants_and_the_model_is_unto
     assert set(vars(model)) == attrs  # fx's _tensor_constant attributes stay off the model
     assert set(ours["variables"]) == {"offset"}
     torch.testing.assert_close(ours["out"][0], model(x), rtol=0, atol=0)
+
+
+class _DuckTyped(nn.Module):
+    """Probes its input the way transformers' ``is_tracing`` does (``hasattr(x, "jax")``)."""
+
+    def forward(self, x):
+        if hasattr(x, "jax"):  # a tensor has no .jax in eager: never taken
+            x = x.jax()
+        scale = getattr(x, "not_a_tensor_attribute", 2.0)
+        return x * scale
+
+
+def test_attribute_probes_on_a_tensor_answer_as_in_eager():
+    """A proxy answered any attribute with a lazy proxy, so ``hasattr`` said yes and the trace
+    called ``x.jax()`` (an unsupported-op error for GPT-2 when jax was installed)."""
+    x = torch.randn(3, 4)
+    captured = capture(_DuckTyped(), (x,))
+    assert not captured.issues
+    assert [n.target for n in captured.gm.graph.nodes if n.op == "call_method"] == []
+    assert torch.equal(run_module(_DuckTyped(), x)["out"][0], x * 2.0)

@@ -11,6 +11,7 @@ from .registry import broadcast_shapes
 
 __all__ = [
     "as_tensor",
+    "binary_infer",
     "coerce_pair",
     "broadcast_shapes",
     "normalize_axes",
@@ -88,3 +89,9 @@ def rand(
 
 def randint(*shape: int, high: int, seed: int = 0, dtype=np.int32) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, high, size=shape).astype(dtype)
+
+
+def binary_infer(ins, **attrs):
+    """The shape rule of a broadcasting binary op: both dtypes equal, numpy broadcasting."""
+    same_dtype(*ins)
+    return [spec(broadcast_shapes(ins[0].shape, ins[1].shape), ins[0].dtype)]

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from ..tensor import TensorSpec
+from ..tensor import Tensor, TensorSpec
 
-__all__ = ["check_float", "check_scalar", "f32"]
+__all__ = ["Factor", "check_float", "check_scalar", "f16", "f32", "factor_inputs", "in_dtype_of"]
 
 
 def check_float(what: str, s: TensorSpec) -> None:
@@ -27,3 +28,23 @@ def f32(value: float | torch.Tensor) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
         return value.float().reshape(())
     return torch.tensor(value, dtype=torch.float32)
+
+
+Factor = float | Tensor
+
+
+def in_dtype_of(t: torch.Tensor):
+    """Casts to the accumulator's dtype (IPU var-updates compute in it)."""
+    return lambda v: v.to(t.dtype)
+
+
+def factor_inputs(f: Factor | None) -> tuple[float | None, list[Tensor]]:
+    """A float factor is an attribute; a Tensor factor is an extra op input."""
+    if isinstance(f, Tensor):
+        return None, [f]
+    return (None if f is None else float(f)), []
+
+
+def f16(value: float) -> torch.Tensor:
+    """A float16 sample value, rounded through float32 as a float factor is."""
+    return torch.tensor(np.float32(value), dtype=torch.float16)

@@ -15,9 +15,9 @@ import torch.nn.functional as F
 
 from ..tensor import Tensor
 from ._dtype_rules import floating
+from ._unary_common import float_spec, unary_op, unary_samples
 from ._utils import rand, same_dtype
 from .registry import Cost, OpDef, Sample, create_op, register
-from .unary import float_spec, unary_samples
 
 __all__ = [
     "gelu",
@@ -104,15 +104,8 @@ def _relu_out(x, out):
     return torch.clamp_min(x, 0, out=out)
 
 
-RELU = register(
-    OpDef(
-        "Relu",
-        float_spec,
-        torch.relu,
-        grad=_relu_grad,
-        out_kernel=_relu_out,
-        samples=unary_samples(lambda x: relu(x), torch.relu, seed=300),
-    )
+RELU = unary_op(
+    "Relu", float_spec, torch.relu, _relu_grad, lambda x: relu(x), seed=300, out_kernel=_relu_out
 )
 RELU_INPLACE = register(
     OpDef(
@@ -125,16 +118,17 @@ RELU_INPLACE = register(
         samples=unary_samples(lambda x: relu_(x * 1.0), torch.relu, seed=302),
     )
 )
-SIGMOID = register(
-    OpDef(
-        "Sigmoid",
-        float_spec,
-        torch.sigmoid,
-        grad=_sigmoid_grad,
-        cost=_flops(4),
-        pointwise=True,
-        samples=unary_samples(lambda x: sigmoid(x), torch.sigmoid, -4.0, 4.0, seed=304),
-    )
+SIGMOID = unary_op(
+    "Sigmoid",
+    float_spec,
+    torch.sigmoid,
+    _sigmoid_grad,
+    lambda x: sigmoid(x),
+    -4.0,
+    4.0,
+    304,
+    cost=_flops(4),
+    pointwise=True,
 )
 
 

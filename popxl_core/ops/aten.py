@@ -24,7 +24,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from .. import dtypes
 from ..tensor import Tensor, TensorSpec
 from ._utils import rand
-from .registry import Cost, OpDef, Sample, create_op, register
+from .registry import Cost, OpDef, Sample, create_op, no_grad, register
 from .unary import detach
 
 __all__ = ["DropoutNoise", "Slot", "aten_op", "torch_random"]
@@ -276,10 +276,6 @@ class DropoutNoise:
         return f"dropout_noise(p={self.p}, shape={self.shape})"
 
 
-def _no_grad(ctx) -> list:
-    return [None] * len(ctx.op.inputs)  # draws: inputs give only shapes or probabilities
-
-
 def torch_random(fn: Any, inputs: Sequence[Tensor], args: tuple = (), kwargs: dict | None = None):
     """Like `aten_op`, for an operator that draws from torch's default generator (kept in
     program order, never removed; no gradient flows through the draw). Running it again
@@ -316,7 +312,7 @@ TORCH_RANDOM = register(
         "TorchRandom",
         _infer,
         _kernel,
-        grad=_no_grad,
+        grad=no_grad,  # draws: inputs give only shapes or probabilities
         cost=_cost,
         samples=_random_samples,
         fp16_in_fp32=False,

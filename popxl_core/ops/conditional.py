@@ -9,7 +9,8 @@ import numpy as np
 from ..context import gcg
 from ..graph import Graph, Op
 from ..tensor import Tensor, constant
-from .call import CallSiteInfo, _call_cost, _check_callable, _prep_inputs, call, call_with_info
+from .call import call, call_with_info
+from .call_site import CallSiteInfo, _call_cost, _check_callable, _prep_inputs
 from .registry import OpDef, Sample, create_op, register
 
 __all__ = ["conditional", "conditional_with_info", "ConditionalSiteInfo"]

@@ -17,8 +17,9 @@ from .. import dtypes, fp8_utils
 from ..errors import OpDataError
 from ..tensor import Tensor, constant
 from . import _spatial as sp
+from ._conv_common import _attrs, _check_channels, _conv_out_sizes, _public_params
 from ._utils import rand, spec
-from .conv import _attrs, _check_channels, _conv_kernel, _conv_out_sizes, _public_params
+from .conv import _conv_kernel
 from .matmul import matmul_shape
 from .registry import Cost, OpDef, Sample, create_op, register
 

@@ -12,8 +12,9 @@ import torch
 from .. import dtypes
 from ..tensor import Tensor
 from . import _spatial as sp
+from ._conv_common import _attrs, _public_params
 from ._utils import rand, spec
-from .conv import _attrs, _convt_infer, _convt_kernel, _convt_pads, _public_params
+from .conv_transpose import _convt_infer, _convt_kernel, _convt_pads
 from .fp8 import (
     _check_fp8,
     _check_scale,

@@ -236,6 +236,14 @@ def _index_tensor(indices, like: Tensor) -> Tensor:
     return constant(arr.astype(np.int32))
 
 
+def _gather(opdef: OpDef, what: str, t, indices, axis, amp, zero_OOR) -> Tensor:
+    """`gather` and `tied_gather`: the op ``opdef`` (``what`` names it in errors)."""
+    attrs = _gather_attrs(axis, zero_OOR, amp)
+    if not zero_OOR:
+        _check_constant_indices(t, indices, int(axis), what)
+    return create_op(opdef, [t, _index_tensor(indices, t)], attrs)[0]
+
+
 def gather(
     t: Tensor,
     indices,
@@ -244,11 +252,7 @@ def gather(
     zero_OOR: bool = False,
 ) -> Tensor:
     """Select slices of ``t`` along ``axis`` at ``indices`` (numpy ``take``)."""
-    attrs = _gather_attrs(axis, zero_OOR, available_memory_proportion)
-    if not zero_OOR:
-        _check_constant_indices(t, indices, int(axis), "gather")
-    idx = _index_tensor(indices, t)
-    return create_op(GATHER, [t, idx], attrs)[0]
+    return _gather(GATHER, "gather", t, indices, axis, available_memory_proportion, zero_OOR)
 
 
 def tied_gather(
@@ -259,11 +263,8 @@ def tied_gather(
     zero_OOR: bool = False,
 ) -> Tensor:
     """`gather` for a weight shared with a matmul (a TiedGather op)."""
-    attrs = _gather_attrs(axis, zero_OOR, available_memory_proportion)
-    if not zero_OOR:
-        _check_constant_indices(t, indices, int(axis), "tied_gather")
-    idx = _index_tensor(indices, t)
-    return create_op(TIED_GATHER, [t, idx], attrs)[0]
+    amp = available_memory_proportion
+    return _gather(TIED_GATHER, "tied_gather", t, indices, axis, amp, zero_OOR)
 
 
 # GatherElements (the adjoint of Scatter's values) ------------------------------------------

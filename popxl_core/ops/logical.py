@@ -8,7 +8,7 @@ import torch
 from .. import dtypes
 from ..tensor import Tensor
 from ._utils import broadcast_shapes, coerce_pair, rand, same_dtype, spec
-from .registry import OpDef, Sample, create_op, register
+from .registry import OpDef, Sample, create_op, no_grad, register
 
 __all__ = [
     "equal",
@@ -33,8 +33,9 @@ def _unary_bool_infer(ins, **attrs):
     return [spec(ins[0].shape, dtypes.bool)]
 
 
-def _no_grad(ctx):
-    return [None] * len(ctx.op.inputs)
+def _bool_op(name: str, infer, kernel, samples) -> OpDef:
+    """Register the op ``name``: a bool output, so no gradient."""
+    return register(OpDef(name, infer, kernel, grad=no_grad, samples=samples))
 
 
 def _pair_samples(fn, ref, seed: int):
@@ -74,102 +75,77 @@ def _special_values():
     return np.array([1.0, np.nan, np.inf, -np.inf, 0.0, -3.5], np.float32)
 
 
-EQUAL = register(
-    OpDef(
-        "Equal",
-        _compare_infer,
-        torch.eq,
-        grad=_no_grad,
-        samples=_pair_samples(lambda a, b: equal(a, b), torch.eq, 400),
-    )
+EQUAL = _bool_op(
+    "Equal",
+    _compare_infer,
+    torch.eq,
+    _pair_samples(lambda a, b: equal(a, b), torch.eq, 400),
 )
-GREATER = register(
-    OpDef(
-        "Greater",
-        _compare_infer,
-        torch.gt,
-        grad=_no_grad,
-        samples=lambda: (
-            _pair_samples(lambda a, b: greater(a, b), torch.gt, 410)()
-            + [
-                Sample(
-                    [rand(5, seed=415)],
-                    lambda a: less(a, 0.25),
-                    lambda a: a < 0.25,
-                    grad=False,
-                    name="less",
-                ),
-                Sample(
-                    [np.array([1.0, 2.0, 3.0], np.float32)],
-                    lambda a: greater_equal(a, 2.0),
-                    lambda a: a >= 2.0,
-                    grad=False,
-                    name="greater_equal",
-                ),
-            ]
-        ),
-    )
-)
-AND = register(
-    OpDef(
-        "And",
-        _compare_infer,
-        torch.logical_and,
-        grad=_no_grad,
-        samples=_bool_samples(lambda a, b: logical_and(a, b), torch.logical_and, 420),
-    )
-)
-OR = register(
-    OpDef(
-        "Or",
-        _compare_infer,
-        torch.logical_or,
-        grad=_no_grad,
-        samples=_bool_samples(lambda a, b: logical_or(a, b), torch.logical_or, 430),
-    )
-)
-NOT = register(
-    OpDef(
-        "Not",
-        _unary_bool_infer,
-        torch.logical_not,
-        grad=_no_grad,
-        samples=lambda: [
+GREATER = _bool_op(
+    "Greater",
+    _compare_infer,
+    torch.gt,
+    lambda: (
+        _pair_samples(lambda a, b: greater(a, b), torch.gt, 410)()
+        + [
             Sample(
-                [rand(3, 4, seed=440) > 0], lambda a: logical_not(a), torch.logical_not, grad=False
-            ),
-            Sample(
-                [rand(5, seed=441) > 0], lambda a: ~a, torch.logical_not, grad=False, name="dunder"
-            ),
-        ],
-    )
-)
-IS_NAN = register(
-    OpDef(
-        "IsNaN",
-        _unary_bool_infer,
-        torch.isnan,
-        grad=_no_grad,
-        samples=lambda: [
-            Sample([_special_values()], lambda a: isnan(a), torch.isnan, grad=False),
-            Sample(
-                [_special_values()],
-                lambda a: isfinite(a),
-                torch.isfinite,
+                [rand(5, seed=415)],
+                lambda a: less(a, 0.25),
+                lambda a: a < 0.25,
                 grad=False,
-                name="isfinite",
+                name="less",
             ),
-        ],
-    )
+            Sample(
+                [np.array([1.0, 2.0, 3.0], np.float32)],
+                lambda a: greater_equal(a, 2.0),
+                lambda a: a >= 2.0,
+                grad=False,
+                name="greater_equal",
+            ),
+        ]
+    ),
 )
-IS_INF = register(
-    OpDef(
-        "IsInf",
-        _unary_bool_infer,
-        torch.isinf,
-        grad=_no_grad,
-        samples=lambda: [Sample([_special_values()], lambda a: isinf(a), torch.isinf, grad=False)],
-    )
+AND = _bool_op(
+    "And",
+    _compare_infer,
+    torch.logical_and,
+    _bool_samples(lambda a, b: logical_and(a, b), torch.logical_and, 420),
+)
+OR = _bool_op(
+    "Or",
+    _compare_infer,
+    torch.logical_or,
+    _bool_samples(lambda a, b: logical_or(a, b), torch.logical_or, 430),
+)
+NOT = _bool_op(
+    "Not",
+    _unary_bool_infer,
+    torch.logical_not,
+    lambda: [
+        Sample([rand(3, 4, seed=440) > 0], lambda a: logical_not(a), torch.logical_not, grad=False),
+        Sample([rand(5, seed=441) > 0], lambda a: ~a, torch.logical_not, grad=False, name="dunder"),
+    ],
+)
+IS_NAN = _bool_op(
+    "IsNaN",
+    _unary_bool_infer,
+    torch.isnan,
+    lambda: [
+        Sample([_special_values()], lambda a: isnan(a), torch.isnan, grad=False),
+        Sample(
+            [_special_values()],
+            lambda a: isfinite(a),
+            torch.isfinite,
+            grad=False,
+            name="isfinite",
+        ),
+    ],
+)
+IS_INF = _bool_op(
+    "IsInf",
+    _unary_bool_infer,
+    torch.isinf,
+    lambda: [Sample([_special_values()], lambda a: isinf(a), torch.isinf, grad=False)],
 )
 
 

@@ -1,4 +1,4 @@
-"""Softmax, log-softmax and the negative log likelihood losses.
+"""The negative log likelihood losses (softmax and log_softmax, in softmax.py, are re-exported).
 
 ``nll_loss`` takes *probabilities* (``log_prob=True``: log-probabilities) with the classes on the
 last axis and int32 labels of the remaining shape, like PopART's Nll. Ignored labels contribute
@@ -14,7 +14,6 @@ import torch
 import torch.nn.functional as F
 
 from ..tensor import Tensor
-from ._dtype_rules import check_float
 from ._nll_labels import (
     _aten_nll,
     aten_nll_backward,
@@ -22,146 +21,14 @@ from ._nll_labels import (
     check_labels,
     valid_labels,
 )
-from ._utils import rand, randint, same_dtype, spec
-from .registry import Cost, OpDef, Sample, create_op, register
+from ._utils import rand, randint, spec
+from .registry import OpDef, Sample, create_op, register
+from .softmax import log_softmax, softmax
 
 __all__ = ["REDUCTION_TYPE", "log_softmax", "nll_loss", "nll_loss_with_softmax_grad", "softmax"]
 
 REDUCTION_TYPE = Literal["mean", "sum", "none"]
 _REDUCTIONS = ("mean", "sum", "none")
-
-
-# softmax / log_softmax ---------------------------------------------------------------------
-def _softmax_infer(ins, axis):
-    check_float(ins[0])
-    return [ins[0]]
-
-
-def _softmax_cost(ins, outs, attrs) -> Cost:
-    # max, subtract, exp, sum, divide: about five operations per element.
-    return Cost(5 * ins[0].nelms, ins[0].nbytes + outs[0].nbytes)
-
-
-def _softmax_grad(ctx):
-    return create_op(SOFTMAX_GRAD, [ctx.grad_output(0), ctx.output(0)], dict(ctx.attrs))
-
-
-def _log_softmax_grad(ctx):
-    return create_op(LOG_SOFTMAX_GRAD, [ctx.grad_output(0), ctx.output(0)], dict(ctx.attrs))
-
-
-def _softmax_grad_infer(ins, axis):
-    same_dtype(*ins)
-    if tuple(ins[0].shape) != tuple(ins[1].shape):
-        raise ValueError(f"the gradient {ins[0].shape} and output {ins[1].shape} shapes differ")
-    return [ins[1]]
-
-
-# torch's own backward kernels: g y - y sum(g y), and g - exp(y) sum(g), vectorised their way
-def _softmax_grad_kernel(g, y, axis):
-    return torch.ops.aten._softmax_backward_data(g, y, axis, y.dtype)
-
-
-def _log_softmax_grad_kernel(g, y, axis):
-    return torch.ops.aten._log_softmax_backward_data(g, y, axis, y.dtype)
-
-
-def _softmax_grad_samples(fwd, torch_fwd, grad_def):
-    """The gradient op on the forward op's output, against torch autograd, bit for bit."""
-
-    def build(g, x):
-        return create_op(grad_def(), [g, fwd(x, 1)], {"axis": 1})[0]
-
-    def ref(g, x):
-        x = x.detach().requires_grad_()
-        with torch.enable_grad():
-            return torch.autograd.grad(torch_fwd(x, 1), x, g)[0]
-
-    inputs = [rand(3, 5, 2, seed=302), rand(3, 5, 2, low=-3, high=3, seed=303)]
-    return lambda: [Sample(inputs, build, ref, grad=False, rtol=0.0, atol=0.0)]
-
-
-def _softmax_samples(fn, ref):
-    return lambda: [
-        Sample(
-            [rand(4, 6, low=-3, high=3, seed=300)],
-            lambda x: fn(x, -1),
-            lambda x: ref(x, -1),
-            name="last",
-        ),
-        Sample(
-            [rand(2, 5, 3, low=-3, high=3, seed=301)],
-            lambda x: fn(x, 1),
-            lambda x: ref(x, 1),
-            name="middle",
-        ),
-    ]
-
-
-SOFTMAX = register(
-    OpDef(
-        "Softmax",
-        _softmax_infer,
-        lambda x, axis: torch.softmax(x, axis),
-        grad=_softmax_grad,
-        cost=_softmax_cost,
-        out_name="softmax_out",
-        samples=_softmax_samples(lambda x, a: softmax(x, a), torch.softmax),
-    )
-)
-LOG_SOFTMAX = register(
-    OpDef(
-        "LogSoftmax",
-        _softmax_infer,
-        lambda x, axis: torch.log_softmax(x, axis),
-        grad=_log_softmax_grad,
-        cost=_softmax_cost,
-        out_name="logsoftmax_out",
-        samples=_softmax_samples(lambda x, a: log_softmax(x, a), torch.log_softmax),
-    )
-)
-SOFTMAX_GRAD = register(
-    OpDef(
-        "SoftmaxGrad",
-        _softmax_grad_infer,
-        _softmax_grad_kernel,
-        cost=_softmax_cost,
-        samples=_softmax_grad_samples(
-            lambda x, a: softmax(x, a), torch.softmax, lambda: SOFTMAX_GRAD
-        ),
-    )
-)
-LOG_SOFTMAX_GRAD = register(
-    OpDef(
-        "LogSoftmaxGrad",
-        _softmax_grad_infer,
-        _log_softmax_grad_kernel,
-        cost=_softmax_cost,
-        samples=_softmax_grad_samples(
-            lambda x, a: log_softmax(x, a), torch.log_softmax, lambda: LOG_SOFTMAX_GRAD
-        ),
-    )
-)
-
-
-def _axis(t: Tensor, axis: int, what: str) -> int:
-    if not isinstance(t, Tensor):
-        raise TypeError(f"{what}: expected a popxl.Tensor, got {type(t).__name__}.")
-    if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
-        raise TypeError(f"{what}: axis must be an int, got {axis!r}.")
-    if not -t.rank <= axis < t.rank:
-        raise ValueError(f"{what}: axis {axis} is out of range for {t.id} of shape {t.shape}.")
-    return int(axis) % t.rank
-
-
-def softmax(t: Tensor, axis: int) -> Tensor:
-    """Softmax of ``t`` along ``axis`` (required, as in popxl)."""
-    return create_op(SOFTMAX, [t], {"axis": _axis(t, axis, "softmax")})[0]
-
-
-def log_softmax(t: Tensor, axis: int) -> Tensor:
-    """log(softmax(t)) along ``axis``, computed stably."""
-    return create_op(LOG_SOFTMAX, [t], {"axis": _axis(t, axis, "log_softmax")})[0]
 
 
 # shared NLL pieces -------------------------------------------------------------------------

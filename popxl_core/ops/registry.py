@@ -29,8 +29,10 @@ __all__ = [
     "create_op",
     "check_in_graph",
     "check_tensor_ipu_and_tile_set",
+    "copy_cost",
     "elementwise_cost",
     "no_cost",
+    "no_grad",
 ]
 
 
@@ -71,6 +73,17 @@ def elementwise_cost(ins: Sequence[TensorSpec], outs: Sequence[TensorSpec], attr
 
 def no_cost(ins, outs, attrs) -> Cost:
     return Cost(0, 0)
+
+
+def no_grad(ctx) -> list:
+    """The gradient rule of an op with none to give: piecewise-constant ops (ceil, sign),
+    boolean outputs (comparisons), random draws (the inputs give only shapes)."""
+    return [None] * len(ctx.op.inputs)
+
+
+def copy_cost(ins, outs, attrs) -> Cost:
+    """Data movement (reshapes, slices, copies): every output byte read once and written once."""
+    return Cost(0, 2 * sum(s.nbytes for s in outs))
 
 
 @dataclass(frozen=True)

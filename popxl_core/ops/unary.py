@@ -1,20 +1,21 @@
-"""Unary elementwise math: abs, sqrt, exp, log, trigonometry, rounding, clip, cast, detach,
-increment_mod. Activations (relu, gelu, swish, sigmoid) live in activations.py."""
+"""Unary elementwise math: abs, sqrt, exp, log, trigonometry, rounding.
+
+clip (clip.py), cast and detach (cast.py) and increment_mod (increment_mod.py) are re-exported
+here, where popxl has them. Activations (relu, gelu, swish, sigmoid) live in activations.py.
+"""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
-
-import numpy as np
 import torch
 
-from .. import dtypes
 from ..tensor import Tensor, constant
-from ._dtype_rules import checked_float_to_int, floating
-from ._utils import rand, spec
+from ._unary_common import float_spec, same_spec, unary_op, unary_samples
+from ._utils import rand
+from .cast import cast, detach, detach_
+from .clip import clamp, clip
 from .forms import unary_foreach
-from .registry import OpDef, Sample, create_op, register
+from .increment_mod import increment_mod, increment_mod_
+from .registry import OpDef, Sample, create_op, no_grad, register
 
 __all__ = [
     "abs",
@@ -37,28 +38,6 @@ __all__ = [
     "sqrt",
     "tanh",
 ]
-
-
-def same_spec(ins, **attrs):
-    return [ins[0]]
-
-
-float_spec = floating(same_spec)  # exp, log, sqrt, trigonometry, rounding: float only in PopXL
-
-
-def unary_samples(
-    build: Callable, ref: Callable, low: float = -1.0, high: float = 1.0, seed: int = 0
-) -> Callable:
-    """Two samples (a matrix and a rank-3 tensor) with data in [low, high)."""
-    return lambda: [
-        Sample([rand(3, 4, low=low, high=high, seed=seed)], build, ref),
-        Sample([rand(2, 3, 5, low=low, high=high, seed=seed + 1)], build, ref, name="rank3"),
-    ]
-
-
-def no_grad(ctx):
-    """Piecewise-constant ops (ceil, floor, sign): the gradient is zero almost everywhere."""
-    return [None] * len(ctx.op.inputs)
 
 
 def _g():
@@ -144,35 +123,21 @@ def _exp_inplace_kernel(x):
     return x.exp_()
 
 
-ABS = register(
-    OpDef(
-        "Abs",
-        same_spec,
-        torch.abs,
-        grad=_abs_grad,
-        samples=unary_samples(lambda x: abs(x), torch.abs, seed=200),
-    )
+ABS = unary_op("Abs", same_spec, torch.abs, _abs_grad, lambda x: abs(x), seed=200)
+SQRT = unary_op(
+    "Sqrt",
+    float_spec,
+    torch.sqrt,
+    _sqrt_grad,
+    lambda x: sqrt(x),
+    0.1,
+    4.0,
+    202,
+    foreach=unary_foreach(torch._foreach_sqrt, torch._foreach_sqrt_, writes_input=True),
+    out_kernel=torch.sqrt,
 )
-SQRT = register(
-    OpDef(
-        "Sqrt",
-        float_spec,
-        torch.sqrt,
-        grad=_sqrt_grad,
-        foreach=unary_foreach(torch._foreach_sqrt, torch._foreach_sqrt_, writes_input=True),
-        out_kernel=torch.sqrt,
-        samples=unary_samples(lambda x: sqrt(x), torch.sqrt, 0.1, 4.0, seed=202),
-    )
-)
-EXP = register(
-    OpDef(
-        "Exp",
-        float_spec,
-        torch.exp,
-        pointwise=True,
-        grad=_exp_grad,
-        samples=unary_samples(lambda x: exp(x), torch.exp, -2.0, 2.0, seed=204),
-    )
+EXP = unary_op(
+    "Exp", float_spec, torch.exp, _exp_grad, lambda x: exp(x), -2.0, 2.0, 204, pointwise=True
 )
 EXP_INPLACE = register(
     OpDef(
@@ -206,35 +171,14 @@ LOG = register(
         ),
     )
 )
-SIN = register(
-    OpDef(
-        "Sin",
-        float_spec,
-        torch.sin,
-        pointwise=True,
-        grad=_sin_grad,
-        samples=unary_samples(lambda x: sin(x), torch.sin, -3.0, 3.0, seed=212),
-    )
+SIN = unary_op(
+    "Sin", float_spec, torch.sin, _sin_grad, lambda x: sin(x), -3.0, 3.0, 212, pointwise=True
 )
-COS = register(
-    OpDef(
-        "Cos",
-        float_spec,
-        torch.cos,
-        pointwise=True,
-        grad=_cos_grad,
-        samples=unary_samples(lambda x: cos(x), torch.cos, -3.0, 3.0, seed=214),
-    )
+COS = unary_op(
+    "Cos", float_spec, torch.cos, _cos_grad, lambda x: cos(x), -3.0, 3.0, 214, pointwise=True
 )
-TANH = register(
-    OpDef(
-        "Tanh",
-        float_spec,
-        torch.tanh,
-        pointwise=True,
-        grad=_tanh_grad,
-        samples=unary_samples(lambda x: tanh(x), torch.tanh, -2.0, 2.0, seed=216),
-    )
+TANH = unary_op(
+    "Tanh", float_spec, torch.tanh, _tanh_grad, lambda x: tanh(x), -2.0, 2.0, 216, pointwise=True
 )
 TANH_GRAD = register(
     OpDef(
@@ -245,33 +189,9 @@ TANH_GRAD = register(
         samples=_tanh_grad_samples,
     )
 )
-CEIL = register(
-    OpDef(
-        "Ceil",
-        float_spec,
-        torch.ceil,
-        grad=no_grad,
-        samples=unary_samples(lambda x: ceil(x), torch.ceil, -3.0, 3.0, seed=218),
-    )
-)
-FLOOR = register(
-    OpDef(
-        "Floor",
-        float_spec,
-        torch.floor,
-        grad=no_grad,
-        samples=unary_samples(lambda x: floor(x), torch.floor, -3.0, 3.0, seed=220),
-    )
-)
-SIGN = register(
-    OpDef(
-        "Sign",
-        same_spec,
-        torch.sign,
-        grad=no_grad,
-        samples=unary_samples(lambda x: sign(x), torch.sign, seed=222),
-    )
-)
+CEIL = unary_op("Ceil", float_spec, torch.ceil, no_grad, lambda x: ceil(x), -3.0, 3.0, 218)
+FLOOR = unary_op("Floor", float_spec, torch.floor, no_grad, lambda x: floor(x), -3.0, 3.0, 220)
+SIGN = unary_op("Sign", same_spec, torch.sign, no_grad, lambda x: sign(x), seed=222)
 
 
 def abs(t: Tensor) -> Tensor:
@@ -334,251 +254,3 @@ def floor(t: Tensor) -> Tensor:
 def sign(t: Tensor) -> Tensor:
     """-1, 0 or 1 by the sign of t, elementwise."""
     return create_op(SIGN, [t])[0]
-
-
-# clip ----------------------------------------------------------------------------------------
-
-
-def _clip_infer(ins, min: float, max: float):
-    if min > max:
-        raise ValueError(f"clip min ({min}) is greater than max ({max})")
-    return [ins[0]]
-
-
-def _clip_kernel(x, min: float, max: float):
-    lo = None if min == -math.inf else min
-    hi = None if max == math.inf else max
-    if lo is None and hi is None:
-        return x.clone()
-    return torch.clamp(x, lo, hi).to(x.dtype)
-
-
-def _clip_grad(ctx):
-    from .elementwise import where
-    from .logical import equal
-
-    # The gradient passes exactly where clipping left the value unchanged (bounds included).
-    x = ctx.input(0)
-    return [where(equal(x, ctx.output(0)), ctx.grad_output(0), 0.0)]
-
-
-CLIP = register(
-    OpDef(
-        "Clip",
-        _clip_infer,
-        _clip_kernel,
-        grad=_clip_grad,
-        samples=lambda: [
-            Sample(
-                [rand(3, 4, low=-2.0, high=2.0, seed=230)],
-                lambda x: clip(x, -0.5, 0.8),
-                lambda x: torch.clamp(x, -0.5, 0.8),
-            ),
-            Sample(
-                [rand(2, 6, low=-2.0, high=2.0, seed=231)],
-                lambda x: clamp(x, min=0.1),
-                lambda x: torch.clamp(x, min=0.1),
-                name="min_only",
-            ),
-            Sample(
-                [np.array([-7, 3, 12, 5], np.int32)],
-                lambda x: clip(x, 0, 6),
-                lambda x: torch.clamp(x, 0, 6),
-                name="int",
-            ),
-        ],
-    )
-)
-
-
-def clip(t: Tensor, min: float = float("-inf"), max: float = float("inf")) -> Tensor:
-    """Clamp t into [min, max] elementwise."""
-    return create_op(CLIP, [t], {"min": float(min), "max": float(max)})[0]
-
-
-clamp = clip
-
-
-# cast ----------------------------------------------------------------------------------------
-
-
-def _cast_infer(ins, data_type):
-    if data_type in (dtypes.float8_143, dtypes.float8_152):
-        raise TypeError(
-            f"cast to {data_type.name} is not a plain cast; use "
-            "ops.pow2scale_cast_to_fp8 / pow2scale_cast_from_fp8"
-        )
-    return [spec(ins[0].shape, data_type)]
-
-
-def _cast_kernel(x, data_type):
-    return checked_float_to_int(x, data_type).to(data_type.as_torch())
-
-
-def _cast_grad(ctx):
-    src, g = ctx.op.inputs[0], ctx.grad_output(0)
-    if not (src.dtype.is_floating_point and ctx.op.outputs[0].dtype.is_floating_point):
-        return [None]
-    return [cast(g, src.dtype)]
-
-
-CAST = register(
-    OpDef(
-        "Cast",
-        _cast_infer,
-        _cast_kernel,
-        grad=_cast_grad,
-        fp16_in_fp32=False,
-        samples=lambda: [
-            Sample(
-                [rand(3, 4, seed=240)],
-                lambda x: cast(x, dtypes.float16),
-                lambda x: x.to(torch.float16),
-                rtol=1e-3,
-                atol=1e-3,
-                name="to_float16",
-            ),
-            Sample(
-                [np.array([2.7, -3.2, 0.4, 9.9], np.float32)],
-                lambda x: cast(x, dtypes.int32),
-                lambda x: x.to(torch.int32),
-                name="to_int32",
-            ),
-            Sample(
-                [np.array([3, -1, 0, 7], np.int32)],
-                lambda x: cast(x, dtypes.float32),
-                lambda x: x.to(torch.float32),
-                name="from_int32",
-            ),
-            Sample(
-                [np.array([3, 0, -2], np.int32)],
-                lambda x: cast(x, dtypes.bool),
-                lambda x: x.to(torch.bool),
-                name="to_bool",
-            ),
-        ],
-    )
-)
-
-
-def cast(t: Tensor, data_type: dtypes.dtype) -> Tensor:
-    """t converted to ``data_type`` (float to int truncates toward zero)."""
-    if not isinstance(data_type, dtypes.dtype):
-        raise TypeError(f"cast: data_type must be a popxl dtype, got {data_type!r}.")
-    return create_op(CAST, [t], {"data_type": data_type})[0]
-
-
-# detach --------------------------------------------------------------------------------------
-
-
-def _alias(x):
-    return x
-
-
-DETACH = register(
-    OpDef(
-        "Detach",
-        same_spec,
-        _alias,
-        grad=no_grad,
-        view=True,
-        fp16_in_fp32=False,
-        stops_gradient=True,
-        samples=lambda: [
-            Sample([rand(3, 4, seed=250)], lambda x: x * detach(x), lambda x: x * x.detach())
-        ],
-    )
-)
-DETACH_INPLACE = register(
-    OpDef(
-        "DetachInplace",
-        same_spec,
-        _alias,
-        grad=no_grad,
-        inplace=(0,),
-        fp16_in_fp32=False,
-        out_name="detach_out",
-        samples=lambda: [
-            Sample([rand(3, 4, seed=252)], lambda x: x * detach_(x * 1.0), lambda x: x * x.detach())
-        ],
-    )
-)
-
-
-def detach(t: Tensor) -> Tensor:
-    """t's value with no gradient flowing back through it."""
-    return create_op(DETACH, [t])[0]
-
-
-def detach_(t: Tensor) -> Tensor:
-    """In-place detach; returns an alias of t through which no gradient flows."""
-    return create_op(DETACH_INPLACE, [t])[0]
-
-
-# increment_mod -------------------------------------------------------------------------------
-
-
-def _incmod_infer(ins, increment: float, modulus: float):
-    if modulus == 0:
-        raise ValueError("increment_mod modulus must not be zero")
-    return [ins[0]]
-
-
-def _incmod_kernel(x, increment: float, modulus: float):
-    return torch.fmod(x + increment, modulus).to(x.dtype)
-
-
-def _incmod_inplace_kernel(x, increment: float, modulus: float):
-    return x.copy_(_incmod_kernel(x, increment, modulus))
-
-
-def _incmod_grad(ctx):
-    return [ctx.grad_output(0)]  # the slope is 1 away from the wrap-around points
-
-
-def _incmod_samples(fn: Callable, seed: int) -> Callable:
-    return lambda: [
-        Sample(
-            [rand(3, 4, low=0.0, high=2.0, seed=seed)],
-            lambda x: fn(x, 1.25, 2.5),
-            lambda x: torch.fmod(x + 1.25, 2.5),
-        ),
-        Sample(
-            [np.array([0, 3, 4, 6], np.int32)],
-            lambda x: fn(x, 1, 5),
-            lambda x: torch.fmod(x + 1, 5),
-            name="int",
-        ),
-    ]
-
-
-INCREMENT_MOD = register(
-    OpDef(
-        "IncrementMod",
-        _incmod_infer,
-        _incmod_kernel,
-        grad=_incmod_grad,
-        samples=_incmod_samples(lambda x, i, m: increment_mod(x, i, m), 260),
-    )
-)
-INCREMENT_MOD_INPLACE = register(
-    OpDef(
-        "IncrementModInplace",
-        _incmod_infer,
-        _incmod_inplace_kernel,
-        grad=_incmod_grad,
-        inplace=(0,),
-        out_name="incrementmod_out",
-        samples=_incmod_samples(lambda x, i, m: increment_mod_(x * 1, i, m), 262),
-    )
-)
-
-
-def increment_mod(t: Tensor, increment: float, modulus: float) -> Tensor:
-    """fmod(t + increment, modulus) elementwise (a wrapping counter)."""
-    return create_op(INCREMENT_MOD, [t], {"increment": increment, "modulus": modulus})[0]
-
-
-def increment_mod_(t: Tensor, increment: float, modulus: float) -> Tensor:
-    """t <- fmod(t + increment, modulus) in place; returns the updated alias of t."""
-    return create_op(INCREMENT_MOD_INPLACE, [t], {"increment": increment, "modulus": modulus})[0]

@@ -20,10 +20,20 @@ from .. import dtypes
 from ..tensor import Tensor, constant
 from ._utils import broadcast_shapes, rand, randint
 from ._var_updates_adam import adam_updater, adam_var_update, adamax_updater, lamb_updater
-from ._var_updates_common import check_float, check_scalar, f32
-from ._var_updates_foreach import ACCUMULATE_FOREACH, COPY_FOREACH, SCALE_FOREACH
+from ._var_updates_common import (
+    Factor,
+    check_float,
+    check_scalar,
+    f16,
+    f32,
+    factor_inputs,
+    in_dtype_of,
+)
+from ._var_updates_foreach import ACCUMULATE_FOREACH
 from ._var_updates_fused import fused_adam_, fused_sgd_
 from ._var_updates_pointwise import addcdiv_, addcmul_, lerp_
+from ._var_updates_sparse import sparse_accumulate_
+from ._var_updates_state import accumulator_scale_, accumulator_zero_, copy_var_update_
 from .registry import Cost, OpDef, Sample, create_op, elementwise_cost, register
 
 __all__ = [
@@ -47,8 +57,6 @@ __all__ = [
     "sparse_accumulate_",
 ]
 
-Factor = float | Tensor
-
 # kind -> (t, X, f, c) -> new t. t and X are in the accumulator's dtype, f is a float32 scalar
 # and c casts a float32 coefficient to the accumulator's dtype (`f` is the step, for 'mean').
 _RULES = {
@@ -58,18 +66,6 @@ _RULES = {
     "moving_average": lambda t, x, f, c: c(f) * t + c(1 - f) * x,
     "moving_average_square": lambda t, x, f, c: c(f) * t + c(1 - f) * (x * x),
 }
-
-
-def _in_dtype_of(t: torch.Tensor):
-    """Casts to the accumulator's dtype (IPU var-updates compute in it)."""
-    return lambda v: v.to(t.dtype)
-
-
-def _factor_inputs(f: Factor | None) -> tuple[float | None, list[Tensor]]:
-    """A float factor is an attribute; a Tensor factor is an extra op input."""
-    if isinstance(f, Tensor):
-        return None, [f]
-    return (None if f is None else float(f)), []
 
 
 # Accumulate ---------------------------------------------------------------------------
@@ -117,7 +113,7 @@ def _accumulate_kernel(t, x, *factor_in, kind, factor):
         t.copy_(_RULES[kind](t, x, f, lambda v: v.to(t.dtype)))
         return t
     f = f32(factor_in[0] if factor_in else (1.0 if factor is None else factor))
-    c = _in_dtype_of(t)
+    c = in_dtype_of(t)
     t.copy_(_RULES[kind](t, c(x), f, c))
     return t
 
@@ -197,7 +193,7 @@ def _accumulate_samples():
         _acc_sample(
             "moving_average",
             lambda a, b: accumulate_moving_average_(a, b, 0.9),
-            lambda a, b: _h(0.9) * a + _h(1 - np.float32(0.9)) * b.half(),
+            lambda a, b: f16(0.9) * a + f16(1 - np.float32(0.9)) * b.half(),
             h,
             rand(2, 2, seed=14),
             rtol=0,
@@ -206,7 +202,7 @@ def _accumulate_samples():
         _acc_sample(
             "square",
             lambda a, b: accumulate_square_(a, b, 0.25),
-            lambda a, b: a + _h(0.25) * (b.half() * b.half()),
+            lambda a, b: a + f16(0.25) * (b.half() * b.half()),
             h,
             rand(2, 2, seed=15),
             rtol=0,
@@ -243,10 +239,6 @@ def _accumulate_samples():
     ]
 
 
-def _h(value: float) -> torch.Tensor:
-    return torch.tensor(np.float32(value), dtype=torch.float16)
-
-
 ACCUMULATE = register(
     OpDef(
         "Accumulate",
@@ -263,7 +255,7 @@ ACCUMULATE = register(
 
 
 def _accumulate(kind: str, t: Tensor, X: Tensor, f: Factor | None) -> Tensor:
-    factor, extra = _factor_inputs(f)
+    factor, extra = factor_inputs(f)
     return create_op(ACCUMULATE, [t, X, *extra], {"kind": kind, "factor": factor})[0]
 
 
@@ -292,226 +284,3 @@ def accumulate_moving_average_(t: Tensor, X: Tensor, f: Factor) -> Tensor:
 def accumulate_moving_average_square_(t: Tensor, X: Tensor, f: Factor) -> Tensor:
     """In place: t = f * t + (1 - f) * X**2."""
     return _accumulate("moving_average_square", t, X, f)
-
-
-# SparseAccumulate -----------------------------------------------------------------------
-def _sparse_infer(ins, axis, factor, has_f, has_w):
-    t, x = ins[0], ins[1]
-    idx = ins[3 if has_f else 2]
-    check_float("t", t)
-    check_float("X", x)
-    if has_f:
-        check_scalar("f", ins[2])
-    if not idx.dtype.is_int:
-        raise TypeError(f"indices must be an integer tensor, got {idx.dtype.name}")
-    rank = len(t.shape)
-    if not -rank <= axis < rank:
-        raise ValueError(f"axis {axis} is out of range for the accumulator's rank {rank}")
-    axis %= rank
-    want = (*t.shape[:axis], *idx.shape, *t.shape[axis + 1 :])
-    if x.shape != want:
-        raise ValueError(
-            f"X has shape {x.shape}; gathering {idx.shape} indices on axis {axis} "
-            f"of {t.shape} gives {want}"
-        )
-    if has_w and ins[-1].shape != t.shape:
-        raise ValueError(f"W has shape {ins[-1].shape}, the accumulator has {t.shape}")
-    return [t]
-
-
-def _sparse_kernel(t, x, *rest, axis, factor, has_f, has_w):
-    f = f32(rest[0] if has_f else (1.0 if factor is None else factor))
-    idx = rest[1 if has_f else 0].reshape(-1).long()
-    axis %= t.dim()
-    c = _in_dtype_of(t)
-    src = c(x).reshape(*t.shape[:axis], idx.numel(), *t.shape[axis + 1 :])
-    t.index_add_(axis, idx, c(f) * src)
-    return t
-
-
-def _sparse_samples():
-    t, w = rand(5, 3, seed=20), rand(5, 3, seed=23)
-    idx = np.array([4, 0, 4], np.int32)  # a repeated index accumulates twice
-    x = rand(3, 3, seed=21)
-
-    def ref(a, b, i, f=1.0):
-        return a.index_add(0, i.long(), f * b)
-
-    return [
-        Sample([t, x, idx], lambda a, b, i: sparse_accumulate_(a, b, i), ref, grad=False),
-        Sample(
-            [t, x, idx, np.array(0.5, np.float32)],
-            lambda a, b, i, f: sparse_accumulate_(a, b, i, f=f),
-            ref,
-            grad=False,
-            name="tensor_f",
-        ),
-        Sample(
-            [t, rand(5, 2, seed=22), np.array([2, 1], np.int32), w],
-            lambda a, b, i, ww: sparse_accumulate_(a, b, i, axis=1, f=-2.0, W=ww),
-            lambda a, b, i, ww: a.index_add(1, i.long(), -2.0 * b),
-            grad=False,
-            name="axis1_float_f_W",
-        ),
-        Sample(
-            [rand(4, 2, seed=24), rand(2, 3, 2, seed=25), randint(2, 3, high=4, seed=3)],
-            lambda a, b, i: sparse_accumulate_(a, b, i),
-            lambda a, b, i: a.index_add(0, i.reshape(-1).long(), b.reshape(6, 2)),
-            grad=False,
-            name="2d_indices",
-        ),
-        Sample(
-            [rand(5, 3, seed=26, dtype=np.float16), x, idx],
-            lambda a, b, i: sparse_accumulate_(a, b, i, f=0.3),
-            lambda a, b, i: a.index_add(0, i.long(), _h(0.3) * b.half()),
-            grad=False,
-            rtol=0,
-            atol=0,
-            name="float16_state",
-        ),
-    ]
-
-
-SPARSE_ACCUMULATE = register(
-    OpDef(
-        "SparseAccumulate",
-        _sparse_infer,
-        _sparse_kernel,
-        cost=elementwise_cost,
-        inplace=(0,),
-        samples=_sparse_samples,
-        out_name="sparseaccumulate_out",
-        fp16_in_fp32=False,
-    )
-)
-
-
-def sparse_accumulate_(
-    t: Tensor,
-    X: Tensor,
-    indices: Tensor,
-    axis: int = 0,
-    f: Factor | None = None,
-    W: Tensor | None = None,
-) -> Tensor:
-    """In place: t[indices along axis] += f * X (the update of a gather's gradient)."""
-    factor, extra = _factor_inputs(f)
-    ins = [t, X, *extra, indices, *([W] if W is not None else [])]
-    attrs = {"axis": int(axis), "factor": factor, "has_f": bool(extra), "has_w": W is not None}
-    return create_op(SPARSE_ACCUMULATE, ins, attrs)[0]
-
-
-# AccumulatorScale -----------------------------------------------------------------------
-def _scale_infer(ins, factor):
-    check_float("t", ins[0])
-    if len(ins) > 1:
-        check_scalar("f", ins[1])
-    elif factor is None:
-        raise ValueError("accumulator_scale_ needs a factor")
-    return [ins[0]]
-
-
-def _scale_kernel(t, *factor_in, factor):
-    if not factor_in and factor == 0.0:
-        return t.zero_()  # a constant 0 resets the accumulator, even when it holds inf/nan
-    t.mul_(_in_dtype_of(t)(f32(factor_in[0] if factor_in else factor)))
-    return t
-
-
-ACCUMULATOR_SCALE = register(
-    OpDef(
-        "AccumulatorScale",
-        _scale_infer,
-        _scale_kernel,
-        inplace=(0,),
-        out_name="accumulatorscale_out",
-        fp16_in_fp32=False,
-        foreach=SCALE_FOREACH,
-        samples=lambda: [
-            Sample(
-                [rand(3, 4, seed=30)],
-                lambda a: accumulator_scale_(a, 0.25),
-                lambda a: 0.25 * a,
-                grad=False,
-                name="float_f",
-            ),
-            Sample(
-                [rand(3, 4, seed=31), np.array(-1.5, np.float32)],
-                lambda a, f: accumulator_scale_(a, f),
-                lambda a, f: f * a,
-                grad=False,
-                name="tensor_f",
-            ),
-            Sample(
-                [np.array([1.0, np.inf, 3.0], np.float32)],
-                lambda a: accumulator_zero_(a),
-                lambda a: torch.zeros(3),
-                grad=False,
-                name="zero",
-            ),
-            Sample(
-                [rand(3, 4, seed=32, dtype=np.float16)],
-                lambda a: accumulator_scale_(a, 0.3),
-                lambda a: a * _h(0.3),
-                grad=False,
-                rtol=0,
-                atol=0,
-                name="float16_state",
-            ),
-        ],
-    )
-)
-
-
-def accumulator_scale_(t: Tensor, f: Factor) -> Tensor:
-    """In place: t = f * t; a float f of 0 zeroes t."""
-    factor, extra = _factor_inputs(f)
-    return create_op(ACCUMULATOR_SCALE, [t, *extra], {"factor": factor})[0]
-
-
-def accumulator_zero_(t: Tensor) -> Tensor:
-    """In place: t = 0."""
-    return accumulator_scale_(t, 0.0)
-
-
-# CopyVarUpdate ----------------------------------------------------------------------------
-def _copy_infer(ins):
-    t, x = ins
-    if t.shape != x.shape or t.dtype is not x.dtype:
-        raise ValueError(
-            f"X {x.shape} {x.dtype.name} must match the updated tensor {t.shape} {t.dtype.name}"
-        )
-    return [t]
-
-
-COPY_VAR_UPDATE = register(
-    OpDef(
-        "CopyVarUpdate",
-        _copy_infer,
-        lambda t, x: t.copy_(x),
-        inplace=(0,),
-        fp16_in_fp32=False,
-        out_name="copyvarupdate_out",
-        foreach=COPY_FOREACH,
-        samples=lambda: [
-            Sample(
-                [rand(2, 3, seed=40), rand(2, 3, seed=41)],
-                lambda a, b: copy_var_update_(a, b),
-                lambda a, b: b * 1,
-                grad=False,
-            ),
-            Sample(
-                [rand(4, seed=42, dtype=np.float16), rand(4, seed=43, dtype=np.float16)],
-                lambda a, b: copy_var_update_(a, b),
-                lambda a, b: b * 1,
-                grad=False,
-                name="float16",
-            ),
-        ],
-    )
-)
-
-
-def copy_var_update_(t: Tensor, X: Tensor) -> Tensor:
-    """In place: t = X."""
-    return create_op(COPY_VAR_UPDATE, [t, X])[0]

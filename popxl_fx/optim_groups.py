@@ -1,0 +1,148 @@
+"""What a torch param group means to the simulated optimizer: its kind, the options refused,
+its structure (a change needs another program) and the hyper-parameters fed each step,
+computed as torch computes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from . import optim_ipu
+from .optim_fused import fused_structure
+
+__all__ = [
+    "ADAM_HYPER",
+    "SGD_HYPER",
+    "UnsupportedOptimizerError",
+    "adam_hyper",
+    "check_group",
+    "decoupled",
+    "group_structure",
+    "hyper_source",
+    "optimizer_kind",
+    "sgd_hyper",
+]
+
+SGD_HYPER = ("neg_lr", "weight_decay", "buf_scale", "damp_alpha", "momentum")
+ADAM_HYPER = ("w1", "beta2", "c2", "bc2_sqrt", "eps", "neg_step_size", "weight_decay", "decay")
+# options that change torch's arithmetic in ways the program does not reproduce
+_REJECT = {"amsgrad": True, "capturable": True, "differentiable": True}
+# torch's fused path does amsgrad, and ignores capturable (the same kernels on CPU)
+_REJECT_FUSED = {"differentiable": True}
+
+
+class UnsupportedOptimizerError(ValueError):
+    """The torch optimizer (or one of its options) has no exact equivalent in the program."""
+
+
+_KINDS = {
+    torch.optim.SGD: "sgd",
+    torch.optim.Adam: "adam",
+    torch.optim.AdamW: "adam",
+    optim_ipu.IPUAdam: "ipu_adam",
+}
+
+
+def optimizer_kind(optimizer: torch.optim.Optimizer) -> str:
+    """'sgd', 'adam' (Adam and AdamW) or 'ipu_adam'; any other optimizer is refused (its exact
+    type: a subclass may change the arithmetic)."""
+    kind = _KINDS.get(type(optimizer))
+    if kind is None:
+        raise UnsupportedOptimizerError(
+            f"optimizer {type(optimizer).__name__} is not supported by training_model; use "
+            "torch.optim.SGD, Adam or AdamW, popxl_fx.IPUAdam, or popxl_fx.compile, which runs "
+            "any torch optimizer."
+        )
+    return kind
+
+
+def check_group(optimizer, kind: str, i: int, group: Mapping) -> None:
+    fused = bool(group.get("fused"))
+    for opt, bad in (_REJECT_FUSED if fused else _REJECT).items():
+        if group.get(opt) == bad:
+            also = " with fused=True" if fused else ""
+            hint = " (or fused=True)" if opt == "amsgrad" else ""
+            raise UnsupportedOptimizerError(
+                f"param group {i}: {opt}={bad!r}{also} is not reproduced by the simulated "
+                f"optimizer; use {opt}={not bad!r}{hint}, or popxl_fx.compile to keep the "
+                "torch optimizer."
+            )
+    if fused and getattr(optimizer, "grad_scale", None) is not None:
+        raise UnsupportedOptimizerError(
+            f"param group {i}: fused=True with a grad_scale (torch.amp.GradScaler unscales "
+            "inside the fused kernel) is not reproduced by the simulated optimizer; train "
+            "without the GradScaler, or use popxl_fx.compile to keep the torch optimizer."
+        )
+    if kind == "adam" and float(group["betas"][0]) >= 1.0:
+        raise UnsupportedOptimizerError(f"param group {i}: betas[0] must be below 1.")
+
+
+def group_structure(optimizer_type: type, pg: Mapping) -> tuple:
+    """The options of a param group that the program is built with (not fed as streams):
+    a change needs another program."""
+    kind = _KINDS.get(optimizer_type)
+    rejected = tuple(pg.get(opt) for opt in _REJECT)  # a program is refused when set
+    if kind is None:
+        return rejected
+    if kind == "ipu_adam":
+        return optim_ipu.structure(pg)
+    if pg.get("fused"):
+        return ("fused", fused_structure(kind, pg), rejected)
+    if kind == "sgd":
+        return (
+            pg["momentum"] != 0,
+            bool(pg["nesterov"]),
+            pg["weight_decay"] != 0,
+            bool(pg["maximize"]),
+            rejected,
+        )
+    return (pg["weight_decay"] != 0, decoupled(pg), bool(pg["maximize"]), rejected)
+
+
+def decoupled(pg: Mapping) -> bool:
+    return bool(pg.get("decoupled_weight_decay", False))
+
+
+def hyper_source(kind: str, pg: Mapping, step: int) -> tuple:
+    """Everything `sgd_hyper` / `adam_hyper` read (the values as given, not converted)."""
+    if kind == "sgd":
+        keys = ("lr", "weight_decay", "momentum", "dampening")
+        return (step == 1, *(_frozen(pg[k]) for k in keys))
+    return (step, *(_frozen(pg[k]) for k in ("lr", "weight_decay", "betas", "eps")))
+
+
+def _frozen(value: object) -> object:
+    """A hyper-parameter as a cache key: a tensor lr (allowed by torch) by its current value."""
+    if isinstance(value, torch.Tensor):
+        return ("tensor", float(value))
+    if isinstance(value, (tuple, list)):
+        return tuple(_frozen(v) for v in value)
+    return value
+
+
+def sgd_hyper(pg: Mapping, step: int) -> dict[str, float]:
+    first = step == 1  # torch's buffer is a copy of the gradient on its first step
+    return {
+        "neg_lr": -float(pg["lr"]),
+        "weight_decay": float(pg["weight_decay"]),
+        "buf_scale": 0.0 if first else float(pg["momentum"]),
+        "damp_alpha": 1.0 if first else 1.0 - float(pg["dampening"]),
+        "momentum": float(pg["momentum"]),
+    }
+
+
+def adam_hyper(pg: Mapping, step: int) -> dict[str, float]:
+    lr, wd = float(pg["lr"]), float(pg["weight_decay"])
+    beta1, beta2 = (float(b) for b in pg["betas"])
+    return {
+        "w1": 1 - beta1,
+        "beta2": beta2,
+        "c2": 1 - beta2,
+        "bc2_sqrt": (1 - beta2**step) ** 0.5,
+        "eps": float(pg["eps"]),
+        "neg_step_size": -(lr / (1 - beta1**step)),
+        "weight_decay": wd,
+        "decay": 1 - lr * wd,
+    }
