@@ -24,6 +24,25 @@ os.environ["OMP_NUM_THREADS"] = str(THREADS)
 torch.set_num_threads(THREADS)
 
 
+# The test modules that take longest (subprocess jobs, many programs built), heaviest first:
+# they run before the rest, so that with two workers (setup.cfg: -n 2 --dist loadscope
+# --no-loadscope-reorder, a module a unit) neither worker starts one of them while the other
+# is finishing; the many small modules and the doctests after them even out the two.
+HEAVY_FIRST = (
+    "test_distributed.py",
+    "test_seeds.py",
+    "test_fx_replication.py",
+    "test_fx_core_aten.py",
+    "test_fx_phased_accumulation.py",
+    "test_fx_lowering_optional.py",
+)
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(HEAVY_FIRST)))  # stable
+
+
 @pytest.fixture(autouse=True)
 def _doctest_names(doctest_namespace):
     doctest_namespace.update(
