@@ -302,10 +302,25 @@ class SharedState:
         return torch.from_numpy(np.array(self.session.get_tensor_data(var)))
 
     def weights_to_torch(self) -> None:
-        """The device values of the tensors that are copied, not shared, into torch's."""
-        values = self.session.get_tensors_data([c.variable for c in self.copied])
+        """The device values of the tensors that are copied, not shared, into torch's: with
+        replicas straight from the device tensor the host value is read from (one copy),
+        else through the Session's host values."""
+        rest = []
         with torch.no_grad():
             for c in self.copied:
+                t = self.session.read_tensor(c.variable) if self.replicated else None
+                if t is None:
+                    rest.append(c)
+                    continue
+                c.tensor.copy_(t.reshape(c.tensor.shape))
+                c.version = c.tensor._version
+        if rest:
+            self._copy_from_host(rest)
+
+    def _copy_from_host(self, copied: list[_Copied]) -> None:
+        values = self.session.get_tensors_data([c.variable for c in copied])
+        with torch.no_grad():
+            for c in copied:
                 value = torch.from_numpy(np.asarray(values[c.variable]))
                 c.tensor.copy_(value.reshape(c.tensor.shape))
                 c.version = c.tensor._version

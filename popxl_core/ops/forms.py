@@ -10,7 +10,8 @@ op's special forms are declared next to its kernel, in its op module:
 * ``OpDef.direct``: the torch call written into the generated code (sim/direct.py);
 * ``OpDef.transposed_kernel`` / ``OpDef.matrix_transpose``: ``(a op b).T`` in one kernel
   (sim/fuse.py);
-* `JointGrad`: two gradient ops computed by one call (sim/conv_pairs.py).
+* `JointGrad`: two gradient ops computed by one call (sim/conv_pairs.py);
+* `ReplicaStack`: data-parallel replicas' calls of the op as one call (sim/stacking.py).
 
 This module also holds the helpers the multi-tensor forms share.
 """
@@ -27,6 +28,7 @@ from ..tensor import Constant, Tensor
 __all__ = [
     "Foreach",
     "JointGrad",
+    "ReplicaStack",
     "Targets",
     "binary_direct",
     "binary_foreach",
@@ -80,6 +82,35 @@ class JointGrad:
     eligible: Callable[[Op], bool]
     matches: Callable[[Op, Op], bool]
     kernel: Callable[[Op], Callable]
+
+
+@dataclass(frozen=True)
+class ReplicaStack:
+    """How the calls of this op by replicas in lock step become one call (sim/stacking.py):
+    where the ``shared`` inputs are the same memory on every replica (the weights that
+    sim/uniform.py shares) and the others have the same shape on every replica, outputs
+    ``outputs`` of every replica are computed by one kernel over the replicas' other inputs
+    stacked along a new leading dim (a GEMM over R*b rows reads the weight once instead of
+    R times; R weight gradients in one batched GEMM). Used only where, on the actual
+    shapes, the stacked call gives every replica the bits its own kernel gives (checked
+    once per shape at run time).
+
+    Args:
+        shared: indexes of the inputs that must be one tensor on every replica.
+        outputs: the indexes of the outputs the stacked call computes; the op is stacked
+            where some op reads one of them.
+        stacked: ``(per-replica input tuples, live, buffers, **attrs) -> per replica, a tuple
+            of its ``outputs`` (None where ``live`` is False: nothing reads it)``;
+            ``buffers``: a dict the call may keep output buffers in between runs, or None
+            (the op may run more than once a run).
+        rest: ``(kernel, inputs) -> the kernel's result, None at outputs``: the replica's
+            own kernel for the other outputs (None: ``outputs`` are the whole result).
+    """
+
+    shared: Tuple[int, ...]
+    outputs: Tuple[int, ...]
+    stacked: Callable[..., List[tuple]]
+    rest: Optional[Callable[..., Tuple[object, ...]]] = None
 
 
 def shared_identity(t: Tensor) -> object:

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from ..tensor import Tensor
 from ._utils import rand, same_dtype, spec
+from .forms import ReplicaStack
 from .registry import Cost, OpDef, Sample, create_op, register
 
 __all__ = ["linear"]
@@ -62,14 +63,15 @@ def _grad_infer(ins, has_bias):
     return outs + [spec((w.shape[0],), w.dtype)] if has_bias else outs
 
 
-def _grad_kernel(g, x, w, has_bias, skip_dx=False, dw_out=None):
+def _grad_kernel(g, x, w, has_bias, skip_dx=False, dw_out=None, skip_dw=False):
     """``dx``, ``dw`` (and ``db``). The compiler's variants (`OpDef.dead_output_kernels`,
     `OpDef.buffered_kernel`): ``skip_dx`` when
     nothing reads ``dx`` (a first layer: eager skips that GEMM too), ``dw_out`` a buffer
-    ``dw`` is written into (``mm(..., out=)`` is the same GEMM call: same bits)."""
+    ``dw`` is written into (``mm(..., out=)`` is the same GEMM call: same bits);
+    ``skip_dw``: ``db`` alone (replicas stacked, sim/stacking.py, compute ``dx``/``dw``)."""
     g2 = g.reshape(-1, g.shape[-1])
     dx = None if skip_dx else g2.mm(w).view(x.shape)
-    dw = torch.mm(g2.t(), x.reshape(-1, x.shape[-1]), out=dw_out)
+    dw = None if skip_dw else torch.mm(g2.t(), x.reshape(-1, x.shape[-1]), out=dw_out)
     return (dx, dw, g2.sum(0)) if has_bias else (dx, dw)
 
 
@@ -84,6 +86,44 @@ def _buffered_grad_kernel(op, dead: frozenset):
     w_spec = op.inputs[2]
     buf = torch.empty(tuple(w_spec.shape), dtype=w_spec.dtype.as_torch())
     return functools.partial(_grad_kernel, skip_dx=0 in dead, dw_out=buf)
+
+
+def _stacked(inputs, live, buffers, fold):
+    """Every replica's ``linear`` of one shared weight (and bias) as one GEMM over the
+    replicas' rows; each replica gets its rows (a view)."""
+    y = _kernel(torch.cat([a[0] for a in inputs]), *inputs[0][1:], fold=fold)
+    return [(part,) for part in y.split(inputs[0][0].shape[0])]
+
+
+def _stacked_grads(inputs, live, buffers, has_bias):
+    """Every replica's ``dx = g @ w`` of one shared weight as one GEMM over the replicas'
+    rows, and their ``dw = g.T @ x`` as one batched GEMM (into a buffer kept in
+    ``buffers`` where given): the kernel's lines over a leading replica dim."""
+    g, x, w = inputs[0]
+    gs = torch.stack([a[0].reshape(-1, g.shape[-1]) for a in inputs])
+    dx = gs.view(-1, g.shape[-1]).mm(w).view(len(inputs), *x.shape) if live[0] else None
+    dw = None
+    if live[1]:
+        xs = torch.stack([a[1].reshape(-1, x.shape[-1]) for a in inputs])
+        out = _kept(buffers, (len(inputs), *w.shape), w.dtype)
+        dw = torch.bmm(gs.transpose(1, 2), xs, out=out)
+    return [
+        (dx[r] if dx is not None else None, dw[r] if dw is not None else None)
+        for r in range(len(inputs))
+    ]
+
+
+def _kept(buffers, shape, dtype):
+    if buffers is None:
+        return None
+    if shape not in buffers:
+        buffers[shape] = torch.empty(shape, dtype=dtype)
+    return buffers[shape]
+
+
+def _bias_grad(kernel, inputs):
+    """The replica's own kernel for ``db`` alone."""
+    return kernel(*inputs, skip_dx=True, skip_dw=True)
 
 
 def _cost(ins, outs, attrs) -> Cost:
@@ -161,7 +201,14 @@ def _grad_samples():
 
 LINEAR = register(
     OpDef(
-        "Linear", _infer, _kernel, grad=_grad, cost=_cost, samples=_samples, out_name="linear_out"
+        "Linear",
+        _infer,
+        _kernel,
+        grad=_grad,
+        cost=_cost,
+        samples=_samples,
+        out_name="linear_out",
+        replica_stack=ReplicaStack(shared=(1, 2), outputs=(0,), stacked=_stacked),
     )
 )
 LINEAR_GRAD = register(
@@ -174,6 +221,9 @@ LINEAR_GRAD = register(
         out_name="linear_grad_out",
         dead_output_kernels={frozenset({0}): functools.partial(_grad_kernel, skip_dx=True)},
         buffered_kernel=_buffered_grad_kernel,
+        replica_stack=ReplicaStack(
+            shared=(2,), outputs=(0, 1), stacked=_stacked_grads, rest=_bias_grad
+        ),
     )
 )
 

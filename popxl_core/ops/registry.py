@@ -17,7 +17,7 @@ from ..context import gcg, get_current_context
 from ..graph import Graph, Op
 from ..tensor import Tensor, TensorSpec
 from ._positional import position_invariant, runs_in_whole_blocks
-from .forms import Foreach, JointGrad
+from .forms import Foreach, JointGrad, ReplicaStack
 
 __all__ = [
     "OpDef",
@@ -144,6 +144,8 @@ class OpDef:
             table's key: PopXL's ``matmul_pow2scaled`` makes a ``MatMul`` with a third
             (log2 scale) input, a different kernel here, so its row is ``MatMulPow2Scaled``
             with ``popxl_type="MatMul"``. `print_schedule` and ``Op.opType()`` show it.
+        replica_stack: the op's calls by replicas in lock step as one call where its
+            weight is shared (`forms.ReplicaStack`, sim/stacking.py).
     """
 
     name: str
@@ -175,6 +177,7 @@ class OpDef:
     dead_output_kernels: Dict[frozenset, Callable[..., Any]] = field(default_factory=dict)
     buffered_kernel: Optional[Callable[..., Any]] = None
     popxl_type: str = ""
+    replica_stack: Optional[ReplicaStack] = None
 
     def kernel_for(
         self, numerics: str, sizes: Optional[Sequence[int]] = None

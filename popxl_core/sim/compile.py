@@ -28,6 +28,7 @@ from .inductor import compile_pure_graphs
 from .inplace import inplace_kernel
 from .options import DEFAULT, CompileOptions
 from .passes import STATS, GraphPlan, live_ops, run_passes
+from .stacking import stack_site
 from .uniform import plan_sharing
 from .variants import graphs_run_once, variant_kernel
 
@@ -243,7 +244,8 @@ def _emit_kernel(op: Op, em: Emitter) -> None:
             if call is not None:
                 em.emit(f"{em.name(op.outputs[0])} = {call}")
                 return
-    k = _bind_kernel(em, _bound_kernel(op, em), op)
+    kernel = _bound_kernel(op, em)
+    k = _bind_kernel(em, stack_site(op, em, kernel) or kernel, op)
     ins = ", ".join(em.name(t) for t in op.inputs)
     outs = [em.name(t) for t in op.outputs]
     if not outs:

@@ -8,6 +8,10 @@ each thread a core: with threads, a replication-4 step of the seed MLP took 6x t
 step over the same global batch on a loaded 2-core machine, most of it threads waiting for a
 core at each of its collectives.
 
+A replica may also wait at a `stacking.StackSite` (an op the replicas may compute as one
+kernel): the hub answers those waits before it goes on, with every replica's share of one
+stacked call where all of them wait at the same op, else with None (each computes its own).
+
 A replica that finishes while another waits at a collective means the replicas ran different
 collectives: `ReplicaMismatchError`, as with `Rendezvous`. An error in a replica is raised
 in the caller; the other replicas' greenlets are thrown away.
@@ -21,6 +25,7 @@ from typing import Callable, List
 import greenlet
 
 from .rendezvous import ReplicaMismatchError
+from .stacking import StackRequest, stacked_values
 
 __all__ = ["run_lockstep"]
 
@@ -29,6 +34,7 @@ class _HubBarrier:
     """`Runtime.collective`'s barrier: the calling replica's greenlet yields to the hub."""
 
     lockstep = True
+    stacks = True  # `stacking.StackSite`s wait here too
 
     def __init__(self, hub: greenlet.greenlet) -> None:
         self.hub = hub
@@ -48,14 +54,33 @@ def run_lockstep(runtime, body: Callable[[int], None]) -> None:
     runtime._slots = [[None] * n, [None] * n]
     try:
         while not all(g.dead for g in lets):
+            waits: List[object] = [None] * n
             for r, g in enumerate(lets):
-                runtime._local = states[r]  # the replica's stream counters and parity
-                g.switch()  # runs until it waits at a collective or ends (errors propagate)
+                if not g.dead:
+                    runtime._local = states[r]  # the replica's stream counters and parity
+                    waits[r] = g.switch()  # runs until it waits or ends (errors propagate)
+            _answer_stacks(runtime, lets, states, waits)
             _check_met(lets)
     finally:
         runtime._barrier = None
         runtime._local = saved
         runtime.start_replica(0)
+
+
+def _answer_stacks(runtime, lets, states, waits: List[object]) -> None:
+    """Resume the replicas waiting at stack sites, in replica order, until every replica
+    waits at a collective or has finished."""
+    while any(isinstance(w, StackRequest) for w in waits):
+
+        def own(r: int, request: StackRequest):
+            runtime._local = states[r]  # a replica's own kernel may keep per-replica buffers
+            return request.site.own_outputs(request.args)
+
+        values = stacked_values(waits, own)
+        for r, w in enumerate(waits):
+            if isinstance(w, StackRequest):
+                runtime._local = states[r]
+                waits[r] = lets[r].switch(None if values is None else values[r])
 
 
 def _check_met(lets: List[greenlet.greenlet]) -> None:

@@ -38,6 +38,9 @@ class CompileOptions:
         share_uniform: with replicas in lock step, work whose inputs are provably the same on
             every replica (an optimizer update from all-reduced gradients) runs once, by the
             first replica, on variable storage the replicas share (uniform.py).
+        stack_replicas: with replicas in lock step, an op whose weight is the same tensor on
+            every replica (a GEMM of a shared weight) computed for all of them by one kernel
+            over their stacked rows, where that gives each replica the same bits (stacking.py).
         inductor: the opt-in fast mode, not bitwise: every pure called graph (no streams,
             collectives, random draws or in-place writes) runs under ``torch.compile``
             (inductor.py; popxl_fx ``Options(kernels="inductor")``).
@@ -57,6 +60,7 @@ class CompileOptions:
     release: bool = True
     handoff: bool = True
     share_uniform: bool = True
+    stack_replicas: bool = True
     inductor: bool = False
 
     def __post_init__(self) -> None:

@@ -133,7 +133,7 @@ PASSES: Tuple[Pass, ...] = (
 )
 # counted where the program is emitted: kernels skipping dead outputs or keeping buffers
 # (variants.py), subgraph outputs no caller reads (call_outputs.py)
-_EMIT_STATS = ("dead_outputs", "buffered_ops", "unread_graph_outputs")
+_EMIT_STATS = ("dead_outputs", "buffered_ops", "unread_graph_outputs", "stacked_ops")
 STATS: Tuple[str, ...] = (*(s for p in PASSES for s in p.stats), *_EMIT_STATS)
 
 

@@ -198,6 +198,27 @@ class SessionWeights:
         self._shared[v] = t
         return t
 
+    def read_tensor(self, v: Variable) -> Optional[torch.Tensor]:
+        """The device tensor ``v``'s host value is read from, where that is one on-chip
+        tensor (``v`` in one replica group, not sharded, not remote) and this process runs
+        every replica (not a torch.distributed job), else None (read `get_tensors_data`).
+        To be copied from before the next run, not written nor kept: with replicas, a
+        framework copies its weights back from it without a round trip through the host
+        buffers (`weights_to_host` copies every variable of every group)."""
+        self._require_attached("read_tensor")
+        i = self._variable_index.get(v)
+        if i is None or self._device is None or v in self._remote.shards:
+            return None
+        if v in self._per_replica:
+            return None
+        # in a torch.distributed job every process reads host values together (an exchange)
+        if len(self._device) != self._ir.replication_factor:
+            return None
+        replicas = read_replicas(v, self._ir.replication_factor)
+        if len(replicas) != 1:
+            return None
+        return self._devices()[replicas[0]][i]
+
     def _shareable(self, v: Variable, t: torch.Tensor) -> torch.Tensor:
         if not isinstance(v, Variable) or v not in self._variable_index:
             raise ValueError(

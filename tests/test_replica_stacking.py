@@ -1,0 +1,226 @@
+"""Replicas in lock step computing a shared-weight op as one stacked kernel
+(popxl_core/sim/stacking.py) against the same program with it switched off
+(``CompileOptions(stack_replicas=False)``: each replica runs its own kernel): losses,
+weights and optimizer state equal bit for bit (tolerance 0) for the seed MLP, GPT and a
+batch-norm CNN, with and without RTS and gradient accumulation, and runs where the replicas
+do not share the weights (stacking then falls back to each replica's own kernel).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import popxl_fx
+from popxl_core.ops.forms import ReplicaStack
+from popxl_core.sim import CompileOptions, stacking
+from popxl_core.sim.stacking import StackRequest, StackSite, stacked_values
+from tests.fx_zoo import GPT, SeedMLP, small_cnn
+
+STACKED, OWN = CompileOptions(), CompileOptions(stack_replicas=False)
+UNSHARED = CompileOptions(share_uniform=False)  # weights per replica: nothing to stack
+
+
+def _data(model: str, batch: int, g: torch.Generator):
+    if model == "gpt":
+        idx = torch.randint(0, 64, (batch, 16), generator=g)
+        return (idx, torch.randint(0, 64, (batch, 16), generator=g))
+    return (torch.randn(batch, 1, 28, 28, generator=g), torch.randint(0, 10, (batch,), generator=g))
+
+
+def _model(model: str) -> nn.Module:
+    return {"mlp": SeedMLP, "gpt": GPT, "cnn": small_cnn}[model]()
+
+
+@pytest.fixture(autouse=True)
+def _every_size(monkeypatch):
+    """Stack whatever the weight size (GPT's and the CNN's layers are below the bytes where
+    it pays), so these small models exercise every site."""
+    monkeypatch.setattr(stacking, "MIN_SHARED_BYTES", 0)
+
+
+def _train(model: str, replicas: int, compiler: CompileOptions, rts=False, accum=1, steps=3):
+    torch.manual_seed(0)
+    net = _model(model)
+    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    options = popxl_fx.Options(
+        device="cpu",
+        replication_factor=replicas,
+        replicated_tensor_sharding=rts,
+        gradient_accumulation=accum,
+        compiler=compiler,
+    )
+    loss_fn = None if model == "gpt" else F.cross_entropy
+    trainer = popxl_fx.training_model(net, opt, loss_fn, options)
+    g = torch.Generator().manual_seed(1)
+    losses = [trainer(*_data(model, 4 * replicas * accum, g)) for _ in range(steps)]
+    state = {(i, k): v for i, s in opt.state_dict()["state"].items() for k, v in s.items()}
+    return torch.stack(losses), net.state_dict(), state, trainer._programs.active.session
+
+
+def _assert_same(a, b) -> None:
+    assert a[0].shape == b[0].shape and torch.equal(a[0], b[0])
+    for x, y in ((a[1], b[1]), (a[2], b[2])):
+        assert x.keys() == y.keys()
+        for k in x:
+            assert torch.equal(x[k], y[k]), k
+
+
+def _sites(session) -> list:
+    ns = session._program.namespace
+    return [v for v in ns.values() if isinstance(v, StackSite)]
+
+
+@pytest.mark.parametrize(
+    "model, replicas, rts, accum, shares",
+    [
+        ("mlp", 4, False, 1, True),
+        ("mlp", 2, True, 1, False),
+        # uniform.py does not share the weights a gradient-accumulation loop reads
+        ("mlp", 2, False, 2, False),
+        ("gpt", 2, False, 1, True),
+        ("cnn", 2, False, 1, True),
+        ("cnn", 2, True, 2, False),
+    ],
+)
+def test_stacked_is_bitwise_each_replicas_own(model, replicas, rts, accum, shares):
+    """``shares``: every replica's weights are one tensor (uniform.py), so every site stacks
+    (its bit check held); else some or all sites fall back to each replica's own kernel."""
+    stacked = _train(model, replicas, STACKED, rts, accum)
+    own = _train(model, replicas, OWN, rts, accum)
+    _assert_same(stacked, own)
+    assert own[3]._program.stats["stacked_ops"] == 0
+    sites = _sites(stacked[3])
+    assert sites and stacked[3]._program.stats["stacked_ops"] == len(sites)
+    if shares:  # each site met its shapes and its stacked form held there
+        assert all(s.checked and all(s.checked.values()) for s in sites)
+
+
+def test_unshared_weights_fall_back_to_each_replicas_own():
+    """Without uniform sharing every replica has its own weight tensor: never stacked."""
+    stacked = _train("mlp", 2, UNSHARED)
+    own = _train("mlp", 2, CompileOptions(share_uniform=False, stack_replicas=False))
+    _assert_same(stacked, own)
+    sites = _sites(stacked[3])
+    assert sites and all(not s.checked for s in sites)
+
+
+def test_one_replica_has_no_sites():
+    assert _train("mlp", 1, STACKED)[3]._program.stats["stacked_ops"] == 0
+
+
+def test_switch_is_a_compile_option():
+    assert CompileOptions().stack_replicas and not OWN.stack_replicas
+
+
+def test_seed_mlp_weights_are_stacked_at_the_default_size(monkeypatch):
+    """The default size threshold keeps the seed MLP's 1-1.6 MB weights stacked."""
+    monkeypatch.setattr(stacking, "MIN_SHARED_BYTES", 256 * 1024)
+    session = _train("mlp", 2, STACKED, steps=1)[3]
+    names = sorted(s.op.opdef.name for s in _sites(session))
+    assert names == ["Linear"] * 3 + ["LinearGrad"] * 3  # not the (10, 512) last layer
+
+
+# the hub's decision, on hand-made requests -------------------------------------------
+class _Out:
+    spec = SimpleNamespace(nbytes=4)
+
+
+def _site(stacked, rest=None):
+    y = _Out()
+    op = SimpleNamespace(attrs={}, outputs=[y])
+    em = SimpleNamespace(read={y}, graph=None, program=SimpleNamespace(once_per_replica=()))
+    rule = ReplicaStack(shared=(1,), outputs=(0,), stacked=stacked, rest=rest)
+    return StackSite(op, lambda x, w: x @ w, rule, runtime=None, em=em)
+
+
+def _own(r, q):
+    return q.site.own_outputs(q.args)
+
+
+def _rows(inputs, live, buffers):
+    y = torch.cat([x for x, _ in inputs]) @ inputs[0][1]
+    return [(part,) for part in y.split(inputs[0][0].shape[0])]
+
+
+def test_hub_stacks_only_the_same_op_with_one_weight():
+    w = torch.randn(5, 3)
+    site, other = _site(_rows), _site(_rows)
+    xs = [torch.randn(2, 5) for _ in range(3)]
+    got = stacked_values([StackRequest(site, (x, w)) for x in xs], _own)
+    assert got is not None and all(torch.equal(g[0], x @ w) for g, x in zip(got, xs))
+    assert list(site.checked.values()) == [True]
+    # another op, a replica at a collective (None), or weights in different memory: no
+    mixed = [StackRequest(site, (xs[0], w)), StackRequest(other, (xs[1], w))]
+    assert stacked_values(mixed, _own) is None
+    assert stacked_values([StackRequest(site, (xs[0], w)), None], _own) is None
+    copies = [StackRequest(site, (x, w.clone())) for x in xs]
+    assert stacked_values(copies, _own) is None
+    # inputs of different shapes do not stack
+    ragged = [StackRequest(site, (torch.randn(n, 5), w)) for n in (1, 2)]
+    assert stacked_values(ragged, _own) is None
+
+
+def test_hub_falls_back_where_the_stacked_bits_differ():
+    """A stacked form whose bits differ from each replica's own kernel is used never again
+    for those shapes: the replicas compute their own."""
+
+    def off_by_one_ulp(inputs, live, buffers):
+        return [
+            (torch.nextafter(y, torch.tensor(float("inf"))),)
+            for (y,) in _rows(inputs, live, buffers)
+        ]
+
+    site, w = _site(off_by_one_ulp), torch.randn(5, 3)
+    requests = [StackRequest(site, (torch.randn(2, 5), w)) for _ in range(2)]
+    assert stacked_values(requests, _own) is None
+    assert list(site.checked.values()) == [False]
+    assert stacked_values(requests, _own) is None  # not tried again
+
+
+# the lock-step hub with replicas at different waits -----------------------------------
+def _sum_fn(replica, value, values):
+    return sum(values[1:], values[0])
+
+
+def test_lockstep_replicas_at_different_waits_each_compute_their_own():
+    """Replica 0 meets the stack site before a collective, replica 1 after it: the hub
+    answers replica 0's wait with None (it runs its own kernel), the collective then meets,
+    and replica 1 runs the site alone after it. Every result is its own kernel's."""
+    from popxl_core.sim.lockstep import run_lockstep
+    from popxl_core.sim.runtime import Runtime
+
+    runtime = Runtime(replicas=2)
+    site = _site(_rows)
+    site.runtime = runtime
+    w = torch.randn(5, 3)
+    xs = [torch.randn(2, 5) for _ in range(2)]
+    got = {}
+
+    def body(r):
+        if r == 0:
+            got["y0"] = site(xs[0], w)
+            got["c0"] = runtime.collective(torch.tensor([1.0]), _sum_fn)
+        else:
+            got["c1"] = runtime.collective(torch.tensor([2.0]), _sum_fn)
+            got["y1"] = site(xs[1], w)
+
+    run_lockstep(runtime, body)
+    assert torch.equal(got["y0"], xs[0] @ w) and torch.equal(got["y1"], xs[1] @ w)
+    assert got["c0"].item() == got["c1"].item() == 3.0
+    assert not site.checked  # never stacked
+
+
+def test_threaded_replicas_run_their_own_kernels(monkeypatch):
+    """One OS thread per replica (``runtime.LOCKSTEP = False``): no hub, no stacking; the
+    same bits."""
+    from popxl_core.sim import runtime
+
+    monkeypatch.setattr(runtime, "LOCKSTEP", False)
+    threaded = _train("mlp", 2, STACKED, steps=2)
+    _assert_same(threaded, _train("mlp", 2, OWN, steps=2))
+    assert all(not s.checked for s in _sites(threaded[3]))
