@@ -18,7 +18,8 @@ os.environ["OMP_NUM_THREADS"] = str(THREADS)
 
 def _runs_tests(config) -> bool:
     """False in pytest-xdist's controller (setup.cfg -n 2), which only hands tests to the
-    workers: it imports neither torch nor the product, so the workers start ~3 s sooner."""
+    workers: it imports neither torch nor the product, and the workers need not wait for that
+    (~2 s) before they start."""
     return hasattr(config, "workerinput") or not config.getoption("numprocesses", None)
 
 
