@@ -87,14 +87,18 @@ def load_inputs(values: Sequence[torch.Tensor], names: Sequence[str], replicas: 
 
 
 def signature_of(
-    model: nn.Module, values: Sequence[object], binding: Binding = POSITIONAL
+    model: nn.Module,
+    values: Sequence[object],
+    binding: Binding = POSITIONAL,
+    modes: tuple | None = None,
 ) -> tuple:
     """What a compiled program is specialised to: input shapes/dtypes, every module's mode
-    and how the inputs reach forward (keyword names, constants: `calls.Binding`)."""
+    and how the inputs reach forward (keyword names, constants: `calls.Binding`). ``modes``:
+    the modules' modes when the caller has them (`StructureWatch.modes`), else walked here."""
     shapes = tuple(
         (tuple(v.shape), str(v.dtype)) if isinstance(v, torch.Tensor) else repr(v) for v in values
     )
-    return shapes, _modes(model), binding.key()
+    return shapes, _modes(model) if modes is None else modes, binding.key()
 
 
 def _modes(model: nn.Module) -> tuple:

@@ -29,7 +29,8 @@ from .pipeline import Build, Programs
 from .program import ProgramView, describe_change, log, signature_of
 from .replication import broadcast_feeds, replication_of, unreplicated
 from .steps import Program, TrainingRequest, build_training
-from .torch_state import SharedState, Structure, describe, snapshot, structure_key
+from .structure_watch import StructureWatch
+from .torch_state import SharedState, Structure, describe, snapshot
 
 __all__ = ["StepLoss", "Trainer", "training_model"]
 
@@ -62,6 +63,7 @@ class Trainer(ProgramView):
         self._programs: Programs[Program] = Programs("training_model", self._why)
         self._snapshot: dict = {}  # the named structure of the active program (for messages)
         self.memory_plan = ""  # memory="auto": the plan chosen and the candidates planned
+        self._watch = StructureWatch()  # the structure key, re-walked only when it changed
 
     # the step ------------------------------------------------------------------------
     def __call__(self, *inputs: torch.Tensor, **kwargs: Any) -> torch.Tensor:
@@ -69,7 +71,7 @@ class Trainer(ProgramView):
         keyword arguments go to the model's forward (``labels=``, ``attention_mask=``,
         ``use_cache=False``: `popxl_fx.calls.bind`). Returns the loss as a torch scalar."""
         check_no_autocast("the trainer")
-        structure = structure_key(self._model, self.optimizer)
+        structure = self._watch.key(self._model, self.optimizer)
         inputs, binding = self._bind(inputs, kwargs)
         prog = self._program(inputs, structure, binding)
         shared = prog.extra["shared"]
@@ -97,7 +99,7 @@ class Trainer(ProgramView):
         """Build (or fetch from the cache) the program for ``inputs`` without running a step:
         trace, lower, autodiff, optimizer and Session, as the first call would."""
         inputs, binding = self._bind(inputs, kwargs)
-        return self._program(inputs, structure_key(self._model, self.optimizer), binding)
+        return self._program(inputs, self._watch.key(self._model, self.optimizer), binding)
 
     def _bind(self, inputs: tuple, kwargs: dict) -> tuple[tuple, Binding]:
         """The step's flat tensors (keyword tensors after the positional model inputs, the
@@ -114,7 +116,8 @@ class Trainer(ProgramView):
     def _program(
         self, inputs: tuple, structure: Structure, binding: Binding = POSITIONAL
     ) -> Program:
-        sig = (signature_of(self._model, inputs, binding), structure)
+        modes = self._watch.modes(self._model)  # verified by the `key` call just made
+        sig = (signature_of(self._model, inputs, binding, modes), structure)
         build = lambda: self._build(sig, inputs, binding)  # noqa: E731
         enter = lambda prog: self._activate(prog, structure)  # noqa: E731
         return self._programs.get(sig, build, None, enter)

@@ -63,7 +63,11 @@ def init(
 # HostLoad / HostStore ---------------------------------------------------------------
 def _emit_host_load(op, em) -> None:
     s = em.bind_global("s", op.attrs["stream"])
-    em.emit(f"{em.name(op.outputs[0])} = RT.load({s})")
+    read = getattr(em, "read", None)  # the compiler's emitter knows; the interpreter loads
+    if read is not None and op.outputs[0] not in read:  # consumed, not read (an option off)
+        em.emit(f"RT.skip({s})")
+    else:
+        em.emit(f"{em.name(op.outputs[0])} = RT.load({s})")
 
 
 def _emit_host_store(op, em) -> None:

@@ -20,6 +20,7 @@ from ..tensor import Constant, Tensor, Variable
 from .alias import ViewOutputs
 from .call_outputs import kept_outputs
 from .conv_pairs import conv_pair_kernel
+from .defer import DEFER_NAME, deferred_at, emit_deferred
 from .direct import direct_call
 from .foreach import Group, group_kernel
 from .fuse import transposed_kernel
@@ -90,6 +91,9 @@ class Program:
         self.graphs: Dict[Graph, CompiledGraph] = {}
         self.kernel_ops: Dict[str, Op] = {}  # kernel global -> op, to name a failing op
         self.namespace["__popxl_kernel_ops__"] = self.kernel_ops  # `checks.running_op` reads it
+        # the last run's dead gradients, freed when the next run starts (defer.py)
+        self.deferred: List[Any] = []
+        self.namespace[DEFER_NAME] = self.deferred
         self.modified_inputs: Dict[Graph, Set[int]] = {}
         self.view_outputs = ViewOutputs(ir)
         self.once = graphs_run_once(ir)  # graphs that run at most once per Session.run
@@ -198,6 +202,7 @@ def _emit_ops(plan: GraphPlan, em: Emitter) -> None:
     then ``del`` of the temporaries no later op reads."""
     first = {grp.ops[0]: grp for grp in plan.groups}
     skip = plan.skipped()
+    deferred = _deferred(plan, first, em)
     for k, op in enumerate(plan.live):
         handed: Set[Tensor] = set()  # arguments whose last reader is a handoff call
         if op in first:
@@ -207,8 +212,20 @@ def _emit_ops(plan: GraphPlan, em: Emitter) -> None:
         elif op not in skip:
             _emit_op(op, plan, em)
         dead = [em.names[t] for t in plan.released.get(k, ()) if t in em.names and t not in handed]
+        later = [em.names[t] for t in deferred.get(k, ()) if t in em.names and t not in handed]
+        emit_deferred(later, em)
         if dead:  # drop the last reference: the allocator recycles the storage now
             em.emit(f"del {', '.join(dead)}")
+
+
+def _deferred(plan: GraphPlan, first: Dict[Op, Group], em: Emitter) -> Dict[int, Set[Tensor]]:
+    """The update's dead inputs to free at the next run's start (defer.py), in a graph that
+    runs once per run."""
+    program = em.program
+    if not program.options.defer_release or em.graph not in program.once_per_replica:
+        return {}
+    emitted = {k: first[op].ops for k, op in enumerate(plan.live) if op in first}
+    return deferred_at(plan.live, plan.released, emitted)
 
 
 def _handed_over(op: Op, program: Program) -> bool:

@@ -33,6 +33,9 @@ class CompileOptions:
         conv_pairs: a convolution's data and weight gradients in one call (conv_pairs.py).
         direct: torch calls written into the generated source (direct.py).
         release: ``del`` each temporary after its last reader (release.py).
+        defer_release: in a graph run once per run, the temporaries an in-place variable
+            update reads last (its gradients) are freed when the next run starts, as eager
+            frees ``.grad`` at ``zero_grad()``, not as the run ends (defer.py).
         handoff: a graph called once per run gets its arguments as a list it empties, so it
             frees each after its last reader (handoff.py).
         share_uniform: with replicas in lock step, work whose inputs are provably the same on
@@ -58,6 +61,7 @@ class CompileOptions:
     conv_pairs: bool = True
     direct: bool = True
     release: bool = True
+    defer_release: bool = True
     handoff: bool = True
     share_uniform: bool = True
     stack_replicas: bool = True

@@ -92,6 +92,19 @@ class Runtime:
             )
         return host_to_torch(np.array(buf[i, local.slot]))  # 0-d slices are scalars
 
+    def skip(self, stream) -> None:
+        """A load whose value nothing reads: the transfer is consumed (and counted) as by
+        `load`, without making the tensor."""
+        counts = self._local.counts
+        i = counts.get(stream, 0)
+        counts[stream] = i + 1
+        if i >= self.inputs[stream].shape[0]:
+            raise RuntimeError(
+                f"Stream {stream.tensor_id!r} was loaded {i + 1} times in one run, "
+                f"but only {self.inputs[stream].shape[0]} transfers were provided "
+                "(num_host_transfers)."
+            )
+
     def store(self, stream, value: torch.Tensor) -> None:
         buf = self.outputs[stream]
         i = self._next(stream)

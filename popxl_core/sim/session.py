@@ -301,12 +301,18 @@ class Session(SessionWeights):
         full = {s: a.reshape(spec[s][2]) for s, a in outputs.items()}
         whole = self._placement.exchange is None
         local = full if whole else {s: np.empty(spec[s][4], spec[s][0]) for s in outputs}
+        getattr(self._program, "deferred", []).clear()  # the last run's gradients (defer.py)
         self._runtime.start(feeds, local)
         self._devices()
         lockstep = whole and (not self._threaded or runtime_module.LOCKSTEP)
         self._follow = self._sharing.prepare(self._device, feeds, lockstep)
-        with torch.no_grad():
+        # torch.no_grad() without its context-manager objects (1.5 us -> 0.2 us a run)
+        grad = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)
+        try:
             run_replicas(self._runtime, self._replica_body, self._threaded)
+        finally:
+            torch._C._set_grad_enabled(grad)
         if not whole:  # every process returns all replicas' outputs
             self._placement.gather_outputs(local, full, self._whole_inputs)
         self._host_in_sync = False
