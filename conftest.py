@@ -3,14 +3,7 @@ packages use (`pytest --doctest-modules`)."""
 
 import os
 
-import numpy as np
 import pytest
-import torch
-from torch import nn
-
-import addons
-import popxl_core
-import popxl_fx
 
 # One torch thread for the tests and the processes they start (OMP_NUM_THREADS is inherited).
 # The suite's tensors are small: a second thread saves little on an idle 2-core machine, and
@@ -21,11 +14,51 @@ import popxl_fx
 # POPXL_FX_TEST_THREADS=N runs the suite with N threads.
 THREADS = int(os.environ.setdefault("POPXL_FX_TEST_THREADS", "1"))
 os.environ["OMP_NUM_THREADS"] = str(THREADS)
-torch.set_num_threads(THREADS)
+
+
+def _runs_tests(config) -> bool:
+    """False in pytest-xdist's controller (setup.cfg -n 2), which only hands tests to the
+    workers: it imports neither torch nor the product, and the workers need not wait for that
+    (~2 s) before they start."""
+    return hasattr(config, "workerinput") or not config.getoption("numprocesses", None)
+
+
+def pytest_configure(config):
+    if _runs_tests(config):
+        import torch
+
+        torch.set_num_threads(THREADS)
+
+
+# The test modules that take longest (subprocess jobs, many programs built), heaviest first:
+# they run before the rest, so that with two workers (setup.cfg: -n 2 --dist loadscope
+# --no-loadscope-reorder, a module a unit) neither worker starts one of them while the other
+# is finishing; the many small modules and the doctests after them even out the two.
+HEAVY_FIRST = (
+    "test_distributed.py",
+    "test_seeds.py",
+    "test_fx_replication.py",
+    "test_fx_core_aten.py",
+    "test_fx_phased_accumulation.py",
+    "test_fx_lowering_optional.py",
+)
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(HEAVY_FIRST)))  # stable
 
 
 @pytest.fixture(autouse=True)
 def _doctest_names(doctest_namespace):
+    import numpy as np
+    import torch
+    from torch import nn
+
+    import addons
+    import popxl_core
+    import popxl_fx
+
     doctest_namespace.update(
         np=np,
         torch=torch,

@@ -77,11 +77,22 @@ def _call(node: fx.Node, root: torch.nn.Module) -> tuple[Callable, list[str], li
 _KEPT = EAGER_KERNEL_PACKETS
 
 
+# _decompositions' tables by the number of ops registered with torch when each was built
+_TABLES: dict[int, dict] = {}
+
+
 def _decompositions() -> dict:
-    """``core_aten_decompositions`` without the ones that change eager's arithmetic."""
-    table = core_aten_decompositions()
-    kept = {getattr(p, o) for p in _KEPT for o in p.overloads()}
-    return {op: fn for op, fn in table.items() if op not in kept}
+    """``core_aten_decompositions`` without the ones that change eager's arithmetic.
+
+    torch builds that table anew on every call (0.1-0.3 s, most of a small fallback's cost), so
+    it is built once per set of registered ops: a package imported later (torchvision, a custom
+    op library) registers ops that add to it, and then it is built again."""
+    key = len(torch._C._dispatch_get_all_op_names())
+    if key not in _TABLES:
+        table = core_aten_decompositions()
+        kept = {getattr(p, o) for p in _KEPT for o in p.overloads()}
+        _TABLES[key] = {op: fn for op, fn in table.items() if op not in kept}
+    return dict(_TABLES[key])  # a copy: make_fx may keep or change what it is given
 
 
 def decompose(node: fx.Node, root: torch.nn.Module) -> Decomposition:

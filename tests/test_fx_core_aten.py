@@ -216,8 +216,9 @@ def _cases() -> list:
     return cases
 
 
-def _float32_samples(op, packet: str, backward: bool) -> list:
-    """The op's float32 CPU samples whose decomposition reaches ``packet``."""
+def _float32_samples(op, packet: str, backward: bool, count: int) -> list:
+    """The op's first ``count`` float32 CPU samples whose decomposition reaches ``packet``
+    (sample k needs only k + 1 of them traced: each trace is a make_fx run)."""
     out = []
     for sample in op.sample_inputs("cpu", torch.float32, requires_grad=False):
         fn, tensors = _sample_call(op, sample, backward)
@@ -227,7 +228,7 @@ def _float32_samples(op, packet: str, backward: bool) -> list:
             continue
         if reached:
             out.append((fn, tensors))
-        if len(out) == SAMPLES:
+        if len(out) == count:
             break
     return out
 
@@ -244,7 +245,7 @@ def test_core_aten_packet_matches_eager(packet, source, k):
     else:
         op = _opinfo(source)
         backward = packet in GRAD_OF
-        samples = _float32_samples(op, packet, backward)
+        samples = _float32_samples(op, packet, backward, k + 1)
         if k >= len(samples):
             if k == 0:
                 pytest.fail(f"no float32 sample of OpInfo {source!r} reaches aten.{packet}")
