@@ -242,11 +242,9 @@ class Tensor:
     def __bool__(self) -> bool:
         return True
 
-    def __eq__(self, other) -> bool:
-        return self is other
-
-    def __hash__(self) -> int:
-        return id(self)
+    # Equality and hashing are object identity, inherited from `object`: its C slots cost a
+    # fraction of a Python `__hash__` (the compiler and planner hash tensors millions of times
+    # per suite run).
 
     def __repr__(self) -> str:
         # The seeds (SDK 3.0 era) print every tensor kind as `Tensor[...]`.
