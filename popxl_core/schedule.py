@@ -11,7 +11,29 @@ __all__ = ["schedule", "verify"]
 
 
 def schedule(graph: Graph) -> List[Op]:
-    """The order ops run in: a topological order that keeps creation order where it can."""
+    """The order ops run in: a topological order that keeps creation order where it can.
+
+    Compiling and planning a program ask for the same graph's order about ten times, so the
+    last order is kept on the graph with a fingerprint of everything the order depends on
+    (the op list, the topological constraints, each op's inputs); any change to those, in
+    place or by reassignment, misses the cache. A tensor's producer is fixed when it is made.
+    """
+    key = _fingerprint(graph)
+    cached = getattr(graph, "_schedule_cache", None)
+    if cached is not None and cached[0] == key:
+        return list(cached[1])
+    order = _schedule(graph)
+    graph._schedule_cache = (key, tuple(order))
+    return order
+
+
+def _fingerprint(graph: Graph) -> tuple:
+    """What `schedule` reads, as tuples compared by identity first (cheap when unchanged)."""
+    ops = tuple(graph._ops)
+    return ops, tuple(graph._topocons), tuple([tuple(op.inputs) for op in ops])
+
+
+def _schedule(graph: Graph) -> List[Op]:
     position = {op: i for i, op in enumerate(graph._ops)}
     preds: Dict[Op, set] = {op: set() for op in graph._ops}
     for op in graph._ops:
