@@ -17,6 +17,7 @@ import torch.utils._pytree as pytree
 from torch import nn
 from torch._decomp import core_aten_decompositions
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch.testing._internal.common_utils import SEED, set_rng_seed
 
 import popxl_fx.lowerings  # noqa: F401 - registers the table
 from popxl_fx.lowering import lookup
@@ -168,9 +169,35 @@ def _sample_call(op, sample, backward: bool):
     return grad_call, tensors
 
 
+def _cpu_float32_samples(op):
+    """``op.sample_inputs("cpu", torch.float32)`` without its wrapper's search for a unittest
+    test function (two ``inspect.stack()`` per call, ~40 ms each here; under pytest it finds
+    none): the same samples, the generator seeded with ``SEED`` before each, as the wrapper
+    does when it finds none."""
+    samples = iter(op.sample_inputs_func(op, "cpu", torch.float32, False))
+    while True:
+        set_rng_seed(SEED)
+        try:
+            yield next(samples)
+        except StopIteration:
+            return
+
+
+# core_aten_decompositions() by the number of ops registered with torch: torch builds the table
+# anew on every call (~70 ms), and an op registered later may add to it
+_CORE_TABLES: dict[int, dict] = {}
+
+
+def _core_aten_table() -> dict:
+    key = len(torch._C._dispatch_get_all_op_names())
+    if key not in _CORE_TABLES:
+        _CORE_TABLES[key] = core_aten_decompositions()
+    return dict(_CORE_TABLES[key])  # a copy: make_fx may keep or change what it is given
+
+
 def _aten_packets(fn, tensors) -> set[str]:
     with torch.random.fork_rng(devices=[]):
-        gm = make_fx(fn, decomposition_table=core_aten_decompositions())(*tensors)
+        gm = make_fx(fn, decomposition_table=_core_aten_table())(*tensors)
     return {
         n.target.overloadpacket.__name__
         for n in gm.graph.nodes
@@ -220,7 +247,7 @@ def _float32_samples(op, packet: str, backward: bool, count: int) -> list:
     """The op's first ``count`` float32 CPU samples whose decomposition reaches ``packet``
     (sample k needs only k + 1 of them traced: each trace is a make_fx run)."""
     out = []
-    for sample in op.sample_inputs("cpu", torch.float32, requires_grad=False):
+    for sample in _cpu_float32_samples(op):
         fn, tensors = _sample_call(op, sample, backward)
         try:
             reached = packet in _aten_packets(fn, tensors)
