@@ -193,8 +193,12 @@ class Build:
         self.grad_enabled = True
         self.planned = False  # the main graph calls the step: stage records plan memory
 
-    def record(self, name: str, detail: str, new_graphs: Iterable[Any] = ()) -> Stage:
-        """Append the record of stage ``name`` (one of `STAGES`, after the last recorded)."""
+    def record(
+        self, name: str, detail: str, new_graphs: Iterable[Any] = (), plan: Any = None
+    ) -> Stage:
+        """Append the record of stage ``name`` (one of `STAGES`, after the last recorded); its
+        rows and memory from ``plan`` when given (the Session's), else from a plan of the
+        program so far once the main graph calls the step."""
         if name not in STAGES:
             raise ValueError(f"unknown pipeline stage {name!r}; the stages are {STAGES}.")
         if self.stages and STAGES.index(name) <= STAGES.index(self.stages[-1].name):
@@ -203,7 +207,10 @@ class Build:
                 f"run in the order {STAGES}."
             )
         made = {_graph_of(g).name: len(_graph_of(g).ops) for g in new_graphs}
-        rows, memory = self._plan() if self.planned else ((), {})
+        if plan is not None:
+            rows, memory = _plan_rows(plan)
+        else:
+            rows, memory = self._plan() if self.planned else ((), {})
         stage = Stage(name, detail, made, rows, memory)
         self.stages.append(stage)
         return stage
@@ -211,9 +218,7 @@ class Build:
     def _plan(self) -> tuple[tuple[GraphRow, ...], dict[int, int]]:
         # the simulator's own plan of the program so far, on the options' target, never
         # fatal (only the Session's plan decides out-of-memory) and never reported as one
-        plan = build_plan(self.ir, _no_oom(self.options), observe=False)
-        rows = tuple(GraphRow(g.name, g.ops, g.code_bytes, g.runs) for g in plan.graphs)
-        return rows, {ipu: m.total for ipu, m in plan.memory.items()}
+        return _plan_rows(build_plan(self.ir, _no_oom(self.options), observe=False))
 
     def session(self) -> popxl.Session:
         """The Session of the built Ir, attached (the weights live on the device between
@@ -224,15 +229,20 @@ class Build:
             return None
         session = make_session(self.ir, self.options, self.prefix, self.model)
         session.__enter__()
-        plan = session.plan
-        rows = tuple(GraphRow(g.name, g.ops, g.code_bytes, g.runs) for g in plan.graphs)
-        memory = {ipu: m.total for ipu, m in plan.memory.items()}
         outlined = session.report.outlining()
         saved = f"; {outlined.line()}" if outlined.call_sites else ""
         notes = "".join(f"\n{n}" for n in self.notes)
-        self.record("session", f"Session on {self.options.device!r}{saved}{notes}")
-        self.stages[-1] = dataclasses.replace(self.stages[-1], graphs=rows, memory=memory)
+        # the Session's own plan, not a second plan of the same Ir
+        self.record(
+            "session", f"Session on {self.options.device!r}{saved}{notes}", plan=session.plan
+        )
         return session
+
+
+def _plan_rows(plan) -> tuple[tuple[GraphRow, ...], dict[int, int]]:
+    """A plan's rows per graph and memory per IPU, as a stage records them."""
+    rows = tuple(GraphRow(g.name, g.ops, g.code_bytes, g.runs) for g in plan.graphs)
+    return rows, {ipu: m.total for ipu, m in plan.memory.items()}
 
 
 def _state(model: nn.Module):
