@@ -19,6 +19,7 @@ from ..schedule import schedule
 from ..tensor import Constant, Tensor, Variable
 from .alias import ViewOutputs
 from .call_outputs import kept_outputs
+from .code_cache import compiled as compiled_code
 from .conv_pairs import conv_pair_kernel
 from .defer import DEFER_NAME, deferred_at, emit_deferred
 from .direct import direct_call
@@ -159,7 +160,7 @@ class Program:
         fname = fname or ("main" if is_main else self._fn_names.get(g, f"graph_{id(g)}"))
         source = _source(fname, params, em, self.kept_outputs.get(g))
         self.namespace.setdefault("__popxl_sources__", {})[fname] = source
-        exec(compile(source, f"<popxl graph {g.name or 'main'}>", "exec"), self.namespace)
+        exec(compiled_code(source, f"<popxl graph {g.name or 'main'}>"), self.namespace)
         self.modified_inputs[g] = _modified_graph_inputs(g)
         compiled = CompiledGraph(g, self.namespace[fname], source)
         compiled.plan = plan

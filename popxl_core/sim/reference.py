@@ -26,6 +26,7 @@ from ..graph import Graph, Op
 from ..host_data import host_to_torch
 from ..schedule import schedule
 from ..tensor import Constant, Tensor, Variable
+from .code_cache import compiled as compiled_code
 from .compile import _modified_graph_inputs, is_remote
 from .kernel_wrappers import (
     fp16_in_fp32,
@@ -179,5 +180,5 @@ class _OpEmitter:
         body = "\n    ".join(self.lines) or "pass"
         source = f"def op(E):\n    {body}\n"
         where = f"<popxl reference {self.op.type}.{self.op.id}>"
-        exec(compile(source, where, "exec"), self.namespace)
+        exec(compiled_code(source, where), self.namespace)
         return self.namespace["op"]
