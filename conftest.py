@@ -1,6 +1,7 @@
 """Suite-wide set-up: one torch thread, and the names the docstring examples of the product
 packages use (`pytest --doctest-modules`)."""
 
+import gc
 import os
 import sys
 
@@ -30,11 +31,25 @@ def _runs_tests(config) -> bool:
     return hasattr(config, "workerinput") or not config.getoption("numprocesses", None)
 
 
+# Python's cyclic garbage collector took 16 % of a test process's CPU (4.9 of 30 s over four
+# fx test files): each full collection walks every object torch and the collected tests hold.
+# Those are frozen out of collection once collected, and the young generation is collected
+# every 10,000 allocations instead of 700 (same files: 30 -> 25 s of CPU; peak memory did not
+# grow: 2.3 GB before, 2.1 GB after).
+GC_THRESHOLD = (10_000, 20, 20)
+
+
 def pytest_configure(config):
     if _runs_tests(config):
         import torch
 
         torch.set_num_threads(THREADS)
+        gc.set_threshold(*GC_THRESHOLD)
+
+
+def pytest_collection_finish(session):
+    if _runs_tests(session.config):
+        gc.freeze()  # imports and collected tests live until the end: no need to rescan them
 
 
 # The test modules that take longest (subprocess jobs, many programs built), heaviest first:
