@@ -52,6 +52,8 @@ def checked_dtype(value: Any, where: str, optional: bool = False) -> Optional[dt
 
 def checked_shape(shape: Any, where: str) -> Tuple[int, ...]:
     """``shape`` as a tuple of non-negative ints; TypeError/ValueError naming ``where``."""
+    if type(shape) is tuple and all(type(d) is int and d >= 0 for d in shape):
+        return shape  # the common case, checked at a fraction of the general path's cost
     if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
         raise TypeError(
             f"{where}: expected a shape tuple, got the int {shape}; write ({int(shape)},)."
