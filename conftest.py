@@ -3,15 +3,8 @@ packages use (`pytest --doctest-modules`)."""
 
 import gc
 import os
-import sys
 
 import pytest
-
-# Bytecode caches (__pycache__, gitignored) are written even where PYTHONDONTWRITEBYTECODE is
-# set: without them every run, and each xdist worker, compiles the product and re-rewrites the
-# tests' asserts again (~2.4 s of CPU per process, measured on the 2-core machine; test
-# collection 8.4 -> 6.0 s). Python reads existing caches either way.
-sys.dont_write_bytecode = False
 
 # One torch thread for the tests and the processes they start (OMP_NUM_THREADS is inherited).
 # The suite's tensors are small: a second thread saves little on an idle 2-core machine, and
