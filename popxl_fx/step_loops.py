@@ -18,10 +18,16 @@ from .built import Program
 from .checks import check_inputs
 from .loops import check_batches, micro_batch_loop, repeat_step
 from .pipeline import Build, Lowered, accumulating_backward, backward, weights_of
-from .precision import loss_seed, stream_values
+from .precision import stream_values
 from .program import Inputs, Weights, load_inputs, store
 from .replication import check_batch_split, split_replicas
-from .step_parts import TrainingRequest, lower_with_loss, named_locals, optimizer_update
+from .step_parts import (
+    TrainingRequest,
+    forward_backward,
+    lower_with_loss,
+    named_locals,
+    optimizer_update,
+)
 
 __all__ = ["build_training_loops"]
 
@@ -191,12 +197,6 @@ def _accumulated_step(
 def _local_step(build: Build, lowered: Lowered, named, variables, ins: Inputs, index: int) -> tuple:
     """One forward and backward call on ``named`` (the step graph's stand-ins for
     ``variables``); gradients keyed by the main graph's variables."""
-    fwd_graph, bwd_graph = lowered.forward, lowered.backward
-    fwd = fwd_graph.bind(named).call_with_info(*ins.tensors)
-    loss = fwd.outputs[index]
-    info = bwd_graph.grad_graph_info
-    seed = loss_seed(loss, build.options)
-    bwd = bwd_graph.call_with_info(seed, args=info.inputs_dict(fwd))
-    by_local = info.fwd_parent_ins_to_grad_parent_outs(fwd, bwd)
+    _, loss, by_local = forward_backward(build, lowered, named, ins.tensors, index)
     local_of = {named.to_dict()[name]: v for name, v in variables.to_dict().items()}
     return {local_of[t]: g for t, g in by_local.items() if t in local_of}, loss

@@ -15,10 +15,17 @@ import addons
 from .checks import integer_inputs_explained
 from .loss import check_scalar_loss, loss_index
 from .optim import OptimizerProgram
-from .pipeline import Build, lower, master_gradients, reduce_gradients
+from .pipeline import Build, Lowered, lower, master_gradients, reduce_gradients
+from .precision import loss_seed
 from .program import Weights
 
-__all__ = ["TrainingRequest", "lower_with_loss", "named_locals", "optimizer_update"]
+__all__ = [
+    "TrainingRequest",
+    "forward_backward",
+    "lower_with_loss",
+    "named_locals",
+    "optimizer_update",
+]
 
 
 @dataclass
@@ -67,3 +74,15 @@ def optimizer_update(
 def named_locals(tensors: addons.NamedTensors, local: Callable) -> addons.NamedTensors:
     """``tensors`` with each main-graph tensor replaced by ``local``'s stand-in for it."""
     return addons.NamedTensors.from_dict({n: local(t) for n, t in tensors.to_dict().items()})
+
+
+def forward_backward(build: Build, lowered: Lowered, bound, tensors: Sequence, index: int) -> tuple:
+    """The forward graph called on ``bound`` variables and ``tensors``, then the backward
+    seeded at output ``index`` (the loss): ``(forward call info, loss, {variable: gradient})``
+    with the gradients keyed by the tensors ``bound`` binds."""
+    fwd = lowered.forward.bind(bound).call_with_info(*tensors)
+    loss = fwd.outputs[index]
+    info = lowered.backward.grad_graph_info
+    seed = loss_seed(loss, build.options)
+    bwd = lowered.backward.call_with_info(seed, args=info.inputs_dict(fwd))
+    return fwd, loss, info.fwd_parent_ins_to_grad_parent_outs(fwd, bwd)

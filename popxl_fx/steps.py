@@ -26,11 +26,17 @@ from .loops import check_batches, repeat_step
 from .names import unescape
 from .phased import build_phased_training
 from .pipeline import Build, Lowered, backward, lower, weights_of
-from .precision import loss_seed, stream_values
+from .precision import stream_values
 from .program import Inputs, load_inputs, store
 from .replication import check_batch_split, replica_examples, split_replicas
 from .step_loops import build_training_loops
-from .step_parts import TrainingRequest, lower_with_loss, named_locals, optimizer_update
+from .step_parts import (
+    TrainingRequest,
+    forward_backward,
+    lower_with_loss,
+    named_locals,
+    optimizer_update,
+)
 
 __all__ = [
     "CompiledGraphs",
@@ -96,13 +102,7 @@ class _Step:
 
 def _plain_step(build: Build, lowered: Lowered, variables, ins: Inputs, index: int) -> _Step:
     """One forward and one backward call in the main graph (no accumulation)."""
-    fwd_graph, bwd_graph = lowered.forward, lowered.backward
-    fwd = fwd_graph.bind(variables).call_with_info(*ins.tensors)
-    loss = fwd.outputs[index]
-    info = bwd_graph.grad_graph_info
-    seed = loss_seed(loss, build.options)
-    bwd = bwd_graph.call_with_info(seed, args=info.inputs_dict(fwd))
-    grads = info.fwd_parent_ins_to_grad_parent_outs(fwd, bwd)
+    fwd, loss, grads = forward_backward(build, lowered, variables, ins.tensors, index)
     return _Step(loss, list(fwd.outputs), grads)
 
 

@@ -54,20 +54,7 @@ def _touches_fp16(op: Op) -> bool:
 
 def fp16_via_fp32(kernel: Callable, op: Op) -> Callable:
     """Compute in float32 and round results to the declared dtypes (IPU AMP semantics)."""
-    out_dtypes = [t.dtype.as_torch() for t in op.outputs]
-    target = op.opdef.inplace[0] if op.opdef.inplace else None
-
-    def run(*args):
-        up = [a.float() if a.dtype == torch.float16 else a for a in args]
-        res = kernel(*up)
-        many = isinstance(res, tuple)
-        res = tuple(r.to(d) for r, d in zip(res if many else (res,), out_dtypes))
-        if target is not None:
-            args[target].copy_(res[0])
-            res = (args[target], *res[1:])
-        return res if many else res[0]
-
-    return run
+    return _computed_wide(kernel, op, lambda a: a.float() if a.dtype == torch.float16 else a)
 
 
 _NARROW_UNSIGNED = (torch.uint16, torch.uint32)
@@ -80,12 +67,17 @@ def touches_narrow_unsigned(op: Op) -> bool:
 def unsigned_via_int64(kernel: Callable, op: Op) -> Callable:
     """torch has no arithmetic on uint16/uint32 (``seed + 1`` fails), the IPU has: compute in
     int64 and cast back, which wraps modulo 2**16 / 2**32 as the IPU's unsigned ops do."""
+    return _computed_wide(kernel, op, lambda a: a.long() if a.dtype in _NARROW_UNSIGNED else a)
+
+
+def _computed_wide(kernel: Callable, op: Op, widen: Callable) -> Callable:
+    """``kernel`` on its arguments widened by ``widen``, results cast back to ``op``'s output
+    dtypes (an in-place op's result copied into its target)."""
     out_dtypes = [t.dtype.as_torch() for t in op.outputs]
     target = op.opdef.inplace[0] if op.opdef.inplace else None
 
     def run(*args):
-        wide = [a.long() if a.dtype in _NARROW_UNSIGNED else a for a in args]
-        res = kernel(*wide)
+        res = kernel(*[widen(a) for a in args])
         many = isinstance(res, tuple)
         res = tuple(r.to(d) for r, d in zip(res if many else (res,), out_dtypes))
         if target is not None:
