@@ -70,12 +70,12 @@ def run_lockstep(runtime, body: Callable[[int], None]) -> None:
 def _answer_stacks(runtime, lets, states, waits: List[object]) -> None:
     """Resume the replicas waiting at stack sites, in replica order, until every replica
     waits at a collective or has finished."""
+
+    def own(r: int, request: StackRequest):
+        runtime._local = states[r]  # a replica's own kernel may keep per-replica buffers
+        return request.site.own_outputs(request.args)
+
     while any(isinstance(w, StackRequest) for w in waits):
-
-        def own(r: int, request: StackRequest):
-            runtime._local = states[r]  # a replica's own kernel may keep per-replica buffers
-            return request.site.own_outputs(request.args)
-
         values = stacked_values(waits, own)
         for r, w in enumerate(waits):
             if isinstance(w, StackRequest):

@@ -81,8 +81,18 @@ class Runtime:
     # host streams ------------------------------------------------------------------
     def load(self, stream) -> torch.Tensor:
         buf = self.inputs[stream]
-        local = self._local  # `_next` and `replica` inlined: every input of every step
-        counts = local.counts
+        i = self._transfer(stream, buf)
+        return host_to_torch(np.array(buf[i, self._local.slot]))  # 0-d slices are scalars
+
+    def skip(self, stream) -> None:
+        """A load whose value nothing reads: the transfer is consumed (and counted) as by
+        `load`, without making the tensor."""
+        self._transfer(stream, self.inputs[stream])
+
+    def _transfer(self, stream, buf) -> int:
+        """The index of the calling replica's next transfer of input ``stream`` (``buf``, the
+        host buffer); counted as used."""
+        counts = self._local.counts
         i = counts.get(stream, 0)
         counts[stream] = i + 1
         if i >= buf.shape[0]:
@@ -90,20 +100,7 @@ class Runtime:
                 f"Stream {stream.tensor_id!r} was loaded {i + 1} times in one run, "
                 f"but only {buf.shape[0]} transfers were provided (num_host_transfers)."
             )
-        return host_to_torch(np.array(buf[i, local.slot]))  # 0-d slices are scalars
-
-    def skip(self, stream) -> None:
-        """A load whose value nothing reads: the transfer is consumed (and counted) as by
-        `load`, without making the tensor."""
-        counts = self._local.counts
-        i = counts.get(stream, 0)
-        counts[stream] = i + 1
-        if i >= self.inputs[stream].shape[0]:
-            raise RuntimeError(
-                f"Stream {stream.tensor_id!r} was loaded {i + 1} times in one run, "
-                f"but only {self.inputs[stream].shape[0]} transfers were provided "
-                "(num_host_transfers)."
-            )
+        return i
 
     def store(self, stream, value: torch.Tensor) -> None:
         buf = self.outputs[stream]

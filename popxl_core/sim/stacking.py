@@ -28,7 +28,7 @@ import torch
 
 from ..graph import Op
 from ..ops.forms import ReplicaStack
-from .variants import MAX_BUFFER_BYTES
+from .variants import all_float32, bounded
 
 __all__ = ["MIN_SHARED_BYTES", "StackRequest", "StackSite", "stack_site", "stacked_values"]
 
@@ -52,8 +52,7 @@ class StackSite:
         # output buffers kept between runs where the op runs at most once per run of each
         # replica (what `variants.py` keeps per replica, kept here for the stacked call)
         once = em.graph in em.program.once_per_replica
-        bounded = all(t.spec.nbytes <= MAX_BUFFER_BYTES for t in op.outputs)
-        self.buffers: Optional[dict] = {} if once and bounded else None
+        self.buffers: Optional[dict] = {} if once and bounded(op) else None
         self.checked: Dict[tuple, bool] = {}  # shapes -> the stacked form gave the same bits
 
     def __call__(self, *args):
@@ -100,7 +99,7 @@ def stack_site(op: Op, em, kernel: Callable) -> Optional[StackSite]:
         return None
     if program.options.inductor or len(runtime.local) < 2:
         return None
-    if not any(op.outputs[i] in em.read for i in rule.outputs) or not _all_float32(op):
+    if not any(op.outputs[i] in em.read for i in rule.outputs) or not all_float32(op):
         return None
     shared = [op.inputs[i] for i in rule.shared if i < len(op.inputs)]
     if sum(t.spec.nbytes for t in shared) < MIN_SHARED_BYTES:
@@ -176,7 +175,3 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.dtype != b.dtype or a.shape != b.shape:
         return False
     return torch.equal(a.contiguous().view(torch.int32), b.contiguous().view(torch.int32))
-
-
-def _all_float32(op: Op) -> bool:
-    return all(t.dtype.as_torch() == torch.float32 for t in (*op.inputs, *op.outputs))

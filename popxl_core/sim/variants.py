@@ -18,20 +18,20 @@ import torch
 from ..graph import Graph, Op
 from ..ops.call import CALL
 
-__all__ = ["MAX_BUFFER_BYTES", "graphs_run_once", "variant_kernel"]
+__all__ = ["MAX_BUFFER_BYTES", "all_float32", "bounded", "graphs_run_once", "variant_kernel"]
 
 
 def variant_kernel(op: Op, em) -> Callable | None:
     """The op table's kernel that skips the outputs nothing reads, or that keeps its output
     buffers between runs where the op runs at most once per run (float32, not checked)."""
     variants, buffered = op.opdef.dead_output_kernels, op.opdef.buffered_kernel
-    if not (variants or buffered) or em.program.check_specs or not _all_float32(op):
+    if not (variants or buffered) or em.program.check_specs or not all_float32(op):
         return None
     dead = frozenset(i for i, t in enumerate(op.outputs) if t not in em.read)
     kernel = None
     # (not under inductor: its compiled graphs allocate their outputs themselves)
     kept = not em.program.options.inductor and em.graph in em.program.once_per_replica
-    if buffered is not None and kept and _bounded(op):
+    if buffered is not None and kept and bounded(op):
         kernel = _per_replica(op, dead, buffered, em.program.namespace["RT"])
         em.program.stats["buffered_ops"] += kernel is not None
     kernel = kernel or variants.get(dead)
@@ -87,11 +87,12 @@ def graphs_run_once(ir, per_replica: bool = False) -> Set[Graph]:
 MAX_BUFFER_BYTES = 16 * 2**20
 
 
-def _bounded(op: Op) -> bool:
+def bounded(op: Op) -> bool:
+    """Every output small enough to keep a buffer of between runs (`MAX_BUFFER_BYTES`)."""
     return all(t.spec.nbytes <= MAX_BUFFER_BYTES for t in op.outputs)
 
 
-def _all_float32(op: Op) -> bool:
+def all_float32(op: Op) -> bool:
     """Every floating point operand is float32 (integer ones, e.g. pooling indices, pass)."""
     ts = (*op.inputs, *op.outputs)
     return all(t.dtype.as_torch() == torch.float32 for t in ts if not t.dtype.is_int)
