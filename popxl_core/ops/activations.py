@@ -17,6 +17,7 @@ from ..tensor import Tensor
 from ._dtype_rules import floating
 from ._unary_common import float_spec, unary_op, unary_samples
 from ._utils import rand, same_dtype
+from .forms import fold_elementwise
 from .registry import Cost, OpDef, Sample, create_op, register
 
 __all__ = [
@@ -199,6 +200,7 @@ def _activation(name: str, public: str, fwd: Callable, backward: Callable, flops
             backward,
             cost=_flops(2 * flops),
             pointwise=True,
+            replica_fold=fold_elementwise(),
             samples=_grad_samples(lambda g, x: create_op(grad_def, [g, x])[0], fwd, seed),
         )
     )
@@ -217,7 +219,7 @@ def _forward_defs(name: str, public: str, fwd: Callable, grad: Callable, flops: 
         return x.copy_(fwd(x))
 
     lo, hi = -3.0, 3.0
-    common = dict(grad=grad, cost=_flops(flops), pointwise=True)
+    common = dict(grad=grad, cost=_flops(flops), pointwise=True, replica_fold=fold_elementwise())
     fwd_def = register(
         OpDef(
             name,

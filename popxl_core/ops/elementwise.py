@@ -14,7 +14,7 @@ from ._utils import (
     unbroadcast,
 )
 from .fmod_pow import fmod, pow
-from .forms import binary_direct, binary_foreach, unary_foreach
+from .forms import binary_direct, binary_foreach, fold_elementwise, unary_foreach
 from .registry import OpDef, Sample, create_op, register
 from .select import maximum, where
 
@@ -73,6 +73,7 @@ ADD = register(
         foreach=binary_foreach(torch._foreach_add, torch._foreach_add_, commutative=True),
         out_kernel=torch.add,
         direct=binary_direct("torch.add"),
+        replica_fold=fold_elementwise(),
     )
 )
 ADD_LHS_INPLACE = register(

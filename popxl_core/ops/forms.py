@@ -28,7 +28,12 @@ from ..tensor import Constant, Tensor
 __all__ = [
     "Foreach",
     "JointGrad",
+    "ReplicaFold",
     "ReplicaStack",
+    "FOLD_ROWS",
+    "fold_rows",
+    "fold_elementwise",
+    "fold_axis",
     "Targets",
     "binary_direct",
     "binary_foreach",
@@ -111,6 +116,80 @@ class ReplicaStack:
     outputs: Tuple[int, ...]
     stacked: Callable[..., List[tuple]]
     rest: Optional[Callable[..., Tuple[object, ...]]] = None
+
+
+@dataclass(frozen=True)
+class ReplicaFold:
+    """How R data-parallel replicas' calls of this op become one call over their values
+    concatenated along dim 0 (sim/fold.py): a per-replica input of shape ``(b, ...)`` is one
+    tensor ``(R*b, ...)``, the replicas' rows in replica order; an input the same on every
+    replica (a weight) is one tensor of its own shape. Used only where, on the actual shapes,
+    the folded call gives every replica the bits its own call gives (checked once per shape
+    at run time; else the replicas' calls are made one by one).
+
+    Args:
+        rows: ``(attrs, per-replica input shapes, which inputs are per replica) -> bool``:
+            the kernel on the concatenated inputs (attributes from ``attrs``) computes each
+            replica's outputs as its own rows of dim 0, in replica order.
+        attrs: ``(attrs, replicas) -> attrs`` of the folded call (None: the op's own).
+        kernel: a folded kernel of its own, ``(args, replicas, dead, buffers, **attrs) ->
+            outputs`` (``dead``: the indexes of outputs nothing reads, None there;
+            ``buffers``: a dict to keep output buffers in between runs, or None); outputs
+            not batch-major (a weight gradient per replica) as ``(R*out, ...)`` all the same.
+    """
+
+    rows: Callable[..., bool]
+    attrs: Optional[Callable[[dict, int], dict]] = None
+    kernel: Optional[Callable[..., Tuple[object, ...]]] = None
+
+
+def _all_rows(attrs, shapes, per) -> bool:
+    return True
+
+
+# an op computing each row of dim 0 from that row of each input (all batch-major)
+FOLD_ROWS = ReplicaFold(rows=_all_rows)
+
+
+def fold_rows(*batch_inputs: int, attrs: Optional[Callable[[dict, int], dict]] = None):
+    """An op computing each row of dim 0 from that row of inputs ``batch_inputs`` and the
+    whole of the others (weights, biases), which must then be the same on every replica."""
+
+    def rows(attrs, shapes, per) -> bool:
+        return not any(p for i, p in enumerate(per) if i not in batch_inputs)
+
+    return ReplicaFold(rows=rows, attrs=attrs)
+
+
+def _elementwise_rows(attrs, shapes, per) -> bool:
+    """Broadcasting operands: the per-replica ones have the output's rank and dim 0 (no
+    broadcast across rows), a shared one broadcasts over dim 0 (lower rank or dim 0 of 1)."""
+    rank = max(len(s) for s in shapes)
+    lead = [s[0] for s, p in zip(shapes, per) if p]
+    if any(len(s) != rank for s, p in zip(shapes, per) if p) or len(set(lead)) != 1:
+        return False
+    return all(len(s) < rank or s[0] == 1 for s, p in zip(shapes, per) if not p)
+
+
+def fold_elementwise() -> ReplicaFold:
+    """Elementwise ops over broadcast operands."""
+    return ReplicaFold(rows=_elementwise_rows)
+
+
+def fold_axis(*names: str, rank_of: int = 0) -> ReplicaFold:
+    """An op acting along the axes named by attributes ``names`` (ints or sequences) of its
+    input ``rank_of``, row-wise elsewhere: folds where none of them is axis 0."""
+
+    def rows(attrs, shapes, per) -> bool:
+        rank = len(shapes[rank_of])
+        for name in names:
+            value = attrs.get(name)
+            axes = value if isinstance(value, (tuple, list)) else (value,)
+            if any(a is None or int(a) % max(rank, 1) == 0 for a in axes):
+                return False
+        return True
+
+    return ReplicaFold(rows=rows)
 
 
 def shared_identity(t: Tensor) -> object:

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from ..tensor import Tensor
 from ._utils import rand, same_dtype, spec
-from .forms import ReplicaStack
+from .forms import ReplicaFold, ReplicaStack, fold_rows
 from .registry import Cost, OpDef, Sample, create_op, register
 
 __all__ = ["linear"]
@@ -111,6 +111,22 @@ def _stacked_grads(inputs, live, buffers, has_bias):
         (dx[r] if dx is not None else None, dw[r] if dw is not None else None)
         for r in range(len(inputs))
     ]
+
+
+def _folded_grads(args, replicas, dead, buffers, has_bias):
+    """Replicas folded (sim/fold.py): ``g``, ``x`` every replica's rows, ``w`` shared.
+    ``dx`` as one GEMM over all rows, the R ``dw`` as one batched GEMM (as `_stacked_grads`),
+    ``db`` by each replica's own sum; ``dw``, ``db`` as ``(R*out, ...)``."""
+    g, x, w = args
+    g2 = g.reshape(-1, g.shape[-1])
+    dx = None if 0 in dead else g2.mm(w).view(x.shape)
+    gs = g2.view(replicas, -1, g.shape[-1])
+    xs = x.reshape(replicas, -1, x.shape[-1])
+    out = _kept(buffers, (replicas, *w.shape), w.dtype)
+    dw = torch.bmm(gs.transpose(1, 2), xs, out=out).view(-1, w.shape[1])
+    if not has_bias:
+        return dx, dw
+    return dx, dw, torch.cat([part.sum(0) for part in gs])
 
 
 def _kept(buffers, shape, dtype):
@@ -209,6 +225,7 @@ LINEAR = register(
         samples=_samples,
         out_name="linear_out",
         replica_stack=ReplicaStack(shared=(1, 2), outputs=(0,), stacked=_stacked),
+        replica_fold=fold_rows(0),
     )
 )
 LINEAR_GRAD = register(
@@ -224,6 +241,7 @@ LINEAR_GRAD = register(
         replica_stack=ReplicaStack(
             shared=(2,), outputs=(0, 1), stacked=_stacked_grads, rest=_bias_grad
         ),
+        replica_fold=ReplicaFold(rows=fold_rows(0, 1).rows, kernel=_folded_grads),
     )
 )
 

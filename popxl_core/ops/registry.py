@@ -17,7 +17,7 @@ from ..context import gcg, get_current_context
 from ..graph import Graph, Op
 from ..tensor import Tensor, TensorSpec
 from ._positional import position_invariant, runs_in_whole_blocks
-from .forms import Foreach, JointGrad, ReplicaStack
+from .forms import Foreach, JointGrad, ReplicaFold, ReplicaStack
 
 __all__ = [
     "OpDef",
@@ -146,6 +146,8 @@ class OpDef:
             with ``popxl_type="MatMul"``. `print_schedule` and ``Op.opType()`` show it.
         replica_stack: the op's calls by replicas in lock step as one call where its
             weight is shared (`forms.ReplicaStack`, sim/stacking.py).
+        replica_fold: how data-parallel replicas' calls of the op run as one call over their
+            values concatenated along dim 0 (`forms.ReplicaFold`, sim/fold.py).
     """
 
     name: str
@@ -178,6 +180,7 @@ class OpDef:
     buffered_kernel: Optional[Callable[..., Any]] = None
     popxl_type: str = ""
     replica_stack: Optional[ReplicaStack] = None
+    replica_fold: Optional[ReplicaFold] = None
 
     def kernel_for(
         self, numerics: str, sizes: Optional[Sequence[int]] = None

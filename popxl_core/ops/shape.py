@@ -20,6 +20,7 @@ import torch
 from ..tensor import Tensor
 from ._utils import broadcast_shapes, rand, spec, unbroadcast
 from .concat import concat, concat_, split
+from .forms import ReplicaFold, fold_rows
 from .registry import OpDef, Sample, copy_cost, create_op, no_cost, register
 from .slicing import (
     dynamic_slice,
@@ -122,6 +123,15 @@ def _reshape_direct(op, ins, literal):
     return f"torch.reshape({ins[0]}, {literal(tuple(op.attrs['shape']))})"
 
 
+def _folded_shape(attrs, replicas: int) -> dict:
+    """All replicas' rows (sim/fold.py): R times the rows (row-major: replica r's elements
+    are rows r*n to (r+1)*n of the result)."""
+    shape = list(attrs["shape"])
+    if shape[0] != -1:
+        shape[0] *= replicas
+    return {**attrs, "shape": tuple(shape)}
+
+
 RESHAPE = register(
     OpDef(
         "Reshape",
@@ -134,6 +144,7 @@ RESHAPE = register(
         out_name="reshape_out",
         fp16_in_fp32=False,
         direct=_reshape_direct,
+        replica_fold=fold_rows(0, attrs=_folded_shape),
     )
 )
 # In-place variants return the view itself and leave ``view`` False, so the compiler never
@@ -265,6 +276,11 @@ def _matrix_transpose(op) -> bool:
     return tuple(op.attrs.get("permutation", ())) == (1, 0)
 
 
+def _keeps_rows(attrs, shapes, per) -> bool:
+    """A permutation keeping axis 0 keeps each replica's rows (sim/fold.py)."""
+    return int(attrs["permutation"][0]) == 0
+
+
 TRANSPOSE = register(
     OpDef(
         "Transpose",
@@ -278,6 +294,7 @@ TRANSPOSE = register(
         fp16_in_fp32=False,
         direct=_transpose_direct,
         matrix_transpose=_matrix_transpose,
+        replica_fold=ReplicaFold(rows=_keeps_rows),
     )
 )
 TRANSPOSE_INPLACE = register(

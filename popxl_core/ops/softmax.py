@@ -10,6 +10,7 @@ import torch
 from ..tensor import Tensor
 from ._dtype_rules import check_float
 from ._utils import rand, same_dtype
+from .forms import fold_axis
 from .registry import Cost, OpDef, Sample, create_op, register
 
 __all__ = ["log_softmax", "softmax"]
@@ -88,6 +89,7 @@ def _register_pair(name: str, out_name: str, torch_fwd, grad_kernel, build):
             grad=grad,
             cost=_softmax_cost,
             out_name=out_name,
+            replica_fold=fold_axis("axis"),
             samples=_softmax_samples(build, torch_fwd),
         )
     )
@@ -97,6 +99,7 @@ def _register_pair(name: str, out_name: str, torch_fwd, grad_kernel, build):
             _softmax_grad_infer,
             grad_kernel,
             cost=_softmax_cost,
+            replica_fold=fold_axis("axis"),
             samples=_softmax_grad_samples(build, torch_fwd, lambda: grad_def),
         )
     )

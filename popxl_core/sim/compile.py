@@ -6,6 +6,7 @@ and turned into straight-line source; per step the simulator only calls kernels.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, Callable, Dict, List, Set
 
@@ -23,6 +24,7 @@ from .code_cache import compiled as compiled_code
 from .conv_pairs import conv_pair_kernel
 from .defer import DEFER_NAME, deferred_at, emit_deferred
 from .direct import direct_call
+from .fold_site import emit_fold
 from .foreach import Group, group_kernel
 from .fuse import transposed_kernel
 from .handoff import HANDOFF_PARAM, emit_handoff_call, handoff_graph, unpack_lines
@@ -89,9 +91,10 @@ class Program:
     """All graphs of an Ir compiled to Python functions sharing one namespace, with the
     passes `options` switches on (`passes.PASSES`)."""
 
-    def __init__(self, ir, runtime: Any, options: CompileOptions = DEFAULT) -> None:
+    def __init__(self, ir, runtime: Any, options: CompileOptions = DEFAULT, fold=None) -> None:
         self.ir = ir
         self.options = options
+        self.fold = fold  # `fold.FoldPlan`: all replicas' step in one run (fold.py), or None
         # how often each optimisation applied (tests check that the fused paths ran)
         self.stats: Dict[str, int] = dict.fromkeys(STATS, 0)
         self.namespace: Dict[str, Any] = {"RT": runtime, "torch": torch}
@@ -152,7 +155,10 @@ class Program:
             em.lines.extend(unpack_lines(params))
             params = [HANDOFF_PARAM]
         stats = self.stats if stats is None else stats
-        plan = run_passes(self._plan(g, skipped, stats), self.options, stats)
+        options = self.options
+        if self.fold is not None and g in self.fold.graphs:  # its ops are emitted one by one
+            options = dataclasses.replace(options, foreach=False)
+        plan = run_passes(self._plan(g, skipped, stats), options, stats)
         if is_main and not skipped:
             self.main_plan = plan
         em.read = _read_tensors(plan.live, plan.returned)
@@ -251,6 +257,8 @@ def _emit_handoff(op: Op, released, em: Emitter) -> Set[Tensor]:
 
 
 def _emit_op(op: Op, plan: GraphPlan, em: Emitter) -> None:
+    if em.program.fold is not None and emit_fold(op, plan, em, _emit_kernel):
+        return
     if op in plan.fused:
         _emit_transposed_matmul(op, plan.fused[op], em)
     elif op in plan.pairs:

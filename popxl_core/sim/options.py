@@ -44,6 +44,10 @@ class CompileOptions:
         stack_replicas: with replicas in lock step, an op whose weight is the same tensor on
             every replica (a GEMM of a shared weight) computed for all of them by one kernel
             over their stacked rows, where that gives each replica the same bits (stacking.py).
+        fold_replicas: with replicas in lock step that share their uniform work, the
+            replicas' step run once over their values concatenated along dim 0, each op
+            one kernel call for all of them where that gives each replica the same bits
+            (fold.py); else as ``stack_replicas`` says.
         inductor: the opt-in fast mode, not bitwise: every pure called graph (no streams,
             collectives, random draws or in-place writes) runs under ``torch.compile``
             (inductor.py; popxl_fx ``Options(kernels="inductor")``).
@@ -65,6 +69,7 @@ class CompileOptions:
     handoff: bool = True
     share_uniform: bool = True
     stack_replicas: bool = True
+    fold_replicas: bool = True
     inductor: bool = False
 
     def __post_init__(self) -> None:

@@ -133,7 +133,13 @@ PASSES: Tuple[Pass, ...] = (
 )
 # counted where the program is emitted: kernels skipping dead outputs or keeping buffers
 # (variants.py), subgraph outputs no caller reads (call_outputs.py)
-_EMIT_STATS = ("dead_outputs", "buffered_ops", "unread_graph_outputs", "stacked_ops")
+_EMIT_STATS = (
+    "dead_outputs",
+    "buffered_ops",
+    "unread_graph_outputs",
+    "stacked_ops",
+    "folded_ops",
+)
 STATS: Tuple[str, ...] = (*(s for p in PASSES for s in p.stats), *_EMIT_STATS)
 
 

@@ -21,6 +21,7 @@ from .options import DEFAULT, CompileOptions
 from .plan import build_plan
 from .reference import ReferenceProgram
 from .remote_state import RemoteState
+from .fold import FoldRuntime, fold_options, plan_fold
 from .runtime import Runtime, run_replicas
 from .session_streams import SessionStreams
 from .session_weights import SessionWeights, is_file
@@ -73,6 +74,8 @@ class Session(SessionStreams, SessionWeights):
         # replica-uniform work run once, on shared variable storage (uniform.py)
         self._sharing = SharedRuns(getattr(self._program, "sharing", None))
         self._follow = None  # this run's followers' main function (None: not shared)
+        # the replicas' step as one run over their rows, where a shared run allows (fold.py)
+        self._fold = _fold_program(ir, self._program)
         ir._session = self
         self._init_state(ir)
 
@@ -276,13 +279,25 @@ class Session(SessionStreams, SessionWeights):
         grad = torch.is_grad_enabled()
         torch._C._set_grad_enabled(False)
         try:
-            run_replicas(self._runtime, self._replica_body, self._threaded)
+            if self._follow is not None and self._fold is not None and not self._data_dependent:
+                self._run_folded(feeds, local)
+            else:
+                run_replicas(self._runtime, self._replica_body, self._threaded)
         finally:
             torch._C._set_grad_enabled(grad)
         if not whole:  # every process returns all replicas' outputs
             self._placement.gather_outputs(local, full, self._whole_inputs)
         self._host_in_sync = False
         self._synced = set()
+
+    def _run_folded(self, feeds, outputs) -> None:
+        """Every replica's run of the main graph as one run over their rows (fold.py)."""
+        fold = self._fold
+        fold.namespace["RT"].start(feeds, outputs)
+        try:
+            fold.main.fn(self._device[self._runtime.local[0]])
+        except (OpDataError, IndexError) as e:
+            raise checks.with_op_context(fold, e) from None
 
     def _replica_body(self, r: int) -> None:
         """One replica's run of the main graph, with the failing op named on a data error."""
@@ -318,6 +333,14 @@ def _program(ir, runtime: Runtime, options: CompileOptions):
     if options.interpret:
         return ReferenceProgram(ir, runtime, check_specs=options.check_specs)
     return Program(ir, runtime, options)
+
+
+def _fold_program(ir, program) -> Optional[Program]:
+    """The folded program of a replicated ``program`` (fold.py), or None."""
+    plan = plan_fold(program) if isinstance(program, Program) else None
+    if plan is None:
+        return None
+    return Program(ir, FoldRuntime(plan), fold_options(program.options), fold=plan)
 
 
 def _has_collectives(program) -> bool:

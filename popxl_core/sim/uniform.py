@@ -45,7 +45,7 @@ from ..ops.io import HOST_LOAD
 from ..tensor import Constant, Tensor, Variable
 from .passes import GraphPlan
 
-__all__ = ["Sharing", "SharedRuns", "plan_sharing"]
+__all__ = ["Sharing", "SharedRuns", "full_all_reduce", "plan_sharing"]
 
 # a host stream of at most this many elements a replica may be checked equal on every run
 _SMALL_STREAM = 4096
@@ -157,7 +157,7 @@ def _uniform_candidates(ops, root, candidates, tainted, streams, ir, pure) -> Se
         return isinstance(t, Constant) or t in uniform or (t is r and t in candidates)
 
     for op in ops:
-        if _full_all_reduce(op, ir):
+        if full_all_reduce(op, ir):
             if root.get(op.outputs[0], op.outputs[0]) not in tainted:
                 uniform.update(op.outputs)
         elif op.opdef is HOST_LOAD:
@@ -209,7 +209,7 @@ def _writes(op: Op, v: Variable, root) -> bool:
     return any(root.get(op.inputs[i], op.inputs[i]) is v for i in op.modified_inputs())
 
 
-def _full_all_reduce(op: Op, ir) -> bool:
+def full_all_reduce(op: Op, ir) -> bool:
     """An all-reduce over every replica: the same result on each."""
     if op.opdef not in (ALL_REDUCE, ALL_REDUCE_INPLACE):
         return False

@@ -1,0 +1,198 @@
+"""Replica folding: R data-parallel replicas' main graph run once over their values.
+
+With R replicas in lock step every replica runs the same graphs over its 1/R of the batch,
+R times the per-op work of the one-replica step (GPT's ~170 small ops a step, each on 1/R
+of the data). Where the run shares its replica-uniform work (`uniform.py`), the replicas'
+step can instead run once: a *per-replica* value of shape ``(b, ...)`` is one tensor
+``(R*b, ...)``, the replicas' rows in replica order (a rank-0 value: ``(R,)``), and a
+*uniform* value (a shared variable, a constant, an all-reduced result, a checked small
+stream) is one tensor of its own shape. Then
+
+- a host load of a per-replica stream is the run's ``[R, ...]`` transfer, a store writes
+  every replica's rows (a uniform value to each replica);
+- an all-reduce over every replica is its own reduction over the replicas' rows (the same
+  function over the same values in replica order: the same bits), one uniform result;
+- each op of a called graph with a per-replica input runs as a `fold_site.FoldSite`: one
+  kernel call over the concatenated rows where its `OpDef.replica_fold` says the op is
+  row-wise there (checked bit for bit against the replicas' own calls once per shape), else
+  the replicas' own calls one by one, their outputs concatenated;
+- ops whose inputs are all uniform (the optimizer update) run once, as in `uniform.py`.
+
+Preconditions, checked at Session build (`plan_fold`; else the replicas run as before):
+one process runs every replica in lock step, the run shares (`uniform.Sharing`), every
+variable the main graph reads is a shared one (no RTS shards, no replica groupings), and
+the main graph's other ops are host loads and stores, non-in-place all-reduces over all
+replicas, pure ops of uniform inputs, and plain calls (one site each) of graphs whose ops
+are plain kernels (no random seeds per replica, collectives, streams, remote buffers,
+in-place writes or nested calls). Each run folds only where `SharedRuns.prepare` shares it
+(a host write unshares). ``CompileOptions(fold_replicas=False)`` switches it off; tests
+compare both, bit for bit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Dict, FrozenSet, List, Optional, Set
+
+import numpy as np
+import torch
+
+from ..graph import Graph, Op
+from ..host_data import host_to_torch, torch_to_host
+from ..ops.call import CALL
+from ..ops.collectives.replicated import ALL_REDUCE
+from ..ops.io import HOST_LOAD, HOST_STORE
+from ..schedule import schedule
+from ..tensor import Tensor, Variable
+from .runtime import collective_results
+from .uniform import full_all_reduce
+
+__all__ = ["FoldPlan", "FoldRuntime", "plan_fold"]
+
+
+@dataclass
+class FoldPlan:
+    """Which tensors are per replica (rows of all replicas) in a folded run."""
+
+    replicas: int
+    uniform_streams: FrozenSet[object]
+    stacked: Set[Tensor] = field(default_factory=set)
+    graphs: Set[Graph] = field(default_factory=set)  # called graphs compiled folded
+    # all-reduce op name -> (its input is per replica, the input's rank on one replica)
+    collectives: Dict[str, tuple] = field(default_factory=dict)
+
+
+def plan_fold(program) -> Optional[FoldPlan]:
+    """The fold of ``program``'s main graph, or None where a precondition fails."""
+    ir, sharing, options = program.ir, program.sharing, program.options
+    if sharing is None or not options.fold_replicas or options.inductor or options.check_specs:
+        return None
+    runtime = program.namespace["RT"]
+    if len(runtime.local) != ir.replication_factor or runtime._exchange is not None:
+        return None
+    shared = {program.variables[i] for i in sharing.variables}
+    plan = FoldPlan(ir.replication_factor, frozenset(sharing.streams))
+    for op in program.main_plan.live:
+        if any(isinstance(t, Variable) and t not in shared for t in op.inputs):
+            return None
+        if not _main_op(op, plan, ir):
+            return None
+    return plan
+
+
+def _main_op(op: Op, plan: FoldPlan, ir) -> bool:
+    """Plan one op of the main graph; False: the graph cannot be folded."""
+    per = [t in plan.stacked for t in op.inputs]
+    d = op.opdef
+    if d is HOST_LOAD:
+        if op.attrs["stream"] not in plan.uniform_streams:
+            plan.stacked.update(op.outputs)
+        return True
+    if d is HOST_STORE:
+        return True
+    if d is ALL_REDUCE and full_all_reduce(op, ir):
+        plan.collectives[f"{op.type}.{op.id}"] = (per[0], len(op.inputs[0].shape))
+        return True
+    if d is CALL:
+        mask = _plan_graph(op.called_graphs[0], per, plan)
+        if mask is None:
+            return False
+        plan.stacked.update(t for t, m in zip(op.outputs, mask) if m)
+        return True
+    return not any(per) and not (op.called_graphs or d.collective or d.side_effect)
+
+
+def _plan_graph(g: Graph, per: List[bool], plan: FoldPlan) -> Optional[List[bool]]:
+    """Which outputs of called graph ``g`` are per replica, given its inputs'; None where
+    ``g`` cannot be folded (called from two sites, or an op that is not a plain kernel)."""
+    if g in plan.graphs or len(per) != len(g._inputs):
+        return None
+    plan.graphs.add(g)
+    plan.stacked.update(t for t, m in zip(g._inputs, per) if m)
+    for op in schedule(g):
+        d = op.opdef
+        if d.emit is not None or d.kernel is None or op.called_graphs or op.modified_inputs():
+            return None
+        if d.collective or d.side_effect:
+            return None
+        if any(t in plan.stacked for t in op.inputs):
+            if any(0 in t.shape for t in (*op.inputs, *op.outputs)):
+                return None
+            plan.stacked.update(op.outputs)
+    return [t in plan.stacked for t in g._outputs]
+
+
+def fold_options(options):
+    """The options a folded program compiles with: no follower program, no hub stacking,
+    no multi-tensor groups or fused pairs inside folded graphs (`fold_site` emits those ops
+    one by one)."""
+    return dataclasses.replace(
+        options,
+        share_uniform=False,
+        stack_replicas=False,
+        transposed_matmuls=False,
+        conv_pairs=False,
+        defer_release=False,
+    )
+
+
+class FoldRuntime:
+    """The `Runtime` a folded program's main graph calls: one run for all replicas."""
+
+    def __init__(self, plan: FoldPlan) -> None:
+        self.replicas = plan.replicas
+        self.plan = plan
+        self.local = range(1)  # kernels keep one set of buffers: the folded run is one run
+        self._exchange = None
+        self._barrier = None
+        self.replica = 0
+        self.slot = 0
+        self.counts: Dict[object, int] = {}
+        self.inputs: Dict[object, np.ndarray] = {}
+        self.outputs: Dict[object, np.ndarray] = {}
+
+    def start(self, inputs, outputs) -> None:
+        self.inputs, self.outputs, self.counts = inputs, outputs, {}
+
+    def _transfer(self, stream, buf) -> int:
+        i = self.counts.get(stream, 0)
+        self.counts[stream] = i + 1
+        if i >= buf.shape[0]:
+            raise RuntimeError(
+                f"Stream {stream.tensor_id!r} was used {i + 1} times in one run, "
+                f"but only {buf.shape[0]} transfers were provided (num_host_transfers)."
+            )
+        return i
+
+    def load(self, stream) -> torch.Tensor:
+        buf = self.inputs[stream]
+        i = self._transfer(stream, buf)
+        if stream in self.plan.uniform_streams:  # checked equal on every replica
+            return host_to_torch(np.array(buf[i, 0]))
+        rows = np.array(buf[i])  # [R, ...]: the replicas' rows in order
+        return host_to_torch(rows.reshape((-1, *rows.shape[2:]) if rows.ndim > 1 else -1))
+
+    def skip(self, stream) -> None:
+        self._transfer(stream, self.inputs[stream])
+
+    def store(self, stream, value: torch.Tensor) -> None:
+        buf = self.outputs[stream]
+        i = self._transfer(stream, buf)
+        host = torch_to_host(value.detach())
+        if host.shape == buf.shape[2:]:  # a uniform value: every replica's
+            buf[i, :] = host
+        else:
+            buf[i] = host.reshape(buf.shape[1:])
+
+    def collective(self, value: torch.Tensor, fn, need: bool = True) -> torch.Tensor:
+        """An all-reduce over every replica (`plan_fold` admits no other): ``fn`` over the
+        replicas' values in replica order, once."""
+        r = self.replicas
+        per, rank = self.plan.collectives[fn.op_name]
+        if per:
+            values = list((value.view(r, -1, *value.shape[1:]) if rank else value).unbind())
+        else:
+            values = [value] * r
+        needs = [True] + [False] * (r - 1)
+        return collective_results(fn, values, needs)[0]

@@ -1,0 +1,166 @@
+"""An op of a folded graph (`fold.py`) with per-replica inputs: one call for all replicas.
+
+A `FoldSite` holds two ways to compute the op over the replicas' rows (per-replica values
+concatenated along dim 0): the *folded* call (the kernel on the concatenated rows, with the
+attributes `OpDef.replica_fold` gives, or its own folded kernel), and the *replicas' calls*
+(each replica's own kernel on its rows, outputs concatenated: what the unfolded run does, so
+always the same bits). A GEMM's or a reduction's rows need not come out the same bits at R*b
+rows as at b (MKL picks kernels per shape and CPU), so the first time a site meets a set of
+strides (with the thread count) it computes both and compares bit for bit; it uses the
+folded call for those only where every output matched, else the replicas' calls.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, Dict, Optional, Tuple
+
+import torch
+
+from ..graph import Op
+from .kernel_wrappers import fp16_in_fp32, touches_narrow_unsigned
+from .variants import all_float32
+
+__all__ = ["FoldSite", "emit_fold"]
+
+
+def emit_fold(op: Op, plan, em, emit_kernel: Callable) -> bool:
+    """Emit ``op`` of a folded program where folding decides how (True), else leave it to
+    the compiler (False): in a folded graph every op (a `FoldSite` where an input is per
+    replica); in the main graph an ``out=`` reuse of a per-replica tensor's storage is
+    not made (its shape is all replicas')."""
+    fold = em.program.fold
+    if em.graph in fold.graphs:
+        if any(t in fold.stacked for t in op.inputs):
+            _emit_site(op, em, fold)
+        else:  # uniform inputs: the op runs once, as on one replica
+            (op.opdef.emit or emit_kernel)(op, em)
+        return True
+    if op in plan.reuse and plan.reuse[op] in fold.stacked:
+        (op.opdef.emit or emit_kernel)(op, em)
+        return True
+    return False
+
+
+def _emit_site(op: Op, em, fold) -> None:
+    site = FoldSite(op, em, fold)
+    em.program.stats["folded_ops"] += site.folded is not None
+    k = em.bind_global("fold", site)
+    em.program.kernel_ops[k] = op
+    ins = ", ".join(em.name(t) for t in op.inputs)
+    outs = [em.name(t) for t in op.outputs]
+    em.emit(f"{', '.join(outs)}{',' if len(outs) > 1 else ''} = {k}({ins})" if outs else f"{k}({ins})")
+
+
+class FoldSite:
+    """``op`` over all replicas' rows: folded where checked equal, else per replica."""
+
+    def __init__(self, op: Op, em, fold) -> None:
+        self.replicas = fold.replicas
+        self.per = tuple(t in fold.stacked for t in op.inputs)
+        # per input: its rows on one replica (None: a rank-0 value, one element a replica)
+        self.rows = tuple(t.shape[0] if len(t.shape) else None for t in op.inputs)
+        self.scalar_out = tuple(len(t.shape) == 0 for t in op.outputs)
+        self.n_out = len(op.outputs)
+        dead = frozenset(i for i, t in enumerate(op.outputs) if t not in em.read)
+        plain = all_float32(op) and not fp16_in_fp32(op) and not touches_narrow_unsigned(op)
+        base, self.dead = _base_kernel(op, em, dead if plain else frozenset())
+        self.own = functools.partial(base, **op.attrs) if op.attrs else base
+        if not plain:
+            from .compile import _bound_kernel  # the table kernel with its dtype wrappers
+
+            self.own = _bound_kernel(op, em)
+        self.folded = _folded_call(op, base, self, em) if plain else None
+        self.checked: Dict[tuple, bool] = {}
+
+    def __call__(self, *args):
+        if self.folded is None:
+            return self.each(args)
+        key = (torch.get_num_threads(), *(a.stride() for a in args if a is not None))
+        ok = self.checked.get(key)
+        if ok:
+            return self.folded(*args)
+        if ok is False:
+            return self.each(args)
+        return self._check(key, args)
+
+    def _check(self, key: tuple, args: tuple):
+        """Both ways, compared bit for bit: the replicas' calls' result is returned."""
+        want = self.each(args)
+        try:
+            got = self.folded(*args)
+        except (RuntimeError, ValueError, IndexError):  # a shape the rule did not foresee
+            got = None
+        self.checked[key] = got is not None and _same(_tuple(got), _tuple(want))
+        return want
+
+    def each(self, args: tuple):
+        """Every replica's own call on its rows, outputs concatenated in replica order."""
+        results = []
+        for r in range(self.replicas):
+            part = [self._part(a, r, i) if p else a for i, (a, p) in enumerate(zip(args, self.per))]
+            results.append(_tuple(self.own(*part)))
+        outs = []
+        for j in range(self.n_out):
+            col = [res[j] for res in results]
+            if col[0] is None:
+                outs.append(None)
+            else:
+                outs.append(torch.stack(col) if self.scalar_out[j] else torch.cat(col))
+        return outs[0] if self.n_out == 1 else tuple(outs)
+
+    def _part(self, a: torch.Tensor, r: int, i: int) -> torch.Tensor:
+        rows = self.rows[i]
+        return a[r] if rows is None else a[r * rows : (r + 1) * rows]
+
+
+def _base_kernel(op: Op, em, dead: frozenset) -> Tuple[Callable, frozenset]:
+    """The table kernel, or its variant skipping the outputs nothing reads."""
+    variant = op.opdef.dead_output_kernels.get(dead) if dead else None
+    if variant is not None:
+        return variant, dead
+    sizes = [t.nelms for t in op.inputs]
+    return op.opdef.kernel_for(em.program.ir.numerics, sizes), frozenset()
+
+
+def _folded_call(op: Op, base: Callable, site: FoldSite, em) -> Optional[Callable]:
+    """The one call over all replicas' rows the op's `ReplicaFold` allows, or None."""
+    rule = op.opdef.replica_fold
+    if rule is None:
+        return None
+    r = site.replicas
+    shapes = [tuple(t.shape) for t in op.inputs]
+    ranked = all(s for s, p in zip(shapes, site.per) if p) and not any(site.scalar_out)
+    if not ranked or not rule.rows(op.attrs, shapes, site.per):
+        return None
+    if rule.kernel is not None:
+        buffers = {} if em.graph in em.program.once_per_replica else None
+        kernel, dead, attrs = rule.kernel, site.dead, op.attrs
+        return lambda *args: kernel(args, r, dead, buffers, **attrs)
+    attrs = rule.attrs(op.attrs, r) if rule.attrs is not None else op.attrs
+    return functools.partial(base, **attrs) if attrs else base
+
+
+def _tuple(res) -> tuple:
+    return tuple(res) if isinstance(res, (tuple, list)) else (res,)
+
+
+def _same(got: tuple, want: tuple) -> bool:
+    if len(got) != len(want):
+        return False
+    for a, b in zip(got, want):
+        if (a is None) != (b is None):
+            return False
+        if a is not None and not _same_bits(a, b):
+            return False
+    return True
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    return torch.equal(_bytes(a), _bytes(b))
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().reshape(-1).view(torch.uint8)
