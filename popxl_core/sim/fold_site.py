@@ -49,7 +49,8 @@ def _emit_site(op: Op, em, fold) -> None:
     em.program.kernel_ops[k] = op
     ins = ", ".join(em.name(t) for t in op.inputs)
     outs = [em.name(t) for t in op.outputs]
-    em.emit(f"{', '.join(outs)}{',' if len(outs) > 1 else ''} = {k}({ins})" if outs else f"{k}({ins})")
+    lhs = f"{', '.join(outs)}{',' if len(outs) > 1 else ''} = " if outs else ""
+    em.emit(f"{lhs}{k}({ins})")
 
 
 class FoldSite:

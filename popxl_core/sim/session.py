@@ -16,12 +16,12 @@ from ..tensor import Constant, Tensor, Variable
 from . import checks
 from . import runtime as runtime_module
 from .compile import Program
+from .fold import FoldRuntime, fold_options, plan_fold
 from .machine import machine_for
 from .options import DEFAULT, CompileOptions
 from .plan import build_plan
 from .reference import ReferenceProgram
 from .remote_state import RemoteState
-from .fold import FoldRuntime, fold_options, plan_fold
 from .runtime import Runtime, run_replicas
 from .session_streams import SessionStreams
 from .session_weights import SessionWeights, is_file
