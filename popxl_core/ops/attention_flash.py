@@ -27,6 +27,7 @@ from .. import dtypes
 from ..tensor import Tensor
 from ._utils import rand, spec
 from .attention import SDPA_GRAD, _attrs, _cost, _infer
+from .forms import fold_rows
 from .registry import Cost, OpDef, Sample, create_op, register
 
 __all__ = ["flash_attention", "flash_attention_applies"]
@@ -153,6 +154,7 @@ FLASH = register(
         samples=_samples,
         out_name="flash_attention_out",
         dead_output_kernels={frozenset({1}): _out_only},
+        replica_fold=fold_rows(0, 1, 2),
     )
 )
 FLASH_GRAD = register(
@@ -163,6 +165,7 @@ FLASH_GRAD = register(
         cost=_grad_cost,
         samples=_grad_samples,
         out_name="flash_attention_grad_out",
+        replica_fold=fold_rows(0, 1, 2, 3, 4, 5),
     )
 )
 

@@ -9,6 +9,7 @@ import torch
 
 from ..tensor import Tensor
 from ._utils import rand, same_dtype, spec
+from .forms import fold_axis
 from .registry import OpDef, Sample, copy_cost, create_op, no_cost, register
 from .slicing import slice
 
@@ -81,6 +82,7 @@ CONCAT = register(
         samples=_concat_samples(lambda ts, axis=0: concat(ts, axis)),
         out_name="concat_out",
         fp16_in_fp32=False,
+        replica_fold=fold_axis("axis", every=True),
     )
 )
 # popxl's ConcatInplace makes the output an alias of all its inputs. torch cannot express
@@ -141,6 +143,7 @@ SPLIT = register(
         cost=copy_cost,
         out_name="split_out",
         fp16_in_fp32=False,
+        replica_fold=fold_axis("axis"),
         samples=lambda: [
             Sample([rand(6, 2)], lambda x: split(x, 3), lambda x: torch.split(x, 2)),
             Sample(

@@ -132,15 +132,16 @@ class ReplicaFold:
             the kernel on the concatenated inputs (attributes from ``attrs``) computes each
             replica's outputs as its own rows of dim 0, in replica order.
         attrs: ``(attrs, replicas) -> attrs`` of the folded call (None: the op's own).
-        kernel: a folded kernel of its own, ``(args, replicas, dead, buffers, **attrs) ->
-            outputs`` (``dead``: the indexes of outputs nothing reads, None there;
-            ``buffers``: a dict to keep output buffers in between runs, or None); outputs
-            not batch-major (a weight gradient per replica) as ``(R*out, ...)`` all the same.
+        kernels: folded kernels of its own, tried in order (the first giving every
+            replica's bits is used), ``(args, replicas, dead, buffers, **attrs) -> outputs``
+            (``dead``: the indexes of outputs nothing reads, None there; ``buffers``: a dict
+            to keep output buffers in between runs, or None); outputs not batch-major (a
+            weight gradient per replica) as ``(R*out, ...)`` all the same.
     """
 
     rows: Callable[..., bool]
     attrs: Optional[Callable[[dict, int], dict]] = None
-    kernel: Optional[Callable[..., Tuple[object, ...]]] = None
+    kernels: Tuple[Callable[..., Tuple[object, ...]], ...] = ()
 
 
 def _all_rows(attrs, shapes, per) -> bool:
@@ -176,12 +177,15 @@ def fold_elementwise() -> ReplicaFold:
     return ReplicaFold(rows=_elementwise_rows)
 
 
-def fold_axis(*names: str, rank_of: int = 0) -> ReplicaFold:
+def fold_axis(*names: str, every: bool = False, attrs=None) -> ReplicaFold:
     """An op acting along the axes named by attributes ``names`` (ints or sequences) of its
-    input ``rank_of``, row-wise elsewhere: folds where none of them is axis 0."""
+    first input, row-wise elsewhere: folds where none of them is axis 0 (``every``: and
+    every input is per replica, as a concatenation's must be)."""
 
     def rows(attrs, shapes, per) -> bool:
-        rank = len(shapes[rank_of])
+        if every and not all(per):
+            return False
+        rank = len(shapes[0])
         for name in names:
             value = attrs.get(name)
             axes = value if isinstance(value, (tuple, list)) else (value,)
@@ -189,7 +193,7 @@ def fold_axis(*names: str, rank_of: int = 0) -> ReplicaFold:
                 return False
         return True
 
-    return ReplicaFold(rows=rows)
+    return ReplicaFold(rows=rows, attrs=attrs)
 
 
 def shared_identity(t: Tensor) -> object:

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from ..tensor import Tensor
 from ._utils import rand, same_dtype, spec
+from .forms import ReplicaFold
 from .registry import Cost, OpDef, Sample, create_op, register
 
 __all__ = ["native_layer_norm"]
@@ -66,6 +67,33 @@ def _grad_kernel(g, x, mean, rstd, *params, normalized_shape, has_weight, has_bi
     )
     outs = tuple(t for t in (dx, dw, db) if t is not None)
     return outs if len(outs) > 1 else dx  # the simulator takes one output as a tensor
+
+
+def _rows(attrs, shapes, per) -> bool:
+    """Replicas folded (sim/fold.py): rows of x normalised alone, parameters shared."""
+    return per[0] and not any(per[1:]) and len(attrs["normalized_shape"]) < len(shapes[0])
+
+
+def _grad_rows(attrs, shapes, per) -> bool:
+    return all(per[:4]) and not any(per[4:]) and len(attrs["normalized_shape"]) < len(shapes[1])
+
+
+def _folded_grad(args, replicas, dead, buffers, normalized_shape, has_weight, has_bias):
+    """``dx`` over all replicas' rows in one call; each replica's own parameter gradients
+    (sums over its rows), concatenated."""
+    g, x, mean, rstd, *params = args
+    w, b = _split(params, has_weight, has_bias)
+    shape = list(normalized_shape)
+    bwd = torch.ops.aten.native_layer_norm_backward
+    dx = bwd(g, x, shape, mean, rstd, w, b, [True, False, False])[0]
+    if not (has_weight or has_bias):
+        return dx
+    n = g.shape[0] // replicas
+    rows = [slice(r * n, (r + 1) * n) for r in range(replicas)]
+    mask = [False, has_weight, has_bias]
+    parts = [bwd(g[i], x[i], shape, mean[i], rstd[i], w, b, mask) for i in rows]
+    dw = [torch.cat([p[k] for p in parts]) for k in (1, 2) if mask[k]]
+    return (dx, *dw)
 
 
 def _cost(flops: int):
@@ -143,6 +171,7 @@ LAYER_NORM = register(
         cost=_cost(8),
         samples=_samples,
         out_name="layer_norm_out",
+        replica_fold=ReplicaFold(rows=_rows),
     )
 )
 LAYER_NORM_GRAD = register(
@@ -153,6 +182,7 @@ LAYER_NORM_GRAD = register(
         cost=_cost(12),
         samples=_grad_samples,
         out_name="layer_norm_grad_out",
+        replica_fold=ReplicaFold(rows=_grad_rows, kernels=(_folded_grad,)),
     )
 )
 

@@ -113,20 +113,31 @@ def _stacked_grads(inputs, live, buffers, has_bias):
     ]
 
 
-def _folded_grads(args, replicas, dead, buffers, has_bias):
+def _folded_grads(args, replicas, dead, buffers, has_bias, batched=True):
     """Replicas folded (sim/fold.py): ``g``, ``x`` every replica's rows, ``w`` shared.
-    ``dx`` as one GEMM over all rows, the R ``dw`` as one batched GEMM (as `_stacked_grads`),
-    ``db`` by each replica's own sum; ``dw``, ``db`` as ``(R*out, ...)``."""
+    ``dx`` as one GEMM over all rows, the R ``dw`` as one batched GEMM (as `_stacked_grads`;
+    ``batched=False``: each replica's own GEMM, into its part of one buffer), ``db`` by each
+    replica's own sum; ``dw``, ``db`` as ``(R*out, ...)``."""
     g, x, w = args
     g2 = g.reshape(-1, g.shape[-1])
     dx = None if 0 in dead else g2.mm(w).view(x.shape)
     gs = g2.view(replicas, -1, g.shape[-1])
     xs = x.reshape(replicas, -1, x.shape[-1])
     out = _kept(buffers, (replicas, *w.shape), w.dtype)
-    dw = torch.bmm(gs.transpose(1, 2), xs, out=out).view(-1, w.shape[1])
+    if batched:
+        dw = torch.bmm(gs.transpose(1, 2), xs, out=out)
+    else:
+        dw = torch.empty((replicas, *w.shape), dtype=w.dtype) if out is None else out
+        for r in range(replicas):
+            torch.mm(gs[r].t(), xs[r], out=dw[r])
+    dw = dw.view(-1, w.shape[1])
     if not has_bias:
         return dx, dw
     return dx, dw, torch.cat([part.sum(0) for part in gs])
+
+
+def _folded_grads_mm(args, replicas, dead, buffers, has_bias):
+    return _folded_grads(args, replicas, dead, buffers, has_bias, batched=False)
 
 
 def _kept(buffers, shape, dtype):
@@ -241,7 +252,9 @@ LINEAR_GRAD = register(
         replica_stack=ReplicaStack(
             shared=(2,), outputs=(0, 1), stacked=_stacked_grads, rest=_bias_grad
         ),
-        replica_fold=ReplicaFold(rows=fold_rows(0, 1).rows, kernel=_folded_grads),
+        replica_fold=ReplicaFold(
+            rows=fold_rows(0, 1).rows, kernels=(_folded_grads, _folded_grads_mm)
+        ),
     )
 )
 

@@ -18,6 +18,7 @@ import torch
 from ..tensor import Tensor
 from ._utils import rand, spec
 from .dynamic_slice import dynamic_slice, dynamic_update, dynamic_update_
+from .forms import fold_axis
 from .registry import OpDef, Sample, copy_cost, create_op, no_cost, register
 
 __all__ = [
@@ -132,6 +133,7 @@ SLICE = register(
         samples=_slice_samples(lambda *a, **k: slice(*a, **k), True),
         out_name="slice_out",
         fp16_in_fp32=False,
+        replica_fold=fold_axis("axes"),
     )
 )
 SLICE_INPLACE = register(
@@ -237,6 +239,12 @@ def _vjp_reference(in_shape, index_fn):
     return ref
 
 
+def _folded_in_shape(attrs, replicas: int) -> dict:
+    """All replicas' rows (sim/fold.py): the input shape with R times the rows."""
+    shape = tuple(attrs["in_shape"])
+    return {**attrs, "in_shape": (shape[0] * replicas, *shape[1:])}
+
+
 SLICE_GRAD = register(
     OpDef(
         "SliceGrad",
@@ -246,6 +254,7 @@ SLICE_GRAD = register(
         cost=copy_cost,
         out_name="slice_grad_out",
         fp16_in_fp32=False,
+        replica_fold=fold_axis("axes", attrs=_folded_in_shape),
         samples=lambda: [
             Sample(
                 [rand(2, 4, seed=4)],

@@ -13,7 +13,7 @@ folded call for those only where every output matched, else the replicas' calls.
 from __future__ import annotations
 
 import functools
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -78,21 +78,24 @@ class FoldSite:
         if self.folded is None:
             return self.each(args)
         key = (torch.get_num_threads(), *(a.stride() for a in args if a is not None))
-        ok = self.checked.get(key)
-        if ok:
-            return self.folded(*args)
-        if ok is False:
-            return self.each(args)
-        return self._check(key, args)
+        call = self.checked.get(key, self)
+        if call is self:
+            return self._check(key, args)
+        return self.each(args) if call is None else call(*args)
 
     def _check(self, key: tuple, args: tuple):
-        """Both ways, compared bit for bit: the replicas' calls' result is returned."""
+        """Each folded call against the replicas' calls, bit for bit, until one matches
+        (used for ``key`` from now on; None: none did). Returns the replicas' calls' result."""
         want = self.each(args)
-        try:
-            got = self.folded(*args)
-        except (RuntimeError, ValueError, IndexError):  # a shape the rule did not foresee
-            got = None
-        self.checked[key] = got is not None and _same(_tuple(got), _tuple(want))
+        self.checked[key] = None
+        for call in self.folded:
+            try:
+                got = call(*args)
+            except (RuntimeError, ValueError, IndexError):  # a shape the rule did not foresee
+                continue
+            if _same(_tuple(got), _tuple(want)):
+                self.checked[key] = call
+                break
         return want
 
     def each(self, args: tuple):
@@ -124,8 +127,9 @@ def _base_kernel(op: Op, em, dead: frozenset) -> Tuple[Callable, frozenset]:
     return op.opdef.kernel_for(em.program.ir.numerics, sizes), frozenset()
 
 
-def _folded_call(op: Op, base: Callable, site: FoldSite, em) -> Optional[Callable]:
-    """The one call over all replicas' rows the op's `ReplicaFold` allows, or None."""
+def _folded_call(op: Op, base: Callable, site: FoldSite, em) -> Optional[List[Callable]]:
+    """The calls over all replicas' rows the op's `ReplicaFold` allows (to try in order), or
+    None."""
     rule = op.opdef.replica_fold
     if rule is None:
         return None
@@ -134,12 +138,15 @@ def _folded_call(op: Op, base: Callable, site: FoldSite, em) -> Optional[Callabl
     ranked = all(s for s, p in zip(shapes, site.per) if p) and not any(site.scalar_out)
     if not ranked or not rule.rows(op.attrs, shapes, site.per):
         return None
-    if rule.kernel is not None:
+    if rule.kernels:
         buffers = {} if em.graph in em.program.once_per_replica else None
-        kernel, dead, attrs = rule.kernel, site.dead, op.attrs
-        return lambda *args: kernel(args, r, dead, buffers, **attrs)
+        return [_own_folded(k, r, site.dead, buffers, op.attrs) for k in rule.kernels]
     attrs = rule.attrs(op.attrs, r) if rule.attrs is not None else op.attrs
-    return functools.partial(base, **attrs) if attrs else base
+    return [functools.partial(base, **attrs) if attrs else base]
+
+
+def _own_folded(kernel: Callable, replicas: int, dead, buffers, attrs) -> Callable:
+    return lambda *args: kernel(args, replicas, dead, buffers, **attrs)
 
 
 def _tuple(res) -> tuple:
