@@ -7,13 +7,16 @@ attributes `OpDef.replica_fold` gives, or its own folded kernel), and the *repli
 always the same bits). A GEMM's or a reduction's rows need not come out the same bits at R*b
 rows as at b (MKL picks kernels per shape and CPU), so the first time a site meets a set of
 strides (with the thread count) it computes both and compares bit for bit; it uses the
-folded call for those only where every output matched, else the replicas' calls.
+folded call only where every output matched, else the replicas' calls. A compiled graph
+meets the same shapes and strides every run: the check is made at the first call, and the
+generated code then calls the chosen function directly (no per-call cost); a run with
+another thread count checks again (`FoldRuntime.start`).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import torch
 
@@ -46,6 +49,8 @@ def _emit_site(op: Op, em, fold) -> None:
     site = FoldSite(op, em, fold)
     em.program.stats["folded_ops"] += site.folded is not None
     k = em.bind_global("fold", site)
+    site.name, site.namespace = k, em.program.namespace
+    fold.sites.append(site)
     em.program.kernel_ops[k] = op
     ins = ", ".join(em.name(t) for t in op.inputs)
     outs = [em.name(t) for t in op.outputs]
@@ -72,31 +77,35 @@ class FoldSite:
 
             self.own = _bound_kernel(op, em)
         self.folded = _folded_call(op, base, self, em) if plain else None
-        self.checked: Dict[tuple, bool] = {}
+        self.chosen: Optional[Callable] = None  # the call checked equal (or `_each`)
+        self.name, self.namespace = "", {}  # its global in the generated code
 
     def __call__(self, *args):
-        if self.folded is None:
-            return self.each(args)
-        key = (torch.get_num_threads(), *(a.stride() for a in args if a is not None))
-        call = self.checked.get(key, self)
-        if call is self:
-            return self._check(key, args)
-        return self.each(args) if call is None else call(*args)
-
-    def _check(self, key: tuple, args: tuple):
-        """Each folded call against the replicas' calls, bit for bit, until one matches
-        (used for ``key`` from now on; None: none did). Returns the replicas' calls' result."""
+        """The first call: each folded call against the replicas' calls, bit for bit, until
+        one matches; from then on the generated code calls that one (or the replicas' calls,
+        where none did) directly: a compiled graph meets the same shapes and strides every
+        run, and `reset` undoes it where the thread count changes."""
         want = self.each(args)
-        self.checked[key] = None
-        for call in self.folded:
+        chosen = self._each
+        for call in self.folded or ():
             try:
                 got = call(*args)
             except (RuntimeError, ValueError, IndexError):  # a shape the rule did not foresee
                 continue
             if _same(_tuple(got), _tuple(want)):
-                self.checked[key] = call
+                chosen, want = call, got  # what later runs compute: its layout downstream
                 break
+        self.chosen = chosen
+        self.namespace[self.name] = chosen
         return want
+
+    def reset(self) -> None:
+        """Check again at the next call."""
+        self.chosen = None
+        self.namespace[self.name] = self
+
+    def _each(self, *args):
+        return self.each(args)
 
     def each(self, args: tuple):
         """Every replica's own call on its rows, outputs concatenated in replica order."""
