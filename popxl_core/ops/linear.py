@@ -113,11 +113,12 @@ def _stacked_grads(inputs, live, buffers, has_bias):
     ]
 
 
-def _folded_grads(args, replicas, dead, buffers, has_bias, batched=True):
+def _folded_grads(args, replicas, dead, buffers, has_bias, batched=True, sums=True):
     """Replicas folded (sim/fold.py): ``g``, ``x`` every replica's rows, ``w`` shared.
     ``dx`` as one GEMM over all rows, the R ``dw`` as one batched GEMM (as `_stacked_grads`;
-    ``batched=False``: each replica's own GEMM, into its part of one buffer), ``db`` by each
-    replica's own sum; ``dw``, ``db`` as ``(R*out, ...)``."""
+    ``batched=False``: each replica's own GEMM, into its part of one buffer), the R ``db``
+    as one sum over each replica's rows (``sums=False``: each replica's own sum); ``dw``,
+    ``db`` as ``(R*out, ...)``."""
     g, x, w = args
     g2 = g.reshape(-1, g.shape[-1])
     dx = None if 0 in dead else g2.mm(w).view(x.shape)
@@ -133,11 +134,19 @@ def _folded_grads(args, replicas, dead, buffers, has_bias, batched=True):
     dw = dw.view(-1, w.shape[1])
     if not has_bias:
         return dx, dw
-    return dx, dw, torch.cat([part.sum(0) for part in gs])
+    db = gs.sum(1).view(-1) if sums else torch.cat([part.sum(0) for part in gs])
+    return dx, dw, db
 
 
-def _folded_grads_mm(args, replicas, dead, buffers, has_bias):
-    return _folded_grads(args, replicas, dead, buffers, has_bias, batched=False)
+def _folded_variant(batched: bool, sums: bool):
+    def grads(args, replicas, dead, buffers, has_bias):
+        return _folded_grads(args, replicas, dead, buffers, has_bias, batched, sums)
+
+    return grads
+
+
+# tried in order (sim/fold_site.py): the first giving every replica's bits is used
+_FOLDED_GRADS = tuple(_folded_variant(b, s) for b in (True, False) for s in (True, False))
 
 
 def _kept(buffers, shape, dtype):
@@ -252,9 +261,7 @@ LINEAR_GRAD = register(
         replica_stack=ReplicaStack(
             shared=(2,), outputs=(0, 1), stacked=_stacked_grads, rest=_bias_grad
         ),
-        replica_fold=ReplicaFold(
-            rows=fold_rows(0, 1).rows, kernels=(_folded_grads, _folded_grads_mm)
-        ),
+        replica_fold=ReplicaFold(rows=fold_rows(0, 1).rows, kernels=_FOLDED_GRADS),
     )
 )
 
