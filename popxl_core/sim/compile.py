@@ -257,7 +257,7 @@ def _emit_handoff(op: Op, released, em: Emitter) -> Set[Tensor]:
 
 
 def _emit_op(op: Op, plan: GraphPlan, em: Emitter) -> None:
-    if em.program.fold is not None and emit_fold(op, plan, em, _emit_kernel):
+    if em.program.fold is not None and emit_fold(op, plan, em, _emit_kernel, _bound_kernel):
         return
     if op in plan.fused:
         _emit_transposed_matmul(op, plan.fused[op], em)

@@ -27,15 +27,16 @@ from .variants import all_float32
 __all__ = ["FoldSite", "emit_fold"]
 
 
-def emit_fold(op: Op, plan, em, emit_kernel: Callable) -> bool:
+def emit_fold(op: Op, plan, em, emit_kernel: Callable, bound_kernel: Callable) -> bool:
     """Emit ``op`` of a folded program where folding decides how (True), else leave it to
     the compiler (False): in a folded graph every op (a `FoldSite` where an input is per
     replica); in the main graph an ``out=`` reuse of a per-replica tensor's storage is
-    not made (its shape is all replicas')."""
+    not made (its shape is all replicas'). ``emit_kernel``, ``bound_kernel``: the
+    compiler's default emission and its table kernel with its dtype wrappers."""
     fold = em.program.fold
     if em.graph in fold.graphs:
         if any(t in fold.stacked for t in op.inputs):
-            _emit_site(op, em, fold)
+            _emit_site(op, em, fold, bound_kernel)
         else:  # uniform inputs: the op runs once, as on one replica
             (op.opdef.emit or emit_kernel)(op, em)
         return True
@@ -45,8 +46,8 @@ def emit_fold(op: Op, plan, em, emit_kernel: Callable) -> bool:
     return False
 
 
-def _emit_site(op: Op, em, fold) -> None:
-    site = FoldSite(op, em, fold)
+def _emit_site(op: Op, em, fold, bound_kernel: Callable) -> None:
+    site = FoldSite(op, em, fold, bound_kernel)
     em.program.stats["folded_ops"] += site.folded is not None
     k = em.bind_global("fold", site)
     site.name, site.namespace = k, em.program.namespace
@@ -61,7 +62,7 @@ def _emit_site(op: Op, em, fold) -> None:
 class FoldSite:
     """``op`` over all replicas' rows: folded where checked equal, else per replica."""
 
-    def __init__(self, op: Op, em, fold) -> None:
+    def __init__(self, op: Op, em, fold, bound_kernel: Callable) -> None:
         self.replicas = fold.replicas
         self.per = tuple(t in fold.stacked for t in op.inputs)
         # per input: its rows on one replica (None: a rank-0 value, one element a replica)
@@ -72,10 +73,8 @@ class FoldSite:
         plain = all_float32(op) and not fp16_in_fp32(op) and not touches_narrow_unsigned(op)
         base, self.dead = _base_kernel(op, em, dead if plain else frozenset())
         self.own = functools.partial(base, **op.attrs) if op.attrs else base
-        if not plain:
-            from .compile import _bound_kernel  # the table kernel with its dtype wrappers
-
-            self.own = _bound_kernel(op, em)
+        if not plain:  # the table kernel with its dtype wrappers
+            self.own = bound_kernel(op, em)
         self.folded = _folded_call(op, base, self, em) if plain else None
         self.chosen: Optional[Callable] = None  # the call checked equal (or `_each`)
         self.name, self.namespace = "", {}  # its global in the generated code
