@@ -21,7 +21,10 @@ from popxl_core.sim import CompileOptions, stacking
 from popxl_core.sim.stacking import StackRequest, StackSite, stacked_values
 from tests.fx_zoo import GPT, SeedMLP, small_cnn
 
-STACKED, OWN = CompileOptions(), CompileOptions(stack_replicas=False)
+# replica folding (fold.py, tests/test_replica_folding.py) off: the replicas run in lock
+# step, where the hub stacks
+STACKED = CompileOptions(fold_replicas=False)
+OWN = CompileOptions(stack_replicas=False, fold_replicas=False)
 UNSHARED = CompileOptions(share_uniform=False)  # weights per replica: nothing to stack
 
 

@@ -155,12 +155,14 @@ class FoldRuntime:
         self.inputs: Dict[object, np.ndarray] = {}
         self.outputs: Dict[object, np.ndarray] = {}
         self.threads = torch.get_num_threads()
+        self.runs = 0  # folded runs made (tests check that runs fold)
         # all-reduce -> whether one sum over the replicas' rows gives its bits (None: the
         # op's own reduction), and the buffer it sums into
         self.summed: Dict[str, Optional[torch.Tensor]] = {}
 
     def start(self, inputs, outputs) -> None:
         self.inputs, self.outputs, self.counts = inputs, outputs, {}
+        self.runs += 1
         threads = torch.get_num_threads()
         if threads != self.threads:  # kernels may split work differently: check again
             self.threads = threads

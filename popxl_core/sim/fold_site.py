@@ -69,6 +69,7 @@ class FoldSite:
         self.rows = tuple(t.shape[0] if len(t.shape) else None for t in op.inputs)
         self.scalar_out = tuple(len(t.shape) == 0 for t in op.outputs)
         self.n_out = len(op.outputs)
+        self.op = op
         dead = frozenset(i for i, t in enumerate(op.outputs) if t not in em.read)
         plain = all_float32(op) and not fp16_in_fp32(op) and not touches_narrow_unsigned(op)
         base, self.dead = _base_kernel(op, em, dead if plain else frozenset())
