@@ -111,3 +111,16 @@ def test_sites_are_fold_sites_of_the_folded_program():
     session = _train("mlp", 2, FOLD, steps=1)[3]
     assert all(isinstance(s, FoldSite) for s in _sites(session))
     assert session._program.fold is None and session._fold.fold is not None
+
+
+@pytest.mark.parametrize("opt, replicas", [("adam", 2), ("sgd", 4)])
+def test_folded_optimizers_and_rts_are_bitwise(opt, replicas):
+    """Adam and SGD with weight decay: folded against unfolded; with RTS (weights sharded
+    across the replicas) the preconditions fail and the run is not folded."""
+    from tests.test_uniform_sharing import _fx_train
+
+    for rts in (False, True):
+        a = _fx_train(opt, replicas, rts, FOLD)
+        b = _fx_train(opt, replicas, rts, OFF)
+        _assert_same(a, b)
+        assert (a[3]._fold is None) == rts

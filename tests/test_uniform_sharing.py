@@ -19,7 +19,8 @@ from popxl_core.ops import collectives as coll
 from popxl_core.sim import CompileOptions
 from tests.fx_zoo import SeedMLP
 
-SHARED, UNSHARED = CompileOptions(), CompileOptions(share_uniform=False)
+# replica folding off (fold.py; tests/test_replica_folding.py): the followers run here
+SHARED, UNSHARED = CompileOptions(fold_replicas=False), CompileOptions(share_uniform=False)
 OPTIMIZERS = {
     "sgd": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, weight_decay=1e-4),
     "adam": lambda p: torch.optim.Adam(p, lr=1e-3),
