@@ -45,6 +45,7 @@ from ..ops.collectives.replicated import ALL_REDUCE
 from ..ops.io import HOST_LOAD, HOST_STORE
 from ..schedule import schedule
 from ..tensor import Tensor, Variable
+from .fold_reduce import check_summed, reduce_group, summed
 from .runtime import collective_results
 from .uniform import full_all_reduce
 
@@ -63,6 +64,7 @@ class FoldPlan:
     # reduction)
     collectives: Dict[str, tuple] = field(default_factory=dict)
     sites: List[object] = field(default_factory=list)  # `fold_site.FoldSite`s
+    reduce_groups: Dict[Graph, object] = field(default_factory=dict)  # `fold_reduce`
 
 
 def plan_fold(program) -> Optional[FoldPlan]:
@@ -159,6 +161,7 @@ class FoldRuntime:
         # all-reduce -> whether one sum over the replicas' rows gives its bits (None: the
         # op's own reduction), and the buffer it sums into
         self.summed: Dict[str, Optional[torch.Tensor]] = {}
+        self.groups: Dict[str, dict] = {}  # `all_reduce_group` -> what its check found
 
     def start(self, inputs, outputs) -> None:
         self.inputs, self.outputs, self.counts = inputs, outputs, {}
@@ -167,6 +170,7 @@ class FoldRuntime:
         if threads != self.threads:  # kernels may split work differently: check again
             self.threads = threads
             self.summed.clear()
+            self.groups.clear()
             for site in self.plan.sites:
                 site.reset()
 
@@ -212,24 +216,11 @@ class FoldRuntime:
         if out is None:
             return collective_results(fn, list(rows.unbind()), [True] + [False] * (r - 1))[0]
         if out is not rows:
-            return _summed(rows, op, out)
+            return summed(rows, op, out)
         want = collective_results(fn, list(rows.unbind()), [True] + [False] * (r - 1))[0]
-        self.summed[fn.op_name] = _check_summed(rows, op, want)
+        self.summed[fn.op_name] = check_summed(rows, op, want)
         return want
 
-
-def _summed(rows: torch.Tensor, op: str, out: torch.Tensor) -> torch.Tensor:
-    """The replicas' values summed in one pass over dim 0 (the mean divided after, as the
-    all-reduce's own reduction does)."""
-    total = torch.sum(rows, 0, out=out)
-    return total.div_(rows.shape[0]) if op == "mean" else total
-
-
-def _check_summed(rows: torch.Tensor, op, want: torch.Tensor) -> Optional[torch.Tensor]:
-    """A buffer for `_summed`, where it gives the all-reduce's bits on these values."""
-    if op not in ("add", "mean") or not rows.is_floating_point() or rows.shape[0] > 4:
-        return None
-    out = torch.empty_like(want)
-    got = _summed(rows, op, out)
-    same = got.shape == want.shape and torch.equal(got.view(torch.uint8), want.view(torch.uint8))
-    return out if same else None
+    def all_reduce_group(self, values, op: str, key: str) -> List[torch.Tensor]:
+        """Consecutive all-reduces of the main graph as one call (`fold_reduce.py`)."""
+        return reduce_group(values, op, self.replicas, self.groups.setdefault(key, {}))

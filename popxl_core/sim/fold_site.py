@@ -21,6 +21,7 @@ from typing import Callable, List, Optional, Tuple
 import torch
 
 from ..graph import Op
+from .fold_reduce import ReduceGroups
 from .kernel_wrappers import fp16_in_fp32, touches_narrow_unsigned
 from .variants import all_float32
 
@@ -43,7 +44,24 @@ def emit_fold(op: Op, plan, em, emit_kernel: Callable, bound_kernel: Callable) -
     if op in plan.reuse and plan.reuse[op] in fold.stacked:
         (op.opdef.emit or emit_kernel)(op, em)
         return True
-    return False
+    return _emit_reduce_group(op, plan, em, fold)
+
+
+def _emit_reduce_group(op: Op, plan, em, fold) -> bool:
+    """A run of consecutive all-reduces as one call at its first op (`fold_reduce.py`)."""
+    if em.graph not in fold.reduce_groups:
+        fold.reduce_groups[em.graph] = ReduceGroups(plan.live, fold)
+    groups = fold.reduce_groups[em.graph]
+    if op in groups.member:  # computed at its run's first op
+        return True
+    run = groups.first.get(op)
+    if run is None:
+        return False
+    outs = ", ".join(em.name(x.outputs[0]) for x in run)
+    ins = ", ".join(em.name(x.inputs[0]) for x in run)
+    kind, key = op.attrs["op"], f"{op.type}.{op.id}"
+    em.emit(f"{outs}, = RT.all_reduce_group(({ins},), {kind!r}, {key!r})")
+    return True
 
 
 def _emit_site(op: Op, em, fold, bound_kernel: Callable) -> None:

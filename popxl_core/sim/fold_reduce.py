@@ -1,0 +1,106 @@
+"""A folded run's all-reduces (`fold.py`): every replica's value is its rows of one tensor.
+
+The unfolded run reduces each gradient by adding the replicas' values in replica order
+(``v0 + v1``, then ``+ v2``, ...) and, for a mean, dividing the sum in place
+(`collectives.reduce_values`). Here the same arithmetic runs in fewer calls, where the first
+run finds it gives the same bits (else the op's own reduction runs, as before):
+
+- one all-reduce: one ``torch.sum`` over the replica dim into a buffer kept between runs;
+- a run of consecutive all-reduces of small gradients (GPT's 53 after its backward graph):
+  the additions as multi-tensor kernels (``torch._foreach_add``), the same elementwise adds.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence
+
+import torch
+
+from ..graph import Op
+from ..ops.collectives.collectives import reduce_values
+from ..ops.collectives.replicated import ALL_REDUCE
+
+__all__ = ["GROUP_BYTES", "ReduceGroups", "reduce_group", "summed", "check_summed"]
+
+# consecutive all-reduces whose values (all replicas') are at most this many bytes in all
+# run as one group: beyond it the per-op sums into kept buffers avoid allocating (and
+# faulting in) fresh results every run
+GROUP_BYTES = 4 * 2**20
+
+
+def summed(rows: torch.Tensor, op: str, out: torch.Tensor) -> torch.Tensor:
+    """The replicas' values summed in one pass over dim 0 (the mean divided after, as the
+    all-reduce's own reduction does)."""
+    total = torch.sum(rows, 0, out=out)
+    return total.div_(rows.shape[0]) if op == "mean" else total
+
+
+def check_summed(rows: torch.Tensor, op, want: torch.Tensor) -> Optional[torch.Tensor]:
+    """A buffer for `summed`, where it gives the all-reduce's bits on these values."""
+    if op not in ("add", "mean") or not rows.is_floating_point() or rows.shape[0] > 4:
+        return None
+    out = torch.empty_like(want)
+    return out if _same(summed(rows, op, out), want) else None
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(_bytes(a), _bytes(b))
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+class ReduceGroups:
+    """Runs of consecutive foldable all-reduces of a folded main graph's schedule."""
+
+    def __init__(self, live: Sequence[Op], plan) -> None:
+        self.first: Dict[Op, List[Op]] = {}
+        self.member: set = set()
+        run: List[Op] = []
+        for op in (*live, None):
+            if op is not None and self._groupable(op, plan, run):
+                run.append(op)
+                continue
+            if len(run) > 1:
+                self.first[run[0]] = run
+                self.member.update(run[1:])
+            run = [op] if op is not None and self._groupable(op, plan, []) else []
+
+    @staticmethod
+    def _groupable(op: Op, plan, run: List[Op]) -> bool:
+        if op.opdef is not ALL_REDUCE:
+            return False
+        per, rank, kind = plan.collectives.get(f"{op.type}.{op.id}", (False, 0, None))
+        t = op.inputs[0]
+        if not per or not rank or kind not in ("add", "mean") or t.dtype.as_torch().is_complex:
+            return False
+        if not t.dtype.as_torch().is_floating_point or (run and run[0].attrs["op"] != kind):
+            return False
+        size = sum(x.inputs[0].spec.nbytes for x in run) + t.spec.nbytes
+        return size * plan.replicas <= GROUP_BYTES
+
+
+def reduce_group(values: Sequence[torch.Tensor], op: str, replicas: int, state: dict):
+    """Every value's all-reduce (each ``(R*rows, ...)``): multi-tensor adds where the first
+    call found them equal to the per-value reduction, else the per-value reduction."""
+    parts = [v.view(replicas, -1, *v.shape[1:]).unbind() for v in values]
+    ok = state.get("foreach")
+    if ok is None:
+        want = [reduce_values(op, list(p)) for p in parts]
+        got = _foreach(parts, op, replicas)
+        state["foreach"] = all(_same(a, b) for a, b in zip(got, want))
+        return want
+    if ok:
+        return _foreach(parts, op, replicas)
+    return [reduce_values(op, list(p)) for p in parts]
+
+
+def _foreach(parts, op: str, replicas: int) -> List[torch.Tensor]:
+    columns = list(zip(*parts))  # replica r -> every value's part
+    total = torch._foreach_add(list(columns[0]), list(columns[1]))
+    for r in range(2, replicas):
+        torch._foreach_add_(total, list(columns[r]))
+    if op == "mean":
+        torch._foreach_div_(total, replicas)
+    return total
