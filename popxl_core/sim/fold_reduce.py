@@ -7,7 +7,9 @@ run finds it gives the same bits (else the op's own reduction runs, as before):
 
 - one all-reduce: one ``torch.sum`` over the replica dim into a buffer kept between runs;
 - a run of consecutive all-reduces of small gradients (GPT's 53 after its backward graph):
-  the additions as multi-tensor kernels (``torch._foreach_add``), the same elementwise adds.
+  their values side by side in one ``(R, n)`` tensor, one ``torch.sum`` over the replica dim
+  (and one division), each result a view of it (53 calls of Python and dispatch a step
+  otherwise; torch's multi-tensor adds loop over the tensors on a CPU).
 """
 
 from __future__ import annotations
@@ -82,25 +84,23 @@ class ReduceGroups:
 
 
 def reduce_group(values: Sequence[torch.Tensor], op: str, replicas: int, state: dict):
-    """Every value's all-reduce (each ``(R*rows, ...)``): multi-tensor adds where the first
-    call found them equal to the per-value reduction, else the per-value reduction."""
-    parts = [v.view(replicas, -1, *v.shape[1:]).unbind() for v in values]
-    ok = state.get("foreach")
-    if ok is None:
-        want = [reduce_values(op, list(p)) for p in parts]
-        got = _foreach(parts, op, replicas)
-        state["foreach"] = all(_same(a, b) for a, b in zip(got, want))
-        return want
+    """Every value's all-reduce (each ``(R*rows, ...)``): one sum over the values side by
+    side where the first call found it equal to the per-value reduction, else that."""
+    ok = state.get("flat")
     if ok:
-        return _foreach(parts, op, replicas)
-    return [reduce_values(op, list(p)) for p in parts]
+        return _flat(values, op, replicas)
+    parts = [v.view(replicas, -1, *v.shape[1:]).unbind() for v in values]
+    want = [reduce_values(op, list(p)) for p in parts]
+    if ok is None:
+        state["flat"] = replicas <= 4 and all(
+            _same(a, b) for a, b in zip(_flat(values, op, replicas), want)
+        )
+    return want
 
 
-def _foreach(parts, op: str, replicas: int) -> List[torch.Tensor]:
-    columns = list(zip(*parts))  # replica r -> every value's part
-    total = torch._foreach_add(list(columns[0]), list(columns[1]))
-    for r in range(2, replicas):
-        torch._foreach_add_(total, list(columns[r]))
-    if op == "mean":
-        torch._foreach_div_(total, replicas)
-    return total
+def _flat(values: Sequence[torch.Tensor], op: str, replicas: int) -> List[torch.Tensor]:
+    rows = torch.cat([v.reshape(replicas, -1) for v in values], 1)
+    total = summed(rows, op, None)
+    sizes = [v.numel() // replicas for v in values]
+    shapes = [(v.shape[0] // replicas, *v.shape[1:]) for v in values]
+    return [t.view(s) for t, s in zip(total.split(sizes), shapes)]
