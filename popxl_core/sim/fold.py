@@ -23,9 +23,10 @@ one process runs every replica in lock step, the run shares (`uniform.Sharing`),
 variable the main graph reads is a shared one (no RTS shards, no replica groupings), and
 the main graph's other ops are host loads and stores, non-in-place all-reduces over all
 replicas, pure ops of uniform inputs, and plain calls (one site each) of graphs whose ops
-are plain kernels (no random seeds per replica, collectives, streams, remote buffers,
-in-place writes or nested calls). Each run folds only where `SharedRuns.prepare` shares it
-(a host write unshares). ``CompileOptions(fold_replicas=False)`` switches it off; tests
+are plain kernels (no collectives, streams, remote buffers, in-place writes or nested
+calls; a random op has no `ReplicaFold`: with a seed per replica, each replica's own call
+draws its numbers). Each run folds only where `SharedRuns.prepare` shares it (a host write
+unshares). ``CompileOptions(fold_replicas=False)`` switches it off; tests
 compare both, bit for bit.
 """
 
