@@ -49,7 +49,7 @@ def test_folded_is_bitwise_the_replicas_run(model, replicas):
     assert all(s.chosen is not None for s in sites)
     assert [s.op.type for s in ruled if _each(s)] == []
     unruled = {s.op.type for s in sites if s.folded is None}
-    assert unruled <= {"Nll", "NllGrad", "ReduceSum", "ScatterReduce"}
+    assert unruled <= {"Nll", "NllGrad", "ReduceSum"}
     assert _chosen(session, "Nll") == {"_each"}
 
 

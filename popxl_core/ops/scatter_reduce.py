@@ -13,6 +13,7 @@ import torch
 
 from ..tensor import Tensor
 from ._utils import rand, spec
+from .forms import ReplicaFold
 from .registry import Cost, OpDef, Sample, create_op, register
 
 __all__ = ["scatter_reduce"]
@@ -180,6 +181,28 @@ def _samples():
     ]
 
 
+def _replica_rows(attrs, shapes, per) -> bool:
+    """Replicas folded (sim/fold.py): 1-D per-replica indices into axis 0, no initial values
+    (an embedding's gradient)."""
+    return len(per) == 2 and all(per) and len(shapes[1]) == 1 and attrs["axis"] == 0
+
+
+def _folded(args, replicas, dead, buffers, reduction, axis, axis_size, enable_index_broadcast):
+    """Every replica's scatter into its own ``axis_size`` rows of one result: replica r's
+    indices offset by ``r * axis_size`` (out-of-range ones still cut off), so each target
+    row sums its replica's rows in their order."""
+    data, idx = args
+    n = idx.shape[0] // replicas
+    offset = torch.arange(replicas).repeat_interleave(n) * axis_size
+    idx = idx.long()
+    valid = (idx >= 0) & (idx < axis_size)
+    flat = torch.where(valid, idx + offset, replicas * axis_size)
+    size = replicas * axis_size
+    return _kernel(
+        data, flat, reduction=reduction, axis=0, axis_size=size, enable_index_broadcast=False
+    )
+
+
 SCATTER_REDUCE = register(
     OpDef(
         "ScatterReduce",
@@ -190,6 +213,7 @@ SCATTER_REDUCE = register(
         samples=_samples,
         out_name="scatterreduce_out",
         numerics_kernels={"torch": _torch_kernel},
+        replica_fold=ReplicaFold(rows=_replica_rows, kernels=(_folded,)),
     )
 )
 
