@@ -42,8 +42,8 @@ def test_folded_is_bitwise_the_replicas_run(model, replicas):
     assert session._fold.namespace["RT"].runs == 3  # every step ran folded
     sites = _sites(session)
     # the ops with a rule run as one call (their check held here, AMD EPYC and Intel Xeon
-    # alike: a CPU where one did not would fail here, by name); the loss and the bias and
-    # embedding gradients (batch reductions) have none: each replica's own call
+    # alike: a CPU where one did not would fail here, by name); the loss, its gradient
+    # and the bias sum over the batch (batch reductions) have none: each replica's own call
     ruled = [s for s in sites if s.folded is not None]
     assert session._fold.stats["folded_ops"] == len(ruled)
     assert all(s.chosen is not None for s in sites)
