@@ -317,15 +317,21 @@ class SharedState:
     def weights_to_torch(self) -> None:
         """The device values of the tensors that are copied, not shared, into torch's: with
         replicas straight from the device tensor the host value is read from (one copy),
-        else through the Session's host values."""
-        rest = []
-        with torch.no_grad():
-            for c in self.copied:
-                t = self.session.read_tensor(c.variable) if self.replicated else None
-                if t is None:
-                    rest.append(c)
-                    continue
-                c.tensor.copy_(t.reshape(c.tensor.shape))
+        else through the Session's host values (the copies as one multi-tensor call: a model
+        of many small weights paid a Python call per weight)."""
+        rest, done, dst, src = [], [], [], []
+        for c in self.copied:
+            t = self.session.read_tensor(c.variable) if self.replicated else None
+            if t is None:
+                rest.append(c)
+                continue
+            done.append(c)
+            dst.append(c.tensor)
+            src.append(t.reshape(c.tensor.shape))
+        if dst:
+            with torch.no_grad():
+                torch._foreach_copy_(dst, src)
+            for c in done:
                 c.version = c.tensor._version
         if rest:
             self._copy_from_host(rest)
