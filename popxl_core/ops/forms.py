@@ -33,6 +33,7 @@ __all__ = [
     "FOLD_ROWS",
     "fold_rows",
     "fold_elementwise",
+    "fold_indexed",
     "fold_axis",
     "Targets",
     "binary_direct",
@@ -194,6 +195,16 @@ def fold_axis(*names: str, every: bool = False, attrs=None) -> ReplicaFold:
         return True
 
     return ReplicaFold(rows=rows, attrs=attrs)
+
+
+def _indexed_rows(attrs, shapes, per) -> bool:
+    return tuple(per) == (False, True) and attrs["axis"] % len(shapes[0]) == 0
+
+
+def fold_indexed() -> ReplicaFold:
+    """A shared table (input 0) indexed along axis 0 by per-replica indices (input 1, attribute
+    ``axis``): each replica's rows of indices give its rows of the result (a gather)."""
+    return ReplicaFold(rows=_indexed_rows)
 
 
 def shared_identity(t: Tensor) -> object:

@@ -23,7 +23,7 @@ import torch
 
 from ..tensor import Constant, Tensor, constant
 from ._utils import rand, randint, spec
-from .forms import ReplicaFold
+from .forms import fold_indexed
 from .registry import Cost, OpDef, Sample, _user_frame, create_op, register
 
 __all__ = ["GatherIndexWarning", "gather", "gather_elements", "scatter", "tied_gather"]
@@ -178,12 +178,6 @@ def _gather_samples(fn, with_getitem: bool = False):
     return samples
 
 
-def _rows_of_indices(attrs, shapes, per) -> bool:
-    """A shared table gathered along axis 0 by per-replica indices: each replica's rows of
-    indices give its rows of the result (sim/fold.py)."""
-    return tuple(per) == (False, True) and attrs["axis"] % len(shapes[0]) == 0
-
-
 GATHER = register(
     OpDef(
         "Gather",
@@ -194,7 +188,7 @@ GATHER = register(
         out_name="gather_out",
         fp16_in_fp32=False,
         samples=_gather_samples(lambda *a, **k: gather(*a, **k), True),
-        replica_fold=ReplicaFold(rows=_rows_of_indices),
+        replica_fold=fold_indexed(),
     )
 )
 # popxl's TiedGather is a Gather whose weight is shared with a MatMul (tied embeddings); the
