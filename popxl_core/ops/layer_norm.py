@@ -89,9 +89,9 @@ def _folded_grad(args, replicas, dead, buffers, normalized_shape, has_weight, ha
     if not (has_weight or has_bias):
         return dx
     n = g.shape[0] // replicas
-    rows = [slice(r * n, (r + 1) * n) for r in range(replicas)]
     mask = [False, has_weight, has_bias]
-    parts = [bwd(g[i], x[i], shape, mean[i], rstd[i], w, b, mask) for i in rows]
+    each = zip(*(t.split(n) for t in (g, x, mean, rstd)))  # one call per tensor: views
+    parts = [bwd(gr, xr, shape, mr, rr, w, b, mask) for gr, xr, mr, rr in each]
     dw = [torch.cat([p[k] for p in parts]) for k in (1, 2) if mask[k]]
     return (dx, *dw)
 

@@ -127,10 +127,11 @@ class FoldSite:
 
     def each(self, args: tuple):
         """Every replica's own call on its rows, outputs concatenated in replica order."""
-        results = []
-        for r in range(self.replicas):
-            part = [self._part(a, r, i) if p else a for i, (a, p) in enumerate(zip(args, self.per))]
-            results.append(_tuple(self.own(*part)))
+        r = self.replicas
+        columns = [
+            self._parts(a, i) if p else (a,) * r for i, (a, p) in enumerate(zip(args, self.per))
+        ]
+        results = [_tuple(self.own(*part)) for part in zip(*columns)]
         outs = []
         for j in range(self.n_out):
             col = [res[j] for res in results]
@@ -140,9 +141,10 @@ class FoldSite:
                 outs.append(torch.stack(col) if self.scalar_out[j] else torch.cat(col))
         return outs[0] if self.n_out == 1 else tuple(outs)
 
-    def _part(self, a: torch.Tensor, r: int, i: int) -> torch.Tensor:
+    def _parts(self, a: torch.Tensor, i: int) -> tuple:
+        """Input ``i``'s rows of each replica (views; one call)."""
         rows = self.rows[i]
-        return a[r] if rows is None else a[r * rows : (r + 1) * rows]
+        return a.unbind() if rows is None else a.split(rows)
 
 
 def _base_kernel(op: Op, em, dead: frozenset) -> Tuple[Callable, frozenset]:
