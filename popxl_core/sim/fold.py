@@ -120,7 +120,7 @@ def _plan_graph(g: Graph, per: List[bool], plan: FoldPlan) -> Optional[List[bool
         d = op.opdef
         if d.emit is not None or d.kernel is None or op.called_graphs or op.modified_inputs():
             return None
-        if d.collective or d.side_effect:
+        if d.collective or d.side_effect or any(isinstance(t, Variable) for t in op.inputs):
             return None
         if any(t in plan.stacked for t in op.inputs):
             if any(0 in t.shape for t in (*op.inputs, *op.outputs)):

@@ -3,14 +3,17 @@
 A `FoldSite` holds two ways to compute the op over the replicas' rows (per-replica values
 concatenated along dim 0): the *folded* call (the kernel on the concatenated rows, with the
 attributes `OpDef.replica_fold` gives, or its own folded kernel), and the *replicas' calls*
-(each replica's own kernel on its rows, outputs concatenated: what the unfolded run does, so
-always the same bits). A GEMM's or a reduction's rows need not come out the same bits at R*b
-rows as at b (MKL picks kernels per shape and CPU), so the first time a site meets a set of
-strides (with the thread count) it computes both and compares bit for bit; it uses the
-folded call only where every output matched, else the replicas' calls. A compiled graph
-meets the same shapes and strides every run: the check is made at the first call, and the
-generated code then calls the chosen function directly (no per-call cost); a run with
-another thread count checks again (`FoldRuntime.start`).
+(each replica's own kernel on its rows, outputs concatenated: the unfolded run's calls on
+the same values; a replica's rows have the strides its own tensor has, dim 0 being
+outermost). A GEMM's or a reduction's rows need not come out the same bits at R*b
+rows as at b (MKL picks kernels per shape and CPU), so at its first call a site computes
+both, trying the op's folded forms in order, and compares bit for bit; it keeps the first
+folded form whose every output matched, else the replicas' calls. A compiled graph meets the
+same shapes and strides at every run (its kernels lay out their outputs alike each time), so
+the generated code then calls the chosen function directly (no per-call cost); a run with
+another thread count checks again (`FoldRuntime.start`). Data alignment is not checked
+again: host transfers' buffers vary in their alignment past 16 bytes from run to run, and a
+GEMM packs its operands (as `stacking.py` found).
 """
 
 from __future__ import annotations
