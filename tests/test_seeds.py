@@ -206,12 +206,15 @@ def test_seed_003_phased_execution_trains_and_tests(seed_runs):
     assert _accuracy(run) > 30.0, out[-2000:]
 
 
+@pytest.mark.slow
 def test_seed_003_phased_equals_the_unphased_mlp_loss_by_loss(home):
     """The seed's phased, batch-serialised, sharded training against the same MLP trained in
     one plain step per global batch, from the same weights on the same batches. They differ
     in the order of float32 sums only; the bound is how far the same training carries a
     round-off-sized change (its losses from initial weights one float32 ulp away), measured
-    alongside."""
+    alongside. This runs benchmarks/seed003_unphased.py as a command line, in a process of its
+    own; the fast tier checks the same comparison, with the same bound, on the seed run that
+    tests/test_fx_seed003_torch.py records in the test process."""
     proc = subprocess.run(
         [
             sys.executable,
