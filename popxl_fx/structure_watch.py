@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from .optim import group_structure
-from .torch_state import Structure, _modules, structure_key
+from .torch_state import BUFFER_FIELDS, PARAMETER_FIELDS, Structure, _modules, structure_key
 
 __all__ = ["StructureWatch"]
 
@@ -29,9 +29,6 @@ _CHILDREN = attrgetter("_modules")
 _PARAMS = attrgetter("_parameters")
 _BUFFERS = attrgetter("_buffers")
 _TRAINING = attrgetter("training")
-_REQUIRES_GRAD = attrgetter("requires_grad")
-_DTYPE = attrgetter("dtype")
-_SHAPE = attrgetter("shape")
 _IS_CPU = attrgetter("is_cpu")
 _POINTER = torch.Tensor.data_ptr
 
@@ -65,12 +62,9 @@ class _Plan:
     def _tensor_state(self) -> tuple:
         ps, bs = self.params, self.buffers
         return (
-            list(map(_REQUIRES_GRAD, ps)),
-            list(map(_DTYPE, ps)),
-            list(map(_SHAPE, ps)),
+            list(map(PARAMETER_FIELDS, ps)),
             list(map(_POINTER, ps)),
-            list(map(_DTYPE, bs)),
-            list(map(_SHAPE, bs)),
+            list(map(BUFFER_FIELDS, bs)),
             list(map(_POINTER, bs)),
         )
 

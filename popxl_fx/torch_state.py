@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 import numpy as np
 import torch
@@ -34,7 +35,19 @@ from popxl_core.sim.remote_plan import is_remote_variable
 from .optim import OptimizerProgram, UnsupportedOptimizerError, group_structure
 from .program import Weights
 
-__all__ = ["SharedState", "Structure", "describe", "structure_key"]
+__all__ = [
+    "BUFFER_FIELDS",
+    "PARAMETER_FIELDS",
+    "SharedState",
+    "Structure",
+    "describe",
+    "structure_key",
+]
+
+# What the key reads of each parameter and buffer besides its identity, device and storage
+# pointer. `structure_watch.py` checks the same getters, so a field added here is watched too.
+PARAMETER_FIELDS = attrgetter("requires_grad", "dtype", "shape")
+BUFFER_FIELDS = attrgetter("dtype", "shape")
 
 
 # what the program depends on ---------------------------------------------------------------
@@ -81,12 +94,12 @@ def structure_key(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> 
         for p in m._parameters.values():
             if p is not None:
                 where = p.is_cpu or p.device.type
-                key += (id(p), p.requires_grad, p.dtype, p.shape, where)
+                key += (id(p), *PARAMETER_FIELDS(p), where)
                 objects.append(p)
                 pointers.append(p.data_ptr())
         for b in m._buffers.values():
             if b is not None:
-                key += (id(b), b.dtype, b.shape, b.is_cpu or b.device.type)
+                key += (id(b), *BUFFER_FIELDS(b), b.is_cpu or b.device.type)
                 objects.append(b)
                 pointers.append(b.data_ptr())
     if optimizer is not None:
