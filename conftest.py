@@ -64,7 +64,7 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: rank.get(item.path.name, len(HEAVY_FIRST)))  # stable
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(scope="session", autouse=True)  # doctest_namespace is per session: set once
 def _doctest_names(doctest_namespace):
     import numpy as np
     import torch
