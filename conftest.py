@@ -45,6 +45,19 @@ def pytest_collection_finish(session):
         gc.freeze()  # imports and collected tests live until the end: no need to rescan them
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_unconfigure(config):
+    """With pytest-xdist, freeze what is alive before the last garbage collections: pytest's
+    unraisable-exception plugin collects once more at the end, and so does Python as it
+    exits; each walked everything still held (a worker: the test modules' caches; the
+    controller: every test's reports). Measured on the whole suite: the last worker's end
+    1.9 -> 0.45 s, the controller's exit 0.8 -> 0.2 s. Nothing that could be reported is
+    lost: the controller runs none of the tests' code, and stops reading a worker's reports
+    once the worker says its session finished. Without xdist (-n 0) nothing changes."""
+    if hasattr(config, "workerinput") or config.getoption("numprocesses", None):
+        gc.freeze()
+
+
 # The test modules that take longest (subprocess jobs, many programs built), heaviest first:
 # they run before the rest, so that with two workers (setup.cfg: -n 2 --dist loadscope
 # --no-loadscope-reorder, a module a unit) neither worker starts one of them while the other
