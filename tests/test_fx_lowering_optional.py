@@ -3,15 +3,14 @@ when a graph first calls the function, so ``import popxl_fx`` does not import to
 itself; the registration must find the function fx records as the node's target even though,
 while torch.fx traces, the package's global is torch.fx's patched wrapper of it.
 
-That ``import popxl_fx`` leaves torchvision out is a fresh interpreter's question (one small
-process); the registration on first use runs here, with the registered lowering taken out of
-the table for the test (as before a first use) and put back after it."""
+That ``import popxl_fx`` leaves torchvision out is a new interpreter's question: each process
+of tests/test_distributed.py's job answers it (`test_import_popxl_fx_does_not_import_
+torchvision` there). The registration on first use runs here, with the registered lowering
+taken out of the table for the test (as before a first use) and put back after it."""
 
 from __future__ import annotations
 
 import functools
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -20,18 +19,6 @@ import popxl_core as popxl
 import popxl_fx.fallback
 from popxl_fx import lowering
 from popxl_fx.module import Module
-
-_IMPORTS = (
-    "import sys; import popxl_fx; import popxl_fx.fallback; print('torchvision' in sys.modules)"
-)
-
-
-def test_import_popxl_fx_does_not_import_torchvision():
-    done = subprocess.run(
-        [sys.executable, "-c", _IMPORTS], capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.strip() == "False", "import popxl_fx imported torchvision"
 
 
 @pytest.fixture
