@@ -68,7 +68,6 @@ HEAVY_FIRST = (
     "test_fx_replication.py",
     "test_fx_core_aten.py",
     "test_fx_phased_accumulation.py",
-    "test_fx_lowering_optional.py",
 )
 
 
