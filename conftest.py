@@ -45,6 +45,19 @@ def pytest_collection_finish(session):
         gc.freeze()  # imports and collected tests live until the end: no need to rescan them
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_unconfigure(config):
+    """With pytest-xdist, freeze what is alive before the last garbage collections: pytest's
+    unraisable-exception plugin collects once more at the end, and so does Python as it
+    exits; each walked everything still held (a worker: the test modules' caches; the
+    controller: every test's reports). Measured on the whole suite: the last worker's end
+    1.9 -> 0.45 s, the controller's exit 0.8 -> 0.2 s. Nothing that could be reported is
+    lost: the controller runs none of the tests' code, and stops reading a worker's reports
+    once the worker says its session finished. Without xdist (-n 0) nothing changes."""
+    if hasattr(config, "workerinput") or config.getoption("numprocesses", None):
+        gc.freeze()
+
+
 # The test modules that take longest (subprocess jobs, many programs built), heaviest first:
 # they run before the rest, so that with two workers (setup.cfg: -n 2 --dist loadscope
 # --no-loadscope-reorder, a module a unit) neither worker starts one of them while the other
@@ -55,7 +68,6 @@ HEAVY_FIRST = (
     "test_fx_replication.py",
     "test_fx_core_aten.py",
     "test_fx_phased_accumulation.py",
-    "test_fx_lowering_optional.py",
 )
 
 
@@ -64,7 +76,7 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: rank.get(item.path.name, len(HEAVY_FIRST)))  # stable
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(scope="session", autouse=True)  # doctest_namespace is per session: set once
 def _doctest_names(doctest_namespace):
     import numpy as np
     import torch

@@ -19,6 +19,7 @@ difference, the line tests/test_seeds.py reads.
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 from pathlib import Path
 
@@ -61,6 +62,12 @@ class Recorder:
 
         Session.run = run
         return real_run
+
+    def first(self, steps: int) -> "Recorder":
+        """The same record cut to its first ``steps`` training steps."""
+        cut = copy.copy(self)
+        cut.batches, cut.losses = self.batches[:steps], self.losses[:steps]
+        return cut
 
     def _weights(self, session) -> dict[str, np.ndarray]:
         variables = self.ns["train_variables"]
@@ -117,7 +124,12 @@ def _one_ulp_up(value: np.ndarray) -> np.ndarray:
 
 def compare(max_batches: int, seeds_dir: Path, verbose: bool) -> tuple[float, float]:
     path = next(seeds_dir.glob("003_*.txt"))
-    rec = run_seed(path, max_batches)
+    return compare_recorded(run_seed(path, max_batches), verbose)
+
+
+def compare_recorded(rec: Recorder, verbose: bool = False) -> tuple[float, float]:
+    """The recorded phased training against the unphased program (and that program from
+    weights 1 ulp away): prints the summary line and returns (worst difference, noise)."""
     phased = [float(np.mean(losses)) for losses in rec.losses]
     plain = np.array(run_unphased(rec))
     noise = np.abs(np.array(run_unphased(rec, nudge=True)) - plain)

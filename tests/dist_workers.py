@@ -14,6 +14,13 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import popxl_fx  # noqa: E402
+import popxl_fx.fallback  # noqa: E402, F401 - what a build imports beside popxl_fx
+
+# Each process of a job is a new interpreter that has imported torch and popxl_fx: whether that
+# imported torchvision (an optional package whose lowerings register on first use; the job
+# prints it, tests/test_distributed.py checks it)
+TORCHVISION_WITH_POPXL_FX = "torchvision" in sys.modules
+
 from tests.fx_zoo import SeedMLP  # noqa: E402
 
 __all__ = ["train_seed_mlp", "rank_share"]
@@ -163,6 +170,7 @@ def _save(result: dict, out: str) -> None:
 
 def main(kind: str, out: str) -> None:
     if kind == "job":  # one job for the fast tests: bad input, training, then a kill
+        print(f"torchvision imported by popxl_fx: {TORCHVISION_WITH_POPXL_FX}", flush=True)
         bad_input()
         _save(core_program(), out.format("core" + _rank()))
         _save(train_seed_mlp(), out.format(_rank()))

@@ -148,6 +148,14 @@ def test_bad_launches_fail_in_every_process_saying_what_to_do(job):
         ), d.stdout
 
 
+def test_import_popxl_fx_does_not_import_torchvision(job):
+    """A new interpreter that imports torch and popxl_fx (each process of the job, before
+    anything else) has not imported torchvision: its lowerings register on first use
+    (tests/test_fx_lowering_optional.py)."""
+    for d in job[0]:
+        assert "torchvision imported by popxl_fx: False" in d.stdout, d.stdout[-2000:]
+
+
 @pytest.fixture(scope="module")
 def seed003() -> Path:
     found = sorted(default_seeds_dir().glob("003_*.txt"))

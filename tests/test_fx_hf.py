@@ -19,8 +19,17 @@ import torch.nn.functional as F
 
 import popxl_fx
 
-transformers = pytest.importorskip("transformers")
-transformers.logging.set_verbosity_error()
+transformers = None  # imported by `_transformers` when this module's tests run
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _transformers():
+    """transformers is imported when the first test here runs, not when pytest collects the
+    module: both xdist workers collect every module (0.6 s of CPU each), one runs these."""
+    global transformers
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+
 
 VOCAB = 64
 

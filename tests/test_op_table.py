@@ -7,6 +7,7 @@ import pathlib
 import pytest
 
 import addons  # noqa: F401 - registers the addons ops (ReplicatedAllReduceTP) in the table
+from popxl_core.ops.gather import GatherIndexWarning
 from popxl_core.ops.registry import all_opdefs
 
 from .op_harness import run_sample
@@ -22,7 +23,15 @@ def _cases():
 
 @pytest.mark.parametrize("opdef,sample", list(_cases()))
 def test_op_against_torch(opdef, sample):
-    run_sample(opdef, sample)
+    if sample.name != "oor_no_error":
+        run_sample(opdef, sample)
+        return
+    # Gather's out-of-range indices, on purpose: the op warns (test_misuse_gather says what).
+    # Caught here, the warning also stays in this process: reported, pytest-xdist's controller
+    # would import its category's module, popxl_core and torch with it (2 s, while the
+    # worker waits to send its next reports).
+    with pytest.warns(GatherIndexWarning, match="outside the valid range"):
+        run_sample(opdef, sample)
 
 
 @pytest.mark.parametrize("name", sorted(all_opdefs()))
