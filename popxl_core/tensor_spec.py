@@ -15,12 +15,15 @@ __all__ = ["TensorSpec", "TensorByRef"]
 class TensorSpec(Mapping):
     """Shape, dtype and (replica-sharded) meta shape of a tensor; accepted by `create_graph`."""
 
-    __slots__ = ("shape", "dtype", "meta_shape")
+    # ``nbytes`` is computed once: specs are never changed after construction, and the
+    # simulator's planner asks a tensor's byte count ~600 times per Session build
+    __slots__ = ("shape", "dtype", "meta_shape", "nbytes")
 
     def __init__(self, shape, dtype: dtype, meta_shape=()) -> None:
         self.shape = checked_shape(shape, "TensorSpec")
         self.dtype = checked_dtype(dtype, "TensorSpec")
         self.meta_shape = checked_shape(meta_shape or (), "TensorSpec meta_shape")
+        self.nbytes: int = math.prod(self.shape) * self.dtype.itemsize
 
     def __getitem__(self, key):
         if key not in ("shape", "dtype", "meta_shape"):
@@ -48,10 +51,6 @@ class TensorSpec(Mapping):
     @property
     def nelms(self) -> int:
         return math.prod(self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        return self.nelms * self.dtype.itemsize
 
     def __repr__(self) -> str:
         return f"TensorSpec(shape={self.shape}, dtype={self.dtype!r}, meta_shape={self.meta_shape})"

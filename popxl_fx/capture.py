@@ -190,9 +190,12 @@ class CaptureTracer(RootCalls, fx.Tracer):
 
     def _annotate(self, node: fx.Node) -> None:
         node.meta["module_path"] = self._paths[-1] if self._paths else ""
-        node.meta["source"], stack = user_stack()
-        if stack and self._replay is None:
-            node.stack_trace = stack
+        if self._replay is None:
+            node.meta["source"], stack = user_stack()
+            if stack:
+                node.stack_trace = stack
+        else:  # a replay keeps no stack trace: the same source line without formatting one
+            node.meta["source"] = user_frame()
         node.meta["example_value"] = self._evaluate(node)
         if node.op == "placeholder":
             return

@@ -144,6 +144,9 @@ class Work:
 
 def nbytes_of(t) -> int:
     """Bytes of a tensor or stream (plain ints: much cheaper than numpy for planning)."""
+    spec = getattr(t, "_spec", None)  # a Tensor: its spec holds the count (hot in planning)
+    if spec is not None:
+        return spec.nbytes
     return prod(t.shape) * t.dtype.itemsize
 
 
