@@ -15,7 +15,7 @@ code and traces on a model without changing it (buffers, plain tensors, torch's 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -33,6 +33,7 @@ __all__ = [
     "plain_tensors",
     "preserved",
     "random_factories_recorded",
+    "trace_graph",
     "trace_module",
 ]
 
@@ -135,6 +136,18 @@ def trace_module(tracer: fx.Tracer, model: nn.Module) -> fx.GraphModule:
     torch.fx stores tensors that the forward creates from constants as ``_tensor_constantN``
     attributes of the root; the graph module keeps them, the user's model does not.
     """
+    name = type(model).__name__
+    return _traced(tracer, model, lambda graph: fx.GraphModule(model, graph, class_name=name))
+
+
+def trace_graph(tracer: fx.Tracer, model: nn.Module) -> fx.Graph:
+    """`trace_module`'s graph alone, for a trace that is only compared (`check`'s second
+    trace): no GraphModule, whose Python code torch.fx generates and compiles, is made."""
+    return _traced(tracer, model, lambda graph: graph)
+
+
+def _traced(tracer: fx.Tracer, model: nn.Module, keep: Callable[[fx.Graph], Any]) -> Any:
+    """``keep(graph)`` of the trace, made before the constants fx added to ``model`` go."""
     before = set(vars(model))
     try:
         with preserved(model):
@@ -142,7 +155,7 @@ def trace_module(tracer: fx.Tracer, model: nn.Module) -> fx.GraphModule:
             with random_factories_recorded(tracer), python_effects_recorded(tracer, model):
                 graph = tracer.trace(model)
             tracer.issues += plain_update_issues(graph, changed_plain_tensors(model, plain))
-        return fx.GraphModule(model, graph, class_name=type(model).__name__)
+        return keep(graph)
     finally:
         for name in set(vars(model)) - before:
             if name.startswith("_tensor_constant"):

@@ -22,6 +22,7 @@ from torch import nn
 from . import lowerings  # noqa: F401  (registers the table)
 from .calls import POSITIONAL, Binding, bind
 from .capture import Captured, CaptureTracer, preserved, trace_module
+from .capture_state import trace_graph
 from .checks import dtype_issues
 from .errors import Issue, UnsupportedError, user_frame
 from .fallback import decomposition_issue
@@ -80,12 +81,10 @@ def all_issues(captured: Captured, model: nn.Module) -> list[Issue]:
     """`check_captured`, plus shapes that change between calls (a second trace) or with the
     data (the graph re-run on other inputs)."""
     issues = check_captured(captured, model)
-    # the second trace reuses the first one's values wherever the call is provably the same
-    replay = Replay(captured.gm.graph)
-    second = _trace(model, captured.example_inputs, CheckReport(""), replay, captured.binding)
+    second = _retrace(captured, model)
     found = [_rerun_with_other_data(captured.gm, model, captured.example_inputs)]
     if second is not None:
-        found.insert(0, _compare(captured.gm, second.gm, "between calls"))
+        found.insert(0, _compare(captured.gm.graph, second, "between calls"))
     for issue in found:
         if issue is not None and all(i.source != issue.source for i in issues):
             issues.append(issue)
@@ -160,6 +159,18 @@ def _trace(
     return Captured(gm, tracer.issues, None, tuple(inputs), tracer.out_spec, binding)
 
 
+def _retrace(captured: Captured, model: nn.Module) -> fx.Graph | None:
+    """The second trace's graph (None if it fails: the first trace's issues stand). It reuses
+    the first one's values wherever the call is provably the same, and is only compared, so
+    it makes no GraphModule and keeps none of its own issues."""
+    replay = Replay(captured.gm.graph)
+    tracer = CaptureTracer(model, captured.example_inputs, replay=replay, binding=captured.binding)
+    try:
+        return trace_graph(tracer, model)
+    except Exception:  # noqa: BLE001 - as an untraceable first trace, but nothing to report
+        return None
+
+
 def _shape(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return tuple(value.shape)
@@ -168,14 +179,14 @@ def _shape(value: Any) -> Any:
     return None
 
 
-def _compare(first: fx.GraphModule, second: fx.GraphModule, when: str) -> Issue | None:
+def _compare(first: fx.Graph, second: fx.Graph, when: str) -> Issue | None:
     """An issue at the first node whose shape differs between two traces/runs."""
-    for a, b in zip(first.graph.nodes, second.graph.nodes):
+    for a, b in zip(first.nodes, second.nodes):
         before, after = _shape(a.meta.get("example_value")), _shape(b.meta.get("example_value"))
         if a.target != b.target or before != after:
             return _shape_issue(b, f"{_name(b)} has shape {after}, was {before}", when)
-    if len(first.graph.nodes) != len(second.graph.nodes):
-        last = list(second.graph.nodes)[-1]
+    if len(first.nodes) != len(second.nodes):
+        last = list(second.nodes)[-1]
         return _shape_issue(last, "the traced graph changed", when)
     return None
 
