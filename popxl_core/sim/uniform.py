@@ -205,8 +205,14 @@ def _own_writes(u: Set[Op], ops, g, root, readers, shareable) -> Set[Op]:
     return u
 
 
-def _writes(op: Op, v: Variable, root) -> bool:
-    return any(root.get(op.inputs[i], op.inputs[i]) is v for i in op.modified_inputs())
+def _by_root(ops, root, tensors) -> Dict[Tensor, List[Op]]:
+    """Storage root -> the ops (each once, in ``ops``' order) whose ``tensors(op)`` are
+    views of it."""
+    found: Dict[Tensor, List[Op]] = {}
+    for op in ops:
+        for r in {root.get(t, t) for t in tensors(op)}:
+            found.setdefault(r, []).append(op)
+    return found
 
 
 def full_all_reduce(op: Op, ir) -> bool:
@@ -261,14 +267,14 @@ def _hazards(lead: GraphPlan, follow: GraphPlan, u: Set[Op], shared: Set[Variabl
     root = _roots(lead.live)
     pos_l = _positions(lead)
     seg_l, seg_f = _segments(lead, pos_l), _segments(follow, _positions(follow))
+    # writers and readers by the storage they touch, found in one pass each (asking every
+    # op about every shared variable was quadratic: ~250k checks in a model test's builds)
+    writes_of = _by_root(u, root, lambda op: [op.inputs[i] for i in op.modified_inputs()])
+    reads_of = _by_root([r for r in follow.live if r not in u], root, lambda op: op.inputs)
     bad = set()
     for v in shared:
-        writes = [w for w in u if _writes(w, v, root)]
-        reads = [
-            r for r in follow.live if any(root.get(t, t) is v for t in r.inputs) and r not in u
-        ]
-        for r in reads:
-            for w in writes:
+        for r in reads_of.get(v, ()):
+            for w in writes_of.get(v, ()):
                 before = pos_l[r] < pos_l[w]
                 if pos_l[r] == pos_l[w] or (seg_f[r] < seg_l[w]) != before:
                     bad.add(v)
