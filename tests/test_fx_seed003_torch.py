@@ -59,24 +59,14 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def seed_run():
     import seed_runner
-    import torch.utils.data as tud
     from seed003_unphased import run_seed
-
-    from popxl_core import compat
 
     # run_seed caps every DataLoader and installs the popxl import hook: both are undone
     # after, so later tests in this process see torch and the imports as they were
-    saved = {k: tud.DataLoader.__dict__.get(k) for k in ("__iter__", "__len__")}
-    torch.manual_seed(0)  # the seed's DataLoader shuffles from torch's global generator
-    seed_runner.stage_data()
-    try:
+    with seed_runner.undone_after():
+        torch.manual_seed(0)  # the seed's DataLoader shuffles from torch's global generator
+        seed_runner.stage_data()
         return run_seed(SEED, BATCHES)
-    finally:
-        for k, v in saved.items():
-            setattr(tud.DataLoader, k, v)
-        if hasattr(tud.DataLoader, "_seed_runner_cap"):
-            del tud.DataLoader._seed_runner_cap
-        compat.uninstall()
 
 
 def _sequential(initial: dict[str, np.ndarray]) -> nn.Sequential:

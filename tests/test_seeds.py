@@ -121,25 +121,16 @@ def seed_runs(home) -> dict[str, SeedOutput]:
 
     import numpy as np
     import torch
-    import torch.utils.data as tud
-
-    from popxl_core import compat
 
     seeds = [_seed(prefix) for prefix in ("001", "000", "003")]
-    loader = {k: tud.DataLoader.__dict__.get(k) for k in ("__iter__", "__len__")}
     generators = torch.get_rng_state(), np.random.get_state(), random.getstate()
     try:
-        with pytest.MonkeyPatch.context() as mp:
+        with seed_runner.undone_after(), pytest.MonkeyPatch.context() as mp:
             mp.setenv("HOME", str(home))
             seed_runner.stage_data()
             torch.manual_seed(SHUFFLE_SEED)
             return {seed.name[:3]: _run_in_this_process(seed) for seed in seeds}
     finally:
-        for k, v in loader.items():
-            setattr(tud.DataLoader, k, v)
-        if hasattr(tud.DataLoader, "_seed_runner_cap"):
-            del tud.DataLoader._seed_runner_cap
-        compat.uninstall()
         torch.set_rng_state(generators[0])
         np.random.set_state(generators[1])
         random.setstate(generators[2])

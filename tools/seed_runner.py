@@ -199,6 +199,25 @@ def cap_data_loaders(max_batches: int) -> None:
     tud.DataLoader.__len__ = lambda self: min(orig_len(self), max_batches)
 
 
+@contextlib.contextmanager
+def undone_after():
+    """Seeds run inside leave this process as they found it: the DataLoader cap
+    (`cap_data_loaders`) and the compat import hook (`run`) are undone on exit."""
+    import torch.utils.data as tud
+
+    from popxl_core import compat
+
+    saved = {k: tud.DataLoader.__dict__.get(k) for k in ("__iter__", "__len__")}
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(tud.DataLoader, k, v)
+        if hasattr(tud.DataLoader, "_seed_runner_cap"):
+            del tud.DataLoader._seed_runner_cap
+        compat.uninstall()
+
+
 def run(path: Path, max_batches: int = 0, echo: bool = True) -> SeedRun:
     """Run the seed's python blocks in order under the compat hook (``popxl`` and
     ``popxl_addons`` are this project); ``max_batches`` caps every DataLoader."""
