@@ -47,7 +47,7 @@ from ..ops.io import HOST_LOAD, HOST_STORE
 from ..schedule import schedule
 from ..tensor import Tensor, Variable
 from .fold_reduce import check_summed, reduce_group, summed
-from .runtime import collective_results
+from .runtime import collective_results, next_transfer
 from .uniform import full_all_reduce
 
 __all__ = ["FoldPlan", "FoldRuntime", "plan_fold"]
@@ -175,30 +175,20 @@ class FoldRuntime:
             for site in self.plan.sites:
                 site.reset()
 
-    def _transfer(self, stream, buf) -> int:
-        i = self.counts.get(stream, 0)
-        self.counts[stream] = i + 1
-        if i >= buf.shape[0]:
-            raise RuntimeError(
-                f"Stream {stream.tensor_id!r} was used {i + 1} times in one run, "
-                f"but only {buf.shape[0]} transfers were provided (num_host_transfers)."
-            )
-        return i
-
     def load(self, stream) -> torch.Tensor:
         buf = self.inputs[stream]
-        i = self._transfer(stream, buf)
+        i = next_transfer(self.counts, stream, buf, "loaded")
         if stream in self.plan.uniform_streams:  # checked equal on every replica
             return host_to_torch(np.array(buf[i, 0]))
         rows = np.array(buf[i])  # [R, ...]: the replicas' rows in order
         return host_to_torch(rows.reshape((-1, *rows.shape[2:]) if rows.ndim > 1 else -1))
 
     def skip(self, stream) -> None:
-        self._transfer(stream, self.inputs[stream])
+        next_transfer(self.counts, stream, self.inputs[stream], "loaded")
 
     def store(self, stream, value: torch.Tensor) -> None:
         buf = self.outputs[stream]
-        i = self._transfer(stream, buf)
+        i = next_transfer(self.counts, stream, buf, "stored")
         host = torch_to_host(value.detach())
         if host.shape == buf.shape[2:]:  # a uniform value: every replica's
             buf[i, :] = host
@@ -211,17 +201,23 @@ class FoldRuntime:
         r = self.replicas
         per, rank, op = self.plan.collectives[fn.op_name]
         if not per:
-            return collective_results(fn, [value] * r, [True] + [False] * (r - 1))[0]
+            return _first_result(fn, [value] * r)
         rows = value.view(r, -1, *value.shape[1:]) if rank else value
         out = self.summed.get(fn.op_name, rows)
         if out is None:
-            return collective_results(fn, list(rows.unbind()), [True] + [False] * (r - 1))[0]
+            return _first_result(fn, list(rows.unbind()))
         if out is not rows:
             return summed(rows, op, out)
-        want = collective_results(fn, list(rows.unbind()), [True] + [False] * (r - 1))[0]
+        want = _first_result(fn, list(rows.unbind()))
         self.summed[fn.op_name] = check_summed(rows, op, want)
         return want
 
     def all_reduce_group(self, values, op: str, key: str) -> List[torch.Tensor]:
         """Consecutive all-reduces of the main graph as one call (`fold_reduce.py`)."""
         return reduce_group(values, op, self.replicas, self.groups.setdefault(key, {}))
+
+
+def _first_result(fn, values: List[torch.Tensor]) -> torch.Tensor:
+    """Replica 0's result of the all-reduce ``fn`` over ``values`` (every replica's result is
+    the same: the others are not made)."""
+    return collective_results(fn, values, [True] + [False] * (len(values) - 1))[0]

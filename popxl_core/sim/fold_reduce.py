@@ -21,6 +21,7 @@ import torch
 from ..graph import Op
 from ..ops.collectives.collectives import reduce_values
 from ..ops.collectives.replicated import ALL_REDUCE
+from .bits import same_bits
 
 __all__ = ["GROUP_BYTES", "ReduceGroups", "reduce_group", "summed", "check_summed"]
 
@@ -42,15 +43,7 @@ def check_summed(rows: torch.Tensor, op, want: torch.Tensor) -> Optional[torch.T
     if op not in ("add", "mean") or not rows.is_floating_point() or rows.shape[0] > 4:
         return None
     out = torch.empty_like(want)
-    return out if _same(summed(rows, op, out), want) else None
-
-
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(_bytes(a), _bytes(b))
-
-
-def _bytes(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().reshape(-1).view(torch.uint8)
+    return out if same_bits(summed(rows, op, out), want) else None
 
 
 class ReduceGroups:
@@ -93,7 +86,7 @@ def reduce_group(values: Sequence[torch.Tensor], op: str, replicas: int, state: 
     want = [reduce_values(op, list(p)) for p in parts]
     if ok is None:
         state["flat"] = replicas <= 4 and all(
-            _same(a, b) for a, b in zip(_flat(values, op, replicas), want)
+            same_bits(a, b) for a, b in zip(_flat(values, op, replicas), want)
         )
     return want
 

@@ -24,6 +24,7 @@ from typing import Callable, List, Optional, Tuple
 import torch
 
 from ..graph import Op
+from .bits import same_bits
 from .fold_reduce import ReduceGroups
 from .kernel_wrappers import fp16_in_fp32, touches_narrow_unsigned
 from .variants import all_float32
@@ -191,16 +192,6 @@ def _same(got: tuple, want: tuple) -> bool:
     for a, b in zip(got, want):
         if (a is None) != (b is None):
             return False
-        if a is not None and not _same_bits(a, b):
+        if a is not None and not same_bits(a, b):
             return False
     return True
-
-
-def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.dtype != b.dtype or a.shape != b.shape:
-        return False
-    return torch.equal(_bytes(a), _bytes(b))
-
-
-def _bytes(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().reshape(-1).view(torch.uint8)

@@ -24,7 +24,7 @@ from .exchange import bytes_tensor, tensor_bytes
 from .lockstep import run_lockstep
 from .rendezvous import Rendezvous, ReplicaMismatchError
 
-__all__ = ["LOCKSTEP", "Runtime", "collective_results", "run_replicas"]
+__all__ = ["LOCKSTEP", "Runtime", "collective_results", "next_transfer", "run_replicas"]
 
 
 class Runtime:
@@ -72,12 +72,6 @@ class Runtime:
         """How many times the calling replica has used each stream in this run."""
         return self._local.counts
 
-    def _next(self, stream) -> int:
-        counts = self._local.counts
-        n = counts.get(stream, 0)
-        counts[stream] = n + 1
-        return n
-
     # host streams ------------------------------------------------------------------
     def load(self, stream) -> torch.Tensor:
         buf = self.inputs[stream]
@@ -92,24 +86,11 @@ class Runtime:
     def _transfer(self, stream, buf) -> int:
         """The index of the calling replica's next transfer of input ``stream`` (``buf``, the
         host buffer); counted as used."""
-        counts = self._local.counts
-        i = counts.get(stream, 0)
-        counts[stream] = i + 1
-        if i >= buf.shape[0]:
-            raise RuntimeError(
-                f"Stream {stream.tensor_id!r} was loaded {i + 1} times in one run, "
-                f"but only {buf.shape[0]} transfers were provided (num_host_transfers)."
-            )
-        return i
+        return next_transfer(self._local.counts, stream, buf, "loaded")
 
     def store(self, stream, value: torch.Tensor) -> None:
         buf = self.outputs[stream]
-        i = self._next(stream)
-        if i >= buf.shape[0]:
-            raise RuntimeError(
-                f"Stream {stream.tensor_id!r} was stored {i + 1} times in one run; "
-                f"num_host_transfers is {buf.shape[0]}."
-            )
+        i = next_transfer(self._local.counts, stream, buf, "stored")
         buf[i, self._local.slot] = torch_to_host(value.detach())
 
     # collectives --------------------------------------------------------------------
@@ -199,6 +180,20 @@ class Runtime:
 
     def remote_store(self, buffer, offset, value: torch.Tensor) -> None:
         self.remote_entry(buffer, offset).copy_(value)
+
+
+def next_transfer(counts: Dict[object, int], stream, buf: np.ndarray, verb: str) -> int:
+    """The index of the next transfer of host stream ``stream`` in this run (``buf``: its host
+    buffer, ``counts``: the transfers made so far), counted as made; an error past the
+    buffer's ``num_host_transfers`` (a replica's run and a folded run alike)."""
+    i = counts.get(stream, 0)
+    counts[stream] = i + 1
+    if i >= buf.shape[0]:
+        raise RuntimeError(
+            f"Stream {stream.tensor_id!r} was {verb} {i + 1} times in one run, "
+            f"but only {buf.shape[0]} transfers were provided (num_host_transfers)."
+        )
+    return i
 
 
 def collective_results(

@@ -28,6 +28,7 @@ import torch
 
 from ..graph import Op
 from ..ops.forms import ReplicaStack
+from .bits import same_bits
 from .variants import all_float32, bounded
 
 __all__ = ["MIN_SHARED_BYTES", "StackRequest", "StackSite", "stack_site", "stacked_values"]
@@ -168,10 +169,4 @@ def _key(args: List[tuple]) -> tuple:
 
 
 def _same_outputs(got: tuple, want: tuple, live: tuple) -> bool:
-    return all(_same_bits(a, b) for a, b, use in zip(got, want, live) if use)
-
-
-def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.dtype != b.dtype or a.shape != b.shape:
-        return False
-    return torch.equal(a.contiguous().view(torch.int32), b.contiguous().view(torch.int32))
+    return all(same_bits(a, b) for a, b, use in zip(got, want, live) if use)

@@ -43,6 +43,7 @@ from ..ops.collectives.collectives import group_table
 from ..ops.collectives.replicated import ALL_REDUCE, ALL_REDUCE_INPLACE
 from ..ops.io import HOST_LOAD
 from ..tensor import Constant, Tensor, Variable
+from .bits import same_bits
 from .passes import GraphPlan
 
 __all__ = ["Sharing", "SharedRuns", "full_all_reduce", "plan_sharing"]
@@ -309,7 +310,7 @@ class SharedRuns:
             return True
         lead, *others = (device[r] for r in sorted(device))
         for i in self.sharing.variables:
-            if not all(_same_bits(lead[i], rep[i]) for rep in others):
+            if not all(same_bits(lead[i], rep[i]) for rep in others):
                 return False
         for rep in others:
             for i in self.sharing.variables:
@@ -328,18 +329,6 @@ class SharedRuns:
                 if rep[i] is lead[i]:
                     rep[i] = lead[i].clone()
         self.active = False
-
-
-def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a is b:
-        return True
-    if a.dtype != b.dtype or a.shape != b.shape:
-        return False
-    return torch.equal(_bytes(a), _bytes(b))
-
-
-def _bytes(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().reshape(-1).view(torch.uint8)
 
 
 def _same_replicas(buf: np.ndarray) -> bool:
