@@ -98,19 +98,16 @@ def _stacked(inputs, live, buffers, fold):
 def _stacked_grads(inputs, live, buffers, has_bias):
     """Every replica's ``dx = g @ w`` of one shared weight as one GEMM over the replicas'
     rows, and their ``dw = g.T @ x`` as one batched GEMM (into a buffer kept in
-    ``buffers`` where given): the kernel's lines over a leading replica dim."""
-    g, x, w = inputs[0]
-    gs = torch.stack([a[0].reshape(-1, g.shape[-1]) for a in inputs])
-    dx = gs.view(-1, g.shape[-1]).mm(w).view(len(inputs), *x.shape) if live[0] else None
-    dw = None
-    if live[1]:
-        xs = torch.stack([a[1].reshape(-1, x.shape[-1]) for a in inputs])
-        out = _kept(buffers, (len(inputs), *w.shape), w.dtype)
-        dw = torch.bmm(gs.transpose(1, 2), xs, out=out)
-    return [
-        (dx[r] if dx is not None else None, dw[r] if dw is not None else None)
-        for r in range(len(inputs))
-    ]
+    ``buffers`` where given): `_folded_grads` over the replicas' rows, each replica given
+    its rows of ``dx`` and its ``dw`` (views)."""
+    r, w = len(inputs), inputs[0][2]
+    g = torch.cat([a[0] for a in inputs])
+    x = torch.cat([a[1] for a in inputs]) if live[1] else None
+    dead = frozenset(i for i in (0, 1) if not live[i])
+    dx, dw = _folded_grads((g, x, w), r, dead, buffers, has_bias=False)
+    dxs = dx.split(inputs[0][0].shape[0]) if dx is not None else (None,) * r
+    dws = dw.view(r, *w.shape).unbind() if dw is not None else (None,) * r
+    return list(zip(dxs, dws))
 
 
 def _folded_grads(args, replicas, dead, buffers, has_bias, batched=True, sums=True):
@@ -121,8 +118,10 @@ def _folded_grads(args, replicas, dead, buffers, has_bias, batched=True, sums=Tr
     ``db`` as ``(R*out, ...)``."""
     g, x, w = args
     g2 = g.reshape(-1, g.shape[-1])
-    dx = None if 0 in dead else g2.mm(w).view(x.shape)
+    dx = None if 0 in dead else g2.mm(w).view(*g.shape[:-1], w.shape[1])
     gs = g2.view(replicas, -1, g.shape[-1])
+    if 1 in dead:  # replicas stacked (`_stacked_grads`) where nothing reads ``dw``
+        return dx, None
     xs = x.reshape(replicas, -1, x.shape[-1])
     out = _kept(buffers, (replicas, *w.shape), w.dtype)
     if batched:
