@@ -25,7 +25,10 @@ def _sites(session) -> list:
 
 
 def _each(site) -> bool:
-    """The site runs each replica's own call (no folded call, or none gave its bits)."""
+    """The site runs each replica's own call (no folded call, or none gave its bits; where
+    it all-reduces an output, `fold_reduce.ReducedOutputs`, before that reduction)."""
+    if site.reduced is not None and site.chosen is not None:
+        return site.reduced.fallback == site._each
     return site.chosen is not None and site.chosen == site._each
 
 
@@ -55,24 +58,38 @@ def test_folded_is_bitwise_the_replicas_run(model, replicas):
     assert _chosen(session, "Nll") == {"_each"}
 
 
-@pytest.fixture
-def one_ulp_off():
-    """LinearGrad's folded kernel made one ulp off (the op table is frozen: set, then put
-    back)."""
-    good = LINEAR_GRAD.replica_fold
+def one_ulp_off(kernel):
+    """``kernel`` with every output one ulp off."""
 
-    def off_by_one_ulp(args, replicas, dead, buffers, **attrs):
-        outs = good.kernels[0](args, replicas, dead, buffers, **attrs)
+    def off_by_one_ulp(*args, **attrs):
+        outs = kernel(*args, **attrs)
         return tuple(None if t is None else torch.nextafter(t, t + 1) for t in outs)
 
-    object.__setattr__(
-        LINEAR_GRAD, "replica_fold", dataclasses.replace(good, kernels=(off_by_one_ulp,))
-    )
-    yield
+    return off_by_one_ulp
+
+
+@pytest.fixture
+def linear_grad_fold():
+    """Sets LinearGrad's `ReplicaFold` fields for one test (the op table is frozen: set,
+    then put back)."""
+    good = LINEAR_GRAD.replica_fold
+
+    def replace(**fields):
+        object.__setattr__(LINEAR_GRAD, "replica_fold", dataclasses.replace(good, **fields))
+
+    yield good, replace
     object.__setattr__(LINEAR_GRAD, "replica_fold", good)
 
 
-def test_a_folded_call_with_other_bits_falls_back(one_ulp_off):
+@pytest.fixture
+def linear_grad_off(linear_grad_fold):
+    """LinearGrad's folded kernels, and those all-reducing its weight gradient, one ulp
+    off."""
+    good, replace = linear_grad_fold
+    replace(kernels=(one_ulp_off(good.kernels[0]),), reduced=(one_ulp_off(good.reduced[0]),))
+
+
+def test_a_folded_call_with_other_bits_falls_back(linear_grad_off):
     """A folded kernel one ulp off is never used: the replicas' own calls run there."""
     folded, off = _train("mlp", 2, FOLD), _train("mlp", 2, OFF)
     _assert_same(folded, off)

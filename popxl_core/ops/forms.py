@@ -138,11 +138,20 @@ class ReplicaFold:
             (``dead``: the indexes of outputs nothing reads, None there; ``buffers``: a dict
             to keep output buffers in between runs, or None); outputs not batch-major (a
             weight gradient per replica) as ``(R*out, ...)`` all the same.
+        reduced: folded kernels, tried in order, that return outputs ``reduces`` already
+            all-reduced over every replica where only such an all-reduce reads them (a
+            weight gradient: the R values added in replica order, a mean divided after, as
+            the all-reduce does; sim/fold_reduce.py fuses the pair and checks the bits),
+            ``(args, replicas, dead, buffers, reduce, **attrs)``, ``reduce``: output index
+            -> ``"add"`` or ``"mean"`` (the other outputs as ``kernels`` return them).
+        reduces: the output indexes ``reduced`` can all-reduce.
     """
 
     rows: Callable[..., bool]
     attrs: Optional[Callable[[dict, int], dict]] = None
     kernels: Tuple[Callable[..., Tuple[object, ...]], ...] = ()
+    reduced: Tuple[Callable[..., Tuple[object, ...]], ...] = ()
+    reduces: Tuple[int, ...] = ()
 
 
 def _all_rows(attrs, shapes, per) -> bool:

@@ -11,7 +11,8 @@ stream) is one tensor of its own shape. Then
 - a host load of a per-replica stream is the run's ``[R, ...]`` transfer, a store writes
   every replica's rows (a uniform value to each replica);
 - an all-reduce over every replica is its own reduction over the replicas' rows (the same
-  function over the same values in replica order: the same bits), one uniform result;
+  function over the same values in replica order: the same bits), one uniform result; where
+  it alone reads a large weight gradient, the gradient's op computes it (`fold_reduce.py`);
 - each op of a called graph with a per-replica input runs as a `fold_site.FoldSite`: one
   kernel call over the concatenated rows where its `OpDef.replica_fold` says the op is
   row-wise there (checked bit for bit against the replicas' own calls once per shape), else
@@ -46,7 +47,7 @@ from ..ops.collectives.replicated import ALL_REDUCE
 from ..ops.io import HOST_LOAD, HOST_STORE
 from ..schedule import schedule
 from ..tensor import Tensor, Variable
-from .fold_reduce import check_summed, reduce_group, summed
+from .fold_reduce import check_summed, plan_fused, reduce_group, summed
 from .runtime import collective_results, next_transfer
 from .uniform import full_all_reduce
 
@@ -66,6 +67,10 @@ class FoldPlan:
     collectives: Dict[str, tuple] = field(default_factory=dict)
     sites: List[object] = field(default_factory=list)  # `fold_site.FoldSite`s
     reduce_groups: Dict[Graph, object] = field(default_factory=dict)  # `fold_reduce`
+    # folded op -> {output index: "add"/"mean"}: outputs its site returns all-reduced, and
+    # the all-reduces that then pass them on (`fold_reduce.plan_fused`)
+    reduced: Dict[Op, Dict[int, str]] = field(default_factory=dict)
+    fused: Set[Op] = field(default_factory=set)
 
 
 def plan_fold(program) -> Optional[FoldPlan]:
@@ -83,6 +88,7 @@ def plan_fold(program) -> Optional[FoldPlan]:
             return None
         if not _main_op(op, plan, ir):
             return None
+    plan_fused(plan, program.main_plan.live)
     return plan
 
 

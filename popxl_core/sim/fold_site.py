@@ -25,7 +25,7 @@ import torch
 
 from ..graph import Op
 from .bits import same_bits
-from .fold_reduce import ReduceGroups
+from .fold_reduce import ReducedOutputs, ReduceGroups
 from .kernel_wrappers import fp16_in_fp32, touches_narrow_unsigned
 from .variants import all_float32
 
@@ -47,6 +47,9 @@ def emit_fold(op: Op, plan, em, emit_kernel: Callable, bound_kernel: Callable) -
         return True
     if op in plan.reuse and plan.reuse[op] in fold.stacked:
         (op.opdef.emit or emit_kernel)(op, em)
+        return True
+    if op in fold.fused:  # its input is already its result (`fold_reduce.plan_fused`)
+        em.emit(f"{em.name(op.outputs[0])} = {em.name(op.inputs[0])}")
         return True
     return _emit_reduce_group(op, plan, em, fold)
 
@@ -99,6 +102,7 @@ class FoldSite:
         if not plain:  # the table kernel with its dtype wrappers
             self.own = bound_kernel(op, em)
         self.folded = _folded_call(op, base, self, em) if plain else None
+        self.reduced = _reduced(op, self, em, fold, plain)
         self.chosen: Optional[Callable] = None  # the call checked equal (or `_each`)
         self.name, self.namespace = "", {}  # its global in the generated code
 
@@ -117,6 +121,8 @@ class FoldSite:
             if _same(_tuple(got), _tuple(want)):
                 chosen, want = call, got  # what later runs compute: its layout downstream
                 break
+        if self.reduced is not None:  # outputs only an all-reduce reads: its result
+            want, chosen = self.reduced.check(args, _tuple(want), chosen, _same)
         self.chosen = chosen
         self.namespace[self.name] = chosen
         return want
@@ -176,6 +182,24 @@ def _folded_call(op: Op, base: Callable, site: FoldSite, em) -> Optional[List[Ca
         return [_own_folded(k, r, site.dead, buffers, op.attrs) for k in rule.kernels]
     attrs = rule.attrs(op.attrs, r) if rule.attrs is not None else op.attrs
     return [functools.partial(base, **attrs) if attrs else base]
+
+
+def _reduced(op: Op, site: FoldSite, em, fold, plain: bool) -> Optional[ReducedOutputs]:
+    """The site's outputs an all-reduce alone reads, returned all-reduced (`plan_fused`)."""
+    kinds = fold.reduced.get(op)
+    if kinds is None:
+        return None
+    keep = em.graph in em.program.once_per_replica  # its buffers are dead by the next run
+    rule, r = op.opdef.replica_fold, site.replicas
+    calls = []
+    if plain and rule.rows(op.attrs, [tuple(t.shape) for t in op.inputs], site.per):
+        buffers = {} if keep else None
+        calls = [_own_reduced(k, r, site.dead, buffers, kinds, op.attrs) for k in rule.reduced]
+    return ReducedOutputs(kinds, r, calls, keep)
+
+
+def _own_reduced(kernel: Callable, replicas: int, dead, buffers, kinds, attrs) -> Callable:
+    return lambda *args: kernel(args, replicas, dead, buffers, kinds, **attrs)
 
 
 def _own_folded(kernel: Callable, replicas: int, dead, buffers, attrs) -> Callable:

@@ -1,0 +1,108 @@
+"""Weight gradients all-reduced by the folded op that makes them (`fold_reduce.plan_fused`,
+`fold_reduce.ReducedOutputs`): a folded `LinearGrad` returns its weight gradient already
+all-reduced (each replica's GEMM added onto the first in replica order) and the all-reduce
+passes it on. Every test compares the folded run with the replicas' own run
+(``CompileOptions(fold_replicas=False)``): losses, weights and optimizer state equal bit for
+bit (tolerance 0), with the fused kernel, where it is one ulp off (the site falls back to
+its unreduced call and the all-reduce's own reduction), for ``mean`` and ``add``, and for
+every gradient size.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from popxl_core import ops
+from popxl_core.sim import fold_reduce
+from tests.test_replica_folding import (  # noqa: F401 (fixtures)
+    FOLD,
+    OFF,
+    _each,
+    linear_grad_fold,
+    one_ulp_off,
+)
+from tests.test_replica_stacking import _assert_same, _train
+
+
+def _reduced_sites(session) -> list:
+    return [s for s in session._fold.fold.sites if s.reduced is not None]
+
+
+def _passed_on(session) -> int:
+    """Lines of the folded main graph where an all-reduce passes its input on."""
+    return len(re.findall(r"^\s*v\d+ = v\d+$", session._fold.main.source, re.M))
+
+
+def test_the_mlp_weight_gradients_are_reduced_by_their_linear_grad():
+    folded, off = _train("mlp", 4, FOLD), _train("mlp", 4, OFF)
+    _assert_same(folded, off)
+    session = folded[3]
+    plan = session._fold.fold
+    # the three 512-wide layers' weight gradients (>= FUSE_BYTES); the last layer's 10 x 512
+    # (20 KiB) and the biases stay in the all-reduces' own sums
+    shapes = sorted(tuple(op.inputs[0].shape) for op in plan.fused)
+    assert shapes == [(512, 512), (512, 512), (512, 784)]
+    assert [s.op.type for s in _reduced_sites(session)] == ["LinearGrad"] * 3
+    assert all(s.reduced.kinds == {1: "mean"} for s in _reduced_sites(session))
+    assert _passed_on(session) == 3
+    # whether the fused GEMM chain gives the all-reduce's bits is the CPU's GEMM's matter
+    # (checked per shape): every site was checked and chose a call
+    assert all(s.chosen is not None for s in _reduced_sites(session))
+
+
+@pytest.mark.parametrize("model, replicas", [("mlp", 2), ("gpt", 2), ("gpt", 4)])
+def test_every_gradient_size_fused_is_bitwise(model, replicas, monkeypatch):
+    """With no size floor every weight gradient only an all-reduce reads is fused (GPT's
+    small ones too)."""
+    monkeypatch.setattr(fold_reduce, "FUSE_BYTES", 0)
+    folded, off = _train(model, replicas, FOLD), _train(model, replicas, OFF)
+    _assert_same(folded, off)
+    sites = _reduced_sites(folded[3])
+    assert sites and _passed_on(folded[3]) == len(sites)
+
+
+def test_a_sum_all_reduce_is_fused_bitwise(monkeypatch):
+    """``add`` all-reduces (here every gradient's, in place of popxl_fx's ``mean``)."""
+    reduce = ops.collectives.replicated_all_reduce
+    monkeypatch.setattr(
+        ops.collectives, "replicated_all_reduce", lambda t, op="add", **kw: reduce(t, "add", **kw)
+    )
+    folded, off = _train("mlp", 2, FOLD), _train("mlp", 2, OFF)
+    _assert_same(folded, off)
+    assert {s.reduced.kinds[1] for s in _reduced_sites(folded[3])} == {"add"}
+
+
+def test_a_reduced_kernel_off_falls_back_to_the_folded_call(linear_grad_fold):  # noqa: F811
+    """The fused kernel one ulp off: the site computes the replicas' gradients by its
+    folded call, then the all-reduce's own reduction (one sum where it gives its bits)."""
+    good, replace = linear_grad_fold
+    replace(reduced=tuple(one_ulp_off(k) for k in good.reduced))
+    folded, off = _train("mlp", 4, FOLD), _train("mlp", 4, OFF)
+    _assert_same(folded, off)
+    sites = _reduced_sites(folded[3])
+    assert len(sites) == 3
+    assert all(s.reduced.fallback is not None for s in sites)
+    assert all(s.chosen not in s.reduced.calls for s in sites)
+
+
+def test_everything_one_ulp_off_falls_back_to_each_replica(linear_grad_fold):  # noqa: F811
+    good, replace = linear_grad_fold
+    replace(
+        kernels=tuple(one_ulp_off(k) for k in good.kernels),
+        reduced=tuple(one_ulp_off(k) for k in good.reduced),
+    )
+    folded, off = _train("mlp", 2, FOLD), _train("mlp", 2, OFF)
+    _assert_same(folded, off)
+    sites = _reduced_sites(folded[3])
+    assert sites and all(_each(s) for s in sites)
+
+
+def test_a_gradient_something_else_reads_is_not_fused(monkeypatch):
+    """An all-reduce whose input another op reads too (here: every all-reduce's input read
+    twice, faked by the readers' count) keeps the replicas' values and its own reduction."""
+    monkeypatch.setattr(fold_reduce, "Counter", lambda xs: {t: 2 for t in xs})
+    folded, off = _train("mlp", 2, FOLD), _train("mlp", 2, OFF)
+    _assert_same(folded, off)
+    assert not folded[3]._fold.fold.fused and not _reduced_sites(folded[3])
