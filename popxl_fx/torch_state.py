@@ -7,10 +7,12 @@ Shared storage: each parameter and buffer variable of the program *is* the torch
 (torch creates its state on the first step; so does the trainer, after it). A step updates
 them in place: ``model.fc.weight``, an eager ``model(x)`` or ``optimizer.state`` see the new
 values with no copy, and a user's in-place write between steps is what the next step reads.
-A tensor that cannot be shared (another dtype in the program, or a Session with replicas,
-where each replica holds a copy) is copied back after each step and written to the device
-before a step when its ``_version`` moved (for replicas and sharded variables: the gathered
-value is written back on step, and a write is scattered to every replica).
+With replicas the tensor is replica 0's value (the Session copies a write into it to the
+other replicas before the next run). A tensor that cannot be shared (another dtype in the
+program, an RTS shard, a process of a torch.distributed job) is copied back after each step
+and written to the device before a step when its ``_version`` moved (for replicas and sharded
+variables: the gathered value is written back on step, and a write is scattered to every
+replica).
 
 `structure_key` is what each call checks (cheaply: identities, flags, dtypes, shapes and
 storage pointers, no names or values): the modules and their parameters and buffers, the
@@ -202,10 +204,11 @@ class SharedState:
             self.load_optimizer_state()
 
     def _can_share(self, v: popxl.Variable, t: torch.Tensor) -> bool:
-        # a remote variable (phased execution) lives in Streaming Memory: copied, not shared
+        # a remote variable (phased execution) lives in Streaming Memory: copied, not shared;
+        # with replicas the Session shares replica 0's value where that is the host value
         return (
-            not self.replicated
-            and not is_remote_variable(v)
+            not is_remote_variable(v)
+            and self.session.storage_shareable(v)
             and t.dtype == v.dtype.as_torch()
             and t.numel() == v.nelms
             and t.is_contiguous()

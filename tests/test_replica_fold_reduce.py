@@ -106,3 +106,42 @@ def test_a_gradient_something_else_reads_is_not_fused(monkeypatch):
     folded, off = _train("mlp", 2, FOLD), _train("mlp", 2, OFF)
     _assert_same(folded, off)
     assert not folded[3]._fold.fold.fused and not _reduced_sites(folded[3])
+
+
+def _train_with_writes(compiler, replicas: int = 4, steps: int = 3):
+    """The seed MLP, SGD with momentum; between steps the user writes a weight and a
+    momentum buffer in place."""
+    import torch
+    import torch.nn.functional as F
+
+    import popxl_fx
+    from tests.test_replica_stacking import _data, _model
+
+    torch.manual_seed(0)
+    net = _model("mlp")
+    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    options = popxl_fx.Options(device="cpu", replication_factor=replicas, compiler=compiler)
+    trainer = popxl_fx.training_model(net, opt, F.cross_entropy, options)
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    for step in range(steps):
+        losses.append(trainer(*_data("mlp", 4 * replicas, g)))
+        with torch.no_grad():
+            net.fc1.weight[step].mul_(0.5)
+            opt.state[net.fc2.weight]["momentum_buffer"][:, step].add_(1e-3)
+    state = {(i, k): v for i, s in opt.state_dict()["state"].items() for k, v in s.items()}
+    return torch.stack(losses), net.state_dict(), state, trainer._programs.active
+
+
+def test_torch_tensors_are_replica_0s_values_and_writes_reach_every_replica():
+    """No copy back: each parameter and momentum buffer is replica 0's device tensor (the
+    replicas' one copy in a folded run); in-place writes between steps reach every replica,
+    bit for bit with the unfolded run."""
+    folded, off = _train_with_writes(FOLD), _train_with_writes(OFF)
+    _assert_same(folded[:3], off[:3])
+    prog = folded[3]
+    device = {t.data_ptr() for t in prog.session._device[0]}
+    assert prog.extra["shared"].copied == []
+    assert all(p.data_ptr() in device for p in folded[1].values())
+    assert all(s.data_ptr() in device for s in folded[2].values())
+    assert prog.session._fold.namespace["RT"].runs == 3

@@ -101,6 +101,8 @@ class Session(SessionStreams, SessionWeights):
         # replica -> its variables' device values, for the replicas this process runs
         self._device: Optional[Dict[int, List[torch.Tensor]]] = None
         self._shared: Dict[Variable, torch.Tensor] = {}  # `share_variable_storage`
+        # with replicas: (index, shared tensor, its version after the Session's last write)
+        self._shared_versions: List[tuple] = []
         self._pending: Set[int] = set()  # device values not copied in yet (weights_from_host)
         self._synced: Set[Variable] = set()  # host == device since the last run (`_sync`)
         self._attached = False
@@ -204,6 +206,8 @@ class Session(SessionStreams, SessionWeights):
                     [self._host_value(v, r) for r in range(len(self._per_replica[v]))]
                 )
         if self._attached:
+            if self._shared_versions:  # writes into shared tensors first: noted after
+                self._spread_shared_writes()
             self._sharing.unshare(self._device)  # the next run checks the replicas agree
             for v in checked:
                 if v in self._remote.variables:
@@ -214,6 +218,7 @@ class Session(SessionStreams, SessionWeights):
                     if rep[index] is not None:  # a pending copy takes the new host value
                         rep[index].copy_(self._host_tensor(v, r))
             self._remote.load_shards(self._device, only=set(checked))
+            self._note_shared_versions()
 
     def _checked_value(self, v: Variable, data) -> np.ndarray:
         if not isinstance(v, Variable):
@@ -273,6 +278,8 @@ class Session(SessionStreams, SessionWeights):
         getattr(self._program, "deferred", []).clear()  # the last run's gradients (defer.py)
         self._runtime.start(feeds, local)
         self._devices()
+        if self._shared_versions:  # written between runs: to every replica
+            self._spread_shared_writes()
         lockstep = whole and (not self._threaded or runtime_module.LOCKSTEP)
         self._follow = self._sharing.prepare(self._device, feeds, lockstep)
         # torch.no_grad() without its context-manager objects (1.5 us -> 0.2 us a run)
@@ -285,6 +292,7 @@ class Session(SessionStreams, SessionWeights):
                 run_replicas(self._runtime, self._replica_body, self._threaded)
         finally:
             torch._C._set_grad_enabled(grad)
+            self._note_shared_versions()
         if not whole:  # every process returns all replicas' outputs
             self._placement.gather_outputs(local, full, self._whole_inputs)
         self._host_in_sync = False

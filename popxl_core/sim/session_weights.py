@@ -40,19 +40,23 @@ class SessionWeights:
         self._pending = set()
         if replicas == 1:
             self._pending = set(range(len(self._variables))) - set(shared) - shards
-        self._device = {  # the replicas this process runs (all but in a torch.distributed job)
-            r: [
-                None if r == 0 and i in self._pending else self._load(v, r, shared.get(i))
-                for i, v in enumerate(self._variables)
-            ]
-            for r in self._runtime.local
-        }
+        # the replicas this process runs (all but in a torch.distributed job)
+        self._device = {r: self._loaded(r, shared) for r in self._runtime.local}
         self._sharing.unshare(None)  # fresh copies, one per replica
         self._remote.allocate()
         for v in self._remote.variables:
             self._remote.write(v, self._host[v])
         self._remote.load_shards(self._device)
         self._host_in_sync = True
+        self._note_shared_versions()
+
+    def _loaded(self, r: int, shared: Dict[int, torch.Tensor]) -> List[Optional[torch.Tensor]]:
+        """Replica ``r``'s device values: replica 0 holds the shared storage, others copies."""
+        mine = shared if r == 0 else {}
+        return [
+            None if r == 0 and i in self._pending else self._load(v, r, mine.get(i))
+            for i, v in enumerate(self._variables)
+        ]
 
     def weights_to_host(self) -> None:
         """Copy every variable's device value back to its host buffer (in a torch.distributed
@@ -165,24 +169,66 @@ class SessionWeights:
         weights (popxl_fx: the torch module's parameters and the optimizer's state).
 
         Each tensor must be a contiguous CPU tensor of the variable's dtype and element count
-        (a view of the variable's shape is taken). Only for Sessions with one replica: with
-        replicas each one holds its own copy (write_variables_data copies to all).
+        (a view of the variable's shape is taken). With replicas, for variables whose host
+        value is replica 0's (`storage_shareable`): replica 0's value is the tensor, the
+        others hold copies (the same tensor where a run shares its uniform work, uniform.py),
+        and a write into it between runs reaches every replica before the next run (its
+        ``_version`` moved: `_spread_shared_writes`).
         """
         self._require_attached("share_variable_storage")
-        if self._ir.replication_factor > 1:
-            raise NotImplementedError(
-                "share_variable_storage: the Ir has "
-                f"{self._ir.replication_factor} replicas, each with its own copy of every "
-                "variable; use write_variables_data / get_tensors_data instead."
-            )
         checks.check_tensors_of(self, tensors, "share_variable_storage")
         views = {v: self._shareable(v, t) for v, t in tensors.items()}
+        if self._ir.replication_factor > 1:
+            self._spread_shared_writes()  # earlier writes first: the versions are noted after
+            self._sharing.unshare(self._device)  # the next run checks the replicas agree
         # (the host copies of the others are read from the device when next asked for)
         for v, view in views.items():
-            self._device[0][self._variable_index[v]] = view
-            self._pending.discard(self._variable_index[v])
+            i = self._variable_index[v]
+            for r, rep in self._device.items():
+                if r != 0:
+                    rep[i].copy_(view)
+            self._device[0][i] = view
+            self._pending.discard(i)
             self._shared[v] = view
         self._host_in_sync = False  # the host copies are now older than the shared tensors
+        self._synced = set()
+        self._note_shared_versions()
+
+    def storage_shareable(self, v: Variable) -> bool:
+        """Whether `share_variable_storage` can make ``v``'s device value a given tensor: an
+        on-chip variable, and with replicas one whose host value is replica 0's (no replica
+        groups, RTS shards or per-replica reads) in a process running every replica."""
+        self._require_attached("storage_shareable")
+        if v not in self._variable_index:
+            return False
+        replicas = self._ir.replication_factor
+        if replicas == 1:
+            return True
+        return (
+            len(self._device) == replicas
+            and v not in self._remote.shards
+            and v not in self._per_replica
+            and read_replicas(v, replicas) == [0]
+        )
+
+    def _note_shared_versions(self) -> None:
+        """With replicas: the shared tensors' versions now (the device's own writes)."""
+        if self._ir.replication_factor > 1:
+            index = self._variable_index
+            self._shared_versions = [(index[v], t, t._version) for v, t in self._shared.items()]
+
+    def _spread_shared_writes(self) -> None:
+        """With replicas: a shared tensor written since the last run (its ``_version`` moved)
+        is copied to the other replicas (replica 0's value is the tensor itself)."""
+        moved = [(i, t) for i, t, version in self._shared_versions if t._version != version]
+        if not moved:
+            return
+        self._sharing.unshare(self._device)
+        for i, t in moved:
+            for rep in self._device.values():
+                if rep[i] is not t:
+                    rep[i].copy_(t)
+        self._host_in_sync = False
         self._synced = set()
 
     def device_tensor(self, v: Variable) -> torch.Tensor:
@@ -237,6 +283,13 @@ class SessionWeights:
         )
         if problem:
             raise ValueError(f"share_variable_storage: the tensor for {v.id!r} {problem}.")
+        if not self.storage_shareable(v):
+            raise ValueError(
+                f"share_variable_storage: {v.id!r} is not one tensor read from replica 0 "
+                f"of the {self._ir.replication_factor} replicas (replica groups, RTS shards, "
+                "per-replica reads, or a process running some replicas only); use "
+                "write_variables_data / get_tensors_data instead."
+            )
         return t.detach().view(v.shape)
 
 
