@@ -40,13 +40,13 @@ def test_the_mlp_weight_gradients_are_reduced_by_their_linear_grad():
     _assert_same(folded, off)
     session = folded[3]
     plan = session._fold.fold
-    # the three 512-wide layers' weight gradients (>= FUSE_BYTES); the last layer's 10 x 512
-    # (20 KiB) and the biases stay in the all-reduces' own sums
+    # the three 512-wide layers' weight gradients (>= FUSE_BYTES) and their biases'; the
+    # last layer's 10 x 512 (20 KiB) and bias stay in the all-reduces' own sums
     shapes = sorted(tuple(op.inputs[0].shape) for op in plan.fused)
-    assert shapes == [(512, 512), (512, 512), (512, 784)]
+    assert shapes == [(512,)] * 3 + [(512, 512), (512, 512), (512, 784)]
     assert [s.op.type for s in _reduced_sites(session)] == ["LinearGrad"] * 3
-    assert all(s.reduced.kinds == {1: "mean"} for s in _reduced_sites(session))
-    assert _passed_on(session) == 3
+    assert all(s.reduced.kinds == {1: "mean", 2: "mean"} for s in _reduced_sites(session))
+    assert _passed_on(session) == 6
     # whether the fused GEMM chain gives the all-reduce's bits is the CPU's GEMM's matter
     # (checked per shape): every site was checked and chose a call
     assert all(s.chosen is not None for s in _reduced_sites(session))
@@ -60,7 +60,8 @@ def test_every_gradient_size_fused_is_bitwise(model, replicas, monkeypatch):
     folded, off = _train(model, replicas, FOLD), _train(model, replicas, OFF)
     _assert_same(folded, off)
     sites = _reduced_sites(folded[3])
-    assert sites and _passed_on(folded[3]) == len(sites)
+    assert sites and _passed_on(folded[3]) == len(folded[3]._fold.fold.fused)
+    assert _passed_on(folded[3]) == sum(len(s.reduced.kinds) for s in sites)
 
 
 def test_a_sum_all_reduce_is_fused_bitwise(monkeypatch):
@@ -145,3 +146,31 @@ def test_torch_tensors_are_replica_0s_values_and_writes_reach_every_replica():
     assert all(p.data_ptr() in device for p in folded[1].values())
     assert all(s.data_ptr() in device for s in folded[2].values())
     assert prog.session._fold.namespace["RT"].runs == 3
+
+
+def test_the_addmm_chain_variant_is_bitwise(linear_grad_fold):  # noqa: F811
+    """The reduced kernel's ``addmm_`` calls one by one (tried after ``addbmm``)."""
+    good, replace = linear_grad_fold
+    replace(reduced=tuple(k for k in good.reduced if not k.keywords["batched"]))
+    folded, off = _train("mlp", 4, FOLD), _train("mlp", 4, OFF)
+    _assert_same(folded, off)
+    assert len(_reduced_sites(folded[3])) == 3
+
+
+def test_a_bias_gradient_alone_is_reduced_bitwise(monkeypatch):
+    """Where the weight gradient's all-reduce cannot be fused (here: its input faked as read
+    twice), the bias gradient's still can: the weight gradients stay per replica."""
+    from collections import Counter
+
+    def readers(tensors):
+        count = Counter(tensors)
+        for t in list(count):
+            count[t] += len(t.shape) == 2
+        return count
+
+    monkeypatch.setattr(fold_reduce, "Counter", readers)
+    monkeypatch.setattr(fold_reduce, "FUSE_BYTES", 0)
+    folded, off = _train("mlp", 4, FOLD), _train("mlp", 4, OFF)
+    _assert_same(folded, off)
+    sites = _reduced_sites(folded[3])
+    assert len(sites) == 4 and all(s.reduced.kinds == {2: "mean"} for s in sites)

@@ -137,26 +137,43 @@ def _folded_grads(args, replicas, dead, buffers, has_bias, batched=True, sums=Tr
     return dx, dw, db
 
 
-def _reduced_grads(args, replicas, dead, buffers, reduce, has_bias, sums=True):
-    """`_folded_grads` with ``dw`` already all-reduced (`ReplicaFold.reduced`): replica 0's
-    GEMM into one weight-sized buffer, each later replica's GEMM added onto it by ``addmm_``
-    (its product, then one rounding add: the all-reduce's in-order sum where the GEMM adds
-    C after its K loop, as the check finds), a mean divided after. No ``(R, out, in)``
-    stack is written and read again (the sum's memory pass) and no separate sum is run."""
+def _reduced_grads(args, replicas, dead, buffers, reduce, has_bias, batched=True, sums=True):
+    """`_folded_grads` with ``dw`` (and ``db``) already all-reduced where ``reduce`` says
+    (`ReplicaFold.reduced`). ``dw``: replica 0's GEMM into one weight-sized buffer, each
+    later replica's GEMM added onto it (its product, then one rounding add: the all-reduce's
+    in-order sum where the GEMM adds C after its K loop, as the check finds), a mean divided
+    after: ``torch.addbmm`` with ``beta=0`` (ATen's CPU loop of those ``addmm_`` calls, in
+    one call), or ``batched=False`` the calls one by one; no ``(R, out, in)`` stack is
+    written and read again and no separate sum is run. ``db``: the replicas' sums summed
+    over the replica dim."""
+    if 1 not in reduce:  # the bias's all-reduce alone
+        dx, dw, db = _folded_grads(args, replicas, dead, buffers, has_bias, batched, sums)
+        return dx, dw, _reduced_sum(db.view(replicas, -1), reduce[2], buffers)
     g, x, w = args
     g2 = g.reshape(-1, g.shape[-1])
     dx = None if 0 in dead else g2.mm(w).view(*g.shape[:-1], w.shape[1])
     gs = g2.view(replicas, -1, g.shape[-1])
     xs = x.reshape(replicas, -1, x.shape[-1])
-    dw = torch.mm(gs[0].t(), xs[0], out=_kept(buffers, tuple(w.shape), w.dtype))
-    for r in range(1, replicas):
-        dw.addmm_(gs[r].t(), xs[r])
+    dw = _kept(buffers, tuple(w.shape), w.dtype)
+    if batched:
+        dw = torch.addbmm(w if dw is None else dw, gs.transpose(1, 2), xs, beta=0, out=dw)
+    else:
+        dw = torch.mm(gs[0].t(), xs[0], out=dw)
+        for r in range(1, replicas):
+            dw.addmm_(gs[r].t(), xs[r])
     if reduce[1] == "mean":
         dw.div_(replicas)
     if not has_bias:
         return dx, dw
-    db = gs.sum(1).view(-1) if sums else torch.cat([part.sum(0) for part in gs])
-    return dx, dw, db
+    db = gs.sum(1) if sums else torch.stack([part.sum(0) for part in gs])
+    return dx, dw, _reduced_sum(db, reduce[2], buffers) if 2 in reduce else db.view(-1)
+
+
+def _reduced_sum(rows, kind: str, buffers):
+    """The replicas' values ``rows`` ``(R, n)`` summed over the replica dim (a mean divided
+    after), into a kept buffer where given."""
+    total = torch.sum(rows, 0, out=_kept(buffers, tuple(rows.shape[1:]), rows.dtype))
+    return total.div_(rows.shape[0]) if kind == "mean" else total
 
 
 def _folded_variant(batched: bool, sums: bool):
@@ -168,7 +185,11 @@ def _folded_variant(batched: bool, sums: bool):
 
 # tried in order (sim/fold_site.py): the first giving every replica's bits is used
 _FOLDED_GRADS = tuple(_folded_variant(b, s) for b in (True, False) for s in (True, False))
-_REDUCED_GRADS = tuple(functools.partial(_reduced_grads, sums=s) for s in (True, False))
+_REDUCED_GRADS = tuple(
+    functools.partial(_reduced_grads, batched=b, sums=s)
+    for b in (True, False)
+    for s in (True, False)
+)
 
 
 def _kept(buffers, shape, dtype):
@@ -284,7 +305,10 @@ LINEAR_GRAD = register(
             shared=(2,), outputs=(0, 1), stacked=_stacked_grads, rest=_bias_grad
         ),
         replica_fold=ReplicaFold(
-            rows=fold_rows(0, 1).rows, kernels=_FOLDED_GRADS, reduced=_REDUCED_GRADS, reduces=(1,)
+            rows=fold_rows(0, 1).rows,
+            kernels=_FOLDED_GRADS,
+            reduced=_REDUCED_GRADS,
+            reduces=(1, 2),
         ),
     )
 )

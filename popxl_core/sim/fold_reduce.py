@@ -122,24 +122,28 @@ def _flat(values: Sequence[torch.Tensor], op: str, replicas: int) -> List[torch.
 
 def plan_fused(plan, live: Sequence[Op]) -> None:
     """Fill ``plan.reduced`` (folded op -> {output index: reduction}) and ``plan.fused``
-    (the all-reduces they compute): each full ``add``/``mean`` all-reduce of the main graph
-    whose per-replica floating point input is a call's output that nothing else reads, made
-    by an op of the called graph that nothing else there reads it from, where the op's
-    `ReplicaFold.reduced` offers that output and one replica's value is `FUSE_BYTES` or more."""
+    (the all-reduces they compute). A full ``add``/``mean`` all-reduce of the main graph can
+    be fused where its per-replica floating point input is a call's output that nothing else
+    reads, made by an op of the called graph that nothing else there reads it from, and the
+    op's `ReplicaFold.reduced` offers that output; an op with such an output of `FUSE_BYTES`
+    or more (one replica's) reduces all of its own (a weight gradient and its bias's)."""
     readers = Counter(t for op in live for t in op.inputs)
+    found: Dict[Op, list] = {}
     for op in live:
         per, rank, kind = plan.collectives.get(f"{op.type}.{op.id}", (False, 0, None))
         t = op.inputs[0] if op.inputs else None
         if op.opdef is not ALL_REDUCE or not per or not rank or kind not in ("add", "mean"):
             continue
-        if readers[t] != 1 or not t.dtype.as_torch().is_floating_point:
-            continue
-        if t.spec.nbytes < FUSE_BYTES or t.dtype.as_torch().is_complex:
+        dtype = t.dtype.as_torch()
+        if readers[t] != 1 or not dtype.is_floating_point or dtype.is_complex:
             continue
         source = _graph_source(t, plan)
         if source is not None:
-            plan.reduced.setdefault(source[0], {})[source[1]] = kind
-            plan.fused.add(op)
+            found.setdefault(source[0], []).append((source[1], kind, op))
+    for site, outputs in found.items():
+        if any(all_reduce.inputs[0].spec.nbytes >= FUSE_BYTES for *_, all_reduce in outputs):
+            plan.reduced[site] = {j: kind for j, kind, _ in outputs}
+            plan.fused.update(all_reduce for *_, all_reduce in outputs)
 
 
 def _graph_source(t, plan):
