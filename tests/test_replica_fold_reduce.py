@@ -40,13 +40,16 @@ def test_the_mlp_weight_gradients_are_reduced_by_their_linear_grad():
     _assert_same(folded, off)
     session = folded[3]
     plan = session._fold.fold
-    # the three 512-wide layers' weight gradients (>= FUSE_BYTES) and their biases'; the
-    # last layer's 10 x 512 (20 KiB) and bias stay in the all-reduces' own sums
+    # the three 512-wide layers' weight gradients (>= FUSE_BYTES) and their biases'; then
+    # the last layer's 10 x 512 (20 KiB) and bias, whose two all-reduces alone would make a
+    # group call: no all-reduce call is left
     shapes = sorted(tuple(op.inputs[0].shape) for op in plan.fused)
-    assert shapes == [(512,)] * 3 + [(512, 512), (512, 512), (512, 784)]
-    assert [s.op.type for s in _reduced_sites(session)] == ["LinearGrad"] * 3
+    assert shapes == [(10,), (10, 512)] + [(512,)] * 3 + [(512, 512), (512, 512), (512, 784)]
+    assert [s.op.type for s in _reduced_sites(session)] == ["LinearGrad"] * 4
     assert all(s.reduced.kinds == {1: "mean", 2: "mean"} for s in _reduced_sites(session))
-    assert _passed_on(session) == 6
+    assert _passed_on(session) == 8
+    assert "RT.collective" not in session._fold.main.source
+    assert "RT.all_reduce_group" not in session._fold.main.source
     # whether the fused GEMM chain gives the all-reduce's bits is the CPU's GEMM's matter
     # (checked per shape): every site was checked and chose a call
     assert all(s.chosen is not None for s in _reduced_sites(session))
@@ -83,7 +86,7 @@ def test_a_reduced_kernel_off_falls_back_to_the_folded_call(linear_grad_fold):  
     folded, off = _train("mlp", 4, FOLD), _train("mlp", 4, OFF)
     _assert_same(folded, off)
     sites = _reduced_sites(folded[3])
-    assert len(sites) == 3
+    assert len(sites) == 4
     assert all(s.reduced.fallback is not None for s in sites)
     assert all(s.chosen not in s.reduced.calls for s in sites)
 
@@ -154,7 +157,7 @@ def test_the_addmm_chain_variant_is_bitwise(linear_grad_fold):  # noqa: F811
     replace(reduced=tuple(k for k in good.reduced if not k.keywords["batched"]))
     folded, off = _train("mlp", 4, FOLD), _train("mlp", 4, OFF)
     _assert_same(folded, off)
-    assert len(_reduced_sites(folded[3])) == 3
+    assert len(_reduced_sites(folded[3])) == 4
 
 
 def test_a_bias_gradient_alone_is_reduced_bitwise(monkeypatch):
@@ -174,3 +177,12 @@ def test_a_bias_gradient_alone_is_reduced_bitwise(monkeypatch):
     _assert_same(folded, off)
     sites = _reduced_sites(folded[3])
     assert len(sites) == 4 and all(s.reduced.kinds == {2: "mean"} for s in sites)
+
+
+def test_small_gradients_of_many_ops_stay_in_one_group():
+    """GPT's gradients (all under FUSE_BYTES) are all-reduced by one group call: none of its
+    ops' all-reduces would make a run of their own."""
+    folded, off = _train("gpt", 2, FOLD), _train("gpt", 2, OFF)
+    _assert_same(folded, off)
+    assert not folded[3]._fold.fold.fused
+    assert "RT.all_reduce_group" in folded[3]._fold.main.source

@@ -36,6 +36,7 @@ __all__ = [
     "ReducedOutputs",
     "plan_fused",
     "reduce_group",
+    "reduce_runs",
     "summed",
     "check_summed",
 ]
@@ -73,28 +74,38 @@ class ReduceGroups:
     def __init__(self, live: Sequence[Op], plan) -> None:
         self.first: Dict[Op, List[Op]] = {}
         self.member: set = set()
-        run: List[Op] = []
-        for op in (*live, None):
-            if op is not None and self._groupable(op, plan, run):
-                run.append(op)
-                continue
+        for run in reduce_runs(live, plan):
             if len(run) > 1:
                 self.first[run[0]] = run
                 self.member.update(run[1:])
-            run = [op] if op is not None and self._groupable(op, plan, []) else []
 
-    @staticmethod
-    def _groupable(op: Op, plan, run: List[Op]) -> bool:
-        if op.opdef is not ALL_REDUCE or op in plan.fused:
-            return False
-        per, rank, kind = plan.collectives.get(f"{op.type}.{op.id}", (False, 0, None))
-        t = op.inputs[0]
-        if not per or not rank or kind not in ("add", "mean") or t.dtype.as_torch().is_complex:
-            return False
-        if not t.dtype.as_torch().is_floating_point or (run and run[0].attrs["op"] != kind):
-            return False
-        size = sum(x.inputs[0].spec.nbytes for x in run) + t.spec.nbytes
-        return size * plan.replicas <= GROUP_BYTES
+
+def reduce_runs(live: Sequence[Op], plan) -> List[List[Op]]:
+    """The runs of consecutive all-reduces `ReduceGroups` makes one call each (a run of one:
+    an all-reduce that could join one), in schedule order."""
+    runs: List[List[Op]] = []
+    run: List[Op] = []
+    for op in (*live, None):
+        if op is not None and _groupable(op, plan, run):
+            run.append(op)
+            continue
+        if run:
+            runs.append(run)
+        run = [op] if op is not None and _groupable(op, plan, []) else []
+    return runs
+
+
+def _groupable(op: Op, plan, run: List[Op]) -> bool:
+    if op.opdef is not ALL_REDUCE or op in plan.fused:
+        return False
+    per, rank, kind = plan.collectives.get(f"{op.type}.{op.id}", (False, 0, None))
+    t = op.inputs[0]
+    if not per or not rank or kind not in ("add", "mean") or t.dtype.as_torch().is_complex:
+        return False
+    if not t.dtype.as_torch().is_floating_point or (run and run[0].attrs["op"] != kind):
+        return False
+    size = sum(x.inputs[0].spec.nbytes for x in run) + t.spec.nbytes
+    return size * plan.replicas <= GROUP_BYTES
 
 
 def reduce_group(values: Sequence[torch.Tensor], op: str, replicas: int, state: dict):
@@ -126,7 +137,9 @@ def plan_fused(plan, live: Sequence[Op]) -> None:
     be fused where its per-replica floating point input is a call's output that nothing else
     reads, made by an op of the called graph that nothing else there reads it from, and the
     op's `ReplicaFold.reduced` offers that output; an op with such an output of `FUSE_BYTES`
-    or more (one replica's) reduces all of its own (a weight gradient and its bias's)."""
+    or more (one replica's) reduces all of its own (a weight gradient and its bias's), and so
+    does an op whose all-reduces would make a `ReduceGroups` run (or a lone all-reduce) of
+    their own: its reduced kernel then replaces that run's call."""
     readers = Counter(t for op in live for t in op.inputs)
     found: Dict[Op, list] = {}
     for op in live:
@@ -142,8 +155,18 @@ def plan_fused(plan, live: Sequence[Op]) -> None:
             found.setdefault(source[0], []).append((source[1], kind, op))
     for site, outputs in found.items():
         if any(all_reduce.inputs[0].spec.nbytes >= FUSE_BYTES for *_, all_reduce in outputs):
-            plan.reduced[site] = {j: kind for j, kind, _ in outputs}
-            plan.fused.update(all_reduce for *_, all_reduce in outputs)
+            _fuse(plan, site, outputs)
+    owner = {all_reduce: site for site, outs in found.items() for *_, all_reduce in outs}
+    for run in reduce_runs(live, plan):
+        sites = {owner.get(op) for op in run}
+        site = sites.pop() if len(sites) == 1 else None
+        if site is not None and len(run) == len(found[site]):
+            _fuse(plan, site, found[site])
+
+
+def _fuse(plan, site: Op, outputs: list) -> None:
+    plan.reduced[site] = {j: kind for j, kind, _ in outputs}
+    plan.fused.update(all_reduce for *_, all_reduce in outputs)
 
 
 def _graph_source(t, plan):
