@@ -134,8 +134,6 @@ def broadcast_feeds(feeds: Mapping[object, np.ndarray], replicas: int, iteration
 
 
 def _broadcast(a: np.ndarray, replicas: int, lead: int) -> np.ndarray:
-    if lead == 0:  # (one numpy call: these run every step)
-        return np.broadcast_to(a, (replicas, *a.shape))
     a = np.expand_dims(a, lead)
     return np.broadcast_to(a, (*a.shape[:lead], replicas, *a.shape[lead + 1 :]))
 

@@ -213,18 +213,3 @@ def test_replicas_without_collectives(read_first):
     want, _ = _no_collectives(read_first, UNSHARED)
     _same_runs(got, want)
     assert (sharing is None) == read_first
-
-
-def test_same_replicas_reads_a_broadcast_feed_as_one_and_checks_others_bytewise():
-    """A feed broadcast over the replica dim (stride 0: popxl_fx's hyper-parameters) is one
-    memory for all; other data is compared byte for byte (-0.0 is not 0.0)."""
-    import numpy as np
-
-    from popxl_core.sim.uniform import _same_replicas
-
-    one = np.float32([1.5])
-    assert _same_replicas(np.broadcast_to(one, (3, 4, 1)))
-    assert _same_replicas(np.ones((3, 4, 2), np.float32))
-    data = np.zeros((1, 4), np.float32)
-    data[0, 2] = -0.0
-    assert not _same_replicas(data)

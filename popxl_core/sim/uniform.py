@@ -333,8 +333,6 @@ class SharedRuns:
 
 def _same_replicas(buf: np.ndarray) -> bool:
     """Whether a run's stream data ``[transfers, replicas, ...]`` is the same bytes for every
-    replica (one memory for all where the replica dim has stride 0: a broadcast feed)."""
-    if buf.ndim > 1 and buf.strides[1] == 0:
-        return True
+    replica."""
     first = np.ascontiguousarray(buf[:, 0]).tobytes()
     return all(np.ascontiguousarray(buf[:, r]).tobytes() == first for r in range(1, buf.shape[1]))
