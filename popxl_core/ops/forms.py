@@ -137,7 +137,8 @@ class ReplicaFold:
             replica's bits is used), ``(args, replicas, dead, buffers, **attrs) -> outputs``
             (``dead``: the indexes of outputs nothing reads, None there; ``buffers``: a dict
             to keep output buffers in between runs, or None); outputs not batch-major (a
-            weight gradient per replica) as ``(R*out, ...)`` all the same.
+            weight gradient per replica) as ``(R*out, ...)`` all the same, a rank-0 output
+            (a replica's loss) as ``(R,)``.
     """
 
     rows: Callable[..., bool]

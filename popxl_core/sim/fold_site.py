@@ -168,8 +168,12 @@ def _folded_call(op: Op, base: Callable, site: FoldSite, em) -> Optional[List[Ca
         return None
     r = site.replicas
     shapes = [tuple(t.shape) for t in op.inputs]
-    ranked = all(s for s, p in zip(shapes, site.per) if p) and not any(site.scalar_out)
-    if not ranked or not rule.rows(op.attrs, shapes, site.per):
+    # a rank-0 output of one replica (a loss) is R values: only a kernel of the op's own
+    # makes them
+    ranked = all(s for s, p in zip(shapes, site.per) if p)
+    if not ranked or (any(site.scalar_out) and not rule.kernels):
+        return None
+    if not rule.rows(op.attrs, shapes, site.per):
         return None
     if rule.kernels:
         buffers = {} if em.graph in em.program.once_per_replica else None
