@@ -18,6 +18,7 @@ GEMM packs its operands (as `stacking.py` found).
 
 from __future__ import annotations
 
+import copy
 import functools
 from typing import Callable, List, Optional, Tuple
 
@@ -41,7 +42,8 @@ def emit_fold(op: Op, plan, em, emit_kernel: Callable, bound_kernel: Callable) -
     fold = em.program.fold
     if em.graph in fold.graphs:
         if any(t in fold.stacked for t in op.inputs):
-            _emit_site(op, em, fold, bound_kernel)
+            if not _emit_exact(op, em, fold, emit_kernel):
+                _emit_site(op, em, fold, bound_kernel)
         else:  # uniform inputs: the op runs once, as on one replica
             (op.opdef.emit or emit_kernel)(op, em)
         return True
@@ -66,6 +68,30 @@ def _emit_reduce_group(op: Op, plan, em, fold) -> bool:
     kind, key = op.attrs["op"], f"{op.type}.{op.id}"
     em.emit(f"{outs}, = RT.all_reduce_group(({ins},), {kind!r}, {key!r})")
     return True
+
+
+def _emit_exact(op: Op, em, fold, emit_kernel: Callable) -> bool:
+    """An op whose `ReplicaFold.exact` folded call applies: emitted as the compiler emits
+    the op itself (inline where `OpDef.direct` allows), with the folded attributes."""
+    rule = op.opdef.replica_fold
+    if rule is None or not rule.exact or rule.kernels or not _plain(op):
+        return False
+    per = [t in fold.stacked for t in op.inputs]
+    shapes = [tuple(t.shape) for t in op.inputs]
+    if not all(s for s, p in zip(shapes, per) if p) or any(not t.shape for t in op.outputs):
+        return False
+    if not rule.rows(op.attrs, shapes, per):
+        return False
+    folded = copy.copy(op)  # the same tensors, the attributes of all replicas' rows
+    folded.attrs = rule.attrs(op.attrs, fold.replicas) if rule.attrs is not None else op.attrs
+    emit_kernel(folded, em)
+    em.program.stats["exact_folded_ops"] += 1
+    return True
+
+
+def _plain(op: Op) -> bool:
+    """float32 throughout, no dtype wrapper: the folded call is the kernel's own."""
+    return all_float32(op) and not fp16_in_fp32(op) and not touches_narrow_unsigned(op)
 
 
 def _emit_site(op: Op, em, fold, bound_kernel: Callable) -> None:
@@ -93,7 +119,7 @@ class FoldSite:
         self.n_out = len(op.outputs)
         self.op = op
         dead = frozenset(i for i, t in enumerate(op.outputs) if t not in em.read)
-        plain = all_float32(op) and not fp16_in_fp32(op) and not touches_narrow_unsigned(op)
+        plain = _plain(op)
         base, self.dead = _base_kernel(op, em, dead if plain else frozenset())
         self.own = functools.partial(base, **op.attrs) if op.attrs else base
         if not plain:  # the table kernel with its dtype wrappers
