@@ -20,6 +20,7 @@ from popxl_core.ops.elementwise import ADD, MUL, SUB
 from popxl_core.ops.layer_norm import LAYER_NORM_GRAD
 from popxl_core.ops.losses import NLL, NLL_GRAD
 from popxl_core.ops.reduce import REDUCE_OPS
+from popxl_core.ops.scatter_reduce import SCATTER_REDUCE
 from popxl_core.ops.shape import RESHAPE, TRANSPOSE
 from popxl_core.sim import CompileOptions
 from popxl_core.sim.bits import same_bits
@@ -170,6 +171,17 @@ def test_a_folded_nll_names_the_bad_label_by_its_replicas_index():
     for op, args in ((NLL, [logp, lab]), (NLL_GRAD, [logp, lab, torch.tensor(1.0)])):
         with pytest.raises(OpDataError, match=r"label 9 at index \(4,\)"):
             _folded(op, args, attrs)
+
+
+# ScatterReduce (an embedding's gradient) ------------------------------------------------
+@pytest.mark.parametrize("low", [0, -2])  # every index in range; some cut off (<0, >= 6)
+def test_scatter_reduce_folds_each_replicas_rows(low):
+    g = _g(5)
+    data = torch.randn(R * 7, 3, generator=g)
+    idx = torch.randint(low, 6 - low, (R * 7,), generator=g).to(torch.int32)
+    attrs = {"reduction": "sum", "axis": 0, "axis_size": 6, "enable_index_broadcast": True}
+    want = _own(SCATTER_REDUCE, [data, idx], [True, True], attrs)
+    _assert_bits(_folded(SCATTER_REDUCE, [data, idx], attrs), want)
 
 
 # exact rules -----------------------------------------------------------------------------
