@@ -40,8 +40,8 @@ def _own(opdef, args, per, attrs, numerics="torch"):
     return tuple(torch.stack(c) if c[0].dim() == 0 else torch.cat(c) for c in zip(*outs))
 
 
-def _folded(opdef, args, attrs, k=0):
-    got = opdef.replica_fold.kernels[k](tuple(args), R, frozenset(), None, **attrs)
+def _folded(opdef, args, attrs, k=0, buffers=None):
+    got = opdef.replica_fold.kernels[k](tuple(args), R, frozenset(), buffers, **attrs)
     return got if isinstance(got, tuple) else (got,)
 
 
@@ -84,6 +84,12 @@ def test_layer_norm_grad_side_by_side_is_each_replicas_bits(
         per = [True] * 4 + [False] * len(params)
         want = _own(LAYER_NORM_GRAD, args, per, attrs)
         _assert_bits(_folded(LAYER_NORM_GRAD, args, attrs, 0), want)  # side by side
+        kept = {}  # its buffers kept between runs: a second run's values, not the first's
+        _folded(LAYER_NORM_GRAD, args, attrs, 0, kept)
+        args2 = [a.flip(0) if p else a for a, p in zip(args, per)]
+        want2 = _own(LAYER_NORM_GRAD, args2, per, attrs)
+        _assert_bits(_folded(LAYER_NORM_GRAD, args2, attrs, 0, kept), want2)
+        assert kept
         _assert_bits(_folded(LAYER_NORM_GRAD, args, attrs, 1), want)  # per-replica sums
     finally:
         torch.set_num_threads(before)

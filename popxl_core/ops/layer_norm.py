@@ -114,26 +114,33 @@ def _side_by_side_grad(args, replicas, dead, buffers, normalized_shape, has_weig
         return dx
     r, n = replicas, math.prod(shape)
     rows = g.numel() // (r * n)  # M: one replica's rows
-    xhat = torch.addcmul(torch.mul(rstd, mean).neg_(), x, rstd)
+    dys, xhat = _side_by_side(buffers, (rows, r * n), x.dtype)
+    grouped, stats = (r, rows, n), (r, rows, 1)
+    shift = torch.mul(rstd, mean).neg_().view(stats)
+    torch.addcmul(shift, x.view(grouped), rstd.view(stats), out=_by_replica(xhat, r))
+    _by_replica(dys, r).copy_(g.view(grouped))
     zero, one, ones = _unit_stats(rows, r * n, x.dtype)
     mask = [False, has_weight, has_bias]
-    _, dw, db = _BWD(
-        _side_by_side(g, r, rows, n),
-        _side_by_side(xhat, r, rows, n),
-        [r * n],
-        zero,
-        one,
-        ones,
-        ones,
-        mask,
-    )
+    _, dw, db = _BWD(dys, xhat, [r * n], zero, one, ones, ones, mask)
     wide = (r * shape[0], *shape[1:])
     return (dx, *(t.view(wide) for t, m in zip((dw, db), mask[1:]) if m))
 
 
-def _side_by_side(t: torch.Tensor, replicas: int, rows: int, n: int) -> torch.Tensor:
-    """``(R * M, ..., N)`` rows as ``(M, R * N)``: row i holds each replica's row i."""
-    return t.reshape(replicas, rows, n).transpose(0, 1).reshape(rows, replicas * n)
+def _side_by_side(buffers, shape: tuple, dtype) -> tuple:
+    """Two ``(M, R * N)`` tensors (row i: each replica's row i), kept in ``buffers`` between
+    runs where the op runs once a run."""
+    if buffers is None:
+        return torch.empty(shape, dtype=dtype), torch.empty(shape, dtype=dtype)
+    key = ("side_by_side", shape, dtype)
+    if key not in buffers:
+        buffers[key] = (torch.empty(shape, dtype=dtype), torch.empty(shape, dtype=dtype))
+    return buffers[key]
+
+
+def _by_replica(t: torch.Tensor, replicas: int) -> torch.Tensor:
+    """An ``(M, R * N)`` tensor as the ``(R, M, N)`` view written by replica."""
+    rows, width = t.shape
+    return t.view(rows, replicas, width // replicas).transpose(0, 1)
 
 
 @functools.lru_cache(maxsize=64)
