@@ -114,33 +114,32 @@ def _side_by_side_grad(args, replicas, dead, buffers, normalized_shape, has_weig
         return dx
     r, n = replicas, math.prod(shape)
     rows = g.numel() // (r * n)  # M: one replica's rows
-    dys, xhat = _side_by_side(buffers, (rows, r * n), x.dtype)
+    dys, xhat, dys_r, xhat_r = _side_by_side(buffers, rows, r, n, x.dtype)
     grouped, stats = (r, rows, n), (r, rows, 1)
     shift = torch.mul(rstd, mean).neg_().view(stats)
-    torch.addcmul(shift, x.view(grouped), rstd.view(stats), out=_by_replica(xhat, r))
-    _by_replica(dys, r).copy_(g.view(grouped))
+    torch.addcmul(shift, x.view(grouped), rstd.view(stats), out=xhat_r)
+    dys_r.copy_(g.view(grouped))
     zero, one, ones = _unit_stats(rows, r * n, x.dtype)
     mask = [False, has_weight, has_bias]
     _, dw, db = _BWD(dys, xhat, [r * n], zero, one, ones, ones, mask)
-    wide = (r * shape[0], *shape[1:])
-    return (dx, *(t.view(wide) for t, m in zip((dw, db), mask[1:]) if m))
+    outs = [t for t, m in zip((dw, db), mask[1:]) if m]
+    if len(shape) > 1:  # as one replica's gradients concatenated: (R * shape[0], ...)
+        outs = [t.view(r * shape[0], *shape[1:]) for t in outs]
+    return (dx, *outs)
 
 
-def _side_by_side(buffers, shape: tuple, dtype) -> tuple:
-    """Two ``(M, R * N)`` tensors (row i: each replica's row i), kept in ``buffers`` between
-    runs where the op runs once a run."""
-    if buffers is None:
-        return torch.empty(shape, dtype=dtype), torch.empty(shape, dtype=dtype)
-    key = ("side_by_side", shape, dtype)
-    if key not in buffers:
-        buffers[key] = (torch.empty(shape, dtype=dtype), torch.empty(shape, dtype=dtype))
-    return buffers[key]
-
-
-def _by_replica(t: torch.Tensor, replicas: int) -> torch.Tensor:
-    """An ``(M, R * N)`` tensor as the ``(R, M, N)`` view written by replica."""
-    rows, width = t.shape
-    return t.view(rows, replicas, width // replicas).transpose(0, 1)
+def _side_by_side(buffers, rows: int, replicas: int, n: int, dtype) -> tuple:
+    """Two ``(M, R * N)`` tensors (row i: each replica's row i) and their ``(R, M, N)``
+    views by replica, kept in ``buffers`` between runs where the op runs once a run."""
+    key = ("side_by_side", rows, replicas, n, dtype)
+    if buffers is not None and key in buffers:
+        return buffers[key]
+    pair = [torch.empty(rows, replicas * n, dtype=dtype) for _ in range(2)]
+    views = [t.view(rows, replicas, n).transpose(0, 1) for t in pair]
+    made = (*pair, *views)
+    if buffers is not None:
+        buffers[key] = made
+    return made
 
 
 @functools.lru_cache(maxsize=64)
