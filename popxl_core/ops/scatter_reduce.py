@@ -54,6 +54,11 @@ def _kernel(data, idx, *initial, reduction, axis, axis_size, enable_index_broadc
     # One extra slot along the axis collects the out-of-range contributions; it is cut off.
     # (1-D indices: sent there before they are broadcast, one index per data row)
     idx = torch.where((idx >= 0) & (idx < axis_size), idx, axis_size)
+    return _scatter(data, idx, initial, reduction, axis, axis_size)
+
+
+def _scatter(data, idx, initial, reduction: str, axis: int, axis_size: int) -> torch.Tensor:
+    """`_kernel` on int64 indices already in ``[0, axis_size]`` (``axis_size``: cut off)."""
     if idx.shape != data.shape:
         idx = idx.view([1] * axis + [-1] + [1] * (data.dim() - axis - 1)).expand(data.shape)
     out_shape = data.shape[:axis] + (axis_size + 1,) + data.shape[axis + 1 :]
@@ -200,9 +205,7 @@ def _folded(args, replicas, dead, buffers, reduction, axis, axis_size, enable_in
     flat = idx + _offsets(replicas, idx.shape[0] // replicas, axis_size)
     if not _in_range(idx, axis_size):
         flat = torch.where((idx >= 0) & (idx < axis_size), flat, size)
-    return _kernel(
-        data, flat, reduction=reduction, axis=0, axis_size=size, enable_index_broadcast=False
-    )
+    return _scatter(data, flat, (), reduction, 0, size)
 
 
 @functools.lru_cache(maxsize=16)
