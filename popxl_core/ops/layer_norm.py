@@ -116,7 +116,10 @@ def _side_by_side_grad(args, replicas, dead, buffers, normalized_shape, has_weig
     rows = g.numel() // (r * n)  # M: one replica's rows
     dys, xhat, dys_r, xhat_r = _side_by_side(buffers, rows, r, n, x.dtype)
     grouped, stats = (r, rows, n), (r, rows, 1)
-    shift = torch.mul(rstd, mean).neg_().view(stats)
+    # the kernel's shift -(rstd * mean), one call: 0 - rstd * mean is +0 where it is -0 (a
+    # mean of +0), which changes xhat only at x = -0 (to +0), and a +0 or -0 term leaves the
+    # sums (started at +0) the same
+    shift = torch.addcmul(_zeros(mean.shape, x.dtype), rstd, mean, value=-1).view(stats)
     torch.addcmul(shift, x.view(grouped), rstd.view(stats), out=xhat_r)
     dys_r.copy_(g.view(grouped))
     zero, one, ones = _unit_stats(rows, r * n, x.dtype)
@@ -140,6 +143,12 @@ def _side_by_side(buffers, rows: int, replicas: int, n: int, dtype) -> tuple:
     if buffers is not None:
         buffers[key] = made
     return made
+
+
+@functools.lru_cache(maxsize=64)
+def _zeros(shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+    """Zeros (read, never written)."""
+    return torch.zeros(shape, dtype=dtype)
 
 
 @functools.lru_cache(maxsize=64)
