@@ -260,3 +260,27 @@ def test_layer_norms_and_reductions_fold_bitwise():
     assert each == ["Add", "ReduceSumGrad", "ReduceSumGrad"]
     assert {"LayerNormGrad", "Nll", "NllGrad"} <= {s.op.type for s in sites}
     assert session._fold.stats["exact_folded_ops"] > 0
+
+
+# per-step host work of a replicated step ----------------------------------------------------
+def test_broadcast_feeds_are_one_array_seen_equal_at_once():
+    """The optimizer's hyper-parameters for every replica are one array broadcast (stride 0
+    along the replicas, with or without a leading device-iterations dimension), which the
+    shared run's stream check takes as equal without comparing bytes; other arrays are still
+    compared."""
+    import numpy as np
+
+    from popxl_core.sim.uniform import _same_replicas
+    from popxl_fx.replication import broadcast_feeds
+
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    for iterations, lead in ((1, 0), (2, 1)):
+        got = broadcast_feeds({"s": a}, R, iterations)["s"]
+        want = np.stack([a] * R, axis=lead)
+        assert got.shape == want.shape and np.array_equal(got, want)
+        assert got.strides[lead] == 0
+    assert _same_replicas(broadcast_feeds({"s": a}, R, 2)["s"])
+    rows = np.stack([a] * R, axis=1)
+    assert _same_replicas(rows)
+    rows[1, 2, 0] += 1
+    assert not _same_replicas(rows)
