@@ -134,8 +134,10 @@ def broadcast_feeds(feeds: Mapping[object, np.ndarray], replicas: int, iteration
 
 
 def _broadcast(a: np.ndarray, replicas: int, lead: int) -> np.ndarray:
-    a = np.expand_dims(a, lead)
-    return np.broadcast_to(a, (*a.shape[:lead], replicas, *a.shape[lead + 1 :]))
+    """A read-only view (stride 0 along the replicas: `uniform` sees them equal at once)."""
+    return np.broadcast_to(
+        a[(slice(None),) * lead + (None,)], (*a.shape[:lead], replicas, *a.shape[lead:])
+    )
 
 
 def unreplicated(

@@ -12,7 +12,13 @@ import torch
 
 from ..errors import OpDataError
 
-__all__ = ["aten_nll_backward", "aten_nll_forward", "check_labels", "valid_labels"]
+__all__ = [
+    "aten_nll_backward",
+    "aten_nll_forward",
+    "check_labels",
+    "reduction_code",
+    "valid_labels",
+]
 
 # eager's kernels for log-probabilities of shape (N, C): F.nll_loss and autograd call these,
 # and their sums (and the mean's division) round as here
@@ -77,17 +83,27 @@ def aten_nll_forward(logp, labels, reduction, ignore_index):
     return torch.ops.aten.nll_loss_forward(logp, lab, None, red, ignore), lab, red, ignore
 
 
-def aten_nll_backward(logp, labels, g, reduction, ignore_index):
+def reduction_code(reduction: str, ignore_index) -> tuple:
+    """aten's reduction code and ignore_index (-1: none; every label is in range, checked,
+    so -1 never matches)."""
+    return _ATEN_REDUCTION[reduction], -1 if ignore_index is None else int(ignore_index)
+
+
+def aten_nll_backward(logp, labels, g, reduction, ignore_index, replicas: int = 1):
     """Eager's gradient kernel. It wants the forward's total weight (the number of labels that
     count): when no label can be ignored that is the number of labels, exact in float below
-    2**24, so the forward does not run again for it."""
+    2**24, so the forward does not run again for it. ``replicas``: the rows are that many
+    replicas' (sim/fold.py), each counting its own labels (``ValueError`` where the count
+    needs the forward: it would count every replica's)."""
     lab, n = labels.long(), logp.shape[-1]
     ignorable = ignore_index is not None and 0 <= ignore_index < n  # a class is ignored
     # compiling: the forward (with its in-graph check) gives the total; the graph fuses it
     rerun = ignorable or lab.numel() >= 2**24 or torch.compiler.is_compiling()
+    if replicas > 1 and rerun:
+        raise ValueError("the replicas' label counts need each replica's forward")
     if rerun or not _in_range(lab, n):
         (_, total), lab, red, ignore = aten_nll_forward(logp, labels, reduction, ignore_index)
     else:
-        total = torch.tensor(float(lab.numel()), dtype=logp.dtype)
-        red, ignore = _ATEN_REDUCTION[reduction], -1 if ignore_index is None else int(ignore_index)
+        total = torch.tensor(float(lab.numel() // replicas), dtype=logp.dtype)
+        red, ignore = reduction_code(reduction, ignore_index)
     return torch.ops.aten.nll_loss_backward(g, logp, lab, None, red, ignore, total)

@@ -73,7 +73,7 @@ ADD = register(
         foreach=binary_foreach(torch._foreach_add, torch._foreach_add_, commutative=True),
         out_kernel=torch.add,
         direct=binary_direct("torch.add"),
-        replica_fold=fold_elementwise(),
+        replica_fold=fold_elementwise(exact=True),
     )
 )
 ADD_LHS_INPLACE = register(
@@ -201,6 +201,7 @@ SUB = register(
         ),
         out_kernel=torch.sub,
         direct=binary_direct("torch.sub"),
+        replica_fold=fold_elementwise(exact=True),
         samples=lambda: (
             _binary_samples(lambda a, b: sub(a, b), torch.sub, seed=20)
             + [Sample([rand(3, 2, seed=26)], lambda a: 2 - a, lambda a: 2 - a, name="rsub_scalar")]
@@ -217,6 +218,7 @@ MUL = register(
         foreach=binary_foreach(torch._foreach_mul, torch._foreach_mul_, commutative=True),
         out_kernel=torch.mul,
         direct=binary_direct("torch.mul"),
+        replica_fold=fold_elementwise(exact=True),
         samples=lambda: (
             _binary_samples(lambda a, b: mul(a, b), torch.mul, seed=30)
             + [Sample([rand(3, 2, seed=36)], lambda a: a * 2, lambda a: a * 2, name="scalar")]

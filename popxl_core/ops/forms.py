@@ -137,7 +137,8 @@ class ReplicaFold:
             replica's bits is used), ``(args, replicas, dead, buffers, **attrs) -> outputs``
             (``dead``: the indexes of outputs nothing reads, None there; ``buffers``: a dict
             to keep output buffers in between runs, or None); outputs not batch-major (a
-            weight gradient per replica) as ``(R*out, ...)`` all the same.
+            weight gradient per replica) as ``(R*out, ...)`` all the same, a rank-0 output
+            (a replica's loss) as ``(R,)``.
         reduced: folded kernels, tried in order, that return outputs ``reduces`` already
             all-reduced over every replica where only such an all-reduce reads them (a
             weight gradient: the R values added in replica order, a mean divided after, as
@@ -145,6 +146,11 @@ class ReplicaFold:
             ``(args, replicas, dead, buffers, reduce, **attrs)``, ``reduce``: output index
             -> ``"add"`` or ``"mean"`` (the other outputs as ``kernels`` return them).
         reduces: the output indexes ``reduced`` can all-reduce.
+        exact: the folded call gives every replica's bits by construction, whatever the
+            kernel's blocking: it only moves data (a view, a reshape) or rounds each element
+            once from that element's operands (IEEE add, sub, mul). Then it is emitted as
+            the op's own call with the folded attributes (inline where the op is direct),
+            unchecked, instead of a checked site.
     """
 
     rows: Callable[..., bool]
@@ -152,6 +158,7 @@ class ReplicaFold:
     kernels: Tuple[Callable[..., Tuple[object, ...]], ...] = ()
     reduced: Tuple[Callable[..., Tuple[object, ...]], ...] = ()
     reduces: Tuple[int, ...] = ()
+    exact: bool = False
 
 
 def _all_rows(attrs, shapes, per) -> bool:
@@ -162,14 +169,17 @@ def _all_rows(attrs, shapes, per) -> bool:
 FOLD_ROWS = ReplicaFold(rows=_all_rows)
 
 
-def fold_rows(*batch_inputs: int, attrs: Optional[Callable[[dict, int], dict]] = None):
+def fold_rows(
+    *batch_inputs: int, attrs: Optional[Callable[[dict, int], dict]] = None, exact: bool = False
+):
     """An op computing each row of dim 0 from that row of inputs ``batch_inputs`` and the
-    whole of the others (weights, biases), which must then be the same on every replica."""
+    whole of the others (weights, biases), which must then be the same on every replica
+    (``exact``: `ReplicaFold.exact`)."""
 
     def rows(attrs, shapes, per) -> bool:
         return not any(p for i, p in enumerate(per) if i not in batch_inputs)
 
-    return ReplicaFold(rows=rows, attrs=attrs)
+    return ReplicaFold(rows=rows, attrs=attrs, exact=exact)
 
 
 def _elementwise_rows(attrs, shapes, per) -> bool:
@@ -182,9 +192,10 @@ def _elementwise_rows(attrs, shapes, per) -> bool:
     return all(len(s) < rank or s[0] == 1 for s, p in zip(shapes, per) if not p)
 
 
-def fold_elementwise() -> ReplicaFold:
-    """Elementwise ops over broadcast operands."""
-    return ReplicaFold(rows=_elementwise_rows)
+def fold_elementwise(exact: bool = False) -> ReplicaFold:
+    """Elementwise ops over broadcast operands (``exact``: each element rounded once from its
+    own operands, `ReplicaFold.exact`)."""
+    return ReplicaFold(rows=_elementwise_rows, exact=exact)
 
 
 def fold_axis(*names: str, every: bool = False, attrs=None) -> ReplicaFold:

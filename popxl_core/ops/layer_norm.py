@@ -10,6 +10,9 @@ read by the gradient op.
 
 from __future__ import annotations
 
+import functools
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -19,6 +22,8 @@ from .forms import ReplicaFold
 from .registry import Cost, OpDef, Sample, create_op, register
 
 __all__ = ["native_layer_norm"]
+
+_BWD = torch.ops.aten.native_layer_norm_backward
 
 
 def _infer(ins, normalized_shape, epsilon, has_weight, has_bias):
@@ -62,9 +67,7 @@ def _grad_infer(ins, normalized_shape, has_weight, has_bias):
 def _grad_kernel(g, x, mean, rstd, *params, normalized_shape, has_weight, has_bias):
     w, b = _split(params, has_weight, has_bias)
     mask = [True, has_weight, has_bias]
-    dx, dw, db = torch.ops.aten.native_layer_norm_backward(
-        g, x, list(normalized_shape), mean, rstd, w, b, mask
-    )
+    dx, dw, db = _BWD(g, x, list(normalized_shape), mean, rstd, w, b, mask)
     outs = tuple(t for t in (dx, dw, db) if t is not None)
     return outs if len(outs) > 1 else dx  # the simulator takes one output as a tensor
 
@@ -84,16 +87,78 @@ def _folded_grad(args, replicas, dead, buffers, normalized_shape, has_weight, ha
     g, x, mean, rstd, *params = args
     w, b = _split(params, has_weight, has_bias)
     shape = list(normalized_shape)
-    bwd = torch.ops.aten.native_layer_norm_backward
-    dx = bwd(g, x, shape, mean, rstd, w, b, [True, False, False])[0]
+    dx = _BWD(g, x, shape, mean, rstd, w, b, [True, False, False])[0]
     if not (has_weight or has_bias):
         return dx
     n = g.shape[0] // replicas
     mask = [False, has_weight, has_bias]
     each = zip(*(t.split(n) for t in (g, x, mean, rstd)))  # one call per tensor: views
-    parts = [bwd(gr, xr, shape, mr, rr, w, b, mask) for gr, xr, mr, rr in each]
+    parts = [_BWD(gr, xr, shape, mr, rr, w, b, mask) for gr, xr, mr, rr in each]
     dw = [torch.cat([p[k] for p in parts]) for k in (1, 2) if mask[k]]
     return (dx, *dw)
+
+
+def _side_by_side_grad(args, replicas, dead, buffers, normalized_shape, has_weight, has_bias):
+    """``dx`` over all replicas' rows in one call, and every replica's parameter gradients in
+    a second: the kernel sums its rows' ``dy * xhat`` (``xhat = rstd * x - rstd * mean``, one
+    fused multiply-add where the kernel's is) and ``dy`` over its M rows, split among the
+    threads by row, so the replicas' rows side by side, ``(M, R * N)``, with mean 0 and rstd
+    1 and ``xhat`` given, make each replica's sums over its own M rows in the same order:
+    ``(R * N,)``, replica r's gradient at ``[r * N, (r + 1) * N)``. ``xhat`` must come out
+    with the kernel's own bits (checked, with the rest, by the fold site)."""
+    g, x, mean, rstd, *params = args
+    w, b = _split(params, has_weight, has_bias)
+    shape = list(normalized_shape)
+    dx = _BWD(g, x, shape, mean, rstd, w, b, [True, False, False])[0]
+    if not (has_weight or has_bias):
+        return dx
+    r, n = replicas, math.prod(shape)
+    rows = g.numel() // (r * n)  # M: one replica's rows
+    dys, xhat, dys_r, xhat_r = _side_by_side(buffers, rows, r, n, x.dtype)
+    grouped, stats = (r, rows, n), (r, rows, 1)
+    # the kernel's shift -(rstd * mean), one call: 0 - rstd * mean is +0 where it is -0 (a
+    # mean of +0), which changes xhat only at x = -0 (to +0), and a +0 or -0 term leaves the
+    # sums (started at +0) the same
+    shift = torch.addcmul(_zeros(mean.shape, x.dtype), rstd, mean, value=-1).view(stats)
+    torch.addcmul(shift, x.view(grouped), rstd.view(stats), out=xhat_r)
+    dys_r.copy_(g.view(grouped))
+    zero, one, ones = _unit_stats(rows, r * n, x.dtype)
+    mask = [False, has_weight, has_bias]
+    _, dw, db = _BWD(dys, xhat, [r * n], zero, one, ones, ones, mask)
+    outs = [t for t, m in zip((dw, db), mask[1:]) if m]
+    if len(shape) > 1:  # as one replica's gradients concatenated: (R * shape[0], ...)
+        outs = [t.view(r * shape[0], *shape[1:]) for t in outs]
+    return (dx, *outs)
+
+
+def _side_by_side(buffers, rows: int, replicas: int, n: int, dtype) -> tuple:
+    """Two ``(M, R * N)`` tensors (row i: each replica's row i) and their ``(R, M, N)``
+    views by replica, kept in ``buffers`` between runs where the op runs once a run."""
+    key = ("side_by_side", rows, replicas, n, dtype)
+    if buffers is not None and key in buffers:
+        return buffers[key]
+    pair = [torch.empty(rows, replicas * n, dtype=dtype) for _ in range(2)]
+    views = [t.view(rows, replicas, n).transpose(0, 1) for t in pair]
+    made = (*pair, *views)
+    if buffers is not None:
+        buffers[key] = made
+    return made
+
+
+@functools.lru_cache(maxsize=64)
+def _zeros(shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+    """Zeros (read, never written)."""
+    return torch.zeros(shape, dtype=dtype)
+
+
+@functools.lru_cache(maxsize=64)
+def _unit_stats(rows: int, width: int, dtype: torch.dtype):
+    """Mean 0 and rstd 1 for ``rows`` rows, and a weight of ones (read, never written)."""
+    return (
+        torch.zeros(rows, 1, dtype=dtype),
+        torch.ones(rows, 1, dtype=dtype),
+        torch.ones(width, dtype=dtype),
+    )
 
 
 def _cost(flops: int):
@@ -182,7 +247,7 @@ LAYER_NORM_GRAD = register(
         cost=_cost(12),
         samples=_grad_samples,
         out_name="layer_norm_grad_out",
-        replica_fold=ReplicaFold(rows=_grad_rows, kernels=(_folded_grad,)),
+        replica_fold=ReplicaFold(rows=_grad_rows, kernels=(_side_by_side_grad, _folded_grad)),
     )
 )
 

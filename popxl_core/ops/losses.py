@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ..tensor import Tensor
+from ._nll_fold import folded_nll, folded_nll_grad, nll_grad_rows, nll_rows
 from ._nll_labels import (
     _aten_nll,
     aten_nll_backward,
@@ -22,6 +23,7 @@ from ._nll_labels import (
     valid_labels,
 )
 from ._utils import rand, randint, spec
+from .forms import ReplicaFold
 from .registry import OpDef, Sample, create_op, register
 from .softmax import log_softmax, softmax
 
@@ -196,7 +198,15 @@ def _nll_grad_samples():
 
 
 NLL = register(
-    OpDef("Nll", _nll_infer, _nll_kernel, grad=_nll_grad, samples=_nll_samples, out_name="nll_out")
+    OpDef(
+        "Nll",
+        _nll_infer,
+        _nll_kernel,
+        grad=_nll_grad,
+        samples=_nll_samples,
+        out_name="nll_out",
+        replica_fold=ReplicaFold(rows=nll_rows, kernels=(folded_nll(_nll_kernel),)),
+    )
 )
 NLL_GRAD = register(
     OpDef(
@@ -205,6 +215,7 @@ NLL_GRAD = register(
         _nll_grad_kernel,
         samples=_nll_grad_samples,
         out_name="nllgrad_out",
+        replica_fold=ReplicaFold(rows=nll_grad_rows, kernels=(folded_nll_grad(_nll_grad_kernel),)),
     )
 )
 

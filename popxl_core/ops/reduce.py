@@ -15,6 +15,7 @@ import torch
 from ..tensor import Tensor
 from ._dtype_rules import check_float
 from ._utils import normalize_axes, spec
+from .forms import ReplicaFold
 from .reduce_index import argmax, argmin, cumsum, topk
 from .registry import Cost, OpDef, create_op, register
 
@@ -268,6 +269,37 @@ def _l2_grad(ctx):
 
 _sum_any = _make_kernel(_KERNELS["ReduceSum"])
 
+
+# replicas folded (sim/fold.py) ---------------------------------------------------------
+def _fold_rows(attrs, shapes, per) -> bool:
+    return bool(per[0])
+
+
+def _folded(kernel: Callable) -> Callable:
+    """``kernel`` over all replicas' rows: row-wise where axis 0 is kept; where it is reduced
+    (a bias gradient, a loss), over the ``(R, b, ...)`` view with the axes one further, each
+    replica's reduction over its own rows, ``(R, ...)`` (``(R * out, ...)`` as one
+    replica's outputs concatenated; rank 0 on one replica: ``(R,)``)."""
+
+    def folded(args, replicas, dead, buffers, axes, keepdims):
+        (x,) = args
+        if 0 not in axes:
+            return kernel(x, axes, keepdims)
+        grouped = x.view(replicas, x.shape[0] // replicas, *x.shape[1:])
+        y = kernel(grouped, tuple(a + 1 for a in axes), keepdims)
+        return y.reshape(replicas * y.shape[1], *y.shape[2:]) if y.dim() > 1 else y
+
+    return folded
+
+
+def _replica_fold(name: str, kernel: Callable) -> ReplicaFold:
+    """Its kernels for each numerics (tried in order: the first whose bits match)."""
+    kernels = [kernel]
+    if name in _TORCH_KERNELS:
+        kernels.insert(0, _TORCH_KERNELS[name])
+    return ReplicaFold(rows=_fold_rows, kernels=tuple(_folded(k) for k in kernels))
+
+
 # declaration -----------------------------------------------------------------------------
 REDUCE_OPS = {}
 
@@ -289,6 +321,7 @@ def _declare(name: str, grad, fn_name: str, *, float_only=False, low=-1.0, seed=
             samples=samples,
             out_name=f"{name.lower()}_out",
             numerics_kernels={"torch": _TORCH_KERNELS[name]} if name in _TORCH_KERNELS else {},
+            replica_fold=_replica_fold(name, kernel),
         )
     )
     REDUCE_OPS[name] = opdef

@@ -8,6 +8,8 @@ reduction) or, with ``enable_index_broadcast``, are 1-D with one index per posit
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
@@ -49,14 +51,20 @@ def _infer(ins, reduction, axis, axis_size, enable_index_broadcast):
 
 def _kernel(data, idx, *initial, reduction, axis, axis_size, enable_index_broadcast):
     idx = idx.long()
+    # One extra slot along the axis collects the out-of-range contributions; it is cut off.
+    # (1-D indices: sent there before they are broadcast, one index per data row)
+    idx = torch.where((idx >= 0) & (idx < axis_size), idx, axis_size)
+    return _scatter(data, idx, initial, reduction, axis, axis_size)
+
+
+def _scatter(data, idx, initial, reduction: str, axis: int, axis_size: int) -> torch.Tensor:
+    """`_kernel` on int64 indices already in ``[0, axis_size]`` (``axis_size``: cut off)."""
     if idx.shape != data.shape:
         idx = idx.view([1] * axis + [-1] + [1] * (data.dim() - axis - 1)).expand(data.shape)
     out_shape = data.shape[:axis] + (axis_size + 1,) + data.shape[axis + 1 :]
-    # One extra slot along the axis collects the out-of-range contributions; it is cut off.
     base = data.new_zeros(out_shape)
     if initial:
         base.narrow(axis, 0, axis_size).copy_(initial[0])
-    idx = torch.where((idx >= 0) & (idx < axis_size), idx, axis_size)
     if reduction == "none":
         out = base.scatter(axis, idx, data)
     else:
@@ -192,15 +200,26 @@ def _folded(args, replicas, dead, buffers, reduction, axis, axis_size, enable_in
     indices offset by ``r * axis_size`` (out-of-range ones still cut off), so each target
     row sums its replica's rows in their order."""
     data, idx = args
-    n = idx.shape[0] // replicas
-    offset = torch.arange(replicas).repeat_interleave(n) * axis_size
-    idx = idx.long()
-    valid = (idx >= 0) & (idx < axis_size)
-    flat = torch.where(valid, idx + offset, replicas * axis_size)
     size = replicas * axis_size
-    return _kernel(
-        data, flat, reduction=reduction, axis=0, axis_size=size, enable_index_broadcast=False
-    )
+    idx = idx.long()
+    flat = idx + _offsets(replicas, idx.shape[0] // replicas, axis_size)
+    if not _in_range(idx, axis_size):
+        flat = torch.where((idx >= 0) & (idx < axis_size), flat, size)
+    return _scatter(data, flat, (), reduction, 0, size)
+
+
+@functools.lru_cache(maxsize=16)
+def _offsets(replicas: int, rows: int, axis_size: int) -> torch.Tensor:
+    """Replica r's rows' offset, ``r * axis_size`` (read, never written)."""
+    return torch.arange(replicas).repeat_interleave(rows) * axis_size
+
+
+def _in_range(idx: torch.Tensor, axis_size: int) -> bool:
+    """Every index in ``[0, axis_size)`` (one kernel)."""
+    if idx.numel() == 0:
+        return True
+    lo, hi = torch.aminmax(idx)
+    return int(lo) >= 0 and int(hi) < axis_size
 
 
 SCATTER_REDUCE = register(

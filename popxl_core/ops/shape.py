@@ -144,7 +144,7 @@ RESHAPE = register(
         out_name="reshape_out",
         fp16_in_fp32=False,
         direct=_reshape_direct,
-        replica_fold=fold_rows(0, attrs=_folded_shape),
+        replica_fold=fold_rows(0, attrs=_folded_shape, exact=True),
     )
 )
 # In-place variants return the view itself and leave ``view`` False, so the compiler never
@@ -294,7 +294,7 @@ TRANSPOSE = register(
         fp16_in_fp32=False,
         direct=_transpose_direct,
         matrix_transpose=_matrix_transpose,
-        replica_fold=ReplicaFold(rows=_keeps_rows),
+        replica_fold=ReplicaFold(rows=_keeps_rows, exact=True),
     )
 )
 TRANSPOSE_INPLACE = register(

@@ -18,6 +18,7 @@ GEMM packs its operands (as `stacking.py` found).
 
 from __future__ import annotations
 
+import copy
 import functools
 from typing import Callable, List, Optional, Tuple
 
@@ -41,7 +42,8 @@ def emit_fold(op: Op, plan, em, emit_kernel: Callable, bound_kernel: Callable) -
     fold = em.program.fold
     if em.graph in fold.graphs:
         if any(t in fold.stacked for t in op.inputs):
-            _emit_site(op, em, fold, bound_kernel)
+            if not _emit_exact(op, em, fold, emit_kernel):
+                _emit_site(op, em, fold, bound_kernel)
         else:  # uniform inputs: the op runs once, as on one replica
             (op.opdef.emit or emit_kernel)(op, em)
         return True
@@ -71,6 +73,30 @@ def _emit_reduce_group(op: Op, plan, em, fold) -> bool:
     return True
 
 
+def _emit_exact(op: Op, em, fold, emit_kernel: Callable) -> bool:
+    """An op whose `ReplicaFold.exact` folded call applies: emitted as the compiler emits
+    the op itself (inline where `OpDef.direct` allows), with the folded attributes."""
+    rule = op.opdef.replica_fold
+    if rule is None or not rule.exact or rule.kernels or not _plain(op):
+        return False
+    per = [t in fold.stacked for t in op.inputs]
+    shapes = [tuple(t.shape) for t in op.inputs]
+    if not all(s for s, p in zip(shapes, per) if p) or any(not t.shape for t in op.outputs):
+        return False
+    if not rule.rows(op.attrs, shapes, per):
+        return False
+    folded = copy.copy(op)  # the same tensors, the attributes of all replicas' rows
+    folded.attrs = rule.attrs(op.attrs, fold.replicas) if rule.attrs is not None else op.attrs
+    emit_kernel(folded, em)
+    em.program.stats["exact_folded_ops"] += 1
+    return True
+
+
+def _plain(op: Op) -> bool:
+    """float32 throughout, no dtype wrapper: the folded call is the kernel's own."""
+    return all_float32(op) and not fp16_in_fp32(op) and not touches_narrow_unsigned(op)
+
+
 def _emit_site(op: Op, em, fold, bound_kernel: Callable) -> None:
     site = FoldSite(op, em, fold, bound_kernel)
     em.program.stats["folded_ops"] += site.folded is not None
@@ -96,7 +122,7 @@ class FoldSite:
         self.n_out = len(op.outputs)
         self.op = op
         dead = frozenset(i for i, t in enumerate(op.outputs) if t not in em.read)
-        plain = all_float32(op) and not fp16_in_fp32(op) and not touches_narrow_unsigned(op)
+        plain = _plain(op)
         base, self.dead = _base_kernel(op, em, dead if plain else frozenset())
         self.own = functools.partial(base, **op.attrs) if op.attrs else base
         if not plain:  # the table kernel with its dtype wrappers
@@ -174,8 +200,12 @@ def _folded_call(op: Op, base: Callable, site: FoldSite, em) -> Optional[List[Ca
         return None
     r = site.replicas
     shapes = [tuple(t.shape) for t in op.inputs]
-    ranked = all(s for s, p in zip(shapes, site.per) if p) and not any(site.scalar_out)
-    if not ranked or not rule.rows(op.attrs, shapes, site.per):
+    # a rank-0 output of one replica (a loss) is R values: only a kernel of the op's own
+    # makes them
+    ranked = all(s for s, p in zip(shapes, site.per) if p)
+    if not ranked or (any(site.scalar_out) and not rule.kernels):
+        return None
+    if not rule.rows(op.attrs, shapes, site.per):
         return None
     if rule.kernels:
         buffers = {} if em.graph in em.program.once_per_replica else None

@@ -139,6 +139,7 @@ _EMIT_STATS = (
     "unread_graph_outputs",
     "stacked_ops",
     "folded_ops",
+    "exact_folded_ops",
 )
 STATS: Tuple[str, ...] = (*(s for p in PASSES for s in p.stats), *_EMIT_STATS)
 

@@ -334,5 +334,7 @@ class SharedRuns:
 def _same_replicas(buf: np.ndarray) -> bool:
     """Whether a run's stream data ``[transfers, replicas, ...]`` is the same bytes for every
     replica."""
+    if buf.ndim < 2 or buf.shape[1] < 2 or buf.strides[1] == 0:  # one array broadcast
+        return True
     first = np.ascontiguousarray(buf[:, 0]).tobytes()
     return all(np.ascontiguousarray(buf[:, r]).tobytes() == first for r in range(1, buf.shape[1]))
