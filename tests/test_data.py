@@ -109,9 +109,14 @@ def test_preloaded_equals_per_image_transform(fashion_gz, tmp_path, monkeypatch)
     per_image = data.mnist(True, data_dir=tmp_path)
     fast = data.preload(per_image, "fashion-mnist")
     assert len(fast) == len(per_image)
-    for i in (0, 1, 12345, 59999):
+    picked = (0, 1, 12345, 59999)
+    for i in picked:
         (a, la), (b, lb) = per_image[i], fast[i]
         assert torch.equal(a, b) and la == int(lb)
+    # a DataLoader fetches a batch in one go (`Normalised.__getitems__`): the same images
+    images, labels = next(iter(torch.utils.data.DataLoader(fast, batch_size=4, sampler=picked)))
+    assert torch.equal(images, torch.stack([per_image[i][0] for i in picked]))
+    assert labels.tolist() == [per_image[i][1] for i in picked]
 
 
 def test_unknown_dataset():
