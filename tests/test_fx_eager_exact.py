@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from popxl_fx import Options
+from popxl_fx import Options, testing
 from popxl_fx.testing import assert_matches_eager, compare
 
 
@@ -100,14 +100,16 @@ def test_block_is_bitwise_eager(name):
     assert set(errors) >= {"loss", "outputs", "gradients", "parameters"}
 
 
-def test_compare_finds_one_ulp_in_any_chunk():
+def test_compare_finds_one_ulp_in_any_chunk(monkeypatch):
     """`compare` works through large tensors a chunk at a time: a single-ulp difference in
-    the last chunk, or a NaN on one side only, still fails at rtol=atol=0."""
-    expected = torch.linspace(1.0, 2.0, (1 << 22) + 5)
+    the last chunk, or a NaN on one side only, still fails at rtol=atol=0. The chunk is made
+    1024 elements here (4M in use), so the same two chunks (a full one, then 5) are small."""
+    monkeypatch.setattr(testing, "_CHUNK", 1 << 10)
+    expected = torch.linspace(1.0, 2.0, (1 << 10) + 5)
     actual = expected.clone()
     assert compare("same", actual, expected, 0.0, 0.0) == 0.0
     actual[-1] = torch.nextafter(actual[-1], torch.tensor(3.0))
-    with pytest.raises(AssertionError, match=r"1 of 4194309 values beyond rtol=0.0"):
+    with pytest.raises(AssertionError, match=r"1 of 1029 values beyond rtol=0.0"):
         compare("last", actual, expected, 0.0, 0.0)
     assert compare("tolerated", actual, expected, 1e-6, 0.0) > 0.0
     actual = expected.clone()

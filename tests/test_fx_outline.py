@@ -184,18 +184,24 @@ def test_outline_by_names_and_by_class_equals_auto():
         assert block_calls(run[1].ir)["DecoderBlock_subgraph(1)"] == 6
 
 
-def test_listing_some_blocks_outlines_those_only():
+def test_listing_some_blocks_outlines_those_only(gpt_runs):
     model, inputs = gpt6()
-    plain = train(model, inputs, CPU, steps=2)
-    run = train(model, inputs, CPU.replace(outline=["blocks.1", "blocks.4"]), steps=2)
-    assert_same_training(plain, run)
+    run = train(model, inputs, CPU.replace(outline=["blocks.1", "blocks.4"]))
+    assert_same_training(gpt_runs["plain"], run)  # 3 steps, as the plain run
     assert block_calls(run[1].ir)["DecoderBlock_subgraph(1)"] == 2
 
 
 # ResNet-style CNN with batch norm ---------------------------------------------------------
-def test_resnet_blocks_outline_per_stage_bitwise_with_running_stats():
+@pytest.fixture(scope="module")
+def resnet_plain():
+    """3 steps of the plain program: the reference of both outlined runs."""
     model, inputs = resnetish()
-    plain = train(model, inputs, CPU, loss_fn=F.cross_entropy)
+    return train(model, inputs, CPU, loss_fn=F.cross_entropy)
+
+
+def test_resnet_blocks_outline_per_stage_bitwise_with_running_stats(resnet_plain):
+    model, inputs = resnetish()
+    plain = resnet_plain
     outlined = train(model, inputs, CPU.replace(outline="auto"), loss_fn=F.cross_entropy)
     assert_same_training(plain, outlined)  # the state includes running_mean/var
     calls = block_calls(outlined[1].ir)
@@ -207,14 +213,13 @@ def test_resnet_blocks_outline_per_stage_bitwise_with_running_stats():
     assert calls["BasicBlock_subgraph(1)"] == 3 and calls["BasicBlock_subgraph(2)"] == 2
 
 
-def test_resnet_recompute_updates_running_stats_once():
+def test_resnet_recompute_updates_running_stats_once(resnet_plain):
     """The recomputed forward also runs batch norm; its statistics update must not reach the
     variables a second time."""
     model, inputs = resnetish()
-    plain = train(model, inputs, CPU, loss_fn=F.cross_entropy, steps=2)
     options = CPU.replace(outline="auto", recompute=True)
-    recomputed = train(model, inputs, options, loss_fn=F.cross_entropy, steps=2)
-    assert_same_training(plain, recomputed)
+    recomputed = train(model, inputs, options, loss_fn=F.cross_entropy)
+    assert_same_training(resnet_plain, recomputed)
 
 
 # dropout: each call site draws from its own seed ----------------------------------------------

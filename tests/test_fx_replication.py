@@ -134,6 +134,7 @@ def test_rts_is_bitwise_data_parallel_and_shards_the_state(model_name, opt, repl
 
 
 # BatchNorm: per-replica statistics, against eager doing the split by hand ----------------
+@functools.lru_cache(maxsize=None)  # the same reference for rts False and True
 def _eager_replicated(opt: str, replicas: int, k: int = 1):
     """R eager copies, each on its share (in k micro-batches, loss/k backpropagated);
     averaged gradients; replica 0's buffers kept."""
@@ -362,6 +363,9 @@ def test_torch_side_writes_reach_every_replica_and_shard():
 
 @functools.lru_cache(maxsize=None)
 def _train_with(replicas: int, **extra):
+    if replicas == 1 and not extra:  # the same program and data as `_train`'s plain run
+        losses, params, _, _ = _train("seed_mlp", "sgd", 1)
+        return losses.float(), params
     model, loss_fn = _model("seed_mlp")
     optimizer = OPTIMIZERS["sgd"](model.parameters())
     rts = replicas > 1

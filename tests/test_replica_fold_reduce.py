@@ -20,6 +20,7 @@ from tests.test_replica_folding import (  # noqa: F401 (fixtures)
     FOLD,
     OFF,
     _each,
+    _off,
     linear_grad_fold,
     one_ulp_off,
 )
@@ -36,7 +37,7 @@ def _passed_on(session) -> int:
 
 
 def test_the_mlp_weight_gradients_are_reduced_by_their_linear_grad():
-    folded, off = _train("mlp", 4, FOLD), _train("mlp", 4, OFF)
+    folded, off = _train("mlp", 4, FOLD), _off("mlp", 4)
     _assert_same(folded, off)
     session = folded[3]
     plan = session._fold.fold
@@ -60,7 +61,7 @@ def test_every_gradient_size_fused_is_bitwise(model, replicas, monkeypatch):
     """With no size floor every weight gradient only an all-reduce reads is fused (GPT's
     small ones too)."""
     monkeypatch.setattr(fold_reduce, "FUSE_BYTES", 0)
-    folded, off = _train(model, replicas, FOLD), _train(model, replicas, OFF)
+    folded, off = _train(model, replicas, FOLD), _off(model, replicas)
     _assert_same(folded, off)
     sites = _reduced_sites(folded[3])
     assert sites and _passed_on(folded[3]) == len(folded[3]._fold.fold.fused)
@@ -83,7 +84,7 @@ def test_a_reduced_kernel_off_falls_back_to_the_folded_call(linear_grad_fold):  
     folded call, then the all-reduce's own reduction (one sum where it gives its bits)."""
     good, replace = linear_grad_fold
     replace(reduced=tuple(one_ulp_off(k) for k in good.reduced))
-    folded, off = _train("mlp", 4, FOLD), _train("mlp", 4, OFF)
+    folded, off = _train("mlp", 4, FOLD), _off("mlp", 4)
     _assert_same(folded, off)
     sites = _reduced_sites(folded[3])
     assert len(sites) == 4
@@ -97,7 +98,7 @@ def test_everything_one_ulp_off_falls_back_to_each_replica(linear_grad_fold):  #
         kernels=tuple(one_ulp_off(k) for k in good.kernels),
         reduced=tuple(one_ulp_off(k) for k in good.reduced),
     )
-    folded, off = _train("mlp", 2, FOLD), _train("mlp", 2, OFF)
+    folded, off = _train("mlp", 2, FOLD), _off("mlp", 2)
     _assert_same(folded, off)
     sites = _reduced_sites(folded[3])
     assert sites and all(_each(s) for s in sites)
@@ -107,7 +108,7 @@ def test_a_gradient_something_else_reads_is_not_fused(monkeypatch):
     """An all-reduce whose input another op reads too (here: every all-reduce's input read
     twice, faked by the readers' count) keeps the replicas' values and its own reduction."""
     monkeypatch.setattr(fold_reduce, "Counter", lambda xs: {t: 2 for t in xs})
-    folded, off = _train("mlp", 2, FOLD), _train("mlp", 2, OFF)
+    folded, off = _train("mlp", 2, FOLD), _off("mlp", 2)
     _assert_same(folded, off)
     assert not folded[3]._fold.fold.fused and not _reduced_sites(folded[3])
 
@@ -155,7 +156,7 @@ def test_the_addmm_chain_variant_is_bitwise(linear_grad_fold):  # noqa: F811
     """The reduced kernel's ``addmm_`` calls one by one (tried after ``addbmm``)."""
     good, replace = linear_grad_fold
     replace(reduced=tuple(k for k in good.reduced if not k.keywords["batched"]))
-    folded, off = _train("mlp", 4, FOLD), _train("mlp", 4, OFF)
+    folded, off = _train("mlp", 4, FOLD), _off("mlp", 4)
     _assert_same(folded, off)
     assert len(_reduced_sites(folded[3])) == 4
 
@@ -173,7 +174,7 @@ def test_a_bias_gradient_alone_is_reduced_bitwise(monkeypatch):
 
     monkeypatch.setattr(fold_reduce, "Counter", readers)
     monkeypatch.setattr(fold_reduce, "FUSE_BYTES", 0)
-    folded, off = _train("mlp", 4, FOLD), _train("mlp", 4, OFF)
+    folded, off = _train("mlp", 4, FOLD), _off("mlp", 4)
     _assert_same(folded, off)
     sites = _reduced_sites(folded[3])
     assert len(sites) == 4 and all(s.reduced.kinds == {2: "mean"} for s in sites)
@@ -182,7 +183,7 @@ def test_a_bias_gradient_alone_is_reduced_bitwise(monkeypatch):
 def test_small_gradients_of_many_ops_stay_in_one_group():
     """GPT's gradients (all under FUSE_BYTES) are all-reduced by one group call: none of its
     ops' all-reduces would make a run of their own."""
-    folded, off = _train("gpt", 2, FOLD), _train("gpt", 2, OFF)
+    folded, off = _train("gpt", 2, FOLD), _off("gpt", 2)
     _assert_same(folded, off)
     assert not folded[3]._fold.fold.fused
     assert "RT.all_reduce_group" in folded[3]._fold.main.source

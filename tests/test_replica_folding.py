@@ -8,6 +8,7 @@ an op without a rule, a folded call whose bits differ, an unshared run, a thread
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import pytest
 import torch
@@ -18,6 +19,15 @@ from popxl_core.sim.fold_site import FoldSite
 from tests.test_replica_stacking import _assert_same, _train
 
 FOLD, OFF = CompileOptions(), CompileOptions(fold_replicas=False)
+
+
+@functools.lru_cache(maxsize=None)
+def _off(model: str, replicas: int):
+    """The replicas' own run (``OFF``), the reference of many tests here and in
+    test_replica_fold_reduce.py: made once per model and replica count. Only for tests whose
+    patches touch folding alone (the fold rules, `fold_reduce`): an unfolded run never reads
+    them (``_fold`` is None, asserted below)."""
+    return _train(model, replicas, OFF)
 
 
 def _sites(session) -> list:
@@ -38,7 +48,7 @@ def _chosen(session, name: str) -> set:
 
 @pytest.mark.parametrize("model, replicas", [("mlp", 2), ("mlp", 4), ("gpt", 2), ("gpt", 4)])
 def test_folded_is_bitwise_the_replicas_run(model, replicas):
-    folded, off = _train(model, replicas, FOLD), _train(model, replicas, OFF)
+    folded, off = _train(model, replicas, FOLD), _off(model, replicas)
     _assert_same(folded, off)
     session = folded[3]
     assert off[3]._fold is None
@@ -90,7 +100,7 @@ def linear_grad_off(linear_grad_fold):
 
 def test_a_folded_call_with_other_bits_falls_back(linear_grad_off):
     """A folded kernel one ulp off is never used: the replicas' own calls run there."""
-    folded, off = _train("mlp", 2, FOLD), _train("mlp", 2, OFF)
+    folded, off = _train("mlp", 2, FOLD), _off("mlp", 2)
     _assert_same(folded, off)
     assert _chosen(folded[3], "LinearGrad") == {"_each"}
 
@@ -101,7 +111,7 @@ def test_unshared_runs_are_not_folded():
     replicas as before."""
     unshared = _train("mlp", 2, CompileOptions(share_uniform=False))
     assert unshared[3]._fold is None
-    _assert_same(unshared, _train("mlp", 2, OFF))
+    _assert_same(unshared, _off("mlp", 2))
 
 
 def test_a_run_the_session_does_not_share_runs_unfolded(monkeypatch):
