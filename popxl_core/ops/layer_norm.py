@@ -81,13 +81,22 @@ def _grad_rows(attrs, shapes, per) -> bool:
     return all(per[:4]) and not any(per[4:]) and len(attrs["normalized_shape"]) < len(shapes[1])
 
 
-def _folded_grad(args, replicas, dead, buffers, normalized_shape, has_weight, has_bias):
-    """``dx`` over all replicas' rows in one call; each replica's own parameter gradients
-    (sums over its rows), concatenated."""
+def _dx_over_all_rows(args, normalized_shape, has_weight, has_bias):
+    """The folded kernels' common start: the arguments unpacked and ``dx`` of all replicas'
+    rows in one call (each row's ``dx`` depends on that row alone)."""
     g, x, mean, rstd, *params = args
     w, b = _split(params, has_weight, has_bias)
     shape = list(normalized_shape)
     dx = _BWD(g, x, shape, mean, rstd, w, b, [True, False, False])[0]
+    return g, x, mean, rstd, w, b, shape, dx
+
+
+def _folded_grad(args, replicas, dead, buffers, normalized_shape, has_weight, has_bias):
+    """``dx`` over all replicas' rows in one call; each replica's own parameter gradients
+    (sums over its rows), concatenated."""
+    g, x, mean, rstd, w, b, shape, dx = _dx_over_all_rows(
+        args, normalized_shape, has_weight, has_bias
+    )
     if not (has_weight or has_bias):
         return dx
     n = g.shape[0] // replicas
@@ -106,10 +115,9 @@ def _side_by_side_grad(args, replicas, dead, buffers, normalized_shape, has_weig
     1 and ``xhat`` given, make each replica's sums over its own M rows in the same order:
     ``(R * N,)``, replica r's gradient at ``[r * N, (r + 1) * N)``. ``xhat`` must come out
     with the kernel's own bits (checked, with the rest, by the fold site)."""
-    g, x, mean, rstd, *params = args
-    w, b = _split(params, has_weight, has_bias)
-    shape = list(normalized_shape)
-    dx = _BWD(g, x, shape, mean, rstd, w, b, [True, False, False])[0]
+    g, x, mean, rstd, w, b, shape, dx = _dx_over_all_rows(
+        args, normalized_shape, has_weight, has_bias
+    )
     if not (has_weight or has_bias):
         return dx
     r, n = replicas, math.prod(shape)
