@@ -184,10 +184,8 @@ class SessionWeights:
         # (the host copies of the others are read from the device when next asked for)
         for v, view in views.items():
             i = self._variable_index[v]
-            for r, rep in self._device.items():
-                if r != 0:
-                    rep[i].copy_(view)
             self._device[0][i] = view
+            self._copy_to_replicas(i, view)
             self._pending.discard(i)
             self._shared[v] = view
         self._host_in_sync = False  # the host copies are now older than the shared tensors
@@ -225,11 +223,16 @@ class SessionWeights:
             return
         self._sharing.unshare(self._device)
         for i, t in moved:
-            for rep in self._device.values():
-                if rep[i] is not t:
-                    rep[i].copy_(t)
+            self._copy_to_replicas(i, t)
         self._host_in_sync = False
         self._synced = set()
+
+    def _copy_to_replicas(self, i: int, t: torch.Tensor) -> None:
+        """Variable ``i``'s value ``t`` (replica 0's, the shared tensor) into every other
+        replica's own copy (none without replicas)."""
+        for rep in self._device.values():
+            if rep[i] is not t:
+                rep[i].copy_(t)
 
     def device_tensor(self, v: Variable) -> torch.Tensor:
         """The device value of on-chip variable ``v`` (one replica) as the torch tensor the
