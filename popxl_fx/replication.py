@@ -134,10 +134,17 @@ def broadcast_feeds(feeds: Mapping[object, np.ndarray], replicas: int, iteration
 
 
 def _broadcast(a: np.ndarray, replicas: int, lead: int) -> np.ndarray:
-    """A read-only view (stride 0 along the replicas: `uniform` sees them equal at once)."""
-    return np.broadcast_to(
-        a[(slice(None),) * lead + (None,)], (*a.shape[:lead], replicas, *a.shape[lead:])
-    )
+    """A read-only view (stride 0 along the replicas: `uniform` sees them equal at once).
+    Made by the ndarray constructor over ``a``'s memory where ``a`` is contiguous (what
+    ``np.broadcast_to`` makes, without its Python: 8 us a feed in a replicated step, 5 feeds
+    a seed-MLP SGD step)."""
+    shape = (*a.shape[:lead], replicas, *a.shape[lead:])
+    if not a.flags.c_contiguous:
+        return np.broadcast_to(a[(slice(None),) * lead + (None,)], shape)
+    strides = (*a.strides[:lead], 0, *a.strides[lead:])
+    view = np.ndarray(shape, a.dtype, a, 0, strides)
+    view.flags.writeable = False
+    return view
 
 
 def unreplicated(
@@ -148,7 +155,10 @@ def unreplicated(
     n, r = options.device_iterations, options.replication_factor
     if r == 1:
         return {k: torch.from_numpy(values[s].copy()) for k, s in outputs.items()}
-    batch = inputs[0].shape[1 if n > 1 else 0] // split_replicas(options)  # one replica's rows
+    if all(values[s].ndim <= (2 if n > 1 else 1) for s in outputs.values()):
+        batch = 0  # scalars alone (a loss): no rows to put back in order
+    else:  # one replica's rows
+        batch = inputs[0].shape[1 if n > 1 else 0] // split_replicas(options)
     return {k: from_replicas(k, values[s], r, batch, n) for k, s in outputs.items()}
 
 

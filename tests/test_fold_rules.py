@@ -281,11 +281,13 @@ def test_broadcast_feeds_are_one_array_seen_equal_at_once():
     from popxl_fx.replication import broadcast_feeds
 
     a = np.arange(6, dtype=np.float32).reshape(2, 3)
-    for iterations, lead in ((1, 0), (2, 1)):
-        got = broadcast_feeds({"s": a}, R, iterations)["s"]
-        want = np.stack([a] * R, axis=lead)
-        assert got.shape == want.shape and np.array_equal(got, want)
-        assert got.strides[lead] == 0
+    # contiguous (the ndarray view), transposed (np.broadcast_to), a 0-d scalar
+    for b in (a, a.T, np.asarray(np.float32(0.5))):
+        for iterations, lead in ((1, 0), (2, 1)) if b.ndim else ((1, 0),):
+            got = broadcast_feeds({"s": b}, R, iterations)["s"]
+            want = np.stack([b] * R, axis=lead)
+            assert got.shape == want.shape and np.array_equal(got, want)
+            assert got.strides[lead] == 0 and not got.flags.writeable
     assert _same_replicas(broadcast_feeds({"s": a}, R, 2)["s"])
     rows = np.stack([a] * R, axis=1)
     assert _same_replicas(rows)
