@@ -198,7 +198,7 @@ def test_row_blocks_cover_every_row_once():
     """`_row_blocks`: the whole gradient unless blocked; blocked, blocks of a multiple of 16
     rows (the last the rest) tiling the rows in order, each about `BLOCK_BYTES`."""
     for shape in [(512, 784), (512, 512), (10, 512), (1000, 3), (17, 4096), (1, 1)]:
-        assert linear._row_blocks(shape, 4, False) == [(0, shape[0])]
+        assert linear._row_blocks(shape, 4, False) == ((0, shape[0]),)
         blocks = linear._row_blocks(shape, 4, True)
         assert blocks[0][0] == 0 and blocks[-1][1] == shape[0]
         assert all(a[1] == b[0] for a, b in zip(blocks, blocks[1:]))

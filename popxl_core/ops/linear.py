@@ -164,7 +164,10 @@ def _reduced_grads(
     if dw is None:
         dw = torch.empty(tuple(w.shape), dtype=w.dtype)
     gT, mean = gs.transpose(1, 2), reduce[1] == "mean"
-    for s, e in _row_blocks(w.shape, w.element_size(), blocked):
+    blocks = _row_blocks(w.shape, w.element_size(), blocked)
+    if len(blocks) == 1:  # no views to make (each Python call counts in a small layer)
+        _reduced_dw(dw, gT, xs, batched, mean)
+    for s, e in blocks if len(blocks) > 1 else ():
         _reduced_dw(dw[s:e], gT[:, s:e], xs, batched, mean)
     if not has_bias:
         return dx, dw
@@ -178,15 +181,20 @@ def _reduced_grads(
 BLOCK_BYTES = 768 * 2**10
 
 
-def _row_blocks(shape, itemsize: int, blocked: bool):
+def _row_blocks(shape, itemsize: int, blocked: bool) -> tuple:
     """``(start, end)`` of each block of a ``(out, in)`` gradient's rows: as many blocks as
     `BLOCK_BYTES` needs, of equal rows rounded up to a multiple of 16 (a GEMM's row tile; the
     last block takes the rest); one block ``(0, out)`` unless ``blocked``."""
+    return _blocks(tuple(shape), itemsize, BLOCK_BYTES if blocked else 0)
+
+
+@functools.lru_cache(maxsize=256)
+def _blocks(shape: tuple, itemsize: int, block_bytes: int) -> tuple:
     rows, row_bytes = shape[0], shape[1] * itemsize
-    n = -(-rows * row_bytes // BLOCK_BYTES) if blocked else 1
+    n = -(-rows * row_bytes // block_bytes) if block_bytes else 1
     step = -(-rows // max(n, 1))
     step = min(rows, -(-step // 16) * 16)
-    return [(s, min(s + step, rows)) for s in range(0, rows, step)]
+    return tuple((s, min(s + step, rows)) for s in range(0, rows, step))
 
 
 def _reduced_dw(dw, gT, xs, batched: bool, mean: bool) -> None:
