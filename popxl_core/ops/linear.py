@@ -160,15 +160,12 @@ def _reduced_grads(
     dx = None if 0 in dead else g2.mm(w).view(*g.shape[:-1], w.shape[1])
     gs = g2.view(replicas, -1, g.shape[-1])
     xs = x.reshape(replicas, -1, x.shape[-1])
-    dw = _kept(buffers, tuple(w.shape), w.dtype)
-    if dw is None:
-        dw = torch.empty(tuple(w.shape), dtype=w.dtype)
+    dw, parts = _dw_blocks(buffers, w, blocked)
     gT, mean = gs.transpose(1, 2), reduce[1] == "mean"
-    blocks = _row_blocks(w.shape, w.element_size(), blocked)
-    if len(blocks) == 1:  # no views to make (each Python call counts in a small layer)
+    if not parts:  # one block: no views to make (each Python call counts in a small layer)
         _reduced_dw(dw, gT, xs, batched, mean)
-    for s, e in blocks if len(blocks) > 1 else ():
-        _reduced_dw(dw[s:e], gT[:, s:e], xs, batched, mean)
+    for part, rows in parts:
+        _reduced_dw(part, gT[:, rows], xs, batched, mean)
     if not has_bias:
         return dx, dw
     db = gs.sum(1) if sums else torch.stack([part.sum(0) for part in gs])
@@ -197,6 +194,23 @@ def _blocks(shape: tuple, itemsize: int, block_bytes: int) -> tuple:
     return tuple((s, min(s + step, rows)) for s in range(0, rows, step))
 
 
+def _dw_blocks(buffers, w, blocked: bool) -> tuple:
+    """The weight gradient's buffer (kept in ``buffers`` where given, with its blocks) and,
+    where it has several `_row_blocks`, each block's rows of it and their slice."""
+    key = ("blocks", tuple(w.shape), w.dtype, BLOCK_BYTES if blocked else 0)
+    found = buffers.get(key) if buffers is not None else None
+    if found is not None:
+        return found
+    dw = _kept(buffers, tuple(w.shape), w.dtype)
+    if dw is None:
+        dw = torch.empty(tuple(w.shape), dtype=w.dtype)
+    blocks = _row_blocks(w.shape, w.element_size(), blocked)
+    parts = [(dw[s:e], slice(s, e)) for s, e in blocks] if len(blocks) > 1 else []
+    if buffers is not None:
+        buffers[key] = dw, parts
+    return dw, parts
+
+
 def _reduced_dw(dw, gT, xs, batched: bool, mean: bool) -> None:
     """``dw`` (rows of the weight gradient) = the replicas' ``gT[r] @ xs[r]`` added in
     replica order, then divided by R for a mean (`divide_mean`)."""
@@ -213,7 +227,12 @@ def _reduced_dw(dw, gT, xs, batched: bool, mean: bool) -> None:
 def _reduced_sum(rows, kind: str, buffers):
     """The replicas' values ``rows`` ``(R, n)`` summed over the replica dim (a mean divided
     after), into a kept buffer where given."""
-    total = torch.sum(rows, 0, out=_kept(buffers, tuple(rows.shape[1:]), rows.dtype))
+    out = _kept(buffers, tuple(rows.shape[1:]), rows.dtype)
+    if kind == "mean" and rows.dtype in (torch.float32, torch.float64):
+        # ATen's CPU mean of these dtypes: this sum, then ``div_`` by R (one Python call,
+        # not two; half types take another path)
+        return torch.mean(rows, 0, out=out)
+    total = torch.sum(rows, 0, out=out)
     return divide_mean(total, rows.shape[0]) if kind == "mean" else total
 
 
