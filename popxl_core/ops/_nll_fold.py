@@ -60,7 +60,8 @@ def folded_nll(kernel: Callable) -> Callable:
         _checked(lab, replicas, probs.shape[-1], ignore_index)
         red, ignore = reduction_code(reduction, ignore_index)
         n = lab.shape[0] // replicas
-        parts = zip(probs.split(n), lab.split(n))
+        # each replica's rows as views (unbind: no Python of Tensor.split)
+        parts = zip(probs.view(replicas, n, -1).unbind(), lab.view(replicas, n).unbind())
         # at::nll_loss: aten.nll_loss_forward's loss in one C++ call (no Python dispatch
         # of `torch.ops` per replica)
         return torch.stack([_nll(p, t, None, red, ignore) for p, t in parts])

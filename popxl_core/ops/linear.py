@@ -161,11 +161,7 @@ def _reduced_grads(
     gs = g2.view(replicas, -1, g.shape[-1])
     xs = x.reshape(replicas, -1, x.shape[-1])
     dw, parts = _dw_blocks(buffers, w, blocked)
-    gT, mean = gs.transpose(1, 2), reduce[1] == "mean"
-    if not parts:  # one block: no views to make (each Python call counts in a small layer)
-        _reduced_dw(dw, gT, xs, batched, mean)
-    for part, rows in parts:
-        _reduced_dw(part, gT[:, rows], xs, batched, mean)
+    _reduced_dw(dw, parts, gs.transpose(1, 2), xs, batched, reduce[1] == "mean")
     if not has_bias:
         return dx, dw
     db = gs.sum(1) if sums else torch.stack([part.sum(0) for part in gs])
@@ -211,17 +207,21 @@ def _dw_blocks(buffers, w, blocked: bool) -> tuple:
     return dw, parts
 
 
-def _reduced_dw(dw, gT, xs, batched: bool, mean: bool) -> None:
-    """``dw`` (rows of the weight gradient) = the replicas' ``gT[r] @ xs[r]`` added in
-    replica order, then divided by R for a mean (`divide_mean`)."""
-    if batched:
-        torch.addbmm(dw, gT, xs, beta=0, out=dw)
-    else:
-        torch.mm(gT[0], xs[0], out=dw)
-        for r in range(1, gT.shape[0]):
-            dw.addmm_(gT[r], xs[r])
-    if mean:
-        divide_mean(dw, gT.shape[0])
+def _reduced_dw(dw, parts, gT, xs, batched: bool, mean: bool) -> None:
+    """``dw`` = the replicas' ``gT[r] @ xs[r]`` added in replica order, then divided by R
+    for a mean (`divide_mean`), block by block where `_dw_blocks` gave ``parts``; one
+    Python call a site (each counts in a step of small ops)."""
+    r = gT.shape[0]
+    for out, rows in parts or ((dw, None),):
+        a = gT if rows is None else gT[:, rows]
+        if batched:
+            torch.addbmm(out, a, xs, beta=0, out=out)
+        else:
+            torch.mm(a[0], xs[0], out=out)
+            for i in range(1, r):
+                out.addmm_(a[i], xs[i])
+        if mean:
+            divide_mean(out, r)
 
 
 def _reduced_sum(rows, kind: str, buffers):
