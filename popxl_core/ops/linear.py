@@ -191,9 +191,10 @@ def _blocks(shape: tuple, itemsize: int, block_bytes: int) -> tuple:
 
 
 def _dw_blocks(buffers, w, blocked: bool) -> tuple:
-    """The weight gradient's buffer (kept in ``buffers`` where given, with its blocks) and,
-    where it has several `_row_blocks`, each block's rows of it and their slice."""
-    key = ("blocks", tuple(w.shape), w.dtype, BLOCK_BYTES if blocked else 0)
+    """The weight gradient's buffer (kept in ``buffers`` where given, with its blocks: the
+    blocks the site's first call checked stay, whatever `BLOCK_BYTES` is later) and, where it
+    has several `_row_blocks`, each block's rows of it and their slice."""
+    key = ("blocks", tuple(w.shape), w.dtype, blocked)
     found = buffers.get(key) if buffers is not None else None
     if found is not None:
         return found
