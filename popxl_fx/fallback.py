@@ -22,6 +22,8 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 from torch._decomp import core_aten_decompositions
+from torch._guards import TracingContext, tracing
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import popxl_core as popxl
@@ -95,6 +97,14 @@ def _decompositions() -> dict:
     return dict(_TABLES[key])  # a copy: make_fx may keep or change what it is given
 
 
+def _one_fake_mode():
+    """One FakeTensorMode for a decomposition's traces. ``make_fx`` records each node's value
+    as a fake tensor of the ambient fake mode, and without one it makes a new FakeTensorMode
+    per value, each reading the Python stack (~40 % of a small decomposition's time); the
+    recorded shapes, strides and dtypes are the same."""
+    return tracing(TracingContext(FakeTensorMode(allow_fallback_kernels=True)))
+
+
 def decompose(node: fx.Node, root: torch.nn.Module) -> Decomposition:
     """Trace ``node``'s call on its example inputs into core ATen ops (once per node)."""
     if "decomposition" not in node.meta:
@@ -127,9 +137,10 @@ def _decompose(node: fx.Node, root: torch.nn.Module) -> Decomposition:
         # decompositions introduce) become pure ones; a mutated input shows as one
         # aten.copy_ into it at the end (a buffer update).
         table = _decompositions()
-        aten_gm = make_fx(flat_call, decomposition_table=table)(*fresh())
-        pure = torch.func.functionalize(aten_gm, remove="mutations")
-        gm = make_fx(pure, decomposition_table=table)(*fresh())
+        with _one_fake_mode():
+            aten_gm = make_fx(flat_call, decomposition_table=table)(*fresh())
+            pure = torch.func.functionalize(aten_gm, remove="mutations")
+            gm = make_fx(pure, decomposition_table=table)(*fresh())
     # x.tanh_(), F.relu(x, inplace=True): the update of x is the call's own result, which
     # the driver rebinds x to (`mutated_input`)
     updates_self = mutated_input(node, root) is not None

@@ -23,6 +23,21 @@ def fashion_gz() -> Path:
     return DEBIAN_DIR
 
 
+@pytest.fixture(scope="module")
+def staged(tmp_path_factory) -> Path:
+    """Fashion-MNIST staged from Debian's package once for the tests that only read a staged
+    root (each staging gunzips 55 MB)."""
+    if data._find_idx_files(DEBIAN_DIR) is None:
+        pytest.skip(
+            f"Fashion-MNIST not installed in {DEBIAN_DIR}: apt-get install -y dataset-fashion-mnist"
+        )
+    root = tmp_path_factory.mktemp("staged")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(data, "_mirror_reachable", lambda dataset: False)
+        assert data.prepare("fashion-mnist", data_dir=root, download=True) == root
+    return root
+
+
 @pytest.fixture
 def offline(monkeypatch):
     """No download and no system directories: only what a test puts in its temp dir counts."""
@@ -37,11 +52,9 @@ def _gunzip_into(src: Path, dest: Path) -> None:
             shutil.copyfileobj(fin, fout)
 
 
-def test_stage_from_debian_package(fashion_gz, tmp_path, monkeypatch):
-    monkeypatch.setattr(data, "_mirror_reachable", lambda dataset: False)
-    root = data.prepare("fashion-mnist", data_dir=tmp_path, download=True)
-    raw = tmp_path / "FashionMNIST" / "raw"
-    assert root == tmp_path
+def test_stage_from_debian_package(staged):
+    root = staged  # data.prepare("fashion-mnist", data_dir=staged), the mirror unreachable
+    raw = staged / "FashionMNIST" / "raw"
     assert sorted(p.name for p in raw.iterdir()) == sorted(data.IDX_FILES)
     # torchvision's own class must find them without downloading.
     train = torchvision.datasets.FashionMNIST(str(root), train=True, download=False)
@@ -61,12 +74,14 @@ def test_stage_from_user_dir_of_plain_idx_files(fashion_gz, tmp_path, offline):
     assert abs(float(image.mean())) < 2.0 and 0 <= label < 10
 
 
-def test_already_staged_is_not_copied_again(fashion_gz, tmp_path, monkeypatch):
+def test_already_staged_is_not_copied_again(staged, monkeypatch):
     monkeypatch.setattr(data, "_mirror_reachable", lambda dataset: False)
-    data.prepare("fashion-mnist", data_dir=tmp_path)
     monkeypatch.setattr(data, "SYSTEM_DIRS", {"fashion-mnist": (), "mnist": ()})
-    # With every source gone the staged copy alone must be enough.
-    assert data.prepare("fashion-mnist", data_dir=tmp_path) == tmp_path
+    raw = staged / "FashionMNIST" / "raw"
+    before = {p.name: p.stat().st_mtime_ns for p in raw.iterdir()}
+    # With every source gone the staged copy alone must be enough, and it is left as it is.
+    assert data.prepare("fashion-mnist", data_dir=staged) == staged
+    assert {p.name: p.stat().st_mtime_ns for p in raw.iterdir()} == before
 
 
 def test_clear_error_when_nothing_found(tmp_path, offline):
@@ -94,19 +109,17 @@ def test_mnist_is_not_replaced_by_fashion_unless_asked(fashion_gz, tmp_path, mon
         data.prepare("mnist", data_dir=tmp_path)
 
 
-def test_loaders_are_reproducible_and_fixed_shape(fashion_gz, tmp_path, monkeypatch):
-    monkeypatch.setattr(data, "_mirror_reachable", lambda dataset: False)
-    a_train, a_test = data.get_data_loaders(64, 1000, data_dir=tmp_path, seed=3)
-    b_train, _ = data.get_data_loaders(64, 1000, data_dir=tmp_path, seed=3)
+def test_loaders_are_reproducible_and_fixed_shape(staged):
+    a_train, a_test = data.get_data_loaders(64, 1000, data_dir=staged, seed=3)
+    b_train, _ = data.get_data_loaders(64, 1000, data_dir=staged, seed=3)
     (xa, ya), (xb, yb) = next(iter(a_train)), next(iter(b_train))
     assert torch.equal(xa, xb) and torch.equal(ya, yb)
     assert xa.shape == (64, 1, 28, 28) and ya.dtype == torch.int64
     assert len(a_train) == 60000 // 64 and len(a_test) == 10
 
 
-def test_preloaded_equals_per_image_transform(fashion_gz, tmp_path, monkeypatch):
-    monkeypatch.setattr(data, "_mirror_reachable", lambda dataset: False)
-    per_image = data.mnist(True, data_dir=tmp_path)
+def test_preloaded_equals_per_image_transform(staged):
+    per_image = data.mnist(True, data_dir=staged)
     fast = data.preload(per_image, "fashion-mnist")
     assert len(fast) == len(per_image)
     picked = (0, 1, 12345, 59999)

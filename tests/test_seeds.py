@@ -29,7 +29,7 @@ from popxl_fx.cli import SEEDS_ENV, default_seeds_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 SEEDS = default_seeds_dir()  # $POPXL_FX_SEEDS_DIR, else ../shared/seeds beside the repo
-BATCHES = 12
+BATCHES = 6
 SHUFFLE_SEED = 0  # torch.manual_seed for the seeds' DataLoader shuffles in the test process
 TRAINING_BATCHES = 150  # enough for the accuracy to say the seed trains
 sys.path.insert(0, str(ROOT / "tools"))
@@ -234,15 +234,15 @@ def test_notebook_cells_are_the_code_of_a_notebook_seed(tmp_path):
 
 
 def test_seed_003_phased_execution_trains_and_tests(seed_runs):
-    """Replication 2, gradient accumulation 4, seven phases, RTS, io mode: 12 steps of global
-    batch 64, the test loop, and both throughput measurements."""
+    """Replication 2, gradient accumulation 4, seven phases, RTS, io mode: `BATCHES` steps of
+    global batch 64, the test loop, and both throughput measurements."""
     run = seed_runs["003"]
     assert not run.error, run.error[-6000:]
     assert run.missing == [] and run.skipped == [], (run.missing, run.skipped)
     out = run.stdout
     assert out.count("Throughput:") == 2 and "train session" in out and "test session" in out
-    # 12 Adam steps of 64 images: 64.5% with SHUFFLE_SEED (56.7 and 57.0 measured in the
-    # runner's own process, a random order; chance: 10%)
+    # 6 Adam steps of 64 images: 44.0% with SHUFFLE_SEED (4 steps: 31.6%; 12 steps: 64.5%,
+    # and 56.7 and 57.0 measured in the runner's own process, a random order; chance: 10%)
     print(f"seed 003: accuracy {_accuracy(out)}% after {BATCHES} steps")
     assert _accuracy(out) > 30.0, out[-2000:]
 

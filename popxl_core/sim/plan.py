@@ -29,12 +29,14 @@ __all__ = [
     "PLAN_OBSERVERS",
     "GraphInfo",
     "IpuMemory",
+    "MemoryPlan",
     "OpRow",
     "OutOfMemoryError",
     "OutOfMemoryWarning",
     "Plan",
     "RemoteBufferInfo",
     "build_plan",
+    "plan_memory",
 ]
 
 # Called with every Plan as it is built, before any OOM is raised (`python -m popxl_core.report`
@@ -174,18 +176,7 @@ def build_plan(ir, machine: Machine, observe: bool = True) -> Plan:
     target treats that as fatal (``machine.oom_is_error``), warns if ``machine.oom_warns``.
     ``observe=False`` keeps the plan from `PLAN_OBSERVERS` (an estimate of a program under
     construction, e.g. popxl_fx's per-stage memory, is not a Session's plan)."""
-    graphs = reachable_graphs(ir.main_graph)
-    opts = ir._pb_ir.getSessionOptions()
-    ipus = _num_ipus(graphs, machine)
-    model = CostModel(
-        machine,
-        num_ipus=ipus * ir.replication_factor,
-        io_tiles=opts.numIOTiles,
-        replicas=ir.replication_factor,
-    )
-    analysis = LivenessAnalysis()
-    liveness = analysis.of(ir.main_graph)
-    loaded = VariableLiveness(ir, analysis).of(ir.main_graph)
+    graphs, model, analysis, liveness, loaded = _analysed(ir, machine)
     runs = model.graph_runs(ir.main_graph)
     work = model.graph_work(ir.main_graph) + Work(Cycles(launch=machine.run_overhead_cycles))
     plan = Plan(
@@ -206,6 +197,46 @@ def build_plan(ir, machine: Machine, observe: bool = True) -> Plan:
         observer(plan)
     _check_fits(plan, machine)
     return plan
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """`plan_memory`'s result: `Plan`'s graphs (their cycles left 0) and memory per IPU."""
+
+    graphs: list[GraphInfo]
+    memory: dict[int, IpuMemory]
+
+
+def plan_memory(ir, machine: Machine) -> MemoryPlan:
+    """The memory of ``ir`` on ``machine`` as `build_plan` finds it, and each graph's ops,
+    code bytes and runs; no cycle estimate and no per-op rows (half of a plan's work). For
+    estimates of a program under construction (popxl_fx's stage records): never fatal, never
+    observed."""
+    graphs, model, _, liveness, loaded = _analysed(ir, machine)
+    runs = model.graph_runs(ir.main_graph)
+    infos = [
+        GraphInfo(g.name or "main", len(g._ops), sum(map(model.code_bytes, g._ops)), runs.get(g, 0))
+        for g in graphs
+    ]
+    return MemoryPlan(infos, _memory(ir, graphs, model, liveness, loaded))
+
+
+def _analysed(ir, machine: Machine) -> tuple:
+    """What both plans start from: (graphs, cost model, liveness analysis, the main graph's
+    liveness, its remote variables' curve)."""
+    graphs = reachable_graphs(ir.main_graph)
+    opts = ir._pb_ir.getSessionOptions()
+    ipus = _num_ipus(graphs, machine)
+    model = CostModel(
+        machine,
+        num_ipus=ipus * ir.replication_factor,
+        io_tiles=opts.numIOTiles,
+        replicas=ir.replication_factor,
+    )
+    analysis = LivenessAnalysis()
+    liveness = analysis.of(ir.main_graph)
+    loaded = VariableLiveness(ir, analysis).of(ir.main_graph)
+    return graphs, model, analysis, liveness, loaded
 
 
 def _check_fits(plan: Plan, machine: Machine) -> None:
