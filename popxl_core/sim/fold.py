@@ -47,6 +47,7 @@ from ..ops.collectives.replicated import ALL_REDUCE
 from ..ops.io import HOST_LOAD, HOST_STORE
 from ..schedule import schedule
 from ..tensor import Tensor, Variable
+from .fold_group import KeptGroup
 from .fold_reduce import check_summed, plan_fused, reduce_group, summed
 from .runtime import collective_results, next_transfer
 from .uniform import full_all_reduce
@@ -218,9 +219,18 @@ class FoldRuntime:
         self.summed[fn.op_name] = check_summed(rows, op, want)
         return want
 
-    def all_reduce_group(self, values, op: str, key: str) -> List[torch.Tensor]:
-        """Consecutive all-reduces of the main graph as one call (`fold_reduce.py`)."""
-        return reduce_group(values, op, self.replicas, self.groups.setdefault(key, {}))
+    def all_reduce_group(self, values, op: str, key: str, keep: bool) -> List[torch.Tensor]:
+        """Consecutive all-reduces of the main graph as one call (`fold_reduce.py`); ``keep``:
+        the graph runs once a run, its buffers and result views are kept (`fold_group.py`)
+        once the first call found the one sum equal to the per-value reductions."""
+        state = self.groups.setdefault(key, {})
+        kept = state.get("kept")
+        if kept is not None:
+            return kept.reduce(values, op)
+        results = reduce_group(values, op, self.replicas, state)
+        if keep and state.get("flat"):
+            state["kept"] = KeptGroup(values, self.replicas)
+        return results
 
 
 def _first_result(fn, values: List[torch.Tensor]) -> torch.Tensor:

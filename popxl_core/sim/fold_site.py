@@ -69,7 +69,8 @@ def _emit_reduce_group(op: Op, plan, em, fold) -> bool:
     outs = ", ".join(em.name(x.outputs[0]) for x in run)
     ins = ", ".join(em.name(x.inputs[0]) for x in run)
     kind, key = op.attrs["op"], f"{op.type}.{op.id}"
-    em.emit(f"{outs}, = RT.all_reduce_group(({ins},), {kind!r}, {key!r})")
+    keep = em.graph in em.program.once_per_replica  # its results are dead by the next run
+    em.emit(f"{outs}, = RT.all_reduce_group(({ins},), {kind!r}, {key!r}, {keep})")
     return True
 
 
