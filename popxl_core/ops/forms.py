@@ -151,6 +151,15 @@ class ReplicaFold:
             once from that element's operands (IEEE add, sub, mul). Then it is emitted as
             the op's own call with the folded attributes (inline where the op is direct),
             unchecked, instead of a checked site.
+        together: outputs ``together_outputs`` of several calls of the op (the same shapes
+            and attributes) in one call, where only one group all-reduce reads them (the
+            parameter gradients of a network's layer norms, sim/fold_together.py):
+            ``(list of per-call args, replicas, **attrs) -> per call, a list of those
+            outputs as (R, n) rows, replica r's value flattened in row r``. The calls
+            themselves then run ``rest``.
+        together_outputs: the output indexes ``together`` computes (all only a group reads).
+        rest: ``(args, replicas, **attrs) -> outputs, None at together_outputs``: one
+            call's other outputs, over all replicas' rows.
     """
 
     rows: Callable[..., bool]
@@ -159,6 +168,9 @@ class ReplicaFold:
     reduced: Tuple[Callable[..., Tuple[object, ...]], ...] = ()
     reduces: Tuple[int, ...] = ()
     exact: bool = False
+    together: Optional[Callable[..., List[List[object]]]] = None
+    together_outputs: Tuple[int, ...] = ()
+    rest: Optional[Callable[..., Tuple[object, ...]]] = None
 
 
 def _all_rows(attrs, shapes, per) -> bool:

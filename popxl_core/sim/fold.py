@@ -49,6 +49,7 @@ from ..schedule import schedule
 from ..tensor import Tensor, Variable
 from .fold_group import KeptGroup
 from .fold_reduce import check_summed, plan_fused, reduce_group, summed
+from .fold_together import plan_together
 from .runtime import collective_results, next_transfer
 from .uniform import full_all_reduce
 
@@ -72,6 +73,10 @@ class FoldPlan:
     # the all-reduces that then pass them on (`fold_reduce.plan_fused`)
     reduced: Dict[Op, Dict[int, str]] = field(default_factory=dict)
     fused: Set[Op] = field(default_factory=set)
+    # folded op -> the `fold_together.Together` computing some of its outputs at the group;
+    # group key -> that `Together`
+    together: Dict[Op, object] = field(default_factory=dict)
+    together_groups: Dict[str, object] = field(default_factory=dict)
 
 
 def plan_fold(program) -> Optional[FoldPlan]:
@@ -90,6 +95,7 @@ def plan_fold(program) -> Optional[FoldPlan]:
         if not _main_op(op, plan, ir):
             return None
     plan_fused(plan, program.main_plan.live)
+    plan_together(plan, program.main_plan.live)
     return plan
 
 
@@ -225,6 +231,9 @@ class FoldRuntime:
         once the first call found the one sum equal to the per-value reductions."""
         state = self.groups.setdefault(key, {})
         kept = state.get("kept")
+        together = self.plan.together_groups.get(key)
+        if together is not None:  # values computed here (`fold_together.py`)
+            values = together.fill(values, state, folded=kept is None)
         if kept is not None:
             return kept.reduce(values, op)
         results = reduce_group(values, op, self.replicas, state)
