@@ -72,9 +72,7 @@ def test_a_together_call_with_other_bits_falls_back_to_each_replica(ln_grad_fold
     good, replace = ln_grad_fold
 
     def off_by_one_ulp(*args, **attrs):
-        return [
-            tuple(torch.nextafter(t, t + 1) for t in outs) for outs in good.together(*args, **attrs)
-        ]
+        return [torch.nextafter(t, t + 1) for t in good.together(*args, **attrs)]
 
     replace(together=off_by_one_ulp)
     folded, off = _train("gpt", 2, FOLD), _off("gpt", 2)
@@ -97,4 +95,24 @@ def test_a_layer_norm_whose_dx_falls_back_makes_its_own_parameter_gradients(ln_g
     _assert_same(folded, off)
     sites = _together_sites(folded[3])
     assert len(sites) == 9 and all(s.chosen == s._each for s in sites)
-    assert "together" not in _group(folded[3])
+    assert _group(folded[3])["together"] is False
+
+
+def test_one_layer_norm_falling_back_leaves_the_others_to_their_replicas_calls(ln_grad_fold):
+    """``rest`` off at its first call only: that layer norm's site makes all of its
+    outputs, and the group makes the other 8 layer norms' parameter gradients with the
+    replicas' own calls (the together call is for all of them or none)."""
+    good, replace = ln_grad_fold
+    calls = []
+
+    def first_off(*args, **attrs):
+        dx, *params = good.rest(*args, **attrs)
+        calls.append(1)
+        return (torch.nextafter(dx, dx + 1) if len(calls) == 1 else dx, *params)
+
+    replace(rest=first_off)
+    folded, off = _train("gpt", 4, FOLD), _off("gpt", 4)
+    _assert_same(folded, off)
+    sites = _together_sites(folded[3])
+    assert sum(s.chosen == s._each for s in sites) == 1
+    assert _group(folded[3])["together"] is False

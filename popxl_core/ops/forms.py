@@ -154,8 +154,8 @@ class ReplicaFold:
         together: outputs ``together_outputs`` of several calls of the op (the same shapes
             and attributes) in one call, where only one group all-reduce reads them (the
             parameter gradients of a network's layer norms, sim/fold_together.py):
-            ``(list of per-call args, replicas, **attrs) -> per call, a list of those
-            outputs as (R, n) rows, replica r's value flattened in row r``. The calls
+            ``(list of K calls' args, replicas, **attrs) -> per output, one contiguous
+            (R, K, ...) tensor: call k's value on replica r at [r, k]``. The calls
             themselves then run ``rest``.
         together_outputs: the output indexes ``together`` computes (all only a group reads).
         rest: ``(args, replicas, **attrs) -> outputs, None at together_outputs``: one

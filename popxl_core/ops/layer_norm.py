@@ -150,7 +150,7 @@ def _params_together(calls, replicas, normalized_shape, has_weight, has_bias):
     """The parameter gradients of K layer norms of one shape (their ``(g, x, mean, rstd,
     ...)`` in ``calls``), every replica's, in one kernel call: `_side_by_side_grad`'s
     arithmetic with the K calls' replicas side by side, ``(M, R * K * N)``, column
-    ``(r, k, j)`` replica r's column j of call k; per call, its ``(R, N)`` rows of each."""
+    ``(r, k, j)`` replica r's column j of call k: each gradient as ``(R, K, N)``."""
     r, n, k = replicas, math.prod(normalized_shape), len(calls)
     rows = calls[0][0].numel() // (r * n)
     at = calls[0][0].dim() - len(normalized_shape)  # the calls side by side: (R, M, K, ...)
@@ -164,8 +164,7 @@ def _params_together(calls, replicas, normalized_shape, has_weight, has_bias):
     # rows M, columns (R, K, N): the kernel lays the transposed operands out itself
     dys, xhat, ones = dys.view(grouped).transpose(0, 1), xhat.transpose(0, 1), ones.view(r, k, n)
     _, dw, db = _BWD(dys, xhat, [r, k, n], zero, one, ones, ones, mask)
-    outs = [t.unbind(1) for t, m in zip((dw, db), mask[1:]) if m]
-    return list(zip(*outs))
+    return [t for t, m in zip((dw, db), mask[1:]) if m]
 
 
 def _side_by_side(buffers, rows: int, replicas: int, n: int, dtype) -> tuple:

@@ -231,14 +231,19 @@ class FoldRuntime:
         once the first call found the one sum equal to the per-value reductions."""
         state = self.groups.setdefault(key, {})
         kept = state.get("kept")
-        together = self.plan.together_groups.get(key)
-        if together is not None:  # values computed here (`fold_together.py`)
-            values = together.fill(values, state, folded=kept is None)
+        together = self.plan.together_groups.get(key)  # values made here: `fold_together`
         if kept is not None:
-            return kept.reduce(values, op)
+            if together is None:
+                return kept.reduce(values, op)
+            if state["together"]:
+                return kept.reduce(values, op, together.blocks())
+            return kept.reduce(together.fill(values), op)
+        if together is not None:
+            values = together.first(values, state)
         results = reduce_group(values, op, self.replicas, state)
         if keep and state.get("flat"):
-            state["kept"] = KeptGroup(values, self.replicas)
+            blocks = together.layout() if together is not None and state["together"] else []
+            state["kept"] = KeptGroup(values, self.replicas, blocks)
         return results
 
 

@@ -8,8 +8,10 @@ itself (~140 us of a ~4.5 ms R=4 step, measured in the step: its objects are out
 cache by then). Where the main graph runs once a run, every value the run computes is dead
 when it returns (`variants.py`: runs return copies, variables are written in place), so the
 rows and the total can be kept, and the result views made once: each run writes the rows
-(one ``cat`` into them), sums into the total and returns the same views. The arithmetic is
-`fold_reduce._flat`'s, call for call: the same bits.
+(one ``cat`` into them), sums into the total and returns the same views. Values made
+together at the group (`fold_together.py`) come as blocks of columns of their own, after
+the others. Each column is summed alone, so the order of the columns leaves every result's
+bits as `fold_reduce._flat` makes them.
 """
 
 from __future__ import annotations
@@ -24,20 +26,34 @@ __all__ = ["KeptGroup"]
 
 
 class KeptGroup:
-    """One group's rows, total and result views, made at its first reduction."""
+    """One group's rows, total and result views, made at its first reduction from its
+    values (each ``(R * rows, ...)``); ``blocks``: per block of columns at the end, the
+    positions of the values it holds, in order (`reduce` is given the blocks' values)."""
 
-    def __init__(self, values: Sequence[torch.Tensor], replicas: int) -> None:
+    def __init__(
+        self, values: Sequence[torch.Tensor], replicas: int, blocks: Sequence[Sequence[int]]
+    ) -> None:
         self.replicas = replicas
+        in_blocks = {p for block in blocks for p in block}
+        self.order = [p for p in range(len(values)) if p not in in_blocks]
         sizes = [v.numel() // replicas for v in values]
-        n = sum(sizes)
+        offsets, n = {}, 0
+        for p in [*self.order, *(p for block in blocks for p in block)]:
+            offsets[p], n = n, n + sizes[p]
         like = values[0]
         self.rows = torch.empty((replicas, n), dtype=like.dtype)
         self.total = torch.empty((n,), dtype=like.dtype)
         shapes = [(v.shape[0] // replicas, *v.shape[1:]) for v in values]
-        self.results = [t.view(s) for t, s in zip(self.total.split(sizes), shapes)]
+        self.results = [
+            self.total[offsets[p] : offsets[p] + sizes[p]].view(shapes[p])
+            for p in range(len(values))
+        ]
 
-    def reduce(self, values: Sequence[torch.Tensor], op: str) -> List[torch.Tensor]:
+    def reduce(
+        self, values: Sequence[torch.Tensor], op: str, blocks: Sequence[torch.Tensor] = ()
+    ) -> List[torch.Tensor]:
         r = self.replicas
-        torch.cat([v.reshape(r, -1) for v in values], 1, out=self.rows)
+        parts = [values[p].reshape(r, -1) for p in self.order]
+        torch.cat([*parts, *blocks], 1, out=self.rows)
         summed(self.rows, op, self.total)
         return self.results

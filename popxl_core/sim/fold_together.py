@@ -54,41 +54,76 @@ class Together:
         """The replicas' own values of ``op``'s outputs (its site's first call)."""
         self.want[self.index[op]] = tuple(want[j] for j in self.outputs)
 
-    def fill(self, values: Sequence, state: dict, folded: bool) -> list:
-        """``values`` with the members their sites left None computed: ``(R, n)`` rows (the
-        kept group takes those), or ``folded``: each as its value's folded shape."""
+    def first(self, values: Sequence, state: dict) -> list:
+        """The group's first call: ``values`` with the members their sites left None
+        computed, each as its value's folded shape; ``state["together"]``: whether every
+        site left them and the together call gave the replicas' bits (then later runs take
+        `blocks`, else `fill`)."""
         values = list(values)
-        missing = [p for p, (k, _) in self.members.items() if values[p] is None]
-        if not missing:
-            return values
-        ok = state.get("together")
-        if ok is None:
-            ok = state["together"] = self._check()
-        made = self._together() if ok else self._each()
-        for p in missing:
-            k, m = self.members[p]
-            v = made[k][m]
-            values[p] = v.reshape(self.shapes[p]) if folded else v
-        self.args = [None] * len(self.ops)  # the operands are dead now
+        missing = [p for p in self.members if values[p] is None]
+        ok = len(missing) == len(self.members) and self._check()
+        state["together"] = ok
+        if missing:
+            made = self._split(self._together()) if ok else self._each()
+            for p in missing:
+                k, m = self.members[p]
+                values[p] = made[k][m].reshape(self.shapes[p])
+        self._done()
         return values
+
+    def blocks(self) -> list:
+        """This run's values, every member's, per output one ``(R, K * n)`` block (the
+        kept group's columns for them, `KeptGroup.layout`)."""
+        made = self._together()
+        self._done()
+        return [t.view(self.replicas, -1) for t in made]
+
+    def fill(self, values: Sequence) -> list:
+        """``values`` with the members their sites left None made by the replicas' own
+        calls (as ``(R, n)`` rows): where the together call did not match."""
+        values = list(values)
+        missing = [p for p in self.members if values[p] is None]
+        if missing:
+            made = self._each()
+            for p in missing:
+                k, m = self.members[p]
+                values[p] = made[k][m]
+        self._done()
+        return values
+
+    def layout(self) -> List[List[int]]:
+        """Per output, the group positions of its K values in call order (`blocks`)."""
+        where = {km: p for p, km in self.members.items()}
+        return [[where[k, m] for k in range(len(self.ops))] for m in range(len(self.outputs))]
+
+    def _done(self) -> None:
+        self.args = [None] * len(self.ops)  # the operands are dead now
 
     def _together(self) -> list:
         return self.kernel(self.args, self.replicas, **self.attrs)
 
-    def _each(self) -> list:
-        """Each op's values from the replicas' own calls, as ``(R, n)`` rows."""
-        out = []
-        for op, args in zip(self.ops, self.args):
+    def _split(self, made: list) -> list:
+        """The together call's values per call: ``[k][m]`` as ``(R, n)`` rows."""
+        r = self.replicas
+        return [[t[:, k].reshape(r, -1) for t in made] for k in range(len(self.ops))]
+
+    def _each(self) -> dict:
+        """The values of the ops whose sites left operands, from the replicas' own calls,
+        as ``(R, n)`` rows (``[k][m]``)."""
+        out = {}
+        for k, (op, args) in enumerate(zip(self.ops, self.args)):
+            if args is None:  # its site made all of its outputs
+                continue
             res = self.sites[op].each(args)
             res = res if isinstance(res, tuple) else (res,)
-            out.append([res[j].reshape(self.replicas, -1) for j in self.outputs])
+            out[k] = [res[j].reshape(self.replicas, -1) for j in self.outputs]
         return out
 
     def _check(self) -> bool:
         if any(a is None for a in self.args) or any(w is None for w in self.want):
             return False
         try:
-            made = self._together()
+            made = self._split(self._together())
         except (RuntimeError, ValueError, IndexError):
             return False
         for got, want in zip(made, self.want):
