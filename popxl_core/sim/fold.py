@@ -244,6 +244,8 @@ class FoldRuntime:
         if keep and state.get("flat"):
             blocks = together.layout() if together is not None and state["together"] else []
             state["kept"] = KeptGroup(values, self.replicas, blocks)
+            if op == "mean":
+                state["kept"].check_mean(values)
         return results
 
 

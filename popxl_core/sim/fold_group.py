@@ -20,6 +20,7 @@ from typing import List, Sequence
 
 import torch
 
+from .bits import same_bits
 from .fold_reduce import summed
 
 __all__ = ["KeptGroup"]
@@ -38,7 +39,8 @@ class KeptGroup:
         self.order = [p for p in range(len(values)) if p not in in_blocks]
         sizes = [v.numel() // replicas for v in values]
         offsets, n = {}, 0
-        for p in [*self.order, *(p for block in blocks for p in block)]:
+        self.columns = [*self.order, *(p for block in blocks for p in block)]
+        for p in self.columns:
             offsets[p], n = n, n + sizes[p]
         like = values[0]
         self.rows = torch.empty((replicas, n), dtype=like.dtype)
@@ -48,12 +50,28 @@ class KeptGroup:
             self.total[offsets[p] : offsets[p] + sizes[p]].view(shapes[p])
             for p in range(len(values))
         ]
+        self.one_mean = False  # `reduce` takes a mean as one torch.mean: set by `check_mean`
+
+    def check_mean(self, values: Sequence[torch.Tensor]) -> None:
+        """Whether ``torch.mean`` over the replica dim gives the sum-then-divide bits on
+        ``values`` (every one, in the layout `__init__` takes; ATen's CPU mean of float32 is
+        that sum and division in one call)."""
+        r = self.replicas
+        torch.cat([values[p].reshape(r, -1) for p in self.columns], 1, out=self.rows)
+        want = summed(self.rows, "mean", torch.empty_like(self.total))
+        self.one_mean = same_bits(torch.mean(self.rows, 0, out=self.total), want)
 
     def reduce(
         self, values: Sequence[torch.Tensor], op: str, blocks: Sequence[torch.Tensor] = ()
     ) -> List[torch.Tensor]:
+        self._rows(values, blocks)
+        if op == "mean" and self.one_mean:
+            torch.mean(self.rows, 0, out=self.total)
+        else:
+            summed(self.rows, op, self.total)
+        return self.results
+
+    def _rows(self, values: Sequence[torch.Tensor], blocks: Sequence[torch.Tensor]) -> None:
         r = self.replicas
         parts = [values[p].reshape(r, -1) for p in self.order]
         torch.cat([*parts, *blocks], 1, out=self.rows)
-        summed(self.rows, op, self.total)
-        return self.results
