@@ -157,9 +157,12 @@ class ReplicaFold:
             ``(list of K calls' args, replicas, **attrs) -> per output, one contiguous
             (R, K, ...) tensor: call k's value on replica r at [r, k]``. The calls
             themselves then run ``rest``.
+        together_into: ``together`` is ``(calls, replicas, outs, **attrs) -> None``
+            instead, writing call k's output m, every replica's, into ``outs[k][m]``
+            (``(R, ...)``, a view of the group's rows): its calls need not share shapes.
         together_outputs: the output indexes ``together`` computes (all only a group reads).
-        rest: ``(args, replicas, **attrs) -> outputs, None at together_outputs``: one
-            call's other outputs, over all replicas' rows.
+        rest: ``(args, replicas, dead, **attrs) -> outputs, None at together_outputs``: one
+            call's other outputs, over all replicas' rows (``dead``: as for ``kernels``).
     """
 
     rows: Callable[..., bool]
@@ -169,6 +172,7 @@ class ReplicaFold:
     reduces: Tuple[int, ...] = ()
     exact: bool = False
     together: Optional[Callable[..., List[List[object]]]] = None
+    together_into: bool = False
     together_outputs: Tuple[int, ...] = ()
     rest: Optional[Callable[..., Tuple[object, ...]]] = None
 

@@ -139,7 +139,7 @@ def _side_by_side_grad(args, replicas, dead, buffers, normalized_shape, has_weig
     return (dx, *outs)
 
 
-def _dx_rest(args, replicas, normalized_shape, has_weight, has_bias):
+def _dx_rest(args, replicas, dead, normalized_shape, has_weight, has_bias):
     """``dx`` over all replicas' rows, None for the parameter gradients (`_params_together`
     computes them, with other layer norms')."""
     dx = _dx_over_all_rows(args, normalized_shape, has_weight, has_bias)[-1]

@@ -231,22 +231,46 @@ class FoldRuntime:
         once the first call found the one sum equal to the per-value reductions."""
         state = self.groups.setdefault(key, {})
         kept = state.get("kept")
-        together = self.plan.together_groups.get(key)  # values made here: `fold_together`
+        togethers = self.plan.together_groups.get(key, ())  # values made here
         if kept is not None:
-            if together is None:
-                return kept.reduce(values, op)
-            if state["together"]:
-                return kept.reduce(values, op, together.blocks())
-            return kept.reduce(together.fill(values), op)
-        if together is not None:
-            values = together.first(values, state)
+            values, blocks = _made_here(togethers, values, state["together"], kept)
+            return kept.reduce(values, op, blocks)
+        oks = []
+        for together in togethers:
+            values, ok = together.first(values)
+            oks.append(ok)
+        # per `Together`: "fill" (values as they come), "blocks", "into" (its kernel writes
+        # the rows; checked at its first write), "checked", "each" (the replicas' calls, into
+        # the rows)
+        state["together"] = [
+            ("into" if t.into else "blocks") if ok else "fill" for t, ok in zip(togethers, oks)
+        ]
         results = reduce_group(values, op, self.replicas, state)
         if keep and state.get("flat"):
-            blocks = together.layout() if together is not None and state["together"] else []
-            state["kept"] = KeptGroup(values, self.replicas, blocks)
+            made = [t for t, ok in zip(togethers, oks) if ok]  # else: their values as they come
+            blocks = [col for t in made if not t.into for col in t.layout()]
+            into = [p for t in made if t.into for p in t.members]
+            state["kept"] = KeptGroup(values, self.replicas, blocks, into)
             if op == "mean":
                 state["kept"].check_mean(values)
         return results
+
+
+def _made_here(togethers, values, modes: list, kept) -> tuple:
+    """A kept group's run: ``(values, blocks)`` for `KeptGroup.reduce`, each `Together`'s
+    values made as its mode says (``modes`` updated where a first write's check failed)."""
+    blocks: list = []
+    for i, (together, mode) in enumerate(zip(togethers, modes)):
+        if mode == "fill":
+            values = together.fill(values)
+        elif mode == "blocks":
+            blocks += together.blocks()
+        elif mode == "each":
+            together.write_each(kept.dest)
+        else:
+            ok = together.write(kept.dest, check=mode == "into")
+            modes[i] = "checked" if ok else "each"
+    return values, blocks
 
 
 def _first_result(fn, values: List[torch.Tensor]) -> torch.Tensor:

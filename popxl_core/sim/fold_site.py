@@ -232,12 +232,12 @@ def _together(op: Op, site: FoldSite, fold, plain: bool):
     rule = op.opdef.replica_fold
     if together is None or not plain or site.folded is None:
         return None
-    r, attrs, rest = site.replicas, op.attrs, rule.rest
+    r, attrs, rest, dead = site.replicas, op.attrs, rule.rest, site.dead
     together.sites[op] = site
 
     def call(*args):
         together.put(op, args)
-        return rest(args, r, **attrs)
+        return rest(args, r, dead, **attrs)
 
     site.folded = [call]
     return together

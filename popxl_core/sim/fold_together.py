@@ -1,26 +1,30 @@
-"""Several folded ops' outputs that one all-reduce group reads, computed in one call at the
-group (`ReplicaFold.together`; fold.py, fold_reduce.py).
+"""Folded ops' outputs that one all-reduce group alone reads, computed at the group
+(`ReplicaFold.together`; fold.py, fold_reduce.py, fold_group.py).
 
-GPT's 9 layer norms each make their parameter gradients (every replica's, side by side) in
+GPT's 9 layer norms each made their parameter gradients (every replica's, side by side) in
 a kernel call of their own after ``dx``'s, with three small calls around it to lay out its
 operands: ~36 us more per layer norm than one replica's single call, measured in the R=4
 step, nearly all of it per-call overhead on 32 x 32 operands. Their gradients are read only
 by the group all-reduce after the backward graph, so each layer norm's site computes ``dx``
 alone (`ReplicaFold.rest`) and leaves its operands here; the group computes all of their
-parameter gradients in one call (the same arithmetic, the K calls' columns side by side)
-and reduces them with the others.
+parameter gradients in one call (the same arithmetic, the K calls' columns side by side),
+which the kept group takes as blocks of its columns. Its 33 linear layers' weight and bias
+gradients (`ReplicaFold.together_into`) are written by their batched GEMM and sum straight
+into the group's kept rows, not into buffers of their own that the group then copies.
 
 Checked like every fold: each site's ``dx`` against the replicas' own calls at its first
-call (which also hands this module the replicas' parameter gradients), and the group's
-first call compares the together call's values with those, bit for bit; where any differs,
-every later run computes each op's values with the replicas' own calls (`FoldSite.each`)
-instead. A site whose ``dx`` did not match makes all of its outputs itself (the group then
-reads them as they come).
+call (which also hands this module the replicas' other values), and the group's first call
+compares the together call's values with those, bit for bit; where any differs, or a site
+fell back, every later run computes those ops' values with the replicas' own calls
+(`FoldSite.each`) instead. A site whose ``dx`` did not match makes all of its outputs itself
+(the group then reads them as they come).
 """
 
 from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence
+
+import torch
 
 from ..graph import Op
 from ..ops.call import CALL
@@ -38,10 +42,11 @@ class Together:
         self.ops, self.outputs, self.replicas = ops, outputs, replicas
         self.index = {op: k for k, op in enumerate(ops)}
         rule = ops[0].opdef.replica_fold
-        self.kernel, self.attrs = rule.together, dict(ops[0].attrs)
+        self.kernel, self.attrs, self.into = rule.together, dict(ops[0].attrs), rule.together_into
         # group position -> (op index, output position in ``outputs``), set by `plan_together`
         self.members: Dict[int, tuple] = {}
         self.shapes: Dict[int, tuple] = {}  # group position -> its value's (folded) shape
+        self.dtypes: Dict[int, torch.dtype] = {}
         self.args: List[Optional[tuple]] = [None] * len(ops)  # this run's operands
         self.want: List[Optional[tuple]] = [None] * len(ops)  # the replicas' values (check)
         self.sites: Dict[Op, object] = {}  # op -> its `FoldSite` (the fallback's calls)
@@ -54,29 +59,61 @@ class Together:
         """The replicas' own values of ``op``'s outputs (its site's first call)."""
         self.want[self.index[op]] = tuple(want[j] for j in self.outputs)
 
-    def first(self, values: Sequence, state: dict) -> list:
-        """The group's first call: ``values`` with the members their sites left None
-        computed, each as its value's folded shape; ``state["together"]``: whether every
-        site left them and the together call gave the replicas' bits (then later runs take
-        `blocks`, else `fill`)."""
+    def first(self, values: Sequence) -> tuple:
+        """The group's first call: ``(values, ok)``, the members their sites left None
+        computed, each as its value's folded shape; ``ok``: every site left them and the
+        together call gave the replicas' bits (then later runs take `blocks` or `write`,
+        else `fill`)."""
         values = list(values)
         missing = [p for p in self.members if values[p] is None]
-        ok = len(missing) == len(self.members) and self._check()
-        state["together"] = ok
+        left = len(missing) == len(self.members) and None not in self.args
+        # a together_into kernel is checked where it writes, at the first `write`
+        ok = left and (self.into or self._check())
         if missing:
-            made = self._split(self._together()) if ok else self._each()
+            made = self._split(self._made()) if ok and not self.into else self._each()
             for p in missing:
                 k, m = self.members[p]
                 values[p] = made[k][m].reshape(self.shapes[p])
         self._done()
-        return values
+        return values, ok
 
     def blocks(self) -> list:
         """This run's values, every member's, per output one ``(R, K * n)`` block (the
-        kept group's columns for them, `KeptGroup.layout`)."""
-        made = self._together()
+        kept group's columns for them, `layout`)."""
+        made = self._made()
         self._done()
         return [t.view(self.replicas, -1) for t in made]
+
+    def write(self, dest: Dict[int, torch.Tensor], check: bool) -> bool:
+        """This run's values written into ``dest`` (group position -> ``(R, ...)`` view of
+        the kept rows) by the ``together_into`` kernel; ``check``: compared with the
+        replicas' own calls, bit for bit (a GEMM may take another path for an output with
+        the rows' strides), and those written instead where any differs (False)."""
+        want = self._each() if check else None
+        where = self._where()
+        self.kernel(
+            self.args, self.replicas, [[dest[p] for p in row] for row in where], **self.attrs
+        )
+        ok = want is None or all(
+            same_bits(dest[p].reshape(self.replicas, -1), want[k][m])
+            for k, row in enumerate(where)
+            for m, p in enumerate(row)
+        )
+        if not ok:
+            self._copy(dest, want)
+        self._done()
+        return ok
+
+    def write_each(self, dest: Dict[int, torch.Tensor]) -> None:
+        """The replicas' own calls' values copied into ``dest`` (where `write` found the
+        together kernel's bits differ)."""
+        self._copy(dest, self._each())
+        self._done()
+
+    def _copy(self, dest: Dict[int, torch.Tensor], made: dict) -> None:
+        for k, row in enumerate(self._where()):
+            for m, p in enumerate(row):
+                dest[p].copy_(made[k][m].view(dest[p].shape))
 
     def fill(self, values: Sequence) -> list:
         """``values`` with the members their sites left None made by the replicas' own
@@ -93,18 +130,34 @@ class Together:
 
     def layout(self) -> List[List[int]]:
         """Per output, the group positions of its K values in call order (`blocks`)."""
+        return [list(col) for col in zip(*self._where())]
+
+    def _where(self) -> List[List[int]]:
+        """``[k][m]``: the group position of call k's output m."""
         where = {km: p for p, km in self.members.items()}
-        return [[where[k, m] for k in range(len(self.ops))] for m in range(len(self.outputs))]
+        return [[where[k, m] for m in range(len(self.outputs))] for k in range(len(self.ops))]
 
     def _done(self) -> None:
         self.args = [None] * len(self.ops)  # the operands are dead now
 
-    def _together(self) -> list:
-        return self.kernel(self.args, self.replicas, **self.attrs)
+    def _made(self) -> list:
+        """The together call's values: per output ``(R, K, ...)``; a ``together_into``
+        kernel's ``[k][m]`` (``(R, ...)``) in fresh tensors."""
+        if not self.into:
+            return self.kernel(self.args, self.replicas, **self.attrs)
+        r = self.replicas
+        outs = [
+            [torch.empty(_rows_shape(self.shapes[p], r), dtype=self.dtypes[p]) for p in row]
+            for row in self._where()
+        ]
+        self.kernel(self.args, self.replicas, outs, **self.attrs)
+        return outs
 
     def _split(self, made: list) -> list:
         """The together call's values per call: ``[k][m]`` as ``(R, n)`` rows."""
         r = self.replicas
+        if self.into:
+            return [[t.reshape(r, -1) for t in row] for row in made]
         return [[t[:, k].reshape(r, -1) for t in made] for k in range(len(self.ops))]
 
     def _each(self) -> dict:
@@ -123,7 +176,7 @@ class Together:
         if any(a is None for a in self.args) or any(w is None for w in self.want):
             return False
         try:
-            made = self._split(self._together())
+            made = self._split(self._made())
         except (RuntimeError, ValueError, IndexError):
             return False
         for got, want in zip(made, self.want):
@@ -135,9 +188,10 @@ class Together:
 
 def plan_together(plan, live: Sequence[Op]) -> None:
     """Fill ``plan.together`` (op -> its `Together`) and ``plan.together_groups`` (group
-    key -> `Together`): in each run of all-reduces that makes one group call, the folded
-    ops of one type, shapes and attributes, at least two, whose `ReplicaFold.together`
-    outputs only that run's all-reduces read."""
+    key -> its `Together`s): in each run of all-reduces that makes one group call, the
+    folded ops whose `ReplicaFold.together` outputs only that run's all-reduces read, by
+    class: one type and attributes, and for a side-by-side kernel (not ``together_into``)
+    one set of shapes and at least two ops."""
     for run in reduce_runs(live, plan):
         if len(run) < 2:
             continue
@@ -150,23 +204,35 @@ def plan_together(plan, live: Sequence[Op]) -> None:
         for op, outs in found.items():
             rule = op.opdef.replica_fold
             want = [j for j in rule.together_outputs if j < len(op.outputs)]
-            if want and sorted(outs) == want and not _reduced(op, plan):
+            if want and sorted(outs) == want and op not in plan.reduced:
                 classes.setdefault(_key(op), []).append(op)
-        ops = max(classes.values(), key=len, default=[])
-        if len(ops) < 2:
-            continue
-        outputs = sorted(found[ops[0]])
-        together = Together(ops, outputs, plan.replicas)
-        for k, op in enumerate(ops):
-            for m, j in enumerate(outputs):
-                p = found[op][j]
-                together.members[p] = (k, m)
-                shape = tuple(run[p].inputs[0].shape)
-                together.shapes[p] = (
-                    (plan.replicas * shape[0], *shape[1:]) if shape else (plan.replicas,)
-                )
-            plan.together[op] = together
-        plan.together_groups[f"{run[0].type}.{run[0].id}"] = together
+        made = []
+        for ops in classes.values():
+            if len(ops) < 2 and not ops[0].opdef.replica_fold.together_into:
+                continue
+            made.append(_together(ops, sorted(found[ops[0]]), found, run, plan))
+        if made:
+            plan.together_groups[f"{run[0].type}.{run[0].id}"] = made
+
+
+def _together(ops: List[Op], outputs: List[int], found, run, plan) -> Together:
+    together = Together(ops, outputs, plan.replicas)
+    for k, op in enumerate(ops):
+        for m, j in enumerate(outputs):
+            p = found[op][j]
+            together.members[p] = (k, m)
+            shape = tuple(run[p].inputs[0].shape)
+            together.shapes[p] = (
+                (plan.replicas * shape[0], *shape[1:]) if shape else (plan.replicas,)
+            )
+            together.dtypes[p] = run[p].inputs[0].dtype.as_torch()
+        plan.together[op] = together
+    return together
+
+
+def _rows_shape(folded: tuple, replicas: int) -> tuple:
+    """``(R, ...)``: a value of folded shape ``(R * b, ...)`` by replica (`KeptGroup.dest`)."""
+    return (replicas, folded[0] // replicas, *folded[1:])
 
 
 def _source(t, plan):
@@ -186,11 +252,9 @@ def _source(t, plan):
     return op, op.outputs.index(s)
 
 
-def _reduced(op: Op, plan) -> bool:
-    return op in plan.reduced
-
-
 def _key(op: Op) -> tuple:
-    shapes = tuple(tuple(t.shape) for t in op.inputs)
+    attrs = tuple(sorted((k, repr(v)) for k, v in op.attrs.items()))
     dtypes = tuple(t.dtype for t in op.inputs)
-    return op.type, shapes, dtypes, tuple(sorted((k, repr(v)) for k, v in op.attrs.items()))
+    if op.opdef.replica_fold.together_into:  # one call per op: any shapes
+        return op.type, dtypes, attrs
+    return op.type, tuple(tuple(t.shape) for t in op.inputs), dtypes, attrs
