@@ -16,6 +16,7 @@ import torch
 
 from popxl_core.ops.layer_norm import LAYER_NORM_GRAD
 from popxl_core.ops.linear import LINEAR_GRAD
+from popxl_core.sim import fold_group
 from tests.test_replica_folding import FOLD, _off  # noqa: F401 (cached references)
 from tests.test_replica_stacking import _assert_same, _train
 
@@ -34,6 +35,15 @@ def test_the_group_keeps_its_total_and_result_views(replicas):
     assert len(kept.results) == 53
     assert all(r.untyped_storage().data_ptr() == base for r in kept.results)
     assert kept.rows.shape == (replicas, kept.total.numel())
+
+
+def test_a_kept_layout_with_other_bits_is_not_kept(monkeypatch):
+    """Where the kept layout's reduction (its columns reordered, the mean as one call) did
+    not give the per-value results at the first call, every run reduces as before."""
+    monkeypatch.setattr(fold_group.KeptGroup, "check", lambda self, values, op, want: False)
+    folded, off = _train("gpt", 2, FOLD), _off("gpt", 2)
+    _assert_same(folded, off)
+    assert "kept" not in _group(folded[3]) and _group(folded[3])["flat"]
 
 
 def _fold_fields(opdef):

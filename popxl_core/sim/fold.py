@@ -250,9 +250,9 @@ class FoldRuntime:
             made = [t for t, ok in zip(togethers, oks) if ok]  # else: their values as they come
             blocks = [col for t in made if not t.into for col in t.layout()]
             into = [p for t in made if t.into for p in t.members]
-            state["kept"] = KeptGroup(values, self.replicas, blocks, into)
-            if op == "mean":
-                state["kept"].check_mean(values)
+            kept = KeptGroup(values, self.replicas, blocks, into)
+            if kept.check(values, op, results):  # else: `reduce_group` every run
+                state["kept"] = kept
         return results
 
 

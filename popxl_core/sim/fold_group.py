@@ -62,16 +62,21 @@ class KeptGroup:
             p: self.rows[:, offsets[p] : offsets[p] + sizes[p]].view(replicas, *shapes[p])
             for p in into
         }
-        self.one_mean = False  # `reduce` takes a mean as one torch.mean: set by `check_mean`
+        self.one_mean = False  # `reduce` takes a mean as one torch.mean (`check`)
 
-    def check_mean(self, values: Sequence[torch.Tensor]) -> None:
-        """Whether ``torch.mean`` over the replica dim gives the sum-then-divide bits on
-        ``values`` (every one, in the layout `__init__` takes; ATen's CPU mean of float32 is
-        that sum and division in one call)."""
+    def check(self, values: Sequence[torch.Tensor], op: str, want: Sequence) -> bool:
+        """Whether this layout's reduction gives ``want`` (the group's per-value results)
+        on ``values`` (every one, as `__init__` takes them), bit for bit; for a mean, first
+        whether one ``torch.mean`` over the replica dim gives the sum-then-divide bits
+        (ATen's CPU mean of float32 is that sum and division in one call)."""
         r = self.replicas
         torch.cat([values[p].reshape(r, -1) for p in self.columns], 1, out=self.rows)
-        want = summed(self.rows, "mean", torch.empty_like(self.total))
-        self.one_mean = same_bits(torch.mean(self.rows, 0, out=self.total), want)
+        if op == "mean":
+            two = summed(self.rows, "mean", torch.empty_like(self.total))
+            self.one_mean = same_bits(torch.mean(self.rows, 0, out=self.total), two)
+        if not self.one_mean:
+            summed(self.rows, op, self.total)
+        return all(same_bits(got, w) for got, w in zip(self.results, want))
 
     def reduce(
         self, values: Sequence[torch.Tensor], op: str, blocks: Sequence[torch.Tensor] = ()
