@@ -13,6 +13,9 @@ stream) is one tensor of its own shape. Then
 - an all-reduce over every replica is its own reduction over the replicas' rows (the same
   function over the same values in replica order: the same bits), one uniform result; where
   it alone reads a large weight gradient, the gradient's op computes it (`fold_reduce.py`);
+  a run of small ones is one group call in kept buffers (`fold_group.py`), which also makes
+  the values only it reads (`fold_together.py`: layer norms' and linear layers' parameter
+  gradients);
 - each op of a called graph with a per-replica input runs as a `fold_site.FoldSite`: one
   kernel call over the concatenated rows where its `OpDef.replica_fold` says the op is
   row-wise there (checked bit for bit against the replicas' own calls once per shape), else
