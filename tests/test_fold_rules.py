@@ -281,12 +281,26 @@ def test_broadcast_feeds_are_one_array_seen_equal_at_once():
     from popxl_fx.replication import broadcast_feeds
 
     a = np.arange(6, dtype=np.float32).reshape(2, 3)
-    for iterations, lead in ((1, 0), (2, 1)):
-        got = broadcast_feeds({"s": a}, R, iterations)["s"]
-        want = np.stack([a] * R, axis=lead)
-        assert got.shape == want.shape and np.array_equal(got, want)
-        assert got.strides[lead] == 0
+    # contiguous (the ndarray view), transposed (np.broadcast_to), a 0-d scalar
+    for b in (a, a.T, np.asarray(np.float32(0.5))):
+        for iterations, lead in ((1, 0), (2, 1)) if b.ndim else ((1, 0),):
+            got = broadcast_feeds({"s": b}, R, iterations)["s"]
+            want = np.stack([b] * R, axis=lead)
+            assert got.shape == want.shape and np.array_equal(got, want)
+            assert got.strides[lead] == 0 and not got.flags.writeable
     assert _same_replicas(broadcast_feeds({"s": a}, R, 2)["s"])
+    # the same array fed again (an SGD step's hyper-parameters): the same view, which shares
+    # its memory (an in-place write shows); another array or shape: a view of its own
+    b = np.full((3,), 0.5, np.float32)
+    first = broadcast_feeds({"s": b}, R)["s"]
+    assert broadcast_feeds({"s": b}, R)["s"] is first
+    b[1] = 2.0
+    assert np.array_equal(first, np.stack([b] * R))
+    c = b.copy()
+    assert broadcast_feeds({"s": c}, R)["s"] is not first
+    b.shape = (3, 1)
+    assert broadcast_feeds({"s": b}, R)["s"].shape == (R, 3, 1)
+    assert broadcast_feeds({"s": b}, R + 1)["s"].shape == (R + 1, 3, 1)
     rows = np.stack([a] * R, axis=1)
     assert _same_replicas(rows)
     rows[1, 2, 0] += 1

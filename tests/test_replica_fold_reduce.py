@@ -10,11 +10,14 @@ every gradient size.
 
 from __future__ import annotations
 
+import importlib
 import re
 
 import pytest
+import torch
 
 from popxl_core import ops
+from popxl_core.ops.collectives.collectives import divide_mean
 from popxl_core.sim import fold_reduce
 from tests.test_replica_folding import (  # noqa: F401 (fixtures)
     FOLD,
@@ -25,6 +28,8 @@ from tests.test_replica_folding import (  # noqa: F401 (fixtures)
     one_ulp_off,
 )
 from tests.test_replica_stacking import _assert_same, _train
+
+linear = importlib.import_module("popxl_core.ops.linear")  # the module, not ``ops.linear``
 
 
 def _reduced_sites(session) -> list:
@@ -187,3 +192,46 @@ def test_small_gradients_of_many_ops_stay_in_one_group():
     _assert_same(folded, off)
     assert not folded[3]._fold.fold.fused
     assert "RT.all_reduce_group" in folded[3]._fold.main.source
+
+
+def test_row_blocks_cover_every_row_once():
+    """`_row_blocks`: the whole gradient unless blocked; blocked, blocks of a multiple of 16
+    rows (the last the rest) tiling the rows in order, each about `BLOCK_BYTES`."""
+    for shape in [(512, 784), (512, 512), (10, 512), (1000, 3), (17, 4096), (1, 1)]:
+        assert linear._row_blocks(shape, 4, False) == ((0, shape[0]),)
+        blocks = linear._row_blocks(shape, 4, True)
+        assert blocks[0][0] == 0 and blocks[-1][1] == shape[0]
+        assert all(a[1] == b[0] for a, b in zip(blocks, blocks[1:]))
+        assert all((e - s) % 16 == 0 for s, e in blocks[:-1])
+        size = shape[1] * 4
+        assert all((e - s - 16) * size < linear.BLOCK_BYTES for s, e in blocks)
+    assert len(linear._row_blocks((512, 784), 4, True)) == 3  # 1.6 MB in 3 blocks of 176 rows
+
+
+@pytest.mark.parametrize("block_kib", [768, 100])
+def test_the_row_blocked_variants_are_bitwise(linear_grad_fold, monkeypatch, block_kib):  # noqa: F811
+    """The reduced kernel per block of the weight gradient's rows (the default's first
+    variants): at 100 KiB every layer's gradient is 3-16 blocks, the last a short one."""
+    monkeypatch.setattr(linear, "BLOCK_BYTES", block_kib * 2**10)
+    good, replace = linear_grad_fold
+    replace(reduced=tuple(k for k in good.reduced if k.keywords["blocked"]))
+    assert len(good.reduced) == 8 and good.reduced[0].keywords["blocked"]
+    folded, off = _train("mlp", 4, FOLD), _off("mlp", 4)
+    _assert_same(folded, off)
+    assert len(_reduced_sites(folded[3])) == 4
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("replicas", [2, 3, 4, 8, 16])
+def test_divide_mean_gives_the_bits_of_a_division(dtype, replicas):
+    """`divide_mean` (a multiplication by 1/R for a power of two R) against ``div_(R)``, bit
+    for bit (tolerance 0), on normal, subnormal, signed-zero, infinite and NaN values."""
+    info = torch.finfo(dtype)
+    edge = [0.0, -0.0, info.tiny, -info.tiny, info.tiny / 3, info.max, -info.max, 1.0, -3.0]
+    edge += [float("inf"), float("-inf"), float("nan"), info.smallest_normal * 1.5]
+    values = torch.cat([torch.tensor(edge, dtype=torch.float64), torch.randn(4000) * 1e3])
+    subnormal = torch.rand(2000, dtype=torch.float64) * info.tiny * 4
+    values = torch.cat([values, subnormal, -subnormal]).to(dtype)
+    want = values.clone().div_(replicas)
+    got = divide_mean(values.clone(), replicas)
+    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))

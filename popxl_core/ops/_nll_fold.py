@@ -24,6 +24,8 @@ from ._nll_labels import _aten_nll, _in_range, aten_nll_backward, check_labels, 
 
 __all__ = ["folded_nll", "folded_nll_grad", "nll_rows", "nll_grad_rows"]
 
+_nll = torch._C._nn.nll_loss
+
 
 def nll_rows(attrs, shapes, per) -> bool:
     """Both inputs per replica (the labels are the replica's data)."""
@@ -57,10 +59,12 @@ def folded_nll(kernel: Callable) -> Callable:
         lab = labels.long()
         _checked(lab, replicas, probs.shape[-1], ignore_index)
         red, ignore = reduction_code(reduction, ignore_index)
-        fwd = torch.ops.aten.nll_loss_forward
         n = lab.shape[0] // replicas
-        parts = zip(probs.split(n), lab.split(n))
-        return torch.stack([fwd(p, t, None, red, ignore)[0] for p, t in parts])
+        # each replica's rows as views (unbind: no Python of Tensor.split)
+        parts = zip(probs.view(replicas, n, -1).unbind(), lab.view(replicas, n).unbind())
+        # at::nll_loss: aten.nll_loss_forward's loss in one C++ call (no Python dispatch
+        # of `torch.ops` per replica)
+        return torch.stack([_nll(p, t, None, red, ignore) for p, t in parts])
 
     return folded
 
