@@ -8,16 +8,18 @@ step, nearly all of it per-call overhead on 32 x 32 operands. Their gradients ar
 by the group all-reduce after the backward graph, so each layer norm's site computes ``dx``
 alone (`ReplicaFold.rest`) and leaves its operands here; the group computes all of their
 parameter gradients in one call (the same arithmetic, the K calls' columns side by side),
-which the kept group takes as blocks of its columns. Its 33 linear layers' weight and bias
-gradients (`ReplicaFold.together_into`) are written by their batched GEMM and sum straight
-into the group's kept rows, not into buffers of their own that the group then copies.
+which the kept group takes as blocks of its columns. Its 17 linear layers' weight and bias
+gradients (33 values, `ReplicaFold.together_into`) are written by their batched GEMM and sum
+straight into the group's kept rows, not into buffers of their own that the group then
+copies.
 
 Checked like every fold: each site's ``dx`` against the replicas' own calls at its first
 call (which also hands this module the replicas' other values), and the group's first call
-compares the together call's values with those, bit for bit; where any differs, or a site
-fell back, every later run computes those ops' values with the replicas' own calls
-(`FoldSite.each`) instead. A site whose ``dx`` did not match makes all of its outputs itself
-(the group then reads them as they come).
+compares the together call's values with those, bit for bit (a ``together_into`` kernel's:
+at its first write into the kept rows); where any differs, or a site fell back, every later
+run computes those ops' values with the replicas' own calls (`FoldSite.each`) instead. A
+site whose ``dx`` did not match makes all of its outputs itself (the group then reads them
+as they come).
 """
 
 from __future__ import annotations
