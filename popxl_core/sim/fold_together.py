@@ -52,6 +52,8 @@ class Together:
         self.args: List[Optional[tuple]] = [None] * len(ops)  # this run's operands
         self.want: List[Optional[tuple]] = [None] * len(ops)  # the replicas' values (check)
         self.sites: Dict[Op, object] = {}  # op -> its `FoldSite` (the fallback's calls)
+        self._at: Optional[List[List[int]]] = None  # `_where`, made once
+        self._outs: Optional[tuple] = None  # `write`'s (dest, its views by call and output)
 
     def put(self, op: Op, args: tuple) -> None:
         """A site's operands for this run (its ``rest`` computed the other outputs)."""
@@ -93,9 +95,10 @@ class Together:
         the rows' strides), and those written instead where any differs (False)."""
         want = self._each() if check else None
         where = self._where()
-        self.kernel(
-            self.args, self.replicas, [[dest[p] for p in row] for row in where], **self.attrs
-        )
+        outs = self._outs
+        if outs is None or outs[0] is not dest:  # the destinations, made once per kept group
+            outs = self._outs = (dest, [[dest[p] for p in row] for row in where])
+        self.kernel(self.args, self.replicas, outs[1], **self.attrs)
         ok = want is None or all(
             same_bits(dest[p].reshape(self.replicas, -1), want[k][m])
             for k, row in enumerate(where)
@@ -136,8 +139,11 @@ class Together:
 
     def _where(self) -> List[List[int]]:
         """``[k][m]``: the group position of call k's output m."""
-        where = {km: p for p, km in self.members.items()}
-        return [[where[k, m] for m in range(len(self.outputs))] for k in range(len(self.ops))]
+        if self._at is None:  # (`plan_together` fills ``members`` before any run)
+            where = {km: p for p, km in self.members.items()}
+            ops, outs = range(len(self.ops)), range(len(self.outputs))
+            self._at = [[where[k, m] for m in outs] for k in ops]
+        return self._at
 
     def _done(self) -> None:
         self.args = [None] * len(self.ops)  # the operands are dead now
