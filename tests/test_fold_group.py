@@ -9,15 +9,13 @@ optimizer state equal (tolerance 0)."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
 from popxl_core.ops.layer_norm import LAYER_NORM_GRAD
 from popxl_core.ops.linear import LINEAR_GRAD
 from popxl_core.sim import fold_group
-from tests.test_replica_folding import FOLD, _off  # noqa: F401 (cached references)
+from tests.test_replica_folding import FOLD, _off, fold_fields  # noqa: F401 (cached references)
 from tests.test_replica_stacking import _assert_same, _train
 
 
@@ -46,26 +44,14 @@ def test_a_kept_layout_with_other_bits_is_not_kept(monkeypatch):
     assert "kept" not in _group(folded[3]) and _group(folded[3])["flat"]
 
 
-def _fold_fields(opdef):
-    """Sets ``opdef``'s `ReplicaFold` fields for one test (the op table is frozen: set, then
-    put back)."""
-    good = opdef.replica_fold
-
-    def replace(**fields):
-        object.__setattr__(opdef, "replica_fold", dataclasses.replace(good, **fields))
-
-    yield good, replace
-    object.__setattr__(opdef, "replica_fold", good)
-
-
 @pytest.fixture
 def ln_grad_fold():
-    yield from _fold_fields(LAYER_NORM_GRAD)
+    yield from fold_fields(LAYER_NORM_GRAD)
 
 
 @pytest.fixture
 def linear_grad_fold():
-    yield from _fold_fields(LINEAR_GRAD)
+    yield from fold_fields(LINEAR_GRAD)
 
 
 def _sites(session, op_type: str) -> list:

@@ -29,9 +29,8 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 from ..graph import Op
-from ..ops.call import CALL
 from .bits import same_bits
-from .fold_reduce import reduce_runs
+from .fold_reduce import reduce_runs, sole_graph_source
 
 __all__ = ["Together", "plan_together"]
 
@@ -244,20 +243,12 @@ def _rows_shape(folded: tuple, replicas: int) -> tuple:
 
 
 def _source(t, plan):
-    """(op, output index) of the folded graph op whose output the call returns as ``t``,
-    where nothing else reads it and the op offers `ReplicaFold.together`; else None."""
-    call = t.producer
-    if call is None or call.opdef is not CALL or call.called_graphs[0] not in plan.graphs:
+    """`sole_graph_source`, where that op offers `ReplicaFold.together`; else None."""
+    source = sole_graph_source(t, plan)
+    if source is None:
         return None
-    g = call.called_graphs[0]
-    s = g._outputs[call.outputs.index(t)]
-    op = s.producer
-    if op is None or g._outputs.count(s) != 1 or g.consumers(s):
-        return None
-    rule = op.opdef.replica_fold
-    if rule is None or rule.together is None:
-        return None
-    return op, op.outputs.index(s)
+    rule = source[0].opdef.replica_fold
+    return source if rule is not None and rule.together is not None else None
 
 
 def _key(op: Op) -> tuple:
