@@ -262,9 +262,15 @@ def test_layer_norms_and_reductions_fold_bitwise():
     assert session._fold.namespace["RT"].runs == 3
     sites = session._fold.fold.sites
     # a replica's batch mean broadcast back over its own rows (its Add and the mean's
-    # gradient) has no rule: each replica's own call. Everything else folds
-    each = sorted(s.op.type for s in sites if s.folded is None or s.chosen == s._each)
-    assert each == ["Add", "ReduceSumGrad", "ReduceSumGrad"]
+    # gradient) has no rule: each replica's own call. Every other site has a folded kernel,
+    # chosen where it gives each replica's bits on this CPU: which do is the CPU's to say
+    # (on an Intel Xeon with torch 2.11 one Linear's did not), so not asserted here; the
+    # bits of the run are (`_assert_same` above)
+    assert sorted(s.op.type for s in sites if s.folded is None) == [
+        "Add",
+        "ReduceSumGrad",
+        "ReduceSumGrad",
+    ]
     assert {"LayerNormGrad", "Nll", "NllGrad"} <= {s.op.type for s in sites}
     assert session._fold.stats["exact_folded_ops"] > 0
 

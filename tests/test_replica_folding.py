@@ -77,17 +77,22 @@ def one_ulp_off(kernel):
     return off_by_one_ulp
 
 
-@pytest.fixture
-def linear_grad_fold():
-    """Sets LinearGrad's `ReplicaFold` fields for one test (the op table is frozen: set,
-    then put back)."""
-    good = LINEAR_GRAD.replica_fold
+def fold_fields(opdef):
+    """Sets ``opdef``'s `ReplicaFold` fields for one test (the op table is frozen: set, then
+    put back); a fixture's body, ``yield from fold_fields(OPDEF)``."""
+    good = opdef.replica_fold
 
     def replace(**fields):
-        object.__setattr__(LINEAR_GRAD, "replica_fold", dataclasses.replace(good, **fields))
+        object.__setattr__(opdef, "replica_fold", dataclasses.replace(good, **fields))
 
     yield good, replace
-    object.__setattr__(LINEAR_GRAD, "replica_fold", good)
+    object.__setattr__(opdef, "replica_fold", good)
+
+
+@pytest.fixture
+def linear_grad_fold():
+    """LinearGrad's `ReplicaFold` fields, settable for one test (`fold_fields`)."""
+    yield from fold_fields(LINEAR_GRAD)
 
 
 @pytest.fixture

@@ -151,6 +151,18 @@ class ReplicaFold:
             once from that element's operands (IEEE add, sub, mul). Then it is emitted as
             the op's own call with the folded attributes (inline where the op is direct),
             unchecked, instead of a checked site.
+        together: outputs ``together_outputs`` of several calls of the op (the same shapes
+            and attributes) in one call, where only one group all-reduce reads them (the
+            parameter gradients of a network's layer norms, sim/fold_together.py):
+            ``(list of K calls' args, replicas, **attrs) -> per output, one contiguous
+            (R, K, ...) tensor: call k's value on replica r at [r, k]``. The calls
+            themselves then run ``rest``.
+        together_into: ``together`` is ``(calls, replicas, outs, **attrs) -> None``
+            instead, writing call k's output m, every replica's, into ``outs[k][m]``
+            (``(R, ...)``, a view of the group's rows): its calls need not share shapes.
+        together_outputs: the output indexes ``together`` computes (all only a group reads).
+        rest: ``(args, replicas, dead, **attrs) -> outputs, None at together_outputs``: one
+            call's other outputs, over all replicas' rows (``dead``: as for ``kernels``).
     """
 
     rows: Callable[..., bool]
@@ -159,6 +171,10 @@ class ReplicaFold:
     reduced: Tuple[Callable[..., Tuple[object, ...]], ...] = ()
     reduces: Tuple[int, ...] = ()
     exact: bool = False
+    together: Optional[Callable[..., List[List[object]]]] = None
+    together_into: bool = False
+    together_outputs: Tuple[int, ...] = ()
+    rest: Optional[Callable[..., Tuple[object, ...]]] = None
 
 
 def _all_rows(attrs, shapes, per) -> bool:

@@ -139,6 +139,34 @@ def _side_by_side_grad(args, replicas, dead, buffers, normalized_shape, has_weig
     return (dx, *outs)
 
 
+def _dx_rest(args, replicas, dead, normalized_shape, has_weight, has_bias):
+    """``dx`` over all replicas' rows, None for the parameter gradients (`_params_together`
+    computes them, with other layer norms')."""
+    dx = _dx_over_all_rows(args, normalized_shape, has_weight, has_bias)[-1]
+    return (dx, *[None] * (int(has_weight) + int(has_bias)))
+
+
+def _params_together(calls, replicas, normalized_shape, has_weight, has_bias):
+    """The parameter gradients of K layer norms of one shape (their ``(g, x, mean, rstd,
+    ...)`` in ``calls``), every replica's, in one kernel call: `_side_by_side_grad`'s
+    arithmetic with the K calls' replicas side by side, ``(M, R * K * N)``, column
+    ``(r, k, j)`` replica r's column j of call k: each gradient as ``(R, K, N)``."""
+    r, n, k = replicas, math.prod(normalized_shape), len(calls)
+    rows = calls[0][0].numel() // (r * n)
+    at = calls[0][0].dim() - len(normalized_shape)  # the calls side by side: (R, M, K, ...)
+    grouped, stats = (r, rows, k, n), (r, rows, k, 1)
+    dys, x, mean, rstd = (torch.stack([c[i] for c in calls], at) for i in range(4))
+    mean, rstd = mean.view(stats), rstd.view(stats)
+    shift = torch.addcmul(_zeros(stats, x.dtype), rstd, mean, value=-1)
+    xhat = torch.addcmul(shift, x.view(grouped), rstd)
+    zero, one, ones = _unit_stats(rows, r * k * n, x.dtype)
+    mask = [False, has_weight, has_bias]
+    # rows M, columns (R, K, N): the kernel lays the transposed operands out itself
+    dys, xhat, ones = dys.view(grouped).transpose(0, 1), xhat.transpose(0, 1), ones.view(r, k, n)
+    _, dw, db = _BWD(dys, xhat, [r, k, n], zero, one, ones, ones, mask)
+    return [t for t, m in zip((dw, db), mask[1:]) if m]
+
+
 def _side_by_side(buffers, rows: int, replicas: int, n: int, dtype) -> tuple:
     """Two ``(M, R * N)`` tensors (row i: each replica's row i) and their ``(R, M, N)``
     views by replica, kept in ``buffers`` between runs where the op runs once a run."""
@@ -255,7 +283,13 @@ LAYER_NORM_GRAD = register(
         cost=_cost(12),
         samples=_grad_samples,
         out_name="layer_norm_grad_out",
-        replica_fold=ReplicaFold(rows=_grad_rows, kernels=(_side_by_side_grad, _folded_grad)),
+        replica_fold=ReplicaFold(
+            rows=_grad_rows,
+            kernels=(_side_by_side_grad, _folded_grad),
+            together=_params_together,
+            together_outputs=(1, 2),
+            rest=_dx_rest,
+        ),
     )
 )
 

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from ..tensor import Tensor
+from ._linear_fold import dx_rest, grads_into
 from ._utils import rand, same_dtype, spec
 from .collectives.collectives import divide_mean
 from .forms import ReplicaFold, ReplicaStack, fold_rows
@@ -371,6 +372,10 @@ LINEAR_GRAD = register(
             kernels=_FOLDED_GRADS,
             reduced=_REDUCED_GRADS,
             reduces=(1, 2),
+            together=grads_into,
+            together_into=True,
+            together_outputs=(1, 2),
+            rest=dx_rest,
         ),
     )
 )

@@ -13,6 +13,9 @@ stream) is one tensor of its own shape. Then
 - an all-reduce over every replica is its own reduction over the replicas' rows (the same
   function over the same values in replica order: the same bits), one uniform result; where
   it alone reads a large weight gradient, the gradient's op computes it (`fold_reduce.py`);
+  a run of small ones is one group call in kept buffers (`fold_group.py`), which also makes
+  the values only it reads (`fold_together.py`: layer norms' and linear layers' parameter
+  gradients);
 - each op of a called graph with a per-replica input runs as a `fold_site.FoldSite`: one
   kernel call over the concatenated rows where its `OpDef.replica_fold` says the op is
   row-wise there (checked bit for bit against the replicas' own calls once per shape), else
@@ -47,7 +50,9 @@ from ..ops.collectives.replicated import ALL_REDUCE
 from ..ops.io import HOST_LOAD, HOST_STORE
 from ..schedule import schedule
 from ..tensor import Tensor, Variable
+from .fold_group import KeptGroup
 from .fold_reduce import check_summed, plan_fused, reduce_group, summed
+from .fold_together import plan_together
 from .runtime import collective_results, next_transfer
 from .uniform import full_all_reduce
 
@@ -71,6 +76,10 @@ class FoldPlan:
     # the all-reduces that then pass them on (`fold_reduce.plan_fused`)
     reduced: Dict[Op, Dict[int, str]] = field(default_factory=dict)
     fused: Set[Op] = field(default_factory=set)
+    # folded op -> the `fold_together.Together` computing some of its outputs at the group;
+    # group key -> that `Together`
+    together: Dict[Op, object] = field(default_factory=dict)
+    together_groups: Dict[str, object] = field(default_factory=dict)
 
 
 def plan_fold(program) -> Optional[FoldPlan]:
@@ -89,6 +98,7 @@ def plan_fold(program) -> Optional[FoldPlan]:
         if not _main_op(op, plan, ir):
             return None
     plan_fused(plan, program.main_plan.live)
+    plan_together(plan, program.main_plan.live)
     return plan
 
 
@@ -218,9 +228,52 @@ class FoldRuntime:
         self.summed[fn.op_name] = check_summed(rows, op, want)
         return want
 
-    def all_reduce_group(self, values, op: str, key: str) -> List[torch.Tensor]:
-        """Consecutive all-reduces of the main graph as one call (`fold_reduce.py`)."""
-        return reduce_group(values, op, self.replicas, self.groups.setdefault(key, {}))
+    def all_reduce_group(self, values, op: str, key: str, keep: bool) -> List[torch.Tensor]:
+        """Consecutive all-reduces of the main graph as one call (`fold_reduce.py`); ``keep``:
+        the graph runs once a run, its buffers and result views are kept (`fold_group.py`)
+        once the first call found the one sum equal to the per-value reductions."""
+        state = self.groups.setdefault(key, {})
+        kept = state.get("kept")
+        togethers = self.plan.together_groups.get(key, ())  # values made here
+        if kept is not None:
+            values, blocks = _made_here(togethers, values, state["together"], kept)
+            return kept.reduce(values, op, blocks)
+        oks = []
+        for together in togethers:
+            values, ok = together.first(values)
+            oks.append(ok)
+        # per `Together`: "fill" (values as they come), "blocks", "into" (its kernel writes
+        # the rows; checked at its first write), "checked", "each" (the replicas' calls, into
+        # the rows)
+        state["together"] = [
+            ("into" if t.into else "blocks") if ok else "fill" for t, ok in zip(togethers, oks)
+        ]
+        results = reduce_group(values, op, self.replicas, state)
+        if keep and state.get("flat"):
+            made = [t for t, ok in zip(togethers, oks) if ok]  # else: their values as they come
+            blocks = [col for t in made if not t.into for col in t.layout()]
+            into = [p for t in made if t.into for p in t.members]
+            kept = KeptGroup(values, self.replicas, blocks, into)
+            if kept.check(values, op, results):  # else: `reduce_group` every run
+                state["kept"] = kept
+        return results
+
+
+def _made_here(togethers, values, modes: list, kept) -> tuple:
+    """A kept group's run: ``(values, blocks)`` for `KeptGroup.reduce`, each `Together`'s
+    values made as its mode says (``modes`` updated where a first write's check failed)."""
+    blocks: list = []
+    for i, (together, mode) in enumerate(zip(togethers, modes)):
+        if mode == "fill":
+            values = together.fill(values)
+        elif mode == "blocks":
+            blocks += together.blocks()
+        elif mode == "each":
+            together.write_each(kept.dest)
+        else:
+            ok = together.write(kept.dest, check=mode == "into")
+            modes[i] = "checked" if ok else "each"
+    return values, blocks
 
 
 def _first_result(fn, values: List[torch.Tensor]) -> torch.Tensor:

@@ -37,6 +37,7 @@ __all__ = [
     "plan_fused",
     "reduce_group",
     "reduce_runs",
+    "sole_graph_source",
     "summed",
     "check_summed",
 ]
@@ -169,9 +170,9 @@ def _fuse(plan, site: Op, outputs: list) -> None:
     plan.fused.update(all_reduce for *_, all_reduce in outputs)
 
 
-def _graph_source(t, plan):
-    """(op, output index) of the folded graph op whose output the call returns as ``t``,
-    where nothing else reads it and the op can all-reduce it; else None."""
+def sole_graph_source(t, plan):
+    """(op, output index) of the folded graph's op whose output the call returns as ``t``,
+    where nothing else reads it (not the graph, not another of its outputs); else None."""
     call = t.producer
     if call is None or call.opdef is not CALL or call.called_graphs[0] not in plan.graphs:
         return None
@@ -180,10 +181,17 @@ def _graph_source(t, plan):
     op = s.producer
     if op is None or g._outputs.count(s) != 1 or g.consumers(s):
         return None
-    rule, j = op.opdef.replica_fold, op.outputs.index(s)
-    if rule is None or not rule.reduced or j not in rule.reduces:
+    return op, op.outputs.index(s)
+
+
+def _graph_source(t, plan):
+    """`sole_graph_source`, where that op can all-reduce the output; else None."""
+    source = sole_graph_source(t, plan)
+    if source is None:
         return None
-    return op, j
+    op, j = source
+    rule = op.opdef.replica_fold
+    return source if rule is not None and rule.reduced and j in rule.reduces else None
 
 
 class ReducedOutputs:

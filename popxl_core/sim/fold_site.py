@@ -69,7 +69,8 @@ def _emit_reduce_group(op: Op, plan, em, fold) -> bool:
     outs = ", ".join(em.name(x.outputs[0]) for x in run)
     ins = ", ".join(em.name(x.inputs[0]) for x in run)
     kind, key = op.attrs["op"], f"{op.type}.{op.id}"
-    em.emit(f"{outs}, = RT.all_reduce_group(({ins},), {kind!r}, {key!r})")
+    keep = em.graph in em.program.once_per_replica  # its results are dead by the next run
+    em.emit(f"{outs}, = RT.all_reduce_group(({ins},), {kind!r}, {key!r}, {keep})")
     return True
 
 
@@ -128,6 +129,7 @@ class FoldSite:
         if not plain:  # the table kernel with its dtype wrappers
             self.own = bound_kernel(op, em)
         self.folded = _folded_call(op, base, self, em) if plain else None
+        self.together = _together(op, self, fold, plain)
         self.reduced = _reduced(op, self, em, fold, plain)
         self.chosen: Optional[Callable] = None  # the call checked equal (or `_each`)
         self.name, self.namespace = "", {}  # its global in the generated code
@@ -144,7 +146,9 @@ class FoldSite:
                 got = call(*args)
             except (RuntimeError, ValueError, IndexError):  # a shape the rule did not foresee
                 continue
-            if _same(_tuple(got), _tuple(want)):
+            if _same(_tuple(got), self._left(_tuple(want))):
+                if self.together is not None:  # the group checks the values it computes
+                    self.together.wanted(self.op, _tuple(want))
                 chosen, want = call, got  # what later runs compute: its layout downstream
                 break
         if self.reduced is not None:  # outputs only an all-reduce reads: its result
@@ -152,6 +156,13 @@ class FoldSite:
         self.chosen = chosen
         self.namespace[self.name] = chosen
         return want
+
+    def _left(self, want: tuple) -> tuple:
+        """The outputs the folded calls compute: all but those computed at the group."""
+        if self.together is None:
+            return want
+        skip = self.together.outputs
+        return tuple(None if j in skip else w for j, w in enumerate(want))
 
     def reset(self) -> None:
         """Check again at the next call."""
@@ -212,6 +223,24 @@ def _folded_call(op: Op, base: Callable, site: FoldSite, em) -> Optional[List[Ca
         return [_own_folded(k, r, site.dead, buffers, op.attrs) for k in rule.kernels]
     attrs = rule.attrs(op.attrs, r) if rule.attrs is not None else op.attrs
     return [functools.partial(base, **attrs) if attrs else base]
+
+
+def _together(op: Op, site: FoldSite, fold, plain: bool):
+    """The op's `fold_together.Together`, where its outputs are computed at the group: the
+    site's folded call is then the op's ``rest`` (leaving its operands there)."""
+    together = fold.together.get(op)
+    rule = op.opdef.replica_fold
+    if together is None or not plain or site.folded is None:
+        return None
+    r, attrs, rest, dead = site.replicas, op.attrs, rule.rest, site.dead
+    together.sites[op] = site
+
+    def call(*args):
+        together.put(op, args)
+        return rest(args, r, dead, **attrs)
+
+    site.folded = [call]
+    return together
 
 
 def _reduced(op: Op, site: FoldSite, em, fold, plain: bool) -> Optional[ReducedOutputs]:
