@@ -113,14 +113,15 @@ def random_factories_recorded(tracer: fx.Tracer) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def preserved(model: nn.Module) -> Iterator[None]:
+def preserved(model: nn.Module) -> Iterator[dict[tuple[str, str], torch.Tensor]]:
     """Run eager code on ``model`` without changing its buffers, its plain tensor
-    attributes or the torch RNG."""
+    attributes or the torch RNG. Yields the copies of the plain tensors as they were
+    (`changed_plain_tensors` compares with them)."""
     saved = {name: b.detach().clone() for name, b in model.named_buffers()}
     plain = {key: t.detach().clone() for key, t in plain_tensors(model).items()}
     with torch.random.fork_rng(devices=[]):
         try:
-            yield
+            yield plain
         finally:
             with torch.no_grad():
                 for name, b in model.named_buffers():
@@ -155,8 +156,7 @@ def _traced(tracer: fx.Tracer, model: nn.Module, keep: Callable[[fx.Graph], Any]
     """``keep(graph)`` of the trace, made before the constants fx added to ``model`` go."""
     before = set(vars(model))
     try:
-        with preserved(model):
-            plain = {k: t.detach().clone() for k, t in plain_tensors(model).items()}
+        with preserved(model) as plain:
             with random_factories_recorded(tracer), python_effects_recorded(tracer, model):
                 graph = tracer.trace(model)
             tracer.issues += plain_update_issues(graph, changed_plain_tensors(model, plain))

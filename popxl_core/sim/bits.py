@@ -19,5 +19,11 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(_bytes(a), _bytes(b))
 
 
+# The bytes compared as integers of the dtype's width: the same bits, a quarter of the
+# comparisons for float32 (torch.equal on the uint8 view was 1 % of the test suite's CPU).
+_WORDS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
 def _bytes(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().reshape(-1).view(torch.uint8)
+    flat = t.contiguous().reshape(-1)
+    return flat.view(_WORDS.get(t.element_size(), torch.uint8))

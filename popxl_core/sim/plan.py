@@ -11,6 +11,7 @@ from __future__ import annotations
 import heapq
 import warnings
 from dataclasses import dataclass, field
+from functools import cached_property
 from math import prod
 from typing import Callable
 
@@ -86,13 +87,21 @@ class IpuMemory:
 @dataclass
 class GraphInfo:
     """One graph that runs: its op count, code bytes, executions per Session.run and the
-    cycles of one execution (callees included)."""
+    cycles of one execution (callees included; estimated when first read, `Plan`)."""
 
     name: str
     ops: int
     code_bytes: int
     runs: int
-    cycles: int = 0
+    estimate: Callable[[], int] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def cycles(self) -> int:
+        return self.estimate() if self.estimate is not None else 0
+
+    def row(self) -> dict:
+        """The report's row of this graph."""
+        return {k: getattr(self, k) for k in ("name", "ops", "code_bytes", "runs", "cycles")}
 
 
 @dataclass
@@ -124,14 +133,18 @@ class RemoteBufferInfo:
 
 @dataclass
 class Plan:
-    """Memory per IPU and work per run, estimated once for a Session."""
+    """Memory per IPU and work per run, estimated once for a Session.
+
+    The memory is planned when the Session is built (it decides out-of-memory). The work
+    (``work``, each graph's ``cycles``, the per-op rows ``ops``) is estimated when first read,
+    and kept: most Sessions never read it (the estimate was ~6 % of the test suite's CPU). A
+    Session's Ir does not change after the Session is made, so the estimate is the same
+    whenever it is made."""
 
     machine: Machine
     replication_factor: int
     memory: dict[int, IpuMemory]
-    work: Work  # one Session.run on one replica (replicas run in parallel)
     graphs: list[GraphInfo]
-    ops: list[OpRow]
     liveness: Liveness  # of the main graph
     analysis: LivenessAnalysis = field(repr=False, default_factory=LivenessAnalysis)
     remote_buffers: list[RemoteBufferInfo] = field(default_factory=list)
@@ -139,6 +152,19 @@ class Plan:
     loaded_variables: VariableCurve | None = field(default=None, repr=False)  # of the main graph
     model: CostModel | None = field(default=None, repr=False)  # for per-graph/op look-ups
     _report: object = field(default=None, repr=False)
+    reachable: list[Graph] = field(default_factory=list, repr=False)  # the graphs that run
+    runs: dict[Graph, int] = field(default_factory=dict, repr=False)  # executions per run
+
+    @cached_property
+    def work(self) -> Work:
+        """One Session.run on one replica (replicas run in parallel)."""
+        launch = Work(Cycles(launch=self.machine.run_overhead_cycles))
+        return self.model.graph_work(self.main) + launch
+
+    @cached_property
+    def ops(self) -> list[OpRow]:
+        """One row per op instance of the graphs that run."""
+        return _op_rows(self.reachable, self.model, self.runs)
 
     @property
     def cycles(self) -> int:
@@ -178,20 +204,19 @@ def build_plan(ir, machine: Machine, observe: bool = True) -> Plan:
     construction, e.g. popxl_fx's per-stage memory, is not a Session's plan)."""
     graphs, model, analysis, liveness, loaded = _analysed(ir, machine)
     runs = model.graph_runs(ir.main_graph)
-    work = model.graph_work(ir.main_graph) + Work(Cycles(launch=machine.run_overhead_cycles))
     plan = Plan(
         machine,
         ir.replication_factor,
         _memory(ir, graphs, model, liveness, loaded),
-        work,
         _graph_infos(graphs, model, runs),
-        _op_rows(graphs, model, runs),
         liveness,
         analysis,
         _remote_buffers(ir),
         ir.main_graph,
         loaded,
         model,
+        reachable=graphs,
+        runs=runs,
     )
     for observer in PLAN_OBSERVERS if observe else ():
         observer(plan)
@@ -324,10 +349,15 @@ def _graph_infos(graphs: list[Graph], model: CostModel, runs: dict[Graph, int]) 
             len(g._ops),
             sum(model.code_bytes(op) for op in g._ops),
             runs.get(g, 0),
-            model.graph_work(g).cycles.total,
+            _cycles_of(model, g),
         )
         for g in graphs
     ]
+
+
+def _cycles_of(model: CostModel, graph: Graph) -> Callable[[], int]:
+    """The cycles of one execution of ``graph``, estimated when asked (the model caches it)."""
+    return lambda: model.graph_work(graph).cycles.total
 
 
 def _op_rows(graphs: list[Graph], model: CostModel, runs: dict[Graph, int]) -> list[OpRow]:

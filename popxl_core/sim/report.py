@@ -234,7 +234,7 @@ class SimReport:
             "remote_buffers": [vars(b) | {"shape": list(b.shape)} for b in p.remote_buffers],
             "cycles": p.work.cycles.to_dict(),
             "seconds": p.seconds,
-            "graph_table": [vars(g).copy() for g in p.graphs],
+            "graph_table": [g.row() for g in p.graphs],
             "outlining": self.outlining().to_dict(),
             "op_table": [vars(r).copy() for r in p.ops],
             "program_tree": program_tree(p),
