@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from ..tensor import Tensor
 from ._linear_fold import dx_rest, grads_into
 from ._utils import rand, same_dtype, spec
-from .collectives.collectives import divide_mean
+from .collectives.collectives import divide_mean, summed
 from .forms import ReplicaFold, ReplicaStack, fold_rows
 from .registry import Cost, OpDef, Sample, create_op, register
 
@@ -234,8 +234,7 @@ def _reduced_sum(rows, kind: str, buffers):
         # ATen's CPU mean of these dtypes: this sum, then ``div_`` by R (one Python call,
         # not two; half types take another path)
         return torch.mean(rows, 0, out=out)
-    total = torch.sum(rows, 0, out=out)
-    return divide_mean(total, rows.shape[0]) if kind == "mean" else total
+    return summed(rows, kind, out)
 
 
 def _folded_variant(batched: bool, sums: bool):

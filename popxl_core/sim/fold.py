@@ -46,12 +46,13 @@ import torch
 from ..graph import Graph, Op
 from ..host_data import host_to_torch, torch_to_host
 from ..ops.call import CALL
+from ..ops.collectives.collectives import summed
 from ..ops.collectives.replicated import ALL_REDUCE
 from ..ops.io import HOST_LOAD, HOST_STORE
 from ..schedule import schedule
 from ..tensor import Tensor, Variable
 from .fold_group import KeptGroup
-from .fold_reduce import check_summed, plan_fused, reduce_group, summed
+from .fold_reduce import check_summed, plan_fused, reduce_group
 from .fold_together import plan_together
 from .runtime import collective_results, next_transfer
 from .uniform import full_all_reduce

@@ -20,8 +20,8 @@ from typing import Dict, List, Sequence
 
 import torch
 
+from ..ops.collectives.collectives import summed
 from .bits import same_bits
-from .fold_reduce import summed
 
 __all__ = ["KeptGroup"]
 

@@ -25,7 +25,7 @@ import torch
 
 from ..graph import Op
 from ..ops.call import CALL
-from ..ops.collectives.collectives import reduce_values
+from ..ops.collectives.collectives import reduce_values, summed
 from ..ops.collectives.replicated import ALL_REDUCE
 from .bits import same_bits
 
@@ -38,7 +38,6 @@ __all__ = [
     "reduce_group",
     "reduce_runs",
     "sole_graph_source",
-    "summed",
     "check_summed",
 ]
 
@@ -52,13 +51,6 @@ GROUP_BYTES = 4 * 2**20
 # 28 us at 64 KiB, 40 against 54 at 128 KiB, 360 against 620 at 1.6 MB (below it a group's
 # one sum costs less)
 FUSE_BYTES = 128 * 2**10
-
-
-def summed(rows: torch.Tensor, op: str, out: torch.Tensor) -> torch.Tensor:
-    """The replicas' values summed in one pass over dim 0 (the mean divided after, as the
-    all-reduce's own reduction does)."""
-    total = torch.sum(rows, 0, out=out)
-    return total.div_(rows.shape[0]) if op == "mean" else total
 
 
 def check_summed(rows: torch.Tensor, op, want: torch.Tensor) -> Optional[torch.Tensor]:

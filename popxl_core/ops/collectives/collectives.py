@@ -17,6 +17,7 @@ __all__ = [
     "COLLECTIVE_OPS",
     "to_collective_op",
     "divide_mean",
+    "summed",
     "reduce_values",
     "GroupTable",
     "group_table",
@@ -61,6 +62,14 @@ def divide_mean(total: torch.Tensor, replicas: int) -> torch.Tensor:
     if replicas & (replicas - 1) == 0 and total.is_floating_point():
         return total.mul_(1.0 / replicas)
     return total.div_(replicas)
+
+
+def summed(rows: torch.Tensor, op: str, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The replicas' values ``rows`` ``(R, ...)`` summed in one pass over dim 0, into ``out``
+    where given, a mean divided after (`divide_mean`): the all-reduce's reduction where that
+    one sum gives `reduce_values`'s bits, which its callers check once per shape."""
+    total = torch.sum(rows, 0, out=out)
+    return divide_mean(total, rows.shape[0]) if op == "mean" else total
 
 
 def reduce_values(
