@@ -67,16 +67,13 @@ class Together:
         computed, each as its value's folded shape; ``ok``: every site left them and the
         together call gave the replicas' bits (then later runs take `blocks` or `write`,
         else `fill`)."""
-        values = list(values)
-        missing = [p for p in self.members if values[p] is None]
+        missing = self._missing(values)
         left = len(missing) == len(self.members) and None not in self.args
         # a together_into kernel is checked where it writes, at the first `write`
         ok = left and (self.into or self._check())
         if missing:
             made = self._split(self._made()) if ok and not self.into else self._each()
-            for p in missing:
-                k, m = self.members[p]
-                values[p] = made[k][m].reshape(self.shapes[p])
+            values = self._put(values, missing, made)
         self._done()
         return values, ok
 
@@ -121,15 +118,24 @@ class Together:
 
     def fill(self, values: Sequence) -> list:
         """``values`` with the members their sites left None made by the replicas' own
-        calls (as ``(R, n)`` rows): where the together call did not match."""
-        values = list(values)
-        missing = [p for p in self.members if values[p] is None]
+        calls: where the together call did not match."""
+        missing = self._missing(values)
         if missing:
-            made = self._each()
-            for p in missing:
-                k, m = self.members[p]
-                values[p] = made[k][m]
+            values = self._put(values, missing, self._each())
         self._done()
+        return values
+
+    def _missing(self, values: Sequence) -> List[int]:
+        """The members' group positions whose sites left their values to this group."""
+        return [p for p in self.members if values[p] is None]
+
+    def _put(self, values: Sequence, missing: List[int], made) -> list:
+        """``values`` with each of ``missing`` taken from ``made`` (``[k][m]``, ``(R, n)``
+        rows) as its value's folded shape."""
+        values = list(values)
+        for p in missing:
+            k, m = self.members[p]
+            values[p] = made[k][m].reshape(self.shapes[p])
         return values
 
     def layout(self) -> List[List[int]]:
