@@ -26,7 +26,7 @@ from popxl_core.ops.scatter_reduce import SCATTER_REDUCE
 from popxl_core.ops.shape import RESHAPE, TRANSPOSE
 from popxl_core.sim import CompileOptions
 from popxl_core.sim.bits import same_bits
-from tests.test_replica_stacking import _assert_same
+from tests.test_replica_stacking import _assert_same, _outcome
 
 FOLD, OFF = CompileOptions(), CompileOptions(fold_replicas=False)
 R = 4
@@ -245,8 +245,7 @@ def _train(model, compiler, steps=3):
     for _ in range(steps):
         x = torch.randn(R * 2, 5, 8, generator=g)
         losses.append(trainer(x, torch.randint(0, 3, (R * 2,), generator=g)))
-    state = {(i, k): v for i, s in opt.state_dict()["state"].items() for k, v in s.items()}
-    return torch.stack(losses), net.state_dict(), state, trainer._programs.active.session
+    return _outcome(losses, net, opt, trainer._programs.active.session)
 
 
 @functools.lru_cache(maxsize=None)

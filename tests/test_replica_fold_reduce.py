@@ -125,7 +125,7 @@ def _train_with_writes(compiler, replicas: int = 4, steps: int = 3):
     import torch.nn.functional as F
 
     import popxl_fx
-    from tests.test_replica_stacking import _data, _model
+    from tests.test_replica_stacking import _data, _model, _outcome
 
     torch.manual_seed(0)
     net = _model("mlp")
@@ -139,8 +139,7 @@ def _train_with_writes(compiler, replicas: int = 4, steps: int = 3):
         with torch.no_grad():
             net.fc1.weight[step].mul_(0.5)
             opt.state[net.fc2.weight]["momentum_buffer"][:, step].add_(1e-3)
-    state = {(i, k): v for i, s in opt.state_dict()["state"].items() for k, v in s.items()}
-    return torch.stack(losses), net.state_dict(), state, trainer._programs.active
+    return _outcome(losses, net, opt, trainer._programs.active)
 
 
 def test_torch_tensors_are_replica_0s_values_and_writes_reach_every_replica():

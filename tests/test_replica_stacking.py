@@ -61,8 +61,15 @@ def _train(model: str, replicas: int, compiler: CompileOptions, rts=False, accum
     trainer = popxl_fx.training_model(net, opt, loss_fn, options)
     g = torch.Generator().manual_seed(1)
     losses = [trainer(*_data(model, 4 * replicas * accum, g)) for _ in range(steps)]
+    return _outcome(losses, net, opt, trainer._programs.active.session)
+
+
+def _outcome(losses, net, opt, last) -> tuple:
+    """What `_assert_same` compares: the losses, the model's state and the optimizer's
+    (keyed by parameter index and name); ``last`` (the session or program, for the test to
+    look into) rides along."""
     state = {(i, k): v for i, s in opt.state_dict()["state"].items() for k, v in s.items()}
-    return torch.stack(losses), net.state_dict(), state, trainer._programs.active.session
+    return torch.stack(losses), net.state_dict(), state, last
 
 
 def _assert_same(a, b) -> None:
