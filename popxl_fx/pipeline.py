@@ -59,7 +59,7 @@ from torch import nn
 import addons
 import popxl_core as popxl
 from popxl_core.sim.machine import machine_for
-from popxl_core.sim.plan import build_plan, plan_memory
+from popxl_core.sim.plan import build_plan
 
 from . import lowerings, replication  # noqa: F401  (lowerings fills the lowering table)
 from .calls import POSITIONAL, Binding
@@ -216,10 +216,10 @@ class Build:
         return stage
 
     def _plan(self) -> tuple[tuple[GraphRow, ...], dict[int, int]]:
-        # the simulator's memory plan of the program so far, on the options' target (only the
-        # Session's plan decides out-of-memory and is reported as one); a record keeps no
-        # cycles, so none are estimated
-        return _plan_rows(plan_memory(self.ir, _no_oom(self.options)))
+        # the simulator's plan of the program so far, on the options' target, never fatal
+        # (only the Session's plan decides out-of-memory) and never reported as one; a record
+        # keeps no cycles, and a plan estimates them only when read (`Plan`)
+        return _plan_rows(build_plan(self.ir, _no_oom(self.options), observe=False))
 
     def session(self) -> popxl.Session:
         """The Session of the built Ir, attached (the weights live on the device between

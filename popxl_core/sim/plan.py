@@ -30,14 +30,12 @@ __all__ = [
     "PLAN_OBSERVERS",
     "GraphInfo",
     "IpuMemory",
-    "MemoryPlan",
     "OpRow",
     "OutOfMemoryError",
     "OutOfMemoryWarning",
     "Plan",
     "RemoteBufferInfo",
     "build_plan",
-    "plan_memory",
 ]
 
 # Called with every Plan as it is built, before any OOM is raised (`python -m popxl_core.report`
@@ -224,30 +222,8 @@ def build_plan(ir, machine: Machine, observe: bool = True) -> Plan:
     return plan
 
 
-@dataclass(frozen=True)
-class MemoryPlan:
-    """`plan_memory`'s result: `Plan`'s graphs (their cycles left 0) and memory per IPU."""
-
-    graphs: list[GraphInfo]
-    memory: dict[int, IpuMemory]
-
-
-def plan_memory(ir, machine: Machine) -> MemoryPlan:
-    """The memory of ``ir`` on ``machine`` as `build_plan` finds it, and each graph's ops,
-    code bytes and runs; no cycle estimate and no per-op rows (half of a plan's work). For
-    estimates of a program under construction (popxl_fx's stage records): never fatal, never
-    observed."""
-    graphs, model, _, liveness, loaded = _analysed(ir, machine)
-    runs = model.graph_runs(ir.main_graph)
-    infos = [
-        GraphInfo(g.name or "main", len(g._ops), sum(map(model.code_bytes, g._ops)), runs.get(g, 0))
-        for g in graphs
-    ]
-    return MemoryPlan(infos, _memory(ir, graphs, model, liveness, loaded))
-
-
 def _analysed(ir, machine: Machine) -> tuple:
-    """What both plans start from: (graphs, cost model, liveness analysis, the main graph's
+    """What a plan starts from: (graphs, cost model, liveness analysis, the main graph's
     liveness, its remote variables' curve)."""
     graphs = reachable_graphs(ir.main_graph)
     opts = ir._pb_ir.getSessionOptions()
