@@ -80,14 +80,10 @@ def _emit_exact(op: Op, em, fold, emit_kernel: Callable) -> bool:
     rule = op.opdef.replica_fold
     if rule is None or not rule.exact or rule.kernels or not _plain(op):
         return False
-    per = [t in fold.stacked for t in op.inputs]
-    shapes = [tuple(t.shape) for t in op.inputs]
-    if not all(s for s, p in zip(shapes, per) if p) or any(not t.shape for t in op.outputs):
-        return False
-    if not rule.rows(op.attrs, shapes, per):
+    if not _rows_fold(op, rule, [t in fold.stacked for t in op.inputs]):
         return False
     folded = copy.copy(op)  # the same tensors, the attributes of all replicas' rows
-    folded.attrs = rule.attrs(op.attrs, fold.replicas) if rule.attrs is not None else op.attrs
+    folded.attrs = _folded_attrs(op, rule, fold.replicas)
     emit_kernel(folded, em)
     em.program.stats["exact_folded_ops"] += 1
     return True
@@ -210,19 +206,30 @@ def _folded_call(op: Op, base: Callable, site: FoldSite, em) -> Optional[List[Ca
     if rule is None:
         return None
     r = site.replicas
-    shapes = [tuple(t.shape) for t in op.inputs]
-    # a rank-0 output of one replica (a loss) is R values: only a kernel of the op's own
-    # makes them
-    ranked = all(s for s, p in zip(shapes, site.per) if p)
-    if not ranked or (any(site.scalar_out) and not rule.kernels):
-        return None
-    if not rule.rows(op.attrs, shapes, site.per):
+    if not _rows_fold(op, rule, site.per):
         return None
     if rule.kernels:
         buffers = {} if em.graph in em.program.once_per_replica else None
         return [_own_folded(k, r, site.dead, buffers, op.attrs) for k in rule.kernels]
-    attrs = rule.attrs(op.attrs, r) if rule.attrs is not None else op.attrs
+    attrs = _folded_attrs(op, rule, r)
     return [functools.partial(base, **attrs) if attrs else base]
+
+
+def _rows_fold(op: Op, rule, per) -> bool:
+    """Whether ``rule`` folds ``op`` over all replicas' rows (``per``: which inputs are
+    per replica): each such input has rows, and a rank-0 output of one replica (a loss) is
+    R values, which only a kernel of the op's own makes."""
+    shapes = [tuple(t.shape) for t in op.inputs]
+    if not all(s for s, p in zip(shapes, per) if p):
+        return False
+    if any(not t.shape for t in op.outputs) and not rule.kernels:
+        return False
+    return rule.rows(op.attrs, shapes, per)
+
+
+def _folded_attrs(op: Op, rule, replicas: int) -> dict:
+    """The op's attributes for all replicas' rows in one call."""
+    return rule.attrs(op.attrs, replicas) if rule.attrs is not None else op.attrs
 
 
 def _together(op: Op, site: FoldSite, fold, plain: bool):
