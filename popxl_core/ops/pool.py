@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from ..tensor import Tensor
+from . import _pool_layout
 from . import _spatial as sp
 from ._dtype_rules import check_float
 from ._pool_samples import avg_samples, grad_op_samples, max_samples
@@ -102,6 +103,8 @@ def _max_kernel(x, kernel, strides, pads, ceil_mode, dilation):
     r = len(kernel)
     dil = dilation or (1,) * r
     if _native_pads(kernel, pads, dil):  # no padded copy of x
+        if r == 2:  # channels-last where that is faster: the same bits (_pool_layout.py)
+            return _pool_layout.max_pool2d(x, kernel, strides, pads[:r], dil, ceil_mode)
         return _MAX_POOL[r](x, kernel, strides, pads[:r], dil, ceil_mode)
     xp = sp.prepad(x, pads, float("-inf"))
     y = _MAX_POOL[r](xp, kernel, strides, 0, dil, ceil_mode)
@@ -124,7 +127,7 @@ def _max_grad_kernel(dy, x, **attrs):
     if len(kernel) == 2 and _native_pads(kernel, pads, dil):
         # the two kernels autograd would run, without recording a graph to run them
         args = (kernel, strides, pads[:2], dil, attrs["ceil_mode"])
-        _, idx = torch.ops.aten.max_pool2d_with_indices(x, *args)
+        _, idx = _pool_layout.max_pool2d_with_indices(x, *args)
         return torch.ops.aten.max_pool2d_with_indices_backward(dy, x, *args, idx)
     return _vjp(_max_kernel, x, dy, attrs)
 

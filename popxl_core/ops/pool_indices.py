@@ -16,6 +16,7 @@ import torch
 
 from .. import dtypes
 from ..tensor import Tensor
+from . import _pool_layout
 from ._utils import rand, spec
 from .pool import MAX_POOL, _native_pads, _pool_attrs, _pool_cost
 from .registry import OpDef, Sample, create_op, register
@@ -50,12 +51,12 @@ def _infer(ins, **attrs):
 
 
 def _kernel(x, **attrs):
-    return _aten.max_pool2d_with_indices(x, *_args(**attrs))
+    return _pool_layout.max_pool2d_with_indices(x, *_args(**attrs))
 
 
 def _values_only(x, **attrs):
     """The indices are dead: eager's inference kernel, the same maxima."""
-    return _aten.max_pool2d(x, *_args(**attrs)), None
+    return _pool_layout.max_pool2d(x, *_args(**attrs)), None
 
 
 def _grad_infer(ins, **_):
