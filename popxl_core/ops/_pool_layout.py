@@ -55,8 +55,9 @@ def _channels_last(x: torch.Tensor) -> torch.Tensor:
 
 
 def max_pool2d_with_indices(x, kernel, stride, padding, dilation, ceil_mode):
-    """``aten.max_pool2d_with_indices`` with its bits, contiguous NCHW results."""
-    args = (list(kernel), list(stride), list(padding), list(dilation), bool(ceil_mode))
+    """``aten.max_pool2d_with_indices`` (its arguments as it takes them) with its bits,
+    contiguous NCHW results."""
+    args = (kernel, stride, padding, dilation, ceil_mode)
     if not _pays(x):
         return _aten.max_pool2d_with_indices(x, *args)
     y, idx = _aten.max_pool2d_with_indices(_channels_last(x), *args)
@@ -65,7 +66,7 @@ def max_pool2d_with_indices(x, kernel, stride, padding, dilation, ceil_mode):
 
 def max_pool2d(x, kernel, stride, padding, dilation, ceil_mode):
     """``aten.max_pool2d``'s values with its bits (the indices are not kept)."""
+    args = (kernel, stride, padding, dilation, ceil_mode)
     if not _pays(x):
-        args = (list(kernel), list(stride), list(padding), list(dilation), bool(ceil_mode))
         return _aten.max_pool2d(x, *args)
-    return max_pool2d_with_indices(x, kernel, stride, padding, dilation, ceil_mode)[0]
+    return max_pool2d_with_indices(x, *args)[0]
