@@ -28,6 +28,7 @@ from .phase_report import PhasedReport
 from .pipeline import Build, Programs
 from .program import ProgramView, describe_change, log, signature_of
 from .replication import broadcast_feeds, replication_of, unreplicated
+from .step_repeat import RepeatStep
 from .steps import Program, TrainingRequest, build_training
 from .structure_watch import StructureWatch
 from .torch_state import SharedState, Structure, describe, snapshot
@@ -64,6 +65,7 @@ class Trainer(ProgramView):
         self._snapshot: dict = {}  # the named structure of the active program (for messages)
         self.memory_plan = ""  # memory="auto": the plan chosen and the candidates planned
         self._watch = StructureWatch()  # the structure key, re-walked only when it changed
+        self._repeat: RepeatStep | None = None  # the steps that repeat the last one's program
 
     # the step ------------------------------------------------------------------------
     def __call__(self, *inputs: torch.Tensor, **kwargs: Any) -> torch.Tensor:
@@ -72,13 +74,23 @@ class Trainer(ProgramView):
         ``use_cache=False``: `popxl_fx.calls.bind`). Returns the loss as a torch scalar."""
         check_no_autocast("the trainer")
         structure = self._watch.key(self._model, self.optimizer)
-        inputs, binding = self._bind(inputs, kwargs)
-        prog = self._program(inputs, structure, binding)
-        shared = prog.extra["shared"]
-        shared.before_step(structure)  # writes and loads since the last step reach the device
-        n, replicas = self.options.device_iterations, self.options.replication_factor
-        hyper = broadcast_feeds(prog.optim.feeds_for(n), replicas, n)
-        out = prog.session.run({**prog.inputs.feed(inputs), **hyper})
+        modes = self._watch.modes(self._model)
+        repeat = self._repeat
+        if (
+            repeat is not None
+            and not kwargs
+            and repeat.holds(inputs, structure, modes, self._active)
+        ):
+            prog = repeat.prog
+            shared = prog.extra["shared"]
+            shared.before_step(structure)  # writes and loads since the last step reach the device
+            out = repeat.run(inputs)
+        else:
+            inputs, binding = self._bind(inputs, kwargs)
+            prog = self._program(inputs, structure, binding)
+            shared = prog.extra["shared"]
+            shared.before_step(structure)
+            out = self._run_full(prog, inputs, kwargs, structure, modes)
         shared.after_step()
         # the optimizer has stepped (on the device): torch's lr schedulers check this flag
         self.optimizer._opt_called = True
@@ -86,6 +98,15 @@ class Trainer(ProgramView):
         values = unreplicated(prog.outputs, out, inputs, self.options)
         self.last = {k: v for k, v in values.items() if k != "loss"}
         return values["loss"].as_subclass(StepLoss)
+
+    def _run_full(self, prog: Program, inputs: tuple, kwargs: dict, structure, modes) -> dict:
+        """The step's run through `Session.run` (its checks of every array); the steps after
+        it that repeat it go through a `RepeatStep`."""
+        n, replicas = self.options.device_iterations, self.options.replication_factor
+        hyper = broadcast_feeds(prog.optim.feeds_for(n), replicas, n)
+        out = prog.session.run({**prog.inputs.feed(inputs), **hyper})
+        self._repeat = RepeatStep.after(prog, inputs, kwargs, structure, modes, hyper, self.options)
+        return out
 
     def report(self):
         """The Session's `SimReport`; for a phased program a `PhasedReport` (per phase: peak,

@@ -140,6 +140,30 @@ def test_torch_numerics_sum_float16_embedding_gradients_as_eager():
     assert torch.equal(opdef.kernel_for("torch")(x, idx, **attrs), opdef.kernel(x, idx, **attrs))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64])
+@pytest.mark.parametrize("n", [64, 5000])  # eager's kernel has another path past 3000 rows
+def test_torch_numerics_embedding_gradient_cuts_off_out_of_range_indices(dtype, n):
+    """The ``"torch"`` kernel is eager's embedding backward, which adds only rows whose index
+    is in range: indices below 0 and at or past ``axis_size`` are cut off as the default
+    kernel cuts them, whatever the dtype and index count."""
+    from popxl_core.ops.registry import get_opdef
+
+    opdef = get_opdef("ScatterReduce")
+    g = torch.Generator().manual_seed(6)
+    data = torch.randn(n, 2, 3, generator=g).to(dtype)
+    idx = torch.randint(-3, 13, (n,), generator=g, dtype=torch.int32)
+    attrs = {"reduction": "sum", "axis": 0, "axis_size": 10, "enable_index_broadcast": True}
+    got = opdef.kernel_for("torch")(data, idx, **attrs)
+    want = torch.zeros(10, 2, 3, dtype=dtype)
+    for row, i in zip(data, idx.tolist()):  # one add after another, each rounded to dtype
+        if 0 <= i < 10:
+            want[i] += row
+    assert got.shape == (10, 2, 3) and bool(((idx < 0) | (idx >= 10)).any())
+    assert torch.equal(got, want)
+    if dtype != torch.float16:  # float16: torch's scatter_reduce rounds differently
+        assert torch.equal(got, opdef.kernel(data, idx, **attrs))
+
+
 def test_within_a_stated_bound_of_the_float32_run_after_20_steps():
     torch.manual_seed(0)
     model, batches = SeedMLP(), _mlp_batches(20)

@@ -8,6 +8,7 @@ import warnings
 
 import numpy as np
 import pytest
+import torch
 
 import popxl_core as popxl
 from popxl_core import ops
@@ -52,3 +53,20 @@ def test_zero_oor_asked_for_does_not_warn():
         warnings.simplefilter("error", GatherIndexWarning)
         rows = session.run({idx: np.array([0, 7, 2], np.int32)})[out]
     assert not rows[1].any()
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2])
+def test_out_of_range_on_any_axis_gives_zeros_there(axis):
+    """torch's index_select checks the indices itself (IndexError on axis 0, RuntimeError
+    off it): either way the out-of-range entries become zeros, the rest torch's rows."""
+    from popxl_core.ops.gather import GATHER
+
+    x = torch.arange(24, dtype=torch.float32).reshape(2, 3, 4)
+    n = x.shape[axis]
+    idx = torch.tensor([n - 1, n, -1, 0], dtype=torch.int32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GatherIndexWarning)
+        got = GATHER.kernel(x, idx, axis=axis, zero_OOR=True, available_memory_proportion=None)
+    want = torch.index_select(x, axis, torch.tensor([n - 1, 0, 0, 0]))
+    want.narrow(axis, 1, 2).zero_()
+    assert torch.equal(got, want)

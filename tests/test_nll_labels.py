@@ -12,7 +12,12 @@ import torch
 import torch.nn.functional as F
 
 from popxl_core.errors import OpDataError
-from popxl_core.ops._nll_labels import aten_nll_backward, check_labels, valid_labels
+from popxl_core.ops._nll_labels import (
+    aten_nll_backward,
+    aten_nll_forward,
+    check_labels,
+    valid_labels,
+)
 
 
 def _eager_grad(logp, labels, g, reduction, ignore_index):
@@ -63,3 +68,26 @@ def test_the_ignore_index_is_not_out_of_range():
     with pytest.raises(OpDataError, match=r"label -100 at index \(0, 1\)"):
         check_labels(lab, None, 4, 5)  # 5 is ignored, -100 is not
     check_labels(torch.tensor([[0, -100], [3, 1]]), None, 4, -100)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("ignore_index", [None, -100, 2])
+def test_forward_is_eager_s_and_finds_out_of_range_labels(reduction, ignore_index):
+    """With an ignore_index, aten's own kernel checks the labels (no separate range check):
+    the same loss bits as eager, and the same `OpDataError` as `check_labels` gives."""
+    logp = torch.randn(6, 4, generator=torch.Generator().manual_seed(3)).log_softmax(-1)
+    labels = torch.tensor([0, 3, -100, 2, 1, 2])
+    if ignore_index != -100:
+        labels[2] = 1
+    (loss, _), *_ = aten_nll_forward(logp, labels, reduction, ignore_index)
+    want = F.nll_loss(
+        logp,
+        labels,
+        reduction=reduction,
+        ignore_index=-100 if ignore_index is None else ignore_index,
+    )
+    assert loss.numpy().tobytes() == want.numpy().tobytes()
+    bad = labels.clone()
+    bad[4] = 4 if ignore_index != 4 else 5
+    with pytest.raises(OpDataError, match=r"label 4 at index \(4,\) is out of range for 4 "):
+        aten_nll_forward(logp, bad, reduction, ignore_index)

@@ -75,11 +75,19 @@ def _aten_nll(probs, log_prob: bool) -> bool:
 
 def aten_nll_forward(logp, labels, reduction, ignore_index):
     """``((loss, total_weight), labels as int64, reduction code, ignore_index)``."""
-    lab = labels.long()
+    lab, red = labels.long(), _ATEN_REDUCTION[reduction]
+    if ignore_index is not None and not torch.compiler.is_compiling():
+        # aten checks every label that is not the ignore_index, as `check_labels` does (one
+        # kernel fewer); where it fails, `check_labels` names the label
+        ignore = int(ignore_index)
+        try:
+            return torch.ops.aten.nll_loss_forward(logp, lab, None, red, ignore), lab, red, ignore
+        except IndexError:
+            check_labels(lab, None, logp.shape[-1], ignore_index)
+            raise
     check_labels(lab, None, logp.shape[-1], ignore_index)
     # no ignore_index: every label is in range (checked), so -1 never matches
     ignore = -1 if ignore_index is None else int(ignore_index)
-    red = _ATEN_REDUCTION[reduction]
     return torch.ops.aten.nll_loss_forward(logp, lab, None, red, ignore), lab, red, ignore
 
 

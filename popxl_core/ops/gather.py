@@ -61,12 +61,19 @@ def _gather_kernel(x, idx, axis, zero_OOR, available_memory_proportion):
     axis %= x.dim()
     n, flat = x.shape[axis], idx.reshape(-1).long()
     out_shape = x.shape[:axis] + idx.shape + x.shape[axis + 1 :]
-    valid = (flat >= 0) & (flat < n)
     # under torch.compile (Options(kernels="inductor")) no branch on data: always the masked
     # gather, the same values for in-range indices, zeros without the warning otherwise
     compiling = torch.compiler.is_compiling()
-    if not compiling and bool(valid.all()):
-        return torch.index_select(x, axis, flat).reshape(out_shape)
+    if not compiling:
+        # torch checks every index itself (IndexError, RuntimeError off axis 0): one kernel,
+        # where a range check before it took five; an error with every index in range is
+        # not about the indices and is raised as it is
+        try:
+            return torch.index_select(x, axis, flat).reshape(out_shape)
+        except (IndexError, RuntimeError):
+            if bool(((flat >= 0) & (flat < n)).all()):
+                raise
+    valid = (flat >= 0) & (flat < n)
     # zero_OOR=False leaves out-of-range rows unspecified on the IPU (no error is raised);
     # the simulator gives them zeros too, so a run is deterministic either way, and says so.
     if not zero_OOR and not compiling:

@@ -75,11 +75,14 @@ def _scatter(data, idx, initial, reduction: str, axis: int, axis_size: int) -> t
 
 
 def _torch_kernel(data, idx, *initial, reduction, axis, axis_size, enable_index_broadcast):
-    """``Ir.numerics == "torch"``: a float16 sum of rows at 1-D indices (an embedding's
-    gradient) summed as eager's embedding backward sums it, row after row, each add rounded to
-    float16 (torch's scatter_reduce rounds differently in float16; float32 agrees)."""
+    """``Ir.numerics == "torch"``: a sum of rows at 1-D indices (an embedding's gradient)
+    made by eager's embedding backward itself, row after row into zeros (in float16 each add
+    rounded to float16, where torch's scatter_reduce rounds differently; in float32 the same
+    sums, one call where a scatter takes six)."""
+    half = data.dtype in (torch.float16, torch.bfloat16)
+    compiling = torch.compiler.is_compiling()
     if (
-        data.dtype not in (torch.float16, torch.bfloat16)
+        not (half or (data.is_floating_point() and not compiling))
         or reduction != "sum"
         or initial
         or axis != 0
@@ -94,10 +97,13 @@ def _torch_kernel(data, idx, *initial, reduction, axis, axis_size, enable_index_
             axis_size=axis_size,
             enable_index_broadcast=enable_index_broadcast,
         )
-    i = idx.long()
-    i = torch.where((i >= 0) & (i < axis_size), i, axis_size)  # the cut-off slot, as _kernel
+    i, slots = idx.long(), axis_size
+    if compiling:  # traced by inductor: out-of-range indices to a cut-off slot, as _kernel
+        i, slots = torch.where((i >= 0) & (i < axis_size), i, axis_size), axis_size + 1
+    # eager's CPU kernel adds only the rows whose index is in [0, slots): the rest are cut
+    # off as `_kernel` cuts them (tests/test_fx_fp16.py holds it to that)
     rows = torch.ops.aten.embedding_dense_backward(
-        data.reshape(data.shape[0], -1), i, axis_size + 1, -1, False
+        data.reshape(data.shape[0], -1), i, slots, -1, False
     )
     return rows[:axis_size].reshape((axis_size, *data.shape[1:]))
 

@@ -89,7 +89,24 @@ def _computed_wide(kernel: Callable, op: Op, widen: Callable) -> Callable:
 
 
 def cloning(kernel: Callable) -> Callable:
+    """A view op's kernel whose result may not alias its input: the result copied, unless
+    torch already made a copy (``reshape`` of a transposed tensor: copying it again doubled
+    the memory traffic of every attention block's output)."""
+
     def copied(*args):
-        return kernel(*args).clone()
+        res = kernel(*args)
+        if res._base is None and not _shares_storage(res, args):
+            return res  # a tensor of its own: torch copied
+        return res.clone()
 
     return copied
+
+
+def _shares_storage(res: torch.Tensor, args: tuple) -> bool:
+    """``res`` is one of ``args`` or uses the storage of one (an alias that is not a view:
+    the input itself, ``detach``)."""
+    ptr = res.untyped_storage().data_ptr()
+    return any(
+        a is res or (isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() == ptr)
+        for a in args
+    )

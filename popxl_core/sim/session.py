@@ -20,6 +20,7 @@ from .fold import FoldRuntime, fold_options, plan_fold
 from .machine import machine_for
 from .options import DEFAULT, CompileOptions
 from .plan import build_plan
+from .prepared_run import PreparedRun
 from .reference import ReferenceProgram
 from .remote_state import RemoteState
 from .runtime import Runtime, run_replicas
@@ -268,6 +269,12 @@ class Session(SessionStreams, SessionWeights):
         feeds = self._checked_inputs(inputs or {}, downcast_inputs)
         checks.check_output_buffers(self, outputs, self._d2h)
         self._run(feeds, outputs)
+
+    def prepared_run(self, streams: Iterable[HostToDeviceStream]) -> PreparedRun:
+        """`run` bound to ``streams`` (every one the Ir loads from) for a loop that feeds the
+        same streams on every run: the returned `PreparedRun` takes the arrays as a list in
+        that order and writes the outputs into buffers of its own (`prepared_run.py`)."""
+        return PreparedRun(self, list(streams))
 
     def _run(self, feeds: Dict[object, np.ndarray], outputs) -> None:
         """The run itself, on checked inputs and output buffers of the right shapes."""

@@ -1,0 +1,78 @@
+"""`RepeatStep`: a trainer step on inputs like the last step's, without its lookups.
+
+A training loop calls the trainer with tensors of the same shapes and dtypes step after step,
+on a model whose structure and modes stay as they are. A step on the full path binds the
+inputs, builds the program cache's signature (input shapes and dtype names, every module's
+mode, the keyword binding, the structure) and feeds `Session.run` a dict of streams, which
+checks every array against its stream's spec again. After such a step the trainer keeps a
+`RepeatStep`. A later step that passes no keyword arguments, with tensors of the same shapes
+and dtypes (compared as torch's own objects), the same `Structure` object (`StructureWatch`
+returns the very object while nothing it covers changed) and the same modes, while that
+program is still the active one, has the same signature: it is the same program. Its inputs
+and the optimizer's hyper-parameters go to a `PreparedRun` of the program's Session as a
+list. Anything else takes the full path, which makes a new `RepeatStep`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import torch
+
+from .program import _numpy
+
+__all__ = ["RepeatStep"]
+
+
+def _shapes(inputs: Sequence[object]) -> tuple | None:
+    """Each input's shape and dtype as torch objects (None: an input is not a tensor)."""
+    if not all(isinstance(v, torch.Tensor) for v in inputs):
+        return None
+    return tuple((v.shape, v.dtype) for v in inputs)
+
+
+class RepeatStep:
+    """What a full-path step established, for the steps that repeat it."""
+
+    def __init__(
+        self, prog, inputs: Sequence[torch.Tensor], structure, modes: tuple, hyper: Mapping
+    ) -> None:
+        self.prog, self.structure, self.modes = prog, structure, modes
+        self.shapes = _shapes(inputs)
+        streams = prog.inputs.streams
+        # float inputs of a float16 program are rounded on the host, as `Inputs.feed` does
+        self._dtypes = [s.dtype.as_numpy() for s in streams]
+        self._hyper = tuple(hyper)
+        self._run = prog.session.prepared_run([*streams, *self._hyper])
+
+    @classmethod
+    def after(
+        cls, prog, inputs: tuple, kwargs: dict, structure, modes, hyper: Mapping, options
+    ) -> RepeatStep | None:
+        """The `RepeatStep` of a full-path step, or None where steps cannot repeat it this
+        way (keyword arguments, an input that is not a tensor, replicas or device
+        iterations: their feeds are laid out per replica or step)."""
+        single = options.replication_factor == 1 and options.device_iterations == 1
+        if kwargs or modes is None or not single or _shapes(inputs) is None:
+            return None
+        return cls(prog, inputs, structure, modes, hyper)
+
+    def holds(self, inputs: tuple, structure, modes, active) -> bool:
+        """This step's program is the one the full path would pick for these inputs."""
+        return (
+            active is self.prog
+            and structure is self.structure
+            and modes == self.modes
+            and _shapes(inputs) == self.shapes
+        )
+
+    def run(self, inputs: Sequence[torch.Tensor]) -> Mapping:
+        """One run of the program on ``inputs``, with the optimizer's hyper-parameters read
+        now (`OptimizerProgram.feeds`); the outputs are in buffers the next run writes."""
+        hyper = self.prog.optim.feeds()
+        arrays: list[np.ndarray] = [
+            _numpy(v).astype(dtype, copy=False) for v, dtype in zip(inputs, self._dtypes)
+        ]
+        arrays += [hyper[s] for s in self._hyper]
+        return self._run(arrays)
