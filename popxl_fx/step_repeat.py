@@ -17,10 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-import numpy as np
 import torch
 
-from .program import _numpy
+from .replication import broadcast_feeds
 
 __all__ = ["RepeatStep"]
 
@@ -36,27 +35,23 @@ class RepeatStep:
     """What a full-path step established, for the steps that repeat it."""
 
     def __init__(
-        self, prog, inputs: Sequence[torch.Tensor], structure, modes: tuple, hyper: Mapping
+        self, prog, inputs: Sequence[torch.Tensor], structure, modes: tuple, hyper: Mapping, options
     ) -> None:
         self.prog, self.structure, self.modes = prog, structure, modes
         self.shapes = _shapes(inputs)
-        streams = prog.inputs.streams
-        # float inputs of a float16 program are rounded on the host, as `Inputs.feed` does
-        self._dtypes = [s.dtype.as_numpy() for s in streams]
+        self._steps, self._replicas = options.device_iterations, options.replication_factor
         self._hyper = tuple(hyper)
-        self._run = prog.session.prepared_run([*streams, *self._hyper])
+        self._run = prog.session.prepared_run([*prog.inputs.streams, *self._hyper])
 
     @classmethod
     def after(
         cls, prog, inputs: tuple, kwargs: dict, structure, modes, hyper: Mapping, options
     ) -> RepeatStep | None:
         """The `RepeatStep` of a full-path step, or None where steps cannot repeat it this
-        way (keyword arguments, an input that is not a tensor, replicas or device
-        iterations: their feeds are laid out per replica or step)."""
-        single = options.replication_factor == 1 and options.device_iterations == 1
-        if kwargs or modes is None or not single or _shapes(inputs) is None:
+        way (keyword arguments, an input that is not a tensor, modes not known)."""
+        if kwargs or modes is None or _shapes(inputs) is None:
             return None
-        return cls(prog, inputs, structure, modes, hyper)
+        return cls(prog, inputs, structure, modes, hyper, options)
 
     def holds(self, inputs: tuple, structure, modes, active) -> bool:
         """This step's program is the one the full path would pick for these inputs."""
@@ -69,10 +64,9 @@ class RepeatStep:
 
     def run(self, inputs: Sequence[torch.Tensor]) -> Mapping:
         """One run of the program on ``inputs``, with the optimizer's hyper-parameters read
-        now (`OptimizerProgram.feeds`); the outputs are in buffers the next run writes."""
-        hyper = self.prog.optim.feeds()
-        arrays: list[np.ndarray] = [
-            _numpy(v).astype(dtype, copy=False) for v, dtype in zip(inputs, self._dtypes)
-        ]
+        now, both laid out as the full path lays them out (per replica, per device
+        iteration); the outputs are in buffers the next run writes."""
+        hyper = broadcast_feeds(self.prog.optim.feeds_for(self._steps), self._replicas, self._steps)
+        arrays = list(self.prog.inputs.feed(inputs).values())  # in the streams' order
         arrays += [hyper[s] for s in self._hyper]
         return self._run(arrays)

@@ -120,3 +120,34 @@ def test_keyword_inputs_take_the_full_path(paths):
     for _ in range(3):
         trainer(x, scale=torch.ones(5, 3))
     assert paths == ["full", "full", "full"]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        popxl_fx.Options(replication_factor=2),
+        popxl_fx.Options(device_iterations=2),
+        popxl_fx.Options(replication_factor=2, device_iterations=2),
+    ],
+    ids=["replicas", "device_iterations", "both"],
+)
+def test_replicas_and_device_iterations_repeat_as_the_full_path_runs(paths, options):
+    """Feeds laid out per replica and per device iteration: each repeated step equals, to the
+    bit, the same step of a trainer kept on the full path."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+    full_model = copy.deepcopy(model)
+
+    def make(m):
+        opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+        return popxl_fx.training_model(m, opt, F.cross_entropy, options)
+
+    repeated, full = make(model), make(full_model)
+    lead = (2,) if options.device_iterations == 2 else ()
+    for seed in range(3):
+        x, y = _batch(8 * (lead[0] if lead else 1), seed)
+        x, y = x.reshape(*lead, 8, 6), y.reshape(*lead, 8)
+        full._repeat = None  # the full path every step
+        assert torch.equal(repeated(x, y), full(x, y))
+        assert _same(model, full_model)
+    assert paths == ["full", "full", "repeat", "full", "repeat", "full"]

@@ -103,7 +103,7 @@ class Session(SessionStreams, SessionWeights):
         self._device: Optional[Dict[int, List[torch.Tensor]]] = None
         self._shared: Dict[Variable, torch.Tensor] = {}  # `share_variable_storage`
         # with replicas: (index, shared tensor, its version after the Session's last write)
-        self._shared_versions: List[tuple] = []
+        self._shared_versions: tuple = ()  # `_note_shared_versions`
         self._pending: Set[int] = set()  # device values not copied in yet (weights_from_host)
         self._synced: Set[Variable] = set()  # host == device since the last run (`_sync`)
         self._attached = False

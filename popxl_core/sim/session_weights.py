@@ -10,6 +10,7 @@ for. So building a large model's program copies none of its weights.
 from __future__ import annotations
 
 import warnings
+from operator import attrgetter, is_
 from typing import Dict, List, Mapping, Optional
 
 import numpy as np
@@ -210,17 +211,33 @@ class SessionWeights:
         )
 
     def _note_shared_versions(self) -> None:
-        """With replicas: the shared tensors' versions now (the device's own writes)."""
-        if self._ir.replication_factor > 1:
-            index = self._variable_index
-            self._shared_versions = [(index[v], t, t._version) for v, t in self._shared.items()]
+        """With replicas: the shared tensors' versions now (the device's own writes), as
+        ``(indices, tensors, versions)``; ``()`` when none is shared. Noted after every run:
+        the versions are read with one C-level ``map`` pass, the indices looked up again only
+        when the shared tensors changed."""
+        if self._ir.replication_factor == 1:
+            return
+        tensors = list(self._shared.values())
+        if not tensors:
+            self._shared_versions = ()
+            return
+        last = self._shared_versions
+        if last and _same(last[1], tensors):
+            indices = last[0]
+        else:
+            indices = [self._variable_index[v] for v in self._shared]
+        self._shared_versions = (indices, tensors, list(map(_VERSION, tensors)))
 
     def _spread_shared_writes(self) -> None:
         """With replicas: a shared tensor written since the last run (its ``_version`` moved)
         is copied to the other replicas (replica 0's value is the tensor itself)."""
-        moved = [(i, t) for i, t, version in self._shared_versions if t._version != version]
-        if not moved:
+        if not self._shared_versions:
             return
+        indices, tensors, versions = self._shared_versions
+        now = list(map(_VERSION, tensors))
+        if now == versions:
+            return
+        moved = [(i, t) for i, t, v, w in zip(indices, tensors, versions, now) if v != w]
         self._sharing.unshare(self._device)
         for i, t in moved:
             self._copy_to_replicas(i, t)
@@ -300,3 +317,11 @@ def is_file(v: Variable) -> bool:
     """A writable ``np.memmap`` is the host buffer itself (as PopXL: `weights_to_host`
     writes the file, `get_tensor_data` views it)."""
     return isinstance(v._data, np.memmap) and v._data.flags.writeable
+
+
+_VERSION = attrgetter("_version")
+
+
+def _same(a: list, b: list) -> bool:
+    """The same objects, element by element."""
+    return len(a) == len(b) and all(map(is_, a, b))
