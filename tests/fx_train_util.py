@@ -7,11 +7,12 @@ import copy
 from collections.abc import Callable, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import popxl_fx
 
-__all__ = ["max_diff", "train_eager", "train_fx"]
+__all__ = ["eager_step", "max_diff", "train_eager", "train_fx"]
 
 
 def train_fx(
@@ -46,6 +47,15 @@ def train_eager(
         losses.append(step_grads(m, batch).detach())
         opt.step()
     return losses, copy.deepcopy(m.state_dict())
+
+
+def eager_step(model: nn.Module, opt, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """One eager training step with cross entropy; returns the detached loss."""
+    opt.zero_grad()
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    return loss.detach()
 
 
 def max_diff(a: dict | Sequence, b: dict | Sequence) -> float:

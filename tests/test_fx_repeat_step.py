@@ -13,6 +13,8 @@ from torch import nn
 import popxl_fx
 from popxl_fx.step_repeat import RepeatStep
 
+from .fx_train_util import eager_step
+
 
 @pytest.fixture
 def paths(monkeypatch):
@@ -48,21 +50,13 @@ def _batch(n, seed):
     return torch.randn(n, 6, generator=g), torch.randint(0, 3, (n,), generator=g)
 
 
-def _eager_step(twin, opt, x, y):
-    opt.zero_grad()
-    loss = F.cross_entropy(twin(x), y)
-    loss.backward()
-    opt.step()
-    return loss.detach()
-
-
 def _same(a: nn.Module, b: nn.Module) -> bool:
     return all(torch.equal(p, q) for p, q in zip(a.state_dict().values(), b.state_dict().values()))
 
 
 def _both(trainer, model, twin, twin_opt, x, y):
     loss = trainer(x, y)
-    assert torch.equal(loss, _eager_step(twin, twin_opt, x, y))
+    assert torch.equal(loss, eager_step(twin, twin_opt, x, y))
     assert _same(model, twin)
 
 

@@ -19,6 +19,8 @@ from popxl_fx import inference_model, training_model
 from popxl_fx.optim import UnsupportedOptimizerError
 from popxl_fx.torch_state import SharedState
 
+from .fx_train_util import eager_step
+
 OPTIMIZERS = {
     "sgd_momentum": lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9),
     "adam": lambda params: torch.optim.Adam(params, lr=0.01),
@@ -44,14 +46,6 @@ def batches(n, seed=1):
     return [
         (torch.randn(5, 4, generator=g), torch.randint(0, 3, (5,), generator=g)) for _ in range(n)
     ]
-
-
-def eager_step(model, opt, x, y):
-    opt.zero_grad()
-    loss = F.cross_entropy(model(x), y)
-    loss.backward()
-    opt.step()
-    return loss.detach()
 
 
 def twins(name):
