@@ -67,7 +67,8 @@ def _pad_to(x, dim: int, size: int):
     extra = size - x.shape[dim]
     if extra <= 0:
         return x
-    return torch.nn.functional.pad(x, (0, extra) if dim == -1 else (0, 0, 0, extra))
+    # aten's own op (F.pad's Python front adds ~3 us a call): zeros appended, the same bits
+    return torch.constant_pad_nd(x, (0, extra) if dim == -1 else (0, 0, 0, extra))
 
 
 def _padded_rows(rows: int, cols: int, depth: int, batched_rhs: bool) -> int:
