@@ -102,8 +102,9 @@ class Session(SessionStreams, SessionWeights):
         # replica -> its variables' device values, for the replicas this process runs
         self._device: Optional[Dict[int, List[torch.Tensor]]] = None
         self._shared: Dict[Variable, torch.Tensor] = {}  # `share_variable_storage`
-        # with replicas: (index, shared tensor, its version after the Session's last write)
-        self._shared_versions: tuple = ()  # `_note_shared_versions`
+        # with replicas: (indices, shared tensors, their versions after the Session's last
+        # write), `_note_shared_versions`
+        self._shared_versions: tuple = ()
         self._pending: Set[int] = set()  # device values not copied in yet (weights_from_host)
         self._synced: Set[Variable] = set()  # host == device since the last run (`_sync`)
         self._attached = False
