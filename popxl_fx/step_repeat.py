@@ -21,7 +21,14 @@ import torch
 
 from .replication import broadcast_feeds
 
-__all__ = ["RepeatStep"]
+__all__ = ["RepeatStep", "hyper_feeds"]
+
+
+def hyper_feeds(prog, options) -> dict:
+    """The optimizer's hyper-parameters read now, laid out per replica and device iteration
+    as the program's streams take them (every step, full path or repeated)."""
+    n = options.device_iterations
+    return broadcast_feeds(prog.optim.feeds_for(n), options.replication_factor, n)
 
 
 def _shapes(inputs: Sequence[object]) -> tuple | None:
@@ -39,7 +46,7 @@ class RepeatStep:
     ) -> None:
         self.prog, self.structure, self.modes = prog, structure, modes
         self.shapes = _shapes(inputs)
-        self._steps, self._replicas = options.device_iterations, options.replication_factor
+        self._options = options
         self._hyper = tuple(hyper)
         self._run = prog.session.prepared_run([*prog.inputs.streams, *self._hyper])
 
@@ -66,7 +73,7 @@ class RepeatStep:
         """One run of the program on ``inputs``, with the optimizer's hyper-parameters read
         now, both laid out as the full path lays them out (per replica, per device
         iteration); the outputs are in buffers the next run writes."""
-        hyper = broadcast_feeds(self.prog.optim.feeds_for(self._steps), self._replicas, self._steps)
+        hyper = hyper_feeds(self.prog, self._options)
         arrays = list(self.prog.inputs.feed(inputs).values())  # in the streams' order
         arrays += [hyper[s] for s in self._hyper]
         return self._run(arrays)

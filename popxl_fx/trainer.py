@@ -27,8 +27,8 @@ from .options import Options, resolve
 from .phase_report import PhasedReport
 from .pipeline import Build, Programs
 from .program import ProgramView, describe_change, log, signature_of
-from .replication import broadcast_feeds, replication_of, unreplicated
-from .step_repeat import RepeatStep
+from .replication import replication_of, unreplicated
+from .step_repeat import RepeatStep, hyper_feeds
 from .steps import Program, TrainingRequest, build_training
 from .structure_watch import StructureWatch
 from .torch_state import SharedState, Structure, describe, snapshot
@@ -102,8 +102,7 @@ class Trainer(ProgramView):
     def _run_full(self, prog: Program, inputs: tuple, kwargs: dict, structure, modes) -> dict:
         """The step's run through `Session.run` (its checks of every array); the steps after
         it that repeat it go through a `RepeatStep`."""
-        n, replicas = self.options.device_iterations, self.options.replication_factor
-        hyper = broadcast_feeds(prog.optim.feeds_for(n), replicas, n)
+        hyper = hyper_feeds(prog, self.options)
         out = prog.session.run({**prog.inputs.feed(inputs), **hyper})
         self._repeat = RepeatStep.after(prog, inputs, kwargs, structure, modes, hyper, self.options)
         return out

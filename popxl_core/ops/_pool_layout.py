@@ -69,4 +69,4 @@ def max_pool2d(x, kernel, stride, padding, dilation, ceil_mode):
     args = (kernel, stride, padding, dilation, ceil_mode)
     if not _pays(x):
         return _aten.max_pool2d(x, *args)
-    return max_pool2d_with_indices(x, *args)[0]
+    return _aten.max_pool2d_with_indices(_channels_last(x), *args)[0].contiguous()

@@ -64,16 +64,17 @@ def _gather_kernel(x, idx, axis, zero_OOR, available_memory_proportion):
     # under torch.compile (Options(kernels="inductor")) no branch on data: always the masked
     # gather, the same values for in-range indices, zeros without the warning otherwise
     compiling = torch.compiler.is_compiling()
+    error = None
     if not compiling:
         # torch checks every index itself (IndexError, RuntimeError off axis 0): one kernel,
-        # where a range check before it took five; an error with every index in range is
-        # not about the indices and is raised as it is
+        # where a range check before it took five
         try:
             return torch.index_select(x, axis, flat).reshape(out_shape)
-        except (IndexError, RuntimeError):
-            if bool(((flat >= 0) & (flat < n)).all()):
-                raise
+        except (IndexError, RuntimeError) as e:
+            error = e
     valid = (flat >= 0) & (flat < n)
+    if error is not None and bool(valid.all()):
+        raise error  # every index in range: the error is not about them
     # zero_OOR=False leaves out-of-range rows unspecified on the IPU (no error is raised);
     # the simulator gives them zeros too, so a run is deterministic either way, and says so.
     if not zero_OOR and not compiling:

@@ -81,13 +81,9 @@ def _torch_kernel(data, idx, *initial, reduction, axis, axis_size, enable_index_
     sums, one call where a scatter takes six)."""
     half = data.dtype in (torch.float16, torch.bfloat16)
     compiling = torch.compiler.is_compiling()
-    if (
-        not (half or (data.is_floating_point() and not compiling))
-        or reduction != "sum"
-        or initial
-        or axis != 0
-        or idx.dim() != 1
-    ):
+    # traced by inductor, float32 keeps `_kernel`'s scatter; float16 needs eager's rounding
+    eager_kernel = half or (data.is_floating_point() and not compiling)
+    if not eager_kernel or reduction != "sum" or initial or axis != 0 or idx.dim() != 1:
         return _kernel(
             data,
             idx,
