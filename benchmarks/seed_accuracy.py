@@ -104,9 +104,12 @@ class _TimedTqdm(tqdm_module.std.tqdm):
         _TimedTqdm.loops.append((n, time.perf_counter() - start))
 
 
-def run_seed(path: Path, shuffle_seed: int | None) -> tuple[Result, list[torch.Tensor]]:
-    """Run the seed's code; returns its result and its initial weights (fc1..fc4)."""
-    namespace: dict = {}
+def run_seed(
+    path: Path, shuffle_seed: int | None, namespace: dict | None = None
+) -> tuple[Result, list[torch.Tensor]]:
+    """Run the seed's code (its globals into ``namespace`` where given: its sessions and
+    streams); returns its result and its initial weights (fc1..fc4)."""
+    namespace = {} if namespace is None else namespace
     initial: list[torch.Tensor] = []
     _TimedTqdm.loops, _TimedTqdm.shuffle_seed = [], shuffle_seed
     _TimedTqdm.before_first_loop = lambda: initial.extend(initial_weights(namespace))
@@ -200,6 +203,14 @@ class AdamNoBiasCorrection:
             p.add_(direction, alpha=-self.lr)
 
 
+def twin_step(params: list[torch.Tensor], opt, images: torch.Tensor, labels: torch.Tensor) -> None:
+    """One training step of the twin: cross entropy, autograd, the twin's optimizer."""
+    loss = F.cross_entropy(forward(params, images), labels)
+    grads = torch.autograd.grad(loss, params)
+    with torch.no_grad():
+        opt.step(grads)
+
+
 def run_twin(
     seed_id: str, loaders, params: list[torch.Tensor], fp16_m: bool, shuffle_seed: int | None
 ) -> Result:
@@ -213,10 +224,7 @@ def run_twin(
         torch.manual_seed(shuffle_seed)
     n, start = 0, time.perf_counter()
     for images, labels in train:
-        loss = F.cross_entropy(forward(params, images), labels)
-        grads = torch.autograd.grad(loss, params)
-        with torch.no_grad():
-            opt.step(grads)
+        twin_step(params, opt, images, labels)
         n += 1
     train_it_s = n / (time.perf_counter() - start)
     if shuffle_seed is not None:

@@ -13,20 +13,27 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from pathlib import Path
 
 from popxl_fx.cli import default_seeds_dir
 
-__all__ = ["run"]
+__all__ = ["run", "seed_001", "twin_weights"]
+
+
+def seed_001() -> Path | None:
+    """Seed 001's file, found as `tools/seed_runner.py` finds the seeds (None: not found)."""
+    seeds_dir = default_seeds_dir()
+    if seeds_dir is None or not os.path.isdir(seeds_dir):
+        return None
+    paths = sorted(p for p in os.listdir(seeds_dir) if p.startswith("001_"))
+    return Path(seeds_dir) / paths[0] if paths else None
 
 
 def run(max_batches: int = 0):
     """(simulator Result, eager Result) of seed 001, or (None, None) without the seeds; each
     Result's ``train_it_s`` over its two epochs (`_combined`)."""
-    seeds_dir = default_seeds_dir()
-    if seeds_dir is None or not os.path.isdir(seeds_dir):
-        return None, None
-    paths = sorted(p for p in os.listdir(seeds_dir) if p.startswith("001_"))
-    if not paths:
+    seed = seed_001()
+    if seed is None:
         return None, None
     from benchmarks import seed_accuracy as sa
     from popxl_core import compat
@@ -35,9 +42,9 @@ def run(max_batches: int = 0):
     compat.install()
     if max_batches:
         sa.seed_runner.cap_data_loaders(max_batches)
-    seed = sa.Path(seeds_dir) / paths[0]
     sim_a, weights = sa.run_seed(seed, shuffle_seed=0)
-    twin = [sa.run_twin("001", sa.twin_loaders(sa.BATCH), _copy(weights), False, 0) for _ in "ab"]
+    loaders = sa.twin_loaders(sa.BATCH)
+    twin = [sa.run_twin("001", loaders, twin_weights(weights), False, 0) for _ in "ab"]
     sim_b, _ = sa.run_seed(seed, shuffle_seed=0)
     return _combined(sim_a, sim_b), _combined(*twin)
 
@@ -48,6 +55,6 @@ def _combined(a, b):
     return dataclasses.replace(a, train_it_s=(a.train_steps + b.train_steps) / seconds)
 
 
-def _copy(weights):
+def twin_weights(weights):
     """The seed's initial weights as leaves of the twin's own (it updates them in place)."""
     return [w.detach().clone().requires_grad_() for w in weights]
