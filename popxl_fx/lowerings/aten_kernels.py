@@ -73,7 +73,6 @@ REFUSED = {
 TORCH_KERNEL_PACKETS = (
     # data movement
     aten.alias,
-    aten.as_strided,
     aten.cat,
     aten.constant_pad_nd,
     aten.diagonal,
@@ -283,7 +282,6 @@ def _lower_call(
     make: Callable, ctx: LoweringContext, args: tuple, kwargs: dict, fn: Any = None
 ) -> Any:
     node = ctx.node
-    _check_strided(node)
     inputs: list[popxl.Tensor] = []
     wanted: list[torch.dtype] = []
     values = pytree.tree_leaves((node.args, node.kwargs))
@@ -351,20 +349,6 @@ def torch_unary(overload: Any) -> Callable[[popxl.Tensor], popxl.Tensor]:
         return aten_op(overload, [x], (Slot(0),))[0]
 
     return build
-
-
-def _check_strided(node: fx.Node) -> None:
-    """as_strided reads its input's storage: the simulator's values are contiguous from
-    offset 0, so only an input that is contiguous and unoffset in eager means the same."""
-    if getattr(node.target, "overloadpacket", node.target) is not aten.as_strided:
-        return
-    seen = node.args[0].meta.get("val") if isinstance(node.args[0], fx.Node) else None
-    if isinstance(seen, torch.Tensor) and (not seen.is_contiguous() or seen.storage_offset() != 0):
-        raise NotImplementedError(
-            f"as_strided on a non-contiguous or offset view (fx node '{node.name}'): its "
-            "result depends on the view's storage, which the simulator does not keep. "
-            "Call .contiguous() on the input first."
-        )
 
 
 def _torch_dtype(source: Any, value: popxl.Tensor) -> torch.dtype:
