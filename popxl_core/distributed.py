@@ -30,8 +30,16 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
 import numpy as np
+import torch
 
-from .sim.exchange import Exchange, PeerFailureError, pack_arrays, unpack_arrays
+from .sim.exchange import (
+    Exchange,
+    PeerFailureError,
+    bytes_tensor,
+    pack_arrays,
+    tensor_bytes,
+    unpack_arrays,
+)
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -188,6 +196,28 @@ class Placement:
         for p, b in parts.items():
             out.update(zip(per_rank[p], unpack_arrays(b, [specs[k] for k, _ in per_rank[p]])))
         return out
+
+    def take_first_values(self, tensors: Sequence[Tuple[str, torch.Tensor]]) -> List[str]:
+        """Make every tensor equal, in place, to its value in process rank 0 (a job's
+        processes pass the same names, shapes and dtypes in the same order): what
+        DistributedDataParallel does with a model's parameters and buffers when it is made.
+        Returns the names of the tensors this process changed ([] outside a job)."""
+        if self.exchange is None or not tensors:
+            return []
+        mine = np.stack([np.frombuffer(_digest(tensor_bytes(t)), np.uint8) for _, t in tensors])
+        digests = self.exchange.gather("the initial values' digests", mine.reshape(-1))
+        if all(np.array_equal(d, digests[0]) for d in digests):
+            return []
+        payload = pack_arrays([tensor_bytes(t) for _, t in tensors])
+        first = self.exchange.broadcast("rank 0's initial values", payload, 0)
+        sizes = [((t.numel() * t.element_size(),), np.uint8) for _, t in tensors]
+        changed = []
+        for (name, t), b, d in zip(tensors, unpack_arrays(first, sizes), mine):
+            if not np.array_equal(np.frombuffer(_digest(b), np.uint8), d):
+                with torch.no_grad():
+                    t.copy_(bytes_tensor(b, t.shape, t.dtype))
+                changed.append(name)
+        return changed
 
     def gather_outputs(
         self,
