@@ -2,7 +2,8 @@
 
 A PopXL program is the forward's *tensor* work; its Python runs once, at capture. So:
 - ``print(x)`` of a tensor prints once (the example's values), not on each step: reported as
-  "print of a tensor" (the entry points warn);
+  "print of a tensor" (the entry points warn); any other ``print`` by forward's own code
+  prints once too, at capture, and is reported as "print in forward" (a warning as well);
 - Python state changed by ``forward`` (``self.calls += 1``, ``self.history.append(h)``,
   ``self.cache[k] = v``) changes once, at capture: reported as "Python state in forward"
   (the entry points raise), and undone after the trace so capture leaves the model as it was;
@@ -27,17 +28,23 @@ from torch import nn
 
 from .errors import _internal_file
 
-__all__ = ["PRINT", "STATE", "NUMPY", "WARN_KINDS", "python_effects_recorded"]
+__all__ = ["PRINT", "PRINT_TEXT", "STATE", "NUMPY", "WARN_KINDS", "python_effects_recorded"]
 
 PRINT = "print of a tensor"
+PRINT_TEXT = "print in forward"
 STATE = "Python state in forward"
 NUMPY = "numpy on a tensor"
-WARN_KINDS = frozenset({PRINT})  # the entry points warn about these and raise for the rest
+# the entry points warn about these and raise for the rest
+WARN_KINDS = frozenset({PRINT, PRINT_TEXT})
 
 _PRINT_HINT = (
     "the program runs forward's Python once, at capture: this printed the example's values "
     "once and prints nothing on later steps; print the returned outputs, or use "
     "popxl_core.ops.print_tensor in a hand-written program."
+)
+_PRINT_TEXT_HINT = (
+    "the program runs forward's Python at capture only: this printed then and prints "
+    "nothing on the steps; print outside forward (around the trainer's call)."
 )
 _STATE_HINT = (
     "the program runs forward's Python once, at capture, so this changes once and not on each "
@@ -68,6 +75,8 @@ def _printing(tracer, original):
             what = f"print() of {node.name}" if node is not None else "print() of a tensor"
             tracer.record(node, PRINT, what, _PRINT_HINT)
             args = tuple(pytree.tree_map(_plain_value, list(args)))
+        elif not getattr(tracer, "_evaluating", False) and _user_caller():
+            tracer.record(None, PRINT_TEXT, "print() in forward", _PRINT_TEXT_HINT)
         original(*args, **kwargs)
 
     return print_

@@ -53,3 +53,35 @@ def test_nan_wins_in_binary_max():
     x = torch.tensor([1.0, float("nan"), 3.0])
     y = torch.tensor([float("nan"), 2.0, 1.0])
     check_lowering(Fn(lambda a, b: torch.max(a, b), 2), x, y, rtol=0, atol=0, grad=False)
+
+
+class _Experts(torch.nn.Module):
+    """HF's grouped expert path in small: rows sorted by expert, tokens per expert counted by
+    histc, each expert's rows times its (transposed, as HF passes it) weight by _grouped_mm."""
+
+    def __init__(self, experts: int = 3, hidden: int = 8, out: int = 12) -> None:
+        super().__init__()
+        self.experts = experts
+        self.weight = torch.nn.Parameter(randn(experts, out, hidden, seed=3))
+
+    def forward(self, x, expert_ids):
+        ids, perm = torch.sort(expert_ids)
+        counts = torch.histc(ids.float(), bins=self.experts, min=0, max=self.experts - 1)
+        offsets = torch.cumsum(counts, dim=0, dtype=torch.int32)
+        y = torch._grouped_mm(x[perm], self.weight.transpose(-2, -1), offs=offsets)
+        return y, counts
+
+
+def test_histc_and_grouped_mm_match_eager_bit_for_bit():
+    ids = torch.tensor([2, 0, 1, 2, 2, 0, 1, 1, 2, 0])
+    check_lowering(_Experts(), randn(10, 8), ids, rtol=0, atol=0)
+
+
+def test_grouped_mm_with_an_empty_group():
+    ids = torch.tensor([2, 0, 2, 2, 0, 0])  # expert 1 gets no rows
+    check_lowering(_Experts(), randn(6, 8), ids, rtol=0, atol=0)
+
+
+def test_histc_forward():
+    fn = lambda x: torch.histc(x, bins=5, min=-1.0, max=1.0)  # noqa: E731
+    check_lowering(Fn(fn), randn(4, 6), rtol=0, atol=0, grad=False)
