@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from popxl_fx import Options, check, training_model
+from popxl_fx import Options, check, inference_model, training_model
 
 CPU = Options(device="cpu")
 
@@ -68,3 +68,51 @@ def test_a_target_without_a_loss_fn_names_the_missing_loss_fn():
     with pytest.raises(TypeError, match=r"no loss_fn.*Sequential has no loss.*loss_fn=") as err:
         trainer(X, torch.randn(5, 2))
     assert "positional arguments but" not in str(err.value)
+
+
+class LazyHooks(nn.Module):
+    """HF's output capturing in small: the first call installs a forward hook (here one that
+    doubles the layer's output) and sets a flag, so that later calls do not install it again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x):
+        if not getattr(self, "_hooks_installed", False):
+            self.fc.register_forward_hook(lambda module, args, out: out * 2)
+            self._hooks_installed = True
+        h = self.fc(x)
+        return (h * h).sum()
+
+
+def test_a_flag_set_once_is_not_per_step_state():
+    assert check(LazyHooks(), X).ok
+
+
+def test_lazily_installed_hooks_train_like_eager():
+    model, reference = LazyHooks(), LazyHooks()
+    trainer = training_model(model, torch.optim.SGD(model.parameters(), lr=0.01), options=CPU)
+    opt = torch.optim.SGD(reference.parameters(), lr=0.01)
+    for _ in range(2):
+        loss = trainer(X)
+        opt.zero_grad()
+        ref = reference(X)
+        ref.backward()
+        opt.step()
+        assert torch.equal(loss, ref.detach())
+    assert torch.equal(model.fc.weight, reference.fc.weight)
+    # the hook was installed once, as eager's first call installed it
+    assert len(model.fc._forward_hooks) == len(reference.fc._forward_hooks) == 1
+    assert model._hooks_installed is True
+
+
+def test_hooks_on_a_leaf_module_run_as_in_eager():
+    """A torch.nn module with a lowering is one node of the graph; with forward hooks (HF's
+    output capturing registers them on any module) it is traced through, so its hooks run."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU())
+    model[0].register_forward_pre_hook(lambda module, args: (args[0] * 3,))
+    model[0].register_forward_hook(lambda module, args, out: out - 1)
+    assert torch.equal(inference_model(model, CPU)(X), model(X))
