@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch import nn
+from torch.nn.utils.parametrize import is_parametrized
 
 from .calls import POSITIONAL, Binding
 from .capture_calls import RootCalls
@@ -68,8 +69,15 @@ _DATA_FUNCTIONS = frozenset(
 
 
 def is_leaf(module: nn.Module) -> bool:
-    """Standard torch.nn modules with a lowering, or without children, are not traced into."""
-    if not type(module).__module__.startswith("torch.nn"):
+    """Standard torch.nn modules with a lowering, or without children, are not traced into.
+    A parametrized one (``torch.nn.utils.parametrize``: weight_norm, spectral_norm) is: its
+    ``weight`` is computed from the original parameters by the parametrization, part of the
+    forward, so the gradient reaches the originals. So is one with forward (pre-)hooks: as
+    one node its hooks would never run (legacy weight_norm is a pre-hook; HF's output capture
+    adds hooks)."""
+    if not type(module).__module__.startswith("torch.nn") or is_parametrized(module):
+        return False
+    if module._forward_hooks or module._forward_pre_hooks:
         return False
     return lookup(type(module)) is not None or not any(True for _ in module.children())
 

@@ -36,6 +36,7 @@ __all__ = [
     "EagerLayout",
     "eager_stride",
     "lower_in_eager_layout",
+    "lowering_in_eager_layout",
     "lower_torch_function",
     "lower_with_torch_kernel",
     "lower_with_torch_random",
@@ -270,6 +271,17 @@ def lower_in_eager_layout(ctx: LoweringContext, *args: Any, **kwargs: Any) -> An
     if not any(strides):
         return lower_with_torch_kernel(ctx, *args, **kwargs)
     return _lower_call(aten_op, ctx, args, kwargs, EagerLayout(ctx.node.target, strides))
+
+
+def lowering_in_eager_layout(fn: Any) -> Callable[..., Any]:
+    """A lowering like `lower_in_eager_layout` that runs ``fn`` instead of the node's target
+    (a callable with its own shape rule on fake tensors, e.g. `moe.GroupedMM`)."""
+
+    def lower(ctx: LoweringContext, *args: Any, **kwargs: Any) -> Any:
+        strides = tuple(eager_stride(a) for a in ctx.node.args)
+        return _lower_call(aten_op, ctx, args, kwargs, EagerLayout(fn, strides))
+
+    return lower
 
 
 def lower_with_torch_random(ctx: LoweringContext, *args: Any, **kwargs: Any) -> Any:

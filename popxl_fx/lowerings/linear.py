@@ -35,10 +35,12 @@ def _matmul(ctx, a, b):
 
 
 @lowers(torch.addmm, "addmm", torch.baddbmm, "baddbmm", torch.addmv, "addmv")
-def _addmm(ctx, bias, a, b, beta=1, alpha=1):
-    # BLAS accumulates the product into beta * bias: torch's own kernel, bit for bit
+def _addmm(ctx, *args, **kwargs):
+    # BLAS accumulates the product into beta * bias: torch's own kernel, bit for bit. The
+    # arguments pass through as the user wrote them: each op names its operands differently
+    # (mat1/mat2, batch1/batch2, mat/vec) and BLOOM's alibi passes them by keyword.
     fn = Method(ctx.node.target) if isinstance(ctx.node.target, str) else ctx.node.target
-    return torch_call(fn, bias, a, b, beta=beta, alpha=alpha)
+    return torch_call(fn, *args, **kwargs)
 
 
 @lowers(torch.outer, "outer", torch.ger)
