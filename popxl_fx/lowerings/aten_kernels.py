@@ -378,7 +378,13 @@ def _dtype(d: torch.dtype) -> popxl.dtype:
 
 
 # not core ATen, but kept whole by the fallback's decomposition (`fallback._KEPT`): their core
-# decompositions round differently from eager's kernels
-EAGER_KERNEL_PACKETS = (aten.linalg_vector_norm,)
+# decompositions round differently from eager's kernels. (binary_cross_entropy_with_logits is
+# decomposed all the same by functorch's functionalize, which the fallback runs; its torch
+# function has its own lowering, `lowerings.losses`; kept here for a graph that names it.)
+EAGER_KERNEL_PACKETS = (
+    aten.linalg_vector_norm,
+    aten.binary_cross_entropy,
+    aten.binary_cross_entropy_with_logits,
+)
 
 lowers(*TORCH_KERNEL_PACKETS, *EAGER_KERNEL_PACKETS)(lower_with_torch_kernel)
