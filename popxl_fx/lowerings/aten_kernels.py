@@ -34,7 +34,9 @@ __all__ = [
     "Method",
     "REFUSED",
     "EagerLayout",
+    "eager_requires_grad",
     "eager_stride",
+    "lower_as_eager_matmul",
     "lower_in_eager_layout",
     "lower_torch_function",
     "lower_with_torch_kernel",
@@ -219,15 +221,26 @@ class EagerLayout:
     one per positional argument, None: as it comes). The simulator's values are contiguous;
     a matrix product's BLAS call, and the one autograd makes for its backward from the same
     operands, round by the operands' layout (a transposed view is another kernel), so
-    ``k.transpose(-2, -1)`` must reach ``bmm`` as the transposed view it is in eager."""
+    ``k.transpose(-2, -1)`` must reach ``bmm`` as the transposed view it is in eager.
+
+    ``requires_grad`` (one flag per positional argument, or empty): the arguments that needed
+    a gradient in eager are marked so here too, where the simulator's plain values do not
+    (its forward runs without autograd): ``at::matmul`` folds ``w @ x`` of a matrix ``w`` and
+    a batched ``x`` into one ``mm`` only when ``w`` requires grad, and batches it (``bmm`` of
+    the expanded matrix, other bits) otherwise."""
 
     fn: Any
     strides: tuple
+    requires_grad: tuple = ()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         laid = [_restride(a, s) for a, s in zip(args, self.strides)] + list(
             args[len(self.strides) :]
         )
+        for i, flag in enumerate(self.requires_grad):
+            a = laid[i]
+            if flag and isinstance(a, torch.Tensor) and not a.requires_grad:
+                laid[i] = a.detach().requires_grad_()  # a flag only: nothing differentiates it
         return self.fn(*laid, **kwargs)
 
     def __str__(self) -> str:
@@ -271,6 +284,23 @@ def lower_in_eager_layout(ctx: LoweringContext, *args: Any, **kwargs: Any) -> An
     if not any(strides):
         return lower_with_torch_kernel(ctx, *args, **kwargs)
     return _lower_call(aten_op, ctx, args, kwargs, EagerLayout(ctx.node.target, strides))
+
+
+def eager_requires_grad(source: Any) -> bool:
+    """Whether a graph argument required grad in eager (its fx ``example_value``)."""
+    if not isinstance(source, fx.Node):
+        return False
+    seen = source.meta.get("example_value", source.meta.get("val"))
+    return isinstance(seen, torch.Tensor) and seen.requires_grad
+
+
+def lower_as_eager_matmul(ctx: LoweringContext, fn: Any, a: Any, b: Any) -> Any:
+    """``fn(a, b)`` (a matrix product) as one ``Aten`` op on eager's layouts and with eager's
+    requires-grad flags (`EagerLayout`): the same BLAS calls forward and backward."""
+    sources = ctx.node.args[:2]
+    strides = tuple(eager_stride(x) for x in sources)
+    flags = tuple(eager_requires_grad(x) for x in sources)
+    return _lower_call(aten_op, ctx, (a, b), {}, EagerLayout(fn, strides, flags))
 
 
 def lower_with_torch_random(ctx: LoweringContext, *args: Any, **kwargs: Any) -> Any:
