@@ -42,6 +42,7 @@ __all__ = [
     "lower_with_torch_kernel",
     "lower_with_torch_random",
     "torch_call",
+    "torch_kernel_in_eager_layout",
     "torch_kernel_when",
     "torch_unary",
 ]
@@ -303,6 +304,16 @@ def lower_as_eager_matmul(ctx: LoweringContext, fn: Any, a: Any, b: Any) -> Any:
     return _lower_call(aten_op, ctx, (a, b), {}, EagerLayout(fn, strides, flags))
 
 
+def torch_kernel_in_eager_layout(ctx: LoweringContext, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` as one ``Aten`` op, the node's positional tensor arguments laid
+    out as eager's (`EagerLayout`). For elementwise kernels on a strided view in eager (a
+    slice, a chunk, a transpose): ATen's vectorised loops run over the view's rows in memory
+    order and compute each row's last elements with the scalar function (gelu, silu,
+    sigmoid), so which element rounds which way depends on the layout."""
+    strides = tuple(eager_stride(a) for a in ctx.node.args)
+    return _lower_call(aten_op, ctx, args, kwargs, EagerLayout(fn, strides))
+
+
 def lower_with_torch_random(ctx: LoweringContext, *args: Any, **kwargs: Any) -> Any:
     """Lower the node's random ATen call as one ``TorchRandom`` op: torch's own kernel,
     drawing from torch's default generator in program order (``Options(rng="torch")``)."""
@@ -326,6 +337,7 @@ def _lower_call(
         return Slot(len(inputs) - 1)
 
     flat, spec = pytree.tree_flatten((args, kwargs))
+    values += [None] * (len(flat) - len(values))  # a module's hyper-parameters: not in the node
     filled = [slot(v, s) for v, s in zip(flat, values)]
     call_args, call_kwargs = pytree.tree_unflatten(filled, spec)
     inputs = [
