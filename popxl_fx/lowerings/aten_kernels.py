@@ -205,8 +205,12 @@ def lower_torch_function(ctx: LoweringContext, *args: Any, **kwargs: Any) -> Any
     """Lower the node's torch function or method call as one ``Aten`` op running that
     function (eager's own kernels and autograd); ``inplace=`` is left to the driver."""
     target = ctx.node.target
+    fn = Method(target) if isinstance(target, str) else target
     kwargs = {k: v for k, v in kwargs.items() if k != "inplace"}
-    out = torch_call(Method(target) if isinstance(target, str) else target, *args, **kwargs)
+    if any(eager_stride(a) for a in ctx.node.args):  # reductions round by the layout too
+        out = torch_kernel_in_eager_layout(ctx, fn, *args, **kwargs)
+    else:
+        out = torch_call(fn, *args, **kwargs)
     return tuple(out) if isinstance(out, list) else out
 
 
