@@ -16,8 +16,8 @@ import popxl_core as popxl
 from popxl_core import ops
 
 from ..lowering import lowers
-from ._common import const, norm_dim
-from .aten_kernels import torch_call
+from ._common import const, is_t, norm_dim
+from .aten_kernels import EagerLayout, Method, eager_stride, torch_call
 
 __all__ = ["softplus"]
 
@@ -142,8 +142,33 @@ _FUNCTIONS = {
     (F.glu,): _glu,
     (F.prelu, torch.prelu, "prelu"): _prelu,
 }
+# transcendental: torch's CPU loop rounds its vectorised body and its scalar tail differently,
+# and which elements fall in the tail depends on the layout: on a strided view in eager
+# (Qwen2-MoE's act(gate) of gate_up.chunk(2, -1)) the function runs on eager's layout
+_LAYOUT_SENSITIVE = frozenset(
+    {_elu, _selu, _celu, _gelu, _silu, _mish, softplus, _softsign, _logsigmoid}
+    | {ops.sigmoid, ops.tanh}
+)
+
+
+def _in_eager_layout(lower: Callable) -> Callable:
+    """``lower``, or torch's own function on eager's layout where the input was a strided
+    view in eager (`EagerLayout`)."""
+
+    def lowering(ctx, x, *args, inplace=False, **kwargs):
+        stride = eager_stride(ctx.node.args[0]) if ctx.node.args else None
+        if stride is None or not is_t(x):
+            return lower(ctx, x, *args, **kwargs)
+        target = ctx.node.target
+        fn = Method(target) if isinstance(target, str) else target
+        return torch_call(EagerLayout(fn, (stride,)), x, *args, **kwargs)
+
+    return lowering
+
+
 for _targets, _fn in _FUNCTIONS.items():
-    lowers(*_targets)(_no_inplace(_fn))
+    _lower = _no_inplace(_fn)
+    lowers(*_targets)(_in_eager_layout(_lower) if _fn in _LAYOUT_SENSITIVE else _lower)
 
 
 # leaf modules: each reads its hyper-parameters from the torch module -----------------------
