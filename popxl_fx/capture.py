@@ -289,7 +289,7 @@ class CaptureTracer(RootCalls, fx.Tracer):
 
     def to_bool(self, obj: fx.Proxy) -> bool:
         value = bool(obj.node.meta["example_value"])
-        guard = find_guard(user_frame())
+        guard = find_guard()
         if guard is not None:  # `if bad: raise`: a run-time check instead of a branch
             self.create_proxy(
                 "call_function", data_check, (obj, value, guard.where, guard.text), {}

@@ -9,8 +9,8 @@ model's own error: they run the model eagerly on the same batch (`raise_model_er
 raises it at the model's line, with its message. A real data-dependent branch (one that
 computes something) is still refused by capture, with its line.
 
-A test with ``and``/``or`` is not taken as a guard: one ``bool`` of its operands would not
-say which way the whole test goes.
+A test with ``and``/``or`` is a guard only where the one ``bool`` decides it (`find_guard`):
+HF's ``if labels is not None and labels.max() >= vocab: raise`` is.
 """
 
 from __future__ import annotations
@@ -18,14 +18,18 @@ from __future__ import annotations
 import ast
 import contextlib
 import functools
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any
 
 import torch
 from torch import nn
 
 from popxl_core.ops import RuntimeCheckError
+
+from .errors import _internal_file
 
 __all__ = ["Guard", "data_check", "find_guard", "raise_model_error"]
 
@@ -46,22 +50,24 @@ def data_check(cond: Any, passed: bool, where: str, text: str) -> None:
     return None
 
 
-def find_guard(where: str) -> Guard | None:
-    """The guard whose test is being converted to bool at ``where`` (file:line), if the
-    statement there is ``if <test>: raise ...`` (no else) or ``assert <test>``."""
-    filename, _, line = where.rpartition(":")
-    if not line.isdigit():
+def find_guard() -> Guard | None:
+    """The guard whose test the user's code is converting to bool now, if the statement is
+    ``if <test>: raise ...`` (no else) or ``assert <test>``. A test of ``and``/``or`` is one
+    where this bool decides it alone: any operand of an ``or`` (the statement raises if any
+    is true), the last operand of an ``and`` (the earlier ones were true to get here; a
+    tensor among them was refused at its own bool)."""
+    frame = _user_frame()
+    if frame is None:
         return None
-    tree = _parsed(filename)
+    tree = _parsed(frame.f_code.co_filename)
     if tree is None:
         return None
-    lineno = int(line)
+    where = f"{frame.f_code.co_filename}:{frame.f_lineno}"
+    at = _position(frame)
     for node in ast.walk(tree):
         test = _guarded_test(node)
-        if test is not None and test.lineno <= lineno <= (test.end_lineno or test.lineno):
-            if any(isinstance(n, ast.BoolOp) for n in ast.walk(test)):
-                return None
-            return Guard(where, ast.unparse(test))
+        if test is not None and _spans(test, frame.f_lineno):
+            return Guard(where, ast.unparse(test)) if _decides(test, at) else None
     return None
 
 
@@ -72,6 +78,38 @@ def _guarded_test(node: ast.AST) -> ast.expr | None:
         if all(isinstance(s, ast.Raise) for s in node.body):
             return node.test
     return None
+
+
+def _decides(test: ast.expr, at: tuple | None) -> bool:
+    """This bool (at source position ``at``) alone decides whether ``test`` raises."""
+    if not isinstance(test, ast.BoolOp):
+        return not any(isinstance(n, ast.BoolOp) for n in ast.walk(test))
+    if any(isinstance(n, ast.BoolOp) for v in test.values for n in ast.walk(v)):
+        return False
+    operands = test.values if isinstance(test.op, ast.Or) else test.values[-1:]
+    return at is not None and any(at == _span(v) for v in operands)
+
+
+def _span(node: ast.expr) -> tuple:
+    return (node.lineno, node.end_lineno, node.col_offset, node.end_col_offset)
+
+
+def _spans(test: ast.expr, lineno: int) -> bool:
+    return test.lineno <= lineno <= (test.end_lineno or test.lineno)
+
+
+def _position(frame: FrameType) -> tuple | None:
+    """The source span of the instruction the frame is running (the jump testing a value)."""
+    positions = list(frame.f_code.co_positions())
+    index = frame.f_lasti // 2
+    return tuple(positions[index]) if 0 <= index < len(positions) else None
+
+
+def _user_frame() -> FrameType | None:
+    frame = sys._getframe(1)
+    while frame is not None and _internal_file(frame.f_code.co_filename):
+        frame = frame.f_back
+    return frame
 
 
 @functools.lru_cache(maxsize=64)

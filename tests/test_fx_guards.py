@@ -80,6 +80,36 @@ def test_inference_raises_the_models_error():
         run(X, BAD)
 
 
+class HFStyle(nn.Module):
+    """The shape HF writes its checks in: a Python test first, the tensor test last."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = nn.Linear(4, 5)
+
+    def forward(self, x, labels=None):
+        if labels is not None and labels.max() >= self.fc.out_features:
+            raise ValueError(f"Label values must be <= vocab_size: {self.fc.out_features}")
+        if labels.max() >= 100 or labels.min() < 0:  # either one raises
+            raise ValueError("labels out of range")
+        return F.cross_entropy(self.fc(x), labels)
+
+
+@pytest.mark.parametrize(
+    "labels, message",
+    [(BAD, "must be <= vocab_size: 5"), (torch.tensor([0, -3, 1]), "labels out of range")],
+)
+def test_checks_with_and_or_raise_the_models_error(labels, message):
+    model, reference = HFStyle(), HFStyle()
+    trainer = training_model(model, torch.optim.SGD(model.parameters(), lr=0.1), options=CPU)
+    opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    assert torch.equal(trainer(X, labels=GOOD), _eager_step(reference, opt, GOOD))
+    with pytest.raises(ValueError, match=message):
+        trainer(X, labels=labels)
+    assert torch.equal(model.fc.weight, reference.fc.weight)
+
+
 class Branching(nn.Module):
     def forward(self, x):
         if x.sum() > 0:  # a branch that computes: refused
