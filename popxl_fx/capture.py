@@ -32,6 +32,7 @@ from .capture_calls import RootCalls
 from .capture_proxy import CaptureProxy, describe
 from .capture_state import preserved, trace_module
 from .errors import Issue, user_frame, user_stack
+from .guards import data_check, find_guard
 from .lowering import lookup
 from .replay import MISSING, Replay, module_state
 
@@ -287,13 +288,20 @@ class CaptureTracer(RootCalls, fx.Tracer):
             self.record(proxy.node, kind, what, _DATA_HINT[kind])
 
     def to_bool(self, obj: fx.Proxy) -> bool:
+        value = bool(obj.node.meta["example_value"])
+        guard = find_guard()
+        if guard is not None:  # `if bad: raise`: a run-time check instead of a branch
+            self.create_proxy(
+                "call_function", data_check, (obj, value, guard.where, guard.text), {}
+            )
+            return value
         self.record(
             obj.node,
             "data-dependent control flow",
             f"bool({describe(obj.node)})",
             "a Python `if`/`while` on a tensor value; use torch.where or compute both branches.",
         )
-        return bool(obj.node.meta["example_value"])
+        return value
 
     def iter(self, obj: fx.Proxy) -> Iterator:
         self.check_static(obj, "data-dependent length", f"iteration over {describe(obj.node)}")
