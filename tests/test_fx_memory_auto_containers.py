@@ -36,11 +36,18 @@ class GPT(nn.Module):
     child returning a tuple (as HF embeddings may), so phases of the top-level children
     cannot split there."""
 
-    def __init__(self, container: str, tuple_embed: bool = False) -> None:
+    def __init__(
+        self,
+        container: str,
+        tuple_embed: bool = False,
+        width: int = WIDTH,
+        layers: int = LAYERS,
+        vocab: int = VOCAB,
+    ) -> None:
         super().__init__()
-        self.container = container
-        self.embed = Embed(tuple_embed)
-        blocks = [Block(WIDTH, 4) for _ in range(LAYERS)]
+        self.container, self.layers = container, layers
+        self.embed = Embed(tuple_embed, vocab, width)
+        blocks = [Block(width, max(4, width // 64)) for _ in range(layers)]
         if container == "list":
             self.blocks = nn.ModuleList(blocks)
         elif container == "sequential":
@@ -50,14 +57,14 @@ class GPT(nn.Module):
         else:
             for i, b in enumerate(blocks):
                 setattr(self, f"block{i}", b)
-        self.ln_f, self.head = nn.LayerNorm(WIDTH), nn.Linear(WIDTH, VOCAB, bias=False)
+        self.ln_f, self.head = nn.LayerNorm(width), nn.Linear(width, vocab, bias=False)
 
     def _blocks(self) -> list[nn.Module]:
         if self.container == "list":
             return list(self.blocks)
         if self.container == "dict":
             return list(self.blocks.values())
-        return [getattr(self, f"block{i}") for i in range(LAYERS)]
+        return [getattr(self, f"block{i}") for i in range(self.layers)]
 
     def forward(self, idx, targets):
         x = self.embed(idx)
@@ -73,10 +80,10 @@ class GPT(nn.Module):
 
 
 class Embed(nn.Module):
-    def __init__(self, tuple_out: bool) -> None:
+    def __init__(self, tuple_out: bool, vocab: int = VOCAB, width: int = WIDTH) -> None:
         super().__init__()
         self.tuple_out = tuple_out
-        self.tok, self.pos = nn.Embedding(VOCAB, WIDTH), nn.Embedding(CONTEXT, WIDTH)
+        self.tok, self.pos = nn.Embedding(vocab, width), nn.Embedding(CONTEXT, width)
 
     def forward(self, idx):
         parts = self.tok(idx), self.pos(torch.arange(idx.shape[1]))
