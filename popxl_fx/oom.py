@@ -27,8 +27,17 @@ from popxl_core.sim.remote_plan import is_remote_variable
 from popxl_core.sim.report import fmt_bytes
 
 from .options import Options
+from .outline import candidates
 
-__all__ = ["ModuleRow", "Repeated", "grouped", "module_table", "oom_message", "remedies"]
+__all__ = [
+    "ModuleRow",
+    "Repeated",
+    "grouped",
+    "module_table",
+    "oom_message",
+    "remedies",
+    "repeated_blocks",
+]
 
 CATEGORIES = ("weights", "gradients", "optimizer", "activations")
 _OPTIMIZER = "optimizer."  # state variables' and update ops' prefix (`optim.py`)
@@ -135,6 +144,17 @@ class Repeated:
 
     def holds(self, module: str) -> bool:
         return any(module == p or module.startswith(p + ".") for p in self.paths)
+
+
+def repeated_blocks(model) -> list[Repeated]:
+    """The outermost repeated blocks of ``model`` (as ``outline="auto"`` finds them), one
+    `Repeated` per structure: a block's own repeated parts are counted in the block's row."""
+    groups = sorted(candidates(model).items(), key=lambda kv: (kv[1][0].count("."), -len(kv[1])))
+    found: list[Repeated] = []
+    for key, paths in groups:
+        if not any(r.holds(p) for r in found for p in paths):
+            found.append(Repeated(tuple(paths), key[0].__name__))
+    return found
 
 
 def _span(paths: tuple[str, ...]) -> str:

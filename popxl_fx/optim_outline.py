@@ -91,16 +91,13 @@ class OutlinedUpdates:
             group: ``(param group index, param group)``.
         """
         rel = [n[len(block) + 1 :] for n in names]
-        key = (
-            id(popxl.gcg().ir),
-            group[0],
-            tuple(_spec(r, targets[n], grads[n]) for r, n in zip(rel, names)),
-        )
+        ir = popxl.gcg().ir
+        key = (group[0], tuple(_spec(r, targets[n], grads[n]) for r, n in zip(rel, names)))
         hyper_of = {n: hyper(n) for n in names}  # loaded here, in the caller's graph
         tables = {_dtype_of(h): h for h in hyper_of.values()}
-        if key not in self.graphs:
-            self.graphs[key] = self._build(block, names, targets, grads, hyper_of, group[1])
-        made = self.graphs[key]
+        made = self.graphs.get(key)
+        if made is None or made.graph.ir is not ir:  # a program is built once per Ir
+            made = self.graphs[key] = self._build(block, names, targets, grads, hyper_of, group[1])
         args = [self._argument(s, block, targets, grads, tables) for s in made.slots]
         with module_origin(f"optimizer.{block}"):
             ops.call(made.graph, *args)

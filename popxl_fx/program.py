@@ -256,16 +256,10 @@ def _oom_message(err: OutOfMemoryError, prefix: str) -> str:
 
 def _model_oom_message(err, options: Options, prefix: str, model: nn.Module) -> str:
     """The per-module table and ranked Options (`popxl_fx.oom`)."""
-    from .oom import Repeated, oom_message
-    from .outline import candidates
+    from .oom import oom_message, repeated_blocks
 
     names = {n for n, _ in model.named_parameters()} | {n for n, _ in model.named_buffers()}
-    groups = sorted(candidates(model).items(), key=lambda kv: -len(kv[1]))
-    repeated: list[Repeated] = []
-    for key, paths in groups:  # the outermost repeated blocks: a block's parts are in its row
-        if not any(r.holds(p) for r in repeated for p in paths):
-            repeated.append(Repeated(tuple(paths), key[0].__name__))
-    return oom_message(err, options, prefix, names, repeated)
+    return oom_message(err, options, prefix, names, repeated_blocks(model))
 
 
 def _torch_name(name: str, prefix: str) -> str:

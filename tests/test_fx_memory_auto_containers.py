@@ -26,6 +26,7 @@ import popxl_fx
 from examples.fx_phased import Block
 from popxl_core.sim.machine import machine_for
 from popxl_core.sim.plan import OutOfMemoryError, build_plan
+from popxl_fx.oom import ModuleRow, grouped, repeated_blocks
 from popxl_fx.program import _model_oom_message
 
 VOCAB, CONTEXT, WIDTH, LAYERS = 64, 16, 48, 6
@@ -184,3 +185,26 @@ def test_every_option_the_oom_error_offers_trains_as_written():
         trainer, losses = _train(model, options)
         assert not trainer.session.plan.out_of_memory, option
         assert torch.isfinite(losses).all(), option
+
+
+class TwoMLPBlock(nn.Module):
+    """A block with two identical inner MLPs: the inner ones repeat more often than it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = (nn.Sequential(nn.Linear(8, 8), nn.ReLU()) for _ in range(2))
+
+    def forward(self, x):
+        return self.b(self.a(x))
+
+
+def test_repeated_blocks_are_the_outermost_ones():
+    model = nn.Sequential(nn.Linear(8, 8), *[TwoMLPBlock() for _ in range(3)])
+    (found,) = repeated_blocks(model)  # the 6 inner MLPs are counted in their blocks' rows
+    assert found.label == "1-3 (3 x TwoMLPBlock)"
+    assert found.holds("2.a.0") and not found.holds("0")
+    rows = [ModuleRow("2.a.0", weights=288), ModuleRow("0", weights=100), ModuleRow("1.b.0", 8)]
+    assert [(r.module, r.total) for r in grouped(rows, [found])] == [
+        ("1-3 (3 x TwoMLPBlock)", 296),
+        ("0", 100),
+    ]
