@@ -26,6 +26,7 @@ import popxl_fx
 from examples.fx_phased import Block
 from popxl_core.sim.machine import machine_for
 from popxl_core.sim.plan import OutOfMemoryError, build_plan
+from popxl_fx.auto import NoPlanFitsError
 from popxl_fx.oom import ModuleRow, grouped, repeated_blocks
 from popxl_fx.program import _model_oom_message
 
@@ -208,3 +209,23 @@ def test_repeated_blocks_are_the_outermost_ones():
         ("1-3 (3 x TwoMLPBlock)", 296),
         ("0", 100),
     ]
+
+
+def test_no_plan_fits_lists_the_candidates_the_optimizer_refuses():
+    """Adam(fused=True) cannot update phase by phase: the phased candidates are skipped (the
+    search goes on, it used to stop at the first with UnsupportedOptimizerError) and the
+    error names them with the optimizer's reason."""
+    from tests.test_fx_memory_auto import _data
+    from tests.test_fx_memory_auto import _model as mlp
+
+    model = mlp()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
+    options = popxl_fx.Options(device="ipu_model", memory="auto")
+    trainer = popxl_fx.training_model(model, opt, F.cross_entropy, options)
+    with pytest.raises(NoPlanFitsError) as info:
+        trainer(*_data()[0])
+    text = str(info.value)
+    assert "Options(outline='auto', recompute=True): peak" in text  # planned after the skips
+    skipped = re.findall(r"  (Options\(.*?\)): skipped, it does not apply \((\w+)", text)
+    assert ("Options(phased_execution='blocks')", "UnsupportedOptimizerError") in skipped
+    assert len(skipped) == 6, text  # blocks, children, each alone and with accumulation 2, 4
