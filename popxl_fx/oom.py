@@ -10,9 +10,11 @@ categories, because the remedy follows the category:
     optimizer    optimizer state (always live, or loaded) and the update's temporaries
     activations  forward tensors kept for the backward, and the forward's own temporaries
 
-`oom_message` prints the table, largest module first, then `remedies`: the exact
-``Options(...)`` to try, ranked by the bytes each is estimated to save (estimates from the
-table: ``memory="auto"`` plans the candidates themselves).
+`oom_message` prints the table -- the repeated blocks first, one row per structure
+(`grouped`: ``blocks.0-23 (24 x Block)``, what phases or outlining act on), then the largest
+other modules -- then `remedies`: the exact ``Options(...)`` to try, ranked by the bytes each
+is estimated to save (estimates from the table: ``memory="auto"`` plans the candidates
+themselves). Only options estimated to save the whole overflow alone are offered as fixes.
 """
 
 from __future__ import annotations
