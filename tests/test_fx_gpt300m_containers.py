@@ -18,9 +18,9 @@ Slow tier, and heavy on host memory (the torch model is 1.2 GB; AdamW state, Str
 copies of weights and state and the step's transfers come on top): skipped unless
 `NEEDED_GIB` are available; one container at a time. The OOM error's time is printed, not
 asserted (tests never assert on time). Measured on the shared 2-core machine (load average
-4-5, 2026-12-06): the OOM error after 2.90 s (ModuleList), 1.03 s (ModuleDict), 3.99 s
-(attributes); ModuleList alone 279 s, ModuleDict and attributes together 416 s, the host
-near 14 GiB used at the peak (the machine was shared).
+4-5, 2026-12-06): the OOM error after 2.90 s (ModuleList), 3.79 s (Sequential), 1.03 s
+(ModuleDict), 3.99 s (attributes); ModuleList alone 279 s, Sequential 199 s, ModuleDict and
+attributes together 416 s; the host near 14 GiB used at the peak (the machine was shared).
 """
 
 from __future__ import annotations
