@@ -149,7 +149,8 @@ def _loop_step(loop: _LoopStep, local: Callable[[popxl.Tensor], popxl.Tensor]) -
     else:
         grads, loss = _local_step(build, loop.lowered, named, loop.variables, ins, loop.index)
     one_step = opts.device_iterations == 1
-    optimizer_update(build, req, loop.weights, grads, local=None if one_step else local)
+    local_ = None if one_step else local
+    optimizer_update(build, req, loop.weights, grads, local=local_, lowered=loop.lowered)
     if _accumulates(opts):  # the next step's first accumulation overwrites the sums
         ops.var_updates.accumulator_scale_(local(loop.accum.mean_accum_counter), 0.0)
     loop.losses.append(store(loss, "loss"))

@@ -71,7 +71,7 @@ def build_training(build: Build, signature: Any, req: TrainingRequest) -> Progra
         step = _plain_step(build, lowered, variables, ins, index)
         build.planned = True  # the main graph calls the step: later stages plan memory
         weights = weights_of(variables, lowered, build.prefix)
-        grads = optimizer_update(build, req, weights, step.grads)
+        grads = optimizer_update(build, req, weights, step.grads, lowered=lowered)
         outputs = {"loss": store(step.loss, "loss")}
         if req.record:  # the gradients the optimizer steps with (float16: unscaled)
             outputs.update(_recorded(step.outputs, index, grads))
