@@ -1,0 +1,60 @@
+"""The module a PopTorch executor hands to popxl_fx: the user's model, with the training loss
+chosen as PopTorch chooses it.
+
+PopTorch's loss is the tensor marked with `poptorch.identity_loss` (the last one marked);
+without a mark, the model's output when it is one tensor, else its last tensor output. The
+wrapper returns ``(training loss, model output)``: popxl_fx trains on the first, a scalar
+(a loss marked with ``reduction='none'`` is summed, the gradient of ones PopTorch starts
+from), and the executor returns the second.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch import nn
+
+from . import marks
+from .errors import Error
+
+__all__ = ["Wrapped"]
+
+
+class Wrapped(nn.Module):
+    """``model`` run inside a `marks.recording`; ``training``: also pick the loss."""
+
+    def __init__(self, model: nn.Module, training: bool, loss_factor: float = 1.0) -> None:
+        super().__init__()
+        self.model = model
+        self.for_training = training
+        self.loss_factor = loss_factor  # Sum reduction: micro-batches x replicas
+        self.blocks: list = []  # the blocks the last forward entered
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        with marks.recording() as seen:
+            out = self.model(*args, **kwargs)
+        self.blocks = list(seen.blocks)
+        if not self.for_training:
+            return out
+        loss = seen.losses[-1] if seen.losses else _last_tensor(out, self.model)
+        train = loss if _is_scalar(loss) else loss.sum()
+        if self.loss_factor != 1.0:
+            train = train * self.loss_factor
+        return train, out
+
+
+def _is_scalar(t: Any) -> bool:
+    example = t.node.meta.get("example_value") if isinstance(t, torch.fx.Proxy) else t
+    return isinstance(example, torch.Tensor) and example.dim() == 0
+
+
+def _last_tensor(out: Any, model: nn.Module) -> Any:
+    leaves = [x for x in pytree.tree_leaves(out) if isinstance(x, (torch.Tensor, torch.fx.Proxy))]
+    if not leaves:
+        raise Error(
+            f"{type(model).__name__}.forward returns no tensor, so a trainingModel has no loss; "
+            "return the loss (or mark it with poptorch.identity_loss)."
+        )
+    return leaves[-1]
