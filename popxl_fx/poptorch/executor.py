@@ -23,7 +23,7 @@ from .enums import ConnectionType, OutputMode, ReductionType
 from .errors import Error
 from .fx_options import fx_options
 from .options import Options
-from .wrapper import Wrapped
+from .wrapper import Wrapped, flat_call
 
 __all__ = ["PoplarExecutor"]
 
@@ -57,23 +57,33 @@ class PoplarExecutor:
                 "Trying to run a model on an offline device (ConnectionType.Never): use "
                 "model.compile(inputs) instead of model(inputs)"
             )
-        args = batching.split_iterations(args, self._options, self._training)
+        args = self._flat_inputs(args, kwargs)
         impl = self._ensure_impl()
         if impl._active is None:  # PopTorch checks its pipeline when it compiles
-            impl.build(*args, **kwargs)
+            impl.build(*args)
             self._check_blocks()
         self._attached = True
-        out = impl(*args, **kwargs)
+        out = impl(*args)
         if self._training:
             out = self._training_outputs(impl, out)
         return batching.select_outputs(out, self._options, self._options.device_iterations)
 
     def compile(self, *args: Any, **kwargs: Any) -> None:
         """Build the program for these inputs without running it."""
-        args = batching.split_iterations(args, self._options, self._training)
-        self._ensure_impl().build(*args, **kwargs)
+        args = self._flat_inputs(args, kwargs)
+        self._ensure_impl().build(*args)
         self._check_blocks()
         self._attached = True
+
+    def _flat_inputs(self, args: tuple, kwargs: dict) -> tuple:
+        """The call's tensors, flat and split by device iteration; a call of another
+        structure (nesting, non-tensor values) than the compiled one gets a new program."""
+        tensors, call = flat_call(args, kwargs)
+        if call != self._wrapped.call:
+            if self._wrapped.call is not None:
+                self._impl = None
+            self._wrapped.call = call
+        return batching.split_iterations(tuple(tensors), self._options, self._training)
 
     def _check_blocks(self) -> None:
         """PopTorch's pipeline rules on the blocks: BeginBlock marks (in module order) and

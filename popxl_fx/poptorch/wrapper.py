@@ -19,7 +19,18 @@ from torch import nn
 from . import marks
 from .errors import Error
 
-__all__ = ["Wrapped"]
+__all__ = ["Wrapped", "flat_call"]
+
+_TENSOR = object()  # where a tensor goes in a call's template
+
+
+def flat_call(args: tuple, kwargs: dict) -> tuple[list, tuple]:
+    """The call's tensors in order, and its structure: (pytree spec, the leaves with each
+    tensor replaced by a placeholder)."""
+    leaves, spec = pytree.tree_flatten((args, kwargs))
+    tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
+    template = tuple(_TENSOR if isinstance(x, torch.Tensor) else x for x in leaves)
+    return tensors, (spec, template)
 
 
 class Wrapped(nn.Module):
@@ -31,8 +42,13 @@ class Wrapped(nn.Module):
         self.for_training = training
         self.loss_factor = loss_factor  # Sum reduction: micro-batches x replicas
         self.blocks: list = []  # the blocks the last forward entered
+        self.call: tuple | None = None  # `flat_call`'s structure of the calls compiled
 
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
+    def forward(self, *tensors: Any) -> Any:
+        spec, template = self.call
+        given = iter(tensors)
+        leaves = [next(given) if x is _TENSOR else x for x in template]
+        args, kwargs = pytree.tree_unflatten(leaves, spec)
         with marks.recording() as seen:
             out = self.model(*args, **kwargs)
         self.blocks = list(seen.blocks)
