@@ -27,6 +27,11 @@ class Net(nn.Module):
         return out if target is None else (out, self.loss(out, target))
 
 
+class LossOnly(Net):
+    def forward(self, x, target):
+        return self.loss(self.fc(x), target)
+
+
 def _data(rows: int = 8):
     g = torch.Generator().manual_seed(1)
     return torch.randn(rows, 4, generator=g), torch.randint(0, 3, (rows,), generator=g)
@@ -115,7 +120,7 @@ def test_inference_output_modes():
 def test_looped_training_is_popxl_fx(accum, iterations):
     """The combined batch reaches popxl_fx as its own loops take it: same losses, weights."""
     torch.manual_seed(0)
-    model = Net()
+    model = LossOnly()
     twin = copy.deepcopy(model)
     opts = poptorch.Options().deviceIterations(iterations)
     opts.Training.gradientAccumulation(accum)
@@ -124,15 +129,25 @@ def test_looped_training_is_popxl_fx(accum, iterations):
     fx = popxl_fx.training_model(
         twin,
         torch.optim.SGD(twin.parameters(), lr=0.1),
-        lambda out, t: out[1],
-        popxl_fx.Options(gradient_accumulation=accum, device_iterations=iterations),
+        options=popxl_fx.Options(gradient_accumulation=accum, device_iterations=iterations),
     )
     x, t = _data(8 * accum * iterations)
     loss = ipu(x, t)
     shape = (iterations, -1) if iterations > 1 else (-1,)
-    want = fx(x.reshape(*shape, 4), t.reshape(*shape), t.reshape(*shape))
+    want = fx(x.reshape(*shape, 4), t.reshape(*shape))
     assert torch.equal(loss, want)
     assert torch.equal(model.fc.weight, twin.fc.weight)
+
+
+def test_looped_training_with_more_outputs_raises_first():
+    model = Net()
+    weight = model.fc.weight.detach().clone()
+    opts = poptorch.Options()
+    opts.Training.gradientAccumulation(2)
+    ipu = poptorch.trainingModel(model, opts)
+    with pytest.raises(poptorch.Error, match="returns only the loss"):
+        ipu(*_data())
+    assert torch.equal(model.fc.weight, weight)  # no step ran
 
 
 def test_training_and_inference_share_weights():

@@ -13,6 +13,7 @@ import copy
 import torch
 
 from . import _impl, _logging, enums, optim, poptorch_core
+from .args import ICustomArgParser, registerCustomArgParser
 from .blocks import (
     BeginBlock,
     Block,
@@ -45,7 +46,7 @@ from .enums import (
     VariableRetrievalMode,
 )
 from .errors import Error, RecoverableError, UnrecoverableError
-from .executor import PoplarExecutor
+from .executor import PoplarExecutor, registerPostCompileHook, registerPreCompileHook
 from .ops import (
     CPU,
     MultiConv,
@@ -71,6 +72,10 @@ __version__ = "3.3.0+popxl_fx"
 
 __all__ = [
     "CPU",
+    "ICustomArgParser",
+    "registerCustomArgParser",
+    "registerPostCompileHook",
+    "registerPreCompileHook",
     "AnchorMode",
     "AsynchronousDataAccessor",
     "AutoStage",

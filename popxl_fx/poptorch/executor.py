@@ -25,7 +25,24 @@ from .fx_options import fx_options
 from .options import Options
 from .wrapper import Wrapped, flat_call
 
-__all__ = ["PoplarExecutor"]
+__all__ = ["PoplarExecutor", "registerPostCompileHook", "registerPreCompileHook"]
+
+_PRE_COMPILE: dict = {}
+_POST_COMPILE: dict = {}
+
+
+def registerPreCompileHook(hook) -> torch.utils.hooks.RemovableHandle:
+    """Call ``hook()`` before each executor compiles its program."""
+    handle = torch.utils.hooks.RemovableHandle(_PRE_COMPILE)
+    _PRE_COMPILE[handle.id] = hook
+    return handle
+
+
+def registerPostCompileHook(hook) -> torch.utils.hooks.RemovableHandle:
+    """Call ``hook()`` after each executor has compiled its program."""
+    handle = torch.utils.hooks.RemovableHandle(_POST_COMPILE)
+    _POST_COMPILE[handle.id] = hook
+    return handle
 
 
 class PoplarExecutor:
@@ -60,8 +77,7 @@ class PoplarExecutor:
         args = self._flat_inputs(args, kwargs)
         impl = self._ensure_impl()
         if impl._active is None:  # PopTorch checks its pipeline when it compiles
-            impl.build(*args)
-            self._check_blocks()
+            self._build(impl, args)
         self._attached = True
         out = impl(*args)
         if self._training:
@@ -71,9 +87,17 @@ class PoplarExecutor:
     def compile(self, *args: Any, **kwargs: Any) -> None:
         """Build the program for these inputs without running it."""
         args = self._flat_inputs(args, kwargs)
-        self._ensure_impl().build(*args)
-        self._check_blocks()
+        self._build(self._ensure_impl(), args)
         self._attached = True
+
+    def _build(self, impl, args: tuple) -> None:
+        for hook in list(_PRE_COMPILE.values()):
+            hook()
+        impl.build(*args)
+        self._check_blocks()
+        self._check_outputs(impl)
+        for hook in list(_POST_COMPILE.values()):
+            hook()
 
     def _flat_inputs(self, args: tuple, kwargs: dict) -> tuple:
         """The call's tensors, flat and split by device iteration; a call of another
@@ -84,6 +108,20 @@ class PoplarExecutor:
                 self._impl = None
             self._wrapped.call = call
         return batching.split_iterations(tuple(tensors), self._options, self._training)
+
+    def _check_outputs(self, impl) -> None:
+        """A looped training step (accumulation, device iterations) fetches only the loss:
+        a model returning more raises before any step, rather than returning less."""
+        if not self._training or _one_step(impl.options):
+            return
+        outputs = impl._active.lowered.fxm.out_spec.num_leaves - 1
+        if outputs > 1:
+            raise Error(
+                f"{type(self._user_model).__name__}.forward returns {outputs} outputs; with "
+                "gradientAccumulation or deviceIterations above 1, popxl_fx's PopTorch layer "
+                "returns only the loss of a trainingModel (its looped step does not fetch the "
+                "other outputs yet): return only the loss, or use 1 for both to get them."
+            )
 
     def _check_blocks(self) -> None:
         """PopTorch's pipeline rules on the blocks: BeginBlock marks (in module order) and

@@ -17,6 +17,7 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 from . import marks
+from .args import parser_for
 from .errors import Error
 
 __all__ = ["Wrapped", "flat_call"]
@@ -24,13 +25,46 @@ __all__ = ["Wrapped", "flat_call"]
 _TENSOR = object()  # where a tensor goes in a call's template
 
 
+class _Custom:
+    """A custom-typed argument in a template: its parser, the object, its tensor count."""
+
+    def __init__(self, parser, value, count: int) -> None:
+        self.parser, self.value, self.count = parser, value, count
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Custom) and (self.parser, self.count) == (
+            other.parser,
+            other.count,
+        )
+
+    __hash__ = None
+
+
 def flat_call(args: tuple, kwargs: dict) -> tuple[list, tuple]:
     """The call's tensors in order, and its structure: (pytree spec, the leaves with each
-    tensor replaced by a placeholder)."""
-    leaves, spec = pytree.tree_flatten((args, kwargs))
-    tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
-    template = tuple(_TENSOR if isinstance(x, torch.Tensor) else x for x in leaves)
-    return tensors, (spec, template)
+    tensor replaced by a placeholder, custom-typed arguments by their `_Custom`)."""
+    leaves, spec = pytree.tree_flatten((args, kwargs), is_leaf=lambda x: parser_for(x) is not None)
+    tensors, template = [], []
+    for x in leaves:
+        parser = parser_for(x)
+        if parser is not None:
+            held = list(parser.yieldTensors(x))
+            tensors += held
+            template.append(_Custom(parser, x, len(held)))
+        elif isinstance(x, torch.Tensor):
+            tensors.append(x)
+            template.append(_TENSOR)
+        else:
+            template.append(x)
+    return tensors, (spec, tuple(template))
+
+
+def _leaf(x: Any, given) -> Any:
+    if x is _TENSOR:
+        return next(given)
+    if isinstance(x, _Custom):
+        return x.parser.reconstruct(x.value, iter([next(given) for _ in range(x.count)]))
+    return x
 
 
 class Wrapped(nn.Module):
@@ -47,7 +81,7 @@ class Wrapped(nn.Module):
     def forward(self, *tensors: Any) -> Any:
         spec, template = self.call
         given = iter(tensors)
-        leaves = [next(given) if x is _TENSOR else x for x in template]
+        leaves = [_leaf(x, given) for x in template]
         args, kwargs = pytree.tree_unflatten(leaves, spec)
         with marks.recording() as seen:
             out = self.model(*args, **kwargs)
