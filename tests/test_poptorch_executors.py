@@ -145,9 +145,29 @@ def test_looped_training_with_more_outputs_raises_first():
     opts = poptorch.Options()
     opts.Training.gradientAccumulation(2)
     ipu = poptorch.trainingModel(model, opts)
-    with pytest.raises(poptorch.Error, match="returns only the loss"):
+    with pytest.raises(poptorch.Error, match="returns only the\nloss|returns only the loss"):
         ipu(*_data())
     assert torch.equal(model.fc.weight, weight)  # no step ran
+
+
+@pytest.mark.parametrize("mode", ["All", "Final"])
+def test_device_iterations_return_every_output(mode):
+    """Training with 3 device iterations: each iteration's output and loss, as 3 eager steps."""
+    torch.manual_seed(0)
+    model = Net()
+    twin = copy.deepcopy(model)
+    opts = poptorch.Options().deviceIterations(3).outputMode(getattr(poptorch.OutputMode, mode))
+    ipu = poptorch.trainingModel(model, opts, poptorch.optim.SGD(model.parameters(), lr=0.1))
+    opt = torch.optim.SGD(twin.parameters(), lr=0.1)
+    x, t = _data(12)
+    out, loss = ipu(x, t)
+    steps = [_eager_step(twin, opt, xs, ts) for xs, ts in zip(x.split(4), t.split(4))]
+    if mode == "All":
+        assert torch.equal(out, torch.cat([o for o, _ in steps]))
+        assert torch.equal(loss, torch.stack([lo for _, lo in steps]))
+    else:
+        assert torch.equal(out, steps[-1][0]) and torch.equal(loss, steps[-1][1])
+    assert torch.equal(model.fc.weight, twin.fc.weight)
 
 
 def test_training_and_inference_share_weights():

@@ -110,7 +110,7 @@ class PoplarExecutor:
         return batching.split_iterations(tuple(tensors), self._options, self._training)
 
     def _check_outputs(self, impl) -> None:
-        """A looped training step (accumulation, device iterations) fetches only the loss:
+        """A training step with gradient accumulation fetches only the loss:
         a model returning more raises before any step, rather than returning less."""
         if not self._training or _one_step(impl.options):
             return
@@ -118,9 +118,10 @@ class PoplarExecutor:
         if outputs > 1:
             raise Error(
                 f"{type(self._user_model).__name__}.forward returns {outputs} outputs; with "
-                "gradientAccumulation or deviceIterations above 1, popxl_fx's PopTorch layer "
-                "returns only the loss of a trainingModel (its looped step does not fetch the "
-                "other outputs yet): return only the loss, or use 1 for both to get them."
+                "gradientAccumulation above 1, popxl_fx's PopTorch layer returns only the "
+                "loss of a trainingModel (its micro-batch loop does not fetch the other "
+                "outputs yet): return only the loss, or use gradientAccumulation(1) (device "
+                "iterations do return them)."
             )
 
     def _check_blocks(self) -> None:
@@ -236,8 +237,9 @@ class PoplarExecutor:
 
 
 def _one_step(fx: popxl_fx.Options) -> bool:
-    """One forward per call: the step's other outputs can be fetched."""
-    return max(fx.gradient_accumulation, fx.device_iterations, fx.batch_serialisation) == 1 and (
+    """One forward per step (device iterations repeat the step): the step's other outputs
+    can be fetched."""
+    return max(fx.gradient_accumulation, fx.batch_serialisation) == 1 and (
         fx.phased_execution is False
     )
 

@@ -97,11 +97,7 @@ class Options(Values):
                     "OutputMode.EveryN needs output_return_period, a positive number of "
                     "iterations between the outputs returned."
                 )
-        elif output_return_period is not None and output_return_period != 1:
-            raise ValueError(
-                f"output_return_period is only used with OutputMode.EveryN (not {mode.name})."
-            )
-        self._set("output_mode", mode)
+        self._set("output_mode", mode)  # a period given with another mode is not used
         return self._set("output_return_period", output_return_period or 1)
 
     anchorMode = outputMode  # PopTorch's older name
