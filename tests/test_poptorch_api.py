@@ -126,3 +126,47 @@ def test_hook_resolves_poptorch_and_popxl():
         assert not hooked.ipuHardwareIsAvailable()
     finally:
         compat.uninstall()
+
+
+class _Pair:
+    """A custom argument type holding two tensors."""
+
+    def __init__(self, a, b) -> None:
+        self.a, self.b = a, b
+
+
+class _PairParser(poptorch.ICustomArgParser):
+    def yieldTensors(self, struct):
+        yield struct.a
+        yield struct.b
+
+    def reconstruct(self, original_structure, tensor_iterator):
+        return _Pair(next(tensor_iterator), next(tensor_iterator))
+
+
+def test_custom_arguments_and_compile_hooks():
+    class Adds(nn.Module):
+        def forward(self, pair, scale=None):
+            return (pair.a + pair.b) * scale
+
+    poptorch.registerCustomArgParser(_Pair, _PairParser())
+    calls = []
+    pre = poptorch.registerPreCompileHook(lambda: calls.append("pre"))
+    post = poptorch.registerPostCompileHook(lambda: calls.append("post"))
+    try:
+        ipu = poptorch.inferenceModel(Adds())
+        a, b, s = torch.randn(2, 3), torch.randn(2, 3), torch.randn(2, 3)
+        assert torch.equal(ipu(_Pair(a, b), scale=s), (a + b) * s)
+        assert torch.equal(ipu(_Pair(b, a), scale=s), (b + a) * s)
+    finally:
+        poptorch.registerCustomArgParser(_Pair, None)
+        pre.remove()
+        post.remove()
+    assert calls == ["pre", "post"]  # compiled once
+
+
+def test_executable_files_are_refused_by_name():
+    ipu = poptorch.inferenceModel(nn.Linear(2, 2))
+    for call in (lambda: ipu.save("x.popef"), lambda: poptorch.load("x.popef")):
+        with pytest.raises(poptorch.Error, match="not available"):
+            call()

@@ -122,6 +122,7 @@ __all__ = [
     "ipuHardwareIsAvailable",
     "ipuHardwareVersion",
     "ipu_print_tensor",
+    "load",
     "isRunningOnIpu",
     "nop",
     "optim",
@@ -160,6 +161,14 @@ def inferenceModel(model, options: Options | None = None) -> PoplarExecutor:
     """The model's forward on the simulated IPU."""
     model = _user_model(model)
     return PoplarExecutor(copy.copy(model), options, False, user_model=model)
+
+
+def load(filename: str, edit_opts_fn=None) -> PoplarExecutor:
+    """PopTorch loads a saved Poplar executable; there are none here."""
+    raise Error(
+        "poptorch.load is not available in popxl_fx's PopTorch layer: there are no Poplar "
+        "executables to load; build the model and wrap it with trainingModel/inferenceModel."
+    )
 
 
 def ipuHardwareIsAvailable(num_ipus: int = 1) -> bool:

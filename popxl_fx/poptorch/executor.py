@@ -11,6 +11,7 @@ to copy.
 from __future__ import annotations
 
 import copy
+from collections import OrderedDict
 from typing import Any
 
 import torch
@@ -20,15 +21,15 @@ import popxl_fx
 
 from . import batching, blocks, optim, optim_map
 from .enums import ConnectionType, OutputMode, ReductionType
-from .errors import Error
+from .errors import Error, unsupported
 from .fx_options import fx_options
 from .options import Options
 from .wrapper import Wrapped, flat_call
 
 __all__ = ["PoplarExecutor", "registerPostCompileHook", "registerPreCompileHook"]
 
-_PRE_COMPILE: dict = {}
-_POST_COMPILE: dict = {}
+_PRE_COMPILE: OrderedDict = OrderedDict()  # RemovableHandle keeps a weak reference
+_POST_COMPILE: OrderedDict = OrderedDict()
 
 
 def registerPreCompileHook(hook) -> torch.utils.hooks.RemovableHandle:
@@ -164,6 +165,30 @@ class PoplarExecutor:
 
     def copyWeightsToHostIfNeeded(self) -> bool:
         return False
+
+    def copyNamedBuffersToDevice(self) -> None:
+        """Nothing to copy: the next call reads the model's buffers as they are."""
+
+    def getTensorNames(self):
+        raise unsupported("PoplarExecutor.getTensorNames", "there is no PopART IR to name")
+
+    def getAnchoredTensor(self, short_name: str):
+        raise unsupported("PoplarExecutor.getAnchoredTensor", "there is no PopART IR to name")
+
+    def compileAndExport(self, filename: str, *args, **kwargs):
+        raise unsupported("PoplarExecutor.compileAndExport", "there are no Poplar executables")
+
+    def save(self, filename: str, *args, **kwargs):
+        raise unsupported("PoplarExecutor.save", "there are no Poplar executables")
+
+    def loadExecutable(self, filename: str):
+        raise unsupported("PoplarExecutor.loadExecutable", "there are no Poplar executables")
+
+    def cycleCount(self) -> int:
+        raise unsupported(
+            "PoplarExecutor.cycleCount",
+            "it reads hardware counters; report() has the simulator's cycle estimate",
+        )
 
     def setOptimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Train with ``optimizer`` from the next call (its state and hyper-parameters)."""
