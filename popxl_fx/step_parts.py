@@ -40,6 +40,7 @@ class TrainingRequest:
     has_loss_fn: bool
     record: bool  # also fetch forward outputs and gradients (tests)
     contexts: Sequence[Callable] = ()
+    outputs: bool = False  # also fetch the forward's other outputs (PopTorch's executors)
 
 
 def lower_with_loss(build: Build, req: TrainingRequest, specs, examples: tuple) -> tuple:
