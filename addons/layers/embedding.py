@@ -13,7 +13,10 @@ from ..module import Module
 from ..named_tensors import NamedTensors
 from .weights_dict import WeightsDict, host_value
 
-__all__ = ["Embedding"]
+__all__ = ["Embedding", "MULTISLICE_MAGIC_NUMBER"]
+
+# popxl.addons rounds a vocabulary shard up to a multiple of this (its multi-slice grain)
+MULTISLICE_MAGIC_NUMBER = 16
 
 
 class Embedding(Module):
@@ -35,6 +38,19 @@ class Embedding(Module):
         self.hidden_size = hidden_size
         self.axis = axis
         self.replica_grouping = replica_grouping
+
+    @staticmethod
+    def get_vocab_shard_size(vocab_size: int, n_shards: int) -> int:
+        """Rows of the table per shard: ``vocab_size / n_shards`` rounded up to a multiple of
+        `MULTISLICE_MAGIC_NUMBER` (``vocab_size`` itself so rounded for one shard)."""
+        per_shard = -(-vocab_size // n_shards)
+        return MULTISLICE_MAGIC_NUMBER * -(-per_shard // MULTISLICE_MAGIC_NUMBER)
+
+    @staticmethod
+    def get_offsets(vocab_size: int, n_shards: int) -> np.ndarray:
+        """The first vocabulary index of each shard."""
+        size = Embedding.get_vocab_shard_size(vocab_size, n_shards)
+        return np.arange(n_shards * size, step=size)
 
     def _shape(self) -> tuple[int, int]:
         shape = (self.vocab_size, self.hidden_size)
