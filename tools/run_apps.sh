@@ -84,7 +84,7 @@ def pytest_collection_modifyitems(config, items):
         if "long_test" in item.keywords and not long_ok:
             item.add_marker(pytest.mark.skip(reason="long test (Graphcore's conftest)"))
 PY
-  overlay="$work/site:$VENVS/${TF[$a]:-tf4251}:$VENVS/common"
+  overlay="$work/site:$VENVS/${TF[$a]:-tf4251}:$VENVS/common:$VENVS/wandb"
   tests=tests; [[ $a == tutorials ]] && tests=.
   ( cd "$dir" && PATH="$(dirname "$PY"):$PATH" \
     PYTHONPATH="$overlay:$ROOT:$dir:$work/utils:$work/tutorials/utils" \
