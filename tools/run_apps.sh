@@ -88,7 +88,7 @@ PY
   tests=tests; [[ $a == tutorials ]] && tests=.
   ( cd "$dir" && PATH="$(dirname "$PY"):$PATH" \
     PYTHONPATH="$overlay:$ROOT:$dir:$work/utils:$work/tutorials/utils" \
-    timeout 3000 "$PY" -m pytest -q -p no:cacheprovider -rfEs --tb=short --rootdir="$dir" $tests "$@" ) \
+    timeout 3000 "$PY" -m pytest -q -p no:cacheprovider --continue-on-collection-errors -rfEs --tb=short --rootdir="$dir" $tests "$@" ) \
     >"$work/$a.out" 2>&1
   line=$(grep -E "[0-9]+ (passed|failed|errors?|skipped)" "$work/$a.out" | tail -1)
   grep -E "^(FAILED|ERROR|SKIPPED)" "$work/$a.out" | cut -c1-220
