@@ -10,8 +10,7 @@ import numpy as np
 import torch
 
 import popxl_core as popxl
-from popxl_core import Tensor, ops
-from popxl_core.ops._utils import spec
+from popxl_core import Tensor, TensorSpec, ops
 from popxl_core.ops.registry import Cost, OpDef, Sample, create_op, register
 
 __all__ = ["grad_reduce_square_add", "GRAD_REDUCE_SQUARE_ADD"]
@@ -24,7 +23,7 @@ def _infer(ins):
             f"grad_reduce_square_add takes a floating point tensor and a float32 scalar scale; "
             f"got {t.dtype.name} and {scale.dtype.name} {scale.shape}."
         )
-    return [spec((), popxl.float32)]
+    return [TensorSpec((), popxl.float32)]
 
 
 def _kernel(t, scale):

@@ -14,8 +14,7 @@ import numpy as np
 import torch
 
 import popxl_core as popxl
-from popxl_core import Tensor
-from popxl_core.ops._utils import spec
+from popxl_core import Tensor, TensorSpec
 from popxl_core.ops.registry import Cost, OpDef, Sample, create_op, no_grad, register
 
 __all__ = [
@@ -71,7 +70,7 @@ def _infer(ins):
         raise ValueError(
             f"group scale and bias must have shape {want}; got {scale.shape}, {bias.shape}"
         )
-    return [spec((t.shape[0], t.shape[1] * t.shape[2] * 4), scale.dtype)]
+    return [TensorSpec((t.shape[0], t.shape[1] * t.shape[2] * 4), scale.dtype)]
 
 
 def _kernel(t, scale, bias):
