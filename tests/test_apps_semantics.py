@@ -160,3 +160,30 @@ def test_decompose_sum_and_use_fc_pass_paths():
         assert disable_fc_pass is addons.disable_fc_pass
     finally:
         compat.uninstall()
+
+
+def test_io_tiles_subgraph_adds_a_constant_to_its_graph_input():
+    # BERT pretraining: @popxl.io_tiles() on a graph function whose input (made before the
+    # function runs, on the compute tiles) meets a constant made on the IO tiles
+    ir = popxl.Ir()
+    with ir.main_graph:
+
+        @popxl.io_tiles()
+        def bump(i):
+            return i + 1
+
+        g = ir.create_graph(bump, popxl.constant(0))
+        (out,) = ops.call(g, popxl.constant(4))
+        ys = popxl.d2h_stream((), popxl.int32, "y")
+        ops.host_store(ys, out)
+    with popxl.Session(ir, "ipu_hw") as sess:
+        assert sess.run()[ys] == 5
+
+
+def test_tensors_made_by_ops_on_different_tile_sets_still_refused():
+    ir = popxl.Ir()
+    with ir.main_graph, pytest.raises(ValueError, match="different IPUs or tile sets"):
+        a = popxl.constant(1.0) + 0.0
+        with popxl.io_tiles():
+            b = popxl.constant(2.0) + 0.0
+        ops.add(a, b)
