@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 import addons
 import popxl_core as popxl
+from addons.named_replica_grouping import NamedReplicaGrouping
 from popxl_core import ops
 from popxl_core.sim.checks import TransferCountWarning
 
@@ -187,3 +188,23 @@ def test_tensors_made_by_ops_on_different_tile_sets_still_refused():
         with popxl.io_tiles():
             b = popxl.constant(2.0) + 0.0
         ops.add(a, b)
+
+
+def test_accumulators_are_grouped_as_their_variables():
+    # gpt3's phased training passes the forward factories' groupings, keyed by the arg name
+    ir = popxl.Ir(4)
+    with ir.main_graph:
+
+        class Scale(addons.Module):
+            def build(self, x):
+                w = self.add_variable_input("w", lambda: np.ones(2, F32), x.dtype)
+                return x * w
+
+        facts, graph = Scale().create_graph(popxl.TensorSpec((2,), popxl.float32))
+        rg = ir.replica_grouping(2, 2)
+        groupings = NamedReplicaGrouping.from_dict({"w": rg})
+        accum_facts, _ = addons.autodiff_with_accumulation(
+            graph, [graph.args.w], replica_groupings=groupings
+        )
+    assert accum_facts.accum.w.replica_grouping == rg
+    assert accum_facts.mean_accum_counter.replica_grouping != rg
