@@ -208,3 +208,19 @@ def test_accumulators_are_grouped_as_their_variables():
         )
     assert accum_facts.accum.w.replica_grouping == rg
     assert accum_facts.mean_accum_counter.replica_grouping != rg
+
+
+def test_adam_state_of_a_replica_sharded_variable_is_sharded_the_same_way():
+    # the apps' phased optimizers take replica_sharded_spec(var, group): popxl.addons' Adam
+    # then makes its moments replica-sharded over that group, their factories whole
+    from addons.optimizers.adam import AdamOptimizerStep
+    from addons.rts import replica_sharded_spec
+
+    ir = popxl.Ir(2)
+    with ir.main_graph:
+        var = popxl.variable(np.zeros((4, 2), F32), name="w")
+        spec = replica_sharded_spec(var, ir.replica_grouping(1, 2))
+        facts, graph = AdamOptimizerStep().create_graph(spec, spec, lr=0.1)
+    first = facts.first_order
+    assert first.replica_sharded and tuple(first.meta_shape) == (4, 2)
+    assert graph.args.first_order.shape == (4,) and graph.args.first_order.meta_shape == (4, 2)
