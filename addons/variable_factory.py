@@ -199,10 +199,21 @@ class VariableFactory:
         return popxl_core.variable(data, self.dtype, name, replica_grouping=self._grouping())
 
     def create_remote_tensor(
-        self, buffer, entry: int, name: str | None = None, empty: bool = False
+        self,
+        buffer,
+        entry: int,
+        name: str | None = None,
+        empty: bool = False,
+        memmap_dir: str | None = None,
+        read_only_if_exists: bool = False,
     ) -> Tensor:
-        """A remote variable stored in ``buffer[entry]`` (replica-sharded if the buffer is)."""
-        data = self.next_data(empty)
+        """A remote variable stored in ``buffer[entry]`` (replica-sharded if the buffer is);
+        with ``memmap_dir`` its host value lives in a file there, as for `create_tensor`."""
+        if memmap_dir is not None:
+            key = name or self.name or "variable"
+            data = self.next_memmap(memmap_dir, key, empty, read_only_if_exists)
+        else:
+            data = self.next_data(empty)
         make = (
             popxl_core.remote_replica_sharded_variable
             if buffer.meta_shape
@@ -250,7 +261,13 @@ class NamedVariableFactories(DotTree[VariableFactory]):
         return NamedTensors.from_dict(out)
 
     def init_remote(
-        self, buffers: DotTree, entry: int = 0, prefix: str | None = None, empty: bool = False
+        self,
+        buffers: DotTree,
+        entry: int = 0,
+        prefix: str | None = None,
+        empty: bool = False,
+        memmap_dir: str | None = None,
+        read_only_if_exists: bool = False,
     ) -> NamedTensors:
         """Remote variables, each in the buffer with the same key, in sorted key order."""
         bufs = buffers.to_dict()
@@ -261,7 +278,9 @@ class NamedVariableFactories(DotTree[VariableFactory]):
                     f"init_remote: no remote buffer for {key!r} (buffers: {list(bufs)})."
                 )
             name = f"{prefix}.{key}" if prefix else key
-            out[key] = f.create_remote_tensor(bufs[key], entry, name, empty)
+            out[key] = f.create_remote_tensor(
+                bufs[key], entry, name, empty, memmap_dir, read_only_if_exists
+            )
         return NamedTensors.from_dict(out)
 
     def init_zero(self) -> NamedTensors:
