@@ -323,3 +323,29 @@ def test_pow2scaled_ops_have_popxl_op_types():
     assert lines[0].count("[") == 4 and "[() int32]) -> (" in lines[0]  # the scale: 3rd input
     assert lines[1].startswith(f"    Conv.{cv.producer.id} (")
     assert ops_of_type(g, "MatMul") == 1 and ops_of_type(g, "Conv") == 1
+
+
+@pytest.mark.parametrize("dt", FORMATS)
+def test_float8_sharded_variables_and_print(dt, capfd):
+    """Replica-sharded float8 variables (on chip and remote) gather, print their values and
+    write back bit for bit; the sharded buffer holds float8 shards."""
+    data = np.array([1.0, -2.5, 0.375, 96.0], np.float32)
+    want = fp8_utils.host_pow2scale_cast_to_fp8(data, dt, 1)
+    ir = popxl.Ir(replication=2)
+    with ir.main_graph, popxl.in_sequence():
+        v, shard = popxl.replica_sharded_variable(data, dt, log2_scale=1)
+        buf = popxl.replica_sharded_buffer((4,), dt)
+        rv = popxl.remote_replica_sharded_variable(want, buf, 0)
+        gathered = ops.collectives.replicated_all_gather(shard)
+        ops.print_tensor(gathered, "g")
+        g2 = ops.collectives.replicated_all_gather(ops.remote_load(buf, 0))
+        s = popxl.d2h_stream(g2.shape, dt)
+        ops.host_store(s, g2)
+    with popxl.Session(ir, "ipu_model") as sess:
+        out = sess.run()
+        np.testing.assert_array_equal(sess.get_tensor_data(v), want)
+        sess.write_variable_data(rv, want[::-1].copy())
+        np.testing.assert_array_equal(sess.get_tensor_data(rv), want[::-1])
+    np.testing.assert_array_equal(out[s][0].reshape(-1), want)
+    printed = capfd.readouterr().err
+    assert "g:" in printed and "192" in printed  # 96 * 2: the value, not its bits
