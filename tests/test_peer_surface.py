@@ -1,0 +1,55 @@
+"""PopXL's public surface where Graphcore's own suites (tools/peer_suites.py) read it: dtype
+tables, popxl.utils.to_numpy, popxl.testing, error classes and messages scripts match on."""
+
+from __future__ import annotations
+
+import builtins
+
+import numpy as np
+import pytest
+import torch
+
+import popxl_core as popxl
+from popxl_core import compat_popart, dtypes, ops, utils
+from popxl_core.errors import OpDataError
+from popxl_core.testing import get_all_int_dtypes
+
+
+def test_dtype_tables_as_popxl():
+    assert popxl.dtype.as_dtype(builtins.float) is popxl.float32  # PopXL's python float
+    assert torch.float8_e4m3fnuz not in dtypes._PT_TO_POPXL  # no numpy twin in torch
+    assert torch.uint32 not in dtypes._PT_TO_POPXL
+    assert popxl.dtype.as_dtype(torch.float8_e4m3fnuz) is popxl.float8_143  # still converts
+    assert get_all_int_dtypes(include_signed=False) == [
+        popxl.uint8,
+        popxl.uint16,
+        popxl.uint32,
+        popxl.uint64,
+    ]
+
+
+def test_utils_to_numpy_as_popxl():
+    assert utils.downcast_np_dtypes[np.dtype("float64")] == np.dtype("float32")
+    x = np.ones(3, np.float32)
+    assert np.shares_memory(utils.to_numpy(x, copy=False), x)
+    assert not np.shares_memory(utils.to_numpy(x), x)
+    fp8 = utils.to_numpy([1.0, 3.0], popxl.float8_152, log2_scale=1)
+    assert fp8.dtype == dtypes.np_dtype_float8_152
+    want = utils.host_pow2scale_cast_to_fp8([2.0, 6.0], popxl.float8_152)
+    np.testing.assert_array_equal(fp8, want)
+    t8 = torch.ones(2, dtype=torch.float8_e4m3fnuz)
+    assert utils.to_numpy(t8).dtype == dtypes.np_dtype_float8_143
+    with pytest.raises(ValueError, match="float8_143 / float8_152 only"):
+        utils.to_numpy(x, log2_scale=1)
+
+
+def test_errors_scripts_match_on():
+    ir = popxl.Ir()
+    with ir.main_graph:
+        a = popxl.variable(np.zeros((2, 2), np.uint8), popxl.float8_143)
+        b = popxl.variable(np.zeros((2, 2), np.uint8), popxl.float8_152)
+        with pytest.raises(TypeError, match="All inputs to a concat operation must have the sa"):
+            ops.concat([a, b], 0)
+        with pytest.raises(ValueError, match="must be a scalar tensor"):
+            ops.matmul_pow2scaled(a, a, popxl.constant([1, 2], popxl.int32))
+    assert compat_popart.poplar_application_runtime_error is OpDataError
