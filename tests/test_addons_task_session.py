@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import addons
+import addons.remote
 import popxl_core as popxl
 from popxl_core import ops
 
@@ -152,11 +153,45 @@ def test_factories_memmap_dir_and_read_only_if_exists(tmp_path):
             vs = f.init(memmap_dir=str(tmp_path), read_only_if_exists=True)
         return ir, vs
 
+    def on_disk():  # raw values, no .npy header (as popxl.addons writes them)
+        return np.fromfile(tmp_path / "a.npy", np.float32)
+
     ir, vs = build(5.0)
-    np.testing.assert_array_equal(np.load(tmp_path / "a.npy"), [5.0, 5.0])
+    np.testing.assert_array_equal(on_disk(), [5.0, 5.0])
     ir2, vs2 = build(9.0)  # the file exists: read back, not re-drawn
     with popxl.Session(ir2, "ipu_model") as s:
         np.testing.assert_array_equal(s.get_tensor_data(vs2.a), [5.0, 5.0])
         s.write_variable_data(vs2.a, np.array([1.0, 2.0], np.float32))
-    np.testing.assert_array_equal(np.load(tmp_path / "a.npy"), [5.0, 5.0])  # read only
-    assert isinstance(vs.a._data, np.memmap)
+    np.testing.assert_array_equal(on_disk(), [5.0, 5.0])  # read only
+    assert isinstance(vs.a._data, np.memmap) and vs.a._memmap_arr is vs.a._data
+
+
+def test_factories_reuse_memmaps_and_init_remote(tmp_path):
+    """An existing memmap file is the variable's value (opened "r+": training writes it back),
+    for init and init_remote alike; get_tensor_data returns that memmap."""
+
+    def factories(value):
+        return addons.NamedVariableFactories(
+            w=addons.VariableFactory(lambda: np.full(3, value, np.float32), name="w")
+        )
+
+    ir = popxl.Ir()
+    with ir.main_graph:
+        first = factories(1.0).init("m", memmap_dir=str(tmp_path))
+        ops.var_updates.accumulate_(first.w, popxl.constant(np.ones(3, np.float32)))
+    with popxl.Session(ir, "ipu_model") as s:
+        s.run()
+    np.testing.assert_array_equal(np.fromfile(tmp_path / "m.w.npy", np.float32), [2.0] * 3)
+    ir2 = popxl.Ir()
+    with ir2.main_graph:
+        bufs = addons.named_variable_buffers(factories(7.0))
+        again = factories(7.0).init_remote(bufs, 0, "m", memmap_dir=str(tmp_path))
+        loaded = addons.remote.load_remote(bufs)
+        ops.var_updates.accumulate_(loaded.w, popxl.constant(np.ones(3, np.float32)))
+        addons.remote.store_remote(bufs, loaded)
+    assert again.w._memmap_arr is not None
+    with popxl.Session(ir2, "ipu_model") as s:
+        s.run()
+    got = s.get_tensor_data(again.w)
+    assert got is again.w._memmap_arr
+    np.testing.assert_array_equal(got, [3.0] * 3)  # 1 + 1 + 1: the file's value was used
