@@ -50,15 +50,19 @@ def test_checkpoint_round_trip_and_layout(tmp_path):
         s.run({s.inputs.x: np.ones(3, np.float32)})
         s.add_session_state_info({"epoch": 4})
         s.save_checkpoint(str(tmp_path / "ckpt"))
-    assert sorted(os.listdir(tmp_path / "ckpt")) == ["model.npz", "session_info.json"]
+    # popxl.addons' layout: model/<key>.npz per state key
+    assert sorted(os.listdir(tmp_path / "ckpt")) == ["model", "session_info.json"]
+    assert os.listdir(tmp_path / "ckpt" / "model") == ["layer.w.npz"]
     assert json.loads((tmp_path / "ckpt" / "session_info.json").read_text()) == {
         "steps": 1,
         "epoch": 4,
     }
-    with np.load(tmp_path / "ckpt" / "model.npz") as npz:
+    with np.load(tmp_path / "ckpt" / "model" / "layer.w.npz") as npz:
         np.testing.assert_array_equal(npz["layer.w"], np.full(3, 2.0, np.float32))
     t = _program(init=7.0)
-    t.load_checkpoint(str(tmp_path / "ckpt"))  # works detached, like write_variables_data
+    # works detached, like write_variables_data; 'epoch' is new to t's session_state
+    with pytest.warns(UserWarning, match=r"session_state .* keys only in it: \['epoch'\]"):
+        t.load_checkpoint(str(tmp_path / "ckpt"))
     assert t.session_state == {"steps": 1, "epoch": 4}
     with t:
         out = t.run({t.inputs.x: np.zeros(3, np.float32)})
@@ -85,8 +89,25 @@ def test_report_missing(tmp_path):
     small.load_checkpoint(str(tmp_path / "big"), report_missing="none")
     with pytest.raises(ValueError, match="report_missing must be one of"):
         small.load_from_session(big, report_missing="loud")
-    with pytest.raises(FileNotFoundError, match="model.npz and session_info.json"):
+    with pytest.raises(FileNotFoundError, match="model/<key>.npz per state key"):
         small.load_checkpoint(str(tmp_path / "nothing"))
+
+
+def test_checkpoint_without_session_info_or_a_key(tmp_path):
+    """As popxl.addons: a missing session_info.json restarts at step 0; a missing key is
+    reported ('error' raises) and the variable left as it is."""
+    s = _program(init=2.0, extra=True)
+    with s:
+        s.run({s.inputs.x: np.ones(3, np.float32)})
+    s.save_checkpoint(str(tmp_path / "c"))
+    os.remove(tmp_path / "c" / "session_info.json")
+    os.remove(tmp_path / "c" / "model" / "layer.b.npz")
+    t = _program(init=0.0, extra=True)
+    with pytest.raises(ValueError, match=r"state keys not in the data .*\['layer.b'\]"):
+        t.load_checkpoint(str(tmp_path / "c"), report_missing="error")
+    t.load_checkpoint(str(tmp_path / "c"), report_missing="none")
+    assert t.session_state == {"steps": 0}
+    np.testing.assert_array_equal(t.get_named_tensors_data().layer.w, np.full(3, 3.0))
 
 
 def test_load_from_session_copies_state():
