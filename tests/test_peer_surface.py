@@ -53,3 +53,23 @@ def test_errors_scripts_match_on():
         with pytest.raises(ValueError, match="must be a scalar tensor"):
             ops.matmul_pow2scaled(a, a, popxl.constant([1, 2], popxl.int32))
     assert compat_popart.poplar_application_runtime_error is OpDataError
+
+
+def test_scalar_stream_takes_transfers_with_unit_dims():
+    """PopXL's _verify_io_shape: a stream of scalars takes (transfers, 1) as well as
+    (transfers,); dimension 0 must still be the transfers."""
+    ir = popxl.Ir()
+    body = ir.create_empty_graph("body")
+    with ir.main_graph:
+        s_in = popxl.h2d_stream((), popxl.uint32)
+        s_out = popxl.d2h_stream((), popxl.uint32)
+    with body:
+        ops.host_store(s_out, ops.host_load(s_in) + popxl.constant(1, popxl.uint32))
+    with ir.main_graph:
+        ops.repeat(body, 4)
+    ir.num_host_transfers = 4
+    with popxl.Session(ir, "ipu_model") as sess:
+        out = sess.run({s_in: np.arange(4, dtype=np.uint32).reshape(4, 1)})
+        np.testing.assert_array_equal(out[s_out], [1, 2, 3, 4])
+        with pytest.raises(ValueError, match=r"has shape \(1, 4\)"):
+            sess.run({s_in: np.arange(4, dtype=np.uint32).reshape(1, 4)})
