@@ -73,3 +73,12 @@ def test_scalar_stream_takes_transfers_with_unit_dims():
         np.testing.assert_array_equal(out[s_out], [1, 2, 3, 4])
         with pytest.raises(ValueError, match=r"has shape \(1, 4\)"):
             sess.run({s_in: np.arange(4, dtype=np.uint32).reshape(1, 4)})
+
+
+def test_graph_contexts_of_two_irs_do_not_nest():
+    mg1, mg2 = popxl.Ir().main_graph, popxl.Ir().main_graph
+    with pytest.raises(RuntimeError, match="nested graph contexts must belong to one Ir"):
+        with mg1, mg2:
+            pass
+    with mg2:  # the failed entry left no context behind
+        assert popxl.gcg() is mg2
