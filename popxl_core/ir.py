@@ -45,6 +45,36 @@ class SessionOptions:
         self.decomposeGradSum = True
         self.enableReplicatedGraphs = False
         self.replicatedGraphCount = 1
+        self._global = [False, 1]  # enableDistributedReplicatedGraphs, globalReplicationFactor
+        self._ir = None  # set by _PbIr: the global options change the Ir's replication
+
+    # PopDist sets these for a multi-instance program: the Ir's replication_factor is then
+    # the global one (PopXL's getGlobalReplicationFactor). The simulator runs every replica,
+    # in this process or split over a torch.distributed job (popxl_core.distributed).
+    @property
+    def enableDistributedReplicatedGraphs(self) -> bool:  # noqa: N802 - PopART's name
+        return self._global[0]
+
+    @enableDistributedReplicatedGraphs.setter
+    def enableDistributedReplicatedGraphs(self, value: bool) -> None:  # noqa: N802
+        self._global[0] = bool(value)
+        self._apply_global()
+
+    @property
+    def globalReplicationFactor(self) -> int:  # noqa: N802
+        return self._global[1]
+
+    @globalReplicationFactor.setter
+    def globalReplicationFactor(self, value: int) -> None:  # noqa: N802
+        self._global[1] = int(value)
+        self._apply_global()
+
+    def getGlobalReplicationFactor(self) -> int:  # noqa: N802
+        return self._global[1] if self._global[0] else self.replicatedGraphCount
+
+    def _apply_global(self) -> None:
+        if self._ir is not None and self._global[0] and self._global[1] > 1:
+            self._ir.replication_factor = self._global[1]
 
 
 class _PbIr:
@@ -53,6 +83,7 @@ class _PbIr:
     def __init__(self, ir: "Ir") -> None:
         self._ir = weakref.proxy(ir)
         self._options = SessionOptions()
+        self._options._ir = self._ir
 
     def getSessionOptions(self) -> SessionOptions:  # noqa: N802 - popart spelling
         return self._options

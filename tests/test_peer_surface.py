@@ -82,3 +82,17 @@ def test_graph_contexts_of_two_irs_do_not_nest():
             pass
     with mg2:  # the failed entry left no context behind
         assert popxl.gcg() is mg2
+
+
+def test_global_replication_from_session_options():
+    """PopDist's options (enableDistributedReplicatedGraphs, globalReplicationFactor) make the
+    Ir's replication the global one: sharding over the global replicas is valid."""
+    ir = popxl.Ir()
+    opts = ir._pb_ir.getSessionOptions()
+    opts.enableDistributedReplicatedGraphs = True
+    opts.globalReplicaOffset = 0
+    opts.globalReplicationFactor = 8
+    assert ir.replication_factor == 8 and opts.getGlobalReplicationFactor() == 8
+    with ir.main_graph:
+        buf = popxl.replica_sharded_buffer((4, 4), popxl.float32, shard_over=8)
+    assert buf.tensor_shape == (2,)
