@@ -52,6 +52,12 @@ def test_errors_scripts_match_on():
             ops.concat([a, b], 0)
         with pytest.raises(ValueError, match="must be a scalar tensor"):
             ops.matmul_pow2scaled(a, a, popxl.constant([1, 2], popxl.int32))
+        with pytest.raises(TypeError, match="must be of type popxl.int32"):
+            ops.conv_pow2scaled(
+                ops.reshape(a, (1, 1, 2, 2)),
+                ops.reshape(a, (1, 1, 2, 2)),
+                popxl.constant(1, popxl.int8),
+            )
     assert compat_popart.poplar_application_runtime_error is OpDataError
 
 
