@@ -375,10 +375,10 @@ def _make_input(name: str, v, by_ref: bool) -> Tensor:
 def _flatten_outputs(result, g: Graph) -> List[Tensor]:
     if result is None:
         return []
-    items = [result] if isinstance(result, Tensor) else list(result)
+    items = [result] if isinstance(result, Tensor) or not _iterable(result) else list(result)
     for t in items:
         if not isinstance(t, Tensor):
-            raise TypeError(
+            raise ValueError(  # PopXL's class for a graph's bad output
                 f"Graph {g.name!r} returned {type(t).__name__}; a traced function "
                 "must return None, a Tensor or an iterable of Tensors."
             )
@@ -388,3 +388,11 @@ def _flatten_outputs(result, g: Graph) -> List[Tensor]:
                 f"{t.graph.name!r}. Pass it in as an argument instead."
             )
     return items
+
+
+def _iterable(x) -> bool:
+    try:
+        iter(x)
+    except TypeError:
+        return False
+    return True

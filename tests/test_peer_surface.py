@@ -102,3 +102,30 @@ def test_global_replication_from_session_options():
     with ir.main_graph:
         buf = popxl.replica_sharded_buffer((4, 4), popxl.float32, shard_over=8)
     assert buf.tensor_shape == (2,)
+
+
+def test_module_from_variable_factories():
+    """popxl.addons' Module.from_variable_factories: the i-th factory's input is m[i], and the
+    building module's args hold them under the attribute's name."""
+    import addons
+
+    class Chain(addons.Module):
+        def build(self, x):
+            self.weights = addons.Module.from_variable_factories(
+                [addons.VariableFactory(lambda: np.eye(2, dtype=np.float32) * 2) for _ in range(2)]
+            )
+            for i in range(2):
+                x = x @ self.weights[i]
+            return x
+
+    ir = popxl.Ir()
+    with ir.main_graph:
+        x = popxl.variable(np.ones((2, 2), np.float32))
+        facts, graph = Chain().create_graph(x)
+        assert sorted(facts.to_dict()) == ["weights.0", "weights.1"]
+        assert graph.args.weights[1] in graph.graph
+        (y,) = graph.bind(facts.init()).call(x)
+        s = popxl.d2h_stream(y.shape, y.dtype)
+        ops.host_store(s, y)
+    with popxl.Session(ir, "ipu_model") as sess:
+        np.testing.assert_array_equal(sess.run()[s], np.full((2, 2), 4.0))
