@@ -349,3 +349,43 @@ def test_float8_sharded_variables_and_print(dt, capfd):
     np.testing.assert_array_equal(out[s][0].reshape(-1), want)
     printed = capfd.readouterr().err
     assert "g:" in printed and "192" in printed  # 96 * 2: the value, not its bits
+
+
+def test_float8_training_steps_bit_exact():
+    """Two SGD steps of a float8 linear layer (float32 master weights; weights and inputs cast
+    to float8_143, the gradient to float8_152, all products pow2-scaled matmuls) equal the
+    same steps computed from the formats' definition in numpy, bit for bit."""
+    rng = np.random.default_rng(7)
+    x = rng.uniform(-2, 2, (4, 6)).astype(np.float32)
+    w0 = rng.uniform(-0.5, 0.5, (6, 3)).astype(np.float32)
+    sx, sw, sg, lr = 4, 6, 8, np.float32(0.125)
+    ir = popxl.Ir()
+    with ir.main_graph, popxl.in_sequence():
+        w = popxl.variable(w0, name="w")
+        xv = popxl.variable(x, name="x")
+        one_step = ir.create_empty_graph("step")
+        with one_step:
+            w_in = popxl.graph_input(w0.shape, popxl.float32, "w", by_ref=True)
+            x_in = popxl.graph_input(x.shape, popxl.float32, "x")
+            x8 = ops.pow2scale_cast_to_fp8(x_in, sx, popxl.float8_143)
+            w8 = ops.pow2scale_cast_to_fp8(w_in, sw, popxl.float8_143)
+            y = ops.matmul_pow2scaled(x8, w8, -sx - sw)  # float16
+            g8 = ops.pow2scale_cast_to_fp8(y, sg, popxl.float8_152)  # dL/dy of L = sum(y*y)/2
+            dw = ops.matmul_pow2scaled(g8.T, x8, -sg - sx).T
+            ops.scaled_add_(w_in, ops.cast(dw, popxl.float32), b=float(-lr))
+        ops.repeat(one_step, 2, w, xv)
+    with popxl.Session(ir, "ipu_model") as sess:
+        sess.run()
+        got = sess.get_tensor_data(w)
+
+    t143, t152 = _table(popxl.float8_143), _table(popxl.float8_152)
+    want = w0.copy()
+    xq = t143[_encode(x.astype(np.float64) * 2.0**sx, popxl.float8_143)]
+    for _ in range(2):
+        wq = t143[_encode(want.astype(np.float64) * 2.0**sw, popxl.float8_143)]
+        y = (xq @ wq * 2.0 ** (-sx - sw)).astype(np.float16)
+        gq = t152[_encode(y.astype(np.float64) * 2.0**sg, popxl.float8_152)]
+        dw = (gq.T @ xq * 2.0 ** (-sg - sx)).astype(np.float16).T
+        want = want + (-lr) * dw.astype(np.float32)
+    assert got.dtype == np.float32 and not np.array_equal(got, w0)  # the steps moved w
+    np.testing.assert_array_equal(got, want)
