@@ -137,8 +137,9 @@ class TaskSession(popxl_core.Session):
             _remove_checkpoint(self._saved.popleft())
         state = self.state.to_dict()
         for key, value in data.items():
-            mm = state[key]._memmap_arr
-            if mm is not None:  # the file itself, as popxl.addons copies it
+            # a memmap-backed variable's host data is its memmap (get_tensor_data returns it)
+            mm = self.get_tensor_data(state[key]) if state[key].memmap_backed else None
+            if isinstance(mm, np.memmap):  # the file itself, as popxl.addons copies it
                 mm.flush()
                 shutil.copyfile(mm.filename, os.path.join(model, os.path.basename(mm.filename)))
             else:

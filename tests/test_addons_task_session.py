@@ -216,3 +216,21 @@ def test_factories_reuse_memmaps_and_init_remote(tmp_path):
     got = s.get_tensor_data(again.w)
     assert got is again.w._memmap_arr
     np.testing.assert_array_equal(got, [3.0] * 3)  # 1 + 1 + 1: the file's value was used
+
+
+def test_checkpoint_copies_memmap_files(tmp_path):
+    """A memmap-backed state variable is saved as its file, copied into model/ (popxl.addons)."""
+    ir = popxl.Ir()
+    with ir.main_graph:
+        f = addons.NamedVariableFactories(
+            w=addons.VariableFactory(lambda: np.arange(3, dtype=np.float32), name="w")
+        )
+        state = f.init("net", memmap_dir=str(tmp_path / "mm"))
+        ops.var_updates.accumulate_(state.w, popxl.constant(np.ones(3, np.float32)))
+    s = addons.TaskSession([], [], state, ir=ir, device_desc="ipu_model")
+    with s:
+        s.run()
+    s.save_checkpoint(str(tmp_path / "ckpt"))
+    assert os.listdir(tmp_path / "ckpt" / "model") == ["net.w.npy"]
+    saved = np.fromfile(tmp_path / "ckpt" / "model" / "net.w.npy", np.float32)
+    np.testing.assert_array_equal(saved, [1.0, 2.0, 3.0])

@@ -129,3 +129,11 @@ def test_module_from_variable_factories():
         ops.host_store(s, y)
     with popxl.Session(ir, "ipu_model") as sess:
         np.testing.assert_array_equal(sess.run()[s], np.full((2, 2), 4.0))
+
+
+def test_popxl_cache_dir_turns_engine_caching_on(monkeypatch):
+    monkeypatch.setenv("POPXL_CACHE_DIR", "/tmp/popxl-cache")
+    opts = popxl.Ir()._pb_ir.getSessionOptions()
+    assert opts.enableEngineCaching and opts.cachePath == "/tmp/popxl-cache"
+    monkeypatch.delenv("POPXL_CACHE_DIR")
+    assert not popxl.Ir()._pb_ir.getSessionOptions().enableEngineCaching
