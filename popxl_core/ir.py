@@ -205,11 +205,20 @@ class Ir:
         return f"Ir[id={self._id}]"
 
     def dot_checkpoint(self, check: str, save_dir=None) -> None:
-        from .printing import format_graph
+        """Write the Ir as a Graphviz file if the dot check ``check`` is enabled (see
+        `popxl_core.dot_checks`). As PopXL: ``save_dir`` becomes the option ``logDir``, and
+        with neither ``POPART_DOT_CHECKS`` nor ``dotChecks`` set every check is enabled."""
+        import os
 
-        print(f"# dot checkpoint {check}")
-        for g in self._graphs.values():
-            print(format_graph(g))
+        from .dot_checks import dot_checkpoint
+
+        opts = self._pb_ir.getSessionOptions()
+        if save_dir is not None:
+            os.makedirs(save_dir, exist_ok=True)
+            opts.logDir = str(save_dir)
+        if "POPART_DOT_CHECKS" not in os.environ and not opts.dotChecks:
+            opts.dotChecks = {"ALL"}
+        dot_checkpoint(self, check)
 
 
 def _launcher_replication() -> int:

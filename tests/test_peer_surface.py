@@ -137,3 +137,37 @@ def test_popxl_cache_dir_turns_engine_caching_on(monkeypatch):
     assert opts.enableEngineCaching and opts.cachePath == "/tmp/popxl-cache"
     monkeypatch.delenv("POPXL_CACHE_DIR")
     assert not popxl.Ir()._pb_ir.getSessionOptions().enableEngineCaching
+
+
+@pytest.mark.parametrize("env, opts, want", [("FOO", set(), 1), ("", {"foo", "final"}, 2)])
+def test_dot_checks_write_files(tmp_path, monkeypatch, env, opts, want):
+    """ir.dot_checkpoint writes a Graphviz file when its check (case-blind), ALL or, at the
+    Session, FINAL is enabled by POPART_DOT_CHECKS or the dotChecks option."""
+    monkeypatch.setenv("POPART_DOT_CHECKS", env)
+    ir = popxl.Ir()
+    o = ir._pb_ir.getSessionOptions()
+    o.dotChecks, o.logDir = opts, str(tmp_path)
+    with ir.main_graph:
+        a = popxl.variable(np.ones(2, np.float32), name="a")
+        b = a + a
+        ir.dot_checkpoint("Foo")
+        ops.host_store(popxl.d2h_stream(b.shape, b.dtype), b * b)
+        ir.dot_checkpoint("Bar")
+    popxl.Session(ir, "ipu_model")
+    files = sorted(p.name for p in tmp_path.glob("*.dot"))
+    assert len(files) == want and files[0] == "001_Foo.dot"
+    assert (tmp_path / files[0]).read_text().startswith('digraph "Foo" {')
+
+
+def test_dot_checkpoint_enables_all_by_default(tmp_path, monkeypatch):
+    monkeypatch.delenv("POPART_DOT_CHECKS", raising=False)
+    ir = popxl.Ir()
+    with ir.main_graph:
+        popxl.variable(np.ones(2, np.float32)) + 1.0
+        ir.dot_checkpoint("Mid", tmp_path / "dots")
+    assert ir._pb_ir.getSessionOptions().dotChecks == {"ALL"}
+    popxl.Session(ir, "ipu_model")
+    assert sorted(p.name for p in (tmp_path / "dots").glob("*.dot")) == [
+        "001_Mid.dot",
+        "002_FINAL.dot",
+    ]

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from ..distributed import placement_for
+from ..dot_checks import dot_checkpoint
 from ..errors import OpDataError
 from ..host_data import is_fill, torch_to_host
 from ..schedule import verify
@@ -78,6 +79,7 @@ class Session(SessionStreams, SessionWeights):
         # the replicas' step as one run over their rows, where a shared run allows (fold.py)
         self._fold = _fold_program(ir, self._program)
         ir._session = self
+        dot_checkpoint(ir, "FINAL")  # PopART's last dot check: the program as compiled
         self._init_state(ir)
 
     def _init_state(self, ir) -> None:
