@@ -331,11 +331,14 @@ class Session(SessionStreams, SessionWeights):
 
 
 def _check_unowned(ir) -> None:
-    """A PopXL Session takes ownership of its Ir (verified here, before anything is built)."""
-    if ir._session is not None:
+    """A Session owns its Ir (verified here, before anything is built). As in PopXL a second
+    Session may be built on the same Ir once the first is detached: it compiles the same
+    program and starts from the variables' data in the Ir (each Session keeps its own host
+    copies); two Sessions attached at once are refused."""
+    if ir._session is not None and ir._session.is_attached:
         raise RuntimeError(
-            f"{ir!r} is already owned by {ir._session!r}; a PopXL Session takes "
-            "ownership of its Ir, so build a new Ir for a second Session."
+            f"{ir!r} is owned by {ir._session!r}, which is attached; leave its `with` block "
+            "(or call detach()) before building a second Session on the Ir."
         )
     for g in ir._graphs.values():
         verify(g)
