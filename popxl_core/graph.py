@@ -199,8 +199,12 @@ class Graph:
     def __contains__(self, t) -> bool:
         from .tensor import Tensor
 
+        if isinstance(t, str):  # a tensor id, as PopART's graph (ir._pb_ir.getMainGraph()) takes
+            return t in self._tensors
         if not isinstance(t, Tensor):
-            raise TypeError(f"Graph.__contains__ expects a Tensor, got {type(t).__name__}.")
+            raise TypeError(
+                f"Graph.__contains__ expects a Tensor or a tensor id, got {type(t).__name__}."
+            )
         return self._tensors.get(t.id) is t
 
     def __enter__(self) -> "Graph":

@@ -46,10 +46,11 @@ def session_run_if_branch_skips_load():
 
 
 @case
-def session_second_session_on_same_ir():
+def session_second_session_on_same_ir_while_attached():
     ir, _, _ = io_ir()
-    session_of(ir)
-    return lambda: session_of(ir), RuntimeError, [r"already owned by Session\[Ir\[id=\d+\]"]
+    first = session_of(ir)
+    first.__enter__()  # attached: a second Session would hold the same variables again
+    return lambda: session_of(ir), RuntimeError, [r"is owned by Session\[Ir\[id=\d+\]", "attached"]
 
 
 # 2. float-only ops on integer tensors (op creation) ------------------------------------------

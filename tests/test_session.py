@@ -328,11 +328,20 @@ def _counter_on(device):
     return popxl.Session(ir, device), v
 
 
-def test_a_second_session_on_the_same_ir_raises():
-    ir = popxl.Ir()
-    popxl.Session(ir, "ipu_hw")
-    with pytest.raises(RuntimeError, match="already owned"):
-        popxl.Session(ir, "ipu_hw")
+def test_a_second_session_on_the_same_ir():
+    """As PopXL: a second Session on a detached Session's Ir compiles the same program (it
+    starts from the variables' data in the Ir); not while the first is attached."""
+    s1, v = _counter_on("ipu_hw")
+    with s1:
+        s1.run()
+    s2 = popxl.Session(v.ir, "ipu_hw")
+    with s2:
+        with pytest.raises(RuntimeError, match="attached"):
+            popxl.Session(v.ir, "ipu_hw")
+        s2.run()
+        s2.run()
+        np.testing.assert_array_equal(s2.get_tensor_data(v), [2.0, 2.0])
+    np.testing.assert_array_equal(s1.get_tensor_data(v), [1.0, 1.0])  # its own host copy
 
 
 def test_replication_factor_is_fixed_once_a_session_exists():
