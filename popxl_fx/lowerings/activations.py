@@ -139,10 +139,15 @@ _FUNCTIONS = {
 def _activation(ctx, eager: Callable, fn: Callable, x, *args, **kwargs):
     """``fn`` on the simulator's values, or eager's own ``eager`` on eager's layout where eager
     applied it to a strided view (`torch_kernel_in_eager_layout`: the rounding of gelu, silu,
-    sigmoid, ... depends on the layout), forward and backward."""
-    if ctx.node.args and eager_stride(ctx.node.args[0]):
+    sigmoid, ... depends on the layout), forward and backward. Under ``Options(numerics="ipu")``
+    the PopXL op: the IPU's numbers do not depend on the layout."""
+    if _eager_numerics() and ctx.node.args and eager_stride(ctx.node.args[0]):
         return torch_kernel_in_eager_layout(ctx, eager, x, *args, **kwargs)
     return fn(x, *args, **kwargs)
+
+
+def _eager_numerics() -> bool:
+    return popxl.gcg().ir.numerics == "torch"
 
 
 def _function_lowering(eager: Callable, fn: Callable) -> Callable:
