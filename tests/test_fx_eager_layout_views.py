@@ -125,3 +125,27 @@ def test_gated_block_trains_bit_for_bit():
         optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-2), steps=2, rtol=0.0, atol=0.0,
     )  # fmt: skip
     assert set(errors.values()) == {0.0}
+
+
+class EncoderOnTransposed(nn.Module):
+    def __init__(self, activation) -> None:
+        super().__init__()
+        self.layer = nn.TransformerEncoderLayer(
+            24, 2, 40, dropout=0.0, activation=activation, batch_first=True
+        )
+
+    def forward(self, x):
+        return self.layer(x.transpose(0, 1))
+
+
+@pytest.mark.parametrize("activation", [F.gelu, nn.GELU(), "relu"], ids=["fn", "module", "str"])
+def test_a_layers_activation_is_not_laid_out_as_the_layers_input(activation):
+    """A TransformerEncoderLayer lowers its activation under the layer's own node, whose
+    argument (a transposed view here) is not the activation's input."""
+    torch.manual_seed(0)
+    module = EncoderOnTransposed(activation)
+    x = torch.randn(7, 3, 24, generator=torch.Generator().manual_seed(1))
+    eager = _grads(copy.deepcopy(module), x)
+    sim = _grads(popxl_fx.compile(copy.deepcopy(module), Options(device="cpu")), x)
+    for got, want in zip(sim, eager, strict=True):
+        assert torch.equal(got, want), (got - want).abs().max()

@@ -136,20 +136,37 @@ _FUNCTIONS = {
 }
 
 
-def _activation(ctx, eager: Callable, fn: Callable, x, *args, **kwargs):
+def _activation(ctx, module: bool, eager: Callable, fn: Callable, x, *args, **kwargs):
     """``fn`` on the simulator's values, or eager's own ``eager`` on eager's layout where eager
     applied it to a strided view (`torch_kernel_in_eager_layout`: the rounding of gelu, silu,
-    sigmoid, ... depends on the layout), forward and backward."""
-    if ctx.node.args and eager_stride(ctx.node.args[0]):
+    sigmoid, ... depends on the layout), forward and backward. Under ``Options(numerics="ipu")``
+    the PopXL op: the IPU's numbers do not depend on the layout."""
+    if _eager_numerics() and _own_call(ctx, module, fn) and eager_stride(ctx.node.args[0]):
         return torch_kernel_in_eager_layout(ctx, eager, x, *args, **kwargs)
     return fn(x, *args, **kwargs)
+
+
+def _eager_numerics() -> bool:
+    return popxl.gcg().ir.numerics == "torch"
+
+
+def _own_call(ctx, module: bool, fn: Callable) -> bool:
+    """Whether ``ctx.node`` is this activation's own call (its first argument ``x``): a layer's
+    lowering (TransformerEncoderLayer's) lowers its activation, module or function, under the
+    layer's node."""
+    node = ctx.node
+    if module:
+        own = node.op == "call_module" and node.target == ctx.module_path
+    else:
+        own = node.op != "call_module" and _LOWERING_OF.get(node.target) is fn
+    return own and bool(node.args)
 
 
 def _function_lowering(eager: Callable, fn: Callable) -> Callable:
     """A function's lowering; torch's ``inplace`` flag is accepted (the driver applies it)."""
 
     def lower(ctx, x, *args, inplace=False, **kwargs):
-        return _activation(ctx, eager, fn, x, *args, **kwargs)
+        return _activation(ctx, False, eager, fn, x, *args, **kwargs)
 
     return lower
 
@@ -185,7 +202,7 @@ _LOWERING_OF = {t: fn for targets, fn in _FUNCTIONS.items() for t in targets}
 def _module_lowering(eager: Callable, attrs: tuple) -> Callable:
     def lower(ctx, module, x):
         kwargs = {a: getattr(module, a) for a in attrs}
-        return _activation(ctx, eager, _LOWERING_OF[eager], x, **kwargs)
+        return _activation(ctx, True, eager, _LOWERING_OF[eager], x, **kwargs)
 
     return lower
 
