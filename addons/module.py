@@ -156,6 +156,8 @@ class Module(popxl_core.Module, ModuleGrads, metaclass=NameScopeMeta):
         for part in str(key).split("."):
             if part.lstrip("-").isdigit() and int(part) < 0 and node._list_len is not None:
                 part = str(node._list_len + int(part))
+            if part not in node._submodules and isinstance(node.__dict__.get(part), Tensor):
+                return node.__dict__[part]  # from_variable_factories' inputs are tensors
             if part not in node._submodules:
                 raise KeyError(
                     f"{type(node).__name__} has no submodule {part!r} "
@@ -188,6 +190,17 @@ class Module(popxl_core.Module, ModuleGrads, metaclass=NameScopeMeta):
         for i, m in enumerate(modules):
             setattr(container, str(i), m)
         container._list_len = len(modules)
+        return container
+
+    @classmethod
+    def from_variable_factories(cls, inputs: Iterable[VariableFactory]) -> Module:
+        """A module whose named inputs ``"0"``, ``"1"``, ... come from ``inputs`` (``m[i]`` is
+        the i-th input tensor); made inside a build and assigned to the building module."""
+        container = cls()
+        for i, f in enumerate(inputs):
+            super(Module, container).__setattr__(
+                str(i), container.add_variable_factory(f, name=str(i))
+            )
         return container
 
     # named inputs -------------------------------------------------------------------

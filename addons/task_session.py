@@ -1,14 +1,18 @@
 """`TaskSession`: a Session that knows its state (named variables), counts its steps and
 saves / loads checkpoints; `write_variables_pb` (popxl.addons ``task_session``).
 
-A checkpoint is a folder with two files: ``model.npz`` (one array per state key, the dotted
-key as the npz name) and ``session_info.json`` (``session_state``: ``{"steps": N, ...}``).
+A checkpoint is a folder laid out as popxl.addons writes it: ``model/<key>.npz`` per state key
+(one array named by the dotted key), a memmap-backed variable's file copied into ``model/`` as
+it is, ``session_info.json`` (``session_state``: ``{"steps": N, ...}``) and, when the session has
+a dataloader with ``save``/``resume``, ``dataloader.bin``.
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import shutil
 import warnings
 from collections import deque
 from typing import Any, Dict, Iterable, Mapping
@@ -23,8 +27,9 @@ from .named_tensors import NamedTensorData, NamedTensors
 
 __all__ = ["TaskSession", "write_variables_pb"]
 
-MODEL_FILE = "model.npz"
+MODEL_DIR = "model"
 INFO_FILE = "session_info.json"
+DATALOADER_FILE = "dataloader.bin"
 _REPORT = ("none", "warn", "error")
 
 
@@ -119,38 +124,79 @@ class TaskSession(popxl_core.Session):
 
     # checkpoints ---------------------------------------------------------------------
     def save_checkpoint(self, checkpoint_dir: str) -> None:
-        """Write ``model.npz`` and ``session_info.json`` into ``checkpoint_dir`` (created if
-        needed); then delete this session's checkpoints beyond the newest ``max_checkpoints``."""
-        os.makedirs(checkpoint_dir, exist_ok=True)
-        np.savez(
-            os.path.join(checkpoint_dir, MODEL_FILE), **self.get_named_tensors_data().to_dict()
-        )
-        with open(os.path.join(checkpoint_dir, INFO_FILE), "w") as f:
-            json.dump(self.session_state, f)
+        """Write the state, ``session_info.json`` and the dataloader's state into
+        ``checkpoint_dir`` (created if needed), after deleting this session's oldest
+        checkpoint when it has ``max_checkpoints`` already (as popxl.addons)."""
+        data = self.get_named_tensors_data().to_dict()
+        model = os.path.join(checkpoint_dir, MODEL_DIR)
+        os.makedirs(model, exist_ok=True)
         path = os.path.abspath(checkpoint_dir)
         if path in self._saved:
             self._saved.remove(path)
-        self._saved.append(path)
-        while len(self._saved) > self.max_checkpoints:
+        while len(self._saved) >= self.max_checkpoints:
             _remove_checkpoint(self._saved.popleft())
+        state = self.state.to_dict()
+        for key, value in data.items():
+            # a memmap-backed variable's host data is its memmap (get_tensor_data returns it)
+            mm = self.get_tensor_data(state[key]) if state[key].memmap_backed else None
+            if isinstance(mm, np.memmap):  # the file itself, as popxl.addons copies it
+                mm.flush()
+                shutil.copyfile(mm.filename, os.path.join(model, os.path.basename(mm.filename)))
+            else:
+                np.savez(os.path.join(model, f"{key}.npz"), **{key: value})
+        if _has(self._dataloader, "save"):
+            self._dataloader.save(os.path.join(checkpoint_dir, DATALOADER_FILE))
+        with open(os.path.join(checkpoint_dir, INFO_FILE), "w") as f:
+            json.dump(self.session_state, f)
+        self._saved.append(path)
 
     def load_checkpoint(
         self, checkpoint_dir: str, report_missing: str = "warn", skip_memmap: bool = False
     ) -> None:
-        """Read a checkpoint written by `save_checkpoint`: the state variables and
-        ``session_state`` (steps included)."""
-        model, info = (os.path.join(checkpoint_dir, f) for f in (MODEL_FILE, INFO_FILE))
-        for path in (model, info):
-            if not os.path.isfile(path):
-                raise FileNotFoundError(
-                    f"{path} does not exist: a checkpoint folder holds {MODEL_FILE} and "
-                    f"{INFO_FILE} (written by TaskSession.save_checkpoint)."
-                )
-        with np.load(model) as npz:
-            data = {k: npz[k] for k in npz.files}
-        self.write_named_tensors_data(data, report_missing, skip_memmap)
-        with open(info) as f:
-            self.session_state = json.load(f)
+        """Read a checkpoint written by `save_checkpoint`: the state variables, the dataloader's
+        state and ``session_state``. As popxl.addons: keys without a ``model/<key>.npz`` are
+        reported (``report_missing``) and left as they are; without ``session_info.json`` the
+        session restarts at ``{"steps": 0}``."""
+        model = os.path.join(checkpoint_dir, MODEL_DIR)
+        if not os.path.isdir(model):
+            raise FileNotFoundError(
+                f"{model} does not exist: a checkpoint folder holds {MODEL_DIR}/<key>.npz per "
+                f"state key and {INFO_FILE} (written by TaskSession.save_checkpoint)."
+            )
+        found = {os.path.basename(f)[: -len(".npz")] for f in glob.glob(f"{model}/*.npz")}
+        state = self.state.to_dict()
+        _report(report_missing, [k for k in state if k not in found], sorted(found - set(state)))
+        data = {}
+        for key in sorted(found & set(state)):
+            with np.load(os.path.join(model, f"{key}.npz"), allow_pickle=True) as npz:
+                data.update({k: npz[k] for k in npz.files})
+        self.write_named_tensors_data(
+            {k: v for k, v in data.items() if k in state}, "none", skip_memmap
+        )
+        if _has(self._dataloader, "resume"):
+            self._dataloader.resume(filename=os.path.join(checkpoint_dir, DATALOADER_FILE))
+        self.session_state = _session_info(checkpoint_dir, self.session_state, report_missing)
+
+
+def _has(obj, method: str) -> bool:
+    return obj is not None and callable(getattr(obj, method, None))
+
+
+def _session_info(checkpoint_dir: str, current: Dict[str, Any], report_missing: str) -> dict:
+    """The saved ``session_state``; ``{"steps": 0}`` when the file is missing (popxl.addons)."""
+    path = os.path.join(checkpoint_dir, INFO_FILE)
+    if os.path.isfile(path):
+        with open(path) as f:
+            loaded = json.load(f)
+    else:
+        loaded = {"steps": 0}
+    _report(
+        report_missing,
+        [k for k in current if k not in loaded],
+        [k for k in loaded if k not in current],
+        f"session_state (loaded from {path} as it is)",
+    )
+    return loaded
 
 
 def _checked_state(state: NamedTensors, ir) -> NamedTensors:
@@ -165,28 +211,36 @@ def _checked_state(state: NamedTensors, ir) -> NamedTensors:
     return state
 
 
-def _report(mode: str, missing: list, unexpected: list) -> None:
+def _report(mode: str, missing: list, unexpected: list, what: str = "") -> None:
     """PopXL.addons' ``report_missing``: say which names did not match, or raise."""
     if mode not in _REPORT:
         raise ValueError(f"report_missing must be one of {_REPORT}, got {mode!r}.")
     if mode == "none" or not (missing or unexpected):
         return
-    msg = (
-        f"Checkpoint and session state do not match: state keys not in the data (left "
-        f"unchanged): {missing}; data keys not in the state (ignored): {unexpected}."
-    )
+    if what:
+        msg = f"{what}: keys not in the checkpoint: {missing}; keys only in it: {unexpected}."
+    else:
+        msg = (
+            f"Checkpoint and session state do not match: state keys not in the data (left "
+            f"unchanged): {missing}; data keys not in the state (ignored): {unexpected}."
+        )
     if mode == "error":
         raise ValueError(msg)
     warnings.warn(msg, stacklevel=3)
 
 
 def _remove_checkpoint(path: str) -> None:
-    for name in (MODEL_FILE, INFO_FILE):
-        f = os.path.join(path, name)
+    """Delete a checkpoint this session wrote (popxl.addons removes the folder; only the
+    checkpoint's own files go here, and the folders they leave empty)."""
+    model = os.path.join(path, MODEL_DIR)
+    for f in glob.glob(f"{model}/*.np[zy]") + [
+        os.path.join(path, n) for n in (INFO_FILE, DATALOADER_FILE)
+    ]:
         if os.path.isfile(f):
             os.remove(f)
-    if os.path.isdir(path) and not os.listdir(path):
-        os.rmdir(path)
+    for d in (model, path):
+        if os.path.isdir(d) and not os.listdir(d):
+            os.rmdir(d)
 
 
 def write_variables_pb(session: popxl_core.Session, weights: Mapping[Variable, np.ndarray]) -> None:

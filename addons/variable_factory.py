@@ -147,17 +147,32 @@ class VariableFactory:
 
     def next_memmap(
         self, memmap_dir: str, name: str, empty: bool = False, read_only_if_exists: bool = False
-    ) -> np.ndarray:
-        """The next value, stored in (or read back from) ``memmap_dir/name.npy``."""
-        path = os.path.join(memmap_dir, f"{name}.npy")
-        if read_only_if_exists and os.path.exists(path):
-            return np.load(path, mmap_mode="r")
-        data = self.next_data(empty)
+    ) -> np.memmap:
+        """The variable's host data as an ``np.memmap`` of ``memmap_dir/name.npy``.
+
+        As popxl.addons: the file holds the raw values (no .npy header; ``num_groups`` values
+        stacked on axis 0 when grouped); an existing file is used as it is, mode "r+" (or "r"
+        with ``read_only_if_exists``), so a model restarts from its files; a new one is filled
+        with the next value (left zero when ``empty``).
+        """
         os.makedirs(memmap_dir, exist_ok=True)
-        mm = np.lib.format.open_memmap(path, mode="w+", dtype=data.dtype, shape=data.shape)
-        mm[...] = data
-        mm.flush()
-        return mm
+        path = os.path.join(memmap_dir, f"{name}.npy")
+        groups = self.replica_grouping.num_groups
+        shape = self.data_shape if groups == 1 else (groups, *self.data_shape)
+        np_dtype = self.dtype.as_numpy()
+        if not os.path.exists(path):
+            mm = np.memmap(path, dtype=np_dtype, shape=shape, mode="w+")
+            if not empty:
+                np.copyto(mm, self.next_data())
+            return mm
+        want = int(np.prod(shape, dtype=np.int64)) * np_dtype.itemsize
+        if os.path.getsize(path) != want:
+            raise ValueError(
+                f"Variable {name!r}: {path} holds {os.path.getsize(path)} bytes, not the "
+                f"{want} of {shape} {self.dtype.name}; remove it or point memmap_dir elsewhere."
+            )
+        mode = "r" if read_only_if_exists else "r+"
+        return np.memmap(path, dtype=np_dtype, shape=shape, mode=mode)
 
     # tensors ------------------------------------------------------------------------
     def create_input(self, prefix: str | None = None) -> Tensor:
@@ -199,10 +214,21 @@ class VariableFactory:
         return popxl_core.variable(data, self.dtype, name, replica_grouping=self._grouping())
 
     def create_remote_tensor(
-        self, buffer, entry: int, name: str | None = None, empty: bool = False
+        self,
+        buffer,
+        entry: int,
+        name: str | None = None,
+        empty: bool = False,
+        memmap_dir: str | None = None,
+        read_only_if_exists: bool = False,
     ) -> Tensor:
-        """A remote variable stored in ``buffer[entry]`` (replica-sharded if the buffer is)."""
-        data = self.next_data(empty)
+        """A remote variable stored in ``buffer[entry]`` (replica-sharded if the buffer is);
+        with ``memmap_dir`` its host value lives in a file there, as for `create_tensor`."""
+        if memmap_dir is not None:
+            key = name or self.name or "variable"
+            data = self.next_memmap(memmap_dir, key, empty, read_only_if_exists)
+        else:
+            data = self.next_data(empty)
         make = (
             popxl_core.remote_replica_sharded_variable
             if buffer.meta_shape
@@ -250,9 +276,16 @@ class NamedVariableFactories(DotTree[VariableFactory]):
         return NamedTensors.from_dict(out)
 
     def init_remote(
-        self, buffers: DotTree, entry: int = 0, prefix: str | None = None, empty: bool = False
+        self,
+        buffers: DotTree,
+        entry: int = 0,
+        prefix: str | None = None,
+        empty: bool = False,
+        memmap_dir: str | None = None,
+        read_only_if_exists: bool = False,
     ) -> NamedTensors:
-        """Remote variables, each in the buffer with the same key, in sorted key order."""
+        """Remote variables, each in the buffer with the same key, in sorted key order (host
+        data in ``memmap_dir`` files when given, as `init`)."""
         bufs = buffers.to_dict()
         out = {}
         for key, f in sorted(self.to_dict().items(), key=lambda kv: kv[0]):
@@ -261,7 +294,9 @@ class NamedVariableFactories(DotTree[VariableFactory]):
                     f"init_remote: no remote buffer for {key!r} (buffers: {list(bufs)})."
                 )
             name = f"{prefix}.{key}" if prefix else key
-            out[key] = f.create_remote_tensor(bufs[key], entry, name, empty)
+            out[key] = f.create_remote_tensor(
+                bufs[key], entry, name, empty, memmap_dir, read_only_if_exists
+            )
         return NamedTensors.from_dict(out)
 
     def init_zero(self) -> NamedTensors:

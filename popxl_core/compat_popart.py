@@ -3,8 +3,9 @@
 PopXL user code imports ``popart`` mostly out of habit or for PopART's C++ bindings, which
 this simulator does not have. Provided: `PatternsLevel` (the names of PopART's pattern
 levels, which ``popxl_addons.patterns.apply_pre_alias_patterns`` takes as strings),
-`popart_exception` (what PopART's C++ raised; see its comment) and `getLogger` (PopART's
-logger, a standard `logging.Logger` here). Any other name raises an AttributeError that says
+`popart_exception` (what PopART's C++ raised; see its comment), `poplar_application_runtime_error`
+(a device program failing at run time) and `getLogger` (PopART's logger, a standard
+`logging.Logger` here). Any other name raises an AttributeError that says
 so, at the line that uses it.
 """
 
@@ -13,13 +14,20 @@ from __future__ import annotations
 import enum
 import logging
 
-__all__ = ["PatternsLevel", "popart_exception", "getLogger"]
+from .errors import OpDataError
+
+__all__ = ["PatternsLevel", "popart_exception", "poplar_application_runtime_error", "getLogger"]
 
 # PopART's C++ errors reach Python as ``popart_exception``. The checks PopART made in C++ are
 # made in Python here and raise the built-in type that names the mistake, so the stand-in is
 # the tuple of those types: ``except popart.popart_exception`` and
 # ``pytest.raises(popart.popart_exception)`` catch the same mistakes as with PopART.
 popart_exception = (RuntimeError, ValueError, TypeError, IndexError, KeyError)
+
+# On the IPU a value a device program cannot take (a float8 log2 scale out of range, an index
+# out of bounds) stops the program: Poplar's application runtime error. Here the kernel raises
+# OpDataError, which Session.run names with the op and its inputs.
+poplar_application_runtime_error = OpDataError
 
 
 def getLogger(name: str = "all") -> logging.Logger:  # noqa: N802 - PopART's spelling

@@ -62,6 +62,13 @@ class Context:
         return self.graphs[-1]
 
     def push_graph(self, g: "Graph") -> None:
+        if self.graphs and self.graphs[0].ir is not g.ir:
+            # PopXL refuses this too: ops built here would mix tensors of two Irs
+            raise RuntimeError(
+                f"Cannot enter {g!r} of {g.ir!r} inside a graph context of "
+                f"{self.graphs[0].ir!r}: nested graph contexts must belong to one Ir. Leave "
+                "the outer `with` first (build each Ir in its own block)."
+            )
         self.graphs.append(g)
 
     def pop_graph(self, g: "Graph") -> None:

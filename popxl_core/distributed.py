@@ -30,8 +30,16 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
 import numpy as np
+import torch
 
-from .sim.exchange import Exchange, PeerFailureError, pack_arrays, unpack_arrays
+from .sim.exchange import (
+    Exchange,
+    PeerFailureError,
+    bytes_tensor,
+    pack_arrays,
+    tensor_bytes,
+    unpack_arrays,
+)
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -40,6 +48,7 @@ __all__ = [
     "PeerFailureError",
     "Placement",
     "ProgramMismatchError",
+    "job_exchange",
     "local_replica_count",
     "local_replicas",
     "placement_for",
@@ -52,7 +61,9 @@ _LAUNCH = (
     "launch the script once per process, e.g. `torchrun --nproc_per_node=2 script.py` "
     "(or call torch.distributed.init_process_group(backend='gloo') in every process first)"
 )
-_exchanges: Dict[Tuple[int, int], Exchange] = {}  # one gloo group per job, made on first use
+# the job's default process group and its Exchange (one gloo group per job, made on first use;
+# a new default group, after destroy_process_group and a new init, gets a new Exchange)
+_job_exchange: List[Tuple[object, Exchange]] = []
 
 
 class LaunchError(RuntimeError):
@@ -189,6 +200,28 @@ class Placement:
             out.update(zip(per_rank[p], unpack_arrays(b, [specs[k] for k, _ in per_rank[p]])))
         return out
 
+    def take_first_values(self, tensors: Sequence[Tuple[str, torch.Tensor]]) -> List[str]:
+        """Make every tensor equal, in place, to its value in process rank 0 (a job's
+        processes pass the same names, shapes and dtypes in the same order): what
+        DistributedDataParallel does with a model's parameters and buffers when it is made.
+        Returns the names of the tensors this process changed ([] outside a job)."""
+        if self.exchange is None or not tensors:
+            return []
+        mine = np.stack([np.frombuffer(_digest(tensor_bytes(t)), np.uint8) for _, t in tensors])
+        digests = self.exchange.gather("the initial values' digests", mine.reshape(-1))
+        if all(np.array_equal(d, digests[0]) for d in digests):
+            return []
+        payload = pack_arrays([tensor_bytes(t) for _, t in tensors])
+        first = self.exchange.broadcast("rank 0's initial values", payload, 0)
+        sizes = [((t.numel() * t.element_size(),), np.uint8) for _, t in tensors]
+        changed = []
+        for (name, t), b, d in zip(tensors, unpack_arrays(first, sizes), mine):
+            if not np.array_equal(np.frombuffer(_digest(b), np.uint8), d):
+                with torch.no_grad():
+                    t.copy_(bytes_tensor(b, t.shape, t.dtype))
+                changed.append(name)
+        return changed
+
     def gather_outputs(
         self,
         local: Dict[object, np.ndarray],
@@ -249,12 +282,25 @@ def placement_for(ir, host: Dict[object, np.ndarray]) -> Placement:
         return Placement(replicas)
     rank, size = found
     _checked_split(replicas, size)
-    key = (rank, size)
-    if key not in _exchanges:
-        _exchanges[key] = Exchange(rank, size, timeout_s())
-    exchange = _exchanges[key]
+    exchange = _exchange_of_job(rank, size)
     check_same_program(exchange, program_lines(ir, host))
     return Placement(replicas, rank, size, exchange)
+
+
+def job_exchange() -> Optional[Exchange]:
+    """The Exchange of this process's torch.distributed job once a replicated Session made
+    it (its ``calls``, ``bytes_sent`` and ``seconds`` are totals since); None before."""
+    return _job_exchange[0][1] if _job_exchange else None
+
+
+def _exchange_of_job(rank: int, size: int) -> Exchange:
+    """The Exchange of the job's current default process group (made on first use)."""
+    import torch.distributed as dist
+
+    group = dist.distributed_c10d._get_default_group()
+    if not _job_exchange or _job_exchange[0][0] is not group:
+        _job_exchange[:] = [(group, Exchange(rank, size, timeout_s()))]
+    return _job_exchange[0][1]
 
 
 # the same program in every process -------------------------------------------------------

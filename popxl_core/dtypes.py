@@ -138,17 +138,26 @@ float = float32  # noqa: A001 - popxl exports these names
 double = float64
 
 _NP_TO_POPXL = {d.as_numpy(): d for d in _BY_NAME.values() if d._np is not None}
-_PT_TO_POPXL = {d._torch: d for d in _BY_NAME.values() if d._torch is not None}
-_PY_TO_POPXL = {builtins.bool: bool, builtins.int: int64, builtins.float: float64}
+# every torch dtype the simulator holds data in (float8 and the unsigned types included)
+_TORCH_TO_POPXL = {d._torch: d for d in _BY_NAME.values() if d._torch is not None}
+# PopXL's public table: only the torch dtypes that have a numpy twin (code iterating it calls
+# tensor.numpy(), which torch's float8 and uint16/32/64 do not have)
+_PT_TO_POPXL = {
+    t: d
+    for t, d in _TORCH_TO_POPXL.items()
+    if not d.name.startswith(("float8", "uint16", "uint32", "uint64"))
+}
+# PopXL's python types: a python float is float32 there (its default float)
+_PY_TO_POPXL = {builtins.bool: bool, builtins.int: int64, builtins.float: float32}
 
 
 def _as_dtype(value: Any) -> dtype:
     if isinstance(value, dtype):
         return value
     if isinstance(value, torch.dtype):
-        return _lookup(_PT_TO_POPXL, value)
+        return _lookup(_TORCH_TO_POPXL, value)
     if isinstance(value, torch.Tensor):
-        return _lookup(_PT_TO_POPXL, value.dtype)
+        return _lookup(_TORCH_TO_POPXL, value.dtype)
     if isinstance(value, np.ndarray) or isinstance(value, np.generic):
         return _lookup(_NP_TO_POPXL, value.dtype)
     if isinstance(value, type) and value in _PY_TO_POPXL:

@@ -31,6 +31,8 @@ class Op:
         "by_ref_modified",
         "module_path",
         "settings",
+        "concurrency_group",
+        "exchange_group",
         "__weakref__",
     )
 
@@ -61,6 +63,12 @@ class Op:
         # PopART op settings that do not change the numbers (e.g. the matmul's fully
         # connected pass, set by popxl.addons' enable_fc_pass / disable_fc_pass)
         self.settings: Dict[str, Any] = {}
+        # schedule facts that change the cost estimate, never the numbers: the concurrent
+        # multi-IPU step the op runs in (`transforms.ipu_concurrency`), and the merged
+        # exchange it is part of, with whether it is that exchange's first op
+        # (`transforms.merge_exchange`)
+        self.concurrency_group: Optional[int] = None
+        self.exchange_group: Optional[Tuple[int, bool]] = None
 
     @property
     def type(self) -> str:
@@ -191,8 +199,12 @@ class Graph:
     def __contains__(self, t) -> bool:
         from .tensor import Tensor
 
+        if isinstance(t, str):  # a tensor id, as PopART's graph (ir._pb_ir.getMainGraph()) takes
+            return t in self._tensors
         if not isinstance(t, Tensor):
-            raise TypeError(f"Graph.__contains__ expects a Tensor, got {type(t).__name__}.")
+            raise TypeError(
+                f"Graph.__contains__ expects a Tensor or a tensor id, got {type(t).__name__}."
+            )
         return self._tensors.get(t.id) is t
 
     def __enter__(self) -> "Graph":

@@ -5,85 +5,22 @@ from __future__ import annotations
 import inspect
 import itertools
 import typing
-import weakref
 from typing import Any, Callable, Dict, List, Optional, Set
 
 from .graph import Graph
+from .pb_ir import SessionOptions, _PbIr
 from .replica_grouping import ReplicaGrouping
 from .tensor import Tensor, TensorByRef, TensorSpec, graph_input
 
 __all__ = ["Ir", "SessionOptions"]
+
+# re-exported: PopXL code reaches them as popxl_core.ir.SessionOptions
 
 _IR_IDS = itertools.count()
 
 # How the simulator does floating point arithmetic whose result torch's CPU kernels make
 # depend on the shape of the whole tensor (see `Ir.numerics`).
 NUMERICS = ("ipu", "torch")
-
-
-class SessionOptions:
-    """The session options user code sets through ``ir._pb_ir.getSessionOptions()``."""
-
-    def __init__(self) -> None:
-        self.numIOTiles = 0
-        self.engineOptions: Dict[str, str] = {}
-        self.partialsTypeMatMuls = ""
-        self.enableStochasticRounding = False
-        self.aliasZeroCopy = True
-        self.cachePath = ""
-        self.enableEngineCaching = False
-        self.availableMemoryProportions: Dict[str, float] = {}
-        self.constantWeights = True
-        self.dotChecks: Set[str] = set()
-        self.logDir = ""
-        self.globalReplicaOffset = 0
-        self.virtualGraphMode = "Manual"
-        self.useHostCopyOps = True
-        self.enableExplicitMainLoops = True
-        self.explicitRecomputation = True
-        self.enableInplaceAmbiguityChecking = True
-        self.decomposeGradSum = True
-        self.enableReplicatedGraphs = False
-        self.replicatedGraphCount = 1
-
-
-class _PbIr:
-    """The handful of PopART `_pb_ir` calls that tutorials and tests make."""
-
-    def __init__(self, ir: "Ir") -> None:
-        self._ir = weakref.proxy(ir)
-        self._options = SessionOptions()
-
-    def getSessionOptions(self) -> SessionOptions:  # noqa: N802 - popart spelling
-        return self._options
-
-    def getAllGraphs(self) -> List[Graph]:  # noqa: N802
-        return list(self._ir._graphs.values())
-
-    def getMainGraph(self) -> Graph:  # noqa: N802
-        return self._ir.main_graph
-
-    def getRemoteBufferInfo(self, buffer_id: int):  # noqa: N802
-        """The `remote_buffer.RemoteBufferInfo` of remote buffer ``buffer_id``."""
-        buffers = self._ir._remote_buffers
-        if buffer_id not in buffers:
-            raise KeyError(
-                f"No remote buffer with id {buffer_id} in this Ir (ids: {sorted(buffers)})."
-            )
-        return buffers[buffer_id].remote_buffer_info
-
-    def hasRemoteBufferInfo(self, buffer_id: int) -> bool:  # noqa: N802
-        return buffer_id in self._ir._remote_buffers
-
-    def getAllRemoteBufferInfos(self) -> Dict[int, Any]:  # noqa: N802
-        """Remote buffer id -> its `remote_buffer.RemoteBufferInfo`, for every buffer."""
-        return {i: b.remote_buffer_info for i, b in self._ir._remote_buffers.items()}
-
-    def logIr(self) -> None:  # noqa: N802
-        from .printing import format_graph
-
-        for g in self._ir._graphs.values():
-            print(format_graph(g))
 
 
 class Ir:
@@ -268,11 +205,20 @@ class Ir:
         return f"Ir[id={self._id}]"
 
     def dot_checkpoint(self, check: str, save_dir=None) -> None:
-        from .printing import format_graph
+        """Write the Ir as a Graphviz file if the dot check ``check`` is enabled (see
+        `popxl_core.dot_checks`). As PopXL: ``save_dir`` becomes the option ``logDir``, and
+        with neither ``POPART_DOT_CHECKS`` nor ``dotChecks`` set every check is enabled."""
+        import os
 
-        print(f"# dot checkpoint {check}")
-        for g in self._graphs.values():
-            print(format_graph(g))
+        from .dot_checks import dot_checkpoint
+
+        opts = self._pb_ir.getSessionOptions()
+        if save_dir is not None:
+            os.makedirs(save_dir, exist_ok=True)
+            opts.logDir = str(save_dir)
+        if "POPART_DOT_CHECKS" not in os.environ and not opts.dotChecks:
+            opts.dotChecks = {"ALL"}
+        dot_checkpoint(self, check)
 
 
 def _launcher_replication() -> int:
@@ -344,10 +290,10 @@ def _make_input(name: str, v, by_ref: bool) -> Tensor:
 def _flatten_outputs(result, g: Graph) -> List[Tensor]:
     if result is None:
         return []
-    items = [result] if isinstance(result, Tensor) else list(result)
+    items = [result] if isinstance(result, Tensor) or not _iterable(result) else list(result)
     for t in items:
         if not isinstance(t, Tensor):
-            raise TypeError(
+            raise ValueError(  # PopXL's class for a graph's bad output
                 f"Graph {g.name!r} returned {type(t).__name__}; a traced function "
                 "must return None, a Tensor or an iterable of Tensors."
             )
@@ -357,3 +303,11 @@ def _flatten_outputs(result, g: Graph) -> List[Tensor]:
                 f"{t.graph.name!r}. Pass it in as an argument instead."
             )
     return items
+
+
+def _iterable(x) -> bool:
+    try:
+        iter(x)
+    except TypeError:
+        return False
+    return True

@@ -5,35 +5,35 @@ A seed is a uint32 array of shape (2,): the high and low words of one uint64 val
 
 from __future__ import annotations
 
+from typing import Tuple
+
 import numpy as np
 
-__all__ = ["create_seeds", "two_uint32_to_uint64", "uint64_to_two_uint32"]
+__all__ = ["create_seeds", "two_uint32_to_uint64", "uint64_to_two_uint32", "MAX_UINT64"]
 
+MAX_UINT64 = 2**64 - 1
 _WORD = 0xFFFFFFFF
 
 
-def uint64_to_two_uint32(num: int) -> np.ndarray:
-    """Split a uint64 value into ``[high word, low word]`` as a uint32 array of shape (2,).
+def uint64_to_two_uint32(num: int) -> Tuple[int, int]:
+    """Split a uint64 value into ``(high word, low word)``, as PopXL does.
 
-    >>> uint64_to_two_uint32(2**32 + 7).tolist()
-    [1, 7]
+    >>> uint64_to_two_uint32(2**32 + 7)
+    (1, 7)
     """
     num = int(num)
-    if not 0 <= num < 2**64:
+    if not 0 <= num <= MAX_UINT64:
         raise ValueError(f"uint64_to_two_uint32: {num} is not in the uint64 range [0, 2**64).")
-    return np.array([num >> 32, num & _WORD], dtype=np.uint32)
+    return num >> 32, num & _WORD
 
 
-def two_uint32_to_uint64(words) -> int:
-    """The uint64 value whose ``[high word, low word]`` are ``words`` (inverse of the above).
+def two_uint32_to_uint64(a: int, b: int) -> int:
+    """The uint64 value whose high and low words are ``a`` and ``b`` (inverse of the above).
 
-    >>> two_uint32_to_uint64(uint64_to_two_uint32(12345678901234))
+    >>> two_uint32_to_uint64(*uint64_to_two_uint32(12345678901234))
     12345678901234
     """
-    arr = np.asarray(words)
-    if arr.shape != (2,):
-        raise ValueError(f"two_uint32_to_uint64 expects two words (shape (2,)), got {arr.shape}.")
-    hi, lo = (int(w) for w in arr)
+    hi, lo = int(a), int(b)
     if not (0 <= hi <= _WORD and 0 <= lo <= _WORD):
         raise ValueError(f"two_uint32_to_uint64: words {hi}, {lo} are not uint32 values.")
     return (hi << 32) | lo
@@ -66,6 +66,6 @@ def create_seeds(
     rng = np.random.default_rng(int(seed) + int(offset))
     n = int(batches_per_step) * int(gradient_accumulation_factor) * int(replicas)
     values = rng.integers(0, 2**64, size=n, dtype=np.uint64, endpoint=False)
-    words = np.stack([uint64_to_two_uint32(int(v)) for v in values])
+    words = np.array([uint64_to_two_uint32(int(v)) for v in values], np.uint32).reshape(n, 2)
     shape = (int(batches_per_step), int(gradient_accumulation_factor), int(replicas), 2)
     return np.squeeze(words.reshape(shape))

@@ -115,17 +115,29 @@ class RemoteBuffer:
         return self._entries * prod(self._shape) * self._dtype.itemsize
 
     def validate_tensor_matches_buffer(self, t, num_shards: int = 1) -> None:
-        """ValueError unless ``t`` (sharded ``num_shards`` ways) fits one entry."""
-        self.check_spec(t.id, tuple(t.shape), t.dtype, num_shards)
+        """ValueError unless ``t`` fits one entry; with ``num_shards > 1``, unless ``t``'s
+        shape is the buffer's ``meta_shape`` (PopXL: ``t`` is then the whole, unsharded tensor).
+        """
+        if num_shards > 1:
+            if tuple(t.shape) != self._meta_shape or t.dtype is not self._dtype:
+                raise ValueError(
+                    f"Tensor {t.id} does not match buffer.\nExisting remote buffer has "
+                    f"meta_shape={self._meta_shape} and dtype={self._dtype.name}.\nThe tensor "
+                    f"has shape={tuple(t.shape)}, dtype={t.dtype.name}."
+                )
+            return
+        self.check_spec(t.id, tuple(t.shape), t.dtype)
 
     def check_spec(self, name: str, shape, dtype, num_shards: int = 1) -> None:
         """ValueError unless a tensor ``name`` of ``shape``/``dtype`` fits one entry."""
         entry = (ceil(prod(shape) / num_shards),) if num_shards > 1 else tuple(shape)
         if entry != self._shape or dtype is not self._dtype:
             sharded = f" (sharded {num_shards} ways: {entry})" if num_shards > 1 else ""
+            # PopXL's first sentence (scripts match on it), then what differs
             raise ValueError(
-                f"Tensor {name!r} {tuple(shape)} {dtype.name}{sharded} does not match remote "
-                f"buffer {self._id}, which holds {self._shape} {self._dtype.name}."
+                f"Tensor {name} does not match buffer.\nTensor {name!r} {tuple(shape)} "
+                f"{dtype.name}{sharded} does not fit remote buffer {self._id}, which holds "
+                f"{self._shape} {self._dtype.name}."
             )
 
     def check_offset(self, offset: int) -> None:
@@ -193,10 +205,9 @@ class RemoteBufferInfo:
 
 
 def _read_only(name: str) -> None:
-    raise ValueError(
-        f"Cannot set {name}: it is a read-only property of RemoteBuffer. Make a new buffer "
-        "with popxl.remote_buffer(tensor_shape, tensor_dtype, entries) instead."
-    )
+    # PopXL's properties have no setter: Python's AttributeError, in its 3.10 wording that
+    # PopXL's tests match; set_remote_buffer_info changes a buffer
+    raise AttributeError(f"can't set attribute '{name}'")
 
 
 def remote_buffer(tensor_shape, tensor_dtype: dtypes.dtype, entries: int = 1) -> RemoteBuffer:

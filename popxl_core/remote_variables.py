@@ -9,7 +9,9 @@ elements. Session.get_tensor_data / write_variable_data always see the full valu
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
+from math import ceil, prod
 from typing import Optional, Tuple
 
 import numpy as np
@@ -108,12 +110,30 @@ def remote_replica_sharded_variable(
     _check_buffer(remote_buffer, offset, who)
     arr, spec = _host_spec(data, dtype, downcast, replica_grouping, log2_scale, nan_on_overflow)
     shards = _shard_over(remote_buffer, replica_grouping, gcg().ir)
+    _fit_full_shape_buffer(remote_buffer, spec, shards, who)
     remote_buffer.check_spec(name or "t", spec.shape, spec.dtype, shards)
     v = variable(arr, spec.dtype, name, False, replica_grouping, retrieval_mode)
     if not remote_buffer.meta_shape:
         remote_buffer.meta_shape = v.shape
     v._remote = RemoteInfo(remote_buffer, offset, shards)
     return v
+
+
+def _fit_full_shape_buffer(buffer: RemoteBuffer, spec, shards: int, who: str) -> None:
+    """PopXL accepts a buffer made with the variable's full shape for a replica-sharded
+    variable (it does not compare them); each replica stores one shard, so the buffer's entries
+    become the shard's shape, as replica_sharded_buffer would have made them."""
+    entry = (ceil(prod(spec.shape) / shards),)
+    if shards > 1 and buffer.tensor_shape == tuple(spec.shape) != entry:
+        if buffer.tensor_dtype is spec.dtype:
+            warnings.warn(
+                f"{who}: remote buffer {buffer.remote_buffer_id} was made with the full shape "
+                f"{tuple(spec.shape)}; each of the {shards} replicas stores a shard of {entry}, "
+                f"so its entries now hold {entry} (popxl.replica_sharded_buffer makes such a "
+                "buffer).",
+                stacklevel=3,
+            )
+            buffer.set_remote_buffer_info(spec.dtype, entry, buffer.entries)
 
 
 def replica_sharded_variable(

@@ -265,6 +265,12 @@ class Variable(Tensor):
         return isinstance(self._data, np.memmap)
 
     @property
+    def _memmap_arr(self):
+        """The ``np.memmap`` holding the host value, or None (PopXL's attribute, which
+        popxl.addons reads)."""
+        return self._data if isinstance(self._data, np.memmap) else None
+
+    @property
     def retrieval_mode(self) -> str:
         return self._retrieval_mode
 

@@ -18,9 +18,18 @@ def get_all_dtypes(include_float8: bool = False) -> List[dtypes.dtype]:
     return [d for d in _ALL if include_float8 or not d.name.startswith("float8")]
 
 
-def get_all_int_dtypes(include_8bit_ints: bool = True) -> List[dtypes.dtype]:
-    """The integer dtypes; ``include_8bit_ints=False`` leaves out int8 and uint8."""
-    return [d for d in _ALL if d.is_int and (include_8bit_ints or d.itemsize > 1)]
+def get_all_int_dtypes(
+    include_signed: bool = True, include_unsigned: bool = True, include_8bit_ints: bool = True
+) -> List[dtypes.dtype]:
+    """The integer dtypes, signed then unsigned (PopXL's arguments); ``include_8bit_ints=False``
+    leaves out int8 and uint8."""
+    return [
+        d
+        for d in _ALL
+        if d.is_int
+        and (include_signed if d.is_signed else include_unsigned)
+        and (include_8bit_ints or d.itemsize > 1)
+    ]
 
 
 _ALL = [

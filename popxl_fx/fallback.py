@@ -34,6 +34,7 @@ from .inplace import mutated_input
 from .lowering import LOWERINGS, LoweringContext, lookup, run_graph, target_name, unsupported
 from .lowerings.aten_kernels import EAGER_KERNEL_PACKETS, REFUSED
 from .lowerings.aten_random import RANDOM_ATEN
+from .lowerings.strided import record_storage
 
 __all__ = [
     "Decomposition",
@@ -128,7 +129,7 @@ def _decompose(node: fx.Node, root: torch.nn.Module) -> Decomposition:
     inputs = [*state, *(leaves[i] for i in positions)]
 
     def fresh() -> list[torch.Tensor]:  # tracing runs the call: keep the model's tensors intact
-        return [t.detach().clone() for t in inputs]
+        return [_clone_in_storage(t) for t in inputs]
 
     module = root.get_submodule(node.target) if node.op == "call_module" else None
     before = _plain_snapshot(module)
@@ -141,6 +142,7 @@ def _decompose(node: fx.Node, root: torch.nn.Module) -> Decomposition:
             aten_gm = make_fx(flat_call, decomposition_table=table)(*fresh())
             pure = torch.func.functionalize(aten_gm, remove="mutations")
             gm = make_fx(pure, decomposition_table=table)(*fresh())
+        record_storage(gm, fresh())
     # x.tanh_(), F.relu(x, inplace=True): the update of x is the call's own result, which
     # the driver rebinds x to (`mutated_input`)
     updates_self = mutated_input(node, root) is not None
@@ -148,6 +150,18 @@ def _decompose(node: fx.Node, root: torch.nn.Module) -> Decomposition:
     _mark_updates(gm, names, updates_self, owners)
     _restore(module, before)
     return Decomposition(gm, names)
+
+
+def _clone_in_storage(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t`` laid out in a copy of its storage as ``t`` is (strides and storage
+    offset): the trace records that layout, which ops that address storage (``as_strided``)
+    depend on; a plain clone would start at offset 0 in a storage of its own size."""
+    t = t.detach()
+    if t.is_sparse or t.layout != torch.strided:
+        return t.clone()
+    whole = t.untyped_storage().nbytes() // max(t.element_size(), 1)
+    storage = t.as_strided((whole,), (1,), 0).clone()
+    return storage.as_strided(t.shape, t.stride(), t.storage_offset())
 
 
 def _plain_snapshot(module: torch.nn.Module | None) -> dict:

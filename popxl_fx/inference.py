@@ -67,6 +67,11 @@ class InferenceModel(ProgramView):
         return prog.lowered.fxm.unflatten(leaves)
 
     # programs ------------------------------------------------------------------------
+    def build(self, *inputs: torch.Tensor, **kwargs: Any) -> Program:
+        """Build (or fetch from the cache) the program for ``inputs`` without running it."""
+        inputs, binding = bind(inputs, kwargs)
+        return self._program(inputs, binding)
+
     @property
     def _active(self) -> Program | None:
         return self._programs.active

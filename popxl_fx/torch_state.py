@@ -23,6 +23,7 @@ logged (`describe`); a storage pointer that moved (``p.data = ...``) re-shares t
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -190,6 +191,9 @@ class SharedState:
         """Share (or copy in) every parameter, buffer and optimizer state tensor now."""
         self.copied = []
         shared = {}
+        self._take_first_process_values(
+            [(n, self.weights.tensors[n].detach()) for n in self.weights.variables]
+        )
         for n, v in self.weights.variables.items():
             t = self.weights.tensors[n]
             if self._can_share(v, t):
@@ -202,6 +206,25 @@ class SharedState:
         self.pointers = structure.pointers
         if self.optim is not None:
             self.load_optimizer_state()
+
+    def _take_first_process_values(self, tensors: list[tuple[str, torch.Tensor]]) -> None:
+        """In a torch.distributed job every process starts from rank 0's values, as
+        DistributedDataParallel makes them: an unseeded script's processes would otherwise
+        train replicas that began from different weights (the program check sees only the
+        weightless program)."""
+        if not self.replicated:
+            return
+        changed = self.session.take_first_process_values(tensors)
+        if changed:
+            more = f" and {len(changed) - 3} more" if changed[3:] else ""
+            shown = ", ".join(changed[:3]) + more
+            warnings.warn(
+                f"popxl_fx: this process's {shown} differed from process rank 0's and now "
+                "hold rank 0's values, as DistributedDataParallel does: every replica starts "
+                "from the same weights (seed torch the same way in every process to make "
+                "them equal from the start).",
+                stacklevel=2,
+            )
 
     def _can_share(self, v: popxl.Variable, t: torch.Tensor) -> bool:
         # a remote variable (phased execution) lives in Streaming Memory: copied, not shared;
@@ -223,6 +246,14 @@ class SharedState:
         self.state = {}
         state_vars = set(optim.variables())
         self.copied = [c for c in self.copied if c.variable not in state_vars]
+        self._take_first_process_values(
+            [
+                (f"{name} optimizer state {key!r}", t)
+                for name in optim.state
+                for key, t in optim.optimizer.state.get(optim.params[name], {}).items()
+                if isinstance(t, torch.Tensor) and key in optim.state[name]
+            ]
+        )
         for name, vars_ in optim.state.items():
             p = optim.params[name]
             held = optim.optimizer.state.get(p, {})

@@ -55,9 +55,11 @@ class Trainer(ProgramView):
         loss_fn: Callable | None,
         options: Options | None,
         record: bool = False,
+        outputs: bool = False,
     ) -> None:
         self._model = model
         self._record = record  # also fetch forward outputs and gradients (for testing)
+        self._outputs = outputs  # also fetch the forward's other outputs (one step per call)
         self.last: dict[str, torch.Tensor] = {}
         self.optimizer = optimizer
         self.loss_fn = loss_fn
@@ -226,6 +228,7 @@ class Trainer(ProgramView):
             has_loss_fn=has_loss_fn,
             record=self._record,
             contexts=(lambda: user_terms(self._model, self._prefix),),
+            outputs=self._outputs,
         )
 
     def _optimizer_program(self, options: Options) -> OptimizerProgram:

@@ -47,10 +47,12 @@ def rank_share(batch: torch.Tensor) -> torch.Tensor:
     return batch[rank * n : (rank + 1) * n]
 
 
-def train_seed_mlp(steps: int = STEPS, kill_after: int = -1) -> dict:
+def train_seed_mlp(steps: int = STEPS, kill_after: int = -1, seed_by_rank: bool = False) -> dict:
     """The seed MLP trained ``steps`` steps with replication 4 and RTS (Adam: sharded state);
-    each process feeds its share of every global batch. Returns losses and final weights."""
-    torch.manual_seed(0)
+    each process feeds its share of every global batch. Returns losses and final weights.
+    ``seed_by_rank``: each process initialises the model from its own seed (rank + 0), as
+    an unseeded script would: the trainer starts every process from rank 0's weights."""
+    torch.manual_seed(int(_rank()) if seed_by_rank else 0)
     model = SeedMLP()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     options = popxl_fx.Options(
@@ -185,6 +187,7 @@ def main(kind: str, out: str) -> None:
         bad_input()
         _save(core_program(), out.format("core" + _rank()))
         _save(train_seed_mlp(), out.format(_rank()))
+        _save(train_seed_mlp(seed_by_rank=True), out.format("unseeded" + _rank()))
         _save({"losses": torch.tensor(example_losses())}, out.format("example" + _rank()))
         train_seed_mlp(steps=50, kill_after=1 if _rank() == "1" else -1)
     elif kind == "seed003":

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import addons
+import addons.remote
 import popxl_core as popxl
 from popxl_core import ops
 
@@ -49,15 +50,19 @@ def test_checkpoint_round_trip_and_layout(tmp_path):
         s.run({s.inputs.x: np.ones(3, np.float32)})
         s.add_session_state_info({"epoch": 4})
         s.save_checkpoint(str(tmp_path / "ckpt"))
-    assert sorted(os.listdir(tmp_path / "ckpt")) == ["model.npz", "session_info.json"]
+    # popxl.addons' layout: model/<key>.npz per state key
+    assert sorted(os.listdir(tmp_path / "ckpt")) == ["model", "session_info.json"]
+    assert os.listdir(tmp_path / "ckpt" / "model") == ["layer.w.npz"]
     assert json.loads((tmp_path / "ckpt" / "session_info.json").read_text()) == {
         "steps": 1,
         "epoch": 4,
     }
-    with np.load(tmp_path / "ckpt" / "model.npz") as npz:
+    with np.load(tmp_path / "ckpt" / "model" / "layer.w.npz") as npz:
         np.testing.assert_array_equal(npz["layer.w"], np.full(3, 2.0, np.float32))
     t = _program(init=7.0)
-    t.load_checkpoint(str(tmp_path / "ckpt"))  # works detached, like write_variables_data
+    # works detached, like write_variables_data; 'epoch' is new to t's session_state
+    with pytest.warns(UserWarning, match=r"session_state .* keys only in it: \['epoch'\]"):
+        t.load_checkpoint(str(tmp_path / "ckpt"))
     assert t.session_state == {"steps": 1, "epoch": 4}
     with t:
         out = t.run({t.inputs.x: np.zeros(3, np.float32)})
@@ -84,8 +89,25 @@ def test_report_missing(tmp_path):
     small.load_checkpoint(str(tmp_path / "big"), report_missing="none")
     with pytest.raises(ValueError, match="report_missing must be one of"):
         small.load_from_session(big, report_missing="loud")
-    with pytest.raises(FileNotFoundError, match="model.npz and session_info.json"):
+    with pytest.raises(FileNotFoundError, match="model/<key>.npz per state key"):
         small.load_checkpoint(str(tmp_path / "nothing"))
+
+
+def test_checkpoint_without_session_info_or_a_key(tmp_path):
+    """As popxl.addons: a missing session_info.json restarts at step 0; a missing key is
+    reported ('error' raises) and the variable left as it is."""
+    s = _program(init=2.0, extra=True)
+    with s:
+        s.run({s.inputs.x: np.ones(3, np.float32)})
+    s.save_checkpoint(str(tmp_path / "c"))
+    os.remove(tmp_path / "c" / "session_info.json")
+    os.remove(tmp_path / "c" / "model" / "layer.b.npz")
+    t = _program(init=0.0, extra=True)
+    with pytest.raises(ValueError, match=r"state keys not in the data .*\['layer.b'\]"):
+        t.load_checkpoint(str(tmp_path / "c"), report_missing="error")
+    t.load_checkpoint(str(tmp_path / "c"), report_missing="none")
+    assert t.session_state == {"steps": 0}
+    np.testing.assert_array_equal(t.get_named_tensors_data().layer.w, np.full(3, 3.0))
 
 
 def test_load_from_session_copies_state():
@@ -152,11 +174,63 @@ def test_factories_memmap_dir_and_read_only_if_exists(tmp_path):
             vs = f.init(memmap_dir=str(tmp_path), read_only_if_exists=True)
         return ir, vs
 
+    def on_disk():  # raw values, no .npy header (as popxl.addons writes them)
+        return np.fromfile(tmp_path / "a.npy", np.float32)
+
     ir, vs = build(5.0)
-    np.testing.assert_array_equal(np.load(tmp_path / "a.npy"), [5.0, 5.0])
+    np.testing.assert_array_equal(on_disk(), [5.0, 5.0])
     ir2, vs2 = build(9.0)  # the file exists: read back, not re-drawn
     with popxl.Session(ir2, "ipu_model") as s:
         np.testing.assert_array_equal(s.get_tensor_data(vs2.a), [5.0, 5.0])
         s.write_variable_data(vs2.a, np.array([1.0, 2.0], np.float32))
-    np.testing.assert_array_equal(np.load(tmp_path / "a.npy"), [5.0, 5.0])  # read only
-    assert isinstance(vs.a._data, np.memmap)
+    np.testing.assert_array_equal(on_disk(), [5.0, 5.0])  # read only
+    assert isinstance(vs.a._data, np.memmap) and vs.a._memmap_arr is vs.a._data
+
+
+def test_factories_reuse_memmaps_and_init_remote(tmp_path):
+    """An existing memmap file is the variable's value (opened "r+": training writes it back),
+    for init and init_remote alike; get_tensor_data returns that memmap."""
+
+    def factories(value):
+        return addons.NamedVariableFactories(
+            w=addons.VariableFactory(lambda: np.full(3, value, np.float32), name="w")
+        )
+
+    ir = popxl.Ir()
+    with ir.main_graph:
+        first = factories(1.0).init("m", memmap_dir=str(tmp_path))
+        ops.var_updates.accumulate_(first.w, popxl.constant(np.ones(3, np.float32)))
+    with popxl.Session(ir, "ipu_model") as s:
+        s.run()
+    np.testing.assert_array_equal(np.fromfile(tmp_path / "m.w.npy", np.float32), [2.0] * 3)
+    ir2 = popxl.Ir()
+    with ir2.main_graph:
+        bufs = addons.named_variable_buffers(factories(7.0))
+        again = factories(7.0).init_remote(bufs, 0, "m", memmap_dir=str(tmp_path))
+        loaded = addons.remote.load_remote(bufs)
+        ops.var_updates.accumulate_(loaded.w, popxl.constant(np.ones(3, np.float32)))
+        addons.remote.store_remote(bufs, loaded)
+    assert again.w._memmap_arr is not None
+    with popxl.Session(ir2, "ipu_model") as s:
+        s.run()
+    got = s.get_tensor_data(again.w)
+    assert got is again.w._memmap_arr
+    np.testing.assert_array_equal(got, [3.0] * 3)  # 1 + 1 + 1: the file's value was used
+
+
+def test_checkpoint_copies_memmap_files(tmp_path):
+    """A memmap-backed state variable is saved as its file, copied into model/ (popxl.addons)."""
+    ir = popxl.Ir()
+    with ir.main_graph:
+        f = addons.NamedVariableFactories(
+            w=addons.VariableFactory(lambda: np.arange(3, dtype=np.float32), name="w")
+        )
+        state = f.init("net", memmap_dir=str(tmp_path / "mm"))
+        ops.var_updates.accumulate_(state.w, popxl.constant(np.ones(3, np.float32)))
+    s = addons.TaskSession([], [], state, ir=ir, device_desc="ipu_model")
+    with s:
+        s.run()
+    s.save_checkpoint(str(tmp_path / "ckpt"))
+    assert os.listdir(tmp_path / "ckpt" / "model") == ["net.w.npy"]
+    saved = np.fromfile(tmp_path / "ckpt" / "model" / "net.w.npy", np.float32)
+    np.testing.assert_array_equal(saved, [1.0, 2.0, 3.0])

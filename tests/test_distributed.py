@@ -85,6 +85,21 @@ def test_two_processes_train_the_seed_mlp_like_four_simulated_replicas(job):
         _assert_same(ref, out / f"rank{rank}.npz")
 
 
+def test_processes_started_from_different_weights_all_train_from_rank_0s(job):
+    """Each process seeds its model differently (an unseeded script): every process takes
+    rank 0's initial weights, as DistributedDataParallel does, so losses and final weights
+    are those of the one-process run from rank 0's seed; the process whose weights were
+    replaced says so, naming them. Before, each process trained replicas from its own weights,
+    gradients averaged over both."""
+    done, _, out, ref, *_ = job
+    for rank in (0, 1):
+        assert (out / f"rankunseeded{rank}.npz").exists(), done[rank].stderr[-3000:]
+        _assert_same(ref, out / f"rankunseeded{rank}.npz")
+    said = "differed from process rank 0's and now hold rank 0's values"
+    assert said not in done[0].stderr
+    assert said in done[1].stderr and "fc1.weight" in done[1].stderr, done[1].stderr[-3000:]
+
+
 def test_a_killed_process_makes_the_other_fail_naming_its_rank(job):
     """Rank 1 kills itself (SIGKILL) after its first step; rank 0, at the next collective,
     raises PeerFailureError naming rank 1 and the collective, well within the timeout (the

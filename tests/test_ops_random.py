@@ -7,7 +7,12 @@ import pytest
 
 import popxl_core as popxl
 from popxl_core import ops, transforms
-from popxl_core.random_seed import create_seeds, two_uint32_to_uint64, uint64_to_two_uint32
+from popxl_core.random_seed import (
+    MAX_UINT64,
+    create_seeds,
+    two_uint32_to_uint64,
+    uint64_to_two_uint32,
+)
 
 
 def _run(build, seeds, extra=None):
@@ -40,7 +45,7 @@ def test_create_seeds_shapes_and_dtype():
 def test_create_seeds_draws_uint64_from_default_rng():
     want = np.random.default_rng(7 + 3).integers(0, 2**64, size=2, dtype=np.uint64)
     got = create_seeds(7, offset=3, replicas=2)
-    assert [two_uint32_to_uint64(w) for w in got] == [int(v) for v in want]
+    assert [two_uint32_to_uint64(*w) for w in got] == [int(v) for v in want]
 
 
 def test_create_seeds_deterministic_and_offset_sensitive():
@@ -51,10 +56,11 @@ def test_create_seeds_deterministic_and_offset_sensitive():
 
 def test_uint64_words_round_trip():
     for v in (0, 1, 2**32 - 1, 2**32, 2**64 - 1, 0x0123456789ABCDEF):
+        # PopXL's signatures: a (high, low) tuple of ints and two words back
         words = uint64_to_two_uint32(v)
-        assert words.dtype == np.uint32 and words.shape == (2,)
-        assert two_uint32_to_uint64(words) == v
-    assert uint64_to_two_uint32(2**32 + 7).tolist() == [1, 7]
+        assert isinstance(words, tuple) and len(words) == 2
+        assert two_uint32_to_uint64(*words) == v
+    assert uint64_to_two_uint32(2**32 + 7) == (1, 7) and MAX_UINT64 == 2**64 - 1
     with pytest.raises(ValueError):
         uint64_to_two_uint32(2**64)
     with pytest.raises(ValueError):

@@ -127,7 +127,8 @@ def test_build_errors_name_buffer_and_tensor():
     with ir.main_graph:
         buf = popxl.remote_buffer((2, 3), popxl.float32, entries=2)
         x = popxl.variable(np.ones((3, 2), np.float32), name="x")
-        with pytest.raises(ValueError, match=r"'x' \(3, 2\) float32 does not match remote buffer"):
+        msg = r"Tensor x does not match buffer.\nTensor 'x' \(3, 2\) float32 does not fit"
+        with pytest.raises(ValueError, match=msg):
             ops.remote_store(buf, 0, x)
         y = popxl.variable(np.ones((2, 3), np.int32), name="y")
         with pytest.raises(ValueError, match="holds \\(2, 3\\) float32"):
@@ -136,7 +137,7 @@ def test_build_errors_name_buffer_and_tensor():
             ops.remote_load(buf, 2)
         with pytest.raises(IndexError, match="Offset 5 is out of range"):
             popxl.remote_variable(np.ones((2, 3), np.float32), buf, 5)
-        with pytest.raises(ValueError, match="'v' \\(4,\\) float32 does not match"):
+        with pytest.raises(ValueError, match="'v' \\(4,\\) float32 does not fit"):
             popxl.remote_variable(np.ones(4, np.float32), buf, 0, name="v")
         with pytest.raises(ValueError, match="shard_over=3 must be a positive divisor"):
             popxl.replica_sharded_buffer((6,), popxl.float32, shard_over=3)
@@ -199,3 +200,40 @@ def test_scalar_int_remote_variable_accumulates():
         sess.run()
         sess.run()
         assert sess.get_tensor_data(w) == 9
+
+
+def test_buffer_properties_and_sharded_validation_as_popxl():
+    """tensor_shape / tensor_dtype have no setter (AttributeError, as PopXL's properties);
+    set_remote_buffer_info changes them; a sharded check compares the whole tensor with
+    meta_shape."""
+    ir = popxl.Ir(2)
+    with ir.main_graph:
+        buf = popxl.remote_buffer((0,), popxl.int8)
+        with pytest.raises(AttributeError, match="can't set attribute 'tensor_shape'"):
+            buf.tensor_shape = (11,)
+        with pytest.raises(AttributeError, match="can't set attribute 'tensor_dtype'"):
+            buf.tensor_dtype = popxl.int16
+        buf.set_remote_buffer_info(popxl.int16, (3, 11, 5), 42)
+        assert (buf.tensor_shape, buf.tensor_dtype, buf.entries) == ((3, 11, 5), popxl.int16, 42)
+        sharded = popxl.replica_sharded_buffer((4, 2), popxl.float32)
+        whole = popxl.variable(np.ones((4, 2), np.float32))
+        sharded.validate_tensor_matches_buffer(whole, num_shards=2)
+        with pytest.raises(ValueError, match="does not match buffer"):
+            sharded.validate_tensor_matches_buffer(whole.reshape((8,)), num_shards=2)
+
+
+def test_sharded_variable_in_a_full_shape_buffer():
+    """PopXL accepts a buffer of the full shape for a remote replica-sharded variable: the
+    entries become the shard's shape (with a warning) and the values round-trip."""
+    ir = popxl.Ir(2)
+    with ir.main_graph:
+        buf = popxl.RemoteBuffer((4,), popxl.float32, 1)
+        with pytest.warns(UserWarning, match="now hold \\(2,\\)"):
+            v = popxl.remote_replica_sharded_variable(np.arange(4, dtype=np.float32), buf, 0)
+        whole = ops.collectives.replicated_all_gather(ops.remote_load(buf, 0))
+        s = _store(whole, "whole")
+    assert buf.tensor_shape == (2,) and buf.meta_shape == (4,)
+    with popxl.Session(ir, "ipu_model") as sess:
+        out = sess.run()
+        np.testing.assert_array_equal(sess.get_tensor_data(v), np.arange(4))
+    np.testing.assert_array_equal(out[s][0].reshape(-1), np.arange(4))

@@ -54,9 +54,12 @@ def _scale_tensor(log2_scale, where: str) -> Tensor:
 
 
 def _check_scale(s, where: str) -> None:
-    if s.dtype != dtypes.int32 or tuple(s.shape) != ():
-        raise TypeError(
-            f"{where}: log2_scale must be an int32 scalar, got {s.dtype.name} {tuple(s.shape)}."
+    if s.dtype != dtypes.int32:
+        raise TypeError(f"{where}: log2_scale must be of type popxl.int32, got {s.dtype.name}.")
+    if tuple(s.shape) != ():
+        # PopXL's wording and error class for a scale of the wrong shape
+        raise ValueError(
+            f"{where}: log2_scale must be a scalar tensor, got shape {tuple(s.shape)}."
         )
 
 

@@ -140,7 +140,9 @@ def host_store(d2h_stream: DeviceToHostStream, t: Tensor) -> None:
 # PrintTensor -----------------------------------------------------------------------
 def _print_kernel(x, title, print_self, print_gradient, opts):
     if print_self:
-        print(format_tensor(title, x.detach().cpu().numpy(), opts), file=sys.stderr, flush=True)
+        # float8 prints its values (numpy has no float8; its bits would read as small ints)
+        shown = x.float() if x.dtype in (torch.float8_e4m3fnuz, torch.float8_e5m2fnuz) else x
+        print(format_tensor(title, shown.detach().cpu().numpy(), opts), file=sys.stderr, flush=True)
     return x.clone()
 
 

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from ..distributed import placement_for
+from ..dot_checks import dot_checkpoint
 from ..errors import OpDataError
 from ..host_data import is_fill, torch_to_host
 from ..schedule import verify
@@ -78,6 +79,7 @@ class Session(SessionStreams, SessionWeights):
         # the replicas' step as one run over their rows, where a shared run allows (fold.py)
         self._fold = _fold_program(ir, self._program)
         ir._session = self
+        dot_checkpoint(ir, "FINAL")  # PopART's last dot check: the program as compiled
         self._init_state(ir)
 
     def _init_state(self, ir) -> None:
@@ -282,7 +284,7 @@ class Session(SessionStreams, SessionWeights):
         spec = self._stream_spec
         full = {s: a.reshape(spec[s][2]) for s, a in outputs.items()}
         whole = self._placement.exchange is None
-        local = full if whole else {s: np.empty(spec[s][4], spec[s][0]) for s in outputs}
+        local = full if whole else {s: np.zeros(spec[s][4], spec[s][0]) for s in outputs}
         getattr(self._program, "deferred", []).clear()  # the last run's gradients (defer.py)
         self._runtime.start(feeds, local)
         self._devices()
@@ -329,11 +331,14 @@ class Session(SessionStreams, SessionWeights):
 
 
 def _check_unowned(ir) -> None:
-    """A PopXL Session takes ownership of its Ir (verified here, before anything is built)."""
-    if ir._session is not None:
+    """A Session owns its Ir (verified here, before anything is built). As in PopXL a second
+    Session may be built on the same Ir once the first is detached: it compiles the same
+    program and starts from the variables' data in the Ir (each Session keeps its own host
+    copies); two Sessions attached at once are refused."""
+    if ir._session is not None and ir._session.is_attached:
         raise RuntimeError(
-            f"{ir!r} is already owned by {ir._session!r}; a PopXL Session takes "
-            "ownership of its Ir, so build a new Ir for a second Session."
+            f"{ir!r} is owned by {ir._session!r}, which is attached; leave its `with` block "
+            "(or call detach()) before building a second Session on the Ir."
         )
     for g in ir._graphs.values():
         verify(g)

@@ -4,6 +4,7 @@ each run checked against them (dtype, host shape, this process's replicas) and v
 
 from __future__ import annotations
 
+from math import prod
 from typing import Dict, Mapping, Optional, Set
 
 import numpy as np
@@ -51,7 +52,8 @@ class SessionStreams:
 
     def create_host_outputs(self) -> Dict[DeviceToHostStream, np.ndarray]:
         spec = self._stream_spec
-        return {s: np.empty(spec[s][1], spec[s][0]) for s in self._d2h}
+        # zeros: a stream stored fewer than num_host_transfers times leaves batches unwritten
+        return {s: np.zeros(spec[s][1], spec[s][0]) for s in self._d2h}
 
     def _checked_inputs(self, inputs: Mapping, downcast: bool) -> Dict[object, np.ndarray]:
         self._whole_inputs = {}  # in a job: the inputs given for all replicas (checked equal)
@@ -98,7 +100,7 @@ class SessionStreams:
             checks.check_fits(stream, arr, want)
             arr = arr.astype(want)
         if self._placement.exchange is None:
-            if arr.shape != full and not _single_value(arr, full):
+            if arr.shape != full and not _same_values(arr, full, stream.shape):
                 raise ValueError(
                     f"Input for stream {stream.tensor_id!r} has shape {arr.shape}; expected "
                     f"{full} = [num_host_transfers, replicas (dims > 1 only), *{stream.shape}]."
@@ -118,10 +120,16 @@ class SessionStreams:
         )
 
 
-def _single_value(arr: np.ndarray, full: tuple) -> bool:
-    """PopXL's ``_verify_io_shape`` accepts any size-1 array where the expected host shape is
-    all ones (``()`` or ``(1,)``, ...): the one value is the same whatever its shape."""
-    return arr.size == 1 and all(d == 1 for d in full)
+def _same_values(arr: np.ndarray, full: tuple, stream_shape: tuple) -> bool:
+    """PopXL's ``_verify_io_shape`` accepts an array of any shape whose dimensions above 1
+    are the transfers and replicas only, where the stream's shape is all ones (a stream of
+    scalars fed ``(10, 1)`` for 10 transfers; any size-1 array for one value): its values in
+    order are the transfers' and replicas'. The number of values must match here."""
+    if arr.size != prod(full) or not all(d == 1 for d in stream_shape):
+        return False
+    if full and full[0] > 1 and (arr.ndim == 0 or arr.shape[0] != full[0]):
+        return False  # PopXL reads the transfers from dimension 0
+    return np.squeeze(arr).shape == tuple(d for d in full if d != 1)
 
 
 def _expanded_shape(shape, ir, replicas: Optional[int] = None) -> tuple:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import warnings
 from operator import attrgetter, is_
-from typing import Dict, List, Mapping, Optional
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -162,6 +162,15 @@ class SessionWeights:
     def _from_device(self, v: Variable, index: int) -> np.ndarray:
         device = self._device
         return host_from_replicas(v, lambda r: torch_to_host(device[r][index]), len(device))
+
+    def take_first_process_values(self, tensors: Sequence[Tuple[str, torch.Tensor]]) -> List[str]:
+        """In a torch.distributed job, make each named host tensor equal, in place, to its
+        value in process rank 0, as DistributedDataParallel does with a model's parameters
+        and buffers when it is made; every process calls it at the same point with the same
+        names, shapes and dtypes. Returns the names whose values this process changed (none
+        outside a job). For frameworks whose own tensors become the variables' values
+        (`share_variable_storage`), where the program check cannot see them."""
+        return self._placement.take_first_values(list(tensors))
 
     def share_variable_storage(self, tensors: Mapping[Variable, torch.Tensor]) -> None:
         """Make each variable's device value *be* the given torch tensor: its storage, with
