@@ -30,7 +30,7 @@ from torch.nn.utils.parametrize import is_parametrized
 from .calls import POSITIONAL, Binding
 from .capture_calls import RootCalls
 from .capture_proxy import CaptureProxy, describe
-from .capture_state import preserved, trace_module
+from .capture_state import preserved, trace_graph, trace_module
 from .errors import Issue, user_frame, user_stack
 from .guards import data_check, find_guard
 from .lowering import lookup
@@ -41,6 +41,7 @@ __all__ = [
     "Captured",
     "capture",
     "is_leaf",
+    "settle_first_call_flags",
     "preserved",
     "trace_module",
 ]
@@ -125,10 +126,13 @@ class CaptureTracer(RootCalls, fx.Tracer):
         self.proxy_buffer_attributes = True
         self.root_module = root
         self._inputs = list(example_inputs)
+        self.example_inputs = tuple(example_inputs)
         self._leaf = leaf
         self._paths: list[str] = []
         self._evaluating = False
         self.issues: list[Issue] = []
+        # `capture_effects`: (module, attribute, issue) of the flags forward set once
+        self.first_call_flags: list[tuple[nn.Module, str, Issue]] = []
         self._replay = replay  # a first trace whose example values this one may reuse
 
     # hierarchy --------------------------------------------------------------------------
@@ -344,4 +348,28 @@ def capture(
     """
     tracer = CaptureTracer(model, example_inputs, binding=binding)
     gm = trace_module(tracer, model)
+    settle_first_call_flags(tracer, gm, model)
     return Captured(gm, tracer.issues, None, tuple(example_inputs), tracer.out_spec, binding)
+
+
+def settle_first_call_flags(tracer: CaptureTracer, gm: fx.GraphModule, model: nn.Module) -> None:
+    """Flags ``forward`` set on its first call (`capture_effects`) are lazy set-up when a
+    second trace, with them set, runs the same ops; otherwise they are per-call state:
+    reported, and taken off the model again."""
+    flags = tracer.first_call_flags
+    if not flags or _same_ops_once_set(tracer, gm, model):
+        return
+    for module, name, issue in flags:
+        module.__dict__.pop(name, None)
+        tracer.issues.append(issue)
+
+
+def _same_ops_once_set(first: CaptureTracer, gm: fx.GraphModule, model: nn.Module) -> bool:
+    replay = Replay(gm.graph)
+    tracer = CaptureTracer(model, first.example_inputs, replay=replay, binding=first.binding)
+    try:
+        second = trace_graph(tracer, model)
+    except Exception:  # noqa: BLE001 - the second call fails: not the same program
+        return False
+    ops = lambda g: [(n.op, n.target) for n in g.nodes]  # noqa: E731
+    return ops(gm.graph) == ops(second)

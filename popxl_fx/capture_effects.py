@@ -9,7 +9,8 @@ A PopXL program is the forward's *tensor* work; its Python runs once, at capture
   (the entry points raise), and undone after the trace so capture leaves the model as it was;
   except a flag set once (a bool on an attribute the module did not have, such as HF's
   ``_output_capturing_hooks_installed``): that is lazy set-up, which eager's first call does
-  as well and later calls skip, so it is not per-step state and stays set after the trace;
+  as well and later calls skip, so it stays set after the trace and is not per-step state
+  when a second trace, with the flag set, runs the same ops (`capture` checks that);
 - numpy on a tensor (``x.numpy()``, ``np.tanh(x)``) computes once, on the example values, and
   its result would be frozen into the program: reported by `capture._Proxy` as "numpy on a
   tensor" (see `numpy_issue`).
@@ -29,7 +30,7 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 from torch import nn
 
-from .errors import _internal_file
+from .errors import Issue, _internal_file, user_frame
 
 __all__ = ["PRINT", "PRINT_TEXT", "STATE", "NUMPY", "WARN_KINDS", "python_effects_recorded"]
 
@@ -108,6 +109,8 @@ def _setting(tracer, modules: set[int], flags: set, original):
             old = module.__dict__.get(name, _MISSING)
             if old is _MISSING and isinstance(value, bool):
                 flags.add((id(module), name))  # lazy set-up, done once: kept by `_restore`
+                what = f"forward sets {type(module).__name__}.{name} = {value} on its first call"
+                tracer.first_call_flags.append((module, name, _state_issue(tracer, module, what)))
             elif not _same(old, value):
                 what = f"forward sets {type(module).__name__}.{name} = {type(value).__name__}"
                 _record_state(tracer, module, what)
@@ -117,6 +120,17 @@ def _setting(tracer, modules: set[int], flags: set, original):
 
 
 _MISSING = object()
+
+
+def _state_issue(tracer, module: nn.Module, what: str) -> Issue:
+    """The issue `_record_state` would record, not recorded: `capture` keeps it for a flag
+    set once, and reports it only if forward then runs differently."""
+    path = next((p for p, m in tracer.root_module.named_modules() if m is module), "")
+    hint = (
+        "forward takes another path once the flag is set, so its first call is not the one "
+        "the program should repeat; set the flag outside forward (or before the first call)."
+    )
+    return Issue(STATE, what, user_frame(), path, "", hint)
 
 
 def _record_state(tracer, module: nn.Module, what: str) -> None:
@@ -223,7 +237,8 @@ def python_effects_recorded(tracer, model: nn.Module) -> Iterator[None]:
                 del cls.__setattr__
             else:
                 cls.__setattr__ = old
-        _restore(state, flags)
+        # a replay trace (a second one, only compared) leaves the model as the first left it
+        _restore(state, flags if getattr(tracer, "_replay", None) is None else set())
 
 
 def _setattr_owners(model: nn.Module) -> list[type]:

@@ -21,7 +21,7 @@ from torch import nn
 
 from . import lowerings  # noqa: F401  (registers the table)
 from .calls import POSITIONAL, Binding, bind
-from .capture import Captured, CaptureTracer, preserved, trace_module
+from .capture import Captured, CaptureTracer, preserved, settle_first_call_flags, trace_module
 from .capture_state import trace_graph
 from .checks import dtype_issues
 from .errors import Issue, UnsupportedError, user_frame
@@ -142,6 +142,8 @@ def _trace(
     tracer = CaptureTracer(model, inputs, replay=replay, binding=binding)
     try:
         gm = trace_module(tracer, model)
+        if replay is None:
+            settle_first_call_flags(tracer, gm, model)
     except Exception as exc:  # noqa: BLE001 - the report says what failed, and where
         report.issues += tracer.issues
         message = str(exc).splitlines()[0] if str(exc) else ""

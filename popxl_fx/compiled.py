@@ -28,10 +28,12 @@ from torch import nn
 
 import popxl_core as popxl
 from popxl_core import ops
+from popxl_core.ops import RuntimeCheckError
 from popxl_core.transforms.grad_info import ExpectedConnectionType
 
 from .checks import check_inputs, check_no_autocast
 from .explain import Explanation
+from .guards import raise_model_error
 from .options import Options, resolve
 from .pipeline import Build, Programs, Stage, check_entry, weights_of
 from .program import Inputs, Weights, describe_change, load_inputs, signature_of, store
@@ -87,7 +89,11 @@ class CompiledForward:
         trainable = needs_grad and any(p.requires_grad for p in self.model.parameters())
         sig = (signature_of(self.model, args), tuple(wants), trainable)
         prog = self._program(sig, args, wants if trainable or any(wants) else None)
-        return self._run(prog, args)
+        try:
+            return self._run(prog, args)
+        except RuntimeCheckError as failed:  # a model's `if bad: raise` (popxl_fx.guards)
+            eager = lambda: type(self.model).forward(self.model, *args)  # noqa: E731
+            raise_model_error(eager, self.model, failed)
 
     # programs ------------------------------------------------------------------------
     def _program(self, sig: tuple, args: tuple, wants: list[bool] | None) -> _ForwardProgram:

@@ -13,7 +13,14 @@ from torch import nn
 
 import popxl_core as popxl
 from popxl_core import ops
-from popxl_fx import Options, UnsupportedError, check, inference_model, training_model
+from popxl_fx import (
+    Options,
+    UnsupportedError,
+    check,
+    compile,
+    inference_model,
+    training_model,
+)
 
 CPU = Options(device="cpu")
 X = torch.randn(3, 4, generator=torch.Generator().manual_seed(1))
@@ -78,6 +85,18 @@ def test_inference_raises_the_models_error():
     assert torch.equal(run(X, GOOD), model(X, GOOD))
     with pytest.raises(ValueError, match="Label values must be < 5, got 7"):
         run(X, BAD)
+
+
+def test_compiled_model_raises_the_models_error():
+    model, reference = Guarded(), Guarded()
+    compiled = compile(model, CPU)
+    loss = compiled(X, GOOD)
+    loss.backward()
+    ref = reference(X, GOOD)
+    ref.backward()
+    assert torch.equal(loss, ref) and torch.equal(model.fc.weight.grad, reference.fc.weight.grad)
+    with pytest.raises(ValueError, match="Label values must be < 5, got 7"):
+        compiled(X, BAD)
 
 
 class HFStyle(nn.Module):

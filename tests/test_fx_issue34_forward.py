@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from popxl_fx import Options, check, inference_model, training_model
+from popxl_fx import Options, UnsupportedError, check, inference_model, training_model
 
 CPU = Options(device="cpu")
 
@@ -106,6 +106,26 @@ def test_lazily_installed_hooks_train_like_eager():
     # the hook was installed once, as eager's first call installed it
     assert len(model.fc._forward_hooks) == len(reference.fc._forward_hooks) == 1
     assert model._hooks_installed is True
+
+
+class FirstCallDiffers(nn.Module):
+    """A flag set on the first call that changes what later calls compute: not lazy set-up."""
+
+    def forward(self, x):
+        if not getattr(self, "_warmed", False):
+            self._warmed = True  # first-call-line
+            return x * 2
+        return x + 1
+
+
+def test_a_flag_that_changes_later_calls_is_reported():
+    issues = [i for i in check(FirstCallDiffers(), X).issues if i.kind == "Python state in forward"]
+    assert [i.source for i in issues] == [_line("# first-call-line")]
+    assert "FirstCallDiffers._warmed = True on its first call" in issues[0].what
+    model = FirstCallDiffers()
+    with pytest.raises(UnsupportedError, match="Python state in forward"):
+        inference_model(model, CPU)(X)
+    assert not hasattr(model, "_warmed")  # left as it was
 
 
 def test_hooks_on_a_leaf_module_run_as_in_eager():
