@@ -144,8 +144,22 @@ class Repeated:
     def label(self) -> str:
         return f"{_span(self.paths)} ({len(self.paths)} x {self.kind})"
 
+    @property
+    def star(self) -> str:
+        """The outlined block graph's module path (``"blocks.*"``: `outline.Group.label`),
+        which names the ops its calls run; "" when the paths differ in more than one part."""
+        parts = [p.split(".") for p in self.paths]
+        if len({len(p) for p in parts}) != 1:
+            return ""
+        diff = [i for i in range(len(parts[0])) if len({p[i] for p in parts}) > 1]
+        if len(diff) != 1:
+            return ""
+        return ".".join("*" if i in diff else s for i, s in enumerate(parts[0]))
+
     def holds(self, module: str) -> bool:
-        return any(module == p or module.startswith(p + ".") for p in self.paths)
+        """``module`` is one of the blocks, inside one, or inside the outlined block graph."""
+        star = [self.star] if self.star else []
+        return any(module == p or module.startswith(p + ".") for p in (*self.paths, *star))
 
 
 def repeated_blocks(model) -> list[Repeated]:

@@ -17,7 +17,8 @@ SGD and Adam(W) match torch bit for bit: each update is torch's single-tensor (C
 ``addcdiv_``) as var-update ops of their own. A ``fused=True`` group is built by
 `optim_fused` from torch's multi-tensor fused kernels instead (amsgrad included there). What a
 param group means (its kind, refused options, structure and fed hyper-parameters) is in
-`optim_groups`.
+`optim_groups`. With outlined blocks, each block's updates are one graph per block shape,
+called per block (`optim_outline`).
 """
 
 from __future__ import annotations

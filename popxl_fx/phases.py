@@ -3,12 +3,12 @@
 `phase_paths` turns ``Options(phased_execution=...)`` into module paths: ``"children"`` the
 model's top-level children (a ModuleList's or ModuleDict's items in its place), ``"blocks"``
 the repeated blocks ``outline="auto"`` finds, ``"marked"`` the modules marked with `phase`, or
-the modules a list names. `split_pieces` traces
-the model with those modules as leaves and cuts the graph into `Piece`s in execution order: one
-per phase module call, and one for the code between two phases (glue: embeddings, the loss,
-...). Each piece is an ``fx.GraphModule`` of its own over the same torch tensors (qualified
-names kept: ``"blocks.3.attn.weight"``) that `popxl_fx.Module` lowers like any model; its inputs
-and outputs are the values that cross the cut, in node order.
+the modules a list names. `split_pieces` traces the model with those modules as leaves and
+cuts the graph into `Piece`s in execution order: one per phase module call, and one for the
+code between two phases (glue: embeddings, the loss, ...). Each piece is an
+``fx.GraphModule`` of its own over the same torch tensors (qualified names kept:
+``"blocks.3.attn.weight"``) that `popxl_fx.Module` lowers like any model; its inputs and
+outputs are the values that cross the cut, in node order.
 """
 
 from __future__ import annotations

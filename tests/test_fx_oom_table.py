@@ -20,7 +20,7 @@ import torch
 import popxl_fx
 from popxl_core.sim.machine import machine_for
 from popxl_core.sim.plan import OutOfMemoryError, build_plan
-from popxl_fx.oom import CATEGORIES, module_table
+from popxl_fx.oom import CATEGORIES, grouped, module_table, repeated_blocks
 from popxl_fx.program import _model_oom_message
 from tests.fx_zoo import GPT
 
@@ -28,7 +28,10 @@ from tests.fx_zoo import GPT
 def _oom(phased):
     torch.manual_seed(0)
     model = GPT()
-    options = popxl_fx.Options(device="cpu", phased_execution=phased)
+    if phased == "outline":  # the blocks and their optimizer updates outlined
+        options = popxl_fx.Options(device="cpu", outline="auto")
+    else:
+        options = popxl_fx.Options(device="cpu", phased_execution=phased)
     trainer = popxl_fx.training_model(model, torch.optim.Adam(model.parameters()), None, options)
     x = torch.randint(0, 64, (8, 16))
     trainer(x, x)
@@ -38,7 +41,7 @@ def _oom(phased):
     return model, options.replace(device="ipu_hw"), info.value
 
 
-@pytest.mark.parametrize("phased", [False, "blocks"])
+@pytest.mark.parametrize("phased", [False, "blocks", "outline"])
 def test_table_accounts_for_every_byte_by_module(phased):
     model, _, err = _oom(phased)
     names = {n for n, _ in model.named_parameters()}
@@ -66,3 +69,16 @@ def test_message_has_the_table_and_ranked_options():
     scale = {"B": 1, "KiB": 2**10, "MiB": 2**20}
     saved = [float(n) * scale[u] for _, n, u in tried]
     assert saved == sorted(saved, reverse=True)
+
+
+def test_outlined_block_graphs_count_in_the_blocks_row():
+    """With outline="auto" the blocks' forward, backward and optimizer update run in shared
+    graphs whose ops name ``blocks.*``: their bytes are the blocks' row, not rows of their own."""
+    model, options, err = _oom("outline")
+    rows = module_table(err.plan, 0, "", {n for n, _ in model.named_parameters()})
+    assert any(r.module.startswith("blocks.*") for r in rows)  # the shared graphs' ops
+    table = grouped(rows, repeated_blocks(model))
+    assert table[0].module == "blocks.0-3 (4 x DecoderBlock)"
+    assert table[0].total == sum(r.total for r in rows if r.module.startswith("blocks."))
+    assert not any(r.module.startswith("blocks.") for r in table[1:])
+    assert sum(r.total for r in table) == sum(r.total for r in rows)
