@@ -18,6 +18,7 @@ __all__ = [
     "unshard2D",
     "repeat_shard",
     "tensor_parallel_input",
+    "tensor_parallel_output",
     "pad_axis",
     "squeeze_safe",
     "handle_negative_axis",
@@ -101,6 +102,30 @@ def tensor_parallel_input(x: np.ndarray, tp: int, rf: int) -> np.ndarray:
     dp = rf // tp
     out = repeat(x, tp, axis=-1)
     return shard(out, dp, 0).reshape(dp, -1) if dp > 1 else out
+
+
+def tensor_parallel_output(
+    output_data: np.ndarray,
+    num_host_transfers: int,
+    tp: int,
+    rf: int,
+    data_shape: Sequence[int],
+    tp_identical: bool = True,
+    true_num_host_transfers: Optional[int] = None,
+) -> np.ndarray:
+    """A Session's output ``(num_host_transfers, rf, *data_shape)`` as ``(samples, *data_shape)``
+    (``(samples, tp, *data_shape)`` when the ``tp`` replicas of a group give different outputs).
+
+    ``true_num_host_transfers`` drops the transfer slots past that count (left unwritten when a
+    stream is stored fewer times a run than the Ir's ``num_host_transfers``).
+    """
+    if tp > rf or rf % tp:
+        raise ValueError(f"tensor parallelism {tp} must divide the replication factor {rf}.")
+    out = np.asarray(output_data).reshape(num_host_transfers, rf // tp, tp, *data_shape)
+    if true_num_host_transfers is not None:
+        out = out[:true_num_host_transfers]
+    out = out.reshape(-1, tp, *data_shape)
+    return out[:, 0] if tp_identical else out
 
 
 def pad_axis(x: np.ndarray, n: int, axis: int) -> np.ndarray:

@@ -246,14 +246,16 @@ class DotTree(Generic[T]):
         return new
 
     def filter_keys(self, keys: Iterable[Key]) -> DotTree:
-        """A new tree with only ``keys`` (dotted keys allowed); ValueError on duplicates."""
+        """A new tree with only ``keys`` (dotted keys allowed, several under one sub-tree:
+        ``["head.a", "head.b"]``); ValueError on duplicates."""
         keys = list(keys)
         if len({str(k) for k in keys}) != len(keys):
             raise ValueError(f"filter_keys: duplicate keys in {keys}.")
         new = type(self)()
         for k in keys:
             v = self.get(k)
-            new.insert(k, v.copy() if isinstance(v, DotTree) else v)
+            # merging: two keys may share a sub-tree
+            new.insert(k, v.copy() if isinstance(v, DotTree) else v, overwrite=True)
         return new
 
     def map(self, fn: Callable[[Any], Any]) -> DotTree:

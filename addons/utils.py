@@ -28,7 +28,7 @@ class OrderedDict(dict[K, V]):
 
     >>> d = OrderedDict(a=1, b=2)
     >>> d.idx(1)
-    ('b', 2)
+    2
     >>> print(d)
     {
     a: 1,
@@ -36,9 +36,9 @@ class OrderedDict(dict[K, V]):
     }
     """
 
-    def idx(self, i: int) -> tuple[K, V]:
-        """The ``(key, value)`` pair at position ``i`` (negative counts from the end)."""
-        items = list(self.items())
+    def idx(self, i: int) -> V:
+        """The value at position ``i`` (negative counts from the end), as popxl.addons'."""
+        items = list(self.values())
         try:
             return items[i]
         except IndexError:

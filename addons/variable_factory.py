@@ -223,9 +223,10 @@ class VariableFactory:
         read_only_if_exists: bool = False,
     ) -> Tensor:
         """A remote variable stored in ``buffer[entry]`` (replica-sharded if the buffer is);
-        its host data is a memmap in ``memmap_dir`` when given (see `next_memmap`)."""
+        with ``memmap_dir`` its host value lives in a file there, as for `create_tensor`."""
         if memmap_dir is not None:
-            data = self.next_memmap(memmap_dir, name or self.name, empty, read_only_if_exists)
+            key = name or self.name or "variable"
+            data = self.next_memmap(memmap_dir, key, empty, read_only_if_exists)
         else:
             data = self.next_data(empty)
         make = (

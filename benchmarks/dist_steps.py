@@ -87,7 +87,8 @@ def worker(replicas: int, batch: int, steps: int, warmup: int = 3) -> None:
 def _exchange_totals(steps: int) -> None:
     from popxl_core import distributed
 
-    for ex in distributed._exchanges.values():
+    ex = distributed.job_exchange()
+    if ex is not None:
         print(
             f"EXCHANGE {ex.calls / steps:.1f} exchanges/step, {ex.bytes_sent / steps / 1e6:.2f} "
             f"MB sent/step, {1e3 * ex.seconds / steps:.1f} ms/step waiting in them",

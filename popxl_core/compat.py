@@ -37,6 +37,7 @@ _RENAMES: Dict[str, str] = {
     "popxl_addons.ops.streams": "addons.ops.host",
     "popxl_addons.seed_variable": "addons.graph_utils",
     "popxl_addons.route_tensor": "addons.graph_utils",
+    "popxl_addons.transforms.use_fc_pass": "addons.transforms.fc_pass",
     "popart": "popxl_core.compat_popart",  # a stand-in: see that module
 }
 _ROOTS = {"popxl": "popxl_core", "popxl_addons": "addons", "popart": "popxl_core.compat_popart"}

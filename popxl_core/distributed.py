@@ -48,6 +48,7 @@ __all__ = [
     "PeerFailureError",
     "Placement",
     "ProgramMismatchError",
+    "job_exchange",
     "local_replica_count",
     "local_replicas",
     "placement_for",
@@ -60,7 +61,9 @@ _LAUNCH = (
     "launch the script once per process, e.g. `torchrun --nproc_per_node=2 script.py` "
     "(or call torch.distributed.init_process_group(backend='gloo') in every process first)"
 )
-_exchanges: Dict[Tuple[int, int], Exchange] = {}  # one gloo group per job, made on first use
+# the job's default process group and its Exchange (one gloo group per job, made on first use;
+# a new default group, after destroy_process_group and a new init, gets a new Exchange)
+_job_exchange: List[Tuple[object, Exchange]] = []
 
 
 class LaunchError(RuntimeError):
@@ -279,12 +282,25 @@ def placement_for(ir, host: Dict[object, np.ndarray]) -> Placement:
         return Placement(replicas)
     rank, size = found
     _checked_split(replicas, size)
-    key = (rank, size)
-    if key not in _exchanges:
-        _exchanges[key] = Exchange(rank, size, timeout_s())
-    exchange = _exchanges[key]
+    exchange = _exchange_of_job(rank, size)
     check_same_program(exchange, program_lines(ir, host))
     return Placement(replicas, rank, size, exchange)
+
+
+def job_exchange() -> Optional[Exchange]:
+    """The Exchange of this process's torch.distributed job once a replicated Session made
+    it (its ``calls``, ``bytes_sent`` and ``seconds`` are totals since); None before."""
+    return _job_exchange[0][1] if _job_exchange else None
+
+
+def _exchange_of_job(rank: int, size: int) -> Exchange:
+    """The Exchange of the job's current default process group (made on first use)."""
+    import torch.distributed as dist
+
+    group = dist.distributed_c10d._get_default_group()
+    if not _job_exchange or _job_exchange[0][0] is not group:
+        _job_exchange[:] = [(group, Exchange(rank, size, timeout_s()))]
+    return _job_exchange[0][1]
 
 
 # the same program in every process -------------------------------------------------------

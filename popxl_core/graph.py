@@ -31,6 +31,8 @@ class Op:
         "by_ref_modified",
         "module_path",
         "settings",
+        "concurrency_group",
+        "exchange_group",
         "__weakref__",
     )
 
@@ -61,6 +63,12 @@ class Op:
         # PopART op settings that do not change the numbers (e.g. the matmul's fully
         # connected pass, set by popxl.addons' enable_fc_pass / disable_fc_pass)
         self.settings: Dict[str, Any] = {}
+        # schedule facts that change the cost estimate, never the numbers: the concurrent
+        # multi-IPU step the op runs in (`transforms.ipu_concurrency`), and the merged
+        # exchange it is part of, with whether it is that exchange's first op
+        # (`transforms.merge_exchange`)
+        self.concurrency_group: Optional[int] = None
+        self.exchange_group: Optional[Tuple[int, bool]] = None
 
     @property
     def type(self) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import List, Optional
 
 __all__ = ["ReplicaGrouping"]
@@ -73,6 +74,31 @@ class ReplicaGrouping:
             out.append(block * self._stride + offset % self._stride)
         return out
 
+    @property
+    def const_rg(self) -> "ReplicaGrouping":
+        """A grouping with a constant stride and group size whose every group lies inside one
+        group of this one (this grouping itself when it is constant), with the fewest groups:
+        PopXL's form of a grouping for the device (``[0, 0, 1, 1, 0, 0, 1, 1]`` gives
+        ``[0, 0, 1, 1, 2, 2, 3, 3]``)."""
+        if self._assignment is None:
+            return self
+        a = self._assignment
+        runs = _const_runs(a)
+        size = math.gcd(*(len(r) for r in runs))
+        gaps = [b - x for r in runs for x, b in zip(r, r[1:])]
+        stride = min(gaps) if size > 1 and gaps else 1
+        return ReplicaGrouping._from_params(len(a), stride, size)
+
+    @property
+    def to_device_map(self) -> List[int]:
+        """For each group of `const_rg`, the group of this grouping it lies in."""
+        return _first_seen(self.const_rg.assignment, self.assignment)
+
+    @property
+    def to_host_map(self) -> List[int]:
+        """For each group of this grouping, the first group of `const_rg` inside it."""
+        return _first_seen(self.assignment, self.const_rg.assignment)
+
     def replicas_of_group(self, group: int) -> List[int]:
         return [r for r, g in enumerate(self.assignment) if g == group]
 
@@ -103,3 +129,29 @@ def _infer_stride(assignment: List[int]) -> Optional[int]:
         return 1
     steps = {b - a for a, b in zip(members, members[1:])}
     return steps.pop() if len(steps) == 1 else None
+
+
+def _const_runs(assignment: List[int]) -> List[List[int]]:
+    """Each group's members split where the gap between consecutive members exceeds the
+    smallest gap of any group: the pieces that can be groups of one constant stride."""
+    groups = [[r for r, g in enumerate(assignment) if g == k] for k in sorted(set(assignment))]
+    gaps = [b - a for m in groups for a, b in zip(m, m[1:])]
+    smallest = min(gaps, default=1)
+    runs = []
+    for members in groups:
+        runs.append([members[0]])
+        for a, b in zip(members, members[1:]):
+            if b - a > smallest:
+                runs.append([])
+            runs[-1].append(b)
+    return runs
+
+
+def _first_seen(keys: List[int], values: List[int]) -> List[int]:
+    """For each distinct key in order of first appearance, the value at that position."""
+    out, seen = [], set()
+    for k, v in zip(keys, values):
+        if k not in seen:
+            seen.add(k)
+            out.append(v)
+    return out

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from .sim.oom import OutOfMemoryError
-from .sim.plan import PLAN_OBSERVERS
+from .sim.plan import observed_plans
 
 __all__ = ["main", "write_report"]
 
@@ -57,16 +57,18 @@ def main(argv: list[str] | None = None) -> int:
     opts = parser.parse_args(argv)
     if not opts.script.is_file():
         parser.error(f"no such script: {opts.script}")
-    plans: list = []
-    PLAN_OBSERVERS.append(plans.append)
-    try:
-        return _run(opts.script, opts.args)
-    finally:  # a script that fails still gets the reports of the Sessions it built
-        PLAN_OBSERVERS.remove(plans.append)
-        opts.out.mkdir(parents=True, exist_ok=True)
-        for i, plan in enumerate(plans, 1):
-            write_report(plan, opts.out, f"session_{i}")
-        print(f"popxl_core.report: {len(plans)} Session(s) reported in {opts.out}/")
+    with observed_plans() as plans:
+        try:
+            return _run(opts.script, opts.args)
+        finally:  # a script that fails still gets the reports of the Sessions it built
+            _write_reports(plans, opts.out)
+
+
+def _write_reports(plans: list, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for i, plan in enumerate(plans, 1):
+        write_report(plan, out, f"session_{i}")
+    print(f"popxl_core.report: {len(plans)} Session(s) reported in {out}/")
 
 
 def _run(script: Path, args: list[str]) -> int:

@@ -15,7 +15,7 @@ shortfall and every candidate's peak.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from torch import nn
 
@@ -114,6 +114,10 @@ def choose(
 ) -> Choice:
     """The options to train ``model`` with under ``options.memory == "auto"``.
 
+    A candidate that does not apply to the model (its build refuses it: phases that forward
+    never calls, options that do not combine) is skipped and listed with the reason; it never
+    ends the search.
+
     Args:
         plan: a what-if build of the training program for the given options (no Session).
         batch: the batch size (gradient accumulation is tried where it divides it).
@@ -124,20 +128,48 @@ def choose(
     given = plan(base)
     if given.peak <= limit:
         return Choice(base, f"memory='auto': the model fits as given ({_fits(given, capacity)})")
-    tried = [({}, given)]
-    for changes in candidates(model, options, batch):
-        tried.append((changes, plan(base.replace(**changes))))
-    fitting = [(c, p) for c, p in tried if p.peak <= limit]
-    if not fitting:  # activations too: phases that hold one slice of the batch at a time
-        for changes in sliced_candidates(model, options, batch):
-            tried.append((changes, plan(base.replace(**changes))))
-        fitting = [(c, p) for c, p in tried if p.peak <= limit]
+    search = _Search(plan, base, limit, [({}, given)])
+    search.run(candidates(model, options, batch))
+    if not search.fitting():  # activations too: phases that hold one slice of the batch
+        search.run(sliced_candidates(model, options, batch))
+    fitting = search.fitting()
     if not fitting:
-        raise NoPlanFitsError(_none_fits(tried, capacity, limit))
+        raise NoPlanFitsError(_none_fits(search, capacity, limit))
     changes, best = min(fitting, key=lambda cp: cp[1].cycles)
     lines = [f"memory='auto' chose {_text(changes)} ({_fits(best, capacity)}); planned:"]
-    lines += [f"  {p.describe(c)}" + ("  <- chosen" if c is changes else "") for c, p in tried]
-    return Choice(best.options, "\n".join(lines))
+    lines += [
+        f"  {p.describe(c)}" + ("  <- chosen" if c is changes else "") for c, p in search.tried
+    ]
+    return Choice(best.options, "\n".join(lines + search.skipped_lines()))
+
+
+@dataclass
+class _Search:
+    """The candidates planned so far, and those skipped because they do not apply."""
+
+    plan: Callable[[Options], Planned]
+    base: Options
+    limit: int
+    tried: list
+    skipped: list = field(default_factory=list)  # (changes, why)
+
+    def run(self, changes_list: list[dict]) -> None:
+        for changes in changes_list:
+            try:
+                self.tried.append((changes, self.plan(self.base.replace(**changes))))
+            except _DOES_NOT_APPLY as e:  # the given options planned: the candidate is refused
+                self.skipped.append((changes, f"{type(e).__name__}: {e}"))
+
+    def fitting(self) -> list:
+        return [(c, p) for c, p in self.tried if p.peak <= self.limit]
+
+    def skipped_lines(self) -> list[str]:
+        return [f"  {_text(c)}: skipped, it does not apply ({why})" for c, why in self.skipped]
+
+
+# what a candidate's build raises when the candidate does not fit the model (PhaseError and
+# OutlineError are ValueErrors): any other exception is a fault, and propagates
+_DOES_NOT_APPLY = (ValueError, NotImplementedError)
 
 
 def _fits(planned: Planned, capacity: int) -> str:
@@ -148,13 +180,14 @@ def _fits(planned: Planned, capacity: int) -> str:
     )
 
 
-def _none_fits(tried: list, capacity: int, limit: int) -> str:
-    changes, best = min(tried, key=lambda cp: cp[1].peak)
+def _none_fits(search: _Search, capacity: int, limit: int) -> str:
+    changes, best = min(search.tried, key=lambda cp: cp[1].peak)
     lines = [
         f"popxl_fx: memory='auto' found no plan that fits one IPU ({fmt_bytes(capacity)}, "
         f"{MARGIN:.0%} kept free: {fmt_bytes(limit)}). The best, {_text(changes)}, needs "
         f"{fmt_bytes(best.peak)}: short by {fmt_bytes(best.peak - limit)}. Planned:",
-        *[f"  {p.describe(c)}" for c, p in tried],
+        *[f"  {p.describe(c)}" for c, p in search.tried],
+        *search.skipped_lines(),
         "Use a smaller model or batch, more replicas with replicated_tensor_sharding, or "
         "Options(device='ipu_model') / 'cpu' to run it anyway.",
     ]

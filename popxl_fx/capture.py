@@ -25,12 +25,14 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch import nn
+from torch.nn.utils.parametrize import is_parametrized
 
 from .calls import POSITIONAL, Binding
 from .capture_calls import RootCalls
 from .capture_proxy import CaptureProxy, describe
 from .capture_state import preserved, trace_module
 from .errors import Issue, user_frame, user_stack
+from .guards import data_check, find_guard
 from .lowering import lookup
 from .replay import MISSING, Replay, module_state
 
@@ -68,8 +70,15 @@ _DATA_FUNCTIONS = frozenset(
 
 
 def is_leaf(module: nn.Module) -> bool:
-    """Standard torch.nn modules with a lowering, or without children, are not traced into."""
-    if not type(module).__module__.startswith("torch.nn"):
+    """Standard torch.nn modules with a lowering, or without children, are not traced into.
+    A parametrized one (``torch.nn.utils.parametrize``: weight_norm, spectral_norm) is: its
+    ``weight`` is computed from the original parameters by the parametrization, part of the
+    forward, so the gradient reaches the originals. So is one with forward (pre-)hooks: as
+    one node its hooks would never run (legacy weight_norm is a pre-hook; HF's output capture
+    adds hooks)."""
+    if not type(module).__module__.startswith("torch.nn") or is_parametrized(module):
+        return False
+    if module._forward_hooks or module._forward_pre_hooks:
         return False
     return lookup(type(module)) is not None or not any(True for _ in module.children())
 
@@ -279,13 +288,20 @@ class CaptureTracer(RootCalls, fx.Tracer):
             self.record(proxy.node, kind, what, _DATA_HINT[kind])
 
     def to_bool(self, obj: fx.Proxy) -> bool:
+        value = bool(obj.node.meta["example_value"])
+        guard = find_guard()
+        if guard is not None:  # `if bad: raise`: a run-time check instead of a branch
+            self.create_proxy(
+                "call_function", data_check, (obj, value, guard.where, guard.text), {}
+            )
+            return value
         self.record(
             obj.node,
             "data-dependent control flow",
             f"bool({describe(obj.node)})",
             "a Python `if`/`while` on a tensor value; use torch.where or compute both branches.",
         )
-        return bool(obj.node.meta["example_value"])
+        return value
 
     def iter(self, obj: fx.Proxy) -> Iterator:
         self.check_static(obj, "data-dependent length", f"iteration over {describe(obj.node)}")

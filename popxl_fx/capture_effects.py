@@ -2,10 +2,14 @@
 
 A PopXL program is the forward's *tensor* work; its Python runs once, at capture. So:
 - ``print(x)`` of a tensor prints once (the example's values), not on each step: reported as
-  "print of a tensor" (the entry points warn);
+  "print of a tensor" (the entry points warn); any other ``print`` by forward's own code
+  prints once too, at capture, and is reported as "print in forward" (a warning as well);
 - Python state changed by ``forward`` (``self.calls += 1``, ``self.history.append(h)``,
   ``self.cache[k] = v``) changes once, at capture: reported as "Python state in forward"
   (the entry points raise), and undone after the trace so capture leaves the model as it was;
+  except a flag set once (a bool on an attribute the module did not have, such as HF's
+  ``_output_capturing_hooks_installed``): that is lazy set-up, which eager's first call does
+  as well and later calls skip, so it is not per-step state and stays set after the trace;
 - numpy on a tensor (``x.numpy()``, ``np.tanh(x)``) computes once, on the example values, and
   its result would be frozen into the program: reported by `capture._Proxy` as "numpy on a
   tensor" (see `numpy_issue`).
@@ -27,17 +31,23 @@ from torch import nn
 
 from .errors import _internal_file
 
-__all__ = ["PRINT", "STATE", "NUMPY", "WARN_KINDS", "python_effects_recorded"]
+__all__ = ["PRINT", "PRINT_TEXT", "STATE", "NUMPY", "WARN_KINDS", "python_effects_recorded"]
 
 PRINT = "print of a tensor"
+PRINT_TEXT = "print in forward"
 STATE = "Python state in forward"
 NUMPY = "numpy on a tensor"
-WARN_KINDS = frozenset({PRINT})  # the entry points warn about these and raise for the rest
+# the entry points warn about these and raise for the rest
+WARN_KINDS = frozenset({PRINT, PRINT_TEXT})
 
 _PRINT_HINT = (
     "the program runs forward's Python once, at capture: this printed the example's values "
     "once and prints nothing on later steps; print the returned outputs, or use "
     "popxl_core.ops.print_tensor in a hand-written program."
+)
+_PRINT_TEXT_HINT = (
+    "the program runs forward's Python at capture only: this printed then and prints "
+    "nothing on the steps; print outside forward (around the trainer's call)."
 )
 _STATE_HINT = (
     "the program runs forward's Python once, at capture, so this changes once and not on each "
@@ -68,6 +78,8 @@ def _printing(tracer, original):
             what = f"print() of {node.name}" if node is not None else "print() of a tensor"
             tracer.record(node, PRINT, what, _PRINT_HINT)
             args = tuple(pytree.tree_map(_plain_value, list(args)))
+        elif not getattr(tracer, "_evaluating", False) and _user_caller():
+            tracer.record(None, PRINT_TEXT, "print() in forward", _PRINT_TEXT_HINT)
         original(*args, **kwargs)
 
     return print_
@@ -84,7 +96,7 @@ def _same(old: Any, new: Any) -> bool:
     return False
 
 
-def _setting(tracer, modules: set[int], original):
+def _setting(tracer, modules: set[int], flags: set, original):
     def setattr_(module: nn.Module, name: str, value: Any) -> None:
         if (
             id(module) in modules
@@ -94,7 +106,9 @@ def _setting(tracer, modules: set[int], original):
             and _user_caller()
         ):
             old = module.__dict__.get(name, _MISSING)
-            if not _same(old, value):
+            if old is _MISSING and isinstance(value, bool):
+                flags.add((id(module), name))  # lazy set-up, done once: kept by `_restore`
+            elif not _same(old, value):
                 what = f"forward sets {type(module).__name__}.{name} = {type(value).__name__}"
                 _record_state(tracer, module, what)
         original(module, name, value)
@@ -174,11 +188,11 @@ def _plain_state(modules: list[nn.Module]) -> dict:
     }
 
 
-def _restore(state: dict) -> None:
+def _restore(state: dict, flags: set) -> None:
     """Put back the attributes `_plain_state` saved (the original containers among them) and
-    drop plain attributes the forward added."""
+    drop plain attributes the forward added, except the set-up ``flags`` (module id, name)."""
     for m, attrs in state.values():
-        for name in [k for k in vars(m) if k not in attrs]:
+        for name in [k for k in vars(m) if k not in attrs and (id(m), k) not in flags]:
             if not isinstance(m.__dict__[name], (torch.Tensor, nn.Module)):
                 del m.__dict__[name]
         m.__dict__.update(attrs)
@@ -196,7 +210,8 @@ def python_effects_recorded(tracer, model: nn.Module) -> Iterator[None]:
     builtins.print = _printing(tracer, original_print)
     owners = _setattr_owners(model)
     saved = {cls: vars(cls).get("__setattr__", _MISSING) for cls in owners}
-    setting = _setting(tracer, ids, nn.Module.__setattr__)
+    flags: set = set()
+    setting = _setting(tracer, ids, flags, nn.Module.__setattr__)
     for cls in owners:
         cls.__setattr__ = setting
     try:
@@ -208,7 +223,7 @@ def python_effects_recorded(tracer, model: nn.Module) -> Iterator[None]:
                 del cls.__setattr__
             else:
                 cls.__setattr__ = old
-        _restore(state)
+        _restore(state, flags)
 
 
 def _setattr_owners(model: nn.Module) -> list[type]:

@@ -24,6 +24,7 @@ import torch.utils._pytree as pytree
 from torch import nn
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
+from .capture_autograd import autograd_functions_recorded
 from .capture_effects import python_effects_recorded
 from .errors import Issue
 
@@ -157,7 +158,11 @@ def _traced(tracer: fx.Tracer, model: nn.Module, keep: Callable[[fx.Graph], Any]
     before = set(vars(model))
     try:
         with preserved(model) as plain:
-            with random_factories_recorded(tracer), python_effects_recorded(tracer, model):
+            with (
+                random_factories_recorded(tracer),
+                autograd_functions_recorded(tracer),
+                python_effects_recorded(tracer, model),
+            ):
                 graph = tracer.trace(model)
             tracer.issues += plain_update_issues(graph, changed_plain_tensors(model, plain))
         return keep(graph)

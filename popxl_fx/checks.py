@@ -108,6 +108,7 @@ def check_step_arity(
     target is named here, not by forward's argument error. ``n_keywords`` of the inputs
     (before the target) were passed to the model by keyword."""
     if loss_fn is None:
+        _check_no_target(model, len(inputs) - n_keywords)
         return
     inputs = [*inputs[: len(inputs) - 1 - n_keywords], inputs[-1]] if inputs else inputs
     low, high = _positional_range(model)
@@ -124,6 +125,22 @@ def check_step_arity(
             f"most {high} input(s), and with loss_fn={name} only the last tensor is the "
             f"target ({shape}); pass one target."
         )
+
+
+def _check_no_target(model: nn.Module, n_positional: int) -> None:
+    """Without ``loss_fn`` every tensor goes to forward, which returns the loss: one tensor
+    more than forward takes is most likely a target meant for a loss function."""
+    low, high = _positional_range(model)
+    if high is None or n_positional <= high:
+        return
+    name = type(model).__name__
+    raise TypeError(
+        f"the trainer got {n_positional} positional tensor(s), but {name}.forward takes at most "
+        f"{high}, and no loss_fn was given: without one, forward's output is the loss, so "
+        f"{name} has no loss here. To compute the loss from its output and a target, pass a "
+        "loss function: training_model(model, optimizer, loss_fn=...) and call "
+        "trainer(*model_inputs, target)."
+    )
 
 
 def _positional_range(model: nn.Module) -> tuple[int, int | None]:

@@ -341,9 +341,18 @@ def lower_by_decomposition(node: fx.Node, args: tuple, kwargs: dict, ctx: Loweri
     def make_ctx(n: fx.Node) -> LoweringContext:
         return LoweringContext(ctx.owner, n, ctx.module_path, ctx.training)
 
-    return run_graph(
-        dec.gm, [*state, *leaves], make_ctx, _constant, fallback=lower_by_decomposition
-    )
+    out = run_graph(dec.gm, [*state, *leaves], make_ctx, _constant, fallback=lower_by_decomposition)
+    return _as_seen(out, node)
+
+
+def _as_seen(out: Any, node: fx.Node) -> Any:
+    """The decomposition's outputs as the structure eager returned: a named tuple such as
+    ``torch.return_types.sort`` comes back from the ATen graph as a plain tuple, and the
+    user's code reads ``.values`` / ``.indices`` from it."""
+    seen = node.meta.get("example_value", node.meta.get("val"))
+    if isinstance(seen, tuple) and hasattr(type(seen), "n_fields") and isinstance(out, tuple):
+        return type(seen)(out)
+    return out
 
 
 def _constant(gm: fx.GraphModule, target: str) -> Any:

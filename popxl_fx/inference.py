@@ -16,8 +16,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from popxl_core.ops import RuntimeCheckError
+
 from .calls import POSITIONAL, Binding, bind
 from .checks import check_no_autocast
+from .guards import raise_model_error
 from .options import Options, resolve
 from .pipeline import Build, Programs, check_entry
 from .program import ProgramView, signature_of
@@ -44,6 +47,12 @@ class InferenceModel(ProgramView):
         self._programs: Programs[Program] = Programs("inference_model")
 
     def __call__(self, *inputs: torch.Tensor, **kwargs: Any) -> Any:
+        try:
+            return self._run(*inputs, **kwargs)
+        except RuntimeCheckError as failed:  # a model's `if bad: raise` (popxl_fx.guards)
+            raise_model_error(lambda: self._model(*inputs, **kwargs), self._model, failed)
+
+    def _run(self, *inputs: torch.Tensor, **kwargs: Any) -> Any:
         check_no_autocast("the inference model")
         inputs, binding = bind(inputs, kwargs)  # keyword tensors follow the positional ones
         prog = self._program(inputs, binding)
@@ -58,6 +67,11 @@ class InferenceModel(ProgramView):
         return prog.lowered.fxm.unflatten(leaves)
 
     # programs ------------------------------------------------------------------------
+    def build(self, *inputs: torch.Tensor, **kwargs: Any) -> Program:
+        """Build (or fetch from the cache) the program for ``inputs`` without running it."""
+        inputs, binding = bind(inputs, kwargs)
+        return self._program(inputs, binding)
+
     @property
     def _active(self) -> Program | None:
         return self._programs.active

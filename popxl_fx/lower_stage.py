@@ -40,6 +40,11 @@ class Lowered:
     def torch_names(self) -> dict[str, tuple[str, Any]]:
         return self.fxm.torch_names()
 
+    def outlined_blocks(self, prefix: str = "") -> list[list[str]]:
+        """The outlined blocks' module paths per group, as the user's model names them
+        (``prefix``, the loss wrapper's ``"model."``, stripped)."""
+        return [[p[len(prefix) :] for p in paths] for paths in self.fxm.outlined_paths()]
+
     def trainable(self) -> list[str]:
         """Variable names of the parameters that require gradients (forward arg order)."""
         names = self.torch_names()

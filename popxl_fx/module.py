@@ -177,6 +177,10 @@ class Module(addons.Module):
             )
         return self._plans[key]
 
+    def outlined_paths(self) -> list[list[str]]:
+        """The module paths of the outlined call sites, one list per group (block graph)."""
+        return [g.paths for plan in self._plans.values() for g in plan.groups]
+
     def block_graphs(self, ir: popxl.Ir) -> list[popxl.Graph]:
         """The outlined block graphs this module has built in ``ir`` (one per group)."""
         groups = [g for plan in self._plans.values() for g in plan.groups]

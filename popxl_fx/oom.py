@@ -10,13 +10,16 @@ categories, because the remedy follows the category:
     optimizer    optimizer state (always live, or loaded) and the update's temporaries
     activations  forward tensors kept for the backward, and the forward's own temporaries
 
-`oom_message` prints the table, largest module first, then `remedies`: the exact
-``Options(...)`` to try, ranked by the bytes each is estimated to save (estimates from the
-table: ``memory="auto"`` plans the candidates themselves).
+`oom_message` prints the table -- the repeated blocks first, one row per structure
+(`grouped`: ``blocks.0-23 (24 x Block)``, what phases or outlining act on), then the largest
+other modules -- then `remedies`: the exact ``Options(...)`` to try, ranked by the bytes each
+is estimated to save (estimates from the table: ``memory="auto"`` plans the candidates
+themselves). Only options estimated to save the whole overflow alone are offered as fixes.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import popxl_core as popxl
@@ -26,8 +29,17 @@ from popxl_core.sim.remote_plan import is_remote_variable
 from popxl_core.sim.report import fmt_bytes
 
 from .options import Options
+from .outline import candidates
 
-__all__ = ["ModuleRow", "module_table", "oom_message", "remedies"]
+__all__ = [
+    "ModuleRow",
+    "Repeated",
+    "grouped",
+    "module_table",
+    "oom_message",
+    "remedies",
+    "repeated_blocks",
+]
 
 CATEGORIES = ("weights", "gradients", "optimizer", "activations")
 _OPTIMIZER = "optimizer."  # state variables' and update ops' prefix (`optim.py`)
@@ -121,6 +133,59 @@ def _natural(name: str) -> tuple:
     return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in name.split("."))
 
 
+@dataclass(frozen=True)
+class Repeated:
+    """Repeated blocks shown as one row: ``blocks.0-23 (24 x Block)``."""
+
+    paths: tuple[str, ...]
+    kind: str  # the blocks' class name
+
+    @property
+    def label(self) -> str:
+        return f"{_span(self.paths)} ({len(self.paths)} x {self.kind})"
+
+    def holds(self, module: str) -> bool:
+        return any(module == p or module.startswith(p + ".") for p in self.paths)
+
+
+def repeated_blocks(model) -> list[Repeated]:
+    """The outermost repeated blocks of ``model`` (as ``outline="auto"`` finds them), one
+    `Repeated` per structure: a block's own repeated parts are counted in the block's row."""
+    groups = sorted(candidates(model).items(), key=lambda kv: (kv[1][0].count("."), -len(kv[1])))
+    found: list[Repeated] = []
+    for key, paths in groups:
+        if not any(r.holds(p) for r in found for p in paths):
+            found.append(Repeated(tuple(paths), key[0].__name__))
+    return found
+
+
+def _span(paths: tuple[str, ...]) -> str:
+    """``blocks.0 .. blocks.23`` -> ``"blocks.0-23"`` (a run of numbers after one stem)."""
+    split = [re.fullmatch(r"(.*?)(\d+)", p) for p in paths]
+    if all(split) and len({m.group(1) for m in split}) == 1:
+        numbers = [int(m.group(2)) for m in split]
+        if numbers == list(range(numbers[0], numbers[0] + len(numbers))):
+            return f"{split[0].group(1)}{numbers[0]}-{numbers[-1]}"
+    return ", ".join(paths) if len(paths) <= 3 else f"{paths[0]} .. {paths[-1]}"
+
+
+def grouped(rows: list[ModuleRow], repeated: list[Repeated]) -> list[ModuleRow]:
+    """The rows with each repeated group's modules summed into one row, the groups first
+    (largest first), then the modules outside them (largest first)."""
+    groups = {r.label: ModuleRow(r.label) for r in repeated}
+    single = []
+    for row in rows:
+        owner = next((r for r in repeated if r.holds(row.module)), None)
+        if owner is None:
+            single.append(row)
+            continue
+        total = groups[owner.label]
+        for c in CATEGORIES:
+            setattr(total, c, getattr(total, c) + getattr(row, c))
+    kept = sorted((g for g in groups.values() if g.total), key=lambda r: -r.total)
+    return kept + single
+
+
 def _table_text(rows: list[ModuleRow], limit: int = 12) -> list[str]:
     width = max([len(r.module) for r in rows[:limit]] + [6])
     head = f"    {'module':<{width}}  " + "  ".join(f"{c:>11}" for c in (*CATEGORIES, "total"))
@@ -172,27 +237,51 @@ def remedies(
     return sorted(((s, text) for s, text in found if s >= floor), key=lambda x: -x[0])
 
 
-def oom_message(err, options: Options, prefix: str, params: set[str], blocks: int) -> str:
-    """The user's OOM error: the overflow, the per-module table and the ranked remedies."""
+def oom_message(err, options: Options, prefix: str, params: set[str], repeated: list) -> str:
+    """The user's OOM error: the overflow, the per-module table (repeated blocks grouped
+    first) and the ranked remedies.
+
+    Args:
+        repeated: the model's outermost repeated blocks (`Repeated`), one row each.
+    """
     plan = err.plan
     ipu = plan.out_of_memory[0]
     m = plan.memory[ipu]
     rows = module_table(plan, ipu, prefix, params)
-    tried = remedies(rows, options, blocks, max(1, (m.total - m.capacity) // 100))
+    blocks = max((len(r.paths) for r in repeated), default=0)
+    over = m.total - m.capacity
+    tried = remedies(rows, options, blocks, max(1, over // 100))
     lines = [
         f"popxl_fx: the model does not fit one IPU with device={options.device!r}: the peak "
         f"needs {fmt_bytes(m.total)}, the IPU has {fmt_bytes(m.capacity)} (over by "
-        f"{fmt_bytes(m.total - m.capacity)}; code {fmt_bytes(m.code)} and stream buffers "
+        f"{fmt_bytes(over)}; code {fmt_bytes(m.code)} and stream buffers "
         f"{fmt_bytes(m.streams)} of it are not per module).",
-        "  What each module holds at the peak (torch names, largest first):",
-        *_table_text(rows),
-        "  Options to try, by estimated bytes saved (memory='auto' plans them exactly):",
-        *(
-            [f"    {text}: about {fmt_bytes(saved)}" for saved, text in tried]
-            or ["    none saves enough: a smaller model or batch"]
-        ),
+        "  What each module holds at the peak (torch names; repeated blocks first, then the "
+        "largest modules):",
+        *_table_text(grouped(rows, repeated)),
+        *_remedy_text(tried, over),
         "  Or Options(device='ipu_model') to run it anyway (with a warning), "
         "Options(device='cpu') to ignore IPU limits.",
         f"Simulator estimate: {err}",
     ]
     return "\n".join(lines)
+
+
+def _remedy_text(tried: list[tuple[int, str]], over: int) -> list[str]:
+    """The remedies estimated to save the whole overflow alone; only when none does, the
+    partial ones, said to be partial (an Options(...) offered as a fix must be one)."""
+    enough = [(saved, text) for saved, text in tried if saved >= over]
+    if enough:
+        return [
+            "  Options to try, by estimated bytes saved:",
+            *[f"    {text}: about {fmt_bytes(saved)}" for saved, text in enough],
+            "    Options(memory='auto'): plans these and their combinations exactly, and trains "
+            "the fastest that fits",
+        ]
+    if not tried:
+        return ["  No option saves enough: a smaller model or batch."]
+    return [
+        f"  No option alone is estimated to save the {fmt_bytes(over)}; each saves part "
+        "(combined, or with a smaller model or batch):",
+        *[f"    {text}: about {fmt_bytes(saved)}" for saved, text in tried],
+    ]

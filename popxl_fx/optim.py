@@ -22,7 +22,7 @@ param group means (its kind, refused options, structure and fed hyper-parameters
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -46,6 +46,7 @@ from .optim_groups import (
     optimizer_kind,
     sgd_hyper,
 )
+from .optim_outline import OutlinedUpdates, block_chunks
 from .optim_remote import RemoteState
 from .optim_replicated import Replication
 
@@ -102,6 +103,8 @@ class OptimizerProgram:
         # hyper-parameter scalars are loaded once per step and shared by the phases' updates
         self.remote: RemoteState | None = None
         self._hyper_loaded: dict[int, dict] = {}
+        self.blocks: list[Sequence[str]] = []  # `build`'s outlined blocks
+        self._outlined = OutlinedUpdates(self)
         for g in self.groups:
             g.step = self._initial_step(g)
 
@@ -141,6 +144,7 @@ class OptimizerProgram:
         params: Mapping[str, popxl.Tensor],
         grads: Mapping[str, popxl.Tensor],
         local: Callable[[popxl.Tensor], popxl.Tensor] | None = None,
+        blocks: Sequence[Sequence[str]] = (),
     ) -> None:
         """Add the update of every parameter that has a gradient (in the current graph); with
         replication ``grads`` are already reduced over the replicas
@@ -150,11 +154,16 @@ class OptimizerProgram:
         iteration), state variables are made in the main graph and ``local(variable)`` is the
         subgraph's input that stands for it.
 
+        ``blocks``: the outlined blocks' module paths, per group of blocks of one structure
+        (``[["blocks.0", "blocks.1", ...]]``): each block's parameters are updated by one
+        update graph per block shape, called once per block (`optim_outline`).
+
         Phased (``self.remote`` set): called once per phase with that phase's (loaded)
         parameters; each state tensor is loaded from its remote buffer at first use and
         stored back once the phase's updates are built.
         """
         self._local = local
+        self.blocks = list(blocks)
         with popxl.in_sequence():
             for g, pg in zip(self.groups, self.optimizer.param_groups):
                 g.structure = self._structure(pg)
@@ -180,12 +189,16 @@ class OptimizerProgram:
             fused.build(g.streams, names, targets, grads, pg)
         else:
             loaded = self._hyper_loaded.setdefault(g.index, {})
-            for n in names:
-                hp = self._hyper(g, params[n].dtype, loaded)
-                update = {"sgd": self._sgd, "adam": self._adam}.get(self.kind, self._ipu_adam)
+            hyper = lambda n: self._hyper(g, params[n].dtype, loaded)  # noqa: E731
+            blocks = self.blocks if self.remote is None else []  # phased: a graph per phase
+            for block, chunk in block_chunks(names, blocks):
+                if block:  # one update graph per block shape, called per block
+                    self._outlined.call(block, chunk, targets, grads, hyper, (g.index, pg))
+                    continue
                 # the update's ops name the parameter's module (reports, OOM tables)
+                n = chunk[0]
                 with module_origin(f"optimizer.{n.rsplit('.', 1)[0] if '.' in n else '<root>'}"):
-                    update(n, targets[n], grads[n], hp, pg)
+                    self._update(self._state_var)(n, targets[n], grads[n], hyper(n), pg)
         for n in names:
             self.replication.write_back(params[n], targets[n])
 
@@ -230,39 +243,46 @@ class OptimizerProgram:
         self.state.setdefault(name, {})[key] = var
         return used
 
-    def _sgd(self, name: str, p, grad, hp, pg) -> None:
+    def _update(self, state: Callable) -> Callable:
+        """The update of one parameter: ``(name, weight, grad, hyper, group)``, its state
+        tensors made by ``state(name, key, like, dtype=None)`` (`_state_var`, or an outlined
+        update graph's inputs)."""
+        update = {"sgd": self._sgd, "adam": self._adam}.get(self.kind, self._ipu_adam)
+        return lambda *args: update(*args, state=state)
+
+    def _sgd(self, name: str, p, grad, hp, pg, state: Callable) -> None:
         if pg["maximize"]:
             grad = ops.negate(grad)
         if pg["weight_decay"] != 0:
             grad = ops.scaled_add(grad, p, b=hp["weight_decay"])
         if pg["momentum"] != 0:
-            buf = self._state_var(name, "momentum_buffer", p)
+            buf = state(name, "momentum_buffer", p)
             # torch clones the gradient on the first step: 0 * 0 + 1 * grad is the same bits
             ops.scaled_add_(buf, grad, a=hp["buf_scale"], b=hp["damp_alpha"])
             grad = ops.scaled_add(grad, buf, b=hp["momentum"]) if pg["nesterov"] else buf
         ops.scaled_add_(p, grad, b=hp["neg_lr"])
 
-    def _adam(self, name: str, p, grad, hp, pg) -> None:
+    def _adam(self, name: str, p, grad, hp, pg, state: Callable) -> None:
         # torch's _single_tensor_adam, op for op (lerp_, addcmul_ and addcdiv_ are its kernels)
         if pg["maximize"]:
             grad = ops.negate(grad)
-        step = self._state_var(name, "step", p)
+        step = state(name, "step", p)
         ops.var_updates.accumulate_(step, popxl.constant(1.0, popxl.float32))
         if pg["weight_decay"] != 0:
             if decoupled(pg):
                 ops.var_updates.accumulator_scale_(p, hp["decay"])
             else:
                 grad = ops.scaled_add(grad, p, b=hp["weight_decay"])
-        m = self._state_var(name, "exp_avg", p)
-        v = self._state_var(name, "exp_avg_sq", p)
+        m = state(name, "exp_avg", p)
+        v = state(name, "exp_avg_sq", p)
         ops.var_updates.lerp_(m, grad, hp["w1"])
         ops.var_updates.accumulator_scale_(v, hp["beta2"])
         ops.var_updates.addcmul_(v, grad, grad, hp["c2"])
         denom = ops.sqrt(v) / hp["bc2_sqrt"] + hp["eps"]
         ops.var_updates.addcdiv_(p, m, denom, hp["neg_step_size"])
 
-    def _ipu_adam(self, name: str, p, grad, hp, pg) -> None:
-        optim_ipu.build_update(self._state_var, name, p, grad, hp, pg)
+    def _ipu_adam(self, name: str, p, grad, hp, pg, state: Callable) -> None:
+        optim_ipu.build_update(state, name, p, grad, hp, pg)
 
     # per step ------------------------------------------------------------------------
     def feeds(self) -> dict[popxl.HostToDeviceStream, np.ndarray]:

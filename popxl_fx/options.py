@@ -97,9 +97,9 @@ class Options:
             update on loaded state, store weights and state back (PopXL phased execution,
             addons ``named_variable_buffers``/``remote_load``/``remote_store``). Phases:
             ``"blocks"`` (the repeated blocks ``outline="auto"`` finds), ``"children"`` (the
-            model's top-level children), ``"marked"`` (the modules marked with
-            ``popxl_fx.phase(module)``) or a list of module names; the code between phases
-            runs as phases of its own. ``False`` (default): everything on chip.
+            model's top-level children; a ModuleList's items in its place), ``"marked"`` (the
+            modules marked with ``popxl_fx.phase(module)``) or a list of module names; the
+            code between phases runs as phases of its own. ``False`` (default): everything on chip.
         memory: ``"auto"``: when the program does not fit the device's IPU memory, search
             phased execution, RTS (with replication), outlining with recomputation and
             gradient accumulation with the simulator's planner (weightless what-if builds)

@@ -1,8 +1,9 @@
 """Which phases a traced model runs in, and the model's fx graph cut into them.
 
 `phase_paths` turns ``Options(phased_execution=...)`` into module paths: ``"children"`` the
-model's top-level children, ``"blocks"`` the repeated blocks ``outline="auto"`` finds,
-``"marked"`` the modules marked with `phase`, or the modules a list names. `split_pieces` traces
+model's top-level children (a ModuleList's or ModuleDict's items in its place), ``"blocks"``
+the repeated blocks ``outline="auto"`` finds, ``"marked"`` the modules marked with `phase`, or
+the modules a list names. `split_pieces` traces
 the model with those modules as leaves and cuts the graph into `Piece`s in execution order: one
 per phase module call, and one for the code between two phases (glue: embeddings, the loss,
 ...). Each piece is an ``fx.GraphModule`` of its own over the same torch tensors (qualified
@@ -97,7 +98,7 @@ def phase_paths(root: nn.Module, spec: str | tuple, examples: tuple, prefix: str
     """The module paths (in ``root``) of the phases ``spec`` asks for."""
     model = _model(root, prefix)
     if spec == "children":
-        paths = [name for name, _ in model.named_children()]
+        paths = _callable_children(model)
         if not paths:
             raise PhaseError(
                 f"Options(phased_execution='children'): {type(model).__name__} has no child "
@@ -125,6 +126,18 @@ def phase_paths(root: nn.Module, spec: str | tuple, examples: tuple, prefix: str
     else:
         paths = _listed(model, spec)
     return [prefix + p for p in paths]
+
+
+def _callable_children(module: nn.Module, prefix: str = "") -> list[str]:
+    """The top-level children, a ModuleList's or ModuleDict's items in its place: a container
+    without forward is never called as a whole, its items are (``blocks.0``, ``blocks.1``)."""
+    paths = []
+    for name, child in module.named_children():
+        if isinstance(child, (nn.ModuleList, nn.ModuleDict)):
+            paths += _callable_children(child, f"{prefix}{name}.")
+        else:
+            paths.append(prefix + name)
+    return paths
 
 
 def _listed(model: nn.Module, spec: Sequence[str], how: str = "") -> list[str]:

@@ -256,12 +256,10 @@ def _oom_message(err: OutOfMemoryError, prefix: str) -> str:
 
 def _model_oom_message(err, options: Options, prefix: str, model: nn.Module) -> str:
     """The per-module table and ranked Options (`popxl_fx.oom`)."""
-    from .oom import oom_message
-    from .outline import candidates
+    from .oom import oom_message, repeated_blocks
 
     names = {n for n, _ in model.named_parameters()} | {n for n, _ in model.named_buffers()}
-    blocks = max((len(paths) for paths in candidates(model).values()), default=0)
-    return oom_message(err, options, prefix, names, blocks)
+    return oom_message(err, options, prefix, names, repeated_blocks(model))
 
 
 def _torch_name(name: str, prefix: str) -> str:

@@ -30,7 +30,7 @@ from .optim_replicated import Replication
 from .options import Options
 
 __all__ = [
-    "broadcast_feeds",
+    "ReplicaFeeds",
     "check_batch_split",
     "from_replicas",
     "reduce_gradients",
@@ -124,32 +124,38 @@ def reduce_gradients(build, grads: Mapping[str, object]) -> dict:
     return reduced
 
 
-def broadcast_feeds(feeds: Mapping[object, np.ndarray], replicas: int, iterations: int = 1) -> dict:
-    """Host arrays every replica gets whole (the optimizer's hyper-parameters), as
-    ``[R, ...]`` (``[n, R, ...]`` when they have a leading ``iterations`` dimension n > 1)."""
-    if replicas == 1:
-        return dict(feeds)
-    lead = 1 if iterations > 1 else 0
-    return {s: _cached_broadcast(a, replicas, lead) for s, a in feeds.items()}
+class ReplicaFeeds:
+    """Lays out host arrays that every replica gets whole (the optimizer's hyper-parameters) as
+    ``[R, ...]`` (``[n, R, ...]`` when they have a leading ``iterations`` dimension n > 1).
 
+    One per program: an SGD step feeds the same hyper-parameter arrays every step
+    (popxl_fx.optim keeps them until lr changes), so each array's view is kept while that
+    array is fed. The view shares the array's memory, so it is right even after an in-place
+    write; the entry holds the array, so its id is not reused while it is kept.
+    """
 
-# id(array) -> (array, replicas, lead, shape, dtype, its view): an SGD step feeds the same
-# hyper-parameter arrays every step (popxl_fx.optim keeps them until lr changes). The view
-# shares the array's memory, so a reused entry is right even after an in-place write; the
-# entry holds the array, so its id is not reused while cached.
-_VIEWS: dict = {}
+    def __init__(self, replicas: int, iterations: int = 1) -> None:
+        self.replicas = replicas
+        self.lead = 1 if iterations > 1 else 0
+        self._views: dict[int, tuple] = {}  # id(array) -> (array, shape, dtype, view)
 
+    def __call__(self, feeds: Mapping[object, np.ndarray]) -> dict:
+        if self.replicas == 1:
+            return dict(feeds)
+        views = {s: self._view(a) for s, a in feeds.items()}
+        if len(self._views) > 4 * len(feeds):  # arrays no longer fed (Adam: new each step)
+            kept = {id(a) for a in feeds.values()}
+            self._views = {k: v for k, v in self._views.items() if k in kept}
+        return views
 
-def _cached_broadcast(a, replicas: int, lead: int) -> np.ndarray:
-    hit = _VIEWS.get(id(a))
-    if hit is not None and hit[0] is a and hit[1:5] == (replicas, lead, a.shape, a.dtype):
-        return hit[5]
-    view = _broadcast(np.asarray(a), replicas, lead)
-    if isinstance(a, np.ndarray):
-        if len(_VIEWS) >= 256:
-            _VIEWS.clear()
-        _VIEWS[id(a)] = (a, replicas, lead, a.shape, a.dtype, view)
-    return view
+    def _view(self, a) -> np.ndarray:
+        hit = self._views.get(id(a))
+        if hit is not None and hit[0] is a and hit[1:3] == (a.shape, a.dtype):
+            return hit[3]
+        view = _broadcast(np.asarray(a), self.replicas, self.lead)
+        if isinstance(a, np.ndarray):
+            self._views[id(a)] = (a, a.shape, a.dtype, view)
+        return view
 
 
 def _broadcast(a: np.ndarray, replicas: int, lead: int) -> np.ndarray:

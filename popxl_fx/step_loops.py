@@ -41,7 +41,7 @@ def build_training_loops(build: Build, signature: Any, req: TrainingRequest) -> 
         loop = _lower_loop_step(build, req, step_inputs)
         _call_loop_steps(loop)
     session = build.session()
-    outputs = {"loss": loop.losses[0]}
+    outputs = {"loss": loop.losses[0], **loop.forward_outputs}
     return Program(
         signature, build.ir, session, loop.loaded[0], outputs, loop.weights, loop.lowered,
         build.stages, req.optimizer,
@@ -65,6 +65,8 @@ class _LoopStep:
     weights: Weights
     loaded: list[Inputs] = field(default_factory=list)
     losses: list[popxl.DeviceToHostStream] = field(default_factory=list)
+    # req.outputs without accumulation: the model's other outputs, one per step
+    forward_outputs: dict[str, popxl.DeviceToHostStream] = field(default_factory=dict)
 
 
 def _loop_step_inputs(opts, req: TrainingRequest) -> tuple:
@@ -147,9 +149,16 @@ def _loop_step(loop: _LoopStep, local: Callable[[popxl.Tensor], popxl.Tensor]) -
         sums, main = local_accum.to_dict(), loop.variables.to_dict()
         grads = {main[t]: sums[f"accum.{t}"] for t in loop.trainable}
     else:
-        grads, loss = _local_step(build, loop.lowered, named, loop.variables, ins, loop.index)
+        grads, loss, outs = _local_step(build, loop.lowered, named, loop.variables, ins, loop.index)
+        if req.outputs:  # the model's outputs, not those autodiff added for the backward
+            n = loop.lowered.fxm.out_spec.num_leaves
+            loop.forward_outputs.update(
+                {f"output.{i}": store(t, f"output.{i}") for i, t in enumerate(outs[:n])
+                 if i != loop.index}
+            )  # fmt: skip
     one_step = opts.device_iterations == 1
-    optimizer_update(build, req, loop.weights, grads, local=None if one_step else local)
+    local_ = None if one_step else local
+    optimizer_update(build, req, loop.weights, grads, local=local_, lowered=loop.lowered)
     if _accumulates(opts):  # the next step's first accumulation overwrites the sums
         ops.var_updates.accumulator_scale_(local(loop.accum.mean_accum_counter), 0.0)
     loop.losses.append(store(loss, "loss"))
@@ -196,7 +205,9 @@ def _accumulated_step(
 
 def _local_step(build: Build, lowered: Lowered, named, variables, ins: Inputs, index: int) -> tuple:
     """One forward and backward call on ``named`` (the step graph's stand-ins for
-    ``variables``); gradients keyed by the main graph's variables."""
-    _, loss, by_local = forward_backward(build, lowered, named, ins.tensors, index)
+    ``variables``); gradients keyed by the main graph's variables, the loss and the
+    forward's outputs."""
+    fwd, loss, by_local = forward_backward(build, lowered, named, ins.tensors, index)
     local_of = {named.to_dict()[name]: v for name, v in variables.to_dict().items()}
-    return {local_of[t]: g for t, g in by_local.items() if t in local_of}, loss
+    grads = {local_of[t]: g for t, g in by_local.items() if t in local_of}
+    return grads, loss, list(fwd.outputs)

@@ -40,6 +40,7 @@ class TrainingRequest:
     has_loss_fn: bool
     record: bool  # also fetch forward outputs and gradients (tests)
     contexts: Sequence[Callable] = ()
+    outputs: bool = False  # also fetch the forward's other outputs (PopTorch's executors)
 
 
 def lower_with_loss(build: Build, req: TrainingRequest, specs, examples: tuple) -> tuple:
@@ -56,17 +57,24 @@ def lower_with_loss(build: Build, req: TrainingRequest, specs, examples: tuple) 
 
 
 def optimizer_update(
-    build: Build, req: TrainingRequest, weights: Weights, grads_of: dict, local=None
+    build: Build,
+    req: TrainingRequest,
+    weights: Weights,
+    grads_of: dict,
+    local=None,
+    lowered: Lowered | None = None,
 ) -> dict:
     """The optimizer update of every parameter with a gradient in ``grads_of`` (variable ->
     gradient), after the gradients are reduced over replicas and unscaled to the float32
     masters; returns the gradients it steps with, by name. ``local``: in a repeated step, the
-    step graph's stand-in of a main-graph variable (`optim.OptimizerProgram.build`)."""
+    step graph's stand-in of a main-graph variable (`optim.OptimizerProgram.build`).
+    ``lowered``: with outlined blocks, each block's update is outlined too (`optim_outline`)."""
     params = {name: weights.variables[name] for name in weights.names("param")}
     stepped = params if local is None else {name: local(v) for name, v in params.items()}
     grads = {name: grads_of[v] for name, v in params.items() if v in grads_of}
     grads = master_gradients(build, reduce_gradients(build, grads))
-    req.optimizer.build(stepped, grads, local=local)
+    blocks = lowered.outlined_blocks(build.prefix) if lowered is not None else []
+    req.optimizer.build(stepped, grads, local=local, blocks=blocks)
     build.record("optimizer", f"{type(req.optimizer.optimizer).__name__} var updates")
     return grads
 

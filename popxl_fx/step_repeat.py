@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from .replication import broadcast_feeds
+from .replication import ReplicaFeeds
 
 __all__ = ["RepeatStep", "hyper_feeds"]
 
@@ -28,7 +28,10 @@ def hyper_feeds(prog, options) -> dict:
     """The optimizer's hyper-parameters read now, laid out per replica and device iteration
     as the program's streams take them (every step, full path or repeated)."""
     n = options.device_iterations
-    return broadcast_feeds(prog.optim.feeds_for(n), options.replication_factor, n)
+    layout = prog.extra.get("replica_feeds")
+    if layout is None:
+        layout = prog.extra["replica_feeds"] = ReplicaFeeds(options.replication_factor, n)
+    return layout(prog.optim.feeds_for(n))
 
 
 def _shapes(inputs: Sequence[object]) -> tuple | None:

@@ -71,10 +71,13 @@ def build_training(build: Build, signature: Any, req: TrainingRequest) -> Progra
         step = _plain_step(build, lowered, variables, ins, index)
         build.planned = True  # the main graph calls the step: later stages plan memory
         weights = weights_of(variables, lowered, build.prefix)
-        grads = optimizer_update(build, req, weights, step.grads)
+        grads = optimizer_update(build, req, weights, step.grads, lowered=lowered)
         outputs = {"loss": store(step.loss, "loss")}
         if req.record:  # the gradients the optimizer steps with (float16: unscaled)
             outputs.update(_recorded(step.outputs, index, grads))
+        elif req.outputs:  # the model's outputs, not those autodiff added for the backward
+            n = lowered.fxm.out_spec.num_leaves
+            outputs.update(_forward_outputs(step.outputs[:n], index))
     session = build.session()
     return Program(
         signature, build.ir, session, ins, outputs, weights, lowered, build.stages, req.optimizer
@@ -106,8 +109,12 @@ def _plain_step(build: Build, lowered: Lowered, variables, ins: Inputs, index: i
     return _Step(loss, list(fwd.outputs), grads)
 
 
+def _forward_outputs(outputs: list[popxl.Tensor], index: int) -> dict:
+    return {f"output.{i}": store(t, f"output.{i}") for i, t in enumerate(outputs) if i != index}
+
+
 def _recorded(outputs: list[popxl.Tensor], index: int, grads: dict) -> dict:
-    recorded = {f"output.{i}": store(t, f"output.{i}") for i, t in enumerate(outputs) if i != index}
+    recorded = _forward_outputs(outputs, index)
     # keyed by the exact torch name (variable names escape names like RegNet's "block1-0")
     recorded.update({f"grad.{unescape(n)}": store(g, f"grad.{n}") for n, g in grads.items()})
     return recorded

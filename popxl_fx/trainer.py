@@ -17,9 +17,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from popxl_core.ops import RuntimeCheckError
+
 from .auto import Planned, choose
 from .calls import POSITIONAL, Binding, bind
 from .checks import check_no_autocast, check_step_arity
+from .guards import raise_model_error
 from .loss import PREFIX, user_terms, with_loss
 from .names import escape
 from .optim import OptimizerProgram, UnsupportedOptimizerError
@@ -52,9 +55,11 @@ class Trainer(ProgramView):
         loss_fn: Callable | None,
         options: Options | None,
         record: bool = False,
+        outputs: bool = False,
     ) -> None:
         self._model = model
         self._record = record  # also fetch forward outputs and gradients (for testing)
+        self._outputs = outputs  # also fetch the forward's other outputs (one step per call)
         self.last: dict[str, torch.Tensor] = {}
         self.optimizer = optimizer
         self.loss_fn = loss_fn
@@ -71,7 +76,20 @@ class Trainer(ProgramView):
     def __call__(self, *inputs: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         """One training step on ``inputs`` (with the target last when there is a loss_fn);
         keyword arguments go to the model's forward (``labels=``, ``attention_mask=``,
-        ``use_cache=False``: `popxl_fx.calls.bind`). Returns the loss as a torch scalar."""
+        ``use_cache=False``: `popxl_fx.calls.bind`). Returns the loss as a torch scalar.
+        Data that fails one of the model's checks (``if bad: raise``) raises the model's
+        own error (`popxl_fx.guards`), before anything is updated."""
+        try:
+            return self._step(*inputs, **kwargs)
+        except RuntimeCheckError as failed:
+            raise_model_error(self._eager_loss(inputs, kwargs), self._model, failed)
+
+    def _eager_loss(self, inputs: tuple, kwargs: dict) -> Callable[[], Any]:
+        if self.loss_fn is None:
+            return lambda: self._model(*inputs, **kwargs)
+        return lambda: self.loss_fn(self._model(*inputs[:-1], **kwargs), inputs[-1])
+
+    def _step(self, *inputs: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         check_no_autocast("the trainer")
         structure = self._watch.key(self._model, self.optimizer)
         modes = self._watch.modes(self._model)
@@ -210,6 +228,7 @@ class Trainer(ProgramView):
             has_loss_fn=has_loss_fn,
             record=self._record,
             contexts=(lambda: user_terms(self._model, self._prefix),),
+            outputs=self._outputs,
         )
 
     def _optimizer_program(self, options: Options) -> OptimizerProgram:

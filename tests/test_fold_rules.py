@@ -275,37 +275,42 @@ def test_layer_norms_and_reductions_fold_bitwise():
 
 
 # per-step host work of a replicated step ----------------------------------------------------
-def test_broadcast_feeds_are_one_array_seen_equal_at_once():
+def test_replica_feeds_are_one_array_seen_equal_at_once():
     """The optimizer's hyper-parameters for every replica are one array broadcast (stride 0
     along the replicas, with or without a leading device-iterations dimension), which the
     shared run's stream check takes as equal without comparing bytes; other arrays are still
-    compared."""
+    compared. The views are kept by the program's `ReplicaFeeds`, not by the module."""
     import numpy as np
 
     from popxl_core.sim.uniform import _same_replicas
-    from popxl_fx.replication import broadcast_feeds
+    from popxl_fx.replication import ReplicaFeeds
 
     a = np.arange(6, dtype=np.float32).reshape(2, 3)
     # contiguous (the ndarray view), transposed (np.broadcast_to), a 0-d scalar
     for b in (a, a.T, np.asarray(np.float32(0.5))):
         for iterations, lead in ((1, 0), (2, 1)) if b.ndim else ((1, 0),):
-            got = broadcast_feeds({"s": b}, R, iterations)["s"]
+            got = ReplicaFeeds(R, iterations)({"s": b})["s"]
             want = np.stack([b] * R, axis=lead)
             assert got.shape == want.shape and np.array_equal(got, want)
             assert got.strides[lead] == 0 and not got.flags.writeable
-    assert _same_replicas(broadcast_feeds({"s": a}, R, 2)["s"])
+    assert _same_replicas(ReplicaFeeds(R, 2)({"s": a})["s"])
     # the same array fed again (an SGD step's hyper-parameters): the same view, which shares
     # its memory (an in-place write shows); another array or shape: a view of its own
+    feeds = ReplicaFeeds(R)
     b = np.full((3,), 0.5, np.float32)
-    first = broadcast_feeds({"s": b}, R)["s"]
-    assert broadcast_feeds({"s": b}, R)["s"] is first
+    first = feeds({"s": b})["s"]
+    assert feeds({"s": b})["s"] is first
     b[1] = 2.0
     assert np.array_equal(first, np.stack([b] * R))
     c = b.copy()
-    assert broadcast_feeds({"s": c}, R)["s"] is not first
+    assert feeds({"s": c})["s"] is not first
     b.shape = (3, 1)
-    assert broadcast_feeds({"s": b}, R)["s"].shape == (R, 3, 1)
-    assert broadcast_feeds({"s": b}, R + 1)["s"].shape == (R + 1, 3, 1)
+    assert feeds({"s": b})["s"].shape == (R, 3, 1)
+    assert ReplicaFeeds(R + 1)({"s": b})["s"].shape == (R + 1, 3, 1)
+    # arrays no longer fed (Adam's, new each step) are not kept
+    for _ in range(20):
+        feeds({"s": np.zeros(3, np.float32)})
+    assert len(feeds._views) <= 5
     rows = np.stack([a] * R, axis=1)
     assert _same_replicas(rows)
     rows[1, 2, 0] += 1

@@ -138,3 +138,71 @@ def test_regression_loss_modules(module):
             return self.loss(x, t)
 
     check_lowering(Net(), randn(N, C), randn(N, C, seed=1), rtol=1e-5, atol=1e-6)
+
+
+# eager's own arithmetic (issue 34): binary_cross_entropy[_with_logits] and their fused
+# backward kernels, so values and gradients (of the logits and of the targets) are equal
+# bit for bit, not just close
+PW = torch.tensor([1.0, 2.0, 0.5, 3.0, 0.25])
+BINARY_WEIGHTS = {
+    "plain": {},
+    "weight": {"w": randn(C, seed=3).abs() + 0.5},
+    "pos_weight": {"pw": PW},
+    "both": {"w": randn(N, C, seed=4).abs() + 0.5, "pw": PW},
+}
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("weights", sorted(BINARY_WEIGHTS))
+def test_bce_with_logits_is_eager_bit_for_bit(reduction, weights):
+    def fn(x, t, w=None, pw=None):
+        return F.binary_cross_entropy_with_logits(
+            x * 3.0, t.sigmoid(), weight=w, pos_weight=pw, reduction=reduction
+        )
+
+    model = WithBuffers(fn, **BINARY_WEIGHTS[weights])
+    check_lowering(model, randn(N, C), randn(N, C, seed=1), rtol=0.0, atol=0.0)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("weighted", [False, True], ids=["plain", "weight"])
+def test_bce_is_eager_bit_for_bit(reduction, weighted):
+    def fn(x, t, w=None):
+        return F.binary_cross_entropy(x.sigmoid(), t.sigmoid(), weight=w, reduction=reduction)
+
+    model = WithBuffers(fn, **({"w": randn(N, C, seed=4).abs() + 0.5} if weighted else {}))
+    check_lowering(model, randn(N, C), randn(N, C, seed=1), rtol=0.0, atol=0.0)
+
+
+@pytest.mark.parametrize(
+    "module",
+    [nn.BCEWithLogitsLoss(weight=W, pos_weight=torch.full((C,), 2.0)), nn.BCELoss(reduction="sum")],
+    ids=repr,
+)
+def test_binary_loss_modules_are_eager_bit_for_bit(module):
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.loss = module
+
+        def forward(self, x, t):
+            p = x.sigmoid() if isinstance(self.loss, nn.BCELoss) else x
+            return self.loss(p, t.sigmoid())
+
+    check_lowering(Net(), randn(N, C), randn(N, C, seed=1), rtol=0.0, atol=0.0)
+
+
+def test_binary_losses_by_their_torch_and_aten_names_are_eager_bit_for_bit():
+    """torch.binary_cross_entropy_with_logits (its own lowering: functorch's functionalize
+    would decompose it in the fallback) and the ATen ops as a graph names them (kept whole)."""
+
+    def fn(x, t):
+        target = t.sigmoid()
+        pw = torch.full((C,), 2.0)
+        return (
+            torch.binary_cross_entropy_with_logits(x, target, None, pw, 1)
+            + torch.ops.aten.binary_cross_entropy_with_logits(x, target, None, None, 2).sum()
+            + torch._C._nn.binary_cross_entropy(x.sigmoid(), target, None, 1)
+        )
+
+    check_lowering(Fn(fn, 2), randn(N, C), randn(N, C, seed=1), rtol=0.0, atol=0.0)

@@ -68,3 +68,17 @@ def test_reduction(name):
 )
 def test_softmax_module(module):
     check_lowering(seq(module), randn(2, 3, 4, 5), rtol=1e-5, atol=1e-6)
+
+
+MEANS = {
+    "dim_of_11": lambda x: x.mean(1),
+    "dims_of_49": lambda x: x.mean((2, 3), keepdim=True),
+    "all_of_3773": lambda x: x.mean(),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MEANS))
+def test_mean_gradient_is_eager_bit_for_bit(name):
+    """Eager's mean_backward divides the expanded gradient by the count; times 1 / n rounds
+    otherwise where 1 / n is inexact (issue 34)."""
+    check_lowering(Fn(MEANS[name]), randn(7, 11, 7, 7), rtol=0.0, atol=0.0)

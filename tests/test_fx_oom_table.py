@@ -3,7 +3,8 @@ names and the remedies as exact Options, ranked by estimated bytes saved.
 
 The GPT decoder of tests/fx_zoo.py is planned on an "ipu_hw" of 2 tiles (1.2 MiB), where it
 does not fit; the error text is checked for its table (categories, torch module names from
-the forward and the backward, largest first) and its ranked remedies. The table's bytes are
+the forward and the backward; the repeated blocks as one row first, then the largest
+modules) and its ranked remedies. The table's bytes are
 checked against the plan: the categories of all rows add up to the variables plus the
 not-always-live peak (exactly: every byte is attributed to one module and category).
 """
@@ -58,7 +59,8 @@ def test_message_has_the_table_and_ranked_options():
     text = _model_oom_message(err, options, "", model)
     assert "does not fit one IPU with device='ipu_hw'" in text
     assert re.search(r"module\s+weights\s+gradients\s+optimizer\s+activations\s+total", text)
-    assert "blocks.1.mlp.0" in text
+    assert "blocks.0-3 (4 x DecoderBlock)" in text  # the repeated blocks: one row
+    assert "blocks.1.mlp.0" not in text and "head" in text
     tried = re.findall(r"    (Options\(.*?\)).*: about ([\d.]+) (KiB|MiB|B)\n", text)
     assert [t[0] for t in tried][:1] and "Options(phased_execution='blocks')" in text
     scale = {"B": 1, "KiB": 2**10, "MiB": 2**20}

@@ -15,17 +15,18 @@ moment in float16, the update from the same var-update ops (`popxl_fx.optim_ipu`
 gradients are mean-accumulated over the micro-batches and mean-reduced over the replicas as
 the seed's are; the Session runs the IPU numerics the seed's hand-written Ir defaults to.
 
-The torch program's loss is each replica's mean of its 4 micro-batch losses (summed in
-order), then the mean over the 2 replicas; the seed returns the 8 micro-batch losses, which
-`_combined` combines in that order. Under ``numerics="ipu"`` popxl_fx lowers ``nn.Linear``
-as a PopXL program writes it (``x @ w.T + b``: MatMul then Add, where eager fuses addmm) and
+The torch program's loss is each replica's mean of its 4 micro-batch losses (summed in order),
+then the mean over the 2 replicas; the seed returns the 8 micro-batch losses, which `_combined`
+combines in that order. Under ``numerics="ipu"`` popxl_fx lowers ``nn.Linear`` as a PopXL
+program writes it (``x @ w.T + b``: MatMul then Add, where eager fuses addmm) and
 ``F.cross_entropy``'s gradient as the IPU computes it (``(softmax - onehot) / n`` in one op,
 PopART's NlllWithSoftmaxGradDirect and the seed's ``cross_entropy_with_grad``;
-`popxl_core.ops.nll_direct`). Measured over 20 steps (losses 2.30 -> 0.70): equal bit for
-bit; asserted over the first `BATCHES` (10: losses 2.30 -> 1.26). Each of those matters
-(measured worst step, 20 steps): torch's Adam with the hyper-parameters adjusted and no
-accumulation 5.1e-3; IPUAdam and accumulation with numerics="torch" 1.2e-4 (first 2 steps
-equal); numerics="ipu" without the MatMul-then-Add Linear 6.8e-5 (the fused cross-entropy
+`popxl_core.ops.nll_direct`). Measured over 20 steps (losses 2.30 -> 0.70): equal bit for bit
+where the BLAS rounds both weight layouts alike (`_blas_rounds_layouts_alike`; on Intel AVX-512
+MKL within 1e-5 relative); asserted over the first `BATCHES` (10: losses 2.30 -> 1.26). Each of
+those matters (measured worst step, 20 steps): torch's Adam with the hyper-parameters adjusted
+and no accumulation 5.1e-3; IPUAdam and accumulation with numerics="torch" 1.2e-4 (first 2
+steps equal); numerics="ipu" without the MatMul-then-Add Linear 6.8e-5 (the fused cross-entropy
 gradient alone), without the direct gradient 1.4e-4.
 Compared as ``np.mean`` of the seed's 8 losses instead, the curves differ by at most 4.8e-7
 (1-2 ulp of the loss: the order of the sum, not the training).
@@ -102,6 +103,17 @@ def _combined(losses: np.ndarray) -> float:
     return float((per[0] + per[1]) / np.float32(2))
 
 
+def _blas_rounds_layouts_alike() -> bool:
+    """Whether this machine's float32 matrix product rounds ``x @ w`` (the seed's weight,
+    ``(in, out)``) as ``x @ W.T`` (nn.Linear's, ``(out, in)``, a transposed operand). It does
+    where the tests were first measured (AMD EPYC), so the curves are equal bit for bit there;
+    Intel's AVX-512 MKL kernels round the two layouts differently (up to 5e-5 on a 784-deep
+    product), so there the two programs are compared at the relative tolerance that leaves."""
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(8, 784, generator=g), torch.randn(784, 512, generator=g)
+    return torch.equal(x @ w, x @ w.T.contiguous().T)
+
+
 def test_seed003_mlp_as_nn_sequential_phased_with_rts_gives_the_seeds_loss_curve(seed_run):
     model = _sequential(seed_run.initial)
     opt = popxl_fx.IPUAdam(
@@ -120,7 +132,10 @@ def test_seed003_mlp_as_nn_sequential_phased_with_rts_gives_the_seeds_loss_curve
     seed = np.array([_combined(v) for v in seed_run.losses])
     ours = np.array(losses)
     assert len(ours) == len(seed) == BATCHES
-    assert np.array_equal(ours, seed), (np.abs(ours - seed).max(), ours, seed)
+    if _blas_rounds_layouts_alike():
+        assert np.array_equal(ours, seed), (np.abs(ours - seed).max(), ours, seed)
+    else:  # Intel AVX-512 MKL: measured 9.5e-6 (loss 3.74) over the 10 steps
+        np.testing.assert_allclose(ours, seed, rtol=1e-5, atol=0)
     assert seed[-1] < seed[0] - 0.5  # it trains: the comparison is not of flat curves
     report = trainer.report()
     assert [r.label for r in report.rows if r.phase] == ["0", "1", "2", "3", "4", "5", "6"]

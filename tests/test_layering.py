@@ -1,6 +1,7 @@
-"""The packages import in one direction: popxl_fx -> addons -> popxl_core (DESIGN.md), use
-only the public names of the packages below them, and have no import circle but the op
-recursion of the PopXL API (`_op_recursion`); the circles cut in issue 23 stay cut.
+"""The packages import in one direction: popxl_fx -> addons -> popxl_core (the "Layout"
+section of docs/setup.md), use only the public names of the packages below them, and have no
+import circle but the op recursion of the PopXL API (`_op_recursion`); the circles cut in
+issue 23 stay cut.
 
 Checked on the source (every ``import`` and ``from ... import`` statement, including those inside
 functions), so a late import cannot hide a reversed dependency.

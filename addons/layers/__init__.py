@@ -5,7 +5,18 @@ from .conv import Conv2D
 from .embedding import Embedding
 from .group_norm import GroupNorm
 from .layer_norm import LayerNorm
+from .layer_norm_distributed import LayerNormDistributed
 from .linear import Linear
+from .linear_gq import LinearGQ
 from .weights_dict import WeightsDict
 
-__all__ = ["Conv2D", "Embedding", "GroupNorm", "LayerNorm", "Linear", "WeightsDict"]
+__all__ = [
+    "Conv2D",
+    "Embedding",
+    "GroupNorm",
+    "LayerNorm",
+    "LayerNormDistributed",
+    "Linear",
+    "LinearGQ",
+    "WeightsDict",
+]

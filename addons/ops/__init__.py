@@ -1,11 +1,20 @@
 """addons.ops: composite ops built from popxl ops (cross entropy, host IO helpers).
 
-`replicated_all_reduce_TP` (tensor-parallel all-reduces) is simulated; the other custom C++
-ops of popxl.addons (sharded cross entropy, rotary embeddings, ...) are not part of this
-package: they need poplar codelets.
+popxl.addons' custom C++ ops are ops of the table here (``ReplicatedAllReduceTP``,
+``RotaryPosEmbed``, ``GradReduceSquareAdd``, ``GroupQuantizeDecompress``) or composites of
+table ops (``cross_entropy_sharded_loss``, ``layer_norm_distributed``), each with its gradient.
 """
 
-from . import replicated_all_reduce_TP  # noqa: F401 - registers ReplicatedAllReduceTP
+# modules of their own, imported by their paths as in popxl.addons (which does not re-export
+# them here); imported so that their ops are in the table
+from . import (  # noqa: F401
+    cross_entropy_sharded_loss,
+    grad_reduce_square_add,
+    group_quantize_decompress,
+    layer_norm_distributed,
+    replicated_all_reduce_TP,
+    rotary_pos_embed,
+)
 from .cross_entropy import cross_entropy, cross_entropy_with_grad
 from .fp8_amax_scale import fp8_amax_scale
 from .host import host_load, host_store

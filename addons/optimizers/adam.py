@@ -1,5 +1,6 @@
 """`AdamOptimizerStep`: one AdamW update of a variable, with its state as named inputs."""
 
+import math
 from functools import partial
 
 import numpy as np
@@ -41,10 +42,22 @@ def _is_one(v: Value) -> bool:
 
 
 def _zero_state(
-    module: Module, var_shape, replica_grouping, name: str, dt: dtype, shape=None
+    module: Module, var: Tensor, replica_grouping, name: str, dt: dtype, shape=None
 ) -> Tensor:
     """A zero-initialised state input of ``module`` by reference (the var's shape unless
-    ``shape``)."""
+    ``shape``). For a replica-sharded ``var`` (a spec with a ``meta_shape``) the state is
+    sharded the same way, as popxl.addons' Adam: its factory makes the whole tensor."""
+    var_shape = var.shape
+    if var.meta_shape and shape is None:
+        shard_over = math.prod(var.meta_shape) // math.prod(var.shape)
+        return module.add_replica_sharded_variable_input(
+            name,
+            partial(np.zeros, var.meta_shape),
+            dt,
+            by_ref=True,
+            replica_grouping=replica_grouping,
+            shard_over=shard_over,
+        )
     return module.add_variable_input(
         name,
         partial(np.zeros, var_shape if shape is None else shape),
@@ -89,7 +102,7 @@ class AdamOptimizerStep(Module):
         if global_norm is not None or not _is_one(loss_scaling):
             scale = _grad_scale(loss_scaling, global_norm, global_norm_max)
             grad = grad * (ops.cast(scale, grad.dtype) if isinstance(scale, Tensor) else scale)
-        state = partial(_zero_state, self, var.shape, replica_grouping)
+        state = partial(_zero_state, self, var, replica_grouping)
         first_order = state("first_order", first_order_dtype)
         ops.var_updates.accumulate_moving_average_(first_order, grad, f=beta1)
         second_order = state("second_order", float32)

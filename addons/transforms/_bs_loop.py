@@ -33,7 +33,10 @@ class LoopPlan:
 
 
 def entry_index(h, row: Tensor, step: Tensor, steps: int) -> Tensor:
-    """The flat entry of handle ``h`` at ``step``: ``(row_offset + handle_row) * steps + step``."""
+    """The flat entry of handle ``h`` at ``step``: ``(row_offset + handle_row) * steps + step``;
+    a handle whose row is None reads row 0 whatever the row offset (popxl.addons' rule)."""
+    if h.row_offset is None:
+        return step
     base = h.row_offset(row) if callable(h.row_offset) else row + h.row_offset
     return base * steps + step
 

@@ -123,12 +123,15 @@ def _add_accumulators(
     inputs: dict[str, Tensor] = {}
     with grad_graph, popxl_core.in_sequence(True):
         counter, factories["mean_accum_counter"] = _zero_input(
-            "mean_accum_counter", (), float32, replica_groupings
+            "mean_accum_counter", (), float32, None
         )
         with popxl_core.in_sequence(False):
             for t, g in zip(accumulate, grads):
-                key = f"accum.{_accum_name(t, names)}"
-                accum, factories[key] = _zero_input(key, t.shape, t.dtype, replica_groupings)
+                name = _accum_name(t, names)
+                key = f"accum.{name}"
+                # grouped as the variable: ``replica_groupings`` is keyed by the arg's name
+                grouping = _lookup_grouping(replica_groupings, name)
+                accum, factories[key] = _zero_input(key, t.shape, t.dtype, grouping)
                 ops.var_updates.accumulate_mean_(accum, g, counter)
                 inputs[key] = accum
         ops.var_updates.accumulate_(counter, popxl_core.constant(1.0, float32))
@@ -136,14 +139,10 @@ def _add_accumulators(
     return inputs, factories
 
 
-def _zero_input(key: str, shape, dtype, replica_groupings) -> tuple:
+def _zero_input(key: str, shape, dtype, grouping) -> tuple:
     """A zero-initialised by-ref input of the current graph, and its factory."""
     return add_variable_input(
-        key,
-        partial(np.zeros, shape),
-        dtype,
-        by_ref=True,
-        replica_grouping=_lookup_grouping(replica_groupings, key),
+        key, partial(np.zeros, shape), dtype, by_ref=True, replica_grouping=grouping
     )
 
 

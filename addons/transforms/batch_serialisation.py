@@ -35,11 +35,12 @@ class RemoteHandle:
     """Where a tensor lives in a batch-serial buffer: the buffer and its row.
 
     ``row_offset`` is an int, or a callable ``(row_offset_tensor) -> int32 tensor`` giving the
-    row from the serialised graph's row-offset input.
+    row from the serialised graph's row-offset input, or None: always row 0, whatever the
+    row offset the serialised graph is called with.
     """
 
     buffer: object
-    row_offset: Union[int, Callable[[Tensor], Tensor]] = 0
+    row_offset: Union[int, None, Callable[[Tensor], Tensor]] = 0
     shard_group: Optional[popxl_core.ReplicaGrouping] = None
 
 
@@ -224,6 +225,8 @@ def _check_buffer(t: Tensor, h: RemoteHandle, steps: int, rows: int) -> None:
             )
         # popxl.addons grows the buffer to the rows it is addressed with
         buf.entries = max(buf.entries, (h.row_offset + rows) * steps)
+    elif h.row_offset is None:
+        buf.entries = max(buf.entries, steps)
 
 
 def _load_handle(g, t: Tensor, h, steps: int, rows: int):

@@ -47,6 +47,8 @@ from .reduce import *  # noqa: F401,F403
 from .reduce import __all__ as _reduce_all
 from .remote import *  # noqa: F401,F403
 from .remote import __all__ as _remote_all
+from .runtime_check import *  # noqa: F401,F403
+from .runtime_check import __all__ as _runtime_check_all
 from .scaled_add import *  # noqa: F401,F403
 from .scaled_add import __all__ as _scaled_add_all
 from .shape import *  # noqa: F401,F403
@@ -77,6 +79,7 @@ __all__ = [
     *_nn_all,
     *_random_all,
     *_reduce_all,
+    *_runtime_check_all,
     *_remote_all,
     *_shape_all,
     *_statistics_all,

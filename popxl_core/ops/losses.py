@@ -7,6 +7,7 @@ nothing, and 'mean' divides by the number of labels that are not ignored (at lea
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import numpy as np
@@ -239,8 +240,19 @@ def nll_loss(
 
 
 # NlllWithSoftmaxGradDirect --------------------------------------------------------------
+def _check_direct_labels(probs, labels) -> None:
+    """PopART's direct op flattens the probabilities to (rows, classes) and the labels to
+    (rows,), so any labels shape with one label per row is accepted (BERT's (N, 1) labels
+    against (N, C) probabilities; (B, S) labels against (B * S, C))."""
+    rows = math.prod(probs.shape[:-1]) if len(probs.shape) else 0
+    if len(probs.shape) >= 1 and labels.nelms == rows:
+        _check_nll(spec(probs.shape, probs.dtype), spec(probs.shape[:-1], labels.dtype))
+        return
+    _check_nll(probs, labels)
+
+
 def _direct_infer(ins, reduction, ignore_index, loss_grad):
-    _check_nll(ins[0], ins[1])
+    _check_direct_labels(ins[0], ins[1])
     if len(ins) == 3 and ins[2].nelms != 1:
         raise ValueError(f"loss_grad must hold one value, got shape {ins[2].shape}")
     shape = tuple(ins[1].shape) if reduction == "none" else ()
@@ -248,6 +260,24 @@ def _direct_infer(ins, reduction, ignore_index, loss_grad):
 
 
 def _direct_kernel(probs, labels, *loss_grad_t, reduction, ignore_index, loss_grad):
+    """The loss (of the labels' shape, unreduced) and dL/dlogits; probabilities and labels
+    taken as (rows, classes) and (rows,) (`_check_direct_labels`)."""
+    if tuple(labels.shape) == tuple(probs.shape[:-1]):
+        return _direct_rows(probs, labels, *loss_grad_t, reduction, ignore_index, loss_grad)
+    rows = _direct_rows(
+        probs.reshape(-1, probs.shape[-1]),
+        labels.reshape(-1),
+        *loss_grad_t,
+        reduction,
+        ignore_index,
+        loss_grad,
+    )
+    loss = rows[0].reshape(labels.shape) if reduction == "none" else rows[0]
+    return loss, rows[1].reshape(probs.shape)
+
+
+def _direct_rows(probs, labels, *rest):
+    *loss_grad_t, reduction, ignore_index, loss_grad = rest
     if ignore_index is None:
         return _direct_kernel_all_valid(probs, labels, loss_grad_t, reduction, loss_grad)
     loss = _nll_value(probs, labels, reduction, ignore_index, False)
@@ -317,6 +347,15 @@ def _direct_samples():
             lambda x, lab: ref(x, lab, lg=2.0, reduction="none"),
             grad=False,
             name="none",
+        ),
+        Sample(  # labels (N, 1) against probabilities (N, C), as PopART accepts (BERT)
+            [logits, randint(6, 1, high=4, seed=335)],
+            lambda x, lab: nll_loss_with_softmax_grad(softmax(x, -1), lab, 2.0, reduction="none"),
+            lambda x, lab: (lambda r: (r[0].reshape(6, 1), r[1]))(
+                ref(x, lab.reshape(6), lg=2.0, reduction="none")
+            ),
+            grad=False,
+            name="labels_n1",
         ),
     ]
 

@@ -154,6 +154,16 @@ def _expand_kernel(g, shape, axes, keepdims, scale):
     return (out * scale).to(g.dtype) if scale != 1.0 else out.contiguous()
 
 
+def _expand_kernel_torch(g, shape, axes, keepdims, scale):
+    """``Ir.numerics == "torch"``: mean's gradient as eager's ``mean_backward`` computes it,
+    the expanded gradient divided by the count (``grad.expand(shape) / n``); times ``1 / n``
+    is another rounding where ``1 / n`` is inexact (n = 11: 1 ulp off)."""
+    n = round(1.0 / scale) if scale else 0
+    if scale == 1.0 or n == 0 or 1.0 / n != scale:  # not a mean's 1 / n: as the IPU does
+        return _expand_kernel(g, shape, axes, keepdims, scale)
+    return g.reshape(keep_shape(shape, axes)).expand(tuple(shape)) / n
+
+
 def _expand_samples():
     from ._reduce_samples import expand_samples
 
@@ -178,6 +188,7 @@ REDUCE_SUM_GRAD = register(
         grad=_expand_grad,
         samples=_expand_samples,
         out_name="reducesumgrad_out",
+        numerics_kernels={"torch": _expand_kernel_torch},
     )
 )
 

@@ -250,8 +250,13 @@ def check_in_graph(graph: Graph, **tensors: Tensor) -> None:
 
 
 def check_tensor_ipu_and_tile_set(**tensors: Tensor) -> None:
-    """Raise if the tensors are placed on different IPUs or tile sets."""
-    placements = {(t.ipu, t.tile_set) for t in tensors.values()}
+    """Raise if the tensors made by ops are placed on different IPUs or tile sets.
+
+    A tensor no op makes (a graph input, a constant, a variable) takes its place from the
+    ops that read it, as in PopART, so it never conflicts: BERT's ``@popxl.io_tiles()``
+    subgraph adds a constant made on the IO tiles to its graph input, which PopXL accepts.
+    """
+    placements = {(t.ipu, t.tile_set) for t in tensors.values() if t.producer is not None}
     if len(placements) > 1:
         where = ", ".join(f"{k}={t.id!r} on ipu {t.ipu}/{t.tile_set}" for k, t in tensors.items())
         raise ValueError(
@@ -286,7 +291,8 @@ def create_op(
             check_in_graph(g, **{f"{opdef.name} input {i}": t for i, t in enumerate(inputs)})
         except (TypeError, ValueError) as e:
             raise type(e)(f"{e}{_user_frame()}") from None
-    if check_placement and len({(t.ipu, t.tile_set) for t in inputs}) > 1:
+    placed = {(t.ipu, t.tile_set) for t in inputs if t._producer is not None}
+    if check_placement and len(placed) > 1:
         check_tensor_ipu_and_tile_set(**{f"input {i}": t for i, t in enumerate(inputs)})
     specs = _infer(opdef, [t.spec for t in inputs], attrs, inputs)
     op = Op(g.ir._next_op_id(), opdef, g, list(inputs), attrs, tuple(called_graphs), opdef.name)

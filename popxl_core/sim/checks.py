@@ -7,6 +7,7 @@ the data decides), naming the Session, the stream or tensor and the offending va
 from __future__ import annotations
 
 import sys
+import warnings
 from typing import Dict, Iterable, List, Mapping, Optional
 
 import numpy as np
@@ -18,6 +19,7 @@ from ..ops.io import HOST_LOAD, HOST_STORE
 
 __all__ = [
     "MissingStreamError",
+    "TransferCountWarning",
     "StreamOutputs",
     "built_at",
     "check_fits",
@@ -79,19 +81,42 @@ def _branch_counts(branches: List[Dict[object, int]]) -> Dict[object, int]:
     return out
 
 
+class TransferCountWarning(UserWarning):
+    """A host stream is transferred a number of times per run other than num_host_transfers."""
+
+
 def check_transfer_counts(session, counts: Mapping[object, int]) -> None:
-    """Every stream must be transferred exactly ``num_host_transfers`` times per run: fewer
-    loads ignore input rows and fewer stores leave output rows uninitialised."""
+    """Warn, once per stream, where a stream is transferred a number of times per run other
+    than ``num_host_transfers``.
+
+    PopXL runs such programs (its session documentation, "Number of host transfers"): every
+    stream's data buffer holds ``num_host_transfers`` batches and each transfer takes the
+    next, so a stream loaded fewer times reads only the first batches, one loaded more times
+    wraps around to the first batch again, and a stream stored fewer times leaves its last
+    batches unwritten (zeros here). BERT's SQuAD inference loads once a run with
+    ``num_host_transfers`` set to its device iterations.
+    """
     nht = session.ir.num_host_transfers
     wrong = {s: n for s, n in counts.items() if n not in (nht, _DATA_DEPENDENT)}
-    if wrong:
-        raise ValueError(
-            f"{session!r}: {session.ir!r} has num_host_transfers={nht}, so every host_load "
-            "and host_store stream must transfer exactly that many times per run, but "
-            + _describe_counts(wrong)
-            + ". Set ir.num_host_transfers to the count (or load/store in a loop of "
-            "num_host_transfers iterations, e.g. ops.repeat)."
+    for stream, n in sorted(wrong.items(), key=lambda kv: kv[0].tensor_id):
+        warnings.warn(
+            TransferCountWarning(
+                f"{session!r}: {type(stream).__name__} {stream.tensor_id!r} is {_verb(stream)} "
+                f"{n} time{'s' * (n != 1)} per run, but {session.ir!r} has "
+                f"num_host_transfers={nht}: "
+                + _what_happens(stream, n, nht)
+                + " (PopXL's rule). Set ir.num_host_transfers to the count if that is meant."
+            ),
+            stacklevel=2,
         )
+
+
+def _what_happens(stream, n: int, nht: int) -> str:
+    what = "writes" if _verb(stream) == "stored" else "reads"
+    if n < nht:
+        rest = ", the rest left zero" if what == "writes" else ""
+        return f"each run {what} the first {n} of the {nht} batches of its buffer{rest}"
+    return f"each run {what} the {nht} batches of its buffer, then wraps around to the first"
 
 
 def _describe_counts(counts: Mapping[object, int]) -> str:

@@ -8,12 +8,13 @@ Cycles follow the BSP model in `cost.py`.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import warnings
 from dataclasses import dataclass, field
 from functools import cached_property
 from math import prod
-from typing import Callable
+from typing import Callable, Iterator
 
 from ..graph import Graph
 from ..ops.io import HOST_LOAD, HOST_STORE
@@ -27,7 +28,6 @@ from .remote_plan import is_remote_variable
 from .variable_liveness import VariableCurve, VariableLiveness
 
 __all__ = [
-    "PLAN_OBSERVERS",
     "GraphInfo",
     "IpuMemory",
     "OpRow",
@@ -36,11 +36,24 @@ __all__ = [
     "Plan",
     "RemoteBufferInfo",
     "build_plan",
+    "observed_plans",
 ]
 
-# Called with every Plan as it is built, before any OOM is raised (`python -m popxl_core.report`
-# uses it to find the Sessions a script builds).
-PLAN_OBSERVERS: list[Callable[[Plan], None]] = []
+# The lists of the `observed_plans` contexts now open (innermost last).
+_observers: list[list] = []
+
+
+@contextlib.contextmanager
+def observed_plans() -> Iterator[list]:
+    """A list that receives every Session's Plan built inside the context, as it is built
+    and before any OOM is raised (`python -m popxl_core.report` finds the Sessions a script
+    builds so)."""
+    plans: list = []
+    _observers.append(plans)
+    try:
+        yield plans
+    finally:
+        _observers.remove(plans)
 
 
 @dataclass
@@ -198,7 +211,7 @@ class Plan:
 def build_plan(ir, machine: Machine, observe: bool = True) -> Plan:
     """Plan ``ir`` on ``machine``; raises `OutOfMemoryError` if an IPU overflows and the
     target treats that as fatal (``machine.oom_is_error``), warns if ``machine.oom_warns``.
-    ``observe=False`` keeps the plan from `PLAN_OBSERVERS` (an estimate of a program under
+    ``observe=False`` keeps the plan from `observed_plans` (an estimate of a program under
     construction, e.g. popxl_fx's per-stage memory, is not a Session's plan)."""
     graphs, model, analysis, liveness, loaded = _analysed(ir, machine)
     runs = model.graph_runs(ir.main_graph)
@@ -216,8 +229,8 @@ def build_plan(ir, machine: Machine, observe: bool = True) -> Plan:
         reachable=graphs,
         runs=runs,
     )
-    for observer in PLAN_OBSERVERS if observe else ():
-        observer(plan)
+    for plans in _observers if observe else ():
+        plans.append(plan)
     _check_fits(plan, machine)
     return plan
 

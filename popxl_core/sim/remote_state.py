@@ -41,7 +41,9 @@ def shard_members(v: Variable, replica: int, replicas: int) -> List[int]:
 
 def _group_value(v: Variable, host: np.ndarray, replica: int) -> np.ndarray:
     rg = v.replica_grouping
-    return host[rg.assignment[replica]] if rg is not None and rg.num_groups > 1 else host
+    # `...` keeps a grouped scalar's value a 0-d array view (an integer index alone gives a
+    # numpy scalar, a copy that torch cannot share)
+    return host[rg.assignment[replica], ...] if rg is not None and rg.num_groups > 1 else host
 
 
 def replica_value(v: Variable, host: np.ndarray, replica: int, replicas: int) -> np.ndarray:

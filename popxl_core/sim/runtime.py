@@ -184,16 +184,12 @@ class Runtime:
 
 def next_transfer(counts: Dict[object, int], stream, buf: np.ndarray, verb: str) -> int:
     """The index of the next transfer of host stream ``stream`` in this run (``buf``: its host
-    buffer, ``counts``: the transfers made so far), counted as made; an error past the
-    buffer's ``num_host_transfers`` (a replica's run and a folded run alike)."""
+    buffer, ``counts``: the transfers made so far), counted as made. Past the buffer's
+    ``num_host_transfers`` batches the stream wraps around to the first (PopXL's rule, warned
+    about at Session build: `checks.check_transfer_counts`)."""
     i = counts.get(stream, 0)
     counts[stream] = i + 1
-    if i >= buf.shape[0]:
-        raise RuntimeError(
-            f"Stream {stream.tensor_id!r} was {verb} {i + 1} times in one run, "
-            f"but only {buf.shape[0]} transfers were provided (num_host_transfers)."
-        )
-    return i
+    return i % buf.shape[0]
 
 
 def collective_results(

@@ -284,7 +284,7 @@ class Session(SessionStreams, SessionWeights):
         spec = self._stream_spec
         full = {s: a.reshape(spec[s][2]) for s, a in outputs.items()}
         whole = self._placement.exchange is None
-        local = full if whole else {s: np.empty(spec[s][4], spec[s][0]) for s in outputs}
+        local = full if whole else {s: np.zeros(spec[s][4], spec[s][0]) for s in outputs}
         getattr(self._program, "deferred", []).clear()  # the last run's gradients (defer.py)
         self._runtime.start(feeds, local)
         self._devices()

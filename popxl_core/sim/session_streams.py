@@ -52,7 +52,8 @@ class SessionStreams:
 
     def create_host_outputs(self) -> Dict[DeviceToHostStream, np.ndarray]:
         spec = self._stream_spec
-        return {s: np.empty(spec[s][1], spec[s][0]) for s in self._d2h}
+        # zeros: a stream stored fewer than num_host_transfers times leaves batches unwritten
+        return {s: np.zeros(spec[s][1], spec[s][0]) for s in self._d2h}
 
     def _checked_inputs(self, inputs: Mapping, downcast: bool) -> Dict[object, np.ndarray]:
         self._whole_inputs = {}  # in a job: the inputs given for all replicas (checked equal)

@@ -2,7 +2,8 @@
 
 A pipeline's time step runs each stage on its own IPU at once (ipu_model.md: IPUs are separate
 processors; a multi-IPU program is one BSP program whose compute phases run on every IPU
-together). Ops created inside `concurrent_ipus()` are recorded as one such step: the cost model
+together). Ops created inside `concurrent_ipus()` are recorded as one such step (on each op,
+`Op.concurrency_group`): the cost model
 charges the step the cycles of its busiest IPU plus its inter-IPU copies, instead of the sum
 over all IPUs. Like `merge_exchange` it changes estimates, never results.
 """
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import weakref
 from typing import Iterator, List, Optional
 
 from ..context import ops_created
@@ -19,8 +19,6 @@ from ..context import ops_created
 __all__ = ["concurrent_ipus", "concurrency_group", "concurrent_runs"]
 
 _GROUP_IDS = itertools.count(1)
-# op -> the id of the concurrent step it belongs to (kept here, read by sim/cost.py)
-_GROUPS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 @contextlib.contextmanager
@@ -30,12 +28,12 @@ def concurrent_ipus() -> Iterator[None]:
         yield
     group = next(_GROUP_IDS)
     for op in created:
-        _GROUPS[op] = group
+        op.concurrency_group = group
 
 
 def concurrency_group(op) -> Optional[int]:
     """The concurrent step ``op`` was created in; None for an op made outside any."""
-    return _GROUPS.get(op)
+    return op.concurrency_group
 
 
 def concurrent_runs(ops: List) -> List[List]:
@@ -44,7 +42,7 @@ def concurrent_runs(ops: List) -> List[List]:
     runs: List[List] = []
     last = None
     for op in ops:
-        group = _GROUPS.get(op)
+        group = op.concurrency_group
         if group is not None and group == last:
             runs[-1].append(op)
         else:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import weakref
 from typing import Iterator, List
 
 from ..context import in_sequence, io_tiles, ops_created
@@ -24,16 +23,11 @@ EXCHANGE_TYPES = frozenset(
 )
 _GROUP_IDS = itertools.count(1)
 
-# op -> (group id, is the first op of its merged exchange). Kept here, by the transform that
-# records it, and read by the simulator's cost model (`sim.remote_plan`) through
-# `exchange_group`: an IR transform does not depend on the simulator.
-_EXCHANGE_GROUPS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
 
 def exchange_group(op) -> tuple[int, bool] | None:
     """(group id, whether ``op`` is the first op) of the merged exchange ``op`` belongs to;
     None for an op no `merge_exchange` merged."""
-    return _EXCHANGE_GROUPS.get(op)
+    return op.exchange_group
 
 
 @contextlib.contextmanager
@@ -48,7 +42,7 @@ def _merge(ops: List) -> None:
     _check_no_load_and_store_of_one_entry(ops)
     group = next(_GROUP_IDS)
     for i, op in enumerate(sorted(ops, key=lambda o: o.id)):
-        _EXCHANGE_GROUPS[op] = (group, i == 0)
+        op.exchange_group = (group, i == 0)
 
 
 def _static_entry(op):

@@ -17,7 +17,7 @@ from popxl_core import ops
 
 from ..lowering import lowers
 from ._common import const, norm_dim
-from .aten_kernels import torch_call
+from .aten_kernels import eager_stride, torch_call, torch_kernel_in_eager_layout
 
 __all__ = ["softplus"]
 
@@ -112,15 +112,7 @@ def _silu(x):
     return ops.swish(x)
 
 
-def _no_inplace(fn: Callable) -> Callable:
-    """A function lowering that accepts (and ignores) torch's ``inplace`` flag."""
-
-    def lower(ctx, x, *args, inplace=False, **kwargs):
-        return fn(x, *args, **kwargs)
-
-    return lower
-
-
+# eager function (out of place) -> its lowering on the simulator's contiguous values
 _FUNCTIONS = {
     (torch.relu, F.relu, "relu", "relu_", torch.relu_, F.relu_): _relu,
     (F.relu6,): _relu6,
@@ -142,42 +134,64 @@ _FUNCTIONS = {
     (F.glu,): _glu,
     (F.prelu, torch.prelu, "prelu"): _prelu,
 }
-for _targets, _fn in _FUNCTIONS.items():
-    lowers(*_targets)(_no_inplace(_fn))
 
 
-# leaf modules: each reads its hyper-parameters from the torch module -----------------------
-_MODULES: dict = {
-    nn.ReLU: lambda m, x: _relu(x),
-    nn.ReLU6: lambda m, x: _relu6(x),
-    nn.LeakyReLU: lambda m, x: _leaky_relu(x, m.negative_slope),
-    nn.ELU: lambda m, x: _elu(x, m.alpha),
-    nn.SELU: lambda m, x: _selu(x),
-    nn.CELU: lambda m, x: _celu(x, m.alpha),
-    nn.GELU: lambda m, x: _gelu(x, m.approximate),
-    nn.SiLU: lambda m, x: _silu(x),
-    nn.Mish: lambda m, x: _mish(x),
-    nn.Hardswish: lambda m, x: _hardswish(x),
-    nn.Hardsigmoid: lambda m, x: _hardsigmoid(x),
-    nn.Hardtanh: lambda m, x: _hardtanh(x, m.min_val, m.max_val),
-    nn.Sigmoid: lambda m, x: ops.sigmoid(x),
-    nn.Tanh: lambda m, x: ops.tanh(x),
-    nn.Softplus: lambda m, x: softplus(x, m.beta, m.threshold),
-    nn.Softsign: lambda m, x: _softsign(x),
-    nn.LogSigmoid: lambda m, x: _logsigmoid(x),
-    nn.GLU: lambda m, x: _glu(x, m.dim),
-}
+def _activation(ctx, eager: Callable, fn: Callable, x, *args, **kwargs):
+    """``fn`` on the simulator's values, or eager's own ``eager`` on eager's layout where eager
+    applied it to a strided view (`torch_kernel_in_eager_layout`: the rounding of gelu, silu,
+    sigmoid, ... depends on the layout), forward and backward."""
+    if ctx.node.args and eager_stride(ctx.node.args[0]):
+        return torch_kernel_in_eager_layout(ctx, eager, x, *args, **kwargs)
+    return fn(x, *args, **kwargs)
 
 
-def _module_lowering(fn: Callable) -> Callable:
-    def lower(ctx, module, x):
-        return fn(module, x)
+def _function_lowering(eager: Callable, fn: Callable) -> Callable:
+    """A function's lowering; torch's ``inplace`` flag is accepted (the driver applies it)."""
+
+    def lower(ctx, x, *args, inplace=False, **kwargs):
+        return _activation(ctx, eager, fn, x, *args, **kwargs)
 
     return lower
 
 
-for _cls, _fn in _MODULES.items():
-    lowers(_cls)(_module_lowering(_fn))
+for _targets, _fn in _FUNCTIONS.items():
+    lowers(*_targets)(_function_lowering(_targets[0], _fn))
+
+
+# leaf modules: each is its function with the module's hyper-parameters ----------------------
+_MODULES: dict = {
+    nn.ReLU: (F.relu, ()),
+    nn.ReLU6: (F.relu6, ()),
+    nn.LeakyReLU: (F.leaky_relu, ("negative_slope",)),
+    nn.ELU: (F.elu, ("alpha",)),
+    nn.SELU: (F.selu, ()),
+    nn.CELU: (F.celu, ("alpha",)),
+    nn.GELU: (F.gelu, ("approximate",)),
+    nn.SiLU: (F.silu, ()),
+    nn.Mish: (F.mish, ()),
+    nn.Hardswish: (F.hardswish, ()),
+    nn.Hardsigmoid: (F.hardsigmoid, ()),
+    nn.Hardtanh: (F.hardtanh, ("min_val", "max_val")),
+    nn.Sigmoid: (torch.sigmoid, ()),
+    nn.Tanh: (torch.tanh, ()),
+    nn.Softplus: (F.softplus, ("beta", "threshold")),
+    nn.Softsign: (F.softsign, ()),
+    nn.LogSigmoid: (F.logsigmoid, ()),
+    nn.GLU: (F.glu, ("dim",)),
+}
+_LOWERING_OF = {t: fn for targets, fn in _FUNCTIONS.items() for t in targets}
+
+
+def _module_lowering(eager: Callable, attrs: tuple) -> Callable:
+    def lower(ctx, module, x):
+        kwargs = {a: getattr(module, a) for a in attrs}
+        return _activation(ctx, eager, _LOWERING_OF[eager], x, **kwargs)
+
+    return lower
+
+
+for _cls, (_eager, _attrs) in _MODULES.items():
+    lowers(_cls)(_module_lowering(_eager, _attrs))
 
 
 @lowers(nn.PReLU)

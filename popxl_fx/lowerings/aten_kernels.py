@@ -34,12 +34,16 @@ __all__ = [
     "Method",
     "REFUSED",
     "EagerLayout",
+    "eager_requires_grad",
     "eager_stride",
+    "lower_as_eager_matmul",
     "lower_in_eager_layout",
+    "lowering_in_eager_layout",
     "lower_torch_function",
     "lower_with_torch_kernel",
     "lower_with_torch_random",
     "torch_call",
+    "torch_kernel_in_eager_layout",
     "torch_kernel_when",
     "torch_unary",
 ]
@@ -201,8 +205,12 @@ def lower_torch_function(ctx: LoweringContext, *args: Any, **kwargs: Any) -> Any
     """Lower the node's torch function or method call as one ``Aten`` op running that
     function (eager's own kernels and autograd); ``inplace=`` is left to the driver."""
     target = ctx.node.target
+    fn = Method(target) if isinstance(target, str) else target
     kwargs = {k: v for k, v in kwargs.items() if k != "inplace"}
-    out = torch_call(Method(target) if isinstance(target, str) else target, *args, **kwargs)
+    if any(eager_stride(a) for a in ctx.node.args):  # reductions round by the layout too
+        out = torch_kernel_in_eager_layout(ctx, fn, *args, **kwargs)
+    else:
+        out = torch_call(fn, *args, **kwargs)
     return tuple(out) if isinstance(out, list) else out
 
 
@@ -218,15 +226,26 @@ class EagerLayout:
     one per positional argument, None: as it comes). The simulator's values are contiguous;
     a matrix product's BLAS call, and the one autograd makes for its backward from the same
     operands, round by the operands' layout (a transposed view is another kernel), so
-    ``k.transpose(-2, -1)`` must reach ``bmm`` as the transposed view it is in eager."""
+    ``k.transpose(-2, -1)`` must reach ``bmm`` as the transposed view it is in eager.
+
+    ``requires_grad`` (one flag per positional argument, or empty): the arguments that needed
+    a gradient in eager are marked so here too, where the simulator's plain values do not
+    (its forward runs without autograd): ``at::matmul`` folds ``w @ x`` of a matrix ``w`` and
+    a batched ``x`` into one ``mm`` only when ``w`` requires grad, and batches it (``bmm`` of
+    the expanded matrix, other bits) otherwise."""
 
     fn: Any
     strides: tuple
+    requires_grad: tuple = ()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         laid = [_restride(a, s) for a, s in zip(args, self.strides)] + list(
             args[len(self.strides) :]
         )
+        for i, flag in enumerate(self.requires_grad):
+            a = laid[i]
+            if flag and isinstance(a, torch.Tensor) and not a.requires_grad:
+                laid[i] = a.detach().requires_grad_()  # a flag only: nothing differentiates it
         return self.fn(*laid, **kwargs)
 
     def __str__(self) -> str:
@@ -272,6 +291,44 @@ def lower_in_eager_layout(ctx: LoweringContext, *args: Any, **kwargs: Any) -> An
     return _lower_call(aten_op, ctx, args, kwargs, EagerLayout(ctx.node.target, strides))
 
 
+def lowering_in_eager_layout(fn: Any) -> Callable[..., Any]:
+    """A lowering like `lower_in_eager_layout` that runs ``fn`` instead of the node's target
+    (a callable with its own shape rule on fake tensors, e.g. `moe.GroupedMM`)."""
+
+    def lower(ctx: LoweringContext, *args: Any, **kwargs: Any) -> Any:
+        strides = tuple(eager_stride(a) for a in ctx.node.args)
+        return _lower_call(aten_op, ctx, args, kwargs, EagerLayout(fn, strides))
+
+    return lower
+
+
+def eager_requires_grad(source: Any) -> bool:
+    """Whether a graph argument required grad in eager (its fx ``example_value``)."""
+    if not isinstance(source, fx.Node):
+        return False
+    seen = source.meta.get("example_value", source.meta.get("val"))
+    return isinstance(seen, torch.Tensor) and seen.requires_grad
+
+
+def lower_as_eager_matmul(ctx: LoweringContext, fn: Any, a: Any, b: Any) -> Any:
+    """``fn(a, b)`` (a matrix product) as one ``Aten`` op on eager's layouts and with eager's
+    requires-grad flags (`EagerLayout`): the same BLAS calls forward and backward."""
+    sources = ctx.node.args[:2]
+    strides = tuple(eager_stride(x) for x in sources)
+    flags = tuple(eager_requires_grad(x) for x in sources)
+    return _lower_call(aten_op, ctx, (a, b), {}, EagerLayout(fn, strides, flags))
+
+
+def torch_kernel_in_eager_layout(ctx: LoweringContext, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` as one ``Aten`` op, the node's positional tensor arguments laid
+    out as eager's (`EagerLayout`). For elementwise kernels on a strided view in eager (a
+    slice, a chunk, a transpose): ATen's vectorised loops run over the view's rows in memory
+    order and compute each row's last elements with the scalar function (gelu, silu,
+    sigmoid), so which element rounds which way depends on the layout."""
+    strides = tuple(eager_stride(a) for a in ctx.node.args)
+    return _lower_call(aten_op, ctx, args, kwargs, EagerLayout(fn, strides))
+
+
 def lower_with_torch_random(ctx: LoweringContext, *args: Any, **kwargs: Any) -> Any:
     """Lower the node's random ATen call as one ``TorchRandom`` op: torch's own kernel,
     drawing from torch's default generator in program order (``Options(rng="torch")``)."""
@@ -294,6 +351,7 @@ def _lower_call(
         return Slot(len(inputs) - 1)
 
     flat, spec = pytree.tree_flatten((args, kwargs))
+    values += [None] * (len(flat) - len(values))  # a module's hyper-parameters: not in the node
     filled = [slot(v, s) for v, s in zip(flat, values)]
     call_args, call_kwargs = pytree.tree_unflatten(filled, spec)
     inputs = [
@@ -366,7 +424,13 @@ def _dtype(d: torch.dtype) -> popxl.dtype:
 
 
 # not core ATen, but kept whole by the fallback's decomposition (`fallback._KEPT`): their core
-# decompositions round differently from eager's kernels
-EAGER_KERNEL_PACKETS = (aten.linalg_vector_norm,)
+# decompositions round differently from eager's kernels. (binary_cross_entropy_with_logits is
+# decomposed all the same by functorch's functionalize, which the fallback runs; its torch
+# function has its own lowering, `lowerings.losses`; kept here for a graph that names it.)
+EAGER_KERNEL_PACKETS = (
+    aten.linalg_vector_norm,
+    aten.binary_cross_entropy,
+    aten.binary_cross_entropy_with_logits,
+)
 
 lowers(*TORCH_KERNEL_PACKETS, *EAGER_KERNEL_PACKETS)(lower_with_torch_kernel)

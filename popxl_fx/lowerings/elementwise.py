@@ -75,11 +75,13 @@ def _logical(build: Callable) -> Callable:
 
 
 def _minimum(a, b):
-    return ops.where(ops.less(b, a), b, a)
+    # torch's kernel: a tie splits the gradient in halves and a NaN in either operand wins,
+    # which a select of one operand does not do
+    return torch_call(torch.minimum, a, b)
 
 
 def _maximum(a, b):
-    return ops.where(ops.greater(b, a), b, a)
+    return torch_call(torch.maximum, a, b)
 
 
 def _ne(a, b):

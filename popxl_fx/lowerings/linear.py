@@ -19,26 +19,50 @@ from popxl_core import ops
 
 from ..lowering import lowers
 from ._common import const, promote, single
-from .aten_kernels import Method, eager_stride, lower_in_eager_layout, torch_call
+from .aten_kernels import (
+    Method,
+    eager_requires_grad,
+    eager_stride,
+    lower_as_eager_matmul,
+    torch_call,
+)
 
 __all__ = ["einsum", "embedding"]
 
 
 @lowers(torch.matmul, operator.matmul, "matmul", "__matmul__", torch.mm, "mm", torch.bmm, "bmm")
 def _matmul(ctx, a, b):
-    if any(eager_stride(x) for x in ctx.node.args[:2]):
-        # a transposed view in eager (q @ k.transpose(-2, -1)): BLAS and autograd's backward
-        # round by the operands' layout, so torch's kernel on eager's layout
-        return lower_in_eager_layout(ctx, a, b)
+    fn = _EAGER_FN.get(ctx.node.target, torch.matmul)
+    if any(eager_stride(x) for x in ctx.node.args[:2]) or _folds_in_eager(ctx, fn, a, b):
+        # a transposed view in eager (q @ k.transpose(-2, -1)), or a matrix times a batch that
+        # eager folds into one mm: BLAS and autograd's backward round by the operands' layout
+        # and by the kernel at::matmul picks, so torch's own call as eager made it
+        return lower_as_eager_matmul(ctx, fn, a, b)
     a, b = promote(a, b)
     return ops.matmul(a, b)
 
 
+_EAGER_FN = {torch.mm: torch.mm, "mm": torch.mm, torch.bmm: torch.bmm, "bmm": torch.bmm}
+
+
+def _folds_in_eager(ctx, fn, a, b) -> bool:
+    """``w @ x`` of a matrix (or vector) ``w`` and a batch ``x``: at::matmul makes it one mm on
+    ``x``'s rows (then a transposed view) when ``w`` requires grad, and one bmm of the expanded
+    ``w`` otherwise; the simulator's operands never require grad, and MatMul's gradient sums
+    per-batch products. (A batch times a matrix is folded either way, as MatMul does.) Under
+    ``Options(numerics="ipu")``: PopXL's MatMul, as `linear`."""
+    if fn is not torch.matmul or not a.rank <= 2 < b.rank or popxl.gcg().ir.numerics == "ipu":
+        return False
+    return eager_requires_grad(ctx.node.args[0])
+
+
 @lowers(torch.addmm, "addmm", torch.baddbmm, "baddbmm", torch.addmv, "addmv")
-def _addmm(ctx, bias, a, b, beta=1, alpha=1):
-    # BLAS accumulates the product into beta * bias: torch's own kernel, bit for bit
+def _addmm(ctx, *args, **kwargs):
+    # BLAS accumulates the product into beta * bias: torch's own kernel, bit for bit. The
+    # arguments pass through as the user wrote them: each op names its operands differently
+    # (mat1/mat2, batch1/batch2, mat/vec) and BLOOM's alibi passes them by keyword.
     fn = Method(ctx.node.target) if isinstance(ctx.node.target, str) else ctx.node.target
-    return torch_call(fn, bias, a, b, beta=beta, alpha=alpha)
+    return torch_call(fn, *args, **kwargs)
 
 
 @lowers(torch.outer, "outer", torch.ger)

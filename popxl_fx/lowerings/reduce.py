@@ -16,7 +16,7 @@ from popxl_core import ops
 
 from ..lowering import lowers
 from ._common import const, is_t, norm_dim, norm_dims, promote
-from .aten_kernels import lower_torch_function, torch_kernel_when
+from .aten_kernels import lower_torch_function, torch_call, torch_kernel_when
 
 __all__ = ["softmax", "var"]
 
@@ -57,23 +57,21 @@ def _extreme(x, which: str, dim=None, keepdim=False):
     reduce_fn, arg_fn = (ops.max, ops.argmax) if which == "max" else (ops.min, ops.argmin)
     if dim is None:
         return reduce_fn(x, None, False)
-    if is_t(dim):  # torch.max(a, b): elementwise
-        a, b = promote(x, dim)
-        pick = ops.greater(b, a) if which == "max" else ops.less(b, a)
-        return ops.where(pick, b, a)
+    if is_t(dim):  # torch.max(a, b): elementwise, torch.maximum's kernel (ties, NaN)
+        return torch_call(torch.maximum if which == "max" else torch.minimum, *promote(x, dim))
     d = norm_dim(dim, x.rank)
     result = torch.return_types.max if which == "max" else torch.return_types.min
     return result((reduce_fn(x, d, keepdim), arg_fn(x, d, keepdim)))
 
 
 @lowers(torch.max, "max")
-def _max(ctx, x, dim=None, keepdim=False):
-    return _extreme(x, "max", dim, keepdim)
+def _max(ctx, x, dim=None, keepdim=False, other=None):
+    return _extreme(x, "max", dim if other is None else other, keepdim)
 
 
 @lowers(torch.min, "min")
-def _min(ctx, x, dim=None, keepdim=False):
-    return _extreme(x, "min", dim, keepdim)
+def _min(ctx, x, dim=None, keepdim=False, other=None):
+    return _extreme(x, "min", dim if other is None else other, keepdim)
 
 
 @lowers(torch.amax, "amax")

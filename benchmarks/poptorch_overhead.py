@@ -1,0 +1,92 @@
+"""What the PopTorch layer costs: one MLP training step through ``poptorch.trainingModel``
+(popxl_fx.poptorch, as `python -m popxl_fx.compat` runs it) vs the same model through
+``popxl_fx.training_model``.
+
+Both train twins of one model on the same pre-made batches in this process, alternating step
+by step after a warm-up, so machine load affects both alike. The PopTorch model returns
+``(output, loss)`` as PopTorch models do (so its step also fetches the output); the popxl_fx
+trainer takes the loss as ``loss_fn``. Prints ms/step for each and the ratio poptorch/popxl_fx
+(the issue's bar: 1.1 or less).
+
+Usage::
+
+    python benchmarks/poptorch_overhead.py --rounds 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+
+import torch
+from torch import nn
+
+import popxl_fx
+import popxl_fx.poptorch as poptorch
+
+__all__ = ["main", "run"]
+
+
+class MLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 10))
+        self.loss = nn.CrossEntropyLoss()
+
+    def forward(self, x, labels):
+        out = self.net(x)
+        return out, self.loss(out, labels)
+
+
+def _timed(fn, *args) -> float:
+    start = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - start
+
+
+def run(rounds: int, warmup: int, batch_size: int) -> dict[str, list[float]]:
+    """Seconds per step for "poptorch" and "popxl_fx", ``rounds`` alternating samples each."""
+    torch.manual_seed(0)
+    model = MLP()
+    twin = copy.deepcopy(model)
+    ipu = poptorch.trainingModel(
+        model, poptorch.Options(), poptorch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    )
+    fx = popxl_fx.training_model(
+        twin.net,
+        torch.optim.SGD(twin.net.parameters(), lr=0.01, momentum=0.9),
+        nn.CrossEntropyLoss(),
+    )
+    g = torch.Generator().manual_seed(1)
+    data = [
+        (torch.randn(batch_size, 1, 28, 28, generator=g), torch.randint(0, 10, (batch_size,)))
+        for _ in range(8)
+    ]
+    times: dict[str, list[float]] = {"poptorch": [], "popxl_fx": []}
+    for step in range(warmup + rounds):
+        x, labels = data[step % len(data)]
+        a, b = _timed(ipu, x, labels), _timed(fx, x, labels)
+        if step >= warmup:
+            times["poptorch"].append(a)
+            times["popxl_fx"].append(b)
+    assert torch.equal(model.net[1].weight, twin.net[1].weight)  # the same training
+    return times
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=200)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--batch-size", type=int, default=32)
+    args = parser.parse_args(argv)
+    times = run(args.rounds, args.warmup, args.batch_size)
+    med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    print(f"poptorch.trainingModel  {med['poptorch']:.3f} ms/step (median of {args.rounds})")
+    print(f"popxl_fx.training_model {med['popxl_fx']:.3f} ms/step")
+    print(f"ratio poptorch/popxl_fx {med['poptorch'] / med['popxl_fx']:.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,30 @@
+"""``poptorch._logging``: PopTorch's logger and log-level setters."""
+
+from __future__ import annotations
+
+import logging
+
+__all__ = ["logger", "setLogLevel", "setPopartLogLevel"]
+
+logger = logging.getLogger("poptorch::python")
+_LEVELS = {
+    "TRACE": logging.DEBUG,
+    "DEBUG": logging.DEBUG,
+    "INFO": logging.INFO,
+    "WARN": logging.WARNING,
+    "ERR": logging.ERROR,
+    "OFF": logging.CRITICAL + 1,
+}
+
+
+def setLogLevel(level) -> None:
+    """PopTorch's levels (TRACE, DEBUG, INFO, WARN, ERR, OFF, or 0-6) on its logger."""
+    if isinstance(level, int):
+        level = list(_LEVELS)[min(max(level, 0), 5)]
+    if level not in _LEVELS:
+        raise ValueError(f"setLogLevel({level!r}): give one of {list(_LEVELS)}.")
+    logger.setLevel(_LEVELS[level])
+
+
+def setPopartLogLevel(level) -> None:
+    """Accepted: there is no PopART to log."""

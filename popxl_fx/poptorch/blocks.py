@@ -1,0 +1,264 @@
+"""Blocks and execution strategies: ``poptorch.Block``, ``BeginBlock``, ``BlockFunction``,
+``Stage``, ``Phase``, ``PipelinedExecution``, ``ShardedExecution`` and the phased ones.
+
+A block marks which IPU (and pipeline stage) a part of the model runs on. The simulator runs
+the whole model as one program on one simulated chip: the values are those of the unsplit
+model, which is what PopTorch's pipelining computes too (with gradient accumulation, its
+micro-batches are the accumulation's). The blocks still count: PopTorch's rules on how many
+micro-batches a pipeline needs are checked (`check_pipeline`).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+
+from . import marks
+from .enums import AutoStage, Liveness
+from .errors import Error
+
+__all__ = [
+    "BeginBlock",
+    "Block",
+    "BlockFunction",
+    "ExecutionStrategy",
+    "ParallelPhasedExecution",
+    "Phase",
+    "PipelinedExecution",
+    "SerialPhasedExecution",
+    "ShardedExecution",
+    "Stage",
+    "check_pipeline",
+    "marked_blocks",
+    "removeBlocks",
+]
+
+
+def _check_ids(user_id, ipu_id) -> None:
+    if user_id is not None and not isinstance(user_id, str):
+        raise ValueError(f"a block's user_id must be a str, not {type(user_id).__name__}.")
+    if ipu_id is not None and (not isinstance(ipu_id, int) or ipu_id < 0):
+        raise ValueError(f"a block's ipu_id must be a non-negative int, not {ipu_id!r}.")
+
+
+class Block(torch.nn.Module):
+    """``with poptorch.Block(user_id, ipu_id):`` the code inside runs in that block."""
+
+    _next_auto_id = 0
+
+    def __init__(self, user_id: str | None = None, ipu_id: int | None = None) -> None:
+        super().__init__()
+        _check_ids(user_id, ipu_id)
+        self.user_id = user_id
+        self.ipu_id = ipu_id
+
+    @staticmethod
+    def useAutoId() -> None:
+        Block._next_auto_id = 0
+
+    @staticmethod
+    def start(user_id: str | None = None, ipu_id: int | None = None) -> None:
+        _record(user_id, ipu_id)
+
+    def __enter__(self) -> Block:
+        _record(self.user_id, self.ipu_id)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
+def _record(user_id, ipu_id) -> None:
+    recording = marks.current()
+    if recording is not None:
+        recording.blocks.append((user_id, ipu_id))
+
+
+class _BeginBlockHook:
+    """A forward pre-hook that opens the block each time the module runs."""
+
+    def __init__(self, user_id, ipu_id) -> None:
+        self.user_id, self.ipu_id = user_id, ipu_id
+
+    def __call__(self, module, inputs) -> None:
+        _record(self.user_id, self.ipu_id)
+
+
+def BeginBlock(
+    layer_to_call: torch.nn.Module, user_id: str | None = None, ipu_id: int | None = None
+) -> torch.nn.Module:
+    """Start a block at ``layer_to_call`` (the module itself is returned, marked)."""
+    if not isinstance(layer_to_call, torch.nn.Module):
+        raise Error(
+            "poptorch.BeginBlock takes a torch.nn.Module (use BlockFunction for functions)."
+        )
+    _check_ids(user_id, ipu_id)
+    removeBlocks(layer_to_call)
+    hook = _BeginBlockHook(user_id, ipu_id)
+    handle = layer_to_call.register_forward_pre_hook(hook)
+    layer_to_call.__dict__["_poptorch_block"] = (user_id, ipu_id, handle)
+    return layer_to_call
+
+
+def removeBlocks(module: torch.nn.Module) -> None:
+    """Remove every BeginBlock mark from ``module`` and its children."""
+    for m in module.modules():
+        mark = m.__dict__.pop("_poptorch_block", None)
+        if mark is not None:
+            mark[2].remove()
+
+
+def marked_blocks(model: torch.nn.Module) -> list:
+    """The (user_id, ipu_id) of each BeginBlock mark in ``model``, in module order (a traced
+    leaf module does not run its hooks, so the marks are read from the modules)."""
+    return [
+        m.__dict__["_poptorch_block"][:2]
+        for m in model.modules()
+        if "_poptorch_block" in m.__dict__
+    ]
+
+
+def BlockFunction(user_id: str | None = None, ipu_id: int | None = None) -> Callable:
+    """A decorator running the function inside ``Block(user_id, ipu_id)``."""
+
+    def decorate(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            with Block(user_id, ipu_id):
+                return fn(*args, **kwargs)
+
+        return wrapper
+
+    return decorate
+
+
+class Stage:
+    """One pipeline stage: the blocks named, on one IPU."""
+
+    def __init__(self, *block_ids: str) -> None:
+        if not all(isinstance(b, str) for b in block_ids):
+            raise ValueError(f"Stage takes block ids (str), got {block_ids}.")
+        self._blocks = block_ids
+        self._ipu = None
+
+    @property
+    def blocks(self) -> tuple:
+        return self._blocks
+
+    def ipu(self, ipu: int) -> Stage:
+        self._ipu = ipu
+        return self
+
+
+class Phase:
+    """One execution phase: stages that run together."""
+
+    def __init__(self, *arg) -> None:
+        self.stages = [s if isinstance(s, Stage) else Stage(s) for s in arg]
+
+    def stage(self, idx: int) -> Stage:
+        return self.stages[idx]
+
+    def ipus(self, *ipus: int) -> Phase:
+        for stage, ipu in zip(self.stages, ipus):
+            stage.ipu(ipu)
+        return self
+
+
+class ExecutionStrategy:
+    """What ``Options.setExecutionStrategy`` takes."""
+
+    pipelined = False
+
+    def __init__(self, *args) -> None:
+        self.auto_stage = AutoStage.SameAsIpu
+        self.stages: list[Stage] = []
+        for arg in args:
+            if isinstance(arg, AutoStage):
+                self.auto_stage = arg
+            elif isinstance(arg, Stage):
+                self.stages.append(arg)
+            elif isinstance(arg, str):
+                self.stages.append(Stage(arg))
+            elif isinstance(arg, Phase):
+                self.stages.extend(arg.stages)
+            else:
+                raise ValueError(
+                    f"{type(self).__name__} takes Stages, block ids, Phases or an AutoStage, "
+                    f"not {type(arg).__name__}."
+                )
+
+
+class PipelinedExecution(ExecutionStrategy):
+    """Each stage on its IPU, micro-batches flowing through them."""
+
+    pipelined = True
+
+
+class ShardedExecution(ExecutionStrategy):
+    """Each stage on its IPU, one micro-batch at a time (no pipelining)."""
+
+
+class _PhasedExecution(ExecutionStrategy):
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.separate_backward_phase = False
+        self.liveness = Liveness.AlwaysLive
+
+    def phase(self, phase: int) -> Stage:
+        return self.stages[phase]
+
+    def useSeparateBackwardPhase(self, use: bool = True):
+        self.separate_backward_phase = bool(use)
+        return self
+
+
+class ParallelPhasedExecution(_PhasedExecution):
+    def sendTensorsOffChipAfterFwd(self, off_chip: bool = True):
+        self.liveness = Liveness.OffChipAfterFwd if off_chip else Liveness.AlwaysLive
+        return self
+
+
+class SerialPhasedExecution(_PhasedExecution):
+    def setTensorsLiveness(self, liveness: Liveness):
+        self.liveness = Liveness(liveness)
+        return self
+
+
+def _stage_count(strategy: ExecutionStrategy, blocks: list) -> int:
+    """How many forward stages the blocks the forward entered make: the strategy's stages,
+    else (AutoStage.SameAsIpu, PopTorch's default) one per change of IPU, starting on IPU 0,
+    or one per block id (AutoIncrement)."""
+    if strategy.stages:
+        return len(strategy.stages)
+    if strategy.auto_stage == AutoStage.AutoIncrement:
+        return max(1, len(dict.fromkeys(blocks)))
+    ipus = [0] + [ipu for _, ipu in blocks if ipu is not None]
+    return 1 + sum(a != b for a, b in zip(ipus, ipus[1:]))
+
+
+def check_pipeline(options, blocks: list, training: bool) -> None:
+    """PopTorch's rule for a pipeline (its default strategy whenever blocks use several
+    IPUs): training runs 2S-1 stages for S forward stages and needs that many micro-batches
+    (gradient accumulation); inference needs S device iterations."""
+    strategy = options._execution_strategy or PipelinedExecution()
+    if not strategy.pipelined:
+        return
+    forward = _stage_count(strategy, blocks)
+    if training:
+        stages = 2 * forward - 1
+        if options.Training.gradient_accumulation < stages:
+            raise Error(
+                "poptorch.Options().Training.gradientAccumulation must be greater than or "
+                f"equal to the number of pipeline stages ({stages}) when using "
+                f"poptorch.PipelinedExecution. Please note that a model with {forward} "
+                f"pipeline stages in PopTorch will have an additional {forward - 1} stages "
+                "when training."
+            )
+    elif options.device_iterations < forward:
+        raise Error(
+            "poptorch.Options().deviceIterations must be greater than or equal to the number "
+            f"of pipeline stages ({forward}) when using PopTorch.PipelinedExecution."
+        )

@@ -1,0 +1,308 @@
+"""``PoplarExecutor``: what ``poptorch.trainingModel`` / ``inferenceModel`` return, on
+`popxl_fx.training_model` / `popxl_fx.inference_model`.
+
+The executor's weights are the user model's tensors (popxl_fx shares them), so PopTorch's
+implicit weight copies hold by construction: after a training call the model (and any
+inference executor of it) sees the trained weights, and what the user writes into the model
+is what the next call uses. ``copyWeightsToHost`` / ``copyWeightsToDevice`` have nothing left
+to copy.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import OrderedDict
+from typing import Any
+
+import torch
+from torch import nn
+
+import popxl_fx
+
+from . import batching, blocks, optim, optim_map
+from .enums import ConnectionType, OutputMode, ReductionType
+from .errors import Error, unsupported
+from .fx_options import fx_options
+from .options import Options
+from .wrapper import Wrapped, flat_call
+
+__all__ = ["PoplarExecutor", "registerPostCompileHook", "registerPreCompileHook"]
+
+_PRE_COMPILE: OrderedDict = OrderedDict()  # RemovableHandle keeps a weak reference
+_POST_COMPILE: OrderedDict = OrderedDict()
+
+
+def registerPreCompileHook(hook) -> torch.utils.hooks.RemovableHandle:
+    """Call ``hook()`` before each executor compiles its program."""
+    handle = torch.utils.hooks.RemovableHandle(_PRE_COMPILE)
+    _PRE_COMPILE[handle.id] = hook
+    return handle
+
+
+def registerPostCompileHook(hook) -> torch.utils.hooks.RemovableHandle:
+    """Call ``hook()`` after each executor has compiled its program."""
+    handle = torch.utils.hooks.RemovableHandle(_POST_COMPILE)
+    _POST_COMPILE[handle.id] = hook
+    return handle
+
+
+class PoplarExecutor:
+    """A PopTorch model on the simulated IPU: call it like the model."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        options: Options | None,
+        training: bool,
+        optimizer: torch.optim.Optimizer | None = None,
+        user_model: nn.Module | None = None,
+    ) -> None:
+        self._user_model = user_model or model
+        self._training = training
+        self._options = _frozen_copy(options, training)
+        if training and optimizer is None:
+            optimizer = optim.SGD(self._user_model.parameters(), lr=0.01)  # PopTorch's default
+        self._optimizer = optimizer
+        self._wrapped = Wrapped(model, training, _loss_factor(self._options, training))
+        self._impl = None  # the popxl_fx trainer / inference model, made on compile
+        self._attached = False
+        self._outputs_supported = True
+
+    # PopTorch's API ----------------------------------------------------------------------
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._options.connection_type == ConnectionType.Never:
+            raise Error(
+                "Trying to run a model on an offline device (ConnectionType.Never): use "
+                "model.compile(inputs) instead of model(inputs)"
+            )
+        args = self._flat_inputs(args, kwargs)
+        impl = self._ensure_impl()
+        if impl._active is None:  # PopTorch checks its pipeline when it compiles
+            self._build(impl, args)
+        self._attached = True
+        out = impl(*args)
+        if self._training:
+            out = self._training_outputs(impl, out)
+        return batching.select_outputs(out, self._options, self._options.device_iterations)
+
+    def compile(self, *args: Any, **kwargs: Any) -> None:
+        """Build the program for these inputs without running it."""
+        args = self._flat_inputs(args, kwargs)
+        self._build(self._ensure_impl(), args)
+        self._attached = True
+
+    def _build(self, impl, args: tuple) -> None:
+        for hook in list(_PRE_COMPILE.values()):
+            hook()
+        impl.build(*args)
+        self._check_blocks()
+        self._check_outputs(impl)
+        for hook in list(_POST_COMPILE.values()):
+            hook()
+
+    def _flat_inputs(self, args: tuple, kwargs: dict) -> tuple:
+        """The call's tensors, flat and split by device iteration; a call of another
+        structure (nesting, non-tensor values) than the compiled one gets a new program."""
+        tensors, call = flat_call(args, kwargs)
+        if call != self._wrapped.call:
+            if self._wrapped.call is not None:
+                self._impl = None
+            self._wrapped.call = call
+        return batching.split_iterations(tuple(tensors), self._options, self._training)
+
+    def _check_outputs(self, impl) -> None:
+        """A training step with gradient accumulation fetches only the loss:
+        a model returning more raises before any step, rather than returning less."""
+        if not self._training or _one_step(impl.options):
+            return
+        outputs = impl._active.lowered.fxm.out_spec.num_leaves - 1
+        if outputs > 1:
+            raise Error(
+                f"{type(self._user_model).__name__}.forward returns {outputs} outputs; with "
+                "gradientAccumulation above 1, popxl_fx's PopTorch layer returns only the "
+                "loss of a trainingModel (its micro-batch loop does not fetch the other "
+                "outputs yet): return only the loss, or use gradientAccumulation(1) (device "
+                "iterations do return them)."
+            )
+
+    def _check_blocks(self) -> None:
+        """PopTorch's pipeline rules on the blocks: BeginBlock marks (in module order) and
+        the Block scopes the forward entered."""
+        seen = blocks.marked_blocks(self._user_model)
+        seen += [b for b in self._wrapped.blocks if b not in seen]
+        blocks.check_pipeline(self._options, seen, self._training)
+
+    def isCompiled(self) -> bool:
+        return self._impl is not None and self._impl._active is not None
+
+    def isAttachedToDevice(self) -> bool:
+        return self._attached
+
+    def detachFromDevice(self) -> None:
+        if not self.isCompiled():
+            raise Error("Executable isn't compiled yet")
+        if not self._attached:
+            raise Error("Device is not attached")
+        self._attached = False
+
+    def attachToDevice(self) -> None:
+        if not self.isCompiled():
+            raise Error("Executable isn't compiled yet")
+        if self._attached:
+            raise Error("Already attached to a device")
+        self._attached = True
+
+    def destroy(self) -> None:
+        """Drop the compiled programs (the model keeps its trained weights)."""
+        self._impl = None
+        self._attached = False
+
+    def copyWeightsToHost(self) -> None:
+        """Nothing to copy: the model's tensors are the program's."""
+
+    def copyWeightsToDevice(self) -> None:
+        """Nothing to copy: the next call reads the model's tensors as they are."""
+
+    def copyWeightsToHostIfNeeded(self) -> bool:
+        return False
+
+    def copyNamedBuffersToDevice(self) -> None:
+        """Nothing to copy: the next call reads the model's buffers as they are."""
+
+    def getTensorNames(self):
+        raise unsupported("PoplarExecutor.getTensorNames", "there is no PopART IR to name")
+
+    def getAnchoredTensor(self, short_name: str):
+        raise unsupported("PoplarExecutor.getAnchoredTensor", "there is no PopART IR to name")
+
+    def compileAndExport(self, filename: str, *args, **kwargs):
+        raise unsupported("PoplarExecutor.compileAndExport", "there are no Poplar executables")
+
+    def save(self, filename: str, *args, **kwargs):
+        raise unsupported("PoplarExecutor.save", "there are no Poplar executables")
+
+    def loadExecutable(self, filename: str):
+        raise unsupported("PoplarExecutor.loadExecutable", "there are no Poplar executables")
+
+    def cycleCount(self) -> int:
+        raise unsupported(
+            "PoplarExecutor.cycleCount",
+            "it reads hardware counters; report() has the simulator's cycle estimate",
+        )
+
+    def setOptimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Train with ``optimizer`` from the next call (its state and hyper-parameters)."""
+        if not self._training:
+            raise Error("setOptimizer is only for a trainingModel.")
+        optim_map.torch_view(optimizer)  # refused now, not at the next call
+        self._optimizer = optimizer
+        # popxl_fx's trainer reads its optimizer's groups and state: a new trainer reads the
+        # new optimizer's (the weights are the model's, so nothing else is lost)
+        self._impl = None
+
+    @property
+    def model(self) -> nn.Module:
+        return self._user_model
+
+    @property
+    def options(self) -> Options:
+        return self._options
+
+    @property
+    def training(self) -> bool:
+        return self._training
+
+    def report(self):
+        """The simulator's memory and cycle report (what PopTorch's profiler showed)."""
+        if self._impl is None:
+            raise Error("the model has not been compiled yet: call it (or compile()) first.")
+        return self._impl.report()
+
+    def __repr__(self) -> str:
+        return f"PoplarExecutor({self._user_model!r})"
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("_user_model", "_impl"):
+            raise AttributeError(name)
+        return getattr(self._user_model, name)
+
+    def load_state_dict(self, state_dict, strict: bool = True):
+        return self._user_model.load_state_dict(state_dict, strict)
+
+    def state_dict(self, *args, **kwargs):
+        return self._user_model.state_dict(*args, **kwargs)
+
+    # building ----------------------------------------------------------------------------
+    def _ensure_impl(self):
+        if self._impl is not None:
+            return self._impl
+        if self._options.random_seed is not None:
+            torch.manual_seed(self._options.random_seed)
+        fx = fx_options(self._options, self._training)
+        if not self._training:
+            self._impl = popxl_fx.inference_model(self._wrapped, fx)
+            return self._impl
+        view = optim_map.torch_view(self._optimizer)
+        fx = fx.replace(loss_scaling=_loss_scale(self._optimizer, fx))
+        self._impl = popxl_fx.Trainer(self._wrapped, view, None, fx, outputs=_one_step(fx))
+        return self._impl
+
+    def _training_outputs(self, impl, loss: torch.Tensor) -> Any:
+        """The model's outputs from a training call (the loss in its place)."""
+        loss = loss.as_subclass(torch.Tensor)
+        if self._wrapped.loss_factor != 1.0:
+            loss = loss / self._wrapped.loss_factor
+        if not _one_step(impl.options):
+            return loss
+        prog = impl._active
+        n = prog.lowered.fxm.out_spec.num_leaves
+        leaves = [impl.last[f"output.{i}"] for i in range(1, n)]
+        _, out = prog.lowered.fxm.unflatten([loss, *leaves])
+        return out
+
+
+def _one_step(fx: popxl_fx.Options) -> bool:
+    """One forward per step (device iterations repeat the step): the step's other outputs
+    can be fetched."""
+    return max(fx.gradient_accumulation, fx.batch_serialisation) == 1 and (
+        fx.phased_execution is False
+    )
+
+
+def _loss_scale(optimizer, fx: popxl_fx.Options) -> float:
+    """The optimizer's loss scale where it changes numbers (half precision), else 1."""
+    scale = optim_map.loss_scaling(optimizer)
+    return scale if fx.precision == "float16" else 1.0
+
+
+def _loss_factor(options: Options, training: bool) -> float:
+    """Sum reduction adds the micro-batches' and replicas' gradients: the mean's gradient
+    times their count."""
+    if not training or options.reduction() != ReductionType.Sum:
+        return 1.0
+    return float(options.Training.gradient_accumulation * options.replication_factor)
+
+
+def _frozen_copy(options: Options | None, training: bool) -> Options:
+    if options is None:
+        options = Options()
+    elif not isinstance(options, Options):
+        raise Error(
+            f"Invalid type: 'options' is of type {type(options)} (Expected poptorch.Options)"
+        )
+    options._freeze()
+    options = options.clone()
+    if options.defaultOutputMode():  # train: the last result; infer: all of them
+        options.outputMode(OutputMode.Final if training else OutputMode.All)
+    if not training and options.Training.gradient_accumulation != 1:
+        raise Error(
+            "You must set poptorch.Options().Training.gradientAccumulation to 1 or leave it "
+            "as its default value (1) when running a poptorch.inferenceModel()."
+        )
+    options._freeze()
+    return options
+
+
+def shallow_copy(model: nn.Module) -> nn.Module:
+    """PopTorch's copy of the model: the same parameters and submodules, its own flags."""
+    return copy.copy(model)

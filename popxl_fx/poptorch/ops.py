@@ -1,0 +1,246 @@
+"""PopTorch's operations (``poptorch.identity_loss``, ``nop``, ``recomputationCheckpoint``,
+...): each computes what PopTorch's op computes, in torch, so the traced program and eager
+torch agree; ops that only steer Poplar's memory planning return their input unchanged."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from . import _notes, marks
+from .enums import MatMulSerializationMode, OverlapMode
+from .errors import unsupported
+
+__all__ = [
+    "CPU",
+    "MultiConv",
+    "NameScope",
+    "cond",
+    "ctc_beam_search_decoder",
+    "custom_op",
+    "dynamic_slice",
+    "for_loop",
+    "identity_loss",
+    "ipu_print_tensor",
+    "nop",
+    "recomputationCheckpoint",
+    "serializedMatMul",
+    "set_available_memory",
+    "set_overlap_for_input",
+    "set_overlap_for_output",
+]
+
+_REDUCTIONS = {"sum": torch.sum, "mean": torch.mean, "none": lambda x: x}
+
+
+def identity_loss(x: torch.Tensor, reduction: str) -> torch.Tensor:
+    """Mark ``x`` (reduced by ``reduction``: 'sum', 'mean' or 'none') as the training loss:
+    the backward starts from ones at it."""
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"identity_loss(reduction={reduction!r}): give 'sum', 'mean' or 'none'.")
+    loss = _REDUCTIONS[reduction](x)
+    recording = marks.current()
+    if recording is not None:
+        recording.losses.append(loss)
+    return loss
+
+
+def ipu_print_tensor(
+    tensor: torch.Tensor,
+    title: str = "",
+    print_gradient: bool = True,
+    summarise_threshold: int = 1000,
+    edge_items: int = 3,
+    max_line_width: int = 75,
+    digits: int = 8,
+    float_format: str = "auto",
+    separator: str = " ",
+    open_bracket: str = "(",
+    close_bracket: str = ")",
+) -> torch.Tensor:
+    """Returns ``tensor``; PopTorch prints it from the device, which this layer does not."""
+    _notes.note(
+        "poptorch.ipu_print_tensor",
+        "the simulator prints nothing from the device; print the outputs on the host",
+    )
+    return tensor
+
+
+def nop(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` itself (PopTorch keeps a no-op in the graph; the value is the same)."""
+    return tensor
+
+
+def recomputationCheckpoint(*tensors: torch.Tensor):
+    """The tensors themselves: recomputation changes memory, not values."""
+    _notes.note(
+        "poptorch.recomputationCheckpoint",
+        "use popxl_fx Options(recompute=True) with outlined blocks to recompute",
+    )
+    return tensors[0] if len(tensors) == 1 else tensors
+
+
+def set_available_memory(tensor: torch.Tensor, available_memory_proportion: float):
+    if not 0.0 < float(available_memory_proportion) <= 1.0:
+        raise ValueError(
+            f"set_available_memory({available_memory_proportion}): give a proportion in (0, 1]."
+        )
+    _notes.note("poptorch.set_available_memory", "the simulator plans no tiles")
+    return tensor
+
+
+def serializedMatMul(
+    lhs: torch.Tensor,
+    rhs: torch.Tensor,
+    mode: MatMulSerializationMode,
+    factor: int = 0,
+    keep_precision: bool = False,
+) -> torch.Tensor:
+    """``lhs @ rhs``: the serialisation only splits the work, the product is the same."""
+    mode = MatMulSerializationMode(mode)
+    if mode != MatMulSerializationMode.Disabled and factor < 1:
+        raise ValueError(f"serializedMatMul: factor must be 1 or more with {mode}.")
+    return torch.matmul(lhs, rhs)
+
+
+def set_overlap_for_input(input_tensors, mode: OverlapMode):
+    OverlapMode(mode)
+    return input_tensors
+
+
+def set_overlap_for_output(output_tensors, mode: OverlapMode):
+    OverlapMode(mode)
+    return output_tensors
+
+
+def for_loop(count: int, body: Callable, inputs: Sequence[torch.Tensor]) -> list:
+    """Apply ``body`` ``count`` times, each time to the last outputs (PopTorch's device
+    loop; here the traced program repeats the body)."""
+    if not isinstance(count, int) or count < 0:
+        raise ValueError(f"for_loop(count={count!r}): give a non-negative int.")
+    values = list(inputs)
+    for _ in range(count):
+        out = body(*values)
+        values = list(out) if isinstance(out, (list, tuple)) else [out]
+        if len(values) != len(inputs):
+            raise ValueError(
+                f"for_loop: the body returns {len(values)} tensors but takes {len(inputs)}; "
+                "it must return one tensor per input."
+            )
+    return values
+
+
+def cond(
+    condition: torch.Tensor,
+    then_body: Callable,
+    then_inputs: Sequence,
+    else_body: Callable,
+    else_inputs: Sequence,
+) -> list:
+    """``then_body(*then_inputs)`` when ``condition`` is true, else the other branch.
+
+    The condition must be known when the model is captured (a torch tensor computed from
+    constants or a Python bool): a condition on the model's inputs would need a branch op
+    in the program, which the PopTorch layer does not build."""
+    if isinstance(condition, torch.fx.Proxy):
+        raise unsupported(
+            "poptorch.cond on a tensor computed from the model's inputs",
+            "the program would need a run-time branch; compute both branches and use torch.where",
+        )
+    out = then_body(*then_inputs) if bool(condition) else else_body(*else_inputs)
+    return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def dynamic_slice(tensor: torch.Tensor, dim: int, start: torch.Tensor, size: int, step: int):
+    if isinstance(start, torch.fx.Proxy):
+        raise unsupported(
+            "poptorch.dynamic_slice with a start computed in the model",
+            "the start must be known when the model is captured",
+        )
+    begin = int(start)
+    return tensor.narrow(dim, begin, size)[(slice(None),) * dim + (slice(None, None, step),)]
+
+
+def custom_op(
+    inputs,
+    name: str,
+    domain: str,
+    domain_version: int,
+    example_outputs,
+    attributes: dict | None = None,
+):
+    raise unsupported(
+        f"poptorch.custom_op ({domain}::{name})",
+        "custom ops are compiled C++ PopART operators; write the op in torch instead",
+    )
+
+
+def ctc_beam_search_decoder(
+    probs, lengths, blank: int = 0, beam_width: int = 100, top_paths: int = 1
+):
+    raise unsupported("poptorch.ctc_beam_search_decoder", "it is a C++ PopART operator")
+
+
+class CPU:
+    """``poptorch.CPU(fn, ID)``: PopTorch runs ``fn`` on the host in the middle of the
+    program; here it is captured with the model (the same arithmetic)."""
+
+    def __init__(self, layer_to_call: Callable, ID: str) -> None:
+        if not callable(layer_to_call):
+            raise TypeError("poptorch.CPU takes a callable (a module or function) and an ID.")
+        self._fn = layer_to_call
+        self.ID = ID
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._fn(*args, **kwargs)
+
+    def registerPersistentData(self) -> None:
+        pass
+
+
+class MultiConv:
+    """``with poptorch.MultiConv():``: PopTorch plans the convolutions inside together; the
+    convolutions compute the same values one by one here."""
+
+    def __init__(self) -> None:
+        self._options: dict[str, Any] = {}
+
+    def _setter(self, name: str) -> Callable:
+        def set_value(value) -> MultiConv:
+            self._options[name] = value
+            return self
+
+        return set_value
+
+    def __getattr__(self, name: str):
+        if name in (
+            "availableMemoryProportions",
+            "partialsTypes",
+            "planType",
+            "perConvReservedTiles",
+            "cycleBackOff",
+            "enableConvDithering",
+        ):
+            return self._setter(name)
+        raise AttributeError(name)
+
+    def __enter__(self) -> MultiConv:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
+class NameScope:
+    """``with poptorch.NameScope(name):``: names PopART's ops; nothing to name here."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __enter__(self) -> NameScope:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None

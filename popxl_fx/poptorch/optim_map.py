@@ -1,0 +1,89 @@
+"""The torch optimizer a PopTorch training executor hands to `popxl_fx.training_model`.
+
+``poptorch.optim.SGD`` / ``Adam`` / ``AdamW`` subclass torch's; popxl_fx builds torch's
+exact optimizers only (a subclass may change the arithmetic), so the executor runs a *view*:
+an optimizer of the torch class whose ``param_groups``, ``state`` and ``defaults`` are the
+PopTorch optimizer's own objects. A learning rate changed on the PopTorch optimizer (or by a
+scheduler) and the state written back after each step are therefore the same objects.
+
+The IPU arguments: in float32, loss_scaling multiplies the loss and divides the gradients
+before the update, the same update up to rounding (exact for powers of two), so it is run as
+the unscaled update; with a half-precision model it is popxl_fx's static loss scale.
+velocity_scaling likewise scales the momentum and divides it back. Accumulator dtypes other
+than float32, max_grad_norm, AdamW without bias correction, RMSprop and LAMB have no
+equivalent in the simulated update and are refused by name.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import optim
+from .errors import Error
+
+__all__ = ["loss_scaling", "torch_view"]
+
+_BASES = (
+    (optim.SGD, torch.optim.SGD),
+    (optim.AdamW, torch.optim.AdamW),
+    (optim.Adam, torch.optim.Adam),
+)
+_DTYPE_KEYS = (
+    "accum_type",
+    "velocity_accum_type",
+    "first_order_momentum_accum_type",
+    "second_order_momentum_accum_type",
+)
+
+
+def torch_view(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The torch optimizer sharing ``optimizer``'s groups and state (itself when it is one
+    of torch's own)."""
+    if isinstance(optimizer, (optim.RMSprop, optim.LAMB)) or type(optimizer) in (
+        torch.optim.RMSprop,
+    ):
+        raise Error(
+            f"{type(optimizer).__name__} is not available to a training model in popxl_fx's "
+            "PopTorch layer (its simulated update is not built); use SGD, Adam or AdamW."
+        )
+    for poptorch_type, base in _BASES:
+        if isinstance(optimizer, poptorch_type):
+            _check_ipu_arguments(optimizer)
+            view = base.__new__(base)
+            view.__setstate__(optimizer.__getstate__())
+            return view
+    return optimizer
+
+
+def _check_ipu_arguments(optimizer: optim.Optimizer) -> None:
+    for i, group in enumerate(optimizer.param_groups):
+        for key in _DTYPE_KEYS:
+            dtype = group.get(key)
+            if dtype is not None and dtype != torch.float32:
+                raise Error(
+                    f"{type(optimizer).__name__}({key}={dtype}) (param group {i}): only float32 "
+                    "accumulators are simulated by popxl_fx's PopTorch layer."
+                )
+        if not math.isinf(float(group.get("max_grad_norm", math.inf))):
+            raise Error(
+                f"{type(optimizer).__name__}(max_grad_norm={group['max_grad_norm']}) (param "
+                f"group {i}): gradient clipping is not simulated by popxl_fx's PopTorch layer."
+            )
+        if group.get("bias_correction") is False:
+            raise Error(
+                f"{type(optimizer).__name__}(bias_correction=False) (param group {i}) is not "
+                "simulated by popxl_fx's PopTorch layer; use bias_correction=True."
+            )
+
+
+def loss_scaling(optimizer: torch.optim.Optimizer) -> float:
+    """The optimizer's loss scale (1 for torch's optimizers); one value for all groups."""
+    scales = {float(g.get("loss_scaling", 1.0)) for g in optimizer.param_groups}
+    if len(scales) > 1:
+        raise Error(
+            f"the param groups of {type(optimizer).__name__} have different loss_scaling "
+            f"values {sorted(scales)}; the loss is scaled once, so give them one value."
+        )
+    return scales.pop()

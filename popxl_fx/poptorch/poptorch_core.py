@@ -1,0 +1,13 @@
+"""``poptorch.poptorch_core``: the names PopTorch's Python code (and its tests) take from the
+C++ extension; here only the error types and device queries, in Python."""
+
+from __future__ import annotations
+
+from .errors import Error, RecoverableError, UnrecoverableError
+
+__all__ = ["Error", "RecoverableError", "UnrecoverableError", "ipuHardwareVersion"]
+
+
+def ipuHardwareVersion(num_ipus: int = 1) -> int:
+    """0: there is no IPU hardware (the simulator is not one)."""
+    return 0

@@ -1,0 +1,110 @@
+"""The module a PopTorch executor hands to popxl_fx: the user's model, with the training loss
+chosen as PopTorch chooses it.
+
+PopTorch's loss is the tensor marked with `poptorch.identity_loss` (the last one marked);
+without a mark, the model's output when it is one tensor, else its last tensor output. The
+wrapper returns ``(training loss, model output)``: popxl_fx trains on the first, a scalar
+(a loss marked with ``reduction='none'`` is summed, the gradient of ones PopTorch starts
+from), and the executor returns the second.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch import nn
+
+from . import marks
+from .args import parser_for
+from .errors import Error
+
+__all__ = ["Wrapped", "flat_call"]
+
+_TENSOR = object()  # where a tensor goes in a call's template
+
+
+class _Custom:
+    """A custom-typed argument in a template: its parser, the object, its tensor count."""
+
+    def __init__(self, parser, value, count: int) -> None:
+        self.parser, self.value, self.count = parser, value, count
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Custom) and (self.parser, self.count) == (
+            other.parser,
+            other.count,
+        )
+
+    __hash__ = None
+
+
+def flat_call(args: tuple, kwargs: dict) -> tuple[list, tuple]:
+    """The call's tensors in order, and its structure: (pytree spec, the leaves with each
+    tensor replaced by a placeholder, custom-typed arguments by their `_Custom`)."""
+    leaves, spec = pytree.tree_flatten((args, kwargs), is_leaf=lambda x: parser_for(x) is not None)
+    tensors, template = [], []
+    for x in leaves:
+        parser = parser_for(x)
+        if parser is not None:
+            held = list(parser.yieldTensors(x))
+            tensors += held
+            template.append(_Custom(parser, x, len(held)))
+        elif isinstance(x, torch.Tensor):
+            tensors.append(x)
+            template.append(_TENSOR)
+        else:
+            template.append(x)
+    return tensors, (spec, tuple(template))
+
+
+def _leaf(x: Any, given) -> Any:
+    if x is _TENSOR:
+        return next(given)
+    if isinstance(x, _Custom):
+        return x.parser.reconstruct(x.value, iter([next(given) for _ in range(x.count)]))
+    return x
+
+
+class Wrapped(nn.Module):
+    """``model`` run inside a `marks.recording`; ``training``: also pick the loss."""
+
+    def __init__(self, model: nn.Module, training: bool, loss_factor: float = 1.0) -> None:
+        super().__init__()
+        self.model = model
+        self.for_training = training
+        self.loss_factor = loss_factor  # Sum reduction: micro-batches x replicas
+        self.blocks: list = []  # the blocks the last forward entered
+        self.call: tuple | None = None  # `flat_call`'s structure of the calls compiled
+
+    def forward(self, *tensors: Any) -> Any:
+        spec, template = self.call
+        given = iter(tensors)
+        leaves = [_leaf(x, given) for x in template]
+        args, kwargs = pytree.tree_unflatten(leaves, spec)
+        with marks.recording() as seen:
+            out = self.model(*args, **kwargs)
+        self.blocks = list(seen.blocks)
+        if not self.for_training:
+            return out
+        loss = seen.losses[-1] if seen.losses else _last_tensor(out, self.model)
+        train = loss if _is_scalar(loss) else loss.sum()
+        if self.loss_factor != 1.0:
+            train = train * self.loss_factor
+        return train, out
+
+
+def _is_scalar(t: Any) -> bool:
+    example = t.node.meta.get("example_value") if isinstance(t, torch.fx.Proxy) else t
+    return isinstance(example, torch.Tensor) and example.dim() == 0
+
+
+def _last_tensor(out: Any, model: nn.Module) -> Any:
+    leaves = [x for x in pytree.tree_leaves(out) if isinstance(x, (torch.Tensor, torch.fx.Proxy))]
+    if not leaves:
+        raise Error(
+            f"{type(model).__name__}.forward returns no tensor, so a trainingModel has no loss; "
+            "return the loss (or mark it with poptorch.identity_loss)."
+        )
+    return leaves[-1]
