@@ -56,11 +56,24 @@ def _remote_code_load_ir():
     return ir, {}
 
 
+def _runtime_check_ir(bound: float = 10.0):
+    """A check that holds on the fed data (``x < bound``), beside the value it guards."""
+    ir = popxl.Ir()
+    with ir.main_graph:
+        x_in = popxl.h2d_stream((3,), popxl.float32, "x")
+        x = ops.host_load(x_in, "x")
+        ops.runtime_check(ops.less(x, bound), "x must be below the bound", tag="bound")
+        s = popxl.d2h_stream(x.shape, x.dtype, "y")
+        ops.host_store(s, x * 2.0)
+    return ir, {x_in: np.array([1.0, 2.0, 3.0], F32)}
+
+
 # ops the table gives no samples for -> a program that runs them (and its feeds)
 EXTRA: Dict[str, Callable] = {
     "HostLoad": _host_io_ir,
     "HostStore": _host_io_ir,
     "RemoteCodeLoad": _remote_code_load_ir,
+    "RuntimeCheck": _runtime_check_ir,
 }
 
 
@@ -108,6 +121,16 @@ def test_sample_compiled_matches_reference(opdef, sample):
 def test_extra_compiled_matches_reference(name):
     runs = [_run(*EXTRA[name](), reference) for reference in (False, True)]
     assert_bitwise_equal(*runs)
+
+
+@pytest.mark.parametrize("reference", [False, True])
+def test_a_failing_runtime_check_raises_compiled_and_interpreted(reference):
+    from popxl_core.ops.runtime_check import RuntimeCheckError
+
+    ir, feeds = _runtime_check_ir(bound=2.5)  # 3.0 is not below it
+    with pytest.raises(RuntimeCheckError, match="x must be below the bound") as info:
+        _run(ir, feeds, reference)
+    assert info.value.tag == "bound"
 
 
 @pytest.mark.parametrize("name", sorted(all_opdefs()))

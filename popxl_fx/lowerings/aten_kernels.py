@@ -86,7 +86,6 @@ REFUSED = {
 TORCH_KERNEL_PACKETS = (
     # data movement
     aten.alias,
-    aten.as_strided,
     aten.cat,
     aten.constant_pad_nd,
     aten.diagonal,
