@@ -12,6 +12,8 @@ How a page is split into sentences:
 4. A block is cut after ``.``, ``!`` or ``?`` (optionally followed by a closing bracket or quote)
    where whitespace follows and the next word starts with a capital letter, a digit, a backtick,
    an opening bracket or quote, or emphasis; so "e.g. the" and "1.2x" do not end a sentence.
+   Nor does the dot of an abbreviation (``e.g.``, ``i.e.``, ``etc.``, ``vs.``, ``cf.``), whatever
+   follows it.
 5. A word is a whitespace-separated token with at least one letter or digit in it.
 
 Run it as ``python tools/doc_sentences.py README.md docs/*.md``; ``--limit`` changes the 60.
@@ -37,8 +39,9 @@ _COMMENT = re.compile(r"<!--.*?-->", re.S)
 _ITEM = re.compile(r"^\s*(?:[-*+]|\d+[.)])\s+")
 _CODE = re.compile(r"`[^`\n]+`")
 _LINK = re.compile(r"!?\[([^\]]*)\]\([^)]*\)")
-_END = re.compile(r"(?<=[.!?])[)\"'*_]*\s+(?=[A-Z0-9`(\[\"'*_])")
+_END = re.compile(r"(?<=[.!?])([)\"'*_]*)\s+(?=[A-Z0-9`(\[\"'*_])")
 _WORD = re.compile(r"[A-Za-z0-9]")
+_ABBREVIATIONS = ("e.g.", "i.e.", "etc.", "vs.", "cf.")
 
 
 @dataclass(frozen=True)
@@ -75,7 +78,9 @@ def sentences(text: str) -> list[str]:
         masked = _CODE.sub(lambda m: "`" + "x" * (len(m.group()) - 2) + "`", block)
         start = 0
         for m in _END.finditer(masked):
-            out.append(block[start : m.start()].strip())
+            if masked[: m.start()].endswith(_ABBREVIATIONS):
+                continue
+            out.append(block[start : m.end(1)].strip())
             start = m.end()
         out.append(block[start:].strip())
     return [s for s in out if _WORD.search(s)]
