@@ -1,10 +1,12 @@
-"""The simulator knows ops only through their `OpDef` rows (issue 23).
+"""The simulator knows ops only through their `OpDef` rows (issue 23, issue 39).
 
 What a compile-time rewrite needs to know about an op (its multi-tensor form, its ``out=``
-form, its direct torch call, ...) is a typed field of its `OpDef`, declared next to its kernel.
-So no module of ``popxl_core/sim/`` spells an op type: a string literal equal to a registered
-op type name is a special case keyed on a name, which these checks reject (tables of op types
-are built from the rows, e.g. ``frozenset(d.name for d in (CALL, REPEAT))``).
+form, its direct torch call, replica folding, ...) is a rule in one of the sim's speed tables
+(`popxl_core.sim.speed`), keyed by the op's `OpDef` and registered next to its kernel; the
+`OpDef` itself says only what the op means. So no module of ``popxl_core/sim/`` spells an op
+type: a string literal equal to a registered op type name is a special case keyed on a name,
+which these checks reject (tables of op types are built from the rows, e.g.
+``frozenset(d.name for d in (CALL, REPEAT))``).
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+import torch
 
-from popxl_core.ops.registry import OpDef, all_opdefs
+from popxl_core.ops.registry import OpDef, all_opdefs, no_cost
+from popxl_core.sim import speed
 
 ROOT = Path(__file__).resolve().parent.parent
 SIM = ROOT / "popxl_core" / "sim"
@@ -56,29 +60,73 @@ def test_opdef_has_no_untyped_fields():
     assert all(t not in ("Any", "Dict[str, Any]") for t in fields.values()), fields
 
 
+def _names(table: speed.SpeedTable) -> set[str]:
+    return {name for name, d in all_opdefs().items() if d in table}
+
+
 @pytest.mark.parametrize(
-    "field, names",
+    "table, names",
     [
-        ("out_kernel", {"Add", "Sub", "Mul", "Div", "Sqrt", "Relu", "ReluGrad"}),
-        ("direct", {"Add", "Sub", "Mul", "MatMul", "Reshape", "Transpose"}),
-        ("transposed_kernel", {"MatMul"}),
-        ("matrix_transpose", {"Transpose"}),
-        ("joint_grad", {"ConvDataGrad", "ConvWeightsGrad"}),
+        (speed.OUT_KERNEL, {"Add", "Sub", "Mul", "Div", "Sqrt", "Relu", "ReluGrad"}),
+        (speed.DIRECT, {"Add", "Sub", "Mul", "MatMul", "Reshape", "Transpose"}),
+        (speed.TRANSPOSED_KERNEL, {"MatMul"}),
+        (speed.MATRIX_TRANSPOSE, {"Transpose"}),
+        (speed.JOINT_GRAD, {"ConvDataGrad", "ConvWeightsGrad"}),
+        (
+            speed.DEAD_OUTPUT_KERNELS,
+            {"LinearGrad", "MaxPoolWithIndices", "ScaledDotProductFlashAttention"},
+        ),
+        (speed.BUFFERED_KERNEL, {"LinearGrad"}),
+        (speed.REPLICA_STACK, {"Linear", "LinearGrad"}),
     ],
 )
-def test_rewrite_fields_are_declared_on_the_ops_that_had_them(field, names):
-    """The rewrites keep applying to the ops they applied to before the fields existed."""
-    have = {name for name, d in all_opdefs().items() if getattr(d, field) is not None}
-    assert have == names
+def test_speed_rules_are_declared_on_the_ops_that_had_them(table, names):
+    """The rewrites keep applying to the ops they applied to when the rules were fields."""
+    assert _names(table) == names
+
+
+def test_replica_fold_rules():
+    have = _names(speed.REPLICA_FOLD)
+    assert {"Add", "Sub", "Mul", "Reshape", "Transpose", "Linear", "LinearGrad"} <= have
+    assert {"LayerNorm", "LayerNormGrad", "Nll", "NllGrad", "Gelu", "GeluGrad"} <= have
+    assert {"Softmax", "Concat", "ReduceSum", "Gather", "ScatterReduce"} <= have
+
+
+def test_speed_tables_are_keyed_by_registered_rows():
+    """Every rule belongs to a row of the op table (the object, not a type name)."""
+    rows = list(all_opdefs().values())
+    for table in speed.TABLES:
+        assert all(any(d is r for r in rows) for d in table), table
+
+
+def test_opdef_has_no_speed_field():
+    """What an op means stays on `OpDef`; a speed variant given to it is a TypeError, so an
+    old row does not silently lose its rule (register it with `speed.declare`)."""
+    fields = {f.name for f in dataclasses.fields(OpDef)}
+    assert not fields & {t.name for t in speed.TABLES}
+    with pytest.raises(TypeError, match="replica_fold"):
+        OpDef("X", lambda ins: ins, torch.neg, replica_fold=object())
+
+
+def test_declare_checks_table_names_and_duplicates():
+    row = OpDef("NotRegistered", lambda ins: ins, torch.neg, cost=no_cost)
+    with pytest.raises(TypeError, match="no speed table"):
+        speed.declare(row, replica_folds=object())
+    table = speed.SpeedTable("test")
+    table.register(row, 1)
+    with pytest.raises(ValueError, match="already has a test rule"):
+        table.register(row, 2)
+    twin = dataclasses.replace(row)  # equal fields, another row
+    assert table.get(row) == 1 and twin not in table
 
 
 def test_foreach_forms():
-    have = {name for name, d in all_opdefs().items() if d.foreach is not None}
+    have = _names(speed.FOREACH)
     assert {"Add", "Sub", "Mul", "Div", "Sqrt", "Neg", "ScaledAdd", "ScaledAddLhsInplace"} <= have
     assert {"Accumulate", "AccumulatorScale", "CopyVarUpdate", "LerpInplace"} <= have
     assert {"AddcmulInplace", "AddcdivInplace", "FusedSGD"} <= have
     # only ops that may write into a dead input choose a group mode other than "fresh"
-    writes = {name for name in have if all_opdefs()[name].foreach.targets is not None}
+    writes = {name for name in have if speed.FOREACH.get(all_opdefs()[name]).targets is not None}
     assert writes == {"Add", "Sub", "Mul", "Div", "Sqrt"}
 
 
