@@ -53,6 +53,55 @@ def test_the_check_sees_an_op_type_literal():
     assert _op_names_in(source, {"Add", "Mul", "Sub"}) == [("Add", 2), ("Mul", 2)]
 
 
+def _type_matches_in(source: str) -> list[int]:
+    """Lines that compare an op's type name (``op.type == ...``, ``op.type in ...``,
+    ``op.type.startswith(...)``) instead of looking its row up."""
+
+    def is_type(node) -> bool:
+        return isinstance(node, ast.Attribute) and node.attr == "type"
+
+    def on_name(node) -> bool:
+        return is_type(node) and isinstance(node.value, ast.Name)
+
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare) and any(map(on_name, [node.left, *node.comparators])):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr in ("startswith", "endswith") and on_name(node.func.value):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_no_op_type_name_matched_in_sim():
+    """sim/ matches ops by their rows (``op.opdef in (HOST_LOAD, ...)``, the tables of
+    `speed` and `ring`), never by their type names or a prefix of them."""
+    found = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for path in sorted(SIM.rglob("*.py"))
+        for line in _type_matches_in(path.read_text())
+    ]
+    assert not found, "\n".join(found)
+
+
+def test_the_check_sees_an_op_type_match():
+    source = "def f(op, t):\n    return op.type in S or t.device.type == 'cpu'\n"
+    source += "def g(op):\n    return op.type.startswith(('Remote', 'Replicated'))\n"
+    assert sorted(_type_matches_in(source)) == [2, 4]
+
+
+def test_ring_factors_are_the_collectives():
+    """The cost model's ring collectives (`ring.RING_FACTOR`) are the rows that exchange data
+    between replicas, addons' tensor-parallel all-reduce among them."""
+    import addons.ops.replicated_all_reduce_TP  # noqa: F401 (registers its row)
+    from popxl_core.sim.ring import RING_FACTOR
+
+    collectives = {name for name, d in all_opdefs().items() if d.collective}
+    assert _names(RING_FACTOR) == collectives
+    assert "ReplicatedAllReduceTP" in collectives
+    assert RING_FACTOR.get(all_opdefs()["ReplicatedAllReduceTP"]) == 2.0
+
+
 def test_opdef_has_no_untyped_fields():
     """``OpDef.extra`` (free-form keys) is gone: every fact is a declared field."""
     fields = {f.name: f.type for f in dataclasses.fields(OpDef)}
@@ -60,7 +109,7 @@ def test_opdef_has_no_untyped_fields():
     assert all(t not in ("Any", "Dict[str, Any]") for t in fields.values()), fields
 
 
-def _names(table: speed.SpeedTable) -> set[str]:
+def _names(table: speed.OpTable) -> set[str]:
     return {name for name, d in all_opdefs().items() if d in table}
 
 
@@ -112,7 +161,7 @@ def test_declare_checks_table_names_and_duplicates():
     row = OpDef("NotRegistered", lambda ins: ins, torch.neg, cost=no_cost)
     with pytest.raises(TypeError, match="no speed table"):
         speed.declare(row, replica_folds=object())
-    table = speed.SpeedTable("test")
+    table = speed.OpTable("test")
     table.register(row, 1)
     with pytest.raises(ValueError, match="already has a test rule"):
         table.register(row, 2)

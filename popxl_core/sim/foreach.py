@@ -54,9 +54,9 @@ __all__ = ["Group", "foreach_schedule", "group_kernel", "group_key", "plan_modes
 class Group:
     """Ops computed by one multi-tensor kernel, in schedule order.
 
-    ``key``: the op type then its `Foreach.key`. ``mode``: "fresh" (new outputs), "in0"/"in1"
-    (written into the dead input of each op that the form's ``targets`` name for the mode, as
-    ``out=`` reuse does)."""
+    ``key``: the op's row (`OpDef`) then its `Foreach.key`. ``mode``: "fresh" (new outputs),
+    "in0"/"in1" (written into the dead input of each op that the form's ``targets`` name for
+    the mode, as ``out=`` reuse does)."""
 
     ops: List[Op]
     key: tuple
@@ -64,7 +64,7 @@ class Group:
 
 
 def group_key(op: Op) -> Optional[tuple]:
-    """What ops must share to run as one kernel (type, then the op's `Foreach.key`); None
+    """What ops must share to run as one kernel (its row, then the op's `Foreach.key`); None
     for an op that is never grouped."""
     form = FOREACH.get(op.opdef)
     if form is None or op.called_graphs or not op.outputs:
@@ -72,7 +72,7 @@ def group_key(op: Op) -> Optional[tuple]:
     if not form.any_dtype and not float32_only(op):
         return None
     key = form.key(op)
-    return None if key is None else (op.type, *key)
+    return None if key is None else (op.opdef, *key)
 
 
 def _targets(op: Op, key: tuple) -> Targets:

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from ..ops.registry import OpDef
 
 __all__ = [
-    "SpeedTable",
+    "OpTable",
     "TABLES",
     "FOREACH",
     "OUT_KERNEL",
@@ -62,7 +62,7 @@ __all__ = [
 Rule = TypeVar("Rule")
 
 
-class SpeedTable(Generic[Rule]):
+class OpTable(Generic[Rule]):
     """One speed mechanism's rules, keyed by the `OpDef` object (an op row is its identity:
     two rows never share a rule by having the same name)."""
 
@@ -87,21 +87,21 @@ class SpeedTable(Generic[Rule]):
         return iter(self.rows)
 
     def __repr__(self) -> str:
-        return f"SpeedTable({self.name!r}, {len(self.rows)} ops)"
+        return f"OpTable({self.name!r}, {len(self.rows)} ops)"
 
 
-FOREACH: SpeedTable = SpeedTable("foreach")
-OUT_KERNEL: SpeedTable = SpeedTable("out_kernel")
-DIRECT: SpeedTable = SpeedTable("direct")
-TRANSPOSED_KERNEL: SpeedTable = SpeedTable("transposed_kernel")
-MATRIX_TRANSPOSE: SpeedTable = SpeedTable("matrix_transpose")
-JOINT_GRAD: SpeedTable = SpeedTable("joint_grad")
-DEAD_OUTPUT_KERNELS: SpeedTable = SpeedTable("dead_output_kernels")
-BUFFERED_KERNEL: SpeedTable = SpeedTable("buffered_kernel")
-REPLICA_STACK: SpeedTable = SpeedTable("replica_stack")
-REPLICA_FOLD: SpeedTable = SpeedTable("replica_fold")
+FOREACH: OpTable = OpTable("foreach")
+OUT_KERNEL: OpTable = OpTable("out_kernel")
+DIRECT: OpTable = OpTable("direct")
+TRANSPOSED_KERNEL: OpTable = OpTable("transposed_kernel")
+MATRIX_TRANSPOSE: OpTable = OpTable("matrix_transpose")
+JOINT_GRAD: OpTable = OpTable("joint_grad")
+DEAD_OUTPUT_KERNELS: OpTable = OpTable("dead_output_kernels")
+BUFFERED_KERNEL: OpTable = OpTable("buffered_kernel")
+REPLICA_STACK: OpTable = OpTable("replica_stack")
+REPLICA_FOLD: OpTable = OpTable("replica_fold")
 
-TABLES: Tuple[SpeedTable, ...] = (
+TABLES: Tuple[OpTable, ...] = (
     FOREACH,
     OUT_KERNEL,
     DIRECT,
