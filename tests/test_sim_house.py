@@ -12,6 +12,7 @@ which these checks reject (tables of op types are built from the rows, e.g.
 from __future__ import annotations
 
 import ast
+import copy
 import dataclasses
 from pathlib import Path
 
@@ -153,8 +154,10 @@ def test_opdef_has_no_speed_field():
     old row does not silently lose its rule (register it with `speed.declare`)."""
     fields = {f.name for f in dataclasses.fields(OpDef)}
     assert not fields & {t.name for t in speed.TABLES}
-    with pytest.raises(TypeError, match="replica_fold"):
+    with pytest.raises(TypeError, match=r"speed.declare\(ROW, replica_fold=...\)"):
         OpDef("X", lambda ins: ins, torch.neg, replica_fold=object())
+    with pytest.raises(TypeError, match="unexpected keyword argument 'no_such_field'"):
+        OpDef("X", lambda ins: ins, no_such_field=1)
 
 
 def test_declare_checks_table_names_and_duplicates():
@@ -167,6 +170,7 @@ def test_declare_checks_table_names_and_duplicates():
         table.register(row, 2)
     twin = dataclasses.replace(row)  # equal fields, another row
     assert table.get(row) == 1 and twin not in table
+    assert copy.deepcopy([row])[0] is row and copy.copy(row) is row  # copies keep the key
 
 
 def test_foreach_forms():

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..context import gcg, get_current_context
 from ..graph import Graph, Op
+from ..sim import speed
 from ..tensor import Tensor, TensorSpec
 from ._positional import position_invariant, runs_in_whole_blocks
 
@@ -153,6 +154,26 @@ class OpDef:
     reads_only: bool = False
     fresh_outputs: bool = False
     popxl_type: str = ""
+
+    def __new__(cls, *args: Any, **fields: Any) -> "OpDef":
+        # a speed variant given the old way would be a bare "unexpected keyword" TypeError:
+        # say where it lives now (a row written for the old OpDef must not lose its rule)
+        moved = sorted(fields.keys() & speed.TABLE_NAMES)
+        if moved:
+            name = args[0] if args else fields.get("name", "?")
+            raise TypeError(
+                f"OpDef({name!r}): {', '.join(moved)}: not a field of OpDef (what an op "
+                "means); register the simulator's speed variant in its table after the row: "
+                f"popxl_core.sim.speed.declare(ROW, {moved[0]}=...)."
+            )
+        return super().__new__(cls)
+
+    # a row is an identity (tables are keyed by it): a copied graph or Ir keeps the rows
+    def __copy__(self) -> "OpDef":
+        return self
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> "OpDef":
+        return self
 
     def kernel_for(
         self, numerics: str, sizes: Optional[Sequence[int]] = None

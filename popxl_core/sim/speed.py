@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 __all__ = [
     "OpTable",
     "TABLES",
+    "TABLE_NAMES",
     "FOREACH",
     "OUT_KERNEL",
     "DIRECT",
@@ -114,6 +115,7 @@ TABLES: Tuple[OpTable, ...] = (
     REPLICA_FOLD,
 )
 _BY_NAME = {t.name: t for t in TABLES}
+TABLE_NAMES = frozenset(_BY_NAME)
 
 
 def declare(opdef: "OpDef", **rules: Any) -> "OpDef":
