@@ -3,7 +3,7 @@
 torch updates such a group with one call of ``torch._fused_sgd_`` / ``_fused_adam_`` /
 ``_fused_adamw_`` over the lists of its parameters, gradients and state. Here each parameter
 gets one `popxl_core.ops.var_updates.fused_sgd_` / ``fused_adam_`` op, which calls the same
-kernel; the compiler runs the ops of a group as one call again (`OpDef.foreach`), so a
+kernel; the compiler runs the ops of a group as one call again (`speed.FOREACH`), so a
 step is bitwise torch's fused step.
 
 The kernels take their hyper-parameters as doubles and compute Adam's bias corrections and

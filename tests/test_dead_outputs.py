@@ -1,4 +1,4 @@
-"""Kernels that skip outputs nothing reads (``OpDef.dead_output_kernels``).
+"""Kernels that skip outputs nothing reads (``speed.DEAD_OUTPUT_KERNELS``).
 
 A linear layer's gradient op computes ``dx``, ``dw`` and ``db``; for a first layer nothing reads
 ``dx`` (eager autograd does not compute it either), and the compiler runs the op table's kernel

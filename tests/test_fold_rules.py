@@ -26,6 +26,7 @@ from popxl_core.ops.scatter_reduce import SCATTER_REDUCE
 from popxl_core.ops.shape import RESHAPE, TRANSPOSE
 from popxl_core.sim import CompileOptions
 from popxl_core.sim.bits import same_bits
+from popxl_core.sim.speed import REPLICA_FOLD
 from tests.test_replica_stacking import _assert_same, _outcome
 
 FOLD, OFF = CompileOptions(), CompileOptions(fold_replicas=False)
@@ -43,7 +44,7 @@ def _own(opdef, args, per, attrs, numerics="torch"):
 
 
 def _folded(opdef, args, attrs, k=0, buffers=None):
-    got = opdef.replica_fold.kernels[k](tuple(args), R, frozenset(), buffers, **attrs)
+    got = REPLICA_FOLD.get(opdef).kernels[k](tuple(args), R, frozenset(), buffers, **attrs)
     return got if isinstance(got, tuple) else (got,)
 
 
@@ -103,18 +104,18 @@ def test_layer_norm_grad_side_by_side_is_each_replicas_bits(
 
 @pytest.fixture
 def side_by_side_off():
-    """LayerNormGrad's side-by-side kernel one ulp off (the op table is frozen: set, then
-    put back): the fold site must take the next form, the per-replica sums."""
-    good = LAYER_NORM_GRAD.replica_fold
+    """LayerNormGrad's side-by-side kernel one ulp off (its row of `speed.REPLICA_FOLD`: set,
+    then put back): the fold site must take the next form, the per-replica sums."""
+    good = REPLICA_FOLD.get(LAYER_NORM_GRAD)
 
     def off(args, replicas, dead, buffers, **attrs):
         outs = good.kernels[0](args, replicas, dead, buffers, **attrs)
         return (outs[0], *(torch.nextafter(t, t + 1) for t in outs[1:]))
 
     kernels = (off, *good.kernels[1:])
-    object.__setattr__(LAYER_NORM_GRAD, "replica_fold", dataclasses.replace(good, kernels=kernels))
+    REPLICA_FOLD.rows[LAYER_NORM_GRAD] = dataclasses.replace(good, kernels=kernels)
     yield good
-    object.__setattr__(LAYER_NORM_GRAD, "replica_fold", good)
+    REPLICA_FOLD.rows[LAYER_NORM_GRAD] = good
 
 
 def test_a_layer_norm_grad_form_with_other_bits_is_passed_over(side_by_side_off):
@@ -136,7 +137,7 @@ def test_reduce_folds_each_replicas_rows(name, axes, keepdims):
     attrs = {"axes": axes, "keepdims": keepdims}
     for numerics in ("torch", "ipu"):
         want = _own(opdef, [x], [True], attrs, numerics)
-        forms = [_folded(opdef, [x], attrs, k) for k in range(len(opdef.replica_fold.kernels))]
+        forms = [_folded(opdef, [x], attrs, k) for k in range(len(REPLICA_FOLD.get(opdef).kernels))]
         assert any(
             len(f) == len(want) and all(same_bits(a, b) for a, b in zip(f, want)) for f in forms
         ), (name, numerics)
@@ -156,7 +157,7 @@ def test_nll_and_its_gradient_fold(reduction):
     _assert_bits(_folded(NLL, [logp, lab], attrs), _own(NLL, [logp, lab], [True, True], attrs))
     g = torch.rand(() if reduction != "none" else lab.shape, generator=_g(3))
     per = [True, True, reduction == "none"]
-    assert NLL_GRAD.replica_fold.rows(attrs, [logp.shape, lab.shape, g.shape], per)
+    assert REPLICA_FOLD.get(NLL_GRAD).rows(attrs, [logp.shape, lab.shape, g.shape], per)
     want = _own(NLL_GRAD, [logp, lab, g], per, attrs)
     _assert_bits(_folded(NLL_GRAD, [logp, lab, g], attrs), want)
 
@@ -173,7 +174,7 @@ def test_nll_folds_decline_where_a_replica_counts_its_own_labels():
     with pytest.raises(ValueError):
         _folded(NLL_GRAD, [logp, lab, torch.tensor(1.0)], attrs)
     # a per-replica scalar loss gradient is not the shared one the folded gradient needs
-    assert not NLL_GRAD.replica_fold.rows(attrs, [(24, 5), (24,), ()], [True, True, True])
+    assert not REPLICA_FOLD.get(NLL_GRAD).rows(attrs, [(24, 5), (24,), ()], [True, True, True])
 
 
 def test_a_folded_nll_names_the_bad_label_by_its_replicas_index():
@@ -202,19 +203,21 @@ def test_exact_rules_are_each_replicas_bits():
     x, w = torch.randn(R * 3, 5, 8, generator=g), torch.randn(8, generator=g)
     y = torch.randn(x.shape, generator=g)
     for opdef in (ADD, SUB, MUL):
-        assert opdef.replica_fold.exact
+        assert REPLICA_FOLD.get(opdef).exact
         for args, per in (([x, w], [True, False]), ([x, y], [True, True])):
             shapes = [(3, *a.shape[1:]) if p else tuple(a.shape) for a, p in zip(args, per)]
-            assert opdef.replica_fold.rows({}, shapes, per)
+            assert REPLICA_FOLD.get(opdef).rows({}, shapes, per)
             _assert_bits((opdef.kernel(*args),), _own(opdef, args, per, {}))
-    rule = RESHAPE.replica_fold
+    rule = REPLICA_FOLD.get(RESHAPE)
     attrs = {"shape": (3, 40)}
     got = RESHAPE.kernel(x, **rule.attrs(attrs, R))
     _assert_bits((got,), _own(RESHAPE, [x], [True], attrs))
     attrs = {"permutation": (0, 2, 1)}
-    assert TRANSPOSE.replica_fold.exact and TRANSPOSE.replica_fold.rows(attrs, [(3, 5, 8)], [True])
+    assert REPLICA_FOLD.get(TRANSPOSE).exact and REPLICA_FOLD.get(TRANSPOSE).rows(
+        attrs, [(3, 5, 8)], [True]
+    )
     _assert_bits((TRANSPOSE.kernel(x, **attrs),), _own(TRANSPOSE, [x], [True], attrs))
-    assert not TRANSPOSE.replica_fold.rows({"permutation": (1, 0, 2)}, [(3, 5, 8)], [True])
+    assert not REPLICA_FOLD.get(TRANSPOSE).rows({"permutation": (1, 0, 2)}, [(3, 5, 8)], [True])
 
 
 # folded against unfolded training -------------------------------------------------------

@@ -16,6 +16,7 @@ import torch
 from popxl_core.ops.linear import LINEAR_GRAD
 from popxl_core.sim import CompileOptions
 from popxl_core.sim.fold_site import FoldSite
+from popxl_core.sim.speed import REPLICA_FOLD
 from tests.test_replica_stacking import _assert_same, _train
 
 FOLD, OFF = CompileOptions(), CompileOptions(fold_replicas=False)
@@ -78,15 +79,16 @@ def one_ulp_off(kernel):
 
 
 def fold_fields(opdef):
-    """Sets ``opdef``'s `ReplicaFold` fields for one test (the op table is frozen: set, then
-    put back); a fixture's body, ``yield from fold_fields(OPDEF)``."""
-    good = opdef.replica_fold
+    """Sets ``opdef``'s `ReplicaFold` fields for one test (its row of the sim's
+    `speed.REPLICA_FOLD` table: set, then put back); a fixture's body,
+    ``yield from fold_fields(OPDEF)``."""
+    good = REPLICA_FOLD.get(opdef)
 
     def replace(**fields):
-        object.__setattr__(opdef, "replica_fold", dataclasses.replace(good, **fields))
+        REPLICA_FOLD.rows[opdef] = dataclasses.replace(good, **fields)
 
     yield good, replace
-    object.__setattr__(opdef, "replica_fold", good)
+    REPLICA_FOLD.rows[opdef] = good
 
 
 @pytest.fixture

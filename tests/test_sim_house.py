@@ -1,21 +1,26 @@
-"""The simulator knows ops only through their `OpDef` rows (issue 23).
+"""The simulator knows ops only through their `OpDef` rows (issue 23, issue 39).
 
 What a compile-time rewrite needs to know about an op (its multi-tensor form, its ``out=``
-form, its direct torch call, ...) is a typed field of its `OpDef`, declared next to its kernel.
-So no module of ``popxl_core/sim/`` spells an op type: a string literal equal to a registered
-op type name is a special case keyed on a name, which these checks reject (tables of op types
-are built from the rows, e.g. ``frozenset(d.name for d in (CALL, REPEAT))``).
+form, its direct torch call, replica folding, ...) is a rule in one of the sim's speed tables
+(`popxl_core.sim.speed`), keyed by the op's `OpDef` and registered next to its kernel; the
+`OpDef` itself says only what the op means. So no module of ``popxl_core/sim/`` spells an op
+type: a string literal equal to a registered op type name is a special case keyed on a name,
+which these checks reject (tables of op types are built from the rows, e.g.
+``frozenset(d.name for d in (CALL, REPEAT))``).
 """
 
 from __future__ import annotations
 
 import ast
+import copy
 import dataclasses
 from pathlib import Path
 
 import pytest
+import torch
 
-from popxl_core.ops.registry import OpDef, all_opdefs
+from popxl_core.ops.registry import OpDef, all_opdefs, no_cost
+from popxl_core.sim import speed
 
 ROOT = Path(__file__).resolve().parent.parent
 SIM = ROOT / "popxl_core" / "sim"
@@ -49,6 +54,55 @@ def test_the_check_sees_an_op_type_literal():
     assert _op_names_in(source, {"Add", "Mul", "Sub"}) == [("Add", 2), ("Mul", 2)]
 
 
+def _type_matches_in(source: str) -> list[int]:
+    """Lines that compare an op's type name (``op.type == ...``, ``op.type in ...``,
+    ``op.type.startswith(...)``) instead of looking its row up."""
+
+    def is_type(node) -> bool:
+        return isinstance(node, ast.Attribute) and node.attr == "type"
+
+    def on_name(node) -> bool:
+        return is_type(node) and isinstance(node.value, ast.Name)
+
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare) and any(map(on_name, [node.left, *node.comparators])):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr in ("startswith", "endswith") and on_name(node.func.value):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_no_op_type_name_matched_in_sim():
+    """sim/ matches ops by their rows (``op.opdef in (HOST_LOAD, ...)``, the tables of
+    `speed` and `ring`), never by their type names or a prefix of them."""
+    found = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for path in sorted(SIM.rglob("*.py"))
+        for line in _type_matches_in(path.read_text())
+    ]
+    assert not found, "\n".join(found)
+
+
+def test_the_check_sees_an_op_type_match():
+    source = "def f(op, t):\n    return op.type in S or t.device.type == 'cpu'\n"
+    source += "def g(op):\n    return op.type.startswith(('Remote', 'Replicated'))\n"
+    assert sorted(_type_matches_in(source)) == [2, 4]
+
+
+def test_ring_factors_are_the_collectives():
+    """The cost model's ring collectives (`ring.RING_FACTOR`) are the rows that exchange data
+    between replicas, addons' tensor-parallel all-reduce among them."""
+    import addons.ops.replicated_all_reduce_TP  # noqa: F401 (registers its row)
+    from popxl_core.sim.ring import RING_FACTOR
+
+    collectives = {name for name, d in all_opdefs().items() if d.collective}
+    assert _names(RING_FACTOR) == collectives
+    assert "ReplicatedAllReduceTP" in collectives
+    assert RING_FACTOR.get(all_opdefs()["ReplicatedAllReduceTP"]) == 2.0
+
+
 def test_opdef_has_no_untyped_fields():
     """``OpDef.extra`` (free-form keys) is gone: every fact is a declared field."""
     fields = {f.name: f.type for f in dataclasses.fields(OpDef)}
@@ -56,29 +110,76 @@ def test_opdef_has_no_untyped_fields():
     assert all(t not in ("Any", "Dict[str, Any]") for t in fields.values()), fields
 
 
+def _names(table: speed.OpTable) -> set[str]:
+    return {name for name, d in all_opdefs().items() if d in table}
+
+
 @pytest.mark.parametrize(
-    "field, names",
+    "table, names",
     [
-        ("out_kernel", {"Add", "Sub", "Mul", "Div", "Sqrt", "Relu", "ReluGrad"}),
-        ("direct", {"Add", "Sub", "Mul", "MatMul", "Reshape", "Transpose"}),
-        ("transposed_kernel", {"MatMul"}),
-        ("matrix_transpose", {"Transpose"}),
-        ("joint_grad", {"ConvDataGrad", "ConvWeightsGrad"}),
+        (speed.OUT_KERNEL, {"Add", "Sub", "Mul", "Div", "Sqrt", "Relu", "ReluGrad"}),
+        (speed.DIRECT, {"Add", "Sub", "Mul", "MatMul", "Reshape", "Transpose"}),
+        (speed.TRANSPOSED_KERNEL, {"MatMul"}),
+        (speed.MATRIX_TRANSPOSE, {"Transpose"}),
+        (speed.JOINT_GRAD, {"ConvDataGrad", "ConvWeightsGrad"}),
+        (
+            speed.DEAD_OUTPUT_KERNELS,
+            {"LinearGrad", "MaxPoolWithIndices", "ScaledDotProductFlashAttention"},
+        ),
+        (speed.BUFFERED_KERNEL, {"LinearGrad"}),
+        (speed.REPLICA_STACK, {"Linear", "LinearGrad"}),
     ],
 )
-def test_rewrite_fields_are_declared_on_the_ops_that_had_them(field, names):
-    """The rewrites keep applying to the ops they applied to before the fields existed."""
-    have = {name for name, d in all_opdefs().items() if getattr(d, field) is not None}
-    assert have == names
+def test_speed_rules_are_declared_on_the_ops_that_had_them(table, names):
+    """The rewrites keep applying to the ops they applied to when the rules were fields."""
+    assert _names(table) == names
+
+
+def test_replica_fold_rules():
+    have = _names(speed.REPLICA_FOLD)
+    assert {"Add", "Sub", "Mul", "Reshape", "Transpose", "Linear", "LinearGrad"} <= have
+    assert {"LayerNorm", "LayerNormGrad", "Nll", "NllGrad", "Gelu", "GeluGrad"} <= have
+    assert {"Softmax", "Concat", "ReduceSum", "Gather", "ScatterReduce"} <= have
+
+
+def test_speed_tables_are_keyed_by_registered_rows():
+    """Every rule belongs to a row of the op table (the object, not a type name)."""
+    rows = list(all_opdefs().values())
+    for table in speed.TABLES:
+        assert all(any(d is r for r in rows) for d in table), table
+
+
+def test_opdef_has_no_speed_field():
+    """What an op means stays on `OpDef`; a speed variant given to it is a TypeError, so an
+    old row does not silently lose its rule (register it with `speed.declare`)."""
+    fields = {f.name for f in dataclasses.fields(OpDef)}
+    assert not fields & {t.name for t in speed.TABLES}
+    with pytest.raises(TypeError, match=r"speed.declare\(ROW, replica_fold=...\)"):
+        OpDef("X", lambda ins: ins, torch.neg, replica_fold=object())
+    with pytest.raises(TypeError, match="unexpected keyword argument 'no_such_field'"):
+        OpDef("X", lambda ins: ins, no_such_field=1)
+
+
+def test_declare_checks_table_names_and_duplicates():
+    row = OpDef("NotRegistered", lambda ins: ins, torch.neg, cost=no_cost)
+    with pytest.raises(TypeError, match="no speed table"):
+        speed.declare(row, replica_folds=object())
+    table = speed.OpTable("test")
+    table.register(row, 1)
+    with pytest.raises(ValueError, match="already has a test rule"):
+        table.register(row, 2)
+    twin = dataclasses.replace(row)  # equal fields, another row
+    assert table.get(row) == 1 and twin not in table
+    assert copy.deepcopy([row])[0] is row and copy.copy(row) is row  # copies keep the key
 
 
 def test_foreach_forms():
-    have = {name for name, d in all_opdefs().items() if d.foreach is not None}
+    have = _names(speed.FOREACH)
     assert {"Add", "Sub", "Mul", "Div", "Sqrt", "Neg", "ScaledAdd", "ScaledAddLhsInplace"} <= have
     assert {"Accumulate", "AccumulatorScale", "CopyVarUpdate", "LerpInplace"} <= have
     assert {"AddcmulInplace", "AddcdivInplace", "FusedSGD"} <= have
     # only ops that may write into a dead input choose a group mode other than "fresh"
-    writes = {name for name in have if all_opdefs()[name].foreach.targets is not None}
+    writes = {name for name in have if speed.FOREACH.get(all_opdefs()[name]).targets is not None}
     assert writes == {"Add", "Sub", "Mul", "Div", "Sqrt"}
 
 

@@ -31,6 +31,7 @@ from popxl_core.ops.collectives.collectives import (
     to_collective_op,
 )
 from popxl_core.ops.registry import Cost, OpDef, Sample, create_op, register
+from popxl_core.sim.ring import RING_FACTOR
 
 __all__ = [
     "replicated_all_reduce",
@@ -100,6 +101,7 @@ TP_ALL_REDUCE = register(
         collective=True,
     )
 )
+RING_FACTOR.register(TP_ALL_REDUCE, 2.0)  # an all-reduce's ring (the cost model, sim/ring.py)
 
 
 def _cost(ins, attrs) -> Cost:

@@ -6,7 +6,7 @@ Their CPU kernels fuse the whole update per element (with FMAs) and compute the 
 double precision from ``lr`` and the betas (Adam's ``lr / (1 - beta1**step)``, AdamW's
 ``1 - lr * weight_decay``), so no composition of single-tensor ops gives the same bits. These
 ops call the same kernels: one op per parameter in the IR, and one kernel call per group of
-them when the compiler runs the group as one (``OpDef.foreach``, see sim/foreach.py);
+them when the compiler runs the group as one (``speed.FOREACH``, see sim/foreach.py);
 the kernels work tensor by tensor, so the grouped call gives the bits of the single ones.
 
 Hyper-parameters (``lr``, ``weight_decay``, ...) are Python floats (attributes), scalar
@@ -28,6 +28,7 @@ from collections.abc import Sequence
 import torch
 
 from .. import dtypes
+from ..sim.speed import declare
 from ..tensor import Tensor, TensorSpec
 from ._var_updates_common import check_float, check_scalar
 from ._var_updates_fused_samples import adam_samples, sgd_samples
@@ -168,7 +169,7 @@ _STATE_ROLES = set(_SGD_STATE) | set(_ADAM_STATE)
 
 
 def _op(name: str, hyper, multi, flops: int, samples) -> OpDef:
-    return register(
+    opdef = register(
         OpDef(
             name,
             _infer(hyper),
@@ -178,9 +179,9 @@ def _op(name: str, hyper, multi, flops: int, samples) -> OpDef:
             samples=samples,
             out_name=f"{name.lower()}_out",
             fp16_in_fp32=False,
-            foreach=multi_tensor_foreach(multi, (*hyper, "hyper")),
         )
     )
+    return declare(opdef, foreach=multi_tensor_foreach(multi, (*hyper, "hyper")))
 
 
 FUSED_SGD = _op("FusedSGD", SGD_HYPER, sgd_step, 5, sgd_samples)

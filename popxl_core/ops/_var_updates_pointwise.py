@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from ..sim.speed import declare
 from ..tensor import Tensor
 from ._utils import broadcast_shapes, rand
 from ._var_updates_common import check_float, check_scalar
@@ -137,7 +138,7 @@ def _foreach(n: int, multi) -> Foreach:
 
 
 def _op(name, kernel, multi, n_operands, flops, build, ref, seed):
-    return register(
+    opdef = register(
         OpDef(
             name,
             _infer(n_operands),
@@ -147,9 +148,9 @@ def _op(name, kernel, multi, n_operands, flops, build, ref, seed):
             samples=_samples(build, ref, n_operands, seed),
             out_name=f"{name.lower()}_out",
             fp16_in_fp32=False,
-            foreach=_foreach(n_operands, multi),
         )
     )
+    return declare(opdef, foreach=_foreach(n_operands, multi))
 
 
 LERP = _op(

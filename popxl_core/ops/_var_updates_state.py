@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..sim.speed import declare
 from ..tensor import Tensor
 from ._utils import rand
 from ._var_updates_common import (
@@ -49,7 +50,6 @@ ACCUMULATOR_SCALE = register(
         inplace=(0,),
         out_name="accumulatorscale_out",
         fp16_in_fp32=False,
-        foreach=SCALE_FOREACH,
         samples=lambda: [
             Sample(
                 [rand(3, 4, seed=30)],
@@ -84,6 +84,7 @@ ACCUMULATOR_SCALE = register(
         ],
     )
 )
+declare(ACCUMULATOR_SCALE, foreach=SCALE_FOREACH)
 
 
 def accumulator_scale_(t: Tensor, f: Factor) -> Tensor:
@@ -115,7 +116,6 @@ COPY_VAR_UPDATE = register(
         inplace=(0,),
         fp16_in_fp32=False,
         out_name="copyvarupdate_out",
-        foreach=COPY_FOREACH,
         samples=lambda: [
             Sample(
                 [rand(2, 3, seed=40), rand(2, 3, seed=41)],
@@ -133,6 +133,7 @@ COPY_VAR_UPDATE = register(
         ],
     )
 )
+declare(COPY_VAR_UPDATE, foreach=COPY_FOREACH)
 
 
 def copy_var_update_(t: Tensor, X: Tensor) -> Tensor:

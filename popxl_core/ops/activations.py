@@ -13,6 +13,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from ..sim.speed import declare
 from ..tensor import Tensor
 from ._dtype_rules import floating
 from ._unary_common import float_spec, unary_op, unary_samples
@@ -105,9 +106,8 @@ def _relu_out(x, out):
     return torch.clamp_min(x, 0, out=out)
 
 
-RELU = unary_op(
-    "Relu", float_spec, torch.relu, _relu_grad, lambda x: relu(x), seed=300, out_kernel=_relu_out
-)
+RELU = unary_op("Relu", float_spec, torch.relu, _relu_grad, lambda x: relu(x), seed=300)
+declare(RELU, out_kernel=_relu_out)
 RELU_INPLACE = register(
     OpDef(
         "ReluInplace",
@@ -200,10 +200,10 @@ def _activation(name: str, public: str, fwd: Callable, backward: Callable, flops
             backward,
             cost=_flops(2 * flops),
             pointwise=True,
-            replica_fold=fold_elementwise(),
             samples=_grad_samples(lambda g, x: create_op(grad_def, [g, x])[0], fwd, seed),
         )
     )
+    declare(grad_def, replica_fold=fold_elementwise())
 
     def grad(ctx):
         return [create_op(grad_def, [ctx.grad_output(0), ctx.input(0)])[0]]
@@ -219,7 +219,7 @@ def _forward_defs(name: str, public: str, fwd: Callable, grad: Callable, flops: 
         return x.copy_(fwd(x))
 
     lo, hi = -3.0, 3.0
-    common = dict(grad=grad, cost=_flops(flops), pointwise=True, replica_fold=fold_elementwise())
+    common = dict(grad=grad, cost=_flops(flops), pointwise=True)
     fwd_def = register(
         OpDef(
             name,
@@ -241,6 +241,8 @@ def _forward_defs(name: str, public: str, fwd: Callable, grad: Callable, flops: 
             **common,
         )
     )
+    declare(fwd_def, replica_fold=fold_elementwise())
+    declare(inplace_def, replica_fold=fold_elementwise())
     return fwd_def, inplace_def
 
 
@@ -288,10 +290,10 @@ RELU_GRAD = register(
         floating(_grad_op_infer, (0, 1)),
         _relu_grad_kernel,
         grad=_relu_grad_grad,
-        out_kernel=_relu_grad_out,
         samples=_relu_grad_samples,
     )
 )
+declare(RELU_GRAD, out_kernel=_relu_grad_out)
 SIGMOID_GRAD = register(
     OpDef(
         "SigmoidGrad",

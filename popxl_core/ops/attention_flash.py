@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend
 
 from .. import dtypes
+from ..sim.speed import declare
 from ..tensor import Tensor
 from ._utils import rand, spec
 from .attention import SDPA_GRAD, _attrs, _cost, _infer
@@ -153,10 +154,9 @@ FLASH = register(
         cost=lambda ins, outs, attrs: _cost(ins, outs[:1], attrs),
         samples=_samples,
         out_name="flash_attention_out",
-        dead_output_kernels={frozenset({1}): _out_only},
-        replica_fold=fold_rows(0, 1, 2),
     )
 )
+declare(FLASH, dead_output_kernels={frozenset({1}): _out_only}, replica_fold=fold_rows(0, 1, 2))
 FLASH_GRAD = register(
     OpDef(
         "ScaledDotProductFlashAttentionGrad",
@@ -165,9 +165,9 @@ FLASH_GRAD = register(
         cost=_grad_cost,
         samples=_grad_samples,
         out_name="flash_attention_grad_out",
-        replica_fold=fold_rows(0, 1, 2, 3, 4, 5),
     )
 )
+declare(FLASH_GRAD, replica_fold=fold_rows(0, 1, 2, 3, 4, 5))
 
 
 def flash_attention(

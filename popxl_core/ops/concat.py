@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from ..sim.speed import declare
 from ..tensor import Tensor
 from ._utils import rand, spec
 from .forms import fold_axis
@@ -87,9 +88,9 @@ CONCAT = register(
         samples=_concat_samples(lambda ts, axis=0: concat(ts, axis)),
         out_name="concat_out",
         fp16_in_fp32=False,
-        replica_fold=fold_axis("axis", every=True),
     )
 )
+declare(CONCAT, replica_fold=fold_axis("axis", every=True))
 # popxl's ConcatInplace makes the output an alias of all its inputs. torch cannot express
 # that, so the simulator copies: writes into the output do not reach the inputs.
 CONCAT_INPLACE = register(
@@ -148,7 +149,6 @@ SPLIT = register(
         cost=copy_cost,
         out_name="split_out",
         fp16_in_fp32=False,
-        replica_fold=fold_axis("axis"),
         samples=lambda: [
             Sample([rand(6, 2)], lambda x: split(x, 3), lambda x: torch.split(x, 2)),
             Sample(
@@ -166,6 +166,7 @@ SPLIT = register(
         ],
     )
 )
+declare(SPLIT, replica_fold=fold_axis("axis"))
 
 
 def split(t: Tensor, splits: int | list[int], axis: int = 0) -> list[Tensor]:

@@ -1,5 +1,5 @@
 """A Conv's gradient ops, as in PopART: ConvDataGrad, ConvWeightsGrad and ConvBiasGrad, and the
-joint data+weights kernel (`OpDef.joint_grad`).
+joint data+weights kernel (`speed.JOINT_GRAD`).
 """
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import dtypes
+from ..sim.speed import declare
 from . import _spatial as sp
 from ._conv_common import (
     _aten,
@@ -146,7 +147,7 @@ def _bias_grad_samples():
 
 
 # ConvDataGrad and ConvWeightsGrad of one Conv in one ``convolution_backward`` call
-# (`OpDef.joint_grad`, sim/conv_pairs.py): eager PyTorch asks for both results at once, and
+# (`speed.JOINT_GRAD`, sim/conv_pairs.py): eager PyTorch asks for both results at once, and
 # each is the same computation as the single one (separate GEMMs), so the same bits
 _JOINT_KEYS = ("stride", "pads", "dilation", "groups")
 
@@ -188,10 +189,10 @@ CONV_DATA_GRAD = register(
         cost=_conv_cost("in"),
         samples=lambda: _conv_grad_samples("data"),
         out_name="conv_data_grad_out",
-        joint_grad=_joint("data"),
         fresh_outputs=True,  # convolution_backward's (or a slice of it, for one-sided pads)
     )
 )
+declare(CONV_DATA_GRAD, joint_grad=_joint("data"))
 CONV_BIAS_GRAD = register(
     OpDef(
         "ConvBiasGrad",
@@ -210,6 +211,6 @@ CONV_WEIGHTS_GRAD = register(
         cost=_conv_cost("in"),
         samples=lambda: _conv_grad_samples("weights"),
         out_name="conv_weights_grad_out",
-        joint_grad=_joint("weight"),
     )
 )
+declare(CONV_WEIGHTS_GRAD, joint_grad=_joint("weight"))

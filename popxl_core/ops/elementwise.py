@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from ..sim.speed import declare
 from ..tensor import Tensor
 from ._utils import (
     as_tensor,
@@ -70,11 +71,14 @@ ADD = register(
         grad=_add_grad,
         samples=_add_samples,
         out_name="add_out",
-        foreach=binary_foreach(torch._foreach_add, torch._foreach_add_, commutative=True),
-        out_kernel=torch.add,
-        direct=binary_direct("torch.add"),
-        replica_fold=fold_elementwise(exact=True),
     )
+)
+declare(
+    ADD,
+    foreach=binary_foreach(torch._foreach_add, torch._foreach_add_, commutative=True),
+    out_kernel=torch.add,
+    direct=binary_direct("torch.add"),
+    replica_fold=fold_elementwise(exact=True),
 )
 ADD_LHS_INPLACE = register(
     OpDef(
@@ -195,18 +199,21 @@ SUB = register(
         torch.sub,
         grad=_sub_grad,
         out_name="sub_out",
-        # a scalar right operand is not grouped (no SL / LS form)
-        foreach=binary_foreach(
-            torch._foreach_sub, torch._foreach_sub_, commutative=False, scalar_rhs=False
-        ),
-        out_kernel=torch.sub,
-        direct=binary_direct("torch.sub"),
-        replica_fold=fold_elementwise(exact=True),
         samples=lambda: (
             _binary_samples(lambda a, b: sub(a, b), torch.sub, seed=20)
             + [Sample([rand(3, 2, seed=26)], lambda a: 2 - a, lambda a: 2 - a, name="rsub_scalar")]
         ),
     )
+)
+declare(
+    SUB,
+    # a scalar right operand is not grouped (no SL / LS form)
+    foreach=binary_foreach(
+        torch._foreach_sub, torch._foreach_sub_, commutative=False, scalar_rhs=False
+    ),
+    out_kernel=torch.sub,
+    direct=binary_direct("torch.sub"),
+    replica_fold=fold_elementwise(exact=True),
 )
 MUL = register(
     OpDef(
@@ -215,15 +222,18 @@ MUL = register(
         torch.mul,
         grad=_mul_grad,
         out_name="mul_out",
-        foreach=binary_foreach(torch._foreach_mul, torch._foreach_mul_, commutative=True),
-        out_kernel=torch.mul,
-        direct=binary_direct("torch.mul"),
-        replica_fold=fold_elementwise(exact=True),
         samples=lambda: (
             _binary_samples(lambda a, b: mul(a, b), torch.mul, seed=30)
             + [Sample([rand(3, 2, seed=36)], lambda a: a * 2, lambda a: a * 2, name="scalar")]
         ),
     )
+)
+declare(
+    MUL,
+    foreach=binary_foreach(torch._foreach_mul, torch._foreach_mul_, commutative=True),
+    out_kernel=torch.mul,
+    direct=binary_direct("torch.mul"),
+    replica_fold=fold_elementwise(exact=True),
 )
 
 
@@ -240,13 +250,16 @@ DIV = register(
         _div_kernel,
         grad=_div_grad,
         out_name="div_out",
-        # float32 only, where the kernel is torch.div
-        foreach=binary_foreach(torch._foreach_div, torch._foreach_div_, commutative=False),
-        out_kernel=torch.div,
         samples=lambda: _binary_samples(
             lambda a, b: div(a, b), torch.div, rlow=0.5, rhigh=2.0, seed=40
         ),
     )
+)
+declare(
+    DIV,
+    # float32 only, where the kernel is torch.div
+    foreach=binary_foreach(torch._foreach_div, torch._foreach_div_, commutative=False),
+    out_kernel=torch.div,
 )
 
 
@@ -271,7 +284,6 @@ NEG = register(
         lambda ins: [ins[0]],
         torch.neg,
         out_name="neg_out",
-        foreach=unary_foreach(torch._foreach_neg, torch._foreach_neg_),
         grad=lambda ctx: [negate(ctx.grad_output(0))],
         samples=lambda: [
             Sample([rand(3, 4, seed=50)], lambda a: negate(a), torch.neg),
@@ -279,6 +291,7 @@ NEG = register(
         ],
     )
 )
+declare(NEG, foreach=unary_foreach(torch._foreach_neg, torch._foreach_neg_))
 
 
 def negate(t: Tensor) -> Tensor:

@@ -1,14 +1,15 @@
-"""What the simulator's compile-time rewrites know about an op, declared on its `OpDef`.
+"""The rule types of the simulator's speed variants of an op (`popxl_core.sim.speed`).
 
 The rewrites in ``popxl_core/sim/`` (multi-tensor groups, ``out=`` reuse, direct torch calls,
-fused transposes, joint convolution gradients) recognise ops only through these fields, so an
-op's special forms are declared next to its kernel, in its op module:
+fused transposes, joint convolution gradients, replica folding and stacking) recognise ops
+only through the sim's tables keyed by the op's `OpDef`; an op module registers its rules
+there next to its kernel (``speed.declare(ROW, ...)``), with these types:
 
-* `Foreach`: the op's multi-tensor form (``OpDef.foreach``; sim/foreach.py);
-* ``OpDef.out_kernel``: a torch function taking ``out=``, the same arithmetic as the kernel
+* `Foreach`: the op's multi-tensor form (``speed.FOREACH``; sim/foreach.py);
+* ``speed.OUT_KERNEL``: a torch function taking ``out=``, the same arithmetic as the kernel
   (sim/inplace.py writes the result into a dead input);
-* ``OpDef.direct``: the torch call written into the generated code (sim/direct.py);
-* ``OpDef.transposed_kernel`` / ``OpDef.matrix_transpose``: ``(a op b).T`` in one kernel
+* ``speed.DIRECT``: the torch call written into the generated code (sim/direct.py);
+* ``speed.TRANSPOSED_KERNEL`` / ``speed.MATRIX_TRANSPOSE``: ``(a op b).T`` in one kernel
   (sim/fuse.py);
 * `JointGrad`: two gradient ops computed by one call (sim/conv_pairs.py);
 * `ReplicaStack`: data-parallel replicas' calls of the op as one call (sim/stacking.py).
@@ -370,7 +371,7 @@ def float32_only(op: Op) -> bool:
 
 
 def binary_direct(fn: str) -> Callable[[Op, List[str], Callable], Optional[str]]:
-    """``OpDef.direct`` of a binary op without attributes: ``fn(a, b)`` (e.g. "torch.add")."""
+    """``speed.DIRECT`` of a binary op without attributes: ``fn(a, b)`` (e.g. "torch.add")."""
 
     def call(op: Op, ins: List[str], literal: Callable) -> Optional[str]:
         if op.attrs or len(ins) != 2:

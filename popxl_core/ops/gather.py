@@ -21,6 +21,7 @@ import weakref
 import numpy as np
 import torch
 
+from ..sim.speed import declare
 from ..tensor import Constant, Tensor, constant
 from ._utils import rand, randint, spec
 from .forms import fold_indexed
@@ -196,9 +197,9 @@ GATHER = register(
         out_name="gather_out",
         fp16_in_fp32=False,
         samples=_gather_samples(lambda *a, **k: gather(*a, **k), True),
-        replica_fold=fold_indexed(),
     )
 )
+declare(GATHER, replica_fold=fold_indexed())
 # popxl's TiedGather is a Gather whose weight is shared with a MatMul (tied embeddings); the
 # numbers are the same, only the op type (and its IPU tile layout) differs.
 TIED_GATHER = register(

@@ -16,6 +16,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ..sim.speed import declare
 from ..tensor import Tensor
 from ._utils import rand, same_dtype, spec
 from .forms import ReplicaFold
@@ -272,9 +273,9 @@ LAYER_NORM = register(
         cost=_cost(8),
         samples=_samples,
         out_name="layer_norm_out",
-        replica_fold=ReplicaFold(rows=_rows),
     )
 )
+declare(LAYER_NORM, replica_fold=ReplicaFold(rows=_rows))
 LAYER_NORM_GRAD = register(
     OpDef(
         "LayerNormGrad",
@@ -283,14 +284,17 @@ LAYER_NORM_GRAD = register(
         cost=_cost(12),
         samples=_grad_samples,
         out_name="layer_norm_grad_out",
-        replica_fold=ReplicaFold(
-            rows=_grad_rows,
-            kernels=(_side_by_side_grad, _folded_grad),
-            together=_params_together,
-            together_outputs=(1, 2),
-            rest=_dx_rest,
-        ),
     )
+)
+declare(
+    LAYER_NORM_GRAD,
+    replica_fold=ReplicaFold(
+        rows=_grad_rows,
+        kernels=(_side_by_side_grad, _folded_grad),
+        together=_params_together,
+        together_outputs=(1, 2),
+        rest=_dx_rest,
+    ),
 )
 
 

@@ -18,6 +18,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from ..sim.speed import declare
 from ..tensor import Tensor
 from ._linear_fold import dx_rest, grads_into
 from ._utils import rand, same_dtype, spec
@@ -66,8 +67,8 @@ def _grad_infer(ins, has_bias):
 
 
 def _grad_kernel(g, x, w, has_bias, skip_dx=False, dw_out=None, skip_dw=False):
-    """``dx``, ``dw`` (and ``db``). The compiler's variants (`OpDef.dead_output_kernels`,
-    `OpDef.buffered_kernel`): ``skip_dx`` when
+    """``dx``, ``dw`` (and ``db``). The compiler's variants (`speed.DEAD_OUTPUT_KERNELS`,
+    `speed.BUFFERED_KERNEL`): ``skip_dx`` when
     nothing reads ``dx`` (a first layer: eager skips that GEMM too), ``dw_out`` a buffer
     ``dw`` is written into (``mm(..., out=)`` is the same GEMM call: same bits);
     ``skip_dw``: ``db`` alone (replicas stacked, sim/stacking.py, compute ``dx``/``dw``)."""
@@ -349,9 +350,12 @@ LINEAR = register(
         cost=_cost,
         samples=_samples,
         out_name="linear_out",
-        replica_stack=ReplicaStack(shared=(1, 2), outputs=(0,), stacked=_stacked),
-        replica_fold=fold_rows(0),
     )
+)
+declare(
+    LINEAR,
+    replica_stack=ReplicaStack(shared=(1, 2), outputs=(0,), stacked=_stacked),
+    replica_fold=fold_rows(0),
 )
 LINEAR_GRAD = register(
     OpDef(
@@ -361,22 +365,25 @@ LINEAR_GRAD = register(
         cost=_grad_cost,
         samples=_grad_samples,
         out_name="linear_grad_out",
-        dead_output_kernels={frozenset({0}): functools.partial(_grad_kernel, skip_dx=True)},
-        buffered_kernel=_buffered_grad_kernel,
-        replica_stack=ReplicaStack(
-            shared=(2,), outputs=(0, 1), stacked=_stacked_grads, rest=_bias_grad
-        ),
-        replica_fold=ReplicaFold(
-            rows=fold_rows(0, 1).rows,
-            kernels=_FOLDED_GRADS,
-            reduced=_REDUCED_GRADS,
-            reduces=(1, 2),
-            together=grads_into,
-            together_into=True,
-            together_outputs=(1, 2),
-            rest=dx_rest,
-        ),
     )
+)
+declare(
+    LINEAR_GRAD,
+    dead_output_kernels={frozenset({0}): functools.partial(_grad_kernel, skip_dx=True)},
+    buffered_kernel=_buffered_grad_kernel,
+    replica_stack=ReplicaStack(
+        shared=(2,), outputs=(0, 1), stacked=_stacked_grads, rest=_bias_grad
+    ),
+    replica_fold=ReplicaFold(
+        rows=fold_rows(0, 1).rows,
+        kernels=_FOLDED_GRADS,
+        reduced=_REDUCED_GRADS,
+        reduces=(1, 2),
+        together=grads_into,
+        together_into=True,
+        together_outputs=(1, 2),
+        rest=dx_rest,
+    ),
 )
 
 

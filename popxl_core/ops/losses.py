@@ -14,6 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..sim.speed import declare
 from ..tensor import Tensor
 from ._nll_fold import folded_nll, folded_nll_grad, nll_grad_rows, nll_rows
 from ._nll_labels import (
@@ -206,9 +207,9 @@ NLL = register(
         grad=_nll_grad,
         samples=_nll_samples,
         out_name="nll_out",
-        replica_fold=ReplicaFold(rows=nll_rows, kernels=(folded_nll(_nll_kernel),)),
     )
 )
+declare(NLL, replica_fold=ReplicaFold(rows=nll_rows, kernels=(folded_nll(_nll_kernel),)))
 NLL_GRAD = register(
     OpDef(
         "NllGrad",
@@ -216,8 +217,11 @@ NLL_GRAD = register(
         _nll_grad_kernel,
         samples=_nll_grad_samples,
         out_name="nllgrad_out",
-        replica_fold=ReplicaFold(rows=nll_grad_rows, kernels=(folded_nll_grad(_nll_grad_kernel),)),
     )
+)
+declare(
+    NLL_GRAD,
+    replica_fold=ReplicaFold(rows=nll_grad_rows, kernels=(folded_nll_grad(_nll_grad_kernel),)),
 )
 
 

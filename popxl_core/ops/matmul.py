@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from .. import dtypes
+from ..sim.speed import declare
 from ..tensor import Tensor
 from ._utils import broadcast_shapes, coerce_pair, rand, same_dtype, spec, unbroadcast
 from .registry import Cost, OpDef, Sample, create_op, register
@@ -259,12 +260,12 @@ def _plain(op) -> bool:
 
 
 def _direct(op, ins, literal):
-    """``OpDef.direct`` (sim/direct.py): ``torch.matmul(a, b)`` where that is the kernel."""
+    """``speed.DIRECT`` (sim/direct.py): ``torch.matmul(a, b)`` where that is the kernel."""
     return f"torch.matmul({ins[0]}, {ins[1]})" if _plain(op) else None
 
 
 def _transposed_kernel(op, numerics: str = "ipu"):
-    """``OpDef.transposed_kernel`` (sim/fuse.py): ``(a, b) -> (a @ b).T`` on matrices. Under
+    """``speed.TRANSPOSED_KERNEL`` (sim/fuse.py): ``(a, b) -> (a @ b).T`` on matrices. Under
     "torch" numerics ``b.T @ a.T``, the call eager PyTorch makes for a linear layer's weight
     gradient (``grad_out.t().mm(input)``), a contiguous result; under "ipu" ``a @ b`` copied
     transposed: the bits of the unfused pair, whose rows do not depend on the row count
@@ -291,10 +292,9 @@ MATMUL = register(
         samples=_samples,
         out_name="matmul_out",
         numerics_kernels={"torch": _torch_kernel},
-        direct=_direct,
-        transposed_kernel=_transposed_kernel,
     )
 )
+declare(MATMUL, direct=_direct, transposed_kernel=_transposed_kernel)
 
 
 def matmul(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from .. import dtypes
+from ..sim.speed import declare
 from ..tensor import Tensor
 from . import _pool_layout
 from ._utils import rand, spec
@@ -127,9 +128,9 @@ MAX_POOL_WITH_INDICES = register(
         cost=_pool_cost,
         samples=_samples,
         out_name="max_pool_out",
-        dead_output_kernels={frozenset({1}): _values_only},
     )
 )
+declare(MAX_POOL_WITH_INDICES, dead_output_kernels={frozenset({1}): _values_only})
 MAX_POOL_INDICES_GRAD = register(
     OpDef(
         "MaxPoolIndicesGrad",

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 import torch
 
+from ..sim.speed import declare
 from ..tensor import Tensor
 from ._dtype_rules import check_float
 from ._utils import normalize_axes, spec
@@ -257,9 +258,9 @@ def _declare(name: str, grad, fn_name: str, *, float_only=False, low=-1.0, seed=
             samples=samples,
             out_name=f"{name.lower()}_out",
             numerics_kernels={"torch": _TORCH_KERNELS[name]} if name in _TORCH_KERNELS else {},
-            replica_fold=_replica_fold(name, kernel),
         )
     )
+    declare(opdef, replica_fold=_replica_fold(name, kernel))
     REDUCE_OPS[name] = opdef
     return opdef
 

@@ -15,9 +15,9 @@ import numpy as np
 
 from ..context import gcg, get_current_context
 from ..graph import Graph, Op
+from ..sim import speed
 from ..tensor import Tensor, TensorSpec
 from ._positional import position_invariant, runs_in_whole_blocks
-from .forms import Foreach, JointGrad, ReplicaFold, ReplicaStack
 
 __all__ = [
     "OpDef",
@@ -86,7 +86,9 @@ def copy_cost(ins, outs, attrs) -> Cost:
     return Cost(0, 2 * sum(s.nbytes for s in outs))
 
 
-@dataclass(frozen=True)
+# eq=False: a row is its identity (the sim's speed tables are keyed by it, and two rows
+# with equal fields are still two op types)
+@dataclass(frozen=True, eq=False)
 class OpDef:
     """One row of the op table.
 
@@ -112,29 +114,11 @@ class OpDef:
         ignores_inputs: the kernel reads none of its inputs' values (a host load fills its
             input), so dead-code removal keeps no producer alive for it.
         tested_by: the test that covers an op the table-driven op tests cannot run.
-        The simulator's compile-time rewrites read these (`popxl_core.ops.forms`):
-        foreach: the op's multi-tensor form (`forms.Foreach`, sim/foreach.py).
-        out_kernel: a torch function with the kernel's arithmetic taking ``out=`` (float32,
-            no attributes): the op may write its result into a dead input (sim/inplace.py).
-        direct: ``(op, input names, literal) -> source | None``: the torch call the generated
-            code makes instead of the kernel, the same bits (float32, one output; sim/direct.py).
-        transposed_kernel: ``(op, numerics) -> fn(a, b)`` computing the op's 2-D output
-            transposed, with the bits of the op then a transpose (sim/fuse.py).
-        matrix_transpose: ``op -> bool``: the op transposes a matrix (sim/fuse.py folds it
-            into a producer with a ``transposed_kernel``).
-        joint_grad: this gradient op and its partner in one call (`forms.JointGrad`).
-        reads_only: the op neither writes its inputs nor returns anything sharing their
-            storage (a host store copies): sim/inplace.py may reuse an input after it.
-        fresh_outputs: the kernel returns new tensors that share storage with no input and
-            no other output: sim/inplace.py may write a later op's result into one of them
-            once nothing reads it (ReLU into batch norm's output, as eager's ``relu_``).
-        dead_output_kernels: ``{frozenset(indexes of outputs nothing reads): kernel}``, a
-            float32 kernel that skips those outputs (returns None in their place); the compiler
-            uses it where those outputs are dead, with the same bits for the others.
-        buffered_kernel: ``(op, dead output indexes) -> kernel or None``, a float32 kernel
-            that writes its outputs into buffers it keeps; the compiler uses it only for an op
-            that runs at most once per `Session.run` (so every value it returns is dead before
-            it runs again: a run returns only copies). Both: sim/variants.py.
+        reads_only: aliasing: the op neither writes its inputs nor returns anything sharing
+            their storage (a host store copies), so an input may be reused after it.
+        fresh_outputs: aliasing: the kernel returns new tensors that share storage with no
+            input and no other output (batch norm's), so a later op may write into one of
+            them once nothing reads it (as eager's ``relu_``).
         pointwise: the kernel computes each output element from the elements at the same
             index of its operands (operands of the output's shape, or broadcast), with
             arithmetic whose rounding torch's SIMD and scalar loops do differently (exp, tanh,
@@ -144,10 +128,9 @@ class OpDef:
             table's key: PopXL's ``matmul_pow2scaled`` makes a ``MatMul`` with a third
             (log2 scale) input, a different kernel here, so its row is ``MatMulPow2Scaled``
             with ``popxl_type="MatMul"``. `print_schedule` and ``Op.opType()`` show it.
-        replica_stack: the op's calls by replicas in lock step as one call where its
-            weight is shared (`forms.ReplicaStack`, sim/stacking.py).
-        replica_fold: how data-parallel replicas' calls of the op run as one call over their
-            values concatenated along dim 0 (`forms.ReplicaFold`, sim/fold.py).
+        The simulator's speed variants of an op (multi-tensor groups, ``out=`` reuse, direct
+        torch calls, replica folding and stacking, ...) are not fields: `popxl_core.sim.speed`
+        keeps them in tables keyed by the row (``speed.declare(row, replica_fold=...)``).
     """
 
     name: str
@@ -168,19 +151,29 @@ class OpDef:
     collective: bool = False
     ignores_inputs: bool = False
     tested_by: str = ""
-    foreach: Optional[Foreach] = None
-    out_kernel: Optional[Callable[..., Any]] = None
-    direct: Optional[Callable[..., Optional[str]]] = None
-    transposed_kernel: Optional[Callable[..., Callable[..., Any]]] = None
-    matrix_transpose: Optional[Callable[[Op], bool]] = None
-    joint_grad: Optional[JointGrad] = None
     reads_only: bool = False
     fresh_outputs: bool = False
-    dead_output_kernels: Dict[frozenset, Callable[..., Any]] = field(default_factory=dict)
-    buffered_kernel: Optional[Callable[..., Any]] = None
     popxl_type: str = ""
-    replica_stack: Optional[ReplicaStack] = None
-    replica_fold: Optional[ReplicaFold] = None
+
+    def __new__(cls, *args: Any, **fields: Any) -> "OpDef":
+        # a speed variant given the old way would be a bare "unexpected keyword" TypeError:
+        # say where it lives now (a row written for the old OpDef must not lose its rule)
+        moved = sorted(fields.keys() & speed.TABLE_NAMES)
+        if moved:
+            name = args[0] if args else fields.get("name", "?")
+            raise TypeError(
+                f"OpDef({name!r}): {', '.join(moved)}: not a field of OpDef (what an op "
+                "means); register the simulator's speed variant in its table after the row: "
+                f"popxl_core.sim.speed.declare(ROW, {moved[0]}=...)."
+            )
+        return super().__new__(cls)
+
+    # a row is an identity (tables are keyed by it): a copied graph or Ir keeps the rows
+    def __copy__(self) -> "OpDef":
+        return self
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> "OpDef":
+        return self
 
     def kernel_for(
         self, numerics: str, sizes: Optional[Sequence[int]] = None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..sim.speed import declare
 from ..tensor import Tensor
 from ._utils import as_tensor, broadcast_shapes, rand, spec, unbroadcast
 from .forms import Foreach, columns, shared_identity
@@ -233,9 +234,9 @@ SCALED_ADD = register(
         cost=_cost,
         samples=_samples,
         out_name="scaledadd_out",
-        foreach=Foreach(_foreach_key, _foreach_kernel(inplace=False)),
     )
 )
+declare(SCALED_ADD, foreach=Foreach(_foreach_key, _foreach_kernel(inplace=False)))
 SCALED_ADD_LHS_INPLACE = register(
     OpDef(
         "ScaledAddLhsInplace",
@@ -246,9 +247,9 @@ SCALED_ADD_LHS_INPLACE = register(
         inplace=(0,),
         samples=_inplace_samples,
         out_name="scaledadd_out",
-        foreach=Foreach(_foreach_key, _foreach_kernel(inplace=True)),
     )
 )
+declare(SCALED_ADD_LHS_INPLACE, foreach=Foreach(_foreach_key, _foreach_kernel(inplace=True)))
 
 
 def _operands(X: Tensor, Y: Tensor, a: Scale, b: Scale):

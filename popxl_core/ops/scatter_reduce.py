@@ -13,6 +13,7 @@ import functools
 import numpy as np
 import torch
 
+from ..sim.speed import declare
 from ..tensor import Tensor
 from ._utils import rand, spec
 from .forms import ReplicaFold
@@ -234,9 +235,9 @@ SCATTER_REDUCE = register(
         samples=_samples,
         out_name="scatterreduce_out",
         numerics_kernels={"torch": _torch_kernel},
-        replica_fold=ReplicaFold(rows=_replica_rows, kernels=(_folded,)),
     )
 )
+declare(SCATTER_REDUCE, replica_fold=ReplicaFold(rows=_replica_rows, kernels=(_folded,)))
 
 
 def scatter_reduce(

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from ..sim.speed import declare
 from ..tensor import Tensor
 from ._utils import broadcast_shapes, rand, spec, unbroadcast
 from .concat import concat, concat_, split
@@ -117,7 +118,7 @@ def _reshape_kernel(x, shape):
 
 
 def _reshape_direct(op, ins, literal):
-    """``OpDef.direct`` (sim/direct.py): the kernel's torch call."""
+    """``speed.DIRECT`` (sim/direct.py): the kernel's torch call."""
     if set(op.attrs) != {"shape"}:
         return None
     return f"torch.reshape({ins[0]}, {literal(tuple(op.attrs['shape']))})"
@@ -143,10 +144,9 @@ RESHAPE = register(
         samples=_reshape_samples,
         out_name="reshape_out",
         fp16_in_fp32=False,
-        direct=_reshape_direct,
-        replica_fold=fold_rows(0, attrs=_folded_shape, exact=True),
     )
 )
+declare(RESHAPE, direct=_reshape_direct, replica_fold=fold_rows(0, attrs=_folded_shape, exact=True))
 # In-place variants return the view itself and leave ``view`` False, so the compiler never
 # clones it: the alias is the point. It is a true alias when torch can view the input's
 # strides with the new shape (always, unless a TransposeInplace came first).
@@ -265,14 +265,14 @@ def _transpose_samples():
 
 
 def _transpose_direct(op, ins, literal):
-    """``OpDef.direct`` (sim/direct.py): the kernel's torch call."""
+    """``speed.DIRECT`` (sim/direct.py): the kernel's torch call."""
     if set(op.attrs) != {"permutation"}:
         return None
     return f"{ins[0]}.permute({literal(tuple(op.attrs['permutation']))})"
 
 
 def _matrix_transpose(op) -> bool:
-    """``OpDef.matrix_transpose`` (sim/fuse.py): swaps the two axes of a matrix."""
+    """``speed.MATRIX_TRANSPOSE`` (sim/fuse.py): swaps the two axes of a matrix."""
     return tuple(op.attrs.get("permutation", ())) == (1, 0)
 
 
@@ -292,10 +292,13 @@ TRANSPOSE = register(
         samples=_transpose_samples,
         out_name="transpose_out",
         fp16_in_fp32=False,
-        direct=_transpose_direct,
-        matrix_transpose=_matrix_transpose,
-        replica_fold=ReplicaFold(rows=_keeps_rows, exact=True),
     )
+)
+declare(
+    TRANSPOSE,
+    direct=_transpose_direct,
+    matrix_transpose=_matrix_transpose,
+    replica_fold=ReplicaFold(rows=_keeps_rows, exact=True),
 )
 TRANSPOSE_INPLACE = register(
     OpDef(

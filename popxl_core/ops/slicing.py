@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from ..sim.speed import declare
 from ..tensor import Tensor
 from ._utils import rand, spec
 from .dynamic_slice import dynamic_slice, dynamic_update, dynamic_update_
@@ -133,9 +134,9 @@ SLICE = register(
         samples=_slice_samples(lambda *a, **k: slice(*a, **k), True),
         out_name="slice_out",
         fp16_in_fp32=False,
-        replica_fold=fold_axis("axes"),
     )
 )
+declare(SLICE, replica_fold=fold_axis("axes"))
 SLICE_INPLACE = register(
     OpDef(
         "SliceInplace",
@@ -254,7 +255,6 @@ SLICE_GRAD = register(
         cost=copy_cost,
         out_name="slice_grad_out",
         fp16_in_fp32=False,
-        replica_fold=fold_axis("axes", attrs=_folded_in_shape),
         samples=lambda: [
             Sample(
                 [rand(2, 4, seed=4)],
@@ -270,6 +270,7 @@ SLICE_GRAD = register(
         ],
     )
 )
+declare(SLICE_GRAD, replica_fold=fold_axis("axes", attrs=_folded_in_shape))
 
 
 def slice_grad(

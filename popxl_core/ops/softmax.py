@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..sim.speed import declare
 from ..tensor import Tensor
 from ._dtype_rules import check_float
 from ._utils import rand, same_dtype
@@ -89,20 +90,20 @@ def _register_pair(name: str, out_name: str, torch_fwd, grad_kernel, build):
             grad=grad,
             cost=_softmax_cost,
             out_name=out_name,
-            replica_fold=fold_axis("axis"),
             samples=_softmax_samples(build, torch_fwd),
         )
     )
+    declare(fwd_def, replica_fold=fold_axis("axis"))
     grad_def = register(
         OpDef(
             f"{name}Grad",
             _softmax_grad_infer,
             grad_kernel,
             cost=_softmax_cost,
-            replica_fold=fold_axis("axis"),
             samples=_softmax_grad_samples(build, torch_fwd, lambda: grad_def),
         )
     )
+    declare(grad_def, replica_fold=fold_axis("axis"))
     return fwd_def, grad_def
 
 

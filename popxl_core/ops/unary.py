@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from ..sim.speed import declare
 from ..tensor import Tensor, constant
 from ._unary_common import float_spec, same_spec, unary_op, unary_samples
 from ._utils import rand
@@ -133,6 +134,9 @@ SQRT = unary_op(
     0.1,
     4.0,
     202,
+)
+declare(
+    SQRT,
     foreach=unary_foreach(torch._foreach_sqrt, torch._foreach_sqrt_, writes_input=True),
     out_kernel=torch.sqrt,
 )

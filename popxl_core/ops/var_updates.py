@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from .. import dtypes
+from ..sim.speed import declare
 from ..tensor import Tensor, constant
 from ._utils import broadcast_shapes, rand, randint
 from ._var_updates_adam import adam_updater, adam_var_update, adamax_updater, lamb_updater
@@ -249,9 +250,9 @@ ACCUMULATE = register(
         samples=_accumulate_samples,
         out_name="accumulate_out",
         fp16_in_fp32=False,
-        foreach=ACCUMULATE_FOREACH,
     )
 )
+declare(ACCUMULATE, foreach=ACCUMULATE_FOREACH)
 
 
 def _accumulate(kind: str, t: Tensor, X: Tensor, f: Factor | None) -> Tensor:

@@ -9,7 +9,7 @@ is the same computation as the single one (torch's backends compute ``dx`` and `
 separate GEMMs), so numbers are equal to the bit; tests compare the compiled program with the
 reference interpreter, which runs the two ops apart.
 
-The compiler pairs a data-gradient and a weight-gradient op (``OpDef.joint_grad``, declared in
+The compiler pairs a data-gradient and a weight-gradient op (``speed.JOINT_GRAD``, declared in
 `popxl_core.ops.conv`) that read the same ``dy`` with the same convolution attributes and
 matching shapes (whatever produced ``x`` and ``w``: each
 result reads only its own operand), and moves the later one up to the earlier one when that is
@@ -22,17 +22,18 @@ from typing import Callable, Dict, List, Tuple
 
 from ..graph import Op
 from .foreach import root
+from .speed import JOINT_GRAD
 
 __all__ = ["conv_backward_pairs", "conv_pair_kernel"]
 
 
 def _eligible(op: Op) -> bool:
-    joint = op.opdef.joint_grad
+    joint = JOINT_GRAD.get(op.opdef)
     return joint is not None and not op.called_graphs and joint.eligible(op)
 
 
 def _role(op: Op) -> str:
-    return op.opdef.joint_grad.role
+    return JOINT_GRAD.get(op.opdef).role
 
 
 def _movable(later: Op, at: int, until: int, ops: List[Op], pos: Dict[Op, int]) -> bool:
@@ -68,7 +69,7 @@ def conv_backward_pairs(ops: List[Op]) -> Tuple[List[Op], Dict[Op, Tuple[Op, Op]
         for data in (op for op in candidates if _role(op) == "data"):
             for weight in weights:
                 first, later = sorted((data, weight), key=pos.__getitem__)
-                matches = data.opdef.joint_grad.matches(data, weight)
+                matches = JOINT_GRAD.get(data.opdef).matches(data, weight)
                 if matches and _movable(later, pos[first], pos[later], ops, pos):
                     pairs[first], moved[first] = (data, weight), later
                     weights.remove(weight)
@@ -87,4 +88,4 @@ def conv_backward_pairs(ops: List[Op]) -> Tuple[List[Op], Dict[Op, Tuple[Op, Op]
 
 def conv_pair_kernel(data: Op) -> Callable:
     """``(dy, x, w) -> (dx, dw)`` in one call (`JointGrad.kernel` of the data-gradient op)."""
-    return data.opdef.joint_grad.kernel(data)
+    return JOINT_GRAD.get(data.opdef).kernel(data)

@@ -17,7 +17,6 @@ from operator import add
 
 from ..graph import Graph, Op
 from ..ops.call import CALL, REPEAT
-from ..ops.collectives.replicated import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
 from ..ops.conditional import CONDITIONAL
 from ..ops.io import HOST_LOAD, HOST_STORE, IO_TILE_COPY, IPU_COPY
 from ..ops.remote import REMOTE_LOAD, REMOTE_LOAD_INPLACE, REMOTE_STORE
@@ -25,6 +24,7 @@ from ..schedule import schedule
 from ..transforms.ipu_concurrency import concurrent_runs
 from .machine import Machine
 from .remote_plan import pays_exchange_sync
+from .ring import RING_FACTOR
 
 __all__ = [
     "CODE_BYTES_PER_OP",
@@ -49,22 +49,9 @@ GRAIN_BYTES = 256
 CONTROL_CYCLES = 10
 
 
-def _names(*opdefs) -> frozenset:
-    """A table of op types, built from the op table's rows."""
-    return frozenset(d.name for d in opdefs)
-
-
-_CONTROL_OPS = _names(CALL, REPEAT, CONDITIONAL)
-_HOST_IN, _HOST_OUT = _names(HOST_LOAD), _names(HOST_STORE)
-_REMOTE = _names(REMOTE_LOAD, REMOTE_LOAD_INPLACE, REMOTE_STORE)
-_TILE_COPIES = _names(IO_TILE_COPY)
-_LINK_COPIES = _names(IPU_COPY)
-# ring collectives over the replicas: bytes each replica sends, as a fraction of the tensor
-_RING = (
-    (ALL_REDUCE.name, 2.0),
-    (REDUCE_SCATTER.name, 1.0),
-    (ALL_GATHER.name, 1.0),
-)
+# tables of op rows (the objects, not their type names)
+_CONTROL_OPS = frozenset((CALL, REPEAT, CONDITIONAL))
+_REMOTE = frozenset((REMOTE_LOAD, REMOTE_LOAD_INPLACE, REMOTE_STORE))
 
 
 @dataclass(slots=True)  # not frozen: frozen dataclasses are slow to build
@@ -202,7 +189,7 @@ class CostModel:
 
     def code_bytes(self, op: Op) -> int:
         """Code of one op instance; a called graph's code is counted with that graph."""
-        if op.type in _CONTROL_OPS:
+        if op.opdef in _CONTROL_OPS:
             return CODE_BYTES_PER_OP
         return CODE_BYTES_PER_OP + CODE_BYTES_PER_TILE * self.tiles_used(op)
 
@@ -223,14 +210,14 @@ class CostModel:
         per_ipu: dict[int, list[Work]] = {}
         copies = []
         for op, work in zip(run, works):
-            (copies if op.type in _LINK_COPIES else per_ipu.setdefault(op.ipu, [])).append(work)
+            (copies if op.opdef is IPU_COPY else per_ipu.setdefault(op.ipu, [])).append(work)
         busiest = max((Work.total_of(ws) for ws in per_ipu.values()), key=_total_cycles)
         cycles = Work.total_of([Work(busiest.cycles), *(Work(w.cycles) for w in copies)]).cycles
         return Work(cycles, *Work.total_of(works)._values())
 
     def op_work(self, op: Op) -> Work:
         """One execution of ``op``, including the graphs it calls."""
-        if op.type in _CONTROL_OPS:
+        if op.opdef in _CONTROL_OPS:
             return self._control(op)
         return self.leaf_work(op)
 
@@ -277,33 +264,31 @@ class CostModel:
 
     def _transfer(self, op: Op) -> Work | None:
         """Host, Streaming-Memory, IPU-Link and tile-set copies: latency + bytes / bandwidth."""
-        m, t = self.machine, op.type
-        if t in _HOST_IN or t in _HOST_OUT:
-            nbytes = nbytes_of((op.outputs if t in _HOST_IN else op.inputs)[0])
+        m, d = self.machine, op.opdef
+        if d is HOST_LOAD or d is HOST_STORE:
+            nbytes = nbytes_of((op.outputs if d is HOST_LOAD else op.inputs)[0])
             host = ceil((m.host_latency_s + nbytes / m.host_bytes_per_s) * m.clock_hz)
             sync = self.sync if pays_exchange_sync(op) else 0
             return Work(
                 Cycles(sync=sync, host=host),
-                host_bytes_in=nbytes * (t in _HOST_IN),
-                host_bytes_out=nbytes * (t in _HOST_OUT),
+                host_bytes_in=nbytes * (d is HOST_LOAD),
+                host_bytes_out=nbytes * (d is HOST_STORE),
             )
-        if t in _REMOTE:
+        if d in _REMOTE:
             nbytes = max(nbytes_of(x) for x in (*op.inputs[:1], *op.outputs[:1]))
             # merge_exchange: the second and later ops of one merged exchange share its sync
-            return self.remote_work(
-                nbytes, stored=t == REMOTE_STORE.name, sync=pays_exchange_sync(op)
-            )
-        if t in _TILE_COPIES:
+            return self.remote_work(nbytes, stored=d is REMOTE_STORE, sync=pays_exchange_sync(op))
+        if d is IO_TILE_COPY:
             nbytes = nbytes_of(op.inputs[0])
             tiles = self.tiles_used(op)
             exchange = _cdiv(nbytes, tiles * m.exchange_bytes_per_cycle_per_tile)
             return Work(Cycles(sync=self.sync, exchange=exchange))
-        if t in _LINK_COPIES:
+        if d is IPU_COPY:
             return self._link(nbytes_of(op.inputs[0]))
-        for prefix, factor in _RING:
-            if t.startswith(prefix) and op.attrs.get("op") != "local":  # local: no exchange
-                big = max(nbytes_of(x) for x in (*op.inputs[:1], *op.outputs[:1]))
-                return self.ring_work(big, factor, _group_size(op))
+        factor = RING_FACTOR.get(d)
+        if factor is not None and op.attrs.get("op") != "local":  # local: no exchange
+            big = max(nbytes_of(x) for x in (*op.inputs[:1], *op.outputs[:1]))
+            return self.ring_work(big, factor, _group_size(op))
         return None
 
     def remote_work(self, nbytes: int, stored: bool, sync: bool = True) -> Work:

@@ -5,7 +5,7 @@ overhead, and the table's kernels add a frame (and a ``functools.partial`` for a
 each torch call. For the commonest ops in plain float32, the compiler writes the torch call
 itself into the generated source: the same torch function with the same arguments as the
 table's kernel, so the same bits (the reference-interpreter tests compare them). Each op
-declares its call next to its kernel (``OpDef.direct``): reshape, transpose (view ops, only
+declares its call next to its kernel (``speed.DIRECT``): reshape, transpose (view ops, only
 where the compiler does not copy the view), matmul where its kernel is ``torch.matmul``, and
 add/sub/mul without attributes.
 """
@@ -16,6 +16,7 @@ from typing import Callable, Optional
 
 from ..graph import Op
 from ..ops.forms import float32_only
+from .speed import DIRECT
 
 __all__ = ["direct_call"]
 
@@ -23,7 +24,7 @@ __all__ = ["direct_call"]
 def direct_call(op: Op, name: Callable, literal: Callable) -> Optional[str]:
     """The expression computing ``op``'s single output, or None to use the table's kernel.
     ``name(t)`` names a tensor, ``literal(value)`` binds a constant value and names it."""
-    direct = op.opdef.direct
+    direct = DIRECT.get(op.opdef)
     if direct is None or len(op.outputs) != 1 or not float32_only(op):
         return None
     return direct(op, [name(x) for x in op.inputs], literal)

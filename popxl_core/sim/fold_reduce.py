@@ -28,6 +28,7 @@ from ..ops.call import CALL
 from ..ops.collectives.collectives import reduce_values, summed
 from ..ops.collectives.replicated import ALL_REDUCE
 from .bits import same_bits
+from .speed import REPLICA_FOLD
 
 __all__ = [
     "FUSE_BYTES",
@@ -182,7 +183,7 @@ def _graph_source(t, plan):
     if source is None:
         return None
     op, j = source
-    rule = op.opdef.replica_fold
+    rule = REPLICA_FOLD.get(op.opdef)
     return source if rule is not None and rule.reduced and j in rule.reduces else None
 
 

@@ -2,7 +2,7 @@
 
 A `FoldSite` holds two ways to compute the op over the replicas' rows (per-replica values
 concatenated along dim 0): the *folded* call (the kernel on the concatenated rows, with the
-attributes `OpDef.replica_fold` gives, or its own folded kernel), and the *replicas' calls*
+attributes `speed.REPLICA_FOLD` gives, or its own folded kernel), and the *replicas' calls*
 (each replica's own kernel on its rows, outputs concatenated: the unfolded run's calls on
 the same values; a replica's rows have the strides its own tensor has, dim 0 being
 outermost). A GEMM's or a reduction's rows need not come out the same bits at R*b
@@ -28,6 +28,7 @@ from ..graph import Op
 from .bits import same_bits
 from .fold_reduce import ReducedOutputs, ReduceGroups
 from .kernel_wrappers import fp16_in_fp32, touches_narrow_unsigned
+from .speed import DEAD_OUTPUT_KERNELS, REPLICA_FOLD
 from .variants import all_float32
 
 __all__ = ["FoldSite", "emit_fold"]
@@ -76,8 +77,8 @@ def _emit_reduce_group(op: Op, plan, em, fold) -> bool:
 
 def _emit_exact(op: Op, em, fold, emit_kernel: Callable) -> bool:
     """An op whose `ReplicaFold.exact` folded call applies: emitted as the compiler emits
-    the op itself (inline where `OpDef.direct` allows), with the folded attributes."""
-    rule = op.opdef.replica_fold
+    the op itself (inline where `speed.DIRECT` allows), with the folded attributes."""
+    rule = REPLICA_FOLD.get(op.opdef)
     if rule is None or not rule.exact or rule.kernels or not _plain(op):
         return False
     if not _rows_fold(op, rule, [t in fold.stacked for t in op.inputs]):
@@ -192,7 +193,7 @@ class FoldSite:
 
 def _base_kernel(op: Op, em, dead: frozenset) -> Tuple[Callable, frozenset]:
     """The table kernel, or its variant skipping the outputs nothing reads."""
-    variant = op.opdef.dead_output_kernels.get(dead) if dead else None
+    variant = DEAD_OUTPUT_KERNELS.get(op.opdef, {}).get(dead) if dead else None
     if variant is not None:
         return variant, dead
     sizes = [t.nelms for t in op.inputs]
@@ -202,7 +203,7 @@ def _base_kernel(op: Op, em, dead: frozenset) -> Tuple[Callable, frozenset]:
 def _folded_call(op: Op, base: Callable, site: FoldSite, em) -> Optional[List[Callable]]:
     """The calls over all replicas' rows the op's `ReplicaFold` allows (to try in order), or
     None."""
-    rule = op.opdef.replica_fold
+    rule = REPLICA_FOLD.get(op.opdef)
     if rule is None:
         return None
     r = site.replicas
@@ -236,7 +237,7 @@ def _together(op: Op, site: FoldSite, fold, plain: bool):
     """The op's `fold_together.Together`, where its outputs are computed at the group: the
     site's folded call is then the op's ``rest`` (leaving its operands there)."""
     together = fold.together.get(op)
-    rule = op.opdef.replica_fold
+    rule = REPLICA_FOLD.get(op.opdef)
     if together is None or not plain or site.folded is None:
         return None
     r, attrs, rest, dead = site.replicas, op.attrs, rule.rest, site.dead
@@ -256,7 +257,7 @@ def _reduced(op: Op, site: FoldSite, em, fold, plain: bool) -> Optional[ReducedO
     if kinds is None:
         return None
     keep = em.graph in em.program.once_per_replica  # its buffers are dead by the next run
-    rule, r = op.opdef.replica_fold, site.replicas
+    rule, r = REPLICA_FOLD.get(op.opdef), site.replicas
     calls = []
     if plain and rule.rows(op.attrs, [tuple(t.shape) for t in op.inputs], site.per):
         buffers = {} if keep else None

@@ -31,7 +31,7 @@ dependencies keep. A scalar operand is shared when it is the same tensor or a co
 same value.
 
 Which ops group, and with which list kernel, each op declares next to its kernel
-(``OpDef.foreach``, `popxl_core.ops.forms.Foreach`): elementwise add/sub/mul/div, sqrt, neg,
+(``speed.FOREACH``, `popxl_core.ops.forms.Foreach`): elementwise add/sub/mul/div, sqrt, neg,
 scaled adds, accumulator updates, lerp_/addcmul_/addcdiv_ (float32, every scalar operand
 shared by the group) and torch's fused optimizer steps (any dtype, one call per param group).
 """
@@ -45,6 +45,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 from ..graph import Op
 from ..ops.forms import Targets, float32_only
 from ..tensor import Tensor
+from .speed import FOREACH
 
 __all__ = ["Group", "foreach_schedule", "group_kernel", "group_key", "plan_modes", "root"]
 
@@ -53,9 +54,9 @@ __all__ = ["Group", "foreach_schedule", "group_kernel", "group_key", "plan_modes
 class Group:
     """Ops computed by one multi-tensor kernel, in schedule order.
 
-    ``key``: the op type then its `Foreach.key`. ``mode``: "fresh" (new outputs), "in0"/"in1"
-    (written into the dead input of each op that the form's ``targets`` name for the mode, as
-    ``out=`` reuse does)."""
+    ``key``: the op's row (`OpDef`) then its `Foreach.key`. ``mode``: "fresh" (new outputs),
+    "in0"/"in1" (written into the dead input of each op that the form's ``targets`` name for
+    the mode, as ``out=`` reuse does)."""
 
     ops: List[Op]
     key: tuple
@@ -63,27 +64,27 @@ class Group:
 
 
 def group_key(op: Op) -> Optional[tuple]:
-    """What ops must share to run as one kernel (type, then the op's `Foreach.key`); None
+    """What ops must share to run as one kernel (its row, then the op's `Foreach.key`); None
     for an op that is never grouped."""
-    form = op.opdef.foreach
+    form = FOREACH.get(op.opdef)
     if form is None or op.called_graphs or not op.outputs:
         return None
     if not form.any_dtype and not float32_only(op):
         return None
     key = form.key(op)
-    return None if key is None else (op.type, *key)
+    return None if key is None else (op.opdef, *key)
 
 
 def _targets(op: Op, key: tuple) -> Targets:
     """(mode, input written) pairs a group of ``op``'s kind may use; empty: always fresh."""
-    targets = op.opdef.foreach.targets
+    targets = FOREACH.get(op.opdef).targets
     return targets(key[1:]) if targets is not None else []
 
 
 def _writes_inputs(op: Op) -> bool:
     """Ops of this kind may write into dead inputs (else their group allocates: see
     `foreach_schedule`'s ``reusable``)."""
-    return op.opdef.foreach.targets is not None
+    return FOREACH.get(op.opdef).targets is not None
 
 
 def _barrier(op: Op) -> bool:
@@ -218,7 +219,7 @@ def group_kernel(group: Group) -> Callable:
     """``(*inputs of every op, flattened) -> (output of every op)`` for ``group``: the list
     kernel its ops declare (`Foreach.kernel`)."""
     op0 = group.ops[0]
-    return op0.opdef.foreach.kernel(group.ops, group.key[1:], group.mode)
+    return FOREACH.get(op0.opdef).kernel(group.ops, group.key[1:], group.mode)
 
 
 def plan_modes(

@@ -1,7 +1,7 @@
 """Kernel fusions chosen at compile time, keeping the arithmetic of the unfused kernels
 (eager PyTorch's under ``Ir.numerics = "torch"``).
 
-A matrix transpose (``OpDef.matrix_transpose``) of the 2-D float32 result of an op with a
+A matrix transpose (``speed.MATRIX_TRANSPOSE``) of the 2-D float32 result of an op with a
 ``transposed_kernel`` (MatMul: ``(a @ b).T`` as ``b.T @ a.T``, or under "ipu" numerics
 ``a @ b`` copied transposed, see `popxl_core.ops.matmul`) that nothing else reads is computed by
 that kernel: a contiguous tensor instead of a transposed view. Autodiff of ``x @ w.T`` (every
@@ -15,6 +15,7 @@ from typing import Callable, Dict, List
 
 from .. import dtypes
 from ..graph import Graph, Op
+from .speed import MATRIX_TRANSPOSE, TRANSPOSED_KERNEL
 
 __all__ = ["transposed_matmuls", "transposed_kernel"]
 
@@ -28,11 +29,11 @@ def _consumers(ops: List[Op], g: Graph) -> Dict[object, int]:
 
 
 def _fusable(op: Op, uses: Dict[object, int]) -> bool:
-    transposes = op.opdef.matrix_transpose
+    transposes = MATRIX_TRANSPOSE.get(op.opdef)
     if transposes is None or not transposes(op):
         return False
     src = op.inputs[0].producer
-    if src is None or src.opdef.transposed_kernel is None or uses.get(op.inputs[0], 0) != 1:
+    if src is None or TRANSPOSED_KERNEL.get(src.opdef) is None or uses.get(op.inputs[0], 0) != 1:
         return False
     tensors = (*src.inputs, *src.outputs, *op.outputs)
     return all(len(t.shape) == 2 and t.dtype is dtypes.float32 for t in tensors)
@@ -46,4 +47,4 @@ def transposed_matmuls(ops: List[Op], g: Graph) -> Dict[Op, Op]:
 
 def transposed_kernel(src: Op, numerics: str = "ipu") -> Callable:
     """``(a, b) -> src(a, b).T`` with ``src``'s kernel of the Ir's ``numerics``."""
-    return src.opdef.transposed_kernel(src, numerics)
+    return TRANSPOSED_KERNEL.get(src.opdef)(src, numerics)

@@ -1,7 +1,7 @@
 """Elementwise kernels that write into an input that is dead after them (``out=``).
 
 Adam's update is a chain of elementwise ops on weight-sized temporaries; eager torch runs it
-in place. A float32 op with an ``out=`` form (``OpDef.out_kernel``: add, sub, mul, div, sqrt)
+in place. A float32 op with an ``out=`` form (``speed.OUT_KERNEL``: add, sub, mul, div, sqrt)
 writes its result (the same kernel with ``out=``, the same bits) into the storage of a
 temporary of the output's shape that no op reads any more: one of its own inputs that it
 reads last, else one that died earlier in the schedule. Only temporaries made by those same
@@ -23,12 +23,13 @@ import torch
 from ..graph import Graph, Op
 from ..ops.forms import float32_only
 from ..tensor import Tensor
+from .speed import OUT_KERNEL
 
 __all__ = ["reuse_plan", "reusable_in", "inplace_kernel"]
 
 
 def _eligible(op: Op) -> bool:
-    fresh = op.opdef.out_kernel is not None and not op.attrs
+    fresh = OUT_KERNEL.get(op.opdef) is not None and not op.attrs
     return fresh and not op.modified_inputs() and float32_only(op)
 
 
@@ -116,7 +117,7 @@ def inplace_kernel(op: Op) -> Callable:
     input in another layout (a permuted view) torch's result follows that input's strides,
     and a later reduction over it (eager's kernel on eager's layout) sums in that order, so
     the result is then allocated as the kernel makes it (the same values, eager's layout)."""
-    fn = op.opdef.out_kernel
+    fn = OUT_KERNEL.get(op.opdef)
 
     def into(*args):
         ins, storage = args[:-1], args[-1]

@@ -27,7 +27,7 @@ __all__ = ["TOP_N", "LiveTensor", "Liveness", "LivenessAnalysis", "flat_curve", 
 TOP_N = 5  # how many of the largest tensors live at a peak are kept for reports
 
 # A HostLoad writes the stream data into the buffer its Init input allocated (as in PopART).
-_FILLS_INPUT = frozenset((HOST_LOAD.name, REMOTE_LOAD_INPLACE.name))
+_FILLS_INPUT = frozenset((HOST_LOAD, REMOTE_LOAD_INPLACE))
 
 
 class LiveTensor(NamedTuple):
@@ -182,7 +182,7 @@ def _alias_source(op: Op) -> Tensor | None:
         return None
     if op.opdef.inplace:
         return op.inputs[op.opdef.inplace[0]]
-    if op.opdef.view or op.type in _FILLS_INPUT:
+    if op.opdef.view or op.opdef in _FILLS_INPUT:
         return op.inputs[0]
     return None
 

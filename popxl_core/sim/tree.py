@@ -11,14 +11,19 @@ from typing import Any
 
 from ..graph import Graph
 from ..ops.call import CALL, REPEAT
+from ..ops.code_load import REMOTE_CODE_LOAD
 from ..ops.io import HOST_LOAD, HOST_STORE, IO_TILE_COPY, IPU_COPY
+from ..ops.remote import REMOTE_LOAD, REMOTE_LOAD_INPLACE, REMOTE_STORE
 from ..schedule import schedule
 from .cost import CostModel
 
 __all__ = ["program_tree", "tree_text"]
 
-# op types the tree shows (prefixes: every remote and replicated op)
-_SHOWN = (HOST_LOAD.name, HOST_STORE.name, "Remote", "Replicated", IPU_COPY.name, IO_TILE_COPY.name)
+# the transfers the tree shows, with every collective (`OpDef.collective`)
+_SHOWN = frozenset(
+    (HOST_LOAD, HOST_STORE, REMOTE_CODE_LOAD, REMOTE_LOAD, REMOTE_LOAD_INPLACE, REMOTE_STORE)
+    + (IPU_COPY, IO_TILE_COPY)
+)
 
 
 def program_tree(plan) -> dict[str, Any]:
@@ -32,7 +37,7 @@ def _graph_node(graph: Graph, model: CostModel, kind: str, times: int) -> dict[s
     for op in schedule(graph):
         if op.called_graphs:
             children.append(_control_node(op, model))
-        elif op.type.startswith(_SHOWN):
+        elif op.opdef in _SHOWN or op.opdef.collective:
             children.append(
                 {
                     "kind": op.type,

@@ -27,9 +27,9 @@ from .liveness import LivenessAnalysis, _alias_source, _buffer_spans, _live_curv
 
 __all__ = ["VariableLiveness", "VariableCurve"]
 
-_LOADS = frozenset((REMOTE_LOAD.name, REMOTE_LOAD_INPLACE.name))
+_LOADS = frozenset((REMOTE_LOAD, REMOTE_LOAD_INPLACE))
 # ops whose output 0 is a new buffer holding the same variable data as input 0
-_CARRIES = frozenset((ALL_GATHER.name, IO_TILE_COPY.name, IDENTITY.name))
+_CARRIES = frozenset((ALL_GATHER, IO_TILE_COPY, IDENTITY))
 
 
 @dataclass
@@ -90,10 +90,10 @@ class VariableLiveness:
     def _holds_variable(self, op: Op, marked: set[Tensor]) -> bool:
         if not op.outputs:
             return False
-        if op.type in _LOADS:
+        if op.opdef in _LOADS:
             return op.attrs["buffer"] in self.buffers
         src = _alias_source(op)
-        carried = op.type in _CARRIES and op.inputs and op.inputs[0] in marked
+        carried = op.opdef in _CARRIES and op.inputs and op.inputs[0] in marked
         return bool(carried) or (src is not None and src in marked)
 
     def _callee(self, op: Op, marked: set[Tensor]) -> VariableCurve:

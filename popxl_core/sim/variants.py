@@ -1,7 +1,7 @@
 """Op-table kernel variants the compiler picks from what it knows about an op's use.
 
-``OpDef.dead_output_kernels``: a kernel that skips outputs nothing reads (a first
-linear layer's input gradient). ``OpDef.buffered_kernel``: a kernel that writes its
+``speed.DEAD_OUTPUT_KERNELS``: a kernel that skips outputs nothing reads (a first
+linear layer's input gradient). ``speed.BUFFERED_KERNEL``: a kernel that writes its
 outputs into buffers it keeps between runs, used only for an op of a graph that runs at most
 once per `Session.run` (every value a run computes is dead when the run returns: it returns
 copies, and variables are written in place), so no value is overwritten while still read.
@@ -17,6 +17,7 @@ import torch
 
 from ..graph import Graph, Op
 from ..ops.call import CALL
+from .speed import BUFFERED_KERNEL, DEAD_OUTPUT_KERNELS
 
 __all__ = ["MAX_BUFFER_BYTES", "all_float32", "bounded", "graphs_run_once", "variant_kernel"]
 
@@ -24,7 +25,7 @@ __all__ = ["MAX_BUFFER_BYTES", "all_float32", "bounded", "graphs_run_once", "var
 def variant_kernel(op: Op, em) -> Callable | None:
     """The op table's kernel that skips the outputs nothing reads, or that keeps its output
     buffers between runs where the op runs at most once per run (float32, not checked)."""
-    variants, buffered = op.opdef.dead_output_kernels, op.opdef.buffered_kernel
+    variants, buffered = DEAD_OUTPUT_KERNELS.get(op.opdef, {}), BUFFERED_KERNEL.get(op.opdef)
     if not (variants or buffered) or em.program.check_specs or not all_float32(op):
         return None
     dead = frozenset(i for i, t in enumerate(op.outputs) if t not in em.read)

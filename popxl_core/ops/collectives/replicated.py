@@ -15,6 +15,7 @@ from math import ceil, prod
 import torch
 
 from ...context import gcg
+from ...sim.ring import RING_FACTOR
 from ...tensor import Tensor, TensorSpec
 from .._utils import rand
 from ..registry import Cost, OpDef, Sample, create_op, register
@@ -358,3 +359,11 @@ def replicated_slice(t: Tensor, axis: int = 0, group=None) -> Tensor:
     part = reshape(shard, (size, *moved.shape[1:]))
     inverse = sorted(range(t.rank), key=lambda i: perm[i])
     return transpose(part, inverse) if axis else part
+
+
+# a ring over the group: each replica sends this fraction of the tensor (sim/ring.py); an
+# all-reduce is a reduce-scatter then an all-gather
+RING_FACTOR.register(ALL_REDUCE, 2.0)
+RING_FACTOR.register(ALL_REDUCE_INPLACE, 2.0)
+RING_FACTOR.register(REDUCE_SCATTER, 1.0)
+RING_FACTOR.register(ALL_GATHER, 1.0)

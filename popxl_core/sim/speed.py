@@ -1,0 +1,131 @@
+"""The simulator's speed variants of ops: one table per mechanism, keyed by the op's `OpDef`.
+
+An `OpDef` says what an op means (type, shape rule, kernel, gradient, cost, aliasing); how the
+simulator may run it faster with the same bits lives here, as JAX keeps batching rules apart
+from its primitives. Each op family registers its variants next to its kernel, after its row::
+
+    ADD = register(OpDef("Add", ...))
+    speed.declare(ADD, out_kernel=torch.add, replica_fold=fold_elementwise(exact=True))
+
+and the compiler's passes read them by the op's row (``REPLICA_FOLD.get(op.opdef)``). The
+rule types are in `popxl_core.ops.forms`. This module imports nothing of the project, so both
+``ops/`` (which registers) and ``sim/`` (which reads) import it without a circle.
+
+The tables:
+
+* `FOREACH`: the op's multi-tensor form (`forms.Foreach`; foreach.py);
+* `OUT_KERNEL`: a torch function with the kernel's arithmetic taking ``out=`` (float32, no
+  attributes): the op may write its result into a dead input (inplace.py);
+* `DIRECT`: ``(op, input names, literal) -> source | None``, the torch call the generated code
+  makes instead of the kernel, the same bits (float32, one output; direct.py);
+* `TRANSPOSED_KERNEL`: ``(op, numerics) -> fn(a, b)`` computing the op's 2-D output
+  transposed, with the bits of the op then a transpose (fuse.py);
+* `MATRIX_TRANSPOSE`: ``op -> bool``, the op transposes a matrix (fuse.py folds it into a
+  producer with a transposed kernel);
+* `JOINT_GRAD`: this gradient op and its partner in one call (`forms.JointGrad`;
+  conv_pairs.py);
+* `DEAD_OUTPUT_KERNELS`: ``{frozenset(indexes of outputs nothing reads): kernel}``, float32
+  kernels that skip those outputs (None in their place), the same bits for the others
+  (variants.py);
+* `BUFFERED_KERNEL`: ``(op, dead output indexes) -> kernel or None``, a float32 kernel that
+  writes its outputs into buffers it keeps, used only for an op that runs at most once per
+  `Session.run` (variants.py);
+* `REPLICA_STACK`: the op's calls by replicas in lock step as one call where its weight is
+  shared (`forms.ReplicaStack`; stacking.py);
+* `REPLICA_FOLD`: data-parallel replicas' calls of the op as one call over their values
+  concatenated along dim 0 (`forms.ReplicaFold`; fold.py).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Dict, Generic, Iterator, Optional, Tuple, TypeVar
+
+if TYPE_CHECKING:
+    from ..ops.registry import OpDef
+
+__all__ = [
+    "OpTable",
+    "TABLES",
+    "TABLE_NAMES",
+    "FOREACH",
+    "OUT_KERNEL",
+    "DIRECT",
+    "TRANSPOSED_KERNEL",
+    "MATRIX_TRANSPOSE",
+    "JOINT_GRAD",
+    "DEAD_OUTPUT_KERNELS",
+    "BUFFERED_KERNEL",
+    "REPLICA_STACK",
+    "REPLICA_FOLD",
+    "declare",
+]
+
+Rule = TypeVar("Rule")
+
+
+class OpTable(Generic[Rule]):
+    """One speed mechanism's rules, keyed by the `OpDef` object (an op row is its identity:
+    two rows never share a rule by having the same name)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.rows: Dict["OpDef", Rule] = {}
+
+    def register(self, opdef: "OpDef", rule: Rule) -> "OpDef":
+        """Declare ``opdef``'s rule; an op has at most one rule per table."""
+        if opdef in self.rows:
+            raise ValueError(f"{opdef.name} already has a {self.name} rule (sim/speed.py).")
+        self.rows[opdef] = rule
+        return opdef
+
+    def get(self, opdef: "OpDef", default: Any = None) -> Optional[Rule]:
+        return self.rows.get(opdef, default)
+
+    def __contains__(self, opdef: object) -> bool:
+        return opdef in self.rows
+
+    def __iter__(self) -> Iterator["OpDef"]:
+        return iter(self.rows)
+
+    def __repr__(self) -> str:
+        return f"OpTable({self.name!r}, {len(self.rows)} ops)"
+
+
+FOREACH: OpTable = OpTable("foreach")
+OUT_KERNEL: OpTable = OpTable("out_kernel")
+DIRECT: OpTable = OpTable("direct")
+TRANSPOSED_KERNEL: OpTable = OpTable("transposed_kernel")
+MATRIX_TRANSPOSE: OpTable = OpTable("matrix_transpose")
+JOINT_GRAD: OpTable = OpTable("joint_grad")
+DEAD_OUTPUT_KERNELS: OpTable = OpTable("dead_output_kernels")
+BUFFERED_KERNEL: OpTable = OpTable("buffered_kernel")
+REPLICA_STACK: OpTable = OpTable("replica_stack")
+REPLICA_FOLD: OpTable = OpTable("replica_fold")
+
+TABLES: Tuple[OpTable, ...] = (
+    FOREACH,
+    OUT_KERNEL,
+    DIRECT,
+    TRANSPOSED_KERNEL,
+    MATRIX_TRANSPOSE,
+    JOINT_GRAD,
+    DEAD_OUTPUT_KERNELS,
+    BUFFERED_KERNEL,
+    REPLICA_STACK,
+    REPLICA_FOLD,
+)
+_BY_NAME = {t.name: t for t in TABLES}
+TABLE_NAMES = frozenset(_BY_NAME)
+
+
+def declare(opdef: "OpDef", **rules: Any) -> "OpDef":
+    """Register ``opdef``'s rules in the tables named by the keywords (None: no rule), e.g.
+    ``declare(ADD, out_kernel=torch.add)``; returns ``opdef``. An unknown name is a TypeError.
+    """
+    unknown = sorted(set(rules) - _BY_NAME.keys())
+    if unknown:
+        raise TypeError(f"{opdef.name}: no speed table {unknown}; the tables: {sorted(_BY_NAME)}")
+    for name, rule in rules.items():
+        if rule is not None:
+            _BY_NAME[name].register(opdef, rule)
+    return opdef
