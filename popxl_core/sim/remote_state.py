@@ -9,7 +9,7 @@ device a replica holds its group's value, or, for a sharded variable, its shard 
 from __future__ import annotations
 
 from math import ceil, prod
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Mapping
 
 import numpy as np
 import torch
@@ -108,18 +108,59 @@ class RemoteState:
         self.shards: Dict[Variable, int] = {
             v: i for i, v in enumerate(on_chip) if shard_source(v) is not None
         }
+        self.pending: set = set()  # variables whose own buffer is not made yet (allocate)
+        self.host: Mapping[Variable, np.ndarray] = {}
         _check_not_used_directly(ir, self.variables)
 
-    def allocate(self) -> None:
-        """Zero-filled Streaming Memory (done once: later attaches keep what was stored)."""
-        if self.runtime.remote:
-            return
-        for b in self.buffers:
-            shape, dt = (b.entries, *b.tensor_shape), b.tensor_dtype.as_torch()
-            self.runtime.remote[b] = [torch.zeros(shape, dtype=dt) for _ in self.local]
+    def allocate(self, host: Mapping[Variable, np.ndarray]) -> None:
+        """Streaming Memory holding the host values ``host`` (done once: later attaches write
+        the host values into what is there). A buffer that is one variable's own on one
+        replica is not made until it is used (`entry`, `materialise`): storage shared with a
+        framework's tensor before then (`share`) is never copied."""
+        self.host = host
+        if not self.runtime.remote:
+            self.pending = {v for v in self.variables if self.own_buffer(v)}
+            for b in {remote_info(v).buffer for v in self.pending}:
+                self.runtime.remote[b] = None  # made with its variable's value when used
+            for b in self.buffers:
+                if b not in self.runtime.remote:
+                    shape, dt = (b.entries, *b.tensor_shape), b.tensor_dtype.as_torch()
+                    self.runtime.remote[b] = [torch.zeros(shape, dtype=dt) for _ in self.local]
+        for v in self.variables:
+            if v not in self.pending:
+                self.write(v, host[v])
+
+    def own_buffer(self, v: Variable) -> bool:
+        """Whether ``v``'s buffer is its own on the only replica: one entry, not sharded, one
+        replica (so that its storage can be one tensor shared with a framework)."""
+        info = remote_info(v)
+        return (
+            self.replicas == 1
+            and info is not None
+            and info.shard_over == 1
+            and info.buffer.entries == 1
+        )
+
+    def materialise(self) -> None:
+        """Make every pending buffer, a copy of its variable's host value (before a run)."""
+        for v in list(self.pending):
+            self.entry(v, self.local[0])
+
+    def _make(self, v: Variable, value: torch.Tensor) -> torch.Tensor:
+        b = remote_info(v).buffer
+        self.runtime.remote[b] = [value.view(b.entries, *b.tensor_shape)]
+        self.pending.discard(v)
+        return self.runtime.remote[b][0][0]
+
+    def share(self, v: Variable, t: torch.Tensor) -> torch.Tensor:
+        """Make ``t`` (contiguous, ``v``'s dtype and size) the storage of ``v``'s own buffer,
+        with the values ``t`` holds now; returns the entry (a view of ``t``)."""
+        return self._make(v, t)
 
     def entry(self, v: Variable, replica: int) -> torch.Tensor:
         info = remote_info(v)
+        if v in self.pending:
+            return self._make(v, host_to_torch(np.array(self.host[v], copy=True)))
         return self.runtime.remote[info.buffer][replica - self.local[0]][info.offset]
 
     def write(self, v: Variable, host: np.ndarray) -> None:

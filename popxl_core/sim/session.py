@@ -288,6 +288,7 @@ class Session(SessionStreams, SessionWeights):
         getattr(self._program, "deferred", []).clear()  # the last run's gradients (defer.py)
         self._runtime.start(feeds, local)
         self._devices()
+        self._remote.materialise()  # the remote buffers not made yet (RemoteState.allocate)
         if self._shared_versions:  # written between runs: to every replica
             self._spread_shared_writes()
         lockstep = whole and (not self._threaded or runtime_module.LOCKSTEP)

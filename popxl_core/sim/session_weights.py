@@ -44,9 +44,7 @@ class SessionWeights:
         # the replicas this process runs (all but in a torch.distributed job)
         self._device = {r: self._loaded(r, shared) for r in self._runtime.local}
         self._sharing.unshare(None)  # fresh copies, one per replica
-        self._remote.allocate()
-        for v in self._remote.variables:
-            self._remote.write(v, self._host[v])
+        self._remote.allocate(self._host)
         self._remote.load_shards(self._device)
         self._host_in_sync = True
         self._note_shared_versions()
@@ -82,7 +80,7 @@ class SessionWeights:
             for i, v in enumerate(self._variables)
             if v not in self._remote.shards and i not in self._pending
         ]
-        return [*on_chip, *self._remote.variables]
+        return [*on_chip, *(v for v in self._remote.variables if v not in self._remote.pending)]
 
     def _replica_values(self) -> Dict[tuple, np.ndarray]:
         """``(variable, replica) -> value`` for the replicas the host values are read from."""
@@ -193,6 +191,9 @@ class SessionWeights:
             self._sharing.unshare(self._device)  # the next run checks the replicas agree
         # (the host copies of the others are read from the device when next asked for)
         for v, view in views.items():
+            if v in self._remote_set:  # its own remote buffer becomes the tensor
+                self._remote.share(v, view)
+                continue
             i = self._variable_index[v]
             self._device[0][i] = view
             self._copy_to_replicas(i, view)
@@ -203,10 +204,14 @@ class SessionWeights:
         self._note_shared_versions()
 
     def storage_shareable(self, v: Variable) -> bool:
-        """Whether `share_variable_storage` can make ``v``'s device value a given tensor: an
-        on-chip variable, and with replicas one whose host value is replica 0's (no replica
-        groups, RTS shards or per-replica reads) in a process running every replica."""
+        """Whether `share_variable_storage` can make ``v``'s device value a given tensor: a
+        remote variable in a one-entry buffer of its own with one replica (the buffer's
+        storage becomes the tensor), or an on-chip variable, with replicas one whose host
+        value is replica 0's (no replica groups, RTS shards or per-replica reads) in a process
+        running every replica."""
         self._require_attached("storage_shareable")
+        if v in self._remote_set:
+            return self._remote.own_buffer(v)
         if v not in self._variable_index:
             return False
         replicas = self._ir.replication_factor
@@ -265,6 +270,8 @@ class SessionWeights:
         runs update in place, not a copy: a framework adopts it as its own tensor (the other
         direction of `share_variable_storage`), and it stays shared."""
         self._require_attached("device_tensor")
+        if v in self._remote_set and self._remote.own_buffer(v):
+            return self._remote.entry(v, 0)  # the buffer's storage, shared from now on
         if self._ir.replication_factor > 1 or v not in self._variable_index:
             raise ValueError(
                 f"device_tensor: {v!r} is not an on-chip variable of a one-replica Session."
@@ -295,9 +302,12 @@ class SessionWeights:
         return self._devices()[replicas[0]][i]
 
     def _shareable(self, v: Variable, t: torch.Tensor) -> torch.Tensor:
-        if not isinstance(v, Variable) or v not in self._variable_index:
+        if not isinstance(v, Variable) or (
+            v not in self._variable_index and v not in self._remote_set
+        ):
             raise ValueError(
-                f"share_variable_storage: {v!r} is not an on-chip variable of this Session's Ir."
+                f"share_variable_storage: {v!r} is not an on-chip or remote variable of this "
+                "Session's Ir."
             )
         problem = (
             "is not a torch.Tensor"
