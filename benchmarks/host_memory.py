@@ -5,12 +5,13 @@ blocks of width ``--width``, vocabulary ``--vocab``, AdamW, batch ``--batch`` x 
 for ``--steps`` steps in a fresh subprocess (``device="cpu"`` for popxl_fx), so that no run
 inherits another's heap. Printed per configuration: the peak resident memory above the
 process's resident memory once the torch model is made (its weights included there), that
-peak as a multiple of the weight bytes, and its ratio to eager's. The default is the
-97.6 M-parameter GPT of issue 38 (12 x 768, vocabulary 8192, 64 tokens); ``--small`` is a
-4 x 256 GPT for a quick run.
+peak as a multiple of the weight bytes, and its ratio to eager's. ``phased_rts2`` (asked for
+with ``--configs``) is phased with replicated tensor sharding over 2 replicas. The default
+is the 97.6 M-parameter GPT of issue 38 (12 x 768, vocabulary 8192, 64 tokens); ``--small``
+is a 4 x 256 GPT for a quick run.
 
     python benchmarks/host_memory.py --small
-    python benchmarks/host_memory.py --configs eager phased
+    python benchmarks/host_memory.py --configs eager phased phased_rts2
 """
 
 from __future__ import annotations
@@ -34,6 +35,12 @@ CONFIGS = {
     "eager": None,
     "plain": dict(device="cpu"),
     "phased": dict(device="cpu", phased_execution="blocks"),
+    "phased_rts2": dict(
+        device="cpu",
+        phased_execution="blocks",
+        replication_factor=2,
+        replicated_tensor_sharding=True,
+    ),
 }
 _GIB = float(1 << 30)
 
@@ -90,18 +97,18 @@ def _child(config: str, argv: list[str]) -> dict:
 
 def _table(rows: dict) -> str:
     eager = rows.get("eager", {}).get("above")
-    lines = [f"{'config':<8} {'peak above model':>17} {'x weights':>10} {'x eager':>8}"]
+    lines = [f"{'config':<12} {'peak above model':>17} {'x weights':>10} {'x eager':>8}"]
     for name, r in rows.items():
         ratio = f"{r['above'] / eager:8.2f}" if eager else f"{'-':>8}"
         lines.append(
-            f"{name:<8} {r['above'] / _GIB:13.3f} GiB {r['above'] / r['weights']:10.2f} {ratio}"
+            f"{name:<12} {r['above'] / _GIB:13.3f} GiB {r['above'] / r['weights']:10.2f} {ratio}"
         )
     return "\n".join(lines)
 
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    ap.add_argument("--configs", nargs="+", default=[*CONFIGS][:3], choices=list(CONFIGS))
     ap.add_argument("--one", choices=list(CONFIGS), help=argparse.SUPPRESS)
     ap.add_argument("--small", action="store_true", help="4 blocks x 256, vocabulary 2048")
     ap.add_argument("--layers", type=int, default=12)
