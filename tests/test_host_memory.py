@@ -34,12 +34,12 @@ def _torch_tensors(model, opt) -> list[torch.Tensor]:
     return [*model.parameters(), *model.buffers(), *state]
 
 
-def _train(phased) -> tuple:
+def _train(phased, **extra) -> tuple:
     """(losses, bytes the Session holds beside torch's tensors, torch's tensors' bytes)."""
     torch.manual_seed(0)
     model = GPT()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    options = popxl_fx.Options(device="cpu", phased_execution=phased)
+    options = popxl_fx.Options(device="cpu", phased_execution=phased, **extra)
     trainer = popxl_fx.training_model(model, opt, options=options)
     losses = [float(trainer(x, y)) for x, y in _data()]
     tensors = _torch_tensors(model, opt)
@@ -102,3 +102,12 @@ def test_replicated_remote_variables_are_not_shareable(replicas):
     ir.replication_factor = replicas
     with popxl.Session(ir, "ipu_model") as session:
         assert not session.storage_shareable(var)
+
+
+def test_phased_rts_shards_are_slices_of_the_torch_tensors():
+    rts = dict(replication_factor=2, replicated_tensor_sharding=True)
+    plain, _, _ = _train(False, **rts)
+    phased, phased_beside, weights_and_state = _train("blocks", **rts)
+    assert phased == plain  # bit for bit
+    # before: every shard had a remote buffer and the host a copy of the whole (2x)
+    assert phased_beside <= weights_and_state, (phased_beside, weights_and_state)

@@ -205,10 +205,10 @@ class SessionWeights:
 
     def storage_shareable(self, v: Variable) -> bool:
         """Whether `share_variable_storage` can make ``v``'s device value a given tensor: a
-        remote variable in a one-entry buffer of its own with one replica (the buffer's
-        storage becomes the tensor), or an on-chip variable, with replicas one whose host
-        value is replica 0's (no replica groups, RTS shards or per-replica reads) in a process
-        running every replica."""
+        remote variable in one-entry buffers that can be views of one tensor (one replica, or
+        RTS shards over all the replicas: `RemoteState.own_buffer`), or an on-chip variable,
+        with replicas one whose host value is replica 0's (no replica groups, RTS shards or
+        per-replica reads) in a process running every replica."""
         self._require_attached("storage_shareable")
         if v in self._remote_set:
             return self._remote.own_buffer(v)
@@ -266,12 +266,13 @@ class SessionWeights:
                 rep[i].copy_(t)
 
     def device_tensor(self, v: Variable) -> torch.Tensor:
-        """The device value of on-chip variable ``v`` (one replica) as the torch tensor the
-        runs update in place, not a copy: a framework adopts it as its own tensor (the other
-        direction of `share_variable_storage`), and it stays shared."""
+        """The device value of on-chip variable ``v`` (one replica), or the whole value of a
+        remote variable whose buffers are views of one tensor (`storage_shareable`), as the
+        torch tensor the runs update in place, not a copy: a framework adopts it as its own
+        tensor (the other direction of `share_variable_storage`), and it stays shared."""
         self._require_attached("device_tensor")
         if v in self._remote_set and self._remote.own_buffer(v):
-            return self._remote.entry(v, 0)  # the buffer's storage, shared from now on
+            return self._remote.whole_value(v).view(v.shape)  # its buffers are views of it
         if self._ir.replication_factor > 1 or v not in self._variable_index:
             raise ValueError(
                 f"device_tensor: {v!r} is not an on-chip variable of a one-replica Session."
