@@ -110,4 +110,4 @@ def test_phased_rts_shards_are_slices_of_the_torch_tensors():
     phased, phased_beside, weights_and_state = _train("blocks", **rts)
     assert phased == plain  # bit for bit
     # before: every shard had a remote buffer and the host a copy of the whole (2x)
-    assert phased_beside <= weights_and_state, (phased_beside, weights_and_state)
+    assert phased_beside < weights_and_state / 100, (phased_beside, weights_and_state)

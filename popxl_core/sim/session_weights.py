@@ -64,30 +64,35 @@ class SessionWeights:
         if self._device is None:
             return
         self._remote.store_shards(self._device)
+        self._read_back(self._readable())
+        self._host_in_sync = True
+
+    def _read_back(self, variables: List[Variable]) -> None:
+        """These variables' host buffers (and per-replica rows) read from the device."""
         replicas = self._ir.replication_factor
-        values = self._replica_values()
-        for v in self._readable():
+        values = self._replica_values(variables)
+        for v in variables:
             self._set_host(v, host_from_replicas(v, lambda r, v=v: values[v, r], replicas))
             if v in self._per_replica:
                 self._per_replica[v][...] = np.stack([values[v, r] for r in range(replicas)])
-        self._host_in_sync = True
 
     def _readable(self) -> List[Variable]:
         """The variables whose host values are read back from the device: not RTS shards,
         nor pending copies (`weights_from_host`: device == host)."""
-        on_chip = [
-            v
-            for i, v in enumerate(self._variables)
-            if v not in self._remote.shards and i not in self._pending
-        ]
-        return [*on_chip, *(v for v in self._remote.variables if v not in self._remote.pending)]
+        return [v for v in (*self._variables, *self._remote.variables) if self._is_readable(v)]
 
-    def _replica_values(self) -> Dict[tuple, np.ndarray]:
+    def _is_readable(self, v: Variable) -> bool:
+        if v in self._remote_set:
+            return v not in self._remote.pending
+        i = self._variable_index.get(v)
+        return i is not None and i not in self._pending and v not in self._remote.shards
+
+    def _replica_values(self, variables: List[Variable]) -> Dict[tuple, np.ndarray]:
         """``(variable, replica) -> value`` for the replicas the host values are read from."""
         replicas = self._ir.replication_factor
         pairs = [
             (v, r)
-            for v in self._readable()
+            for v in variables
             for r in (range(replicas) if v in self._per_replica else read_replicas(v, replicas))
         ]
         return self._placement.gather_values(pairs, self._local_value)
@@ -126,18 +131,22 @@ class SessionWeights:
             return host_to_torch(self._host_value(v, replica))
 
     def _sync(self, variables: List[Variable]) -> None:
-        """Bring these variables' host buffers up to date with the device: only these with
-        one replica and no remote variables (a large model's weights are not copied to read
-        a few), else every variable (`weights_to_host`)."""
-        if self._remote.variables or self._per_replica or self._ir.replication_factor > 1:
+        """Bring these variables' host buffers up to date with the device, only these (a large
+        model's weights and state are not copied to read a few); in a torch.distributed job
+        every variable (`weights_to_host`: the processes exchange them together)."""
+        if len(self._device or ()) != self._ir.replication_factor:
             if variables:
                 self.weights_to_host()
             return
-        for v in variables:
-            i = self._variable_index.get(v)
-            if i is not None and v not in self._synced and i not in self._pending:
-                self._set_host(v, self._from_device(v, i))
-                self._synced.add(v)
+        wanted = [
+            v for v in dict.fromkeys(variables) if v not in self._synced and self._is_readable(v)
+        ]
+        if not wanted:
+            return
+        if any(v in self._remote.sources for v in wanted):
+            self._remote.store_shards(self._device)  # the shards' values into their entries
+        self._read_back(wanted)
+        self._synced.update(wanted)
 
     def _set_host(self, v: Variable, value: np.ndarray) -> None:
         """Write ``v``'s host buffer; a borrowed one is replaced (one pass, not two)."""
@@ -156,10 +165,6 @@ class SessionWeights:
             self._host[v] = np.array(self._host[v], copy=True)
             self._borrowed.discard(v)
         return self._host[v]
-
-    def _from_device(self, v: Variable, index: int) -> np.ndarray:
-        device = self._device
-        return host_from_replicas(v, lambda r: torch_to_host(device[r][index]), len(device))
 
     def take_first_process_values(self, tensors: Sequence[Tuple[str, torch.Tensor]]) -> List[str]:
         """In a torch.distributed job, make each named host tensor equal, in place, to its
