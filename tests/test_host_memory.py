@@ -111,3 +111,15 @@ def test_phased_rts_shards_are_slices_of_the_torch_tensors():
     assert phased == plain  # bit for bit
     # before: every shard had a remote buffer and the host a copy of the whole (2x)
     assert phased_beside < weights_and_state / 100, (phased_beside, weights_and_state)
+
+
+def test_writing_a_remote_variable_not_made_yet_keeps_it_unmade_until_a_run():
+    """popxl_fx writes zeros into the optimizer state it has no torch tensor for at attach:
+    the buffers are made at the first run, from the value written (not at the write)."""
+    ir, var = _remote_program()
+    buffer = next(iter(ir._remote_buffers.values()))
+    with popxl.Session(ir, "ipu_model") as session:
+        session.write_variable_data(var, np.full((3, 4), 4.0, np.float32))
+        assert session._runtime.remote[buffer] is None
+        session.run()
+        np.testing.assert_array_equal(session.get_tensor_data(var), np.full((3, 4), 5.0))

@@ -215,7 +215,8 @@ class Session(SessionStreams, SessionWeights):
             self._sharing.unshare(self._device)  # the next run checks the replicas agree
             for v in checked:
                 if v in self._remote.variables:
-                    self._remote.write(v, self._host[v])
+                    if v not in self._remote.pending:  # else made from the new host value
+                        self._remote.write(v, self._host[v])
                     continue
                 index = self._variable_index[v]
                 for r, rep in self._device.items():
