@@ -227,11 +227,11 @@ class SharedState:
             )
 
     def _can_share(self, v: popxl.Variable, t: torch.Tensor) -> bool:
-        # a remote variable (phased execution) lives in Streaming Memory: copied, not shared;
-        # with replicas the Session shares replica 0's value where that is the host value
+        # a remote variable (phased execution) in a buffer of its own is that buffer's storage
+        # (one replica; RTS shards over every replica are slices of it); with replicas the
+        # Session shares replica 0's value where that is the host value; the rest are copied
         return (
-            not is_remote_variable(v)
-            and self.session.storage_shareable(v)
+            self.session.storage_shareable(v)
             and t.dtype == v.dtype.as_torch()
             and t.numel() == v.nelms
             and t.is_contiguous()
@@ -344,7 +344,11 @@ class SharedState:
     def _device_value(self, var: popxl.Variable) -> torch.Tensor:
         """The variable's device value as a torch tensor of its own: the device tensor itself
         where it can be shared (no copy), else a copy of the host value."""
-        if not self.replicated and not is_remote_variable(var):
+        if is_remote_variable(var):
+            shared = self.session.storage_shareable(var)  # its buffers are views of one tensor
+        else:
+            shared = not self.replicated
+        if shared:
             return self.session.device_tensor(var)
         return torch.from_numpy(np.array(self.session.get_tensor_data(var)))
 

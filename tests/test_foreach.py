@@ -241,3 +241,22 @@ def test_keys_need_shared_scalars_and_float32():
         assert group_key((i + i).producer) is None
         assert group_key((a + bcast).producer) is None  # broadcasting: not one per tensor
         assert group_key((s1 - a).producer) is None  # a scalar first, not commutative
+
+
+def test_groups_that_allocate_are_capped_in_bytes_and_stay_bitwise(monkeypatch):
+    """A group of ops that allocate holds every tensor's result at once; over a large model's
+    weights that was a weight-sized copy at the step's peak (eager's CPU optimizers hold one
+    tensor's). Capped at `foreach.FRESH_CAP` bytes (here 100: the 20-element (4, 5) result is
+    80 bytes), each group allocates at most that, or one tensor's when that is more."""
+    from popxl_core.sim import foreach
+
+    monkeypatch.setattr(foreach, "FRESH_CAP", 100)
+    program = _check(_adam_like, min_groups=1)
+    ir, _ = _program(_adam_like)
+    _, groups = foreach_schedule(live_ops(ir.main_graph, ir.main_graph._outputs))
+    fresh = [g for g in groups if not g.ops[0].modified_inputs()]
+    assert fresh  # the sqrt / divide groups
+    for g in fresh:
+        made = sum(t.nelms * t.dtype.itemsize for op in g.ops for t in op.outputs)
+        assert made <= 100 or len(g.ops) == 1, (g.key, made)
+    assert program.stats["foreach_groups"] > 0

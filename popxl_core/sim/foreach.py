@@ -189,10 +189,16 @@ class _ReadyQueue:
             self.ready_by_key.setdefault(self.keys[op], {})[op] = None
 
     def _take(self, op: Op) -> List[Op]:
-        """``op`` and the ready ops of its key, in schedule order."""
-        if self.keys[op] is None:
+        """``op`` and the ready ops of its key, in schedule order, up to `FRESH_CAP` bytes of
+        new results (the rest stay ready, for a later group)."""
+        key = self.keys[op]
+        if key is None:
             return [op]
-        return sorted(self.ready_by_key.pop(self.keys[op]), key=self.index.__getitem__)
+        taken = sorted(self.ready_by_key.pop(key), key=self.index.__getitem__)
+        n = _within_cap(taken)
+        if n < len(taken):
+            self.ready_by_key[key] = dict.fromkeys(taken[n:])
+        return taken[:n]
 
     def drain(self) -> Tuple[List[Op], List[Group]]:
         order: List[Op] = []
@@ -212,6 +218,27 @@ class _ReadyQueue:
                     if self.waiting[s] == 0:
                         self._make_ready(s)
         return order, groups
+
+
+# Bytes of new results one group may allocate at once. A group of ops that allocate (Adam's
+# sqrt and divide) holds every tensor's result together, where eager's optimizers on CPU (no
+# foreach there) hold one parameter's at a time: over all the weights of a large model that
+# was a weight-sized copy at the step's peak (issue 38). Chunks of 16 MiB keep the grouping's
+# gain (one call per chunk, not per tensor) for everything but the largest models.
+FRESH_CAP = 16 << 20
+
+
+def _within_cap(ops: List[Op]) -> int:
+    """How many of ``ops`` (one group key) make one group: all when they update in place,
+    else as many as allocate at most `FRESH_CAP` bytes (at least one)."""
+    if ops[0].modified_inputs():
+        return len(ops)
+    total = 0
+    for k, op in enumerate(ops):
+        total += sum(t.nelms * t.dtype.itemsize for t in op.outputs)
+        if total > FRESH_CAP and k > 0:
+            return k
+    return len(ops)
 
 
 # kernels ------------------------------------------------------------------------------

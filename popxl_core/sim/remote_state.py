@@ -9,7 +9,7 @@ device a replica holds its group's value, or, for a sharded variable, its shard 
 from __future__ import annotations
 
 from math import ceil, prod
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Mapping
 
 import numpy as np
 import torch
@@ -108,18 +108,85 @@ class RemoteState:
         self.shards: Dict[Variable, int] = {
             v: i for i, v in enumerate(on_chip) if shard_source(v) is not None
         }
+        # the remote variables of on-chip shards: their entries are written only when the
+        # shards are stored (`store_shards`), so they cannot be a framework's live tensor
+        self.sources = {shard_source(v) for v in self.shards}
+        self.pending: set = set()  # variables whose own buffer is not made yet (allocate)
+        self.host: Mapping[Variable, np.ndarray] = {}
+        self.whole: Dict[Variable, torch.Tensor] = {}  # the tensor of an own buffer's views
         _check_not_used_directly(ir, self.variables)
 
-    def allocate(self) -> None:
-        """Zero-filled Streaming Memory (done once: later attaches keep what was stored)."""
-        if self.runtime.remote:
-            return
-        for b in self.buffers:
-            shape, dt = (b.entries, *b.tensor_shape), b.tensor_dtype.as_torch()
-            self.runtime.remote[b] = [torch.zeros(shape, dtype=dt) for _ in self.local]
+    def allocate(self, host: Mapping[Variable, np.ndarray]) -> None:
+        """Streaming Memory holding the host values ``host`` (done once: later attaches write
+        the host values into what is there). The buffers of a variable that are views of its
+        whole value (`own_buffer`) are not made until used (`entry`, `materialise`): storage
+        shared with a framework's tensor before then (`share`) is never copied."""
+        self.host = host
+        if not self.runtime.remote:
+            self.pending = {v for v in self.variables if self.own_buffer(v)}
+            for b in {remote_info(v).buffer for v in self.pending}:
+                self.runtime.remote[b] = None  # made with its variable's value when used
+            for b in self.buffers:
+                if b not in self.runtime.remote:
+                    shape, dt = (b.entries, *b.tensor_shape), b.tensor_dtype.as_torch()
+                    self.runtime.remote[b] = [torch.zeros(shape, dtype=dt) for _ in self.local]
+        for v in self.variables:
+            if v not in self.pending:
+                self.write(v, host[v])
+
+    def own_buffer(self, v: Variable) -> bool:
+        """Whether ``v``'s buffers can be views of one tensor of its whole value (to be shared
+        with a framework): one entry per buffer, and one replica, or ``v`` sharded into equal
+        shards over all the replicas, each run by this process (an RTS shard is then a slice
+        of the whole value, where an unsharded variable's replicas may diverge); not the
+        source of an on-chip shard."""
+        info = remote_info(v)
+        if info is None or info.buffer.entries != 1 or v in self.sources:
+            return False
+        if info.shard_over == 1:
+            return self.replicas == 1
+        rg = v.replica_grouping
+        return (
+            info.shard_over == self.replicas == len(self.local)
+            and v.nelms % info.shard_over == 0
+            and (rg is None or rg.num_groups == 1)
+        )
+
+    def materialise(self) -> None:
+        """Make every pending buffer, a copy of its variable's host value (before a run)."""
+        for v in list(self.pending):
+            self.whole_value(v)
+
+    def _make(self, v: Variable, value: torch.Tensor) -> torch.Tensor:
+        """``value`` (``v``'s whole value, contiguous) becomes the storage of ``v``'s buffers:
+        on each replica a view of its shard (of all of it, unsharded)."""
+        info = remote_info(v)
+        flat, b = value.view(-1), info.buffer
+        size = flat.numel() // info.shard_over
+        places = [shard_members(v, r, self.replicas).index(r) for r in self.local]
+        self.runtime.remote[b] = [
+            flat[i * size : (i + 1) * size].view(b.entries, *b.tensor_shape) for i in places
+        ]
+        self.whole[v] = value
+        self.pending.discard(v)
+        return value
+
+    def share(self, v: Variable, t: torch.Tensor) -> torch.Tensor:
+        """Make ``t`` (contiguous, ``v``'s dtype and size: `own_buffer`) the storage of
+        ``v``'s buffers, with the values ``t`` holds now (no copy)."""
+        return self._make(v, t)
+
+    def whole_value(self, v: Variable) -> torch.Tensor:
+        """The tensor whose views are ``v``'s buffers (`own_buffer`), made from its host value
+        if not made yet."""
+        if v in self.pending:
+            return self._make(v, host_to_torch(np.array(self.host[v], copy=True)))
+        return self.whole[v]
 
     def entry(self, v: Variable, replica: int) -> torch.Tensor:
         info = remote_info(v)
+        if v in self.pending:
+            self.whole_value(v)
         return self.runtime.remote[info.buffer][replica - self.local[0]][info.offset]
 
     def write(self, v: Variable, host: np.ndarray) -> None:

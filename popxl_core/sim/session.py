@@ -215,7 +215,8 @@ class Session(SessionStreams, SessionWeights):
             self._sharing.unshare(self._device)  # the next run checks the replicas agree
             for v in checked:
                 if v in self._remote.variables:
-                    self._remote.write(v, self._host[v])
+                    if v not in self._remote.pending:  # else made from the new host value
+                        self._remote.write(v, self._host[v])
                     continue
                 index = self._variable_index[v]
                 for r, rep in self._device.items():
@@ -288,6 +289,7 @@ class Session(SessionStreams, SessionWeights):
         getattr(self._program, "deferred", []).clear()  # the last run's gradients (defer.py)
         self._runtime.start(feeds, local)
         self._devices()
+        self._remote.materialise()  # the remote buffers not made yet (RemoteState.allocate)
         if self._shared_versions:  # written between runs: to every replica
             self._spread_shared_writes()
         lockstep = whole and (not self._threaded or runtime_module.LOCKSTEP)

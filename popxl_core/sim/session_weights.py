@@ -44,9 +44,7 @@ class SessionWeights:
         # the replicas this process runs (all but in a torch.distributed job)
         self._device = {r: self._loaded(r, shared) for r in self._runtime.local}
         self._sharing.unshare(None)  # fresh copies, one per replica
-        self._remote.allocate()
-        for v in self._remote.variables:
-            self._remote.write(v, self._host[v])
+        self._remote.allocate(self._host)
         self._remote.load_shards(self._device)
         self._host_in_sync = True
         self._note_shared_versions()
@@ -66,30 +64,35 @@ class SessionWeights:
         if self._device is None:
             return
         self._remote.store_shards(self._device)
+        self._read_back(self._readable())
+        self._host_in_sync = True
+
+    def _read_back(self, variables: List[Variable]) -> None:
+        """These variables' host buffers (and per-replica rows) read from the device."""
         replicas = self._ir.replication_factor
-        values = self._replica_values()
-        for v in self._readable():
+        values = self._replica_values(variables)
+        for v in variables:
             self._set_host(v, host_from_replicas(v, lambda r, v=v: values[v, r], replicas))
             if v in self._per_replica:
                 self._per_replica[v][...] = np.stack([values[v, r] for r in range(replicas)])
-        self._host_in_sync = True
 
     def _readable(self) -> List[Variable]:
         """The variables whose host values are read back from the device: not RTS shards,
         nor pending copies (`weights_from_host`: device == host)."""
-        on_chip = [
-            v
-            for i, v in enumerate(self._variables)
-            if v not in self._remote.shards and i not in self._pending
-        ]
-        return [*on_chip, *self._remote.variables]
+        return [v for v in (*self._variables, *self._remote.variables) if self._is_readable(v)]
 
-    def _replica_values(self) -> Dict[tuple, np.ndarray]:
+    def _is_readable(self, v: Variable) -> bool:
+        if v in self._remote_set:
+            return v not in self._remote.pending
+        i = self._variable_index.get(v)
+        return i is not None and i not in self._pending and v not in self._remote.shards
+
+    def _replica_values(self, variables: List[Variable]) -> Dict[tuple, np.ndarray]:
         """``(variable, replica) -> value`` for the replicas the host values are read from."""
         replicas = self._ir.replication_factor
         pairs = [
             (v, r)
-            for v in self._readable()
+            for v in variables
             for r in (range(replicas) if v in self._per_replica else read_replicas(v, replicas))
         ]
         return self._placement.gather_values(pairs, self._local_value)
@@ -128,18 +131,22 @@ class SessionWeights:
             return host_to_torch(self._host_value(v, replica))
 
     def _sync(self, variables: List[Variable]) -> None:
-        """Bring these variables' host buffers up to date with the device: only these with
-        one replica and no remote variables (a large model's weights are not copied to read
-        a few), else every variable (`weights_to_host`)."""
-        if self._remote.variables or self._per_replica or self._ir.replication_factor > 1:
+        """Bring these variables' host buffers up to date with the device, only these (a large
+        model's weights and state are not copied to read a few); in a torch.distributed job
+        every variable (`weights_to_host`: the processes exchange them together)."""
+        if len(self._device or ()) != self._ir.replication_factor:
             if variables:
                 self.weights_to_host()
             return
-        for v in variables:
-            i = self._variable_index.get(v)
-            if i is not None and v not in self._synced and i not in self._pending:
-                self._set_host(v, self._from_device(v, i))
-                self._synced.add(v)
+        wanted = [
+            v for v in dict.fromkeys(variables) if v not in self._synced and self._is_readable(v)
+        ]
+        if not wanted:
+            return
+        if any(v in self._remote.sources for v in wanted):
+            self._remote.store_shards(self._device)  # the shards' values into their entries
+        self._read_back(wanted)
+        self._synced.update(wanted)
 
     def _set_host(self, v: Variable, value: np.ndarray) -> None:
         """Write ``v``'s host buffer; a borrowed one is replaced (one pass, not two)."""
@@ -158,10 +165,6 @@ class SessionWeights:
             self._host[v] = np.array(self._host[v], copy=True)
             self._borrowed.discard(v)
         return self._host[v]
-
-    def _from_device(self, v: Variable, index: int) -> np.ndarray:
-        device = self._device
-        return host_from_replicas(v, lambda r: torch_to_host(device[r][index]), len(device))
 
     def take_first_process_values(self, tensors: Sequence[Tuple[str, torch.Tensor]]) -> List[str]:
         """In a torch.distributed job, make each named host tensor equal, in place, to its
@@ -193,6 +196,9 @@ class SessionWeights:
             self._sharing.unshare(self._device)  # the next run checks the replicas agree
         # (the host copies of the others are read from the device when next asked for)
         for v, view in views.items():
+            if v in self._remote_set:  # its own remote buffer becomes the tensor
+                self._remote.share(v, view)
+                continue
             i = self._variable_index[v]
             self._device[0][i] = view
             self._copy_to_replicas(i, view)
@@ -203,10 +209,14 @@ class SessionWeights:
         self._note_shared_versions()
 
     def storage_shareable(self, v: Variable) -> bool:
-        """Whether `share_variable_storage` can make ``v``'s device value a given tensor: an
-        on-chip variable, and with replicas one whose host value is replica 0's (no replica
-        groups, RTS shards or per-replica reads) in a process running every replica."""
+        """Whether `share_variable_storage` can make ``v``'s device value a given tensor: a
+        remote variable in one-entry buffers that can be views of one tensor (one replica, or
+        RTS shards over all the replicas: `RemoteState.own_buffer`), or an on-chip variable,
+        with replicas one whose host value is replica 0's (no replica groups, RTS shards or
+        per-replica reads) in a process running every replica."""
         self._require_attached("storage_shareable")
+        if v in self._remote_set:
+            return self._remote.own_buffer(v)
         if v not in self._variable_index:
             return False
         replicas = self._ir.replication_factor
@@ -261,10 +271,13 @@ class SessionWeights:
                 rep[i].copy_(t)
 
     def device_tensor(self, v: Variable) -> torch.Tensor:
-        """The device value of on-chip variable ``v`` (one replica) as the torch tensor the
-        runs update in place, not a copy: a framework adopts it as its own tensor (the other
-        direction of `share_variable_storage`), and it stays shared."""
+        """The device value of on-chip variable ``v`` (one replica), or the whole value of a
+        remote variable whose buffers are views of one tensor (`storage_shareable`), as the
+        torch tensor the runs update in place, not a copy: a framework adopts it as its own
+        tensor (the other direction of `share_variable_storage`), and it stays shared."""
         self._require_attached("device_tensor")
+        if v in self._remote_set and self._remote.own_buffer(v):
+            return self._remote.whole_value(v).view(v.shape)  # its buffers are views of it
         if self._ir.replication_factor > 1 or v not in self._variable_index:
             raise ValueError(
                 f"device_tensor: {v!r} is not an on-chip variable of a one-replica Session."
@@ -295,9 +308,12 @@ class SessionWeights:
         return self._devices()[replicas[0]][i]
 
     def _shareable(self, v: Variable, t: torch.Tensor) -> torch.Tensor:
-        if not isinstance(v, Variable) or v not in self._variable_index:
+        if not isinstance(v, Variable) or (
+            v not in self._variable_index and v not in self._remote_set
+        ):
             raise ValueError(
-                f"share_variable_storage: {v!r} is not an on-chip variable of this Session's Ir."
+                f"share_variable_storage: {v!r} is not an on-chip or remote variable of this "
+                "Session's Ir."
             )
         problem = (
             "is not a torch.Tensor"

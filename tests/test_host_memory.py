@@ -1,0 +1,125 @@
+"""Host memory: the Session holds one copy of every value, whatever its placement.
+
+Counted on storages (`popxl_core.sim.host_bytes`), never on resident memory: a phased
+trainer's remote buffers are the torch parameters and optimizer state themselves, so it
+holds no more beside torch's tensors than the plain trainer does; a remote variable in a
+buffer of its own shares a given tensor's storage, and its buffer is not made before a run.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import popxl_core as popxl
+import popxl_fx
+from popxl_core import ops
+from popxl_core.sim.host_bytes import held_storages, storage_key
+from tests.fx_zoo import GPT
+
+STEPS = 2
+
+
+def _data() -> list:
+    g = torch.Generator().manual_seed(1)
+    return [
+        (torch.randint(0, 64, (2, 16), generator=g), torch.randint(0, 64, (2, 16), generator=g))
+        for _ in range(STEPS)
+    ]
+
+
+def _torch_tensors(model, opt) -> list[torch.Tensor]:
+    state = [t for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+    return [*model.parameters(), *model.buffers(), *state]
+
+
+def _train(phased, **extra) -> tuple:
+    """(losses, bytes the Session holds beside torch's tensors, torch's tensors' bytes)."""
+    torch.manual_seed(0)
+    model = GPT()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    options = popxl_fx.Options(device="cpu", phased_execution=phased, **extra)
+    trainer = popxl_fx.training_model(model, opt, options=options)
+    losses = [float(trainer(x, y)) for x, y in _data()]
+    tensors = _torch_tensors(model, opt)
+    theirs = {storage_key(t)[0] for t in tensors}
+    held = held_storages(trainer.session)
+    beside = sum(n for address, n in held.items() if address not in theirs)
+    return losses, beside, sum(t.nbytes for t in tensors)
+
+
+def test_phased_holds_no_more_beside_torch_than_plain():
+    plain, plain_beside, weights_and_state = _train(False)
+    phased, phased_beside, _ = _train("blocks")
+    assert phased == plain  # bit for bit
+    # before: each phased parameter and state tensor had a remote buffer and a host copy too
+    assert phased_beside <= plain_beside, (phased_beside, plain_beside, weights_and_state)
+    assert plain_beside < weights_and_state / 100  # the plain trainer shares them all
+
+
+def _remote_program(shape=(3, 4)):
+    ir = popxl.Ir()
+    with ir.main_graph:
+        buf = popxl.remote_buffer(shape, popxl.float32, 1)
+        var = popxl.remote_variable(np.ones(shape, np.float32), buf, 0, name="w")
+        loaded = ops.remote_load(buf, 0)
+        ops.remote_store(buf, 0, loaded + 1.0)
+    return ir, var
+
+
+def test_a_remote_variable_of_its_own_buffer_is_the_shared_tensor():
+    ir, var = _remote_program()
+    t = torch.full((3, 4), 5.0)
+    with popxl.Session(ir, "ipu_model") as session:
+        assert session.storage_shareable(var)
+        assert session._runtime.remote[next(iter(ir._remote_buffers.values()))] is None
+        session.share_variable_storage({var: t})
+        session.run()
+        session.run()
+        assert torch.equal(t, torch.full((3, 4), 7.0))  # updated in place, no copy
+        t.add_(1.0)  # the user's write is what the next run reads
+        session.run()
+        np.testing.assert_array_equal(session.get_tensor_data(var), np.full((3, 4), 9.0))
+        assert storage_key(session._remote.entry(var, 0)) == storage_key(t)
+
+
+def test_an_unshared_remote_variable_is_made_from_its_host_value_at_the_first_run():
+    ir, var = _remote_program()
+    with popxl.Session(ir, "ipu_model") as session:
+        assert session.get_tensor_data(var).tolist() == np.ones((3, 4)).tolist()
+        session.run()
+        np.testing.assert_array_equal(session.get_tensor_data(var), np.full((3, 4), 2.0))
+        owned = session.device_tensor(var)  # the buffer's storage, adopted
+        owned.mul_(3.0)
+        session.run()
+        np.testing.assert_array_equal(session.get_tensor_data(var), np.full((3, 4), 7.0))
+
+
+@pytest.mark.parametrize("replicas", [2])
+def test_replicated_remote_variables_are_not_shareable(replicas):
+    ir, var = _remote_program()
+    ir.replication_factor = replicas
+    with popxl.Session(ir, "ipu_model") as session:
+        assert not session.storage_shareable(var)
+
+
+def test_phased_rts_shards_are_slices_of_the_torch_tensors():
+    rts = dict(replication_factor=2, replicated_tensor_sharding=True)
+    plain, _, _ = _train(False, **rts)
+    phased, phased_beside, weights_and_state = _train("blocks", **rts)
+    assert phased == plain  # bit for bit
+    # before: every shard had a remote buffer and the host a copy of the whole (2x)
+    assert phased_beside < weights_and_state / 100, (phased_beside, weights_and_state)
+
+
+def test_writing_a_remote_variable_not_made_yet_keeps_it_unmade_until_a_run():
+    """popxl_fx writes zeros into the optimizer state it has no torch tensor for at attach:
+    the buffers are made at the first run, from the value written (not at the write)."""
+    ir, var = _remote_program()
+    buffer = next(iter(ir._remote_buffers.values()))
+    with popxl.Session(ir, "ipu_model") as session:
+        session.write_variable_data(var, np.full((3, 4), 4.0, np.float32))
+        assert session._runtime.remote[buffer] is None
+        session.run()
+        np.testing.assert_array_equal(session.get_tensor_data(var), np.full((3, 4), 5.0))
