@@ -224,3 +224,19 @@ def test_adam_state_of_a_replica_sharded_variable_is_sharded_the_same_way():
     first = facts.first_order
     assert first.replica_sharded and tuple(first.meta_shape) == (4, 2)
     assert graph.args.first_order.shape == (4,) and graph.args.first_order.meta_shape == (4, 2)
+
+
+def test_in_place_flatten_of_uint32_positions():
+    # BERT's MLM head: uint32 masked positions offset per sample, then ``flatten_()``
+    rng = np.random.default_rng(4)
+    pos = rng.integers(0, 8, (2, 5)).astype(np.uint32)
+    x = rng.standard_normal((2, 8, 3)).astype(F32)
+    ir = popxl.Ir()
+    with ir.main_graph:
+        m = popxl.constant(pos, popxl.uint32) + np.array([[0], [8]], np.uint32)
+        y = ops.gather(popxl.constant(x).reshape((-1, 3)), m.flatten_(), axis=0)
+        ys = popxl.d2h_stream(y.shape, y.dtype, "y")
+        ops.host_store(ys, y)
+    with popxl.Session(ir, "ipu_hw") as sess:
+        got = sess.run()[ys]
+    np.testing.assert_array_equal(got, x.reshape(-1, 3)[(pos + [[0], [8]]).reshape(-1)])

@@ -5,7 +5,7 @@
 # Usage: tools/setup_app_envs.sh EXAMPLES_UTILS_GIT_DIR [CLIP_GIT_DIR]
 #   PYTHON (default .venv/bin/python), VENVS (default /work/venvs)
 # EXAMPLES_UTILS_GIT_DIR: a git dir of github:graphcore/examples-utils; CLIP_GIT_DIR: of
-# github:openai/CLIP (MAGMA's CLIP ResNet tests compare with clip.model).
+# github:openai/CLIP (MAGMA compares with clip.model; it also needs magma, not installed here).
 set -eu
 EU=${1:?usage: tools/setup_app_envs.sh EXAMPLES_UTILS_GIT_DIR [CLIP_GIT_DIR]}
 PY=${PYTHON:-.venv/bin/python}; VENVS=${VENVS:-/work/venvs}

@@ -80,6 +80,10 @@ def _computed_wide(kernel: Callable, op: Op, widen: Callable) -> Callable:
         res = kernel(*[widen(a) for a in args])
         many = isinstance(res, tuple)
         res = tuple(r.to(d) for r, d in zip(res if many else (res,), out_dtypes))
+        if target is not None and res[0].shape != args[target].shape:
+            # a layout op in place (BERT's uint32 ``flatten_``): its result is the target
+            # seen with another shape, not a value to copy into it; layout needs no widening
+            return kernel(*args)
         if target is not None:
             args[target].copy_(res[0])
             res = (args[target], *res[1:])
