@@ -78,6 +78,22 @@ class DataLoader(torch.utils.data.DataLoader):
         self._iterator = None
 
 
+def _process_share(dataset, options: Options, step: int, drop_last: bool):
+    """This process's contiguous block of ``dataset`` when Distributed names several
+    processes: whole combined batches each with ``drop_last``, else as even as possible."""
+    procs, proc = options.Distributed.numProcesses, options.Distributed.processId
+    if procs == 1:
+        return dataset
+    total = len(dataset)
+    if drop_last:
+        per_proc = step * (total // (step * procs))
+        start, length = proc * per_proc, per_proc
+    else:
+        sizes = [total // procs + (total % procs > p) for p in range(procs)]
+        start, length = sum(sizes[:proc]), sizes[proc]
+    return torch.utils.data.Subset(dataset, range(start, min(start + length, total)))
+
+
 def _per_call(options: Options) -> int:
     return (
         options.device_iterations
