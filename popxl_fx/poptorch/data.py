@@ -50,13 +50,16 @@ class DataLoader(torch.utils.data.DataLoader):
         self.poptorch_mode = DataLoaderMode(mode)
         if persistent_workers is None:
             persistent_workers = num_workers > 0
+        if auto_distributed_partitioning:
+            dataset = _process_share(dataset, options, self._combined_batch_size, drop_last)
+        batching = dict(batch_size=self._combined_batch_size, shuffle=shuffle, drop_last=drop_last)
+        if kwargs.get("batch_sampler") is not None:  # it makes the batches itself
+            batching = {}
         super().__init__(
             dataset,
-            batch_size=self._combined_batch_size,
-            shuffle=shuffle,
             num_workers=num_workers,
-            drop_last=drop_last,
             persistent_workers=persistent_workers and num_workers > 0,
+            **batching,
             **kwargs,
         )
 
