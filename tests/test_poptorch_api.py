@@ -185,3 +185,16 @@ def test_dataloader_gives_each_process_its_block():
 def test_hooks_must_be_callable():
     with pytest.raises(RuntimeError, match="must be callable"):
         poptorch.registerPreCompileHook(3)
+
+
+def test_cond_on_a_computed_condition_takes_its_branch():
+    class Branches(nn.Module):
+        def forward(self, x, c):
+            then, other = (lambda a: a * 2), (lambda a: a - 1)
+            return poptorch.cond(c.sum() > 0, then, [x], other, [x])[0]
+
+    model = Branches()
+    ipu = poptorch.inferenceModel(model)
+    x = torch.randn(3)
+    for c in (torch.ones(2), -torch.ones(2)):
+        assert torch.equal(ipu(x, c), model(x, c))
