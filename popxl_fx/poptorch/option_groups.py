@@ -87,6 +87,11 @@ class TrainingOptions(Values):
             "mean_accumulation_and_replication_reduction_strategy", MeanReductionStrategy(strategy)
         )
 
+    @property
+    def meanAccumulationAndReplicationReductionStrategy(self) -> MeanReductionStrategy:
+        """The strategy set (PopTorch's name for reading it back)."""
+        return self._settings["mean_accumulation_and_replication_reduction_strategy"]
+
     def setAutomaticLossScaling(self, enabled: bool) -> TrainingOptions:
         if enabled:
             _notes.note(
