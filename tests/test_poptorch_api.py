@@ -170,3 +170,31 @@ def test_executable_files_are_refused_by_name():
     for call in (lambda: ipu.save("x.popef"), lambda: poptorch.load("x.popef")):
         with pytest.raises(poptorch.Error, match="not available"):
             call()
+
+
+def test_dataloader_gives_each_process_its_block():
+    opts = poptorch.Options().deviceIterations(2)
+    opts.Distributed.configureProcessId(1, 2)
+    data = torch.utils.data.TensorDataset(torch.arange(40.0))
+    batches = [b[0] for b in poptorch.DataLoader(opts, data, batch_size=2)]
+    assert len(batches) == 5 and torch.equal(batches[0], torch.arange(20.0, 24.0))
+    with pytest.raises(poptorch.Error, match="one process"):
+        poptorch.inferenceModel(nn.Linear(2, 2), opts)
+
+
+def test_hooks_must_be_callable():
+    with pytest.raises(RuntimeError, match="must be callable"):
+        poptorch.registerPreCompileHook(3)
+
+
+def test_cond_on_a_computed_condition_takes_its_branch():
+    class Branches(nn.Module):
+        def forward(self, x, c):
+            then, other = (lambda a: a * 2), (lambda a: a - 1)
+            return poptorch.cond(c.sum() > 0, then, [x], other, [x])[0]
+
+    model = Branches()
+    ipu = poptorch.inferenceModel(model)
+    x = torch.randn(3)
+    for c in (torch.ones(2), -torch.ones(2)):
+        assert torch.equal(ipu(x, c), model(x, c))

@@ -50,13 +50,16 @@ class DataLoader(torch.utils.data.DataLoader):
         self.poptorch_mode = DataLoaderMode(mode)
         if persistent_workers is None:
             persistent_workers = num_workers > 0
+        if auto_distributed_partitioning:
+            dataset = _process_share(dataset, options, self._combined_batch_size, drop_last)
+        batching = dict(batch_size=self._combined_batch_size, shuffle=shuffle, drop_last=drop_last)
+        if kwargs.get("batch_sampler") is not None:  # it makes the batches itself
+            batching = {}
         super().__init__(
             dataset,
-            batch_size=self._combined_batch_size,
-            shuffle=shuffle,
             num_workers=num_workers,
-            drop_last=drop_last,
             persistent_workers=persistent_workers and num_workers > 0,
+            **batching,
             **kwargs,
         )
 
@@ -76,6 +79,22 @@ class DataLoader(torch.utils.data.DataLoader):
         if iterator is not None and hasattr(iterator, "_shutdown_workers"):
             iterator._shutdown_workers()
         self._iterator = None
+
+
+def _process_share(dataset, options: Options, step: int, drop_last: bool):
+    """This process's contiguous block of ``dataset`` when Distributed names several
+    processes: whole combined batches each with ``drop_last``, else as even as possible."""
+    procs, proc = options.Distributed.numProcesses, options.Distributed.processId
+    if procs == 1:
+        return dataset
+    total = len(dataset)
+    if drop_last:
+        per_proc = step * (total // (step * procs))
+        start, length = proc * per_proc, per_proc
+    else:
+        sizes = [total // procs + (total % procs > p) for p in range(procs)]
+        start, length = sum(sizes[:proc]), sizes[proc]
+    return torch.utils.data.Subset(dataset, range(start, min(start + length, total)))
 
 
 def _per_call(options: Options) -> int:

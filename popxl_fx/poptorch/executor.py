@@ -34,6 +34,8 @@ _POST_COMPILE: OrderedDict = OrderedDict()
 
 def registerPreCompileHook(hook) -> torch.utils.hooks.RemovableHandle:
     """Call ``hook()`` before each executor compiles its program."""
+    if not callable(hook):
+        raise RuntimeError("Pre-compile hook must be callable")
     handle = torch.utils.hooks.RemovableHandle(_PRE_COMPILE)
     _PRE_COMPILE[handle.id] = hook
     return handle
@@ -41,6 +43,8 @@ def registerPreCompileHook(hook) -> torch.utils.hooks.RemovableHandle:
 
 def registerPostCompileHook(hook) -> torch.utils.hooks.RemovableHandle:
     """Call ``hook()`` after each executor has compiled its program."""
+    if not callable(hook):
+        raise RuntimeError("Post-compile hook must be callable")
     handle = torch.utils.hooks.RemovableHandle(_POST_COMPILE)
     _POST_COMPILE[handle.id] = hook
     return handle
@@ -289,6 +293,12 @@ def _frozen_copy(options: Options | None, training: bool) -> Options:
     elif not isinstance(options, Options):
         raise Error(
             f"Invalid type: 'options' is of type {type(options)} (Expected poptorch.Options)"
+        )
+    if options.Distributed.numProcesses > 1:
+        raise Error(
+            "Options.Distributed: an executor of popxl_fx's PopTorch layer runs one process "
+            f"(not {options.Distributed.numProcesses}); its replicas live in it "
+            "(replicationFactor), or run popxl_fx itself under torchrun."
         )
     options._freeze()
     options = options.clone()

@@ -139,17 +139,24 @@ def cond(
     else_body: Callable,
     else_inputs: Sequence,
 ) -> list:
-    """``then_body(*then_inputs)`` when ``condition`` is true, else the other branch.
+    """``then_body(*then_inputs)`` where ``condition`` is true, else ``else_body(...)``.
 
-    The condition must be known when the model is captured (a torch tensor computed from
-    constants or a Python bool): a condition on the model's inputs would need a branch op
-    in the program, which the PopTorch layer does not build."""
-    if isinstance(condition, torch.fx.Proxy):
-        raise unsupported(
-            "poptorch.cond on a tensor computed from the model's inputs",
-            "the program would need a run-time branch; compute both branches and use torch.where",
+    A condition known at capture (a Python bool, a constant tensor) picks its branch. A
+    condition computed in the model runs both branches and selects each output with
+    ``torch.where``: the values (and the gradients reaching the chosen branch) are those of
+    the branch taken, as PopTorch's device-side branch gives them."""
+    if not isinstance(condition, torch.fx.Proxy):
+        return _as_list(then_body(*then_inputs) if bool(condition) else else_body(*else_inputs))
+    taken, other = _as_list(then_body(*then_inputs)), _as_list(else_body(*else_inputs))
+    if len(taken) != len(other):
+        raise ValueError(
+            f"poptorch.cond: then_body returns {len(taken)} tensors and else_body "
+            f"{len(other)}; both branches must return the same number of tensors."
         )
-    out = then_body(*then_inputs) if bool(condition) else else_body(*else_inputs)
+    return [torch.where(condition, a, b) for a, b in zip(taken, other)]
+
+
+def _as_list(out) -> list:
     return list(out) if isinstance(out, (list, tuple)) else [out]
 
 

@@ -18,24 +18,26 @@ class VariableAttributes:
     variable vs constant attributes; here every value is fed per step, so all can)."""
 
     def __init__(self, variable_attributes: list[str], allowed_attributes: list[str]) -> None:
-        self._allowed = list(allowed_attributes)
-        self._variable = set(variable_attributes)
+        self._allowed_attributes = list(allowed_attributes)
+        self._variable_attributes = set(variable_attributes)
 
     def _check(self, attr: str) -> None:
-        if attr not in self._allowed:
-            raise ValueError(f"unknown optimizer attribute {attr!r}; known: {self._allowed}.")
+        if attr not in self._allowed_attributes:
+            raise ValueError(
+                f"unknown optimizer attribute {attr!r}; known: {self._allowed_attributes}."
+            )
 
     def isConstant(self, attr: str) -> bool:
         self._check(attr)
-        return attr not in self._variable
+        return attr not in self._variable_attributes
 
     def markAsConstant(self, attr: str) -> None:
         self._check(attr)
-        self._variable.discard(attr)
+        self._variable_attributes.discard(attr)
 
     def markAsVariable(self, attr: str) -> None:
         self._check(attr)
-        self._variable.add(attr)
+        self._variable_attributes.add(attr)
 
 
 class Optimizer:

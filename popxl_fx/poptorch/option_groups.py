@@ -87,6 +87,11 @@ class TrainingOptions(Values):
             "mean_accumulation_and_replication_reduction_strategy", MeanReductionStrategy(strategy)
         )
 
+    @property
+    def meanAccumulationAndReplicationReductionStrategy(self) -> MeanReductionStrategy:
+        """The strategy set (PopTorch's name for reading it back)."""
+        return self._settings["mean_accumulation_and_replication_reduction_strategy"]
+
     def setAutomaticLossScaling(self, enabled: bool) -> TrainingOptions:
         if enabled:
             _notes.note(
@@ -239,7 +244,8 @@ class PopartOptions:
 
 
 class DistributedOptions(Values):
-    """``opts.Distributed``: one process here (PopDist's process counts are refused)."""
+    """``opts.Distributed``: the process id and count (data loaders split the dataset by
+    them; executors run one process)."""
 
     def __init__(self) -> None:
         super().__init__(process_id=0, num_processes=1)
@@ -251,10 +257,12 @@ class DistributedOptions(Values):
         return self
 
     def configureProcessId(self, process_id: int, num_processes: int):
-        if num_processes != 1:
+        """This process's share: `poptorch.DataLoader` gives it its block of the dataset; an
+        executor refuses more than one process (`executor`)."""
+        if not 0 <= process_id < num_processes:
             raise ValueError(
-                "Distributed.configureProcessId: popxl_fx's PopTorch layer runs one process "
-                "(replicas live in it); use replicationFactor, or popxl_fx under torchrun."
+                f"Distributed.configureProcessId({process_id}, {num_processes}): the process "
+                "id must be in [0, num_processes)."
             )
         self._set("process_id", process_id)
         return self._set("num_processes", num_processes)
