@@ -18,7 +18,7 @@ class _Streams(DotTree):
     Indexing by position (``streams[0]``) and iteration follow that order, as in popxl.addons.
     """
 
-    _make: Any = None
+    _new_stream: Any = None
 
     def __init__(self, **specs: tuple) -> None:
         super().__init__()
@@ -28,7 +28,7 @@ class _Streams(DotTree):
                     f"{type(self).__name__}: {name}= must be a (shape, dtype) pair, got {spec!r}."
                 )
             shape, dtype = spec
-            self.insert(name, type(self)._make(shape, dtype, name))
+            self.insert(name, type(self)._new_stream(shape, dtype, name))
 
     def __getitem__(self, key: Any) -> Any:
         if isinstance(key, int) and not isinstance(key, bool):
@@ -42,10 +42,10 @@ class _Streams(DotTree):
 class InputStreams(_Streams):
     """Host-to-device streams: ``InputStreams(x=((1, 4), popxl.float32), ...)``."""
 
-    _make = staticmethod(popxl_core.h2d_stream)
+    _new_stream = staticmethod(popxl_core.h2d_stream)
 
 
 class OutputStreams(_Streams):
     """Device-to-host streams: ``OutputStreams(y=((4,), popxl.int32), ...)``."""
 
-    _make = staticmethod(popxl_core.d2h_stream)
+    _new_stream = staticmethod(popxl_core.d2h_stream)

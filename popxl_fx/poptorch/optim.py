@@ -56,6 +56,15 @@ class Optimizer:
         self.host_state_is_dirty = False
         self.ipu_state_is_dirty = False
 
+    def _init_from(self, base: type, given: dict) -> None:
+        """``base.__init__`` with the torch arguments of ``given`` (a constructor's
+        ``locals()``; None: torch's default), then the IPU arguments (`_ipu_init`)."""
+        given = {k: v for k, v in given.items() if k not in ("self", "__class__")}
+        params = given.pop("params")
+        ipu = {k: given.pop(k) for k in self._ipu_defaults}
+        base.__init__(self, params, **_torch_kwargs(**given))
+        self._ipu_init(ipu)
+
     def ipu(self, key: str):
         """An IPU argument's value (the defaults'; per group in ``param_groups``)."""
         return self.defaults[key]
@@ -99,30 +108,7 @@ class SGD(Optimizer, torch.optim.SGD):
         velocity_accum_type=None,
         max_grad_norm=None,
     ) -> None:
-        torch.optim.SGD.__init__(
-            self,
-            params,
-            **_torch_kwargs(
-                lr=lr,
-                momentum=momentum,
-                dampening=dampening,
-                weight_decay=weight_decay,
-                nesterov=nesterov,
-                maximize=maximize,
-                foreach=foreach,
-                differentiable=differentiable,
-            ),
-        )
-        self._ipu_init(
-            dict(
-                loss_scaling=loss_scaling,
-                velocity_scaling=velocity_scaling,
-                use_combined_accum=use_combined_accum,
-                accum_type=accum_type,
-                velocity_accum_type=velocity_accum_type,
-                max_grad_norm=max_grad_norm,
-            )
-        )
+        self._init_from(torch.optim.SGD, locals())
 
 
 _ADAM_IPU = {
@@ -159,31 +145,7 @@ class Adam(Optimizer, torch.optim.Adam):
         second_order_momentum_accum_type=None,
         max_grad_norm=None,
     ) -> None:
-        torch.optim.Adam.__init__(
-            self,
-            params,
-            **_torch_kwargs(
-                lr=lr,
-                betas=betas,
-                eps=eps,
-                weight_decay=weight_decay,
-                amsgrad=amsgrad,
-                foreach=foreach,
-                maximize=maximize,
-                capturable=capturable,
-                differentiable=differentiable,
-                fused=fused,
-            ),
-        )
-        self._ipu_init(
-            dict(
-                loss_scaling=loss_scaling,
-                accum_type=accum_type,
-                first_order_momentum_accum_type=first_order_momentum_accum_type,
-                second_order_momentum_accum_type=second_order_momentum_accum_type,
-                max_grad_norm=max_grad_norm,
-            )
-        )
+        self._init_from(torch.optim.Adam, locals())
 
 
 class AdamW(Optimizer, torch.optim.AdamW):
@@ -212,32 +174,7 @@ class AdamW(Optimizer, torch.optim.AdamW):
         second_order_momentum_accum_type=None,
         max_grad_norm=None,
     ) -> None:
-        torch.optim.AdamW.__init__(
-            self,
-            params,
-            **_torch_kwargs(
-                lr=lr,
-                betas=betas,
-                eps=eps,
-                weight_decay=weight_decay,
-                amsgrad=amsgrad,
-                foreach=foreach,
-                maximize=maximize,
-                capturable=capturable,
-                differentiable=differentiable,
-                fused=fused,
-            ),
-        )
-        self._ipu_init(
-            dict(
-                loss_scaling=loss_scaling,
-                bias_correction=bias_correction,
-                accum_type=accum_type,
-                first_order_momentum_accum_type=first_order_momentum_accum_type,
-                second_order_momentum_accum_type=second_order_momentum_accum_type,
-                max_grad_norm=max_grad_norm,
-            )
-        )
+        self._init_from(torch.optim.AdamW, locals())
 
 
 class RMSprop(Optimizer, torch.optim.RMSprop):
@@ -266,30 +203,7 @@ class RMSprop(Optimizer, torch.optim.RMSprop):
         second_order_momentum_accum_type=None,
         use_tf_variant=None,
     ) -> None:
-        torch.optim.RMSprop.__init__(
-            self,
-            params,
-            **_torch_kwargs(
-                lr=lr,
-                alpha=alpha,
-                eps=eps,
-                weight_decay=weight_decay,
-                momentum=momentum,
-                centered=centered,
-                foreach=foreach,
-                maximize=maximize,
-                differentiable=differentiable,
-            ),
-        )
-        self._ipu_init(
-            dict(
-                loss_scaling=loss_scaling,
-                accum_type=accum_type,
-                first_order_momentum_accum_type=first_order_momentum_accum_type,
-                second_order_momentum_accum_type=second_order_momentum_accum_type,
-                use_tf_variant=use_tf_variant,
-            )
-        )
+        self._init_from(torch.optim.RMSprop, locals())
 
 
 class LAMB(Optimizer, torch.optim.Optimizer):
