@@ -22,7 +22,7 @@ __all__ = [
 _MATMULS = ("MatMul", "MatMulPow2Scaled")
 
 
-def evaluate_FLOPs(graph: popxl_core.Graph) -> int:  # noqa: N802 - popxl.addons' name
+def evaluate_FLOPs(graph: popxl_core.Graph) -> int:  # popxl.addons' name
     """MatMul FLOPs of one execution of ``graph``: a Loop counts its body ``repeat_count``
     times, an If its costlier branch.
 
@@ -54,12 +54,12 @@ def _matmul_flops(op) -> int:
     return 2 * math.prod(out) * k
 
 
-def evaluate_ir_FLOPs(ir: popxl_core.Ir) -> int:  # noqa: N802
+def evaluate_ir_FLOPs(ir: popxl_core.Ir) -> int:
     """MatMul FLOPs of one run of ``ir``'s main graph."""
     return evaluate_FLOPs(ir.main_graph)
 
 
-def total_FLOPs(ir_or_graph) -> int:  # noqa: N802
+def total_FLOPs(ir_or_graph) -> int:
     """`evaluate_ir_FLOPs` for an Ir, `evaluate_FLOPs` for a Graph."""
     if isinstance(ir_or_graph, popxl_core.Ir):
         return evaluate_ir_FLOPs(ir_or_graph)
@@ -72,7 +72,7 @@ def format_flops_scientific(flops: float, precision: int = 2) -> str:
     return f"{flops:.{precision}e} FLOPs"
 
 
-def print_FLOPs(ir_or_graph, title: str | None = None) -> int:  # noqa: N802
+def print_FLOPs(ir_or_graph, title: str | None = None) -> int:
     """Print (and return) the MatMul FLOPs of an Ir or Graph."""
     flops = total_FLOPs(ir_or_graph)
     print(f"{title or 'FLOPs'}: {format_flops_scientific(flops)}")

@@ -30,7 +30,7 @@ popart_exception = (RuntimeError, ValueError, TypeError, IndexError, KeyError)
 poplar_application_runtime_error = OpDataError
 
 
-def getLogger(name: str = "all") -> logging.Logger:  # noqa: N802 - PopART's spelling
+def getLogger(name: str = "all") -> logging.Logger:  # PopART's spelling
     """PopART's logger for ``name`` (a `logging.Logger` named ``popart.<name>``); user code
     calls ``popart.getLogger().setLevel("DEBUG")`` and the like."""
     return logging.getLogger(f"popart.{name}")

@@ -134,7 +134,7 @@ float64 = dtype._factory("float64", np.float64, torch.float64, False, True, True
 complex64 = dtype._factory("complex64", np.complex64, torch.complex64, False, False, True, 8)
 complex128 = dtype._factory("complex128", np.complex128, torch.complex128, False, False, True, 16)
 half = float16
-float = float32  # noqa: A001 - popxl exports these names
+float = float32  # popxl exports these names
 double = float64
 
 _NP_TO_POPXL = {d.as_numpy(): d for d in _BY_NAME.values() if d._np is not None}

@@ -76,7 +76,7 @@ class Op:
         for the few rows PopXL shares with another (see `OpDef.popxl_type`)."""
         return self.opdef.name
 
-    def opType(self) -> str:  # noqa: N802 - popart spelling used by user code
+    def opType(self) -> str:  # popart spelling used by user code
         """The PopXL op type, as `print_schedule` shows it (``MatMul`` for a pow2-scaled
         matmul too)."""
         return self.opdef.popxl_type or self.opdef.name

@@ -50,24 +50,24 @@ class SessionOptions:
     # the global one (PopXL's getGlobalReplicationFactor). The simulator runs every replica,
     # in this process or split over a torch.distributed job (popxl_core.distributed).
     @property
-    def enableDistributedReplicatedGraphs(self) -> bool:  # noqa: N802 - PopART's name
+    def enableDistributedReplicatedGraphs(self) -> bool:  # PopART's name
         return self._global[0]
 
     @enableDistributedReplicatedGraphs.setter
-    def enableDistributedReplicatedGraphs(self, value: bool) -> None:  # noqa: N802
+    def enableDistributedReplicatedGraphs(self, value: bool) -> None:
         self._global[0] = bool(value)
         self._apply_global()
 
     @property
-    def globalReplicationFactor(self) -> int:  # noqa: N802
+    def globalReplicationFactor(self) -> int:
         return self._global[1]
 
     @globalReplicationFactor.setter
-    def globalReplicationFactor(self, value: int) -> None:  # noqa: N802
+    def globalReplicationFactor(self, value: int) -> None:
         self._global[1] = int(value)
         self._apply_global()
 
-    def getGlobalReplicationFactor(self) -> int:  # noqa: N802
+    def getGlobalReplicationFactor(self) -> int:
         return self._global[1] if self._global[0] else self.replicatedGraphCount
 
     def _apply_global(self) -> None:
@@ -83,16 +83,16 @@ class _PbIr:
         self._options = SessionOptions()
         self._options._ir = self._ir
 
-    def getSessionOptions(self) -> SessionOptions:  # noqa: N802 - popart spelling
+    def getSessionOptions(self) -> SessionOptions:  # popart spelling
         return self._options
 
-    def getAllGraphs(self) -> List[Graph]:  # noqa: N802
+    def getAllGraphs(self) -> List[Graph]:
         return list(self._ir._graphs.values())
 
-    def getMainGraph(self) -> Graph:  # noqa: N802
+    def getMainGraph(self) -> Graph:
         return self._ir.main_graph
 
-    def getRemoteBufferInfo(self, buffer_id: int):  # noqa: N802
+    def getRemoteBufferInfo(self, buffer_id: int):
         """The `remote_buffer.RemoteBufferInfo` of remote buffer ``buffer_id``."""
         buffers = self._ir._remote_buffers
         if buffer_id not in buffers:
@@ -101,14 +101,14 @@ class _PbIr:
             )
         return buffers[buffer_id].remote_buffer_info
 
-    def hasRemoteBufferInfo(self, buffer_id: int) -> bool:  # noqa: N802
+    def hasRemoteBufferInfo(self, buffer_id: int) -> bool:
         return buffer_id in self._ir._remote_buffers
 
-    def getAllRemoteBufferInfos(self) -> Dict[int, Any]:  # noqa: N802
+    def getAllRemoteBufferInfos(self) -> Dict[int, Any]:
         """Remote buffer id -> its `remote_buffer.RemoteBufferInfo`, for every buffer."""
         return {i: b.remote_buffer_info for i, b in self._ir._remote_buffers.items()}
 
-    def logIr(self) -> None:  # noqa: N802
+    def logIr(self) -> None:
         from .printing import format_graph
 
         for g in self._ir._graphs.values():

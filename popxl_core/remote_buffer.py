@@ -197,7 +197,7 @@ class RemoteBufferInfo:
     (``repeats``), as ``ir._pb_ir.getRemoteBufferInfo(buffer.remote_buffer_id)`` returns it."""
 
     def __init__(self, info: TensorInfo, repeats: int) -> None:
-        self.TensorInfo = info  # noqa: N815 - PopART's attribute name
+        self.TensorInfo = info  # PopART's attribute name
         self.repeats = repeats
 
     def __repr__(self) -> str:

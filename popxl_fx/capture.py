@@ -369,7 +369,7 @@ def _same_ops_once_set(first: CaptureTracer, gm: fx.GraphModule, model: nn.Modul
     tracer = CaptureTracer(model, first.example_inputs, replay=replay, binding=first.binding)
     try:
         second = trace_graph(tracer, model)
-    except Exception:  # noqa: BLE001 - the second call fails: not the same program
+    except Exception:  # the second call fails: not the same program
         return False
     ops = lambda g: [(n.op, n.target) for n in g.nodes]  # noqa: E731
     return ops(gm.graph) == ops(second)

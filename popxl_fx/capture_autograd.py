@@ -40,7 +40,7 @@ class AutogradCall:
         return f"{self.function.__qualname__}.apply"
 
     @property
-    def __name__(self) -> str:  # noqa: A003 - fx names the node after its target
+    def __name__(self) -> str:  # fx names the node after its target
         return f"{self.function.__name__}_apply"
 
 

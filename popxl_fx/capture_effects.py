@@ -92,7 +92,7 @@ def _same(old: Any, new: Any) -> bool:
     if type(old) is type(new) and isinstance(old, (bool, int, float, str, bytes, tuple)):
         try:
             return bool(old == new)
-        except Exception:  # noqa: BLE001 - a tuple holding tensors: not comparable, so changed
+        except Exception:  # a tuple holding tensors: not comparable, so changed
             return False
     return False
 

@@ -144,7 +144,7 @@ def _trace(
         gm = trace_module(tracer, model)
         if replay is None:
             settle_first_call_flags(tracer, gm, model)
-    except Exception as exc:  # noqa: BLE001 - the report says what failed, and where
+    except Exception as exc:  # the report says what failed, and where
         report.issues += tracer.issues
         message = str(exc).splitlines()[0] if str(exc) else ""
         report.issues.append(
@@ -169,7 +169,7 @@ def _retrace(captured: Captured, model: nn.Module) -> fx.Graph | None:
     tracer = CaptureTracer(model, captured.example_inputs, replay=replay, binding=captured.binding)
     try:
         return trace_graph(tracer, model)
-    except Exception:  # noqa: BLE001 - as an untraceable first trace, but nothing to report
+    except Exception:  # as an untraceable first trace, but nothing to report
         return None
 
 
@@ -240,7 +240,7 @@ def _rerun_with_other_data(
     try:
         with preserved(model), torch.no_grad():
             recorder.run(*[_other_data(x) for x in inputs])
-    except Exception:  # noqa: BLE001 - other data may be invalid for the model; no verdict
+    except Exception:  # other data may be invalid for the model; no verdict
         pass
     for node, shape in recorder.shapes.items():
         if node.op != "output" and shape != _shape(node.meta.get("example_value")):

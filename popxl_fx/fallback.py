@@ -258,7 +258,7 @@ def decomposition_issue(node: fx.Node, root: torch.nn.Module) -> Issue | None:
         return unsupported(node, what, kind, f"{REFUSED[_packet(node.target)]}.")
     try:
         dec = decompose(node, root)
-    except Exception as exc:  # noqa: BLE001 - any failure means there is no decomposition
+    except Exception as exc:  # any failure means there is no decomposition
         return unsupported(
             node,
             what,

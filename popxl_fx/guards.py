@@ -128,7 +128,7 @@ def raise_model_error(run: Callable[[], Any], model: nn.Module, failed: RuntimeC
     try:
         with torch.no_grad(), torch.random.fork_rng(), _buffers_kept(model):
             run()
-    except Exception as exc:  # noqa: BLE001 - the model's own error, whatever its type
+    except Exception as exc:  # the model's own error, whatever its type
         exc.add_note(f"(the model's check at {failed.tag} failed on this batch)")
         raise exc from None
     raise failed

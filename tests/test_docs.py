@@ -42,7 +42,7 @@ def test_python_blocks_run(page, tmp_path, monkeypatch):
     namespace: dict = {"__name__": f"docs_{page.stem}"}
     for i, block in enumerate(blocks):
         code = compile(block, f"{_page_id(page)} python block {i + 1}", "exec")
-        exec(code, namespace)  # noqa: S102 -- the page's own example
+        exec(code, namespace)  # - the page's own example
 
 
 @pytest.mark.parametrize("page", PAGES, ids=_page_id)

@@ -108,7 +108,7 @@ def test_gpt_300m_offered_options_and_auto_train_like_the_plain_program(containe
     gc.collect()
     _, plain_losses, plain = _train(container, popxl_fx.Options(device="cpu"))
     for option in offered:
-        changes = eval(option, {"Options": dict})  # noqa: S307 (the message's own text)
+        changes = eval(option, {"Options": dict})  # (the message's own text)
         chosen, losses, digests = _train(container, popxl_fx.Options(**changes))
         print(f"{option} trains with {chosen.phased_execution=}: losses {losses.tolist()}")
         assert torch.isfinite(losses).all(), option

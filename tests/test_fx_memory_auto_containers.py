@@ -180,7 +180,7 @@ def test_every_option_the_oom_error_offers_trains_as_written():
     offered = re.findall(r"^    (Options\(.*?\))[: ]", text.split("Options to try")[1], re.M)
     assert "Options(phased_execution='blocks')" in offered and "Options(memory='auto')" in offered
     for option in offered:
-        changes = eval(option, {"Options": dict})  # noqa: S307 (the message's own text)
+        changes = eval(option, {"Options": dict})  # (the message's own text)
         model = _model("list")
         options = popxl_fx.Options(device="ipu_model", **changes)
         trainer, losses = _train(model, options)

@@ -96,7 +96,7 @@ class Exchange:
         self._agree(what, t.numel())
         try:
             self._dist.broadcast(t, src, group=self.group)
-        except Exception as e:  # noqa: BLE001 - gloo: closed connection or timeout
+        except Exception as e:  # gloo: closed connection or timeout
             raise self.failure(what, e) from e
         self.calls += 1
         self.bytes_sent += t.numel() if src == self.rank else 0
@@ -108,7 +108,7 @@ class Exchange:
         out = [None] * self.size
         try:
             self._dist.all_gather_object(out, obj, group=self.group)
-        except Exception as e:  # noqa: BLE001 - gloo raises RuntimeError or its own types
+        except Exception as e:  # gloo raises RuntimeError or its own types
             raise self.failure(what, e) from e
         return out
 
@@ -131,7 +131,7 @@ class Exchange:
         out = [torch.empty_like(t) for _ in range(self.size)]
         try:
             self._dist.all_gather(out, t, group=self.group)
-        except Exception as e:  # noqa: BLE001 - gloo: closed connection or timeout
+        except Exception as e:  # gloo: closed connection or timeout
             raise self.failure(what, e) from e
         return out
 
@@ -163,5 +163,5 @@ class Exchange:
                 missing = [r for r in missing if not store.check([_FAULT_KEY.format(r)])]
                 time.sleep(0.05)
             return missing or others
-        except Exception:  # noqa: BLE001 - the store went down with the process hosting it
+        except Exception:  # the store went down with the process hosting it
             return others

@@ -274,7 +274,7 @@ def run_replicas(runtime: Runtime, body: Callable[[int], None], threaded: bool) 
             with torch.no_grad():
                 body(r)
             runtime._barrier.finish()
-        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+        except BaseException as e:  # re-raised in the caller's thread
             errors[i] = e
             runtime._barrier.abort()
 

@@ -32,8 +32,8 @@ from .uniform import SharedRuns
 __all__ = ["Session", "d2hStreamBufferMaps", "h2dStreamBufferMaps"]
 
 # PopXL's names for the host buffers `Session.run` takes and returns
-h2dStreamBufferMaps = Mapping[HostToDeviceStream, np.ndarray]  # noqa: N816 - PopXL's name
-d2hStreamBufferMaps = Mapping[DeviceToHostStream, np.ndarray]  # noqa: N816
+h2dStreamBufferMaps = Mapping[HostToDeviceStream, np.ndarray]  # PopXL's name
+d2hStreamBufferMaps = Mapping[DeviceToHostStream, np.ndarray]
 
 _NOT_ATTACHED = (
     "Must be attached to device before calling a runtime function. Put the call "
