@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import popxl_core as popxl
+from popxl_fx.module import Module
 from tests.fx_harness import check_lowering
 
 VIEWS = {
@@ -95,3 +97,20 @@ def test_unary_of_a_view(name, view):
 @pytest.mark.parametrize("name", sorted(BINARY))
 def test_binary_of_a_view(name, view):
     _check(BINARY[name], view, True)
+
+
+def _op_types(model: nn.Module, numerics: str) -> list[str]:
+    module = Module(model, numerics=numerics)
+    ir = popxl.Ir()
+    with ir.main_graph:
+        _, graph = module.create_graph(popxl.TensorSpec((5, 37), popxl.float32))
+    return [op.type for op in graph.graph._ops]
+
+
+@pytest.mark.parametrize("name", ["pow_self", "add_alpha"])
+def test_ipu_numerics_keep_popxl_ops(name):
+    """Under ``numerics="ipu"`` the IPU's numbers do not depend on eager's layout: PopXL's ops."""
+    table, binary = (UNARY, False) if name in UNARY else (BINARY, True)
+    model = OnView(table[name], VIEWS["chunk"], binary)
+    assert "Aten" in _op_types(model, "torch")
+    assert "Aten" not in _op_types(model, "ipu")
