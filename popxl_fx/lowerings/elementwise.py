@@ -16,7 +16,13 @@ from popxl_core import ops
 
 from ..lowering import lowers
 from ._common import const, is_t, pdtype, promote
-from .aten_kernels import lower_torch_function, torch_call, torch_unary
+from .aten_kernels import (
+    eager_stride,
+    lower_torch_function,
+    torch_call,
+    torch_kernel_in_eager_layout,
+    torch_unary,
+)
 
 __all__: list = []
 
@@ -30,12 +36,40 @@ def _binary(fn: Callable, py: Callable) -> Callable:
     return lower
 
 
-def _add(a, b, alpha=1):
-    return ops.add(a, b if alpha == 1 else b * alpha)
+def _eager_numerics() -> bool:
+    return popxl.gcg().ir.numerics == "torch"
 
 
-def _sub(a, b, alpha=1):
-    return ops.sub(a, b if alpha == 1 else b * alpha)
+def _eager_kernel(ctx, fn: Callable, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` (the node's own operands, in the node's order) as torch's kernel,
+    on eager's layout where an operand was a strided view in eager (`EagerLayout`: ATen's
+    vectorised loops compute each row's tail with the scalar function, which for pow rounds
+    otherwise), forward and backward."""
+    if any(eager_stride(a) for a in ctx.node.args) and _own_call(ctx, fn):
+        return torch_kernel_in_eager_layout(ctx, fn, *args, **kwargs)
+    return torch_call(fn, *args, **kwargs)
+
+
+def _own_call(ctx, fn: Callable) -> bool:
+    """Whether ``ctx.node`` is the call being lowered (a layer's lowering may lower its
+    arithmetic under the layer's own node, whose arguments are not these operands)."""
+    node = ctx.node
+    return node.op in ("call_function", "call_method") and _TARGETS.get(node.target) is fn
+
+
+def _add_sub(fn: Callable, op: Callable, py: Callable) -> Callable:
+    """``a + alpha * b``: torch's kernel where alpha is not 1 (its vectorised loop fuses the
+    multiply and the add, one rounding); PopXL's ops under ``Options(numerics="ipu")``."""
+
+    def lower(ctx, a: Any, b: Any, alpha: Any = 1) -> Any:
+        if not is_t(a) and not is_t(b):
+            return py(a, b * alpha)
+        if alpha != 1 and is_t(a) and _eager_numerics():
+            return _eager_kernel(ctx, fn, a, b, alpha=alpha)
+        a, b = promote(a, b)
+        return op(a, b if alpha == 1 else b * alpha)
+
+    return lower
 
 
 def _true_div(a, b, rounding_mode=None):
@@ -97,14 +131,6 @@ def _ge(a, b):
 
 
 _BINARY = {
-    (operator.add, operator.iadd, torch.add, "add", "add_", "__add__", "__iadd__"): (
-        _add,
-        operator.add,
-    ),
-    (operator.sub, operator.isub, torch.sub, "sub", "sub_", "__sub__", "__isub__"): (
-        _sub,
-        operator.sub,
-    ),
     (operator.mul, operator.imul, torch.mul, "mul", "mul_", "__mul__", "__imul__"): (
         ops.mul,
         operator.mul,
@@ -148,23 +174,37 @@ _BINARY = {
 for _targets, (_fn, _py) in _BINARY.items():
     lowers(*_targets)(_binary(_fn, _py))
 
+_ADD = (operator.add, operator.iadd, torch.add, "add", "add_", "__add__", "__iadd__")
+_SUB = (operator.sub, operator.isub, torch.sub, "sub", "sub_", "__sub__", "__isub__")
+_POW = (operator.pow, torch.pow, "pow", "__pow__")
+_TARGETS = {
+    t: fn for ts, fn in ((_ADD, torch.add), (_SUB, torch.sub), (_POW, torch.pow)) for t in ts
+}
+lowers(*_ADD)(_add_sub(torch.add, ops.add, operator.add))
+lowers(*_SUB)(_add_sub(torch.sub, ops.sub, operator.sub))
 
-@lowers(operator.pow, torch.pow, "pow", "__pow__")
+
+@lowers(*_POW)
 def _pow(ctx, a, b):
+    """torch's kernel, on eager's layout where eager's operand is a strided view (pow's scalar
+    tail rounds otherwise than its vectorised loop); a scalar's power of a tensor as torch's
+    kernel too (its gradient's log of the base). PopXL's Pow under ``numerics="ipu"``."""
     if not is_t(a) and not is_t(b):
         return a**b
     if is_t(a) and not is_t(b) and a.dtype.is_floating_point:
-        return _pow_scalar(a, b)
+        return a if b == 1 else _pow_scalar(ctx, a, b)
+    if _eager_numerics():
+        return _eager_kernel(ctx, torch.pow, a, b)
     a, b = promote(a, b)
     return ops.pow(a, b)
 
 
-def _pow_scalar(a, e):
+def _pow_scalar(ctx, a, e):
     # torch's own kernel and gradient: x.pow(2) as x * x would give x two gradient terms,
     # summed in another order than eager's one `2 * x * grad` where x has other uses too
     # (RMSNorm's x * rsqrt(x.pow(2).mean()): the last bit of its input gradient)
-    if e == 1:
-        return a
+    if _eager_numerics():
+        return _eager_kernel(ctx, torch.pow, a, e)
     return torch_call(torch.pow, a, e)
 
 
