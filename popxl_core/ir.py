@@ -169,10 +169,11 @@ class Ir:
         )
 
     def _check_unowned(self, what: str) -> None:
-        """Refuse a change a Session that owns this Ir reads while it runs."""
+        """Refuse a change of a setting the owning Session runs by (``num_host_transfers``,
+        read as it runs; ``numerics``, the project's own setting)."""
         if self._session is not None:
             raise RuntimeError(
-                f"{self!r} is owned by {self._session!r}, which reads it while it runs; "
+                f"{self!r} is owned by {self._session!r}, which runs by this setting; "
                 f"{what} now would change that Session's program. Set it before creating "
                 "the Session, or build a new Ir."
             )

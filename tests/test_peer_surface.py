@@ -194,5 +194,5 @@ def test_ir_changed_after_a_session_warns_and_the_session_keeps_its_program():
         assert set(first.run()) == {s1}
     with popxl.Session(ir, "ipu_model") as second:
         np.testing.assert_array_equal(second.run()[s2], [3.0, 3.0])
-    with pytest.raises(RuntimeError, match="while it runs; setting num_host_transfers to 2"):
+    with pytest.raises(RuntimeError, match="runs by this setting; setting num_host_transfers to 2"):
         ir.num_host_transfers = 2
