@@ -3,6 +3,7 @@
 PopXL user code imports ``popart`` mostly out of habit or for PopART's C++ bindings, which
 this simulator does not have. Provided: `PatternsLevel` (the names of PopART's pattern
 levels, which ``popxl_addons.patterns.apply_pre_alias_patterns`` takes as strings),
+`DataType` (the names of PopART's data types, as tests parametrize over them),
 `popart_exception` (what PopART's C++ raised; see its comment), `poplar_application_runtime_error`
 (a device program failing at run time) and `getLogger` (PopART's logger, a standard
 `logging.Logger` here). Any other name raises an AttributeError that says
@@ -16,7 +17,13 @@ import logging
 
 from .errors import OpDataError
 
-__all__ = ["PatternsLevel", "popart_exception", "poplar_application_runtime_error", "getLogger"]
+__all__ = [
+    "DataType",
+    "PatternsLevel",
+    "popart_exception",
+    "poplar_application_runtime_error",
+    "getLogger",
+]
 
 # PopART's C++ errors reach Python as ``popart_exception``. The checks PopART made in C++ are
 # made in Python here and raise the built-in type that names the mistake, so the stand-in is
@@ -43,6 +50,15 @@ class PatternsLevel(enum.Enum):
     Minimal = "minimal"
     Default = "default"
     All = "all"
+
+
+# PopART's `popart::DataType`, its enumerators in its order (values as in C++)
+DataType = enum.IntEnum(
+    "DataType",
+    "UINT8 INT8 FLOAT8_143 FLOAT8_152 UINT16 INT16 INT32 INT64 UINT32 UINT64 BOOL FLOAT "
+    "FLOAT16 BFLOAT16 DOUBLE COMPLEX64 COMPLEX128 STRING UNDEFINED",
+    start=0,
+)
 
 
 def __getattr__(name: str):

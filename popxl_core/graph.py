@@ -81,6 +81,16 @@ class Op:
         matmul too)."""
         return self.opdef.popxl_type or self.opdef.name
 
+    def kernel_attrs(self) -> Dict[str, Any]:
+        """The keyword arguments of the op's kernel: its attributes, and the session options
+        the op reads (`OpDef.session_options`) as they are now: a Session reads them once,
+        when it compiles, as PopART reads them when it lowers the op."""
+        opts = self.opdef.session_options
+        if not opts:
+            return self.attrs
+        session = self.graph.ir._pb_ir.getSessionOptions()
+        return {**self.attrs, **{kw: getattr(session, name) for kw, name in opts.items()}}
+
     def modified_inputs(self) -> Set[int]:
         """Indexes of inputs this op writes to (in-place ops and by-ref call inputs)."""
         return set(self.opdef.inplace) | self.by_ref_modified

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import sys
 import typing
+import warnings
 from typing import Any, Callable, Dict, List, Optional, Set
 
 from .graph import Graph
@@ -13,6 +15,12 @@ from .replica_grouping import ReplicaGrouping
 from .tensor import Tensor, TensorByRef, TensorSpec, graph_input
 
 __all__ = ["Ir", "SessionOptions"]
+
+
+class IrChangedWarning(UserWarning):
+    """The Ir changed after a Session compiled it: that Session keeps running the program it
+    compiled; a new Session runs the changed one (PopXL allows the change too)."""
+
 
 # re-exported: PopXL code reaches them as popxl_core.ir.SessionOptions
 
@@ -44,6 +52,7 @@ class Ir:
         self._replication_factor = 1
         self._num_host_transfers = 1
         self._session = None
+        self._warned_for = None  # the Session the last IrChangedWarning named
         self._remote_buffers: Dict[int, Any] = {}
         self._numerics = "ipu"
         self.main_graph = self._new_graph("")
@@ -60,7 +69,7 @@ class Ir:
 
     @num_host_transfers.setter
     def num_host_transfers(self, value: int) -> None:
-        self.check_editable(f"setting num_host_transfers to {value!r}")
+        self._check_unowned(f"setting num_host_transfers to {value!r}")
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"num_host_transfers must be a positive int, got {value!r}.")
         self._num_host_transfers = value
@@ -103,7 +112,7 @@ class Ir:
     def numerics(self, value: str) -> None:
         if value not in NUMERICS:
             raise ValueError(f"Ir.numerics must be one of {NUMERICS}, got {value!r}.")
-        self.check_editable(f"setting numerics to {value!r}")
+        self._check_unowned(f"setting numerics to {value!r}")
         self._numerics = value
 
     @property
@@ -144,13 +153,29 @@ class Ir:
         return tuple(self._graphs.values())
 
     def check_editable(self, what: str) -> None:
-        """Refuse any change once a Session has compiled this Ir: it would be left out silently."""
+        """Warn (`IrChangedWarning`, once per Session) of a change to the program once a
+        Session has compiled this Ir, as PopXL allows it: that Session keeps running the
+        program it compiled, and a Session built after runs the changed Ir."""
+        if self._session is None or self._warned_for is self._session:
+            return
+        self._warned_for = self._session
+        warnings.warn(
+            IrChangedWarning(
+                f"{self!r} is owned by {self._session!r}, which compiled it when it was built; "
+                f"{what} (and any later change) is not part of that Session's program: it "
+                "keeps running what it compiled. Build a new Session to run the changed Ir."
+            ),
+            stacklevel=_user_stacklevel(),
+        )
+
+    def _check_unowned(self, what: str) -> None:
+        """Refuse a change of a setting the owning Session runs by (``num_host_transfers``,
+        read as it runs; ``numerics``, the project's own setting)."""
         if self._session is not None:
             raise RuntimeError(
-                f"{self!r} is owned by {self._session!r}, which compiled it when it was built; "
-                f"{what} now would not be part of the compiled program. Build the whole "
-                "program (ops, variables, streams, graphs) before creating the Session, or "
-                "build a new Ir."
+                f"{self!r} is owned by {self._session!r}, which runs by this setting; "
+                f"{what} now would change that Session's program. Set it before creating "
+                "the Session, or build a new Ir."
             )
 
     def _new_graph(self, graph_id: str) -> Graph:
@@ -311,3 +336,14 @@ def _iterable(x) -> bool:
     except TypeError:
         return False
     return True
+
+
+def _user_stacklevel() -> int:
+    """The ``warnings.warn`` stacklevel of the first caller outside popxl_core and addons."""
+    f, level = sys._getframe(1), 1
+    while f is not None and f.f_globals.get("__name__", "").split(".")[0] in _OURS:
+        f, level = f.f_back, level + 1
+    return level
+
+
+_OURS = ("popxl_core", "addons")

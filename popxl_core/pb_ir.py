@@ -41,6 +41,8 @@ class SessionOptions:
         self.explicitRecomputation = True
         self.enableInplaceAmbiguityChecking = True
         self.decomposeGradSum = True
+        # False: a float8 op's log2 scale outside [-32, 32) does not raise (popxl_core.ops.fp8)
+        self.throwIfLog2ScaleTensorNotInRange = True
         self.enableReplicatedGraphs = False
         self.replicatedGraphCount = 1
         self._global = [False, 1]  # enableDistributedReplicatedGraphs, globalReplicationFactor

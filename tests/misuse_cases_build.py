@@ -138,45 +138,8 @@ def _frozen(what):
     return ir, x, session
 
 
-@case
-def frozen_ir_new_op():
-    ir, x, _ = _frozen("op")
-
-    def misuse():
-        with ir.main_graph:
-            ops.relu(x)
-
-    return misuse, RuntimeError, [r"owned by Session\[Ir", r"Relu op", "not be part"]
-
-
-@case
-def frozen_ir_new_variable():
-    ir, _, _ = _frozen("variable")
-
-    def misuse():
-        with ir.main_graph:
-            popxl.variable(np.zeros(2, F32), name="late_w")
-
-    return misuse, RuntimeError, [r"'late_w'", r"Session\[Ir\[id=\d+\] 'ipu_hw'"]
-
-
-@case
-def frozen_ir_new_stream():
-    ir, _, _ = _frozen("stream")
-
-    def misuse():
-        with ir.main_graph:
-            popxl.d2h_stream((2,), popxl.float32, "late_out")
-
-    return misuse, RuntimeError, [r"'late_out'", r"owned by Session"]
-
-
-@case
-def frozen_ir_new_graph():
-    ir, _, _ = _frozen("graph")
-    return lambda: ir.create_graph(lambda: None), RuntimeError, [r"creating graph", "Session"]
-
-
+# (adding ops, variables, streams or graphs after the Session only warns, as PopXL allows it:
+# tests/test_peer_surface.py; the settings a Session reads while it runs are still refused)
 @case
 def frozen_ir_num_host_transfers():
     ir, _, _ = _frozen("nht")

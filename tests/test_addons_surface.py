@@ -112,18 +112,38 @@ def test_fc_pass_and_available_memory_proportion():
         addons.set_available_memory_proportion_by_ipu(ir, [0.5, 1.5])
 
 
-def test_flops_count_matmuls_through_calls_and_loops():
+def test_flops_breakdown_per_op_through_calls_and_loops(capsys):
+    """popxl.addons' evaluate_FLOPs: op type -> {op id: FLOPs}, a Call's or Loop's graph
+    under "<type>_<id>(<graph>)" (a Loop times its count), "TOT" the total; the Ir's
+    breakdown times the replication factor."""
     ir = popxl.Ir()
+    ir.replication_factor = 2
     with ir.main_graph:
         x = popxl.variable(np.ones((4, 8), np.float32))
         w = popxl.variable(np.ones((8, 8), np.float32))
-        g = ir.create_graph(lambda a, b: ops.gelu(a @ b), x, w)
+        g = ir.create_graph(lambda a, b: ops.gelu(a @ b) + a, x, w)
         ops.call(g, x, w)
         ops.repeat(g, 3, x, w)
-    per_call = 2 * 4 * 8 * 8
+        y = x * 2.0
+    mm, add = g._ops[0].id, g._ops[2].id
+    per_call = {"MatMul": {mm: 2 * 4 * 8 * 8}, "Add": {add: 4 * 8}, "TOT": 2 * 4 * 8 * 8 + 32}
     assert addons.evaluate_FLOPs(g) == per_call
-    assert addons.evaluate_ir_FLOPs(ir) == addons.total_FLOPs(ir) == 4 * per_call
-    assert addons.format_flops_scientific(48000) == "4.80e+04 FLOPs"
+    call, loop = (op for op in ir.main_graph._ops if op.type in ("Call", "Loop"))
+    name = g.id[: g.id.index("_subgraph(")]  # the graph's name less PopART's suffix
+    keys = (f"Call_{call.id}({name})", f"Loop_{loop.id}({name})")
+    want = {
+        "MatMul": {keys[0]: {mm: 512}, keys[1]: {mm: 3 * 512}},
+        "Add": {keys[0]: {add: 32}, keys[1]: {add: 3 * 32}},
+        "TOT": 4 * per_call["TOT"] + 32,
+        "Mul": {y.producer.id: 32},
+    }
+    assert addons.evaluate_FLOPs(ir.main_graph) == want
+    assert addons.total_FLOPs(ir) == 2 * want["TOT"]
+    assert addons.evaluate_ir_FLOPs(ir)["Mul"] == {y.producer.id: 64}
+    assert addons.format_flops_scientific(48000) == "48.000E+03"
+    assert addons.format_flops_scientific(120000, "M") == "0.120E+06"
+    addons.print_FLOPs(want)
+    assert "\nMatMul  | 2.048E+03  | 92.8\n" in capsys.readouterr().out
 
 
 def _step_program(repeated: bool, steps: int):

@@ -223,6 +223,51 @@ def test_run_time_log2_scale_out_of_range():
         _run(ir)
 
 
+def _scaled_ops(scale: int, throw=None):
+    """Run a cast to float8 and back, a scaled matmul, conv and conv transpose, each at the
+    run-time log2 scale ``scale``; ``throw``: the session option, set before the Session is
+    built and reset to True once it is (PopART reads it when it lowers the ops)."""
+    ir = popxl.Ir()
+    one8 = fp8_utils.host_pow2scale_cast_to_fp8(np.ones((1, 1, 2, 2)), popxl.float8_143)
+    with ir.main_graph:
+        s = popxl.variable(np.int32(scale), name="scale")
+        x8 = popxl.variable(one8, popxl.float8_143)
+        outs = {
+            "to": ops.pow2scale_cast_to_fp8(popxl.variable(np.full(2, 0.5, np.float16)), s),
+            "from": ops.pow2scale_cast_from_fp8(x8, s, popxl.float32),
+            "mm": ops.matmul_pow2scaled(x8, x8, s),
+            "conv": ops.conv_pow2scaled(x8, x8, s),
+            "convt": ops.conv_transpose_pow2scaled(x8, x8, s),
+        }
+        streams = {k: popxl.d2h_stream(t.shape, t.dtype, name=k) for k, t in outs.items()}
+        for k, t in outs.items():
+            ops.host_store(streams[k], t)
+    opts = ir._pb_ir.getSessionOptions()
+    assert opts.throwIfLog2ScaleTensorNotInRange is True
+    if throw is not None:
+        opts.throwIfLog2ScaleTensorNotInRange = throw
+    with popxl.Session(ir, "ipu_model") as sess:
+        opts.throwIfLog2ScaleTensorNotInRange = True
+        out = sess.run()
+    return {k: out[st].view(np.uint8) if k == "to" else out[st] for k, st in streams.items()}
+
+
+@pytest.mark.parametrize("scale", [-50, 40, 100])
+def test_log2_scale_out_of_range_runs_when_the_option_is_off(scale):
+    """PopART's ``throwIfLog2ScaleTensorNotInRange=False``: no range check (PopART calls the
+    result undefined); here the scale wraps into its 6-bit signed field (mod 64)."""
+    with pytest.raises(OpDataError, match=f"log2_scale is {scale}; it must be in"):
+        _scaled_ops(scale)
+    with pytest.raises(OpDataError, match=f"log2_scale is {scale}; it must be in"):
+        _scaled_ops(scale, throw=True)
+    got = _scaled_ops(scale, throw=False)
+    wrapped = (scale + 32) % 64 - 32
+    want = _scaled_ops(wrapped)
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k])
+    assert got["from"][0, 0, 0, 0] == 2.0**wrapped
+
+
 def test_matmul_and_conv_pow2scaled_against_the_format_definition():
     rng = np.random.default_rng(3)
     a_bits = rng.integers(0, 256, (3, 7)).astype(np.uint8)

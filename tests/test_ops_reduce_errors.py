@@ -37,10 +37,33 @@ def test_matmul_batch_mismatch_and_scalar():
             ops.matmul(s, b)
 
 
-def test_matmul_dtype_mismatch():
-    g, (a, b) = _graph_with(((3, 4), popxl.float32), ((4, 5), popxl.float16))
-    with g, pytest.raises(TypeError, match="same dtype"):
-        ops.matmul(a, b)
+def test_matmul_of_mixed_dtypes_takes_lhs_dtype():
+    """PopART types a MatMul by its lhs (popxl.addons' test_from_variable_factories builds
+    float32 @ float16): rhs is cast to lhs's dtype, the gradient of rhs keeps rhs's dtype."""
+    g, (a, b, f8) = _graph_with(
+        ((3, 4), popxl.float32), ((4, 5), popxl.float16), ((4, 5), popxl.float8_143)
+    )
+    with g:
+        assert (a @ b).dtype == popxl.float32
+        assert [op.type for op in g._ops] == ["Cast", "MatMul"]
+        assert ops.matmul(b.T, a.T).dtype == popxl.float16
+        assert ops.matmul(a, b, output_type=popxl.float16).dtype == popxl.float16
+        with pytest.raises(TypeError, match="same dtype"):
+            ops.matmul(a, f8)  # float8 mixes with nothing (PopART: FLOAT8 inputs only)
+    ir = popxl.Ir()
+    x, w = np.arange(12.0).reshape(3, 4) / 8, np.arange(20.0).reshape(4, 5) / 16
+    with ir.main_graph:
+        a, b = popxl.variable(x, popxl.float32), popxl.variable(w, popxl.float16)
+        y = a @ b
+        fwd = ir.create_graph(lambda p, q: p @ q, a, b)
+        grads = popxl.transforms.autodiff(fwd).graph.outputs
+        s = popxl.d2h_stream(y.shape, y.dtype)
+        ops.host_store(s, y)
+    assert [t.dtype for t in grads] == [popxl.float32, popxl.float16]
+    with popxl.Session(ir, "ipu_model") as sess:
+        got = sess.run()[s]
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, x.astype(np.float32) @ w.astype(np.float16), rtol=1e-6)
 
 
 def test_matmul_output_type_and_shapes():

@@ -12,6 +12,7 @@ import torch
 import popxl_core as popxl
 from popxl_core import compat_popart, dtypes, ops, utils
 from popxl_core.errors import OpDataError
+from popxl_core.ir import IrChangedWarning
 from popxl_core.testing import get_all_int_dtypes
 
 
@@ -171,3 +172,27 @@ def test_dot_checkpoint_enables_all_by_default(tmp_path, monkeypatch):
         "001_Mid.dot",
         "002_FINAL.dot",
     ]
+
+
+def test_ir_changed_after_a_session_warns_and_the_session_keeps_its_program():
+    """PopXL lets a program grow after a Session was built on its Ir (its
+    test_automatic_dot_check builds twice into one Ir): one IrChangedWarning per Session, that
+    Session runs what it compiled, a new Session runs the changed Ir."""
+    ir = popxl.Ir()
+    with ir.main_graph:
+        a = popxl.variable(np.ones(2, np.float32), name="a")
+        s1 = popxl.d2h_stream((2,), popxl.float32, "s1")
+        ops.host_store(s1, a + 1.0)
+    first = popxl.Session(ir, "ipu_model")
+    with pytest.warns(IrChangedWarning, match=r"tensor .*keeps running what it compiled") as w:
+        with ir.main_graph:
+            s2 = popxl.d2h_stream((2,), popxl.float32, "s2")
+            ops.host_store(s2, ops.relu(a) * 3.0)
+        ir.create_graph(lambda: None)
+    assert len(w) == 1 and w[0].filename == __file__
+    with first:
+        assert set(first.run()) == {s1}
+    with popxl.Session(ir, "ipu_model") as second:
+        np.testing.assert_array_equal(second.run()[s2], [3.0, 3.0])
+    with pytest.raises(RuntimeError, match="runs by this setting; setting num_host_transfers to 2"):
+        ir.num_host_transfers = 2

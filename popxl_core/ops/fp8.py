@@ -2,11 +2,14 @@
 convolution of float8 operands with a power-of-two output scale.
 
 ``log2_scale`` is an int32 scalar tensor (a Python int becomes a constant); a value outside
-[-32, 32) raises from `Session.run`, naming the op. Casts to float8 round to nearest even and
-give NaN beyond the format's range (the IPU's default); see `popxl_core.fp8_utils` for the
-formats. The float8 matmul and convolution multiply exactly (a float8 product fits float32)
-and accumulate in float32, then scale by ``2**log2_scale`` and round to float16, the
-output type PopXL gives them. None of these ops has a gradient (as in PopXL).
+[-32, 32) raises from `Session.run`, naming the op, unless the session option
+``throwIfLog2ScaleTensorNotInRange`` is False when the Session is built (PopART then skips its
+check, and calls the result undefined): the scale is then taken modulo 64 into [-32, 32), the
+6-bit signed field of the float8 metadata that holds it on the IPU. Casts to float8 round to
+nearest even and give NaN beyond the format's range (the IPU's default); see
+`popxl_core.fp8_utils` for the formats. The float8 matmul and convolution multiply exactly (a
+float8 product fits float32) and accumulate in float32, then scale by ``2**log2_scale`` and
+round to float16, the output type PopXL gives them. None of these ops has a gradient (as in PopXL).
 """
 
 from __future__ import annotations
@@ -33,12 +36,19 @@ __all__ = [
 _FP8 = (dtypes.float8_143, dtypes.float8_152)
 
 
-def _scale(log2_scale: torch.Tensor) -> float:
-    """``2**log2_scale`` for a run-time scale, or OpDataError outside [-32, 32)."""
+# the kernels' keyword for the session option, bound when a Session compiles (`OpDef`)
+_OPTION = {"range_check": "throwIfLog2ScaleTensorNotInRange"}
+
+
+def _scale(log2_scale: torch.Tensor, range_check: bool = True) -> float:
+    """``2**log2_scale`` for a run-time scale; outside [-32, 32) an OpDataError, or without
+    ``range_check`` the scale wrapped into that range (its 6-bit field on the IPU)."""
     s = int(log2_scale)
     low, high = fp8_utils.LOG2_SCALE_RANGE
     if not low <= s < high:
-        raise OpDataError(f"log2_scale is {s}; it must be in [{low}, {high}).")
+        if range_check:
+            raise OpDataError(f"log2_scale is {s}; it must be in [{low}, {high}).")
+        s = (s - low) % (high - low) + low
     return 2.0**s
 
 
@@ -54,13 +64,13 @@ def _scale_tensor(log2_scale, where: str) -> Tensor:
 
 
 def _check_scale(s, where: str) -> None:
-    if s.dtype != dtypes.int32:
-        raise TypeError(f"{where}: log2_scale must be of type popxl.int32, got {s.dtype.name}.")
+    # PopXL's order and error classes: the shape (ValueError), then the dtype (TypeError)
     if tuple(s.shape) != ():
-        # PopXL's wording and error class for a scale of the wrong shape
         raise ValueError(
             f"{where}: log2_scale must be a scalar tensor, got shape {tuple(s.shape)}."
         )
+    if s.dtype != dtypes.int32:
+        raise TypeError(f"{where}: log2_scale must be of type popxl.int32, got {s.dtype.name}.")
 
 
 def _check_fp8(s, where: str) -> None:
@@ -79,8 +89,8 @@ def _to_infer(ins, data_type):
     return [spec(x.shape, data_type)]
 
 
-def _to_kernel(x, log2_scale, data_type):
-    y = x.to(torch.float32) * _scale(log2_scale)
+def _to_kernel(x, log2_scale, data_type, range_check=True):
+    y = x.to(torch.float32) * _scale(log2_scale, range_check)
     return y.to(fp8_utils.torch_fp8_dtype(data_type))
 
 
@@ -91,8 +101,8 @@ def _from_infer(ins, data_type):
     return [spec(x.shape, data_type)]
 
 
-def _from_kernel(x, log2_scale, data_type):
-    return (x.to(torch.float32) * _scale(log2_scale)).to(data_type.as_torch())
+def _from_kernel(x, log2_scale, data_type, range_check=True):
+    return (x.to(torch.float32) * _scale(log2_scale, range_check)).to(data_type.as_torch())
 
 
 def pow2scale_cast_to_fp8(t: Tensor, log2_scale, data_type=dtypes.float8_143) -> Tensor:
@@ -155,6 +165,7 @@ TO_FP8 = register(
         cost=_cast_cost,
         samples=_cast_samples,
         fp16_in_fp32=False,
+        session_options=_OPTION,
     )
 )
 FROM_FP8 = register(
@@ -165,6 +176,7 @@ FROM_FP8 = register(
         cost=_cast_cost,
         samples=_cast_samples,
         fp16_in_fp32=False,
+        session_options=_OPTION,
     )
 )
 
@@ -182,9 +194,9 @@ def pow2scaled_kernel(kernel):
     """The kernel of a pow2-scaled float8 op: ``kernel`` on the operands decoded to float32,
     times ``2**log2_scale``, as float16 (the float8 ops' output type)."""
 
-    def run(x, w, log2_scale, **attrs):
+    def run(x, w, log2_scale, range_check=True, **attrs):
         y = kernel(x.to(torch.float32), w.to(torch.float32), **attrs)
-        return (y * _scale(log2_scale)).half()
+        return (y * _scale(log2_scale, range_check)).half()
 
     return run
 
@@ -248,6 +260,7 @@ MATMUL_FP8 = register(
         cost=_mm_cost,
         samples=_mm_samples,
         fp16_in_fp32=False,
+        session_options=_OPTION,
         popxl_type="MatMul",
     )
 )
@@ -334,6 +347,7 @@ CONV_FP8 = register(
         cost=_conv_cost,
         samples=_conv_samples,
         fp16_in_fp32=False,
+        session_options=_OPTION,
         popxl_type="Conv",
     )
 )

@@ -16,6 +16,7 @@ from ._conv_common import _attrs, _public_params
 from ._utils import rand, spec
 from .conv_transpose import _convt_infer, _convt_kernel, _convt_pads
 from .fp8 import (
+    _OPTION,
     _check_fp8,
     _check_scale,
     _fp8_of,
@@ -104,6 +105,7 @@ CONV_TRANSPOSE_FP8 = register(
         cost=_cost,
         samples=_samples,
         fp16_in_fp32=False,
+        session_options=_OPTION,
         popxl_type="ConvTranspose",
         out_name="conv_transpose_out",
     )

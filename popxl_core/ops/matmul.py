@@ -304,7 +304,13 @@ def matmul(
     output_type: dtypes.dtype | None = None,
     partials_type: dtypes.dtype | str | None = None,
 ) -> Tensor:
-    """``lhs @ rhs`` with numpy semantics; ``output_type`` sets the result dtype."""
+    """``lhs @ rhs`` with numpy semantics; ``output_type`` sets the result dtype.
+
+    Operands of different dtypes (float32 @ float16, say): PopART types a MatMul by its lhs
+    (the output is lhs's dtype unless ``output_type`` says otherwise), so rhs is cast to
+    lhs's dtype first, an explicit Cast op (its gradient comes back in rhs's dtype, as
+    PopART's rhs gradient does). A float8 operand takes only float8 (`matmul_pow2scaled`).
+    """
     if available_memory_proportion is not None and not 0 < available_memory_proportion <= 1:
         raise ValueError(
             "matmul: available_memory_proportion must be in (0, 1], got "
@@ -322,4 +328,10 @@ def matmul(
         "partials_type": _PARTIALS[partials_type],
         "available_memory_proportion": available_memory_proportion,
     }
-    return create_op(MATMUL, list(coerce_pair(lhs, rhs)), attrs)[0]
+    lhs, rhs = coerce_pair(lhs, rhs)
+    fp8 = (dtypes.float8_143, dtypes.float8_152)
+    if lhs.dtype != rhs.dtype and lhs.dtype not in fp8 and rhs.dtype not in fp8:
+        from . import cast
+
+        rhs = cast(rhs, lhs.dtype)
+    return create_op(MATMUL, [lhs, rhs], attrs)[0]

@@ -128,6 +128,9 @@ class OpDef:
             table's key: PopXL's ``matmul_pow2scaled`` makes a ``MatMul`` with a third
             (log2 scale) input, a different kernel here, so its row is ``MatMulPow2Scaled``
             with ``popxl_type="MatMul"``. `print_schedule` and ``Op.opType()`` show it.
+        session_options: kernel keyword -> the `SessionOptions` attribute whose value the
+            kernel takes (``ir._pb_ir.getSessionOptions()``, read when a Session compiles,
+            `Op.kernel_attrs`): the float8 ops' ``throwIfLog2ScaleTensorNotInRange``.
         The simulator's speed variants of an op (multi-tensor groups, ``out=`` reuse, direct
         torch calls, replica folding and stacking, ...) are not fields: `popxl_core.sim.speed`
         keeps them in tables keyed by the row (``speed.declare(row, replica_fold=...)``).
@@ -154,6 +157,7 @@ class OpDef:
     reads_only: bool = False
     fresh_outputs: bool = False
     popxl_type: str = ""
+    session_options: Dict[str, str] = field(default_factory=dict)
 
     def __new__(cls, *args: Any, **fields: Any) -> "OpDef":
         # a speed variant given the old way would be a bare "unexpected keyword" TypeError:

@@ -330,7 +330,8 @@ def _bound_kernel(op: Op, em: Emitter) -> Callable:
     base = variant_kernel(op, em) or opdef.kernel_for(em.program.ir.numerics, sizes)
     if base is None:
         raise RuntimeError(f"{op.type}.{op.id} has no kernel and no emitter in the op table.")
-    kernel = functools.partial(base, **op.attrs) if op.attrs else base
+    attrs = op.kernel_attrs()
+    kernel = functools.partial(base, **attrs) if attrs else base
     if fp16_in_fp32(op):
         kernel = fp16_via_fp32(kernel, op)
     if not opdef.view and touches_narrow_unsigned(op):

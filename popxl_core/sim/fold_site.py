@@ -122,7 +122,8 @@ class FoldSite:
         dead = frozenset(i for i, t in enumerate(op.outputs) if t not in em.read)
         plain = _plain(op)
         base, self.dead = _base_kernel(op, em, dead if plain else frozenset())
-        self.own = functools.partial(base, **op.attrs) if op.attrs else base
+        attrs = op.kernel_attrs()
+        self.own = functools.partial(base, **attrs) if attrs else base
         if not plain:  # the table kernel with its dtype wrappers
             self.own = bound_kernel(op, em)
         self.folded = _folded_call(op, base, self, em) if plain else None

@@ -129,8 +129,9 @@ def plain_kernel(op: Op) -> Callable:
     kernel = op.opdef.kernel_for(op.graph.ir.numerics)
     if kernel is None:
         raise RuntimeError(f"{op.type}.{op.id} has no kernel and no emitter in the op table.")
-    if op.attrs:
-        kernel = functools.partial(kernel, **op.attrs)
+    attrs = op.kernel_attrs()
+    if attrs:
+        kernel = functools.partial(kernel, **attrs)
     if fp16_in_fp32(op):
         kernel = fp16_via_fp32(kernel, op)
     if not op.opdef.view and touches_narrow_unsigned(op):
