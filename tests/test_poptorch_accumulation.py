@@ -18,7 +18,7 @@ import torch
 
 import popxl_fx
 import popxl_fx.poptorch as poptorch
-from tests.test_poptorch_executors import Net, _data
+from tests.test_poptorch_executors import LossOnly, Net, _data
 
 
 def _eager_steps(model, x, t, n: int, k: int, r: int, lr: float = 0.1):
@@ -109,5 +109,32 @@ def test_outputs_per_micro_batch_and_replica_match_eager(n, k, r, mode):
         want_out, want_loss = _expected(_eager_steps(twin, xs, ts, n, k, r), mode, 2)
         assert out.shape == want_out.shape and loss.shape == want_loss.shape
         assert torch.equal(out, want_out) and torch.equal(loss, want_loss)
+        assert torch.equal(model.fc.weight, twin.fc.weight)
+        assert torch.equal(model.fc.bias, twin.fc.bias)
+
+
+def test_replicated_accumulation_is_popxl_fx():
+    """The same step through popxl_fx.training_model (its rows per replica, then per
+    micro-batch): the same weights, and its loss (each replica's mean over its micro-batches,
+    then the mean over replicas) from the micro-batch losses PopTorch returns."""
+    k, r = 2, 2
+    torch.manual_seed(0)
+    model = Net()
+    twin = LossOnly()  # popxl_fx trains a model returning its loss
+    twin.load_state_dict(model.state_dict())
+    fx = popxl_fx.training_model(
+        twin,
+        torch.optim.SGD(twin.parameters(), lr=0.1),
+        options=popxl_fx.Options(gradient_accumulation=k, replication_factor=r),
+    )
+    ipu = _ipu(model, 1, k, r, "All")
+    x, t = _data(4 * k * r)
+    for _ in range(2):
+        out, loss = ipu(x, t)
+        # PopTorch's rows [k, R, m] are popxl_fx's [R, k, m]
+        want = fx(*(v.reshape(k, r, 4, *v.shape[1:]).transpose(0, 1).flatten(0, 2) for v in (x, t)))
+        per_replica = (loss.reshape(k, r)[0] + loss.reshape(k, r)[1]) / k
+        assert loss.shape == (k * r,) and out.shape == (4 * k * r, 3)
+        assert torch.equal(per_replica.mean(), want)
         assert torch.equal(model.fc.weight, twin.fc.weight)
         assert torch.equal(model.fc.bias, twin.fc.bias)
