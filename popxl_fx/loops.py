@@ -86,7 +86,7 @@ def micro_batch_loop(
     seeds the backward."""
     rows = batch[0].shape[0] // k
     loss_dtype = fwd.graph.outputs[loss_index].dtype
-    kept_specs = [_stacked(fwd.graph.outputs[i], k) for i in keep]
+    kept_specs = _kept_specs([fwd.graph.outputs[i] for i in keep], k)
 
     def one_micro_batch(local: Local, offset, loss_sum, *rest: popxl.Tensor):
         xs = [ops.dynamic_slice(local(x), offset, [0], [rows], True) for x in batch]
@@ -99,26 +99,41 @@ def micro_batch_loop(
             seed = popxl.constant(float(loss_scale), loss.dtype, "loss_grad")
             bwd.bind(_named(accum, local)).call(seed, args=bwd.grad_graph_info.inputs_dict(site))
         step = popxl.constant(np.array([rows], np.uint32), popxl.uint32, "rows")
-        if not keep:
-            return offset + step, loss_sum + loss
-        at, kept = rest[0], [_put(t, rest[0], outs[i]) for t, i in zip(rest[1:], keep)]
-        one = popxl.constant(np.array([1], np.uint32), popxl.uint32, "one")
-        return offset + step, loss_sum + loss, at + one, *kept
+        return offset + step, loss_sum + loss, *_kept_next(rest, [outs[i] for i in keep])
 
     index = popxl.TensorSpec((1,), popxl.uint32)
-    carried = [index, popxl.TensorSpec((), loss_dtype)]
-    carried += [index, *kept_specs] if keep else []  # the micro-batch's place, the outputs
+    carried = [index, popxl.TensorSpec((), loss_dtype), *kept_specs]
     graph, outer = lifted_graph(ir, "micro_batch", one_micro_batch, carried)
     start = popxl.constant(np.zeros(1, np.uint32), popxl.uint32, "offset")
     zero = popxl.constant(0.0, loss_dtype, "loss_sum")
-    first = [start] if keep else []
-    empty = [ops.init(t.shape, t.dtype, f"micro_batch_output{i}") for i, t in enumerate(kept_specs)]
-    _, loss_sum, *kept = ops.repeat(graph, k, start, zero, *first, *empty, *outer)
+    _, loss_sum, *kept = ops.repeat(graph, k, start, zero, *_kept_start(kept_specs), *outer)
     return loss_sum / popxl.constant(float(k), loss_dtype, "micro_batches"), kept[1:]
 
 
-def _stacked(t: popxl.Tensor, k: int) -> popxl.TensorSpec:
-    return popxl.TensorSpec((k, *t.shape), t.dtype)
+def _kept_specs(outputs: Sequence[popxl.Tensor], k: int) -> list[popxl.TensorSpec]:
+    """What the micro-batch loop carries for the outputs it keeps: the micro-batch's place,
+    then each output's ``[k, ...]`` values (nothing when none is kept)."""
+    if not outputs:
+        return []
+    stacks = [popxl.TensorSpec((k, *t.shape), t.dtype) for t in outputs]
+    return [popxl.TensorSpec((1,), popxl.uint32), *stacks]
+
+
+def _kept_start(specs: Sequence[popxl.TensorSpec]) -> list[popxl.Tensor]:
+    """The carried place (0) and zeroed stacks before the first micro-batch."""
+    if not specs:
+        return []
+    first = popxl.constant(np.zeros(1, np.uint32), popxl.uint32, "micro_batch")
+    return [first, *(ops.init(t.shape, t.dtype, f"micro_batch_output{i}") for i, t in
+                     enumerate(specs[1:]))]  # fmt: skip
+
+
+def _kept_next(carried: Sequence[popxl.Tensor], outs: Sequence[popxl.Tensor]) -> list:
+    """After a micro-batch: the next place and the stacks with its ``outs`` written in."""
+    if not outs:
+        return []
+    at, one = carried[0], popxl.constant(np.array([1], np.uint32), popxl.uint32, "one")
+    return [at + one, *(_put(t, at, v) for t, v in zip(carried[1:], outs))]
 
 
 def _put(stack: popxl.Tensor, at: popxl.Tensor, value: popxl.Tensor) -> popxl.Tensor:

@@ -197,12 +197,7 @@ def _accumulated_step(
             build.ir, fwd, bwd, named, accum, ins.tensors, k, index, micro_step,
             opts.loss_scaling, keep,
         )  # fmt: skip
-        rows = micro[0].shape[0] * s
-        build.record(
-            "accumulation",
-            f"{k} micro-batches of {rows} rows: forward and backward repeated (ops.repeat), "
-            "gradients mean-accumulated",
-        )
+        _record_accumulation(build, k, micro[0].shape[0] * s)
     else:
         loss = sliced(named, accum, ins.tensors)
     if s > 1:
@@ -212,6 +207,14 @@ def _accumulated_step(
             "loops, activations through remote buffers, gradients mean-accumulated",
         )
     return loss, list(zip(keep, kept))
+
+
+def _record_accumulation(build: Build, k: int, rows: int) -> None:
+    build.record(
+        "accumulation",
+        f"{k} micro-batches of {rows} rows: forward and backward repeated (ops.repeat), "
+        "gradients mean-accumulated",
+    )
 
 
 def _local_step(build: Build, lowered: Lowered, named, variables, ins: Inputs, index: int) -> tuple:
