@@ -138,3 +138,25 @@ def test_replicated_accumulation_is_popxl_fx():
         assert torch.equal(per_replica.mean(), want)
         assert torch.equal(model.fc.weight, twin.fc.weight)
         assert torch.equal(model.fc.bias, twin.fc.bias)
+
+
+class WithMetric(Net):
+    def forward(self, x):
+        out = self.fc(x)
+        return out, out.mean()
+
+
+@pytest.mark.parametrize("n,mode", [(1, "All"), (2, "All"), (2, "Final")])
+def test_replicated_inference_returns_each_replicas_scalar(n, mode):
+    """A scalar output of an inferenceModel with 2 replicas: one per replica (PopTorch's
+    ``[R]`` per iteration), not their mean; batched outputs in the call's row order."""
+    torch.manual_seed(0)
+    model = WithMetric()
+    opts = poptorch.Options().deviceIterations(n).replicationFactor(2)
+    opts.outputMode(getattr(poptorch.OutputMode, mode))
+    x, _ = _data(4 * n * 2)
+    out, metric = poptorch.inferenceModel(model, opts)(x)
+    chunks = [model(c) for c in x.chunk(n * 2)]
+    picked = chunks[-2:] if mode == "Final" else chunks
+    assert torch.equal(out, torch.cat([o for o, _ in picked]).detach())
+    assert torch.equal(metric, torch.stack([m for _, m in picked]).detach())

@@ -87,6 +87,9 @@ class PoplarExecutor:
         out = impl(*args)
         if self._training:
             return self._training_outputs(impl, out)
+        if self._options.replication_factor > 1:  # one value per replica, as PopTorch
+            leaves = self._per_replica(impl.per_replica, impl.options, False)
+            return impl._active.lowered.fxm.unflatten(leaves)
         return batching.select_outputs(out, self._options, self._options.device_iterations)
 
     def compile(self, *args: Any, **kwargs: Any) -> None:
@@ -271,21 +274,23 @@ class PoplarExecutor:
     def _per_micro_batch(self, impl, n: int) -> list[torch.Tensor]:
         """The outputs of every micro-batch of every replica, as PopTorch returns them: one
         value per replica (the loss: ``[R]``), per the output mode over the micro-batches."""
-        fx, opts = impl.options, self._options
-        k, per_micro = fx.gradient_accumulation, fx.gradient_accumulation > 1
+        fx = impl.options
+        per_micro = fx.gradient_accumulation > 1
         names = [f"micro.{i}" for i in range(n)] if per_micro else ["loss"] + [
             f"output.{i}" for i in range(1, n)
         ]  # fmt: skip
-        leaves = []
-        for i, name in enumerate(names):
-            t = batching.device_order(
-                impl.per_replica[name], fx.device_iterations, fx.replication_factor, k, per_micro
-            )
-            t = self._unscaled(t) if i == 0 else t
-            leaves.append(
-                batching.select_micro_batches(t, opts.output_mode, opts.output_return_period)
-            )
-        return leaves
+        return self._per_replica([impl.per_replica[name] for name in names], fx, per_micro)
+
+    def _per_replica(self, values: list, fx: popxl_fx.Options, per_micro: bool) -> list:
+        """Each output as the device wrote it, as PopTorch returns it (`batching`); in a
+        training call the first is the loss, each of its values unscaled first."""
+        opts, k = self._options, fx.gradient_accumulation if per_micro else 1
+        shape = (fx.device_iterations, fx.replication_factor, k, per_micro)
+        ts = [batching.device_order(v, *shape) for v in values]
+        if self._training:
+            ts[0] = self._unscaled(ts[0])
+        mode, period = opts.output_mode, opts.output_return_period
+        return [batching.select_micro_batches(t, mode, period) for t in ts]
 
     def _unscaled(self, loss: torch.Tensor) -> torch.Tensor:
         """The loss the model computed (Sum reduction scales it in the program)."""
