@@ -65,7 +65,8 @@ class _LoopStep:
     weights: Weights
     loaded: list[Inputs] = field(default_factory=list)
     losses: list[popxl.DeviceToHostStream] = field(default_factory=list)
-    # req.outputs without accumulation: the model's other outputs, one per step
+    # req.outputs: without accumulation the model's other outputs, one per step
+    # ("output.{i}"); with it every output of every micro-batch ("micro.{i}", [k, ...])
     forward_outputs: dict[str, popxl.DeviceToHostStream] = field(default_factory=dict)
 
 

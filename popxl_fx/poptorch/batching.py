@@ -6,6 +6,12 @@ takes device iterations as a leading dimension (``[n, rows/n, ...]``) and splits
 over replicas and micro-batches itself. Outputs come back per iteration (``[n, ...]``) and
 are returned as the output mode says: All (concatenated again), Final (the last iteration),
 EveryN (every N-th, concatenated) or Sum (added over iterations).
+
+A training call with gradient accumulation or replication returns what PopART's anchors
+hold: the rows are PopART's ``[n, k, R, rows]`` (`replica_major` hands popxl_fx each
+replica's rows), and every micro-batch's outputs of every replica come back
+(`device_order`), selected by the output mode over the ``n x k`` micro-batches
+(`select_micro_batches`): one loss per replica, not their mean.
 """
 
 from __future__ import annotations
