@@ -45,6 +45,7 @@ class InferenceModel(ProgramView):
         self.options = resolve(options)
         check_entry("inference_model", self.options)
         self._programs: Programs[Program] = Programs("inference_model")
+        self.per_replica: list = []  # the last call's outputs as the device wrote them
 
     def __call__(self, *inputs: torch.Tensor, **kwargs: Any) -> Any:
         try:
@@ -62,6 +63,8 @@ class InferenceModel(ProgramView):
             # with replication: replica 0's buffers (the statistics of the batch's first share)
             prog.weights.to_torch(prog.session, kinds=("buffer",))
             prog.weights.mark_synced()
+        # the outputs as the device wrote them: per replica ([R, ...]), per iteration ([n, ...])
+        self.per_replica = [out[s] for s in prog.outputs.values()]
         # with replication: outputs concatenated in batch order, scalars averaged
         leaves = list(unreplicated(prog.outputs, out, inputs, self.options).values())
         return prog.lowered.fxm.unflatten(leaves)

@@ -75,33 +75,71 @@ def micro_batch_loop(
     loss_index: int,
     micro_step: Callable[..., popxl.Tensor] | None = None,
     loss_scale: float = 1.0,
-) -> popxl.Tensor:
+    keep: Sequence[int] = (),
+) -> tuple[popxl.Tensor, list[popxl.Tensor]]:
     """Forward and accumulating backward over ``k`` micro-batches of ``batch`` (in the current
-    graph: `ops.repeat` of one micro-batch graph); returns the mean of the k losses.
+    graph: `ops.repeat` of one micro-batch graph); returns the mean of the k losses and, for
+    each forward output index in ``keep``, its k values (``[k, ...]``, one per micro-batch).
 
     ``micro_step(variables, accum, xs) -> loss`` replaces the forward and backward call of one
-    micro-batch (batch serialisation: its slices); ``loss_scale`` seeds the backward."""
+    micro-batch (batch serialisation: its slices; ``keep`` must then be empty); ``loss_scale``
+    seeds the backward."""
     rows = batch[0].shape[0] // k
     loss_dtype = fwd.graph.outputs[loss_index].dtype
+    kept_specs = _kept_specs([fwd.graph.outputs[i] for i in keep], k)
 
-    def one_micro_batch(local: Local, offset: popxl.Tensor, loss_sum: popxl.Tensor):
+    def one_micro_batch(local: Local, offset, loss_sum, *rest: popxl.Tensor):
         xs = [ops.dynamic_slice(local(x), offset, [0], [rows], True) for x in batch]
         if micro_step is not None:
             loss = micro_step(_named(variables, local), _named(accum, local), xs)
+            outs = [loss]
         else:
             site = fwd.bind(_named(variables, local)).call_with_info(*xs)
-            loss = site.outputs[loss_index]
+            outs, loss = site.outputs, site.outputs[loss_index]
             seed = popxl.constant(float(loss_scale), loss.dtype, "loss_grad")
             bwd.bind(_named(accum, local)).call(seed, args=bwd.grad_graph_info.inputs_dict(site))
         step = popxl.constant(np.array([rows], np.uint32), popxl.uint32, "rows")
-        return offset + step, loss_sum + loss
+        return offset + step, loss_sum + loss, *_kept_next(rest, [outs[i] for i in keep])
 
-    carried = [popxl.TensorSpec((1,), popxl.uint32), popxl.TensorSpec((), loss_dtype)]
+    index = popxl.TensorSpec((1,), popxl.uint32)
+    carried = [index, popxl.TensorSpec((), loss_dtype), *kept_specs]
     graph, outer = lifted_graph(ir, "micro_batch", one_micro_batch, carried)
     start = popxl.constant(np.zeros(1, np.uint32), popxl.uint32, "offset")
     zero = popxl.constant(0.0, loss_dtype, "loss_sum")
-    _, loss_sum = ops.repeat(graph, k, start, zero, *outer)
-    return loss_sum / popxl.constant(float(k), loss_dtype, "micro_batches")
+    _, loss_sum, *kept = ops.repeat(graph, k, start, zero, *_kept_start(kept_specs), *outer)
+    return loss_sum / popxl.constant(float(k), loss_dtype, "micro_batches"), kept[1:]
+
+
+def _kept_specs(outputs: Sequence[popxl.Tensor], k: int) -> list[popxl.TensorSpec]:
+    """What the micro-batch loop carries for the outputs it keeps: the micro-batch's place,
+    then each output's ``[k, ...]`` values (nothing when none is kept)."""
+    if not outputs:
+        return []
+    stacks = [popxl.TensorSpec((k, *t.shape), t.dtype) for t in outputs]
+    return [popxl.TensorSpec((1,), popxl.uint32), *stacks]
+
+
+def _kept_start(specs: Sequence[popxl.TensorSpec]) -> list[popxl.Tensor]:
+    """The carried place (0) and zeroed stacks before the first micro-batch."""
+    if not specs:
+        return []
+    first = popxl.constant(np.zeros(1, np.uint32), popxl.uint32, "micro_batch")
+    return [first, *(ops.init(t.shape, t.dtype, f"micro_batch_output{i}") for i, t in
+                     enumerate(specs[1:]))]  # fmt: skip
+
+
+def _kept_next(carried: Sequence[popxl.Tensor], outs: Sequence[popxl.Tensor]) -> list:
+    """After a micro-batch: the next place and the stacks with its ``outs`` written in."""
+    if not outs:
+        return []
+    at, one = carried[0], popxl.constant(np.array([1], np.uint32), popxl.uint32, "one")
+    return [at + one, *(_put(t, at, v) for t, v in zip(carried[1:], outs))]
+
+
+def _put(stack: popxl.Tensor, at: popxl.Tensor, value: popxl.Tensor) -> popxl.Tensor:
+    """``stack`` with ``value`` written at row ``at`` of its first dimension."""
+    one = value.reshape((1, *value.shape))
+    return ops.dynamic_update(stack, at, one, [0], [1], True)
 
 
 def repeat_step(ir: popxl.Ir, n: int, step: Callable[[Local], None]) -> popxl.Graph:

@@ -65,7 +65,8 @@ class _LoopStep:
     weights: Weights
     loaded: list[Inputs] = field(default_factory=list)
     losses: list[popxl.DeviceToHostStream] = field(default_factory=list)
-    # req.outputs without accumulation: the model's other outputs, one per step
+    # req.outputs: without accumulation the model's other outputs, one per step
+    # ("output.{i}"); with it every output of every micro-batch ("micro.{i}", [k, ...])
     forward_outputs: dict[str, popxl.DeviceToHostStream] = field(default_factory=dict)
 
 
@@ -143,9 +144,10 @@ def _loop_step(loop: _LoopStep, local: Callable[[popxl.Tensor], popxl.Tensor]) -
     named = named_locals(loop.variables, local)
     if _accumulates(opts):
         local_accum = named_locals(loop.accum, local)
-        loss = _accumulated_step(
-            build, loop.lowered, named, local_accum, ins, loop.index, loop.micro
+        loss, kept = _accumulated_step(
+            build, loop.lowered, named, local_accum, ins, loop.index, loop.micro, req.outputs
         )
+        loop.forward_outputs.update({f"micro.{i}": store(t, f"micro.{i}") for i, t in kept})
         sums, main = local_accum.to_dict(), loop.variables.to_dict()
         grads = {main[t]: sums[f"accum.{t}"] for t in loop.trainable}
     else:
@@ -165,11 +167,19 @@ def _loop_step(loop: _LoopStep, local: Callable[[popxl.Tensor], popxl.Tensor]) -
 
 
 def _accumulated_step(
-    build: Build, lowered: Lowered, named, accum, ins: Inputs, index: int, micro: tuple
-) -> popxl.Tensor:
+    build: Build,
+    lowered: Lowered,
+    named,
+    accum,
+    ins: Inputs,
+    index: int,
+    micro: tuple,
+    outputs: bool = False,
+) -> tuple[popxl.Tensor, list[tuple[int, popxl.Tensor]]]:
     """Forward and accumulating backward over the step's batch: k micro-batches
     (`loops.micro_batch_loop`) and/or s slices of each (`batch_serial.serialise_step`);
-    returns the step's loss (the mean of the micro-batches' / slices' losses)."""
+    returns the step's loss (the mean of the micro-batches' / slices' losses) and, with
+    ``outputs`` (k > 1, s = 1), each model output's k values by output index."""
     opts = build.options
     k, s = opts.gradient_accumulation, opts.batch_serialisation
     fwd, bwd = lowered.forward, lowered.backward
@@ -181,17 +191,14 @@ def _accumulated_step(
         ).loss
 
     micro_step = sliced if s > 1 else None
+    keep = range(lowered.fxm.out_spec.num_leaves) if outputs and k > 1 and s == 1 else ()
+    kept: list = []
     if k > 1:
-        loss = micro_batch_loop(
+        loss, kept = micro_batch_loop(
             build.ir, fwd, bwd, named, accum, ins.tensors, k, index, micro_step,
-            opts.loss_scaling,
+            opts.loss_scaling, keep,
         )  # fmt: skip
-        rows = micro[0].shape[0] * s
-        build.record(
-            "accumulation",
-            f"{k} micro-batches of {rows} rows: forward and backward repeated (ops.repeat), "
-            "gradients mean-accumulated",
-        )
+        _record_accumulation(build, k, micro[0].shape[0] * s)
     else:
         loss = sliced(named, accum, ins.tensors)
     if s > 1:
@@ -200,7 +207,15 @@ def _accumulated_step(
             f"{s} slices per micro-batch, {micro[0].shape[0]} rows each: forward and backward "
             "loops, activations through remote buffers, gradients mean-accumulated",
         )
-    return loss
+    return loss, list(zip(keep, kept))
+
+
+def _record_accumulation(build: Build, k: int, rows: int) -> None:
+    build.record(
+        "accumulation",
+        f"{k} micro-batches of {rows} rows: forward and backward repeated (ops.repeat), "
+        "gradients mean-accumulated",
+    )
 
 
 def _local_step(build: Build, lowered: Lowered, named, variables, ins: Inputs, index: int) -> tuple:

@@ -61,6 +61,7 @@ class Trainer(ProgramView):
         self._record = record  # also fetch forward outputs and gradients (for testing)
         self._outputs = outputs  # also fetch the forward's other outputs (one step per call)
         self.last: dict[str, torch.Tensor] = {}
+        self.per_replica: dict = {}  # the last step's outputs as the device wrote them
         self.optimizer = optimizer
         self.loss_fn = loss_fn
         self.options = resolve(options)
@@ -112,8 +113,12 @@ class Trainer(ProgramView):
         shared.after_step()
         # the optimizer has stepped (on the device): torch's lr schedulers check this flag
         self.optimizer._opt_called = True
+        # the run's values as the device wrote them: per replica ([R, ...]), per iteration
+        # ([n, ...]) and, for "micro.*", per micro-batch ([k, ...]), in that order
+        self.per_replica = {k: out[s] for k, s in prog.outputs.items()}
         # with replication: the loss as the mean over replicas, outputs in batch order
-        values = unreplicated(prog.outputs, out, inputs, self.options)
+        outputs = {k: s for k, s in prog.outputs.items() if not k.startswith("micro.")}
+        values = unreplicated(outputs, out, inputs, self.options)
         self.last = {k: v for k, v in values.items() if k != "loss"}
         return values["loss"].as_subclass(StepLoss)
 

@@ -6,6 +6,12 @@ takes device iterations as a leading dimension (``[n, rows/n, ...]``) and splits
 over replicas and micro-batches itself. Outputs come back per iteration (``[n, ...]``) and
 are returned as the output mode says: All (concatenated again), Final (the last iteration),
 EveryN (every N-th, concatenated) or Sum (added over iterations).
+
+A training call with gradient accumulation or replication returns what PopART's anchors
+hold: the rows are PopART's ``[n, k, R, rows]`` (`replica_major` hands popxl_fx each
+replica's rows), and every micro-batch's outputs of every replica come back
+(`device_order`), selected by the output mode over the ``n x k`` micro-batches
+(`select_micro_batches`): one loss per replica, not their mean.
 """
 
 from __future__ import annotations
@@ -18,7 +24,14 @@ import torch.utils._pytree as pytree
 from .enums import OutputMode
 from .errors import Error
 
-__all__ = ["combined_batch", "select_outputs", "split_iterations"]
+__all__ = [
+    "combined_batch",
+    "device_order",
+    "replica_major",
+    "select_micro_batches",
+    "select_outputs",
+    "split_iterations",
+]
 
 
 def combined_batch(options, training: bool) -> int:
@@ -80,3 +93,56 @@ def _select(t: Any, mode: OutputMode, period: int, n: int) -> Any:
     if mode == OutputMode.EveryN:
         t = t[period - 1 :: period]
     return t.reshape(-1, *t.shape[2:]) if t.dim() > 1 else t
+
+
+def replica_major(args: tuple, options, training: bool) -> tuple:
+    """Each tensor's rows from PopTorch's order to popxl_fx's, with both gradient accumulation
+    and replication: within a device iteration PopTorch's rows are ``[k, R, m]`` (micro-batch,
+    replica, sample: PopART's layout), popxl_fx's ``[R, k, m]`` (a replica's rows, cut into
+    its micro-batches)."""
+    k, r = options.Training.gradient_accumulation, options.replication_factor
+    if not training or k == 1 or r == 1:
+        return args
+    dim = 1 if options.device_iterations > 1 else 0
+    return tuple(_swap_rows(x, dim, k, r) if isinstance(x, torch.Tensor) else x for x in args)
+
+
+def _swap_rows(x: torch.Tensor, dim: int, a: int, b: int) -> torch.Tensor:
+    """``x``'s dim ``dim`` read as ``[a, b, m]``, returned as ``[b, a, m]`` (same shape)."""
+    lead, rows, rest = x.shape[:dim], x.shape[dim], x.shape[dim + 1 :]
+    grid = x.reshape(*lead, a, b, rows // (a * b), *rest).transpose(dim, dim + 1)
+    return grid.reshape(x.shape)
+
+
+def device_order(values, n: int, r: int, k: int, per_micro: bool) -> torch.Tensor:
+    """One output as the device wrote it (``[n?][R?][k?] ...``: the leading dimensions only
+    where above 1, ``k`` only ``per_micro``) as ``[n * k, R, ...]``: PopTorch's micro-batches
+    in order, each with its replicas."""
+    t = torch.from_numpy(values.copy())  # the run's buffers are the next run's
+    if n == 1:
+        t = t.unsqueeze(0)
+    if r == 1:
+        t = t.unsqueeze(1)
+    if not per_micro:
+        t = t.unsqueeze(2)
+    t = t.transpose(1, 2)
+    return t.reshape(n * t.shape[1], r, *t.shape[3:])
+
+
+def select_micro_batches(t: torch.Tensor, mode: OutputMode, period: int) -> torch.Tensor:
+    """``[micro-batches, R, ...]`` as PopTorch returns it: the micro-batches the output mode
+    keeps (Final: the last; Sum: their sum; EveryN: every N-th; All), each with its replicas,
+    concatenated on dim 0 (a scalar per micro-batch and replica becomes ``[count]``; one
+    alone stays as it is)."""
+    if mode == OutputMode.Final:
+        t = t[-1:]
+    elif mode == OutputMode.Sum:
+        t = t.sum(0, keepdim=True)
+    elif mode == OutputMode.EveryN:
+        t = t[period - 1 :: period]
+    count, shape = t.shape[0] * t.shape[1], t.shape[2:]
+    if count == 1:
+        return t.reshape(shape)
+    if not shape:
+        return t.reshape(count)
+    return t.reshape(count * shape[0], *shape[1:])

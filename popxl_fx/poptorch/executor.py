@@ -86,7 +86,10 @@ class PoplarExecutor:
         self._attached = True
         out = impl(*args)
         if self._training:
-            out = self._training_outputs(impl, out)
+            return self._training_outputs(impl, out)
+        if self._options.replication_factor > 1:  # one value per replica, as PopTorch
+            leaves = self._per_replica(impl.per_replica, impl.options, False)
+            return impl._active.lowered.fxm.unflatten(leaves)
         return batching.select_outputs(out, self._options, self._options.device_iterations)
 
     def compile(self, *args: Any, **kwargs: Any) -> None:
@@ -112,21 +115,21 @@ class PoplarExecutor:
             if self._wrapped.call is not None:
                 self._impl = None
             self._wrapped.call = call
-        return batching.split_iterations(tuple(tensors), self._options, self._training)
+        args = batching.split_iterations(tuple(tensors), self._options, self._training)
+        return batching.replica_major(args, self._options, self._training)
 
     def _check_outputs(self, impl) -> None:
-        """A training step with gradient accumulation fetches only the loss:
-        a model returning more raises before any step, rather than returning less."""
-        if not self._training or _one_step(impl.options):
+        """A phased or batch-serialised training step fetches only the loss: a model
+        returning more raises before any step, rather than returning less."""
+        if not self._training or _fetches_outputs(impl.options):
             return
         outputs = impl._active.lowered.fxm.out_spec.num_leaves - 1
         if outputs > 1:
             raise Error(
                 f"{type(self._user_model).__name__}.forward returns {outputs} outputs; with "
-                "gradientAccumulation above 1, popxl_fx's PopTorch layer returns only the "
-                "loss of a trainingModel (its micro-batch loop does not fetch the other "
-                "outputs yet): return only the loss, or use gradientAccumulation(1) (device "
-                "iterations do return them)."
+                "phased execution, popxl_fx's PopTorch layer returns only the loss of a "
+                "trainingModel (its phased step does not fetch the other outputs): return "
+                "only the loss."
             )
 
     def _check_blocks(self) -> None:
@@ -248,29 +251,58 @@ class PoplarExecutor:
             return self._impl
         view = optim_map.torch_view(self._optimizer)
         fx = fx.replace(loss_scaling=_loss_scale(self._optimizer, fx))
-        self._impl = popxl_fx.Trainer(self._wrapped, view, None, fx, outputs=_one_step(fx))
+        outputs = _fetches_outputs(fx)
+        self._impl = popxl_fx.Trainer(self._wrapped, view, None, fx, outputs=outputs)
         return self._impl
 
     def _training_outputs(self, impl, loss: torch.Tensor) -> Any:
-        """The model's outputs from a training call (the loss in its place)."""
-        loss = loss.as_subclass(torch.Tensor)
-        if self._wrapped.loss_factor != 1.0:
-            loss = loss / self._wrapped.loss_factor
-        if not _one_step(impl.options):
-            return loss
-        prog = impl._active
+        """The model's outputs from a training call (the loss in its place), as the output
+        mode returns them."""
+        fx, prog = impl.options, impl._active
+        if not _fetches_outputs(fx):
+            loss = self._unscaled(loss.as_subclass(torch.Tensor))
+            return batching.select_outputs(loss, self._options, fx.device_iterations)
         n = prog.lowered.fxm.out_spec.num_leaves
-        leaves = [impl.last[f"output.{i}"] for i in range(1, n)]
-        _, out = prog.lowered.fxm.unflatten([loss, *leaves])
-        return out
+        if fx.gradient_accumulation > 1 or fx.replication_factor > 1:
+            leaves = self._per_micro_batch(impl, n)
+        else:
+            loss = self._unscaled(loss.as_subclass(torch.Tensor))
+            leaves = [loss, *(impl.last[f"output.{i}"] for i in range(1, n))]
+            leaves = batching.select_outputs(leaves, self._options, fx.device_iterations)
+        return prog.lowered.fxm.unflatten(leaves)[1]
+
+    def _per_micro_batch(self, impl, n: int) -> list[torch.Tensor]:
+        """The outputs of every micro-batch of every replica, as PopTorch returns them: one
+        value per replica (the loss: ``[R]``), per the output mode over the micro-batches."""
+        fx = impl.options
+        per_micro = fx.gradient_accumulation > 1
+        names = [f"micro.{i}" for i in range(n)] if per_micro else ["loss"] + [
+            f"output.{i}" for i in range(1, n)
+        ]  # fmt: skip
+        return self._per_replica([impl.per_replica[name] for name in names], fx, per_micro)
+
+    def _per_replica(self, values: list, fx: popxl_fx.Options, per_micro: bool) -> list:
+        """Each output as the device wrote it, as PopTorch returns it (`batching`); in a
+        training call the first is the loss, each of its values unscaled first."""
+        opts, k = self._options, fx.gradient_accumulation if per_micro else 1
+        shape = (fx.device_iterations, fx.replication_factor, k, per_micro)
+        ts = [batching.device_order(v, *shape) for v in values]
+        if self._training:
+            ts[0] = self._unscaled(ts[0])
+        mode, period = opts.output_mode, opts.output_return_period
+        return [batching.select_micro_batches(t, mode, period) for t in ts]
+
+    def _unscaled(self, loss: torch.Tensor) -> torch.Tensor:
+        """The loss the model computed (Sum reduction scales it in the program)."""
+        if self._wrapped.loss_factor != 1.0:
+            return loss / self._wrapped.loss_factor
+        return loss
 
 
-def _one_step(fx: popxl_fx.Options) -> bool:
-    """One forward per step (device iterations repeat the step): the step's other outputs
-    can be fetched."""
-    return max(fx.gradient_accumulation, fx.batch_serialisation) == 1 and (
-        fx.phased_execution is False
-    )
+def _fetches_outputs(fx: popxl_fx.Options) -> bool:
+    """The step's forward outputs can be fetched: per step, or per micro-batch of the
+    accumulation loop (not from phased or batch-serialised steps)."""
+    return fx.batch_serialisation == 1 and fx.phased_execution is False
 
 
 def _loss_scale(optimizer, fx: popxl_fx.Options) -> float:
