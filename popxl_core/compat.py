@@ -20,11 +20,11 @@ import importlib.util
 import os
 import runpy
 import sys
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import popxl_core  # noqa: F401 - the doctest names it
 
-__all__ = ["install", "uninstall", "main"]
+__all__ = ["install", "main", "run_script", "uninstall"]
 
 # popxl paths whose module lives elsewhere in this project than the same dotted path says.
 _RENAMES: Dict[str, str] = {
@@ -156,20 +156,26 @@ _USAGE = (
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    """``python -m popxl_core.compat SCRIPT [ARGS...]``: run SCRIPT as ``__main__``.
+    """``python -m popxl_core.compat SCRIPT [ARGS...]``: run SCRIPT as ``__main__``."""
+    run_script(sys.argv[1:] if argv is None else argv, "popxl_core.compat", _USAGE, install)
+
+
+def run_script(argv: List[str], prog: str, usage: str, install_hook: Callable[[], None]) -> None:
+    """Run ``argv[0]`` as ``__main__`` after ``install_hook()`` (the ``python -m PROG SCRIPT
+    [ARGS...]`` entry points of the compatibility hooks).
 
     ``sys.argv`` becomes ``[SCRIPT, ARGS...]`` and the script's directory goes first on
     ``sys.path``, as when running ``python SCRIPT ARGS...``.
     """
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = list(argv)
     if argv[:1] in (["-h"], ["--help"]):
-        print(_USAGE)
+        print(usage)
         raise SystemExit(0)
     if not argv:
-        raise SystemExit(_USAGE)
+        raise SystemExit(usage)
     if not os.path.isfile(argv[0]):
-        raise SystemExit(f"popxl_core.compat: error: no such script {argv[0]!r}\n{_USAGE}")
-    install()
+        raise SystemExit(f"{prog}: error: no such script {argv[0]!r}\n{usage}")
+    install_hook()
     sys.argv = argv
     sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
     runpy.run_path(argv[0], run_name="__main__")

@@ -17,8 +17,6 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.util
-import os
-import runpy
 import sys
 
 import popxl_core.compat as core_compat
@@ -90,18 +88,9 @@ _USAGE = (
 
 def main(argv: list[str] | None = None) -> None:
     """``python -m popxl_fx.compat SCRIPT [ARGS...]``: run SCRIPT as ``__main__``."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] in (["-h"], ["--help"]):
-        print(_USAGE)
-        raise SystemExit(0)
-    if not argv:
-        raise SystemExit(_USAGE)
-    if not os.path.isfile(argv[0]):
-        raise SystemExit(f"popxl_fx.compat: error: no such script {argv[0]!r}\n{_USAGE}")
-    install()
-    sys.argv = argv
-    sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
-    runpy.run_path(argv[0], run_name="__main__")
+    core_compat.run_script(
+        sys.argv[1:] if argv is None else argv, "popxl_fx.compat", _USAGE, install
+    )
 
 
 if __name__ == "__main__":
