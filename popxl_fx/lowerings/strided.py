@@ -13,6 +13,7 @@ node, never a silent wrong value.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -44,14 +45,16 @@ class StorageLayout:
         """Storage elements up to the tensor's last one (0 for an empty tensor)."""
         return _extent(self.shape, self.stride, self.offset)
 
+    @functools.cached_property
     def positions(self) -> torch.Tensor:
-        """The storage position of each element, flat in row-major order."""
+        """The storage position of each element, flat in row-major order (made once: the
+        kernels read it on every run)."""
         index = torch.arange(max(self.extent, 1))
         return index.as_strided(self.shape, self.stride, self.offset).reshape(-1)
 
     def storage(self, x: torch.Tensor, extent: int) -> torch.Tensor:
         """A buffer of ``extent`` elements holding ``x`` at this layout (zeros elsewhere)."""
-        return _ToStorage.apply(x, self.positions(), max(extent, self.extent))
+        return _ToStorage.apply(x, self.positions, max(extent, self.extent))
 
 
 def _extent(size: Sequence[int], stride: Sequence[int], offset: int) -> int:
@@ -113,7 +116,7 @@ class StridedScatter:
     def __call__(self, x: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
         buf = self.layout.storage(x, _extent(self.size, self.stride, self.offset)).clone()
         buf.as_strided(self.size, self.stride, self.offset).copy_(src)
-        return buf[self.layout.positions()].reshape(self.layout.shape)
+        return buf[self.layout.positions].reshape(self.layout.shape)
 
     def __str__(self) -> str:
         return "aten.as_strided_scatter"
@@ -177,7 +180,7 @@ def check_reads_inside(layout: StorageLayout, size, stride, offset: int, name: s
     of the tensor it is a view of): the program does not hold them."""
     end = max(layout.extent, _extent(size, stride, offset))
     held = torch.zeros(max(end, 1), dtype=torch.bool)
-    held[layout.positions()] = layout.extent > 0
+    held[layout.positions] = layout.extent > 0
     read = torch.arange(max(end, 1)).as_strided(tuple(size), tuple(stride), offset)
     outside = read[~held[read]]
     if outside.numel():
@@ -215,7 +218,7 @@ def lower_as_strided_scatter(
     into a clone of that storage (elements outside ``x`` may be written; none is read back),
     or of ``x`` made contiguous where ``x`` has elements sharing memory (an expanded view)."""
     layout = eager_layout(ctx.node.args[0], ctx.node.name)
-    if layout.positions().unique().numel() != layout.positions().numel():
+    if layout.positions.unique().numel() != layout.positions.numel():
         layout = StorageLayout(layout.shape, _contiguous(layout.shape), 0)
     scatter = StridedScatter(*_geometry(layout, size, stride, storage_offset))
     return aten_op(scatter, [x, src], (Slot(0), Slot(1)))[0]
