@@ -24,7 +24,7 @@ from typing import Callable, Dict, List, Optional
 
 import popxl_core  # noqa: F401 - the doctest names it
 
-__all__ = ["install", "main", "run_script", "uninstall"]
+__all__ = ["AliasFinder", "install", "main", "run_script", "uninstall"]
 
 # popxl paths whose module lives elsewhere in this project than the same dotted path says.
 _RENAMES: Dict[str, str] = {
@@ -86,14 +86,15 @@ def _register_loaded() -> None:
 
 
 class _AliasLoader(importlib.abc.Loader):
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str, on_load: Callable[[], None]) -> None:
         self.target = target
+        self.on_load = on_load
         self.real_spec = None
 
     def create_module(self, spec):
         module = importlib.import_module(self.target)
         self.real_spec = module.__spec__
-        _register_loaded()
+        self.on_load()
         return module
 
     def exec_module(self, module) -> None:
@@ -102,20 +103,28 @@ class _AliasLoader(importlib.abc.Loader):
         module.__spec__ = self.real_spec
 
 
-class _AliasFinder(importlib.abc.MetaPathFinder):
-    """Resolves popxl / popxl_addons module paths to this project's modules."""
+class AliasFinder(importlib.abc.MetaPathFinder):
+    """Resolves module paths under another name to this project's modules: ``target(name)``
+    is the real module's path (None: not an alias); ``on_load()`` runs after each load."""
+
+    def __init__(
+        self, target: Callable[[str], Optional[str]], on_load: Callable[[], None] = lambda: None
+    ) -> None:
+        self.target = target
+        self.on_load = on_load
 
     def find_spec(self, fullname: str, path=None, target=None):
-        real = _target(fullname)
+        real = self.target(fullname)
         try:
             if real is None or importlib.util.find_spec(real) is None:
                 return None
         except ModuleNotFoundError:  # e.g. popart._internal: its parent is not a package
             return None
-        return importlib.util.spec_from_loader(fullname, _AliasLoader(real))
+        return importlib.util.spec_from_loader(fullname, _AliasLoader(real, self.on_load))
 
 
-_FINDER = _AliasFinder()
+# popxl / popxl_addons paths -> this project's modules
+_FINDER = AliasFinder(_target, _register_loaded)
 
 
 def install() -> None:

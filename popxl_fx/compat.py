@@ -14,9 +14,6 @@ True
 
 from __future__ import annotations
 
-import importlib
-import importlib.abc
-import importlib.util
 import sys
 
 import popxl_core.compat as core_compat
@@ -33,34 +30,8 @@ def _target(fullname: str) -> str | None:
     return None
 
 
-class _Loader(importlib.abc.Loader):
-    def __init__(self, target: str) -> None:
-        self.target = target
-        self.real_spec = None
-
-    def create_module(self, spec):
-        module = importlib.import_module(self.target)
-        self.real_spec = module.__spec__
-        return module
-
-    def exec_module(self, module) -> None:
-        module.__spec__ = self.real_spec  # the import system set the alias's spec
-
-
-class _Finder(importlib.abc.MetaPathFinder):
-    """``poptorch.X`` -> ``popxl_fx.poptorch.X`` (when that module exists)."""
-
-    def find_spec(self, fullname: str, path=None, target=None):
-        real = _target(fullname)
-        try:
-            if real is None or importlib.util.find_spec(real) is None:
-                return None
-        except ModuleNotFoundError:
-            return None
-        return importlib.util.spec_from_loader(fullname, _Loader(real))
-
-
-_FINDER = _Finder()
+# ``poptorch.X`` -> ``popxl_fx.poptorch.X`` (when that module exists)
+_FINDER = core_compat.AliasFinder(_target)
 
 
 def install() -> None:
