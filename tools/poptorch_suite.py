@@ -22,27 +22,26 @@ import sys
 import tempfile
 from pathlib import Path
 
-__all__ = ["extract", "main", "run"]
+__all__ = ["extract", "left_out", "main", "run"]
 
-# files left out, each with why (docs/poptorch.md repeats these)
-LEFT_OUT = {
-    "attach_detach_wait_for_ipu_test.py": "waits for real IPU devices",
-    "custom_ops_test.py": "C++ custom ops",
-    "custom_ops_attributes_test.py": "C++ custom ops",
-    "popdist_test.py": "popdist",
-    "precompilation_test.py": "offline Poplar executables",
-    "test_perf_counters.py": "hardware performance counters",
-    "io_performance_test.py": "hardware timings",
-    "test_doc_urls.py": "downloads",
-    "torchvision_inference_test.py": "downloads pretrained weights",
-    "bert_small_and_medium_test.py": "downloads models",
-    "generate_test_file.py": "a generator script, not tests",
-    "timeout_handler.py": "a helper, not tests",
-    "pyg_torch_scatter_test.py": "needs torch_scatter (compiled extension)",
-    "debug_tensors_test.py": "PopART tensor names",
-    "grouping_scatters_gathers_test.py": "needs torch_scatter (compiled extension)",
-    "misc_test.py": "C++ error injection (poptorch_core.TestErrorType) at collection",
-}
+# What is left out, each with why: tools/poptorch_left_out/*.txt, lines "NODEID | WHY". A node
+# id without "::" leaves a whole file out; one with it, the tests it prefixes (pytest --deselect).
+LEFT_OUT_DIR = Path(__file__).resolve().parent / "poptorch_left_out"
+
+
+def left_out(folder: Path = LEFT_OUT_DIR) -> dict[str, str]:
+    """Every left-out node id (or file) with its reason, from the lists in ``folder``."""
+    entries: dict[str, str] = {}
+    for listing in sorted(folder.glob("*.txt")):
+        for number, line in enumerate(listing.read_text().splitlines(), 1):
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            nodeid, bar, why = (part.strip() for part in line.partition("|"))
+            if not bar or not nodeid or not why:
+                raise ValueError(f"{listing.name}:{number}: expected 'NODEID | WHY', got {line!r}")
+            entries[nodeid] = why
+    return entries
 
 
 def extract(mirror: str, dest: Path) -> list[str]:
@@ -80,6 +79,10 @@ class _Tally:
                 return
             self.outcomes[report.nodeid] = report.outcome
 
+    def pytest_deselected(self, items) -> None:
+        for item in items:  # the tests left_out() names, counted as "left_out"
+            self.outcomes[item.nodeid] = "left_out"
+
     def per_file(self) -> dict[str, dict[str, int]]:
         files: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
         for nodeid, outcome in self.outcomes.items():
@@ -95,7 +98,9 @@ def run(mirror: str, files: list[str] | None, pytest_args: list[str]) -> dict:
     with tempfile.TemporaryDirectory(prefix="poptorch_tests_") as tmp:
         dest = Path(tmp)
         available = extract(mirror, dest)
-        chosen = files or [f for f in available if f not in LEFT_OUT]
+        skipped = left_out()
+        chosen = files or [f for f in available if f not in skipped]
+        deselect = [a for n in skipped if "::" in n for a in ("--deselect", n)]
         compat.install()
         tally = _Tally()
         cwd = os.getcwd()
@@ -112,6 +117,7 @@ def run(mirror: str, files: list[str] | None, pytest_args: list[str]) -> dict:
                 str(dest),
                 "-n",
                 "0",
+                *deselect,
                 *pytest_args,
                 *chosen,
             ]

@@ -1,0 +1,32 @@
+"""tools/poptorch_suite.py's lists of what is left out of PopTorch's tests, each with a reason."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+_TOOL = Path(__file__).resolve().parents[1] / "tools" / "poptorch_suite.py"
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location("poptorch_suite", _TOOL)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_shipped_lists_give_every_entry_a_reason():
+    entries = _tool().left_out()
+    assert "custom_ops_test.py" in entries
+    assert all(reason for reason in entries.values())
+
+
+def test_a_list_names_files_and_tests(tmp_path):
+    (tmp_path / "a.txt").write_text("# comment\n\nx_test.py | why\nx_test.py::t[1] | other\n")
+    assert _tool().left_out(tmp_path) == {"x_test.py": "why", "x_test.py::t[1]": "other"}
+
+
+def test_a_line_without_a_reason_is_refused_naming_it(tmp_path):
+    (tmp_path / "b.txt").write_text("y_test.py::t\n")
+    with pytest.raises(ValueError, match=r"b.txt:1: expected 'NODEID \| WHY'"):
+        _tool().left_out(tmp_path)
