@@ -24,6 +24,7 @@ from .enums import ConnectionType, OutputMode, ReductionType
 from .errors import Error, unsupported
 from .fx_options import fx_options
 from .options import Options
+from .synthetic import SyntheticInputs
 from .wrapper import Wrapped, flat_call
 
 __all__ = ["PoplarExecutor", "registerPostCompileHook", "registerPreCompileHook"]
@@ -71,6 +72,7 @@ class PoplarExecutor:
         self._impl = None  # the popxl_fx trainer / inference model, made on compile
         self._attached = False
         self._outputs_supported = True
+        self._synthetic = SyntheticInputs(self._options.random_seed)
 
     # PopTorch's API ----------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -115,6 +117,8 @@ class PoplarExecutor:
             if self._wrapped.call is not None:
                 self._impl = None
             self._wrapped.call = call
+        if self._options.enable_synthetic_data:  # the device's own inputs, none from the host
+            tensors = self._synthetic(tuple(tensors))
         args = batching.split_iterations(tuple(tensors), self._options, self._training)
         return batching.replica_major(args, self._options, self._training)
 

@@ -157,12 +157,9 @@ class Options(Values):
         return self._set("connection_type", ConnectionType.Never)
 
     def enableSyntheticData(self, enabled: bool) -> Options:
-        if enabled:
-            raise Error(
-                "Options.enableSyntheticData(True) makes PopTorch skip the host transfers and "
-                "return no real outputs; popxl_fx's PopTorch layer always streams the data."
-            )
-        return self._set("enable_synthetic_data", False)
+        """True: inputs are drawn on the device (normal floats, zero integers), the host
+        sends none (`synthetic.SyntheticInputs`); outputs are the model's on those values."""
+        return self._set("enable_synthetic_data", bool(enabled))
 
     # accepted, with a note --------------------------------------------------------------
     def enableExecutableCaching(self, path: str) -> Options:
