@@ -9,17 +9,18 @@ scheduler) and the state written back after each step are therefore the same obj
 The IPU arguments: in float32, loss_scaling multiplies the loss and divides the gradients
 before the update, the same update up to rounding (exact for powers of two), so it is run as
 the unscaled update; with a half-precision model it is popxl_fx's static loss scale.
-velocity_scaling likewise scales the momentum and divides it back. Accumulator dtypes other
-than float32, max_grad_norm, AdamW without bias correction, RMSprop and LAMB have no
-equivalent in the simulated update and are refused by name.
+velocity_scaling likewise scales the momentum and divides it back. ``max_grad_norm`` and
+AdamW's ``bias_correction`` are read from the shared param groups by popxl_fx
+(`popxl_fx.optim_clip`, `popxl_fx.optim_groups.adam_hyper`), RMSprop's ``use_tf_variant`` by
+`popxl_fx.optim_rmsprop`; LAMB runs as `popxl_fx.optim_lamb.LAMB`. Accumulator dtypes other
+than float32 are refused by name.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 
+from .. import optim_lamb
 from . import optim
 from .errors import Error
 
@@ -29,6 +30,8 @@ _BASES = (
     (optim.SGD, torch.optim.SGD),
     (optim.AdamW, torch.optim.AdamW),
     (optim.Adam, torch.optim.Adam),
+    (optim.RMSprop, torch.optim.RMSprop),
+    (optim.LAMB, optim_lamb.LAMB),
 )
 _DTYPE_KEYS = (
     "accum_type",
@@ -39,15 +42,8 @@ _DTYPE_KEYS = (
 
 
 def torch_view(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-    """The torch optimizer sharing ``optimizer``'s groups and state (itself when it is one
-    of torch's own)."""
-    if isinstance(optimizer, (optim.RMSprop, optim.LAMB)) or type(optimizer) in (
-        torch.optim.RMSprop,
-    ):
-        raise Error(
-            f"{type(optimizer).__name__} is not available to a training model in popxl_fx's "
-            "PopTorch layer (its simulated update is not built); use SGD, Adam or AdamW."
-        )
+    """The optimizer popxl_fx builds sharing ``optimizer``'s groups and state (itself when
+    it is one of torch's own)."""
     for poptorch_type, base in _BASES:
         if isinstance(optimizer, poptorch_type):
             _check_ipu_arguments(optimizer)
@@ -66,16 +62,6 @@ def _check_ipu_arguments(optimizer: optim.Optimizer) -> None:
                     f"{type(optimizer).__name__}({key}={dtype}) (param group {i}): only float32 "
                     "accumulators are simulated by popxl_fx's PopTorch layer."
                 )
-        if not math.isinf(float(group.get("max_grad_norm", math.inf))):
-            raise Error(
-                f"{type(optimizer).__name__}(max_grad_norm={group['max_grad_norm']}) (param "
-                f"group {i}): gradient clipping is not simulated by popxl_fx's PopTorch layer."
-            )
-        if group.get("bias_correction") is False:
-            raise Error(
-                f"{type(optimizer).__name__}(bias_correction=False) (param group {i}) is not "
-                "simulated by popxl_fx's PopTorch layer; use bias_correction=True."
-            )
 
 
 def loss_scaling(optimizer: torch.optim.Optimizer) -> float:
