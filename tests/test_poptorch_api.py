@@ -105,9 +105,8 @@ def test_ops_compute_their_values():
 def test_optimizer_ipu_arguments_refused_by_name():
     model = nn.Linear(2, 1)
     opt = poptorch.optim.SGD(model.parameters(), lr=0.1, velocity_accum_type=torch.float16)
-    ipu = poptorch.trainingModel(nn.Sequential(model), optimizer=opt)
     with pytest.raises(poptorch.Error, match="velocity_accum_type"):
-        ipu(torch.ones(2, 2))
+        poptorch.trainingModel(nn.Sequential(model), optimizer=opt)
 
 
 def test_hook_resolves_poptorch_and_popxl():

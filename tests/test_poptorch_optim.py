@@ -67,3 +67,71 @@ def test_tf_variant_and_no_bias_correction_change_the_numbers():
     assert not torch.equal(plain, trained(OPTIMIZERS["rmsprop_tf"]))
     adamw = trained(lambda ps: poptorch.optim.AdamW(ps, lr=0.01))
     assert not torch.equal(adamw, trained(OPTIMIZERS["adamw_no_bias"]))
+
+
+def _log(capfd) -> str:
+    out, err = capfd.readouterr()
+    return out + err
+
+
+def test_subclassed_optimizers_warn_and_run_as_their_base(capfd):
+    class MySGD(torch.optim.SGD):
+        pass
+
+    model = _Model()
+    ipu = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    assert "does not run Python optimizer code" not in _log(capfd)
+    ipu.setOptimizer(MySGD(model.parameters(), lr=0.1))
+    assert "Optimizer `MySGD` subclassed" in _log(capfd)
+    before = model.lin.weight.detach().clone()
+    ipu(torch.ones(10))
+    assert not torch.equal(before, model.lin.weight)
+
+
+@pytest.mark.parametrize("relax", [False, True])
+def test_attributes_added_after_the_first_use_warn_once(capfd, relax):
+    model = _Model()
+    opts = poptorch.Options().relaxOptimizerAttributesChecks() if relax else None
+    opt = poptorch.optim.SGD(model.parameters(), lr=0.01)
+    ipu = poptorch.trainingModel(model, opts, optimizer=opt)
+    ipu(torch.ones(10))
+    opt.param_groups[0]["initial_lr"] = 0.1
+    opt.extra = 1
+    for _ in range(2):
+        ipu.setOptimizer(opt)
+        ipu(torch.ones(10))
+    log = _log(capfd)
+    n = 0 if relax else 1
+    assert log.count("Ignoring unexpected optimizer attribute in SGD optimizer: ['extra']") == n
+    assert log.count("Ignoring unexpected group 0 attribute in SGD optimizer") == n
+
+
+def test_global_arguments_are_attributes_read_by_the_groups():
+    model = _Model()
+    opt = poptorch.optim.AdamW(model.parameters(), lr=0.01)
+    assert opt.loss_scaling == 1.0 and opt.bias_correction is True
+    opt.bias_correction = False
+    assert opt.param_groups[0]["bias_correction"] is False and "bias_correction" not in vars(opt)
+    with pytest.raises(AttributeError):
+        _ = opt.velocity_scaling
+
+
+def test_half_gradient_accumulators_take_the_running_mean():
+    model = _Model()
+    opts = poptorch.Options()
+    opts.Training.setMeanAccumulationAndReplicationReductionStrategy(
+        poptorch.MeanReductionStrategy.Post
+    )
+    opt = poptorch.optim.Adam(model.parameters(), lr=0.01, accum_type=torch.float16)
+    ipu = poptorch.trainingModel(model, opts, optimizer=opt)
+    ipu.compile(torch.ones(10))
+    strategy = ipu.options.Training.meanAccumulationAndReplicationReductionStrategy
+    assert strategy == poptorch.MeanReductionStrategy.Running
+    post = poptorch.trainingModel(model, opts, optimizer=poptorch.optim.Adam(model.parameters()))
+    post.compile(torch.ones(10))
+    with pytest.raises(ValueError, match="is already compiled"):
+        post.setOptimizer(opt)
+    accumulating = poptorch.Options()
+    accumulating.Training.gradientAccumulation(2)
+    with pytest.raises(poptorch.Error, match="accum_type=torch.float16"):
+        poptorch.trainingModel(model, accumulating, optimizer=opt)(torch.ones(2, 10))

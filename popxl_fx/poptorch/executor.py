@@ -19,7 +19,7 @@ from torch import nn
 
 import popxl_fx
 
-from . import batching, blocks, optim, optim_map
+from . import batching, blocks, optim, optim_attrs, optim_map
 from .enums import ConnectionType, OutputMode, ReductionType
 from .errors import Error, unsupported
 from .fx_options import fx_options
@@ -67,6 +67,9 @@ class PoplarExecutor:
         if training and optimizer is None:
             optimizer = optim.SGD(self._user_model.parameters(), lr=0.01)  # PopTorch's default
         self._optimizer = optimizer
+        self._attrs = optim_attrs.AttributeTracker(self._options.relax_optimizer_checks)
+        if training:
+            self._take_optimizer(optimizer, compiled=False)
         self._wrapped = Wrapped(model, training, _loss_factor(self._options, training))
         self._impl = None  # the popxl_fx trainer / inference model, made on compile
         self._attached = False
@@ -201,11 +204,19 @@ class PoplarExecutor:
         """Train with ``optimizer`` from the next call (its state and hyper-parameters)."""
         if not self._training:
             raise Error("setOptimizer is only for a trainingModel.")
-        optim_map.torch_view(optimizer)  # refused now, not at the next call
+        compiled = self._impl is not None and self._impl._active is not None
+        self._take_optimizer(optimizer, compiled)
         self._optimizer = optimizer
         # popxl_fx's trainer reads its optimizer's groups and state: a new trainer reads the
         # new optimizer's (the weights are the model's, so nothing else is lost)
         self._impl = None
+
+    def _take_optimizer(self, optimizer: torch.optim.Optimizer, compiled: bool) -> None:
+        """PopTorch's checks of an optimizer (`optim_attrs`), then popxl_fx's refusals."""
+        optim_attrs.warn_if_subclassed(optimizer)
+        optim_attrs.check_accum_strategy(optimizer, self._options, compiled)
+        self._attrs.check(optimizer)
+        optim_map.torch_view(optimizer)  # refused now, not at the next call
 
     @property
     def model(self) -> nn.Module:
@@ -250,6 +261,7 @@ class PoplarExecutor:
             self._impl = popxl_fx.inference_model(self._wrapped, fx)
             return self._impl
         view = optim_map.torch_view(self._optimizer)
+        optim_map.check_accum_type(self._optimizer, fx.gradient_accumulation)
         fx = fx.replace(loss_scaling=_loss_scale(self._optimizer, fx))
         outputs = _fetches_outputs(fx)
         self._impl = popxl_fx.Trainer(self._wrapped, view, None, fx, outputs=outputs)

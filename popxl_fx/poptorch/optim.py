@@ -68,6 +68,30 @@ class Optimizer:
         base.__init__(self, params, **_torch_kwargs(**given))
         self._ipu_init(ipu)
 
+    # PopTorch keeps its global arguments (loss_scaling, the accumulator dtypes, ...) as
+    # attributes: ``opt.loss_scaling = 2.0`` is read by the next setOptimizer. Here they live
+    # in defaults and every param group, where popxl_fx reads them; the attribute is a view.
+    _group_vars: tuple = ("velocity_scaling", "max_weight_norm")
+    _more_globals: tuple = ()  # a base class's defaults that PopTorch keeps as attributes
+
+    def _is_global(self, name: str) -> bool:
+        known = name in type(self)._ipu_defaults or name in self._more_globals
+        return known and name not in self._group_vars
+
+    def __getattr__(self, name: str):
+        defaults = self.__dict__.get("defaults")
+        if defaults is not None and name in defaults and self._is_global(name):
+            return defaults[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value) -> None:
+        if "param_groups" in self.__dict__ and self._is_global(name):
+            self.defaults[name] = value
+            for group in self.param_groups:
+                group[name] = value
+            return
+        super().__setattr__(name, value)
+
     def ipu(self, key: str):
         """An IPU argument's value (the defaults'; per group in ``param_groups``)."""
         return self.defaults[key]
@@ -273,6 +297,7 @@ class LAMB(Optimizer, optim_lamb.LAMB):
 
     _ipu_defaults = dict(_ADAM_IPU)
     del _ipu_defaults["max_grad_norm"]
+    _more_globals = ("bias_correction",)
 
     def __init__(
         self,

@@ -24,7 +24,7 @@ from .. import optim_lamb
 from . import optim
 from .errors import Error
 
-__all__ = ["loss_scaling", "torch_view"]
+__all__ = ["check_accum_type", "loss_scaling", "torch_view"]
 
 _BASES = (
     (optim.SGD, torch.optim.SGD),
@@ -32,6 +32,11 @@ _BASES = (
     (optim.Adam, torch.optim.Adam),
     (optim.RMSprop, torch.optim.RMSprop),
     (optim.LAMB, optim_lamb.LAMB),
+    # subclasses of torch's run as their base class, as PopTorch runs them natively
+    (torch.optim.SGD, torch.optim.SGD),
+    (torch.optim.AdamW, torch.optim.AdamW),
+    (torch.optim.Adam, torch.optim.Adam),
+    (torch.optim.RMSprop, torch.optim.RMSprop),
 )
 _DTYPE_KEYS = (
     "accum_type",
@@ -44,6 +49,8 @@ _DTYPE_KEYS = (
 def torch_view(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     """The optimizer popxl_fx builds sharing ``optimizer``'s groups and state (itself when
     it is one of torch's own)."""
+    if type(optimizer) in {base for _, base in _BASES}:
+        return optimizer
     for poptorch_type, base in _BASES:
         if isinstance(optimizer, poptorch_type):
             _check_ipu_arguments(optimizer)
@@ -55,13 +62,24 @@ def torch_view(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
 
 def _check_ipu_arguments(optimizer: optim.Optimizer) -> None:
     for i, group in enumerate(optimizer.param_groups):
-        for key in _DTYPE_KEYS:
+        for key in _DTYPE_KEYS[1:]:  # accum_type: the executor checks it (`accum_dtype`)
             dtype = group.get(key)
             if dtype is not None and dtype != torch.float32:
                 raise Error(
                     f"{type(optimizer).__name__}({key}={dtype}) (param group {i}): only float32 "
                     "accumulators are simulated by popxl_fx's PopTorch layer."
                 )
+
+
+def check_accum_type(optimizer: torch.optim.Optimizer, accumulation: int) -> None:
+    """``accum_type`` is the dtype of PopART's gradient accumulators, which exist only with
+    gradient accumulation; popxl_fx accumulates in float32."""
+    dtype = getattr(optimizer, "accum_type", torch.float32)
+    if dtype != torch.float32 and accumulation > 1:
+        raise Error(
+            f"{type(optimizer).__name__}(accum_type={dtype}) with gradientAccumulation("
+            f"{accumulation}): popxl_fx's PopTorch layer accumulates gradients in float32 only."
+        )
 
 
 def loss_scaling(optimizer: torch.optim.Optimizer) -> float:
