@@ -226,6 +226,12 @@ class OptimizerProgram:
             return np.broadcast_to(np.full((), self._fill(name, key), dtype), shape)
         return value.detach().cpu().numpy().astype(dtype).reshape(shape)
 
+    def initial(self, name: str, key: str) -> np.ndarray:
+        """A state tensor's value before this program's first step (full shape)."""
+        var = self.state[name][key]
+        shape = () if key == "step" else self._shapes[name]
+        return np.array(self._initial(name, key, shape, var.dtype.as_numpy()))
+
     def _fill(self, name: str, key: str) -> float:
         """A state tensor's value before the first step (0 but where its kind says)."""
         fill = getattr(LOWERINGS.get(self.kind), "initial_fill", None)

@@ -135,3 +135,62 @@ def test_half_gradient_accumulators_take_the_running_mean():
     accumulating.Training.gradientAccumulation(2)
     with pytest.raises(poptorch.Error, match="accum_type=torch.float16"):
         poptorch.trainingModel(model, accumulating, optimizer=opt)(torch.ones(2, 10))
+
+
+def test_state_dict_holds_the_ipu_state_once_compiled():
+    model = _Model()
+    opt = poptorch.optim.SGD(model.parameters(), lr=0.05, weight_decay=0.5, loss_scaling=0.5)
+    ipu = poptorch.trainingModel(model, optimizer=opt)
+    assert opt.state_dict()["ipu_state"] is None and opt.state_dict()["ipu_param"] is None
+    ipu.compile(torch.ones(10))
+    param = opt.state_dict()["ipu_param"]
+    assert float(param["scaledLearningRate0___specific___lin.bias"]) == pytest.approx(0.1)
+    assert float(param["weightDecayScaleFactor0___specific___lin.weight"]) == pytest.approx(0.975)
+    assert float(param["lossScaling_FLOAT"]) == 0.5
+    adam = poptorch.optim.Adam(model.parameters(), lr=0.05)
+    ipu.setOptimizer(adam)
+    ipu.compile(torch.ones(10))
+    s0 = adam.state_dict()
+    assert float(s0["ipu_param"]["learningRate___specific___lin.weight"]) == pytest.approx(0.05)
+    assert torch.equal(s0["ipu_state"]["Accl1___lin.weight"], torch.zeros(10, 10))
+    ipu(torch.ones(10))
+    s1 = adam.state_dict()
+    exp_avg = adam.state[model.lin.weight]["exp_avg"]
+    assert torch.equal(s1["ipu_state"]["Accl1___lin.weight"], exp_avg)
+    assert float(s1["ipu_state"]["Step___lin.bias"]) == 1
+
+
+def test_a_loaded_ipu_state_is_what_the_next_step_uses():
+    torch.manual_seed(0)
+    model, x = _Model(), torch.randn(10)
+    eager = copy.deepcopy(model)
+    opt = poptorch.optim.Adam(model.parameters(), lr=0.01)
+    ipu = poptorch.trainingModel(model, optimizer=opt)
+    ipu(x)
+    saved = copy.deepcopy(opt.state_dict())
+    saved["ipu_state"]["Accl1___lin.weight"] = torch.full((10, 10), 0.5)
+    opt.load_state_dict(saved)
+    assert opt.state_dict()["ipu_state"] is saved["ipu_state"]  # as loaded, until the call
+    eager.load_state_dict(model.state_dict())
+    eager_opt = poptorch.optim.Adam(eager.parameters(), lr=0.01)
+    eager_opt.load_state_dict(saved)
+    eager_opt.state[eager.lin.weight]["exp_avg"] = torch.full((10, 10), 0.5)
+    ipu(x)
+    eager_opt.zero_grad()
+    eager(x)[1].backward()
+    eager_opt.step()
+    assert torch.equal(model.lin.weight, eager.lin.weight)
+
+
+def test_loading_state_that_is_not_an_ipu_optimizers_raises():
+    model = _Model()
+    opt = poptorch.optim.Adam(model.parameters(), lr=0.01)
+    with pytest.raises(RuntimeError, match="Only IPU optimizer states"):
+        opt.load_state_dict(torch.optim.Adam(model.parameters()).state_dict())
+    ipu = poptorch.trainingModel(model, optimizer=opt)
+    ipu(torch.ones(10))
+    state = opt.state_dict()
+    state["ipu_param"]["learningRate___specific___lin.bias"] = torch.tensor(3.0)
+    opt.load_state_dict(state)
+    with pytest.raises(poptorch.Error, match="learningRate___specific___lin.bias"):
+        ipu(torch.ones(10))

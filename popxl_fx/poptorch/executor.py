@@ -19,7 +19,7 @@ from torch import nn
 
 import popxl_fx
 
-from . import batching, blocks, optim, optim_attrs, optim_map
+from . import batching, blocks, optim, optim_attrs, optim_map, optim_state
 from .enums import ConnectionType, OutputMode, ReductionType
 from .errors import Error, unsupported
 from .fx_options import fx_options
@@ -87,6 +87,7 @@ class PoplarExecutor:
         if impl._active is None:  # PopTorch checks its pipeline when it compiles
             self._build(impl, args)
         self._attached = True
+        self._take_loaded_state(impl)
         out = impl(*args)
         if self._training:
             return self._training_outputs(impl, out)
@@ -105,10 +106,29 @@ class PoplarExecutor:
         for hook in list(_PRE_COMPILE.values()):
             hook()
         impl.build(*args)
+        self._share_optimizer_state(impl)
         self._check_blocks()
         self._check_outputs(impl)
         for hook in list(_POST_COMPILE.values()):
             hook()
+
+    def _share_optimizer_state(self, impl) -> None:
+        """A PopTorch optimizer's ``state_dict`` reads the built program's state from now
+        on (not offline: PopTorch has no device to read it from)."""
+        opt = self._optimizer
+        if not self._training or not isinstance(opt, optim.Optimizer):
+            return
+        if self._options.connection_type == ConnectionType.Never:
+            return
+        names = {id(p): n for n, p in self._user_model.named_parameters()}
+        opt._ipu_reader = lambda: optim_state.read(impl._active, names)
+
+    def _take_loaded_state(self, impl) -> None:
+        opt = self._optimizer
+        if self._training and getattr(opt, "_ipu_loaded", None) is not None:
+            names = {id(p): n for n, p in self._user_model.named_parameters()}
+            loaded, opt._ipu_loaded = opt._ipu_loaded, None
+            optim_state.apply_loaded(loaded, impl._active, names)
 
     def _flat_inputs(self, args: tuple, kwargs: dict) -> tuple:
         """The call's tensors, flat and split by device iteration; a call of another

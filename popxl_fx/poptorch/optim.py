@@ -58,6 +58,22 @@ class Optimizer:
         self.variable_attrs = VariableAttributes(names, names)
         self.host_state_is_dirty = False
         self.ipu_state_is_dirty = False
+        self._ipu_reader = None  # set by the executor once built (`optim_state.read`)
+        self._ipu_loaded = None  # a loaded state_dict's IPU part, taken at the next call
+
+    def state_dict(self) -> dict:
+        """torch's state dict plus PopTorch's ``ipu_state`` and ``ipu_param`` (None until a
+        training executor is compiled; `popxl_fx.poptorch.optim_state`)."""
+        ipu = self._ipu_loaded or (self._ipu_reader and self._ipu_reader())
+        return {**torch.optim.Optimizer.state_dict(self), **(ipu or dict.fromkeys(_IPU_KEYS))}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """torch's state and the IPU state of a PopTorch optimizer's ``state_dict``."""
+        if not all(k in state_dict for k in _IPU_KEYS):
+            raise RuntimeError("Only IPU optimizer states can be loaded onto the IPU.")
+        torch_part = {k: v for k, v in state_dict.items() if k not in _IPU_KEYS}
+        torch.optim.Optimizer.load_state_dict(self, torch_part)
+        self._ipu_loaded = {k: state_dict[k] for k in _IPU_KEYS}
 
     def _init_from(self, base: type, given: dict) -> None:
         """``base.__init__`` with the torch arguments of ``given`` (a constructor's
@@ -102,6 +118,7 @@ def _torch_kwargs(**kwargs) -> dict:
 
 
 _F32 = torch.float32
+_IPU_KEYS = ("ipu_state", "ipu_param")
 
 
 def _closure_loss(closure):
