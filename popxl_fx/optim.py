@@ -33,7 +33,7 @@ import popxl_core as popxl
 from popxl_core import ops
 from popxl_core.context import module_origin
 
-from . import optim_clip
+from . import optim_clip, optim_storage
 from .optim_fused import FusedBuilder, fused_feeds
 from .optim_groups import (
     ADAM_HYPER,
@@ -266,7 +266,8 @@ class OptimizerProgram:
         tensors made by ``state(name, key, like, dtype=None)`` (`_state_var`, or an outlined
         update graph's inputs)."""
         update = {"sgd": self._sgd, "adam": self._adam}.get(self.kind, self._lowered)
-        return lambda *args: update(*args, state=state)
+        stored = optim_storage.with_storage(self.kind, update)  # float16 state, if asked
+        return lambda *args: stored(*args, state=state)
 
     def _sgd(self, name: str, p, grad, hp, pg, state: Callable) -> None:
         if pg["maximize"]:

@@ -12,6 +12,7 @@ import torch
 
 from . import optim_ipu, optim_lamb, optim_rmsprop
 from .optim_fused import fused_structure
+from .optim_storage import DTYPE_KEYS
 
 __all__ = [
     "ADAM_HYPER",
@@ -95,6 +96,7 @@ def group_structure(optimizer_type: type, pg: Mapping) -> tuple:
     if kind is None:
         return rejected
     clip = float(pg.get("max_grad_norm", math.inf))  # `optim_clip`
+    clip = (clip, tuple(str(pg.get(k)) for k in DTYPE_KEYS))  # and `optim_storage`
     if kind in LOWERINGS:
         return (LOWERINGS[kind].structure(pg), clip)
     if pg.get("fused"):

@@ -160,3 +160,27 @@ def test_adamw_without_bias_correction():
     states = {}
     sim, ref_params, _ = _run(make, ref)
     _assert_same(sim, ref_params)
+
+
+@pytest.mark.parametrize(
+    "opt, key, state_key",
+    [
+        (torch.optim.Adam, "first_order_momentum_accum_type", "exp_avg"),
+        (torch.optim.AdamW, "second_order_momentum_accum_type", "exp_avg_sq"),
+        (torch.optim.RMSprop, "second_order_momentum_accum_type", "square_avg"),
+    ],
+)
+def test_float16_state_is_rounded_to_half_between_steps(opt, key, state_key):
+    def make(ps):
+        return opt([{"params": ps, key: torch.float16}], lr=0.01)
+
+    def ref(params):  # float32 arithmetic, the state kept to float16 precision
+        made.setdefault("opt", opt(params, lr=0.01)).step()
+        for p in params:
+            t = made["opt"].state[p][state_key]
+            t.copy_(t.half().float())
+
+    made = {}
+    sim, ref_params, sim_opt = _run(make, ref)
+    _assert_same(sim, ref_params)
+    assert all(s[state_key].dtype == torch.float16 for s in sim_opt.state.values())

@@ -102,11 +102,13 @@ def test_ops_compute_their_values():
         poptorch.identity_loss(x, "max")
 
 
-def test_optimizer_ipu_arguments_refused_by_name():
+def test_optimizer_velocity_dtype_is_the_momentum_storage():
     model = nn.Linear(2, 1)
-    opt = poptorch.optim.SGD(model.parameters(), lr=0.1, velocity_accum_type=torch.float16)
-    with pytest.raises(poptorch.Error, match="velocity_accum_type"):
-        poptorch.trainingModel(nn.Sequential(model), optimizer=opt)
+    opt = poptorch.optim.SGD(
+        model.parameters(), lr=0.1, momentum=0.9, velocity_accum_type=torch.float16
+    )
+    poptorch.trainingModel(nn.Sequential(model), optimizer=opt)(torch.ones(2, 2))
+    assert opt.state[model.weight]["momentum_buffer"].dtype == torch.float16
 
 
 def test_hook_resolves_poptorch_and_popxl():

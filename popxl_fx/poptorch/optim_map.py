@@ -12,8 +12,9 @@ the unscaled update; with a half-precision model it is popxl_fx's static loss sc
 velocity_scaling likewise scales the momentum and divides it back. ``max_grad_norm`` and
 AdamW's ``bias_correction`` are read from the shared param groups by popxl_fx
 (`popxl_fx.optim_clip`, `popxl_fx.optim_groups.adam_hyper`), RMSprop's ``use_tf_variant`` by
-`popxl_fx.optim_rmsprop`; LAMB runs as `popxl_fx.optim_lamb.LAMB`. Accumulator dtypes other
-than float32 are refused by name.
+`popxl_fx.optim_rmsprop`; LAMB runs as `popxl_fx.optim_lamb.LAMB`. The momentum dtypes
+(``velocity_accum_type``, ``first/second_order_momentum_accum_type``) are the state's storage
+dtype (`popxl_fx.optim_storage`); ``accum_type`` is checked by `check_accum_type`.
 """
 
 from __future__ import annotations
@@ -38,12 +39,6 @@ _BASES = (
     (torch.optim.Adam, torch.optim.Adam),
     (torch.optim.RMSprop, torch.optim.RMSprop),
 )
-_DTYPE_KEYS = (
-    "accum_type",
-    "velocity_accum_type",
-    "first_order_momentum_accum_type",
-    "second_order_momentum_accum_type",
-)
 
 
 def torch_view(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
@@ -53,22 +48,10 @@ def torch_view(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         return optimizer
     for poptorch_type, base in _BASES:
         if isinstance(optimizer, poptorch_type):
-            _check_ipu_arguments(optimizer)
             view = base.__new__(base)
             view.__setstate__(optimizer.__getstate__())
             return view
     return optimizer
-
-
-def _check_ipu_arguments(optimizer: optim.Optimizer) -> None:
-    for i, group in enumerate(optimizer.param_groups):
-        for key in _DTYPE_KEYS[1:]:  # accum_type: the executor checks it (`accum_dtype`)
-            dtype = group.get(key)
-            if dtype is not None and dtype != torch.float32:
-                raise Error(
-                    f"{type(optimizer).__name__}({key}={dtype}) (param group {i}): only float32 "
-                    "accumulators are simulated by popxl_fx's PopTorch layer."
-                )
 
 
 def check_accum_type(optimizer: torch.optim.Optimizer, accumulation: int) -> None:
