@@ -194,3 +194,15 @@ def test_loading_state_that_is_not_an_ipu_optimizers_raises():
     opt.load_state_dict(state)
     with pytest.raises(poptorch.Error, match="learningRate___specific___lin.bias"):
         ipu(torch.ones(10))
+
+
+def test_arguments_given_to_the_constructor_are_variable():
+    params = _Model().parameters()
+    given = poptorch.optim.SGD(params, lr=1.0, momentum=0.0, loss_scaling=1.0)
+    assert not given.variable_attrs.isConstant("momentum")
+    assert not given.variable_attrs.isConstant("loss_scaling")
+    default = poptorch.optim.RMSprop(_Model().parameters(), lr=1.0)
+    assert default.variable_attrs.isConstant("alpha")
+    assert not default.variable_attrs.isConstant("lr")
+    default.variable_attrs.markAsVariable("alpha")
+    assert not default.variable_attrs.isConstant("alpha")

@@ -17,8 +17,9 @@ __all__ = ["LAMB", "SGD", "Adam", "AdamW", "Optimizer", "RMSprop", "VariableAttr
 
 
 class VariableAttributes:
-    """Which hyper-parameters may change between runs without recompiling (PopTorch's
-    variable vs constant attributes; here every value is fed per step, so all can)."""
+    """Which hyper-parameters may change between runs without recompiling: PopTorch's
+    variable vs constant attributes, variable when given to the constructor. Here every value
+    is fed per step, so all can change; the marks are kept for the user's code."""
 
     def __init__(self, variable_attributes: list[str], allowed_attributes: list[str]) -> None:
         self._allowed_attributes = list(allowed_attributes)
@@ -48,14 +49,16 @@ class Optimizer:
 
     _ipu_defaults: dict = {}
 
-    def _ipu_init(self, given: dict) -> None:
+    def _ipu_init(self, given: dict, variable: list[str]) -> None:
+        """The IPU arguments ``given`` (None: PopTorch's default) into defaults and groups;
+        ``variable``: the arguments given explicitly (PopTorch's variable attributes)."""
         ipu = {k: (v if given.get(k) is None else given[k]) for k, v in self._ipu_defaults.items()}
         for key, value in ipu.items():
             self.defaults[key] = value
             for group in self.param_groups:
                 group.setdefault(key, value)
         names = list(self.defaults)
-        self.variable_attrs = VariableAttributes(names, names)
+        self.variable_attrs = VariableAttributes([n for n in names if n in variable], names)
         self.host_state_is_dirty = False
         self.ipu_state_is_dirty = False
         self._ipu_reader = None  # set by the executor once built (`optim_state.read`)
@@ -79,10 +82,11 @@ class Optimizer:
         """``base.__init__`` with the torch arguments of ``given`` (a constructor's
         ``locals()``; None: torch's default), then the IPU arguments (`_ipu_init`)."""
         given = {k: v for k, v in given.items() if k not in ("self", "__class__")}
+        variable = [k for k, v in given.items() if v is not None]
         params = given.pop("params")
         ipu = {k: given.pop(k) for k in self._ipu_defaults}
         base.__init__(self, params, **_torch_kwargs(**given))
-        self._ipu_init(ipu)
+        self._ipu_init(ipu, variable)
 
     # PopTorch keeps its global arguments (loss_scaling, the accumulator dtypes, ...) as
     # attributes: ``opt.loss_scaling = 2.0`` is read by the next setOptimizer. Here they live
