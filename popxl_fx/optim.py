@@ -180,6 +180,11 @@ class OptimizerProgram:
         # full shapes (phased with RTS the parameters are loaded shards: their meta shape)
         self._shapes.update({n: tuple(params[n].meta_shape or params[n].shape) for n in names})
         # with RTS the gradients are shards (`pipeline.reduce_gradients`): so are the weights
+        if getattr(LOWERINGS.get(self.kind), "WHOLE_TENSORS", False) and self.replication.sharded:
+            raise UnsupportedOptimizerError(
+                f"param group {g.index}: {type(self.optimizer).__name__} takes norms of whole "
+                "weights, but replicated tensor sharding updates each replica's shard."
+            )
         targets = {n: self.replication.target(params[n]) for n in names}
         if pg.get("fused") and self.remote is not None:
             raise UnsupportedOptimizerError(

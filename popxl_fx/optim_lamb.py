@@ -20,10 +20,11 @@ import torch
 import popxl_core as popxl
 from popxl_core import ops
 
-__all__ = ["HYPER", "LAMB", "build_update", "hyper_values", "structure"]
+__all__ = ["HYPER", "LAMB", "WHOLE_TENSORS", "build_update", "hyper_values", "structure"]
 
 HYPER = ("neg_lr", "beta1", "c1", "beta2", "c2", "bc1", "bc2_sqrt", "eps", "weight_decay")
 FP16_MAX = 65500.0  # PopTorch's max_weight_norm when none is given
+WHOLE_TENSORS = True  # the trust ratio needs whole weights (not RTS shards)
 
 
 class LAMB(torch.optim.Optimizer):

@@ -9,8 +9,9 @@ import torch
 import popxl_core as popxl
 from popxl_core import ops
 from popxl_fx import optim_rmsprop
-from popxl_fx.optim import OptimizerProgram
+from popxl_fx.optim import OptimizerProgram, UnsupportedOptimizerError
 from popxl_fx.optim_lamb import LAMB
+from popxl_fx.optim_replicated import Replication
 
 SHAPES = {"a.weight": (5, 7), "a.bias": (7,), "b.weight": (33,)}
 
@@ -184,3 +185,21 @@ def test_float16_state_is_rounded_to_half_between_steps(opt, key, state_key):
     sim, ref_params, sim_opt = _run(make, ref)
     _assert_same(sim, ref_params)
     assert all(s[state_key].dtype == torch.float16 for s in sim_opt.state.values())
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda ps: LAMB(ps), "norms of whole weights"),
+        (lambda ps: torch.optim.SGD([{"params": ps, "max_grad_norm": 1.0}], lr=0.1), "at once"),
+    ],
+)
+def test_norms_refuse_replicated_tensor_sharding(make, match):
+    params = _params()
+    prog = OptimizerProgram(
+        make(list(params.values())), {p: n for n, p in params.items()}, Replication(2, True)
+    )
+    with popxl.Ir().main_graph:
+        vars_ = {n: popxl.variable(p.detach().numpy(), name=n) for n, p in params.items()}
+        with pytest.raises(UnsupportedOptimizerError, match=match):
+            prog.build(vars_, dict(vars_))
