@@ -206,3 +206,11 @@ def test_arguments_given_to_the_constructor_are_variable():
     assert not default.variable_attrs.isConstant("lr")
     default.variable_attrs.markAsVariable("alpha")
     assert not default.variable_attrs.isConstant("alpha")
+
+
+def test_copies_keep_poptorchs_attributes():
+    opt = poptorch.optim.AdamW(_Model().parameters(), lr=0.01, loss_scaling=2.0)
+    opt.variable_attrs.markAsVariable("eps")
+    copied = copy.copy(opt)
+    assert copied.loss_scaling == 2.0 and not copied.variable_attrs.isConstant("eps")
+    assert copied.state_dict()["ipu_state"] is None

@@ -67,8 +67,16 @@ class Optimizer:
     def state_dict(self) -> dict:
         """torch's state dict plus PopTorch's ``ipu_state`` and ``ipu_param`` (None until a
         training executor is compiled; `popxl_fx.poptorch.optim_state`)."""
-        ipu = self._ipu_loaded or (self._ipu_reader and self._ipu_reader())
+        reader = self.__dict__.get("_ipu_reader")
+        ipu = self.__dict__.get("_ipu_loaded") or (reader and reader())
         return {**torch.optim.Optimizer.state_dict(self), **(ipu or dict.fromkeys(_IPU_KEYS))}
+
+    def __getstate__(self) -> dict:
+        """torch's (defaults, state, param_groups) and PopTorch's attributes, so that copies
+        keep them (not the executor's reader: a copy is read once an executor takes it)."""
+        state = torch.optim.Optimizer.__getstate__(self)
+        keep = ("variable_attrs", "host_state_is_dirty", "ipu_state_is_dirty", "_ipu_loaded")
+        return {**state, **{k: self.__dict__[k] for k in keep if k in self.__dict__}}
 
     def load_state_dict(self, state_dict: dict) -> None:
         """torch's state and the IPU state of a PopTorch optimizer's ``state_dict``."""
