@@ -26,6 +26,7 @@ __all__ = [
     "hyper_source",
     "optimizer_kind",
     "sgd_hyper",
+    "state_slots",
 ]
 
 SGD_HYPER = ("neg_lr", "weight_decay", "buf_scale", "damp_alpha", "momentum")
@@ -163,3 +164,11 @@ def adam_hyper(pg: Mapping, step: int) -> dict[str, float]:
         "weight_decay": wd,
         "decay": 1 - lr * wd,
     }
+
+
+def state_slots(kind: str, groups) -> int:
+    """How many weight-sized state tensors the optimizer keeps per weight (at most)."""
+    momentum = int(any(g.get("momentum", 0) for g in groups))
+    if kind == "rmsprop":
+        return 1 + int(any(g.get("centered") for g in groups)) + momentum
+    return 2 if kind in ("adam", "ipu_adam", "lamb") else momentum

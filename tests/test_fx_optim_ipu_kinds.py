@@ -10,6 +10,7 @@ import popxl_core as popxl
 from popxl_core import ops
 from popxl_fx import optim_rmsprop
 from popxl_fx.optim import OptimizerProgram, UnsupportedOptimizerError
+from popxl_fx.optim_groups import state_slots
 from popxl_fx.optim_lamb import LAMB
 from popxl_fx.optim_replicated import Replication
 
@@ -203,3 +204,10 @@ def test_norms_refuse_replicated_tensor_sharding(make, match):
         vars_ = {n: popxl.variable(p.detach().numpy(), name=n) for n, p in params.items()}
         with pytest.raises(UnsupportedOptimizerError, match=match):
             prog.build(vars_, dict(vars_))
+
+
+def test_state_slots_count_each_kinds_weight_sized_state():
+    assert state_slots("rmsprop", [{"centered": True, "momentum": 0.9}]) == 3
+    assert state_slots("rmsprop", [{"centered": False, "momentum": 0}]) == 1
+    assert state_slots("lamb", [{}]) == state_slots("adam", [{}]) == 2
+    assert state_slots("sgd", [{"momentum": 0}]) == 0
