@@ -3,10 +3,30 @@
 from __future__ import annotations
 
 import logging
+import sys
 
 __all__ = ["logger", "setLogLevel", "setPopartLogLevel"]
 
 logger = logging.getLogger("poptorch::python")
+
+
+class _Stderr(logging.StreamHandler):
+    """PopTorch's console handler: its lines on the stderr of the moment (so captured output
+    holds them), as ``[time] [poptorch::python] [level] message``."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
+if not any(isinstance(h, _Stderr) for h in logger.handlers):  # once, if reloaded
+    _console = _Stderr()
+    _console.setFormatter(logging.Formatter("[%(asctime)s] [%(name)s] [%(levelname)s] %(message)s"))
+    logger.addHandler(_console)
 _LEVELS = {
     "TRACE": logging.DEBUG,
     "DEBUG": logging.DEBUG,

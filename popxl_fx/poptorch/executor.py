@@ -19,7 +19,7 @@ from torch import nn
 
 import popxl_fx
 
-from . import batching, blocks, optim, optim_map
+from . import batching, blocks, optim, optim_attrs, optim_map, optim_state
 from .enums import ConnectionType, OutputMode, ReductionType
 from .errors import Error, unsupported
 from .fx_options import fx_options
@@ -68,6 +68,9 @@ class PoplarExecutor:
         if training and optimizer is None:
             optimizer = optim.SGD(self._user_model.parameters(), lr=0.01)  # PopTorch's default
         self._optimizer = optimizer
+        self._attrs = optim_attrs.AttributeTracker(self._options.relax_optimizer_checks)
+        if training:
+            self._take_optimizer(optimizer, compiled=False)
         self._wrapped = Wrapped(model, training, _loss_factor(self._options, training))
         self._impl = None  # the popxl_fx trainer / inference model, made on compile
         self._attached = False
@@ -86,6 +89,7 @@ class PoplarExecutor:
         if impl._active is None:  # PopTorch checks its pipeline when it compiles
             self._build(impl, args)
         self._attached = True
+        self._take_loaded_state(impl)
         out = impl(*args)
         if self._training:
             return self._training_outputs(impl, out)
@@ -104,10 +108,29 @@ class PoplarExecutor:
         for hook in list(_PRE_COMPILE.values()):
             hook()
         impl.build(*args)
+        self._share_optimizer_state(impl)
         self._check_blocks()
         self._check_outputs(impl)
         for hook in list(_POST_COMPILE.values()):
             hook()
+
+    def _share_optimizer_state(self, impl) -> None:
+        """A PopTorch optimizer's ``state_dict`` reads the built program's state from now
+        on (not offline: PopTorch has no device to read it from)."""
+        opt = self._optimizer
+        if not self._training or not isinstance(opt, optim.Optimizer):
+            return
+        if self._options.connection_type == ConnectionType.Never:
+            return
+        names = {id(p): n for n, p in self._user_model.named_parameters()}
+        opt._ipu_reader = lambda: optim_state.read(impl._active, names)
+
+    def _take_loaded_state(self, impl) -> None:
+        opt = self._optimizer
+        if self._training and getattr(opt, "_ipu_loaded", None) is not None:
+            names = {id(p): n for n, p in self._user_model.named_parameters()}
+            loaded, opt._ipu_loaded = opt._ipu_loaded, None
+            optim_state.apply_loaded(loaded, impl._active, names)
 
     def _flat_inputs(self, args: tuple, kwargs: dict) -> tuple:
         """The call's tensors, flat and split by device iteration; a call of another
@@ -205,11 +228,19 @@ class PoplarExecutor:
         """Train with ``optimizer`` from the next call (its state and hyper-parameters)."""
         if not self._training:
             raise Error("setOptimizer is only for a trainingModel.")
-        optim_map.torch_view(optimizer)  # refused now, not at the next call
+        compiled = self._impl is not None and self._impl._active is not None
+        self._take_optimizer(optimizer, compiled)
         self._optimizer = optimizer
         # popxl_fx's trainer reads its optimizer's groups and state: a new trainer reads the
         # new optimizer's (the weights are the model's, so nothing else is lost)
         self._impl = None
+
+    def _take_optimizer(self, optimizer: torch.optim.Optimizer, compiled: bool) -> None:
+        """PopTorch's checks of an optimizer (`optim_attrs`), then popxl_fx's refusals."""
+        optim_attrs.warn_if_subclassed(optimizer)
+        optim_attrs.check_accum_strategy(optimizer, self._options, compiled)
+        self._attrs.check(optimizer)
+        optim_map.torch_view(optimizer)  # refused now, not at the next call
 
     @property
     def model(self) -> nn.Module:
@@ -254,6 +285,7 @@ class PoplarExecutor:
             self._impl = popxl_fx.inference_model(self._wrapped, fx)
             return self._impl
         view = optim_map.torch_view(self._optimizer)
+        optim_map.check_accum_type(self._optimizer, fx.gradient_accumulation)
         fx = fx.replace(loss_scaling=_loss_scale(self._optimizer, fx))
         outputs = _fetches_outputs(fx)
         self._impl = popxl_fx.Trainer(self._wrapped, view, None, fx, outputs=outputs)

@@ -60,6 +60,7 @@ class Options(Values):
             anchored_tensors={},
             input_group_size=1,
             broadcast_buffers=True,
+            relax_optimizer_checks=False,
         )
         object.__setattr__(self, "_frozen", False)
         object.__setattr__(self, "_execution_strategy", None)
@@ -176,6 +177,11 @@ class Options(Values):
     def broadcastBuffers(self, broadcast_buffers: bool = True) -> Options:
         return self._set("broadcast_buffers", bool(broadcast_buffers))
 
+    def relaxOptimizerAttributesChecks(self, relax: bool = True) -> Options:
+        """Attributes added to an optimizer after its first use are logged at debug level
+        instead of as warnings."""
+        return self._set("relax_optimizer_checks", bool(relax))
+
     def _accepted(self, name: str, why: str | None = None):
         def setter(*args, **kwargs) -> Options:
             _notes.note(f"Options.{name}", *(() if why is None else (why,)))
@@ -240,7 +246,6 @@ _ACCEPTED = {
     "sourceLocationExcludes": "it filters PopART's debug locations",
     "appendToLocationExcludes": "it filters PopART's debug locations",
     "showCompilationProgressBar": None,
-    "relaxOptimizerAttributesChecks": None,
     "logDir": None,
     "maxRepeatLogs": None,
     "enableStableNorm": None,
