@@ -22,7 +22,7 @@ import popxl_fx
 from . import batching, blocks, optim, optim_map
 from .enums import ConnectionType, OutputMode, ReductionType
 from .errors import Error, unsupported
-from .fx_options import fx_options
+from .fx_options import fx_options, implicit_mean_strategy
 from .options import Options
 from .wrapper import Wrapped, flat_call
 
@@ -67,6 +67,8 @@ class PoplarExecutor:
         if training and optimizer is None:
             optimizer = optim.SGD(self._user_model.parameters(), lr=0.01)  # PopTorch's default
         self._optimizer = optimizer
+        if training:
+            implicit_mean_strategy(self._options, optimizer)
         self._wrapped = Wrapped(model, training, _loss_factor(self._options, training))
         self._impl = None  # the popxl_fx trainer / inference model, made on compile
         self._attached = False
@@ -74,8 +76,8 @@ class PoplarExecutor:
 
     # PopTorch's API ----------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self._options.connection_type == ConnectionType.Never:
-            raise Error(
+        if self._options.connection_type == ConnectionType.Never:  # PopTorch asserts this
+            raise AssertionError(
                 "Trying to run a model on an offline device (ConnectionType.Never): use "
                 "model.compile(inputs) instead of model(inputs)"
             )
@@ -331,6 +333,11 @@ def _frozen_copy(options: Options | None, training: bool) -> Options:
             "Options.Distributed: an executor of popxl_fx's PopTorch layer runs one process "
             f"(not {options.Distributed.numProcesses}); its replicas live in it "
             "(replicationFactor), or run popxl_fx itself under torchrun."
+        )
+    if options.anchored_tensors:
+        raise Error(
+            "Options.anchorTensor reads a tensor by its PopART name; popxl_fx's PopTorch layer "
+            "has no PopART IR, so its tensors have no such names."
         )
     options._freeze()
     options = options.clone()
