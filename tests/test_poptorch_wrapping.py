@@ -3,6 +3,7 @@ wrap until destroyed), and the executor's cycle-count and compilation-time queri
 
 from __future__ import annotations
 
+import copy
 import datetime
 
 import pytest
@@ -67,3 +68,13 @@ def test_cycle_count_and_compilation_time_errors_as_poptorch():
     counting = poptorch.inferenceModel(nn.Identity(), poptorch.Options().logCycleCount(True))
     with pytest.raises(poptorch.Error, match="only supported on actual IPU hardware"):
         counting(torch.ones(2))
+
+
+def test_a_marked_model_saves_as_its_own_class(tmp_path):
+    model = _Model()
+    executor = poptorch.trainingModel(model)
+    torch.save(model, tmp_path / "model.pt")
+    loaded = torch.load(tmp_path / "model.pt", weights_only=False)
+    assert type(loaded) is _Model and torch.equal(loaded.fc.weight, model.fc.weight)
+    assert type(copy.copy(model)) is type(model)  # a shallow copy keeps the mark
+    assert executor.model is model

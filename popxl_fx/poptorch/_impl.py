@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
-from . import marks
+from . import marks, wrapping
 from .errors import Error
 
-__all__ = ["createPoptorchError", "isDispatchTracing", "isRunningOnIpu"]
+__all__ = [
+    "_restoreWrapperIfNecessary",
+    "createPoptorchError",
+    "isDispatchTracing",
+    "isRunningOnIpu",
+]
+
+# what unpickling and copying a model marked by a training executor call (`wrapping`)
+_restoreWrapperIfNecessary = wrapping.restore
 
 
 def isDispatchTracing() -> bool:
