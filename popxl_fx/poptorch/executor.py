@@ -11,6 +11,7 @@ to copy.
 from __future__ import annotations
 
 import copy
+import datetime
 from collections import OrderedDict
 from typing import Any
 
@@ -19,10 +20,10 @@ from torch import nn
 
 import popxl_fx
 
-from . import batching, blocks, optim, optim_attrs, optim_map, optim_state
+from . import batching, blocks, optim, optim_attrs, optim_map, optim_state, wrapping
 from .enums import ConnectionType, OutputMode, ReductionType
 from .errors import Error, unsupported
-from .fx_options import fx_options
+from .fx_options import fx_options, implicit_mean_strategy
 from .options import Options
 from .synthetic import SyntheticInputs
 from .wrapper import Wrapped, flat_call
@@ -68,9 +69,13 @@ class PoplarExecutor:
         if training and optimizer is None:
             optimizer = optim.SGD(self._user_model.parameters(), lr=0.01)  # PopTorch's default
         self._optimizer = optimizer
-        self._attrs = optim_attrs.AttributeTracker(self._options.relax_optimizer_checks)
+        self._attrs = optim_attrs.AttributeTracker(
+            self._options._relax_optimizer_attributes_checks
+        )
         if training:
             self._take_optimizer(optimizer, compiled=False)
+            implicit_mean_strategy(self._options, optimizer)
+            wrapping.wrap(self._user_model, self)
         self._wrapped = Wrapped(model, training, _loss_factor(self._options, training))
         self._impl = None  # the popxl_fx trainer / inference model, made on compile
         self._attached = False
@@ -79,8 +84,8 @@ class PoplarExecutor:
 
     # PopTorch's API ----------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self._options.connection_type == ConnectionType.Never:
-            raise Error(
+        if self._options.connection_type == ConnectionType.Never:  # PopTorch asserts this
+            raise AssertionError(
                 "Trying to run a model on an offline device (ConnectionType.Never): use "
                 "model.compile(inputs) instead of model(inputs)"
             )
@@ -105,9 +110,13 @@ class PoplarExecutor:
         self._attached = True
 
     def _build(self, impl, args: tuple) -> None:
+        if self._options._Popart.options["instrumentWithHardwareCycleCounter"]:
+            raise Error("Cycle count logging is only supported on actual IPU hardware.")
         for hook in list(_PRE_COMPILE.values()):
             hook()
+        start = datetime.datetime.now()
         impl.build(*args)
+        self._compilation_time = datetime.datetime.now() - start
         self._share_optimizer_state(impl)
         self._check_blocks()
         self._check_outputs(impl)
@@ -187,9 +196,13 @@ class PoplarExecutor:
         self._attached = True
 
     def destroy(self) -> None:
-        """Drop the compiled programs (the model keeps its trained weights)."""
+        """Drop the compiled programs (the model keeps its trained weights, and its class)."""
+        if not self.isCompiled():
+            return
         self._impl = None
         self._attached = False
+        if self._training:
+            wrapping.unwrap(self._user_model)
 
     def copyWeightsToHost(self) -> None:
         """Nothing to copy: the model's tensors are the program's."""
@@ -219,10 +232,22 @@ class PoplarExecutor:
         raise unsupported("PoplarExecutor.loadExecutable", "there are no Poplar executables")
 
     def cycleCount(self) -> int:
-        raise unsupported(
-            "PoplarExecutor.cycleCount",
-            "it reads hardware counters; report() has the simulator's cycle estimate",
-        )
+        """PopTorch's errors: counting is off, or (on) the model never ran, since a model
+        counting cycles does not compile without hardware (`_build`)."""
+        if not self._options._Popart.options["instrumentWithHardwareCycleCounter"]:
+            raise Error(
+                "Cycle count logging is disabled. Please set option logCycleCount to True to "
+                "enable."
+            )
+        raise Error("Please run the model at least once before obtaining cycle count.")
+
+    def compilationTime(self) -> datetime.timedelta:
+        """How long the last build took (capture, lowering, planning and compiling)."""
+        if not self.isCompiled():
+            raise Error("Please compile the model before obtaining compilation time.")
+        if not self._options._show_compilation_progress_bar:
+            raise Error("Please set showCompilationProgressBar option to obtain compilation time.")
+        return self._compilation_time
 
     def setOptimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Train with ``optimizer`` from the next call (its state and hyper-parameters)."""
@@ -367,6 +392,11 @@ def _frozen_copy(options: Options | None, training: bool) -> Options:
             "Options.Distributed: an executor of popxl_fx's PopTorch layer runs one process "
             f"(not {options.Distributed.numProcesses}); its replicas live in it "
             "(replicationFactor), or run popxl_fx itself under torchrun."
+        )
+    if options.anchored_tensors:
+        raise Error(
+            "Options.anchorTensor reads a tensor by its PopART name; popxl_fx's PopTorch layer "
+            "has no PopART IR, so its tensors have no such names."
         )
     options._freeze()
     options = options.clone()
