@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 import time
 
 import pytest
 import torch
 
 import popxl_fx.poptorch as poptorch
+from popxl_fx import compat
 
 FORK = {"sharing_strategy": poptorch.SharingStrategy.Fork}  # quick to start in a test
 
@@ -170,3 +174,16 @@ def test_a_failing_data_set_says_the_worker_failed_to_start():
     loader = poptorch.DataLoader(poptorch.Options(), Broken(4))
     with pytest.raises(poptorch.Error, match="worker thread failed to start"):
         poptorch.AsynchronousDataAccessor(loader, **FORK)
+
+
+def test_python_subprocesses_of_a_poptorch_program_import_poptorch_and_log_as_poptorch():
+    script = (
+        "import poptorch, popxl_fx.poptorch as real\n"
+        "assert poptorch is real\n"
+        "poptorch._logging.logger.debug('hello from %s', 'the child')\n"
+    )
+    env = {**compat.child_env(), "POPTORCH_LOG_LEVEL": "DEBUG"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    line = r"\[\d\d:\d\d:\d\d\.\d{3}\] \[poptorch::python\] \[debug\] hello from the child"
+    assert re.fullmatch(line + "\n", done.stderr), done.stderr

@@ -45,25 +45,16 @@ class DataLoader(torch.utils.data.DataLoader):
     ) -> None:
         _check_options(options)
         self._accessor, self._options = None, options
-        self._user_batch_sampler = batch_sampler is not None
-        if self._user_batch_sampler:  # the sampler makes the batches; drop_last combines them
-            batch_size = _sampler_batch_size(
-                options, batch_size, shuffle, batch_sampler, auto_distributed_partitioning
-            )
-            self.batch_sampler_drop_last, drop_last = drop_last, None
-        self._real_drop_last = drop_last if drop_last is not None else self.batch_sampler_drop_last
+        batch_size, drop_last = self._take_sampler(
+            options, batch_size, shuffle, drop_last, batch_sampler, auto_distributed_partitioning
+        )
         options._freeze()
         self._set_sizes(options, batch_size)
-        self._is_iterable = isinstance(dataset, torch.utils.data.IterableDataset)
-        self._shuffle_shares = False
-        if self._is_iterable:
-            _check_iterable(options, auto_distributed_partitioning, num_workers, kwargs)
-        else:
-            dataset, shuffle = self._map_style(
-                dataset, options, bool(shuffle), auto_distributed_partitioning
-            )
+        dataset, shuffle = self._partition(
+            dataset, options, shuffle, num_workers, auto_distributed_partitioning, kwargs
+        )
         mode, rebatched, load_batch = self._rebatching(mode, rebatched_worker_size)
-        if rebatched is not None:
+        if rebatched is not None:  # the accessor drops (or keeps) the remainder, not torch
             self.rebatched_drop_last, drop_last = drop_last, False
         super().__init__(
             dataset,
@@ -75,10 +66,25 @@ class DataLoader(torch.utils.data.DataLoader):
             persistent_workers=_persistent(persistent_workers, num_workers),
             **kwargs,
         )
-        if mode == DataLoaderMode.Async:
-            self._accessor = AsynchronousDataAccessor(
-                self, **_async_options(async_options), rebatched_size=rebatched
-            )
+        self._accessor = self._async_accessor(mode, async_options, rebatched)
+
+    def _async_accessor(self, mode, async_options, rebatched) -> AsynchronousDataAccessor | None:
+        if mode != DataLoaderMode.Async:
+            return None
+        return AsynchronousDataAccessor(
+            self, **_async_options(async_options), rebatched_size=rebatched
+        )
+
+    def _take_sampler(self, options, batch_size, shuffle, drop_last, sampler, partition) -> tuple:
+        """(batch size, drop_last for torch): a batch sampler makes the batches itself, and
+        ``drop_last`` then drops a last group of fewer batches than a call takes."""
+        self._user_batch_sampler = sampler is not None
+        self._real_drop_last = drop_last
+        if not self._user_batch_sampler:
+            return batch_size, drop_last
+        batch_size = _sampler_batch_size(options, batch_size, shuffle, sampler, partition)
+        self.batch_sampler_drop_last = drop_last
+        return batch_size, None
 
     def _set_sizes(self, options: Options, batch_size: int | None) -> None:
         if batch_size is None:
@@ -88,6 +94,15 @@ class DataLoader(torch.utils.data.DataLoader):
         per_call = options.device_iterations * groups * options.Training.gradient_accumulation
         self._num_batches_to_combine = per_call
         self._combined_batch_size = batch_size * per_call
+
+    def _partition(self, dataset, options, shuffle, num_workers, partition, kwargs) -> tuple:
+        """(data set, shuffle for torch): this process's share when Distributed asks for it."""
+        self._is_iterable = isinstance(dataset, torch.utils.data.IterableDataset)
+        self._shuffle_shares = False
+        if self._is_iterable:
+            _check_iterable(options, partition, num_workers, kwargs)
+            return dataset, shuffle
+        return self._map_style(dataset, options, bool(shuffle), partition)
 
     def _map_style(self, dataset, options, shuffle, auto_partition) -> tuple:
         drop_last = self._real_drop_last
