@@ -139,6 +139,7 @@ __all__ = [
 
 isRunningOnIpu = _impl.isRunningOnIpu
 setLogLevel = _logging.setLogLevel
+_logging._configure()  # PopTorch's log lines, at the level POPTORCH_LOG_LEVEL names
 
 
 def _user_model(model) -> torch.nn.Module:
