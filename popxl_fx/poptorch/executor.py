@@ -313,7 +313,11 @@ class PoplarExecutor:
         optim_map.check_accum_type(self._optimizer, fx.gradient_accumulation)
         fx = fx.replace(loss_scaling=_loss_scale(self._optimizer, fx))
         outputs = _fetches_outputs(fx)
-        self._impl = popxl_fx.Trainer(self._wrapped, view, None, fx, outputs=outputs)
+        # PopTorch trains a loss that reaches no trainable parameter (PopART has no
+        # gradient to apply): the step runs and updates nothing
+        self._impl = popxl_fx.Trainer(
+            self._wrapped, view, None, fx, outputs=outputs, untrained_ok=True
+        )
         return self._impl
 
     def _training_outputs(self, impl, loss: torch.Tensor) -> Any:
