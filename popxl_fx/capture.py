@@ -31,6 +31,7 @@ from .calls import POSITIONAL, Binding
 from .capture_calls import RootCalls
 from .capture_proxy import CaptureProxy, describe
 from .capture_state import preserved, trace_graph, trace_module
+from .capture_watch import notify
 from .errors import Issue, user_frame, user_stack
 from .guards import data_check, find_guard
 from .lowering import lookup
@@ -181,6 +182,7 @@ class CaptureTracer(RootCalls, fx.Tracer):
         node = super().create_node(kind, target, args, kwargs, name, type_expr)
         if kind != "output":
             self._annotate(node)
+            notify(node, self.root_module)
         return node
 
     @staticmethod

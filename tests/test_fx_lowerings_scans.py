@@ -1,0 +1,28 @@
+"""cumprod and cumsum(out=) lowerings against torch (torch's own kernels: tolerance 0)."""
+
+import pytest
+import torch
+
+from .fx_cases import Fn, randn
+from .fx_harness import check_lowering
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_cumprod_forward_and_gradient_are_eager(dim):
+    check_lowering(Fn(lambda x: torch.cumprod(x, dim)), randn(3, 4, 5), rtol=0.0, atol=0.0)
+
+
+def test_cumprod_method():
+    check_lowering(Fn(lambda x: x.cumprod(1)), randn(3, 4), rtol=0.0, atol=0.0)
+
+
+@pytest.mark.parametrize("src", [torch.float32, torch.int32], ids=str)
+@pytest.mark.parametrize("dest", [torch.float32, torch.int32], ids=str)
+def test_cumsum_out_sums_in_the_out_dtype(src, dest):
+    """torch.cumsum(x, d, out=t) computes as dtype=t.dtype (float -> int truncates first)."""
+
+    def fn(x):
+        res = torch.empty(x.shape).to(dest)
+        return torch.cumsum(x.detach().to(src), -1, out=res)
+
+    check_lowering(Fn(fn), randn(2, 6) * 3, rtol=0.0, atol=0.0, grad=False)
