@@ -52,3 +52,17 @@ def test_multiconv_setters_validate():
     with pytest.raises(AssertionError, match="available memory proportion"):
         mc.availableMemoryProportions([])
     assert mc.availableMemoryProportions((0.5, 0.6)).planType(poptorch.MultiConvPlanType.Serial)
+
+
+def test_distribution_argument_checks_are_off_while_tracing():
+    """PopTorch turns torch.distributions' value checks off while it traces (they branch on
+    tensor values); the sample's dtype is eager's."""
+
+    class Sample(nn.Module):
+        def forward(self, low):
+            return torch.distributions.Uniform(low, torch.tensor([10.0])).sample((4, 3))
+
+    low = torch.tensor([1.0], dtype=torch.float16)
+    out = poptorch.inferenceModel(Sample())(low)
+    assert out.dtype == Sample()(low).dtype and out.shape == (4, 3, 1)
+    assert torch.distributions.Distribution._validate_args  # restored after the trace

@@ -1,7 +1,9 @@
-"""cumprod and cumsum(out=) lowerings against torch (torch's own kernels: tolerance 0)."""
+"""cumprod, cumsum(out=) and eval RReLU lowerings against torch (torch's own kernels:
+tolerance 0)."""
 
 import pytest
 import torch
+from torch import nn
 
 from .fx_cases import Fn, randn
 from .fx_harness import check_lowering
@@ -26,3 +28,7 @@ def test_cumsum_out_sums_in_the_out_dtype(src, dest):
         return torch.cumsum(x.detach().to(src), -1, out=res)
 
     check_lowering(Fn(fn), randn(2, 6) * 3, rtol=0.0, atol=0.0, grad=False)
+
+
+def test_rrelu_in_eval_is_eagers_leaky_relu():
+    check_lowering(nn.Sequential(nn.RReLU()).eval(), randn(4, 50), rtol=0.0, atol=0.0)
