@@ -18,13 +18,17 @@ import torch
 import torch.utils._pytree as pytree
 from torch import nn
 
+from popxl_fx.capture_watch import ruling
+
 from . import marks
 from .args import parser_for
 from .errors import Error
+from .half import ParamsFollowActivations
 
 __all__ = ["Wrapped", "flat_call"]
 
 _TENSOR = object()  # where a tensor goes in a call's template
+_HALF_RULE = ParamsFollowActivations()
 
 
 class _Custom:
@@ -85,7 +89,7 @@ class Wrapped(nn.Module):
         given = iter(tensors)
         leaves = [_leaf(x, given) for x in template]
         args, kwargs = pytree.tree_unflatten(leaves, spec)
-        with marks.recording() as seen, _no_distribution_checks():
+        with marks.recording() as seen, _no_distribution_checks(), ruling(_HALF_RULE):
             out = self.model(*args, **kwargs)
         self.blocks = list(seen.blocks)
         if not self.for_training:
