@@ -31,6 +31,7 @@ from .calls import POSITIONAL, Binding
 from .capture_calls import RootCalls
 from .capture_proxy import CaptureProxy, describe
 from .capture_state import preserved, trace_graph, trace_module
+from .capture_watch import call_args, notify, trace_through
 from .errors import Issue, user_frame, user_stack
 from .guards import data_check, find_guard
 from .lowering import lookup
@@ -147,6 +148,8 @@ class CaptureTracer(RootCalls, fx.Tracer):
             return self.adopt(m, forward, args, kwargs)
         self._paths.append(path)
         try:
+            if trace_through(m, args, kwargs):  # a front end's rule (`capture_watch`)
+                return forward(*args, **kwargs)
             return super().call_module(m, forward, args, kwargs)
         finally:
             self._paths.pop()
@@ -170,6 +173,8 @@ class CaptureTracer(RootCalls, fx.Tracer):
         type_expr=None,
         proxy_factory_fn=None,
     ) -> Any:
+        if kind in ("call_function", "call_method"):
+            args, kwargs = call_args(self, args, kwargs)
         if self._folds(kind, target, args):
             return self._fold(kind, target, args, kwargs)
         return super().create_proxy(kind, target, args, kwargs, name, type_expr, proxy_factory_fn)
@@ -181,6 +186,7 @@ class CaptureTracer(RootCalls, fx.Tracer):
         node = super().create_node(kind, target, args, kwargs, name, type_expr)
         if kind != "output":
             self._annotate(node)
+            notify(node, self.root_module)
         return node
 
     @staticmethod

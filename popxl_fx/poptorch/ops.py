@@ -12,6 +12,7 @@ import torch
 from . import _notes, marks
 from .enums import MatMulSerializationMode, OverlapMode
 from .errors import unsupported
+from .multiconv import MultiConv
 
 __all__ = [
     "CPU",
@@ -205,39 +206,6 @@ class CPU:
 
     def registerPersistentData(self) -> None:
         pass
-
-
-class MultiConv:
-    """``with poptorch.MultiConv():``: PopTorch plans the convolutions inside together; the
-    convolutions compute the same values one by one here."""
-
-    def __init__(self) -> None:
-        self._options: dict[str, Any] = {}
-
-    def _setter(self, name: str) -> Callable:
-        def set_value(value) -> MultiConv:
-            self._options[name] = value
-            return self
-
-        return set_value
-
-    def __getattr__(self, name: str):
-        if name in (
-            "availableMemoryProportions",
-            "partialsTypes",
-            "planType",
-            "perConvReservedTiles",
-            "cycleBackOff",
-            "enableConvDithering",
-        ):
-            return self._setter(name)
-        raise AttributeError(name)
-
-    def __enter__(self) -> MultiConv:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        return None
 
 
 class NameScope:
