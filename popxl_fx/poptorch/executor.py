@@ -20,6 +20,7 @@ from torch import nn
 import popxl_fx
 
 from . import batching, blocks, optim, optim_map
+from .dtypes import ipu_outputs
 from .enums import ConnectionType, OutputMode, ReductionType
 from .errors import Error, unsupported
 from .fx_options import fx_options
@@ -74,6 +75,9 @@ class PoplarExecutor:
 
     # PopTorch's API ----------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return ipu_outputs(self._call(*args, **kwargs))
+
+    def _call(self, *args: Any, **kwargs: Any) -> Any:
         if self._options.connection_type == ConnectionType.Never:
             raise Error(
                 "Trying to run a model on an offline device (ConnectionType.Never): use "
