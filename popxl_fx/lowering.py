@@ -24,6 +24,7 @@ from popxl_core.context import module_origin
 
 from .errors import Issue, UnsupportedError
 from .inplace import mutated_input
+from .out_kwarg import into_out, out_target, without_out
 
 __all__ = [
     "Fallback",
@@ -241,7 +242,7 @@ def _lower_call(node: fx.Node, env: dict, ctx, path_prefix: str, fallback) -> No
     path = ".".join(p for p in (path_prefix, node.meta.get("module_path", "")) if p)
     with module_origin(path or "<root>"):
         env[node] = lower_node(node, env, ctx, fallback)
-    mutated = mutated_input(node, ctx.owner.torch_module)
+    mutated = mutated_input(node, ctx.owner.torch_module) or out_target(node)
     if mutated is not None:  # later users of the tensor see the updated value
         env[mutated] = env[node]
         _write_back(mutated, env[node], ctx)
@@ -290,7 +291,8 @@ def lower_node(
         else:
             fn = lookup(node.target)
             if fn is not None:
-                return fn(ctx, *args, **kwargs)
+                kwargs, out = without_out(node, kwargs)
+                return into_out(fn(ctx, *args, **kwargs), out)
     except UnsupportedError:
         raise
     except Exception as exc:

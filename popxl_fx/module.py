@@ -54,12 +54,22 @@ __all__ = ["Module", "SEED_NAME", "signature"]
 def signature(model: nn.Module, inputs: tuple) -> tuple:
     """What a trace is specialised to: input shapes/dtypes and every module's train mode."""
     shapes = tuple(
-        (tuple(x.shape), popxl.dtype.as_dtype(x.dtype).name)
+        (tuple(x.shape), _key_dtype(x.dtype))
         if isinstance(x, (torch.Tensor, popxl.Tensor, popxl.TensorSpec))
         else repr(x)
         for x in inputs
     )
     return shapes, tuple(m.training for m in model.modules())
+
+
+# An IR tensor may hold a 64-bit torch value in 32 bits (`Options.narrow_64bit`, casts to
+# int64): the trace made on the torch example serves the graph built on the narrower tensor.
+_KEY_NARROW = {"int64": "int32", "float64": "float32"}
+
+
+def _key_dtype(dtype: Any) -> str:
+    name = popxl.dtype.as_dtype(dtype).name
+    return _KEY_NARROW.get(name, name)
 
 
 def _example(x: Any) -> Any:

@@ -21,6 +21,7 @@ from torch import nn
 import popxl_fx
 
 from . import batching, blocks, optim, optim_attrs, optim_map, optim_state, wrapping
+from .dtypes import ipu_outputs
 from .enums import ConnectionType, OutputMode, ReductionType
 from .errors import Error, unsupported
 from .fx_options import fx_options, implicit_mean_strategy
@@ -84,6 +85,9 @@ class PoplarExecutor:
 
     # PopTorch's API ----------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return ipu_outputs(self._call(*args, **kwargs))
+
+    def _call(self, *args: Any, **kwargs: Any) -> Any:
         if self._options.connection_type == ConnectionType.Never:  # PopTorch asserts this
             raise AssertionError(
                 "Trying to run a model on an offline device (ConnectionType.Never): use "

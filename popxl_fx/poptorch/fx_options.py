@@ -22,6 +22,7 @@ def fx_options(options, training: bool) -> popxl_fx.Options:
         replication_factor=options.replication_factor,
         gradient_accumulation=options.Training.gradient_accumulation if training else 1,
         replicated_tensor_sharding=training and _rts(options),
+        narrow_64bit=True,  # the IPU has no 64-bit types (`dtypes`)
         **_phased(options),
     )
 
