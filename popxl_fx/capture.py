@@ -28,7 +28,7 @@ from torch import nn
 from torch.nn.utils.parametrize import is_parametrized
 
 from .calls import POSITIONAL, Binding
-from .capture_calls import RootCalls
+from .capture_calls import RootCalls, static_index
 from .capture_proxy import CaptureProxy, describe
 from .capture_state import preserved, trace_graph, trace_module
 from .errors import Issue, user_frame, user_stack
@@ -76,10 +76,11 @@ def is_leaf(module: nn.Module) -> bool:
     ``weight`` is computed from the original parameters by the parametrization, part of the
     forward, so the gradient reaches the originals. So is one with forward (pre-)hooks: as
     one node its hooks would never run (legacy weight_norm is a pre-hook; HF's output capture
-    adds hooks)."""
+    adds hooks). So is one whose ``forward`` the user set on the instance (a bare
+    ``nn.Module()`` given a ``forward``): that forward is user code."""
     if not type(module).__module__.startswith("torch.nn") or is_parametrized(module):
         return False
-    if module._forward_hooks or module._forward_pre_hooks:
+    if module._forward_hooks or module._forward_pre_hooks or "forward" in vars(module):
         return False
     return lookup(type(module)) is not None or not any(True for _ in module.children())
 
@@ -100,6 +101,12 @@ class Captured:
 
 def _value(arg: Any) -> Any:
     return fx.node.map_arg(arg, lambda n: n.meta["example_value"])
+
+
+def _copy(x: Any) -> Any:
+    if not isinstance(x, torch.Tensor):
+        return x
+    return x.detach().clone().requires_grad_(x.requires_grad)  # folded: ``x.requires_grad``
 
 
 def _data_dependent(node: fx.Node) -> bool:
@@ -125,7 +132,8 @@ class CaptureTracer(RootCalls, fx.Tracer):
         self.record_stack_traces = False
         self.proxy_buffer_attributes = True
         self.root_module = root
-        self._inputs = list(example_inputs)
+        # copies: computing the example values runs forward's in-place ops (``x += 1``)
+        self._inputs = [_copy(x) for x in example_inputs]
         self.example_inputs = tuple(example_inputs)
         self._leaf = leaf
         self._paths: list[str] = []
@@ -172,6 +180,8 @@ class CaptureTracer(RootCalls, fx.Tracer):
     ) -> Any:
         if self._folds(kind, target, args):
             return self._fold(kind, target, args, kwargs)
+        if kind == "call_function" and target is operator.getitem and len(args) == 2:
+            args = (args[0], static_index(args[1]))
         return super().create_proxy(kind, target, args, kwargs, name, type_expr, proxy_factory_fn)
 
     def create_node(
