@@ -33,10 +33,12 @@ from .capture_proxy import CaptureProxy, describe
 from .capture_state import preserved, trace_graph, trace_module
 from .errors import Issue, user_frame, user_stack
 from .guards import data_check, find_guard
+from .inplace import is_made_constant
 from .lowering import lookup
 from .replay import MISSING, Replay, module_state
 
 __all__ = [
+    "EXAMPLE_NOTE",
     "CaptureTracer",
     "Captured",
     "capture",
@@ -101,6 +103,10 @@ class Captured:
 
 def _value(arg: Any) -> Any:
     return fx.node.map_arg(arg, lambda n: n.meta["example_value"])
+
+
+# how the note added to an error of the model's own code at capture begins
+EXAMPLE_NOTE = "popxl_fx: while running"
 
 
 def _copy(x: Any) -> Any:
@@ -254,7 +260,7 @@ class CaptureTracer(RootCalls, fx.Tracer):
             return self._call(node, args, kwargs)
         except Exception as exc:  # the example inputs do not fit the model: say where
             exc.add_note(
-                f"popxl_fx: while running {self._where(node)} on the example inputs "
+                f"{EXAMPLE_NOTE} {self._where(node)} on the example inputs "
                 f"(from {node.meta.get('source', '<unknown>')})"
             )
             raise
@@ -270,7 +276,10 @@ class CaptureTracer(RootCalls, fx.Tracer):
 
     def _call(self, node: fx.Node, args: tuple, kwargs: dict) -> Any:
         if node.op == "get_attr":
-            return _fetch(self.root_module, node.target)
+            value = _fetch(self.root_module, node.target)
+            if is_made_constant(node):  # ``torch.zeros(...)`` folded: forward may update it
+                return value.clone()
+            return value
         with torch.no_grad():
             if node.op == "call_module":
                 return self.root_module.get_submodule(node.target)(*args, **kwargs)

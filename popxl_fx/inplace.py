@@ -24,6 +24,7 @@ __all__ = [
     "base_chain",
     "inplace_state_issues",
     "inplace_view_issues",
+    "is_made_constant",
     "is_view",
     "mutated_input",
     "setitem",
@@ -247,6 +248,13 @@ def inplace_view_issues(gm: fx.GraphModule, root: nn.Module) -> list[Issue]:
     return issues
 
 
+def is_made_constant(node: fx.Node) -> bool:
+    """Whether ``node`` reads a tensor that forward made from constants (``torch.zeros``),
+    which the capture folds into a ``_tensor_constant`` attribute: eager makes it anew on
+    every call, so an in-place update of it is no state."""
+    return node.op == "get_attr" and str(node.target).startswith("_tensor_constant")
+
+
 def inplace_state_issues(gm: fx.GraphModule, root: nn.Module) -> list[Issue]:
     """In-place updates of model attributes that are not buffers (parameters, plain tensor
     attributes): eager torch keeps the new value for the next call, a static program can't."""
@@ -256,6 +264,8 @@ def inplace_state_issues(gm: fx.GraphModule, root: nn.Module) -> list[Issue]:
         target = mutated_input(node, root)
         target = written_chain(target)[-1] if target is not None else None
         if target is None or target.op != "get_attr" or target.target in buffers:
+            continue
+        if is_made_constant(target):
             continue
         is_param = target.target in dict(root.named_parameters())
         what = "parameter" if is_param else "plain tensor attribute"

@@ -23,7 +23,7 @@ from popxl_core import ops
 from popxl_core.context import module_origin
 
 from .errors import Issue, UnsupportedError
-from .inplace import mutated_input
+from .inplace import is_made_constant, mutated_input
 from .view_writes import write_through
 
 __all__ = [
@@ -228,8 +228,8 @@ def run_graph(
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             env[node] = next(feed)
-        elif node.op == "get_attr":
-            env[node] = attr(gm, node.target)
+        elif node.op == "get_attr":  # a made constant updated in place: its new value
+            env[node] = env.get(("updated", node.target)) or attr(gm, node.target)
         elif node.op == "output":
             if written is not None:
                 written.update(_written_inputs(gm, inputs, env))
@@ -254,6 +254,8 @@ def _lower_call(node: fx.Node, env: dict, make_ctx, path_prefix: str, fallback) 
         relower = lambda n: lower_node(n, env, make_ctx(n), fallback)  # noqa: E731
         outer, value = write_through(mutated, env[node], env, relower)
         _write_back(outer, value, ctx)
+        if is_made_constant(outer):  # fx reads it again through new get_attr nodes
+            env[("updated", outer.target)] = value
 
 
 def _same_dtype(value: Any, target: Any) -> Any:

@@ -21,7 +21,7 @@ import popxl_fx
 
 from . import batching, blocks, optim, optim_map
 from .enums import ConnectionType, OutputMode, ReductionType
-from .errors import Error, unsupported
+from .errors import Error, eager_errors, unsupported
 from .fx_options import fx_options
 from .options import Options
 from .wrapper import Wrapped, flat_call
@@ -73,6 +73,7 @@ class PoplarExecutor:
         self._outputs_supported = True
 
     # PopTorch's API ----------------------------------------------------------------------
+    @eager_errors
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self._options.connection_type == ConnectionType.Never:
             raise Error(
@@ -92,6 +93,7 @@ class PoplarExecutor:
             return impl._active.lowered.fxm.unflatten(leaves)
         return batching.select_outputs(out, self._options, self._options.device_iterations)
 
+    @eager_errors
     def compile(self, *args: Any, **kwargs: Any) -> None:
         """Build the program for these inputs without running it."""
         args = self._flat_inputs(args, kwargs)

@@ -5,9 +5,21 @@ from __future__ import annotations
 
 from .errors import Error, RecoverableError, UnrecoverableError
 
-__all__ = ["Error", "RecoverableError", "UnrecoverableError", "ipuHardwareVersion"]
+__all__ = [
+    "Error",
+    "RecoverableError",
+    "UnrecoverableError",
+    "ipuHardwareVersion",
+    "isCompilingWithDispatcher",
+]
 
 
 def ipuHardwareVersion(num_ipus: int = 1) -> int:
     """0: there is no IPU hardware (the simulator is not one)."""
     return 0
+
+
+def isCompilingWithDispatcher() -> bool:
+    """False: no PopTorch dispatcher is left active (models are captured with torch.fx, which
+    ends with the capture)."""
+    return False
