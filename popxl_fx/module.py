@@ -47,6 +47,7 @@ from .variable_data import (
     site_factories,
     zeros_for,
 )
+from .view_writes import warn_unwritten
 
 __all__ = ["Module", "SEED_NAME", "signature"]
 
@@ -114,6 +115,11 @@ class Module(addons.Module):
     # torch's grad mode around eager's forward (the pipeline sets it per build): under
     # no_grad only leaves require grad (`requires_grad`)
     grad_enabled = True
+    # with flatten_outputs: return the final values of the inputs forward updates in place
+    # after the outputs (`written_inputs` says which), as `inference_model` writes them back
+    writes_inputs = False
+    written_inputs: tuple[int, ...] = ()
+    _nones: tuple[int, ...] = ()
 
     def __init__(
         self,
@@ -220,6 +226,7 @@ class Module(addons.Module):
         plan = self._plan = self.outline_plan(*xs)
         self._sites = {}
         gm = plan.gm if plan is not None else captured.gm
+        written: dict[int, popxl.Tensor] = {}
         try:
             self._grad_inputs = {id(x) for x, g in zip(xs, self.inputs_require_grad) if g}
             out = run_graph(
@@ -230,18 +237,31 @@ class Module(addons.Module):
                 self._call_site,
                 self._path_prefix,
                 fallback.lower_by_decomposition,  # looked up per build: tests replace it
+                written,
             )
             self._advance_seed()
         finally:
             self._vars, self._seed, self._sites, self._plan = {}, [], {}, None
             self._grad_inputs = set()
+        return self._outputs(captured, out, written)
+
+    def _outputs(self, captured: Captured, out: Any, written: dict[int, popxl.Tensor]) -> Any:
+        """What `build` returns: the forward's outputs (flat with ``flatten_outputs``, then
+        the inputs it updated in place, for `writes_inputs`)."""
         leaves, spec = pytree.tree_flatten(out)
         if captured.out_spec is not None and captured.out_spec.num_leaves == len(leaves):
             spec = captured.out_spec  # what forward returned: dataclasses, ModelOutputs
         if not self.flatten_outputs:
             return pytree.tree_unflatten(leaves, spec)
         self.out_spec = spec
-        return tuple(leaves)
+        # a None output (forward returns None, or None in a tuple) is no graph output:
+        # `unflatten` puts it back
+        self._nones = tuple(i for i, v in enumerate(leaves) if v is None)
+        self.written_inputs = tuple(sorted(written)) if self.writes_inputs else ()
+        if written and not self.writes_inputs:
+            warn_unwritten(self.torch_module, sorted(written))
+        kept = tuple(v for v in leaves if v is not None)
+        return kept + tuple(written[i] for i in self.written_inputs)
 
     _path_prefix = ""  # a block graph's builder names its ops "<label>.<path>"
 
@@ -277,10 +297,18 @@ class Module(addons.Module):
         )
 
     def unflatten(self, leaves: Any) -> Any:
-        """The forward's output structure around ``leaves`` (after ``flatten_outputs``)."""
+        """The forward's output structure around ``leaves`` (after ``flatten_outputs``; the
+        written inputs that follow the outputs are left out)."""
         if self.out_spec is None:
             raise RuntimeError("unflatten() needs a build with flatten_outputs=True first.")
-        return pytree.tree_unflatten(list(leaves), self.out_spec)
+        given = iter(list(leaves)[: self.n_outputs])
+        full = [None if i in self._nones else next(given) for i in range(self.out_spec.num_leaves)]
+        return pytree.tree_unflatten(full, self.out_spec)
+
+    @property
+    def n_outputs(self) -> int:
+        """How many graph outputs are the forward's own (after ``flatten_outputs``)."""
+        return self.out_spec.num_leaves - len(self._nones)
 
     def _context(self, node: fx.Node) -> LoweringContext:
         path = node.target if node.op == "call_module" else node.meta.get("module_path", "")

@@ -23,7 +23,7 @@ import popxl_fx
 from . import batching, blocks, optim, optim_attrs, optim_map, optim_state, wrapping
 from .dtypes import ipu_outputs
 from .enums import ConnectionType, OutputMode, ReductionType
-from .errors import Error, unsupported
+from .errors import Error, eager_errors, unsupported
 from .fx_options import fx_options, implicit_mean_strategy
 from .options import Options
 from .synthetic import SyntheticInputs
@@ -84,6 +84,7 @@ class PoplarExecutor:
         self._synthetic = SyntheticInputs(self._options.random_seed)
 
     # PopTorch's API ----------------------------------------------------------------------
+    @eager_errors
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return ipu_outputs(self._call(*args, **kwargs))
 
@@ -107,6 +108,7 @@ class PoplarExecutor:
             return impl._active.lowered.fxm.unflatten(leaves)
         return batching.select_outputs(out, self._options, self._options.device_iterations)
 
+    @eager_errors
     def compile(self, *args: Any, **kwargs: Any) -> None:
         """Build the program for these inputs without running it."""
         args = self._flat_inputs(args, kwargs)

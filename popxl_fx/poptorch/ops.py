@@ -21,7 +21,6 @@ __all__ = [
     "cond",
     "ctc_beam_search_decoder",
     "custom_op",
-    "dynamic_slice",
     "for_loop",
     "identity_loss",
     "ipu_print_tensor",
@@ -159,16 +158,6 @@ def cond(
 
 def _as_list(out) -> list:
     return list(out) if isinstance(out, (list, tuple)) else [out]
-
-
-def dynamic_slice(tensor: torch.Tensor, dim: int, start: torch.Tensor, size: int, step: int):
-    if isinstance(start, torch.fx.Proxy):
-        raise unsupported(
-            "poptorch.dynamic_slice with a start computed in the model",
-            "the start must be known when the model is captured",
-        )
-    begin = int(start)
-    return tensor.narrow(dim, begin, size)[(slice(None),) * dim + (slice(None, None, step),)]
 
 
 def custom_op(

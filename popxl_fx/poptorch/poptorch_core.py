@@ -12,6 +12,7 @@ __all__ = [
     "UnrecoverableError",
     "_validateOptions",
     "ipuHardwareVersion",
+    "isCompilingWithDispatcher",
 ]
 
 
@@ -23,3 +24,9 @@ def ipuHardwareVersion(num_ipus: int = 1) -> int:
 def _validateOptions(options: dict) -> None:
     """PopTorch's check of ``Options.toDict()``: an unknown option or value type raises."""
     validate_options(options)
+
+
+def isCompilingWithDispatcher() -> bool:
+    """False: no PopTorch dispatcher is left active (models are captured with torch.fx, which
+    ends with the capture)."""
+    return False
