@@ -80,8 +80,17 @@ def mutated_input(node: fx.Node, root: nn.Module) -> fx.Node | None:
     elif node.op == "call_module":
         inplace = bool(getattr(root.get_submodule(node.target), "inplace", False))
     else:
-        inplace = node.kwargs.get("inplace") is True
+        inplace = node.kwargs.get("inplace") is True or _inplace_function(node.target)
     return node.args[0] if inplace else None
+
+
+def _inplace_function(target: object) -> bool:
+    """torch's in-place function spellings (``torch.clamp_min_``, ``F.relu_``): named with a
+    trailing underscore, as the methods are."""
+    name = getattr(target, "__name__", "")
+    if not name.endswith("_") or name.startswith("_"):
+        return False
+    return any(getattr(space, name, None) is target for space in (torch, nn.functional))
 
 
 def is_view(node: fx.Node) -> bool:

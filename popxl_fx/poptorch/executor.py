@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 import popxl_fx
+from popxl_fx.errors import UnsupportedError
 
 from . import batching, blocks, optim, optim_map
 from .enums import ConnectionType, OutputMode, ReductionType
@@ -101,7 +102,10 @@ class PoplarExecutor:
     def _build(self, impl, args: tuple) -> None:
         for hook in list(_PRE_COMPILE.values()):
             hook()
-        impl.build(*args)
+        try:
+            impl.build(*args)
+        except UnsupportedError as exc:  # PopTorch raises its own error for what won't lower
+            raise Error(str(exc)) from exc
         self._check_blocks()
         self._check_outputs(impl)
         for hook in list(_POST_COMPILE.values()):
