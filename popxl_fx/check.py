@@ -230,6 +230,11 @@ class _ShapeRecorder(fx.Interpreter):
         self.shapes[n] = _shape(value)
         return value
 
+    def get_attr(self, target: Any, args: Any, kwargs: Any) -> Any:
+        value = super().get_attr(target, args, kwargs)
+        # a tensor forward made (``torch.ones(n)``): a copy, which an in-place call may change
+        return value.clone() if str(target).startswith("_tensor_constant") else value
+
 
 def _rerun_with_other_data(
     gm: fx.GraphModule, model: nn.Module, inputs: Sequence[Any]

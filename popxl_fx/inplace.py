@@ -152,6 +152,8 @@ def inplace_state_issues(gm: fx.GraphModule, root: nn.Module) -> list[Issue]:
         target = mutated_input(node, root)
         if target is None or target.op != "get_attr" or target.target in buffers:
             continue
+        if target.target.startswith("_tensor_constant"):
+            continue  # a tensor forward makes (``torch.ones(n)``): a fresh one each call
         is_param = target.target in dict(root.named_parameters())
         what = "parameter" if is_param else "plain tensor attribute"
         issues.append(

@@ -1,7 +1,7 @@
-"""Math ops PopTorch programs use that the core tables lack: ``erfc``, ``median`` and
-``bincount`` (PopTorch's static-length form).
+"""Math ops PopTorch programs use that the core tables lack: ``erfc``, ``median``,
+``bucketize``, ``index_reduce`` and ``bincount`` (PopTorch's static-length form).
 
-``erfc`` and ``median`` are torch's own kernels (forward and gradient), so they are eager's
+All but ``bincount`` are torch's own kernels (forward and gradient), so they are eager's
 numbers bit for bit.
 """
 
@@ -19,7 +19,7 @@ __all__ = ["static_bincount"]
 
 aten = torch.ops.aten
 
-lowers(aten.erfc, aten.median)(lower_with_torch_kernel)
+lowers(aten.erfc, aten.median, aten.bucketize, aten.index_reduce)(lower_with_torch_kernel)
 
 # PopTorch's words: an IPU program has static shapes, so the bins are those of `minlength`
 BINCOUNT_NEEDS_MINLENGTH = (
