@@ -89,3 +89,20 @@ def test_in_place_update_of_a_tensor_forward_makes(update):
     model = poptorch.inferenceModel(Fn(lambda s, i: update(torch.ones(2, 3), s, i)))
     for _ in range(2):
         assert torch.equal(model(x, index), update(torch.ones(2, 3), x, index))
+
+
+def test_cpu_op_of_a_layer_the_model_does_not_hold():
+    """``poptorch.CPU(layer)`` where ``layer`` is not a submodule (kept in a list): PopTorch
+    runs it on the host; its weights are the program's constants."""
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.held = [nn.Linear(4, 3)]
+            self.cpu = poptorch.CPU(self.held[0], "MatMulOnCPU")
+
+        def forward(self, x):
+            return self.cpu(x) * 2
+
+    model, x = Model(), torch.randn(5, 4)
+    assert torch.equal(poptorch.inferenceModel(model)(x), model.held[0](x) * 2)
