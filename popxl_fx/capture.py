@@ -248,6 +248,14 @@ class CaptureTracer(RootCalls, fx.Tracer):
             node.meta["data_dependent"] = True
 
     def _evaluate(self, node: fx.Node) -> Any:
+        value = self._evaluated(node)
+        # a tensor forward made (``torch.ones(n)``) is new in each eager call: a copy, so
+        # that an in-place update on the example inputs leaves the graph's constant as made
+        if node.op == "get_attr" and str(node.target).startswith("_tensor_constant"):
+            return value.clone()
+        return value
+
+    def _evaluated(self, node: fx.Node) -> Any:
         if self._replay is None:
             return self._compute(node)
         value = self._replay.reuse(node, self.root_module)

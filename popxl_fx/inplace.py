@@ -120,7 +120,7 @@ def mutated_input(node: fx.Node, root: nn.Module | None) -> fx.Node | None:
     elif node.op == "call_module":
         inplace = bool(getattr(root.get_submodule(node.target), "inplace", False))
     else:
-        inplace = node.kwargs.get("inplace") is True
+        inplace = node.kwargs.get("inplace") is True or _inplace_function(node.target)
     return node.args[0] if inplace else None
 
 
@@ -128,6 +128,15 @@ def _advanced(index: Any) -> bool:
     """Whether a ``getitem`` index holds tensors or lists (torch copies then)."""
     items = index if isinstance(index, tuple) else (index,)
     return any(isinstance(i, (fx.Node, list, torch.Tensor)) for i in items)
+
+
+def _inplace_function(target: object) -> bool:
+    """torch's in-place function spellings (``torch.clamp_min_``, ``F.relu_``): named with a
+    trailing underscore, as the methods are."""
+    name = getattr(target, "__name__", "")
+    if not name.endswith("_") or name.startswith("_"):
+        return False
+    return any(getattr(space, name, None) is target for space in (torch, nn.functional))
 
 
 def is_view(node: fx.Node) -> bool:

@@ -12,6 +12,7 @@ Tensors (python values, including values folded from shapes, stay python values)
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
@@ -35,6 +36,7 @@ __all__ = [
     "lookup",
     "lowers",
     "lowers_when_imported",
+    "numpy_aliases",
     "run_graph",
     "target_name",
 ]
@@ -306,7 +308,7 @@ def lower_node(
     target, the module path and the user's source line.
     """
     args = fx.node.map_arg(node.args, env.__getitem__)
-    kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
+    kwargs = numpy_aliases(node, fx.node.map_arg(node.kwargs, env.__getitem__))
     try:
         if node.op == "call_module":
             module = ctx.owner.torch_module.get_submodule(node.target)
@@ -327,6 +329,29 @@ def lower_node(
         issue = unsupported(node, _what(node, ctx), hint="it has no lowering.")
         raise UnsupportedError(type(ctx.owner.torch_module).__name__, [issue])
     return fallback(node, args, kwargs, ctx)
+
+
+# torch's argument parser takes numpy's keyword names for its own (``x.sum(axis=0)``,
+# ``keepdims=True``); python-level torch functions and user code do not, so only builtins
+_NUMPY_ALIASES = {"axis": "dim", "keepdims": "keepdim"}
+
+
+def numpy_aliases(node: fx.Node, kwargs: dict) -> dict:
+    """``kwargs`` with numpy's names renamed to torch's, for a call torch's parser reads."""
+    if not any(k in _NUMPY_ALIASES for k in kwargs) or not _parsed_by_torch(node):
+        return kwargs
+    return {_NUMPY_ALIASES.get(k, k): v for k, v in kwargs.items()}
+
+
+def _parsed_by_torch(node: fx.Node) -> bool:
+    if node.op == "call_method":
+        return True
+    target = node.target
+    return (
+        node.op == "call_function"
+        and isinstance(target, types.BuiltinFunctionType)
+        and (str(getattr(target, "__module__", "")).startswith("torch"))
+    )
 
 
 def _what(node: fx.Node, ctx: LoweringContext) -> str:

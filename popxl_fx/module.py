@@ -243,14 +243,14 @@ class Module(addons.Module):
         finally:
             self._vars, self._seed, self._sites, self._plan = {}, [], {}, None
             self._grad_inputs = set()
-        return self._outputs(captured, out, written)
+        return self._outputs(gm, captured, out, written)
 
-    def _outputs(self, captured: Captured, out: Any, written: dict[int, popxl.Tensor]) -> Any:
+    def _outputs(
+        self, gm: fx.GraphModule, captured: Captured, out: Any, written: dict[int, popxl.Tensor]
+    ) -> Any:
         """What `build` returns: the forward's outputs (flat with ``flatten_outputs``, then
         the inputs it updated in place, for `writes_inputs`)."""
-        leaves, spec = pytree.tree_flatten(out)
-        if captured.out_spec is not None and captured.out_spec.num_leaves == len(leaves):
-            spec = captured.out_spec  # what forward returned: dataclasses, ModelOutputs
+        leaves, spec = _as_returned(out, gm, captured.out_spec)
         if not self.flatten_outputs:
             return pytree.tree_unflatten(leaves, spec)
         self.out_spec = spec
@@ -429,3 +429,14 @@ def _block_class(torch_class: type) -> type:
     if torch_class not in _BLOCK_CLASSES:
         _BLOCK_CLASSES[torch_class] = type(torch_class.__name__, (Module,), {})
     return _BLOCK_CLASSES[torch_class]
+
+
+def _as_returned(out: Any, gm: fx.GraphModule, returned: Any) -> tuple[list, Any]:
+    """The leaves of the lowered outputs ``out`` and the structure forward returned
+    (dataclasses, ModelOutputs: ``returned``, captured per graph output), each graph output
+    keeping its own structure (a call returning a tuple, as ``torch.meshgrid``, is one
+    output of the graph)."""
+    per_node = pytree.tree_structure(next(reversed(gm.graph.nodes)).args[0])
+    if returned is None or returned.num_leaves != per_node.num_leaves:
+        return pytree.tree_flatten(out)
+    return pytree.tree_flatten(pytree.tree_unflatten(per_node.flatten_up_to(out), returned))

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 import popxl_fx
+from popxl_fx.errors import UnsupportedError
 
 from . import batching, blocks, optim, optim_attrs, optim_map, optim_state, wrapping
 from .dtypes import ipu_outputs
@@ -70,9 +71,7 @@ class PoplarExecutor:
         if training and optimizer is None:
             optimizer = optim.SGD(self._user_model.parameters(), lr=0.01)  # PopTorch's default
         self._optimizer = optimizer
-        self._attrs = optim_attrs.AttributeTracker(
-            self._options._relax_optimizer_attributes_checks
-        )
+        self._attrs = optim_attrs.AttributeTracker(self._options._relax_optimizer_attributes_checks)
         if training:
             self._take_optimizer(optimizer, compiled=False)
             implicit_mean_strategy(self._options, optimizer)
@@ -121,7 +120,10 @@ class PoplarExecutor:
         for hook in list(_PRE_COMPILE.values()):
             hook()
         start = datetime.datetime.now()
-        impl.build(*args)
+        try:
+            impl.build(*args)
+        except UnsupportedError as exc:  # PopTorch raises its own error for what won't lower
+            raise Error(str(exc)) from exc
         self._compilation_time = datetime.datetime.now() - start
         self._share_optimizer_state(impl)
         self._check_blocks()
