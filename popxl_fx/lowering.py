@@ -318,7 +318,7 @@ def lower_node(
         else:
             fn = lookup(node.target)
             if fn is not None:
-                kwargs, out = without_out(node, kwargs)
+                kwargs, out = without_out(node, kwargs, fn)
                 return into_out(fn(ctx, *args, **kwargs), out)
     except UnsupportedError:
         raise

@@ -2,12 +2,15 @@
 
 A lowering computes the op's value; ``out`` only says where eager torch puts it. So the
 driver calls the lowering without ``out`` and gives the result ``out``'s dtype, as torch
-writes it into that tensor. Later users of ``out`` see the result too (the driver rebinds
+writes it into that tensor. A lowering with an ``out`` parameter gets it: some ops compute in
+``out``'s dtype (``torch.cumsum`` casts its input first). Later users of ``out`` see the result too (the driver rebinds
 it, as for an in-place op). ``out=None`` is dropped.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Any
 
 import torch.fx as fx
@@ -24,12 +27,23 @@ def out_target(node: fx.Node) -> fx.Node | None:
     return out if isinstance(out, fx.Node) else None
 
 
-def without_out(node: fx.Node, kwargs: dict) -> tuple[dict, Any]:
-    """``kwargs`` less ``out``, and the ``out`` value (None when there is none)."""
+def without_out(node: fx.Node, kwargs: dict, lowering: Any) -> tuple[dict, Any]:
+    """``kwargs`` less ``out`` (kept for a ``lowering`` that takes it), and the ``out`` value
+    (None when there is none)."""
     if node.op not in ("call_function", "call_method") or "out" not in kwargs:
         return kwargs, None
+    if _takes_out(lowering):
+        return kwargs, kwargs["out"]
     rest = dict(kwargs)
     return rest, rest.pop("out")
+
+
+@functools.cache
+def _takes_out(lowering: Any) -> bool:
+    try:
+        return "out" in inspect.signature(lowering).parameters
+    except (TypeError, ValueError):  # a builtin without a signature
+        return False
 
 
 def into_out(result: Any, out: Any) -> Any:

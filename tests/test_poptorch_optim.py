@@ -127,10 +127,12 @@ def test_half_gradient_accumulators_take_the_running_mean():
     ipu.compile(torch.ones(10))
     strategy = ipu.options.Training.meanAccumulationAndReplicationReductionStrategy
     assert strategy == poptorch.MeanReductionStrategy.Running
+    ipu.destroy()  # PopTorch wraps a model once at a time
     post = poptorch.trainingModel(model, opts, optimizer=poptorch.optim.Adam(model.parameters()))
     post.compile(torch.ones(10))
     with pytest.raises(ValueError, match="is already compiled"):
         post.setOptimizer(opt)
+    post.destroy()
     accumulating = poptorch.Options()
     accumulating.Training.gradientAccumulation(2)
     with pytest.raises(poptorch.Error, match="accum_type=torch.float16"):

@@ -89,9 +89,8 @@ class AsynchronousDataAccessor:
 
 
 def _check(dataset, rebatched_size: int | None) -> None:
-    from .data import DataLoader  # data.py builds accessors: import it late
-
-    if isinstance(dataset, DataLoader) and dataset._accessor is not None:
+    # a poptorch.DataLoader in an async mode (data.py builds accessors: no import of it here)
+    if getattr(dataset, "internal_accessor", None) is not None:
         raise Error(
             "The DataLoader already uses an AsynchronousDataAccessor internally. Either use "
             "the existing one or set mode='poptorch.DataLoaderMode.Sync' in the DataLoader."

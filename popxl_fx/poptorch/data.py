@@ -68,6 +68,11 @@ class DataLoader(torch.utils.data.DataLoader):
         )
         self._accessor = self._async_accessor(mode, async_options, rebatched)
 
+    @property
+    def internal_accessor(self) -> AsynchronousDataAccessor | None:
+        """The accessor an async mode iterates through (None in Sync mode)."""
+        return self.__dict__.get("_accessor")
+
     def _async_accessor(self, mode, async_options, rebatched) -> AsynchronousDataAccessor | None:
         if mode != DataLoaderMode.Async:
             return None

@@ -25,7 +25,7 @@ from . import batching, blocks, optim, optim_attrs, optim_map, optim_state, wrap
 from .dtypes import ipu_outputs
 from .enums import ConnectionType, OutputMode, ReductionType
 from .errors import Error, eager_errors, unsupported
-from .fx_options import fx_options, implicit_mean_strategy
+from .fx_options import fx_options
 from .options import Options
 from .synthetic import SyntheticInputs
 from .wrapper import Wrapped, flat_call
@@ -74,7 +74,6 @@ class PoplarExecutor:
         self._attrs = optim_attrs.AttributeTracker(self._options._relax_optimizer_attributes_checks)
         if training:
             self._take_optimizer(optimizer, compiled=False)
-            implicit_mean_strategy(self._options, optimizer)
             wrapping.wrap(self._user_model, self)
         self._wrapped = Wrapped(model, training, _loss_factor(self._options, training))
         self._impl = None  # the popxl_fx trainer / inference model, made on compile

@@ -11,7 +11,7 @@ from . import _notes
 from .blocks import _PhasedExecution
 from .enums import MeanReductionStrategy
 
-__all__ = ["fx_options", "implicit_mean_strategy"]
+__all__ = ["fx_options"]
 
 
 def fx_options(options, training: bool) -> popxl_fx.Options:
@@ -30,7 +30,7 @@ def fx_options(options, training: bool) -> popxl_fx.Options:
 def _rts(options) -> bool:
     """Optimizer state sharded over replicas (TensorLocationSettings'
     useReplicatedTensorSharding on the optimizer location) with 2 or more replicas."""
-    where = options.TensorLocations._values.get("location_optimizer", {})
+    where = options.TensorLocations.toDict().get("location_optimizer", {})
     wanted = bool(where.get("useReplicatedTensorSharding", 0))
     if wanted and options.replication_factor < 2:
         _notes.note("useReplicatedTensorSharding with one replica", "there is nothing to shard")
@@ -41,7 +41,7 @@ def _rts(options) -> bool:
 def _off_chip_note(options) -> None:
     locations = options.TensorLocations
     for kind in ("activation", "weight", "optimizer", "accumulator"):
-        where = locations._values.get(f"location_{kind}", {})
+        where = locations.toDict().get(f"location_{kind}", {})
         if where.get("onChip") == 0:
             _notes.note(
                 f"TensorLocations.set{kind.capitalize()}Location(useOnChipStorage(False))",
@@ -59,20 +59,3 @@ def _phased(options) -> dict:
             "popxl_fx's own phased execution is Options(phased_execution='marked')",
         )
     return {}
-
-
-def implicit_mean_strategy(options, optimizer) -> None:
-    """PopTorch's Mean strategy follows the optimizer: half accumulators keep a running mean
-    (Running), unless they are the combined accumulator, which only Post supports."""
-    half = _ipu_argument(optimizer, "accum_type") == torch.float16
-    if half and not _ipu_argument(optimizer, "use_combined_accum"):
-        options._unfreeze()
-        options.Training.setMeanAccumulationAndReplicationReductionStrategy(
-            MeanReductionStrategy.Running
-        )
-        options._freeze()
-
-
-def _ipu_argument(optimizer, name: str):
-    """A poptorch.optim argument (kept in ``defaults``); None for torch's optimizers."""
-    return getattr(optimizer, "defaults", {}).get(name, getattr(optimizer, name, None))

@@ -76,8 +76,10 @@ def check_accum_strategy(optimizer, options, compiled: bool) -> None:
     if getattr(optimizer, "use_combined_accum", False):
         return
     running = MeanReductionStrategy.Running
-    if not compiled:
+    if not compiled:  # the executor's frozen copy takes the strategy PopTorch implies
+        options._unfreeze()
         options.Training.setMeanAccumulationAndReplicationReductionStrategy(running)
+        options._freeze()
     elif options.Training.meanAccumulationAndReplicationReductionStrategy != running:
         raise ValueError(
             "Invalid optimizer: the new optimizer would require changing options.Training."
