@@ -228,7 +228,7 @@ class OptimizerProgram:
         """The torch optimizer's state value (zeros where it has none)."""
         value = self.optimizer.state.get(self.params[name], {}).get(key)
         if value is None:  # a fill: no host memory until a Session attaches (planning)
-            return np.broadcast_to(np.full((), self.fill_value(name, key), dtype), shape)
+            return np.broadcast_to(np.full((), self.initial_fill(name, key), dtype), shape)
         return value.detach().cpu().numpy().astype(dtype).reshape(shape)
 
     def initial(self, name: str, key: str) -> np.ndarray:
@@ -237,7 +237,7 @@ class OptimizerProgram:
         shape = () if key == "step" else self._shapes[name]
         return np.array(self._initial(name, key, shape, var.dtype.as_numpy()))
 
-    def fill_value(self, name: str, key: str) -> float:
+    def initial_fill(self, name: str, key: str) -> float:
         """A state tensor's value before the first step (0 but where its kind says)."""
         fill = getattr(LOWERINGS.get(self.kind), "initial_fill", None)
         if fill is None:

@@ -62,8 +62,8 @@ def optimizer_kind(optimizer: torch.optim.Optimizer) -> str:
     if kind is None:
         raise UnsupportedOptimizerError(
             f"optimizer {type(optimizer).__name__} is not supported by training_model; use "
-            "torch.optim.SGD, Adam, AdamW or RMSprop, popxl_fx.IPUAdam or popxl_fx.LAMB, or "
-            "popxl_fx.compile, which runs any torch optimizer."
+            "torch.optim.SGD, Adam, AdamW or RMSprop, popxl_fx.IPUAdam, popxl_fx.optim_lamb.LAMB, "
+            "or popxl_fx.compile, which runs any torch optimizer."
         )
     return kind
 
@@ -85,8 +85,19 @@ def check_group(optimizer, kind: str, i: int, group: Mapping) -> None:
             "inside the fused kernel) is not reproduced by the simulated optimizer; train "
             "without the GradScaler, or use popxl_fx.compile to keep the torch optimizer."
         )
+    if fused and not _fused_can(group):
+        raise UnsupportedOptimizerError(
+            f"param group {i}: fused=True runs torch's fused kernels, which have no "
+            "bias_correction=False and no float16 state; use fused=False."
+        )
     if kind == "adam" and float(group["betas"][0]) >= 1.0:
         raise UnsupportedOptimizerError(f"param group {i}: betas[0] must be below 1.")
+
+
+def _fused_can(group: Mapping) -> bool:
+    """The group asks nothing of PopTorch's that torch's fused kernels do not compute."""
+    half = any(group.get(k) not in (None, torch.float32) for k in DTYPE_KEYS)
+    return group.get("bias_correction", True) and not half
 
 
 def group_structure(optimizer_type: type, pg: Mapping) -> tuple:

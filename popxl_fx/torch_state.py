@@ -262,7 +262,7 @@ class SharedState:
                 if t is None:
                     # a broadcast fill (zero, but where the optimizer's kind says): the
                     # Session keeps it unmaterialised until it runs
-                    fill = np.full((), optim.fill_value(name, key), var.dtype.as_numpy())
+                    fill = np.full((), optim.initial_fill(name, key), var.dtype.as_numpy())
                     copies[var] = np.broadcast_to(fill, var.shape)
                 elif t.dtype != var.dtype.as_torch():
                     raise _state_dtype_error(name, key, t, var)

@@ -211,3 +211,13 @@ def test_state_slots_count_each_kinds_weight_sized_state():
     assert state_slots("rmsprop", [{"centered": False, "momentum": 0}]) == 1
     assert state_slots("lamb", [{}]) == state_slots("adam", [{}]) == 2
     assert state_slots("sgd", [{"momentum": 0}]) == 0
+
+
+@pytest.mark.parametrize(
+    "extra", [{"bias_correction": False}, {"first_order_momentum_accum_type": torch.float16}]
+)
+def test_fused_groups_refuse_what_torchs_fused_kernels_lack(extra):
+    params = _params()
+    opt = torch.optim.AdamW([{"params": list(params.values()), **extra}], fused=True)
+    with pytest.raises(UnsupportedOptimizerError, match="fused=True runs torch's fused"):
+        OptimizerProgram(opt, {p: n for n, p in params.items()})
