@@ -30,6 +30,7 @@ from torch.nn.utils.parametrize import is_parametrized
 from .calls import POSITIONAL, Binding
 from .capture_calls import RootCalls, static_index
 from .capture_proxy import CaptureProxy, describe
+from .capture_random import drawn_node
 from .capture_state import preserved, trace_graph, trace_module
 from .capture_watch import call_args, notify, trace_through
 from .errors import Issue, user_frame, user_stack
@@ -176,6 +177,11 @@ class CaptureTracer(RootCalls, fx.Tracer):
     # values ------------------------------------------------------------------------------
     def proxy(self, node: fx.Node) -> fx.Proxy:
         return CaptureProxy(node, self)
+
+    def create_arg(self, a: Any) -> Any:
+        # a plain tensor drawn into in place is the node that drew (`capture_random`)
+        drawn = drawn_node(self, a) if isinstance(a, torch.Tensor) else None
+        return drawn if drawn is not None else super().create_arg(a)
 
     def create_proxy(
         self,

@@ -135,7 +135,7 @@ class Options:
             inputs enter the program as int32 and float32, so a float64 input compares and
             computes as float32. The model is still traced on the inputs as given, so an op
             that wants int64 indices gets them. ``False`` (default): inputs keep their dtype,
-            eager's numbers.
+            eager's numbers. `training_model` and `inference_model` only (not phased yet).
 
     Example:
         >>> Options(device="cpu").device

@@ -54,7 +54,7 @@ from .replication import check_batch_split, replica_examples, replication_of, sp
 __all__ = ["build_phased_training", "check_phased_options"]
 
 # options phased execution does not combine with yet: an error, never ignored
-_EXCLUSIVE = ("outline", "device_iterations")
+_EXCLUSIVE = ("outline", "device_iterations", "narrow_64bit")
 
 
 def check_phased_options(build: Build) -> None:
@@ -67,7 +67,7 @@ def check_phased_options(build: Build) -> None:
         )
     for name in _EXCLUSIVE:
         value = getattr(opts, name)
-        if value not in (False, 1):
+        if value is True or value not in (False, 1):  # True == 1: a switch is on
             raise ValueError(
                 f"Options(phased_execution={opts.phased_execution!r}) does not combine with "
                 f"{name}={value!r} yet; leave {name} at its default."

@@ -127,6 +127,7 @@ _UNSUPPORTED = {
         "optimizer in torch); use training_model",
         "phased_execution": "runs the optimizer per phase, and compile keeps the optimizer in "
         "torch; use training_model",
+        "narrow_64bit": "is applied by training_model and inference_model only so far",
         "memory": "plans training programs (memory='auto'); use training_model",
     },
 }

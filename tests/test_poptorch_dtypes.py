@@ -81,3 +81,40 @@ def test_fx_option(narrow):
     equal, total = infer(x, y)
     assert torch.equal(equal, x == (y.float() if narrow else y))
     assert total.dtype == (torch.float32 if narrow else torch.float64)
+
+
+class Residual(nn.Module):
+    """Sees a float64 input's float32 rounding error (zero for a float32 input)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 2)
+
+    def forward(self, x):
+        return self.fc((x - x.float()).float() * 1e6 + x.float())
+
+
+def _fx_losses(x: torch.Tensor, narrow: bool, phased) -> torch.Tensor:
+    torch.manual_seed(0)
+    model = Residual()
+    opts = popxl_fx.Options(device="cpu", narrow_64bit=narrow, phased_execution=phased)
+    trainer = popxl_fx.training_model(
+        model, torch.optim.SGD(model.parameters(), 0.1), nn.functional.cross_entropy, opts
+    )
+    labels = torch.tensor([0, 1, 1, 0])
+    return torch.stack([trainer(x, labels) for _ in range(2)])
+
+
+def test_fx_option_trains_as_float32():
+    """A float64 batch trains as its float32 rounding does (the plain float32 program)."""
+    x = torch.randn(4, 3, dtype=torch.float64)
+    narrowed = _fx_losses(x, True, False)
+    assert torch.equal(narrowed, _fx_losses(x.float(), False, False))
+    assert not torch.equal(narrowed, _fx_losses(x, False, False))  # float64 sees the error
+
+
+def test_compile_and_phased_refuse_the_option():
+    with pytest.raises(ValueError, match="narrow_64bit"):
+        popxl_fx.compile(nn.Linear(2, 2), popxl_fx.Options(narrow_64bit=True))
+    with pytest.raises(ValueError, match="narrow_64bit"):
+        _fx_losses(torch.randn(4, 3), True, "children")
