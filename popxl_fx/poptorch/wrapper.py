@@ -19,6 +19,7 @@ from torch import nn
 from . import marks
 from .args import parser_for
 from .errors import Error
+from .refused import check_refused
 
 __all__ = ["Wrapped", "flat_call"]
 
@@ -86,6 +87,7 @@ class Wrapped(nn.Module):
         with marks.recording() as seen:
             out = self.model(*args, **kwargs)
         self.blocks = list(seen.blocks)
+        check_refused(out)  # what PopTorch would not compile
         if not self.for_training:
             return out
         loss = seen.losses[-1] if seen.losses else _last_tensor(out, self.model)
