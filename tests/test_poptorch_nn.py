@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import popxl_fx
@@ -53,3 +54,36 @@ def test_popxl_fx_itself_still_refuses_a_loss_with_nothing_to_train():
     trainer = popxl_fx.training_model(model, opt, options=popxl_fx.Options(device="cpu"))
     with pytest.raises(RuntimeError, match="nothing to train"):
         trainer(*_data())
+
+
+class _Interpolate(nn.Module):
+    def __init__(self, mode: str) -> None:
+        super().__init__()
+        self.mode = mode
+
+    def forward(self, x):
+        return F.interpolate(x * 2.0, scale_factor=2, mode=self.mode)
+
+
+@pytest.mark.parametrize(
+    "model, shape",
+    [
+        (nn.Upsample(scale_factor=2, mode="linear"), (1, 2, 3)),
+        (nn.Upsample(scale_factor=2, mode="trilinear"), (1, 2, 3, 4, 5)),
+        (_Interpolate("trilinear"), (1, 2, 3, 4, 5)),
+    ],
+    ids=["Upsample-linear", "Upsample-trilinear", "interpolate-trilinear"],
+)
+def test_upsampling_poptorch_refuses_raises_its_error(model, shape):
+    x = torch.randn(shape)
+    with pytest.raises(poptorch.Error, match="only 'nearest' is supported"):
+        poptorch.inferenceModel(model)(x)
+    # popxl_fx itself computes it, as eager
+    out = popxl_fx.inference_model(model, popxl_fx.Options(device="cpu"))(x)
+    assert torch.equal(out, model(x))
+
+
+@pytest.mark.parametrize("mode, shape", [("nearest", (1, 2, 3)), ("bilinear", (1, 2, 3, 4))])
+def test_upsampling_poptorch_runs_matches_eager(mode, shape):
+    model, x = _Interpolate(mode), torch.randn(shape)
+    assert torch.equal(poptorch.inferenceModel(model)(x), model(x))

@@ -36,20 +36,28 @@ def _no_max_norm(what: str, max_norm: Any) -> None:
         )
 
 
+# the program's gradients are dense: ``sparse=True`` gives the same values as a dense tensor
+_SPARSE_AT = 7  # F.embedding_bag's positional index of ``sparse``
+
+
 @lowers(F.embedding_bag)
 def _embedding_bag(ctx: LoweringContext, *args: Any, **kwargs: Any) -> Any:
     _no_max_norm("embedding_bag", kwargs.get("max_norm", args[3] if len(args) > 3 else None))
+    if len(args) > _SPARSE_AT:
+        args = (*args[:_SPARSE_AT], False, *args[_SPARSE_AT + 1 :])
+    if "sparse" in kwargs:
+        kwargs["sparse"] = False
     return lower_call(ops.aten_op, ctx, args, kwargs, fn=F.embedding_bag)
 
 
-_BAG_OPTIONS = ("max_norm", "norm_type", "scale_grad_by_freq", "mode", "sparse")
+_BAG_OPTIONS = ("max_norm", "norm_type", "scale_grad_by_freq", "mode")
 
 
 @lowers(nn.EmbeddingBag)
 def _embedding_bag_module(ctx: LoweringContext, module: nn.EmbeddingBag, *args, **kwargs):
     _no_max_norm(f"{ctx.module_path}: EmbeddingBag", module.max_norm)
     options = {name: getattr(module, name) for name in _BAG_OPTIONS}
-    options.update(include_last_offset=module.include_last_offset)
+    options.update(include_last_offset=module.include_last_offset, sparse=False)
     options.update(padding_idx=module.padding_idx, weight=ctx.param("weight"))
     # the call's own arguments first: `lower_call` reads the dtypes torch saw from the node's
     return lower_call(ops.aten_op, ctx, args, {**kwargs, **options}, fn=_module_bag)

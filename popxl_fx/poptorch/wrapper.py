@@ -24,6 +24,7 @@ from . import marks
 from .args import parser_for
 from .errors import Error
 from .half import ParamsFollowActivations
+from .refused import check_refused
 
 __all__ = ["Wrapped", "flat_call"]
 
@@ -92,6 +93,7 @@ class Wrapped(nn.Module):
         with marks.recording() as seen, _no_distribution_checks(), ruling(_HALF_RULE):
             out = self.model(*args, **kwargs)
         self.blocks = list(seen.blocks)
+        check_refused(out)  # what PopTorch would not compile
         if not self.for_training:
             return out
         loss = seen.losses[-1] if seen.losses else _last_tensor(out, self.model)
