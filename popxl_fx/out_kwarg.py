@@ -3,8 +3,8 @@
 A lowering computes the op's value; ``out`` only says where eager torch puts it. So the
 driver calls the lowering without ``out`` and gives the result ``out``'s dtype, as torch
 writes it into that tensor. A lowering with an ``out`` parameter gets it: some ops compute in
-``out``'s dtype (``torch.cumsum`` casts its input first). Later users of ``out`` see the result too (the driver rebinds
-it, as for an in-place op). ``out=None`` is dropped.
+``out``'s dtype (``torch.cumsum`` casts its input first). Later users of ``out`` see the
+result too (the driver rebinds it, as for an in-place op). ``out=None`` is dropped.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from ._data_ring import END, Ring, rebuild
 from .enums import SharingStrategy
 from .errors import Error
 
-__all__ = ["AsynchronousDataAccessor"]
+__all__ = ["LOADER_TYPES", "AsynchronousDataAccessor"]
 
 _START_METHOD = {
     SharingStrategy.SharedMemory: "spawn",
@@ -88,16 +88,24 @@ class AsynchronousDataAccessor:
         return element
 
 
+# poptorch.DataLoader registers itself here: data.py builds accessors, so this module
+# cannot import it
+LOADER_TYPES: list[type] = []
+
+
+def _is_loader(dataset: Any) -> bool:
+    return isinstance(dataset, tuple(LOADER_TYPES))
+
+
 def _check(dataset, rebatched_size: int | None) -> None:
-    # a poptorch.DataLoader in an async mode (data.py builds accessors: no import of it here)
-    if getattr(dataset, "internal_accessor", None) is not None:
+    if _is_loader(dataset) and dataset.internal_accessor is not None:
         raise Error(
             "The DataLoader already uses an AsynchronousDataAccessor internally. Either use "
             "the existing one or set mode='poptorch.DataLoaderMode.Sync' in the DataLoader."
         )
     if rebatched_size is not None and rebatched_size <= 1:
         raise AssertionError("rebatched_size must be None or greater than 1")
-    if isinstance(dataset, DataLoader) and rebatched_size is None:
+    if _is_loader(dataset) and rebatched_size is None:
         # a worker's partial last batch has nowhere to go without rebatching
         if not dataset._user_batch_sampler and not dataset.drop_last:
             if dataset.combinedBatchSize not in (None, 1):

@@ -16,7 +16,7 @@ import torch
 
 from . import _data_ring
 from ._logging import logger
-from .accessor import AsynchronousDataAccessor
+from .accessor import LOADER_TYPES, AsynchronousDataAccessor
 from .enums import DataLoaderMode
 from .errors import Error
 from .options import Options
@@ -323,3 +323,6 @@ class _ProcessShare(torch.utils.data.Dataset):
         if self._order is not None:
             position = int(self._order[position])
         return self._dataset[position]
+
+
+LOADER_TYPES.append(DataLoader)

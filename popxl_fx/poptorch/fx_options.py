@@ -3,13 +3,10 @@ popxl_fx's (docs/poptorch.md has the table)."""
 
 from __future__ import annotations
 
-import torch
-
 import popxl_fx
 
 from . import _notes
 from .blocks import _PhasedExecution
-from .enums import MeanReductionStrategy
 
 __all__ = ["fx_options"]
 
