@@ -29,3 +29,38 @@ def test_an_error_of_the_model_is_raised_as_eager_raises_it():
     assert str(ours.value) == str(expected)
     assert not getattr(ours.value, "__notes__", [])  # nothing but torch's message
     assert not poptorch.poptorch_core.isCompilingWithDispatcher()
+
+
+class Split(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        parts = torch.split(self.lin(x), 20)  # one part: a 1-tuple
+        return parts, poptorch.identity_loss(parts[0] ** 2, reduction="sum")
+
+
+def test_a_one_part_split_comes_back_as_a_one_tuple():
+    torch.manual_seed(0)
+    model, x = Split(), torch.randn(20, 4)
+    expected, _ = model(x)
+    out, _ = poptorch.inferenceModel(model)(x)
+    assert isinstance(out, tuple) and len(out) == 1 and torch.equal(out[0], expected[0].detach())
+
+
+class Squeezed(nn.Module):
+    def forward(self, x):
+        y = x * 2.0
+        y.squeeze_()  # an in-place update that changes the shape
+        return y, torch.arange(3) + 1
+
+
+def test_shapes_changed_in_place_and_64_bit_outputs_as_poptorch_returns_them(capfd):
+    x = torch.randn(1, 3, 1, 2, requires_grad=True)
+    y, counts = poptorch.inferenceModel(Squeezed())(x)
+    assert torch.equal(y, (x * 2.0).squeeze().detach())
+    assert counts.dtype == torch.int32 and torch.equal(
+        counts, torch.arange(3, dtype=torch.int32) + 1
+    )
+    assert "Input tensor has requires_grad=True set" in capfd.readouterr().err

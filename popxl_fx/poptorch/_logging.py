@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-__all__ = ["logger", "setLogLevel", "setPopartLogLevel"]
+__all__ = ["console", "logger", "setLogLevel", "setPopartLogLevel"]
 
 logger = logging.getLogger("poptorch::python")
 _LEVELS = {
@@ -28,3 +28,14 @@ def setLogLevel(level) -> None:
 
 def setPopartLogLevel(level) -> None:
     """Accepted: there is no PopART to log."""
+
+
+def console() -> logging.Logger:
+    """PopTorch's logger, printing to stderr as PopTorch's does (its handler is added on the
+    first message, not at import)."""
+    if not any(getattr(h, "_poptorch_console", False) for h in logger.handlers):
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("[poptorch:python] [%(levelname)s] %(message)s"))
+        handler._poptorch_console = True
+        logger.addHandler(handler)
+    return logger

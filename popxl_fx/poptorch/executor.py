@@ -15,11 +15,12 @@ from collections import OrderedDict
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 from torch import nn
 
 import popxl_fx
 
-from . import batching, blocks, optim, optim_map
+from . import _logging, batching, blocks, optim, optim_map
 from .enums import ConnectionType, OutputMode, ReductionType
 from .errors import Error, eager_errors, unsupported
 from .fx_options import fx_options
@@ -75,6 +76,9 @@ class PoplarExecutor:
     # PopTorch's API ----------------------------------------------------------------------
     @eager_errors
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return pytree.tree_map(_as_held, self._call(*args, **kwargs))
+
+    def _call(self, *args: Any, **kwargs: Any) -> Any:
         if self._options.connection_type == ConnectionType.Never:
             raise Error(
                 "Trying to run a model on an offline device (ConnectionType.Never): use "
@@ -113,6 +117,7 @@ class PoplarExecutor:
         """The call's tensors, flat and split by device iteration; a call of another
         structure (nesting, non-tensor values) than the compiled one gets a new program."""
         tensors, call = flat_call(args, kwargs)
+        tensors = [_detached(t) for t in tensors]
         if call != self._wrapped.call:
             if self._wrapped.call is not None:
                 self._impl = None
@@ -319,6 +324,25 @@ def _loss_factor(options: Options, training: bool) -> float:
     if not training or options.reduction() != ReductionType.Sum:
         return 1.0
     return float(options.Training.gradient_accumulation * options.replication_factor)
+
+
+def _detached(x: Any) -> Any:
+    """An input as PopTorch takes it: one that requires grad is detached, saying so."""
+    if isinstance(x, torch.Tensor) and x.requires_grad:
+        _logging.console().warning(
+            "Input tensor has requires_grad=True set. This tensor will be detached because "
+            "backward pass via inputs is not supported."
+        )
+        return x.detach()
+    return x
+
+
+def _as_held(x: Any) -> Any:
+    """An output as PopTorch returns it: the IPU holds 64-bit tensors in 32 bits (a long
+    output comes back as int32, a double one as float32)."""
+    if isinstance(x, torch.Tensor) and x.dtype in (torch.int64, torch.float64):
+        return x.to(torch.int32 if x.dtype == torch.int64 else torch.float32)
+    return x
 
 
 def _frozen_copy(options: Options | None, training: bool) -> Options:
