@@ -64,3 +64,15 @@ def test_shapes_changed_in_place_and_64_bit_outputs_as_poptorch_returns_them(cap
         counts, torch.arange(3, dtype=torch.int32) + 1
     )
     assert "Input tensor has requires_grad=True set" in capfd.readouterr().err
+
+
+class Masked(nn.Module):
+    def forward(self, x, mask):
+        return x[mask] * 2.0  # its length depends on the mask's values
+
+
+def test_a_data_dependent_shape_raises_what_poptorchs_fake_trace_raises():
+    from torch._subclasses.fake_tensor import DynamicOutputShapeException
+
+    with pytest.raises(DynamicOutputShapeException):
+        poptorch.inferenceModel(Masked())(torch.randn(4), torch.tensor([True, False] * 2))
