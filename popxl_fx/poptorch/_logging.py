@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 
 __all__ = ["console", "logger", "setLogLevel", "setPopartLogLevel"]
 
@@ -30,11 +31,24 @@ def setPopartLogLevel(level) -> None:
     """Accepted: there is no PopART to log."""
 
 
+class _Stderr(logging.StreamHandler):
+    """A handler writing to whatever ``sys.stderr`` is when it writes (test harnesses
+    replace it)."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass  # always the current sys.stderr
+
+
 def console() -> logging.Logger:
     """PopTorch's logger, printing to stderr as PopTorch's does (its handler is added on the
     first message, not at import)."""
     if not any(getattr(h, "_poptorch_console", False) for h in logger.handlers):
-        handler = logging.StreamHandler()
+        handler = _Stderr()
         handler.setFormatter(logging.Formatter("[poptorch:python] [%(levelname)s] %(message)s"))
         handler._poptorch_console = True
         logger.addHandler(handler)
