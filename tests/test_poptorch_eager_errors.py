@@ -76,3 +76,22 @@ def test_a_data_dependent_shape_raises_what_poptorchs_fake_trace_raises():
 
     with pytest.raises(DynamicOutputShapeException):
         poptorch.inferenceModel(Masked())(torch.randn(4), torch.tensor([True, False] * 2))
+
+
+class LossOfInputsOnly(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(2, 1)  # not used by the loss
+
+    def forward(self, x):
+        x = x.repeat(5, 2, 2)
+        return x, poptorch.identity_loss(x**2, reduction="sum")
+
+
+def test_a_training_model_whose_loss_reaches_no_parameter_runs_as_poptorch_runs_it():
+    model, x = LossOfInputsOnly(), torch.randn(10, 1, 1)
+    before = model.lin.weight.detach().clone()
+    out, loss = poptorch.trainingModel(model)(x)
+    expected, expected_loss = model(x)
+    assert torch.equal(out, expected) and torch.equal(loss, expected_loss)
+    assert torch.equal(model.lin.weight, before)
