@@ -26,7 +26,7 @@ from .capture_state import trace_graph
 from .checks import dtype_issues
 from .errors import Issue, UnsupportedError, user_frame
 from .fallback import decomposition_issue
-from .inplace import inplace_state_issues, inplace_view_issues
+from .inplace import base_chain, inplace_state_issues, inplace_view_issues, mutated_input
 from .lowering import lookup
 from .replay import Replay
 
@@ -237,6 +237,12 @@ class _ShapeRecorder(fx.Interpreter):
         return value.clone() if target.startswith("_tensor_constant") else value
 
 
+def _updated_in_place(gm: fx.GraphModule, model: nn.Module) -> set[fx.Node]:
+    """The nodes whose tensors a later node updates in place (and the tensors they view)."""
+    targets = [mutated_input(n, model) for n in gm.graph.nodes if n.op != "output"]
+    return {b for t in targets if t is not None for b in base_chain(t)}
+
+
 def _rerun_with_other_data(
     gm: fx.GraphModule, model: nn.Module, inputs: Sequence[Any]
 ) -> Issue | None:
@@ -248,7 +254,10 @@ def _rerun_with_other_data(
             recorder.run(*[_other_data(x) for x in inputs])
     except Exception:  # other data may be invalid for the model; no verdict
         pass
+    updated = _updated_in_place(gm, model)
     for node, shape in recorder.shapes.items():
+        if node in updated:  # its example value took a later in-place update (``squeeze_``)
+            continue
         if node.op != "output" and shape != _shape(node.meta.get("example_value")):
             before = _shape(node.meta.get("example_value"))
             return _shape_issue(

@@ -1,12 +1,15 @@
 """In-place torch calls in a traced graph.
 
 An fx graph keeps using a tensor's old node after ``h.add_(1)``; eager torch sees the new
-value. The driver rebinds the mutated node to the in-place call's result (`mutated_input`).
-That is exact unless the mutated tensor shares memory with another node's tensor (a view of
-it, or the tensor it is a view of): `inplace_view_issues` reports those. An in-place update of
-a buffer (``self.count.add_(1)``) is also written back to the buffer's variable; one of a
-parameter or of a tensor held as a plain attribute is state the program cannot carry between
-steps: `inplace_state_issues` reports those.
+value. The driver rebinds the mutated node to the in-place call's result (`mutated_input`:
+``x.add_(y)``, ``x += y``, ``x[i] = v``, ``inplace=True``). Where the mutated tensor shares
+memory with others, `popxl_fx.view_writes` writes the update into the tensors it views
+(`written_chain`) and takes their other views again; an update it cannot write back (through
+``split`` or ``expand``) is reported by `inplace_view_issues`. An in-place update of a buffer
+(``self.count.add_(1)``) is also written back to the buffer's variable, one of a model input
+to the caller's tensor (`inference_model`); one of a parameter or of a tensor held as a plain
+attribute is state the program cannot carry between steps: `inplace_state_issues` reports
+those.
 """
 
 from __future__ import annotations

@@ -38,6 +38,7 @@ from .capture import Captured, capture
 from .capture_effects import WARN_KINDS
 from .errors import Issue, UnsupportedError
 from .lowering import LoweringContext, run_graph
+from .module_outputs import Outputs
 from .names import unescape
 from .outline import Group, OutlinePlan, plan_outline
 from .variable_data import (
@@ -47,7 +48,6 @@ from .variable_data import (
     site_factories,
     zeros_for,
 )
-from .view_writes import warn_unwritten
 
 __all__ = ["Module", "SEED_NAME", "signature"]
 
@@ -83,7 +83,7 @@ def _example(x: Any) -> Any:
     return torch.zeros(tuple(x.shape), dtype=dt)
 
 
-class Module(addons.Module):
+class Module(Outputs, addons.Module):
     """A torch module whose `build` lowers its fx trace with the lowering table.
 
     Args:
@@ -115,11 +115,6 @@ class Module(addons.Module):
     # torch's grad mode around eager's forward (the pipeline sets it per build): under
     # no_grad only leaves require grad (`requires_grad`)
     grad_enabled = True
-    # with flatten_outputs: return the final values of the inputs forward updates in place
-    # after the outputs (`written_inputs` says which), as `inference_model` writes them back
-    writes_inputs = False
-    written_inputs: tuple[int, ...] = ()
-    _nones: tuple[int, ...] = ()
 
     def __init__(
         self,
@@ -245,24 +240,6 @@ class Module(addons.Module):
             self._grad_inputs = set()
         return self._outputs(gm, captured, out, written)
 
-    def _outputs(
-        self, gm: fx.GraphModule, captured: Captured, out: Any, written: dict[int, popxl.Tensor]
-    ) -> Any:
-        """What `build` returns: the forward's outputs (flat with ``flatten_outputs``, then
-        the inputs it updated in place, for `writes_inputs`)."""
-        leaves, spec = _as_returned(out, gm, captured.out_spec)
-        if not self.flatten_outputs:
-            return pytree.tree_unflatten(leaves, spec)
-        self.out_spec = spec
-        # a None output (forward returns None, or None in a tuple) is no graph output:
-        # `unflatten` puts it back
-        self._nones = tuple(i for i, v in enumerate(leaves) if v is None)
-        self.written_inputs = tuple(sorted(written)) if self.writes_inputs else ()
-        if written and not self.writes_inputs:
-            warn_unwritten(self.torch_module, sorted(written))
-        kept = tuple(v for v in leaves if v is not None)
-        return kept + tuple(written[i] for i in self.written_inputs)
-
     _path_prefix = ""  # a block graph's builder names its ops "<label>.<path>"
 
     # outlined call sites ---------------------------------------------------------------
@@ -295,20 +272,6 @@ class Module(addons.Module):
         self.add_called_graphs_grad_info(
             {**grad.called_graphs_grad_info, graph.graph: recompute_graph(grad).grad_graph_info}
         )
-
-    def unflatten(self, leaves: Any) -> Any:
-        """The forward's output structure around ``leaves`` (after ``flatten_outputs``; the
-        written inputs that follow the outputs are left out)."""
-        if self.out_spec is None:
-            raise RuntimeError("unflatten() needs a build with flatten_outputs=True first.")
-        given = iter(list(leaves)[: self.n_outputs])
-        full = [None if i in self._nones else next(given) for i in range(self.out_spec.num_leaves)]
-        return pytree.tree_unflatten(full, self.out_spec)
-
-    @property
-    def n_outputs(self) -> int:
-        """How many graph outputs are the forward's own (after ``flatten_outputs``)."""
-        return self.out_spec.num_leaves - len(self._nones)
 
     def _context(self, node: fx.Node) -> LoweringContext:
         path = node.target if node.op == "call_module" else node.meta.get("module_path", "")
@@ -429,14 +392,3 @@ def _block_class(torch_class: type) -> type:
     if torch_class not in _BLOCK_CLASSES:
         _BLOCK_CLASSES[torch_class] = type(torch_class.__name__, (Module,), {})
     return _BLOCK_CLASSES[torch_class]
-
-
-def _as_returned(out: Any, gm: fx.GraphModule, returned: Any) -> tuple[list, Any]:
-    """The leaves of the lowered outputs ``out`` and the structure forward returned
-    (dataclasses, ModelOutputs: ``returned``, captured per graph output), each graph output
-    keeping its own structure (a call returning a tuple, as ``torch.meshgrid``, is one
-    output of the graph)."""
-    per_node = pytree.tree_structure(next(reversed(gm.graph.nodes)).args[0])
-    if returned is None or returned.num_leaves != per_node.num_leaves:
-        return pytree.tree_flatten(out)
-    return pytree.tree_flatten(pytree.tree_unflatten(per_node.flatten_up_to(out), returned))

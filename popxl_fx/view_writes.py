@@ -6,7 +6,7 @@ updated node to its new value (`popxl_fx.lowering`), it also builds each base's 
 the view's: the reverse of a reshape, a transpose or a permute, or, for a basic index, the base
 with the view's elements replaced (`written_chain` says how far up this goes; `check` reports
 the aliases it cannot reach). The outermost tensor updated is then written back where it came
-from: a buffer's variable, or a model input (`inputs_written`).
+from: a buffer's variable, or a model input (`popxl_fx.module_outputs`).
 """
 
 from __future__ import annotations

@@ -43,12 +43,15 @@ def swap(x: popxl.Tensor, d0: int, d1: int) -> popxl.Tensor:
     return x if a == b else ops.transpose(x, perm)
 
 
+# the in-place forms change the shape: lowered here, not decomposed from example values
+# that the update has already changed
 @lowers("transpose", torch.transpose, "swapaxes", torch.swapaxes, "swapdims", torch.swapdims)
+@lowers("transpose_", "swapaxes_", "swapdims_")
 def _transpose(ctx, x, d0, d1):
     return swap(x, d0, d1)
 
 
-@lowers("t", torch.t)
+@lowers("t", torch.t, "t_")
 def _t(ctx, x):
     return x if x.rank < 2 else swap(x, 0, 1)
 
@@ -72,7 +75,7 @@ def _unflatten_module(ctx, m, x):
     return ops.reshape(x, tuple(ctx.expected().shape))
 
 
-@lowers("squeeze", torch.squeeze)
+@lowers("squeeze", torch.squeeze, "squeeze_")
 def _squeeze(ctx, x, dim=None):
     # torch ignores dims whose size is not 1
     dims = norm_dims(dim, x.rank) if dim is not None else range(x.rank)
@@ -80,7 +83,7 @@ def _squeeze(ctx, x, dim=None):
     return ops.squeeze(x, drop) if drop else x
 
 
-@lowers("unsqueeze", torch.unsqueeze)
+@lowers("unsqueeze", torch.unsqueeze, "unsqueeze_")
 def _unsqueeze(ctx, x, dim):
     return ops.unsqueeze(x, norm_dim(dim, x.rank + 1))
 

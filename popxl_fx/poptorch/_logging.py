@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 
-__all__ = ["logger", "setLogLevel", "setPopartLogLevel"]
+__all__ = ["console", "logger", "setLogLevel", "setPopartLogLevel"]
 
 logger = logging.getLogger("poptorch::python")
 _LEVELS = {
@@ -65,8 +65,18 @@ class _StderrHandler(logging.StreamHandler):
 
 
 def _configure() -> None:
+    _add_handler()
+    setLogLevel(os.environ.get("POPTORCH_LOG_LEVEL", "WARN"))
+
+
+def _add_handler() -> None:
     if not any(isinstance(h, _StderrHandler) for h in logger.handlers):
         handler = _StderrHandler()
         handler.setFormatter(_Formatter())
         logger.addHandler(handler)
-    setLogLevel(os.environ.get("POPTORCH_LOG_LEVEL", "WARN"))
+
+
+def console() -> logging.Logger:
+    """PopTorch's logger, printing its lines to the stderr of the moment."""
+    _add_handler()
+    return logger

@@ -6,7 +6,11 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+import torch
+from torch._subclasses.fake_tensor import DynamicOutputShapeException
+
 from ..capture import EXAMPLE_NOTE
+from ..errors import UnsupportedError
 
 __all__ = ["Error", "RecoverableError", "UnrecoverableError", "eager_errors", "unsupported"]
 
@@ -38,12 +42,18 @@ def unsupported(name: str, why: str) -> Error:
 
 def eager_errors(fn: Callable) -> Callable:
     """``fn`` raising what the model's own code raises as torch raised it: PopTorch runs the
-    model's ops as torch does, so its errors carry no note of popxl_fx's capture."""
+    model's ops as torch does, so its errors carry no note of popxl_fx's capture; an op whose
+    output shape depends on the data raises what PopTorch's fake-tensor trace raises."""
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
+        except UnsupportedError as exc:
+            if exc.issues and all(i.kind == "data-dependent shape" for i in exc.issues):
+                # PopTorch traces with fake tensors, which raise this for such an op
+                raise DynamicOutputShapeException(torch.ops.aten.nonzero.default) from exc
+            raise
         except Exception as exc:
             notes = getattr(exc, "__notes__", None)
             if notes:

@@ -21,7 +21,7 @@ from torch import nn
 import popxl_fx
 from popxl_fx.errors import UnsupportedError
 
-from . import batching, blocks, optim, optim_attrs, optim_map, optim_state, wrapping
+from . import _logging, batching, blocks, optim, optim_attrs, optim_map, optim_state, wrapping
 from .dtypes import ipu_outputs
 from .enums import ConnectionType, OutputMode, ReductionType
 from .errors import Error, eager_errors, unsupported
@@ -152,6 +152,7 @@ class PoplarExecutor:
         """The call's tensors, flat and split by device iteration; a call of another
         structure (nesting, non-tensor values) than the compiled one gets a new program."""
         tensors, call = flat_call(args, kwargs)
+        tensors = [_detached(t) for t in tensors]
         if call != self._wrapped.call:
             if self._wrapped.call is not None:
                 self._impl = None
@@ -389,6 +390,17 @@ def _loss_factor(options: Options, training: bool) -> float:
     if not training or options.reduction() != ReductionType.Sum:
         return 1.0
     return float(options.Training.gradient_accumulation * options.replication_factor)
+
+
+def _detached(x: Any) -> Any:
+    """An input as PopTorch takes it: one that requires grad is detached, saying so."""
+    if isinstance(x, torch.Tensor) and x.requires_grad:
+        _logging.console().warning(
+            "Input tensor has requires_grad=True set. This tensor will be detached because "
+            "backward pass via inputs is not supported."
+        )
+        return x.detach()
+    return x
 
 
 def _frozen_copy(options: Options | None, training: bool) -> Options:
