@@ -19,7 +19,6 @@ import torch
 from torch import nn
 
 import popxl_fx
-from popxl_fx.errors import UnsupportedError
 
 from . import _logging, batching, blocks, optim, optim_attrs, optim_map, optim_state, wrapping
 from .dtypes import ipu_outputs
@@ -119,10 +118,7 @@ class PoplarExecutor:
         for hook in list(_PRE_COMPILE.values()):
             hook()
         start = datetime.datetime.now()
-        try:
-            impl.build(*args)
-        except UnsupportedError as exc:  # PopTorch raises its own error for what won't lower
-            raise Error(str(exc)) from exc
+        impl.build(*args)  # an UnsupportedError becomes poptorch.Error (`eager_errors`)
         self._compilation_time = datetime.datetime.now() - start
         self._share_optimizer_state(impl)
         self._check_blocks()
