@@ -100,6 +100,12 @@ def _same(old: Any, new: Any) -> bool:
 def _setting(tracer, modules: set[int], flags: set, original):
     def setattr_(module: nn.Module, name: str, value: Any) -> None:
         if (
+            isinstance(value, fx.Proxy)
+            and module.__dict__.get("_buffers", {}).get(name) is not None
+        ):
+            _buffer_assigned(tracer, module, name, value)
+            return  # the buffer stays registered; its in-place update is in the graph
+        if (
             id(module) in modules
             and not getattr(tracer, "_evaluating", False)
             and not isinstance(value, (nn.Module, torch.Tensor))
@@ -120,6 +126,41 @@ def _setting(tracer, modules: set[int], flags: set, original):
 
 
 _MISSING = object()
+
+_BUFFER_HINT = (
+    "This is not supported. Consider using self.{0}.copy_(src) to copy data from a source "
+    "tensor, where src is the name of the source tensor."
+)
+
+
+def _buffer_assigned(tracer, module: nn.Module, name: str, value: fx.Proxy) -> None:
+    """``self.buf = v`` in forward: fine when ``v`` is the buffer updated in place (what
+    ``self.buf += x`` assigns); a state issue otherwise (eager would swap the tensor)."""
+    node, buffer = value.node, module._buffers[name]
+    while node.op == "call_function" and _is_inplace(node, tracer.root_module):
+        node = node.args[0]
+    if node.op == "get_attr" and _buffer(tracer.root_module, node.target) is buffer:
+        return
+    # PopTorch's words: a buffer is the program's variable, updated in place on each step
+    what = f"Buffer {name} is reassigned within the model when calling the forward method."
+    path = next((p for p, m in tracer.root_module.named_modules() if m is module), "")
+    tracer._paths.append(path)
+    try:
+        tracer.record(None, STATE, what, _BUFFER_HINT.format(name))
+    finally:
+        tracer._paths.pop()
+
+
+def _is_inplace(node: fx.Node, root: nn.Module) -> bool:
+    from .inplace import mutated_input
+
+    return mutated_input(node, root) is not None
+
+
+def _buffer(root: nn.Module, target: str) -> Any:
+    """The buffer a get_attr node reads (from the dict: the trace patches attribute reads)."""
+    owner, _, name = target.rpartition(".")
+    return root.get_submodule(owner)._buffers.get(name)
 
 
 def _state_issue(tracer, module: nn.Module, what: str) -> Issue:

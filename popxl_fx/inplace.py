@@ -80,8 +80,17 @@ def mutated_input(node: fx.Node, root: nn.Module) -> fx.Node | None:
     elif node.op == "call_module":
         inplace = bool(getattr(root.get_submodule(node.target), "inplace", False))
     else:
-        inplace = node.kwargs.get("inplace") is True
+        inplace = node.kwargs.get("inplace") is True or _augmented_tensor(node)
     return node.args[0] if inplace else None
+
+
+# ``x += y`` on a tensor is its in-place op (``Tensor.__iadd__`` is ``add_``); on a number, not
+_AUGMENTED = frozenset({operator.iadd, operator.isub, operator.imul, operator.itruediv})
+
+
+def _augmented_tensor(node: fx.Node) -> bool:
+    example = node.args[0].meta.get("example_value")
+    return node.target in _AUGMENTED and isinstance(example, torch.Tensor)
 
 
 def is_view(node: fx.Node) -> bool:

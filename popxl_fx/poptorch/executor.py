@@ -21,6 +21,7 @@ from torch import nn
 import popxl_fx
 
 from . import batching, blocks, optim, optim_map, wrapping
+from .build_checks import checked_build
 from .enums import ConnectionType, OutputMode, ReductionType
 from .errors import Error, unsupported
 from .fx_options import fx_options, implicit_mean_strategy
@@ -108,7 +109,7 @@ class PoplarExecutor:
         for hook in list(_PRE_COMPILE.values()):
             hook()
         start = datetime.datetime.now()
-        impl.build(*args)
+        checked_build(lambda: impl.build(*args), self._wrapped.model)
         self._compilation_time = datetime.datetime.now() - start
         self._check_blocks()
         self._check_outputs(impl)
