@@ -86,6 +86,21 @@ def _printing(tracer, original):
     return print_
 
 
+def _typed_as_example(original):
+    """``isinstance`` for forward's own code: a traced value has its example value's type
+    (``isinstance(x, torch.Tensor)`` holds for a traced tensor, as in eager); torch's and
+    popxl_fx's code still see proxies."""
+
+    def isinstance_(obj: Any, classinfo: Any) -> bool:
+        if original(obj, fx.Proxy) and _user_caller():
+            value = obj.node.meta.get("example_value", obj)
+            if not original(value, fx.Proxy):
+                return original(value, classinfo)
+        return original(obj, classinfo)
+
+    return isinstance_
+
+
 def _same(old: Any, new: Any) -> bool:
     if old is new:
         return True
@@ -261,8 +276,9 @@ def python_effects_recorded(tracer, model: nn.Module) -> Iterator[None]:
     state = _plain_state(modules)
     _swap_containers(tracer, modules)
     ids = {id(m) for m in model.modules()}
-    original_print = builtins.print
+    original_print, original_isinstance = builtins.print, builtins.isinstance
     builtins.print = _printing(tracer, original_print)
+    builtins.isinstance = _typed_as_example(original_isinstance)
     owners = _setattr_owners(model)
     saved = {cls: vars(cls).get("__setattr__", _MISSING) for cls in owners}
     flags: set = set()
@@ -272,7 +288,7 @@ def python_effects_recorded(tracer, model: nn.Module) -> Iterator[None]:
     try:
         yield
     finally:
-        builtins.print = original_print
+        builtins.print, builtins.isinstance = original_print, original_isinstance
         for cls, old in saved.items():
             if old is _MISSING:
                 del cls.__setattr__

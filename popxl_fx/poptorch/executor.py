@@ -25,6 +25,7 @@ from .build_checks import checked_build
 from .enums import ConnectionType, OutputMode, ReductionType
 from .errors import Error, unsupported
 from .fx_options import fx_options, implicit_mean_strategy
+from .input_checks import InputSignature
 from .options import Options
 from .wrapper import Wrapped, flat_call
 
@@ -117,9 +118,13 @@ class PoplarExecutor:
             hook()
 
     def _flat_inputs(self, args: tuple, kwargs: dict) -> tuple:
-        """The call's tensors, flat and split by device iteration; a call of another
-        structure (nesting, non-tensor values) than the compiled one gets a new program."""
+        """The call's tensors, flat and split by device iteration. Once compiled, the inputs
+        must be those compiled for (PopTorch's error); a new structure after ``destroy()``
+        gets a new program."""
         tensors, call = flat_call(args, kwargs)
+        if self.isCompiled():
+            self._signature.check(tensors, call)
+        self._signature = InputSignature(tensors, call)
         if call != self._wrapped.call:
             if self._wrapped.call is not None:
                 self._impl = None
