@@ -3,6 +3,8 @@ error for a call whose tensors differ from the compiled ones."""
 
 from __future__ import annotations
 
+import collections
+
 import pytest
 import torch
 from torch import nn
@@ -48,3 +50,34 @@ def test_a_call_with_other_dtypes_or_shapes_raises_until_destroyed():
         model((torch.ones(2), torch.ones(2)))
     model.destroy()
     assert model(ints) == 3
+
+
+def test_a_dict_subclass_argument_needs_no_parser():
+    class Batch(collections.OrderedDict):
+        pass
+
+    class Model(nn.Module):
+        def forward(self, batch):
+            assert isinstance(batch, Batch)
+            return batch["a"] * 2 + batch["b"]
+
+    model = Model()
+    executor = poptorch.inferenceModel(model)
+    for _ in range(2):
+        batch = Batch(b=torch.randn(2, 2), a=torch.randn(2, 2))
+        assert torch.equal(executor(batch), model(batch))  # new values, not the first call's
+
+
+def test_a_dict_argument_with_other_keys_raises_poptorchs_error():
+    class Divider(nn.Module):
+        def forward(self, d):
+            return d["x"] / d["y"]
+
+    executor = poptorch.inferenceModel(Divider())
+    x, y = torch.tensor([1.0]), torch.tensor([2.0])
+    assert executor({"x": x, "y": y}) == 0.5
+    assert executor({"y": y, "x": x}) == 0.5  # the order of the keys does not matter
+    with pytest.raises(poptorch.Error, match="Missing arguments: x."):
+        executor({"y": y})
+    with pytest.raises(poptorch.Error, match="Unexpected arguments: z."):
+        executor({"x": x, "y": y, "z": y})

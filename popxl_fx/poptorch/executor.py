@@ -125,7 +125,7 @@ class PoplarExecutor:
         if self.isCompiled():
             self._signature.check(tensors, call)
         self._signature = InputSignature(tensors, call)
-        if call != self._wrapped.call:
+        if not self._signature.same_call(self._wrapped.call):
             if self._wrapped.call is not None:
                 self._impl = None
             self._wrapped.call = call

@@ -28,10 +28,14 @@ class InputSignature:
         self.call = call
         self.specs = [(t.dtype, t.shape) for t in tensors]
 
+    def same_call(self, call: tuple | None) -> bool:
+        return call is not None and _same(call, self.call)
+
     def check(self, tensors: list[torch.Tensor], call: tuple) -> None:
-        """Raise PopTorch's error for the first tensor of these inputs (of the same
-        structure) whose dtype or shape differs from ours."""
-        if call != self.call:
+        """Raise PopTorch's error for a dict argument with other keys, or for the first
+        tensor of these inputs (of the same structure) whose dtype or shape differs."""
+        if not _same(call, self.call):
+            _check_keys(self.call[0].children_specs[0], call[0].children_specs[0])
             return
         for i, (t, (dtype, shape)) in enumerate(zip(tensors, self.specs)):
             if t.dtype != dtype:
@@ -42,3 +46,26 @@ class InputSignature:
                 raise Error(
                     f"Shape mismatch for input {i}: expected {shape} but got {t.shape}.{_END}"
                 )
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    try:
+        return bool(a == b)
+    except RuntimeError:  # a non-tensor value holding tensors: not comparable, so changed
+        return False
+
+
+def _check_keys(compiled, given) -> None:
+    """PopTorch's error for a dict among the positional arguments whose keys changed."""
+    if compiled.type is not given.type:
+        return
+    is_dict = isinstance(compiled.type, type) and issubclass(compiled.type, dict)
+    if is_dict and set(compiled.context) != set(given.context):
+        missing = sorted(set(compiled.context) - set(given.context))
+        extra = sorted(set(given.context) - set(compiled.context))
+        details = [f"Unexpected arguments: {', '.join(map(str, extra))}"] if extra else []
+        details += [f"Missing arguments: {', '.join(map(str, missing))}"] if missing else []
+        raise Error(f"Keys mismatch: {'. '.join(details)}.{_END}")
+    if len(compiled.children_specs) == len(given.children_specs):
+        for c, g in zip(compiled.children_specs, given.children_specs):
+            _check_keys(c, g)
