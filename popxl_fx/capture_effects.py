@@ -87,6 +87,21 @@ def _printing(tracer, original):
     return print_
 
 
+def _typed_as_example(original):
+    """``isinstance`` for forward's own code: a traced value has its example value's type
+    (``isinstance(x, torch.Tensor)`` holds for a traced tensor, as in eager); torch's and
+    popxl_fx's code still see proxies."""
+
+    def isinstance_(obj: Any, classinfo: Any) -> bool:
+        if original(obj, fx.Proxy) and _user_caller():
+            value = obj.node.meta.get("example_value", obj)
+            if not original(value, fx.Proxy):
+                return original(value, classinfo)
+        return original(obj, classinfo)
+
+    return isinstance_
+
+
 def _same(old: Any, new: Any) -> bool:
     if old is new:
         return True
@@ -114,6 +129,12 @@ def _setting(tracer, modules: set[int], flags: set, original):
         if _updated_buffer(module, name, value):
             return  # the lowering writes the update back into the buffer
         if (
+            isinstance(value, fx.Proxy)
+            and module.__dict__.get("_buffers", {}).get(name) is not None
+        ):
+            _buffer_assigned(tracer, module, name, value)
+            return  # the buffer stays registered; its in-place update is in the graph
+        if (
             id(module) in modules
             and not getattr(tracer, "_evaluating", False)
             and not isinstance(value, (nn.Module, torch.Tensor))
@@ -134,6 +155,41 @@ def _setting(tracer, modules: set[int], flags: set, original):
 
 
 _MISSING = object()
+
+_BUFFER_HINT = (
+    "This is not supported. Consider using self.{0}.copy_(src) to copy data from a source "
+    "tensor, where src is the name of the source tensor."
+)
+
+
+def _buffer_assigned(tracer, module: nn.Module, name: str, value: fx.Proxy) -> None:
+    """``self.buf = v`` in forward: fine when ``v`` is the buffer updated in place (what
+    ``self.buf += x`` assigns); a state issue otherwise (eager would swap the tensor)."""
+    node, buffer = value.node, module._buffers[name]
+    while node.op == "call_function" and _is_inplace(node, tracer.root_module):
+        node = node.args[0]
+    if node.op == "get_attr" and _buffer(tracer.root_module, node.target) is buffer:
+        return
+    # PopTorch's words: a buffer is the program's variable, updated in place on each step
+    what = f"Buffer {name} is reassigned within the model when calling the forward method."
+    path = next((p for p, m in tracer.root_module.named_modules() if m is module), "")
+    tracer._paths.append(path)
+    try:
+        tracer.record(None, STATE, what, _BUFFER_HINT.format(name))
+    finally:
+        tracer._paths.pop()
+
+
+def _is_inplace(node: fx.Node, root: nn.Module) -> bool:
+    from .inplace import mutated_input
+
+    return mutated_input(node, root) is not None
+
+
+def _buffer(root: nn.Module, target: str) -> Any:
+    """The buffer a get_attr node reads (from the dict: the trace patches attribute reads)."""
+    owner, _, name = target.rpartition(".")
+    return root.get_submodule(owner)._buffers.get(name)
 
 
 def _state_issue(tracer, module: nn.Module, what: str) -> Issue:
@@ -234,8 +290,9 @@ def python_effects_recorded(tracer, model: nn.Module) -> Iterator[None]:
     state = _plain_state(modules)
     _swap_containers(tracer, modules)
     ids = {id(m) for m in model.modules()}
-    original_print = builtins.print
+    original_print, original_isinstance = builtins.print, builtins.isinstance
     builtins.print = _printing(tracer, original_print)
+    builtins.isinstance = _typed_as_example(original_isinstance)
     owners = _setattr_owners(model)
     saved = {cls: vars(cls).get("__setattr__", _MISSING) for cls in owners}
     flags: set = set()
@@ -245,7 +302,7 @@ def python_effects_recorded(tracer, model: nn.Module) -> Iterator[None]:
     try:
         yield
     finally:
-        builtins.print = original_print
+        builtins.print, builtins.isinstance = original_print, original_isinstance
         for cls, old in saved.items():
             if old is _MISSING:
                 del cls.__setattr__

@@ -60,6 +60,28 @@ class CaptureProxy(fx.Proxy):
         array = self._as_numpy("a numpy function (np.asarray/np.<fn>)")
         return array.astype(dtype) if dtype is not None else array
 
+    # ``t += x`` on a tensor updates ``t`` in place in eager torch (``Tensor.__iadd__``); fx's
+    # proxy has no in-place operators, so Python would trace ``t = t + x``, a new tensor. The
+    # in-place node keeps eager's meaning: a buffer so updated is written back (`inplace`).
+    def __iadd__(self, other: Any) -> fx.Proxy:
+        return self._augmented(operator.iadd, other)
+
+    def __isub__(self, other: Any) -> fx.Proxy:
+        return self._augmented(operator.isub, other)
+
+    def __imul__(self, other: Any) -> fx.Proxy:
+        return self._augmented(operator.imul, other)
+
+    def __itruediv__(self, other: Any) -> fx.Proxy:
+        return self._augmented(operator.itruediv, other)
+
+    def _augmented(self, op: Any, other: Any) -> fx.Proxy:
+        if not isinstance(self.node.meta.get("example_value"), torch.Tensor):
+            plain = {operator.iadd: operator.add, operator.isub: operator.sub}
+            plain |= {operator.imul: operator.mul, operator.itruediv: operator.truediv}
+            return plain[op](self, other)  # a number: ``n += 1`` makes a new one
+        return self.tracer.create_proxy("call_function", op, (self, other), {})
+
     def __len__(self) -> int:
         self.tracer.check_static(self, "data-dependent length", "len()")
         return len(self.node.meta["example_value"])

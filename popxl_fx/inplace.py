@@ -123,7 +123,8 @@ def mutated_input(node: fx.Node, root: nn.Module | None) -> fx.Node | None:
     elif node.op == "call_module":
         inplace = bool(getattr(root.get_submodule(node.target), "inplace", False))
     else:
-        inplace = node.kwargs.get("inplace") is True or _inplace_function(node.target)
+        inplace = node.kwargs.get("inplace") is True
+        inplace = inplace or _inplace_function(node.target) or _augmented_tensor(node)
     return node.args[0] if inplace else None
 
 
@@ -140,6 +141,15 @@ def _inplace_function(target: object) -> bool:
     if not name.endswith("_") or name.startswith("_"):
         return False
     return any(getattr(space, name, None) is target for space in (torch, nn.functional))
+
+
+# ``x += y`` on a tensor is its in-place op (``Tensor.__iadd__`` is ``add_``); on a number, not
+_AUGMENTED = frozenset({operator.iadd, operator.isub, operator.imul, operator.itruediv})
+
+
+def _augmented_tensor(node: fx.Node) -> bool:
+    example = node.args[0].meta.get("example_value")
+    return node.target in _AUGMENTED and isinstance(example, torch.Tensor)
 
 
 def is_view(node: fx.Node) -> bool:

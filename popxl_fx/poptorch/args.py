@@ -8,7 +8,12 @@ the program and rebuilds the object inside the traced forward.
 from __future__ import annotations
 
 import abc
+import copy
+from collections import OrderedDict, defaultdict
 from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
 
 from .errors import Error
 
@@ -39,5 +44,30 @@ def registerCustomArgParser(arg_data_type: type, arg_parser: ICustomArgParser | 
     _PARSERS[arg_data_type] = arg_parser
 
 
+class _MappingParser(ICustomArgParser):
+    """A dict subclass (``class MyArg(OrderedDict)``): its values' tensors, in key order;
+    rebuilt as a copy of the same type (PopTorch takes them without a parser too)."""
+
+    def yieldTensors(self, struct) -> Any:
+        leaves = pytree.tree_leaves(list(struct.values()))
+        yield from (x for x in leaves if isinstance(x, torch.Tensor))
+
+    def reconstruct(self, original_structure, tensor_iterator) -> Any:
+        rebuilt = copy.copy(original_structure)
+        for key, value in original_structure.items():
+            rebuilt[key] = pytree.tree_map_only(
+                torch.Tensor, lambda _: next(tensor_iterator), value
+            )
+        return rebuilt
+
+
+_MAPPING = _MappingParser()
+_PYTREE_DICTS = (dict, OrderedDict, defaultdict)  # flattened by torch's pytree itself
+
+
 def parser_for(value: object) -> ICustomArgParser | None:
-    return _PARSERS.get(type(value))
+    """The registered parser of ``value``'s type, or the built-in one of a dict subclass."""
+    parser = _PARSERS.get(type(value))
+    if parser is None and isinstance(value, dict) and type(value) not in _PYTREE_DICTS:
+        return _MAPPING
+    return parser

@@ -53,8 +53,7 @@ def eager_errors(fn: Callable) -> Callable:
             if exc.issues and all(i.kind == "data-dependent shape" for i in exc.issues):
                 # PopTorch traces with fake tensors, which raise this for such an op
                 raise DynamicOutputShapeException(torch.ops.aten.nonzero.default) from exc
-            # PopTorch's compiler raises its own error for a model it cannot lower
-            raise Error(str(exc)) from exc
+            raise
         except Exception as exc:
             notes = getattr(exc, "__notes__", None)
             if notes:

@@ -21,10 +21,12 @@ from torch import nn
 import popxl_fx
 
 from . import _logging, batching, blocks, optim, optim_attrs, optim_map, optim_state, wrapping
+from .build_checks import checked_build
 from .dtypes import ipu_outputs
 from .enums import ConnectionType, OutputMode, ReductionType
 from .errors import Error, eager_errors, unsupported
 from .fx_options import fx_options
+from .input_checks import InputSignature
 from .options import Options
 from .synthetic import SyntheticInputs
 from .wrapper import Wrapped, flat_call
@@ -118,7 +120,7 @@ class PoplarExecutor:
         for hook in list(_PRE_COMPILE.values()):
             hook()
         start = datetime.datetime.now()
-        impl.build(*args)  # an UnsupportedError becomes poptorch.Error (`eager_errors`)
+        checked_build(lambda: impl.build(*args), self._wrapped.model)
         self._compilation_time = datetime.datetime.now() - start
         self._share_optimizer_state(impl)
         self._check_blocks()
@@ -145,11 +147,15 @@ class PoplarExecutor:
             optim_state.apply_loaded(loaded, impl._active, names)
 
     def _flat_inputs(self, args: tuple, kwargs: dict) -> tuple:
-        """The call's tensors, flat and split by device iteration; a call of another
-        structure (nesting, non-tensor values) than the compiled one gets a new program."""
+        """The call's tensors, flat and split by device iteration. Once compiled, the inputs
+        must be those compiled for (PopTorch's error); a new structure after ``destroy()``
+        gets a new program."""
         tensors, call = flat_call(args, kwargs)
         tensors = [_detached(t) for t in tensors]
-        if call != self._wrapped.call:
+        if self.isCompiled():
+            self._signature.check(tensors, call)
+        self._signature = InputSignature(tensors, call)
+        if not self._signature.same_call(self._wrapped.call):
             if self._wrapped.call is not None:
                 self._impl = None
             self._wrapped.call = call

@@ -1,0 +1,40 @@
+"""PopTorch's checks around building an executor's program, and its error type for what
+popxl_fx's capture cannot lower.
+
+PopTorch raises `poptorch.Error` when the model's forward removes one of its buffers, and for
+what it cannot trace; popxl_fx's capture reports the latter as an `UnsupportedError` with one
+`Issue` each, which becomes a `poptorch.Error` leading with each issue's own words.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch import nn
+
+from popxl_fx.errors import UnsupportedError
+
+from .errors import Error
+
+__all__ = ["checked_build"]
+
+
+def checked_build(build: Callable[[], None], model: nn.Module) -> None:
+    """Run ``build`` (which traces ``model``'s forward) with PopTorch's checks."""
+    before = [name for name, _ in model.named_buffers()]
+    try:
+        build()
+    except UnsupportedError as err:
+        if err.issues and all(i.kind == "data-dependent shape" for i in err.issues):
+            raise  # `errors.eager_errors` raises what PopTorch's fake-tensor trace raises
+        raise Error(_summary(err)) from err
+    after = {name for name, _ in model.named_buffers()}
+    for name in before:
+        if name not in after:
+            raise Error(f"Buffer {name} is removed from the model when calling the forward method.")
+
+
+def _summary(err: UnsupportedError) -> str:
+    """Each issue's what and hint on one line, then popxl_fx's full report."""
+    lines = [f"{issue.what} {issue.hint}".strip() for issue in err.issues]
+    return "\n".join([*lines, "", str(err)])
