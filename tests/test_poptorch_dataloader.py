@@ -187,3 +187,17 @@ def test_python_subprocesses_of_a_poptorch_program_import_poptorch_and_log_as_po
     assert done.returncode == 0, done.stderr
     line = r"\[\d\d:\d\d:\d\d\.\d{3}\] \[poptorch::python\] \[debug\] hello from the child"
     assert re.fullmatch(line + "\n", done.stderr), done.stderr
+
+
+def test_an_async_loader_is_not_wrapped_twice_nor_a_remainder_left_unrebatched():
+    loader = _loader(Numbers(8), poptorch.DataLoaderMode.Async, batch_size=2)
+    with pytest.raises(poptorch.Error, match="already uses an AsynchronousDataAccessor"):
+        poptorch.AsynchronousDataAccessor(loader, **FORK)
+    loader.terminate()
+    sync = _loader(Numbers(9), poptorch.DataLoaderMode.Sync, batch_size=2, drop_last=False)
+    with pytest.raises(AssertionError, match="only works if 'rebatched_size'"):
+        poptorch.AsynchronousDataAccessor(sync, **FORK)
+    rebatched = poptorch.AsynchronousDataAccessor(sync, rebatched_size=4, **FORK)
+    # as PopTorch's: only a loader that rebatches itself keeps the remainder
+    assert [len(b) for b in rebatched] == [4, 4]
+    rebatched.terminate()

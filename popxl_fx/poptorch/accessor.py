@@ -89,16 +89,16 @@ class AsynchronousDataAccessor:
 
 
 def _check(dataset, rebatched_size: int | None) -> None:
-    from .data import DataLoader  # data.py builds accessors: import it late
-
-    if isinstance(dataset, DataLoader) and dataset._accessor is not None:
+    # a poptorch.DataLoader is known by its combinedBatchSize (data.py imports this module)
+    is_loader = hasattr(type(dataset), "combinedBatchSize")
+    if is_loader and dataset._accessor is not None:
         raise Error(
             "The DataLoader already uses an AsynchronousDataAccessor internally. Either use "
             "the existing one or set mode='poptorch.DataLoaderMode.Sync' in the DataLoader."
         )
     if rebatched_size is not None and rebatched_size <= 1:
         raise AssertionError("rebatched_size must be None or greater than 1")
-    if isinstance(dataset, DataLoader) and rebatched_size is None:
+    if is_loader and rebatched_size is None:
         # a worker's partial last batch has nowhere to go without rebatching
         if not dataset._user_batch_sampler and not dataset.drop_last:
             if dataset.combinedBatchSize not in (None, 1):
