@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import re
 import subprocess
 import sys
@@ -201,3 +202,11 @@ def test_an_async_loader_is_not_wrapped_twice_nor_a_remainder_left_unrebatched()
     # as PopTorch's: only a loader that rebatches itself keeps the remainder
     assert [len(b) for b in rebatched] == [4, 4]
     rebatched.terminate()
+
+
+def test_a_loader_freezes_its_options_and_a_deep_copy_is_unfrozen():
+    opts = poptorch.Options()
+    poptorch.DataLoader(opts, Numbers(4))
+    with pytest.raises(AttributeError, match="frozen"):
+        opts.deviceIterations(2)
+    assert copy.deepcopy(opts).deviceIterations(2).device_iterations == 2

@@ -206,6 +206,15 @@ class Options(Values):
         self._check_not_frozen()
         return super()._set(name, value)
 
+    def __deepcopy__(self, memo: dict) -> Options:
+        """A deep copy is unfrozen, as PopTorch's is (a copy is the user's to change)."""
+        twin = type(self).__new__(type(self))
+        memo[id(self)] = twin
+        for key, value in self.__dict__.items():
+            value = False if key == "_frozen" else copy.deepcopy(value, memo)
+            object.__setattr__(twin, key, value)
+        return twin
+
     def clone(self) -> Options:
         """An unfrozen deep copy."""
         twin = copy.deepcopy(self)
