@@ -27,6 +27,8 @@ class Numbers(torch.utils.data.Dataset):
         return self.length
 
     def __getitem__(self, index: int) -> torch.Tensor:
+        if index >= self.length:  # ends iter(dataset), as a sequence ends
+            raise IndexError(index)
         return torch.full((2,), float(index))
 
 
@@ -210,3 +212,13 @@ def test_a_loader_freezes_its_options_and_a_deep_copy_is_unfrozen():
     with pytest.raises(AttributeError, match="frozen"):
         opts.deviceIterations(2)
     assert copy.deepcopy(opts).deviceIterations(2).device_iterations == 2
+
+
+def test_an_exhausted_pass_stays_exhausted_until_the_next_one():
+    accessor = poptorch.AsynchronousDataAccessor(Numbers(2), **FORK)
+    assert [int(next(accessor)[0]), int(next(accessor)[0])] == [0, 1]
+    for _ in range(2):
+        with pytest.raises(StopIteration):
+            next(accessor)
+    assert [int(x[0]) for x in accessor] == [0, 1]
+    accessor.terminate()

@@ -122,7 +122,6 @@ class _WorkerHandle:
         self._process = ctx.Process(target=_data_worker.main, args=args)
         self._process.start()
         child.close()
-        self._load_indefinitely = settings["load_indefinitely"]
         self._started = self._used = self._at_end = False
         self._slot, self._locked = 0, None
         _LIVE.add(self)
@@ -156,7 +155,11 @@ class _WorkerHandle:
         self._slot = 0
 
     def next_element(self) -> Any:
-        """The next element of this pass, or END."""
+        """The next element of this pass, or END (again, until the next pass starts)."""
+        if not self._started:  # next() without iter(): the worker waits for a START
+            self.restart()
+        if self._at_end:
+            return END
         self._release()
         ring, slot = self._data_buffers, self._slot
         self._wait_ready(slot)
