@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import re
 import subprocess
 import sys
@@ -26,6 +27,8 @@ class Numbers(torch.utils.data.Dataset):
         return self.length
 
     def __getitem__(self, index: int) -> torch.Tensor:
+        if index >= self.length:  # ends iter(dataset), as a sequence ends
+            raise IndexError(index)
         return torch.full((2,), float(index))
 
 
@@ -187,3 +190,35 @@ def test_python_subprocesses_of_a_poptorch_program_import_poptorch_and_log_as_po
     assert done.returncode == 0, done.stderr
     line = r"\[\d\d:\d\d:\d\d\.\d{3}\] \[poptorch::python\] \[debug\] hello from the child"
     assert re.fullmatch(line + "\n", done.stderr), done.stderr
+
+
+def test_an_async_loader_is_not_wrapped_twice_nor_a_remainder_left_unrebatched():
+    loader = _loader(Numbers(8), poptorch.DataLoaderMode.Async, batch_size=2)
+    with pytest.raises(poptorch.Error, match="already uses an AsynchronousDataAccessor"):
+        poptorch.AsynchronousDataAccessor(loader, **FORK)
+    loader.terminate()
+    sync = _loader(Numbers(9), poptorch.DataLoaderMode.Sync, batch_size=2, drop_last=False)
+    with pytest.raises(AssertionError, match="only works if 'rebatched_size'"):
+        poptorch.AsynchronousDataAccessor(sync, **FORK)
+    rebatched = poptorch.AsynchronousDataAccessor(sync, rebatched_size=4, **FORK)
+    # as PopTorch's: only a loader that rebatches itself keeps the remainder
+    assert [len(b) for b in rebatched] == [4, 4]
+    rebatched.terminate()
+
+
+def test_a_loader_freezes_its_options_and_a_deep_copy_is_unfrozen():
+    opts = poptorch.Options()
+    poptorch.DataLoader(opts, Numbers(4))
+    with pytest.raises(AttributeError, match="frozen"):
+        opts.deviceIterations(2)
+    assert copy.deepcopy(opts).deviceIterations(2).device_iterations == 2
+
+
+def test_an_exhausted_pass_stays_exhausted_until_the_next_one():
+    accessor = poptorch.AsynchronousDataAccessor(Numbers(2), **FORK)
+    assert [int(next(accessor)[0]), int(next(accessor)[0])] == [0, 1]
+    for _ in range(2):
+        with pytest.raises(StopIteration):
+            next(accessor)
+    assert [int(x[0]) for x in accessor] == [0, 1]
+    accessor.terminate()

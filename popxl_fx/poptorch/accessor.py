@@ -25,7 +25,7 @@ from ._data_ring import END, Ring, rebuild
 from .enums import SharingStrategy
 from .errors import Error
 
-__all__ = ["LOADER_TYPES", "AsynchronousDataAccessor"]
+__all__ = ["AsynchronousDataAccessor"]
 
 _START_METHOD = {
     SharingStrategy.SharedMemory: "spawn",
@@ -88,24 +88,17 @@ class AsynchronousDataAccessor:
         return element
 
 
-# poptorch.DataLoader registers itself here: data.py builds accessors, so this module
-# cannot import it
-LOADER_TYPES: list[type] = []
-
-
-def _is_loader(dataset: Any) -> bool:
-    return isinstance(dataset, tuple(LOADER_TYPES))
-
-
 def _check(dataset, rebatched_size: int | None) -> None:
-    if _is_loader(dataset) and dataset.internal_accessor is not None:
+    # a poptorch.DataLoader is known by its combinedBatchSize (data.py imports this module)
+    is_loader = hasattr(type(dataset), "combinedBatchSize")
+    if is_loader and dataset._accessor is not None:
         raise Error(
             "The DataLoader already uses an AsynchronousDataAccessor internally. Either use "
             "the existing one or set mode='poptorch.DataLoaderMode.Sync' in the DataLoader."
         )
     if rebatched_size is not None and rebatched_size <= 1:
         raise AssertionError("rebatched_size must be None or greater than 1")
-    if _is_loader(dataset) and rebatched_size is None:
+    if is_loader and rebatched_size is None:
         # a worker's partial last batch has nowhere to go without rebatching
         if not dataset._user_batch_sampler and not dataset.drop_last:
             if dataset.combinedBatchSize not in (None, 1):
@@ -129,7 +122,6 @@ class _WorkerHandle:
         self._process = ctx.Process(target=_data_worker.main, args=args)
         self._process.start()
         child.close()
-        self._load_indefinitely = settings["load_indefinitely"]
         self._started = self._used = self._at_end = False
         self._slot, self._locked = 0, None
         _LIVE.add(self)
@@ -163,7 +155,11 @@ class _WorkerHandle:
         self._slot = 0
 
     def next_element(self) -> Any:
-        """The next element of this pass, or END."""
+        """The next element of this pass, or END (again, until the next pass starts)."""
+        if not self._started:  # next() without iter(): the worker waits for a START
+            self.restart()
+        if self._at_end:
+            return END
         self._release()
         ring, slot = self._data_buffers, self._slot
         self._wait_ready(slot)

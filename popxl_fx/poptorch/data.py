@@ -16,7 +16,7 @@ import torch
 
 from . import _data_ring
 from ._logging import logger
-from .accessor import LOADER_TYPES, AsynchronousDataAccessor
+from .accessor import AsynchronousDataAccessor
 from .enums import DataLoaderMode
 from .errors import Error
 from .options import Options
@@ -67,11 +67,6 @@ class DataLoader(torch.utils.data.DataLoader):
             **kwargs,
         )
         self._accessor = self._async_accessor(mode, async_options, rebatched)
-
-    @property
-    def internal_accessor(self) -> AsynchronousDataAccessor | None:
-        """The accessor an async mode iterates through (None in Sync mode)."""
-        return self.__dict__.get("_accessor")
 
     def _async_accessor(self, mode, async_options, rebatched) -> AsynchronousDataAccessor | None:
         if mode != DataLoaderMode.Async:
@@ -323,6 +318,3 @@ class _ProcessShare(torch.utils.data.Dataset):
         if self._order is not None:
             position = int(self._order[position])
         return self._dataset[position]
-
-
-LOADER_TYPES.append(DataLoader)
