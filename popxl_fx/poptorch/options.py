@@ -288,15 +288,6 @@ class Options(OptionsDict):
             out["compilation_progress_bar_fn"] = _no_progress_bar
         return out
 
-    def __deepcopy__(self, memo: dict) -> Options:
-        """A deep copy is unfrozen, as PopTorch's is (a copy is the user's to change)."""
-        twin = type(self).__new__(type(self))
-        memo[id(self)] = twin
-        for key, value in self.__dict__.items():
-            value = False if key == "_frozen" else copy.deepcopy(value, memo)
-            object.__setattr__(twin, key, value)
-        return twin
-
     def clone(self) -> Options:
         """An unfrozen deep copy."""
         return copy.deepcopy(self)
