@@ -225,7 +225,7 @@ class Module(addons.Module):
         finally:
             self._vars, self._seed, self._sites, self._plan = {}, [], {}, None
             self._grad_inputs = set()
-        leaves, spec = _as_returned(out, gm, captured.out_spec)
+        leaves, spec = _as_returned(out, captured)
         if not self.flatten_outputs:
             return pytree.tree_unflatten(leaves, spec)
         self.out_spec = spec
@@ -391,12 +391,13 @@ def _block_class(torch_class: type) -> type:
     return _BLOCK_CLASSES[torch_class]
 
 
-def _as_returned(out: Any, gm: fx.GraphModule, returned: Any) -> tuple[list, Any]:
+def _as_returned(out: Any, captured: Captured) -> tuple[list, Any]:
     """The leaves of the lowered outputs ``out`` and the structure forward returned
-    (dataclasses, ModelOutputs: ``returned``, captured per graph output), each graph output
-    keeping its own structure (a call returning a tuple, as ``torch.meshgrid``, is one
-    output of the graph)."""
-    per_node = pytree.tree_structure(next(reversed(gm.graph.nodes)).args[0])
+    (dataclasses, ModelOutputs: ``captured.out_spec``, one leaf per graph output), each graph
+    output keeping its own structure (a call returning a tuple, as ``torch.meshgrid``, is
+    one output of the graph)."""
+    returned = captured.out_spec
+    per_node = pytree.tree_structure(next(reversed(captured.gm.graph.nodes)).args[0])
     if returned is None or returned.num_leaves != per_node.num_leaves:
         return pytree.tree_flatten(out)
     return pytree.tree_flatten(pytree.tree_unflatten(per_node.flatten_up_to(out), returned))

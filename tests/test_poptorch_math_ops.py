@@ -95,6 +95,8 @@ def test_clamp_of_integers_with_float_bounds_is_float(args):
         lambda x: torch.clamp_max_(x, torch.tensor(0.1)),
         lambda x: x.clamp_min_(0.1) * 2,
         lambda x: x.clamp(0.4, 0.1),
+        lambda x: x.clamp_(min=0.4, max=0.1),
+        lambda x: x.clamp_(max=torch.tensor(0.1)),
     ],
 )
 def test_math_training(fn):
