@@ -230,10 +230,11 @@ class _ShapeRecorder(fx.Interpreter):
         self.shapes[n] = _shape(value)
         return value
 
-    def get_attr(self, target: Any, args: Any, kwargs: Any) -> Any:
-        value = super().get_attr(target, args, kwargs)
-        # a tensor forward made (``torch.ones(n)``): a copy, which an in-place call may change
-        return value.clone() if str(target).startswith("_tensor_constant") else value
+    def fetch_attr(self, target: str) -> Any:
+        value = super().fetch_attr(target)
+        # a tensor forward makes (folded to a constant) is new on every eager call: forward
+        # may update it in place
+        return value.clone() if target.startswith("_tensor_constant") else value
 
 
 def _rerun_with_other_data(

@@ -53,7 +53,7 @@ def _check_inputs(ins, affine: bool, track: bool, momentum) -> None:
             f"{tuple(x.shape)} {x.dtype.name}"
         )
     params = ins[1 : 1 + _n_params(affine, track)]
-    same_dtype(x, *params)
+    _params_fit(x, params)
     for p in params:
         if tuple(p.shape) != (x.shape[1],):
             raise ValueError(
@@ -68,9 +68,25 @@ def _check_inputs(ins, affine: bool, track: bool, momentum) -> None:
         )
 
 
+def _params_fit(x, params) -> None:
+    """torch's rule: parameters of x's dtype, or float32 parameters for a float16 / bfloat16
+    x (its mixed type: statistics in float32, the output in x's dtype)."""
+    same_dtype(*params)
+    if params and params[0].dtype != x.dtype and not _mixed(x.dtype, params[0].dtype):
+        raise TypeError(
+            f"the scale, bias and statistics must be {x.dtype.name} (or float32 for a "
+            f"float16/bfloat16 input), got {params[0].dtype.name}"
+        )
+
+
+def _mixed(x_dtype, param_dtype) -> bool:
+    return x_dtype.name in ("float16", "bfloat16") and param_dtype.name == "float32"
+
+
 def _infer(ins, epsilon, momentum, affine, track):
     _check_inputs(ins, affine, track, momentum)
-    stats = spec((ins[0].shape[1],), ins[0].dtype)
+    params = ins[1 : 1 + _n_params(affine, track)]
+    stats = spec((ins[0].shape[1],), (params[0] if params else ins[0]).dtype)
     return [ins[0], stats, stats] + ([stats, stats] if track else [])
 
 
@@ -86,7 +102,8 @@ def _kernel(x, *rest, epsilon, momentum, affine, track):
 
 
 def _grad_infer(ins, epsilon, affine):
-    same_dtype(*ins)
+    same_dtype(ins[0], ins[1])  # dy and x; the scale and statistics as in the forward
+    _params_fit(ins[1], ins[2:])
     return [ins[1]] + ([ins[2], ins[2]] if affine else [])
 
 
@@ -137,15 +154,17 @@ def _inputs(shape, k, affine, track):
 
 
 def _samples():
-    def case(shape, k, affine=True, track=True, eps=1e-5, momentum=0.1, out="y", name=""):
+    def case(shape, k, affine=True, track=True, eps=1e-5, momentum=0.1, out="y", name="", x16=0):
         def build(*ts):
             y, mean, var = batch_norm_training(
                 *_unpack(ts, affine, track), epsilon=eps, momentum=momentum
             )
             return y if out == "y" else (mean, var)
 
+        ins = _inputs(shape, k, affine, track)
+        ins[0] = ins[0].astype("float16") if x16 else ins[0]
         return Sample(
-            _inputs(shape, k, affine, track),
+            ins,
             build,
             _reference(eps, momentum, affine, track, out),
             grad=out == "y",
@@ -160,6 +179,8 @@ def _samples():
         case((6, 4), 116, affine=False, eps=1e-3, momentum=0.3, name="2d_no_affine"),
         case((2, 3, 7), 120, track=False, name="3d_no_running"),
         case((2, 2, 3, 2, 2), 124, affine=False, track=False, name="5d_plain"),
+        case((4, 3, 5), 128, name="half_input_float_params", x16=1),
+        case((4, 3, 5), 128, out="running", name="half_input_running_stats", x16=1),
     ]
 
 

@@ -77,7 +77,7 @@ def _bn_module(ctx, m, x):
     bias = ctx.param("bias") if m.affine else None
     if ctx.training and m.track_running_stats:
         return _bn_train_tracked(ctx, m, x, weight, bias)
-    if not m.track_running_stats:
+    if ctx.training or m.running_mean is None:  # torch: batch statistics, none tracked
         return batch_norm_train(x, weight, bias, m.eps)[0]
     w, b = _affine(weight, bias, m.num_features, x.dtype)
     return ops.batch_norm_inference(

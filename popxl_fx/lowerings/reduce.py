@@ -1,5 +1,5 @@
 """Reductions (sum/mean/prod/max/min/amax/amin/argmax/argmin/var/std/norm/logsumexp/all/any),
-softmax/log_softmax and cumsum, with torch's argument conventions (dim=None reduces all,
+softmax/log_softmax, cumsum and cumprod, with torch's argument conventions (dim=None reduces all,
 max/min with a dim return (values, indices), var/std take unbiased or correction)."""
 
 from __future__ import annotations
@@ -221,8 +221,24 @@ def _softmax2d_module(ctx, m, x):
 
 
 @lowers(torch.cumsum, "cumsum")
-def _cumsum(ctx, x, dim, dtype=None):
+def _cumsum(ctx, x, dim, dtype=None, out=None):
+    if out is not None:  # torch sums in the out tensor's dtype, as with dtype=
+        _out_unused_elsewhere(ctx, "cumsum")
+        dtype = out.dtype.as_torch()
     return ops.cumsum(_sum_input(x, dtype), norm_dim(dim, x.rank))
+
+
+def _out_unused_elsewhere(ctx, name: str) -> None:
+    """The result is returned, not written into ``out=``: refuse a graph that reads ``out``
+    otherwise (it would see the tensor before the write)."""
+    if len(getattr(ctx.node.kwargs["out"], "users", ())) > 1:
+        raise NotImplementedError(
+            f"torch.{name}(..., out=t): the model reads t besides this call's result; "
+            f"use t = torch.{name}(...) instead"
+        )
+
+
+lowers(torch.cumprod, "cumprod")(lower_torch_function)  # torch's kernel and its gradient
 
 
 @lowers(torch.topk, "topk")

@@ -12,6 +12,7 @@ import torch
 from . import _notes, marks
 from .enums import MatMulSerializationMode, OverlapMode
 from .errors import unsupported
+from .multiconv import MultiConv
 
 __all__ = [
     "CPU",
@@ -20,7 +21,6 @@ __all__ = [
     "cond",
     "ctc_beam_search_decoder",
     "custom_op",
-    "dynamic_slice",
     "for_loop",
     "identity_loss",
     "ipu_print_tensor",
@@ -160,16 +160,6 @@ def _as_list(out) -> list:
     return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
-def dynamic_slice(tensor: torch.Tensor, dim: int, start: torch.Tensor, size: int, step: int):
-    if isinstance(start, torch.fx.Proxy):
-        raise unsupported(
-            "poptorch.dynamic_slice with a start computed in the model",
-            "the start must be known when the model is captured",
-        )
-    begin = int(start)
-    return tensor.narrow(dim, begin, size)[(slice(None),) * dim + (slice(None, None, step),)]
-
-
 def custom_op(
     inputs,
     name: str,
@@ -223,39 +213,6 @@ def _traced_root(args: tuple, kwargs: dict) -> torch.nn.Module | None:
 
 def _inside(root: torch.nn.Module, layer: torch.nn.Module) -> bool:
     return any(m is layer for m in root.modules())
-
-
-class MultiConv:
-    """``with poptorch.MultiConv():``: PopTorch plans the convolutions inside together; the
-    convolutions compute the same values one by one here."""
-
-    def __init__(self) -> None:
-        self._options: dict[str, Any] = {}
-
-    def _setter(self, name: str) -> Callable:
-        def set_value(value) -> MultiConv:
-            self._options[name] = value
-            return self
-
-        return set_value
-
-    def __getattr__(self, name: str):
-        if name in (
-            "availableMemoryProportions",
-            "partialsTypes",
-            "planType",
-            "perConvReservedTiles",
-            "cycleBackOff",
-            "enableConvDithering",
-        ):
-            return self._setter(name)
-        raise AttributeError(name)
-
-    def __enter__(self) -> MultiConv:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        return None
 
 
 class NameScope:

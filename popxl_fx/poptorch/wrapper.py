@@ -10,19 +10,25 @@ from), and the executor returns the second.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
 from torch import nn
 
+from popxl_fx.capture_watch import ruling
+
 from . import marks
 from .args import parser_for
 from .errors import Error
+from .half import ParamsFollowActivations
 
 __all__ = ["Wrapped", "flat_call"]
 
 _TENSOR = object()  # where a tensor goes in a call's template
+_HALF_RULE = ParamsFollowActivations()
 
 
 class _Custom:
@@ -83,7 +89,7 @@ class Wrapped(nn.Module):
         given = iter(tensors)
         leaves = [_leaf(x, given) for x in template]
         args, kwargs = pytree.tree_unflatten(leaves, spec)
-        with marks.recording() as seen:
+        with marks.recording() as seen, _no_distribution_checks(), ruling(_HALF_RULE):
             out = self.model(*args, **kwargs)
         self.blocks = list(seen.blocks)
         if not self.for_training:
@@ -93,6 +99,18 @@ class Wrapped(nn.Module):
         if self.loss_factor != 1.0:
             train = train * self.loss_factor
         return train, out
+
+
+@contextlib.contextmanager
+def _no_distribution_checks() -> Iterator[None]:
+    """torch.distributions' argument checks branch on tensor values; PopTorch turns them off
+    while it traces a model, and so does this."""
+    saved = torch.distributions.Distribution._validate_args
+    torch.distributions.Distribution.set_default_validate_args(False)
+    try:
+        yield
+    finally:
+        torch.distributions.Distribution.set_default_validate_args(saved)
 
 
 def _is_scalar(t: Any) -> bool:
