@@ -35,10 +35,15 @@ class Trained(nn.Module):
         return y, poptorch.identity_loss(y**2, reduction="sum")
 
 
+# PopTorch returns a 64-bit result in 32 bits (the IPU has no 64-bit types)
+_NARROW = {torch.int64: torch.int32, torch.float64: torch.float32}
+
+
 def _infer(fn, *xs):
     out = poptorch.inferenceModel(Fn(fn))(*xs)
     want = fn(*xs)
     for got, exp in zip(_leaves(out), _leaves(want)):
+        exp = exp.to(_NARROW.get(exp.dtype, exp.dtype))
         assert got.dtype == exp.dtype and torch.equal(got, exp), (got, exp)
 
 
@@ -122,7 +127,7 @@ def test_bincount_has_minlength_bins():
     _infer(lambda v, w: torch.bincount(v, w, minlength=8), x, weights)
     # PopTorch's bins are exactly minlength: larger values are dropped
     out = poptorch.inferenceModel(Fn(lambda v: torch.bincount(v, minlength=4)))(x)
-    assert torch.equal(out, torch.bincount(x[x < 4], minlength=4))
+    assert torch.equal(out, torch.bincount(x[x < 4], minlength=4).int())
 
 
 def test_bincount_without_minlength_raises_poptorchs_error():
