@@ -134,3 +134,12 @@ def test_bincount_without_minlength_raises_poptorchs_error():
     x = torch.randint(0, 8, (7,))
     with pytest.raises(poptorch.Error, match="Bincount `minlength` must be specified"):
         poptorch.inferenceModel(Fn(torch.bincount))(x)
+
+
+def test_one_hot_needs_its_classes_as_in_poptorch():
+    """PopTorch refuses ``F.one_hot(x)`` without ``num_classes`` (its size would come from
+    the data); with them it is eager's one-hot."""
+    x = torch.randint(0, 10, (10,), generator=torch.Generator().manual_seed(6))
+    _infer(lambda v: torch.nn.functional.one_hot(v, num_classes=10), x)
+    with pytest.raises(poptorch.Error, match="OneHot num classes must be specified"):
+        poptorch.inferenceModel(Fn(lambda v: torch.nn.functional.one_hot(v, -1)))(x)
