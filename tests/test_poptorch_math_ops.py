@@ -35,18 +35,16 @@ class Trained(nn.Module):
         return y, poptorch.identity_loss(y**2, reduction="sum")
 
 
+# PopTorch returns a 64-bit result in 32 bits (the IPU has no 64-bit types)
+_NARROW = {torch.int64: torch.int32, torch.float64: torch.float32}
+
+
 def _infer(fn, *xs):
     out = poptorch.inferenceModel(Fn(fn))(*xs)
     want = fn(*xs)
     for got, exp in zip(_leaves(out), _leaves(want)):
-        exp = _on_ipu(exp)
+        exp = exp.to(_NARROW.get(exp.dtype, exp.dtype))
         assert got.dtype == exp.dtype and torch.equal(got, exp), (got, exp)
-
-
-def _on_ipu(t: torch.Tensor) -> torch.Tensor:
-    """Eager's value as PopTorch returns it: the IPU has no 64-bit types (int32, float32)."""
-    narrow = {torch.int64: torch.int32, torch.float64: torch.float32}
-    return t.to(narrow.get(t.dtype, t.dtype))
 
 
 def _leaves(x):
@@ -102,6 +100,8 @@ def test_clamp_of_integers_with_float_bounds_is_float(args):
         lambda x: torch.clamp_max_(x, torch.tensor(0.1)),
         lambda x: x.clamp_min_(0.1) * 2,
         lambda x: x.clamp(0.4, 0.1),
+        lambda x: x.clamp_(min=0.4, max=0.1),
+        lambda x: x.clamp_(max=torch.tensor(0.1)),
     ],
 )
 def test_math_training(fn):
@@ -127,10 +127,19 @@ def test_bincount_has_minlength_bins():
     _infer(lambda v, w: torch.bincount(v, w, minlength=8), x, weights)
     # PopTorch's bins are exactly minlength: larger values are dropped
     out = poptorch.inferenceModel(Fn(lambda v: torch.bincount(v, minlength=4)))(x)
-    assert torch.equal(out, torch.bincount(x[x < 4], minlength=4))
+    assert torch.equal(out, torch.bincount(x[x < 4], minlength=4).int())
 
 
 def test_bincount_without_minlength_raises_poptorchs_error():
     x = torch.randint(0, 8, (7,))
     with pytest.raises(poptorch.Error, match="Bincount `minlength` must be specified"):
         poptorch.inferenceModel(Fn(torch.bincount))(x)
+
+
+def test_one_hot_needs_its_classes_as_in_poptorch():
+    """PopTorch refuses ``F.one_hot(x)`` without ``num_classes`` (its size would come from
+    the data); with them it is eager's one-hot."""
+    x = torch.randint(0, 10, (10,), generator=torch.Generator().manual_seed(6))
+    _infer(lambda v: torch.nn.functional.one_hot(v, num_classes=10), x)
+    with pytest.raises(poptorch.Error, match="OneHot num classes must be specified"):
+        poptorch.inferenceModel(Fn(lambda v: torch.nn.functional.one_hot(v, -1)))(x)

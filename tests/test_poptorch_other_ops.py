@@ -106,3 +106,20 @@ def test_cpu_op_of_a_layer_the_model_does_not_hold():
 
     model, x = Model(), torch.randn(5, 4)
     assert torch.equal(poptorch.inferenceModel(model)(x), model.held[0](x) * 2)
+
+
+@pytest.mark.parametrize("out_int32", [True, False])
+def test_bucketize_into_an_input_with_out(out_int32):
+    """``torch.bucketize(..., out=buf)`` with ``buf`` a model input: the result is returned
+    and written into the caller's tensor, as PopTorch writes updated inputs back."""
+    x = torch.tensor([[2, 5, 10], [6, 8, 3]], dtype=torch.int32)
+    boundaries = torch.tensor([1, 5, 7, 8, 10], dtype=torch.int32)
+    dtype = torch.int32 if out_int32 else torch.int64
+
+    def fn(a, b, out):
+        return torch.bucketize(a, b, out_int32=out_int32, out=out)
+
+    buf, want_buf = torch.zeros(2, 3, dtype=dtype), torch.zeros(2, 3, dtype=dtype)
+    got = poptorch.inferenceModel(Fn(fn))(x, boundaries, buf)
+    want = fn(x, boundaries, want_buf)
+    assert torch.equal(got, want.int()) and torch.equal(buf, want_buf)

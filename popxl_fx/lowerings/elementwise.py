@@ -18,7 +18,6 @@ from ..lowering import lowers
 from ._common import const, is_t, pdtype, promote
 from .aten_kernels import (
     eager_stride,
-    lower_torch_function,
     torch_call,
     torch_kernel_in_eager_layout,
     torch_unary,
@@ -340,18 +339,23 @@ _ONE_SIDED = {
 )
 def _clamp(ctx, t, *args, **kwargs):
     if ctx.node.target in _ONE_SIDED:  # torch's kernel: promotion, NaN, gradient
-        fn = _ONE_SIDED[ctx.node.target]
-        if any(eager_stride(a) for a in ctx.node.args):
-            return torch_kernel_in_eager_layout(ctx, fn, t, *args, **kwargs)
-        return torch_call(fn, t, *args, **kwargs)
+        return _out_of_place_kernel(ctx, _ONE_SIDED[ctx.node.target], t, *args, **kwargs)
     bounds = (list(args) + [kwargs.get("min"), kwargs.get("max")])[:2]
     lo = float("-inf") if bounds[0] is None else bounds[0]
     hi = float("inf") if bounds[1] is None else bounds[1]
     # torch's kernel also where Clip's rule is not torch's: a float bound raises an integer
     # tensor to float, and min > max gives max everywhere (Clip refuses it)
     if any(is_t(b) for b in bounds) or lo > hi or _raises_to_float(t, bounds):
-        return lower_torch_function(ctx, t, *args, **kwargs)
+        return _out_of_place_kernel(ctx, torch.clamp, t, *args, **kwargs)
     return ops.clip(t, lo, hi)
+
+
+def _out_of_place_kernel(ctx, fn: Callable, *args: Any, **kwargs: Any) -> Any:
+    """torch's out-of-place ``fn`` for the node (also for ``x.clamp_()``: the driver rebinds
+    the updated tensor; an in-place kernel would write into its input, a leaf in training)."""
+    if any(eager_stride(a) for a in ctx.node.args):
+        return torch_kernel_in_eager_layout(ctx, fn, *args, **kwargs)
+    return torch_call(fn, *args, **kwargs)
 
 
 def _raises_to_float(t, bounds) -> bool:

@@ -1,5 +1,6 @@
 """Math ops PopTorch programs use that the core tables lack: ``erfc``, ``median``,
-``bucketize``, ``index_reduce`` and ``bincount`` (PopTorch's static-length form).
+``bucketize`` (also with ``out=``), ``index_reduce`` and ``bincount`` (PopTorch's
+static-length form).
 
 All but ``bincount`` are torch's own kernels (forward and gradient), so they are eager's
 numbers bit for bit.
@@ -20,6 +21,13 @@ __all__ = ["static_bincount"]
 aten = torch.ops.aten
 
 lowers(aten.erfc, aten.median, aten.bucketize, aten.index_reduce)(lower_with_torch_kernel)
+
+
+@lowers(torch.bucketize)
+def _bucketize(ctx: LoweringContext, x: Any, boundaries: Any, **kwargs: Any) -> Any:
+    # torch's kernel; a lowering of its own, so that ``out=`` is the driver's (`out_kwarg`)
+    return torch_call(torch.bucketize, x, boundaries, **kwargs)
+
 
 # PopTorch's words: an IPU program has static shapes, so the bins are those of `minlength`
 BINCOUNT_NEEDS_MINLENGTH = (

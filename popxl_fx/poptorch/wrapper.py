@@ -18,13 +18,14 @@ import torch
 import torch.utils._pytree as pytree
 from torch import nn
 
-from popxl_fx.capture_watch import ruling
+from popxl_fx.capture_watch import ruling, watching
 
 from . import marks
 from .args import parser_for
 from .errors import Error
 from .half import ParamsFollowActivations
 from .refused import check_refused
+from .static_sizes import check_static_size
 
 __all__ = ["Wrapped", "flat_call"]
 
@@ -90,7 +91,12 @@ class Wrapped(nn.Module):
         given = iter(tensors)
         leaves = [_leaf(x, given) for x in template]
         args, kwargs = pytree.tree_unflatten(leaves, spec)
-        with marks.recording() as seen, _no_distribution_checks(), ruling(_HALF_RULE):
+        with (
+            marks.recording() as seen,
+            _no_distribution_checks(),
+            ruling(_HALF_RULE),
+            watching(check_static_size),
+        ):
             out = self.model(*args, **kwargs)
         self.blocks = list(seen.blocks)
         check_refused(out)  # what PopTorch would not compile
