@@ -126,3 +126,32 @@ def test_half_activations_train_float32_master_weights():
     assert out.dtype == loss.dtype == torch.float16 and model.fc.weight.dtype == torch.float32
     assert torch.equal(model.fc.weight.detach(), want_w)
     assert torch.equal(model.fc.bias.detach(), want_b)
+
+
+class _FrozenBn(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.bn = nn.BatchNorm1d(6)
+        for p in self.parameters():
+            p.requires_grad = False
+
+    def forward(self, x, target):
+        y = self.bn(x)
+        return y, nn.functional.mse_loss(y, target)
+
+
+@pytest.mark.parametrize("train_mode", [False, True])
+def test_training_model_with_nothing_to_train_runs_its_forward(train_mode):
+    """PopTorch runs it (eager's backward would raise): the outputs and running statistics
+    are eager's forward's."""
+    import copy
+
+    torch.manual_seed(0)
+    model = _FrozenBn().train(train_mode)
+    eager = copy.deepcopy(model)
+    x, t = torch.randn(8, 6), torch.randn(8, 6)
+    out, loss = poptorch.trainingModel(model)(x, t)
+    want_out, want_loss = eager(x, t)
+    assert torch.equal(out, want_out) and torch.equal(loss, want_loss)
+    assert torch.equal(model.bn.running_mean, eager.bn.running_mean)
+    assert torch.equal(model.bn.running_var, eager.bn.running_var)

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 import popxl_fx
+from popxl_fx.inference import InferenceModel
 
 from . import batching, blocks, optim, optim_map
 from .enums import ConnectionType, OutputMode, ReductionType
@@ -85,8 +86,10 @@ class PoplarExecutor:
             self._build(impl, args)
         self._attached = True
         out = impl(*args)
-        if self._training:
+        if self._training and not isinstance(impl, InferenceModel):
             return self._training_outputs(impl, out)
+        if self._training:  # nothing to train: the forward's (loss, outputs)
+            return batching.select_outputs(out[1], self._options, self._options.device_iterations)
         if self._options.replication_factor > 1:  # one value per replica, as PopTorch
             leaves = self._per_replica(impl.per_replica, impl.options, False)
             return impl._active.lowered.fxm.unflatten(leaves)
@@ -249,6 +252,9 @@ class PoplarExecutor:
         if not self._training:
             self._impl = popxl_fx.inference_model(self._wrapped, fx)
             return self._impl
+        if _nothing_to_train(self._user_model, fx):
+            self._impl = popxl_fx.inference_model(self._wrapped, fx)
+            return self._impl
         view = optim_map.torch_view(self._optimizer)
         fx = fx.replace(loss_scaling=_loss_scale(self._optimizer, fx))
         outputs = _fetches_outputs(fx)
@@ -297,6 +303,14 @@ class PoplarExecutor:
         if self._wrapped.loss_factor != 1.0:
             return loss / self._wrapped.loss_factor
         return loss
+
+
+def _nothing_to_train(model: nn.Module, fx: popxl_fx.Options) -> bool:
+    """No parameter requires grad: PopTorch still runs the training model (its forward, the
+    modules in their own mode, buffers updated), the optimizer having nothing to update.
+    Done as a forward program where no micro-batch or replica loop is asked for."""
+    plain = fx.gradient_accumulation == 1 and fx.replication_factor == 1
+    return plain and not any(p.requires_grad for p in model.parameters())
 
 
 def _fetches_outputs(fx: popxl_fx.Options) -> bool:
