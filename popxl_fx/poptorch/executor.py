@@ -20,7 +20,7 @@ from torch import nn
 import popxl_fx
 from popxl_fx.inference import InferenceModel
 
-from . import batching, blocks, optim, optim_map
+from . import batching, blocks, group_norm, optim, optim_map
 from .enums import ConnectionType, OutputMode, ReductionType
 from .errors import Error, unsupported
 from .fx_options import fx_options
@@ -68,7 +68,8 @@ class PoplarExecutor:
         if training and optimizer is None:
             optimizer = optim.SGD(self._user_model.parameters(), lr=0.01)  # PopTorch's default
         self._optimizer = optimizer
-        self._wrapped = Wrapped(model, training, _loss_factor(self._options, training))
+        rules = group_norm.rules(self._options._Popart.options)
+        self._wrapped = Wrapped(model, training, _loss_factor(self._options, training), rules)
         self._impl = None  # the popxl_fx trainer / inference model, made on compile
         self._attached = False
         self._outputs_supported = True
