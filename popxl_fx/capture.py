@@ -29,7 +29,6 @@ from torch.nn.utils.parametrize import is_parametrized
 
 from .calls import POSITIONAL, Binding
 from .capture_calls import RootCalls
-from .capture_fresh import is_fresh
 from .capture_proxy import CaptureProxy, describe
 from .capture_state import preserved, trace_graph, trace_module
 from .capture_watch import call_args, notify, trace_through
@@ -218,9 +217,6 @@ class CaptureTracer(RootCalls, fx.Tracer):
         else:  # a replay keeps no stack trace: the same source line without formatting one
             node.meta["source"] = user_frame()
         node.meta["example_value"] = self._evaluate(node)
-        if node.op == "get_attr" and is_fresh(self, node.meta["example_value"]):
-            node.meta["made_in_forward"] = True  # `capture_fresh`: no hidden state
-            node.meta["example_value"] = node.meta["example_value"].clone()
         if node.op == "placeholder":
             return
         if node.op == "call_module" and self._replay is None:  # what a replay compares

@@ -26,7 +26,6 @@ from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from .capture_autograd import autograd_functions_recorded
 from .capture_effects import python_effects_recorded
-from .capture_fresh import fresh_factories_marked
 from .errors import Issue
 
 __all__ = [
@@ -161,7 +160,6 @@ def _traced(tracer: fx.Tracer, model: nn.Module, keep: Callable[[fx.Graph], Any]
         with preserved(model) as plain:
             with (
                 random_factories_recorded(tracer),
-                fresh_factories_marked(tracer),
                 autograd_functions_recorded(tracer),
                 python_effects_recorded(tracer, model),
             ):

@@ -238,9 +238,7 @@ def _rerun_with_other_data(
     recorder = _ShapeRecorder(gm)
     recorder.shapes = {}
     try:
-        # the graph's own constants too: an in-place update of a tensor forward made
-        # (`capture_fresh`) would change the constant the program reads
-        with preserved(model), preserved(gm), torch.no_grad():
+        with preserved(model), torch.no_grad():
             recorder.run(*[_other_data(x) for x in inputs])
     except Exception:  # other data may be invalid for the model; no verdict
         pass

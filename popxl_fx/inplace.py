@@ -143,8 +143,6 @@ def inplace_state_issues(gm: fx.GraphModule, root: nn.Module) -> list[Issue]:
         target = mutated_input(node, root)
         if target is None or target.op != "get_attr" or target.target in buffers:
             continue
-        if target.meta.get("made_in_forward"):  # a new tensor every call (`capture_fresh`)
-            continue
         is_param = target.target in dict(root.named_parameters())
         what = "parameter" if is_param else "plain tensor attribute"
         issues.append(
