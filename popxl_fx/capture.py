@@ -28,16 +28,18 @@ from torch import nn
 from torch.nn.utils.parametrize import is_parametrized
 
 from .calls import POSITIONAL, Binding
-from .capture_calls import RootCalls
+from .capture_calls import RootCalls, static_index
 from .capture_proxy import CaptureProxy, describe
 from .capture_state import preserved, trace_graph, trace_module
 from .capture_watch import call_args, notify, trace_through
 from .errors import Issue, user_frame, user_stack
 from .guards import data_check, find_guard
+from .inplace import is_made_constant
 from .lowering import lookup
 from .replay import MISSING, Replay, module_state
 
 __all__ = [
+    "EXAMPLE_NOTE",
     "CaptureTracer",
     "Captured",
     "capture",
@@ -77,10 +79,11 @@ def is_leaf(module: nn.Module) -> bool:
     ``weight`` is computed from the original parameters by the parametrization, part of the
     forward, so the gradient reaches the originals. So is one with forward (pre-)hooks: as
     one node its hooks would never run (legacy weight_norm is a pre-hook; HF's output capture
-    adds hooks)."""
+    adds hooks). So is one whose ``forward`` the user set on the instance (a bare
+    ``nn.Module()`` given a ``forward``): that forward is user code."""
     if not type(module).__module__.startswith("torch.nn") or is_parametrized(module):
         return False
-    if module._forward_hooks or module._forward_pre_hooks:
+    if module._forward_hooks or module._forward_pre_hooks or "forward" in vars(module):
         return False
     return lookup(type(module)) is not None or not any(True for _ in module.children())
 
@@ -101,6 +104,16 @@ class Captured:
 
 def _value(arg: Any) -> Any:
     return fx.node.map_arg(arg, lambda n: n.meta["example_value"])
+
+
+# how the note added to an error of the model's own code at capture begins
+EXAMPLE_NOTE = "popxl_fx: while running"
+
+
+def _copy(x: Any) -> Any:
+    if not isinstance(x, torch.Tensor):
+        return x
+    return x.detach().clone().requires_grad_(x.requires_grad)  # folded: ``x.requires_grad``
 
 
 def _data_dependent(node: fx.Node) -> bool:
@@ -126,7 +139,8 @@ class CaptureTracer(RootCalls, fx.Tracer):
         self.record_stack_traces = False
         self.proxy_buffer_attributes = True
         self.root_module = root
-        self._inputs = list(example_inputs)
+        # copies: computing the example values runs forward's in-place ops (``x += 1``)
+        self._inputs = [_copy(x) for x in example_inputs]
         self.example_inputs = tuple(example_inputs)
         self._leaf = leaf
         self._paths: list[str] = []
@@ -178,6 +192,8 @@ class CaptureTracer(RootCalls, fx.Tracer):
             args, kwargs = call_args(self, args, kwargs)
         if self._folds(kind, target, args):
             return self._fold(kind, target, args, kwargs)
+        if kind == "call_function" and target is operator.getitem and len(args) == 2:
+            args = (args[0], static_index(args[1]))
         return super().create_proxy(kind, target, args, kwargs, name, type_expr, proxy_factory_fn)
 
     def create_node(
@@ -233,6 +249,14 @@ class CaptureTracer(RootCalls, fx.Tracer):
             node.meta["data_dependent"] = True
 
     def _evaluate(self, node: fx.Node) -> Any:
+        value = self._evaluated(node)
+        # a tensor forward made (``torch.ones(n)``) is new in each eager call: a copy, so
+        # that an in-place update on the example inputs leaves the graph's constant as made
+        if node.op == "get_attr" and str(node.target).startswith("_tensor_constant"):
+            return value.clone()
+        return value
+
+    def _evaluated(self, node: fx.Node) -> Any:
         if self._replay is None:
             return self._compute(node)
         value = self._replay.reuse(node, self.root_module)
@@ -251,7 +275,7 @@ class CaptureTracer(RootCalls, fx.Tracer):
             return self._call(node, args, kwargs)
         except Exception as exc:  # the example inputs do not fit the model: say where
             exc.add_note(
-                f"popxl_fx: while running {self._where(node)} on the example inputs "
+                f"{EXAMPLE_NOTE} {self._where(node)} on the example inputs "
                 f"(from {node.meta.get('source', '<unknown>')})"
             )
             raise
@@ -267,7 +291,10 @@ class CaptureTracer(RootCalls, fx.Tracer):
 
     def _call(self, node: fx.Node, args: tuple, kwargs: dict) -> Any:
         if node.op == "get_attr":
-            return _fetch(self.root_module, node.target)
+            value = _fetch(self.root_module, node.target)
+            if is_made_constant(node):  # ``torch.zeros(...)`` folded: forward may update it
+                return value.clone()
+            return value
         with torch.no_grad():
             if node.op == "call_module":
                 return self.root_module.get_submodule(node.target)(*args, **kwargs)

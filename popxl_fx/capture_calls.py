@@ -9,10 +9,11 @@
   HuggingFace ``ModelOutput``s come back as such from the entry points; a value that is not a
   tensor (a KV cache object) is reported.
 - ``x[index] = value`` becomes ``x = setitem(x, index, value)``, a new tensor (the proxy
-  is rebound to it), when ``x`` is a tensor made in ``forward`` with no view of it taken:
-  eager's in-place write is then seen by nothing but ``x``'s later uses (T5's label
-  shifting: ``shifted = ids.new_zeros(...); shifted[..., 1:] = ids[..., :-1]``). Into a
-  view, a model input or an attribute it is reported.
+  is rebound to it) that the lowering driver treats as an in-place update of ``x``: written
+  back into the tensors ``x`` is a view of, a buffer or a model input (`popxl_fx.inplace`,
+  `popxl_fx.view_writes`).
+- Slice bounds that are one-element integer tensors held by the model (``x[t:t + 2]``) are
+  read as ints at capture, as eager's ``__index__`` reads them (`static_index`).
 - A module that is not a submodule of the model (``nn.ReLU()(x)`` in ``forward``, a
   module-level activation, ``CrossEntropyLoss()`` built in a loss) is traced through, its ops
   belonging to the module that called it; one holding parameters is reported, since its
@@ -25,13 +26,14 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+import torch
 import torch.fx as fx
 from torch import nn
 
 from .calls import POSITIONAL, Binding, flat_outputs
-from .inplace import is_view
+from .inplace import setitem
 
-__all__ = ["RootCalls", "setitem"]
+__all__ = ["RootCalls", "setitem", "static_index"]
 
 _CACHE_HINT = (
     "a static program returns tensors only; HuggingFace models return their KV cache "
@@ -40,18 +42,20 @@ _CACHE_HINT = (
 )
 
 
-_SETITEM_HINT = (
-    "eager torch writes into memory that other tensors (a view, a model input, an "
-    "attribute) share; write into a copy (x = x.clone(); x[...] = value) or build the tensor "
-    "with torch.cat / torch.where."
-)
+def _static_bound(b: Any) -> Any:
+    if isinstance(b, torch.Tensor) and b.numel() == 1 and not b.is_floating_point():
+        return int(b)  # what eager's __index__ reads, once: a constant of the capture
+    return b
 
 
-def setitem(x: Any, index: Any, value: Any) -> Any:
-    """``x[index] = value`` as a new tensor: what the capture records for item assignment."""
-    out = x.clone()
-    out[index] = value
-    return out
+def static_index(index: Any) -> Any:
+    """``index`` with slice bounds that are one-element integer tensors held by the model
+    (not traced values) as ints, as eager's ``x[t:t + 2]`` reads them."""
+    if isinstance(index, tuple):
+        return tuple(static_index(i) for i in index)
+    if isinstance(index, slice):
+        return slice(*(_static_bound(b) for b in (index.start, index.stop, index.step)))
+    return index
 
 
 class RootCalls:
@@ -68,8 +72,11 @@ class RootCalls:
         names = self.binding.names(root_fn, len(self._inputs))
         proxies = [self.create_proxy("placeholder", name, (), {}) for name in names]
 
+        own = vars(self.root).get("forward")  # a forward set on the instance (nn.Module())
+
         def root_call(root: nn.Module, *xs: Any) -> Any:
-            return self._root_outputs(self.binding.call(functools.partial(root_fn, root), *xs))
+            fn = own if own is not None else functools.partial(root_fn, root)
+            return self._root_outputs(self.binding.call(fn, *xs))
 
         return root_call, [self.root, *proxies]
 
@@ -82,15 +89,8 @@ class RootCalls:
 
     # item assignment ------------------------------------------------------------------------
     def assign_item(self, proxy: fx.Proxy, index: Any, value: Any) -> None:
-        """``proxy[index] = value``, captured as a new tensor that ``proxy`` then stands for."""
-        target = proxy.node
-        shared = target.op in ("placeholder", "get_attr") or is_view(target)
-        views = [u.name for u in target.users if is_view(u)]
-        if shared or views:
-            what = f"'{target.name}'" + (f" (viewed as '{views[0]}')" if views else "")
-            self.record(target, "item assignment into a shared tensor",
-                        f"x[...] = value on {what}, whose memory other tensors share",
-                        _SETITEM_HINT)  # fmt: skip
+        """``proxy[index] = value``, captured as a new tensor that ``proxy`` then stands for
+        (an in-place update of ``proxy``'s tensor: see `popxl_fx.inplace`)."""
         proxy.node = self.create_proxy("call_function", setitem, (proxy, index, value), {}).node
 
     # modules made during forward -----------------------------------------------------------

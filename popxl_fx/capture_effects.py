@@ -31,6 +31,7 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 from .errors import Issue, _internal_file, user_frame
+from .inplace import updates_in_place
 
 __all__ = ["PRINT", "PRINT_TEXT", "STATE", "NUMPY", "WARN_KINDS", "python_effects_recorded"]
 
@@ -97,8 +98,21 @@ def _same(old: Any, new: Any) -> bool:
     return False
 
 
+def _updated_buffer(module: nn.Module, name: str, value: Any) -> bool:
+    """Whether ``value`` is the buffer ``name`` itself, updated in place: eager's
+    ``self.buf += 1`` sets the attribute to the tensor it holds already (a no-op)."""
+    if not isinstance(value, fx.Proxy) or name not in module._buffers:
+        return False
+    node = value.node
+    while updates_in_place(node):
+        node = node.args[0]
+    return node.op == "get_attr" and node.meta.get("example_value") is module._buffers[name]
+
+
 def _setting(tracer, modules: set[int], flags: set, original):
     def setattr_(module: nn.Module, name: str, value: Any) -> None:
+        if _updated_buffer(module, name, value):
+            return  # the lowering writes the update back into the buffer
         if (
             id(module) in modules
             and not getattr(tracer, "_evaluating", False)

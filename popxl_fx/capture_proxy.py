@@ -4,6 +4,7 @@ node's example value, and reports numpy and .item() reads as issues.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterator
 from typing import Any
 
@@ -86,6 +87,20 @@ class CaptureProxy(fx.Proxy):
 
     def __index__(self) -> int:
         return self._scalar(int)
+
+
+def _inplace_operator(op: Any) -> Any:
+    def method(self: CaptureProxy, other: Any) -> Any:
+        # ``x += y`` updates x's tensor in place, as eager does (fx's plain Proxy would
+        # record ``x = x + y``, leaving a model input or a view's base unchanged)
+        return self.tracer.create_proxy("call_function", op, (self, other), {})
+
+    return method
+
+
+for _op in ("iadd", "isub", "imul", "itruediv", "ifloordiv", "imod", "ipow", "iand", "ior",
+            "ixor", "ilshift", "irshift"):  # fmt: skip
+    setattr(CaptureProxy, f"__{_op}__", _inplace_operator(getattr(operator, _op)))
 
 
 _NUMPY_HINT = (

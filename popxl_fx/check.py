@@ -230,6 +230,12 @@ class _ShapeRecorder(fx.Interpreter):
         self.shapes[n] = _shape(value)
         return value
 
+    def fetch_attr(self, target: str) -> Any:
+        value = super().fetch_attr(target)
+        # a tensor forward makes (folded to a constant) is new on every eager call: forward
+        # may update it in place
+        return value.clone() if target.startswith("_tensor_constant") else value
+
 
 def _rerun_with_other_data(
     gm: fx.GraphModule, model: nn.Module, inputs: Sequence[Any]

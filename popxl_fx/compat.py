@@ -14,12 +14,13 @@ True
 
 from __future__ import annotations
 
+import os
 import sys
 
 import popxl_core.compat as core_compat
 import popxl_fx  # noqa: F401 - the doctest names it
 
-__all__ = ["install", "main", "uninstall"]
+__all__ = ["child_env", "install", "main", "uninstall"]
 
 _ALIAS, _REAL = "poptorch", "popxl_fx.poptorch"
 
@@ -50,6 +51,23 @@ def uninstall() -> None:
     core_compat.uninstall()
 
 
+def child_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """``env`` (default: ``os.environ``) for the Python processes a PopTorch program starts:
+    PYTHONPATH leads with a folder whose ``poptorch`` module installs this hook there too, and
+    with this project's folder."""
+    env = dict(os.environ if env is None else env)
+    package = os.path.dirname(os.path.abspath(__file__))
+    first = [os.path.join(package, "_child_path"), os.path.dirname(package)]  # + this popxl_fx
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in first]
+    env["PYTHONPATH"] = os.pathsep.join([*first, *paths])
+    return env
+
+
+def _install_here_and_in_children() -> None:
+    install()
+    os.environ.update(child_env())
+
+
 _USAGE = (
     "usage: python -m popxl_fx.compat SCRIPT [ARGS...]\n"
     "Runs SCRIPT (code written for PopTorch, PopXL or popxl.addons) with `import poptorch`, "
@@ -60,7 +78,10 @@ _USAGE = (
 def main(argv: list[str] | None = None) -> None:
     """``python -m popxl_fx.compat SCRIPT [ARGS...]``: run SCRIPT as ``__main__``."""
     core_compat.run_script(
-        sys.argv[1:] if argv is None else argv, "popxl_fx.compat", _USAGE, install
+        sys.argv[1:] if argv is None else argv,
+        "popxl_fx.compat",
+        _USAGE,
+        _install_here_and_in_children,
     )
 
 

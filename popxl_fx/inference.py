@@ -67,6 +67,7 @@ class InferenceModel(ProgramView):
         self.per_replica = [out[s] for s in prog.outputs.values()]
         # with replication: outputs concatenated in batch order, scalars averaged
         leaves = list(unreplicated(prog.outputs, out, inputs, self.options).values())
+        _write_inputs(inputs, prog.lowered.fxm, leaves)
         return prog.lowered.fxm.unflatten(leaves)
 
     # programs ------------------------------------------------------------------------
@@ -93,6 +94,15 @@ class InferenceModel(ProgramView):
         build = Build("inference_model", self._model, self.options, binding=binding)
         build.grad_enabled = sig[-1]
         return build_inference(build, sig, inputs)
+
+
+def _write_inputs(inputs: Sequence[torch.Tensor], fxm, leaves: list) -> None:
+    """Eager's in-place updates of the caller's tensors (``x += 1`` on an input in forward):
+    the final values, which follow the outputs, copied into the inputs given."""
+    written = leaves[fxm.n_outputs :]
+    for i, value in zip(fxm.written_inputs, written):
+        with torch.no_grad():
+            inputs[i].copy_(value.reshape(inputs[i].shape))
 
 
 def inference_model(model: nn.Module, options: Options | None = None) -> InferenceModel:

@@ -80,6 +80,7 @@ def lower(
     if opts.precision == "float16":
         examples = half_inputs(examples)
     fxm.grad_enabled = build.grad_enabled
+    fxm.writes_inputs = build.entry == "inference_model"  # eager updates the caller's inputs
     with _entered(contexts):
         captured = fxm.capture(*examples)
     build.record("capture", f"torch.fx graph of {len(captured.gm.graph.nodes)} nodes")

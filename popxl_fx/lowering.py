@@ -12,6 +12,7 @@ Tensors (python values, including values folded from shapes, stay python values)
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
@@ -23,7 +24,9 @@ from popxl_core import ops
 from popxl_core.context import module_origin
 
 from .errors import Issue, UnsupportedError
-from .inplace import mutated_input
+from .inplace import is_made_constant, mutated_input
+from .out_kwarg import into_out, out_target, without_out
+from .view_writes import write_through
 
 __all__ = [
     "Fallback",
@@ -33,6 +36,7 @@ __all__ = [
     "lookup",
     "lowers",
     "lowers_when_imported",
+    "numpy_aliases",
     "run_graph",
     "target_name",
 ]
@@ -205,6 +209,7 @@ def run_graph(
     outlined: Callable[[fx.Node, tuple], Any] | None = None,
     path_prefix: str = "",
     fallback: Fallback | None = None,
+    written: dict[int, Any] | None = None,
 ) -> Any:
     """Lower every node of ``gm`` in order; return the output pytree of popxl values.
 
@@ -218,33 +223,56 @@ def run_graph(
             arguments, or returns ``NotImplemented`` for a node it does not outline.
         path_prefix: put before every op's module path (a block graph names its modules
             as ``"blocks.*.attn"``).
+        written: filled with input position -> final value for each input that the graph
+            updates in place (``x += 1``, ``x[i] = v``), for the caller to write back.
     """
     env: dict[fx.Node, Any] = {}
     feed: Iterator = iter(inputs)
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             env[node] = next(feed)
-        elif node.op == "get_attr":
-            env[node] = attr(gm, node.target)
+        elif node.op == "get_attr":  # a made constant updated in place: its new value
+            env[node] = env.get(("updated", node.target)) or attr(gm, node.target)
         elif node.op == "output":
+            if written is not None:
+                written.update(_written_inputs(gm, inputs, env))
             return fx.node.map_arg(node.args[0], env.__getitem__)
         elif outlined is not None and node.op == "call_module" and _outline(node, env, outlined):
             continue
         else:
-            _lower_call(node, env, make_ctx(node), path_prefix, fallback)
+            _lower_call(node, env, make_ctx, path_prefix, fallback)
     raise ValueError("the fx graph has no output node.")
 
 
-def _lower_call(node: fx.Node, env: dict, ctx, path_prefix: str, fallback) -> None:
+def _lower_call(node: fx.Node, env: dict, make_ctx, path_prefix: str, fallback) -> None:
     """Lower one call node into ``env``; an in-place update of an input is written back."""
+    ctx = make_ctx(node)
     # every op made for this node names its torch module (reports, OOM errors)
     path = ".".join(p for p in (path_prefix, node.meta.get("module_path", "")) if p)
     with module_origin(path or "<root>"):
         env[node] = lower_node(node, env, ctx, fallback)
-    mutated = mutated_input(node, ctx.owner.torch_module)
-    if mutated is not None:  # later users of the tensor see the updated value
-        env[mutated] = env[node]
-        _write_back(mutated, env[node], ctx)
+    mutated = mutated_input(node, ctx.owner.torch_module) or out_target(node)
+    if mutated is not None:  # later users of the tensor (and of its bases) see the update
+        env[node] = _same_dtype(env[node], env[mutated])
+        relower = lambda n: lower_node(n, env, make_ctx(n), fallback)  # noqa: E731
+        outer, value = write_through(mutated, env[node], env, relower)
+        _write_back(outer, value, ctx)
+        if is_made_constant(outer):  # fx reads it again through new get_attr nodes
+            env[("updated", outer.target)] = value
+
+
+def _same_dtype(value: Any, target: Any) -> Any:
+    """An in-place update keeps its target's dtype (``half += float`` stays half)."""
+    if isinstance(value, popxl.Tensor) and isinstance(target, popxl.Tensor):
+        if value.dtype != target.dtype:
+            return ops.cast(value, target.dtype)
+    return value
+
+
+def _written_inputs(gm: fx.GraphModule, inputs: Sequence[Any], env: dict) -> dict[int, Any]:
+    """The final values of the inputs that the graph updated in place, by position."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    return {i: env[p] for i, p in enumerate(placeholders) if env[p] is not inputs[i]}
 
 
 def _outline(node: fx.Node, env: dict, outlined: Callable[[fx.Node, tuple], Any]) -> bool:
@@ -280,7 +308,7 @@ def lower_node(
     target, the module path and the user's source line.
     """
     args = fx.node.map_arg(node.args, env.__getitem__)
-    kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
+    kwargs = numpy_aliases(node, fx.node.map_arg(node.kwargs, env.__getitem__))
     try:
         if node.op == "call_module":
             module = ctx.owner.torch_module.get_submodule(node.target)
@@ -290,7 +318,10 @@ def lower_node(
         else:
             fn = lookup(node.target)
             if fn is not None:
-                return fn(ctx, *args, **kwargs)
+                if getattr(fn, "takes_out", False):  # out= decides how it computes
+                    return fn(ctx, *args, **kwargs)
+                kwargs, out = without_out(node, kwargs)
+                return into_out(fn(ctx, *args, **kwargs), out)
     except UnsupportedError:
         raise
     except Exception as exc:
@@ -300,6 +331,29 @@ def lower_node(
         issue = unsupported(node, _what(node, ctx), hint="it has no lowering.")
         raise UnsupportedError(type(ctx.owner.torch_module).__name__, [issue])
     return fallback(node, args, kwargs, ctx)
+
+
+# torch's argument parser takes numpy's keyword names for its own (``x.sum(axis=0)``,
+# ``keepdims=True``); python-level torch functions and user code do not, so only builtins
+_NUMPY_ALIASES = {"axis": "dim", "keepdims": "keepdim"}
+
+
+def numpy_aliases(node: fx.Node, kwargs: dict) -> dict:
+    """``kwargs`` with numpy's names renamed to torch's, for a call torch's parser reads."""
+    if not any(k in _NUMPY_ALIASES for k in kwargs) or not _parsed_by_torch(node):
+        return kwargs
+    return {_NUMPY_ALIASES.get(k, k): v for k, v in kwargs.items()}
+
+
+def _parsed_by_torch(node: fx.Node) -> bool:
+    if node.op == "call_method":
+        return True
+    target = node.target
+    return (
+        node.op == "call_function"
+        and isinstance(target, types.BuiltinFunctionType)
+        and (str(getattr(target, "__module__", "")).startswith("torch"))
+    )
 
 
 def _what(node: fx.Node, ctx: LoweringContext) -> str:

@@ -47,6 +47,7 @@ from .variable_data import (
     site_factories,
     zeros_for,
 )
+from .view_writes import warn_unwritten
 
 __all__ = ["Module", "SEED_NAME", "signature"]
 
@@ -54,12 +55,22 @@ __all__ = ["Module", "SEED_NAME", "signature"]
 def signature(model: nn.Module, inputs: tuple) -> tuple:
     """What a trace is specialised to: input shapes/dtypes and every module's train mode."""
     shapes = tuple(
-        (tuple(x.shape), popxl.dtype.as_dtype(x.dtype).name)
+        (tuple(x.shape), _key_dtype(x.dtype))
         if isinstance(x, (torch.Tensor, popxl.Tensor, popxl.TensorSpec))
         else repr(x)
         for x in inputs
     )
     return shapes, tuple(m.training for m in model.modules())
+
+
+# An IR tensor may hold a 64-bit torch value in 32 bits (`Options.narrow_64bit`, casts to
+# int64): the trace made on the torch example serves the graph built on the narrower tensor.
+_KEY_NARROW = {"int64": "int32", "float64": "float32"}
+
+
+def _key_dtype(dtype: Any) -> str:
+    name = popxl.dtype.as_dtype(dtype).name
+    return _KEY_NARROW.get(name, name)
 
 
 def _example(x: Any) -> Any:
@@ -104,6 +115,11 @@ class Module(addons.Module):
     # torch's grad mode around eager's forward (the pipeline sets it per build): under
     # no_grad only leaves require grad (`requires_grad`)
     grad_enabled = True
+    # with flatten_outputs: return the final values of the inputs forward updates in place
+    # after the outputs (`written_inputs` says which), as `inference_model` writes them back
+    writes_inputs = False
+    written_inputs: tuple[int, ...] = ()
+    _nones: tuple[int, ...] = ()
 
     def __init__(
         self,
@@ -210,6 +226,7 @@ class Module(addons.Module):
         plan = self._plan = self.outline_plan(*xs)
         self._sites = {}
         gm = plan.gm if plan is not None else captured.gm
+        written: dict[int, popxl.Tensor] = {}
         try:
             self._grad_inputs = {id(x) for x, g in zip(xs, self.inputs_require_grad) if g}
             out = run_graph(
@@ -220,18 +237,31 @@ class Module(addons.Module):
                 self._call_site,
                 self._path_prefix,
                 fallback.lower_by_decomposition,  # looked up per build: tests replace it
+                written,
             )
             self._advance_seed()
         finally:
             self._vars, self._seed, self._sites, self._plan = {}, [], {}, None
             self._grad_inputs = set()
-        leaves, spec = pytree.tree_flatten(out)
-        if captured.out_spec is not None and captured.out_spec.num_leaves == len(leaves):
-            spec = captured.out_spec  # what forward returned: dataclasses, ModelOutputs
+        return self._outputs(gm, captured, out, written)
+
+    def _outputs(
+        self, gm: fx.GraphModule, captured: Captured, out: Any, written: dict[int, popxl.Tensor]
+    ) -> Any:
+        """What `build` returns: the forward's outputs (flat with ``flatten_outputs``, then
+        the inputs it updated in place, for `writes_inputs`)."""
+        leaves, spec = _as_returned(out, gm, captured.out_spec)
         if not self.flatten_outputs:
             return pytree.tree_unflatten(leaves, spec)
         self.out_spec = spec
-        return tuple(leaves)
+        # a None output (forward returns None, or None in a tuple) is no graph output:
+        # `unflatten` puts it back
+        self._nones = tuple(i for i, v in enumerate(leaves) if v is None)
+        self.written_inputs = tuple(sorted(written)) if self.writes_inputs else ()
+        if written and not self.writes_inputs:
+            warn_unwritten(self.torch_module, sorted(written))
+        kept = tuple(v for v in leaves if v is not None)
+        return kept + tuple(written[i] for i in self.written_inputs)
 
     _path_prefix = ""  # a block graph's builder names its ops "<label>.<path>"
 
@@ -267,10 +297,18 @@ class Module(addons.Module):
         )
 
     def unflatten(self, leaves: Any) -> Any:
-        """The forward's output structure around ``leaves`` (after ``flatten_outputs``)."""
+        """The forward's output structure around ``leaves`` (after ``flatten_outputs``; the
+        written inputs that follow the outputs are left out)."""
         if self.out_spec is None:
             raise RuntimeError("unflatten() needs a build with flatten_outputs=True first.")
-        return pytree.tree_unflatten(list(leaves), self.out_spec)
+        given = iter(list(leaves)[: self.n_outputs])
+        full = [None if i in self._nones else next(given) for i in range(self.out_spec.num_leaves)]
+        return pytree.tree_unflatten(full, self.out_spec)
+
+    @property
+    def n_outputs(self) -> int:
+        """How many graph outputs are the forward's own (after ``flatten_outputs``)."""
+        return self.out_spec.num_leaves - len(self._nones)
 
     def _context(self, node: fx.Node) -> LoweringContext:
         path = node.target if node.op == "call_module" else node.meta.get("module_path", "")
@@ -391,3 +429,14 @@ def _block_class(torch_class: type) -> type:
     if torch_class not in _BLOCK_CLASSES:
         _BLOCK_CLASSES[torch_class] = type(torch_class.__name__, (Module,), {})
     return _BLOCK_CLASSES[torch_class]
+
+
+def _as_returned(out: Any, gm: fx.GraphModule, returned: Any) -> tuple[list, Any]:
+    """The leaves of the lowered outputs ``out`` and the structure forward returned
+    (dataclasses, ModelOutputs: ``returned``, captured per graph output), each graph output
+    keeping its own structure (a call returning a tuple, as ``torch.meshgrid``, is one
+    output of the graph)."""
+    per_node = pytree.tree_structure(next(reversed(gm.graph.nodes)).args[0])
+    if returned is None or returned.num_leaves != per_node.num_leaves:
+        return pytree.tree_flatten(out)
+    return pytree.tree_flatten(pytree.tree_unflatten(per_node.flatten_up_to(out), returned))

@@ -33,10 +33,11 @@ import popxl_core as popxl
 from popxl_core import ops
 from popxl_core.context import module_origin
 
-from . import optim_ipu
+from . import optim_clip, optim_storage
 from .optim_fused import FusedBuilder, fused_feeds
 from .optim_groups import (
     ADAM_HYPER,
+    LOWERINGS,
     SGD_HYPER,
     UnsupportedOptimizerError,
     adam_hyper,
@@ -166,6 +167,7 @@ class OptimizerProgram:
         self._local = local
         self.blocks = list(blocks)
         with popxl.in_sequence():
+            grads = optim_clip.clipped(self, grads)
             for g, pg in zip(self.groups, self.optimizer.param_groups):
                 g.structure = self._structure(pg)
                 names = [n for n in g.names if n in grads]
@@ -178,6 +180,11 @@ class OptimizerProgram:
         # full shapes (phased with RTS the parameters are loaded shards: their meta shape)
         self._shapes.update({n: tuple(params[n].meta_shape or params[n].shape) for n in names})
         # with RTS the gradients are shards (`pipeline.reduce_gradients`): so are the weights
+        if getattr(LOWERINGS.get(self.kind), "WHOLE_TENSORS", False) and self.replication.sharded:
+            raise UnsupportedOptimizerError(
+                f"param group {g.index}: {type(self.optimizer).__name__} takes norms of whole "
+                "weights, but replicated tensor sharding updates each replica's shard."
+            )
         targets = {n: self.replication.target(params[n]) for n in names}
         if pg.get("fused") and self.remote is not None:
             raise UnsupportedOptimizerError(
@@ -207,7 +214,8 @@ class OptimizerProgram:
         """The group's hyper-parameter scalars in ``dtype`` (one stream each, made once)."""
         if dtype.name not in loaded:
             suffix = "" if dtype == popxl.float32 else f".{dtype.name}"
-            hyper = {"sgd": SGD_HYPER, "adam": ADAM_HYPER}.get(self.kind, optim_ipu.HYPER)
+            hyper = {"sgd": SGD_HYPER, "adam": ADAM_HYPER}.get(self.kind)
+            hyper = hyper or LOWERINGS[self.kind].HYPER
             streams = {
                 h + suffix: popxl.h2d_stream((), dtype, f"optimizer.group{g.index}.{h}{suffix}")
                 for h in hyper
@@ -220,8 +228,22 @@ class OptimizerProgram:
         """The torch optimizer's state value (zeros where it has none)."""
         value = self.optimizer.state.get(self.params[name], {}).get(key)
         if value is None:  # a fill: no host memory until a Session attaches (planning)
-            return np.broadcast_to(np.zeros((), dtype), shape)
+            return np.broadcast_to(np.full((), self._fill(name, key), dtype), shape)
         return value.detach().cpu().numpy().astype(dtype).reshape(shape)
+
+    def initial(self, name: str, key: str) -> np.ndarray:
+        """A state tensor's value before this program's first step (full shape)."""
+        var = self.state[name][key]
+        shape = () if key == "step" else self._shapes[name]
+        return np.array(self._initial(name, key, shape, var.dtype.as_numpy()))
+
+    def _fill(self, name: str, key: str) -> float:
+        """A state tensor's value before the first step (0 but where its kind says)."""
+        fill = getattr(LOWERINGS.get(self.kind), "initial_fill", None)
+        if fill is None:
+            return 0.0
+        p = self.params[name]
+        return fill(next(pg for pg in self.optimizer.param_groups if _holds(pg, p)), key)
 
     def _state_var(
         self, name: str, key: str, like: popxl.Tensor, dtype: popxl.dtype | None = None
@@ -248,8 +270,9 @@ class OptimizerProgram:
         """The update of one parameter: ``(name, weight, grad, hyper, group)``, its state
         tensors made by ``state(name, key, like, dtype=None)`` (`_state_var`, or an outlined
         update graph's inputs)."""
-        update = {"sgd": self._sgd, "adam": self._adam}.get(self.kind, self._ipu_adam)
-        return lambda *args: update(*args, state=state)
+        update = {"sgd": self._sgd, "adam": self._adam}.get(self.kind, self._lowered)
+        stored = optim_storage.with_storage(self.kind, update)  # float16 state, if asked
+        return lambda *args: stored(*args, state=state)
 
     def _sgd(self, name: str, p, grad, hp, pg, state: Callable) -> None:
         if pg["maximize"]:
@@ -282,8 +305,8 @@ class OptimizerProgram:
         denom = ops.sqrt(v) / hp["bc2_sqrt"] + hp["eps"]
         ops.var_updates.addcdiv_(p, m, denom, hp["neg_step_size"])
 
-    def _ipu_adam(self, name: str, p, grad, hp, pg, state: Callable) -> None:
-        optim_ipu.build_update(state, name, p, grad, hp, pg)
+    def _lowered(self, name: str, p, grad, hp, pg, state: Callable) -> None:
+        LOWERINGS[self.kind].build_update(state, name, p, grad, hp, pg)
 
     # per step ------------------------------------------------------------------------
     def feeds(self) -> dict[popxl.HostToDeviceStream, np.ndarray]:
@@ -315,8 +338,8 @@ class OptimizerProgram:
         return {s: np.stack([row[s] for row in rows]) for s in rows[0]}
 
     def _hyper_arrays(self, g: _Group, pg: Mapping) -> dict:
-        if self.kind == "ipu_adam":
-            values = optim_ipu.hyper_values(pg)
+        if self.kind in LOWERINGS:
+            values = LOWERINGS[self.kind].hyper_values(pg, g.step)
         else:
             values = sgd_hyper(pg, g.step) if self.kind == "sgd" else adam_hyper(pg, g.step)
         return {
@@ -354,3 +377,7 @@ class OptimizerProgram:
 
     def variables(self) -> list[popxl.Variable]:
         return [v for vs in self.state.values() for v in vs.values()]
+
+
+def _holds(pg: Mapping, p: torch.Tensor) -> bool:
+    return any(q is p for q in pg["params"])

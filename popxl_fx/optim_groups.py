@@ -5,15 +5,18 @@ computed as torch computes them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import torch
 
-from . import optim_ipu
+from . import optim_ipu, optim_lamb, optim_rmsprop
 from .optim_fused import fused_structure
+from .optim_storage import DTYPE_KEYS
 
 __all__ = [
     "ADAM_HYPER",
+    "LOWERINGS",
     "SGD_HYPER",
     "UnsupportedOptimizerError",
     "adam_hyper",
@@ -23,6 +26,7 @@ __all__ = [
     "hyper_source",
     "optimizer_kind",
     "sgd_hyper",
+    "state_slots",
 ]
 
 SGD_HYPER = ("neg_lr", "weight_decay", "buf_scale", "damp_alpha", "momentum")
@@ -42,7 +46,13 @@ _KINDS = {
     torch.optim.Adam: "adam",
     torch.optim.AdamW: "adam",
     optim_ipu.IPUAdam: "ipu_adam",
+    torch.optim.RMSprop: "rmsprop",
+    optim_lamb.LAMB: "lamb",
 }
+# the kinds whose update is a module of their own: its HYPER names, structure(pg),
+# hyper_values(pg, step), build_update(state_var, name, p, grad, hp, pg) and, optionally,
+# initial_fill(pg, key) (a state tensor's value before the first step)
+LOWERINGS = {"ipu_adam": optim_ipu, "rmsprop": optim_rmsprop, "lamb": optim_lamb}
 
 
 def optimizer_kind(optimizer: torch.optim.Optimizer) -> str:
@@ -52,8 +62,8 @@ def optimizer_kind(optimizer: torch.optim.Optimizer) -> str:
     if kind is None:
         raise UnsupportedOptimizerError(
             f"optimizer {type(optimizer).__name__} is not supported by training_model; use "
-            "torch.optim.SGD, Adam or AdamW, popxl_fx.IPUAdam, or popxl_fx.compile, which runs "
-            "any torch optimizer."
+            "torch.optim.SGD, Adam, AdamW or RMSprop, popxl_fx.IPUAdam or popxl_fx.LAMB, or "
+            "popxl_fx.compile, which runs any torch optimizer."
         )
     return kind
 
@@ -86,8 +96,10 @@ def group_structure(optimizer_type: type, pg: Mapping) -> tuple:
     rejected = tuple(pg.get(opt) for opt in _REJECT)  # a program is refused when set
     if kind is None:
         return rejected
-    if kind == "ipu_adam":
-        return optim_ipu.structure(pg)
+    clip = float(pg.get("max_grad_norm", math.inf))  # `optim_clip`
+    clip = (clip, tuple(str(pg.get(k)) for k in DTYPE_KEYS))  # and `optim_storage`
+    if kind in LOWERINGS:
+        return (LOWERINGS[kind].structure(pg), clip)
     if pg.get("fused"):
         return ("fused", fused_structure(kind, pg), rejected)
     if kind == "sgd":
@@ -97,8 +109,10 @@ def group_structure(optimizer_type: type, pg: Mapping) -> tuple:
             pg["weight_decay"] != 0,
             bool(pg["maximize"]),
             rejected,
+            clip,
         )
-    return (pg["weight_decay"] != 0, decoupled(pg), bool(pg["maximize"]), rejected)
+    corrected = pg.get("bias_correction", True)
+    return (pg["weight_decay"] != 0, decoupled(pg), bool(pg["maximize"]), rejected, clip, corrected)
 
 
 def decoupled(pg: Mapping) -> bool:
@@ -110,6 +124,8 @@ def hyper_source(kind: str, pg: Mapping, step: int) -> tuple:
     if kind == "sgd":
         keys = ("lr", "weight_decay", "momentum", "dampening")
         return (step == 1, *(_frozen(pg[k]) for k in keys))
+    if kind in LOWERINGS:
+        return (step, *(_frozen(v) for k, v in sorted(pg.items()) if k != "params"))
     return (step, *(_frozen(pg[k]) for k in ("lr", "weight_decay", "betas", "eps")))
 
 
@@ -136,13 +152,23 @@ def sgd_hyper(pg: Mapping, step: int) -> dict[str, float]:
 def adam_hyper(pg: Mapping, step: int) -> dict[str, float]:
     lr, wd = float(pg["lr"]), float(pg["weight_decay"])
     beta1, beta2 = (float(b) for b in pg["betas"])
+    # PopTorch's AdamW(bias_correction=False): the moments as they are
+    bc1, bc2 = (1 - beta1**step, 1 - beta2**step) if pg.get("bias_correction", True) else (1, 1)
     return {
         "w1": 1 - beta1,
         "beta2": beta2,
         "c2": 1 - beta2,
-        "bc2_sqrt": (1 - beta2**step) ** 0.5,
+        "bc2_sqrt": bc2**0.5,
         "eps": float(pg["eps"]),
-        "neg_step_size": -(lr / (1 - beta1**step)),
+        "neg_step_size": -(lr / bc1),
         "weight_decay": wd,
         "decay": 1 - lr * wd,
     }
+
+
+def state_slots(kind: str, groups) -> int:
+    """How many weight-sized state tensors the optimizer keeps per weight (at most)."""
+    momentum = int(any(g.get("momentum", 0) for g in groups))
+    if kind == "rmsprop":
+        return 1 + int(any(g.get("centered") for g in groups)) + momentum
+    return 2 if kind in ("adam", "ipu_adam", "lamb") else momentum

@@ -114,7 +114,7 @@ def structure(pg: Mapping) -> tuple:
     return (pg["weight_decay"] != 0, bool(pg["bias_correction"]), pg["first_order_dtype"])
 
 
-def hyper_values(pg: Mapping) -> dict[str, float]:
+def hyper_values(pg: Mapping, step: int = 0) -> dict[str, float]:
     """The hyper-parameters fed each step (float32 scalars)."""
     beta1, beta2 = (float(b) for b in pg["betas"])
     return {

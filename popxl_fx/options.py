@@ -131,6 +131,11 @@ class Options:
             (PopART's NlllWithSoftmaxGradDirect, `popxl_core.ops.nll_direct`); eager to
             float32 round-off. With it seed 003's MLP as an ``nn.Sequential`` trains bit for
             bit like the hand-written seed (tests/test_fx_seed003_torch.py).
+        narrow_64bit: ``True``: the IPU's types, as PopTorch has them. int64 and float64
+            inputs enter the program as int32 and float32, so a float64 input compares and
+            computes as float32. The model is still traced on the inputs as given, so an op
+            that wants int64 indices gets them. ``False`` (default): inputs keep their dtype,
+            eager's numbers.
 
     Example:
         >>> Options(device="cpu").device
@@ -155,6 +160,7 @@ class Options:
     kernels: str = "table"
     numerics: str = "torch"
     compiler: CompileOptions = DEFAULT_COMPILE
+    narrow_64bit: bool = False
 
     def __post_init__(self) -> None:
         _check_choice("device", self.device, DEVICES)
@@ -168,7 +174,7 @@ class Options:
             )
         for name in _COUNTS:
             _check_count(name, getattr(self, name))
-        for name in ("recompute", "replicated_tensor_sharding"):
+        for name in ("recompute", "replicated_tensor_sharding", "narrow_64bit"):
             _check_bool(name, getattr(self, name))
         object.__setattr__(self, "outline", _outline_value(self.outline))
         object.__setattr__(self, "phased_execution", _phases_value(self.phased_execution))

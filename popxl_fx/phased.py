@@ -42,6 +42,7 @@ from .checks import check_inputs, integer_inputs_explained
 from .loss import check_scalar_loss, loss_index
 from .lower_stage import Lowered, _entered
 from .module import Module
+from .optim_groups import state_slots
 from .optim_remote import RemoteState
 from .phase_report import PhaseSteps
 from .phased_slices import Slices, SliceStore
@@ -202,9 +203,7 @@ def _check_sizes(build: Build, req: Any, pieces: list[Piece]) -> None:
         return
     optim = req.optimizer
     groups = optim.optimizer.param_groups
-    slots = (
-        2 if optim.kind in ("adam", "ipu_adam") else int(any(g.get("momentum", 0) for g in groups))
-    )
+    slots = state_slots(optim.kind, groups)
     opts = build.options
     shards = opts.replication_factor if opts.replicated_tensor_sharding else 1
     check_phase_sizes(req.root, pieces, build.prefix, slots, shards, machine.bytes_per_ipu)

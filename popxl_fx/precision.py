@@ -44,6 +44,7 @@ __all__ = [
     "half_copy",
     "half_inputs",
     "loss_seed",
+    "narrow_64bit",
     "stream_values",
     "unscale",
 ]
@@ -64,9 +65,24 @@ def half_inputs(inputs: Sequence[object]) -> tuple:
     )
 
 
+# The IPU has no 64-bit types (PopTorch's rule, `Options.narrow_64bit`).
+_NARROW = {torch.int64: torch.int32, torch.float64: torch.float32}
+
+
+def narrow_64bit(inputs: Sequence[object]) -> tuple:
+    """int64 and float64 tensors as int32 and float32, the rest as given."""
+    return tuple(
+        x.to(_NARROW[x.dtype]) if isinstance(x, torch.Tensor) and x.dtype in _NARROW else x
+        for x in inputs
+    )
+
+
 def stream_values(options: Options, inputs: Sequence[object]) -> tuple:
     """What the input streams carry: the inputs, floating ones in float16 for a float16
-    program (`program.Inputs.feed` rounds the float32 values the user passes)."""
+    program (`program.Inputs.feed` rounds the float32 values the user passes), 64-bit ones
+    in 32 bits with ``narrow_64bit`` (`Inputs.feed` narrows the values passed likewise)."""
+    if options.narrow_64bit:
+        inputs = narrow_64bit(inputs)
     return half_inputs(inputs) if options.precision == "float16" else tuple(inputs)
 
 

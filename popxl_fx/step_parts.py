@@ -41,6 +41,9 @@ class TrainingRequest:
     record: bool  # also fetch forward outputs and gradients (tests)
     contexts: Sequence[Callable] = ()
     outputs: bool = False  # also fetch the forward's other outputs (PopTorch's executors)
+    # PopTorch trains a loss that no trainable parameter reaches (nothing to update); eager's
+    # backward() raises there, and so does popxl_fx's own entry point
+    untrained_ok: bool = False
 
 
 def lower_with_loss(build: Build, req: TrainingRequest, specs, examples: tuple) -> tuple:

@@ -63,7 +63,8 @@ def build_training(build: Build, signature: Any, req: TrainingRequest) -> Progra
     with build.ir.main_graph, popxl.in_sequence():
         ins = load_inputs(stream_values(opts, req.inputs), req.names, split_replicas(opts))
         lowered, index, trainable = lower_with_loss(build, req, ins.tensors, examples)
-        _some_trainable(trainable, req.model)
+        if not req.untrained_ok:
+            _some_trainable(trainable, req.model)
         fwd = lowered.forward
         args = fwd.args.to_dict()
         backward(build, lowered, [fwd.graph.outputs[index]], [args[n] for n in trainable])

@@ -260,8 +260,10 @@ class SharedState:
             for key, var in vars_.items():
                 t = held.get(key)
                 if t is None:
-                    # a broadcast zero: the Session keeps it unmaterialised until it runs
-                    copies[var] = np.broadcast_to(np.zeros((), var.dtype.as_numpy()), var.shape)
+                    # a broadcast fill (zero, but where the optimizer's kind says): the
+                    # Session keeps it unmaterialised until it runs
+                    fill = np.full((), optim._fill(name, key), var.dtype.as_numpy())
+                    copies[var] = np.broadcast_to(fill, var.shape)
                 elif t.dtype != var.dtype.as_torch():
                     raise _state_dtype_error(name, key, t, var)
                 elif self._can_share(var, t):

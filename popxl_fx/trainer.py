@@ -56,10 +56,12 @@ class Trainer(ProgramView):
         options: Options | None,
         record: bool = False,
         outputs: bool = False,
+        untrained_ok: bool = False,
     ) -> None:
         self._model = model
         self._record = record  # also fetch forward outputs and gradients (for testing)
         self._outputs = outputs  # also fetch the forward's other outputs (one step per call)
+        self._untrained_ok = untrained_ok  # a loss no trainable parameter reaches runs
         self.last: dict[str, torch.Tensor] = {}
         self.per_replica: dict = {}  # the last step's outputs as the device wrote them
         self.optimizer = optimizer
@@ -234,6 +236,7 @@ class Trainer(ProgramView):
             record=self._record,
             contexts=(lambda: user_terms(self._model, self._prefix),),
             outputs=self._outputs,
+            untrained_ok=self._untrained_ok,
         )
 
     def _optimizer_program(self, options: Options) -> OptimizerProgram:

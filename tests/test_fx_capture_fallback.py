@@ -108,23 +108,26 @@ def test_unusual_leaf_modules_decompose_with_their_parameters():
     _check(Shuffle(), torch.randn(2, 4, 3, 3), rtol=1e-6, atol=1e-6)
 
 
-class Bilinear(nn.Module):
+class FractionalPool(nn.Module):
+    """A torch.nn leaf whose ATen op (aten.fractional_max_pool2d) has no lowering."""
+
     def __init__(self):
         super().__init__()
-        self.head = nn.Sequential(nn.Bilinear(3, 3, 2))
+        self.head = nn.Sequential(nn.FractionalMaxPool2d(2, output_size=(2, 2)))
 
     def forward(self, x):
-        return self.head[0](x, x)
+        return self.head[0](x)
 
 
 def test_missing_aten_op_raises_with_module_path_source_and_missing_op():
     with pytest.raises(UnsupportedError) as info:
-        run_module(Bilinear(), torch.randn(2, 3))
+        run_module(FractionalPool(), torch.randn(1, 1, 5, 5))
     (issue,) = info.value.issues
-    assert issue.kind == "unsupported module" and issue.what == "torch.nn.Bilinear module"
+    what = "torch.nn.FractionalMaxPool2d module"
+    assert issue.kind == "unsupported module" and issue.what == what
     assert issue.module_path == "head.0"
-    assert issue.source.endswith(f"test_fx_capture_fallback.py:{_line('self.head[0](x, x)')}")
-    assert "aten._trilinear" in issue.hint
+    assert issue.source.endswith(f"test_fx_capture_fallback.py:{_line('self.head[0](x)')}")
+    assert "aten.fractional_max_pool2d" in issue.hint
 
 
 def _line(text: str) -> int:

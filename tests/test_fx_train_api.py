@@ -229,7 +229,7 @@ def test_wrong_class_target_shape_and_a_loss_that_cannot_take_the_target():
     "make",
     [
         lambda ps: torch.optim.Adam(ps, amsgrad=True),
-        lambda ps: torch.optim.RMSprop(ps),
+        lambda ps: torch.optim.Adagrad(ps),
     ],
 )
 def test_unsupported_optimizer_raises_at_once(make):

@@ -142,8 +142,8 @@ def test_unsupported_options_raise(kwargs, match):
 
 def test_unsupported_optimizer_and_foreign_params_raise():
     params = _params()
-    with pytest.raises(UnsupportedOptimizerError, match="RMSprop is not supported"):
-        OptimizerProgram(torch.optim.RMSprop(list(params.values())), {})
+    with pytest.raises(UnsupportedOptimizerError, match="Adagrad is not supported"):
+        OptimizerProgram(torch.optim.Adagrad(list(params.values())), {})
     opt = torch.optim.SGD([*params.values(), torch.nn.Parameter(torch.zeros(2, 2))], lr=0.1)
     with pytest.raises(UnsupportedOptimizerError, match=r"not parameters of the model.*\(2, 2\)"):
         OptimizerProgram(opt, {p: n for n, p in params.items()})

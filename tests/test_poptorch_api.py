@@ -102,15 +102,13 @@ def test_ops_compute_their_values():
         poptorch.identity_loss(x, "max")
 
 
-def test_optimizer_ipu_arguments_refused_by_name():
+def test_optimizer_velocity_dtype_is_the_momentum_storage():
     model = nn.Linear(2, 1)
-    opt = poptorch.optim.SGD(model.parameters(), lr=0.1, max_grad_norm=1.0)
-    ipu = poptorch.trainingModel(nn.Sequential(model), optimizer=opt)
-    with pytest.raises(poptorch.Error, match="max_grad_norm"):
-        ipu(torch.ones(2, 2))
-    lamb = poptorch.optim.LAMB(model.parameters())
-    with pytest.raises(poptorch.Error, match="LAMB"):
-        poptorch.trainingModel(nn.Sequential(model), optimizer=lamb)(torch.ones(2, 2))
+    opt = poptorch.optim.SGD(
+        model.parameters(), lr=0.1, momentum=0.9, velocity_accum_type=torch.float16
+    )
+    poptorch.trainingModel(nn.Sequential(model), optimizer=opt)(torch.ones(2, 2))
+    assert opt.state[model.weight]["momentum_buffer"].dtype == torch.float16
 
 
 def test_hook_resolves_poptorch_and_popxl():

@@ -30,3 +30,16 @@ def test_a_line_without_a_reason_is_refused_naming_it(tmp_path):
     (tmp_path / "b.txt").write_text("y_test.py::t\n")
     with pytest.raises(ValueError, match=r"b.txt:1: expected 'NODEID \| WHY'"):
         _tool().left_out(tmp_path)
+
+
+def test_the_tests_subprocesses_get_the_hook_and_this_python(monkeypatch):
+    import os
+    import sys
+
+    monkeypatch.setenv("PATH", "/usr/bin")
+    monkeypatch.setenv("PYTHONPATH", "/somewhere")
+    saved = _tool()._children_get_the_hook()
+    assert saved["PATH"] == "/usr/bin"
+    assert os.environ["PATH"].split(os.pathsep)[0] == os.path.dirname(sys.executable)
+    paths = os.environ["PYTHONPATH"].split(os.pathsep)
+    assert paths[0].endswith("_child_path") and paths[-1] == "/somewhere"

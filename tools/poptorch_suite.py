@@ -102,6 +102,7 @@ def run(mirror: str, files: list[str] | None, pytest_args: list[str]) -> dict:
         chosen = files or [f for f in available if f not in skipped]
         deselect = [a for n in skipped if "::" in n for a in ("--deselect", n)]
         compat.install()
+        saved_env = _children_get_the_hook()
         tally = _Tally()
         cwd = os.getcwd()
         os.chdir(dest)
@@ -125,7 +126,21 @@ def run(mirror: str, files: list[str] | None, pytest_args: list[str]) -> dict:
         finally:
             os.chdir(cwd)
             sys.path.remove(str(dest))
+            os.environ.clear()
+            os.environ.update(saved_env)
     return {"exit_code": int(code), "files": tally.per_file()}
+
+
+def _children_get_the_hook() -> dict[str, str]:
+    """The tests' own Python subprocesses (``python3 -m pytest ...``, ``sys.executable -c``)
+    import poptorch too: they get the hook, and ``python3`` is this Python (as in an activated
+    venv). Returns the environment as it was."""
+    from popxl_fx import compat
+
+    saved = dict(os.environ)
+    os.environ.update(compat.child_env())
+    os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ["PATH"]])
+    return saved
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -84,11 +84,20 @@ class Call:
     kwargs: tuple  # (name, value) pairs: attrs stay hashable
 
     def __call__(self, *xs: torch.Tensor) -> Any:
+        return self._run(self.op, xs)
+
+    def fake(self, *xs: torch.Tensor) -> Any:
+        """What the shape rules run on fake tensors: the operator's own ``fake`` where it
+        declares one (an output shape torch's fake kernels cannot tell: ctc_loss with tensor
+        lengths sizes an intermediate by their values), else the operator itself."""
+        return self._run(getattr(self.op, "fake", self.op), xs)
+
+    def _run(self, op: Any, xs: tuple) -> Any:
         def fill(v: Any) -> Any:
             return xs[v.index] if isinstance(v, Slot) else v
 
         args, kwargs = pytree.tree_map(fill, (self.args, dict(self.kwargs)))
-        return self.op(*args, **kwargs)
+        return op(*args, **kwargs)
 
     def __str__(self) -> str:
         return getattr(self.op, "__name__", str(self.op))
@@ -118,7 +127,7 @@ def _infer(ins: Sequence[TensorSpec], fn: Any, torch_dtypes: tuple) -> list[Tens
     if isinstance(fn, Vjp):  # gradients have the shapes and dtypes of their inputs
         return [ins[i] for i in fn.wrt]
     with _fake_mode():
-        outs = _as_tuple(fn(*_fake(ins, torch_dtypes)))
+        outs = _as_tuple(getattr(fn, "fake", fn)(*_fake(ins, torch_dtypes)))
     bad = [type(o).__name__ for o in outs if not isinstance(o, torch.Tensor)]
     if bad:
         raise TypeError(f"{fn} returns {', '.join(bad)}, not tensors")
@@ -192,9 +201,9 @@ def _differentiable_outputs(call: Call, inputs: Sequence[Tensor], torch_dtypes: 
         xs = _fake([t.spec for t in inputs], torch_dtypes)
         xs = [x.requires_grad_() if _differentiable(x.dtype) else x for x in xs]
         try:
-            outs = _as_tuple(call(*xs))
+            outs = _as_tuple(call.fake(*xs))
         except RuntimeError:  # an input torch never differentiates (running statistics)
-            return [True] * len(_as_tuple(call(*[x.detach() for x in xs])))
+            return [True] * len(_as_tuple(call.fake(*[x.detach() for x in xs])))
     return [o.requires_grad or not _differentiable(o.dtype) for o in outs]
 
 

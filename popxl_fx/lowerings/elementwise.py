@@ -316,26 +316,46 @@ def _masked_fill(ctx, t, mask, value):
     return ops.where(mask, value, t)
 
 
+# the one-sided spellings, each as the out-of-place function torch's kernel runs (the driver
+# rebinds the updated tensor of an in-place one)
+_ONE_SIDED = {
+    "clamp_min": torch.clamp_min,
+    "clamp_max": torch.clamp_max,
+    "clamp_min_": torch.clamp_min,
+    "clamp_max_": torch.clamp_max,
+    torch.clamp_min: torch.clamp_min,
+    torch.clamp_max: torch.clamp_max,
+    torch.clamp_min_: torch.clamp_min,
+    torch.clamp_max_: torch.clamp_max,
+}
+
+
 @lowers(
     torch.clamp,
     torch.clip,
     "clamp",
     "clip",
     "clamp_",
-    "clamp_min",
-    "clamp_max",
-    torch.clamp_min,
-    torch.clamp_max,
+    *_ONE_SIDED,
 )
 def _clamp(ctx, t, *args, **kwargs):
-    one_sided = ctx.node.target in ("clamp_min", "clamp_max", torch.clamp_min, torch.clamp_max)
+    if ctx.node.target in _ONE_SIDED:  # torch's kernel: promotion, NaN, gradient
+        fn = _ONE_SIDED[ctx.node.target]
+        if any(eager_stride(a) for a in ctx.node.args):
+            return torch_kernel_in_eager_layout(ctx, fn, t, *args, **kwargs)
+        return torch_call(fn, t, *args, **kwargs)
     bounds = (list(args) + [kwargs.get("min"), kwargs.get("max")])[:2]
-    if one_sided or any(is_t(b) for b in bounds):  # torch's kernel: promotion, NaN, gradient
+    lo = float("-inf") if bounds[0] is None else bounds[0]
+    hi = float("inf") if bounds[1] is None else bounds[1]
+    # torch's kernel also where Clip's rule is not torch's: a float bound raises an integer
+    # tensor to float, and min > max gives max everywhere (Clip refuses it)
+    if any(is_t(b) for b in bounds) or lo > hi or _raises_to_float(t, bounds):
         return lower_torch_function(ctx, t, *args, **kwargs)
-    min, max = bounds
-    lo = float("-inf") if min is None else min
-    hi = float("inf") if max is None else max
     return ops.clip(t, lo, hi)
+
+
+def _raises_to_float(t, bounds) -> bool:
+    return not t.dtype.is_floating_point and any(isinstance(b, float) for b in bounds)
 
 
 # casts and copies ----------------------------------------------------------------------------

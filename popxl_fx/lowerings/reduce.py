@@ -223,19 +223,11 @@ def _softmax2d_module(ctx, m, x):
 @lowers(torch.cumsum, "cumsum")
 def _cumsum(ctx, x, dim, dtype=None, out=None):
     if out is not None:  # torch sums in the out tensor's dtype, as with dtype=
-        _out_unused_elsewhere(ctx, "cumsum")
         dtype = out.dtype.as_torch()
     return ops.cumsum(_sum_input(x, dtype), norm_dim(dim, x.rank))
 
 
-def _out_unused_elsewhere(ctx, name: str) -> None:
-    """The result is returned, not written into ``out=``: refuse a graph that reads ``out``
-    otherwise (it would see the tensor before the write)."""
-    if len(getattr(ctx.node.kwargs["out"], "users", ())) > 1:
-        raise NotImplementedError(
-            f"torch.{name}(..., out=t): the model reads t besides this call's result; "
-            f"use t = torch.{name}(...) instead"
-        )
+_cumsum.takes_out = True  # `popxl_fx.out_kwarg`: the lowering reads out= itself
 
 
 lowers(torch.cumprod, "cumprod")(lower_torch_function)  # torch's kernel and its gradient

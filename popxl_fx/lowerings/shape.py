@@ -20,7 +20,7 @@ from popxl_core import ops
 from popxl_core.ops.gather import gather_elements
 
 from ..lowering import lowers
-from ._common import const, is_t, norm_dim, norm_dims, tuple_of
+from ._common import const, is_t, norm_dim, norm_dims, promote, tuple_of
 from .aten_kernels import lower_torch_function
 
 __all__ = ["getitem"]
@@ -137,6 +137,7 @@ def _tile(ctx, x, dims):
 def _cat(ctx, tensors, dim=0, axis=None):
     tensors = [t for t in tensors if not (t.rank == 1 and t.shape[0] == 0)]
     d = norm_dim(dim if axis is None else axis, tensors[0].rank)
+    tensors = promote(*tensors)  # torch.cat promotes mixed dtypes (int with float: float)
     return tensors[0] if len(tensors) == 1 else ops.concat(tensors, d)
 
 
@@ -214,6 +215,10 @@ def _wrap(index, n: int):
 @lowers("gather", torch.gather)
 def _gather(ctx, x, dim, index, sparse_grad=False):
     d = norm_dim(dim, x.rank)
+    # torch allows an index shorter than x on the other axes: it reads x's leading part there
+    short = [a for a in range(x.rank) if a != d and index.shape[a] < x.shape[a]]
+    if short:
+        x = ops.slice(x, [0] * len(short), [index.shape[a] for a in short], None, short)
     return gather_elements(x, _wrap(index, x.shape[d]), d)
 
 

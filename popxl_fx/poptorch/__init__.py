@@ -54,7 +54,6 @@ from .ops import (
     cond,
     ctc_beam_search_decoder,
     custom_op,
-    dynamic_slice,
     for_loop,
     identity_loss,
     ipu_print_tensor,
@@ -67,6 +66,7 @@ from .ops import (
 )
 from .option_groups import TensorLocationSettings
 from .options import Options
+from .slices import dynamic_slice, dynamic_update
 
 __version__ = "3.3.0+popxl_fx"
 
@@ -115,6 +115,7 @@ __all__ = [
     "ctc_beam_search_decoder",
     "custom_op",
     "dynamic_slice",
+    "dynamic_update",
     "enums",
     "for_loop",
     "identity_loss",
@@ -139,6 +140,7 @@ __all__ = [
 
 isRunningOnIpu = _impl.isRunningOnIpu
 setLogLevel = _logging.setLogLevel
+_logging._configure()  # PopTorch's log lines, at the level POPTORCH_LOG_LEVEL names
 
 
 def _user_model(model) -> torch.nn.Module:

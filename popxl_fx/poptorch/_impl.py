@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+from . import marks, wrapping
 from .errors import Error
 
-__all__ = ["createPoptorchError", "isDispatchTracing", "isRunningOnIpu"]
+__all__ = [
+    "_restoreWrapperIfNecessary",
+    "createPoptorchError",
+    "isDispatchTracing",
+    "isRunningOnIpu",
+]
+
+# what unpickling and copying a model marked by a training executor call (`wrapping`)
+_restoreWrapperIfNecessary = wrapping.restore
 
 
 def isDispatchTracing() -> bool:
@@ -13,8 +22,9 @@ def isDispatchTracing() -> bool:
 
 
 def isRunningOnIpu() -> bool:
-    """False: code never runs inside PopTorch's dispatcher (torch.fx traces it instead)."""
-    return False
+    """True while an executor captures the model's forward (what runs on the IPU), False
+    in eager calls, as PopTorch's flag is while it traces."""
+    return marks.current() is not None
 
 
 def createPoptorchError(message: str) -> Error:

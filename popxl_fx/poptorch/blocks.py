@@ -190,6 +190,10 @@ class ExecutionStrategy:
                     f"not {type(arg).__name__}."
                 )
 
+    def backendOptions(self) -> dict:
+        """PopTorch's serialised form (`Options.toDict`): 0 pipelined, 1 sharded."""
+        return {"execution_mode": 0}
+
 
 class PipelinedExecution(ExecutionStrategy):
     """Each stage on its IPU, micro-batches flowing through them."""
@@ -199,6 +203,9 @@ class PipelinedExecution(ExecutionStrategy):
 
 class ShardedExecution(ExecutionStrategy):
     """Each stage on its IPU, one micro-batch at a time (no pipelining)."""
+
+    def backendOptions(self) -> dict:
+        return {"execution_mode": 1}
 
 
 class _PhasedExecution(ExecutionStrategy):
@@ -213,6 +220,14 @@ class _PhasedExecution(ExecutionStrategy):
     def useSeparateBackwardPhase(self, use: bool = True):
         self.separate_backward_phase = bool(use)
         return self
+
+    def backendOptions(self) -> dict:
+        return {
+            "execution_mode": 2,
+            "separate_backward_phase": self.separate_backward_phase,
+            "tensors_liveness": int(self.liveness),
+            "serial_phases_execution": isinstance(self, SerialPhasedExecution),
+        }
 
 
 class ParallelPhasedExecution(_PhasedExecution):

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-__all__ = ["Error", "RecoverableError", "UnrecoverableError", "unsupported"]
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from ..capture import EXAMPLE_NOTE
+
+__all__ = ["Error", "RecoverableError", "UnrecoverableError", "eager_errors", "unsupported"]
 
 
 class Error(RuntimeError):
@@ -28,3 +34,20 @@ class UnrecoverableError(Error):
 def unsupported(name: str, why: str) -> Error:
     """The error for a PopTorch API that this simulator cannot provide, naming it and why."""
     return Error(f"{name} is not available in popxl_fx's PopTorch layer: {why}.")
+
+
+def eager_errors(fn: Callable) -> Callable:
+    """``fn`` raising what the model's own code raises as torch raised it: PopTorch runs the
+    model's ops as torch does, so its errors carry no note of popxl_fx's capture."""
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            notes = getattr(exc, "__notes__", None)
+            if notes:
+                exc.__notes__ = [n for n in notes if not n.startswith(EXAMPLE_NOTE)]
+            raise
+
+    return call

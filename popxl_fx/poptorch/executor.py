@@ -11,6 +11,7 @@ to copy.
 from __future__ import annotations
 
 import copy
+import datetime
 from collections import OrderedDict
 from typing import Any
 
@@ -18,13 +19,15 @@ import torch
 from torch import nn
 
 import popxl_fx
-from popxl_fx.inference import InferenceModel
+from popxl_fx.errors import UnsupportedError
 
-from . import batching, blocks, group_norm, optim, optim_map
+from . import batching, blocks, group_norm, optim, optim_attrs, optim_map, optim_state, wrapping
+from .dtypes import ipu_outputs
 from .enums import ConnectionType, OutputMode, ReductionType
-from .errors import Error, unsupported
-from .fx_options import fx_options
+from .errors import Error, eager_errors, unsupported
+from .fx_options import fx_options, implicit_mean_strategy
 from .options import Options
+from .synthetic import SyntheticInputs
 from .wrapper import Wrapped, flat_call
 
 __all__ = ["PoplarExecutor", "registerPostCompileHook", "registerPreCompileHook"]
@@ -68,16 +71,26 @@ class PoplarExecutor:
         if training and optimizer is None:
             optimizer = optim.SGD(self._user_model.parameters(), lr=0.01)  # PopTorch's default
         self._optimizer = optimizer
+        self._attrs = optim_attrs.AttributeTracker(self._options._relax_optimizer_attributes_checks)
+        if training:
+            self._take_optimizer(optimizer, compiled=False)
+            implicit_mean_strategy(self._options, optimizer)
+            wrapping.wrap(self._user_model, self)
         rules = group_norm.rules(self._options._Popart.options)
         self._wrapped = Wrapped(model, training, _loss_factor(self._options, training), rules)
         self._impl = None  # the popxl_fx trainer / inference model, made on compile
         self._attached = False
         self._outputs_supported = True
+        self._synthetic = SyntheticInputs(self._options.random_seed)
 
     # PopTorch's API ----------------------------------------------------------------------
+    @eager_errors
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self._options.connection_type == ConnectionType.Never:
-            raise Error(
+        return ipu_outputs(self._call(*args, **kwargs))
+
+    def _call(self, *args: Any, **kwargs: Any) -> Any:
+        if self._options.connection_type == ConnectionType.Never:  # PopTorch asserts this
+            raise AssertionError(
                 "Trying to run a model on an offline device (ConnectionType.Never): use "
                 "model.compile(inputs) instead of model(inputs)"
             )
@@ -86,16 +99,16 @@ class PoplarExecutor:
         if impl._active is None:  # PopTorch checks its pipeline when it compiles
             self._build(impl, args)
         self._attached = True
+        self._take_loaded_state(impl)
         out = impl(*args)
-        if self._training and not isinstance(impl, InferenceModel):
+        if self._training:
             return self._training_outputs(impl, out)
-        if self._training:  # nothing to train: the forward's (loss, outputs)
-            return batching.select_outputs(out[1], self._options, self._options.device_iterations)
         if self._options.replication_factor > 1:  # one value per replica, as PopTorch
             leaves = self._per_replica(impl.per_replica, impl.options, False)
             return impl._active.lowered.fxm.unflatten(leaves)
         return batching.select_outputs(out, self._options, self._options.device_iterations)
 
+    @eager_errors
     def compile(self, *args: Any, **kwargs: Any) -> None:
         """Build the program for these inputs without running it."""
         args = self._flat_inputs(args, kwargs)
@@ -103,13 +116,39 @@ class PoplarExecutor:
         self._attached = True
 
     def _build(self, impl, args: tuple) -> None:
+        if self._options._Popart.options["instrumentWithHardwareCycleCounter"]:
+            raise Error("Cycle count logging is only supported on actual IPU hardware.")
         for hook in list(_PRE_COMPILE.values()):
             hook()
-        impl.build(*args)
+        start = datetime.datetime.now()
+        try:
+            impl.build(*args)
+        except UnsupportedError as exc:  # PopTorch raises its own error for what won't lower
+            raise Error(str(exc)) from exc
+        self._compilation_time = datetime.datetime.now() - start
+        self._share_optimizer_state(impl)
         self._check_blocks()
         self._check_outputs(impl)
         for hook in list(_POST_COMPILE.values()):
             hook()
+
+    def _share_optimizer_state(self, impl) -> None:
+        """A PopTorch optimizer's ``state_dict`` reads the built program's state from now
+        on (not offline: PopTorch has no device to read it from)."""
+        opt = self._optimizer
+        if not self._training or not isinstance(opt, optim.Optimizer):
+            return
+        if self._options.connection_type == ConnectionType.Never:
+            return
+        names = {id(p): n for n, p in self._user_model.named_parameters()}
+        opt._ipu_reader = lambda: optim_state.read(impl._active, names)
+
+    def _take_loaded_state(self, impl) -> None:
+        opt = self._optimizer
+        if self._training and getattr(opt, "_ipu_loaded", None) is not None:
+            names = {id(p): n for n, p in self._user_model.named_parameters()}
+            loaded, opt._ipu_loaded = opt._ipu_loaded, None
+            optim_state.apply_loaded(loaded, impl._active, names)
 
     def _flat_inputs(self, args: tuple, kwargs: dict) -> tuple:
         """The call's tensors, flat and split by device iteration; a call of another
@@ -119,6 +158,8 @@ class PoplarExecutor:
             if self._wrapped.call is not None:
                 self._impl = None
             self._wrapped.call = call
+        if self._options.enable_synthetic_data:  # the device's own inputs, none from the host
+            tensors = self._synthetic(tuple(tensors))
         args = batching.split_iterations(tuple(tensors), self._options, self._training)
         return batching.replica_major(args, self._options, self._training)
 
@@ -164,9 +205,13 @@ class PoplarExecutor:
         self._attached = True
 
     def destroy(self) -> None:
-        """Drop the compiled programs (the model keeps its trained weights)."""
+        """Drop the compiled programs (the model keeps its trained weights, and its class)."""
+        if not self.isCompiled():
+            return
         self._impl = None
         self._attached = False
+        if self._training:
+            wrapping.unwrap(self._user_model)
 
     def copyWeightsToHost(self) -> None:
         """Nothing to copy: the model's tensors are the program's."""
@@ -196,20 +241,40 @@ class PoplarExecutor:
         raise unsupported("PoplarExecutor.loadExecutable", "there are no Poplar executables")
 
     def cycleCount(self) -> int:
-        raise unsupported(
-            "PoplarExecutor.cycleCount",
-            "it reads hardware counters; report() has the simulator's cycle estimate",
-        )
+        """PopTorch's errors: counting is off, or (on) the model never ran, since a model
+        counting cycles does not compile without hardware (`_build`)."""
+        if not self._options._Popart.options["instrumentWithHardwareCycleCounter"]:
+            raise Error(
+                "Cycle count logging is disabled. Please set option logCycleCount to True to "
+                "enable."
+            )
+        raise Error("Please run the model at least once before obtaining cycle count.")
+
+    def compilationTime(self) -> datetime.timedelta:
+        """How long the last build took (capture, lowering, planning and compiling)."""
+        if not self.isCompiled():
+            raise Error("Please compile the model before obtaining compilation time.")
+        if not self._options._show_compilation_progress_bar:
+            raise Error("Please set showCompilationProgressBar option to obtain compilation time.")
+        return self._compilation_time
 
     def setOptimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Train with ``optimizer`` from the next call (its state and hyper-parameters)."""
         if not self._training:
             raise Error("setOptimizer is only for a trainingModel.")
-        optim_map.torch_view(optimizer)  # refused now, not at the next call
+        compiled = self._impl is not None and self._impl._active is not None
+        self._take_optimizer(optimizer, compiled)
         self._optimizer = optimizer
         # popxl_fx's trainer reads its optimizer's groups and state: a new trainer reads the
         # new optimizer's (the weights are the model's, so nothing else is lost)
         self._impl = None
+
+    def _take_optimizer(self, optimizer: torch.optim.Optimizer, compiled: bool) -> None:
+        """PopTorch's checks of an optimizer (`optim_attrs`), then popxl_fx's refusals."""
+        optim_attrs.warn_if_subclassed(optimizer)
+        optim_attrs.check_accum_strategy(optimizer, self._options, compiled)
+        self._attrs.check(optimizer)
+        optim_map.torch_view(optimizer)  # refused now, not at the next call
 
     @property
     def model(self) -> nn.Module:
@@ -253,13 +318,15 @@ class PoplarExecutor:
         if not self._training:
             self._impl = popxl_fx.inference_model(self._wrapped, fx)
             return self._impl
-        if _nothing_to_train(self._user_model, fx):
-            self._impl = popxl_fx.inference_model(self._wrapped, fx)
-            return self._impl
         view = optim_map.torch_view(self._optimizer)
+        optim_map.check_accum_type(self._optimizer, fx.gradient_accumulation)
         fx = fx.replace(loss_scaling=_loss_scale(self._optimizer, fx))
         outputs = _fetches_outputs(fx)
-        self._impl = popxl_fx.Trainer(self._wrapped, view, None, fx, outputs=outputs)
+        # PopTorch trains a loss that reaches no trainable parameter (PopART has no
+        # gradient to apply): the step runs and updates nothing
+        self._impl = popxl_fx.Trainer(
+            self._wrapped, view, None, fx, outputs=outputs, untrained_ok=True
+        )
         return self._impl
 
     def _training_outputs(self, impl, loss: torch.Tensor) -> Any:
@@ -306,14 +373,6 @@ class PoplarExecutor:
         return loss
 
 
-def _nothing_to_train(model: nn.Module, fx: popxl_fx.Options) -> bool:
-    """No parameter requires grad: PopTorch still runs the training model (its forward, the
-    modules in their own mode, buffers updated), the optimizer having nothing to update.
-    Done as a forward program where no micro-batch or replica loop is asked for."""
-    plain = fx.gradient_accumulation == 1 and fx.replication_factor == 1
-    return plain and not any(p.requires_grad for p in model.parameters())
-
-
 def _fetches_outputs(fx: popxl_fx.Options) -> bool:
     """The step's forward outputs can be fetched: per step, or per micro-batch of the
     accumulation loop (not from phased or batch-serialised steps)."""
@@ -346,6 +405,11 @@ def _frozen_copy(options: Options | None, training: bool) -> Options:
             "Options.Distributed: an executor of popxl_fx's PopTorch layer runs one process "
             f"(not {options.Distributed.numProcesses}); its replicas live in it "
             "(replicationFactor), or run popxl_fx itself under torchrun."
+        )
+    if options.anchored_tensors:
+        raise Error(
+            "Options.anchorTensor reads a tensor by its PopART name; popxl_fx's PopTorch layer "
+            "has no PopART IR, so its tensors have no such names."
         )
     options._freeze()
     options = options.clone()

@@ -21,7 +21,6 @@ __all__ = [
     "cond",
     "ctc_beam_search_decoder",
     "custom_op",
-    "dynamic_slice",
     "for_loop",
     "identity_loss",
     "ipu_print_tensor",
@@ -161,16 +160,6 @@ def _as_list(out) -> list:
     return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
-def dynamic_slice(tensor: torch.Tensor, dim: int, start: torch.Tensor, size: int, step: int):
-    if isinstance(start, torch.fx.Proxy):
-        raise unsupported(
-            "poptorch.dynamic_slice with a start computed in the model",
-            "the start must be known when the model is captured",
-        )
-    begin = int(start)
-    return tensor.narrow(dim, begin, size)[(slice(None),) * dim + (slice(None, None, step),)]
-
-
 def custom_op(
     inputs,
     name: str,
@@ -202,10 +191,28 @@ class CPU:
         self.ID = ID
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._fn(*args, **kwargs)
+        root = _traced_root(args, kwargs)
+        if root is None or not isinstance(self._fn, torch.nn.Module) or _inside(root, self._fn):
+            return self._fn(*args, **kwargs)
+        # a layer the model does not hold (PopTorch runs it on the host): its weights are
+        # constants of the captured program, as they are outside the model's
+        state = {**dict(self._fn.named_parameters()), **dict(self._fn.named_buffers())}
+        state = {name: t.detach() for name, t in state.items()}
+        return torch.func.functional_call(self._fn, state, args, kwargs)
 
     def registerPersistentData(self) -> None:
         pass
+
+
+def _traced_root(args: tuple, kwargs: dict) -> torch.nn.Module | None:
+    """The module torch.fx is tracing, when an argument is one of its proxies."""
+    leaves = torch.utils._pytree.tree_leaves((args, kwargs))
+    proxy = next((x for x in leaves if isinstance(x, torch.fx.Proxy)), None)
+    return None if proxy is None else getattr(proxy.tracer, "root", None)
+
+
+def _inside(root: torch.nn.Module, layer: torch.nn.Module) -> bool:
+    return any(m is layer for m in root.modules())
 
 
 class NameScope:

@@ -9,73 +9,60 @@ scheduler) and the state written back after each step are therefore the same obj
 The IPU arguments: in float32, loss_scaling multiplies the loss and divides the gradients
 before the update, the same update up to rounding (exact for powers of two), so it is run as
 the unscaled update; with a half-precision model it is popxl_fx's static loss scale.
-velocity_scaling likewise scales the momentum and divides it back. Accumulator dtypes other
-than float32, max_grad_norm, AdamW without bias correction, RMSprop and LAMB have no
-equivalent in the simulated update and are refused by name.
+velocity_scaling likewise scales the momentum and divides it back. ``max_grad_norm`` and
+AdamW's ``bias_correction`` are read from the shared param groups by popxl_fx
+(`popxl_fx.optim_clip`, `popxl_fx.optim_groups.adam_hyper`), RMSprop's ``use_tf_variant`` by
+`popxl_fx.optim_rmsprop`; LAMB runs as `popxl_fx.optim_lamb.LAMB`. The momentum dtypes
+(``velocity_accum_type``, ``first/second_order_momentum_accum_type``) are the state's storage
+dtype (`popxl_fx.optim_storage`); ``accum_type`` is checked by `check_accum_type`.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 
+from .. import optim_lamb
 from . import optim
 from .errors import Error
 
-__all__ = ["loss_scaling", "torch_view"]
+__all__ = ["check_accum_type", "loss_scaling", "torch_view"]
 
 _BASES = (
     (optim.SGD, torch.optim.SGD),
     (optim.AdamW, torch.optim.AdamW),
     (optim.Adam, torch.optim.Adam),
-)
-_DTYPE_KEYS = (
-    "accum_type",
-    "velocity_accum_type",
-    "first_order_momentum_accum_type",
-    "second_order_momentum_accum_type",
+    (optim.RMSprop, torch.optim.RMSprop),
+    (optim.LAMB, optim_lamb.LAMB),
+    # subclasses of torch's run as their base class, as PopTorch runs them natively
+    (torch.optim.SGD, torch.optim.SGD),
+    (torch.optim.AdamW, torch.optim.AdamW),
+    (torch.optim.Adam, torch.optim.Adam),
+    (torch.optim.RMSprop, torch.optim.RMSprop),
 )
 
 
 def torch_view(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-    """The torch optimizer sharing ``optimizer``'s groups and state (itself when it is one
-    of torch's own)."""
-    if isinstance(optimizer, (optim.RMSprop, optim.LAMB)) or type(optimizer) in (
-        torch.optim.RMSprop,
-    ):
-        raise Error(
-            f"{type(optimizer).__name__} is not available to a training model in popxl_fx's "
-            "PopTorch layer (its simulated update is not built); use SGD, Adam or AdamW."
-        )
+    """The optimizer popxl_fx builds sharing ``optimizer``'s groups and state (itself when
+    it is one of torch's own)."""
+    if type(optimizer) in {base for _, base in _BASES}:
+        return optimizer
     for poptorch_type, base in _BASES:
         if isinstance(optimizer, poptorch_type):
-            _check_ipu_arguments(optimizer)
             view = base.__new__(base)
             view.__setstate__(optimizer.__getstate__())
             return view
     return optimizer
 
 
-def _check_ipu_arguments(optimizer: optim.Optimizer) -> None:
-    for i, group in enumerate(optimizer.param_groups):
-        for key in _DTYPE_KEYS:
-            dtype = group.get(key)
-            if dtype is not None and dtype != torch.float32:
-                raise Error(
-                    f"{type(optimizer).__name__}({key}={dtype}) (param group {i}): only float32 "
-                    "accumulators are simulated by popxl_fx's PopTorch layer."
-                )
-        if not math.isinf(float(group.get("max_grad_norm", math.inf))):
-            raise Error(
-                f"{type(optimizer).__name__}(max_grad_norm={group['max_grad_norm']}) (param "
-                f"group {i}): gradient clipping is not simulated by popxl_fx's PopTorch layer."
-            )
-        if group.get("bias_correction") is False:
-            raise Error(
-                f"{type(optimizer).__name__}(bias_correction=False) (param group {i}) is not "
-                "simulated by popxl_fx's PopTorch layer; use bias_correction=True."
-            )
+def check_accum_type(optimizer: torch.optim.Optimizer, accumulation: int) -> None:
+    """``accum_type`` is the dtype of PopART's gradient accumulators, which exist only with
+    gradient accumulation; popxl_fx accumulates in float32."""
+    dtype = getattr(optimizer, "accum_type", torch.float32)
+    if dtype != torch.float32 and accumulation > 1:
+        raise Error(
+            f"{type(optimizer).__name__}(accum_type={dtype}) with gradientAccumulation("
+            f"{accumulation}): popxl_fx's PopTorch layer accumulates gradients in float32 only."
+        )
 
 
 def loss_scaling(optimizer: torch.optim.Optimizer) -> float:

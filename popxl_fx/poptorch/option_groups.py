@@ -1,197 +1,228 @@
 """The option groups of `poptorch.Options`: ``Training``, ``Precision``, ``TensorLocations``
-(with `TensorLocationSettings`), ``Jit``, ``_Popart`` and ``Distributed``."""
+(with `TensorLocationSettings`), ``Jit``, ``_Popart`` and ``Distributed``.
+
+Each keeps its values under PopTorch's names (``opts.Training.gradient_accumulation``,
+``opts.TensorLocations.location_weight``); settings that PopTorch hands to PopART go into
+``opts._Popart.options`` under PopART's names, as PopTorch does.
+"""
 
 from __future__ import annotations
 
+import copy
+import os
 from typing import Any
 
 import torch
 
 from . import _notes
 from .enums import MeanReductionStrategy, ReductionType
+from .options_dict import OptionsDict
 
 __all__ = [
-    "DistributedOptions",
-    "JitOptions",
-    "PopartOptions",
-    "PrecisionOptions",
-    "TensorLocationOptions",
     "TensorLocationSettings",
-    "TrainingOptions",
-    "Values",
+    "_DistributedOptions",
+    "_JitOptions",
+    "_PopartOptions",
+    "_PrecisionOptions",
+    "_TensorLocationOptions",
+    "_TrainingOptions",
 ]
 
 
-class Values:
-    """Values kept under PopTorch's attribute names, read back as attributes."""
-
-    def __init__(self, **values: Any) -> None:
-        object.__setattr__(self, "_settings", dict(values))
-
-    def __getattr__(self, name: str) -> Any:
-        values = self.__dict__.get("_settings", {})
-        if name in values:
-            return values[name]
-        raise AttributeError(f"{type(self).__name__} has no option or attribute {name!r}.")
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError(
-            f"set PopTorch options through their setters, not by assigning {name!r}."
-        )
-
-    def _set(self, name: str, value: Any):
-        self._settings[name] = value
-        return self
-
-    def exists(self, name: str) -> bool:
-        return self._settings.get(name) is not None
-
-    def __repr__(self) -> str:
-        inner = ", ".join(f"{k}={v!r}" for k, v in self._settings.items())
-        return f"{type(self).__name__}({inner})"
-
-
-class TrainingOptions(Values):
-    """``opts.Training``: gradient accumulation and how gradients and losses combine."""
+class _PopartOptions:
+    """``opts._Popart``: PopART session options by PopART's names, kept but not applied."""
 
     def __init__(self) -> None:
+        self._is_frozen = False
+        self.options: dict[str, Any] = {}
+        self._store("instrumentWithHardwareCycleCounter", False)
+        self._store("rearrangeAnchorsOnHost", False)
+
+    def _changeFreezeState(self, frozen: bool) -> None:
+        self._is_frozen = frozen
+
+    def __deepcopy__(self, memo: dict) -> _PopartOptions:
+        twin = type(self).__new__(type(self))
+        memo[id(self)] = twin
+        twin._is_frozen = False
+        twin.options = copy.deepcopy(self.options, memo)
+        return twin
+
+    def checkIsFrozen(self, option: str | None = None) -> None:
+        if self._is_frozen:
+            raise AttributeError("Can't modify frozen Options")
+
+    def _store(self, key: str, value: Any) -> _PopartOptions:
+        """What PopTorch's own setters put here (they note for themselves)."""
+        self.checkIsFrozen()
+        self.options[key] = value
+        return self
+
+    def set(self, key: str, value: Any) -> _PopartOptions:
+        _notes.note("Options._Popart.set", "there is no PopART session here")
+        return self._store(key, value)
+
+    def setEngineOptions(self, engine_options: dict) -> _PopartOptions:
+        _notes.note("Options._Popart.setEngineOptions", "there is no Poplar engine here")
+        return self._store("engineOptions", engine_options)
+
+    def setPatterns(self, patterns: dict, level: int = 2) -> _PopartOptions:
+        assert isinstance(level, int)
+        assert isinstance(patterns, dict)
+        _notes.note("Options._Popart.setPatterns", "there are no PopART patterns here")
+        self._store("patterns_level", level)
+        return self._store("patterns", patterns)
+
+    def __repr__(self) -> str:
+        body = ", ".join(f"{k}={v!r}" for k, v in self.options.items())
+        return f"{type(self).__name__}({body})"
+
+
+class _TrainingOptions(OptionsDict):
+    """``opts.Training``: gradient accumulation and how gradients and losses combine."""
+
+    def __init__(self, popart_options: _PopartOptions) -> None:
+        self._popart_options = popart_options
         super().__init__(
             gradient_accumulation=1,
             accumulation_and_replication_reduction_type=ReductionType.Mean,
-            mean_accumulation_and_replication_reduction_strategy=MeanReductionStrategy.Post,
-            auto_loss_scaling=False,
-            convolution_dithering=False,
+            meanAccumulationAndReplicationReductionStrategy=MeanReductionStrategy.Post,
         )
 
-    def gradientAccumulation(self, gradient_accumulation: int) -> TrainingOptions:
+    def gradientAccumulation(self, gradient_accumulation: int) -> _TrainingOptions:
         """Micro-batches whose gradients are combined before each optimizer step."""
         value = gradient_accumulation
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"Training.gradientAccumulation({value!r}): give a positive int.")
-        return self._set("gradient_accumulation", value)
+        self.set(gradient_accumulation=value)
+        return self
 
-    def accumulationAndReplicationReductionType(self, reduction_type) -> TrainingOptions:
+    def accumulationAndReplicationReductionType(self, reduction_type) -> _TrainingOptions:
         """Mean (default) or Sum of the gradients over micro-batches and replicas."""
-        kind = ReductionType(reduction_type)
-        if kind == ReductionType.NoReduction:
+        if not isinstance(reduction_type, ReductionType) or (
+            reduction_type == ReductionType.NoReduction
+        ):
             raise ValueError(
-                "accumulationAndReplicationReductionType: NoReduction is not a valid way to "
-                "combine gradients; use ReductionType.Mean or ReductionType.Sum."
+                "accumulationAndReplicationReductionType must be set to "
+                "poptorch.ReductionType.Mean or poptorch.ReductionType.Sum"
             )
-        return self._set("accumulation_and_replication_reduction_type", kind)
+        self.set(accumulation_and_replication_reduction_type=reduction_type)
+        return self
 
-    def setMeanAccumulationAndReplicationReductionStrategy(self, strategy) -> TrainingOptions:
-        """Running or Post mean: the same numbers here up to rounding (the mean is taken once
-        after the sum, i.e. Post)."""
-        return self._set(
-            "mean_accumulation_and_replication_reduction_strategy", MeanReductionStrategy(strategy)
-        )
+    def setMeanAccumulationAndReplicationReductionStrategy(self, strategy) -> _TrainingOptions:
+        """Running or Post mean: the same numbers here up to rounding."""
+        self.set(meanAccumulationAndReplicationReductionStrategy=MeanReductionStrategy(strategy))
+        return self
 
-    @property
-    def meanAccumulationAndReplicationReductionStrategy(self) -> MeanReductionStrategy:
-        """The strategy set (PopTorch's name for reading it back)."""
-        return self._settings["mean_accumulation_and_replication_reduction_strategy"]
-
-    def setAutomaticLossScaling(self, enabled: bool) -> TrainingOptions:
+    def setAutomaticLossScaling(self, enabled: bool) -> _TrainingOptions:
         if enabled:
             _notes.note(
                 "Training.setAutomaticLossScaling(True)",
                 "float32 needs no loss scale, and half precision runs a static one",
             )
-        return self._set("auto_loss_scaling", bool(enabled))
+        self._popart_options._store("automaticLossScalingSettings.enabled", enabled)
+        return self
 
-    def setConvolutionDithering(self, enabled) -> TrainingOptions:
+    def setConvolutionDithering(self, enabled: bool) -> _TrainingOptions:
         _notes.note("Training.setConvolutionDithering")
-        return self._set("convolution_dithering", enabled)
+        self._popart_options._store("convolutionOptions", {"enableConvDithering": enabled})
+        return self
 
 
-class PrecisionOptions(Values):
-    """``opts.Precision``: partials, stochastic rounding, floating-point exceptions."""
+class _PrecisionOptions(OptionsDict):
+    """``opts.Precision``: partials, stochastic rounding, floating-point exceptions (all
+    PopART settings, kept in ``opts._Popart``)."""
 
-    def __init__(self) -> None:
-        super().__init__(
-            partials_type=None,
-            stochastic_rounding=False,
-            fp_exceptions=False,
-            running_statistics_always_float=False,
-            half_float_casting=None,
-        )
+    def __init__(self, popart_options: _PopartOptions) -> None:
+        self._popart_options = popart_options
+        super().__init__()
 
-    def setPartialsType(self, dtype: torch.dtype) -> PrecisionOptions:
-        if dtype not in (torch.float32, torch.float16, torch.half, torch.float):
-            raise ValueError(f"Precision.setPartialsType({dtype}): give torch.float or torch.half.")
+    def setPartialsType(self, dtype: torch.dtype) -> _PrecisionOptions:
+        names = {torch.float32: "float", torch.float16: "half"}
+        if dtype not in names:
+            raise ValueError(
+                "parameter to setPartialsType should be either torch.float or torch.half"
+            )
         _notes.note(
             "Precision.setPartialsType",
             "the simulator's matmuls and convolutions accumulate as torch's kernels do",
         )
-        return self._set("partials_type", dtype)
+        self._popart_options._store("partialsTypeMatMuls", names[dtype])
+        self._popart_options._store("convolutionOptions", {"partialsType": names[dtype]})
+        return self
 
-    def enableStochasticRounding(self, enabled: bool) -> PrecisionOptions:
+    def enableStochasticRounding(self, enabled: bool) -> _PrecisionOptions:
         if enabled:
             _notes.note(
                 "Precision.enableStochasticRounding(True)",
                 "the simulator rounds to nearest, as torch does, so results stay eager's",
             )
-        return self._set("stochastic_rounding", bool(enabled))
+        self._popart_options._store("enableStochasticRounding", enabled)
+        return self
 
-    def enableFloatingPointExceptions(self, enabled: bool) -> PrecisionOptions:
+    def enableFloatingPointExceptions(self, enabled: bool) -> _PrecisionOptions:
+        assert isinstance(enabled, bool), "enableFloatingPointExceptions needs to be set to a bool"
         _notes.note("Precision.enableFloatingPointExceptions")
-        return self._set("fp_exceptions", bool(enabled))
+        self._popart_options._store("enableFloatingPointChecks", enabled)
+        return self
 
-    def runningStatisticsAlwaysFloat(self, value: bool) -> PrecisionOptions:
+    def runningStatisticsAlwaysFloat(self, value: bool) -> _PrecisionOptions:
+        if not isinstance(value, bool):
+            raise ValueError("runningStatisticsAlwaysFloat needs to be set to a bool")
         _notes.note("Precision.runningStatisticsAlwaysFloat")
-        return self._set("running_statistics_always_float", bool(value))
+        return self
 
-    def halfFloatCasting(self, behaviour) -> PrecisionOptions:
+    def halfFloatCasting(self, behaviour) -> _PrecisionOptions:
         _notes.note("Precision.halfFloatCasting", "half and float mix as torch's promotion says")
-        return self._set("half_float_casting", behaviour)
+        return self
 
 
-class TensorLocationSettings(Values):
+class TensorLocationSettings(OptionsDict):
     """Where one kind of tensor lives: on chip, off chip (Streaming Memory), or sharded
-    over the replicas (replicated tensor sharding)."""
+    over the replicas (replicated tensor sharding); PopART's names, flags as ints."""
 
-    def __init__(self) -> None:
-        super().__init__(on_chip=None, use_replicated_tensor_sharding=None)
+    def _flag(self, name: str, use: bool | None) -> TensorLocationSettings:
+        if use is None:
+            self.deleteIfExists(name)
+            return self
+        assert isinstance(use, bool)
+        return self._set(name, int(use))
 
     def minElementsForOffChip(self, min_elements: int) -> TensorLocationSettings:
-        return self._set("min_elements_off_chip", int(min_elements))
+        assert isinstance(min_elements, int)
+        return self._set("minElementsForOffChip", min_elements)
 
     def minElementsForReplicatedTensorSharding(self, min_elements: int):
-        return self._set("min_elements_rts", int(min_elements))
+        assert isinstance(min_elements, int)
+        return self._set("minElementsForReplicatedTensorSharding", min_elements)
 
     def useOnChipStorage(self, use: bool = True) -> TensorLocationSettings:
-        return self._set("on_chip", bool(use))
+        return self._flag("onChip", use)
 
     def useReplicatedTensorSharding(self, use: bool = True) -> TensorLocationSettings:
-        return self._set("use_replicated_tensor_sharding", bool(use))
+        return self._flag("useReplicatedTensorSharding", use)
 
     def useIOTilesToLoad(self, use: bool = True) -> TensorLocationSettings:
-        return self._set("io_tiles_load", bool(use))
+        return self._flag("useIOTilesToLoad", use)
 
     def useIOTilesToStore(self, use: bool = True) -> TensorLocationSettings:
-        return self._set("io_tiles_store", bool(use))
+        return self._flag("useIOTilesToStore", use)
 
 
-class TensorLocationOptions(Values):
-    """``opts.TensorLocations``: settings per kind of tensor (activations, weights, optimizer
-    state, accumulators)."""
+class _TensorLocationOptions(OptionsDict):
+    """``opts.TensorLocations``: ``location_activation``, ``location_weight``,
+    ``location_optimizer`` and ``location_accumulator``, each a settings dict."""
 
-    def __init__(self) -> None:
-        super().__init__(
-            num_io_tiles=0, activation=None, weight=None, optimizer=None, accumulator=None
-        )
-
-    def numIOTiles(self, num_tiles: int) -> TensorLocationOptions:
+    def numIOTiles(self, num_tiles: int) -> _TensorLocationOptions:
+        assert isinstance(num_tiles, int)
+        why = "numIOTiles must be an even number between 32 and 192."
+        assert 32 <= num_tiles <= 192 and num_tiles % 2 == 0, why
         _notes.note("TensorLocations.numIOTiles", "the simulator plans no tiles")
-        return self._set("num_io_tiles", int(num_tiles))
+        return self._set("numIOTiles", num_tiles)
 
-    def _location(self, kind: str, location: TensorLocationSettings) -> TensorLocationOptions:
-        if not isinstance(location, TensorLocationSettings):
-            raise TypeError(
-                f"give a poptorch.TensorLocationSettings, not {type(location).__name__}."
-            )
-        return self._set(kind, location)
+    def _location(self, kind: str, location: TensorLocationSettings):
+        assert isinstance(location, TensorLocationSettings)
+        return self._set(f"location_{kind}", location.toDict())
 
     def setActivationLocation(self, location: TensorLocationSettings):
         return self._location("activation", location)
@@ -206,55 +237,35 @@ class TensorLocationOptions(Values):
         return self._location("accumulator", location)
 
 
-class JitOptions(Values):
+class _JitOptions(OptionsDict):
     """``opts.Jit``: PopTorch's old tracing front end (only ``traceModel(False)`` here)."""
 
-    def __init__(self) -> None:
-        super().__init__(trace_model=False)
-
-    def traceModel(self, trace_model: bool) -> JitOptions:
+    def traceModel(self, trace_model: bool) -> _JitOptions:
         if trace_model:
             raise ValueError(
-                "Jit.traceModel(True): PopTorch's torch.jit tracing front end is gone (as in "
-                "PopTorch 3); the model is captured with torch.fx here."
+                "options.Jit.traceModel(True) is no longer supported: the model is captured "
+                "with torch.fx here (PopTorch 3 dropped torch.jit tracing too)."
             )
-        return self._set("trace_model", False)
-
-
-class PopartOptions:
-    """``opts._Popart``: PopART session options, kept but not applied (there is no PopART)."""
-
-    def __init__(self) -> None:
-        self.options: dict[str, Any] = {}
-
-    def set(self, key: str, value: Any) -> PopartOptions:
-        _notes.note("Options._Popart.set", "there is no PopART session here")
-        self.options[key] = value
-        return self
-
-    def setEngineOptions(self, engine_options: dict) -> PopartOptions:
-        _notes.note("Options._Popart.setEngineOptions", "there is no Poplar engine here")
-        self.options["engine_options"] = dict(engine_options)
-        return self
-
-    def setPatterns(self, patterns: dict, level: int = 2) -> PopartOptions:
-        _notes.note("Options._Popart.setPatterns", "there are no PopART patterns here")
-        self.options["patterns"] = dict(patterns)
         return self
 
 
-class DistributedOptions(Values):
+class _DistributedOptions(OptionsDict):
     """``opts.Distributed``: the process id and count (data loaders split the dataset by
-    them; executors run one process)."""
+    them; executors run one process). Read from OpenMPI's variables by default."""
 
     def __init__(self) -> None:
-        super().__init__(process_id=0, num_processes=1)
+        super().__init__(num_distributed_processes=1, distributed_process_id=0, ipuof_configs={})
+        self.setEnvVarNames("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK")
 
-    def disable(self) -> DistributedOptions:
-        return self._set("num_processes", 1)
+    def disable(self) -> _DistributedOptions:
+        self.set(num_distributed_processes=1, distributed_process_id=0)
+        return self
 
     def setEnvVarNames(self, var_num_processes: str, var_process_id: str):
-        return self
+        """The process id and count from these environment variables."""
+        return self.configureProcessId(
+            int(os.environ.get(var_process_id, "0")), int(os.environ.get(var_num_processes, "1"))
+        )
 
     def configureProcessId(self, process_id: int, num_processes: int):
         """This process's share: `poptorch.DataLoader` gives it its block of the dataset; an
@@ -264,13 +275,13 @@ class DistributedOptions(Values):
                 f"Distributed.configureProcessId({process_id}, {num_processes}): the process "
                 "id must be in [0, num_processes)."
             )
-        self._set("process_id", process_id)
-        return self._set("num_processes", num_processes)
+        self.set(distributed_process_id=process_id, num_distributed_processes=num_processes)
+        return self
 
     @property
     def processId(self) -> int:
-        return self._settings["process_id"]
+        return self.distributed_process_id
 
     @property
     def numProcesses(self) -> int:
-        return self._settings["num_processes"]
+        return self.num_distributed_processes

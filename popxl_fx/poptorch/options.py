@@ -1,74 +1,94 @@
-"""`poptorch.Options`: PopTorch's option setters, stored, and turned into a `popxl_fx.Options`.
+"""`poptorch.Options`: PopTorch's option setters, stored as PopTorch stores them.
 
-Each setter returns the options (PopTorch chains them) and keeps its value under PopTorch's
-attribute name (``opts.device_iterations``, ``opts.Training.gradient_accumulation``), so code
-that reads them back works. `fx_options` is the one place where they become popxl_fx's
-options; setters that tune only Poplar/PopART are accepted and note once that they do nothing.
+Values live under PopTorch's names (``opts.device_iterations``,
+``opts.Training.gradient_accumulation``, PopART's names in ``opts._Popart.options``), so code
+that reads them back, prints them, copies them or serialises them with `toDict` sees what it
+would under PopTorch. `fx_options` is the one place where they become popxl_fx's options;
+setters that tune only Poplar/PopART are kept and note once that they do nothing here.
 """
 
 from __future__ import annotations
 
 import copy
-import json
+import os
 from typing import Any
 
-import torch
-
 from . import _notes
-from .enums import (
-    ConnectionType,
-    MeanReductionStrategy,
-    OutputMode,
-    ReductionType,
-    SyncPattern,
-)
+from .enums import ConnectionType, MeanReductionStrategy, OutputMode, ReductionType, SyncPattern
 from .errors import Error
+from .option_files import ConfigFileError, from_json, load_from_file
 from .option_groups import (
-    DistributedOptions,
-    JitOptions,
-    PopartOptions,
-    PrecisionOptions,
-    TensorLocationOptions,
-    TrainingOptions,
-    Values,
+    TensorLocationSettings,
+    _DistributedOptions,
+    _JitOptions,
+    _PopartOptions,
+    _PrecisionOptions,
+    _TensorLocationOptions,
+    _TrainingOptions,
 )
+from .options_dict import OptionsDict
 
-__all__ = ["Options"]
+__all__ = [
+    "ConfigFileError",
+    "Options",
+    "TensorLocationSettings",
+    "_DistributedOptions",
+    "_JitOptions",
+    "_PopartOptions",
+    "_PrecisionOptions",
+    "_TensorLocationOptions",
+    "_TrainingOptions",
+]
+
+_GROUPS = ("Distributed", "Jit", "Precision", "TensorLocations", "Training", "_Popart")
 
 
-class Options(Values):
+class Options(OptionsDict):
     """PopTorch's ``poptorch.Options`` (device iterations, replication, accumulation, output
     mode, seed, precision, tensor locations, execution strategy, and the PopART/Poplar
-    settings accepted with a note)."""
+    settings kept with a note). ``POPTORCH_DEFAULT_OPTIONS`` (JSON) presets them."""
 
     def __init__(self) -> None:
-        super().__init__(
-            device_iterations=1,
-            replication_factor=1,
-            output_mode=OutputMode.Default,
-            output_return_period=1,
-            random_seed=None,
-            use_model=False,
-            connection_type=ConnectionType.Always,
-            sync_pattern=SyncPattern.Full,
-            available_memory_proportion={},
-            auto_round_num_ipus=False,
-            enable_synthetic_data=False,
-            log_cycle_count=False,
-            executable_cache_dir="",
-            model_name="",
-            anchored_tensors={},
-            input_group_size=1,
-            broadcast_buffers=True,
-        )
-        object.__setattr__(self, "_frozen", False)
-        object.__setattr__(self, "_execution_strategy", None)
-        object.__setattr__(self, "Training", TrainingOptions())
-        object.__setattr__(self, "Precision", PrecisionOptions())
-        object.__setattr__(self, "TensorLocations", TensorLocationOptions())
-        object.__setattr__(self, "Jit", JitOptions())
-        object.__setattr__(self, "_Popart", PopartOptions())
-        object.__setattr__(self, "Distributed", DistributedOptions())
+        self._popart = _PopartOptions()
+        self._jit = _JitOptions()
+        self._precision = _PrecisionOptions(self._popart)
+        self._training = _TrainingOptions(self._popart)
+        self._distributed = _DistributedOptions()
+        self._tensor_locations = _TensorLocationOptions()
+        self._execution_strategy = None  # PopTorch's default: pipelined (`blocks`)
+        self._source_location_excludes = ["install/poptorch", "site-packages/torch"]
+        self._relax_optimizer_attributes_checks = False
+        self._show_compilation_progress_bar = True
+        self._module_namescope_enabled = True
+        super().__init__(**_defaults())
+        if os.environ.get("POPTORCH_CACHE_DIR"):
+            self.enableExecutableCaching(os.environ["POPTORCH_CACHE_DIR"])
+        self.from_json(os.environ.get("POPTORCH_DEFAULT_OPTIONS", "{}"))
+
+    # the groups ------------------------------------------------------------------------
+    @property
+    def Training(self) -> _TrainingOptions:
+        return self._training
+
+    @property
+    def Precision(self) -> _PrecisionOptions:
+        return self._precision
+
+    @property
+    def TensorLocations(self) -> _TensorLocationOptions:
+        return self._tensor_locations
+
+    @property
+    def Jit(self) -> _JitOptions:
+        return self._jit
+
+    @property
+    def Distributed(self) -> _DistributedOptions:
+        return self._distributed
+
+    @property
+    def _Popart(self) -> _PopartOptions:
+        return self._popart
 
     # the counts --------------------------------------------------------------------------
     def deviceIterations(self, device_iterations: int) -> Options:
@@ -92,13 +112,12 @@ class Options(Values):
         """Which iterations' outputs a call returns (All, Final, EveryN, Sum, Default)."""
         mode = OutputMode(output_mode)
         if mode == OutputMode.EveryN:
-            if output_return_period is None or output_return_period < 1:
-                raise ValueError(
-                    "OutputMode.EveryN needs output_return_period, a positive number of "
-                    "iterations between the outputs returned."
-                )
-        self._set("output_mode", mode)  # a period given with another mode is not used
-        return self._set("output_return_period", output_return_period or 1)
+            assert output_return_period and output_return_period > 0, (
+                "EveryN anchor must have output_return_period set to valid positive integer"
+            )
+        # a period given with another mode is not used, as in PopTorch
+        self.set(output_mode=mode, output_return_period=output_return_period or 1)
+        return self
 
     anchorMode = outputMode  # PopTorch's older name
 
@@ -107,10 +126,11 @@ class Options(Values):
         return self.output_mode == OutputMode.Default
 
     def anchorTensor(self, short_name: str, long_name: str, output_mode=None, period=1):
-        raise Error(
-            "Options.anchorTensor reads a tensor by its PopART name; popxl_fx's PopTorch layer "
-            "has no PopART IR, so its tensors have no such names."
-        )
+        """Kept, as PopTorch keeps it; an executor refuses it (PopART tensor names)."""
+        if output_mode != OutputMode.EveryN:
+            period = 1
+        self.checkIsFrozen()
+        self.anchored_tensors[short_name] = [long_name, output_mode is None, output_mode, period]
 
     # the device -------------------------------------------------------------------------
     def useIpuModel(self, use_model: bool) -> Options:
@@ -124,11 +144,22 @@ class Options(Values):
             raise ValueError(f"randomSeed({random_seed!r}): give an int.")
         return self._set("random_seed", random_seed)
 
+    @property
+    def random_seed(self) -> int | None:
+        """The seed set (None: not set; PopTorch adds the option only when it is set)."""
+        return self._values.get("random_seed")
+
     def setAvailableMemoryProportion(self, available_memory_proportion: dict) -> Options:
         if not isinstance(available_memory_proportion, dict):
             raise ValueError("setAvailableMemoryProportion takes a dict such as {'IPU0': 0.3}.")
+        for key in available_memory_proportion:
+            assert key.startswith("IPU"), (
+                'Available memory proportions are expected to be in a dictionary of {"IPU0": '
+                f"0.5}} where the 0 in IPU is the index of the IPU. Invalid key: {key}"
+            )
         _notes.note("Options.setAvailableMemoryProportion", "the simulator plans no tiles")
-        return self._set("available_memory_proportion", dict(available_memory_proportion))
+        by_ipu = {int(k[3:]): v for k, v in available_memory_proportion.items()}
+        return self._set("available_memory_proportion", by_ipu)
 
     def setExecutionStrategy(self, strategy) -> Options:
         """Pipelined, Sharded or Phased execution of the model's blocks (`blocks`)."""
@@ -139,120 +170,172 @@ class Options(Values):
                 "setExecutionStrategy takes poptorch.PipelinedExecution, ShardedExecution, "
                 f"SerialPhasedExecution or ParallelPhasedExecution, not {type(strategy).__name__}."
             )
-        self._check_not_frozen()
-        object.__setattr__(self, "_execution_strategy", strategy)
+        self._execution_strategy = strategy
         return self
 
     def autoRoundNumIPUs(self, auto_round_num_ipus: bool = True) -> Options:
-        return self._set("auto_round_num_ipus", bool(auto_round_num_ipus))
+        return self._set("auto_round_num_ipus", auto_round_num_ipus)
 
     def connectionType(self, connection_type: ConnectionType) -> Options:
-        return self._set("connection_type", ConnectionType(connection_type))
+        assert isinstance(connection_type, ConnectionType)
+        return self._set("connection_type", connection_type)
 
     def syncPattern(self, sync_pattern: SyncPattern) -> Options:
-        return self._set("sync_pattern", SyncPattern(sync_pattern))
+        assert isinstance(sync_pattern, SyncPattern)
+        return self._set("sync_pattern", sync_pattern)
+
+    def useIpuId(self, ipu_id: int) -> Options:
+        assert isinstance(ipu_id, int)
+        _notes.note("Options.useIpuId", "there is one simulated device")
+        return self._set("ipu_id", ipu_id)
 
     def useOfflineIpuTarget(self, ipu_version: int = 2) -> Options:
-        _notes.note("Options.useOfflineIpuTarget", "the simulator always compiles offline")
-        return self._set("connection_type", ConnectionType.Never)
+        """Compile only: a call raises PopTorch's offline-device error."""
+        self.connectionType(ConnectionType.Never)
+        return self._set("ipu_version", ipu_version)
 
     def enableSyntheticData(self, enabled: bool) -> Options:
-        if enabled:
-            raise Error(
-                "Options.enableSyntheticData(True) makes PopTorch skip the host transfers and "
-                "return no real outputs; popxl_fx's PopTorch layer always streams the data."
-            )
-        return self._set("enable_synthetic_data", False)
+        self._popart._store("syntheticDataMode", 2 if enabled else 0)  # RandomNormal / Off
+        return self
 
-    # accepted, with a note --------------------------------------------------------------
-    def enableExecutableCaching(self, path: str) -> Options:
-        _notes.note("Options.enableExecutableCaching", "programs are cached in the process")
-        return self._set("executable_cache_dir", path)
+    @property
+    def enable_synthetic_data(self) -> bool:
+        return self._popart.options.get("syntheticDataMode", 0) == 2
 
-    def logCycleCount(self, log_cycle_count: bool) -> Options:
-        _notes.note("Options.logCycleCount", "read the estimate from the executor's report()")
-        return self._set("log_cycle_count", bool(log_cycle_count))
+    def broadcastBuffers(self, broadcast_buffers: bool = True) -> Options:
+        return self._set("broadcast_buffers", broadcast_buffers)
 
     def modelName(self, name: str) -> Options:
         return self._set("model_name", name)
 
-    def broadcastBuffers(self, broadcast_buffers: bool = True) -> Options:
-        return self._set("broadcast_buffers", bool(broadcast_buffers))
+    # kept, with a note ------------------------------------------------------------------
+    def enableExecutableCaching(self, path: str | None) -> Options:
+        _notes.note("Options.enableExecutableCaching", "programs are cached in the process")
+        if path is not None:
+            self._popart._store("cachePath", path)
+        self._popart._store("enableEngineCaching", path is not None)
+        return self
 
-    def _accepted(self, name: str, why: str | None = None):
-        def setter(*args, **kwargs) -> Options:
-            _notes.note(f"Options.{name}", *(() if why is None else (why,)))
-            return self
+    def logCycleCount(self, log_cycle_count: bool) -> Options:
+        _notes.note("Options.logCycleCount", "read the estimate from the executor's report()")
+        self._popart._store("instrumentWithHardwareCycleCounter", log_cycle_count)
+        return self
 
-        return setter
+    def logDir(self, log_dir: str) -> Options:
+        _notes.note("Options.logDir", "there are no PopART/Poplar logs to write")
+        return self._set("log_dir", log_dir)
 
-    def __getattr__(self, name: str) -> Any:
-        if name in _ACCEPTED:
-            return self._accepted(name, _ACCEPTED[name])
-        return super().__getattr__(name)
+    def maxRepeatLogs(self, max_lines: int | None) -> Options:
+        return self._set("max_repeat_logs", (1 << 64) - 1 if max_lines is None else max_lines)
 
-    # PopTorch's bookkeeping -------------------------------------------------------------
-    def _freeze(self) -> None:
-        object.__setattr__(self, "_frozen", True)
+    def enableStableNorm(self, enabled: bool) -> Options:
+        _notes.note("Options.enableStableNorm", "the norms are torch's")
+        self._popart._store("enableStableNorm", enabled)
+        return self
 
-    def _check_not_frozen(self) -> None:
-        if self._frozen:
-            raise AttributeError(
-                "These options are frozen: they belong to a compiled PopTorch model; call "
-                "opts.clone() and change the copy."
-            )
+    def enableProfiling(self, profile_dir: str | None = None) -> Options:
+        _notes.note("Options.enableProfiling", "read the simulator's report() instead")
+        engine = dict(self._popart.options.get("engineOptions", {}))
+        engine.update({"debug.allowOutOfMemory": "true", "autoReport.all": "true"})
+        engine["autoReport.directory"] = profile_dir or "."
+        self._popart._store("engineOptions", engine)
+        return self
 
-    def _set(self, name: str, value: Any) -> Options:
-        self._check_not_frozen()
-        return super()._set(name, value)
+    def updatableNamedBuffers(self, buffers: list) -> Options:
+        self._popart._store("updatableNamedBuffers", buffers)
+        return self
+
+    def showCompilationProgressBar(self, show: bool = True) -> Options:
+        self._show_compilation_progress_bar = show
+        return self
+
+    def relaxOptimizerAttributesChecks(self, relax: bool = True) -> Options:
+        self._relax_optimizer_attributes_checks = relax
+        return self
+
+    def disableModuleNamescope(self) -> Options:
+        self._module_namescope_enabled = False
+        return self
+
+    def sourceLocationExcludes(self, excludes: list) -> Options:
+        self._source_location_excludes = list(excludes)
+        return self
+
+    def appendToLocationExcludes(self, *excludes: str) -> Options:
+        self._source_location_excludes += excludes
+        return self
+
+    # files and serialisation ------------------------------------------------------------
+    def loadFromFile(self, filepath: str) -> Options:
+        """Run each line of ``filepath`` as a setter call (``deviceIterations(2)``)."""
+        load_from_file(self, filepath)
+        return self
+
+    def from_json(self, string: str) -> Options:
+        """Call the setters named by a JSON object's keys (``"Training.gradientAccumulation"``)
+        with its values (a list is spread into the arguments)."""
+        from_json(self, string)
+        return self
+
+    def toDict(self) -> dict[str, Any]:
+        """Every option in one dict, as PopTorch hands them to its C++ backend."""
+        assert not self.defaultOutputMode(), "An output mode must be picked before serialisation"
+        out = _backend_options(self._execution_strategy)
+        out.update(self._popart.options)
+        for group in (self, self._training, self._distributed, self._tensor_locations):
+            out = OptionsDict.update(group, out)
+        if self._show_compilation_progress_bar:
+            out["compilation_progress_bar_fn"] = _no_progress_bar
+        return out
 
     def clone(self) -> Options:
         """An unfrozen deep copy."""
-        twin = copy.deepcopy(self)
-        object.__setattr__(twin, "_frozen", False)
-        return twin
+        return copy.deepcopy(self)
 
-    def toDict(self) -> dict[str, Any]:
-        """The values set, PopTorch-style (for logging)."""
-        out = dict(self._settings)
-        for group in ("Training", "Precision", "TensorLocations", "Distributed"):
-            out.update({f"{group}.{k}": v for k, v in getattr(self, group)._settings.items()})
-        return out
+    def __repr__(self) -> str:
+        values = [f"{k}={v!r}" for k, v in self._values.items()]
+        groups = [f"{name}={getattr(self, name)!r}" for name in _GROUPS]
+        return f"Options({', '.join(values + groups)})"
 
-    def from_json(self, string: str) -> None:
-        for key, value in json.loads(string).items():
-            self._settings[key] = value
-
-    # the mapping ------------------------------------------------------------------------
-    @property
-    def effective_output_mode(self) -> OutputMode:
-        return self.output_mode
+    # read by popxl_fx's mapping ----------------------------------------------------------
+    def _get(self, name: str, default: Any = None) -> Any:
+        return self._values.get(name, default)
 
     def reduction(self) -> ReductionType:
         return self.Training.accumulation_and_replication_reduction_type
 
     def mean_strategy(self) -> MeanReductionStrategy:
-        return self.Training.mean_accumulation_and_replication_reduction_strategy
-
-    def partials_type(self) -> torch.dtype | None:
-        return self.Precision.partials_type
+        return self.Training.meanAccumulationAndReplicationReductionStrategy
 
 
-# setters that tune only PopART/Poplar (or the log): accepted with a once-only note
-_ACCEPTED = {
-    "sourceLocationExcludes": "it filters PopART's debug locations",
-    "appendToLocationExcludes": "it filters PopART's debug locations",
-    "showCompilationProgressBar": None,
-    "relaxOptimizerAttributesChecks": None,
-    "logDir": None,
-    "maxRepeatLogs": None,
-    "enableStableNorm": None,
-    "enableProfiling": "read the simulator's report() instead",
-    "disableModuleNamescope": None,
-    "updatableNamedBuffers": None,
-    "useIpuId": "there is one simulated device",
-    "loadFromFile": None,
-}
+def _defaults() -> dict[str, Any]:
+    from .enums import CommGroupType
+
+    return dict(
+        replication_factor=1,
+        input_group_size=1,
+        input_cgt=CommGroupType.Consecutive,
+        broadcast_buffers=True,
+        device_iterations=1,
+        log_dir=".",
+        max_repeat_logs=4,
+        auto_round_num_ipus=False,
+        anchored_tensors={},
+        output_mode=OutputMode.Default,
+        output_return_period=1,
+        connection_type=ConnectionType.Always,
+        sync_pattern=SyncPattern.Full,
+        available_memory_proportion={},
+    )
+
+
+def _backend_options(strategy) -> dict[str, Any]:
+    """PopTorch's execution-mode entries (0 pipelined, the default; 1 sharded; 2 phased)."""
+    return {"execution_mode": 0} if strategy is None else strategy.backendOptions()
+
+
+def _no_progress_bar(progress: int, total: int) -> None:
+    """PopTorch shows Poplar's compilation progress here; the simulator reports none."""
 
 
 def _count(name: str, value: object) -> int:
