@@ -163,8 +163,9 @@ class CaptureTracer(RootCalls, fx.Tracer):
             return self.adopt(m, forward, args, kwargs)
         self._paths.append(path)
         try:
-            if trace_through(m, args, kwargs):  # a front end's rule (`capture_watch`)
-                return forward(*args, **kwargs)
+            through = trace_through(m, args, kwargs)  # a front end's rule (`capture_watch`)
+            if through is not None:
+                return through(forward, *args, **kwargs)
             return super().call_module(m, forward, args, kwargs)
         finally:
             self._paths.pop()

@@ -26,8 +26,9 @@ class Rule(Protocol):
     def call_args(self, tracer: fx.Tracer, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """The arguments a function or method call is traced with."""
 
-    def trace_through(self, module: nn.Module, args: tuple, kwargs: dict) -> bool:
-        """Whether this call of a leaf module is traced through (its functional calls)."""
+    def trace_through(self, module: nn.Module, args: tuple, kwargs: dict) -> Callable | None:
+        """What this call of a leaf module is traced as instead of one node: a function
+        ``(forward, *args, **kwargs)`` (``forward`` runs the module's own code), or None."""
 
 
 @contextlib.contextmanager
@@ -65,6 +66,10 @@ def call_args(tracer: fx.Tracer, args: tuple, kwargs: dict) -> tuple[tuple, dict
     return args, kwargs
 
 
-def trace_through(module: nn.Module, args: tuple, kwargs: dict) -> bool:
-    """Whether a rule traces this leaf module's call through."""
-    return any(rule.trace_through(module, args, kwargs) for rule in list(_RULES))
+def trace_through(module: nn.Module, args: tuple, kwargs: dict) -> Callable | None:
+    """The first rule's function to trace this leaf module's call through, or None."""
+    for rule in list(_RULES):
+        through = rule.trace_through(module, args, kwargs)
+        if through is not None:
+            return through
+    return None

@@ -1,9 +1,11 @@
-"""cumprod, cumsum(out=) and eval RReLU lowerings against torch (torch's own kernels:
+"""cumprod, cumsum(out=), eval RReLU and batch norm lowerings against torch (torch's own kernels:
 tolerance 0)."""
 
 import pytest
 import torch
 from torch import nn
+
+import popxl_fx
 
 from .fx_cases import Fn, randn
 from .fx_harness import check_lowering
@@ -55,3 +57,26 @@ def test_batch_norm_half_input_float_parameters_is_eagers_mixed_kernel():
     torch.manual_seed(0)
     bn = nn.Sequential(nn.BatchNorm1d(6))
     check_lowering(bn, randn(8, 6).half(), rtol=0.0, atol=0.0, grad=False)
+
+
+class _Accumulates(nn.Module):
+    """Updates a tensor it makes in forward in place (PopTorch's norm-in-loop test): a new
+    tensor every call, so no hidden state."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.e = nn.Parameter(torch.randn(4, 3))
+
+    def forward(self, x):
+        total = torch.zeros(4)
+        for _ in range(3):
+            total += torch.norm(self.e * x, dim=-1)
+        return total
+
+
+def test_inplace_update_of_a_tensor_made_in_forward_is_no_hidden_state():
+    torch.manual_seed(0)
+    model, x = _Accumulates(), torch.randn(4, 3)
+    run = popxl_fx.inference_model(model)
+    for _ in range(2):  # the constant the program reads stays zeros
+        assert torch.equal(run(x), model(x).detach())

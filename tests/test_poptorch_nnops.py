@@ -126,3 +126,56 @@ def test_half_activations_train_float32_master_weights():
     assert out.dtype == loss.dtype == torch.float16 and model.fc.weight.dtype == torch.float32
     assert torch.equal(model.fc.weight.detach(), want_w)
     assert torch.equal(model.fc.bias.detach(), want_b)
+
+
+class _FrozenBn(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.bn = nn.BatchNorm1d(6)
+        for p in self.parameters():
+            p.requires_grad = False
+
+    def forward(self, x, target):
+        y = self.bn(x)
+        return y, nn.functional.mse_loss(y, target)
+
+
+@pytest.mark.parametrize("train_mode", [False, True])
+def test_training_model_with_nothing_to_train_runs_its_forward(train_mode):
+    """PopTorch runs it (eager's backward would raise): the outputs and running statistics
+    are eager's forward's."""
+    import copy
+
+    torch.manual_seed(0)
+    model = _FrozenBn().train(train_mode)
+    eager = copy.deepcopy(model)
+    x, t = torch.randn(8, 6), torch.randn(8, 6)
+    out, loss = poptorch.trainingModel(model)(x, t)
+    want_out, want_loss = eager(x, t)
+    assert torch.equal(out, want_out) and torch.equal(loss, want_loss)
+    assert torch.equal(model.bn.running_mean, eager.bn.running_mean)
+    assert torch.equal(model.bn.running_var, eager.bn.running_var)
+
+
+def _strided_reference(m: nn.GroupNorm, x: torch.Tensor) -> torch.Tensor:
+    """Group g holds channels g, g + G, g + 2G, ...: each normalised on its own."""
+    out = torch.empty_like(x)
+    for g in range(m.num_groups):
+        idx = torch.arange(g, x.shape[1], m.num_groups)
+        out[:, idx] = nn.functional.group_norm(x[:, idx], 1, eps=m.eps)
+    shape = (1, -1) + (1,) * (x.dim() - 2)
+    return out * m.weight.reshape(shape) + m.bias.reshape(shape)
+
+
+def test_popart_strided_channel_grouping_groups_channels_modulo_groups():
+    torch.manual_seed(0)
+    gn = nn.GroupNorm(3, 12)
+    nn.init.normal_(gn.weight), nn.init.normal_(gn.bias)
+    x = torch.randn(2, 12, 5)
+    opts = poptorch.Options()
+    opts._Popart.set("groupNormStridedChannelGrouping", True)
+    got = poptorch.inferenceModel(gn, opts)(x)
+    want = _strided_reference(gn, x).detach()
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(got, gn(x), rtol=1e-2, atol=1e-2)  # torch groups contiguously
+    assert torch.equal(poptorch.inferenceModel(gn)(x), gn(x).detach())  # without the option

@@ -20,7 +20,17 @@ from torch import nn
 
 import popxl_fx
 
-from . import _logging, batching, blocks, optim, optim_attrs, optim_map, optim_state, wrapping
+from . import (
+    _logging,
+    batching,
+    blocks,
+    group_norm,
+    optim,
+    optim_attrs,
+    optim_map,
+    optim_state,
+    wrapping,
+)
 from .build_checks import checked_build
 from .dtypes import ipu_outputs
 from .enums import ConnectionType, OutputMode, ReductionType
@@ -76,7 +86,8 @@ class PoplarExecutor:
         if training:
             self._take_optimizer(optimizer, compiled=False)
             wrapping.wrap(self._user_model, self)
-        self._wrapped = Wrapped(model, training, _loss_factor(self._options, training))
+        rules = group_norm.rules(self._options._Popart.options)
+        self._wrapped = Wrapped(model, training, _loss_factor(self._options, training), rules)
         self._impl = None  # the popxl_fx trainer / inference model, made on compile
         self._attached = False
         self._outputs_supported = True

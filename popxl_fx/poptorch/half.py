@@ -14,6 +14,8 @@ through to their functional call, so the rule sees the parameters there.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
@@ -59,9 +61,13 @@ class ParamsFollowActivations:
 
         return pytree.tree_map(follow, (args, kwargs))
 
-    def trace_through(self, module: nn.Module, args: tuple, kwargs: dict) -> bool:
+    def trace_through(self, module: nn.Module, args: tuple, kwargs: dict) -> Callable | None:
         if not isinstance(module, _THROUGH):
-            return False
+            return None
         dtype = _activation_dtype(pytree.tree_leaves((args, kwargs)))
         own = [p for p in module.parameters(recurse=False) if p.is_floating_point()]
-        return dtype is not None and any(p.dtype != dtype for p in own)
+        return _own_code if dtype is not None and any(p.dtype != dtype for p in own) else None
+
+
+def _own_code(forward: Callable, *args, **kwargs):
+    return forward(*args, **kwargs)

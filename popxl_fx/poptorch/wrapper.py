@@ -78,8 +78,11 @@ def _leaf(x: Any, given) -> Any:
 class Wrapped(nn.Module):
     """``model`` run inside a `marks.recording`; ``training``: also pick the loss."""
 
-    def __init__(self, model: nn.Module, training: bool, loss_factor: float = 1.0) -> None:
+    def __init__(
+        self, model: nn.Module, training: bool, loss_factor: float = 1.0, rules: tuple = ()
+    ) -> None:
         super().__init__()
+        self.rules = (_HALF_RULE, *rules)  # `popxl_fx.capture_watch` rules of the trace
         self.model = model
         self.for_training = training
         self.loss_factor = loss_factor  # Sum reduction: micro-batches x replicas
@@ -94,9 +97,11 @@ class Wrapped(nn.Module):
         with (
             marks.recording() as seen,
             _no_distribution_checks(),
-            ruling(_HALF_RULE),
             watching(check_static_size),
+            contextlib.ExitStack() as rules,
         ):
+            for rule in self.rules:
+                rules.enter_context(ruling(rule))
             out = self.model(*args, **kwargs)
         self.blocks = list(seen.blocks)
         check_refused(out)  # what PopTorch would not compile
