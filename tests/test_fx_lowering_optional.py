@@ -54,9 +54,12 @@ def test_torchvision_stochastic_depth_traces_in_a_child_module(first_use):
         def __init__(self):
             super().__init__()
             self.fc = torch.nn.Linear(3, 3)
+            # its forward calls the module global torchvision wraps for torch.fx (a call of
+            # torchvision.ops.stochastic_depth from user code is traced through instead)
+            self.drop = torchvision.ops.StochasticDepth(0.25, "row")
 
         def forward(self, x):
-            return torchvision.ops.stochastic_depth(self.fc(x), 0.25, "row", True)
+            return self.drop(self.fc(x))
 
     ir = popxl.Ir()
     with ir.main_graph:
