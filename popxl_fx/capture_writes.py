@@ -66,6 +66,10 @@ def note_write(tracer: fx.Tracer, proxy: Any, args: tuple, kwargs: dict) -> None
         tracer.written_tensors[id(plain)] = (plain, target)
 
 
+def _any_proxy(values: list) -> bool:
+    return any(isinstance(v, fx.Proxy) for v in values)
+
+
 def _storage(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr() if t.layout == torch.strided else 0
 
@@ -85,13 +89,18 @@ class _FollowWrites(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None):
         kwargs = kwargs or {}
-        if not _followed(self.tracer) or getattr(self.tracer, "_evaluating", False):
+        tracer = self.tracer  # the common case first, cheaply: nothing followed yet
+        if not (tracer.written_tensors or getattr(tracer, "drawn_tensors", None)):
+            return func(*args, **kwargs)
+        if getattr(tracer, "_evaluating", False):  # an example value, on copies
             return func(*args, **kwargs)
         swapped = pytree.tree_map(self._swap, (args, kwargs))
-        before = pytree.tree_leaves((args, kwargs))
-        if all(a is b for a, b in zip(pytree.tree_leaves(swapped), before)):
+        leaves = pytree.tree_leaves(swapped)
+        if getattr(func, "__name__", "") == "__setitem__" and _any_proxy(leaves):
+            return self._assign(args[0], *swapped[0])  # also a traced value into a plain one
+        if all(a is b for a, b in zip(leaves, pytree.tree_leaves((args, kwargs)))):
             return func(*args, **kwargs)
-        return self._traced(func, args, *swapped)
+        return self._traced(func, *swapped)
 
     def _swap(self, value: Any) -> Any:
         if not _plain(value) or isinstance(value, fx.Proxy):
@@ -109,18 +118,22 @@ class _FollowWrites(TorchFunctionMode):
             self.tracer.record(None, STALE_READ, "a tensor sharing memory with one a traced "
                                "call wrote into is read by untraced code", _STALE_HINT)  # fmt: skip
 
-    def _traced(self, func: Any, plain_args: tuple, args: tuple, kwargs: dict) -> Any:
+    def _traced(self, func: Any, args: tuple, kwargs: dict) -> Any:
         name = getattr(func, "__name__", "")
         if name == "__get__":  # a property (``buf.T``, ``buf.shape``): the proxy's
             return getattr(args[0], func.__self__.__name__)
-        if name == "__setitem__":  # ``buf[i] = v``: the node of the assignment from now on
-            proxy = args[0]
-            proxy[args[1]] = args[2]
-            self.tracer.written_tensors[id(plain_args[0])] = (plain_args[0], proxy.node)
-            return None
         if is_tensor_method_or_property(func):  # the method (or operator) of args[0]
             return getattr(args[0], name)(*args[1:], **kwargs)
         return func(*args, **kwargs)
+
+    def _assign(self, plain: torch.Tensor, target: Any, index: Any, value: Any) -> None:
+        """``plain[index] = value`` (``target`` is ``plain`` swapped), traced: ``plain``
+        is followed as the assignment's node from now on (`capture_calls.assign_item`)."""
+        if not isinstance(target, fx.Proxy):  # a plain tensor given a followed one's value
+            target = self.tracer.proxy(self.tracer.create_arg(plain))
+        target[index] = value
+        if not isinstance(plain, fx.Proxy):
+            self.tracer.written_tensors[id(plain)] = (plain, target.node)
 
 
 @contextlib.contextmanager

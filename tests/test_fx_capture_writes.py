@@ -12,6 +12,7 @@ from torch import nn
 import popxl_fx
 from popxl_fx.capture import capture
 from popxl_fx.capture_writes import STALE_READ
+from popxl_fx.errors import UnsupportedError
 
 _INPUTS = (torch.tensor([1.5, 2.25, -7.0, 0.5]), torch.tensor([-3.0, 0.75, 4.5, 10.0]))
 
@@ -47,6 +48,16 @@ class SetItemAfterWrite(nn.Module):
         return buf * 1.5, buf.T  # an operator and a property
 
 
+class PlainTakesWritten(nn.Module):
+    def forward(self, x):
+        other, more = torch.ones(x.shape), torch.full(x.shape, 2.0)
+        buf = torch.zeros(x.shape)
+        buf.add_(x)
+        other.add_(buf)  # an untraced tensor updated with the written one: followed too
+        more[1:3] = buf[0:2]  # and one assigned from it
+        return other * 2, more - 1, torch.stack([buf.detach(), x]) + other
+
+
 class DrawnThenEager(nn.Module):
     def forward(self, x):
         noise = torch.empty(x.shape)
@@ -70,7 +81,7 @@ def _same(got, want) -> None:
 
 
 @pytest.mark.parametrize(
-    "model", [OutThenEager, OutThenTraced, InPlaceThenEager, SetItemAfterWrite]
+    "model", [OutThenEager, OutThenTraced, InPlaceThenEager, SetItemAfterWrite, PlainTakesWritten]
 )
 def test_written_tensor_reads_as_the_write(model):
     infer = popxl_fx.inference_model(model(), popxl_fx.Options(device="cpu"))
@@ -93,3 +104,5 @@ def test_view_taken_before_the_write_is_reported():
     issues = capture(ViewBeforeWrite(), (_INPUTS[0],)).issues
     stale = [i for i in issues if i.kind == STALE_READ]
     assert len(stale) == 1 and "test_fx_capture_writes.py" in stale[0].source
+    with pytest.raises(UnsupportedError, match=STALE_READ):
+        popxl_fx.inference_model(ViewBeforeWrite(), popxl_fx.Options(device="cpu"))(_INPUTS[0])
