@@ -41,7 +41,8 @@ _STALE_HINT = (
 
 
 def _plain(value: Any) -> bool:
-    return isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter)
+    """A real tensor that is not a parameter: a proxy or a parameter is traced already."""
+    return isinstance(value, torch.Tensor) and not isinstance(value, (nn.Parameter, fx.Proxy))
 
 
 def written_node(tracer: fx.Tracer, value: Any) -> fx.Node | None:
@@ -62,8 +63,9 @@ def note_write(tracer: fx.Tracer, proxy: Any, args: tuple, kwargs: dict) -> None
     target, plain = out_target(node), kwargs.get("out")
     if target is None:
         target, plain = mutated_input(node, None), args[0] if args else None
-    if target is not None and _plain(plain) and not isinstance(plain, fx.Proxy):
-        tracer.written_tensors[id(plain)] = (plain, target)
+    table = getattr(tracer, "written_tensors", None)  # None: outside `plain_writes_recorded`
+    if table is not None and target is not None and _plain(plain):
+        table[id(plain)] = (plain, target)
 
 
 def _any_proxy(values: list) -> bool:
@@ -103,7 +105,7 @@ class _FollowWrites(TorchFunctionMode):
         return self._traced(func, *swapped)
 
     def _swap(self, value: Any) -> Any:
-        if not _plain(value) or isinstance(value, fx.Proxy):
+        if not _plain(value):
             return value
         node = written_node(self.tracer, value)
         if node is not None:
