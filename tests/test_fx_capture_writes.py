@@ -13,6 +13,7 @@ import popxl_fx
 from popxl_fx.capture import capture
 from popxl_fx.capture_writes import STALE_READ
 from popxl_fx.errors import UnsupportedError
+from popxl_fx.testing import assert_matches_eager
 
 _INPUTS = (torch.tensor([1.5, 2.25, -7.0, 0.5]), torch.tensor([-3.0, 0.75, 4.5, 10.0]))
 
@@ -58,6 +59,17 @@ class PlainTakesWritten(nn.Module):
         return other * 2, more - 1, torch.stack([buf.detach(), x]) + other
 
 
+class TrainedThroughWrite(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        buf = torch.zeros(x.shape)
+        buf.add_(self.lin(x))  # the gradient reaches lin through the eager ``buf * buf``
+        return (buf * buf).mean()
+
+
 class DrawnThenEager(nn.Module):
     def forward(self, x):
         noise = torch.empty(x.shape)
@@ -87,6 +99,15 @@ def test_written_tensor_reads_as_the_write(model):
     infer = popxl_fx.inference_model(model(), popxl_fx.Options(device="cpu"))
     for x in _INPUTS:
         _same(infer(x), model()(x))
+
+
+def test_training_through_a_written_tensor_is_eagers():
+    torch.manual_seed(0)
+    errors = assert_matches_eager(
+        TrainedThroughWrite(), torch.randn(3, 4), options=popxl_fx.Options(device="cpu"),
+        rtol=0, atol=0,
+    )  # fmt: skip
+    assert errors["loss"] == 0.0 and errors["gradients"] == 0.0
 
 
 def test_drawn_tensor_read_by_eager_code_draws_each_call():
