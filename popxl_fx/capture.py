@@ -30,9 +30,9 @@ from torch.nn.utils.parametrize import is_parametrized
 from .calls import POSITIONAL, Binding
 from .capture_calls import RootCalls, static_index
 from .capture_proxy import CaptureProxy, describe
-from .capture_random import drawn_node
 from .capture_state import preserved, trace_graph, trace_module
 from .capture_watch import call_args, notify, trace_through
+from .capture_writes import note_write, written_node
 from .errors import Issue, user_frame, user_stack
 from .guards import data_check, find_guard
 from .inplace import is_made_constant
@@ -180,9 +180,9 @@ class CaptureTracer(RootCalls, fx.Tracer):
         return CaptureProxy(node, self)
 
     def create_arg(self, a: Any) -> Any:
-        # a plain tensor drawn into in place is the node that drew (`capture_random`)
-        drawn = drawn_node(self, a) if isinstance(a, torch.Tensor) else None
-        return drawn if drawn is not None else super().create_arg(a)
+        # a plain tensor a traced call wrote or drew into reads as its node (`capture_writes`)
+        written = written_node(self, a) if isinstance(a, torch.Tensor) else None
+        return written if written is not None else super().create_arg(a)
 
     def create_proxy(
         self,
@@ -200,7 +200,9 @@ class CaptureTracer(RootCalls, fx.Tracer):
             return self._fold(kind, target, args, kwargs)
         if kind == "call_function" and target is operator.getitem and len(args) == 2:
             args = (args[0], static_index(args[1]))
-        return super().create_proxy(kind, target, args, kwargs, name, type_expr, proxy_factory_fn)
+        proxy = super().create_proxy(kind, target, args, kwargs, name, type_expr, proxy_factory_fn)
+        note_write(self, proxy, args, kwargs)  # a plain tensor written into: followed
+        return proxy
 
     def create_node(
         self, kind: str, target: Any, args: tuple, kwargs: dict, name=None, type_expr=None

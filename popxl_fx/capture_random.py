@@ -5,8 +5,8 @@ plain tensor, and ``Exponential(0.5).sample(...)`` calls ``t.exponential_()`` on
 torch.fx sees no proxy there. It would draw once, while tracing, and freeze the numbers into
 the graph, so every step would return the same draws. `random_draws_recorded` makes each such
 call a node of the graph instead (`capture_state` does so for ``torch.rand(4)`` and the other
-factories). A plain tensor drawn into in place reads as that node wherever forward passes it
-to a traced call later (`drawn_node`).
+factories). A plain tensor drawn into in place reads as that node wherever forward uses it
+later, in a traced call or in eager code (`drawn_node`, followed by `capture_writes`).
 """
 
 from __future__ import annotations

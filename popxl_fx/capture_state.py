@@ -27,6 +27,7 @@ from torch.fx._lazy_graph_module import _LazyGraphModule
 from .capture_autograd import autograd_functions_recorded
 from .capture_effects import python_effects_recorded
 from .capture_random import random_draws_recorded
+from .capture_writes import plain_writes_recorded
 from .errors import Issue
 
 __all__ = [
@@ -164,6 +165,7 @@ def _traced(tracer: fx.Tracer, model: nn.Module, keep: Callable[[fx.Graph], Any]
                 random_draws_recorded(tracer),
                 autograd_functions_recorded(tracer),
                 python_effects_recorded(tracer, model),
+                plain_writes_recorded(tracer),
             ):
                 graph = tracer.trace(model)
             tracer.issues += plain_update_issues(graph, changed_plain_tensors(model, plain))

@@ -21,7 +21,7 @@ class Issue:
     Args:
         kind: "unsupported op", "unsupported module", "unsupported random op", "hidden state",
             ".item()", "data-dependent control flow", "data-dependent shape" or
-            "data-dependent length".
+            "data-dependent length" or "untraced write".
         what: the op/module/expression concerned (e.g. "torch.fft.fft").
         source: the user's "file:line" ("<unknown>" when no user frame was found).
         module_path: qualified name of the torch module it happened in ('' = the root).
