@@ -8,6 +8,8 @@
 # Environment: PYTHON (default .venv/bin/python); VENVS (default /work/venvs), holding overlays made
 # with `pip install --target`: tf418, tf4251, tf431 (transformers 4.18.0 / 4.25.1 / 4.31.0) and
 # common (huggingface_hub 0.16.4, tokenizers 0.13.3, requests, scipy, simple-parsing, examples-utils).
+# For tutorials also: tutorials (nbformat, nbconvert, ipykernel) and mnist (MNIST/raw, IDX files);
+# magma in place of a transformers overlay (Aleph-Alpha's magma, its transformers fork, deepspeed).
 # The apps' files are read from the git dir at run time into a temporary folder; nothing of theirs
 # is kept. What this runner adds there (sitecustomize.py, conftest.py, a one-instance popdist) is
 # the environment the apps expect from their own requirements, not part of this project.
@@ -20,7 +22,7 @@ declare -A PATHS=([gpt_j]=nlp/gpt_j/popxl [bert]=nlp/bert/popxl [t5]=nlp/t5/popx
   [gpt3_2.7B]=nlp/gpt3_2.7B/popxl [gpt3_175B]=nlp/gpt3_175B/popxl [bloom]=nlp/bloom/popxl
   [llama]=nlp/llama/popxl [dolly]=nlp/dolly/popxl [magma]=multimodal/magma/popxl
   [tutorials]=tutorials/tutorials/popxl)
-declare -A TF=([bert]=tf418 [gpt3_2.7B]=tf418 [llama]=tf431 [gpt3_175B]=tf431)
+declare -A TF=([bert]=tf418 [gpt3_2.7B]=tf418 [llama]=tf431 [gpt3_175B]=tf431 [magma]=magma)
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 # the mirror may lack its largest blobs (images, notebooks): export the files that are there
 git --git-dir="$GITDIR" ls-tree -r HEAD utils tutorials/utils \
@@ -65,6 +67,8 @@ def getReplicaIndexOffset(): return 0
 def getDeviceId(): return 0
 def init(): pass
 PY
+# the tutorials read MNIST from ~/.torch/datasets (torchvision finds it there and downloads nothing)
+mkdir -p "$work/home/.torch/datasets" && ln -s "$VENVS/mnist/MNIST" "$work/home/.torch/datasets/MNIST"
 total_p=0; total_f=0
 for a in "${APPS[@]}"; do
   dir="$work/${PATHS[$a]}"
@@ -85,8 +89,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="long test (Graphcore's conftest)"))
 PY
   overlay="$work/site:$VENVS/${TF[$a]:-tf4251}:$VENVS/common:$VENVS/wandb"
-  tests=tests; [[ $a == tutorials ]] && tests=.
-  ( cd "$dir" && PATH="$(dirname "$PY"):$PATH" \
+  tests=tests; [[ $a == tutorials ]] && tests=. && overlay="$overlay:$VENVS/tutorials"
+  ( cd "$dir" && HOME="$work/home" PATH="$(dirname "$PY"):$PATH" \
     PYTHONPATH="$overlay:$ROOT:$dir:$work/utils:$work/tutorials/utils" \
     timeout 3000 "$PY" -m pytest -q -p no:cacheprovider --continue-on-collection-errors -rfEs --tb=short --rootdir="$dir" $tests "$@" ) \
     >"$work/$a.out" 2>&1
