@@ -13,6 +13,8 @@
 # The apps' files are read from the git dir at run time into a temporary folder; nothing of theirs
 # is kept. What this runner adds there (sitecustomize.py, conftest.py, a one-instance popdist) is
 # the environment the apps expect from their own requirements, not part of this project.
+# Every Session writes its memory and time estimates (POPXL_SIM_REPORT); the runner prints those of
+# the apps' end-to-end scripts (inference.py, finetuning.py, ...), KEEP_LOGS keeps them all.
 set -u
 GITDIR=${1:?usage: tools/run_apps.sh EXAMPLES_GIT_DIR [APP...] [-- PYTEST_ARGS...]}; shift
 APPS=(); while [[ $# -gt 0 && $1 != -- ]]; do APPS+=("$1"); shift; done; [[ ${1:-} == -- ]] && shift
@@ -100,7 +102,7 @@ def pytest_collection_modifyitems(config, items):
 PY
   overlay="$work/site:$VENVS/${TF[$a]:-tf4251}:$VENVS/common:$VENVS/wandb"
   tests=tests; [[ $a == tutorials ]] && tests=. && overlay="$overlay:$VENVS/tutorials"
-  ( cd "$dir" && HOME="$work/home" PATH="$(dirname "$PY"):$PATH" \
+  ( cd "$dir" && HOME="$work/home" PATH="$(dirname "$PY"):$PATH" POPXL_SIM_REPORT="$work/reports/$a" \
     PYTHONPATH="$overlay:$ROOT:$dir:$work/utils:$work/tutorials/utils" \
     timeout 3000 "$PY" -m pytest -q -p no:cacheprovider --continue-on-collection-errors -rfEs --tb=short --rootdir="$dir" $tests "$@" ) \
     >"$work/$a.out" 2>&1
@@ -108,4 +110,9 @@ PY
   grep -E "^(FAILED|ERROR|SKIPPED)" "$work/$a.out" | cut -c1-220
   echo "== $a: $line"
   [[ -n ${KEEP_LOGS:-} ]] && cp "$work/$a.out" "$KEEP_LOGS/$a.out"
+  # the end-to-end runs' scripts (the tests start them) report their Sessions' estimates
+  rep="$work/reports/$a/sim_report.txt"
+  [[ -f $rep ]] && awk '/^== Session/ { keep = $0 ~ /\((inference|finetuning|pretraining|run_|mnist)/ }
+    keep && /^(== Session|  IPU|Time per run)/' "$rep" | cut -c1-220
+  [[ -n ${KEEP_LOGS:-} && -f $rep ]] && cp "$rep" "$KEEP_LOGS/$a.sim_report.txt"
 done
