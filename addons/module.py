@@ -177,6 +177,11 @@ class Module(popxl_core.Module, ModuleGrads, metaclass=NameScopeMeta):
             )
         return (self._submodules[str(i)] for i in range(self._list_len))
 
+    def __bool__(self) -> bool:
+        # PopXL's Module has no __len__, so every module is truthy (apps test `if self.ln:`);
+        # without this, Python's truth test would fall back on __len__ and raise
+        return True
+
     def __len__(self) -> int:
         if self._list_len is None:
             raise TypeError(f"{type(self).__name__} has no len(); only Module.from_list has.")

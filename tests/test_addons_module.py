@@ -335,6 +335,11 @@ def test_call_module_and_from_list():
         iter(Linear(2))
 
 
+def test_every_module_is_truthy_as_in_popxl():
+    # `if self.ln:` in Graphcore's apps, with ln a module or None
+    assert Linear(2) and addons.Module.from_list([])
+
+
 # custom gradients --------------------------------------------------------------------
 class _Square(addons.Module):
     """y = x * w; a deliberately scaled custom gradient so the test can tell it was used."""

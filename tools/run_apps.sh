@@ -8,9 +8,13 @@
 # Environment: PYTHON (default .venv/bin/python); VENVS (default /work/venvs), holding overlays made
 # with `pip install --target`: tf418, tf4251, tf431 (transformers 4.18.0 / 4.25.1 / 4.31.0) and
 # common (huggingface_hub 0.16.4, tokenizers 0.13.3, requests, scipy, simple-parsing, examples-utils).
+# For tutorials also: tutorials (nbformat, nbconvert, ipykernel) and mnist (MNIST/raw, IDX files);
+# magma in place of a transformers overlay (Aleph-Alpha's magma, its transformers fork, deepspeed).
 # The apps' files are read from the git dir at run time into a temporary folder; nothing of theirs
 # is kept. What this runner adds there (sitecustomize.py, conftest.py, a one-instance popdist) is
 # the environment the apps expect from their own requirements, not part of this project.
+# Every Session writes its memory and time estimates (POPXL_SIM_REPORT); the runner prints those of
+# the apps' end-to-end scripts (inference.py, finetuning.py, ...), KEEP_LOGS keeps them all.
 set -u
 GITDIR=${1:?usage: tools/run_apps.sh EXAMPLES_GIT_DIR [APP...] [-- PYTEST_ARGS...]}; shift
 APPS=(); while [[ $# -gt 0 && $1 != -- ]]; do APPS+=("$1"); shift; done; [[ ${1:-} == -- ]] && shift
@@ -20,7 +24,7 @@ declare -A PATHS=([gpt_j]=nlp/gpt_j/popxl [bert]=nlp/bert/popxl [t5]=nlp/t5/popx
   [gpt3_2.7B]=nlp/gpt3_2.7B/popxl [gpt3_175B]=nlp/gpt3_175B/popxl [bloom]=nlp/bloom/popxl
   [llama]=nlp/llama/popxl [dolly]=nlp/dolly/popxl [magma]=multimodal/magma/popxl
   [tutorials]=tutorials/tutorials/popxl)
-declare -A TF=([bert]=tf418 [gpt3_2.7B]=tf418 [llama]=tf431 [gpt3_175B]=tf431)
+declare -A TF=([bert]=tf418 [gpt3_2.7B]=tf418 [llama]=tf431 [gpt3_175B]=tf431 [magma]=magma)
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 # the mirror may lack its largest blobs (images, notebooks): export the files that are there
 git --git-dir="$GITDIR" ls-tree -r HEAD utils tutorials/utils \
@@ -65,6 +69,8 @@ def getReplicaIndexOffset(): return 0
 def getDeviceId(): return 0
 def init(): pass
 PY
+# the tutorials read MNIST from ~/.torch/datasets (torchvision finds it there and downloads nothing)
+mkdir -p "$work/home/.torch/datasets" && ln -s "$VENVS/mnist/MNIST" "$work/home/.torch/datasets/MNIST"
 total_p=0; total_f=0
 for a in "${APPS[@]}"; do
   dir="$work/${PATHS[$a]}"
@@ -76,6 +82,16 @@ from popxl_core.compat_skips import pytest_collection_modifyitems as _project_sk
 popxl_core.compat.install()
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector):
+    # a test module whose import exits (Llama's and Dolly's cppimport op fails to build without
+    # PopART's headers) is that file's collection error, not the end of the whole session
+    try:
+        return (yield)
+    except SystemExit as exc:
+        return pytest.CollectReport(collector.nodeid, "failed", f"SystemExit at import: {exc}", [])
+
+
 def pytest_collection_modifyitems(config, items):
     # Graphcore's top-level conftest: long tests only with --long-tests
     _project_skips(config, items)
@@ -85,8 +101,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="long test (Graphcore's conftest)"))
 PY
   overlay="$work/site:$VENVS/${TF[$a]:-tf4251}:$VENVS/common:$VENVS/wandb"
-  tests=tests; [[ $a == tutorials ]] && tests=.
-  ( cd "$dir" && PATH="$(dirname "$PY"):$PATH" \
+  tests=tests; [[ $a == tutorials ]] && tests=. && overlay="$overlay:$VENVS/tutorials"
+  ( cd "$dir" && HOME="$work/home" PATH="$(dirname "$PY"):$PATH" POPXL_SIM_REPORT="$work/reports/$a" \
     PYTHONPATH="$overlay:$ROOT:$dir:$work/utils:$work/tutorials/utils" \
     timeout 3000 "$PY" -m pytest -q -p no:cacheprovider --continue-on-collection-errors -rfEs --tb=short --rootdir="$dir" $tests "$@" ) \
     >"$work/$a.out" 2>&1
@@ -94,4 +110,9 @@ PY
   grep -E "^(FAILED|ERROR|SKIPPED)" "$work/$a.out" | cut -c1-220
   echo "== $a: $line"
   [[ -n ${KEEP_LOGS:-} ]] && cp "$work/$a.out" "$KEEP_LOGS/$a.out"
+  # the end-to-end runs' scripts (the tests start them) report their Sessions' estimates
+  rep="$work/reports/$a/sim_report.txt"
+  [[ -f $rep ]] && awk '/^== Session/ { keep = $0 ~ /\((inference|finetuning|pretraining|run_|mnist)/ }
+    keep && /^(== Session|  IPU|Time per run)/' "$rep" | cut -c1-220
+  [[ -n ${KEEP_LOGS:-} && -f $rep ]] && cp "$rep" "$KEEP_LOGS/$a.sim_report.txt"
 done

@@ -16,6 +16,7 @@ from ..streams import DeviceToHostStream, HostToDeviceStream
 from ..tensor import Constant, Tensor, Variable
 from . import checks
 from . import runtime as runtime_module
+from .auto_report import auto_report
 from .compile import Program
 from .fold import FoldRuntime, fold_options, plan_fold
 from .machine import machine_for
@@ -70,6 +71,7 @@ class Session(SessionStreams, SessionWeights):
         self._fix_streams(ir)
         # plan first: an out-of-memory program fails before anything is compiled or copied
         self.plan = build_plan(ir, self.machine)
+        auto_report(self)  # POPXL_SIM_REPORT, as Poplar's autoReport: before a build can fail
         self._program = _program(ir, self._runtime, compile_options or DEFAULT)
         # collectives need every replica at once: then replicas run in threads
         self._threaded = _has_collectives(self._program)
