@@ -94,7 +94,7 @@ def _printing(tracer, original):
 _TYPED_LIBRARIES = (os.path.join("torch", "distributions", ""),)
 
 
-def _typed_caller(depth: int = 3) -> bool:
+def _typed_caller(depth: int = 2) -> bool:
     """The code calling ``isinstance`` is the user's, or a library in `_TYPED_LIBRARIES`."""
     filename = sys._getframe(depth).f_code.co_filename
     return not _internal_file(filename) or any(lib in filename for lib in _TYPED_LIBRARIES)
