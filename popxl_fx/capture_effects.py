@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import os
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -87,13 +88,25 @@ def _printing(tracer, original):
     return print_
 
 
+# torch.distributions gives a Python scalar the dtype of the tensors beside it, found with
+# isinstance (`broadcast_all`): seeing a proxy there, it would make the scalar float32 and
+# a half distribution's samples float. It sees the example's type, as user code does.
+_TYPED_LIBRARIES = (os.path.join("torch", "distributions", ""),)
+
+
+def _typed_caller(depth: int = 2) -> bool:
+    """The code calling ``isinstance`` is the user's, or a library in `_TYPED_LIBRARIES`."""
+    filename = sys._getframe(depth).f_code.co_filename
+    return not _internal_file(filename) or any(lib in filename for lib in _TYPED_LIBRARIES)
+
+
 def _typed_as_example(original):
     """``isinstance`` for forward's own code: a traced value has its example value's type
     (``isinstance(x, torch.Tensor)`` holds for a traced tensor, as in eager); torch's and
-    popxl_fx's code still see proxies."""
+    popxl_fx's code still see proxies, but for `_TYPED_LIBRARIES`."""
 
     def isinstance_(obj: Any, classinfo: Any) -> bool:
-        if original(obj, fx.Proxy) and _user_caller():
+        if original(obj, fx.Proxy) and _typed_caller():
             value = obj.node.meta.get("example_value", obj)
             if not original(value, fx.Proxy):
                 return original(value, classinfo)
