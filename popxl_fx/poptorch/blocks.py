@@ -258,7 +258,7 @@ def check_pipeline(options, blocks: list, training: bool) -> None:
     """PopTorch's rule for a pipeline (its default strategy whenever blocks use several
     IPUs): training runs 2S-1 stages for S forward stages and needs that many micro-batches
     (gradient accumulation); inference needs S device iterations."""
-    strategy = options._execution_strategy or PipelinedExecution()
+    strategy = options._execution_strategy
     if not strategy.pipelined:
         return
     forward = _stage_count(strategy, blocks)

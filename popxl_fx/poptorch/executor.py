@@ -418,9 +418,19 @@ def _frozen_copy(options: Options | None, training: bool) -> Options:
         raise Error(
             "You must set poptorch.Options().Training.gradientAccumulation to 1 or leave it "
             "as its default value (1) when running a poptorch.inferenceModel()."
+            + _pipelined_hint(options)
         )
     options._freeze()
     return options
+
+
+def _pipelined_hint(options) -> str:
+    if not isinstance(options._execution_strategy, blocks.PipelinedExecution):
+        return ""
+    return (
+        " Use poptorch.Options().deviceIterations to process a sufficient number of batches "
+        "each run for pipelined execution instead."
+    )
 
 
 def shallow_copy(model: nn.Module) -> nn.Module:

@@ -81,17 +81,25 @@ class Wrapped(nn.Module):
         self.model = model
         self.for_training = training
         self.loss_factor = loss_factor  # Sum reduction: micro-batches x replicas
-        self.blocks: list = []  # the blocks the last forward entered
+        # The last forward's marks, changed in place: a trace puts back the plain attributes
+        # a forward sets on a module, so `self.blocks = ...` would not outlive it.
+        self.seen = marks.Marks()
         self.call: tuple | None = None  # `flat_call`'s structure of the calls compiled
+
+    @property
+    def blocks(self) -> list:
+        """The blocks (user_id, ipu_id) the last forward entered."""
+        return self.seen.blocks
 
     def forward(self, *tensors: Any) -> Any:
         spec, template = self.call
         given = iter(tensors)
         leaves = [_leaf(x, given) for x in template]
         args, kwargs = pytree.tree_unflatten(leaves, spec)
-        with marks.recording() as seen, _no_distribution_checks(), ruling(_HALF_RULE):
+        recording = marks.recording(self.for_training)
+        with recording as seen, _no_distribution_checks(), ruling(_HALF_RULE):
             out = self.model(*args, **kwargs)
-        self.blocks = list(seen.blocks)
+        self.seen.blocks[:] = seen.blocks
         if not self.for_training:
             return out
         loss = seen.losses[-1] if seen.losses else _last_tensor(out, self.model)

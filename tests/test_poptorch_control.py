@@ -1,0 +1,99 @@
+"""PopTorch's execution-strategy behaviour on popxl_fx: ``for_loop`` and ``cond`` as PopTorch
+checks and runs them, and the pipeline rules read from the ``Block`` scopes a forward enters."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import popxl_fx.poptorch as poptorch
+
+
+class _Loop(nn.Module):
+    def forward(self, x):
+        def body(y):
+            y += 1  # the body's inputs are copies: x is left as it was
+            return y
+
+        return poptorch.for_loop(3, body, [x])[0]
+
+
+def test_for_loop_passes_its_inputs_by_value():
+    x = torch.ones(1, 5, dtype=torch.int32)
+    out = poptorch.inferenceModel(_Loop())(x)
+    assert torch.equal(x, torch.ones(1, 5, dtype=torch.int32))
+    assert torch.equal(out, torch.full((1, 5), 4, dtype=torch.int32))
+
+
+class _Checked(nn.Module):
+    def __init__(self, inputs):
+        super().__init__()
+        self.inputs = inputs
+
+    def forward(self, x):
+        return poptorch.for_loop(2, lambda *v: v, self.inputs(x))[0]
+
+
+@pytest.mark.parametrize(
+    ("inputs", "message"),
+    [
+        (lambda x: x, r"\(Object is not list\)"),
+        (lambda x: [x, 5], r"\(Object contained in list at index 1 is not torch.tensor\)"),
+    ],
+)
+def test_for_loop_takes_a_list_of_tensors(inputs, message):
+    with pytest.raises(ValueError, match=message):
+        poptorch.inferenceModel(_Checked(inputs))(torch.ones(2))
+
+
+class _Trained(nn.Module):
+    def __init__(self, use_cond: bool):
+        super().__init__()
+        self.lin, self.use_cond = nn.Linear(4, 4), use_cond
+
+    def forward(self, condition, x):
+        if self.use_cond:
+            out = poptorch.cond(condition, self.lin, [x], self.lin, [x])[0]
+        else:
+            out = poptorch.for_loop(2, self.lin, [x])[0]
+        return out, poptorch.identity_loss(out, reduction="sum")
+
+
+@pytest.mark.parametrize(("use_cond", "name"), [(True, "cond"), (False, "for_loop")])
+def test_control_flow_is_inference_only(use_cond, name):
+    model = poptorch.trainingModel(_Trained(use_cond))
+    with pytest.raises(poptorch.Error, match=rf"poptorch.{name}\(\) is only supported in infer"):
+        model(torch.tensor([True]), torch.ones(1, 4))
+
+
+class _TwoStages(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin1, self.lin2 = nn.Linear(1, 1), nn.Linear(1, 1)
+
+    def forward(self, x):
+        with poptorch.Block("B1", ipu_id=0):
+            out = self.lin1(x)
+        with poptorch.Block("B2", ipu_id=1):
+            out = self.lin2(out)
+            return out, poptorch.identity_loss(out, reduction="mean")
+
+
+def test_block_scopes_count_as_pipeline_stages_in_training():
+    opts = poptorch.Options()
+    assert isinstance(opts._execution_strategy, poptorch.PipelinedExecution)
+    opts.Training.gradientAccumulation(2)
+    model = poptorch.trainingModel(_TwoStages(), opts)
+    with pytest.raises(poptorch.Error, match=r"number of pipeline stages \(3\)"):
+        model(torch.zeros(2))
+    sharded = poptorch.Options().setExecutionStrategy(poptorch.ShardedExecution())
+    sharded.Training.gradientAccumulation(2)  # no pipeline: no rule on the micro-batches
+    poptorch.trainingModel(_TwoStages(), sharded)(torch.zeros(2))
+
+
+def test_inference_with_accumulation_says_what_a_pipeline_needs():
+    opts = poptorch.Options()
+    opts.Training.gradientAccumulation(2)
+    with pytest.raises(poptorch.Error, match="Use poptorch.Options\\(\\).deviceIterations to"):
+        poptorch.inferenceModel(_TwoStages(), opts)
