@@ -97,3 +97,16 @@ def test_inference_with_accumulation_says_what_a_pipeline_needs():
     opts.Training.gradientAccumulation(2)
     with pytest.raises(poptorch.Error, match="Use poptorch.Options\\(\\).deviceIterations to"):
         poptorch.inferenceModel(_TwoStages(), opts)
+
+
+def test_phased_strategies_take_phases_as_lists_and_name_their_stages():
+    strategy = poptorch.ParallelPhasedExecution(
+        [poptorch.Stage("0"), poptorch.Stage("1")], [poptorch.Stage("2", "4"), poptorch.Stage("3")]
+    )
+    strategy.phase(1).ipus(1, 3)
+    assert strategy.stage("4") is strategy.phase(1).stage(0)
+    assert strategy.stage("3")._ipu == 3
+    serial = poptorch.SerialPhasedExecution(["layer1"], ["layer2", "layer2.b"])
+    assert serial.phase(1).stage(0).blocks == ("layer2", "layer2.b")
+    with pytest.raises(ValueError, match="2 stages but you provided 1 ipus"):
+        strategy.phase(0).ipus(0)

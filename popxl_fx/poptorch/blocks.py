@@ -153,15 +153,26 @@ class Stage:
 
 
 class Phase:
-    """One execution phase: stages that run together."""
+    """One execution phase: stages that run together (block ids given: one stage of them)."""
 
     def __init__(self, *arg) -> None:
-        self.stages = [s if isinstance(s, Stage) else Stage(s) for s in arg]
+        if all(isinstance(s, Stage) for s in arg):
+            self.stages = list(arg)
+        elif all(isinstance(s, str) for s in arg):
+            self.stages = [Stage(*arg)]
+        else:
+            raise ValueError(
+                f"Phase takes Stages or block ids (str), not {[type(s).__name__ for s in arg]}."
+            )
 
     def stage(self, idx: int) -> Stage:
         return self.stages[idx]
 
     def ipus(self, *ipus: int) -> Phase:
+        if len(ipus) != len(self.stages):
+            raise ValueError(
+                f"Phase contains {len(self.stages)} stages but you provided {len(ipus)} ipus"
+            )
         for stage, ipu in zip(self.stages, ipus):
             stage.ipu(ipu)
         return self
@@ -184,11 +195,20 @@ class ExecutionStrategy:
                 self.stages.append(Stage(arg))
             elif isinstance(arg, Phase):
                 self.stages.extend(arg.stages)
+            elif isinstance(arg, (list, tuple)) and all(isinstance(b, str) for b in arg):
+                self.stages.append(Stage(*arg))  # a list of block ids: one stage
             else:
                 raise ValueError(
                     f"{type(self).__name__} takes Stages, block ids, Phases or an AutoStage, "
                     f"not {type(arg).__name__}."
                 )
+
+    def stage(self, block_id: str) -> Stage:
+        """The stage that holds block ``block_id``."""
+        for stage in self.stages:
+            if block_id in stage.blocks:
+                return stage
+        raise ValueError(f"Unknown block {block_id}")
 
     def backendOptions(self) -> dict:
         """PopTorch's serialised form (`Options.toDict`): 0 pipelined, 1 sharded."""
@@ -209,13 +229,16 @@ class ShardedExecution(ExecutionStrategy):
 
 
 class _PhasedExecution(ExecutionStrategy):
-    def __init__(self, *args) -> None:
-        super().__init__(*args)
+    """Each argument one phase: a Phase, a Stage, a block id or a list of either."""
+
+    def __init__(self, *phases) -> None:
+        self.phases = [_as_phase(p) for p in phases]
+        super().__init__(*[s for p in self.phases for s in p.stages])
         self.separate_backward_phase = False
         self.liveness = Liveness.AlwaysLive
 
-    def phase(self, phase: int) -> Stage:
-        return self.stages[phase]
+    def phase(self, phase: int) -> Phase:
+        return self.phases[phase]
 
     def useSeparateBackwardPhase(self, use: bool = True):
         self.separate_backward_phase = bool(use)
@@ -228,6 +251,12 @@ class _PhasedExecution(ExecutionStrategy):
             "tensors_liveness": int(self.liveness),
             "serial_phases_execution": isinstance(self, SerialPhasedExecution),
         }
+
+
+def _as_phase(arg) -> Phase:
+    if isinstance(arg, Phase):
+        return arg
+    return Phase(*arg) if isinstance(arg, (list, tuple)) else Phase(arg)
 
 
 class ParallelPhasedExecution(_PhasedExecution):
