@@ -110,3 +110,29 @@ def test_phased_strategies_take_phases_as_lists_and_name_their_stages():
     assert serial.phase(1).stage(0).blocks == ("layer2", "layer2.b")
     with pytest.raises(ValueError, match="2 stages but you provided 1 ipus"):
         strategy.phase(0).ipus(0)
+
+
+class _Twice(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l1, self.l2 = nn.Linear(2, 2), nn.Linear(2, 2)
+
+    def forward(self, x):
+        return self.l2(self.l1(x))
+
+
+def test_begin_block_marks_survive_copies_and_print():
+    import copy
+
+    model = _Twice()
+    assert poptorch.BeginBlock(model.l1, user_id=1, ipu_id=1) is model.l1
+    with pytest.raises(poptorch.Error, match="already been assigned to a block"):
+        poptorch.BeginBlock(model.l1, ipu_id=2)
+    for twin in (model, copy.copy(model), copy.deepcopy(model)):
+        assert "(l1): BeginBlock(user_id=1, ipu_id=1) Linear(" in poptorch.module_repr(twin)
+    assert "BeginBlock(user_id=1" in repr(poptorch.inferenceModel(model))
+    poptorch.removeBlocks(model)
+    assert "BeginBlock" not in poptorch.module_repr(model)
+    block = poptorch.BeginBlock(torch.neg, "f", 2)  # a function: PopTorch's legacy form
+    assert (block._user_id, block._ipu_id) == ("f", 2)
+    assert torch.equal(block(torch.ones(2)), -torch.ones(2))

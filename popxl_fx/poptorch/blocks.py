@@ -20,7 +20,6 @@ from .enums import AutoStage, Liveness
 from .errors import Error
 
 __all__ = [
-    "BeginBlock",
     "Block",
     "BlockFunction",
     "ExecutionStrategy",
@@ -31,14 +30,11 @@ __all__ = [
     "ShardedExecution",
     "Stage",
     "check_pipeline",
-    "marked_blocks",
-    "removeBlocks",
+    "record",
 ]
 
 
 def _check_ids(user_id, ipu_id) -> None:
-    if user_id is not None and not isinstance(user_id, str):
-        raise ValueError(f"a block's user_id must be a str, not {type(user_id).__name__}.")
     if ipu_id is not None and (not isinstance(ipu_id, int) or ipu_id < 0):
         raise ValueError(f"a block's ipu_id must be a non-negative int, not {ipu_id!r}.")
 
@@ -60,64 +56,21 @@ class Block(torch.nn.Module):
 
     @staticmethod
     def start(user_id: str | None = None, ipu_id: int | None = None) -> None:
-        _record(user_id, ipu_id)
+        record(user_id, ipu_id)
 
     def __enter__(self) -> Block:
-        _record(self.user_id, self.ipu_id)
+        record(self.user_id, self.ipu_id)
         return self
 
     def __exit__(self, *exc) -> None:
         return None
 
 
-def _record(user_id, ipu_id) -> None:
+def record(user_id, ipu_id) -> None:
+    """Note, in the forward being traced, that block ``user_id`` on ``ipu_id`` starts."""
     recording = marks.current()
     if recording is not None:
         recording.blocks.append((user_id, ipu_id))
-
-
-class _BeginBlockHook:
-    """A forward pre-hook that opens the block each time the module runs."""
-
-    def __init__(self, user_id, ipu_id) -> None:
-        self.user_id, self.ipu_id = user_id, ipu_id
-
-    def __call__(self, module, inputs) -> None:
-        _record(self.user_id, self.ipu_id)
-
-
-def BeginBlock(
-    layer_to_call: torch.nn.Module, user_id: str | None = None, ipu_id: int | None = None
-) -> torch.nn.Module:
-    """Start a block at ``layer_to_call`` (the module itself is returned, marked)."""
-    if not isinstance(layer_to_call, torch.nn.Module):
-        raise Error(
-            "poptorch.BeginBlock takes a torch.nn.Module (use BlockFunction for functions)."
-        )
-    _check_ids(user_id, ipu_id)
-    removeBlocks(layer_to_call)
-    hook = _BeginBlockHook(user_id, ipu_id)
-    handle = layer_to_call.register_forward_pre_hook(hook)
-    layer_to_call.__dict__["_poptorch_block"] = (user_id, ipu_id, handle)
-    return layer_to_call
-
-
-def removeBlocks(module: torch.nn.Module) -> None:
-    """Remove every BeginBlock mark from ``module`` and its children."""
-    for m in module.modules():
-        mark = m.__dict__.pop("_poptorch_block", None)
-        if mark is not None:
-            mark[2].remove()
-
-
-def marked_blocks(model: torch.nn.Module) -> list:
-    """The (user_id, ipu_id) of each BeginBlock mark in ``model``, in module order (a traced
-    leaf module does not run its hooks, so the marks are read from the modules)."""
-    return [
-        m.__dict__["_poptorch_block"][:2]
-        for m in model.modules()
-        if "_poptorch_block" in m.__dict__
-    ]
 
 
 def BlockFunction(user_id: str | None = None, ipu_id: int | None = None) -> Callable:

@@ -21,7 +21,7 @@ from torch import nn
 import popxl_fx
 from popxl_fx.errors import UnsupportedError
 
-from . import batching, blocks, optim, optim_attrs, optim_map, optim_state, wrapping
+from . import batching, begin_block, blocks, optim, optim_attrs, optim_map, optim_state, wrapping
 from .dtypes import ipu_outputs
 from .enums import ConnectionType, OutputMode, ReductionType
 from .errors import Error, eager_errors, unsupported
@@ -179,7 +179,7 @@ class PoplarExecutor:
     def _check_blocks(self) -> None:
         """PopTorch's pipeline rules on the blocks: BeginBlock marks (in module order) and
         the Block scopes the forward entered."""
-        seen = blocks.marked_blocks(self._user_model)
+        seen = begin_block.marked_blocks(self._user_model)
         seen += [b for b in self._wrapped.blocks if b not in seen]
         blocks.check_pipeline(self._options, seen, self._training)
 
@@ -294,7 +294,8 @@ class PoplarExecutor:
         return self._impl.report()
 
     def __repr__(self) -> str:
-        return f"PoplarExecutor({self._user_model!r})"
+        """The model's repr with its BeginBlock marks, as PopTorch prints an executor."""
+        return begin_block.module_repr(self._user_model)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name in ("_user_model", "_impl"):
