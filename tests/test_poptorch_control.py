@@ -136,3 +136,24 @@ def test_begin_block_marks_survive_copies_and_print():
     block = poptorch.BeginBlock(torch.neg, "f", 2)  # a function: PopTorch's legacy form
     assert (block._user_id, block._ipu_id) == ("f", 2)
     assert torch.equal(block(torch.ones(2)), -torch.ones(2))
+
+
+class _Overlap(nn.Module):
+    def __init__(self, mark_input: bool):
+        super().__init__()
+        self.mark_input = mark_input
+
+    def forward(self, x):
+        mode = poptorch.OverlapMode.OverlapAccumulationLoop
+        y = x + 1
+        if self.mark_input:
+            return poptorch.set_overlap_for_input(y, mode)
+        poptorch.set_overlap_for_output(y, mode)
+        return y.mean()
+
+
+@pytest.mark.parametrize(("mark_input", "what"), [(True, "input"), (False, "output")])
+def test_overlapped_io_marks_only_model_inputs_and_outputs(mark_input, what):
+    model = poptorch.inferenceModel(_Overlap(mark_input))
+    with pytest.raises(poptorch.Error, match=f"not a tensor {what} to the model"):
+        model(torch.ones(2))

@@ -12,7 +12,7 @@ import torch
 from . import _notes, marks
 from .control import cond, for_loop
 from .enums import MatMulSerializationMode, OverlapMode
-from .errors import unsupported
+from .errors import Error, unsupported
 from .multiconv import MultiConv
 
 __all__ = [
@@ -107,13 +107,30 @@ def serializedMatMul(
 
 
 def set_overlap_for_input(input_tensors, mode: OverlapMode):
+    """Marks inputs for overlapped IO (no effect on the values); each must be a model input,
+    as PopTorch checks."""
     OverlapMode(mode)
+    for t in _traced(input_tensors):
+        if t.node.op != "placeholder":
+            raise Error(
+                "poptorch.set_overlap_for_input applied on a node which is not a tensor "
+                "input to the model."
+            )
     return input_tensors
 
 
 def set_overlap_for_output(output_tensors, mode: OverlapMode):
+    """Marks outputs for overlapped IO; the executor checks that the model returns them."""
     OverlapMode(mode)
+    recording = marks.current()
+    if recording is not None:
+        recording.overlap_outputs.extend(_traced(output_tensors))
     return output_tensors
+
+
+def _traced(tensors) -> list:
+    leaves = tensors if isinstance(tensors, (list, tuple)) else [tensors]
+    return [t for t in leaves if isinstance(t, torch.fx.Proxy)]
 
 
 def custom_op(

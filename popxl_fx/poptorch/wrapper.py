@@ -100,6 +100,7 @@ class Wrapped(nn.Module):
         with recording as seen, _no_distribution_checks(), ruling(_HALF_RULE):
             out = self.model(*args, **kwargs)
         self.seen.blocks[:] = seen.blocks
+        _check_overlap_outputs(seen, out)
         if not self.for_training:
             return out
         loss = seen.losses[-1] if seen.losses else _last_tensor(out, self.model)
@@ -107,6 +108,16 @@ class Wrapped(nn.Module):
         if self.loss_factor != 1.0:
             train = train * self.loss_factor
         return train, out
+
+
+def _check_overlap_outputs(seen: marks.Marks, out: Any) -> None:
+    """PopTorch's check: a tensor marked for overlapped output is one the model returns."""
+    returned = {id(x) for x in pytree.tree_leaves(out)}
+    if any(id(t) not in returned for t in seen.overlap_outputs):
+        raise Error(
+            "poptorch.set_overlap_for_output applied on a node which is not a tensor output "
+            "to the model."
+        )
 
 
 @contextlib.contextmanager
