@@ -157,3 +157,39 @@ def test_overlapped_io_marks_only_model_inputs_and_outputs(mark_input, what):
     model = poptorch.inferenceModel(_Overlap(mark_input))
     with pytest.raises(poptorch.Error, match=f"not a tensor {what} to the model"):
         model(torch.ones(2))
+
+
+class _Losses(nn.Module):
+    def __init__(self, kind: str):
+        super().__init__()
+        self.lin, self.kind = nn.Linear(4, 4), kind
+
+    def forward(self, x, target):
+        out = self.lin(x)
+        if self.kind == "none":
+            return out, out * 12 + target
+        first = nn.functional.mse_loss(out, target)
+        second = nn.L1Loss()(out, target) * 5.0
+        if self.kind == "two":
+            return out, first + second
+        return out, poptorch.identity_loss(first + second, reduction="mean")
+
+
+@pytest.mark.parametrize(
+    ("kind", "message"),
+    [("none", "Couldn't find a loss in graph!"), ("two", "Multiple independent losses found")],
+)
+def test_a_trained_graph_has_one_final_loss(kind, message):
+    model = poptorch.trainingModel(_Losses(kind))
+    with pytest.raises(poptorch.Error, match=message):
+        model(torch.ones(2, 4), torch.zeros(2, 4))
+
+
+def test_losses_feeding_an_identity_loss_fold_into_it():
+    torch.manual_seed(0)
+    model = _Losses("wrapped")
+    eager = _Losses("wrapped")
+    eager.load_state_dict(model.state_dict())
+    x, target = torch.randn(2, 4), torch.randn(2, 4)
+    _, loss = poptorch.trainingModel(model)(x, target)
+    assert torch.equal(loss, eager(x, target)[1].detach())

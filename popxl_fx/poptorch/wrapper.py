@@ -20,7 +20,7 @@ from torch import nn
 
 from popxl_fx.capture_watch import ruling
 
-from . import marks
+from . import losses, marks
 from .args import parser_for
 from .errors import Error
 from .half import ParamsFollowActivations
@@ -103,7 +103,9 @@ class Wrapped(nn.Module):
         _check_overlap_outputs(seen, out)
         if not self.for_training:
             return out
-        loss = seen.losses[-1] if seen.losses else _last_tensor(out, self.model)
+        loss = losses.final_loss(seen.losses, out)
+        if loss is None:
+            loss = _last_tensor(out, self.model)
         train = loss if _is_scalar(loss) else loss.sum()
         if self.loss_factor != 1.0:
             train = train * self.loss_factor
