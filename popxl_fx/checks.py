@@ -163,6 +163,8 @@ def integer_inputs_explained(model: nn.Module, model_inputs: Sequence[torch.Tens
     try:
         yield
     except RuntimeError as e:
+        if type(e) is not RuntimeError:  # a raised error of its own kind says what it means
+            raise
         dtype = _float_dtype(model)
         ints = [i for i, x in enumerate(model_inputs) if not x.is_floating_point()]
         floats = [i for i, x in enumerate(model_inputs) if x.is_floating_point()]

@@ -102,12 +102,23 @@ def test_ops_compute_their_values():
         poptorch.identity_loss(x, "max")
 
 
+class _SummedLoss(nn.Module):
+    """``inner``'s output as the loss (PopTorch trains only a graph with a loss in it)."""
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return poptorch.identity_loss(self.inner(x), reduction="sum")
+
+
 def test_optimizer_velocity_dtype_is_the_momentum_storage():
     model = nn.Linear(2, 1)
     opt = poptorch.optim.SGD(
         model.parameters(), lr=0.1, momentum=0.9, velocity_accum_type=torch.float16
     )
-    poptorch.trainingModel(nn.Sequential(model), optimizer=opt)(torch.ones(2, 2))
+    poptorch.trainingModel(_SummedLoss(model), optimizer=opt)(torch.ones(2, 2))
     assert opt.state[model.weight]["momentum_buffer"].dtype == torch.float16
 
 

@@ -14,8 +14,8 @@ import torch
 
 from . import _impl, _logging, enums, optim, poptorch_core
 from .args import ICustomArgParser, registerCustomArgParser
+from .begin_block import BeginBlock, module_repr, removeBlocks
 from .blocks import (
-    BeginBlock,
     Block,
     BlockFunction,
     ParallelPhasedExecution,
@@ -24,7 +24,6 @@ from .blocks import (
     SerialPhasedExecution,
     ShardedExecution,
     Stage,
-    removeBlocks,
 )
 from .data import AsynchronousDataAccessor, DataLoader
 from .enums import (
@@ -125,6 +124,7 @@ __all__ = [
     "ipu_print_tensor",
     "load",
     "isRunningOnIpu",
+    "module_repr",
     "nop",
     "optim",
     "poptorch_core",

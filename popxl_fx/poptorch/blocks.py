@@ -20,7 +20,6 @@ from .enums import AutoStage, Liveness
 from .errors import Error
 
 __all__ = [
-    "BeginBlock",
     "Block",
     "BlockFunction",
     "ExecutionStrategy",
@@ -31,14 +30,11 @@ __all__ = [
     "ShardedExecution",
     "Stage",
     "check_pipeline",
-    "marked_blocks",
-    "removeBlocks",
+    "record",
 ]
 
 
 def _check_ids(user_id, ipu_id) -> None:
-    if user_id is not None and not isinstance(user_id, str):
-        raise ValueError(f"a block's user_id must be a str, not {type(user_id).__name__}.")
     if ipu_id is not None and (not isinstance(ipu_id, int) or ipu_id < 0):
         raise ValueError(f"a block's ipu_id must be a non-negative int, not {ipu_id!r}.")
 
@@ -60,64 +56,21 @@ class Block(torch.nn.Module):
 
     @staticmethod
     def start(user_id: str | None = None, ipu_id: int | None = None) -> None:
-        _record(user_id, ipu_id)
+        record(user_id, ipu_id)
 
     def __enter__(self) -> Block:
-        _record(self.user_id, self.ipu_id)
+        record(self.user_id, self.ipu_id)
         return self
 
     def __exit__(self, *exc) -> None:
         return None
 
 
-def _record(user_id, ipu_id) -> None:
+def record(user_id, ipu_id) -> None:
+    """Note, in the forward being traced, that block ``user_id`` on ``ipu_id`` starts."""
     recording = marks.current()
     if recording is not None:
         recording.blocks.append((user_id, ipu_id))
-
-
-class _BeginBlockHook:
-    """A forward pre-hook that opens the block each time the module runs."""
-
-    def __init__(self, user_id, ipu_id) -> None:
-        self.user_id, self.ipu_id = user_id, ipu_id
-
-    def __call__(self, module, inputs) -> None:
-        _record(self.user_id, self.ipu_id)
-
-
-def BeginBlock(
-    layer_to_call: torch.nn.Module, user_id: str | None = None, ipu_id: int | None = None
-) -> torch.nn.Module:
-    """Start a block at ``layer_to_call`` (the module itself is returned, marked)."""
-    if not isinstance(layer_to_call, torch.nn.Module):
-        raise Error(
-            "poptorch.BeginBlock takes a torch.nn.Module (use BlockFunction for functions)."
-        )
-    _check_ids(user_id, ipu_id)
-    removeBlocks(layer_to_call)
-    hook = _BeginBlockHook(user_id, ipu_id)
-    handle = layer_to_call.register_forward_pre_hook(hook)
-    layer_to_call.__dict__["_poptorch_block"] = (user_id, ipu_id, handle)
-    return layer_to_call
-
-
-def removeBlocks(module: torch.nn.Module) -> None:
-    """Remove every BeginBlock mark from ``module`` and its children."""
-    for m in module.modules():
-        mark = m.__dict__.pop("_poptorch_block", None)
-        if mark is not None:
-            mark[2].remove()
-
-
-def marked_blocks(model: torch.nn.Module) -> list:
-    """The (user_id, ipu_id) of each BeginBlock mark in ``model``, in module order (a traced
-    leaf module does not run its hooks, so the marks are read from the modules)."""
-    return [
-        m.__dict__["_poptorch_block"][:2]
-        for m in model.modules()
-        if "_poptorch_block" in m.__dict__
-    ]
 
 
 def BlockFunction(user_id: str | None = None, ipu_id: int | None = None) -> Callable:
@@ -153,15 +106,26 @@ class Stage:
 
 
 class Phase:
-    """One execution phase: stages that run together."""
+    """One execution phase: stages that run together (block ids given: one stage of them)."""
 
     def __init__(self, *arg) -> None:
-        self.stages = [s if isinstance(s, Stage) else Stage(s) for s in arg]
+        if all(isinstance(s, Stage) for s in arg):
+            self.stages = list(arg)
+        elif all(isinstance(s, str) for s in arg):
+            self.stages = [Stage(*arg)]
+        else:
+            raise ValueError(
+                f"Phase takes Stages or block ids (str), not {[type(s).__name__ for s in arg]}."
+            )
 
     def stage(self, idx: int) -> Stage:
         return self.stages[idx]
 
     def ipus(self, *ipus: int) -> Phase:
+        if len(ipus) != len(self.stages):
+            raise ValueError(
+                f"Phase contains {len(self.stages)} stages but you provided {len(ipus)} ipus"
+            )
         for stage, ipu in zip(self.stages, ipus):
             stage.ipu(ipu)
         return self
@@ -184,11 +148,20 @@ class ExecutionStrategy:
                 self.stages.append(Stage(arg))
             elif isinstance(arg, Phase):
                 self.stages.extend(arg.stages)
+            elif isinstance(arg, (list, tuple)) and all(isinstance(b, str) for b in arg):
+                self.stages.append(Stage(*arg))  # a list of block ids: one stage
             else:
                 raise ValueError(
                     f"{type(self).__name__} takes Stages, block ids, Phases or an AutoStage, "
                     f"not {type(arg).__name__}."
                 )
+
+    def stage(self, block_id: str) -> Stage:
+        """The stage that holds block ``block_id``."""
+        for stage in self.stages:
+            if block_id in stage.blocks:
+                return stage
+        raise ValueError(f"Unknown block {block_id}")
 
     def backendOptions(self) -> dict:
         """PopTorch's serialised form (`Options.toDict`): 0 pipelined, 1 sharded."""
@@ -209,13 +182,16 @@ class ShardedExecution(ExecutionStrategy):
 
 
 class _PhasedExecution(ExecutionStrategy):
-    def __init__(self, *args) -> None:
-        super().__init__(*args)
+    """Each argument one phase: a Phase, a Stage, a block id or a list of either."""
+
+    def __init__(self, *phases) -> None:
+        self.phases = [_as_phase(p) for p in phases]
+        super().__init__(*[s for p in self.phases for s in p.stages])
         self.separate_backward_phase = False
         self.liveness = Liveness.AlwaysLive
 
-    def phase(self, phase: int) -> Stage:
-        return self.stages[phase]
+    def phase(self, phase: int) -> Phase:
+        return self.phases[phase]
 
     def useSeparateBackwardPhase(self, use: bool = True):
         self.separate_backward_phase = bool(use)
@@ -228,6 +204,12 @@ class _PhasedExecution(ExecutionStrategy):
             "tensors_liveness": int(self.liveness),
             "serial_phases_execution": isinstance(self, SerialPhasedExecution),
         }
+
+
+def _as_phase(arg) -> Phase:
+    if isinstance(arg, Phase):
+        return arg
+    return Phase(*arg) if isinstance(arg, (list, tuple)) else Phase(arg)
 
 
 class ParallelPhasedExecution(_PhasedExecution):
@@ -258,7 +240,7 @@ def check_pipeline(options, blocks: list, training: bool) -> None:
     """PopTorch's rule for a pipeline (its default strategy whenever blocks use several
     IPUs): training runs 2S-1 stages for S forward stages and needs that many micro-batches
     (gradient accumulation); inference needs S device iterations."""
-    strategy = options._execution_strategy or PipelinedExecution()
+    strategy = options._execution_strategy
     if not strategy.pipelined:
         return
     forward = _stage_count(strategy, blocks)

@@ -23,6 +23,7 @@ import popxl_fx
 from . import (
     _logging,
     batching,
+    begin_block,
     blocks,
     group_norm,
     optim,
@@ -192,7 +193,7 @@ class PoplarExecutor:
     def _check_blocks(self) -> None:
         """PopTorch's pipeline rules on the blocks: BeginBlock marks (in module order) and
         the Block scopes the forward entered."""
-        seen = blocks.marked_blocks(self._user_model)
+        seen = begin_block.marked_blocks(self._user_model)
         seen += [b for b in self._wrapped.blocks if b not in seen]
         blocks.check_pipeline(self._options, seen, self._training)
 
@@ -307,7 +308,8 @@ class PoplarExecutor:
         return self._impl.report()
 
     def __repr__(self) -> str:
-        return f"PoplarExecutor({self._user_model!r})"
+        """The model's repr with its BeginBlock marks, as PopTorch prints an executor."""
+        return begin_block.module_repr(self._user_model)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name in ("_user_model", "_impl"):
@@ -442,9 +444,19 @@ def _frozen_copy(options: Options | None, training: bool) -> Options:
         raise Error(
             "You must set poptorch.Options().Training.gradientAccumulation to 1 or leave it "
             "as its default value (1) when running a poptorch.inferenceModel()."
+            + _pipelined_hint(options)
         )
     options._freeze()
     return options
+
+
+def _pipelined_hint(options) -> str:
+    if not isinstance(options._execution_strategy, blocks.PipelinedExecution):
+        return ""
+    return (
+        " Use poptorch.Options().deviceIterations to process a sufficient number of batches "
+        "each run for pipelined execution instead."
+    )
 
 
 def shallow_copy(model: nn.Module) -> nn.Module:

@@ -18,6 +18,8 @@ __all__ = ["Marks", "current", "recording"]
 class Marks:
     losses: list = field(default_factory=list)  # identity_loss results, in call order
     blocks: list = field(default_factory=list)  # (user_id, ipu_id) of each block entered
+    overlap_outputs: list = field(default_factory=list)  # set_overlap_for_output's tensors
+    training: bool = False  # a trainingModel's forward (for_loop and cond refuse it)
 
 
 _STACK: list[Marks] = []
@@ -29,8 +31,8 @@ def current() -> Marks | None:
 
 
 @contextlib.contextmanager
-def recording() -> Iterator[Marks]:
-    marks = Marks()
+def recording(training: bool = False) -> Iterator[Marks]:
+    marks = Marks(training=training)
     _STACK.append(marks)
     try:
         yield marks

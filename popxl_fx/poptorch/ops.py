@@ -4,14 +4,15 @@ torch agree; ops that only steer Poplar's memory planning return their input unc
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from . import _notes, marks
+from .control import cond, for_loop
 from .enums import MatMulSerializationMode, OverlapMode
-from .errors import unsupported
+from .errors import Error, unsupported
 from .multiconv import MultiConv
 
 __all__ = [
@@ -106,58 +107,30 @@ def serializedMatMul(
 
 
 def set_overlap_for_input(input_tensors, mode: OverlapMode):
+    """Marks inputs for overlapped IO (no effect on the values); each must be a model input,
+    as PopTorch checks."""
     OverlapMode(mode)
+    for t in _traced(input_tensors):
+        if t.node.op != "placeholder":
+            raise Error(
+                "poptorch.set_overlap_for_input applied on a node which is not a tensor "
+                "input to the model."
+            )
     return input_tensors
 
 
 def set_overlap_for_output(output_tensors, mode: OverlapMode):
+    """Marks outputs for overlapped IO; the executor checks that the model returns them."""
     OverlapMode(mode)
+    recording = marks.current()
+    if recording is not None:
+        recording.overlap_outputs.extend(_traced(output_tensors))
     return output_tensors
 
 
-def for_loop(count: int, body: Callable, inputs: Sequence[torch.Tensor]) -> list:
-    """Apply ``body`` ``count`` times, each time to the last outputs (PopTorch's device
-    loop; here the traced program repeats the body)."""
-    if not isinstance(count, int) or count < 0:
-        raise ValueError(f"for_loop(count={count!r}): give a non-negative int.")
-    values = list(inputs)
-    for _ in range(count):
-        out = body(*values)
-        values = list(out) if isinstance(out, (list, tuple)) else [out]
-        if len(values) != len(inputs):
-            raise ValueError(
-                f"for_loop: the body returns {len(values)} tensors but takes {len(inputs)}; "
-                "it must return one tensor per input."
-            )
-    return values
-
-
-def cond(
-    condition: torch.Tensor,
-    then_body: Callable,
-    then_inputs: Sequence,
-    else_body: Callable,
-    else_inputs: Sequence,
-) -> list:
-    """``then_body(*then_inputs)`` where ``condition`` is true, else ``else_body(...)``.
-
-    A condition known at capture (a Python bool, a constant tensor) picks its branch. A
-    condition computed in the model runs both branches and selects each output with
-    ``torch.where``: the values (and the gradients reaching the chosen branch) are those of
-    the branch taken, as PopTorch's device-side branch gives them."""
-    if not isinstance(condition, torch.fx.Proxy):
-        return _as_list(then_body(*then_inputs) if bool(condition) else else_body(*else_inputs))
-    taken, other = _as_list(then_body(*then_inputs)), _as_list(else_body(*else_inputs))
-    if len(taken) != len(other):
-        raise ValueError(
-            f"poptorch.cond: then_body returns {len(taken)} tensors and else_body "
-            f"{len(other)}; both branches must return the same number of tensors."
-        )
-    return [torch.where(condition, a, b) for a, b in zip(taken, other)]
-
-
-def _as_list(out) -> list:
-    return list(out) if isinstance(out, (list, tuple)) else [out]
+def _traced(tensors) -> list:
+    leaves = tensors if isinstance(tensors, (list, tuple)) else [tensors]
+    return [t for t in leaves if isinstance(t, torch.fx.Proxy)]
 
 
 def custom_op(

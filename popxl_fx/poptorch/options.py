@@ -13,7 +13,7 @@ import copy
 import os
 from typing import Any
 
-from . import _notes
+from . import _notes, blocks
 from .enums import ConnectionType, MeanReductionStrategy, OutputMode, ReductionType, SyncPattern
 from .errors import Error
 from .option_files import ConfigFileError, from_json, load_from_file
@@ -55,7 +55,7 @@ class Options(OptionsDict):
         self._training = _TrainingOptions(self._popart)
         self._distributed = _DistributedOptions()
         self._tensor_locations = _TensorLocationOptions()
-        self._execution_strategy = None  # PopTorch's default: pipelined (`blocks`)
+        self._execution_strategy = blocks.PipelinedExecution()  # PopTorch's default
         self._source_location_excludes = ["install/poptorch", "site-packages/torch"]
         self._relax_optimizer_attributes_checks = False
         self._show_compilation_progress_bar = True
@@ -331,7 +331,7 @@ def _defaults() -> dict[str, Any]:
 
 def _backend_options(strategy) -> dict[str, Any]:
     """PopTorch's execution-mode entries (0 pipelined, the default; 1 sharded; 2 phased)."""
-    return {"execution_mode": 0} if strategy is None else strategy.backendOptions()
+    return strategy.backendOptions()
 
 
 def _no_progress_bar(progress: int, total: int) -> None:

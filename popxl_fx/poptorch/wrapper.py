@@ -20,7 +20,7 @@ from torch import nn
 
 from popxl_fx.capture_watch import ruling, watching
 
-from . import marks
+from . import losses, marks
 from .args import parser_for
 from .errors import Error
 from .half import ParamsFollowActivations
@@ -86,8 +86,15 @@ class Wrapped(nn.Module):
         self.model = model
         self.for_training = training
         self.loss_factor = loss_factor  # Sum reduction: micro-batches x replicas
-        self.blocks: list = []  # the blocks the last forward entered
+        # The last forward's marks, changed in place: a trace puts back the plain attributes
+        # a forward sets on a module, so `self.blocks = ...` would not outlive it.
+        self.seen = marks.Marks()
         self.call: tuple | None = None  # `flat_call`'s structure of the calls compiled
+
+    @property
+    def blocks(self) -> list:
+        """The blocks (user_id, ipu_id) the last forward entered."""
+        return self.seen.blocks
 
     def forward(self, *tensors: Any) -> Any:
         spec, template = self.call
@@ -95,7 +102,7 @@ class Wrapped(nn.Module):
         leaves = [_leaf(x, given) for x in template]
         args, kwargs = pytree.tree_unflatten(leaves, spec)
         with (
-            marks.recording() as seen,
+            marks.recording(self.for_training) as seen,
             _no_distribution_checks(),
             watching(check_static_size),
             contextlib.ExitStack() as rules,
@@ -103,15 +110,28 @@ class Wrapped(nn.Module):
             for rule in self.rules:
                 rules.enter_context(ruling(rule))
             out = self.model(*args, **kwargs)
-        self.blocks = list(seen.blocks)
+        self.seen.blocks[:] = seen.blocks
+        _check_overlap_outputs(seen, out)
         check_refused(out)  # what PopTorch would not compile
         if not self.for_training:
             return out
-        loss = seen.losses[-1] if seen.losses else _last_tensor(out, self.model)
+        loss = losses.final_loss(seen.losses, out)
+        if loss is None:
+            loss = _last_tensor(out, self.model)
         train = loss if _is_scalar(loss) else loss.sum()
         if self.loss_factor != 1.0:
             train = train * self.loss_factor
         return train, out
+
+
+def _check_overlap_outputs(seen: marks.Marks, out: Any) -> None:
+    """PopTorch's check: a tensor marked for overlapped output is one the model returns."""
+    returned = {id(x) for x in pytree.tree_leaves(out)}
+    if any(id(t) not in returned for t in seen.overlap_outputs):
+        raise Error(
+            "poptorch.set_overlap_for_output applied on a node which is not a tensor output "
+            "to the model."
+        )
 
 
 @contextlib.contextmanager
