@@ -63,9 +63,10 @@ def test_distribution_argument_checks_are_off_while_tracing():
             return torch.distributions.Uniform(low, torch.tensor([10.0])).sample((4, 3))
 
     low = torch.tensor([1.0], dtype=torch.float16)
+    before = torch.distributions.Distribution._validate_args
     out = poptorch.inferenceModel(Sample())(low)
     assert out.dtype == Sample()(low).dtype and out.shape == (4, 3, 1)
-    assert torch.distributions.Distribution._validate_args  # restored after the trace
+    assert torch.distributions.Distribution._validate_args == before  # restored after the trace
 
 
 class _Twice(nn.Module):
