@@ -23,6 +23,7 @@ import popxl_fx
 from . import (
     _logging,
     batching,
+    binding,
     blocks,
     group_norm,
     optim,
@@ -163,9 +164,10 @@ class PoplarExecutor:
         gets a new program."""
         tensors, call = flat_call(args, kwargs)
         tensors = [_detached(t) for t in tensors]
+        bound = binding.bind(getattr(self._user_model, "forward", self._user_model), args, kwargs)
         if self.isCompiled():
-            self._signature.check(tensors, call)
-        self._signature = InputSignature(tensors, call)
+            self._signature.check(tensors, call, bound)
+        self._signature = InputSignature(tensors, call, bound)
         if not self._signature.same_call(self._wrapped.call):
             if self._wrapped.call is not None:
                 self._impl = None
