@@ -32,7 +32,7 @@ from . import (
     optim_state,
     wrapping,
 )
-from .build_checks import checked_build
+from .build_checks import check_updatable_buffers, checked_build
 from .dtypes import ipu_outputs
 from .enums import ConnectionType, OutputMode, ReductionType
 from .errors import Error, eager_errors, unsupported
@@ -131,6 +131,8 @@ class PoplarExecutor:
             raise Error("Cycle count logging is only supported on actual IPU hardware.")
         for hook in list(_PRE_COMPILE.values()):
             hook()
+        updatable = self._options._Popart.options.get("updatableNamedBuffers")
+        check_updatable_buffers(updatable, self._user_model)
         start = datetime.datetime.now()
         checked_build(lambda: impl.build(*args), self._wrapped.model)
         self._compilation_time = datetime.datetime.now() - start
