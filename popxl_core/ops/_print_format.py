@@ -7,9 +7,12 @@ from typing import Any, Dict
 
 import numpy as np
 
-__all__ = ["FLOAT_FORMATS", "print_options", "format_tensor"]
+from ._poplar_print import poplar_text
+
+__all__ = ["FLOAT_FORMATS", "LAYOUTS", "print_options", "format_tensor"]
 
 FLOAT_FORMATS = ("auto", "fixed", "scientific", "none")
+LAYOUTS = ("numpy", "poplar")
 
 
 def print_options(
@@ -21,8 +24,12 @@ def print_options(
     separator: str,
     open_bracket: str,
     close_bracket: str,
+    layout: str = "numpy",
 ) -> Dict[str, Any]:
-    """The op attribute holding the print options; raises on an unknown float format."""
+    """The op attribute holding the print options; raises on an unknown float format.
+    ``layout`` "poplar" writes Poplar's nested lines (see `_poplar_print`), "numpy" numpy's."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"print_tensor: layout must be one of {LAYOUTS}, got {layout!r}")
     if float_format not in FLOAT_FORMATS:
         raise ValueError(
             f"print_tensor: float_format must be one of {FLOAT_FORMATS}, got {float_format!r}"
@@ -36,6 +43,7 @@ def print_options(
         separator=str(separator),
         open_bracket=str(open_bracket),
         close_bracket=str(close_bracket),
+        layout=layout,
     )
 
 
@@ -54,6 +62,8 @@ def format_tensor(title: str, a: np.ndarray, opts: Dict[str, Any]) -> str:
     ...                                                           "|", "|"))
     'x: |0.  1.5|'
     """
+    if opts.get("layout") == "poplar":
+        return poplar_text(title, a, opts)
     body = np.array2string(
         np.asarray(a),
         max_line_width=opts["linewidth"],

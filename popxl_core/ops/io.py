@@ -182,12 +182,14 @@ def print_tensor(
     separator: str = " ",
     open_bracket: str = "[",
     close_bracket: str = "]",
+    layout: str = "numpy",
 ) -> Tensor:
     """Print ``t`` to stderr when the op runs; returns a copy of ``t``.
 
     As in PopXL the title defaults to ``"print_<name>"``, and with ``print_gradient`` the
     gradient is printed as ``"<title>_gradient"``; the values are written between
-    ``open_bracket`` and ``close_bracket``, separated by ``separator``.
+    ``open_bracket`` and ``close_bracket``, separated by ``separator``. ``layout="poplar"``
+    lays the text out as Poplar's PrintTensor does (PopTorch's ``ipu_print_tensor``).
     """
     opts = print_options(
         summarise_threshold,
@@ -198,6 +200,7 @@ def print_tensor(
         separator,
         open_bracket,
         close_bracket,
+        layout,
     )
     title = f"print_{t.name}" if title is None else title
     attrs = dict(title=title, print_self=print_self, print_gradient=print_gradient, opts=opts)

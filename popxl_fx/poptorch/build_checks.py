@@ -16,7 +16,7 @@ from popxl_fx.errors import UnsupportedError
 
 from .errors import Error
 
-__all__ = ["checked_build"]
+__all__ = ["check_updatable_buffers", "checked_build"]
 
 
 def checked_build(build: Callable[[], None], model: nn.Module) -> None:
@@ -38,3 +38,15 @@ def _summary(err: UnsupportedError) -> str:
     """Each issue's what and hint on one line, then popxl_fx's full report."""
     lines = [f"{issue.what} {issue.hint}".strip() for issue in err.issues]
     return "\n".join([*lines, "", str(err)])
+
+
+def check_updatable_buffers(names: list | None, model: nn.Module) -> None:
+    """PopTorch's compile-time error for ``Options.updatableNamedBuffers`` naming a tensor
+    that is not one of the model's buffers."""
+    buffers = {name for name, _ in model.named_buffers()}
+    for name in names or []:
+        if name not in buffers:
+            raise Error(
+                f"updatableNamedBuffers: the model has no buffer named {name!r} "
+                f"(its buffers: {sorted(buffers)})."
+            )

@@ -24,6 +24,7 @@ from . import (
     _logging,
     batching,
     begin_block,
+    binding,
     blocks,
     group_norm,
     optim,
@@ -32,7 +33,7 @@ from . import (
     optim_state,
     wrapping,
 )
-from .build_checks import checked_build
+from .build_checks import check_updatable_buffers, checked_build
 from .dtypes import ipu_outputs
 from .enums import ConnectionType, OutputMode, ReductionType
 from .errors import Error, eager_errors, unsupported
@@ -131,6 +132,8 @@ class PoplarExecutor:
             raise Error("Cycle count logging is only supported on actual IPU hardware.")
         for hook in list(_PRE_COMPILE.values()):
             hook()
+        updatable = self._options._Popart.options.get("updatableNamedBuffers")
+        check_updatable_buffers(updatable, self._user_model)
         start = datetime.datetime.now()
         checked_build(lambda: impl.build(*args), self._wrapped.model)
         self._compilation_time = datetime.datetime.now() - start
@@ -164,9 +167,10 @@ class PoplarExecutor:
         gets a new program."""
         tensors, call = flat_call(args, kwargs)
         tensors = [_detached(t) for t in tensors]
+        bound = binding.bind(getattr(self._user_model, "forward", self._user_model), args, kwargs)
         if self.isCompiled():
-            self._signature.check(tensors, call)
-        self._signature = InputSignature(tensors, call)
+            self._signature.check(tensors, call, bound)
+        self._signature = InputSignature(tensors, call, bound)
         if not self._signature.same_call(self._wrapped.call):
             if self._wrapped.call is not None:
                 self._impl = None

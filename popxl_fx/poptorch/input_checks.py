@@ -2,14 +2,15 @@
 
 A PopTorch executor compiles once, for its first call's inputs; a later call whose tensors
 have another dtype or shape raises `poptorch.Error` (until ``destroy()``), rather than
-compiling again. (A call of another structure, optional arguments given or left out, gets its
-own program here: PopTorch binds them to forward's defaults and runs one program.)
+compiling again. A call of another structure is bound to forward's signature as PopTorch
+binds it (`binding`) and raises PopTorch's error where it differs from the compiled call.
 """
 
 from __future__ import annotations
 
 import torch
 
+from .binding import Bound, validate
 from .errors import Error
 
 __all__ = ["InputSignature"]
@@ -24,18 +25,20 @@ _END = (
 class InputSignature:
     """The structure and each tensor's dtype and shape of the inputs a program was built for."""
 
-    def __init__(self, tensors: list[torch.Tensor], call: tuple) -> None:
-        self.call = call
+    def __init__(self, tensors: list[torch.Tensor], call: tuple, bound: Bound) -> None:
+        self.call, self.bound = call, bound
         self.specs = [(t.dtype, t.shape) for t in tensors]
 
     def same_call(self, call: tuple | None) -> bool:
         return call is not None and _same(call, self.call)
 
-    def check(self, tensors: list[torch.Tensor], call: tuple) -> None:
-        """Raise PopTorch's error for a dict argument with other keys, or for the first
-        tensor of these inputs (of the same structure) whose dtype or shape differs."""
+    def check(self, tensors: list[torch.Tensor], call: tuple, bound: Bound) -> None:
+        """Raise PopTorch's error for a dict argument with other keys, for inputs of another
+        structure unlike the compiled ones, or for the first tensor of these inputs (of the
+        same structure) whose dtype or shape differs."""
         if not _same(call, self.call):
             _check_keys(self.call[0].children_specs[0], call[0].children_specs[0])
+            validate(self.bound, bound, _END)
             return
         for i, (t, (dtype, shape)) in enumerate(zip(tensors, self.specs)):
             if t.dtype != dtype:

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from ..lowerings import printing
 from . import _notes, marks
 from .control import cond, for_loop
 from .enums import MatMulSerializationMode, OverlapMode
@@ -61,12 +62,13 @@ def ipu_print_tensor(
     open_bracket: str = "(",
     close_bracket: str = ")",
 ) -> torch.Tensor:
-    """Returns ``tensor``; PopTorch prints it from the device, which this layer does not."""
-    _notes.note(
-        "poptorch.ipu_print_tensor",
-        "the simulator prints nothing from the device; print the outputs on the host",
-    )
-    return tensor
+    """``tensor``, printed to stderr on every run of the compiled program in Poplar's layout
+    (eager torch prints nothing, as PopTorch's CPU kernel)."""
+    options = (summarise_threshold, edge_items, max_line_width, digits, float_format)
+    args = (tensor, title, print_gradient, *options, separator, open_bracket, close_bracket)
+    if not isinstance(tensor, torch.fx.Proxy):
+        return tensor
+    return tensor.tracer.create_proxy("call_function", printing.print_tensor, args, {})
 
 
 def nop(tensor: torch.Tensor) -> torch.Tensor:
