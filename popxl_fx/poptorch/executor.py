@@ -30,13 +30,14 @@ from . import (
     optim,
     optim_attrs,
     optim_map,
-    optim_state,
     wrapping,
 )
 from .build_checks import check_updatable_buffers, checked_build
 from .dtypes import ipu_outputs
 from .enums import ConnectionType, OutputMode, ReductionType
 from .errors import Error, eager_errors, unsupported
+from .executor_optim import OptimizerLink
+from .executor_outputs import TrainingOutputs, fetches_outputs
 from .fx_options import fx_options
 from .input_checks import InputSignature
 from .options import Options
@@ -67,7 +68,7 @@ def registerPostCompileHook(hook) -> torch.utils.hooks.RemovableHandle:
     return handle
 
 
-class PoplarExecutor:
+class PoplarExecutor(OptimizerLink, TrainingOutputs):
     """A PopTorch model on the simulated IPU: call it like the model."""
 
     def __init__(
@@ -143,24 +144,6 @@ class PoplarExecutor:
         for hook in list(_POST_COMPILE.values()):
             hook()
 
-    def _share_optimizer_state(self, impl) -> None:
-        """A PopTorch optimizer's ``state_dict`` reads the built program's state from now
-        on (not offline: PopTorch has no device to read it from)."""
-        opt = self._optimizer
-        if not self._training or not isinstance(opt, optim.Optimizer):
-            return
-        if self._options.connection_type == ConnectionType.Never:
-            return
-        names = {id(p): n for n, p in self._user_model.named_parameters()}
-        opt._ipu_reader = lambda: optim_state.read(impl._active, names)
-
-    def _take_loaded_state(self, impl) -> None:
-        opt = self._optimizer
-        if self._training and getattr(opt, "_ipu_loaded", None) is not None:
-            names = {id(p): n for n, p in self._user_model.named_parameters()}
-            loaded, opt._ipu_loaded = opt._ipu_loaded, None
-            optim_state.apply_loaded(loaded, impl._active, names)
-
     def _flat_inputs(self, args: tuple, kwargs: dict) -> tuple:
         """The call's tensors, flat and split by device iteration. Once compiled, the inputs
         must be those compiled for (PopTorch's error); a new structure after ``destroy()``
@@ -183,7 +166,7 @@ class PoplarExecutor:
     def _check_outputs(self, impl) -> None:
         """A phased or batch-serialised training step fetches only the loss: a model
         returning more raises before any step, rather than returning less."""
-        if not self._training or _fetches_outputs(impl.options):
+        if not self._training or fetches_outputs(impl.options):
             return
         outputs = impl._active.lowered.fxm.out_spec.num_leaves - 1
         if outputs > 1:
@@ -275,24 +258,6 @@ class PoplarExecutor:
             raise Error("Please set showCompilationProgressBar option to obtain compilation time.")
         return self._compilation_time
 
-    def setOptimizer(self, optimizer: torch.optim.Optimizer) -> None:
-        """Train with ``optimizer`` from the next call (its state and hyper-parameters)."""
-        if not self._training:
-            raise Error("setOptimizer is only for a trainingModel.")
-        compiled = self._impl is not None and self._impl._active is not None
-        self._take_optimizer(optimizer, compiled)
-        self._optimizer = optimizer
-        # popxl_fx's trainer reads its optimizer's groups and state: a new trainer reads the
-        # new optimizer's (the weights are the model's, so nothing else is lost)
-        self._impl = None
-
-    def _take_optimizer(self, optimizer: torch.optim.Optimizer, compiled: bool) -> None:
-        """PopTorch's checks of an optimizer (`optim_attrs`), then popxl_fx's refusals."""
-        optim_attrs.warn_if_subclassed(optimizer)
-        optim_attrs.check_accum_strategy(optimizer, self._options, compiled)
-        self._attrs.check(optimizer)
-        optim_map.torch_view(optimizer)  # refused now, not at the next call
-
     @property
     def model(self) -> nn.Module:
         return self._user_model
@@ -339,62 +304,13 @@ class PoplarExecutor:
         view = optim_map.torch_view(self._optimizer)
         optim_map.check_accum_type(self._optimizer, fx.gradient_accumulation)
         fx = fx.replace(loss_scaling=_loss_scale(self._optimizer, fx))
-        outputs = _fetches_outputs(fx)
+        outputs = fetches_outputs(fx)
         # PopTorch trains a loss that reaches no trainable parameter (PopART has no
         # gradient to apply): the step runs and updates nothing
         self._impl = popxl_fx.Trainer(
             self._wrapped, view, None, fx, outputs=outputs, untrained_ok=True
         )
         return self._impl
-
-    def _training_outputs(self, impl, loss: torch.Tensor) -> Any:
-        """The model's outputs from a training call (the loss in its place), as the output
-        mode returns them."""
-        fx, prog = impl.options, impl._active
-        if not _fetches_outputs(fx):
-            loss = self._unscaled(loss.as_subclass(torch.Tensor))
-            return batching.select_outputs(loss, self._options, fx.device_iterations)
-        n = prog.lowered.fxm.out_spec.num_leaves
-        if fx.gradient_accumulation > 1 or fx.replication_factor > 1:
-            leaves = self._per_micro_batch(impl, n)
-        else:
-            loss = self._unscaled(loss.as_subclass(torch.Tensor))
-            leaves = [loss, *(impl.last[f"output.{i}"] for i in range(1, n))]
-            leaves = batching.select_outputs(leaves, self._options, fx.device_iterations)
-        return prog.lowered.fxm.unflatten(leaves)[1]
-
-    def _per_micro_batch(self, impl, n: int) -> list[torch.Tensor]:
-        """The outputs of every micro-batch of every replica, as PopTorch returns them: one
-        value per replica (the loss: ``[R]``), per the output mode over the micro-batches."""
-        fx = impl.options
-        per_micro = fx.gradient_accumulation > 1
-        names = [f"micro.{i}" for i in range(n)] if per_micro else ["loss"] + [
-            f"output.{i}" for i in range(1, n)
-        ]  # fmt: skip
-        return self._per_replica([impl.per_replica[name] for name in names], fx, per_micro)
-
-    def _per_replica(self, values: list, fx: popxl_fx.Options, per_micro: bool) -> list:
-        """Each output as the device wrote it, as PopTorch returns it (`batching`); in a
-        training call the first is the loss, each of its values unscaled first."""
-        opts, k = self._options, fx.gradient_accumulation if per_micro else 1
-        shape = (fx.device_iterations, fx.replication_factor, k, per_micro)
-        ts = [batching.device_order(v, *shape) for v in values]
-        if self._training:
-            ts[0] = self._unscaled(ts[0])
-        mode, period = opts.output_mode, opts.output_return_period
-        return [batching.select_micro_batches(t, mode, period) for t in ts]
-
-    def _unscaled(self, loss: torch.Tensor) -> torch.Tensor:
-        """The loss the model computed (Sum reduction scales it in the program)."""
-        if self._wrapped.loss_factor != 1.0:
-            return loss / self._wrapped.loss_factor
-        return loss
-
-
-def _fetches_outputs(fx: popxl_fx.Options) -> bool:
-    """The step's forward outputs can be fetched: per step, or per micro-batch of the
-    accumulation loop (not from phased or batch-serialised steps)."""
-    return fx.batch_serialisation == 1 and fx.phased_execution is False
 
 
 def _loss_scale(optimizer, fx: popxl_fx.Options) -> float:
