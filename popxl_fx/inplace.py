@@ -184,25 +184,13 @@ def base_chain(target: fx.Node) -> list[fx.Node]:
     return chain
 
 
-# views whose update `popxl_fx.view_writes` writes back into their base
-_WRITABLE = frozenset(
+# views whose update `popxl_fx.view_writes` writes back into their base: the method views but
+# these (not inverted there), and the function spellings
+_NOT_WRITTEN_BACK = frozenset(
+    {"expand", "expand_as", "unfold", "movedim", "as_strided", "split", "chunk", "unbind"}
+)
+_WRITABLE = (_VIEW_METHODS - _NOT_WRITTEN_BACK) | frozenset(
     {
-        "view",
-        "view_as",
-        "reshape",
-        "reshape_as",
-        "flatten",
-        "unflatten",
-        "squeeze",
-        "unsqueeze",
-        "transpose",
-        "swapaxes",
-        "swapdims",
-        "permute",
-        "t",
-        "narrow",
-        "select",
-        "detach",
         operator.getitem,
         torch.reshape,
         torch.flatten,

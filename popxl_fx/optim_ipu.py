@@ -24,7 +24,7 @@ import torch
 import popxl_core as popxl
 from popxl_core import ops
 
-__all__ = ["HYPER", "IPUAdam", "build_update", "hyper_values", "structure"]
+__all__ = ["HYPER", "IPUAdam", "build_update", "hyper_values", "per_param_step", "structure"]
 
 HYPER = ("neg_lr", "beta1", "beta2", "eps", "weight_decay")
 
@@ -71,15 +71,7 @@ class IPUAdam(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    self._update(p, p.grad, group)
-        return loss
+        return per_param_step(self, closure, self._update)
 
     def _update(self, p: torch.Tensor, g: torch.Tensor, group: Mapping) -> None:
         state = self.state[p]
@@ -144,3 +136,17 @@ def build_update(state_var, name: str, p, grad, hp: Mapping, pg: Mapping) -> Non
         ops.var_updates.accumulate_(step, popxl.constant(1.0, popxl.float32))
         upd = ops.var_updates.adam_updater(m, v, p, weight_decay=wd, epsilon=hp["eps"])
     ops.scaled_add_(p, upd, b=hp["neg_lr"])
+
+
+def per_param_step(optimizer: torch.optim.Optimizer, closure, update) -> torch.Tensor | None:
+    """torch.optim's eager step: the closure's loss (with gradients on), then
+    ``update(p, grad, group)`` for every parameter that has a gradient."""
+    loss = None
+    if closure is not None:
+        with torch.enable_grad():
+            loss = closure()
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.grad is not None:
+                update(p, p.grad, group)
+    return loss

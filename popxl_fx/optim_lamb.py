@@ -20,6 +20,8 @@ import torch
 import popxl_core as popxl
 from popxl_core import ops
 
+from .optim_ipu import per_param_step
+
 __all__ = ["HYPER", "LAMB", "WHOLE_TENSORS", "build_update", "hyper_values", "structure"]
 
 HYPER = ("neg_lr", "beta1", "c1", "beta2", "c2", "bc1", "bc2_sqrt", "eps", "weight_decay")
@@ -58,15 +60,10 @@ class LAMB(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    _eager_update(p, p.grad, self.state[p], group)
-        return loss
+        return per_param_step(self, closure, self._update)
+
+    def _update(self, p: torch.Tensor, grad: torch.Tensor, group: Mapping) -> None:
+        _eager_update(p, grad, self.state[p], group)
 
 
 def _eager_update(p: torch.Tensor, grad: torch.Tensor, state: dict, group: Mapping) -> None:
