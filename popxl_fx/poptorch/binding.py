@@ -11,6 +11,7 @@ missing argument.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any
 
@@ -34,11 +35,22 @@ class Bound:
         self.named: dict[str, Any] = {}
 
 
-def _parameters(fn) -> list[inspect.Parameter]:
+def _parameters(fn) -> tuple[inspect.Parameter, ...]:
+    """``fn``'s parameters (a bound method's without ``self``); read once per function, as
+    every call of the executor binds its arguments."""
+    function = getattr(fn, "__func__", None)
+    if function is None:
+        return _signature_of(fn, False)
+    return _signature_of(function, True)
+
+
+@functools.lru_cache(maxsize=256)
+def _signature_of(fn, drop_self: bool) -> tuple[inspect.Parameter, ...]:
     try:
-        return list(inspect.signature(fn).parameters.values())
+        parameters = tuple(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):  # no signature: PopTorch takes (*args, **kwargs)
-        return [inspect.Parameter("args", _VAR_POS), inspect.Parameter("kwargs", _VAR_KW)]
+        return (inspect.Parameter("args", _VAR_POS), inspect.Parameter("kwargs", _VAR_KW))
+    return parameters[1:] if drop_self else parameters
 
 
 def bind(fn, args: tuple, kwargs: dict) -> Bound:
