@@ -66,6 +66,12 @@ def child_env(env: dict[str, str] | None = None) -> dict[str, str]:
 def _install_here_and_in_children() -> None:
     install()
     os.environ.update(child_env())
+    # multiprocessing's spawn and forkserver children take this process's sys.path (not
+    # PYTHONPATH) and re-run the script, whose ``import poptorch`` must find the hook there;
+    # here the hook's finder comes first, so the folder changes nothing
+    child_path = child_env({})["PYTHONPATH"].split(os.pathsep)[0]
+    if child_path not in sys.path:
+        sys.path.append(child_path)
 
 
 _USAGE = (
