@@ -184,25 +184,13 @@ def base_chain(target: fx.Node) -> list[fx.Node]:
     return chain
 
 
-# views whose update `popxl_fx.view_writes` writes back into their base: the method views but
-# these (not inverted there), and the function spellings
+# views whose update `popxl_fx.view_writes` writes back into their base: the views but these
+# (not inverted there), in both spellings
 _NOT_WRITTEN_BACK = frozenset(
     {"expand", "expand_as", "unfold", "movedim", "as_strided", "split", "chunk", "unbind"}
 )
-_WRITABLE = (_VIEW_METHODS - _NOT_WRITTEN_BACK) | frozenset(
-    {
-        operator.getitem,
-        torch.reshape,
-        torch.flatten,
-        torch.squeeze,
-        torch.unsqueeze,
-        torch.transpose,
-        torch.permute,
-        torch.narrow,
-        torch.select,
-        torch.detach,
-        torch.t,
-    }
+_WRITABLE = (_VIEW_METHODS - _NOT_WRITTEN_BACK) | (
+    _VIEW_FUNCTIONS - {torch.movedim, torch.split, torch.chunk, torch.unbind}
 )
 
 
