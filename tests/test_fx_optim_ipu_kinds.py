@@ -14,17 +14,7 @@ from popxl_fx.optim_groups import state_slots
 from popxl_fx.optim_lamb import LAMB
 from popxl_fx.optim_replicated import Replication
 
-SHAPES = {"a.weight": (5, 7), "a.bias": (7,), "b.weight": (33,)}
-
-
-def _params():
-    g = torch.Generator().manual_seed(0)
-    return {n: torch.nn.Parameter(torch.randn(s, generator=g)) for n, s in SHAPES.items()}
-
-
-def _grads(step):
-    g = torch.Generator().manual_seed(100 + step)
-    return {n: torch.randn(s, generator=g) for n, s in SHAPES.items()}
+from .test_fx_train_optim import _grads, _params
 
 
 def _build(opt, params):
