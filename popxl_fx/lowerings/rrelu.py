@@ -1,9 +1,10 @@
 """RReLU's ATen op in evaluation: no randomness, torch's leaky ReLU with the mean slope.
 
-``nn.RReLU`` / ``F.rrelu`` decompose to ``rrelu_with_noise``, which torch's kernel computes as
-``leaky_relu(x, (lower + upper) / 2)`` when not training; here that is torch's own kernel, so
-the numbers and the gradient are eager's. Training draws a slope per element and stays
-unsupported (reported as a random op).
+``nn.RReLU`` / ``F.rrelu`` called by a model are lowered whole (`nn_layers`, training
+included). This is their ATen op, ``rrelu_with_noise``, met when an unlowered function
+decomposes to it: torch's kernel computes it as ``leaky_relu(x, (lower + upper) / 2)`` when not
+training, and here that is torch's own kernel, so the numbers and the gradient are eager's.
+The ATen op in training draws a slope per element and is reported as a random op.
 """
 
 from __future__ import annotations
