@@ -66,8 +66,11 @@ _PYTREE_DICTS = (dict, OrderedDict, defaultdict)  # flattened by torch's pytree 
 
 
 def parser_for(value: object) -> ICustomArgParser | None:
-    """The registered parser of ``value``'s type, or the built-in one of a dict subclass."""
+    """The registered parser of ``value``'s type (else of a registered base class, as
+    PopTorch looks them up), or the built-in one of a dict subclass."""
     parser = _PARSERS.get(type(value))
+    if parser is None and _PARSERS:
+        parser = next((p for t, p in _PARSERS.items() if isinstance(value, t)), None)
     if parser is None and isinstance(value, dict) and type(value) not in _PYTREE_DICTS:
         return _MAPPING
     return parser

@@ -99,7 +99,7 @@ class PoplarExecutor(OptimizerLink, TrainingOutputs):
     # PopTorch's API ----------------------------------------------------------------------
     @eager_errors
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return ipu_outputs(self._call(*args, **kwargs))
+        return self._wrapped.custom.rebuild(ipu_outputs(self._call(*args, **kwargs)))
 
     def _call(self, *args: Any, **kwargs: Any) -> Any:
         if self._options.connection_type == ConnectionType.Never:  # PopTorch asserts this

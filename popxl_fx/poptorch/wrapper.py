@@ -22,6 +22,7 @@ from popxl_fx.capture_watch import ruling, watching
 
 from . import losses, marks
 from .args import parser_for
+from .custom_outputs import CustomOutputs
 from .errors import Error
 from .half import ParamsFollowActivations
 from .refused import check_refused
@@ -90,6 +91,7 @@ class Wrapped(nn.Module):
         # a forward sets on a module, so `self.blocks = ...` would not outlive it.
         self.seen = marks.Marks()
         self.call: tuple | None = None  # `flat_call`'s structure of the calls compiled
+        self.custom = CustomOutputs()  # the executor rebuilds custom-typed outputs with it
 
     @property
     def blocks(self) -> list:
@@ -109,7 +111,7 @@ class Wrapped(nn.Module):
         ):
             for rule in self.rules:
                 rules.enter_context(ruling(rule))
-            out = self.model(*args, **kwargs)
+            out = self.custom.plain(self.model(*args, **kwargs))
         self.seen.blocks[:] = seen.blocks
         _check_overlap_outputs(seen, out)
         check_refused(out)  # what PopTorch would not compile
