@@ -11,9 +11,12 @@ micro-batches a pipeline needs are checked (`check_pipeline`).
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Callable
+from typing import Any
 
 import torch
+import torch.fx as fx
 
 from . import marks
 from .enums import AutoStage, Liveness
@@ -29,6 +32,7 @@ __all__ = [
     "SerialPhasedExecution",
     "ShardedExecution",
     "Stage",
+    "check_in_block",
     "check_pipeline",
     "record",
 ]
@@ -63,7 +67,10 @@ class Block(torch.nn.Module):
         return self
 
     def __exit__(self, *exc) -> None:
-        return None
+        # PopTorch's compiler has no active IPU from here until the next block starts
+        recording = marks.current()
+        if recording is not None:
+            recording.outside_block = True
 
 
 def record(user_id, ipu_id) -> None:
@@ -71,6 +78,32 @@ def record(user_id, ipu_id) -> None:
     recording = marks.current()
     if recording is not None:
         recording.blocks.append((user_id, ipu_id))
+        recording.outside_block = False
+
+
+def check_in_block(node: fx.Node, module: Any = None) -> None:
+    """PopTorch's rule (a `popxl_fx.capture_watch` watcher): once a ``with Block`` has ended,
+    an op of the model before the next block starts belongs to no block, and raises."""
+    recording = marks.current()
+    if recording is None or not recording.outside_block or not _is_op(node):
+        return
+    raise Error(
+        f"No active Block, all the ops must belong to a Block ({node.meta.get('source', node)} "
+        "runs after a `with poptorch.Block` ended and before the next block starts)."
+    )
+
+
+def _is_op(node: fx.Node) -> bool:
+    """A node PopART would make an op of: a call, except unpacking a call's results."""
+    if node.op not in ("call_function", "call_method", "call_module"):
+        return False
+    if node.target is operator.getitem:
+        return isinstance(node.args[0], fx.Node) and _holds_tensor(node.args[0])
+    return True
+
+
+def _holds_tensor(node: fx.Node) -> bool:
+    return isinstance(node.meta.get("example_value"), torch.Tensor)
 
 
 def BlockFunction(user_id: str | None = None, ipu_id: int | None = None) -> Callable:

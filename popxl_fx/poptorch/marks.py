@@ -20,6 +20,8 @@ class Marks:
     blocks: list = field(default_factory=list)  # (user_id, ipu_id) of each block entered
     overlap_outputs: list = field(default_factory=list)  # set_overlap_for_output's tensors
     training: bool = False  # a trainingModel's forward (for_loop and cond refuse it)
+    # a `Block` scope has ended and no block has started since (PopART: no active IPU)
+    outside_block: bool = False
 
 
 _STACK: list[Marks] = []

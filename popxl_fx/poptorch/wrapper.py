@@ -20,7 +20,7 @@ from torch import nn
 
 from popxl_fx.capture_watch import ruling, watching
 
-from . import losses, marks
+from . import blocks, losses, marks
 from .args import parser_for
 from .custom_outputs import CustomOutputs
 from .errors import Error
@@ -107,6 +107,7 @@ class Wrapped(nn.Module):
             marks.recording(self.for_training) as seen,
             _no_distribution_checks(),
             watching(check_static_size),
+            watching(blocks.check_in_block),
             contextlib.ExitStack() as rules,
         ):
             for rule in self.rules:
