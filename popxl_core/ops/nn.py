@@ -3,6 +3,7 @@
 from .adaptive_pool import adaptive_average_pool
 from .batch_norm_train import batch_norm_training
 from .conv import PadType, conv, conv_transpose
+from .ctc_decoder import ctc_beam_search_decoder
 from .norm import batch_norm_inference, group_norm, layer_norm
 from .pool import average_pool, max_pool
 from .resize import interpolate
@@ -17,6 +18,7 @@ __all__ = [
     "batch_norm_training",
     "conv",
     "conv_transpose",
+    "ctc_beam_search_decoder",
     "group_norm",
     "interpolate",
     "layer_norm",

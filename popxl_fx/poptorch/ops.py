@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ..lowerings import printing
+from ..lowerings import ctc_decoder, printing
 from . import _notes, marks
 from .control import cond, for_loop
 from .enums import MatMulSerializationMode, OverlapMode
@@ -150,9 +150,25 @@ def custom_op(
 
 
 def ctc_beam_search_decoder(
-    probs, lengths, blank: int = 0, beam_width: int = 100, top_paths: int = 1
-):
-    raise unsupported("poptorch.ctc_beam_search_decoder", "it is a C++ PopART operator")
+    probs: torch.Tensor,
+    lengths: torch.Tensor,
+    blank: int = 0,
+    beam_width: int = 100,
+    top_paths: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """PopART's CTC beam search decoder on log-probabilities ``probs`` [T, N, C] with
+    ``lengths`` [N] valid steps: the ``top_paths`` most likely label sequences' log-probabilities
+    and lengths [N, top_paths] and labels [N, top_paths, T] (`lowerings.ctc_decoder`)."""
+    for name, value in (("probs", probs), ("lengths", lengths)):
+        if not isinstance(value, (torch.Tensor, torch.fx.Proxy)):
+            raise Error(
+                f"ctc_beam_search_decoder: {name} must be a torch.tensor argument. "
+                f"{type(value)} is not supported."
+            )
+    args = (probs, lengths, int(blank), int(beam_width), int(top_paths))
+    if not isinstance(probs, torch.fx.Proxy):
+        return ctc_decoder.ctc_beam_search_decode(*args)
+    return probs.tracer.create_proxy("call_function", ctc_decoder.ctc_beam_search_decode, args, {})
 
 
 class CPU:
