@@ -102,3 +102,21 @@ def test_a_training_model_returns_a_custom_output_beside_its_loss(bag_parser):
     want = eager.lin(x)
     assert type(bag) is _Bag and torch.equal(bag.out, want.detach())
     assert torch.equal(loss, (want - y).pow(2).mean().detach())
+
+
+def test_a_model_output_is_returned_as_popxl_fx_returns_it():
+    """HuggingFace's ModelOutput is a dict subclass and a dataclass (it refuses ``update``):
+    popxl_fx returns it itself, not through the dict-subclass parser."""
+    outputs = pytest.importorskip("transformers.modeling_outputs")
+
+    class Hidden(nn.Module):
+        def forward(self, x):
+            return outputs.BaseModelOutput(last_hidden_state=x * 2, hidden_states=(x, x + 1))
+
+    x = torch.randn(2, 3)
+    out = poptorch.inferenceModel(Hidden())(x)
+    assert type(out) is outputs.BaseModelOutput and list(out) == [
+        "last_hidden_state",
+        "hidden_states",
+    ]
+    assert torch.equal(out.last_hidden_state, x * 2) and torch.equal(out.hidden_states[1], x + 1)

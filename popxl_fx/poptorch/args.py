@@ -17,7 +17,7 @@ import torch.utils._pytree as pytree
 
 from .errors import Error
 
-__all__ = ["ICustomArgParser", "parser_for", "registerCustomArgParser"]
+__all__ = ["DICT_SUBCLASS_PARSER", "ICustomArgParser", "parser_for", "registerCustomArgParser"]
 
 _PARSERS: dict[type, ICustomArgParser] = {}
 
@@ -61,7 +61,7 @@ class _MappingParser(ICustomArgParser):
         return rebuilt
 
 
-_MAPPING = _MappingParser()
+DICT_SUBCLASS_PARSER = _MappingParser()
 _PYTREE_DICTS = (dict, OrderedDict, defaultdict)  # flattened by torch's pytree itself
 
 
@@ -72,5 +72,5 @@ def parser_for(value: object) -> ICustomArgParser | None:
     if parser is None and _PARSERS:
         parser = next((p for t, p in _PARSERS.items() if isinstance(value, t)), None)
     if parser is None and isinstance(value, dict) and type(value) not in _PYTREE_DICTS:
-        return _MAPPING
+        return DICT_SUBCLASS_PARSER
     return parser

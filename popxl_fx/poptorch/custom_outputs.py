@@ -16,13 +16,14 @@ structure that ``reconstruct`` is given on the host (PopTorch gives the traced s
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any
 
 import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
-from .args import parser_for
+from .args import DICT_SUBCLASS_PARSER, parser_for
 from .errors import Error
 
 __all__ = ["CustomOutputs"]
@@ -58,7 +59,12 @@ class CustomOutputs:
 
 
 def _is_custom(x: Any) -> bool:
-    return parser_for(x) is not None
+    """A registered parser's type, or a dict subclass that popxl_fx does not return itself
+    (it returns dataclasses, HuggingFace's ModelOutputs among them, as they are)."""
+    parser = parser_for(x)
+    if parser is DICT_SUBCLASS_PARSER:
+        return not dataclasses.is_dataclass(x)
+    return parser is not None
 
 
 def _twin(value: Any) -> tuple[Any, dict[int, fx.Proxy]]:
@@ -79,7 +85,8 @@ def _twin(value: Any) -> tuple[Any, dict[int, fx.Proxy]]:
 
     twin = copy.copy(value)
     if isinstance(twin, dict):
-        twin.update({k: pytree.tree_map_only(fx.Proxy, swap, v) for k, v in twin.items()})
+        for key, item in list(twin.items()):
+            twin[key] = pytree.tree_map_only(fx.Proxy, swap, item)
     if hasattr(twin, "__dict__"):
         vars(twin).update(pytree.tree_map_only(fx.Proxy, swap, dict(vars(twin))))
     return twin, proxies
