@@ -125,8 +125,16 @@ class VariableFactory:
     def next_data(self, empty: bool = False) -> np.ndarray:
         """The next host value (``num_groups`` values stacked on axis 0 if grouped)."""
         groups = self.replica_grouping.num_groups
+        if _current_ir(self.name).planning:  # shape and dtype only (popxl_core.planning)
+            return self._no_values()
         draws = [self._one(empty) for _ in range(groups)]
         return draws[0] if groups == 1 else np.stack(draws)
+
+    def _no_values(self) -> np.ndarray:
+        """The next value's shape and dtype in planning mode: a broadcast zero, nothing drawn."""
+        groups = self.replica_grouping.num_groups
+        shape = self.data_shape if groups == 1 else (groups, *self.data_shape)
+        return np.broadcast_to(np.zeros((), self.dtype.as_numpy()), shape)
 
     def _one(self, empty: bool) -> np.ndarray:
         np_dtype = self.dtype.as_numpy()
@@ -155,6 +163,8 @@ class VariableFactory:
         with ``read_only_if_exists``), so a model restarts from its files; a new one is filled
         with the next value (left zero when ``empty``).
         """
+        if _current_ir(name).planning:  # no files: shape and dtype only (popxl_core.planning)
+            return self._no_values()
         os.makedirs(memmap_dir, exist_ok=True)
         path = os.path.join(memmap_dir, f"{name}.npy")
         groups = self.replica_grouping.num_groups
