@@ -16,6 +16,7 @@ import numpy as np
 import popxl_core
 from popxl_core import Tensor, dtype, float32, gcg, int32, uint32
 from popxl_core.arg_checks import check_conversion, checked_dtype
+from popxl_core.planning import planning_default
 
 from .dot_tree import DotTree
 from .named_tensors import NamedTensors
@@ -72,19 +73,23 @@ class VariableFactory:
         self.name = name
         self.by_ref = by_ref
         self.data_iter = data_iter
-        self._source = self._make_source(data_iter, name)
+        planning = _planning_now()
+        self._source = self._make_source(data_iter, name, test=not planning)
         self._peeked = [self._draw()]
         first = np.asarray(self._peeked[0])
         self.dtype = dtype if dtype is not None else _default_dtype(first)
         self.replica_grouping = replica_grouping or _current_ir(name).replica_grouping()
         self.shard_over = int(shard_over or 1)
         self.shape, self.meta_shape = self._shapes(first.shape)
+        if planning:  # one draw gave the shape and dtype; no value is kept or drawn again
+            self._peeked = []
 
     @staticmethod
-    def _make_source(data_iter: DataIter, name: str | None) -> Iterator[HostData]:
+    def _make_source(data_iter: DataIter, name: str | None, test: bool) -> Iterator[HostData]:
         if callable(data_iter):
             try:
-                data_iter()
+                if test:  # planning mode skips it: its values would never be used
+                    data_iter()
             except Exception as e:
                 raise ValueError(
                     f"Passed callable via `data_iter` throws error. Variable "
@@ -266,6 +271,15 @@ def _current_ir(name: str | None):
             "default replica grouping comes from the current Ir): create it "
             "inside `with ir.main_graph:` or while building a graph."
         ) from None
+
+
+def _planning_now() -> bool:
+    """Whether the factory is made for a planning-mode Ir (`popxl_core.planning`): the current
+    graph's Ir, or outside any graph, whether a new Ir would be one."""
+    try:
+        return gcg().ir.planning
+    except RuntimeError:
+        return planning_default()
 
 
 class NamedVariableFactories(DotTree[VariableFactory]):
