@@ -20,6 +20,7 @@ from popxl_core.planning import planning_default
 
 from .dot_tree import DotTree
 from .named_tensors import NamedTensors
+from .shape_only import known_shape
 
 __all__ = [
     "NamedVariableFactories",
@@ -75,14 +76,23 @@ class VariableFactory:
         self.data_iter = data_iter
         planning = _planning_now()
         self._source = self._make_source(data_iter, name, test=not planning)
-        self._peeked = [self._draw()]
-        first = np.asarray(self._peeked[0])
+        self._peeked: list = []
+        first = self._first_value(planning, dtype)
         self.dtype = dtype if dtype is not None else _default_dtype(first)
         self.replica_grouping = replica_grouping or _current_ir(name).replica_grouping()
         self.shard_over = int(shard_over or 1)
         self.shape, self.meta_shape = self._shapes(first.shape)
-        if planning:  # one draw gave the shape and dtype; no value is kept or drawn again
+        if planning:  # the shape and dtype are known; no value is kept or drawn again
             self._peeked = []
+
+    def _first_value(self, planning: bool, dtype: dtype | None) -> np.ndarray:
+        """The first value, kept for the first variable; in planning mode a known sampler's
+        shape is read from its size argument (`shape_only`) instead of drawn."""
+        shape = known_shape(self.data_iter) if planning and dtype is not None else None
+        if shape is not None:
+            return np.broadcast_to(np.zeros((), dtype.as_numpy()), shape)
+        self._peeked = [self._draw()]
+        return np.asarray(self._peeked[0])
 
     @staticmethod
     def _make_source(data_iter: DataIter, name: str | None, test: bool) -> Iterator[HostData]:

@@ -1,10 +1,13 @@
 """Planning mode (popxl_core.planning): the same plan as a real build, no values, no run."""
 
+from functools import partial
+
 import numpy as np
 import pytest
 
 import addons
 import popxl_core as popxl
+from addons.shape_only import known_shape
 from addons.task_session import TaskSession
 from popxl_core import ops
 from popxl_core.planning import PlanOnlyError, planning
@@ -132,3 +135,34 @@ def test_an_out_of_memory_plan_is_reported_with_a_warning():
 def test_the_environment_switch_sets_the_mode_of_new_irs(monkeypatch, value, expected):
     monkeypatch.setenv("POPXL_SIM_PLAN", value)
     assert popxl.Ir().planning is expected
+
+
+class _Huge(addons.Module):
+    def build(self, x):
+        # 2**40 float32 values (4 TiB): planned from the samplers' size arguments, never drawn
+        w = self.add_variable_input(
+            "w", partial(np.random.normal, 0, 0.02, (2**20, 2**20)), x.dtype
+        )
+        b = self.add_variable_input("b", partial(np.random.uniform, size=2**20), x.dtype)
+        return x @ w + b
+
+
+def test_known_samplers_are_planned_from_their_size_without_drawing():
+    with planning():
+        ir = popxl.Ir()
+    with ir.main_graph:
+        x = popxl.h2d_stream((1, 2**20), popxl.float32, "x")
+        facts, graph = _Huge().create_graph(x.spec)
+        tensors = facts.init()
+        graph.bind(tensors).call(ops.host_load(x))
+    assert tensors.w.shape == (2**20, 2**20) and tensors.b.shape == (2**20,)
+    with pytest.warns(OutOfMemoryWarning):
+        assert popxl.Session(ir, "ipu_hw").plan.memory[0].variables == 2**42 + 2**22
+
+
+def test_known_shape_reads_only_size_arguments_of_known_samplers():
+    assert known_shape(partial(np.random.normal, 0, 1, (2, 3))) == (2, 3)
+    assert known_shape(partial(np.random.default_rng(0).normal, size=4)) == (4,)
+    assert known_shape(partial(np.zeros, (5,))) == (5,)
+    assert known_shape(partial(np.random.normal, 0, 1)) is None  # a scalar: drawn
+    assert known_shape(partial(np.arange, 6)) is None and known_shape(lambda: 0) is None
