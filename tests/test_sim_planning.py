@@ -166,3 +166,25 @@ def test_known_shape_reads_only_size_arguments_of_known_samplers():
     assert known_shape(partial(np.zeros, (5,))) == (5,)
     assert known_shape(partial(np.random.normal, 0, 1)) is None  # a scalar: drawn
     assert known_shape(partial(np.arange, 6)) is None and known_shape(lambda: 0) is None
+
+
+SCRIPT = """
+import numpy as np, popxl_core as popxl
+from popxl_core import ops
+ir = popxl.Ir()
+with ir.main_graph:
+    w = popxl.variable(np.ones((64, 64), np.float32), name="w")
+    ops.var_updates.accumulate_(w, popxl.constant(1.0))
+session = popxl.Session(ir, "ipu_hw")
+with session:
+    session.run()
+"""
+
+
+def test_a_script_run_unchanged_under_the_switch_is_planned_and_reported(tmp_path, monkeypatch):
+    from popxl_core import report
+
+    (tmp_path / "app.py").write_text(SCRIPT)
+    monkeypatch.setenv("POPXL_SIM_PLAN", "1")
+    assert report.main(["--out", str(tmp_path / "out"), str(tmp_path / "app.py")]) == 0
+    assert "variables 16 KiB" in (tmp_path / "out" / "session_1.txt").read_text()

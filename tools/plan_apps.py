@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,20 +74,14 @@ def plan_one(script: str, config: str, out: Path) -> tuple[list[dict], str, floa
     env.pop("POPXL_SIM_REPORT", None)  # the reports come from popxl_core.report here
     command = [sys.executable, "-m", "popxl_core.report", "--out", str(out)]
     args = [*command, script, "--config", config]
-    clock = _clock()
+    clock = time.perf_counter()
     try:
         done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
         text = done.stdout + done.stderr
     except subprocess.TimeoutExpired:
         text = f"timed out after {TIMEOUT_S} s"
     reports = [json.loads(p.read_text()) for p in sorted(out.glob("session_*.json"))]
-    return reports, _last_line(text), _clock() - clock
-
-
-def _clock() -> float:
-    import time
-
-    return time.perf_counter()
+    return reports, _last_line(text), time.perf_counter() - clock
 
 
 def _last_line(text: str) -> str:
