@@ -16,9 +16,11 @@ import numpy as np
 import popxl_core
 from popxl_core import Tensor, dtype, float32, gcg, int32, uint32
 from popxl_core.arg_checks import check_conversion, checked_dtype
+from popxl_core.planning import planning_default
 
 from .dot_tree import DotTree
 from .named_tensors import NamedTensors
+from .shape_only import known_shape
 
 __all__ = [
     "NamedVariableFactories",
@@ -72,19 +74,32 @@ class VariableFactory:
         self.name = name
         self.by_ref = by_ref
         self.data_iter = data_iter
-        self._source = self._make_source(data_iter, name)
-        self._peeked = [self._draw()]
-        first = np.asarray(self._peeked[0])
+        planning = _planning_now()
+        self._source = self._make_source(data_iter, name, test=not planning)
+        self._peeked: list = []
+        first = self._first_value(planning, dtype)
         self.dtype = dtype if dtype is not None else _default_dtype(first)
         self.replica_grouping = replica_grouping or _current_ir(name).replica_grouping()
         self.shard_over = int(shard_over or 1)
         self.shape, self.meta_shape = self._shapes(first.shape)
+        if planning:  # the shape and dtype are known; no value is kept or drawn again
+            self._peeked = []
+
+    def _first_value(self, planning: bool, dtype: dtype | None) -> np.ndarray:
+        """The first value, kept for the first variable; in planning mode a known sampler's
+        shape is read from its size argument (`shape_only`) instead of drawn."""
+        shape = known_shape(self.data_iter) if planning and dtype is not None else None
+        if shape is not None:
+            return np.broadcast_to(np.zeros((), dtype.as_numpy()), shape)
+        self._peeked = [self._draw()]
+        return np.asarray(self._peeked[0])
 
     @staticmethod
-    def _make_source(data_iter: DataIter, name: str | None) -> Iterator[HostData]:
+    def _make_source(data_iter: DataIter, name: str | None, test: bool) -> Iterator[HostData]:
         if callable(data_iter):
             try:
-                data_iter()
+                if test:  # planning mode skips it: its values would never be used
+                    data_iter()
             except Exception as e:
                 raise ValueError(
                     f"Passed callable via `data_iter` throws error. Variable "
@@ -125,8 +140,16 @@ class VariableFactory:
     def next_data(self, empty: bool = False) -> np.ndarray:
         """The next host value (``num_groups`` values stacked on axis 0 if grouped)."""
         groups = self.replica_grouping.num_groups
+        if _current_ir(self.name).planning:  # shape and dtype only (popxl_core.planning)
+            return self._no_values()
         draws = [self._one(empty) for _ in range(groups)]
         return draws[0] if groups == 1 else np.stack(draws)
+
+    def _no_values(self) -> np.ndarray:
+        """The next value's shape and dtype in planning mode: a broadcast zero, nothing drawn."""
+        groups = self.replica_grouping.num_groups
+        shape = self.data_shape if groups == 1 else (groups, *self.data_shape)
+        return np.broadcast_to(np.zeros((), self.dtype.as_numpy()), shape)
 
     def _one(self, empty: bool) -> np.ndarray:
         np_dtype = self.dtype.as_numpy()
@@ -155,6 +178,8 @@ class VariableFactory:
         with ``read_only_if_exists``), so a model restarts from its files; a new one is filled
         with the next value (left zero when ``empty``).
         """
+        if _current_ir(name).planning:  # no files: shape and dtype only (popxl_core.planning)
+            return self._no_values()
         os.makedirs(memmap_dir, exist_ok=True)
         path = os.path.join(memmap_dir, f"{name}.npy")
         groups = self.replica_grouping.num_groups
@@ -256,6 +281,15 @@ def _current_ir(name: str | None):
             "default replica grouping comes from the current Ir): create it "
             "inside `with ir.main_graph:` or while building a graph."
         ) from None
+
+
+def _planning_now() -> bool:
+    """Whether the factory is made for a planning-mode Ir (`popxl_core.planning`): the current
+    graph's Ir, or outside any graph, whether a new Ir would be one."""
+    try:
+        return gcg().ir.planning
+    except RuntimeError:
+        return planning_default()
 
 
 class NamedVariableFactories(DotTree[VariableFactory]):

@@ -11,6 +11,7 @@ from typing import Any, Callable, Dict, List, Optional, Set
 
 from .graph import Graph
 from .pb_ir import SessionOptions, _PbIr
+from .planning import planning_default
 from .replica_grouping import ReplicaGrouping
 from .tensor import Tensor, TensorByRef, TensorSpec, graph_input
 
@@ -55,6 +56,7 @@ class Ir:
         self._warned_for = None  # the Session the last IrChangedWarning named
         self._remote_buffers: Dict[int, Any] = {}
         self._numerics = "ipu"
+        self._planning = planning_default()  # fixed at creation: see `planning`
         self.main_graph = self._new_graph("")
         self.replication_factor = replication
 
@@ -73,6 +75,13 @@ class Ir:
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"num_host_transfers must be a positive int, got {value!r}.")
         self._num_host_transfers = value
+
+    @property
+    def planning(self) -> bool:
+        """Whether this Ir was created in planning mode (`popxl_core.planning`): variables
+        without values, a Session that plans and reports but does not run. A project setting,
+        not PopXL's."""
+        return self._planning
 
     @property
     def replication_factor(self) -> int:

@@ -18,6 +18,7 @@ import numpy as np
 
 from . import dtypes
 from .context import gcg
+from .planning import weightless
 from .remote_buffer import RemoteBuffer, replica_sharded_buffer
 from .tensor import TensorSpec, Variable, variable
 from .tensor_data import host_array
@@ -174,6 +175,8 @@ def _host_spec(
 ) -> Tuple[np.ndarray, TensorSpec]:
     """The host array and the on-device spec a variable made from ``data`` would have
     (float8 data converted as `popxl.variable` converts it)."""
+    if gcg().ir.planning:  # shape and dtype only (popxl_core.planning)
+        data = weightless(data)
     arr, dtype = host_array(
         data, dtype, downcast, log2_scale, nan_on_overflow, "remote variable data"
     )

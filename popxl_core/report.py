@@ -14,6 +14,7 @@ import runpy
 import sys
 from pathlib import Path
 
+from .planning import PlanOnlyError
 from .sim.oom import OutOfMemoryError
 from .sim.plan import observed_plans
 
@@ -73,7 +74,8 @@ def _write_reports(plans: list, out: Path) -> None:
 
 def _run(script: Path, args: list[str]) -> int:
     """Run ``script`` as ``__main__`` with its own argv; its exit code (1 if it ran out of
-    memory: the report of that Session is still written)."""
+    memory: the report of that Session is still written; 0 when a Session built in planning
+    mode stops it, `popxl_core.planning`)."""
     saved = sys.argv, list(sys.path)
     sys.argv = [str(script), *args]
     sys.path.insert(0, str(script.resolve().parent))
@@ -84,6 +86,9 @@ def _run(script: Path, args: list[str]) -> int:
     except OutOfMemoryError as e:
         print(f"{script}: {e}", file=sys.stderr)
         return 1
+    except PlanOnlyError as e:  # planning mode (POPXL_SIM_PLAN): the plan was what we came for
+        print(f"{script}: planned; stopped where it needs values ({e})", file=sys.stderr)
+        return 0
     finally:
         sys.argv, sys.path[:] = saved
     return 0

@@ -12,6 +12,7 @@ from .arg_checks import checked_dtype, checked_shape
 from .context import gcg, get_current_context
 from .dtypes import dtype
 from .host_data import to_numpy
+from .planning import weightless
 from .tensor_data import check_data, host_array
 from .tensor_spec import TensorByRef, TensorSpec
 
@@ -329,6 +330,8 @@ def variable(
         )
     where = f"popxl.variable({name or 't'!r})"
     check_data(data, dtype, where)
+    if g.ir.planning:  # shape and dtype only (popxl_core.planning)
+        data = weightless(data)
     arr, dtype = host_array(data, dtype, downcast, log2_scale, nan_on_overflow, where)
     groups = replica_grouping.num_groups if replica_grouping is not None else 1
     shape = arr.shape[1:] if groups > 1 else arr.shape

@@ -15,6 +15,8 @@
 # the environment the apps expect from their own requirements, not part of this project.
 # Every Session writes its memory and time estimates (POPXL_SIM_REPORT); the runner prints those of
 # the apps' end-to-end scripts (inference.py, finetuning.py, ...), KEEP_LOGS keeps them all.
+# PLAN=1: instead of the tests, plan each app's full-size (POD) configurations in planning mode
+# (POPXL_SIM_PLAN, no weights made) and print their memory and time estimates (tools/plan_apps.py).
 set -u
 GITDIR=${1:?usage: tools/run_apps.sh EXAMPLES_GIT_DIR [APP...] [-- PYTEST_ARGS...]}; shift
 APPS=(); while [[ $# -gt 0 && $1 != -- ]]; do APPS+=("$1"); shift; done; [[ ${1:-} == -- ]] && shift
@@ -102,6 +104,11 @@ def pytest_collection_modifyitems(config, items):
 PY
   overlay="$work/site:$VENVS/${TF[$a]:-tf4251}:$VENVS/common:$VENVS/wandb"
   tests=tests; [[ $a == tutorials ]] && tests=. && overlay="$overlay:$VENVS/tutorials"
+  if [[ -n ${PLAN:-} ]]; then  # the POD configurations, planned weightless (tools/plan_apps.py)
+    ( cd "$dir" && HOME="$work/home" PATH="$(dirname "$PY"):$PATH" \
+      PYTHONPATH="$overlay:$ROOT:$dir:$work/utils" "$PY" "$ROOT/tools/plan_apps.py" "$a" )
+    continue
+  fi
   ( cd "$dir" && HOME="$work/home" PATH="$(dirname "$PY"):$PATH" POPXL_SIM_REPORT="$work/reports/$a" \
     PYTHONPATH="$overlay:$ROOT:$dir:$work/utils:$work/tutorials/utils" \
     timeout 3000 "$PY" -m pytest -q -p no:cacheprovider --continue-on-collection-errors -rfEs --tb=short --rootdir="$dir" $tests "$@" ) \

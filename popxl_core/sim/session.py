@@ -22,6 +22,7 @@ from .fold import FoldRuntime, fold_options, plan_fold
 from .machine import machine_for
 from .options import DEFAULT, CompileOptions
 from .plan import build_plan
+from .planned import plan_only, planned
 from .prepared_run import PreparedRun
 from .reference import ReferenceProgram
 from .remote_state import RemoteState
@@ -70,8 +71,10 @@ class Session(SessionStreams, SessionWeights):
         self._runtime = Runtime(ir.replication_factor, self._placement)
         self._fix_streams(ir)
         # plan first: an out-of-memory program fails before anything is compiled or copied
-        self.plan = build_plan(ir, self.machine)
+        self.plan = planned(ir, self.machine) if ir.planning else build_plan(ir, self.machine)
         auto_report(self)  # POPXL_SIM_REPORT, as Poplar's autoReport: before a build can fail
+        if ir.planning:  # weightless: a plan and a report, nothing to compile or run
+            return plan_only(self)
         self._program = _program(ir, self._runtime, compile_options or DEFAULT)
         # collectives need every replica at once: then replicas run in threads
         self._threaded = _has_collectives(self._program)
