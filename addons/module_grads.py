@@ -22,6 +22,11 @@ __all__ = ["ModuleGrads", "create_grad_graph_info"]
 _CALL_AUTODIFF = ("auto", "build_grad", "autodiff", "none")
 
 
+def _of_graph(tensors: Any, graph: GraphWithNamedArgs) -> Any:
+    """``tensors``, or what it returns for ``graph`` when it is a function of the graph."""
+    return tensors(graph) if callable(tensors) else tensors
+
+
 class ModuleGrads:
     """The gradient half of `addons.Module` (a mixin: it reads the Module's submodules,
     variable inputs and ``_called_graphs_grad_info``)."""
@@ -37,13 +42,19 @@ class ModuleGrads:
         module: Module,
         name: str | int | None = None,
         autodiff: str = "auto",
-        grads_provided: Iterable[Tensor] | None = None,
-        grads_required: Iterable[Tensor] | None = None,
+        grads_provided: Iterable[Tensor]
+        | Callable[[GraphWithNamedArgs], Iterable[Tensor]]
+        | None = None,
+        grads_required: Iterable[Tensor]
+        | Callable[[GraphWithNamedArgs], Iterable[Tensor]]
+        | None = None,
     ) -> Callable:
         """A callable that outlines ``module``: create_graph + add_variable_inputs + call.
 
         With ``autodiff='auto'`` a module with `build_grad` gets its custom gradient recorded
         for when this module's graph is differentiated; 'autodiff' records popxl's gradient.
+        ``grads_provided`` / ``grads_required`` may be functions of the callee's graph (as
+        popxl.addons takes them: the tensors exist only once the graph is built).
         """
         if autodiff not in _CALL_AUTODIFF:
             raise ValueError(f"autodiff must be one of {_CALL_AUTODIFF}, got {autodiff!r}.")
@@ -52,7 +63,8 @@ class ModuleGrads:
             facts, graph = module.create_graph(*args, **kwargs)
             n_outputs = len(graph.graph.outputs)
             # Autodiff adds forward outputs, so it must run before the call site exists.
-            self._outline_grad(graph, autodiff, grads_provided, grads_required)
+            provided, required = (_of_graph(g, graph) for g in (grads_provided, grads_required))
+            self._outline_grad(graph, autodiff, provided, required)
             named = self.add_variable_inputs(self._outline_name(module, name), facts)
             outs = graph.bind(named).call(*tensor_inputs(module.build, args, kwargs))
             return tuple(outs[:n_outputs])

@@ -387,6 +387,34 @@ def test_custom_gradient_is_used_through_call_module():
     np.testing.assert_allclose(result[outs["dw"]], x_data * 10.0)
 
 
+class _SquarePopxlGrad(addons.Module):
+    """y = x * w differentiated by popxl (no custom gradient)."""
+
+    def build(self, x):
+        return x * self.add_variable_input("w", partial(np.full, x.shape, 3.0), x.dtype)
+
+
+@pytest.mark.parametrize("pick", ["function", "none"])
+def test_call_module_grads_required_may_be_a_function_of_the_callee_graph(pick):
+    # popxl.addons takes `grads_required=lambda graph: graph.graph.inputs[:1]` (GPT-3 2.7B's
+    # MNLI head): the callee's tensors exist only once call_module has built its graph
+    required = (lambda g: g.graph.inputs[:1]) if pick == "function" else None
+
+    class Caller(addons.Module):
+        def build(self, x):
+            call = self.call_module(
+                _SquarePopxlGrad(), autodiff="autodiff", grads_required=required
+            )
+            return call(x)[0]
+
+    ir = popxl.Ir()
+    with ir.main_graph:
+        _, graph = Caller().create_graph(popxl.TensorSpec((2,), popxl.float32))
+    ((callee, info),) = graph.called_graphs_grad_info.items()
+    produced = [c.fwd_tensor for c in info.expected_outputs]
+    assert produced == (list(callee.inputs[:1]) if required else list(callee.inputs))
+
+
 def test_inlining_a_module_with_build_grad_is_an_error_by_default():
     class Inline(addons.Module):
         def __init__(self, mode):
