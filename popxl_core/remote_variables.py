@@ -20,7 +20,7 @@ from . import dtypes
 from .context import gcg
 from .remote_buffer import RemoteBuffer, replica_sharded_buffer
 from .tensor import TensorSpec, Variable, variable
-from .tensor_data import host_array
+from .tensor_data import grouped_data, host_array
 
 __all__ = [
     "RemoteInfo",
@@ -113,7 +113,9 @@ def remote_replica_sharded_variable(
     _fit_full_shape_buffer(remote_buffer, spec, shards, who)
     remote_buffer.check_spec(name or "t", spec.shape, spec.dtype, shards)
     v = variable(arr, spec.dtype, name, False, replica_grouping, retrieval_mode)
-    if not remote_buffer.meta_shape:
+    # a buffer made with the grouped data's shape (num_groups, *shape) holds shards of one
+    # group's value, as PopXL takes it: its meta shape is the variable's
+    if not remote_buffer.meta_shape or remote_buffer.meta_shape == arr.shape != v.shape:
         remote_buffer.meta_shape = v.shape
     v._remote = RemoteInfo(remote_buffer, offset, shards)
     return v
@@ -174,6 +176,7 @@ def _host_spec(
 ) -> Tuple[np.ndarray, TensorSpec]:
     """The host array and the on-device spec a variable made from ``data`` would have
     (float8 data converted as `popxl.variable` converts it)."""
+    data = grouped_data(data, replica_grouping, "remote variable data")
     arr, dtype = host_array(
         data, dtype, downcast, log2_scale, nan_on_overflow, "remote variable data"
     )

@@ -12,7 +12,7 @@ from .arg_checks import checked_dtype, checked_shape
 from .context import gcg, get_current_context
 from .dtypes import dtype
 from .host_data import to_numpy
-from .tensor_data import check_data, host_array
+from .tensor_data import check_data, grouped_data, host_array
 from .tensor_spec import TensorByRef, TensorSpec
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -328,6 +328,7 @@ def variable(
             "addons VariableFactory) and pass the variable at the call site."
         )
     where = f"popxl.variable({name or 't'!r})"
+    data = grouped_data(data, replica_grouping, where)
     check_data(data, dtype, where)
     arr, dtype = host_array(data, dtype, downcast, log2_scale, nan_on_overflow, where)
     groups = replica_grouping.num_groups if replica_grouping is not None else 1

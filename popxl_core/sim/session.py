@@ -151,7 +151,8 @@ class Session(SessionStreams, SessionWeights):
         did_attach = self._context_stack.pop()
         if not did_attach:
             return
-        if exc_type is None and self.weights_to_host_on_exit:
+        # elided when the host already has the device's values, as PopXL's lazy weights
+        if exc_type is None and self.weights_to_host_on_exit and not self._host_in_sync:
             self.weights_to_host()
         self._attached = False
 

@@ -64,8 +64,11 @@ class SessionWeights:
         if self._device is None:
             return
         self._remote.store_shards(self._device)
-        self._read_back(self._readable())
+        readable = self._readable()
+        self._read_back([v for v in readable if not _read_only_file(v)])
+        _flush_files(self._host[v] for v in readable)
         self._host_in_sync = True
+        _refuse_read_only_files([v for v in readable if _read_only_file(v)])
 
     def _read_back(self, variables: List[Variable]) -> None:
         """These variables' host buffers (and per-replica rows) read from the device."""
@@ -342,6 +345,30 @@ def is_file(v: Variable) -> bool:
     """A writable ``np.memmap`` is the host buffer itself (as PopXL: `weights_to_host`
     writes the file, `get_tensor_data` views it)."""
     return isinstance(v._data, np.memmap) and v._data.flags.writeable
+
+
+def _read_only_file(v: Variable) -> bool:
+    return isinstance(v._data, np.memmap) and not v._data.flags.writeable
+
+
+def _flush_files(buffers) -> None:
+    """Write memmap host buffers to their files, as PopXL's weights_to_host does: the file is
+    the checkpoint (popxl.addons' memmap variables)."""
+    for buf in buffers:
+        if isinstance(buf, np.memmap) and buf.flags.writeable:
+            buf.flush()
+
+
+def _refuse_read_only_files(variables: List[Variable]) -> None:
+    """PopXL's weights_to_host cannot write a read-only memmap: it raises. The other
+    variables are already on the host, and these keep their files' values."""
+    if variables:
+        names = ", ".join(repr(v.id) for v in variables)
+        raise ValueError(
+            f"weights_to_host: variable(s) {names} are backed by read-only np.memmap files "
+            "(mode 'r'), which cannot be written; their host values stay the files'. Open the "
+            "memmap with mode 'r+' to keep what the device computed."
+        )
 
 
 _VERSION = attrgetter("_version")
