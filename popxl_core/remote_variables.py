@@ -111,7 +111,7 @@ def remote_replica_sharded_variable(
     arr, spec = _host_spec(data, dtype, downcast, replica_grouping, log2_scale, nan_on_overflow)
     shards = _shard_over(remote_buffer, replica_grouping, gcg().ir)
     _fit_full_shape_buffer(remote_buffer, spec, shards, who)
-    remote_buffer.check_spec(name or "t", spec.shape, spec.dtype, shards)
+    remote_buffer.check_spec(name or "t", spec.shape, spec.dtype, shards, sharded=True)
     v = variable(arr, spec.dtype, name, False, replica_grouping, retrieval_mode)
     # a buffer made with the grouped data's shape (num_groups, *shape) holds shards of one
     # group's value, as PopXL takes it: its meta shape is the variable's

@@ -10,7 +10,7 @@ import torch
 from ..distributed import placement_for
 from ..dot_checks import dot_checkpoint
 from ..errors import OpDataError
-from ..host_data import is_fill, torch_to_host
+from ..host_data import is_fill
 from ..schedule import verify
 from ..streams import DeviceToHostStream, HostToDeviceStream
 from ..tensor import Constant, Tensor, Variable
@@ -24,7 +24,7 @@ from .options import DEFAULT, CompileOptions
 from .plan import build_plan
 from .prepared_run import PreparedRun
 from .reference import ReferenceProgram
-from .remote_state import RemoteState
+from .remote_state import RemoteState, group_value
 from .runtime import Runtime, run_replicas
 from .session_streams import SessionStreams
 from .session_weights import SessionWeights, is_file
@@ -118,7 +118,8 @@ class Session(SessionStreams, SessionWeights):
 
     def _replica_rows(self, v: Variable) -> np.ndarray:
         replicas = range(self._ir.replication_factor)
-        return np.stack([torch_to_host(self._to_device(v, r)) for r in replicas])
+        # each replica's whole value (a sharded variable's, not its shard)
+        return np.stack([np.array(group_value(v, self._host[v], r)) for r in replicas])
 
     def __repr__(self) -> str:
         return f"Session[{self._ir!r} {self.device_desc!r} built at {self._built_at}]"
@@ -209,9 +210,7 @@ class Session(SessionStreams, SessionWeights):
             else:
                 self._host[v][...] = arr
             if v in self._per_replica:
-                self._per_replica[v][...] = np.stack(
-                    [self._host_value(v, r) for r in range(len(self._per_replica[v]))]
-                )
+                self._per_replica[v][...] = self._replica_rows(v)
         if self._attached:
             if self._shared_versions:  # writes into shared tensors first: noted after
                 self._spread_shared_writes()

@@ -19,7 +19,12 @@ import torch
 from ..host_data import host_to_torch, torch_to_host
 from ..tensor import Variable
 from . import checks
-from .remote_state import host_from_replicas, read_replicas, replica_value
+from .remote_state import (
+    host_from_replicas,
+    read_replicas,
+    replica_value,
+    replica_whole_value,
+)
 
 __all__ = ["SessionWeights", "is_file"]
 
@@ -77,7 +82,11 @@ class SessionWeights:
         for v in variables:
             self._set_host(v, host_from_replicas(v, lambda r, v=v: values[v, r], replicas))
             if v in self._per_replica:
-                self._per_replica[v][...] = np.stack([values[v, r] for r in range(replicas)])
+                rows = [
+                    replica_whole_value(v, lambda r, v=v: values[v, r], r, replicas)
+                    for r in range(replicas)
+                ]
+                self._per_replica[v][...] = np.stack(rows)
 
     def _readable(self) -> List[Variable]:
         """The variables whose host values are read back from the device: not RTS shards,
