@@ -45,3 +45,24 @@ def test_integer_scaled_add_with_whole_float_scales():
     np.testing.assert_array_equal(got_x, [4, 6])
     np.testing.assert_array_equal(got_z2, [11, 28])
     assert got_x.dtype == got_z2.dtype == np.int32
+
+
+def test_group_quantize_numpy_defaults_and_non_finite():
+    """popxl.addons' own tests call the numpy twins without ``dim`` (the last axis) and expect
+    a ValueError for non-finite data."""
+    from addons.ops.group_quantize_decompress import (
+        group_quantize_compress_numpy,
+        group_quantize_decompress_numpy,
+    )
+
+    w = np.linspace(-1, 1, 32, dtype=np.float16).reshape(2, 16)
+    packed, scale, bias = group_quantize_compress_numpy(w, 8)
+    for got, want in zip((packed, scale, bias), group_quantize_compress_numpy(w, 8, -1)):
+        np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(
+        group_quantize_decompress_numpy(packed, scale, bias),
+        group_quantize_decompress_numpy(packed, scale, bias, -1),
+    )
+    w[0, 3] = np.nan
+    with pytest.raises(ValueError, match="non-finite"):
+        group_quantize_compress_numpy(w, 8)
