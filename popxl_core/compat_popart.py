@@ -6,7 +6,8 @@ levels, which ``popxl_addons.patterns.apply_pre_alias_patterns`` takes as string
 `DataType` (the names of PopART's data types, as tests parametrize over them), the device
 enums `SyncPattern`, `DeviceConnectionType`, `DeviceSelectionCriterion` and `CommGroupType`
 (names only: Graphcore's test helpers take them as default arguments, and configurations
-list them),
+list them), `VirtualGraphMode` (a session option scripts set; the simulator places ops by
+their ``ipu`` context whatever its value),
 `popart_exception` (what PopART's C++ raised; see its comment), `poplar_application_runtime_error`
 (a device program failing at run time) and `getLogger` (PopART's logger, a standard
 `logging.Logger` here). Any other name raises an AttributeError that says
@@ -73,6 +74,8 @@ DataType = enum.IntEnum(
 SyncPattern = enum.IntEnum("SyncPattern", "Full SinglePipeline ReplicaAndLadder", start=0)
 DeviceConnectionType = enum.IntEnum("DeviceConnectionType", "Always OnDemand Never", start=0)
 DeviceSelectionCriterion = enum.IntEnum("DeviceSelectionCriterion", "First Random", start=0)
+# popart::VirtualGraphMode; PopXL sets Manual itself (ops go to the IPU of their `popxl.ipu`)
+VirtualGraphMode = enum.IntEnum("VirtualGraphMode", "Off Manual Auto ExecutionPhases N", start=0)
 CommGroupType = enum.IntEnum("CommGroupType", "All Consecutive Orthogonal Ungrouped N", start=0)
 
 

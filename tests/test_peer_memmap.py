@@ -97,6 +97,7 @@ def test_popart_device_enums():
     assert compat_popart.SyncPattern.Full == 0
     assert compat_popart.DeviceConnectionType.OnDemand == 1
     assert compat_popart.DeviceSelectionCriterion.Random == 1
+    assert compat_popart.VirtualGraphMode.Manual == 1  # pipelining scripts set it
     assert [e.name for e in compat_popart.CommGroupType][:4] == [
         "All",
         "Consecutive",
