@@ -16,6 +16,7 @@ from ..streams import DeviceToHostStream, HostToDeviceStream
 from ..tensor import Constant, Tensor, Variable
 from . import checks
 from . import runtime as runtime_module
+from .ambiguity import check_inplace_ambiguity
 from .auto_report import auto_report
 from .compile import Program
 from .fold import FoldRuntime, fold_options, plan_fold
@@ -62,6 +63,7 @@ class Session(SessionStreams, SessionWeights):
         self.machine = machine_for(device_desc)
         self._built_at = checks.built_at()
         _check_unowned(ir)
+        check_inplace_ambiguity(ir)  # PopART refuses unordered in-place writes
         self._ir = ir
         self.device_desc = device_desc
         self.weights_to_host_on_exit = weights_to_host_on_exit
