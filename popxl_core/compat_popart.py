@@ -6,8 +6,9 @@ levels, which ``popxl_addons.patterns.apply_pre_alias_patterns`` takes as string
 `DataType` (the names of PopART's data types, as tests parametrize over them), the device
 enums `SyncPattern`, `DeviceConnectionType`, `DeviceSelectionCriterion` and `CommGroupType`
 (names only: Graphcore's test helpers take them as default arguments, and configurations
-list them), `VirtualGraphMode` (a session option scripts set; the simulator places ops by
-their ``ipu`` context whatever its value),
+list them), `DeviceManager` (CPU and IPU Model devices of the simulator,
+`popxl_core.device`; no IPU hardware is enumerated), `VirtualGraphMode` (a session option
+scripts set; the simulator places ops by their ``ipu`` context whatever its value),
 `popart_exception` (what PopART's C++ raised; see its comment), `poplar_application_runtime_error`
 (a device program failing at run time) and `getLogger` (PopART's logger, a standard
 `logging.Logger` here). Any other name raises an AttributeError that says
@@ -19,12 +20,14 @@ from __future__ import annotations
 import enum
 import logging
 
+from .device import DeviceManager
 from .errors import OpDataError
 
 __all__ = [
     "CommGroupType",
     "DataType",
     "DeviceConnectionType",
+    "DeviceManager",
     "DeviceSelectionCriterion",
     "PatternsLevel",
     "SyncPattern",

@@ -142,8 +142,14 @@ class Session(SessionStreams, SessionWeights):
         return self.plan.report()
 
     # context -----------------------------------------------------------------------
+    def _set_device(self, device) -> None:
+        """PopXL's: run on ``device`` (a `popxl_core.device.DeviceInfo`); checked on attach."""
+        self._device_info = device
+
     def __enter__(self) -> "Session":
         did_attach = not self._attached
+        if did_attach and getattr(self, "_device_info", None) is not None:
+            checks.check_device(self, self._device_info)
         if did_attach:
             self._attached = True
             self.weights_from_host()
