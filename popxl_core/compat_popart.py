@@ -3,7 +3,12 @@
 PopXL user code imports ``popart`` mostly out of habit or for PopART's C++ bindings, which
 this simulator does not have. Provided: `PatternsLevel` (the names of PopART's pattern
 levels, which ``popxl_addons.patterns.apply_pre_alias_patterns`` takes as strings),
-`DataType` (the names of PopART's data types, as tests parametrize over them),
+`DataType` (the names of PopART's data types, as tests parametrize over them), the device
+enums `SyncPattern`, `DeviceConnectionType`, `DeviceSelectionCriterion` and `CommGroupType`
+(names only: Graphcore's test helpers take them as default arguments, and configurations
+list them), `DeviceManager` (CPU and IPU Model devices of the simulator,
+`popxl_core.device`; no IPU hardware is enumerated), `VirtualGraphMode` (a session option
+scripts set; the simulator places ops by their ``ipu`` context whatever its value),
 `popart_exception` (what PopART's C++ raised; see its comment), `poplar_application_runtime_error`
 (a device program failing at run time) and `getLogger` (PopART's logger, a standard
 `logging.Logger` here). Any other name raises an AttributeError that says
@@ -15,11 +20,17 @@ from __future__ import annotations
 import enum
 import logging
 
+from .device import DeviceManager
 from .errors import OpDataError
 
 __all__ = [
+    "CommGroupType",
     "DataType",
+    "DeviceConnectionType",
+    "DeviceManager",
+    "DeviceSelectionCriterion",
     "PatternsLevel",
+    "SyncPattern",
     "popart_exception",
     "poplar_application_runtime_error",
     "getLogger",
@@ -59,6 +70,16 @@ DataType = enum.IntEnum(
     "FLOAT16 BFLOAT16 DOUBLE COMPLEX64 COMPLEX128 STRING UNDEFINED",
     start=0,
 )
+
+# PopART's device enums (popart/devicemanager.hpp, commgroup.hpp), enumerators in their order.
+# Nothing here reads them: the simulator has no device to attach or sync, and replica groups
+# are `popxl.ReplicaGrouping`s; user code names them in signatures and configurations.
+SyncPattern = enum.IntEnum("SyncPattern", "Full SinglePipeline ReplicaAndLadder", start=0)
+DeviceConnectionType = enum.IntEnum("DeviceConnectionType", "Always OnDemand Never", start=0)
+DeviceSelectionCriterion = enum.IntEnum("DeviceSelectionCriterion", "First Random", start=0)
+# popart::VirtualGraphMode; PopXL sets Manual itself (ops go to the IPU of their `popxl.ipu`)
+VirtualGraphMode = enum.IntEnum("VirtualGraphMode", "Off Manual Auto ExecutionPhases N", start=0)
+CommGroupType = enum.IntEnum("CommGroupType", "All Consecutive Orthogonal Ungrouped N", start=0)
 
 
 def __getattr__(name: str):

@@ -44,7 +44,7 @@ def to_numpy(data: Any, dtype: Optional[dtype] = None, downcast: bool = True) ->
     if is_fill(data):
         return _fill(data, dtype, downcast)
     if isinstance(data, np.memmap):
-        return _checked_memmap(data, dtype)
+        return _checked_memmap(data, dtype, downcast)
     arr = np.array(data, copy=True)
     if dtype is not None and dtype.name.startswith("float8") and arr.dtype != dtype.as_numpy():
         # a plain astype would store the values' low bytes as float8 bits: refuse
@@ -62,18 +62,27 @@ def to_numpy(data: Any, dtype: Optional[dtype] = None, downcast: bool = True) ->
     return np.ascontiguousarray(arr).reshape(arr.shape)
 
 
-def _checked_memmap(data: np.memmap, dtype: Optional[dtype]) -> np.memmap:
+def _checked_memmap(data: np.memmap, dtype: Optional[dtype], downcast: bool) -> np.memmap:
     """A memmap is used as it is (PopXL keeps it as the variable's host buffer, so a large
-    model's weights stay on disk): it must be C-contiguous and is never cast or downcast."""
-    if not data.flags.c_contiguous:
-        raise ValueError(
-            "np.memmap data must be C-contiguous (PopXL uses it as the host buffer as it is); "
-            "make the memmap C-ordered or pass np.ascontiguousarray(data) for a copy."
-        )
+    model's weights stay on disk): it is never cast, copied into C order or downcast. The
+    messages begin as PopXL's (scripts match on them)."""
+    head = "When passing a memory-mapped NumPy array,"
     if dtype is not None and np.dtype(dtype.as_numpy()) != data.dtype:
         raise ValueError(
-            f"np.memmap data of dtype {data.dtype} cannot be cast to {dtype.name}: a memmap is "
-            "used without a copy. Create the memmap with that dtype, or pass np.array(data)."
+            f"{head} the `dtype` parameter must be None or the memmap's own dtype "
+            f"({data.dtype}), got {dtype}: a memmap is used without a copy. Create the memmap "
+            "with that dtype, or pass np.array(data)."
+        )
+    if not data.flags.c_contiguous:
+        raise ValueError(
+            f"{head} it must already be in C-ordered (row-major) layout: it is used as the "
+            "host buffer as it is. Make the memmap C-ordered or pass np.ascontiguousarray(data)."
+        )
+    if downcast and data.dtype in _DOWNCAST:
+        raise ValueError(
+            f"{head} the dtype {dtype} is not supported, as it requires downcasting "
+            f"({data.dtype} -> {np.dtype(_DOWNCAST[data.dtype])}), which would copy it. Store "
+            "the memmap as a 32-bit type, or pass downcast=False."
         )
     return data
 
@@ -95,11 +104,14 @@ def _fill(data: np.ndarray, dtype: Optional[dtype], downcast: bool) -> np.ndarra
     return np.broadcast_to(one, data.shape)
 
 
+# popxl's downcasts of 64-bit host data
+_DOWNCAST = {
+    np.dtype(np.int64): np.int32,
+    np.dtype(np.uint64): np.uint32,
+    np.dtype(np.float64): np.float32,
+}
+
+
 def _downcast(arr: np.ndarray) -> np.ndarray:
-    table = {
-        np.dtype(np.int64): np.int32,
-        np.dtype(np.uint64): np.uint32,
-        np.dtype(np.float64): np.float32,
-    }
-    target = table.get(arr.dtype)
+    target = _DOWNCAST.get(arr.dtype)
     return arr.astype(target) if target is not None else arr

@@ -128,9 +128,15 @@ class RemoteBuffer:
             return
         self.check_spec(t.id, tuple(t.shape), t.dtype)
 
-    def check_spec(self, name: str, shape, dtype, num_shards: int = 1) -> None:
-        """ValueError unless a tensor ``name`` of ``shape``/``dtype`` fits one entry."""
+    def check_spec(
+        self, name: str, shape, dtype, num_shards: int = 1, sharded: bool = False
+    ) -> None:
+        """ValueError unless a tensor ``name`` of ``shape``/``dtype`` fits one entry.
+        ``num_shards``: a replica-sharded variable's (a flat shard per replica; with one
+        shard, the flat whole fits as well as the shape, as PopXL takes either)."""
         entry = (ceil(prod(shape) / num_shards),) if num_shards > 1 else tuple(shape)
+        if num_shards == 1 and sharded and self._shape == (prod(shape),):
+            entry = self._shape
         if entry != self._shape or dtype is not self._dtype:
             sharded = f" (sharded {num_shards} ways: {entry})" if num_shards > 1 else ""
             # PopXL's first sentence (scripts match on it), then what differs

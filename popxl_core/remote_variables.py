@@ -21,7 +21,7 @@ from .context import gcg
 from .planning import weightless
 from .remote_buffer import RemoteBuffer, replica_sharded_buffer
 from .tensor import TensorSpec, Variable, variable
-from .tensor_data import host_array
+from .tensor_data import grouped_data, host_array
 
 __all__ = [
     "RemoteInfo",
@@ -112,9 +112,11 @@ def remote_replica_sharded_variable(
     arr, spec = _host_spec(data, dtype, downcast, replica_grouping, log2_scale, nan_on_overflow)
     shards = _shard_over(remote_buffer, replica_grouping, gcg().ir)
     _fit_full_shape_buffer(remote_buffer, spec, shards, who)
-    remote_buffer.check_spec(name or "t", spec.shape, spec.dtype, shards)
+    remote_buffer.check_spec(name or "t", spec.shape, spec.dtype, shards, sharded=True)
     v = variable(arr, spec.dtype, name, False, replica_grouping, retrieval_mode)
-    if not remote_buffer.meta_shape:
+    # a buffer made with the grouped data's shape (num_groups, *shape) holds shards of one
+    # group's value, as PopXL takes it: its meta shape is the variable's
+    if not remote_buffer.meta_shape or remote_buffer.meta_shape == arr.shape != v.shape:
         remote_buffer.meta_shape = v.shape
     v._remote = RemoteInfo(remote_buffer, offset, shards)
     return v
@@ -175,6 +177,7 @@ def _host_spec(
 ) -> Tuple[np.ndarray, TensorSpec]:
     """The host array and the on-device spec a variable made from ``data`` would have
     (float8 data converted as `popxl.variable` converts it)."""
+    data = grouped_data(data, replica_grouping, "remote variable data")
     if gcg().ir.planning:  # shape and dtype only (popxl_core.planning)
         data = weightless(data)
     arr, dtype = host_array(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import List, Optional
 
-__all__ = ["ReplicaGrouping"]
+__all__ = ["ReplicaGrouping", "VariableSettings"]
 
 
 class ReplicaGrouping:
@@ -108,6 +108,11 @@ class ReplicaGrouping:
         index_in_group = [a[:r].count(a[r]) for r in range(len(a))]
         return ReplicaGrouping._from_assignments(index_in_group)
 
+    def _to_variable_settings(self, retrieval_mode: str = "one_per_group") -> "VariableSettings":
+        """PopART's form of this grouping for a variable (PopXL's private method, which
+        Graphcore's tests call to read the groups back)."""
+        return VariableSettings(self, retrieval_mode)
+
     def __eq__(self, other) -> bool:
         return isinstance(other, ReplicaGrouping) and self.assignment == other.assignment
 
@@ -121,6 +126,45 @@ class ReplicaGrouping:
             f"ReplicaGrouping(num_replicas={self._num_replicas}, stride={self._stride}, "
             f"group_size={self._group_size}, num_groups={self.num_groups})"
         )
+
+
+class VariableSettings:
+    """PopART's ``VariableSettings``: a variable's replica grouping and retrieval mode, as
+    PopXL hands them to PopART. Only what Python code reads of it."""
+
+    def __init__(self, grouping: ReplicaGrouping, retrieval_mode: str = "one_per_group"):
+        if retrieval_mode not in ("one_per_group", "all_replicas"):
+            raise ValueError(
+                f"retrieval_mode must be 'one_per_group' or 'all_replicas', got {retrieval_mode!r}"
+            )
+        self._grouping, self._retrieval_mode = grouping, retrieval_mode
+
+    def _for(self, replica_count: int) -> ReplicaGrouping:
+        rg = self._grouping
+        if replica_count == rg.num_replicas:
+            return rg
+        if not rg.is_const:
+            raise ValueError(
+                f"{rg} spans {rg.num_replicas} replicas; its groups over {replica_count} "
+                "replicas are not defined (it has no constant stride)."
+            )
+        return ReplicaGrouping._from_params(replica_count, rg.stride, rg.group_size)
+
+    def groups(self, replica_count: int) -> List[List[int]]:
+        """The replicas of each group, groups in order."""
+        rg = self._for(replica_count)
+        return [rg.replicas_of_group(g) for g in range(rg.num_groups)]
+
+    def getGroupCount(self, replica_count: int) -> int:  # noqa: N802 (PopART's name)
+        return self._for(replica_count).num_groups
+
+    def getRetrievalMode(self) -> str:  # noqa: N802
+        return self._retrieval_mode
+
+    def numReplicasReturningVariable(self, replica_count: int) -> int:  # noqa: N802
+        if self._retrieval_mode == "all_replicas":
+            return replica_count
+        return self.getGroupCount(replica_count)
 
 
 def _infer_stride(assignment: List[int]) -> Optional[int]:

@@ -13,7 +13,7 @@ from .context import gcg, get_current_context
 from .dtypes import dtype
 from .host_data import to_numpy
 from .planning import weightless
-from .tensor_data import check_data, host_array
+from .tensor_data import check_data, grouped_data, host_array
 from .tensor_spec import TensorByRef, TensorSpec
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -329,6 +329,7 @@ def variable(
             "addons VariableFactory) and pass the variable at the call site."
         )
     where = f"popxl.variable({name or 't'!r})"
+    data = grouped_data(data, replica_grouping, where)
     check_data(data, dtype, where)
     if g.ir.planning:  # shape and dtype only (popxl_core.planning)
         data = weightless(data)

@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import torch
 
@@ -11,7 +13,23 @@ from . import dtypes, fp8_utils
 from .arg_checks import check_conversion, check_host_data, checked_dtype
 from .host_data import to_numpy
 
-__all__ = ["check_data", "host_array"]
+__all__ = ["check_data", "host_array", "grouped_data"]
+
+
+def grouped_data(data, replica_grouping, where: str):
+    """``data`` for a variable with ``replica_grouping``: an np.memmap with a non-constant
+    grouping becomes a copy, as PopXL falls back to (the memmap's file cannot be the host
+    buffer of groups that are not evenly strided), and the user is told on stderr, where
+    PopART's logger writes its warnings."""
+    if not isinstance(data, np.memmap) or replica_grouping is None or replica_grouping.is_const:
+        return data
+    print(
+        f"popxl warning: {where}: you have passed np.memmap data and a non-const replica "
+        f"grouping ({replica_grouping}); the data is copied into memory and the memmap file "
+        "is not updated by weights_to_host.",
+        file=sys.stderr,
+    )
+    return np.array(data)
 
 
 def host_array(data, dt, downcast, log2_scale, nan_on_overflow, where):

@@ -7,6 +7,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 import torch
 
+from .device import to_device_info as _to_device_info  # noqa: F401 (PopXL's private name)
 from .fp8_utils import host_pow2scale_cast_to_fp8
 from .host_data import torch_to_host
 

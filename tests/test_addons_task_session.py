@@ -157,11 +157,13 @@ def test_memmap_bad_input(tmp_path):
     mm = np.lib.format.open_memmap(tmp_path / "m.npy", mode="w+", dtype=np.float64, shape=(2, 3))
     ir = popxl.Ir()
     with ir.main_graph:
-        with pytest.raises(ValueError, match="C-contiguous"):
-            popxl.variable(mm.T)
-        with pytest.raises(ValueError, match="cannot be cast to float32"):
+        with pytest.raises(ValueError, match="must already be in C-ordered"):
+            popxl.variable(mm.T, downcast=False)
+        with pytest.raises(ValueError, match="the `dtype` parameter must be None or"):
             popxl.variable(mm, popxl.float32)
-        assert popxl.variable(mm).dtype == popxl.float64  # no implicit downcast
+        with pytest.raises(ValueError, match="requires downcasting"):  # PopXL: no copy
+            popxl.variable(mm)
+        assert popxl.variable(mm, downcast=False).dtype == popxl.float64
 
 
 def test_factories_memmap_dir_and_read_only_if_exists(tmp_path):

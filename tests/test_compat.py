@@ -139,6 +139,8 @@ from popxl_addons.rts import (all_gather_replica_sharded_graph, reduce_replica_s
                               replica_sharded_spec)
 from popxl_addons.testing_utils import TensorInput, run_module
 from popxl_addons.array_munging import shard, unshard, repeat
+from popxl_addons.ops.replicated_all_reduce_TP.replicated_all_reduce_TP import (
+    replicated_all_reduce_identical_inputs)
 """
 
 

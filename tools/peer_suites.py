@@ -46,14 +46,19 @@ SUITES: Tuple[Tuple[str, str, Tuple[str, ...]], ...] = (
 _SUPPORT = {"graphcore+popart": ("tests/integration/test_util.py",)}
 
 # The suites' own conftests only seed numpy; this one also makes `popxl` this project and gives
-# every test a time limit (a hung test otherwise hides every result after it).
+# every test a time limit (a hung test otherwise hides every result after it). TEST_TARGET is
+# what popart's ctest sets for a test's variant (add_popart_py_unit_test(... VARIANTS
+# IpuModel2) in tests/integration/popxl/CMakeLists.txt); `popxl_test_device_helpers` reads it
+# to choose the Session's device string, and every device string is the simulator here.
 _CONFTEST = """\
+import os
 import random
 import signal
 import numpy as np
 import pytest
 import popxl_core.compat
 popxl_core.compat.install()
+os.environ.setdefault("TEST_TARGET", "IpuModel2")
 _LIMIT = int({timeout})
 
 

@@ -7,6 +7,7 @@ from .group_norm import GroupNorm
 from .layer_norm import LayerNorm
 from .layer_norm_distributed import LayerNormDistributed
 from .linear import Linear
+from .linear_fp8 import LinearFP8
 from .linear_gq import LinearGQ
 from .weights_dict import WeightsDict
 
@@ -17,6 +18,7 @@ __all__ = [
     "LayerNorm",
     "LayerNormDistributed",
     "Linear",
+    "LinearFP8",
     "LinearGQ",
     "WeightsDict",
 ]

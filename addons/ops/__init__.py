@@ -1,7 +1,8 @@
 """addons.ops: composite ops built from popxl ops (cross entropy, host IO helpers).
 
 popxl.addons' custom C++ ops are ops of the table here (``ReplicatedAllReduceTP``,
-``RotaryPosEmbed``, ``GradReduceSquareAdd``, ``GroupQuantizeDecompress``) or composites of
+``RotaryPosEmbed``, ``GradReduceSquareAdd``, ``GroupQuantizeDecompress``,
+``Fp8FindBestScale``) or composites of
 table ops (``cross_entropy_sharded_loss``, ``layer_norm_distributed``), each with its gradient.
 """
 
@@ -9,6 +10,8 @@ table ops (``cross_entropy_sharded_loss``, ``layer_norm_distributed``), each wit
 # them here); imported so that their ops are in the table
 from . import (  # noqa: F401
     cross_entropy_sharded_loss,
+    fp8_mse_scale,
+    fp8_utils,
     grad_reduce_square_add,
     group_quantize_decompress,
     layer_norm_distributed,

@@ -37,10 +37,10 @@ def _move_last(x, dim: int):
 
 
 def group_quantize_decompress_numpy(
-    t: np.ndarray, group_scale: np.ndarray, group_bias: np.ndarray, dim: int
+    t: np.ndarray, group_scale: np.ndarray, group_bias: np.ndarray, dim: int = -1
 ) -> np.ndarray:
     """Unpack ``t`` (..., groups, ids) uint16 and rescale: float16 (..., groups * ids * 4)
-    with that axis moved to ``dim``."""
+    with that axis moved to ``dim`` (default last: popxl.addons' tests call it without)."""
     nibbles = np.stack([(t >> s) & 15 for s in _SHIFTS], axis=-1)
     levels = nibbles.reshape(*t.shape[:-1], -1).astype(np.float16)
     out = (levels * group_scale + group_bias).reshape(*t.shape[:-2], -1)
@@ -48,9 +48,12 @@ def group_quantize_decompress_numpy(
 
 
 def group_quantize_compress_numpy(
-    t: np.ndarray, group_size: int, dim: int
+    t: np.ndarray, group_size: int, dim: int = -1
 ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(packed uint16, scale, bias)`` of ``t`` grouped by ``group_size`` along ``dim``."""
+    """``(packed uint16, scale, bias)`` of ``t`` grouped by ``group_size`` along ``dim``;
+    ValueError for non-finite values (a group's scale would be NaN)."""
+    if not np.isfinite(t).all():
+        raise ValueError("Cannot compress t which contains non-finite values")
     x = np.moveaxis(np.asarray(t, np.float16), dim, -1)
     groups = x.reshape(*x.shape[:-1], x.shape[-1] // group_size, group_size).astype(np.float32)
     low, high = groups.min(-1, keepdims=True), groups.max(-1, keepdims=True)

@@ -62,8 +62,16 @@ def _number(s):
     return s.item() if isinstance(s, torch.Tensor) and s.numel() == 1 else s
 
 
+def _whole(x: torch.Tensor, s):
+    """An integral scale of an integer tensor as an int: torch's ``alpha`` must be one for
+    integer tensors, and a whole float scales them exactly (PopXL's default scales are 1.0)."""
+    if not x.is_floating_point() and isinstance(s, float) and s.is_integer():
+        return int(s)
+    return s
+
+
 def _kernel(x, y, *scales, a=None, b=None):
-    sa, sb = (_number(s) for s in _scales(scales, a, b))
+    sa, sb = (_whole(x, _number(s)) for s in _scales(scales, a, b))
     xs = x if isinstance(sa, (int, float)) and sa == 1 else x * sa
     if isinstance(sb, (int, float)) and y.dtype == x.dtype:
         return torch.add(xs, y, alpha=sb)
@@ -71,7 +79,7 @@ def _kernel(x, y, *scales, a=None, b=None):
 
 
 def _inplace_kernel(x, y, *scales, a=None, b=None):
-    sa, sb = (_number(s) for s in _scales(scales, a, b))
+    sa, sb = (_whole(x, _number(s)) for s in _scales(scales, a, b))
     if not (isinstance(sa, (int, float)) and sa == 1):
         x.mul_(sa)
     if isinstance(sb, (int, float)):

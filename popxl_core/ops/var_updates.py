@@ -78,7 +78,9 @@ def _accumulate_infer(ins, kind, factor):
         _check_int_accumulate(t, x, ins[2:], kind, factor)
     else:
         check_float("t", t)
-        check_float("X", x)
+        # an integer X is cast to t's dtype, as PopXL takes accumulate_(w, constant(2))
+        if not (x.dtype.is_floating_point or x.dtype.is_int):
+            raise TypeError(f"X must be a float or integer tensor, got {x.dtype.name}")
     if broadcast_shapes(t.shape, x.shape) != t.shape:
         raise ValueError(f"X {x.shape} must broadcast to the accumulator's shape {t.shape}")
     if len(ins) > 2:

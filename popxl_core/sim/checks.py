@@ -22,6 +22,7 @@ __all__ = [
     "TransferCountWarning",
     "StreamOutputs",
     "built_at",
+    "check_device",
     "check_fits",
     "check_output_buffers",
     "check_run_counts",
@@ -231,6 +232,20 @@ def failing_op(program, tb):
             found = program.kernel_ops.get(m.group(1)) if m else found
         tb = tb.tb_next
     return found
+
+
+def check_device(session, device) -> None:
+    """A device given with `Session._set_device` must be the kind the Session was built for
+    and have the IPUs its program spans (replicas x IPUs per replica), as Poplar refuses an
+    executable on another target."""
+    kind = session.device_desc.split(":")[0] if isinstance(session.device_desc, str) else None
+    need = len(session.plan.memory) * session.ir.replication_factor
+    if device.device_desc != kind or device.numIpus != need:
+        raise ValueError(
+            f"{session!r} was built for {kind!r} with {need} IPU(s) but was given {device!r}: "
+            "an executable runs only on the target it was compiled for. Build the Session with "
+            "the device's kind (or give it a matching device)."
+        )
 
 
 def running_op():

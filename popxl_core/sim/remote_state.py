@@ -18,7 +18,15 @@ from ..host_data import host_to_torch
 from ..remote_variables import remote_info, shard_source
 from ..tensor import Variable
 
-__all__ = ["replica_value", "host_from_replicas", "read_replicas", "shard_members", "RemoteState"]
+__all__ = [
+    "replica_value",
+    "group_value",
+    "replica_whole_value",
+    "host_from_replicas",
+    "read_replicas",
+    "shard_members",
+    "RemoteState",
+]
 
 
 def _group_members(v: Variable, replicas: int) -> List[List[int]]:
@@ -39,7 +47,8 @@ def shard_members(v: Variable, replica: int, replicas: int) -> List[int]:
     raise ValueError(f"replica {replica} is in no group of {v.replica_grouping!r}")
 
 
-def _group_value(v: Variable, host: np.ndarray, replica: int) -> np.ndarray:
+def group_value(v: Variable, host: np.ndarray, replica: int) -> np.ndarray:
+    """The whole value of ``v`` for the group of ``replica`` (a view of the host value)."""
     rg = v.replica_grouping
     # `...` keeps a grouped scalar's value a 0-d array view (an integer index alone gives a
     # numpy scalar, a copy that torch cannot share)
@@ -48,7 +57,7 @@ def _group_value(v: Variable, host: np.ndarray, replica: int) -> np.ndarray:
 
 def replica_value(v: Variable, host: np.ndarray, replica: int, replicas: int) -> np.ndarray:
     """What ``replica`` holds of ``v`` on the device, from the host value ``host``."""
-    value = _group_value(v, host, replica)
+    value = group_value(v, host, replica)
     info = remote_info(v)
     if info is None or info.shard_over == 1:
         return value
@@ -66,19 +75,25 @@ def host_from_replicas(
     """The host value of ``v`` rebuilt from the replicas (``device(r)``: replica r's copy).
 
     A group's value is read from its first replica (and its shard group, when sharded)."""
-    info = remote_info(v)
-    per_group = []
-    for members in _group_members(v, replicas):
-        first = members[0]
-        if info is not None and info.shard_over > 1:
-            flat = np.concatenate(
-                [device(r).reshape(-1) for r in shard_members(v, first, replicas)]
-            )
-            per_group.append(flat[: prod(v.shape)].reshape(v.shape))
-        else:
-            per_group.append(device(first))
+    per_group = [
+        replica_whole_value(v, device, members[0], replicas)
+        for members in _group_members(v, replicas)
+    ]
     rg = v.replica_grouping
     return np.stack(per_group) if rg is not None and rg.num_groups > 1 else per_group[0]
+
+
+def replica_whole_value(
+    v: Variable, device: Callable[[int], np.ndarray], replica: int, replicas: int
+) -> np.ndarray:
+    """The whole value ``replica`` sees of ``v``: its own copy, or for a replica-sharded
+    variable the shards of its shard group joined (what an all-gather would give it)."""
+    info = remote_info(v)
+    if info is None or info.shard_over == 1:
+        # a sharded variable's one shard may be its whole value flat (check_spec)
+        return device(replica).reshape(v.shape)
+    flat = np.concatenate([device(r).reshape(-1) for r in shard_members(v, replica, replicas)])
+    return flat[: prod(v.shape)].reshape(v.shape)
 
 
 def read_replicas(v: Variable, replicas: int) -> List[int]:
@@ -193,7 +208,8 @@ class RemoteState:
         """Put the host value of remote variable ``v`` into its entry on every local replica."""
         for r in self.local:
             value = replica_value(v, host, r, self.replicas)
-            self.entry(v, r).copy_(host_to_torch(np.array(value, copy=True)))  # 0-d stays 0-d
+            entry = self.entry(v, r)  # a one-shard entry may hold the value flat (check_spec)
+            entry.copy_(host_to_torch(np.array(value, copy=True)).reshape(entry.shape))
 
     def load_shards(self, device: Dict[int, List[torch.Tensor]], only=None) -> None:
         """Copy each on-chip shard from its remote variable's entry (weights to the device)."""

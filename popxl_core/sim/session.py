@@ -10,12 +10,13 @@ import torch
 from ..distributed import placement_for
 from ..dot_checks import dot_checkpoint
 from ..errors import OpDataError
-from ..host_data import is_fill, torch_to_host
+from ..host_data import is_fill
 from ..schedule import verify
 from ..streams import DeviceToHostStream, HostToDeviceStream
 from ..tensor import Constant, Tensor, Variable
 from . import checks
 from . import runtime as runtime_module
+from .ambiguity import check_inplace_ambiguity
 from .auto_report import auto_report
 from .compile import Program
 from .fold import FoldRuntime, fold_options, plan_fold
@@ -25,7 +26,7 @@ from .plan import build_plan
 from .planned import plan_only, planned
 from .prepared_run import PreparedRun
 from .reference import ReferenceProgram
-from .remote_state import RemoteState
+from .remote_state import RemoteState, group_value
 from .runtime import Runtime, run_replicas
 from .session_streams import SessionStreams
 from .session_weights import SessionWeights, is_file
@@ -63,6 +64,7 @@ class Session(SessionStreams, SessionWeights):
         self.machine = machine_for(device_desc)
         self._built_at = checks.built_at()
         _check_unowned(ir)
+        check_inplace_ambiguity(ir)  # PopART refuses unordered in-place writes
         self._ir = ir
         self.device_desc = device_desc
         self.weights_to_host_on_exit = weights_to_host_on_exit
@@ -121,7 +123,8 @@ class Session(SessionStreams, SessionWeights):
 
     def _replica_rows(self, v: Variable) -> np.ndarray:
         replicas = range(self._ir.replication_factor)
-        return np.stack([torch_to_host(self._to_device(v, r)) for r in replicas])
+        # each replica's whole value (a sharded variable's, not its shard)
+        return np.stack([np.array(group_value(v, self._host[v], r)) for r in replicas])
 
     def __repr__(self) -> str:
         return f"Session[{self._ir!r} {self.device_desc!r} built at {self._built_at}]"
@@ -142,8 +145,14 @@ class Session(SessionStreams, SessionWeights):
         return self.plan.report()
 
     # context -----------------------------------------------------------------------
+    def _set_device(self, device) -> None:
+        """PopXL's: run on ``device`` (a `popxl_core.device.DeviceInfo`); checked on attach."""
+        self._device_info = device
+
     def __enter__(self) -> "Session":
         did_attach = not self._attached
+        if did_attach and getattr(self, "_device_info", None) is not None:
+            checks.check_device(self, self._device_info)
         if did_attach:
             self._attached = True
             self.weights_from_host()
@@ -154,7 +163,8 @@ class Session(SessionStreams, SessionWeights):
         did_attach = self._context_stack.pop()
         if not did_attach:
             return
-        if exc_type is None and self.weights_to_host_on_exit:
+        # elided when the host already has the device's values, as PopXL's lazy weights
+        if exc_type is None and self.weights_to_host_on_exit and not self._host_in_sync:
             self.weights_to_host()
         self._attached = False
 
@@ -211,9 +221,7 @@ class Session(SessionStreams, SessionWeights):
             else:
                 self._host[v][...] = arr
             if v in self._per_replica:
-                self._per_replica[v][...] = np.stack(
-                    [self._host_value(v, r) for r in range(len(self._per_replica[v]))]
-                )
+                self._per_replica[v][...] = self._replica_rows(v)
         if self._attached:
             if self._shared_versions:  # writes into shared tensors first: noted after
                 self._spread_shared_writes()

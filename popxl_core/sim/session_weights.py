@@ -19,7 +19,12 @@ import torch
 from ..host_data import host_to_torch, torch_to_host
 from ..tensor import Variable
 from . import checks
-from .remote_state import host_from_replicas, read_replicas, replica_value
+from .remote_state import (
+    host_from_replicas,
+    read_replicas,
+    replica_value,
+    replica_whole_value,
+)
 
 __all__ = ["SessionWeights", "is_file"]
 
@@ -64,8 +69,11 @@ class SessionWeights:
         if self._device is None:
             return
         self._remote.store_shards(self._device)
-        self._read_back(self._readable())
+        readable = self._readable()
+        self._read_back([v for v in readable if not _read_only_file(v)])
+        _flush_files(self._host[v] for v in readable)
         self._host_in_sync = True
+        _refuse_read_only_files([v for v in readable if _read_only_file(v)])
 
     def _read_back(self, variables: List[Variable]) -> None:
         """These variables' host buffers (and per-replica rows) read from the device."""
@@ -74,7 +82,11 @@ class SessionWeights:
         for v in variables:
             self._set_host(v, host_from_replicas(v, lambda r, v=v: values[v, r], replicas))
             if v in self._per_replica:
-                self._per_replica[v][...] = np.stack([values[v, r] for r in range(replicas)])
+                rows = [
+                    replica_whole_value(v, lambda r, v=v: values[v, r], r, replicas)
+                    for r in range(replicas)
+                ]
+                self._per_replica[v][...] = np.stack(rows)
 
     def _readable(self) -> List[Variable]:
         """The variables whose host values are read back from the device: not RTS shards,
@@ -342,6 +354,30 @@ def is_file(v: Variable) -> bool:
     """A writable ``np.memmap`` is the host buffer itself (as PopXL: `weights_to_host`
     writes the file, `get_tensor_data` views it)."""
     return isinstance(v._data, np.memmap) and v._data.flags.writeable
+
+
+def _read_only_file(v: Variable) -> bool:
+    return isinstance(v._data, np.memmap) and not v._data.flags.writeable
+
+
+def _flush_files(buffers) -> None:
+    """Write memmap host buffers to their files, as PopXL's weights_to_host does: the file is
+    the checkpoint (popxl.addons' memmap variables)."""
+    for buf in buffers:
+        if isinstance(buf, np.memmap) and buf.flags.writeable:
+            buf.flush()
+
+
+def _refuse_read_only_files(variables: List[Variable]) -> None:
+    """PopXL's weights_to_host cannot write a read-only memmap: it raises. The other
+    variables are already on the host, and these keep their files' values."""
+    if variables:
+        names = ", ".join(repr(v.id) for v in variables)
+        raise ValueError(
+            f"weights_to_host: variable(s) {names} are backed by read-only np.memmap files "
+            "(mode 'r'), which cannot be written; their host values stay the files'. Open the "
+            "memmap with mode 'r+' to keep what the device computed."
+        )
 
 
 _VERSION = attrgetter("_version")
