@@ -4,14 +4,18 @@ of the inputs (or of the program) still meets PopTorch's checks on the full path
 
 from __future__ import annotations
 
+import collections
 import copy
 import logging
+import typing
 
 import pytest
 import torch
+import torch.utils._pytree as pytree
 from torch import nn
 
 import popxl_fx.poptorch as poptorch
+from popxl_fx import module_outputs
 from popxl_fx.poptorch import executor
 
 
@@ -155,3 +159,28 @@ def test_64_bit_outputs_are_narrowed_on_every_call():
         assert index.dtype == torch.int32 and constant.dtype == torch.int32
         assert torch.equal(index, x.argmax(1).int())
         assert torch.equal(constant, torch.arange(3).int())
+
+
+class _Pair(typing.NamedTuple):
+    a: object
+    b: object
+
+
+@pytest.mark.parametrize(
+    "tree",
+    [
+        torch.ones(1),
+        (1, (2, 3)),
+        [1, {"b": 2, "a": (3, None)}],
+        _Pair(1, [2, 3]),
+        collections.OrderedDict(z=1, y=(2,)),
+        collections.defaultdict(list, k=[1, 2]),
+        (),
+    ],
+)
+def test_the_planned_rebuild_of_outputs_is_torchs_unflatten(tree):
+    leaves, spec = pytree.tree_flatten(tree)
+    fresh = [object() for _ in leaves]
+    got = module_outputs._rebuilder(spec)(iter(fresh))
+    want = pytree.tree_unflatten(fresh, spec)
+    assert type(got) is type(want) and pytree.tree_flatten(got) == pytree.tree_flatten(want)
