@@ -6,6 +6,7 @@ into the caller's tensors as eager does (`writes_inputs`, `written_inputs`).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -31,6 +32,7 @@ class Outputs:
     writes_inputs = False
     written_inputs: tuple[int, ...] = ()
     _nones: tuple[int, ...] = ()
+    _rebuild: tuple = (None, None)  # (out_spec, `_rebuilder(out_spec)`)
 
     def _outputs(
         self, gm: fx.GraphModule, captured: Captured, out: Any, written: dict[int, popxl.Tensor]
@@ -57,7 +59,10 @@ class Outputs:
             raise RuntimeError("unflatten() needs a build with flatten_outputs=True first.")
         given = iter(list(leaves)[: self.n_outputs])
         full = [None if i in self._nones else next(given) for i in range(self.out_spec.num_leaves)]
-        return pytree.tree_unflatten(full, self.out_spec)
+        spec, rebuild = self._rebuild
+        if spec is not self.out_spec:  # planned once per structure (a PopTorch call's outputs)
+            spec, rebuild = self._rebuild = (self.out_spec, _rebuilder(self.out_spec))
+        return rebuild(iter(full))
 
     @property
     def n_outputs(self) -> int:
@@ -74,3 +79,14 @@ def _as_returned(out: Any, gm: fx.GraphModule, returned: Any) -> tuple[list, Any
     if returned is None or returned.num_leaves != per_node.num_leaves:
         return pytree.tree_flatten(out)
     return pytree.tree_flatten(pytree.tree_unflatten(per_node.flatten_up_to(out), returned))
+
+
+def _rebuilder(spec: pytree.TreeSpec) -> Callable[[Iterator[Any]], Any]:
+    """What ``pytree.tree_unflatten(leaves, spec)`` does, as a function of an iterator over
+    the leaves: each node's unflatten function (torch's own, from its table) around its
+    children's, without tree_unflatten's checks and list slicing at every node per call."""
+    if spec.is_leaf():
+        return next
+    parts = [_rebuilder(spec.child(i)) for i in range(spec.num_children)]
+    unflatten, context = pytree.SUPPORTED_NODES[spec.type].unflatten_fn, spec.context
+    return lambda leaves: unflatten([part(leaves) for part in parts], context)

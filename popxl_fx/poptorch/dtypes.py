@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-__all__ = ["ipu_outputs"]
+__all__ = ["ipu_outputs", "narrows"]
 
 _NARROW = {torch.int64: torch.int32, torch.float64: torch.float32}
 
@@ -27,3 +27,9 @@ def _narrowed(leaf: Any) -> Any:
     if isinstance(leaf, torch.Tensor) and leaf.dtype in _NARROW:
         return leaf.to(_NARROW[leaf.dtype])
     return leaf
+
+
+def narrows(out: Any) -> bool:
+    """``ipu_outputs`` changes a tensor of ``out``."""
+    leaves = pytree.tree_leaves(out)
+    return any(isinstance(x, torch.Tensor) and x.dtype in _NARROW for x in leaves)

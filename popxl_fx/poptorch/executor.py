@@ -33,6 +33,7 @@ from . import (
     wrapping,
 )
 from .build_checks import check_updatable_buffers, checked_build
+from .call_plan import CallPlan
 from .dtypes import ipu_outputs
 from .enums import ConnectionType, OutputMode, ReductionType
 from .errors import Error, eager_errors, unsupported
@@ -92,6 +93,7 @@ class PoplarExecutor(OptimizerLink, TrainingOutputs):
         rules = group_norm.rules(self._options._Popart.options)
         self._wrapped = Wrapped(model, training, _loss_factor(self._options, training), rules)
         self._impl = None  # the popxl_fx trainer / inference model, made on compile
+        self._plan: CallPlan | None = None  # the last full call's, for calls like it
         self._attached = False
         self._outputs_supported = True
         self._synthetic = SyntheticInputs(self._options.random_seed)
@@ -99,7 +101,20 @@ class PoplarExecutor(OptimizerLink, TrainingOutputs):
     # PopTorch's API ----------------------------------------------------------------------
     @eager_errors
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._wrapped.custom.rebuild(ipu_outputs(self._call(*args, **kwargs)))
+        plan = self._plan
+        if plan is not None and plan.holds(self._impl, args, kwargs):
+            return self._wrapped.custom.rebuild(self._planned_call(plan, args))
+        out = self._call(*args, **kwargs)
+        self._plan = CallPlan.after(self, args, kwargs, out)
+        return self._wrapped.custom.rebuild(ipu_outputs(out))
+
+    def _planned_call(self, plan: CallPlan, args: tuple) -> Any:
+        """A call like the planned one (`call_plan`): its inputs need no binding or checks."""
+        impl = plan.impl
+        self._attached = True
+        self._take_loaded_state(impl)
+        out = self._step_outputs(impl, impl(*plan.inputs(self, args)))
+        return ipu_outputs(out) if plan.narrow or impl._active is not plan.program else out
 
     def _call(self, *args: Any, **kwargs: Any) -> Any:
         if self._options.connection_type == ConnectionType.Never:  # PopTorch asserts this
@@ -113,7 +128,9 @@ class PoplarExecutor(OptimizerLink, TrainingOutputs):
             self._build(impl, args)
         self._attached = True
         self._take_loaded_state(impl)
-        out = impl(*args)
+        return self._step_outputs(impl, impl(*args))
+
+    def _step_outputs(self, impl, out: Any) -> Any:
         if self._training:
             return self._training_outputs(impl, out)
         if self._options.replication_factor > 1:  # one value per replica, as PopTorch
