@@ -38,6 +38,14 @@ class dtype:
     """A PopXL data type. Instances are singletons; compare with ``is`` or ``==``."""
 
     __slots__ = ("_name", "_np", "_torch", "_is_int", "_is_float", "_is_signed", "_itemsize")
+    # the slots' types, for the type checker (`_factory` fills them through object.__new__)
+    _name: str
+    _np: Any
+    _torch: torch.dtype
+    _is_int: bool
+    _is_float: bool
+    _is_signed: bool
+    _itemsize: int
 
     def __init__(self) -> None:
         raise TypeError("popxl.dtype cannot be constructed; use popxl.float32 and friends.")

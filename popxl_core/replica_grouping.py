@@ -11,6 +11,12 @@ __all__ = ["ReplicaGrouping"]
 class ReplicaGrouping:
     """A grouping of ``num_replicas`` replicas. Made by `Ir.replica_grouping`."""
 
+    # set by the `_from_*` factories (object.__new__, no __init__): declared for the type checker
+    _num_replicas: int
+    _stride: int
+    _group_size: int
+    _assignment: Optional[List[int]]
+
     def __init__(self) -> None:
         raise TypeError("Use ir.replica_grouping(stride, group_size) to create a ReplicaGrouping.")
 

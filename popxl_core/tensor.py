@@ -52,6 +52,14 @@ def _binary(op: str, reflected: bool = False):
 class Tensor:
     """A value in a graph. Made by ops and factories, never constructed directly."""
 
+    # set by `_create` (object.__new__, no __init__): declared here for the type checker
+    _id: str
+    _graph: "Graph"
+    _spec: TensorSpec
+    _producer: Optional["Op"]
+    _ipu: int
+    _tile_set: str
+
     __array_ufunc__ = None  # numpy defers to our reflected dunders
     __iter__ = None
     __contains__ = None
@@ -65,7 +73,7 @@ class Tensor:
         t._id = tensor_id
         t._graph = graph
         t._spec = spec
-        t._producer: Optional["Op"] = producer
+        t._producer = producer
         t._ipu = get_current_context().ipu_id
         t._tile_set = "io" if get_current_context().io_tile_set else "compute"
         graph._register_tensor(t)

@@ -45,6 +45,12 @@ class ExpectedConnection:
 class GradGraphInfo:
     """The result of `autodiff`: the grad graph and what its inputs and outputs mean."""
 
+    # set by `_create` (object.__new__, no __init__): declared here for the type checker
+    _graph: "Graph"
+    _forward_graph: "Graph"
+    _expected_inputs: Tuple[ExpectedConnection, ...]
+    _expected_outputs: Tuple[ExpectedConnection, ...]
+
     def __init__(self) -> None:
         raise TypeError("GradGraphInfo is created by popxl.transforms.autodiff.")
 
