@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Optional, Tuple, Type, TypeVar
 
 import numpy as np
 import torch
@@ -17,6 +17,8 @@ from .tensor_spec import TensorByRef, TensorSpec
 
 if TYPE_CHECKING:  # pragma: no cover
     from .graph import Graph, Op
+    from .remote_variables import RemoteInfo
+    from .replica_grouping import ReplicaGrouping
 
 __all__ = [
     "Tensor",
@@ -36,6 +38,7 @@ __all__ = [
 
 HostTensor = Any  # numpy array, torch tensor, python scalar or nested list
 host_tensor_types = (np.ndarray, torch.Tensor, int, float, bool, list, tuple)
+_T = TypeVar("_T", bound="Tensor")
 
 
 def _binary(op: str, reflected: bool = False):
@@ -68,7 +71,9 @@ class Tensor:
         raise RuntimeError("Tensors are created by ops or factories (popxl.variable, ...).")
 
     @classmethod
-    def _create(cls, graph: "Graph", tensor_id: str, spec: TensorSpec, producer=None) -> "Tensor":
+    def _create(
+        cls: Type[_T], graph: "Graph", tensor_id: str, spec: TensorSpec, producer=None
+    ) -> _T:
         t = object.__new__(cls)
         t._id = tensor_id
         t._graph = graph
@@ -262,6 +267,15 @@ class Tensor:
 class Variable(Tensor):
     """A main-graph tensor whose value persists across runs (weights, optimiser state)."""
 
+    # set by the factories (`variable`, remote_variables): declared for the type checker.
+    # `_remote` (remote variables) and `_shard_of` (shards) exist only on some variables:
+    # remote_variables reads them with getattr(v, name, None)
+    _data: np.ndarray
+    _replica_grouping: Optional["ReplicaGrouping"]
+    _retrieval_mode: str
+    _remote: "RemoteInfo"
+    _shard_of: "Variable"
+
     @property
     def replica_grouping(self):
         return self._replica_grouping
@@ -297,6 +311,8 @@ class Variable(Tensor):
 
 class Constant(Tensor):
     """A tensor with a value fixed at build time."""
+
+    _data: np.ndarray  # set by `constant` (declared for the type checker)
 
     def copy_to_ipu(self, dst: int, src: Optional[int] = None) -> Tensor:
         return _ops().ipu_copy(self, dst, src)
