@@ -113,6 +113,8 @@ class Graph:
     _topocons: List[Tuple[Op, Op]]
     _hooks: Dict[int, Callable]
     _consumers: Dict[str, List[Op]]
+    # (fingerprint, schedule) set by `schedule.schedule` when first asked (no value before)
+    _schedule_cache: Tuple[Any, Tuple[Op, ...]]
 
     def __init__(self) -> None:
         raise TypeError("popxl.Graph cannot be constructed directly; use ir.create_graph.")

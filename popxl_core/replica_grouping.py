@@ -44,7 +44,9 @@ class ReplicaGrouping:
         rg._assignment = list(assignment)
         counts = [assignment.count(g) for g in sorted(set(assignment))]
         rg._group_size = counts[0] if counts else 1
-        rg._stride = _infer_stride(assignment)
+        # None where no stride describes the assignment: PopXL's `stride` is typed int and
+        # callers read it only for strided groupings (`is_const` says which)
+        rg._stride = _infer_stride(assignment)  # type: ignore[assignment]
         return rg
 
     @property

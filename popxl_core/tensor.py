@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional, Tuple, Type, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Optional, Tuple, Type, TypeVar
 
 import numpy as np
 import torch
@@ -41,7 +41,7 @@ host_tensor_types = (np.ndarray, torch.Tensor, int, float, bool, list, tuple)
 _T = TypeVar("_T", bound="Tensor")
 
 
-def _binary(op: str, reflected: bool = False):
+def _binary(op: str, reflected: bool = False) -> Callable[..., Any]:
     """The Tensor method for a binary operator: ``ops.<op>(self, other)``, or
     ``ops.<op>(other, self)`` for the reflected one (``__radd__``, ...)."""
 

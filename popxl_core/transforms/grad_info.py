@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Dict, Tuple
+from typing import TYPE_CHECKING, Dict, Sequence, Tuple
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..graph import Graph
@@ -59,8 +59,8 @@ class GradGraphInfo:
         cls,
         graph: "Graph",
         forward_graph: "Graph",
-        expected_inputs: Tuple[ExpectedConnection, ...],
-        expected_outputs: Tuple[ExpectedConnection, ...],
+        expected_inputs: Sequence[ExpectedConnection],
+        expected_outputs: Sequence[ExpectedConnection],
     ) -> "GradGraphInfo":
         info = object.__new__(cls)
         info._graph = graph
