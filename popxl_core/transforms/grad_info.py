@@ -139,8 +139,8 @@ class GradGraphInfo:
 def new_grad_graph_info(
     graph: "Graph",
     forward_graph: "Graph",
-    expected_inputs: Tuple[ExpectedConnection, ...],
-    expected_outputs: Tuple[ExpectedConnection, ...],
+    expected_inputs: Sequence[ExpectedConnection],
+    expected_outputs: Sequence[ExpectedConnection],
 ) -> GradGraphInfo:
     """A `GradGraphInfo` for a gradient graph built without `autodiff` (a hand-written
     ``build_grad``, a recompute graph, an autodiff result with outputs removed).
