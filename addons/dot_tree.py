@@ -12,6 +12,7 @@ __all__ = ["DotTree", "check_key", "sanitise", "to_mapping"]
 
 T = TypeVar("T")
 Key = str | int
+_Tree = TypeVar("_Tree", bound="DotTree")  # a subclass's methods return the subclass
 
 
 def sanitise(name: str) -> str:
@@ -238,14 +239,14 @@ class DotTree(Generic[T]):
         return len(self._map)
 
     # copies and views ------------------------------------------------------------------
-    def copy(self) -> DotTree:
+    def copy(self: _Tree) -> _Tree:
         """A new tree: sub-trees are copied, leaves are shared."""
         new = type(self)()
         for k, v in self._map.items():
             new._map[k] = v.copy() if isinstance(v, DotTree) else v
         return new
 
-    def filter_keys(self, keys: Iterable[Key]) -> DotTree:
+    def filter_keys(self: _Tree, keys: Iterable[Key]) -> _Tree:
         """A new tree with only ``keys`` (dotted keys allowed, several under one sub-tree:
         ``["head.a", "head.b"]``); ValueError on duplicates."""
         keys = list(keys)
@@ -258,7 +259,7 @@ class DotTree(Generic[T]):
             new.insert(k, v.copy() if isinstance(v, DotTree) else v, overwrite=True)
         return new
 
-    def map(self, fn: Callable[[Any], Any]) -> DotTree:
+    def map(self: _Tree, fn: Callable[[Any], Any]) -> _Tree:
         """A tree of the same shape with ``fn(leaf)`` at every leaf."""
         new = type(self)()
         for k, v in self._map.items():
@@ -299,7 +300,7 @@ class DotTree(Generic[T]):
         return len(self.to_dict())
 
     @classmethod
-    def from_dict(cls: type, d: Mapping[Key, Any]) -> DotTree:
+    def from_dict(cls: type[_Tree], d: Mapping[Any, Any]) -> _Tree:
         """A nested tree from a flat mapping of dotted (or int) keys."""
         tree = cls()
         # Without tree values, every sub-tree is made here and held by nobody else, so the
@@ -322,7 +323,7 @@ class DotTree(Generic[T]):
         return keys, values
 
     @classmethod
-    def pack(cls, keys: Iterable[Key], values: Iterable[Any]) -> DotTree:
+    def pack(cls: type[_Tree], keys: Iterable[Key], values: Iterable[Any]) -> _Tree:
         """The inverse of `unpack`: a tree from parallel sequences of keys and leaves."""
         keys, values = list(keys), list(values)
         if len(keys) != len(values):

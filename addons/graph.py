@@ -197,6 +197,7 @@ class GraphWithNamedArgs:
         if method == "build_grad":
             _check_build_grad(self.graph.id, module, custom)
         if custom and method != "autodiff":
+            assert module is not None  # `custom` says so
             grad = module.create_grad_graph(self, grads_provided, grads_required)
         else:
             known = {**self.called_graphs_grad_info, **(called_graphs_grad_info or {})}

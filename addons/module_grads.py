@@ -4,7 +4,7 @@ gradient recorded, and custom gradients (`build_grad`, `create_grad_graph`)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from popxl_core import Graph, Tensor
 from popxl_core.transforms import GradGraphInfo
@@ -30,6 +30,18 @@ def _of_graph(tensors: Any, graph: GraphWithNamedArgs) -> Any:
 class ModuleGrads:
     """The gradient half of `addons.Module` (a mixin: it reads the Module's submodules,
     variable inputs and ``_called_graphs_grad_info``)."""
+
+    # the Module's state and methods it uses, declared for the type checker
+    _submodules: dict[str, Module]
+    _called_graphs_grad_info: dict[Graph, GradGraphInfo]
+
+    if TYPE_CHECKING:  # pragma: no cover (Module's methods)
+
+        def _taken(self, name: str | int) -> tuple: ...
+
+        def add_variable_inputs(
+            self, name: str | int, variable_f: Any, overwrite: bool = False
+        ) -> Any: ...
 
     def _all_called_graphs_grad_info(self) -> dict[Graph, GradGraphInfo]:
         info = dict(self._called_graphs_grad_info)
@@ -128,7 +140,8 @@ class ModuleGrads:
         from ._custom_grad import build_custom_grad_graph
 
         try:
-            return build_custom_grad_graph(self, fwd_graph, grads_provided, grads_required)
+            module = cast("Module", self)  # this mixin is only ever a Module's
+            return build_custom_grad_graph(module, fwd_graph, grads_provided, grads_required)
         finally:
             self.aux, self.var_grad = AuxStore(), VarGradStore()
 

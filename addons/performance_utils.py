@@ -70,7 +70,8 @@ def _summed(v) -> int:
 def _breakdown(graph, seen: Dict[Any, Dict[str, Any]]) -> Dict[str, Any]:
     if graph in seen:
         return seen[graph]
-    total, out = 0, defaultdict(dict)
+    total = 0
+    out: Dict[str, Any] = defaultdict(dict)  # op type -> {op: flops}, and "TOT" -> total
     for op in graph.ops:
         if op.type in ("Call", "Loop"):
             called = op.called_graphs[0]

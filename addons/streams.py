@@ -35,7 +35,9 @@ class _Streams(DotTree):
             return self.values_flat()[key]
         return super().__getitem__(key)
 
-    def __iter__(self) -> Iterator[Any]:
+    # DotTree turns iteration off (``__iter__ = None``); a stream tree iterates its streams,
+    # as popxl.addons' does: an override the type checker cannot accept
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         return iter(self.values_flat())
 
 

@@ -15,7 +15,7 @@ import os
 import shutil
 import warnings
 from collections import deque
-from typing import Any, Dict, Iterable, Mapping
+from typing import Any, Dict, Iterable, Mapping, cast
 
 import numpy as np
 
@@ -62,7 +62,7 @@ class TaskSession(popxl_core.Session):
         self.max_checkpoints = max_checkpoints
         self.session_state: Dict[str, Any] = {"steps": 0}
         self._saved: deque = deque()
-        self._dataloader = None
+        self._dataloader: Any = None
 
     # steps and state -----------------------------------------------------------------
     def run(self, *args, **kwargs):
@@ -104,7 +104,7 @@ class TaskSession(popxl_core.Session):
         ``skip_memmap``: leave variables whose host data is an ``np.memmap`` as they are.
         """
         flat = data.to_dict() if isinstance(data, NamedTensorData) else dict(data)
-        state = self.state.to_dict()
+        state = _state_variables(self.state)
         _report(
             report_missing, [k for k in state if k not in flat], [k for k in flat if k not in state]
         )
@@ -135,15 +135,16 @@ class TaskSession(popxl_core.Session):
             self._saved.remove(path)
         while len(self._saved) >= self.max_checkpoints:
             _remove_checkpoint(self._saved.popleft())
-        state = self.state.to_dict()
+        state = _state_variables(self.state)
         for key, value in data.items():
             # a memmap-backed variable's host data is its memmap (get_tensor_data returns it)
             mm = self.get_tensor_data(state[key]) if state[key].memmap_backed else None
-            if isinstance(mm, np.memmap):  # the file itself, as popxl.addons copies it
+            if isinstance(mm, np.memmap) and mm.filename is not None:  # the file, as popxl.addons
                 mm.flush()
                 shutil.copyfile(mm.filename, os.path.join(model, os.path.basename(mm.filename)))
             else:
-                np.savez(os.path.join(model, f"{key}.npz"), **{key: value})
+                # numpy's stubs read the ** as its keyword allow_pickle: a bool
+                np.savez(os.path.join(model, f"{key}.npz"), **{key: value})  # type: ignore[arg-type]
         if _has(self._dataloader, "save"):
             self._dataloader.save(os.path.join(checkpoint_dir, DATALOADER_FILE))
         with open(os.path.join(checkpoint_dir, INFO_FILE), "w") as f:
@@ -209,6 +210,11 @@ def _checked_state(state: NamedTensors, ir) -> NamedTensors:
                 "session's Ir (its main graph's `popxl.variable`s)."
             )
     return state
+
+
+def _state_variables(state: NamedTensors) -> Dict[str, Variable]:
+    """``key -> variable`` of the state (`_checked_state` checked that each is a Variable)."""
+    return cast(Dict[str, Variable], state.to_dict())
 
 
 def _report(mode: str, missing: list, unexpected: list, what: str = "") -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -196,7 +196,7 @@ class VariableFactory:
                 f"Variable {name!r}: {path} holds {os.path.getsize(path)} bytes, not the "
                 f"{want} of {shape} {self.dtype.name}; remove it or point memmap_dir elsewhere."
             )
-        mode = "r" if read_only_if_exists else "r+"
+        mode: Literal["r", "r+"] = "r" if read_only_if_exists else "r+"
         return np.memmap(path, dtype=np_dtype, shape=shape, mode=mode)
 
     # tensors ------------------------------------------------------------------------
@@ -223,6 +223,7 @@ class VariableFactory:
         A replica-sharded factory returns the on-chip shard of a replica-sharded variable.
         """
         name = name or self.name
+        data: np.ndarray
         if memmap_dir is not None:
             data = self.next_memmap(memmap_dir, name or "variable", empty, read_only_if_exists)
         else:
@@ -251,7 +252,7 @@ class VariableFactory:
         with ``memmap_dir`` its host value lives in a file there, as for `create_tensor`."""
         if memmap_dir is not None:
             key = name or self.name or "variable"
-            data = self.next_memmap(memmap_dir, key, empty, read_only_if_exists)
+            data: np.ndarray = self.next_memmap(memmap_dir, key, empty, read_only_if_exists)
         else:
             data = self.next_data(empty)
         make = (

@@ -6,7 +6,7 @@ PopXL with an AttributeError. Here the same mistakes fail at the call, naming th
 
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any, Literal, Optional, Tuple, overload
 
 import numpy as np
 import torch
@@ -38,6 +38,15 @@ def _suggestion(value: Any) -> str:
         return f"; use popxl.{dtypes.dtype.as_dtype(value).name}"
     except (TypeError, ValueError):
         return ""
+
+
+# overloads for the type checker: without ``optional`` the result is never None
+@overload
+def checked_dtype(value: Any, where: str, optional: Literal[False] = False) -> dtypes.dtype: ...
+
+
+@overload
+def checked_dtype(value: Any, where: str, optional: bool) -> Optional[dtypes.dtype]: ...
 
 
 def checked_dtype(value: Any, where: str, optional: bool = False) -> Optional[dtypes.dtype]:

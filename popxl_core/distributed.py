@@ -27,7 +27,7 @@ import hashlib
 import os
 import re
 from dataclasses import dataclass
-from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -108,7 +108,7 @@ def world(required: bool = False) -> Optional[Tuple[int, int]]:
     return dist.get_rank(), size
 
 
-def _no_world(required: bool, why: str) -> None:
+def _no_world(required: bool, why: str) -> Optional[Tuple[int, int]]:
     if required:
         raise LaunchError(
             f"Ir(replication='popdist') takes its replicas from the launcher, but {why}: "
@@ -120,6 +120,7 @@ def _no_world(required: bool, why: str) -> None:
 def popdist_replication() -> int:
     """The replication of ``Ir(replication="popdist")``: processes x replicas per process."""
     found = world(required=True)
+    assert found is not None  # required=True raises instead of answering None
     return found[1] * int(os.environ.get("POPXL_REPLICAS_PER_PROCESS", "1"))
 
 
@@ -195,7 +196,7 @@ class Placement:
             parts = {owners[0]: self.exchange.broadcast("variable values", padded, owners[0])}
         else:
             parts = dict(enumerate(self.exchange.gather("variable values", padded)))
-        out = {}
+        out: Dict[Tuple[Hashable, int], np.ndarray] = {}
         for p, b in parts.items():
             out.update(zip(per_rank[p], unpack_arrays(b, [specs[k] for k, _ in per_rank[p]])))
         return out
@@ -233,6 +234,7 @@ class Placement:
         whole (``whole_inputs``: stream name -> array, of which it used its replicas' slice)
         are checked to be the same in every process: else the replicas would have trained on
         rows of different batches, silently."""
+        assert self.exchange is not None  # called in a job only (the Session checks)
         keys = list(local)
         specs = [(local[s].shape, local[s].dtype) for s in keys]
         names = sorted(whole_inputs)
@@ -250,7 +252,8 @@ class Placement:
 
 
 def _digest(a: np.ndarray) -> bytes:
-    return hashlib.sha1(np.ascontiguousarray(a).view(np.uint8)).digest()[:8]
+    # an ndarray is a buffer; numpy's stubs do not say so to the type checker
+    return hashlib.sha1(np.ascontiguousarray(a).view(np.uint8)).digest()[:8]  # type: ignore[arg-type]
 
 
 def _check_same_inputs(names: List[str], digests: List[np.ndarray]) -> None:
@@ -273,7 +276,7 @@ def _nbytes(spec) -> int:
     return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
 
 
-def placement_for(ir, host: Dict[object, np.ndarray]) -> Placement:
+def placement_for(ir, host: Dict[Any, np.ndarray]) -> Placement:
     """Where ``ir``'s replicas run; in a job, first checks that every process built the same
     program with the same initial values (``host``: variable -> host value)."""
     replicas = ir.replication_factor
@@ -307,7 +310,7 @@ def _exchange_of_job(rank: int, size: int) -> Exchange:
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
-def program_lines(ir, host: Dict[object, np.ndarray]) -> List[str]:
+def program_lines(ir, host: Dict[Any, np.ndarray]) -> List[str]:
     """The Ir as text, one line per op and per variable (with a digest of its initial value):
     what must be equal in every process."""
     lines = [f"Ir replication={ir.replication_factor} transfers={ir.num_host_transfers}"]
@@ -319,7 +322,8 @@ def program_lines(ir, host: Dict[object, np.ndarray]) -> List[str]:
             attrs = _ADDRESS.sub("", repr(sorted(op.attrs.items(), key=lambda kv: kv[0])))
             lines.append(f"  {op.type}.{op.id} ({ins}) -> ({outs}) {attrs}")
     for v, a in host.items():
-        digest = hashlib.sha1(np.ascontiguousarray(a).view(np.uint8)).hexdigest()[:16]
+        view = np.ascontiguousarray(a).view(np.uint8)
+        digest = hashlib.sha1(view).hexdigest()[:16]  # type: ignore[arg-type]  # as in _digest
         lines.append(f"variable {v.id} {v.shape} {v.dtype.name} initial value sha1 {digest}")
     return lines
 

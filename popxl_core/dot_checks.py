@@ -10,7 +10,7 @@ tests name the check ``"Foo"`` and enable it with ``FOO``). Files go to the opti
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Set
+from typing import TYPE_CHECKING, Dict, Set
 
 from .schedule import schedule
 
@@ -45,7 +45,7 @@ def graph_dot(ir: "Ir", title: str) -> str:
     lines = [f'digraph "{title}" {{']
     for g in ir._graphs.values():
         lines.append(f'  subgraph "cluster_{g.id}" {{ label="{g.name or "main"}";')
-        producer = {}
+        producer: Dict[str, int] = {}
         for op in schedule(g):
             lines.append(f'    op{op.id} [shape=box, label="{op.type} ({op.id})"];')
             for t in op.inputs:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import builtins
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 import numpy as np
 import torch
@@ -38,6 +38,14 @@ class dtype:
     """A PopXL data type. Instances are singletons; compare with ``is`` or ``==``."""
 
     __slots__ = ("_name", "_np", "_torch", "_is_int", "_is_float", "_is_signed", "_itemsize")
+    # the slots' types, for the type checker (`_factory` fills them through object.__new__)
+    _name: str
+    _np: Any
+    _torch: Optional[torch.dtype]
+    _is_int: builtins.bool
+    _is_float: builtins.bool
+    _is_signed: builtins.bool
+    _itemsize: int
 
     def __init__(self) -> None:
         raise TypeError("popxl.dtype cannot be constructed; use popxl.float32 and friends.")
@@ -60,19 +68,19 @@ class dtype:
         return self._name
 
     @property
-    def is_complex(self) -> bool:
+    def is_complex(self) -> builtins.bool:
         return self._name.startswith("complex")
 
     @property
-    def is_int(self) -> bool:
+    def is_int(self) -> builtins.bool:
         return self._is_int
 
     @property
-    def is_floating_point(self) -> bool:
+    def is_floating_point(self) -> builtins.bool:
         return self._is_float
 
     @property
-    def is_signed(self) -> bool:
+    def is_signed(self) -> builtins.bool:
         return self._is_signed
 
     @property

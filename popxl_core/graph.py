@@ -102,6 +102,20 @@ class Op:
 class Graph:
     """A PopXL graph. Created only by `Ir` (main graph, `create_graph`, `create_empty_graph`)."""
 
+    # set by `_create` (object.__new__, no __init__): declared here for the type checker
+    _ir: "Ir"
+    _id: str
+    _ops: List[Op]
+    _tensors: Dict[str, "Tensor"]
+    _inputs: List["Tensor"]
+    _outputs: List["Tensor"]
+    _by_ref_inputs: Set["Tensor"]
+    _topocons: List[Tuple[Op, Op]]
+    _hooks: Dict[int, Callable]
+    _consumers: Dict[str, List[Op]]
+    # (fingerprint, schedule) set by `schedule.schedule` when first asked (no value before)
+    _schedule_cache: Tuple[Any, Tuple[Op, ...]]
+
     def __init__(self) -> None:
         raise TypeError("popxl.Graph cannot be constructed directly; use ir.create_graph.")
 
@@ -110,14 +124,14 @@ class Graph:
         g = object.__new__(cls)
         g._ir = ir
         g._id = graph_id
-        g._ops: List[Op] = []
-        g._tensors: Dict[str, "Tensor"] = {}
-        g._inputs: List["Tensor"] = []
-        g._outputs: List["Tensor"] = []
-        g._by_ref_inputs: Set["Tensor"] = set()
-        g._topocons: List[Tuple[Op, Op]] = []
-        g._hooks: Dict[int, Callable] = {}
-        g._consumers: Dict[str, List[Op]] = {}
+        g._ops = []
+        g._tensors = {}
+        g._inputs = []
+        g._outputs = []
+        g._by_ref_inputs = set()
+        g._topocons = []
+        g._hooks = {}
+        g._consumers = {}
         return g
 
     # identity --------------------------------------------------------------

@@ -7,6 +7,7 @@ import itertools
 import sys
 import typing
 import warnings
+from types import FrameType
 from typing import Any, Callable, Dict, List, Optional, Set
 
 from .graph import Graph
@@ -34,6 +35,8 @@ NUMERICS = ("ipu", "torch")
 
 class Ir:
     """A PopXL program: the main graph plus the subgraphs it calls."""
+
+    _dot_count: int  # dot files written (`dot_checks`), set when the first one is
 
     def __init__(self, replication: Any = 1) -> None:
         # "popdist": the replicas are the launcher's processes (popxl_core.distributed);
@@ -349,7 +352,8 @@ def _iterable(x) -> bool:
 
 def _user_stacklevel() -> int:
     """The ``warnings.warn`` stacklevel of the first caller outside popxl_core and addons."""
-    f, level = sys._getframe(1), 1
+    f: Optional[FrameType] = sys._getframe(1)
+    level = 1
     while f is not None and f.f_globals.get("__name__", "").split(".")[0] in _OURS:
         f, level = f.f_back, level + 1
     return level

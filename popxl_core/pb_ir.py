@@ -57,7 +57,7 @@ class SessionOptions:
     # in this process or split over a torch.distributed job (popxl_core.distributed).
     @property
     def enableDistributedReplicatedGraphs(self) -> bool:  # PopART's name
-        return self._global[0]
+        return bool(self._global[0])  # always a bool (the setter's); the list also holds ints
 
     @enableDistributedReplicatedGraphs.setter
     def enableDistributedReplicatedGraphs(self, value: bool) -> None:

@@ -11,6 +11,12 @@ __all__ = ["ReplicaGrouping", "VariableSettings"]
 class ReplicaGrouping:
     """A grouping of ``num_replicas`` replicas. Made by `Ir.replica_grouping`."""
 
+    # set by the `_from_*` factories (object.__new__, no __init__): declared for the type checker
+    _num_replicas: int
+    _stride: int
+    _group_size: int
+    _assignment: Optional[List[int]]
+
     def __init__(self) -> None:
         raise TypeError("Use ir.replica_grouping(stride, group_size) to create a ReplicaGrouping.")
 
@@ -38,7 +44,9 @@ class ReplicaGrouping:
         rg._assignment = list(assignment)
         counts = [assignment.count(g) for g in sorted(set(assignment))]
         rg._group_size = counts[0] if counts else 1
-        rg._stride = _infer_stride(assignment)
+        # None where no stride describes the assignment: PopXL's `stride` is typed int and
+        # callers read it only for strided groupings (`is_const` says which)
+        rg._stride = _infer_stride(assignment)  # type: ignore[assignment]
         return rg
 
     @property

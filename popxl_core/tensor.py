@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Optional, Tuple, Type, TypeVar
 
 import numpy as np
 import torch
@@ -18,6 +18,8 @@ from .tensor_spec import TensorByRef, TensorSpec
 
 if TYPE_CHECKING:  # pragma: no cover
     from .graph import Graph, Op
+    from .remote_variables import RemoteInfo
+    from .replica_grouping import ReplicaGrouping
 
 __all__ = [
     "Tensor",
@@ -37,9 +39,10 @@ __all__ = [
 
 HostTensor = Any  # numpy array, torch tensor, python scalar or nested list
 host_tensor_types = (np.ndarray, torch.Tensor, int, float, bool, list, tuple)
+_T = TypeVar("_T", bound="Tensor")
 
 
-def _binary(op: str, reflected: bool = False):
+def _binary(op: str, reflected: bool = False) -> Callable[..., Any]:
     """The Tensor method for a binary operator: ``ops.<op>(self, other)``, or
     ``ops.<op>(other, self)`` for the reflected one (``__radd__``, ...)."""
 
@@ -53,6 +56,14 @@ def _binary(op: str, reflected: bool = False):
 class Tensor:
     """A value in a graph. Made by ops and factories, never constructed directly."""
 
+    # set by `_create` (object.__new__, no __init__): declared here for the type checker
+    _id: str
+    _graph: "Graph"
+    _spec: TensorSpec
+    _producer: Optional["Op"]
+    _ipu: int
+    _tile_set: str
+
     __array_ufunc__ = None  # numpy defers to our reflected dunders
     __iter__ = None
     __contains__ = None
@@ -61,12 +72,14 @@ class Tensor:
         raise RuntimeError("Tensors are created by ops or factories (popxl.variable, ...).")
 
     @classmethod
-    def _create(cls, graph: "Graph", tensor_id: str, spec: TensorSpec, producer=None) -> "Tensor":
+    def _create(
+        cls: Type[_T], graph: "Graph", tensor_id: str, spec: TensorSpec, producer=None
+    ) -> _T:
         t = object.__new__(cls)
         t._id = tensor_id
         t._graph = graph
         t._spec = spec
-        t._producer: Optional["Op"] = producer
+        t._producer = producer
         t._ipu = get_current_context().ipu_id
         t._tile_set = "io" if get_current_context().io_tile_set else "compute"
         graph._register_tensor(t)
@@ -255,6 +268,15 @@ class Tensor:
 class Variable(Tensor):
     """A main-graph tensor whose value persists across runs (weights, optimiser state)."""
 
+    # set by the factories (`variable`, remote_variables): declared for the type checker.
+    # `_remote` (remote variables) and `_shard_of` (shards) exist only on some variables:
+    # remote_variables reads them with getattr(v, name, None)
+    _data: np.ndarray
+    _replica_grouping: Optional["ReplicaGrouping"]
+    _retrieval_mode: str
+    _remote: "RemoteInfo"
+    _shard_of: "Variable"
+
     @property
     def replica_grouping(self):
         return self._replica_grouping
@@ -290,6 +312,8 @@ class Variable(Tensor):
 
 class Constant(Tensor):
     """A tensor with a value fixed at build time."""
+
+    _data: np.ndarray  # set by `constant` (declared for the type checker)
 
     def copy_to_ipu(self, dst: int, src: Optional[int] = None) -> Tensor:
         return _ops().ipu_copy(self, dst, src)

@@ -74,7 +74,7 @@ def candidates(model: nn.Module, options: Options, batch: int | None) -> list[di
     found: list[dict] = []
     rts = {"replicated_tensor_sharding": True} if options.replication_factor > 1 else {}
     blocks = bool(repeated(model))
-    kinds = ("marked",) if marked(model) else ()  # the user's own phases first
+    kinds: tuple[str, ...] = ("marked",) if marked(model) else ()  # the user's own phases first
     kinds += ("blocks", "children") if blocks else ("children",)
     for kind in kinds:
         found.append({"phased_execution": kind})

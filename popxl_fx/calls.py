@@ -189,7 +189,7 @@ def _as_fx(out: Any) -> Any:
 def loss_position(spec: pytree.TreeSpec, n_outputs: int) -> int | None:
     """Which flattened output is the loss: the only one, ``out["loss"]`` / ``out.loss``, or
     ``out[0]`` of a tuple or list; None when there is none of these."""
-    where = pytree.tree_unflatten(list(range(n_outputs)), spec)
+    where: Any = pytree.tree_unflatten(list(range(n_outputs)), spec)
     if isinstance(where, dict) and "loss" in where:
         where = where["loss"]
     elif dataclasses.is_dataclass(where) and isinstance(getattr(where, "loss", None), int):

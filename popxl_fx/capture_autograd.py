@@ -31,7 +31,7 @@ __all__ = ["AutogradCall", "autograd_functions_recorded"]
 class AutogradCall:
     """``function.apply(*args, **kwargs)``: the target of a custom autograd function's node."""
 
-    function: type
+    function: type[torch.autograd.Function]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.function.apply(*args, **kwargs)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.fx as fx
@@ -58,8 +58,20 @@ def static_index(index: Any) -> Any:
     return index
 
 
-class RootCalls:
+if TYPE_CHECKING:  # the mixin's methods call fx.Tracer's (CaptureTracer's other base)
+    from torch.fx import Tracer as _TracerBase
+else:
+    _TracerBase = object
+
+
+class RootCalls(_TracerBase):
     """Mixin of `capture.CaptureTracer` (see the module docstring)."""
+
+    _inputs: list  # CaptureTracer's example inputs
+
+    if TYPE_CHECKING:  # pragma: no cover (CaptureTracer's method)
+
+        def record(self, node: fx.Node | None, kind: str, what: str, hint: str = "") -> None: ...
 
     binding: Binding = POSITIONAL
     out_spec: Any = None  # the pytree structure of what the root forward returned

@@ -247,7 +247,7 @@ def _recording(kind: type, mutators: tuple[str, ...]) -> type:
 
 
 _LIST_OPS = ("append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse")
-_RECORDING = {
+_RECORDING: dict[type, type] = {
     list: _recording(list, (*_LIST_OPS, "__setitem__", "__delitem__", "__iadd__")),
     dict: _recording(
         dict, ("__setitem__", "__delitem__", "pop", "popitem", "update", "setdefault", "clear")
@@ -310,8 +310,10 @@ def python_effects_recorded(tracer, model: nn.Module) -> Iterator[None]:
     saved = {cls: vars(cls).get("__setattr__", _MISSING) for cls in owners}
     flags: set = set()
     setting = _setting(tracer, ids, flags, nn.Module.__setattr__)
+    # the model's classes record attribute writes during the trace (restored below): a
+    # patch of their method the type checker refuses
     for cls in owners:
-        cls.__setattr__ = setting
+        cls.__setattr__ = setting  # type: ignore[method-assign]
     try:
         yield
     finally:
@@ -320,7 +322,7 @@ def python_effects_recorded(tracer, model: nn.Module) -> Iterator[None]:
             if old is _MISSING:
                 del cls.__setattr__
             else:
-                cls.__setattr__ = old
+                cls.__setattr__ = old  # type: ignore[method-assign]  # restored
         # a replay trace (a second one, only compared) leaves the model as the first left it
         _restore(state, flags if getattr(tracer, "_replay", None) is None else set())
 

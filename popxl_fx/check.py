@@ -107,10 +107,11 @@ def check_captured(captured: Captured, model: nn.Module) -> list[Issue]:
         key = _call_key(node, module)
         if key not in verdicts:
             verdicts[key] = decomposition_issue(node, model)
-        if verdicts[key] is not None:
+        verdict = verdicts[key]
+        if verdict is not None:
             issues.append(
                 dataclasses.replace(
-                    verdicts[key],
+                    verdict,
                     source=node.meta.get("source", "<unknown>"),
                     module_path=node.meta.get("module_path", ""),
                     node=node.name,

@@ -307,7 +307,7 @@ def get_data_loaders(
     and normalises the batches it hands out (`preload`: bit-identical to the per-image
     transform and much faster).
     """
-    kwargs = {
+    kwargs: dict[str, Any] = {
         "data_dir": data_dir,
         "dataset": dataset,
         "download": download,

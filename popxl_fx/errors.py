@@ -8,6 +8,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from types import FrameType
 
 import torch
 
@@ -83,15 +84,16 @@ def user_frame(stack: Sequence[traceback.FrameSummary] | None = None) -> str:
     """``file:line`` of the innermost frame outside torch, popxl_fx and the stdlib (of
     ``stack``, or of the current stack)."""
     if stack is None:  # walk the live frames: no source lines read (once per traced node)
-        frame = sys._getframe(0)
+        frame: FrameType | None = sys._getframe(0)
         while frame is not None:
             if not _internal_file(frame.f_code.co_filename):
                 return f"{frame.f_code.co_filename}:{frame.f_lineno}"
             frame = frame.f_back
         return "<unknown>"
-    for frame in reversed(stack):
-        if not frame.filename.startswith("<") and not _internal(os.path.abspath(frame.filename)):
-            return f"{frame.filename}:{frame.lineno}"
+    for summary in reversed(stack):
+        name = summary.filename
+        if not name.startswith("<") and not _internal(os.path.abspath(name)):
+            return f"{name}:{summary.lineno}"
     return "<unknown>"
 
 
@@ -101,7 +103,7 @@ def user_stack() -> tuple[str, str]:
     keeps as ``node.stack_trace``), from one walk of the live frames; only the kept frames'
     source lines are read."""
     frames = []
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         frames.append(frame)
         frame = frame.f_back

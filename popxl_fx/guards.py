@@ -106,7 +106,7 @@ def _position(frame: FrameType) -> tuple | None:
 
 
 def _user_frame() -> FrameType | None:
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None and _internal_file(frame.f_code.co_filename):
         frame = frame.f_back
     return frame

@@ -121,6 +121,7 @@ def mutated_input(node: fx.Node, root: nn.Module | None) -> fx.Node | None:
         name = str(node.target)
         inplace = name.endswith("_") and not name.startswith("_")
     elif node.op == "call_module":
+        assert root is not None  # a call_module node comes with its root module
         inplace = bool(getattr(root.get_submodule(node.target), "inplace", False))
     else:
         inplace = node.kwargs.get("inplace") is True

@@ -92,7 +92,7 @@ def micro_batch_loop(
         xs = [ops.dynamic_slice(local(x), offset, [0], [rows], True) for x in batch]
         if micro_step is not None:
             loss = micro_step(_named(variables, local), _named(accum, local), xs)
-            outs = [loss]
+            outs: Sequence[popxl.Tensor] = [loss]
         else:
             site = fwd.bind(_named(variables, local)).call_with_info(*xs)
             outs, loss = site.outputs, site.outputs[loss_index]

@@ -103,7 +103,7 @@ def _module(
     whose parameters are ``root``'s float32 master weights (`popxl_fx.precision`); outlined
     as ``options.outline`` says (names relative to ``prefix``, where the model sits);
     ``weightless`` for what-if plans (`Module`)."""
-    kwargs = {
+    kwargs: dict[str, Any] = {
         "outline": options.outline,
         "recompute": recompute,
         "outline_prefix": prefix,

@@ -175,8 +175,9 @@ def repeated_blocks(model) -> list[Repeated]:
 
 def _span(paths: tuple[str, ...]) -> str:
     """``blocks.0 .. blocks.23`` -> ``"blocks.0-23"`` (a run of numbers after one stem)."""
-    split = [re.fullmatch(r"(.*?)(\d+)", p) for p in paths]
-    if all(split) and len({m.group(1) for m in split}) == 1:
+    matches = [re.fullmatch(r"(.*?)(\d+)", p) for p in paths]
+    split = [m for m in matches if m is not None]
+    if len(split) == len(matches) and len({m.group(1) for m in split}) == 1:
         numbers = [int(m.group(2)) for m in split]
         if numbers == list(range(numbers[0], numbers[0] + len(numbers))):
             return f"{split[0].group(1)}{numbers[0]}-{numbers[-1]}"

@@ -107,8 +107,8 @@ def group_structure(optimizer_type: type, pg: Mapping) -> tuple:
     rejected = tuple(pg.get(opt) for opt in _REJECT)  # a program is refused when set
     if kind is None:
         return rejected
-    clip = float(pg.get("max_grad_norm", math.inf))  # `optim_clip`
-    clip = (clip, tuple(str(pg.get(k)) for k in DTYPE_KEYS))  # and `optim_storage`
+    max_norm = float(pg.get("max_grad_norm", math.inf))  # `optim_clip`
+    clip = (max_norm, tuple(str(pg.get(k)) for k in DTYPE_KEYS))  # and `optim_storage`
     if kind in LOWERINGS:
         return (LOWERINGS[kind].structure(pg), clip)
     if pg.get("fused"):

@@ -40,7 +40,7 @@ _SIMPLE = (
 def module_state(module: nn.Module) -> tuple:
     """What a leaf module's output shape can depend on besides its inputs: the plain
     attributes of it and its children, and the identity, shape and dtype of their tensors."""
-    state = []
+    state: list[tuple[Any, Any]] = []
     for sub in module.modules():
         for key, value in vars(sub).items():
             if key in ("_parameters", "_buffers"):

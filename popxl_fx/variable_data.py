@@ -39,6 +39,7 @@ def site_factories(
     tensors, and its own random seed (the sites' random streams differ, as inlined ops' do)."""
     site: dict[str, addons.VariableFactory] = {}
     for name, f in facts.to_dict().items():
+        data: Callable[[], np.ndarray]
         if name == SEED_NAME:
             start = (int(torch.initial_seed()) + zlib.crc32(path.encode())) % (2**31)
             data = functools.partial(popxl.create_seeds, start)

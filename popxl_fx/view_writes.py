@@ -93,7 +93,7 @@ def _select(base, dim, index):
     return (builtins.slice(None),) * (dim % base.rank) + (index,)
 
 
-_INDEXED = {
+_INDEXED: dict[str, Callable[..., Any]] = {
     "getitem": lambda base, index: index,
     "narrow": _narrow,
     "select": _select,
@@ -117,7 +117,7 @@ def _t(base):
     return list(range(base.rank))[::-1]
 
 
-_PERMUTED = {
+_PERMUTED: dict[str, Callable[..., Any]] = {
     "transpose": _swap,
     "swapaxes": _swap,
     "swapdims": _swap,
@@ -146,7 +146,7 @@ def _expand(items: tuple, rank: int) -> list:
 def _ranges(shape: tuple, index: Any) -> list[builtins.slice]:
     """Per axis of ``shape``, the elements a basic index picks (an int as a one-long slice)."""
     items = index if isinstance(index, tuple) else (index,)
-    ranges = []
+    ranges: list[builtins.slice] = []
     for item in _expand(items, len(shape)):
         if item is None:
             continue  # a new axis of length one in the view

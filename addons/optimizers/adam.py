@@ -31,6 +31,7 @@ def _grad_scale(
     )
     if global_norm is None:
         return scale
+    assert global_norm_max is not None  # `build` refuses a global_norm without it
     true_norm = _as_float32(global_norm) * scale
     norm_max = _as_float32(global_norm_max)
     # min(1, max / norm) without dividing by a zero norm
@@ -82,7 +83,7 @@ class AdamOptimizerStep(Module):
     @popxl_core.in_sequence()
     def build(
         self,
-        var: TensorByRef,
+        var: TensorByRef,  # type: ignore[valid-type]  # PopXL's marker, read by create_graph
         grad: Tensor,
         replica_grouping=None,
         *,

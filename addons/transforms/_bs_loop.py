@@ -4,6 +4,7 @@ outputs; with ``overlapped`` the next step's loads are issued before this step's
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import popxl_core
@@ -53,7 +54,7 @@ def build_serial_graph(plan: LoopPlan) -> Tuple[Graph, Dict[Tensor, Tensor]]:
         with popxl_core.in_sequence(True):
             (_overlapped_loop if plan.overlapped else _simple_loop)(plan, row, seed, ins)
     remap = dict(ins)
-    if seed is not None:
+    if seed is not None and plan.seed_input is not None:
         remap[plan.seed_input] = seed
     return outer, remap
 
@@ -69,7 +70,7 @@ def _simple_loop(plan: LoopPlan, row: Tensor, seed: Optional[Tensor], ins: Dict)
     body = g.ir.create_empty_graph(f"{g.name}_batch_serial_loop")
     with body, popxl_core.in_sequence(True):
         step = popxl_core.graph_input((), int32, "step")
-        seed_b = _mirror(g, plan.seed_input) if seed is not None else None
+        seed_b = _mirror(g, plan.seed_input) if plan.seed_input is not None else None
         row_b = popxl_core.graph_input((), int32, "row_offset")
         ins_b = {t: _mirror(g, t) for t in ins}
         feeds = {**ins_b, **_emit_loads(plan, row_b, step)}
@@ -94,7 +95,7 @@ def _overlapped_loop(plan: LoopPlan, row: Tensor, seed: Optional[Tensor], ins: D
             t: popxl_core.graph_input(v.shape, v.dtype, f"{t.name}_prefetched")
             for t, v in pre.items()
         }
-        seed_b = _mirror(g, plan.seed_input) if seed is not None else None
+        seed_b = _mirror(g, plan.seed_input) if plan.seed_input is not None else None
         row_b = popxl_core.graph_input((), int32, "row_offset")
         ins_b = {t: _mirror(g, t) for t in ins}
         nxt = _emit_loads(plan, row_b, step + 1)
@@ -125,10 +126,10 @@ def _emit_loads(plan: LoopPlan, row: Tensor, step: Tensor) -> Dict[Tensor, Tenso
     out = {}
     for t, h in plan.loads.items():
         if isinstance(h, HostToDeviceStream):
-            out[t] = _io_in(plan.io, lambda h=h, t=t: ops.host_load(h, t.name))
+            out[t] = _io_in(plan.io, partial(ops.host_load, h, t.name))
         else:
             idx = _index(plan, h, row, step)
-            x = _io_in(plan.io, lambda h=h, t=t, i=idx: ops.remote_load(h.buffer, i, t.name))
+            x = _io_in(plan.io, partial(ops.remote_load, h.buffer, idx, t.name))
             out[t] = _gather_shards(x, t, h.shard_group) if _sharded(h) else x
     return out
 
@@ -151,7 +152,7 @@ def _emit_step(plan: LoopPlan, row: Tensor, step: Tensor, feeds: Mapping[Tensor,
     outs = ops.call(g, inputs_dict=dict(feeds))
     values = dict(zip(g.outputs, outs))
     for t, s in plan.store_streams.items():
-        _io_out(plan.io, values[t], lambda v, s=s: ops.host_store(s, v))
+        _io_out(plan.io, values[t], partial(ops.host_store, s))
     stored_outputs = {t: h for t, h in plan.store_buffers.items() if t not in stored_inputs}
     _emit_stores(plan, row, step, stored_outputs, values)
 
@@ -162,7 +163,7 @@ def _emit_stores(plan: LoopPlan, row: Tensor, step: Tensor, handles: Dict, value
         v = values[t]
         if _sharded(h):  # each replica stores its own shard
             v = ops.collectives.replica_sharded_slice(v, group=h.shard_group)
-        _io_out(plan.io, v, lambda v, h=h, i=idx: ops.remote_store(h.buffer, i, v))
+        _io_out(plan.io, v, partial(ops.remote_store, h.buffer, idx))
 
 
 def _index(plan: LoopPlan, h, row: Tensor, step: Tensor) -> Tensor:

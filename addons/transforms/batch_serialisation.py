@@ -39,7 +39,7 @@ class RemoteHandle:
     row offset the serialised graph is called with.
     """
 
-    buffer: object
+    buffer: popxl_core.RemoteBuffer
     row_offset: Union[int, None, Callable[[Tensor], Tensor]] = 0
     shard_group: Optional[popxl_core.ReplicaGrouping] = None
 
@@ -63,7 +63,10 @@ class BatchSerialResult:
 
 
 def batch_serial_buffer(
-    t: Tensor, steps: int = 1, rows: int = 1, shard_group: Optional[object] = None
+    t: Tensor,
+    steps: int = 1,
+    rows: int = 1,
+    shard_group: Optional[popxl_core.ReplicaGrouping] = None,
 ):
     """A remote buffer of ``steps * rows`` entries shaped like ``t`` (one per row and step).
 

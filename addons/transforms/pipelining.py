@@ -225,6 +225,7 @@ def _clone(op, inputs: List[Tensor]) -> List[Tensor]:
             check_placement=False,
         )
     new = outs[0].producer if outs else popxl_core.gcg().ops[-1]
+    assert new is not None  # an op's output has its producer
     new.by_ref_modified = set(op.by_ref_modified)
     new.settings = dict(op.settings)
     return outs

@@ -35,7 +35,7 @@ def floating(infer: Callable, inputs: Sequence[int] = (0,)) -> Callable:
                 check_float(ins[i], f"input {i}" if len(ins) > 1 else "input")
         return infer(ins, **attrs)
 
-    rule.float_only_inputs = tuple(inputs)
+    rule.float_only_inputs = tuple(inputs)  # type: ignore[attr-defined]  # a function attribute
     rule.__name__ = getattr(infer, "__name__", "rule")
     return rule
 

@@ -174,6 +174,7 @@ def _updater(
     out = create_op(ADAM_UPDATER, ins, attrs)[0]
     if time_step is not None:
         # The op writes the step (an input that output 0 does not alias).
+        assert out.producer is not None  # an op's output has its producer
         out.producer.by_ref_modified.add(roles.index("step"))
     return out
 

@@ -8,6 +8,7 @@ state tensor after one step, through float attributes, fed scalar tensors and a 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -38,7 +39,7 @@ def sgd_samples() -> list[Sample]:
     from ._var_updates_fused import fused_sgd_  # the op's module registers these samples
 
     p, g, buf = rand(3, 7, seed=800), rand(3, 7, seed=801), rand(3, 7, seed=802)
-    hyper = dict(lr=0.0123, weight_decay=1e-2, momentum=0.9, dampening=0.25)
+    hyper: dict[str, Any] = dict(lr=0.0123, weight_decay=1e-2, momentum=0.9, dampening=0.25)
     nesterov = {**hyper, "dampening": 0.0}  # torch's SGD requires it
 
     def sgd(**kw):
@@ -99,7 +100,7 @@ def adam_samples(decoupled: bool):
         p, g, m = rand(3, 7, seed=810), rand(3, 7, seed=811), rand(3, 7, seed=812)
         v, vmax = rand(3, 7, seed=813, low=0.0), rand(3, 7, seed=814, low=0.5)
         step = np.array(2.0, np.float32)
-        hyper = dict(lr=0.0123, beta1=0.8, beta2=0.99, weight_decay=1e-2, eps=1e-6)
+        hyper: dict[str, Any] = dict(lr=0.0123, beta1=0.8, beta2=0.99, weight_decay=1e-2, eps=1e-6)
         cls = torch.optim.AdamW if decoupled else torch.optim.Adam
 
         def adam(**kw):

@@ -9,6 +9,7 @@ backward graph, and torch's own backward kernels, so the numbers are eager's bit
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -219,7 +220,7 @@ def _forward_defs(name: str, public: str, fwd: Callable, grad: Callable, flops: 
         return x.copy_(fwd(x))
 
     lo, hi = -3.0, 3.0
-    common = dict(grad=grad, cost=_flops(flops), pointwise=True)
+    common: dict[str, Any] = dict(grad=grad, cost=_flops(flops), pointwise=True)
     fwd_def = register(
         OpDef(
             name,

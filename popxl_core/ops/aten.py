@@ -237,7 +237,7 @@ def _samples() -> list[Sample]:
     def ln_ref(x, w, b):
         return torch.nn.functional.layer_norm(x, [5], w, b, 1e-5)
 
-    exact = {"rtol": 0.0, "atol": 0.0}
+    exact: dict[str, Any] = {"rtol": 0.0, "atol": 0.0}
     return [
         Sample([a, b], cat, lambda a, b: torch.cat([a, b], 1), name="cat", **exact),
         Sample([a, idx], gather, lambda a, i: torch.gather(a, 1, i), name="gather", **exact),

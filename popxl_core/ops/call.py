@@ -117,6 +117,7 @@ def _make_call(graph: Graph, inputs, inputs_dict, check_inputs: bool) -> Op:
         CALL, parents, {"graph": graph}, called_graphs=(graph,), out_names=names or None
     )
     op = outs[0].producer if outs else gcg()._ops[-1]
+    assert op is not None  # an op's output has its producer
     op.by_ref_modified |= {i for i, t in enumerate(graph._inputs) if t in graph._by_ref_inputs}
     return op
 

@@ -191,7 +191,8 @@ def _check_callable(graph: Graph) -> None:
 
 def _call_path(graph: Graph, target: Graph):
     """The chain of graphs from ``graph`` to ``target`` through call sites, or None."""
-    stack, seen = [(graph, (graph,))], set()
+    stack: List[Tuple[Graph, Tuple[Graph, ...]]] = [(graph, (graph,))]
+    seen = set()
     while stack:
         g, path = stack.pop()
         if g is target:

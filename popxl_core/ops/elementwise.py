@@ -95,7 +95,7 @@ ADD_LHS_INPLACE = register(
 )
 
 
-def add(lhs: Tensor, rhs: Tensor) -> Tensor:
+def add(lhs: Tensor | float, rhs: Tensor | float) -> Tensor:
     """lhs + rhs, broadcasting."""
     return create_op(ADD, list(coerce_pair(lhs, rhs)))[0]
 
@@ -263,17 +263,17 @@ declare(
 )
 
 
-def sub(lhs: Tensor, rhs: Tensor) -> Tensor:
+def sub(lhs: Tensor | float, rhs: Tensor | float) -> Tensor:
     """lhs - rhs, broadcasting."""
     return create_op(SUB, list(coerce_pair(lhs, rhs)))[0]
 
 
-def mul(lhs: Tensor, rhs: Tensor) -> Tensor:
+def mul(lhs: Tensor | float, rhs: Tensor | float) -> Tensor:
     """lhs * rhs, broadcasting."""
     return create_op(MUL, list(coerce_pair(lhs, rhs)))[0]
 
 
-def div(lhs: Tensor, rhs: Tensor) -> Tensor:
+def div(lhs: Tensor | float, rhs: Tensor | float) -> Tensor:
     """lhs / rhs, broadcasting (integer tensors divide with truncation, as on the IPU)."""
     return create_op(DIV, list(coerce_pair(lhs, rhs)))[0]
 

@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 import builtins
-from typing import Any
+from typing import Any, List, Tuple
 
 import numpy as np
 import torch
@@ -93,8 +93,13 @@ def _expand_ellipsis(t: Tensor, items: tuple) -> list:
 def _basic_index(t: Tensor, items: list) -> Tensor:
     from . import reshape, slice, subsample
 
-    axes, starts, stops, steps, strides = [], [], [], [], [1] * t.rank
-    plan = []  # per output position: ("keep", axis), ("drop", axis) or ("new", None)
+    axes: List[int] = []
+    starts: List[Any] = []
+    stops: List[Any] = []
+    steps: List[int] = []
+    strides = [1] * t.rank
+    # per output position: ("keep", axis), ("drop", axis) or ("new", None)
+    plan: List[Tuple[str, Any]] = []
     ax = 0
     for k in items:
         if k is None:

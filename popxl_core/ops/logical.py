@@ -165,13 +165,13 @@ def greater(input: Tensor, other: Tensor) -> Tensor:
     return create_op(GREATER, list(coerce_pair(input, other)))[0]
 
 
-def less(input: Tensor, other: Tensor) -> Tensor:
+def less(input: Tensor | float, other: Tensor | float) -> Tensor:
     """input < other, built as greater(other, input) (not a popxl op; for frontends)."""
     a, b = coerce_pair(input, other)
     return greater(b, a)
 
 
-def greater_equal(input: Tensor, other: Tensor) -> Tensor:
+def greater_equal(input: Tensor | float, other: Tensor | float) -> Tensor:
     """input >= other, built as greater or equal (not a popxl op; for frontends)."""
     a, b = coerce_pair(input, other)
     return logical_or(greater(a, b), equal(a, b))

@@ -8,7 +8,7 @@ nothing, and 'mean' divides by the number of labels that are not ignored (at lea
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Dict, Literal
 
 import numpy as np
 import torch
@@ -385,7 +385,11 @@ def nll_loss_with_softmax_grad(
     """NLL of softmax ``probs`` and dL/dlogits of softmax+NLL, scaled by ``loss_grad``."""
     _check_attrs(reduction, ignore_index)
     inputs = [probs, labels]
-    attrs = {"reduction": reduction, "ignore_index": ignore_index, "loss_grad": None}
+    attrs: Dict[str, Any] = {
+        "reduction": reduction,
+        "ignore_index": ignore_index,
+        "loss_grad": None,
+    }
     if isinstance(loss_grad, Tensor):
         inputs.append(loss_grad)
     else:

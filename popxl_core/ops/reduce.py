@@ -8,6 +8,7 @@ an empty axis list reduces nothing. Gradients are written with our own ops; the 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Dict
 
 import numpy as np
 import torch
@@ -238,7 +239,7 @@ def _replica_fold(name: str, kernel: Callable) -> ReplicaFold:
 
 
 # declaration -----------------------------------------------------------------------------
-REDUCE_OPS = {}
+REDUCE_OPS: Dict[str, OpDef] = {}
 
 
 def _declare(name: str, grad, fn_name: str, *, float_only=False, low=-1.0, seed=0) -> OpDef:

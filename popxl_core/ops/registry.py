@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import sys
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -329,7 +330,7 @@ def _describe(inputs: Sequence[Tensor]) -> str:
 
 def _user_frame() -> str:
     """The first stack frame outside this package: where the user created the op."""
-    f = sys._getframe(1)
+    f: Optional[FrameType] = sys._getframe(1)
     pkg = __name__.rsplit(".", 2)[0]
     while f is not None and f.f_globals.get("__name__", "").startswith(pkg):
         f = f.f_back

@@ -141,6 +141,7 @@ def _make_repeat(graph: Graph, repeat_count: int, inputs, inputs_dict, check_inp
         check_placement=False,
     )
     op = outs[0].producer if outs else gcg()._ops[-1]
+    assert op is not None  # an op's output has its producer
     op.by_ref_modified |= {i for i, t in enumerate(graph._inputs) if t in graph._by_ref_inputs}
     return op
 

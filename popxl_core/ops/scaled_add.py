@@ -8,6 +8,8 @@ float dtypes (float32 weights updated with float16 gradients); the result has X'
 
 from __future__ import annotations
 
+from typing import Dict, Optional
+
 import numpy as np
 import torch
 
@@ -262,7 +264,7 @@ declare(SCALED_ADD_LHS_INPLACE, foreach=Foreach(_foreach_key, _foreach_kernel(in
 
 def _operands(X: Tensor, Y: Tensor, a: Scale, b: Scale):
     inputs = [X, as_tensor(Y, X)]
-    attrs = {}
+    attrs: Dict[str, Optional[float]] = {}
     for key, s in (("a", a), ("b", b)):
         if isinstance(s, Tensor):
             inputs.append(s)

@@ -67,7 +67,7 @@ MAX = register(
 )
 
 
-def maximum(*ts: Tensor) -> Tensor:
+def maximum(*ts: Tensor | float) -> Tensor:
     """Elementwise maximum of one or more tensors, broadcasting."""
     if not ts:
         raise ValueError("maximum needs at least one tensor.")
@@ -135,7 +135,7 @@ WHERE = register(
 )
 
 
-def where(condition: Tensor, lhs: Tensor, rhs: Tensor) -> Tensor:
+def where(condition: Tensor, lhs: Tensor | float, rhs: Tensor | float) -> Tensor:
     """Elementwise ``lhs if condition else rhs``, broadcasting all three."""
     if not isinstance(condition, Tensor):
         raise TypeError(f"where: condition must be a bool popxl.Tensor, got {condition!r}.")

@@ -126,7 +126,7 @@ def training_ir(micro_batch: int = 8, accumulation: int = 4, replicas: int = 4) 
         forward = ir.create_graph(_mlp, TensorSpec((micro_batch, 28 * 28), float32), *specs)
         backward = transforms.autodiff(forward, grads_required=forward.inputs[1:])
 
-        def micro_step(ws: list, accs: TensorByRef):
+        def micro_step(ws: list, accs: TensorByRef):  # type: ignore[valid-type]  # as PopXL
             x, y = ops.host_load(images), ops.host_load(labels)
             fwd = ops.call_with_info(forward, x, *ws)
             probs = ops.softmax(fwd.outputs[0], axis=-1)

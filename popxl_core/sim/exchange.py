@@ -19,7 +19,7 @@ import time
 import zlib
 from datetime import timedelta
 from math import prod
-from typing import List, Sequence, Tuple
+from typing import Any, List, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -46,7 +46,7 @@ def bytes_tensor(b: np.ndarray, shape, dtype: torch.dtype) -> torch.Tensor:
     return torch.from_numpy(b.copy()).view(dtype).reshape(shape)
 
 
-def unpack_arrays(b: np.ndarray, specs: Sequence[Tuple[tuple, np.dtype]]) -> List[np.ndarray]:
+def unpack_arrays(b: np.ndarray, specs: Sequence[Tuple[tuple, Any]]) -> List[np.ndarray]:
     """Numpy arrays of the given ``(shape, dtype)`` read one after the other from bytes ``b``."""
     out, at = [], 0
     for shape, dtype in specs:

@@ -42,9 +42,11 @@ def _fusable(op: Op, uses: Dict[object, int]) -> bool:
 def transposed_matmuls(ops: List[Op], g: Graph) -> Dict[Op, Op]:
     """Transpose op -> the op it reads (a MatMul), for each pair computed as one kernel."""
     uses = _consumers(ops, g)
-    return {op: op.inputs[0].producer for op in ops if _fusable(op, uses)}
+    # `_fusable` checked that the producer is a MatMul (never None)
+    return {op: op.inputs[0].producer for op in ops if _fusable(op, uses)}  # type: ignore[misc]
 
 
 def transposed_kernel(src: Op, numerics: str = "ipu") -> Callable:
     """``(a, b) -> src(a, b).T`` with ``src``'s kernel of the Ir's ``numerics``."""
-    return TRANSPOSED_KERNEL.get(src.opdef)(src, numerics)
+    # `_fusable` checked that the table has a kernel for src's op
+    return TRANSPOSED_KERNEL.get(src.opdef)(src, numerics)  # type: ignore[misc]

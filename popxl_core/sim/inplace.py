@@ -61,8 +61,9 @@ def reuse_plan(
     free: Dict[tuple, List[Tensor]] = {}  # shape -> temporaries no op reads any more
     for k, op in enumerate(ops):
         if op in fixed:
-            if fixed[op] is not None:
-                plan[op] = fixed[op]
+            fixed_out = fixed[op]
+            if fixed_out is not None:
+                plan[op] = fixed_out
         elif _eligible(op):
             shape = tuple(op.outputs[0].shape)
             mine = [t for t in op.inputs if _reusable(t, op, k, last, readers, outputs)]

@@ -6,14 +6,14 @@ It shows what a transform saved: outlining (code bytes), batch serialisation and
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, Tuple
 
 from .units import fmt_bytes, fmt_seconds
 
 __all__ = ["ReportDiff"]
 
 # (key of SimReport.totals(), how to print it)
-_ROWS = (
+_ROWS: Tuple[Tuple[str, Callable[[Any], str]], ...] = (
     ("peak_bytes", fmt_bytes),
     ("always_live_bytes", fmt_bytes),
     ("variable_bytes", fmt_bytes),

@@ -5,7 +5,7 @@ each run checked against them (dtype, host shape, this process's replicas) and v
 from __future__ import annotations
 
 from math import prod
-from typing import Dict, Mapping, Optional, Set
+from typing import TYPE_CHECKING, Dict, Mapping, Optional, Set
 
 import numpy as np
 import torch
@@ -13,11 +13,19 @@ import torch
 from ..streams import DeviceToHostStream, HostToDeviceStream
 from . import checks
 
+if TYPE_CHECKING:  # pragma: no cover
+    from ..distributed import Placement
+    from ..ir import Ir
+
 __all__ = ["SessionStreams"]
 
 
 class SessionStreams:
     """Session's methods on its host streams (the Session calls `_fix_streams` when built)."""
+
+    # the Session's state these methods use (`Session.__init__`), declared for the type checker
+    _ir: "Ir"
+    _placement: "Placement"
 
     def _fix_streams(self, ir) -> None:
         """The Session owns the Ir from here on, so its streams are fixed: their numpy dtype,

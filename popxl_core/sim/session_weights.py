@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import warnings
 from operator import attrgetter, is_
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, FrozenSet, List, Mapping, Optional, Sequence, Set, Tuple
 
 import numpy as np
 import torch
@@ -20,17 +20,48 @@ from ..host_data import host_to_torch, torch_to_host
 from ..tensor import Variable
 from . import checks
 from .remote_state import (
+    RemoteState,
     host_from_replicas,
     read_replicas,
     replica_value,
     replica_whole_value,
 )
 
+if TYPE_CHECKING:  # pragma: no cover
+    from ..distributed import Placement
+    from ..ir import Ir
+    from .runtime import Runtime
+    from .uniform import SharedRuns
+
 __all__ = ["SessionWeights", "is_file"]
 
 
 class SessionWeights:
     """Session's methods on variable values (the state is made by `Session._init_state`)."""
+
+    # the Session's state these methods use (made by `Session.__init__` and `_init_state`),
+    # declared for the type checker; replica -> its variables' device values (None: pending)
+    _ir: "Ir"
+    _placement: "Placement"
+    _runtime: "Runtime"
+    _sharing: "SharedRuns"
+    _variables: List[Variable]
+    _variable_index: Dict[Variable, int]
+    _remote: RemoteState
+    _remote_set: FrozenSet[Variable]
+    _host: Dict[Variable, np.ndarray]
+    _borrowed: Set[Variable]
+    _per_replica: Dict[Variable, np.ndarray]
+    _device: Optional[Dict[int, List[Optional[torch.Tensor]]]]
+    _shared: Dict[Variable, torch.Tensor]
+    _shared_versions: tuple
+    _pending: Set[int]
+    _synced: Set[Variable]
+    _host_in_sync: bool
+
+    if TYPE_CHECKING:  # pragma: no cover (Session's method)
+
+        def _require_attached(self, what: str) -> None: ...
 
     # weights -----------------------------------------------------------------------
     def weights_from_host(self) -> None:

@@ -193,9 +193,11 @@ class _Differentiator:
             return
         at: Dict[int, List[Op]] = {}
         for (_, index), copy in self._copies.items():
+            assert copy.producer is not None  # an identity's output
             at.setdefault(index, []).append(copy.producer)
         copies = {op for ops_ in at.values() for op in ops_}
-        graph, ordered = self.fwd, []
+        graph = self.fwd
+        ordered: List[Op] = []
         originals = sorted(self.position, key=self.position.__getitem__)
         for i, op in enumerate(originals):
             ordered.extend(reversed(at.get(i, ())))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Dict, Tuple
+from typing import TYPE_CHECKING, Dict, Sequence, Tuple
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..graph import Graph
@@ -45,6 +45,12 @@ class ExpectedConnection:
 class GradGraphInfo:
     """The result of `autodiff`: the grad graph and what its inputs and outputs mean."""
 
+    # set by `_create` (object.__new__, no __init__): declared here for the type checker
+    _graph: "Graph"
+    _forward_graph: "Graph"
+    _expected_inputs: Tuple[ExpectedConnection, ...]
+    _expected_outputs: Tuple[ExpectedConnection, ...]
+
     def __init__(self) -> None:
         raise TypeError("GradGraphInfo is created by popxl.transforms.autodiff.")
 
@@ -53,8 +59,8 @@ class GradGraphInfo:
         cls,
         graph: "Graph",
         forward_graph: "Graph",
-        expected_inputs: Tuple[ExpectedConnection, ...],
-        expected_outputs: Tuple[ExpectedConnection, ...],
+        expected_inputs: Sequence[ExpectedConnection],
+        expected_outputs: Sequence[ExpectedConnection],
     ) -> "GradGraphInfo":
         info = object.__new__(cls)
         info._graph = graph
@@ -133,8 +139,8 @@ class GradGraphInfo:
 def new_grad_graph_info(
     graph: "Graph",
     forward_graph: "Graph",
-    expected_inputs: Tuple[ExpectedConnection, ...],
-    expected_outputs: Tuple[ExpectedConnection, ...],
+    expected_inputs: Sequence[ExpectedConnection],
+    expected_outputs: Sequence[ExpectedConnection],
 ) -> GradGraphInfo:
     """A `GradGraphInfo` for a gradient graph built without `autodiff` (a hand-written
     ``build_grad``, a recompute graph, an autodiff result with outputs removed).

@@ -56,7 +56,7 @@ def _check_no_load_and_store_of_one_entry(ops: List) -> None:
     loads.pop(None, None)
     for op in ops:
         key = _static_entry(op) if op.type == "RemoteStore" else None
-        if key in loads:
+        if key is not None and key in loads:
             buf, entry = key
             raise ValueError(
                 f"merge_exchange: remote buffer {buf.remote_buffer_id} entry {entry} is both "

@@ -113,7 +113,7 @@ def _silu(x):
 
 
 # eager function (out of place) -> its lowering on the simulator's contiguous values
-_FUNCTIONS = {
+_FUNCTIONS: dict[tuple, Callable] = {
     (torch.relu, F.relu, "relu", "relu_", torch.relu_, F.relu_): _relu,
     (F.relu6,): _relu6,
     (F.leaky_relu,): _leaky_relu,

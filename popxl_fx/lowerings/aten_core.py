@@ -8,7 +8,7 @@ functionalization have entries (``t``, ``reshape`` and ``clamp_min`` do not).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -205,6 +205,7 @@ def _compare(build) -> Any:
     return lower
 
 
+_build: Callable[..., Any]  # the two loops below bind it to builders of two arities
 for _packet, _build in (
     (aten.gt, ops.greater),
     (aten.lt, ops.less),

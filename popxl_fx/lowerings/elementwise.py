@@ -129,7 +129,7 @@ def _ge(a, b):
     return ops.logical_not(ops.less(a, b))
 
 
-_BINARY = {
+_BINARY: dict[tuple, tuple[Callable[..., Any], Callable[..., Any]]] = {
     (operator.mul, operator.imul, torch.mul, "mul", "mul_", "__mul__", "__imul__"): (
         ops.mul,
         operator.mul,
@@ -246,7 +246,7 @@ def _float_unary(fn: Callable) -> Callable:
     return lower
 
 
-_UNARY = {
+_UNARY: dict[tuple, Callable[..., Any]] = {
     (torch.exp, "exp"): ops.exp,
     (torch.log, "log"): ops.log,
     (torch.log2, "log2"): torch_unary(torch.ops.aten.log2.default),

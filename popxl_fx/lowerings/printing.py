@@ -22,5 +22,8 @@ def print_tensor(t: torch.Tensor, title: str, print_gradient: bool, *options) ->
 
 @lowers(print_tensor)
 def _lower_print(ctx, t, title: str, print_gradient: bool, *options):
-    # print_self: True; the gradient is printed only when asked
-    return ops.print_tensor(t, title, True, bool(print_gradient), *options, layout="poplar")
+    # print_self: True; the gradient is printed only when asked. ``options`` are the seven
+    # formatting arguments before ``layout`` (the traced function's), which the checker
+    # cannot count
+    out = ops.print_tensor(t, title, True, bool(print_gradient), *options, layout="poplar")  # type: ignore[misc]
+    return out

@@ -112,9 +112,9 @@ def var(x: popxl.Tensor, dim=None, correction: float = 1.0, keepdim: bool = Fals
     return ops.sum(centred * centred, axes, keepdim) * (1.0 / max(n - correction, 0))
 
 
-def _correction(args: tuple, kwargs: dict) -> tuple[Any, float, bool]:
+def _correction(given: tuple, kwargs: dict) -> tuple[Any, float, bool]:
     """(dim, correction, keepdim) from torch's var/std overloads."""
-    args = list(args)
+    args = list(given)
     unbiased = kwargs.pop("unbiased", None)
     if args and isinstance(args[0], bool):  # var(x, unbiased)
         unbiased = args.pop(0)

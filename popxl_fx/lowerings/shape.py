@@ -283,8 +283,7 @@ def _advanced(x, adv: list):
 
 def getitem(x: popxl.Tensor, index, expected_shape=None) -> popxl.Tensor:
     """``x[index]`` with torch's semantics (see the module docstring)."""
-    items = index if isinstance(index, tuple) else (index,)
-    items = _expand_ellipsis(x, items)
+    items = _expand_ellipsis(x, index if isinstance(index, tuple) else (index,))
     basic, adv = _basic_part(items)
     out = x[tuple(basic)] if any(b != builtins.slice(None) for b in basic) else x
     if adv:

@@ -62,7 +62,8 @@ class _Worker:
         self.loading, self.rebatch = early_preload, rebatch
         # PopTorch's DataLoader says whether a rebatched remainder is dropped
         self.drop_last = getattr(dataset, "rebatched_drop_last", True)
-        self.stop, self.slot, self.pending = False, 0, []
+        self.stop, self.slot = False, 0
+        self.pending: list = []
 
     def run(self) -> None:
         self.iterator = iter(self.dataset)

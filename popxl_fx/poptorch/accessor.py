@@ -78,10 +78,12 @@ class AsynchronousDataAccessor:
         return length
 
     def __iter__(self) -> AsynchronousDataAccessor:
+        assert self._worker is not None, "terminated"  # terminate() drops the worker
         self._worker.restart()
         return self
 
     def __next__(self) -> Any:
+        assert self._worker is not None, "terminated"
         element = self._worker.next_element()
         if element is END:
             raise StopIteration
@@ -123,7 +125,8 @@ class _WorkerHandle:
         self._process.start()
         child.close()
         self._started = self._used = self._at_end = False
-        self._slot, self._locked = 0, None
+        self._slot = 0
+        self._locked: int | None = None
         _LIVE.add(self)
         self._setup()
 

@@ -127,7 +127,7 @@ class Stage:
         if not all(isinstance(b, str) for b in block_ids):
             raise ValueError(f"Stage takes block ids (str), got {block_ids}.")
         self._blocks = block_ids
-        self._ipu = None
+        self._ipu: int | None = None
 
     @property
     def blocks(self) -> tuple:

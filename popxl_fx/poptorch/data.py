@@ -198,8 +198,9 @@ class DataLoader(torch.utils.data.DataLoader):
 
     def terminate(self) -> None:
         """Stop the asynchronous worker process (Async modes; nothing otherwise)."""
-        if getattr(self, "_accessor", None) is not None:
-            self._accessor.terminate()
+        accessor = getattr(self, "_accessor", None)
+        if accessor is not None:
+            accessor.terminate()
 
     def __del__(self) -> None:
         self.terminate()

@@ -170,13 +170,13 @@ class PoplarExecutor(OptimizerLink, TrainingOutputs):
         bound = binding.bind(getattr(self._user_model, "forward", self._user_model), args, kwargs)
         if self.isCompiled():
             self._signature.check(tensors, call, bound)
-        self._signature = InputSignature(tensors, call, bound)
+        self._signature: InputSignature = InputSignature(tensors, call, bound)
         if not self._signature.same_call(self._wrapped.call):
             if self._wrapped.call is not None:
                 self._impl = None
             self._wrapped.call = call
         if self._options.enable_synthetic_data:  # the device's own inputs, none from the host
-            tensors = self._synthetic(tuple(tensors))
+            tensors = list(self._synthetic(tuple(tensors)))
         args = batching.split_iterations(tuple(tensors), self._options, self._training)
         return batching.replica_major(args, self._options, self._training)
 

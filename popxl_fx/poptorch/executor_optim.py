@@ -4,17 +4,30 @@ built program (`optim_state`)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import torch
 
 from . import optim, optim_attrs, optim_map, optim_state
 from .enums import ConnectionType
 from .errors import Error
 
+if TYPE_CHECKING:  # pragma: no cover
+    from .options import Options
+
 __all__ = ["OptimizerLink"]
 
 
 class OptimizerLink:
     """Mixin of `PoplarExecutor`: its optimizer."""
+
+    # PoplarExecutor's state these methods use (made in its __init__), for the type checker
+    _training: bool
+    _options: Options
+    _attrs: optim_attrs.AttributeTracker
+    _user_model: torch.nn.Module
+    _optimizer: Any  # a torch or PopTorch optimizer; None for inference
+    _impl: Any  # the popxl_fx trainer or inference model, made on compile (None before)
 
     def setOptimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Train with ``optimizer`` from the next call (its state and hyper-parameters)."""

@@ -3,7 +3,7 @@ loss in its place, per micro-batch and replica as PopTorch's output modes select
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -11,11 +11,20 @@ import popxl_fx
 
 from . import batching
 
+if TYPE_CHECKING:  # pragma: no cover
+    from .options import Options
+    from .wrapper import Wrapped
+
 __all__ = ["TrainingOutputs", "fetches_outputs"]
 
 
 class TrainingOutputs:
     """Mixin of `PoplarExecutor`: the outputs of its training calls."""
+
+    # PoplarExecutor's state these methods use (made in its __init__), for the type checker
+    _training: bool
+    _options: Options
+    _wrapped: Wrapped
 
     def _training_outputs(self, impl, loss: torch.Tensor) -> Any:
         """The model's outputs from a training call (the loss in its place), as the output

@@ -65,7 +65,7 @@ class MultiConv:
     def __init__(self) -> None:
         self.options: dict[str, Any] = {}
         self._convs = 0
-        self._watch = None
+        self._watch: Any = None  # the `watching` context while the scope is open
 
     def availableMemoryProportions(self, value) -> MultiConv:
         self.options["available_memory_proportions"] = _per_conv(

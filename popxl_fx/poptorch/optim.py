@@ -8,6 +8,9 @@ accumulator dtypes, max_grad_norm, ...) are kept on the optimizer and in its par
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 from .. import optim_lamb, optim_rmsprop
@@ -61,8 +64,10 @@ class Optimizer:
         self.variable_attrs = VariableAttributes([n for n in names if n in variable], names)
         self.host_state_is_dirty = False
         self.ipu_state_is_dirty = False
-        self._ipu_reader = None  # set by the executor once built (`optim_state.read`)
-        self._ipu_loaded = None  # a loaded state_dict's IPU part, taken at the next call
+        # set by the executor once built (`optim_state.read`)
+        self._ipu_reader: Callable[[], dict] | None = None
+        # a loaded state_dict's IPU part, taken at the next call
+        self._ipu_loaded: dict[str, Any] | None = None
 
     def state_dict(self) -> dict:
         """torch's state dict plus PopTorch's ``ipu_state`` and ``ipu_param`` (None until a
@@ -86,7 +91,7 @@ class Optimizer:
         torch.optim.Optimizer.load_state_dict(self, torch_part)
         self._ipu_loaded = {k: state_dict[k] for k in _IPU_KEYS}
 
-    def _init_from(self, base: type, given: dict) -> None:
+    def _init_from(self, base: type[torch.optim.Optimizer], given: dict) -> None:
         """``base.__init__`` with the torch arguments of ``given`` (a constructor's
         ``locals()``; None: torch's default), then the IPU arguments (`_ipu_init`)."""
         given = {k: v for k, v in given.items() if k not in ("self", "__class__")}

@@ -47,7 +47,7 @@ class AttributeTracker:
 
     def __init__(self, relaxed: bool) -> None:
         self.log = logger.debug if relaxed else logger.warning
-        self.expected: dict[str, set] = {}
+        self.expected: dict[str, set | None] = {}
         self.printed: set[str] = set()
 
     def check(self, optimizer: torch.optim.Optimizer) -> None:

@@ -55,7 +55,8 @@ class Options(OptionsDict):
         self._training = _TrainingOptions(self._popart)
         self._distributed = _DistributedOptions()
         self._tensor_locations = _TensorLocationOptions()
-        self._execution_strategy = blocks.PipelinedExecution()  # PopTorch's default
+        # PopTorch's default
+        self._execution_strategy: blocks.ExecutionStrategy = blocks.PipelinedExecution()
         self._source_location_excludes = ["install/poptorch", "site-packages/torch"]
         self._relax_optimizer_attributes_checks = False
         self._show_compilation_progress_bar = True

@@ -46,14 +46,16 @@ class _Custom:
             other.count,
         )
 
-    __hash__ = None
+    # unhashable, as Python makes a class that defines __eq__ (the checker wants a method)
+    __hash__ = None  # type: ignore[assignment]
 
 
 def flat_call(args: tuple, kwargs: dict) -> tuple[list, tuple]:
     """The call's tensors in order, and its structure: (pytree spec, the leaves with each
     tensor replaced by a placeholder, custom-typed arguments by their `_Custom`)."""
     leaves, spec = pytree.tree_flatten((args, kwargs), is_leaf=lambda x: parser_for(x) is not None)
-    tensors, template = [], []
+    tensors: list = []
+    template: list[Any] = []
     for x in leaves:
         parser = parser_for(x)
         if parser is not None:
@@ -99,6 +101,7 @@ class Wrapped(nn.Module):
         return self.seen.blocks
 
     def forward(self, *tensors: Any) -> Any:
+        assert self.call is not None  # the executor sets it before the first call
         spec, template = self.call
         given = iter(tensors)
         leaves = [_leaf(x, given) for x in template]

@@ -57,7 +57,8 @@ def _emit(op, em) -> None:
     table = group_table(op.attrs["group"], em.program.ir.replication_factor)
     attrs = {k: v for k, v in op.attrs.items() if k != "group"}
     fn = functools.partial(_kernel, table=table, **attrs)
-    fn.op_name = f"{op.type}.{op.id}"  # named in replica-mismatch errors
+    # an attribute on the partial, which the runtime reads (named in replica-mismatch errors)
+    fn.op_name = f"{op.type}.{op.id}"  # type: ignore[attr-defined]
     em.emit(f"{out} = RT.collective({x}, {em.bind_global('coll', fn)})")
 
 

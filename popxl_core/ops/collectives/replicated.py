@@ -44,11 +44,13 @@ def _emit_collective(kernel):
         table = group_table(op.attrs["group"], em.program.ir.replication_factor)
         attrs = {k: v for k, v in op.attrs.items() if k != "group"}
         fn = functools.partial(kernel, table=table, **attrs)
-        fn.op_name = f"{op.type}.{op.id}"  # named in replica-mismatch errors
+        # attributes on the partial, which the runtime reads (the type checker cannot see them)
+        fn.op_name = f"{op.type}.{op.id}"  # type: ignore[attr-defined]  # in mismatch errors
         if kernel is _all_reduce_kernel:  # one result per group: the runtime computes it once
-            fn.group_members = table.members
+            fn.group_members = table.members  # type: ignore[attr-defined]
             # ... into a buffer it keeps, where the graph runs once a run (variants.py)
-            fn.keeps_result = em.graph in getattr(em.program, "once_per_replica", ())
+            keeps = em.graph in getattr(em.program, "once_per_replica", ())
+            fn.keeps_result = keeps  # type: ignore[attr-defined]
         k = em.bind_global("coll", fn)
         x, out = em.name(op.inputs[0]), em.name(op.outputs[0])
         if attrs.get("op") == "local":
