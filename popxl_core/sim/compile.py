@@ -42,7 +42,7 @@ from .options import DEFAULT, CompileOptions
 from .passes import STATS, GraphPlan, live_ops, run_passes
 from .stacking import stack_site
 from .uniform import plan_sharing
-from .variants import graphs_run_once, variant_kernel
+from .variants import buffer_graphs, graphs_run_once, variant_kernel
 
 __all__ = ["Program", "CompiledGraph", "Emitter"]
 
@@ -110,6 +110,8 @@ class Program:
         self.view_outputs = ViewOutputs(ir)
         self.once = graphs_run_once(ir)  # graphs that run at most once per Session.run
         self.once_per_replica = graphs_run_once(ir, per_replica=True)  # ... by each replica
+        # ... whose ops may keep output buffers between runs (none when phased)
+        self.keeps_buffers = buffer_graphs(ir, self.once_per_replica)
         # subgraph outputs no call site reads are not computed (call_outputs.py)
         self.kept_outputs = kept_outputs(ir.main_graph, live_ops)
         self.main = self._compile(ir.main_graph, is_main=True)

@@ -48,7 +48,7 @@ def _emit_collective(kernel):
         if kernel is _all_reduce_kernel:  # one result per group: the runtime computes it once
             fn.group_members = table.members
             # ... into a buffer it keeps, where the graph runs once a run (variants.py)
-            fn.keeps_result = em.graph in getattr(em.program, "once_per_replica", ())
+            fn.keeps_result = em.graph in getattr(em.program, "keeps_buffers", ())
         k = em.bind_global("coll", fn)
         x, out = em.name(op.inputs[0]), em.name(op.outputs[0])
         if attrs.get("op") == "local":
