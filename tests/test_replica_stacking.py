@@ -162,7 +162,7 @@ class _Out:
 def _site(stacked, rest=None):
     y = _Out()
     op = SimpleNamespace(attrs={}, outputs=[y])
-    em = SimpleNamespace(read={y}, graph=None, program=SimpleNamespace(once_per_replica=()))
+    em = SimpleNamespace(read={y}, graph=None, program=SimpleNamespace(keeps_buffers=()))
     rule = ReplicaStack(shared=(1,), outputs=(0,), stacked=stacked, rest=rest)
     return StackSite(op, lambda x, w: x @ w, rule, runtime=None, em=em)
 

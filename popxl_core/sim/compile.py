@@ -40,9 +40,10 @@ from .kernel_wrappers import (
 )
 from .options import DEFAULT, CompileOptions
 from .passes import STATS, GraphPlan, live_ops, run_passes
+from .remote_views import view_loads
 from .stacking import stack_site
 from .uniform import plan_sharing
-from .variants import graphs_run_once, variant_kernel
+from .variants import buffer_graphs, graphs_run_once, variant_kernel
 
 __all__ = ["Program", "CompiledGraph", "Emitter"]
 
@@ -110,6 +111,9 @@ class Program:
         self.view_outputs = ViewOutputs(ir)
         self.once = graphs_run_once(ir)  # graphs that run at most once per Session.run
         self.once_per_replica = graphs_run_once(ir, per_replica=True)  # ... by each replica
+        # ... whose ops may keep output buffers between runs (none when phased)
+        self.keeps_buffers = buffer_graphs(ir, self.once_per_replica)
+        self.view_loads: Set[Op] = set()  # main-graph remote loads made views (remote_views.py)
         # subgraph outputs no call site reads are not computed (call_outputs.py)
         self.kept_outputs = kept_outputs(ir.main_graph, live_ops)
         self.main = self._compile(ir.main_graph, is_main=True)
@@ -161,6 +165,8 @@ class Program:
         plan = run_passes(self._plan(g, skipped, stats), options, stats)
         if is_main and not skipped:
             self.main_plan = plan
+            if g.ir.replication_factor == 1:  # replicas' entries are theirs alone: not shared
+                self.view_loads = view_loads(plan)
         em.read = _read_tensors(plan.live, plan.returned)
         _emit_ops(plan, em)
         fname = fname or ("main" if is_main else self._fn_names.get(g, f"graph_{id(g)}"))

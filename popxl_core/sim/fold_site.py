@@ -70,7 +70,7 @@ def _emit_reduce_group(op: Op, plan, em, fold) -> bool:
     outs = ", ".join(em.name(x.outputs[0]) for x in run)
     ins = ", ".join(em.name(x.inputs[0]) for x in run)
     kind, key = op.attrs["op"], f"{op.type}.{op.id}"
-    keep = em.graph in em.program.once_per_replica  # its results are dead by the next run
+    keep = em.graph in em.program.keeps_buffers  # its results are dead by the next run
     em.emit(f"{outs}, = RT.all_reduce_group(({ins},), {kind!r}, {key!r}, {keep})")
     return True
 
@@ -211,7 +211,7 @@ def _folded_call(op: Op, base: Callable, site: FoldSite, em) -> Optional[List[Ca
     if not _rows_fold(op, rule, site.per):
         return None
     if rule.kernels:
-        buffers = {} if em.graph in em.program.once_per_replica else None
+        buffers = {} if em.graph in em.program.keeps_buffers else None
         return [_own_folded(k, r, site.dead, buffers, op.attrs) for k in rule.kernels]
     attrs = _folded_attrs(op, rule, r)
     return [functools.partial(base, **attrs) if attrs else base]
@@ -257,7 +257,7 @@ def _reduced(op: Op, site: FoldSite, em, fold, plain: bool) -> Optional[ReducedO
     kinds = fold.reduced.get(op)
     if kinds is None:
         return None
-    keep = em.graph in em.program.once_per_replica  # its buffers are dead by the next run
+    keep = em.graph in em.program.keeps_buffers  # its buffers are dead by the next run
     rule, r = REPLICA_FOLD.get(op.opdef), site.replicas
     calls = []
     if plain and rule.rows(op.attrs, [tuple(t.shape) for t in op.inputs], site.per):

@@ -8,12 +8,14 @@ that the Session holds no second copy of them.
 
 from __future__ import annotations
 
+import gc
+import types
 from typing import Dict, Iterator, Tuple, Union
 
 import numpy as np
 import torch
 
-__all__ = ["held_storages", "storage_key"]
+__all__ = ["held_storages", "reachable_storages", "storage_key"]
 
 
 def storage_key(x: Union[np.ndarray, torch.Tensor]) -> Tuple[int, int]:
@@ -43,3 +45,33 @@ def held_storages(session) -> Dict[int, int]:
     """``address -> bytes`` of every allocation holding the Session's host buffers, device
     values and Streaming Memory (its own, and those it shares with a framework's tensors)."""
     return dict(storage_key(x) for x in _values(session))
+
+
+# not followed: a module or class is shared by every Session (a function's globals are its
+# module's, unless they are a compiled program's namespace, which the program holds anyway)
+_SHARED = (type, types.ModuleType, types.FrameType)
+
+
+def _referents(obj) -> list:
+    if isinstance(obj, types.FunctionType):
+        return [obj.__closure__, obj.__defaults__, obj.__kwdefaults__, obj.__dict__]
+    return gc.get_referents(obj)
+
+
+def reachable_storages(root) -> Dict[int, int]:
+    """``address -> bytes`` of every torch storage (and numpy buffer) reachable from ``root``
+    through containers, objects, closures and partials: what an object keeps alive, whatever
+    keeps it (a kernel's buffer kept between runs as well as the Session's values).
+
+    Example: ``reachable_storages([torch.zeros(4)])`` has one entry of 16 bytes."""
+    seen, out, todo = set(), {}, [root]
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen or obj is None or isinstance(obj, _SHARED):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, (torch.Tensor, np.ndarray)):
+            address, n = storage_key(obj)
+            out[address] = max(n, out.get(address, 0))
+        todo.extend(_referents(obj))
+    return out

@@ -53,7 +53,7 @@ class StackSite:
         self.live = tuple(op.outputs[i] in em.read for i in rule.outputs)
         # output buffers kept between runs where the op runs at most once per run of each
         # replica (what `variants.py` keeps per replica, kept here for the stacked call)
-        once = em.graph in em.program.once_per_replica
+        once = em.graph in em.program.keeps_buffers
         self.buffers: Optional[dict] = {} if once and bounded(op) else None
         self.checked: Dict[tuple, bool] = {}  # shapes -> the stacked form gave the same bits
 

@@ -17,9 +17,17 @@ import torch
 
 from ..graph import Graph, Op
 from ..ops.call import CALL
+from ..ops.remote import REMOTE_LOAD, REMOTE_LOAD_INPLACE
 from .speed import BUFFERED_KERNEL, DEAD_OUTPUT_KERNELS
 
-__all__ = ["MAX_BUFFER_BYTES", "all_float32", "bounded", "graphs_run_once", "variant_kernel"]
+__all__ = [
+    "MAX_BUFFER_BYTES",
+    "all_float32",
+    "bounded",
+    "buffer_graphs",
+    "graphs_run_once",
+    "variant_kernel",
+]
 
 
 def variant_kernel(op: Op, em) -> Callable | None:
@@ -31,7 +39,7 @@ def variant_kernel(op: Op, em) -> Callable | None:
     dead = frozenset(i for i, t in enumerate(op.outputs) if t not in em.read)
     kernel = None
     # (not under inductor: its compiled graphs allocate their outputs themselves)
-    kept = not em.program.options.inductor and em.graph in em.program.once_per_replica
+    kept = not em.program.options.inductor and em.graph in em.program.keeps_buffers
     if buffered is not None and kept and bounded(op):
         kernel = _per_replica(op, dead, buffered, em.program.namespace["RT"])
         em.program.stats["buffered_ops"] += kernel is not None
@@ -79,6 +87,18 @@ def graphs_run_once(ir, per_replica: bool = False) -> Set[Graph]:
                 once.add(g)
                 changed = True
     return once
+
+
+def buffer_graphs(ir, once_per_replica: Set[Graph]) -> Set[Graph]:
+    """The graphs whose ops may keep their output buffers between runs: those run once per
+    run of each replica, unless the main graph loads from Streaming Memory. A phased program
+    (weights staged in remote buffers, phase by phase) holds one phase's values at a time; a
+    buffer kept per op would hold every phase's (the whole model's gradients, each RTS
+    collective's result) for the Session's life, the memory phasing exists to save."""
+    loads = (REMOTE_LOAD, REMOTE_LOAD_INPLACE)
+    if any(op.opdef in loads for op in ir.main_graph._ops):
+        return set()
+    return set(once_per_replica)
 
 
 # a kept buffer is memory held between steps that eager frees (its .grad is set to None):

@@ -49,7 +49,7 @@ def _emit_collective(kernel):
         if kernel is _all_reduce_kernel:  # one result per group: the runtime computes it once
             fn.group_members = table.members  # type: ignore[attr-defined]
             # ... into a buffer it keeps, where the graph runs once a run (variants.py)
-            keeps = em.graph in getattr(em.program, "once_per_replica", ())
+            keeps = em.graph in getattr(em.program, "keeps_buffers", ())
             fn.keeps_result = keeps  # type: ignore[attr-defined]
         k = em.bind_global("coll", fn)
         x, out = em.name(op.inputs[0]), em.name(op.outputs[0])
