@@ -24,6 +24,7 @@ from . import losses, marks
 from .args import parser_for
 from .errors import Error
 from .half import ParamsFollowActivations
+from .plain_attrs import plain_constants
 from .refused import check_refused
 from .static_sizes import check_static_size
 
@@ -105,6 +106,7 @@ class Wrapped(nn.Module):
             marks.recording(self.for_training) as seen,
             _no_distribution_checks(),
             watching(check_static_size),
+            plain_constants(self.model),  # PopTorch keeps no writes into them
             contextlib.ExitStack() as rules,
         ):
             for rule in self.rules:
