@@ -170,3 +170,36 @@ def test_a_plain_tensor_attribute_is_a_constant_of_the_program():
     assert torch.equal(infer(y), torch.tensor([2.0]))
     assert torch.equal(infer(y), torch.tensor([2.0]))  # the write is not kept
     assert torch.equal(model.x, torch.tensor([1.0]))
+
+
+class _Norm(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.bn = nn.BatchNorm1d(3)
+        with torch.no_grad():
+            self.bn.running_mean.add_(torch.arange(3.0))
+
+    def forward(self, x):
+        return self.bn(x), self.bn.running_mean
+
+
+def test_an_inference_batch_norm_normalises_by_the_batch_and_keeps_its_statistics():
+    torch.manual_seed(0)
+    model, x = _Norm(), torch.randn(4, 3, 5)
+    kept = model.bn.running_mean.clone()
+    eager = nn.functional.batch_norm(x, None, None, model.bn.weight, model.bn.bias, True)
+    infer = poptorch.inferenceModel(model)
+    for _ in range(2):
+        out, mean = infer(x)
+        assert torch.equal(out, eager.detach()) and torch.equal(mean, kept)
+    infer.copyWeightsToHost()
+    assert torch.equal(model.bn.running_mean, kept)
+
+
+def test_a_half_inference_batch_norm_with_float_statistics_runs_in_half():
+    model = _Norm()
+    model.bn.half()
+    model.bn.running_mean = model.bn.running_mean.float()
+    model.bn.running_var = model.bn.running_var.float()
+    out, mean = poptorch.inferenceModel(model)(torch.ones(4, 3, 5).half())
+    assert out.dtype == torch.float16 and torch.equal(mean, torch.arange(3.0))

@@ -19,6 +19,7 @@ import popxl_fx
 
 from . import (
     _logging,
+    batch_norm,
     batching,
     begin_block,
     binding,
@@ -90,7 +91,7 @@ class PoplarExecutor(OptimizerLink, TrainingOutputs, WeightsLink):
         if training:
             self._take_optimizer(optimizer, compiled=False)
             wrapping.wrap(self._user_model, self)
-        rules = group_norm.rules(self._options._Popart.options)
+        rules = group_norm.rules(self._options._Popart.options) + batch_norm.rules(training)
         self._wrapped = Wrapped(model, training, _loss_factor(self._options, training), rules)
         self._impl = None  # the popxl_fx trainer / inference model, made on compile
         self._outputs_supported = True
