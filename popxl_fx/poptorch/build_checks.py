@@ -13,10 +13,17 @@ from collections.abc import Callable
 from torch import nn
 
 from popxl_fx.errors import UnsupportedError
+from popxl_fx.inplace import mutated_input, written_chain
 
 from .errors import Error
 
-__all__ = ["check_updatable_buffers", "checked_build"]
+__all__ = ["check_broadcast_buffers", "check_updatable_buffers", "checked_build"]
+
+BROADCAST_BUFFERS = (
+    "PopTorch does not support broadcasting buffers. If your model is able to tolerate "
+    "buffers becoming out of sync between replicas, you can disable buffer broadcasting "
+    "using poptorch.Options.broadcastBuffers(False)."
+)
 
 
 def checked_build(build: Callable[[], None], model: nn.Module) -> None:
@@ -50,3 +57,18 @@ def check_updatable_buffers(names: list | None, model: nn.Module) -> None:
                 f"updatableNamedBuffers: the model has no buffer named {name!r} "
                 f"(its buffers: {sorted(buffers)})."
             )
+
+
+def check_broadcast_buffers(options, fxm) -> None:
+    """PopTorch's error for a forward that updates a buffer in place (``self.buf += x``)
+    while replicas broadcast their buffers (``broadcastBuffers``, on by default): it cannot
+    keep the replicas' buffers equal. ``fxm``: the built `popxl_fx.Module`."""
+    if options.replication_factor <= 1 or not options.broadcast_buffers:
+        return
+    root = fxm.torch_module
+    buffers = {name for name, _ in root.named_buffers()}
+    for captured in fxm._captures.values():
+        for node in captured.gm.graph.nodes:
+            target = mutated_input(node, root)
+            if target is not None and written_chain(target)[-1].target in buffers:
+                raise Error(BROADCAST_BUFFERS)

@@ -1,11 +1,8 @@
 """``PoplarExecutor``: what ``poptorch.trainingModel`` / ``inferenceModel`` return, on
 `popxl_fx.training_model` / `popxl_fx.inference_model`.
 
-The executor's weights are the user model's tensors (popxl_fx shares them), so PopTorch's
-implicit weight copies hold by construction: after a training call the model (and any
-inference executor of it) sees the trained weights, and what the user writes into the model
-is what the next call uses. ``copyWeightsToHost`` / ``copyWeightsToDevice`` have nothing left
-to copy.
+As in PopTorch, the device holds its own copy of the model's weights and buffers, written on
+attach and copied to and from the model as PopTorch copies it (`executor_weights`).
 """
 
 from __future__ import annotations
@@ -22,6 +19,7 @@ import popxl_fx
 
 from . import (
     _logging,
+    batch_norm,
     batching,
     begin_block,
     binding,
@@ -32,13 +30,15 @@ from . import (
     optim_map,
     wrapping,
 )
-from .build_checks import check_updatable_buffers, checked_build
+from .build_checks import check_broadcast_buffers, check_updatable_buffers, checked_build
 from .call_plan import CallPlan
+from .device_copy import DeviceCopy
 from .dtypes import ipu_outputs
 from .enums import ConnectionType, OutputMode, ReductionType
 from .errors import Error, eager_errors, unsupported
 from .executor_optim import OptimizerLink
 from .executor_outputs import TrainingOutputs, fetches_outputs
+from .executor_weights import WeightsLink
 from .fx_options import fx_options
 from .input_checks import InputSignature
 from .options import Options
@@ -69,7 +69,7 @@ def registerPostCompileHook(hook) -> torch.utils.hooks.RemovableHandle:
     return handle
 
 
-class PoplarExecutor(OptimizerLink, TrainingOutputs):
+class PoplarExecutor(OptimizerLink, TrainingOutputs, WeightsLink):
     """A PopTorch model on the simulated IPU: call it like the model."""
 
     def __init__(
@@ -81,6 +81,8 @@ class PoplarExecutor(OptimizerLink, TrainingOutputs):
         user_model: nn.Module | None = None,
     ) -> None:
         self._user_model = user_model or model
+        self._attached = False
+        self._device = DeviceCopy(model)  # PopTorch's IPU memory (`executor_weights`)
         self._training = training
         self._options = _frozen_copy(options, training)
         if training and optimizer is None:
@@ -90,23 +92,26 @@ class PoplarExecutor(OptimizerLink, TrainingOutputs):
         if training:
             self._take_optimizer(optimizer, compiled=False)
             wrapping.wrap(self._user_model, self)
-        rules = group_norm.rules(self._options._Popart.options)
+        rules = group_norm.rules(self._options._Popart.options) + batch_norm.rules(training)
         self._wrapped = Wrapped(model, training, _loss_factor(self._options, training), rules)
         self._impl = None  # the popxl_fx trainer / inference model, made on compile
         self._plan: CallPlan | None = None  # the last full call's, for calls like it
-        self._attached = False
         self._outputs_supported = True
         self._synthetic = SyntheticInputs(self._options.random_seed)
 
     # PopTorch's API ----------------------------------------------------------------------
     @eager_errors
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        plan = self._plan
-        if plan is not None and plan.holds(self._impl, args, kwargs):
-            return self._wrapped.custom.rebuild(self._planned_call(plan, args))
-        out = self._call(*args, **kwargs)
-        self._plan = CallPlan.after(self, args, kwargs, out)
-        return self._wrapped.custom.rebuild(ipu_outputs(out))
+        with self._on_device():
+            plan = self._plan
+            if plan is not None and plan.holds(self._impl, args, kwargs):
+                out = self._planned_call(plan, args)
+            else:
+                raw = self._call(*args, **kwargs)
+                self._plan = CallPlan.after(self, args, kwargs, raw)
+                out = ipu_outputs(raw)
+        self._dirty_host_weights = self._training  # the host is stale until copied back
+        return self._wrapped.custom.rebuild(out)
 
     def _planned_call(self, plan: CallPlan, args: tuple) -> Any:
         """A call like the planned one (`call_plan`): its inputs need no binding or checks."""
@@ -141,9 +146,10 @@ class PoplarExecutor(OptimizerLink, TrainingOutputs):
     @eager_errors
     def compile(self, *args: Any, **kwargs: Any) -> None:
         """Build the program for these inputs without running it."""
-        args = self._flat_inputs(args, kwargs)
-        self._build(self._ensure_impl(), args)
-        self._attached = True
+        with self._on_device():
+            args = self._flat_inputs(args, kwargs)
+            self._build(self._ensure_impl(), args)
+            self._attached = True
 
     def _build(self, impl, args: tuple) -> None:
         if self._options._Popart.options["instrumentWithHardwareCycleCounter"]:
@@ -154,6 +160,7 @@ class PoplarExecutor(OptimizerLink, TrainingOutputs):
         check_updatable_buffers(updatable, self._user_model)
         start = datetime.datetime.now()
         checked_build(lambda: impl.build(*args), self._wrapped.model)
+        check_broadcast_buffers(self._options, impl._active.lowered.fxm)
         self._compilation_time = datetime.datetime.now() - start
         self._share_optimizer_state(impl)
         self._check_blocks()
@@ -212,6 +219,8 @@ class PoplarExecutor(OptimizerLink, TrainingOutputs):
             raise Error("Executable isn't compiled yet")
         if not self._attached:
             raise Error("Device is not attached")
+        if self._training:
+            self.copyWeightsToHostIfNeeded()
         self._attached = False
 
     def attachToDevice(self) -> None:
@@ -219,28 +228,20 @@ class PoplarExecutor(OptimizerLink, TrainingOutputs):
             raise Error("Executable isn't compiled yet")
         if self._attached:
             raise Error("Already attached to a device")
+        self._device.write()  # PopTorch's attach writes the weights
         self._attached = True
 
     def destroy(self) -> None:
         """Drop the compiled programs (the model keeps its trained weights, and its class)."""
         if not self.isCompiled():
             return
+        if self._training:
+            self.copyWeightsToHostIfNeeded()
         self._impl = None
         self._attached = False
+        self._device.clear()
         if self._training:
             wrapping.unwrap(self._user_model)
-
-    def copyWeightsToHost(self) -> None:
-        """Nothing to copy: the model's tensors are the program's."""
-
-    def copyWeightsToDevice(self) -> None:
-        """Nothing to copy: the next call reads the model's tensors as they are."""
-
-    def copyWeightsToHostIfNeeded(self) -> bool:
-        return False
-
-    def copyNamedBuffersToDevice(self) -> None:
-        """Nothing to copy: the next call reads the model's buffers as they are."""
 
     def getTensorNames(self):
         raise unsupported("PoplarExecutor.getTensorNames", "there is no PopART IR to name")
@@ -303,7 +304,10 @@ class PoplarExecutor(OptimizerLink, TrainingOutputs):
         return getattr(self._user_model, name)
 
     def load_state_dict(self, state_dict, strict: bool = True):
-        return self._user_model.load_state_dict(state_dict, strict)
+        out = self._user_model.load_state_dict(state_dict, strict)
+        if self._attached:  # PopTorch writes the loaded weights to the device
+            self.copyWeightsToDevice()
+        return out
 
     def state_dict(self, *args, **kwargs):
         return self._user_model.state_dict(*args, **kwargs)

@@ -25,6 +25,7 @@ from .args import parser_for
 from .custom_outputs import CustomOutputs
 from .errors import Error
 from .half import ParamsFollowActivations
+from .plain_attrs import plain_constants
 from .refused import check_refused
 from .static_sizes import check_static_size
 
@@ -111,6 +112,7 @@ class Wrapped(nn.Module):
             _no_distribution_checks(),
             watching(check_static_size),
             watching(blocks.check_in_block),
+            plain_constants(self.model),  # PopTorch keeps no writes into them
             contextlib.ExitStack() as rules,
         ):
             for rule in self.rules:

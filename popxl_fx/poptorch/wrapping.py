@@ -17,6 +17,8 @@ import weakref
 
 from torch import nn
 
+from . import state_hooks
+
 __all__ = ["is_wrapped", "restore", "unwrap", "wrap"]
 
 _WRAPPER_TYPES: set[type] = set()
@@ -34,12 +36,15 @@ def wrap(model: nn.Module, executor) -> None:
             "Model has already been wrapped in 'poptorch.trainingModel'. Call model.destroy() "
             "on the model to unwrap before wrapping again."
         )
-    model.__class__ = _wrapper_type(type(model), weakref.ref(executor))
+    parent = weakref.ref(executor)
+    model.__class__ = _wrapper_type(type(model), parent)
+    state_hooks.hook_tensors(model, parent)
 
 
 def unwrap(model: nn.Module) -> None:
     if is_wrapped(model):
         model.__class__ = type(model).__bases__[0]
+        state_hooks.unhook_tensors(model)
 
 
 def _wrapper_type(base: type, parent: weakref.ref) -> type:
@@ -52,6 +57,7 @@ def _wrapper_type(base: type, parent: weakref.ref) -> type:
 
     # the base's module keeps torch.nn's modules leaves of the capture
     namespace = {"destroy": destroy, "__module__": base.__module__}
+    namespace.update(state_hooks.model_hooks(parent))  # PopTorch's implicit copies
     wrapper = type(f"Poptorch{base.__name__}", (base,), namespace)
     _WRAPPER_TYPES.add(wrapper)
     copyreg.pickle(wrapper, _reduce)

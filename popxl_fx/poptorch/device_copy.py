@@ -1,0 +1,98 @@
+"""PopTorch's device copy of a model's parameters and buffers: the IPU's own memory.
+
+In PopTorch the IPU holds its own copy of the weights and buffers. It is written from the
+model when the executor attaches (its first call or compile) and by ``copyWeightsToDevice``;
+the model is written from it by ``copyWeightsToHost``. Between the two, the host model and
+the device may differ: a host-trained model is not seen by an inference executor compiled
+before, and a device-trained one is not seen by the host until it is copied back.
+
+popxl_fx shares its variables' storage with the torch tensors it is given. `DeviceCopy`
+keeps a second storage for each of the model's tensors and, while an executor builds or runs
+(`DeviceCopy.swapped_in`), points each parameter and buffer object at it (``t.data``): the
+program shares the device copy, and the host's values come back after the call. The tensor
+objects stay the same, so the optimizer's param groups and state keep their keys.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+
+import torch
+from torch import nn
+
+__all__ = ["DeviceCopy", "plain_type"]
+
+# the per-executor classes that hook a training model's tensors (`state_hooks`) -> the class
+# each one hooks; a tensor runs in the program as its plain class
+HOOKED_TYPES: dict[type, type] = {}
+
+
+def plain_type(cls: type) -> type:
+    return HOOKED_TYPES.get(cls, cls)
+
+
+def model_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's parameters and buffers by name (each tensor once, as PopTorch names them)."""
+    return {**dict(model.named_parameters()), **dict(model.named_buffers())}
+
+
+class DeviceCopy:
+    """The device's values of ``model``'s parameters and buffers, by name."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self._model = model
+        self._device: dict[str, torch.Tensor] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._device)
+
+    def clear(self) -> None:
+        self._device = {}
+
+    def write(self, names: Iterable[str] | None = None) -> None:
+        """Host to device: the model's values (of ``names``, or all) become the device's.
+        Written through the tensors themselves, so the program sees a write (``_version``)."""
+        with self.swapped_in() as hosts, torch.no_grad():
+            for name in hosts if names is None else names:
+                tensor, host = hosts[name]
+                tensor.copy_(host)
+
+    def read(self) -> None:
+        """Device to host: the device's values become the model's."""
+        with torch.no_grad():
+            for name, tensor in model_tensors(self._model).items():
+                device = self._device.get(name)
+                if device is not None and _fits(device, tensor):
+                    tensor.copy_(device)
+
+    @contextlib.contextmanager
+    def swapped_in(self) -> Iterator[dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+        """While open, each parameter and buffer holds the device's values (in its plain
+        class: no hook copies while the program runs). Yields name -> (tensor, host data)."""
+        tensors = model_tensors(self._model)
+        classes = [(t, type(t)) for t in tensors.values()]
+        for t, cls in classes:
+            t.__class__ = plain_type(cls)
+        hosts = {name: (t, t.data) for name, t in tensors.items()}
+        try:
+            for name, (t, host) in hosts.items():
+                t.data = self._device_tensor(name, host)
+            yield hosts
+        finally:
+            for t, host in hosts.values():
+                t.data = host
+            for t, cls in classes:
+                t.__class__ = cls
+
+    def _device_tensor(self, name: str, host: torch.Tensor) -> torch.Tensor:
+        """The device's tensor of ``name``: a copy of the host's value when it has none yet
+        (a tensor the model gained, or one whose shape or dtype the host changed)."""
+        device = self._device.get(name)
+        if device is None or not _fits(device, host):
+            device = self._device[name] = host.detach().clone()
+        return device
+
+
+def _fits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype
