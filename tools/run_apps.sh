@@ -17,10 +17,15 @@
 # the apps' end-to-end scripts (inference.py, finetuning.py, ...), KEEP_LOGS keeps them all.
 # PLAN=1: instead of the tests, plan each app's full-size (POD) configurations in planning mode
 # (POPXL_SIM_PLAN, no weights made) and print their memory and time estimates (tools/plan_apps.py).
+# OMP_NUM_THREADS (default 1): torch's threads per process. On a shared 2-core host, two OpenMP
+# threads wait for each other at every kernel: a tutorial's MNIST step took 85-230 ms with 2,
+# 5 ms with 1 (eager PyTorch alike; benchmarks/RESULTS.md). Tests compare within one process,
+# so both sides of a comparison run with the same count.
 set -u
 GITDIR=${1:?usage: tools/run_apps.sh EXAMPLES_GIT_DIR [APP...] [-- PYTEST_ARGS...]}; shift
 APPS=(); while [[ $# -gt 0 && $1 != -- ]]; do APPS+=("$1"); shift; done; [[ ${1:-} == -- ]] && shift
 [[ ${#APPS[@]} == 0 ]] && APPS=(gpt_j bert t5 gpt3_2.7B gpt3_175B bloom llama dolly magma tutorials)
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 ROOT=$PWD; PY=${PYTHON:-.venv/bin/python}; [[ $PY == /* ]] || PY=$ROOT/$PY; VENVS=${VENVS:-/work/venvs}
 declare -A PATHS=([gpt_j]=nlp/gpt_j/popxl [bert]=nlp/bert/popxl [t5]=nlp/t5/popxl
   [gpt3_2.7B]=nlp/gpt3_2.7B/popxl [gpt3_175B]=nlp/gpt3_175B/popxl [bloom]=nlp/bloom/popxl
