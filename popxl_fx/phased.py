@@ -88,7 +88,7 @@ def build_phased_training(build: Build, signature: Any, req: Any) -> Any:
     prog = Program(
         signature, build.ir, session, ins, outputs, weights, view, build.stages, req.optimizer
     )
-    prog.extra["phases"] = steps  # trainer.report(): a PhasedReport
+    prog.extra.phases = steps  # trainer.report(): a PhasedReport
     return prog
 
 

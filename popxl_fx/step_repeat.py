@@ -28,9 +28,9 @@ def hyper_feeds(prog, options) -> dict:
     """The optimizer's hyper-parameters read now, laid out per replica and device iteration
     as the program's streams take them (every step, full path or repeated)."""
     n = options.device_iterations
-    layout = prog.extra.get("replica_feeds")
+    layout = prog.extra.replica_feeds
     if layout is None:
-        layout = prog.extra["replica_feeds"] = ReplicaFeeds(options.replication_factor, n)
+        layout = prog.extra.replica_feeds = ReplicaFeeds(options.replication_factor, n)
     return layout(prog.optim.feeds_for(n))
 
 
