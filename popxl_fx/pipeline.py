@@ -67,6 +67,7 @@ from .lower_stage import Lowered, accumulating_backward, backward, lower
 from .options import Options
 from .precision import unscale
 from .program import Weights, describe_change, log, make_session
+from .program_key import same_key
 from .refusals import refuse
 from .stage import GraphRow, Stage
 
@@ -272,7 +273,7 @@ class Programs(Generic[P]):
         leave: Callable[[P], None] | None = None,
         enter: Callable[[P], None] | None = None,
     ) -> P:
-        if self.active is not None and self.active_signature == signature:
+        if self.active is not None and same_key(self.active_signature, signature):
             return self.active
         if self.active is not None:
             log.info("%s: recompiling, %s", self.entry, self.why(self.active_signature, signature))
