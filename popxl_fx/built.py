@@ -8,7 +8,7 @@ Apart from `steps` so that `phased` builds one without importing `steps`, which 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import addons
 import popxl_core as popxl
@@ -18,7 +18,21 @@ from .pipeline import Lowered
 from .program import Inputs, Weights
 from .stage import Stage
 
-__all__ = ["Program"]
+if TYPE_CHECKING:  # annotations only: these modules build on `Program`'s
+    from .phase_report import PhaseSteps
+    from .replication import ReplicaFeeds
+    from .torch_state import SharedState
+
+__all__ = ["Extras", "Program"]
+
+
+@dataclass
+class Extras:
+    """What one entry point alone keeps on its `Program` (each None until it is made)."""
+
+    shared: SharedState | None = None  # training_model: the state shared with torch
+    phases: PhaseSteps | None = None  # phased training: per phase, for `Trainer.report`
+    replica_feeds: ReplicaFeeds | None = None  # the optimizer feeds' layout (first step)
 
 
 @dataclass
@@ -38,7 +52,7 @@ class Program:
     lowered: Lowered
     stages: list[Stage]
     optim: OptimizerProgram | None = None
-    extra: dict[str, Any] = field(default_factory=dict)  # what one entry point alone needs
+    extra: Extras = field(default_factory=Extras)
 
     @property
     def forward(self) -> addons.GraphWithNamedArgs:

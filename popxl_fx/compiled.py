@@ -35,8 +35,9 @@ from .checks import check_inputs, check_no_autocast
 from .explain import Explanation
 from .guards import raise_model_error
 from .options import Options, resolve
-from .pipeline import Build, Programs, Stage, check_entry, weights_of
+from .pipeline import Build, Programs, Stage, weights_of
 from .program import Inputs, Weights, describe_change, load_inputs, signature_of, store
+from .refusals import refuse
 from .steps import CompiledGraphs, lower_for_compile
 
 __all__ = ["CompiledForward", "compile"]
@@ -294,7 +295,7 @@ def compile(model_or_class: nn.Module | type, options: Options | None = None):
         >>> model(torch.randn(3, 4)).sum().backward()  # doctest: +SKIP
     """
     opts = resolve(options)
-    check_entry("compile", opts)
+    refuse("compile", opts)
     if isinstance(model_or_class, nn.Module):
         return _install(model_or_class, opts)
     if isinstance(model_or_class, type) and issubclass(model_or_class, nn.Module):

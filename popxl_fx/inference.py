@@ -22,8 +22,9 @@ from .calls import POSITIONAL, Binding, bind
 from .checks import check_no_autocast
 from .guards import raise_model_error
 from .options import Options, resolve
-from .pipeline import Build, Programs, check_entry
+from .pipeline import Build, Programs
 from .program import ProgramView, signature_of
+from .refusals import refuse
 from .replication import unreplicated
 from .steps import Program, build_inference
 
@@ -43,7 +44,7 @@ class InferenceModel(ProgramView):
     def __init__(self, model: nn.Module, options: Options | None = None) -> None:
         self._model = model
         self.options = resolve(options)
-        check_entry("inference_model", self.options)
+        refuse("inference_model", self.options)
         self._programs: Programs[Program] = Programs("inference_model")
         self.per_replica: list = []  # the last call's outputs as the device wrote them
 

@@ -16,6 +16,8 @@ from typing import Any
 from popxl_core.sim.options import DEFAULT as DEFAULT_COMPILE
 from popxl_core.sim.options import CompileOptions
 
+from .refusals import AUTO_CHOOSES, refuse
+
 __all__ = [
     "AUTO_CHOOSES",
     "DEVICES",
@@ -186,21 +188,7 @@ class Options:
             raise TypeError(f"Options(loss_scaling={self.loss_scaling!r}): give a number.")
         if not self.loss_scaling > 0:
             raise ValueError(f"Options(loss_scaling={self.loss_scaling}): must be > 0.")
-        if self.loss_scaling != 1.0 and self.precision != "float16":
-            raise ValueError(
-                f"Options(loss_scaling={self.loss_scaling}) scales float16 gradients; "
-                "it needs precision='float16'."
-            )
-        if self.replicated_tensor_sharding and self.replication_factor < 2:
-            raise ValueError(
-                "Options(replicated_tensor_sharding=True) shards over replicas: set "
-                "replication_factor to 2 or more."
-            )
-        if self.recompute and self.outline is False:
-            raise ValueError(
-                "Options(recompute=True) recomputes outlined blocks: set outline='auto' (or a "
-                "list of modules) too."
-            )
+        refuse("options", self)  # fields that contradict each other: `refusals`
 
     @property
     def batch_divisor(self) -> int:
@@ -253,33 +241,13 @@ def _outline_value(value: object) -> bool | str | tuple:
 
 
 PHASE_KINDS = ("blocks", "children", "marked")
-# what memory="auto" chooses itself, and the value that leaves each to it
-AUTO_CHOOSES = {
-    "phased_execution": False,
-    "outline": False,
-    "recompute": False,
-    "gradient_accumulation": 1,
-    "replicated_tensor_sharding": False,
-}
 
 
 def _check_memory(options: Options) -> None:
+    """Only the value: what memory='auto' combines with is in `refusals`."""
     memory = options.memory
-    if isinstance(memory, dict) and not memory:
-        return
-    if memory != "auto":
+    if memory != "auto" and not (isinstance(memory, dict) and not memory):
         raise ValueError(f"Options(memory={memory!r}): give 'auto' (or leave it unset).")
-    if options.device == "cpu":
-        raise ValueError(
-            "Options(memory='auto') plans for an IPU's memory, and device='cpu' has no limit; "
-            "use device='ipu_hw' (or 'ipu_model'), or leave memory unset."
-        )
-    for name, free in AUTO_CHOOSES.items():
-        if getattr(options, name) != free:
-            raise ValueError(
-                f"Options(memory='auto') chooses {name} itself; remove {name}="
-                f"{getattr(options, name)!r} (or memory='auto' to choose it by hand)."
-            )
 
 
 def _phases_value(value: object) -> bool | str | tuple:
@@ -300,22 +268,11 @@ def _phases_value(value: object) -> bool | str | tuple:
     return tuple(value)
 
 
-# Fields the build pipeline does not apply yet: setting one raises instead of being ignored.
-# Whoever implements a field removes it here (and tests it against the plain program).
-NOT_YET: frozenset[str] = frozenset()
-
-
 def resolve(options: Options | None) -> Options:
-    """``options`` or the defaults; rejects anything that is not an `Options`, and options
-    the pipeline cannot honour yet (never silently ignored)."""
+    """``options`` or the defaults; rejects anything that is not an `Options` (what the
+    pipeline cannot honour yet is refused by `refusals`, never silently ignored)."""
     if options is None:
         return Options()
     if not isinstance(options, Options):
         raise TypeError(f"options must be a popxl_fx.Options, got {type(options).__name__}.")
-    defaults = Options()
-    for name in sorted(NOT_YET):
-        if getattr(options, name) != getattr(defaults, name):
-            raise NotImplementedError(
-                f"Options({name}={getattr(options, name)!r}) is not implemented yet."
-            )
     return options

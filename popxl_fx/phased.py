@@ -49,29 +49,10 @@ from .phased_slices import Slices, SliceStore
 from .phases import Piece, check_phase_sizes, phase_paths, split_pieces
 from .pipeline import Build
 from .program import Weights, load_inputs, store
+from .refusals import refuse
 from .replication import check_batch_split, replica_examples, replication_of, split_replicas
 
-__all__ = ["build_phased_training", "check_phased_options"]
-
-# options phased execution does not combine with yet: an error, never ignored
-_EXCLUSIVE = ("outline", "device_iterations", "narrow_64bit")
-
-
-def check_phased_options(build: Build) -> None:
-    """Refuse the `Options` phased execution does not combine with (named, with the fix)."""
-    opts = build.options
-    if opts.precision != "float32":
-        raise ValueError(
-            f"Options(phased_execution={opts.phased_execution!r}) does not combine with "
-            f"precision={opts.precision!r} yet; leave precision at 'float32'."
-        )
-    for name in _EXCLUSIVE:
-        value = getattr(opts, name)
-        if value is True or value not in (False, 1):  # True == 1: a switch is on
-            raise ValueError(
-                f"Options(phased_execution={opts.phased_execution!r}) does not combine with "
-                f"{name}={value!r} yet; leave {name} at its default."
-            )
+__all__ = ["build_phased_training"]
 
 
 @dataclass
@@ -107,13 +88,13 @@ def build_phased_training(build: Build, signature: Any, req: Any) -> Any:
     prog = Program(
         signature, build.ir, session, ins, outputs, weights, view, build.stages, req.optimizer
     )
-    prog.extra["phases"] = steps  # trainer.report(): a PhasedReport
+    prog.extra.phases = steps  # trainer.report(): a PhasedReport
     return prog
 
 
 def _check_request(build: Build, req: Any) -> None:
     """Refuse, before any capture, what phased execution does not do."""
-    check_phased_options(build)
+    refuse("phased", build.options)  # what phasing does not combine with (yet)
     if req.record:
         raise NotImplementedError(
             "recording outputs and gradients (assert_matches_eager) is not available with "

@@ -37,7 +37,7 @@ the order stays the stated one):
                                      [gradient_accumulation, batch_serialisation, device_iterations]
     reduce_gradients   all-reduce / reduce-scatter before the optimizer
                                                  [replication_factor, replicated_tensor_sharding]
-    check_entry        the fields an entry point refuses (until it applies them)
+    refusals.refuse    the fields an entry point refuses (until it applies them)
 
 (`lower`, `backward` and `accumulating_backward` live in `lower_stage`, re-exported here.)
 
@@ -67,6 +67,8 @@ from .lower_stage import Lowered, accumulating_backward, backward, lower
 from .options import Options
 from .precision import unscale
 from .program import Weights, describe_change, log, make_session
+from .program_key import same_key
+from .refusals import refuse
 from .stage import GraphRow, Stage
 
 __all__ = [
@@ -78,7 +80,6 @@ __all__ = [
     "Stage",
     "accumulating_backward",
     "backward",
-    "check_entry",
     "lower",
     "master_gradients",
     "reduce_gradients",
@@ -98,55 +99,6 @@ STAGES = (
     "device_iterations",
     "session",
 )
-
-
-# fields an entry point does not apply (yet): an error, never silently ignored
-_UNSUPPORTED = {
-    "inference_model": {
-        "gradient_accumulation": "accumulates gradients; inference has none",
-        "replicated_tensor_sharding": "shards optimizer state, and inference has none; "
-        "leave it False (replication_factor alone splits the batch over replicas)",
-        "phased_execution": "is built for training steps (forward, backward and optimizer "
-        "phase by phase); inference_model does not phase yet: use device='cpu' or "
-        "'ipu_model' for a model bigger than one IPU",
-        "memory": "plans training programs (memory='auto'); inference_model does not plan "
-        "yet: use device='cpu' or 'ipu_model' for a model bigger than one IPU",
-        "batch_serialisation": "is applied by training_model only so far",
-    },
-    "compile": {
-        "batch_serialisation": "is applied by training_model only so far",
-        "precision": "is applied by training_model only so far (the torch optimizer "
-        "steps the float32 parameters either way)",
-        "gradient_accumulation": "is the torch loop's to do around a compiled module "
-        "(call it per micro-batch, then optimizer.step())",
-        "device_iterations": "is not applied to compile (the torch loop calls it per "
-        "step); use training_model",
-        "replication_factor": "keeps no replicas in step: compile hands the gradients to a "
-        "torch optimizer outside the program; use training_model for data-parallel training",
-        "replicated_tensor_sharding": "has no optimizer state to shard (compile keeps the "
-        "optimizer in torch); use training_model",
-        "phased_execution": "runs the optimizer per phase, and compile keeps the optimizer in "
-        "torch; use training_model",
-        "narrow_64bit": "is applied by training_model and inference_model only so far",
-        "memory": "plans training programs (memory='auto'); use training_model",
-    },
-}
-
-
-def check_entry(entry: str, options: Options) -> None:
-    """Refuse the `Options` fields that ``entry`` does not apply (named, with the fix)."""
-    default = Options()
-    for name, why in _UNSUPPORTED.get(entry, {}).items():
-        value = getattr(options, name)
-        if value != getattr(default, name):
-            raise ValueError(f"Options({name}={value!r}) {why}; {entry} refuses it.")
-    if options.outline is not False and options.precision != "float32":
-        # an outlined block's call sites bind the traced (float16) copy's tensors, not the
-        # float32 masters: not combined until that is built and tested
-        raise ValueError(
-            f"Options(outline={options.outline!r}) with precision={options.precision!r} is "
-            "not applied yet; use one of them (outline=False, or precision='float32')."
-        )
 
 
 class Build:
@@ -188,7 +140,7 @@ class Build:
         self.prefix = prefix
         self.ir = new_ir(options)
         self.stages: list[Stage] = []
-        check_entry(entry, options)
+        refuse(entry, options)  # the fields ``entry`` does not apply (yet)
         # torch's grad mode of the eager forward this program stands for (inference_model
         # follows its caller's: torch picks some kernels by what requires grad)
         self.grad_enabled = True
@@ -321,7 +273,7 @@ class Programs(Generic[P]):
         leave: Callable[[P], None] | None = None,
         enter: Callable[[P], None] | None = None,
     ) -> P:
-        if self.active is not None and self.active_signature == signature:
+        if self.active is not None and same_key(self.active_signature, signature):
             return self.active
         if self.active is not None:
             log.info("%s: recompiling, %s", self.entry, self.why(self.active_signature, signature))

@@ -6,9 +6,10 @@ inputs, builds the program cache's signature (input shapes and dtype names, ever
 mode, the keyword binding, the structure) and feeds `Session.run` a dict of streams, which
 checks every array against its stream's spec again. After such a step the trainer keeps a
 `RepeatStep`. A later step that passes no keyword arguments, with tensors of the same shapes
-and dtypes (compared as torch's own objects), the same `Structure` object (`StructureWatch`
-returns the very object while nothing it covers changed) and the same modes, while that
-program is still the active one, has the same signature: it is the same program. Its inputs
+and dtypes (compared as torch's own objects) and the same modes (`program_key.same_key`, the
+program cache's own answer), the same `Structure` object (`StructureWatch` returns the very
+object while nothing it covers changed, storage pointers included), while that program is
+still the active one, has the same signature: it is the same program. Its inputs
 and the optimizer's hyper-parameters go to a `PreparedRun` of the program's Session as a
 list. Anything else takes the full path, which makes a new `RepeatStep`.
 """
@@ -19,6 +20,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from .program_key import same_key
 from .replication import ReplicaFeeds
 
 __all__ = ["RepeatStep", "hyper_feeds"]
@@ -28,9 +30,9 @@ def hyper_feeds(prog, options) -> dict:
     """The optimizer's hyper-parameters read now, laid out per replica and device iteration
     as the program's streams take them (every step, full path or repeated)."""
     n = options.device_iterations
-    layout = prog.extra.get("replica_feeds")
+    layout = prog.extra.replica_feeds
     if layout is None:
-        layout = prog.extra["replica_feeds"] = ReplicaFeeds(options.replication_factor, n)
+        layout = prog.extra.replica_feeds = ReplicaFeeds(options.replication_factor, n)
     return layout(prog.optim.feeds_for(n))
 
 
@@ -47,8 +49,8 @@ class RepeatStep:
     def __init__(
         self, prog, inputs: Sequence[torch.Tensor], structure, modes: tuple, hyper: Mapping, options
     ) -> None:
-        self.prog, self.structure, self.modes = prog, structure, modes
-        self.shapes = _shapes(inputs)
+        self.prog, self.structure = prog, structure
+        self.key = (modes, _shapes(inputs))  # with the structure: what picked the program
         self._options = options
         self._hyper = tuple(hyper)
         self._run = prog.session.prepared_run([*prog.inputs.streams, *self._hyper])
@@ -65,12 +67,10 @@ class RepeatStep:
 
     def holds(self, inputs: tuple, structure, modes, active) -> bool:
         """This step's program is the one the full path would pick for these inputs."""
-        return (
-            active is self.prog
-            and structure is self.structure
-            and modes == self.modes
-            and _shapes(inputs) == self.shapes
-        )
+        # the very structure: nothing re-walked since (an equal one is the same program, but
+        # its tensors' storage may have moved: the full path shares them anew)
+        same = active is self.prog and structure is self.structure
+        return same and same_key((modes, _shapes(inputs)), self.key)
 
     def run(self, inputs: Sequence[torch.Tensor]) -> Mapping:
         """One run of the program on ``inputs``, with the optimizer's hyper-parameters read

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from .optim import group_structure
+from .program_key import same_key
 from .torch_state import BUFFER_FIELDS, PARAMETER_FIELDS, Structure, _modules, structure_key
 
 __all__ = ["StructureWatch"]
@@ -86,7 +87,9 @@ class _Plan:
             dicts = list(map(get, self.modules))
             if list(map(len, dicts)) != lens or not _same(_flat(dicts), flat):
                 return False
-        return self.on_cpu() and self._tensor_state() == self.tensors and self._groups_hold()
+        if not self.on_cpu():
+            return False
+        return same_key(self._tensor_state(), self.tensors) and self._groups_hold()
 
     def _groups_hold(self) -> bool:
         if self.optimizer is None:
@@ -96,7 +99,7 @@ class _Plan:
             return False
         kind = type(self.optimizer)
         return all(
-            _same(pg["params"], params) and group_structure(kind, pg) == options
+            _same(pg["params"], params) and same_key(group_structure(kind, pg), options)
             for pg, params, options in self.groups
         )
 

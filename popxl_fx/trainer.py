@@ -19,7 +19,7 @@ from torch import nn
 
 from popxl_core.ops import RuntimeCheckError
 
-from .auto import Planned, choose
+from .auto import Choice, Planned, choose
 from .calls import POSITIONAL, Binding, bind
 from .checks import check_no_autocast, check_step_arity
 from .guards import raise_model_error
@@ -66,14 +66,25 @@ class Trainer(ProgramView):
         self.per_replica: dict = {}  # the last step's outputs as the device wrote them
         self.optimizer = optimizer
         self.loss_fn = loss_fn
-        self.options = resolve(options)
+        self.given = resolve(options)  # as the user gave them (memory="auto" stays "auto")
+        self.choice: Choice | None = None  # memory="auto": its choice, on the first signature
         self._prefix = PREFIX if loss_fn is not None else ""
         OptimizerProgram(optimizer, _names(model))  # reject unsupported optimizers now
         self._programs: Programs[Program] = Programs("training_model", self._why)
         self._snapshot: dict = {}  # the named structure of the active program (for messages)
-        self.memory_plan = ""  # memory="auto": the plan chosen and the candidates planned
         self._watch = StructureWatch()  # the structure key, re-walked only when it changed
         self._repeat: RepeatStep | None = None  # the steps that repeat the last one's program
+
+    @property
+    def options(self) -> Options:
+        """The options the programs are built with: memory='auto''s choice once it is made,
+        else the options as given."""
+        return self.given if self.choice is None else self.choice.options
+
+    @property
+    def memory_plan(self) -> str:
+        """memory='auto': the plan chosen and the candidates planned ("" until chosen)."""
+        return "" if self.choice is None else self.choice.text
 
     # the step ------------------------------------------------------------------------
     def __call__(self, *inputs: torch.Tensor, **kwargs: Any) -> torch.Tensor:
@@ -103,13 +114,13 @@ class Trainer(ProgramView):
             and repeat.holds(inputs, structure, modes, self._active)
         ):
             prog = repeat.prog
-            shared = prog.extra["shared"]
+            shared = prog.extra.shared
             shared.before_step(structure)  # writes and loads since the last step reach the device
             out = repeat.run(inputs)
         else:
             inputs, binding = self._bind(inputs, kwargs)
             prog = self._program(inputs, structure, binding)
-            shared = prog.extra["shared"]
+            shared = prog.extra.shared
             shared.before_step(structure)
             out = self._run_full(prog, inputs, kwargs, structure, modes)
         shared.after_step()
@@ -136,7 +147,7 @@ class Trainer(ProgramView):
         """The Session's `SimReport`; for a phased program a `PhasedReport` (per phase: peak,
         loaded weights and state, Streaming Memory traffic, cycles and transfer share)."""
         prog = self._require()
-        steps = prog.extra.get("phases")
+        steps = prog.extra.phases
         return prog.session.report if steps is None else PhasedReport(prog.session.report, steps)
 
     # programs ------------------------------------------------------------------------
@@ -169,7 +180,7 @@ class Trainer(ProgramView):
 
     def _activate(self, prog: Program, structure: Structure) -> None:
         """The program becomes the active one: its variables become the torch tensors."""
-        prog.extra["shared"].attach(structure)
+        prog.extra.shared.attach(structure)
         self._snapshot = snapshot(self._model, self.optimizer)
 
     def _why(self, old: tuple, new: tuple) -> str:
@@ -182,19 +193,23 @@ class Trainer(ProgramView):
         n_keywords = len(binding.keywords)
         check_step_arity(self._model, inputs, self.loss_fn, n_keywords)
         notes = []
-        if self.options.memory == "auto":  # chosen once, on the first signature
-            plan = lambda options: self._what_if(sig, inputs, options, binding)  # noqa: E731
-            batch = inputs[0].shape[self.options.device_iterations > 1] if inputs else None
-            choice = choose(self._model, self.options, plan, batch)
-            log.info("%s", choice.text)
-            self.options, self.memory_plan = choice.options, choice.text
-            notes.append(choice.text)
+        if self.choice is None and self.given.memory == "auto":  # chosen once
+            self.choice = self._choose(sig, inputs, binding)
+            notes.append(self.choice.text)
         # weightless: `SharedState.attach` shares or writes every parameter and buffer
         build = self._new_build(self.options, binding, weightless=True)
         build.notes += notes
         prog = build_training(build, sig, self._request(inputs, self.options, binding))
-        prog.extra["shared"] = SharedState(prog.session, prog.weights, prog.optim)
+        prog.extra.shared = SharedState(prog.session, prog.weights, prog.optim)
         return prog
+
+    def _choose(self, sig: tuple, inputs: tuple, binding: Binding) -> Choice:
+        """memory='auto''s choice of options for the program of ``sig`` (what-if plans)."""
+        plan = lambda options: self._what_if(sig, inputs, options, binding)  # noqa: E731
+        batch = inputs[0].shape[self.given.device_iterations > 1] if inputs else None
+        choice = choose(self._model, self.given, plan, batch)
+        log.info("%s", choice.text)
+        return choice
 
     def _new_build(
         self, options: Options, binding: Binding, plan_only: bool = False, weightless: bool = False

@@ -150,7 +150,7 @@ def test_torch_tensors_are_replica_0s_values_and_writes_reach_every_replica():
     _assert_same(folded[:3], off[:3])
     prog = folded[3]
     device = {t.data_ptr() for t in prog.session._device[0]}
-    assert prog.extra["shared"].copied == []
+    assert prog.extra.shared.copied == []
     assert all(p.data_ptr() in device for p in folded[1].values())
     assert all(s.data_ptr() in device for s in folded[2].values())
     assert prog.session._fold.namespace["RT"].runs == 3
