@@ -140,7 +140,7 @@ class VariableFactory:
     def next_data(self, empty: bool = False) -> np.ndarray:
         """The next host value (``num_groups`` values stacked on axis 0 if grouped)."""
         groups = self.replica_grouping.num_groups
-        if _current_ir(self.name).planning:  # shape and dtype only (popxl_core.planning)
+        if _planning_now():  # shape and dtype only (popxl_core.planning)
             return self._no_values()
         draws = [self._one(empty) for _ in range(groups)]
         return draws[0] if groups == 1 else np.stack(draws)

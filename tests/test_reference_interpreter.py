@@ -17,6 +17,7 @@ import pytest
 import addons  # noqa: F401 - registers the addons ops (ReplicatedAllReduceTP) in the table
 import popxl_core as popxl
 from popxl_core import ops
+from popxl_core.ops.ctc_decoder import ctc_beam_search_decoder
 from popxl_core.ops.registry import all_opdefs
 from popxl_core.sim import CompileOptions
 
@@ -68,12 +69,25 @@ def _runtime_check_ir(bound: float = 10.0):
     return ir, {x_in: np.array([1.0, 2.0, 3.0], F32)}
 
 
+def _ctc_decoder_ir():
+    """A beam search over random log-probabilities, two batch entries of different lengths."""
+    ir = popxl.Ir()
+    log_p = np.log(np.random.default_rng(0).dirichlet(np.ones(4), size=(5, 2))).astype(F32)
+    with ir.main_graph:
+        x = popxl.variable(log_p, name="log_p")
+        n = popxl.variable(np.array([5, 3], np.uint32), popxl.uint32, name="n")
+        for i, out in enumerate(ctc_beam_search_decoder(x, n, beam_width=3, top_paths=2)):
+            ops.host_store(popxl.d2h_stream(out.shape, out.dtype, f"out{i}"), out)
+    return ir, {}
+
+
 # ops the table gives no samples for -> a program that runs them (and its feeds)
 EXTRA: Dict[str, Callable] = {
     "HostLoad": _host_io_ir,
     "HostStore": _host_io_ir,
     "RemoteCodeLoad": _remote_code_load_ir,
     "RuntimeCheck": _runtime_check_ir,
+    "CtcBeamSearchDecoder": _ctc_decoder_ir,
 }
 
 

@@ -49,7 +49,7 @@ class CallPlan:
     def after(cls, executor, args: tuple, kwargs: dict, out: Any) -> CallPlan | None:
         """The plan of a full call of ``executor`` (``out``: its outputs before narrowing),
         or None where a later call cannot skip the full path's work."""
-        opts, impl = executor._options, executor._impl
+        opts, impl = executor.options, executor._impl
         key = None if kwargs or opts.enable_synthetic_data else _key(args)
         if key is None or impl is None or impl._active is None:
             return None
@@ -76,6 +76,6 @@ class CallPlan:
         them; its checks passed for these dtypes and shapes)."""
         if not self._reshapes:
             return args
-        opts, training = executor._options, executor._training
+        opts, training = executor.options, executor._training
         args = batching.split_iterations(args, opts, training)
         return batching.replica_major(args, opts, training)
