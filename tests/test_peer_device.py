@@ -58,3 +58,15 @@ def test_set_device_checks_the_ipus():
     session._set_device(_to_device_info("ipu_model", 2))
     with session:
         pass
+
+
+def test_session_built_for_a_device():
+    """PopXL's Session(ir, device): built for the device's kind, and runs on it."""
+    ir = popxl.Ir()
+    with ir.main_graph:
+        v = popxl.variable(1.0, popxl.float32)
+        out = popxl.d2h_stream(v.shape, v.dtype)
+        ops.host_store(out, v)
+    device = compat_popart.DeviceManager().createIpuModelDevice({"numIPUs": 1})
+    with popxl.Session(ir, device) as sess:
+        assert sess.device_desc == "ipu_model" and sess.run()[out] == 1.0
