@@ -58,3 +58,39 @@ def test_set_device_checks_the_ipus():
     session._set_device(_to_device_info("ipu_model", 2))
     with session:
         pass
+
+
+def test_session_built_for_a_device():
+    """PopXL's Session(ir, device): built for the device's kind, and runs on it."""
+    ir = popxl.Ir()
+    with ir.main_graph:
+        v = popxl.variable(1.0, popxl.float32)
+        out = popxl.d2h_stream(v.shape, v.dtype)
+        ops.host_store(out, v)
+    device = compat_popart.DeviceManager().createIpuModelDevice({"numIPUs": 1})
+    with popxl.Session(ir, device) as sess:
+        assert sess.device_desc == "ipu_model" and sess.run()[out] == 1.0
+
+
+def test_peer_suites_conftest_sets_popart_test_target(monkeypatch):
+    """tools/peer_suites.py's conftest sets TEST_TARGET as popart's ctest does (the device
+    helpers of Graphcore's tests read it), unless the caller set it."""
+    import importlib.util
+
+    from popxl_core import compat
+    from tests.test_compat import _project_bindings, _restore
+
+    bindings = _project_bindings()
+    spec = importlib.util.spec_from_file_location("peer_suites", "tools/peer_suites.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    monkeypatch.delenv("TEST_TARGET", raising=False)
+    try:
+        exec(compile(tool._CONFTEST.format(timeout=5), "conftest.py", "exec"), {})
+        assert __import__("os").environ["TEST_TARGET"] == "IpuModel2"
+        monkeypatch.setenv("TEST_TARGET", "Cpu")
+        exec(compile(tool._CONFTEST.format(timeout=5), "conftest.py", "exec"), {})
+        assert __import__("os").environ["TEST_TARGET"] == "Cpu"
+    finally:
+        compat.uninstall()
+        _restore(bindings)

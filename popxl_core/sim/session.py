@@ -7,6 +7,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Set
 import numpy as np
 import torch
 
+from ..device import DeviceInfo
 from ..distributed import placement_for
 from ..dot_checks import dot_checkpoint
 from ..errors import OpDataError
@@ -61,6 +62,9 @@ class Session(SessionStreams, SessionWeights):
         weights_to_host_on_exit: bool = True,
         compile_options: Optional[CompileOptions] = None,
     ) -> None:
+        # PopXL also takes a device (popxl_core.device.DeviceInfo): built for its kind, run on it
+        self._device_info = device_desc if isinstance(device_desc, DeviceInfo) else None
+        device_desc = getattr(device_desc, "device_desc", device_desc)
         self.machine = machine_for(device_desc)
         self._built_at = checks.built_at()
         _check_unowned(ir)
@@ -151,7 +155,7 @@ class Session(SessionStreams, SessionWeights):
 
     def __enter__(self) -> "Session":
         did_attach = not self._attached
-        if did_attach and getattr(self, "_device_info", None) is not None:
+        if did_attach and self._device_info is not None:
             checks.check_device(self, self._device_info)
         if did_attach:
             self._attached = True
