@@ -16,12 +16,14 @@ from .checks import integer_inputs_explained
 from .loss import check_scalar_loss, loss_index
 from .optim import OptimizerProgram
 from .pipeline import Build, Lowered, lower, master_gradients, reduce_gradients
-from .precision import loss_seed
-from .program import Weights
+from .precision import loss_seed, stream_values
+from .program import Inputs, Weights, load_inputs
+from .replication import split_replicas
 
 __all__ = [
     "TrainingRequest",
     "forward_backward",
+    "load_step_inputs",
     "lower_with_loss",
     "named_locals",
     "optimizer_update",
@@ -44,6 +46,13 @@ class TrainingRequest:
     # PopTorch trains a loss that no trainable parameter reaches (nothing to update); eager's
     # backward() raises there, and so does popxl_fx's own entry point
     untrained_ok: bool = False
+
+
+def load_step_inputs(build: Build, req: TrainingRequest, step_inputs: Sequence) -> Inputs:
+    """One step's inputs loaded in the current graph, as the options stream them (float16,
+    narrowed 64-bit), each replica its share: every shape of step loads them so."""
+    opts = build.options
+    return load_inputs(stream_values(opts, step_inputs), req.names, split_replicas(opts))
 
 
 def lower_with_loss(build: Build, req: TrainingRequest, specs, examples: tuple) -> tuple:
