@@ -38,9 +38,8 @@ from popxl_core import ops
 from popxl_core.sim.machine import machine_for
 
 from .built import BuiltStep, Extras, StepShape
-from .checks import integer_inputs_explained
 from .loss import check_scalar_loss, loss_index
-from .lower_stage import Lowered, _entered
+from .lower_stage import Lowered, entered, lower_module
 from .module import Module
 from .optim_groups import state_slots
 from .optim_remote import RemoteState
@@ -50,8 +49,8 @@ from .phases import Piece, check_phase_sizes, phase_paths, split_pieces
 from .pipeline import Build
 from .program import Weights, store
 from .refusals import refuse
-from .replication import replica_examples, replication_of, split_replicas
-from .step_parts import load_step_inputs
+from .replication import reduce_each, replica_examples, replication_of, split_replicas
+from .step_parts import load_step_inputs, training_contexts
 
 __all__ = ["PhasedShape"]
 
@@ -103,10 +102,9 @@ class PhasedShape(StepShape):
 def _capture_pieces(build: Build, req: Any) -> tuple:
     """The traced step split at the phase boundaries: (contexts, graph module, pieces)."""
     opts = build.options
-    model_inputs = req.inputs[:-1] if req.has_loss_fn else req.inputs
-    contexts = (lambda: integer_inputs_explained(req.model, model_inputs), *req.contexts)
+    contexts = training_contexts(req, req.inputs)
     examples = Slices.of(opts).examples(replica_examples(req.inputs, split_replicas(opts)))
-    with _entered(contexts):
+    with entered(contexts):
         paths = phase_paths(req.root, opts.phased_execution, examples, build.prefix)
         gm, pieces = split_pieces(req.root, examples, paths, build.prefix, build.binding)
     _check_sizes(build, req, pieces)
@@ -201,9 +199,9 @@ def _lower_piece(piece: Piece, names: dict, contexts, shards: int, build: Build)
     ``shards`` replicas when more than 1), the rest on chip."""
     numerics = build.options.numerics
     fxm = Module(piece.gm, flatten_outputs=True, weightless=build.weightless, numerics=numerics)
-    with _entered(contexts):
-        fxm.capture(*piece.examples())
-        facts, fwd = fxm.create_graph(*[_spec(x) for x in piece.examples()])
+    _, facts, fwd = lower_module(
+        fxm, piece.examples(), [_spec(x) for x in piece.examples()], contexts
+    )
     factories = facts.to_dict()
     remote = [k for k in factories if k in names and _trainable(names[k])]
     local = {
@@ -344,7 +342,7 @@ def _backward_and_update(build: Build, lp: _Lowered, calls, where, optim) -> Non
                 grads[j][n] = kept.keep(f"grad.{n.name}.{lp.piece.label}", j, total)
     if not lp.remote:
         return
-    prefix, reduce = build.prefix, replication_of(build.options).reduce_gradient
+    prefix = build.prefix
     short = {k: k[len(prefix) :] if k.startswith(prefix) else k for k in lp.remote}
     params = {short[k]: reloaded[k] for k in lp.remote}
     if accum is not None:
@@ -352,7 +350,7 @@ def _backward_and_update(build: Build, lp: _Lowered, calls, where, optim) -> Non
         got = {k: sums[f"accum.{k}"] for k in lp.remote}
     else:
         got = {k: by_input[loaded[k]] for k in lp.remote}
-    optim.build(params, {short[k]: reduce(got[k]) for k in lp.remote})
+    optim.build(params, reduce_each(build.options, {short[k]: got[k] for k in lp.remote}))
     store_remote(lp.buffers, addons.NamedTensors.from_dict(reloaded), 0)
 
 
