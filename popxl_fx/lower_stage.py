@@ -24,7 +24,7 @@ from .program import log
 if TYPE_CHECKING:  # pragma: no cover (pipeline.py re-exports this module)
     from .pipeline import Build
 
-__all__ = ["Lowered", "lower", "backward", "accumulating_backward"]
+__all__ = ["Lowered", "accumulating_backward", "backward", "entered", "lower", "lower_module"]
 
 
 @dataclass
@@ -81,14 +81,27 @@ def lower(
         examples = half_inputs(examples)
     fxm.grad_enabled = build.grad_enabled
     fxm.writes_inputs = build.entry == "inference_model"  # eager updates the caller's inputs
-    with _entered(contexts):
-        captured = fxm.capture(*examples)
+    captured, facts, fwd = lower_module(fxm, examples, specs, contexts)
     build.record("capture", f"torch.fx graph of {len(captured.gm.graph.nodes)} nodes")
-    with _entered(contexts):
-        facts, fwd = fxm.create_graph(*specs)
     blocks = fxm.block_graphs(build.ir)
     build.record("lower", _lower_detail(fxm, specs), [fwd, *blocks])
     return Lowered(fxm, facts, fwd)
+
+
+def lower_module(
+    fxm: Module,
+    examples: Sequence[Any],
+    specs: Sequence[Any],
+    contexts: Sequence[Callable[[], contextlib.AbstractContextManager]] = (),
+) -> tuple:
+    """Capture ``fxm`` on ``examples`` and lower it to a forward graph taking ``specs``, both
+    inside ``contexts``: (captured, variable factories, forward graph). The whole model's
+    (`lower`) and each phase's piece (`phased`) are lowered so."""
+    with entered(contexts):
+        captured = fxm.capture(*examples)
+    with entered(contexts):
+        facts, fwd = fxm.create_graph(*specs)
+    return captured, facts, fwd
 
 
 def _module(
@@ -161,7 +174,8 @@ def _lower_detail(fxm: Module, specs: Sequence[Any]) -> str:
 
 
 @contextlib.contextmanager
-def _entered(contexts: Sequence[Callable[[], contextlib.AbstractContextManager]]):
+def entered(contexts: Sequence[Callable[[], contextlib.AbstractContextManager]]):
+    """Every context of ``contexts`` (each made by calling it) entered, in order."""
     with contextlib.ExitStack() as stack:
         for make in contexts:
             stack.enter_context(make())

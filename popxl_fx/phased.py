@@ -37,10 +37,9 @@ from addons.remote import load_remote, named_variable_buffers, store_remote
 from popxl_core import ops
 from popxl_core.sim.machine import machine_for
 
-from .built import Program
-from .checks import check_inputs, integer_inputs_explained
+from .built import BuiltStep, Extras, StepShape
 from .loss import check_scalar_loss, loss_index
-from .lower_stage import Lowered, _entered
+from .lower_stage import Lowered, entered, lower_module
 from .module import Module
 from .optim_groups import state_slots
 from .optim_remote import RemoteState
@@ -48,11 +47,12 @@ from .phase_report import PhaseSteps
 from .phased_slices import Slices, SliceStore
 from .phases import Piece, check_phase_sizes, phase_paths, split_pieces
 from .pipeline import Build
-from .program import Weights, load_inputs, store
+from .program import Weights, store
 from .refusals import refuse
-from .replication import check_batch_split, replica_examples, replication_of, split_replicas
+from .replication import reduce_each, replica_examples, replication_of, split_replicas
+from .step_parts import load_step_inputs, training_contexts
 
-__all__ = ["build_phased_training"]
+__all__ = ["PhasedShape"]
 
 
 @dataclass
@@ -72,45 +72,39 @@ class _Lowered:
     accum: Any = None  # with several slices: the backward's gradient accumulators' factories
 
 
-def build_phased_training(build: Build, signature: Any, req: Any) -> Any:
-    """The phased training step (see the module docstring); a `steps.Program`."""
-    _check_request(build, req)
-    contexts, gm, pieces = _capture_pieces(build, req)
-    names = _torch_names(req.root)
-    with build.ir.main_graph, popxl.in_sequence():
+class PhasedShape(StepShape):
+    """The phased training step (see the module docstring)."""
+
+    def refuse(self, build: Build, req: Any) -> None:
+        """Refuse, before any capture, what phased execution does not do."""
+        refuse("phased", build.options)  # what phasing does not combine with (yet)
+        if req.record:
+            raise NotImplementedError(
+                "recording outputs and gradients (assert_matches_eager) is not available with "
+                "phased_execution; compare against the plain trainer instead."
+            )
+
+    def capture(self, build: Build, req: Any, step_inputs: tuple) -> tuple:
+        return _capture_pieces(build, req)
+
+    def build(self, build: Build, req: Any, step_inputs: tuple, captured: tuple) -> BuiltStep:
+        contexts, gm, pieces = captured
+        names = _torch_names(req.root)
         ins, lowered, steps, outputs = _lower_and_schedule(build, req, contexts, gm, pieces, names)
         variables = {k: v for lp in lowered for k, v in lp.local.items()}
         variables.update({k: v for lp in lowered for k, v in lp.remote_vars.items()})
         weights = Weights.from_named(variables, names, build.prefix)
-    session = build.session()
-    first = lowered[0]
-    view = Lowered(first.fxm, None, first.forward, first.backward)
-    prog = Program(
-        signature, build.ir, session, ins, outputs, weights, view, build.stages, req.optimizer
-    )
-    prog.extra.phases = steps  # trainer.report(): a PhasedReport
-    return prog
-
-
-def _check_request(build: Build, req: Any) -> None:
-    """Refuse, before any capture, what phased execution does not do."""
-    refuse("phased", build.options)  # what phasing does not combine with (yet)
-    if req.record:
-        raise NotImplementedError(
-            "recording outputs and gradients (assert_matches_eager) is not available with "
-            "phased_execution; compare against the plain trainer instead."
-        )
-    check_inputs(req.model, req.inputs)
-    check_batch_split(req.inputs, build.options)
+        first = lowered[0]
+        view = Lowered(first.fxm, None, first.forward, first.backward)
+        return BuiltStep(ins, outputs, weights, view, Extras(phases=steps))  # Trainer.report
 
 
 def _capture_pieces(build: Build, req: Any) -> tuple:
     """The traced step split at the phase boundaries: (contexts, graph module, pieces)."""
     opts = build.options
-    model_inputs = req.inputs[:-1] if req.has_loss_fn else req.inputs
-    contexts = (lambda: integer_inputs_explained(req.model, model_inputs), *req.contexts)
+    contexts = training_contexts(req, req.inputs)
     examples = Slices.of(opts).examples(replica_examples(req.inputs, split_replicas(opts)))
-    with _entered(contexts):
+    with entered(contexts):
         paths = phase_paths(req.root, opts.phased_execution, examples, build.prefix)
         gm, pieces = split_pieces(req.root, examples, paths, build.prefix, build.binding)
     _check_sizes(build, req, pieces)
@@ -123,7 +117,7 @@ def _lower_and_schedule(build: Build, req: Any, contexts, gm, pieces, names) -> 
     every backward with its optimizer update in reverse; (inputs, lowered, steps, outputs)."""
     opts = build.options
     slices = Slices.of(opts)
-    ins = load_inputs(req.inputs, req.names, split_replicas(opts))
+    ins = load_step_inputs(build, req, req.inputs)
     envs = slices.envs([n for n in gm.graph.nodes if n.op == "placeholder"], ins.tensors)
     leaves, out_spec = pytree.tree_flatten(next(iter(reversed(gm.graph.nodes))).args[0])
     loss_node = leaves[loss_index(out_spec, len(leaves), req.model)]
@@ -205,9 +199,9 @@ def _lower_piece(piece: Piece, names: dict, contexts, shards: int, build: Build)
     ``shards`` replicas when more than 1), the rest on chip."""
     numerics = build.options.numerics
     fxm = Module(piece.gm, flatten_outputs=True, weightless=build.weightless, numerics=numerics)
-    with _entered(contexts):
-        fxm.capture(*piece.examples())
-        facts, fwd = fxm.create_graph(*[_spec(x) for x in piece.examples()])
+    _, facts, fwd = lower_module(
+        fxm, piece.examples(), [_spec(x) for x in piece.examples()], contexts
+    )
     factories = facts.to_dict()
     remote = [k for k in factories if k in names and _trainable(names[k])]
     local = {
@@ -348,7 +342,7 @@ def _backward_and_update(build: Build, lp: _Lowered, calls, where, optim) -> Non
                 grads[j][n] = kept.keep(f"grad.{n.name}.{lp.piece.label}", j, total)
     if not lp.remote:
         return
-    prefix, reduce = build.prefix, replication_of(build.options).reduce_gradient
+    prefix = build.prefix
     short = {k: k[len(prefix) :] if k.startswith(prefix) else k for k in lp.remote}
     params = {short[k]: reloaded[k] for k in lp.remote}
     if accum is not None:
@@ -356,7 +350,7 @@ def _backward_and_update(build: Build, lp: _Lowered, calls, where, optim) -> Non
         got = {k: sums[f"accum.{k}"] for k in lp.remote}
     else:
         got = {k: by_input[loaded[k]] for k in lp.remote}
-    optim.build(params, {short[k]: reduce(got[k]) for k in lp.remote})
+    optim.build(params, reduce_each(build.options, {short[k]: got[k] for k in lp.remote}))
     store_remote(lp.buffers, addons.NamedTensors.from_dict(reloaded), 0)
 
 

@@ -11,7 +11,7 @@ and the gradients of its outputs, runs its gradient graph, mean-accumulates the 
 gradients on chip (`addons.autodiff_with_accumulation`, accumulators made zero for the phase)
 and stores its inputs' gradients for the phase before it; one optimizer update follows.
 
-The numbers are the plain program's with the same options (`steps.build_training_loops`): the
+The numbers are the plain program's with the same options (`step_loops.LoopShape`): the
 same slices, each piece's forward and gradient graph on the same values, the gradients
 mean-accumulated in slice order, and the loss combined as the plain loops do (each
 micro-batch's loss the mean of its slices' losses, the step's the mean of the micro-batches').

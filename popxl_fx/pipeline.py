@@ -33,7 +33,7 @@ the order stays the stated one):
     new_ir             Ir(replication=...)                          [replication_factor]
     lower              one graph per repeated block, bound per call site       [outline]
     backward           then recompute_graph of the block gradients            [recompute]
-    steps.build_training_loops / loops.micro_batch_loop   the step's shape
+    steps.shape_of / loops.micro_batch_loop   the step's shape (plain, loops, phases)
                                      [gradient_accumulation, batch_serialisation, device_iterations]
     reduce_gradients   all-reduce / reduce-scatter before the optimizer
                                                  [replication_factor, replicated_tensor_sharding]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -33,6 +34,7 @@ __all__ = [
     "ReplicaFeeds",
     "check_batch_split",
     "from_replicas",
+    "reduce_each",
     "reduce_gradients",
     "replica_examples",
     "replication_of",
@@ -103,6 +105,14 @@ def replication_of(options: Options) -> Replication:
     return Replication(options.replication_factor, options.replicated_tensor_sharding)
 
 
+def reduce_each(options: Options, grads: Mapping[str, Any]) -> dict:
+    """Each gradient reduced over the replicas (`Replication.reduce_gradient`: mean
+    all-reduced, or with RTS reduce-scattered), in order: every shape of step reduces so
+    (the phased step per phase)."""
+    reduce = replication_of(options).reduce_gradient
+    return {n: reduce(g) for n, g in grads.items()}
+
+
 def reduce_gradients(build, grads: Mapping[str, object]) -> dict:
     """`pipeline.reduce_gradients` for a `pipeline.Build`: the gradients reduced over the
     replicas (`Replication.reduce_gradient`), and the "replication" stage record."""
@@ -118,8 +128,7 @@ def reduce_gradients(build, grads: Mapping[str, object]) -> dict:
             "gradients reduce-scattered (mean), optimizer state sharded ceil(n/R) per replica, "
             "updated weights all-gathered"
         )
-    reduce = replication_of(opts).reduce_gradient
-    reduced = {n: reduce(g) for n, g in grads.items()}
+    reduced = reduce_each(opts, grads)
     build.record("replication", f"{r} replicas, each on 1/{r} of the batch; {how}")
     return reduced
 

@@ -1,56 +1,54 @@
 """`training_model`'s program with loops around the step: k micro-batches
 (gradient_accumulation), s slices of each (batch_serialisation) and/or n steps per call
-(device_iterations); `steps.build_training` hands such options over to `build_training_loops`.
+(device_iterations); `steps.build_training` builds such options' step in `LoopShape`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import addons
 import popxl_core as popxl
 from popxl_core import ops
 
 from .batch_serial import check_batch, serialise_step
-from .built import Program
-from .checks import check_inputs
+from .built import BuiltStep, StepShape
 from .loops import check_batches, micro_batch_loop, repeat_step
 from .pipeline import Build, Lowered, accumulating_backward, backward, weights_of
 from .precision import stream_values
-from .program import Inputs, Weights, load_inputs, store
-from .replication import check_batch_split, split_replicas
+from .program import Inputs, Weights, store
+from .replication import split_replicas
 from .step_parts import (
     TrainingRequest,
     forward_backward,
+    load_step_inputs,
     lower_with_loss,
     named_locals,
     optimizer_update,
 )
 
-__all__ = ["build_training_loops"]
+__all__ = ["LoopShape"]
 
 
-def build_training_loops(build: Build, signature: Any, req: TrainingRequest) -> Program:
-    """The training program with a micro-batch loop (k = gradient_accumulation), slices
+class LoopShape(StepShape):
+    """The training step with a micro-batch loop (k = gradient_accumulation), slices
     (s = batch_serialisation, `batch_serial`) and/or a device-iteration loop
-    (n = device_iterations) around the step (see `loops`)."""
-    step_inputs = _loop_step_inputs(build.options, req)
-    with build.ir.main_graph, popxl.in_sequence():
+    (n = device_iterations) around it (see `loops`)."""
+
+    def step_inputs(self, build: Build, req: TrainingRequest) -> tuple:
+        return _loop_step_inputs(build.options, req)
+
+    def build(self, build: Build, req: TrainingRequest, step_inputs: tuple, captured) -> BuiltStep:
         loop = _lower_loop_step(build, req, step_inputs)
         _call_loop_steps(loop)
-    session = build.session()
-    outputs = {"loss": loop.losses[0], **loop.forward_outputs}
-    return Program(
-        signature, build.ir, session, loop.loaded[0], outputs, loop.weights, loop.lowered,
-        build.stages, req.optimizer,
-    )  # fmt: skip
+        outputs = {"loss": loop.losses[0], **loop.forward_outputs}
+        return BuiltStep(loop.loaded[0], outputs, loop.weights, loop.lowered)
 
 
 @dataclass
 class _LoopStep:
-    """One training step of `build_training_loops`, lowered; `_loop_step` calls it once per
+    """One training step of `LoopShape`, lowered; `_loop_step` calls it once per
     device iteration (or once, in the main graph)."""
 
     build: Build
@@ -71,9 +69,9 @@ class _LoopStep:
 
 
 def _loop_step_inputs(opts, req: TrainingRequest) -> tuple:
-    """Check the inputs against k, s, n and the replicas; one step's inputs."""
+    """Check the inputs against k, s and n (`steps.build_training` checks them against the
+    replicas); one step's inputs."""
     k, n, s = opts.gradient_accumulation, opts.device_iterations, opts.batch_serialisation
-    check_inputs(req.model, req.inputs)
     check_batches(req.inputs, k, n)
     if req.record:
         raise NotImplementedError(
@@ -86,7 +84,6 @@ def _loop_step_inputs(opts, req: TrainingRequest) -> tuple:
         check_batch(
             step_inputs, opts.batch_divisor // opts.replication_factor * split_replicas(opts), opts
         )
-    check_batch_split(step_inputs, opts)
     return step_inputs
 
 
@@ -139,7 +136,7 @@ def _loop_step(loop: _LoopStep, local: Callable[[popxl.Tensor], popxl.Tensor]) -
     """Load the step's inputs, run forward and backward (accumulating), update, store the
     loss. ``local`` maps a main-graph tensor to the current graph's stand-in."""
     build, req, opts = loop.build, loop.req, loop.build.options
-    ins = load_inputs(stream_values(opts, loop.step_inputs), req.names, split_replicas(opts))
+    ins = load_step_inputs(build, req, loop.step_inputs)
     loop.loaded.append(ins)
     named = named_locals(loop.variables, local)
     if _accumulates(opts):

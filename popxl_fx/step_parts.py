@@ -16,15 +16,18 @@ from .checks import integer_inputs_explained
 from .loss import check_scalar_loss, loss_index
 from .optim import OptimizerProgram
 from .pipeline import Build, Lowered, lower, master_gradients, reduce_gradients
-from .precision import loss_seed
-from .program import Weights
+from .precision import loss_seed, stream_values
+from .program import Inputs, Weights, load_inputs
+from .replication import split_replicas
 
 __all__ = [
     "TrainingRequest",
     "forward_backward",
+    "load_step_inputs",
     "lower_with_loss",
     "named_locals",
     "optimizer_update",
+    "training_contexts",
 ]
 
 
@@ -46,13 +49,26 @@ class TrainingRequest:
     untrained_ok: bool = False
 
 
+def load_step_inputs(build: Build, req: TrainingRequest, step_inputs: Sequence) -> Inputs:
+    """One step's inputs loaded in the current graph, as the options stream them (float16,
+    narrowed 64-bit), each replica its share: every shape of step loads them so."""
+    opts = build.options
+    return load_inputs(stream_values(opts, step_inputs), req.names, split_replicas(opts))
+
+
+def training_contexts(req: TrainingRequest, inputs: Sequence) -> tuple:
+    """What a training step's capture and lowering run inside (every shape's): the model's
+    integer inputs explained (``inputs`` without the target), then the request's own (errors
+    in the user's terms)."""
+    model_inputs = inputs[:-1] if req.has_loss_fn else inputs
+    return (lambda: integer_inputs_explained(req.model, model_inputs), *req.contexts)
+
+
 def lower_with_loss(build: Build, req: TrainingRequest, specs, examples: tuple) -> tuple:
     """Trace and lower ``req.root`` on ``examples`` (one replica's, or one micro-batch's,
     inputs); returns the lowered graphs, the loss's output index (a scalar, checked) and the
     trainable parameters' names."""
-    model_inputs = examples[:-1] if req.has_loss_fn else examples
-    contexts = (lambda: integer_inputs_explained(req.model, model_inputs), *req.contexts)
-    lowered = lower(build, req.root, specs, examples, contexts)
+    lowered = lower(build, req.root, specs, examples, training_contexts(req, examples))
     outputs = lowered.forward.graph.outputs
     index = loss_index(lowered.fxm.out_spec, len(outputs), req.model)
     check_scalar_loss(outputs[index], req.model, req.has_loss_fn)

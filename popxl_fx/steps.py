@@ -1,8 +1,9 @@
 """What each entry point asks of the pipeline: the programs of `training_model`,
 `inference_model` and `compile`, each assembled from the stages of `pipeline`.
 
-- `build_training`: inputs -> forward -> loss -> backward -> optimizer (one step per call,
-  or per micro-batch loop / device iteration, see `step_loops`);
+- `build_training`: inputs -> forward -> loss -> backward -> optimizer, in the step's shape
+  (`shape_of`: `PlainShape`, one step per call; `step_loops.LoopShape`, per micro-batch loop
+  / device iteration; `phased.PhasedShape`, phase by phase);
 - `build_inference`: inputs -> forward -> outputs;
 - `lower_for_compile`: the forward graph and the gradient graph that `compile`'s forward and
   backward programs both build (the same graphs, so positions agree between the two).
@@ -20,19 +21,21 @@ from torch import nn
 import addons
 import popxl_core as popxl
 
-from .built import Program
+from .built import BuiltStep, Program, StepShape
 from .checks import check_inputs, integer_inputs_explained
 from .loops import check_batches, repeat_step
 from .names import unescape
-from .phased import build_phased_training
+from .options import Options
+from .phased import PhasedShape
 from .pipeline import Build, Lowered, backward, lower, weights_of
 from .precision import stream_values
 from .program import Inputs, load_inputs, store
 from .replication import check_batch_split, replica_examples, split_replicas
-from .step_loops import build_training_loops
+from .step_loops import LoopShape
 from .step_parts import (
     TrainingRequest,
     forward_backward,
+    load_step_inputs,
     lower_with_loss,
     named_locals,
     optimizer_update,
@@ -45,23 +48,46 @@ __all__ = [
     "build_inference",
     "build_training",
     "lower_for_compile",
+    "shape_of",
 ]
 
 
 # training ----------------------------------------------------------------------------------
 def build_training(build: Build, signature: Any, req: TrainingRequest) -> Program:
-    """The training step program: forward, loss, backward, optimizer update (with
-    gradient_accumulation or device_iterations: `build_training_loops`)."""
-    opts = build.options
-    if opts.phased_execution is not False:
-        return build_phased_training(build, signature, req)
-    if max(opts.gradient_accumulation, opts.device_iterations, opts.batch_serialisation) > 1:
-        return build_training_loops(build, signature, req)
+    """The training step program: forward, loss, backward, optimizer update, in the shape the
+    options ask for (`shape_of`). The input checks, the main graph and the `Program` are
+    written here once; what differs per shape is the shape's (`built.StepShape`)."""
+    shape = shape_of(build.options)
+    shape.refuse(build, req)
     check_inputs(req.model, req.inputs)
-    check_batch_split(req.inputs, opts)
-    examples = replica_examples(req.inputs, split_replicas(opts))  # one replica's share
+    step_inputs = shape.step_inputs(build, req)
+    check_batch_split(step_inputs, build.options)
+    captured = shape.capture(build, req, step_inputs)
     with build.ir.main_graph, popxl.in_sequence():
-        ins = load_inputs(stream_values(opts, req.inputs), req.names, split_replicas(opts))
+        step = shape.build(build, req, step_inputs, captured)
+    session = build.session()
+    return Program(
+        signature, build.ir, session, step.inputs, step.outputs, step.weights, step.lowered,
+        build.stages, req.optimizer, step.extra,
+    )  # fmt: skip
+
+
+def shape_of(opts: Options) -> StepShape:
+    """The step's shape: phases (phased_execution), loops (gradient_accumulation,
+    device_iterations, batch_serialisation) or plain."""
+    if opts.phased_execution is not False:
+        return PhasedShape()
+    if max(opts.gradient_accumulation, opts.device_iterations, opts.batch_serialisation) > 1:
+        return LoopShape()
+    return PlainShape()
+
+
+class PlainShape(StepShape):
+    """One forward, one backward and one optimizer update per call, in the main graph."""
+
+    def build(self, build: Build, req: TrainingRequest, step_inputs: tuple, captured) -> BuiltStep:
+        examples = replica_examples(step_inputs, split_replicas(build.options))  # one replica's
+        ins = load_step_inputs(build, req, step_inputs)
         lowered, index, trainable = lower_with_loss(build, req, ins.tensors, examples)
         if not req.untrained_ok:
             _some_trainable(trainable, req.model)
@@ -79,10 +105,7 @@ def build_training(build: Build, signature: Any, req: TrainingRequest) -> Progra
         elif req.outputs:  # the model's outputs, not those autodiff added for the backward
             n = lowered.fxm.out_spec.num_leaves
             outputs.update(_forward_outputs(step.outputs[:n], index))
-    session = build.session()
-    return Program(
-        signature, build.ir, session, ins, outputs, weights, lowered, build.stages, req.optimizer
-    )
+        return BuiltStep(ins, outputs, weights, lowered)
 
 
 def _some_trainable(trainable: list[str], model: nn.Module) -> None:

@@ -5,7 +5,7 @@ Phased, each phase loads its weights once and runs every slice of the replica's 
 micro-batches of s slices, in order), the values later phases and its own backward read wait
 in Streaming Memory per slice, and the backward mean-accumulates the parameter gradients over
 the slices before one optimizer update, as seed 003 does by hand. The reference is the plain
-program's micro-batch loop / batch serialisation (`steps.build_training_loops`): the same
+program's micro-batch loop / batch serialisation (`step_loops.LoopShape`): the same
 slices, kernels and accumulation order, the loss combined the same way, so losses,
 parameters, optimizer state and BatchNorm statistics are asserted bit for bit (measured worst
 difference: 0), with and without replication + RTS (the reference replicated the same way).

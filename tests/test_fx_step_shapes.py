@@ -1,0 +1,63 @@
+"""`steps.build_training` is one builder given the step's shape (`built.StepShape`): it
+checks the inputs, enters the main graph and makes the `Program` once, and asks the shape
+for the rest, in a fixed order."""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import popxl_fx
+from popxl_fx import steps
+from popxl_fx.phased import PhasedShape
+from popxl_fx.step_loops import LoopShape
+from popxl_fx.steps import PlainShape, shape_of
+
+
+def test_the_options_pick_the_shape():
+    Options = popxl_fx.Options
+    assert type(shape_of(Options())) is PlainShape
+    for loops in ("gradient_accumulation", "device_iterations", "batch_serialisation"):
+        assert type(shape_of(Options(**{loops: 2}))) is LoopShape
+    assert type(shape_of(Options(phased_execution="children"))) is PhasedShape
+
+
+class _Recorded(PlainShape):
+    """The plain shape, recording which of its hooks the builder calls, in order."""
+
+    def __init__(self, calls: list) -> None:
+        self.calls = calls
+
+    def refuse(self, build, req):
+        self.calls.append("refuse")
+        return super().refuse(build, req)
+
+    def step_inputs(self, build, req):
+        self.calls.append("step_inputs")
+        return super().step_inputs(build, req)
+
+    def capture(self, build, req, step_inputs):
+        self.calls.append("capture")
+        return super().capture(build, req, step_inputs)
+
+    def build(self, build, req, step_inputs, captured):
+        self.calls.append("build")
+        return super().build(build, req, step_inputs, captured)
+
+
+def _losses(options):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 5), nn.ReLU(), nn.Linear(5, 3))
+    trainer = popxl_fx.training_model(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                      F.cross_entropy, options)  # fmt: skip
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(4, 4, generator=g), torch.randint(0, 3, (4,), generator=g))]
+    return torch.stack([trainer(x, y) for x, y in batches * 3])
+
+
+def test_the_builder_asks_the_shape_it_is_given_in_order(monkeypatch):
+    options = popxl_fx.Options(device="cpu")
+    plain = _losses(options)
+    calls: list = []
+    monkeypatch.setattr(steps, "shape_of", lambda opts: _Recorded(calls))
+    assert torch.equal(_losses(options), plain)  # bit for bit: the same program
+    assert calls == ["refuse", "step_inputs", "capture", "build"]  # one build, 3 steps
