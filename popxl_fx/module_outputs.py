@@ -57,8 +57,10 @@ class Outputs:
         written inputs that follow the outputs are left out)."""
         if self.out_spec is None:
             raise RuntimeError("unflatten() needs a build with flatten_outputs=True first.")
-        given = iter(list(leaves)[: self.n_outputs])
-        full = [None if i in self._nones else next(given) for i in range(self.out_spec.num_leaves)]
+        full, nones = list(leaves)[: self.n_outputs], self._nones
+        if nones:
+            given = iter(full)
+            full = [None if i in nones else next(given) for i in range(self.out_spec.num_leaves)]
         spec, rebuild = self._rebuild
         if spec is not self.out_spec:  # planned once per structure (a PopTorch call's outputs)
             spec, rebuild = self._rebuild = (self.out_spec, _rebuilder(self.out_spec))

@@ -184,3 +184,17 @@ def test_the_planned_rebuild_of_outputs_is_torchs_unflatten(tree):
     got = module_outputs._rebuilder(spec)(iter(fresh))
     want = pytree.tree_unflatten(fresh, spec)
     assert type(got) is type(want) and pytree.tree_flatten(got) == pytree.tree_flatten(want)
+
+
+class _WithNone(nn.Module):
+    def forward(self, x):
+        return {"twice": x * 2, "none": None}, x + 1
+
+
+def test_outputs_keep_their_structure_and_nones_on_every_call():
+    ipu = poptorch.inferenceModel(_WithNone(), poptorch.Options().replicationFactor(2))
+    x = torch.randn(4, 6)
+    for _ in range(3):
+        outs, plus = ipu(x)
+        assert set(outs) == {"twice", "none"} and outs["none"] is None
+        assert torch.equal(outs["twice"], x * 2) and torch.equal(plus, x + 1)

@@ -3,6 +3,7 @@ loss in its place, per micro-batch and replica as PopTorch's output modes select
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -36,9 +37,8 @@ class TrainingOutputs:
         n = prog.lowered.fxm.out_spec.num_leaves
         if fx.gradient_accumulation > 1 or fx.replication_factor > 1:
             leaves = self._per_micro_batch(impl, n)
-        else:
-            loss = self._unscaled(loss.as_subclass(torch.Tensor))
-            leaves = [loss, *(impl.last[f"output.{i}"] for i in range(1, n))]
+        else:  # leaf 0, the training loss, is not among the model's outputs returned
+            leaves = [None, *map(impl.last.__getitem__, _output_names(n))]
             leaves = batching.select_outputs(leaves, self._options, fx.device_iterations)
         return prog.lowered.fxm.unflatten(leaves)[1]
 
@@ -68,6 +68,12 @@ class TrainingOutputs:
         if self._wrapped.loss_factor != 1.0:
             return loss / self._wrapped.loss_factor
         return loss
+
+
+@functools.lru_cache(maxsize=64)
+def _output_names(n: int) -> tuple[str, ...]:
+    """The trainer's names of the forward's outputs after the loss (made once per count)."""
+    return tuple(f"output.{i}" for i in range(1, n))
 
 
 def fetches_outputs(fx: popxl_fx.Options) -> bool:
