@@ -4,6 +4,8 @@ error with replicas, and plain tensor attributes as constants."""
 
 from __future__ import annotations
 
+import copy
+import io
 import types
 
 import pytest
@@ -203,3 +205,19 @@ def test_a_half_inference_batch_norm_with_float_statistics_runs_in_half():
     model.bn.running_var = model.bn.running_var.float()
     out, mean = poptorch.inferenceModel(model)(torch.ones(4, 3, 5).half())
     assert out.dtype == torch.float16 and torch.equal(mean, torch.arange(3.0))
+
+
+def test_copies_and_saved_states_of_a_trained_model_are_plain_and_trained():
+    torch.manual_seed(0)
+    model, (x, t) = _Net(), _data()
+    train = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    train(x, t)
+    twin = copy.deepcopy(model)
+    assert type(twin.fc.weight) is nn.Parameter
+    saved = io.BytesIO()
+    torch.save(model.state_dict(), saved)
+    saved.seek(0)
+    loaded = torch.load(saved)  # weights_only: no PopTorch class in the file
+    assert torch.equal(loaded["fc.weight"], twin.fc.weight.detach())
+    train.copyWeightsToDevice()
+    assert torch.equal(train(x, t)[0], twin(x).detach())

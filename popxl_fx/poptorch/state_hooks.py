@@ -44,15 +44,15 @@ def _hooked_type(base: type, parent: weakref.ref) -> type:
 
     def __repr__(self, *args, **kwargs):  # noqa: N807 - printed as the plain tensor
         _copy_if_needed(parent)
-        hooked = type(self)
-        self.__class__ = base
-        try:
-            return base.__repr__(self, *args, **kwargs)
-        finally:
-            self.__class__ = hooked
+        return _as_plain(self, base.__repr__, *args, **kwargs)
+
+    def __deepcopy__(self, memo):  # noqa: N807 - a copy is a plain tensor, hooked to nothing
+        _copy_if_needed(parent)
+        return _as_plain(self, base.__deepcopy__, memo)
 
     namespace = {
         "__repr__": __repr__,
+        "__deepcopy__": __deepcopy__,
         "__getattribute__": __getattribute__,
         "__torch_function__": classmethod(__torch_function__),
         "__module__": base.__module__,
@@ -63,14 +63,19 @@ def _hooked_type(base: type, parent: weakref.ref) -> type:
     return hooked
 
 
-def _reduce_plain(t: torch.Tensor) -> tuple:
-    """Pickle a hooked tensor as its plain class (``torch.save`` files load without it)."""
+def _as_plain(t: torch.Tensor, method, *args, **kwargs):
+    """``method(t, ...)`` with ``t`` in its plain class for the call."""
     hooked = type(t)
     t.__class__ = HOOKED_TYPES[hooked]
     try:
-        return t.__reduce_ex__(4)
+        return method(t, *args, **kwargs)
     finally:
         t.__class__ = hooked
+
+
+def _reduce_plain(t: torch.Tensor) -> tuple:
+    """Pickle a hooked tensor as its plain class (``torch.save`` files load without it)."""
+    return _as_plain(t, type(t).__reduce_ex__, 4)
 
 
 def hook_tensors(model: nn.Module, parent: weakref.ref) -> None:
