@@ -100,11 +100,11 @@ class PlainShape(StepShape):
         weights = weights_of(variables, lowered, build.prefix)
         grads = optimizer_update(build, req, weights, step.grads, lowered=lowered)
         outputs = {"loss": store(step.loss, "loss")}
+        model_outs = _ModelOutputs(step.outputs, list(fwd.graph.outputs), index, outputs["loss"])
         if req.record:  # the gradients the optimizer steps with (float16: unscaled)
-            outputs.update(_recorded(step.outputs, index, grads))
+            outputs.update(_recorded(model_outs, len(step.outputs), grads))
         elif req.outputs:  # the model's outputs, not those autodiff added for the backward
-            n = lowered.fxm.out_spec.num_leaves
-            outputs.update(_forward_outputs(step.outputs[:n], index))
+            outputs.update(model_outs.stored(lowered.fxm.out_spec.num_leaves))
         return BuiltStep(ins, outputs, weights, lowered)
 
 
@@ -133,12 +133,31 @@ def _plain_step(build: Build, lowered: Lowered, variables, ins: Inputs, index: i
     return _Step(loss, list(fwd.outputs), grads)
 
 
-def _forward_outputs(outputs: list[popxl.Tensor], index: int) -> dict:
-    return {f"output.{i}": store(t, f"output.{i}") for i, t in enumerate(outputs) if i != index}
+@dataclass
+class _ModelOutputs:
+    """The forward call's outputs (``outer``; ``inner``: the forward graph's), the loss's
+    position among them and the loss's d2h stream."""
+
+    outer: list[popxl.Tensor]
+    inner: list[popxl.Tensor]
+    index: int
+    loss_stream: Any
+
+    def stored(self, n: int) -> dict:
+        """The first ``n`` outputs but the loss, each through a d2h stream of its own; one
+        that is the loss itself (a model returning its loss, as PopTorch's models do, beside
+        the loss the trainer takes) reads the loss's stream: one transfer, not two."""
+        streams = {}
+        for i, t in enumerate(self.outer[:n]):
+            if i == self.index:
+                continue
+            the_loss = self.inner[i] is self.inner[self.index]
+            streams[f"output.{i}"] = self.loss_stream if the_loss else store(t, f"output.{i}")
+        return streams
 
 
-def _recorded(outputs: list[popxl.Tensor], index: int, grads: dict) -> dict:
-    recorded = _forward_outputs(outputs, index)
+def _recorded(outputs: _ModelOutputs, n: int, grads: dict) -> dict:
+    recorded = outputs.stored(n)
     # keyed by the exact torch name (variable names escape names like RegNet's "block1-0")
     recorded.update({f"grad.{unescape(n)}": store(g, f"grad.{n}") for n, g in grads.items()})
     return recorded

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import popxl_fx
 from popxl_core.sim.plan import OutOfMemoryError
 from popxl_fx.api import Options, compile, training_model
 from popxl_fx.errors import UnsupportedError
@@ -288,3 +289,34 @@ def test_report_ir_and_schedule():
     assert "AddcdivInplace" in text  # the AdamW update is in the program
     assert trainer.ir is trainer.session.ir
     assert "IPU memory (estimate" in trainer.report().summary()
+
+
+class _LossAndItsCopy(nn.Module):
+    """Returns ``(loss, output, loss)``: the loss a second time, as PopTorch's wrapped
+    models return the loss the trainer takes beside the model's own outputs."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x, y):
+        out = self.fc(x)
+        loss = nn.functional.mse_loss(out, y)
+        return loss, out, loss
+
+
+def test_an_output_that_is_the_loss_is_fetched_once_and_read_as_the_loss():
+    torch.manual_seed(0)
+    model = _LossAndItsCopy()
+    x, y = torch.randn(5, 4), torch.randn(5, 3)
+    trainer = popxl_fx.Trainer(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), None, None, outputs=True
+    )
+    eager = model(x, y)
+    loss = trainer(x, y)
+    prog = trainer._active
+    stores = [op for op in prog.ir.main_graph._ops if op.type == "HostStore"]
+    assert len(stores) == 2  # the loss and the output, not the loss twice
+    assert torch.equal(loss, eager[0]) and torch.equal(trainer.last["output.2"], eager[0])
+    assert torch.equal(trainer.last["output.1"], eager[1])
+    assert trainer.last["output.2"].data_ptr() != loss.data_ptr()  # each read is its own tensor

@@ -221,3 +221,18 @@ def test_copies_and_saved_states_of_a_trained_model_are_plain_and_trained():
     assert torch.equal(loaded["fc.weight"], twin.fc.weight.detach())
     train.copyWeightsToDevice()
     assert torch.equal(train(x, t)[0], twin(x).detach())
+
+
+def test_the_device_copy_follows_tensors_the_model_gains_or_replaces():
+    # the walk over the model's tensors is cached between calls; a registration renews it
+    from popxl_fx.poptorch.device_copy import DeviceCopy
+
+    model = _Net()
+    device = DeviceCopy(model)
+    with device.swapped_in() as hosts:
+        assert set(hosts) == {"fc.weight", "fc.bias"}
+    model.register_buffer("scale", torch.ones(4))
+    model.fc.weight = nn.Parameter(torch.zeros(4, 4))
+    with device.swapped_in() as hosts:
+        assert set(hosts) == {"fc.weight", "fc.bias", "scale"}
+        assert hosts["fc.weight"][0] is model.fc.weight

@@ -32,6 +32,24 @@ def plain_type(cls: type) -> type:
     return HOOKED_TYPES.get(cls, cls)
 
 
+# How many parameters, buffers and submodules have been registered on any module, as torch's
+# global registration hooks count them (attribute assignment and ``register_*`` both call
+# them): a model's tensors by name stay what they were while the count does not move.
+_REGISTRATIONS = [0]
+
+
+def _registered(*_: object) -> None:
+    _REGISTRATIONS[0] += 1  # returns None: the registered object is kept as it is
+
+
+for _hook in (
+    torch.nn.modules.module.register_module_parameter_registration_hook,
+    torch.nn.modules.module.register_module_buffer_registration_hook,
+    torch.nn.modules.module.register_module_module_registration_hook,
+):
+    _hook(_registered)
+
+
 def model_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
     """The model's parameters and buffers by name (each tensor once, as PopTorch names them)."""
     return {**dict(model.named_parameters()), **dict(model.named_buffers())}
@@ -43,6 +61,15 @@ class DeviceCopy:
     def __init__(self, model: nn.Module) -> None:
         self._model = model
         self._device: dict[str, torch.Tensor] = {}
+        self._tensors: tuple[int, dict[str, torch.Tensor]] | None = None
+
+    def _model_tensors(self) -> dict[str, torch.Tensor]:
+        """`model_tensors` of the model, walked again only after a registration (each call
+        swaps them in and out: the walk was a third of that)."""
+        seen = self._tensors
+        if seen is None or seen[0] != _REGISTRATIONS[0]:
+            seen = self._tensors = (_REGISTRATIONS[0], model_tensors(self._model))
+        return seen[1]
 
     def __bool__(self) -> bool:
         return bool(self._device)
@@ -61,7 +88,7 @@ class DeviceCopy:
     def read(self) -> None:
         """Device to host: the device's values become the model's."""
         with torch.no_grad():
-            for name, tensor in model_tensors(self._model).items():
+            for name, tensor in self._model_tensors().items():
                 device = self._device.get(name)
                 if device is not None and _fits(device, tensor):
                     tensor.copy_(device)
@@ -70,7 +97,7 @@ class DeviceCopy:
     def swapped_in(self) -> Iterator[dict[str, tuple[torch.Tensor, torch.Tensor]]]:
         """While open, each parameter and buffer holds the device's values (in its plain
         class: no hook copies while the program runs). Yields name -> (tensor, host data)."""
-        tensors = model_tensors(self._model)
+        tensors = self._model_tensors()
         classes = [(t, type(t)) for t in tensors.values()]
         for t, cls in classes:
             t.__class__ = plain_type(cls)
