@@ -81,6 +81,7 @@ def lower(
         examples = half_inputs(examples)
     fxm.grad_enabled = build.grad_enabled
     fxm.writes_inputs = build.entry == "inference_model"  # eager updates the caller's inputs
+    build.captures.append(fxm)
     captured, facts, fwd = lower_module(fxm, examples, specs, contexts)
     build.record("capture", f"torch.fx graph of {len(captured.gm.graph.nodes)} nodes")
     blocks = fxm.block_graphs(build.ir)

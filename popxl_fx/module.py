@@ -37,6 +37,7 @@ from .calls import POSITIONAL, Binding
 from .capture import Captured, capture
 from .capture_effects import WARN_KINDS
 from .errors import Issue, UnsupportedError
+from .example_values import forget_examples
 from .lowering import LoweringContext, run_graph
 from .module_outputs import Outputs
 from .names import unescape
@@ -174,6 +175,10 @@ class Module(Outputs, addons.Module):
 
             captured.checked = all_issues(captured, self.torch_module)
         return list(captured.checked)
+
+    def forget_examples(self) -> None:
+        """Once built: the captures' example tensors become meta tensors (`example_values`)."""
+        forget_examples(*self._captures.values(), *self._plans.values())
 
     def outline_plan(self, *example_inputs: Any) -> OutlinePlan | None:
         """Which call sites outline for these inputs (None without ``outline``); planned on

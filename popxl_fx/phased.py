@@ -108,6 +108,7 @@ def _capture_pieces(build: Build, req: Any) -> tuple:
         paths = phase_paths(req.root, opts.phased_execution, examples, build.prefix)
         gm, pieces = split_pieces(req.root, examples, paths, build.prefix, build.binding)
     _check_sizes(build, req, pieces)
+    build.captures += [gm, *(p.gm for p in pieces)]
     build.record("capture", f"torch.fx graph of {len(gm.graph.nodes)} nodes, {len(pieces)} pieces")
     return contexts, gm, pieces
 
@@ -209,6 +210,7 @@ def _lower_piece(piece: Piece, names: dict, contexts, shards: int, build: Build)
         for k, f in factories.items()
         if k not in remote
     }
+    build.captures.append(fxm)
     lp = _Lowered(piece, fxm, fwd, remote, local)
     if remote:
         chosen = addons.NamedVariableFactories.from_dict({k: factories[k] for k in remote})

@@ -63,6 +63,7 @@ from popxl_core.sim.plan import build_plan
 
 from . import lowerings, replication  # noqa: F401  (lowerings fills the lowering table)
 from .calls import POSITIONAL, Binding
+from .example_values import forget_examples
 from .lower_stage import Lowered, accumulating_backward, backward, lower
 from .options import Options
 from .precision import unscale
@@ -145,6 +146,9 @@ class Build:
         # follows its caller's: torch picks some kernels by what requires grad)
         self.grad_enabled = True
         self.planned = False  # the main graph calls the step: stage records plan memory
+        # what holds the capture's example values (the lowered `Module`s, phased pieces):
+        # only the build reads them, so they become meta tensors before the Session is made
+        self.captures: list[Any] = []
 
     def record(
         self, name: str, detail: str, new_graphs: Iterable[Any] = (), plan: Any = None
@@ -178,6 +182,7 @@ class Build:
         """The Session of the built Ir, attached (the weights live on the device between
         calls); its plan is the `session` stage's record. A ``plan_only`` build plans the
         Ir on the options' target (never fatal), keeps it in ``plan`` and returns None."""
+        forget_examples(*self.captures)  # the graphs are built: no activations kept
         if self.plan_only:
             self.plan = build_plan(self.ir, _no_oom(self.options), observe=False)
             return None

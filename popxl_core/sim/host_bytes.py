@@ -63,7 +63,8 @@ def reachable_storages(root) -> Dict[int, int]:
     through containers, objects, closures and partials: what an object keeps alive, whatever
     keeps it (a kernel's buffer kept between runs as well as the Session's values).
 
-    Example: ``reachable_storages([torch.zeros(4)])`` has one entry of 16 bytes."""
+    Example: ``reachable_storages([torch.zeros(4)])`` has one entry of 16 bytes; a meta
+    tensor has none."""
     seen, out, todo = set(), {}, [root]
     while todo:
         obj = todo.pop()
@@ -72,6 +73,7 @@ def reachable_storages(root) -> Dict[int, int]:
         seen.add(id(obj))
         if isinstance(obj, (torch.Tensor, np.ndarray)):
             address, n = storage_key(obj)
-            out[address] = max(n, out.get(address, 0))
+            if address:  # 0: no allocation (a meta or fake tensor holds no data)
+                out[address] = max(n, out.get(address, 0))
         todo.extend(_referents(obj))
     return out
