@@ -28,9 +28,8 @@ from popxl_core import ops, transforms
 TP = 2
 
 
-def _run_tp(fn, x: np.ndarray, others: list, dy: np.ndarray):
-    """y = fn(x, *others, group) and dx for cotangent dy on TP replicas, every array given
-    per replica (leading axis TP); (y, dx) per replica."""
+def _tp_program(fn, x: np.ndarray, others: list, dy: np.ndarray):
+    """The Ir of `_run_tp`, its input streams (x and others, then dy) and output streams."""
     ir = popxl.Ir(TP)
     group = ir.replica_grouping(1, TP)
     with ir.main_graph, popxl.in_sequence():
@@ -43,8 +42,15 @@ def _run_tp(fn, x: np.ndarray, others: list, dy: np.ndarray):
         outs = [popxl.d2h_stream(t.shape, t.dtype) for t in (site.outputs[0], dx)]
         ops.host_store(outs[0], site.outputs[0])
         ops.host_store(outs[1], dx)
+    return ir, [*specs, gs], outs
+
+
+def _run_tp(fn, x: np.ndarray, others: list, dy: np.ndarray):
+    """y = fn(x, *others, group) and dx for cotangent dy on TP replicas, every array given
+    per replica (leading axis TP); (y, dx) per replica."""
+    ir, ins, outs = _tp_program(fn, x, others, dy)
     with popxl.Session(ir, "ipu_hw") as sess:
-        res = sess.run({**dict(zip(specs, (x, *others))), gs: dy})
+        res = sess.run(dict(zip(ins, (x, *others, dy))))
     return res[outs[0]], res[outs[1]]
 
 
@@ -171,3 +177,29 @@ def test_linear_gq_matches_torch_with_the_decompressed_weight():
     # the 4-bit levels are within half a step of the weight
     step = np.repeat(scale.astype(np.float32), 8, axis=-1).reshape(w.shape)
     assert np.all(np.abs(w - lin.weight.detach().T.numpy()) <= step / 2 + 1e-3)
+
+
+def _ln(t, w, b, group):
+    return layer_norm_distributed(t, w, b, 1e-5, group)
+
+
+def _ce(x, idx, group):
+    return cross_entropy_sharded_loss(x, idx, replica_grouping=group, reduction="none")
+
+
+@pytest.mark.parametrize("fn,all_reduces", [(_ln, 4), (_ce, 3)])
+def test_tp_composites_cost_their_all_reduces(fn, all_reduces):
+    # The composites' cost in the machine model is their ops' rows': each all-reduce of a
+    # (rows,) or (rows, 1) float32 sends 2 x (TP-1)/TP of its bytes over the IPU-Links. The
+    # layer norm's two all-reduces have all-reduces as gradients; the loss's gradient passes
+    # its two identical-gradient all-reduces unchanged and its max is detached: 4 and 3.
+    rows, h = 5, 8
+    x = np.zeros((TP, rows, h // TP), np.float32)
+    others = (
+        [np.zeros((TP, h // TP), np.float32)] * 2 if fn is _ln else [np.zeros((TP, rows), np.int32)]
+    )
+    dy = np.zeros((TP, rows, h // TP) if fn is _ln else (TP, rows), np.float32)
+    ir, _, _ = _tp_program(fn, x, others, dy)
+    totals = popxl.Session(ir, "ipu_hw").report.totals()
+    assert totals["ipu_link_bytes"] == all_reduces * 2 * (TP - 1) // TP * rows * 4
+    assert totals["flops"] > 0

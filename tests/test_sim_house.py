@@ -100,7 +100,8 @@ def test_ring_factors_are_the_collectives():
     collectives = {name for name, d in all_opdefs().items() if d.collective}
     assert _names(RING_FACTOR) == collectives
     assert "ReplicatedAllReduceTP" in collectives
-    assert RING_FACTOR.get(all_opdefs()["ReplicatedAllReduceTP"]) == 2.0
+    tp_factor = RING_FACTOR.get(all_opdefs()["ReplicatedAllReduceTP"])
+    assert [tp_factor({"identical_inputs": same}) for same in (False, True)] == [2.0, 0.0]
 
 
 def test_opdef_has_no_untyped_fields():

@@ -286,7 +286,9 @@ class CostModel:
         if d is IPU_COPY:
             return self._link(nbytes_of(op.inputs[0]))
         factor = RING_FACTOR.get(d)
-        if factor is not None and op.attrs.get("op") != "local":  # local: no exchange
+        if callable(factor):  # the traffic depends on the op's attributes (sim/ring.py)
+            factor = factor(op.attrs)
+        if factor and op.attrs.get("op") != "local":  # local or factor 0: no exchange
             big = max(nbytes_of(x) for x in (*op.inputs[:1], *op.outputs[:1]))
             return self.ring_work(big, factor, _group_size(op))
         return None

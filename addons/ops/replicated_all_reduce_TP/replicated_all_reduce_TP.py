@@ -102,7 +102,15 @@ TP_ALL_REDUCE = register(
         collective=True,
     )
 )
-RING_FACTOR.register(TP_ALL_REDUCE, 2.0)  # an all-reduce's ring (the cost model, sim/ring.py)
+
+
+def _ring_factor(attrs) -> float:
+    """The link traffic of an all-reduce's ring (the cost model, sim/ring.py), none where the
+    forward is the identity (identical inputs: PopART's OpToIdentity makes it a copy)."""
+    return 0.0 if attrs["identical_inputs"] else 2.0
+
+
+RING_FACTOR.register(TP_ALL_REDUCE, _ring_factor)
 
 
 def _cost(ins, attrs) -> Cost:
