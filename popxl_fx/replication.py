@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -173,7 +174,7 @@ def _broadcast(a: np.ndarray, replicas: int, lead: int) -> np.ndarray:
 
 
 def unreplicated(
-    outputs: Mapping[str, object], values: Mapping[object, np.ndarray], inputs, options: Options
+    outputs: Mapping[str, object], values: Mapping[Any, np.ndarray], inputs, options: Options
 ) -> dict[str, torch.Tensor]:
     """The run's ``values`` of the named d2h streams ``outputs`` as torch tensors, put back
     together over the replicas (`from_replicas`) for the step's ``inputs``."""

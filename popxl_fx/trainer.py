@@ -88,9 +88,10 @@ class Trainer(ProgramView):
             raise_model_error(self._eager_loss(inputs, kwargs), self._model, failed)
 
     def _eager_loss(self, inputs: tuple, kwargs: dict) -> Callable[[], Any]:
-        if self.loss_fn is None:
+        loss_fn = self.loss_fn
+        if loss_fn is None:
             return lambda: self._model(*inputs, **kwargs)
-        return lambda: self.loss_fn(self._model(*inputs[:-1], **kwargs), inputs[-1])
+        return lambda: loss_fn(self._model(*inputs[:-1], **kwargs), inputs[-1])
 
     def _step(self, *inputs: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         check_no_autocast("the trainer")
@@ -223,7 +224,7 @@ class Trainer(ProgramView):
         has_loss_fn = self.loss_fn is not None
         root = self._model
         names = [f"input{i}" for i in range(len(inputs))]
-        if has_loss_fn:
+        if self.loss_fn is not None:
             root = with_loss(self._model, self.loss_fn, len(inputs) - 1, self._record, binding)
             names[-1] = "target"
         return TrainingRequest(
