@@ -286,14 +286,14 @@ def check_fits(stream, arr: np.ndarray, want: np.dtype) -> None:
     if arr.size == 0:
         return
     if np.issubdtype(want, np.integer):
-        info = np.iinfo(want)
+        info: np.iinfo | np.finfo = np.iinfo(want)
         low, high = arr.min(), arr.max()
         bad = low if low < info.min else (high if high > info.max else None)
     else:
         finite = arr[np.isfinite(arr)] if not np.isfinite(arr).all() else arr
         big = np.abs(finite).max() if finite.size else 0
-        finfo = np.finfo(want)
-        bad = big if big > finfo.max else None
+        info = np.finfo(want)
+        bad = big if big > info.max else None
     if bad is not None:
         raise ValueError(
             f"Input for stream {stream.tensor_id!r} holds the value {bad.item()!r}, which the "
