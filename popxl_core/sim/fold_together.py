@@ -43,7 +43,7 @@ class Together:
     def __init__(self, ops: List[Op], outputs: List[int], replicas: int) -> None:
         self.ops, self.outputs, self.replicas = ops, outputs, replicas
         self.index = {op: k for k, op in enumerate(ops)}
-        rule = REPLICA_FOLD.get(ops[0].opdef)
+        rule = REPLICA_FOLD[ops[0].opdef]
         self.kernel, self.attrs, self.into = rule.together, dict(ops[0].attrs), rule.together_into
         # group position -> (op index, output position in ``outputs``), set by `plan_together`
         self.members: Dict[int, tuple] = {}
@@ -216,13 +216,13 @@ def plan_together(plan, live: Sequence[Op]) -> None:
                 found.setdefault(source[0], {})[source[1]] = p
         classes: Dict[tuple, List[Op]] = {}
         for op, outs in found.items():
-            rule = REPLICA_FOLD.get(op.opdef)
+            rule = REPLICA_FOLD[op.opdef]
             want = [j for j in rule.together_outputs if j < len(op.outputs)]
             if want and sorted(outs) == want and op not in plan.reduced:
                 classes.setdefault(_key(op), []).append(op)
         made = []
         for ops in classes.values():
-            if len(ops) < 2 and not REPLICA_FOLD.get(ops[0].opdef).together_into:
+            if len(ops) < 2 and not REPLICA_FOLD[ops[0].opdef].together_into:
                 continue
             made.append(_together(ops, sorted(found[ops[0]]), found, run, plan))
         if made:
@@ -261,6 +261,6 @@ def _source(t, plan):
 def _key(op: Op) -> tuple:
     attrs = tuple(sorted((k, repr(v)) for k, v in op.attrs.items()))
     dtypes = tuple(t.dtype for t in op.inputs)
-    if REPLICA_FOLD.get(op.opdef).together_into:  # one call per op: any shapes
+    if REPLICA_FOLD[op.opdef].together_into:  # one call per op: any shapes
         return op.type, dtypes, attrs
     return op.type, tuple(tuple(t.shape) for t in op.inputs), dtypes, attrs
