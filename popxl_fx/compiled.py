@@ -139,7 +139,8 @@ class CompiledForward:
             fwd_outputs = {t: i for i, t in enumerate(fwd.graph.outputs)}
             var_names = {t: n for n, t in fwd.args.to_dict().items()}
             info = bwd.grad_graph_info
-            streams, sources, loaded = [], [], []
+            streams, loaded = [], []
+            sources: list[tuple[str, Any]] = []
             for i, conn in enumerate(info.expected_inputs):
                 t = conn.fwd_tensor
                 if conn.connection_type is ExpectedConnectionType.FwdGrad:
