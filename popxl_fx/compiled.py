@@ -136,6 +136,7 @@ class CompiledForward:
         with build.ir.main_graph, popxl.in_sequence(), self._building():
             g = lower_for_compile(build, specs, prog.wants, prog.examples)
             fwd, bwd = g.lowered.forward, g.lowered.backward
+            assert bwd is not None  # `lower_for_compile` builds it: prog.wants is never None
             fwd_outputs = {t: i for i, t in enumerate(fwd.graph.outputs)}
             var_names = {t: n for n, t in fwd.args.to_dict().items()}
             info = bwd.grad_graph_info
@@ -274,7 +275,9 @@ def _compiled_class(cls: type, opts: Options) -> type:
         _install(self, opts)
 
     namespace = {
-        "__init__": functools.wraps(cls.__init__)(__init__),
+        # the wrapped class's own __init__, read from the class (the checker flags any
+        # __init__ read from a `type` value)
+        "__init__": functools.wraps(cls.__init__)(__init__),  # type: ignore[misc]
         "__module__": cls.__module__,
         "__qualname__": cls.__qualname__,
         "__doc__": cls.__doc__,
