@@ -104,7 +104,7 @@ def replication_of(options: Options) -> Replication:
     return Replication(options.replication_factor, options.replicated_tensor_sharding)
 
 
-def reduce_gradients(build, grads: Mapping[str, object]) -> dict:
+def reduce_gradients(build, grads: Mapping[str, Any]) -> dict:
     """`pipeline.reduce_gradients` for a `pipeline.Build`: the gradients reduced over the
     replicas (`Replication.reduce_gradient`), and the "replication" stage record."""
     opts = build.options
