@@ -24,13 +24,16 @@ as they come).
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 
 import torch
 
 from ..graph import Op
 from .bits import same_bits
 from .fold_reduce import reduce_runs, sole_graph_source
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .fold_site import FoldSite
 from .speed import REPLICA_FOLD
 
 __all__ = ["Together", "plan_together"]
@@ -51,7 +54,7 @@ class Together:
         self.dtypes: Dict[int, torch.dtype] = {}
         self.args: List[Optional[tuple]] = [None] * len(ops)  # this run's operands
         self.want: List[Optional[tuple]] = [None] * len(ops)  # the replicas' values (check)
-        self.sites: Dict[Op, object] = {}  # op -> its `FoldSite` (the fallback's calls)
+        self.sites: Dict[Op, FoldSite] = {}  # op -> its site (the fallback's calls)
         self._at: Optional[List[List[int]]] = None  # `_where`, made once
         self._outs: Optional[tuple] = None  # `write`'s (dest, its views by call and output)
 
@@ -117,7 +120,7 @@ class Together:
             for m, p in enumerate(row):
                 dest[p].copy_(made[k][m].view(dest[p].shape))
 
-    def fill(self, values: Sequence) -> list:
+    def fill(self, values: Sequence) -> Sequence:
         """``values`` with the members their sites left None made by the replicas' own
         calls: where the together call did not match."""
         missing = self._missing(values)
