@@ -26,7 +26,7 @@ values between phases waiting in Streaming Memory (`phased_slices`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.utils._pytree as pytree
@@ -238,7 +238,10 @@ def _lower_piece(piece: Piece, names: dict, contexts, shards: int, build: Build)
     if remote:
         chosen = addons.NamedVariableFactories.from_dict({k: factories[k] for k in remote})
         lp.buffers = named_variable_buffers(chosen, 1, shard_over_dict=shards)
-        lp.remote_vars = chosen.init_remote(lp.buffers, 0).to_dict()
+        # (init_remote makes remote variables; the tree types its leaves as tensors)
+        lp.remote_vars = cast(
+            dict[str, popxl.Variable], chosen.init_remote(lp.buffers, 0).to_dict()
+        )
     return lp
 
 
@@ -332,7 +335,7 @@ def _call_slice(lp: _Lowered, graph, role: str, j: int, env: dict, kept: SliceSt
     if kept.count == 1:
         return info, ins, needed
     made = set(info.outputs)  # activations the backward reads (weights stay as they are)
-    acts = {}
+    acts: dict = {}
     for b, t in needed.items():
         if t not in where and t in made:
             where[t] = kept.keep(f"{role}.act{len(acts)}", j, t)
