@@ -199,7 +199,9 @@ def _base_kernel(op: Op, em, dead: frozenset) -> Tuple[Callable, frozenset]:
     if variant is not None:
         return variant, dead
     sizes = [t.nelms for t in op.inputs]
-    return op.opdef.kernel_for(em.program.ir.numerics, sizes), frozenset()
+    kernel = op.opdef.kernel_for(em.program.ir.numerics, sizes)
+    assert kernel is not None  # a folded op is a table op with a kernel
+    return kernel, frozenset()
 
 
 def _folded_call(op: Op, base: Callable, site: FoldSite, em) -> Optional[List[Callable]]:
@@ -259,7 +261,8 @@ def _reduced(op: Op, site: FoldSite, em, fold, plain: bool) -> Optional[ReducedO
     if kinds is None:
         return None
     keep = em.graph in em.program.once_per_replica  # its buffers are dead by the next run
-    rule, r = REPLICA_FOLD.get(op.opdef), site.replicas
+    # `plan_fused` reduces only the outputs of ops with a fold rule (`sole_graph_source`)
+    rule, r = REPLICA_FOLD[op.opdef], site.replicas
     calls = []
     if plain and rule.rows(op.attrs, [tuple(t.shape) for t in op.inputs], site.per):
         buffers: Optional[Dict[Any, Any]] = {} if keep else None

@@ -104,7 +104,7 @@ class Together:
             for k, row in enumerate(where)
             for m, p in enumerate(row)
         )
-        if not ok:
+        if not ok and want is not None:  # (not ok: want was made)
             self._copy(dest, want)
         self._done()
         return ok
@@ -197,6 +197,7 @@ class Together:
         except (RuntimeError, ValueError, IndexError):
             return False
         for got, want in zip(made, self.want):
+            assert want is not None  # checked above: every replica's values are in
             for g, w in zip(got, want):
                 if not same_bits(g.reshape(w.shape), w):
                     return False

@@ -158,8 +158,9 @@ def _group_keys(ops: List[Op], reusable) -> Dict[Op, Optional[tuple]]:
     keys = {op: group_key(op) for op in ops}
     if reusable is not None:
         for k, op in enumerate(ops):
-            if keys[op] is not None and _writes_inputs(op):
-                if not any(reusable(op.inputs[i], op, k) for _, i in _targets(op, keys[op])):
+            key = keys[op]
+            if key is not None and _writes_inputs(op):
+                if not any(reusable(op.inputs[i], op, k) for _, i in _targets(op, key)):
                     keys[op] = None
     return keys
 
