@@ -126,6 +126,7 @@ class CompiledForward:
             outs = [store(t, f"output{i}") for i, t in enumerate(site.outputs)]
             weights = weights_of(variables, graphs.lowered)
         session = build.session()
+        assert session is not None  # compile builds are never plan-only
         return _ForwardProgram(
             sig, session, ins, outs, weights, graphs, wants or [], examples, build.stages
         )
@@ -165,6 +166,7 @@ class CompiledForward:
                 )
                 results.append((*key, store(t, f"grad_out{i}")))
         session = build.session()
+        assert session is not None  # compile builds are never plan-only
         return _BackwardProgram(session, streams, sources, results, build.stages)
 
     def explain(self):

@@ -129,8 +129,10 @@ def _capture_pieces(build: Build, req: Any) -> tuple:
     model_inputs = req.inputs[:-1] if req.has_loss_fn else req.inputs
     contexts = (lambda: integer_inputs_explained(req.model, model_inputs), *req.contexts)
     examples = Slices.of(opts).examples(replica_examples(req.inputs, split_replicas(opts)))
+    spec = opts.phased_execution
+    assert not isinstance(spec, bool)  # phased: a kind or module names (`Options` checked)
     with _entered(contexts):
-        paths = phase_paths(req.root, opts.phased_execution, examples, build.prefix)
+        paths = phase_paths(req.root, spec, examples, build.prefix)
         gm, pieces = split_pieces(req.root, examples, paths, build.prefix, build.binding)
     _check_sizes(build, req, pieces)
     build.record("capture", f"torch.fx graph of {len(gm.graph.nodes)} nodes, {len(pieces)} pieces")

@@ -129,6 +129,7 @@ class Trainer(ProgramView):
         """The step's run through `Session.run` (its checks of every array); the steps after
         it that repeat it go through a `RepeatStep`."""
         hyper = hyper_feeds(prog, self.options)
+        assert prog.session is not None  # only a plan-only build has none, and it never runs
         out = prog.session.run({**prog.inputs.feed(inputs), **hyper})
         self._repeat = RepeatStep.after(prog, inputs, kwargs, structure, modes, hyper, self.options)
         return out
@@ -194,6 +195,7 @@ class Trainer(ProgramView):
         build = self._new_build(self.options, binding, weightless=True)
         build.notes += notes
         prog = build_training(build, sig, self._request(inputs, self.options, binding))
+        assert prog.session is not None  # (not a plan-only build)
         prog.extra["shared"] = SharedState(prog.session, prog.weights, prog.optim)
         return prog
 
