@@ -40,12 +40,12 @@ def _component(part: str, key: Key) -> str:
     )
 
 
-def check_key(key: Key) -> None:
+def check_key(key: object) -> None:
     """Raise ValueError/TypeError if ``key`` is not a valid (dotted) DotTree key."""
     _split(key)
 
 
-def _split(key: Key) -> list[str]:
+def _split(key: object) -> list[str]:
     """A key as its validated list of components."""
     if isinstance(key, bool) or not isinstance(key, (str, int)):
         raise TypeError(f"DotTree keys must be str or int, got {type(key).__name__} {key!r}.")

@@ -295,6 +295,9 @@ class Module(popxl_core.Module, ModuleGrads, metaclass=NameScopeMeta):
         """A graph input for an existing factory, stored under ``name`` (default its name)."""
         name = name if name is not None else variable_f.name
         self._check_building(f"add_variable_factory({name!r})")
+        if name is None:  # a nameless factory and no name given
+            check_key(name)  # DotTree's TypeError for a key that is not str or int
+        assert name is not None
         overwrite = self._check_free(name, overwrite)
         t = variable_f.create_input()
         self._record(name, t, variable_f, overwrite)

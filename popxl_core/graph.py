@@ -9,7 +9,7 @@ from .context import get_current_context
 if TYPE_CHECKING:  # pragma: no cover
     from .ir import Ir
     from .ops.registry import OpDef
-    from .tensor import Tensor
+    from .tensor import Tensor, Variable
 
 __all__ = ["Graph", "Op"]
 
@@ -182,7 +182,7 @@ class Graph:
         return tuple(self._tensors.values())
 
     @property
-    def variables(self) -> Tuple["Tensor", ...]:
+    def variables(self) -> Tuple["Variable", ...]:
         from .tensor import Variable
 
         return tuple(t for t in self._tensors.values() if isinstance(t, Variable))

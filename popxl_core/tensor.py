@@ -42,7 +42,7 @@ host_tensor_types = (np.ndarray, torch.Tensor, int, float, bool, list, tuple)
 _T = TypeVar("_T", bound="Tensor")
 
 
-def _binary(op: str, reflected: bool = False) -> Callable[..., Any]:
+def _binary(op: str, reflected: bool = False) -> Callable[[Any, Any], Any]:
     """The Tensor method for a binary operator: ``ops.<op>(self, other)``, or
     ``ops.<op>(other, self)`` for the reflected one (``__radd__``, ...)."""
 
@@ -216,7 +216,7 @@ class Tensor:
     __add__ = _binary("add")
     __radd__ = _binary("add", reflected=True)
 
-    def __iadd__(self, other):
+    def __iadd__(self, other: Any) -> Any:
         _ops().add_(self, self._ensure_tensor(other))
         return self
 

@@ -47,7 +47,7 @@ class Program:
 
     signature: Any
     ir: popxl.Ir
-    session: popxl.Session
+    session: popxl.Session | None  # None: a plan-only build (`Build.plan_only`)
     inputs: Inputs
     outputs: dict[str, popxl.DeviceToHostStream]
     weights: Weights

@@ -21,7 +21,7 @@ import dataclasses
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.utils._pytree as pytree
@@ -193,9 +193,9 @@ def loss_position(spec: pytree.TreeSpec, n_outputs: int) -> int | None:
     if isinstance(where, dict) and "loss" in where:
         where = where["loss"]
     elif dataclasses.is_dataclass(where) and isinstance(getattr(where, "loss", None), int):
-        where = where.loss
+        where = cast(Any, where).loss  # (the checker's narrowed dataclass type has no field)
     elif isinstance(where, tuple) and hasattr(where, "_fields") and "loss" in where._fields:
-        where = where.loss
+        where = cast(Any, where).loss  # a namedtuple's field
     elif isinstance(where, (tuple, list)) and where:
         where = where[0]
     return where if isinstance(where, int) else None

@@ -127,6 +127,7 @@ class CompiledForward:
             outs = [store(t, f"output{i}") for i, t in enumerate(site.outputs)]
             weights = weights_of(variables, graphs.lowered)
         session = build.session()
+        assert session is not None  # compile builds are never plan-only
         return _ForwardProgram(
             sig, session, ins, outs, weights, graphs, wants or [], examples, build.stages
         )
@@ -137,10 +138,12 @@ class CompiledForward:
         with build.ir.main_graph, popxl.in_sequence(), self._building():
             g = lower_for_compile(build, specs, prog.wants, prog.examples)
             fwd, bwd = g.lowered.forward, g.lowered.backward
+            assert bwd is not None  # `lower_for_compile` builds it: prog.wants is never None
             fwd_outputs = {t: i for i, t in enumerate(fwd.graph.outputs)}
             var_names = {t: n for n, t in fwd.args.to_dict().items()}
             info = bwd.grad_graph_info
-            streams, sources, loaded = [], [], []
+            streams, loaded = [], []
+            sources: list[tuple[str, Any]] = []
             for i, conn in enumerate(info.expected_inputs):
                 t = conn.fwd_tensor
                 if conn.connection_type is ExpectedConnectionType.FwdGrad:
@@ -164,6 +167,7 @@ class CompiledForward:
                 )
                 results.append((*key, store(t, f"grad_out{i}")))
         session = build.session()
+        assert session is not None  # compile builds are never plan-only
         return _BackwardProgram(session, streams, sources, results, build.stages)
 
     def explain(self):
@@ -274,7 +278,9 @@ def _compiled_class(cls: type, opts: Options) -> type:
         _install(self, opts)
 
     namespace = {
-        "__init__": functools.wraps(cls.__init__)(__init__),
+        # the wrapped class's own __init__, read from the class (the checker flags any
+        # __init__ read from a `type` value)
+        "__init__": functools.wraps(cls.__init__)(__init__),  # type: ignore[misc]
         "__module__": cls.__module__,
         "__qualname__": cls.__qualname__,
         "__doc__": cls.__doc__,

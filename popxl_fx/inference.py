@@ -58,11 +58,13 @@ class InferenceModel(ProgramView):
         check_no_autocast("the inference model")
         inputs, binding = bind(inputs, kwargs)  # keyword tensors follow the positional ones
         prog = self._program(inputs, binding)
-        prog.weights.changed_from_torch(prog.session)
-        out = prog.session.run(prog.inputs.feed(inputs))
+        session = prog.session
+        assert session is not None  # inference builds are never plan-only
+        prog.weights.changed_from_torch(session)
+        out = session.run(prog.inputs.feed(inputs))
         if any(m.training for m in self._model.modules()):
             # with replication: replica 0's buffers (the statistics of the batch's first share)
-            prog.weights.to_torch(prog.session, kinds=("buffer",))
+            prog.weights.to_torch(session, kinds=("buffer",))
             prog.weights.mark_synced()
         # the outputs as the device wrote them: per replica ([R, ...]), per iteration ([n, ...])
         self.per_replica = [out[s] for s in prog.outputs.values()]

@@ -44,7 +44,7 @@ __all__ = [
 LOWERINGS: dict[Any, Callable] = {}
 # lowerings of functions from optional packages, by (module, name): registered when a graph
 # first calls the function (`_pending`), so `import popxl_fx` does not import the package
-_PENDING: dict[tuple[str, str], Callable] = {}
+_PENDING: dict[tuple[str | None, str | None], Callable] = {}
 
 
 def lowers(*targets: Any) -> Callable[[Callable], Callable]:
@@ -127,8 +127,8 @@ def target_name(target: Any) -> str:
         return f"aten.{target.__name__}"
     if isinstance(target, torch._ops.OpOverloadPacket):
         return f"aten.{target.__name__}"
-    module = getattr(target, "__module__", None) or ""
-    name = getattr(target, "__qualname__", None) or getattr(target, "__name__", repr(target))
+    module: str = getattr(target, "__module__", None) or ""
+    name = str(getattr(target, "__qualname__", None) or getattr(target, "__name__", repr(target)))
     if name.startswith("_VariableFunctionsClass."):  # torch.relu and friends
         module, name = "torch", name.split(".", 1)[1]
     if isinstance(target, type) and module.startswith("torch.nn.modules."):

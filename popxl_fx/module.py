@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import warnings
 import weakref
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.fx as fx
@@ -123,7 +123,7 @@ class Module(Outputs, addons.Module):
         flatten_outputs: bool = False,
         cache: bool = False,
         master: nn.Module | None = None,
-        outline: bool | str | tuple = False,
+        outline: Literal[False] | str | tuple = False,
         recompute: bool = False,
         outline_prefix: str = "",
         rng: str = "torch",

@@ -69,6 +69,7 @@ class Outputs:
     @property
     def n_outputs(self) -> int:
         """How many graph outputs are the forward's own (after ``flatten_outputs``)."""
+        assert self.out_spec is not None, "built with flatten_outputs=True"
         return self.out_spec.num_leaves - len(self._nones)
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.fx as fx
@@ -164,7 +164,7 @@ def plan_outline(
         # "auto": the outermost repeated modules not excluded yet (the submodules of one that
         # cannot outline get their turn in the next round)
         paths = (
-            _listed(root, spec, prefix)
+            _listed(root, cast(tuple, spec), prefix)  # (strict: the names and classes)
             if strict
             else _outermost(p for p in repeated if p not in excluded)
         )

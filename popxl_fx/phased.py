@@ -26,7 +26,7 @@ values between phases waiting in Streaming Memory (`phased_slices`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.utils._pytree as pytree
@@ -104,8 +104,10 @@ def _capture_pieces(build: Build, req: Any) -> tuple:
     opts = build.options
     contexts = training_contexts(req, req.inputs)
     examples = Slices.of(opts).examples(replica_examples(req.inputs, split_replicas(opts)))
+    spec = opts.phased_execution
+    assert not isinstance(spec, bool)  # phased: a kind or module names (`Options` checked)
     with entered(contexts):
-        paths = phase_paths(req.root, opts.phased_execution, examples, build.prefix)
+        paths = phase_paths(req.root, spec, examples, build.prefix)
         gm, pieces = split_pieces(req.root, examples, paths, build.prefix, build.binding)
     _check_sizes(build, req, pieces)
     build.captures += [gm, *(p.gm for p in pieces)]
@@ -215,7 +217,10 @@ def _lower_piece(piece: Piece, names: dict, contexts, shards: int, build: Build)
     if remote:
         chosen = addons.NamedVariableFactories.from_dict({k: factories[k] for k in remote})
         lp.buffers = named_variable_buffers(chosen, 1, shard_over_dict=shards)
-        lp.remote_vars = chosen.init_remote(lp.buffers, 0).to_dict()
+        # (init_remote makes remote variables; the tree types its leaves as tensors)
+        lp.remote_vars = cast(
+            dict[str, popxl.Variable], chosen.init_remote(lp.buffers, 0).to_dict()
+        )
     return lp
 
 
@@ -309,7 +314,7 @@ def _call_slice(lp: _Lowered, graph, role: str, j: int, env: dict, kept: SliceSt
     if kept.count == 1:
         return info, ins, needed
     made = set(info.outputs)  # activations the backward reads (weights stay as they are)
-    acts = {}
+    acts: dict = {}
     for b, t in needed.items():
         if t not in where and t in made:
             where[t] = kept.keep(f"{role}.act{len(acts)}", j, t)

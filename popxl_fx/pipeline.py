@@ -178,7 +178,7 @@ class Build:
         # keeps no cycles, and a plan estimates them only when read (`Plan`)
         return _plan_rows(build_plan(self.ir, _no_oom(self.options), observe=False))
 
-    def session(self) -> popxl.Session:
+    def session(self) -> popxl.Session | None:
         """The Session of the built Ir, attached (the weights live on the device between
         calls); its plan is the `session` stage's record. A ``plan_only`` build plans the
         Ir on the options' target (never fatal), keeps it in ``plan`` and returns None."""

@@ -12,6 +12,7 @@ import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -26,6 +27,9 @@ from .calls import POSITIONAL, Binding
 from .explain import Explanation
 from .names import unescape
 from .options import Options
+
+if TYPE_CHECKING:  # pragma: no cover (built.py imports this module)
+    from .built import Program
 
 __all__ = [
     "Inputs",
@@ -148,7 +152,7 @@ class Weights:
 
     @classmethod
     def from_named(
-        cls, named: Mapping[str, popxl.Tensor], torch_names: Mapping[str, tuple], prefix: str = ""
+        cls, named: Mapping[str, popxl.Variable], torch_names: Mapping[str, tuple], prefix: str = ""
     ) -> Weights:
         variables, tensors, kinds = {}, {}, {}
         for name, var in named.items():
@@ -276,9 +280,12 @@ def store(t: popxl.Tensor, name: str) -> popxl.DeviceToHostStream:
 
 class ProgramView:
     """What a trainer or inference model shows of its current program: Ir, Session, report and
-    schedules. The owner sets ``_active`` (None until its first call) and names the graphs."""
+    schedules. The owner gives ``_active`` (None until its first call) and names the graphs."""
 
-    _active = None
+    @property
+    def _active(self) -> Program | None:  # the owner's current program
+        return None
+
     _not_called = "it has not been called yet: call it once first."
     _per = "call"
     _entry = "program"

@@ -113,7 +113,7 @@ def reduce_each(options: Options, grads: Mapping[str, Any]) -> dict:
     return {n: reduce(g) for n, g in grads.items()}
 
 
-def reduce_gradients(build, grads: Mapping[str, object]) -> dict:
+def reduce_gradients(build, grads: Mapping[str, Any]) -> dict:
     """`pipeline.reduce_gradients` for a `pipeline.Build`: the gradients reduced over the
     replicas (`Replication.reduce_gradient`), and the "replication" stage record."""
     opts = build.options
@@ -182,7 +182,7 @@ def _broadcast(a: np.ndarray, replicas: int, lead: int) -> np.ndarray:
 
 
 def unreplicated(
-    outputs: Mapping[str, object], values: Mapping[object, np.ndarray], inputs, options: Options
+    outputs: Mapping[str, object], values: Mapping[Any, np.ndarray], inputs, options: Options
 ) -> dict[str, torch.Tensor]:
     """The run's ``values`` of the named d2h streams ``outputs`` as torch tensors, put back
     together over the replicas (`from_replicas`) for the step's ``inputs``."""

@@ -114,6 +114,13 @@ def _lower_loop_step(build: Build, req: TrainingRequest, step_inputs: tuple) -> 
     )
 
 
+def _n_leaves(lowered: Lowered) -> int:
+    """How many leaves the forward's output has (flattened: its structure is kept when built)."""
+    spec = lowered.fxm.out_spec
+    assert spec is not None  # the step's module flattens its outputs
+    return spec.num_leaves
+
+
 def _accumulates(opts) -> bool:
     """Gradients are summed over micro-batches or slices before the optimizer steps."""
     return opts.gradient_accumulation > 1 or opts.batch_serialisation > 1
@@ -140,6 +147,7 @@ def _loop_step(loop: _LoopStep, local: Callable[[popxl.Tensor], popxl.Tensor]) -
     loop.loaded.append(ins)
     named = named_locals(loop.variables, local)
     if _accumulates(opts):
+        assert loop.accum is not None  # made when the step accumulates
         local_accum = named_locals(loop.accum, local)
         loss, kept = _accumulated_step(
             build, loop.lowered, named, local_accum, ins, loop.index, loop.micro, req.outputs
@@ -150,7 +158,7 @@ def _loop_step(loop: _LoopStep, local: Callable[[popxl.Tensor], popxl.Tensor]) -
     else:
         grads, loss, outs = _local_step(build, loop.lowered, named, loop.variables, ins, loop.index)
         if req.outputs:  # the model's outputs, not those autodiff added for the backward
-            n = loop.lowered.fxm.out_spec.num_leaves
+            n = _n_leaves(loop.lowered)
             loop.forward_outputs.update(
                 {f"output.{i}": store(t, f"output.{i}") for i, t in enumerate(outs[:n])
                  if i != loop.index}
@@ -159,6 +167,7 @@ def _loop_step(loop: _LoopStep, local: Callable[[popxl.Tensor], popxl.Tensor]) -
     local_ = None if one_step else local
     optimizer_update(build, req, loop.weights, grads, local=local_, lowered=loop.lowered)
     if _accumulates(opts):  # the next step's first accumulation overwrites the sums
+        assert loop.accum is not None
         ops.var_updates.accumulator_scale_(local(loop.accum.mean_accum_counter), 0.0)
     loop.losses.append(store(loss, "loss"))
 
@@ -180,6 +189,7 @@ def _accumulated_step(
     opts = build.options
     k, s = opts.gradient_accumulation, opts.batch_serialisation
     fwd, bwd = lowered.forward, lowered.backward
+    assert bwd is not None  # a training step's lowering has its backward
 
     def sliced(variables, sums, xs) -> popxl.Tensor:
         copies = lowered.fxm.working_copies
@@ -188,7 +198,7 @@ def _accumulated_step(
         ).loss
 
     micro_step = sliced if s > 1 else None
-    keep = range(lowered.fxm.out_spec.num_leaves) if outputs and k > 1 and s == 1 else ()
+    keep = range(_n_leaves(lowered)) if outputs and k > 1 and s == 1 else ()
     kept: list = []
     if k > 1:
         loss, kept = micro_batch_loop(

@@ -109,7 +109,9 @@ def forward_backward(build: Build, lowered: Lowered, bound, tensors: Sequence, i
     with the gradients keyed by the tensors ``bound`` binds."""
     fwd = lowered.forward.bind(bound).call_with_info(*tensors)
     loss = fwd.outputs[index]
-    info = lowered.backward.grad_graph_info
+    backward = lowered.backward
+    assert backward is not None  # a training step's lowering has its backward
+    info = backward.grad_graph_info
     seed = loss_seed(loss, build.options)
-    bwd = lowered.backward.call_with_info(seed, args=info.inputs_dict(fwd))
+    bwd = backward.call_with_info(seed, args=info.inputs_dict(fwd))
     return fwd, loss, info.fwd_parent_ins_to_grad_parent_outs(fwd, bwd)

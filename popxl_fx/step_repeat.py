@@ -17,6 +17,7 @@ list. Anything else takes the full path, which makes a new `RepeatStep`.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -36,7 +37,7 @@ def hyper_feeds(prog, options) -> dict:
     return layout(prog.optim.feeds_for(n))
 
 
-def _shapes(inputs: Sequence[object]) -> tuple | None:
+def _shapes(inputs: Sequence[Any]) -> tuple | None:
     """Each input's shape and dtype as torch objects (None: an input is not a tensor)."""
     if not all(isinstance(v, torch.Tensor) for v in inputs):
         return None

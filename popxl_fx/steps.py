@@ -184,6 +184,7 @@ def build_inference(build: Build, signature: Any, inputs: Sequence[torch.Tensor]
             repeat_step(build.ir, n, calls.forward)
             build.planned = True
             build.record("device_iterations", f"the forward repeated {n} times per call")
+        assert calls.lowered is not None  # `calls.lower` made it
         weights = weights_of(calls.variables, calls.lowered)
     session = build.session()
     return Program(
@@ -226,6 +227,7 @@ class _ForwardCalls:
     def forward(self, local: Callable[[popxl.Tensor], popxl.Tensor], ins=None) -> None:
         ins = ins or self.load()
         self.loaded.append(ins)
+        assert self.lowered is not None and self.variables is not None  # `lower` made them
         outs = self.lowered.forward.bind(named_locals(self.variables, local)).call(*ins.tensors)
         self.outputs.update({f"output{i}": store(t, f"output{i}") for i, t in enumerate(outs)})
 

@@ -120,7 +120,7 @@ class StructureWatch:
             and plan.optimizer is optimizer
             and plan.holds()
         )
-        if self._current:
+        if self._current and plan is not None:  # (current: plan is not None)
             return plan.structure
         structure = structure_key(model, optimizer)
         plan = _Plan(model, optimizer, structure)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 import torch
 import torch.utils._pytree as pytree
@@ -22,7 +22,7 @@ from .trainer import Trainer
 
 __all__ = ["assert_matches_eager", "compare"]
 
-OptimizerLike = torch.optim.Optimizer | Callable[[Any], torch.optim.Optimizer] | None
+OptimizerLike: TypeAlias = torch.optim.Optimizer | Callable[[Any], torch.optim.Optimizer] | None
 
 
 def _as_tuple(x: Any) -> tuple:

@@ -242,6 +242,7 @@ class SharedState:
         """Take the torch optimizer's state as it is now: its tensors shared, zeros where it
         has none (torch makes those on the first step; `after_step` hands ours over)."""
         optim = self.optim
+        assert optim is not None  # called only for a program with an optimizer
         shared, copies = {}, {}
         self.state = {}
         state_vars = set(optim.variables())
@@ -303,15 +304,17 @@ class SharedState:
     def _optimizer_state_changed(self) -> None:
         """torch's state replaced (load_state_dict, clear): take it; a ``step`` tensor moved
         by someone else: read the step counts again."""
-        state = self.optim.optimizer.state
+        optim = self.optim
+        assert optim is not None  # `before_step` calls it only then
+        state = optim.optimizer.state
         for p, key, t in self.state.values():
             if state.get(p, _EMPTY).get(key) is not t:  # load_state_dict, or state cleared
                 self.load_optimizer_state()
                 return
         for t, version in self.versions:
             if t._version != version:
-                for g in self.optim.groups:
-                    g.step = self.optim._initial_step(g)
+                for g in optim.groups:
+                    g.step = optim._initial_step(g)
                 self._note_versions()
                 return
 
@@ -329,6 +332,7 @@ class SharedState:
     def _hand_over(self, new: list[popxl.Variable]) -> None:
         """The state variables torch has no tensor for yet (first step): make torch's, with
         the device values, in torch's format (``step`` a float32 scalar), and share them."""
+        assert self.optim is not None  # `after_step` calls it only then
         shared = {}
         for var in new:
             p, key, _ = self.state[var]

@@ -99,9 +99,10 @@ class Trainer(ProgramView):
             raise_model_error(self._eager_loss(inputs, kwargs), self._model, failed)
 
     def _eager_loss(self, inputs: tuple, kwargs: dict) -> Callable[[], Any]:
-        if self.loss_fn is None:
+        loss_fn = self.loss_fn
+        if loss_fn is None:
             return lambda: self._model(*inputs, **kwargs)
-        return lambda: self.loss_fn(self._model(*inputs[:-1], **kwargs), inputs[-1])
+        return lambda: loss_fn(self._model(*inputs[:-1], **kwargs), inputs[-1])
 
     def _step(self, *inputs: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         check_no_autocast("the trainer")
@@ -139,6 +140,7 @@ class Trainer(ProgramView):
         """The step's run through `Session.run` (its checks of every array); the steps after
         it that repeat it go through a `RepeatStep`."""
         hyper = hyper_feeds(prog, self.options)
+        assert prog.session is not None  # only a plan-only build has none, and it never runs
         out = prog.session.run({**prog.inputs.feed(inputs), **hyper})
         self._repeat = RepeatStep.after(prog, inputs, kwargs, structure, modes, hyper, self.options)
         return out
@@ -200,6 +202,7 @@ class Trainer(ProgramView):
         build = self._new_build(self.options, binding, weightless=True)
         build.notes += notes
         prog = build_training(build, sig, self._request(inputs, self.options, binding))
+        assert prog.session is not None  # (not a plan-only build)
         prog.extra.shared = SharedState(prog.session, prog.weights, prog.optim)
         return prog
 
@@ -238,7 +241,7 @@ class Trainer(ProgramView):
         has_loss_fn = self.loss_fn is not None
         root = self._model
         names = [f"input{i}" for i in range(len(inputs))]
-        if has_loss_fn:
+        if self.loss_fn is not None:
             root = with_loss(self._model, self.loss_fn, len(inputs) - 1, self._record, binding)
             names[-1] = "target"
         return TrainingRequest(

@@ -210,9 +210,11 @@ def _create(opdef: OpDef, tensors: dict, hyper: dict, packed: Tensor | None, att
             attrs[name] = None if value is None else float(value)
     attrs["roles"] = tuple(roles)
     out = create_op(opdef, ins, attrs)[0]
+    op = out.producer
+    assert op is not None  # an op's output has its producer
     for i, role in enumerate(roles):
         if role in _STATE_ROLES:
-            out.producer.by_ref_modified.add(i)  # written, not aliased by output 0
+            op.by_ref_modified.add(i)  # written, not aliased by output 0
     return out
 
 

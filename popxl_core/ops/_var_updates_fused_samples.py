@@ -59,7 +59,8 @@ def sgd_samples() -> list[Sample]:
         Sample(
             [p, g, buf, *map(_f64, nesterov.values())],
             lambda a, b, c, *h: (
-                fused_sgd_(a, b, c, *h, first_step=1.0, nesterov=True, maximize=True),
+                # ``h``: the four hyper-parameters before first_step (the checker cannot count)
+                fused_sgd_(a, b, c, *h, first_step=1.0, nesterov=True, maximize=True),  # type: ignore[misc]
                 c,
             ),
             lambda a, b, c, *h: _eager(
@@ -127,7 +128,8 @@ def adam_samples(decoupled: bool):
             Sample(
                 [p, g, m, v, step, vmax, *map(_f64, hyper.values())],
                 lambda a, b, c, d, s, e, *h: (
-                    fused_adam_(
+                    # ``h``: the hyper-parameters before max_exp_avg_sq (uncounted by the checker)
+                    fused_adam_(  # type: ignore[misc]
                         a,
                         b,
                         c,

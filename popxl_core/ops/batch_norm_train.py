@@ -271,7 +271,10 @@ def batch_norm_training(
         )
     if track and momentum is None and num_batches is None:
         raise ValueError("batch_norm_training: momentum=None needs num_batches")
-    ins = [t] + ([scale, bias] if affine else []) + ([running_mean, running_var] if track else [])
+    # scale, bias, running_mean and running_var are not None where taken (checked above)
+    ins: list = (
+        [t] + ([scale, bias] if affine else []) + ([running_mean, running_var] if track else [])
+    )
     ins += [num_batches] if track and momentum is None else []
     attrs = {
         "epsilon": float(epsilon),

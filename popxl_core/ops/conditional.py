@@ -167,7 +167,9 @@ def _make_conditional(
         called_graphs=(then_branch, else_branch),
         out_names=[t.name for t in t_out] or None,
     )
-    return outs[0].producer if outs else gcg()._ops[-1]
+    op = outs[0].producer if outs else gcg()._ops[-1]
+    assert op is not None  # an op's output has its producer
+    return op
 
 
 def conditional(

@@ -33,6 +33,7 @@ __all__ = [
 ]
 
 IntOrList = None | int | Sequence[int | None]
+Axes = None | int | Sequence[int]  # the axes a slice applies to (None: the first ones)
 
 
 # Static slice ------------------------------------------------------------------------------
@@ -152,9 +153,7 @@ SLICE_INPLACE = register(
 )
 
 
-def _slice_attrs(
-    t: Tensor, start: IntOrList, stop: IntOrList, step: IntOrList, axis: IntOrList
-) -> dict:
+def _slice_attrs(t: Tensor, start: IntOrList, stop: IntOrList, step: IntOrList, axis: Axes) -> dict:
     args = [v if v is None or isinstance(v, (list, tuple)) else [v] for v in (start, stop, step)]
     n = max((len(v) for v in args if v is not None), default=0)
     if axis is None:
@@ -186,7 +185,7 @@ def slice(
     start: IntOrList = None,
     stop: IntOrList = None,
     step: IntOrList = None,
-    axis: IntOrList = None,
+    axis: Axes = None,
 ) -> Tensor:
     """numpy-style slice of ``t``; lists slice several axes (``axis`` defaults to 0, 1, ...)."""
     return create_op(SLICE, [t], _slice_attrs(t, start, stop, step, axis))[0]
@@ -197,7 +196,7 @@ def slice_(
     start: IntOrList = None,
     stop: IntOrList = None,
     step: IntOrList = None,
-    axis: IntOrList = None,
+    axis: Axes = None,
 ) -> Tensor:
     """Like `slice`, but the output aliases ``t`` (for positive steps)."""
     return create_op(SLICE_INPLACE, [t], _slice_attrs(t, start, stop, step, axis))[0]

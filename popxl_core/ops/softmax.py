@@ -94,6 +94,7 @@ def _register_pair(name: str, out_name: str, torch_fwd, grad_kernel, build):
         )
     )
     declare(fwd_def, replica_fold=fold_axis("axis"))
+    grad_def: OpDef  # its samples read it, lazily
     grad_def = register(
         OpDef(
             f"{name}Grad",

@@ -141,7 +141,7 @@ class ViewOutputs:
                             positions.append(hi.position[w])
         found = None
         for r in src:
-            positions = writes.get(r, ())
+            positions = writes.get(r, [])
             k = bisect.bisect_right(positions, after)
             if k < len(positions) and (found is None or positions[k] < found):
                 found = positions[k]

@@ -43,7 +43,7 @@ from ..ops.io import HOST_LOAD, HOST_STORE
 from ..remote_buffer import replica_sharded_buffer
 from ..remote_variables import remote_replica_sharded_variable
 from ..streams import d2h_stream, h2d_stream
-from ..tensor import TensorByRef, TensorSpec, variable
+from ..tensor import Tensor, TensorByRef, TensorSpec, variable
 from .machine import MK2, Machine
 from .plan import Plan, build_plan
 
@@ -133,6 +133,7 @@ def training_ir(micro_batch: int = 8, accumulation: int = 4, replicas: int = 4) 
             loss, dlogits = ops.nll_loss_with_softmax_grad(probs, y)
             bwd = ops.call_with_info(backward.graph, dlogits, inputs_dict=backward.inputs_dict(fwd))
             grads = backward.fwd_parent_ins_to_grad_parent_outs(fwd, bwd)
+            acc: Tensor  # one of ``accs`` (by-ref tensors, typed with PopXL's marker)
             for w, acc in zip(ws, accs):
                 ops.var_updates.accumulate_(acc, grads[w])
             ops.host_store(losses, loss)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import sys
 import warnings
-from typing import Dict, Iterable, List, Mapping, Optional
+from types import FrameType
+from typing import Any, Dict, Iterable, List, Mapping, Optional
 
 import numpy as np
 
@@ -39,7 +40,7 @@ _DATA_DEPENDENT = -1  # a stream whose transfer count depends on an If's conditi
 
 def built_at() -> str:
     """``file:line`` of the first stack frame outside this package (where the user is)."""
-    f = sys._getframe(1)
+    f: Optional[FrameType] = sys._getframe(1)
     pkg = __name__.split(".")[0]
     while f is not None and f.f_globals.get("__name__", "").startswith(pkg):
         f = f.f_back
@@ -86,7 +87,7 @@ class TransferCountWarning(UserWarning):
     """A host stream is transferred a number of times per run other than num_host_transfers."""
 
 
-def check_transfer_counts(session, counts: Mapping[object, int]) -> None:
+def check_transfer_counts(session, counts: Mapping[Any, int]) -> None:
     """Warn, once per stream, where a stream is transferred a number of times per run other
     than ``num_host_transfers``.
 
@@ -120,7 +121,7 @@ def _what_happens(stream, n: int, nht: int) -> str:
     return f"each run {what} the {nht} batches of its buffer, then wraps around to the first"
 
 
-def _describe_counts(counts: Mapping[object, int]) -> str:
+def _describe_counts(counts: Mapping[Any, int]) -> str:
     parts = [
         f"{type(s).__name__} {s.tensor_id!r} is {_verb(s)} {n} time{'s' * (n != 1)}"
         for s, n in sorted(counts.items(), key=lambda kv: kv[0].tensor_id)
@@ -171,7 +172,7 @@ class StreamOutputs(dict):
         )
 
 
-def check_output_buffers(session, outputs: Mapping, expected: Iterable[object]) -> None:
+def check_output_buffers(session, outputs: Mapping, expected: Iterable[Any]) -> None:
     """run_with_outputs buffers: one per d2h stream, exact shape and dtype, writable and
     C-contiguous (a reshape of anything else would be a copy and the results would be lost)."""
     expected = list(expected)
@@ -300,7 +301,7 @@ def check_fits(stream, arr: np.ndarray, want: np.dtype) -> None:
     if arr.size == 0:
         return
     if np.issubdtype(want, np.integer):
-        info = np.iinfo(want)
+        info: np.iinfo | np.finfo = np.iinfo(want)
         low, high = arr.min(), arr.max()
         bad = low if low < info.min else (high if high > info.max else None)
     else:

@@ -33,7 +33,7 @@ def _eligible(op: Op) -> bool:
 
 
 def _role(op: Op) -> str:
-    return JOINT_GRAD.get(op.opdef).role
+    return JOINT_GRAD[op.opdef].role
 
 
 def _movable(later: Op, at: int, until: int, ops: List[Op], pos: Dict[Op, int]) -> bool:
@@ -69,7 +69,7 @@ def conv_backward_pairs(ops: List[Op]) -> Tuple[List[Op], Dict[Op, Tuple[Op, Op]
         for data in (op for op in candidates if _role(op) == "data"):
             for weight in weights:
                 first, later = sorted((data, weight), key=pos.__getitem__)
-                matches = JOINT_GRAD.get(data.opdef).matches(data, weight)
+                matches = JOINT_GRAD[data.opdef].matches(data, weight)
                 if matches and _movable(later, pos[first], pos[later], ops, pos):
                     pairs[first], moved[first] = (data, weight), later
                     weights.remove(weight)
@@ -88,4 +88,4 @@ def conv_backward_pairs(ops: List[Op]) -> Tuple[List[Op], Dict[Op, Tuple[Op, Op]
 
 def conv_pair_kernel(data: Op) -> Callable:
     """``(dy, x, w) -> (dx, dw)`` in one call (`JointGrad.kernel` of the data-gradient op)."""
-    return JOINT_GRAD.get(data.opdef).kernel(data)
+    return JOINT_GRAD[data.opdef].kernel(data)

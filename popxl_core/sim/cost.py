@@ -208,7 +208,7 @@ class CostModel:
             return self.op_work(run[0])
         works = [self.op_work(op) for op in run]
         per_ipu: dict[int, list[Work]] = {}
-        copies = []
+        copies: list[Work] = []
         for op, work in zip(run, works):
             (copies if op.opdef is IPU_COPY else per_ipu.setdefault(op.ipu, [])).append(work)
         busiest = max((Work.total_of(ws) for ws in per_ipu.values()), key=_total_cycles)

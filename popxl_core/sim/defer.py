@@ -19,7 +19,7 @@ update has read them), so the numbers are the same to the bit; only the time of 
 
 from __future__ import annotations
 
-from typing import Dict, List, Sequence, Set
+from typing import Dict, List, Mapping, Sequence, Set
 
 from ..graph import Op
 from ..tensor import Constant, Tensor, Variable
@@ -47,7 +47,7 @@ def _returned_by_call(t: Tensor) -> bool:
 
 
 def deferred_at(
-    live: List[Op], released: Dict[int, List[Tensor]], emitted: Dict[int, Sequence[Op]]
+    live: List[Op], released: Dict[int, List[Tensor]], emitted: Mapping[int, Sequence[Op]]
 ) -> Dict[int, Set[Tensor]]:
     """Index in ``live`` -> the released temporaries to defer there: inputs that a call
     returned (the gradients) of the op(s) ``emitted`` at that index when they write a

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Dict, FrozenSet, List, Optional, Set
+from typing import TYPE_CHECKING, Dict, FrozenSet, List, Optional, Set
 
 import numpy as np
 import torch
@@ -53,9 +53,12 @@ from ..schedule import schedule
 from ..tensor import Tensor, Variable
 from .fold_group import KeptGroup
 from .fold_reduce import check_summed, plan_fused, reduce_group
-from .fold_together import plan_together
+from .fold_together import Together, plan_together
 from .runtime import collective_results, next_transfer
 from .uniform import full_all_reduce
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .fold_site import FoldSite
 
 __all__ = ["FoldPlan", "FoldRuntime", "plan_fold"]
 
@@ -71,7 +74,7 @@ class FoldPlan:
     # all-reduce op name -> (its input is per replica, the input's rank on one replica, its
     # reduction)
     collectives: Dict[str, tuple] = field(default_factory=dict)
-    sites: List[object] = field(default_factory=list)  # `fold_site.FoldSite`s
+    sites: List[FoldSite] = field(default_factory=list)
     reduce_groups: Dict[Graph, object] = field(default_factory=dict)  # `fold_reduce`
     # folded op -> {output index: "add"/"mean"}: outputs its site returns all-reduced, and
     # the all-reduces that then pass them on (`fold_reduce.plan_fused`)
@@ -79,8 +82,8 @@ class FoldPlan:
     fused: Set[Op] = field(default_factory=set)
     # folded op -> the `fold_together.Together` computing some of its outputs at the group;
     # group key -> that `Together`
-    together: Dict[Op, object] = field(default_factory=dict)
-    together_groups: Dict[str, object] = field(default_factory=dict)
+    together: Dict[Op, Together] = field(default_factory=dict)
+    together_groups: Dict[str, List[Together]] = field(default_factory=dict)
 
 
 def plan_fold(program) -> Optional[FoldPlan]:

@@ -141,6 +141,7 @@ def plan_fused(plan, live: Sequence[Op]) -> None:
         t = op.inputs[0] if op.inputs else None
         if op.opdef is not ALL_REDUCE or not per or not rank or kind not in ("add", "mean"):
             continue
+        assert t is not None  # an all-reduce has its input
         dtype = t.dtype.as_torch()
         if readers[t] != 1 or not dtype.is_floating_point or dtype.is_complex:
             continue
@@ -153,9 +154,9 @@ def plan_fused(plan, live: Sequence[Op]) -> None:
     owner = {all_reduce: site for site, outs in found.items() for *_, all_reduce in outs}
     for run in reduce_runs(live, plan):
         sites = {owner.get(op) for op in run}
-        site = sites.pop() if len(sites) == 1 else None
-        if site is not None and len(run) == len(found[site]):
-            _fuse(plan, site, found[site])
+        shared = sites.pop() if len(sites) == 1 else None
+        if shared is not None and len(run) == len(found[shared]):
+            _fuse(plan, shared, found[shared])
 
 
 def _fuse(plan, site: Op, outputs: list) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import copy
 import functools
-from typing import Callable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -130,7 +130,8 @@ class FoldSite:
         self.together = _together(op, self, fold, plain)
         self.reduced = _reduced(op, self, em, fold, plain)
         self.chosen: Optional[Callable] = None  # the call checked equal (or `_each`)
-        self.name, self.namespace = "", {}  # its global in the generated code
+        self.name = ""  # its global in the generated code
+        self.namespace: Dict[str, Any] = {}
 
     def __call__(self, *args):
         """The first call: each folded call against the replicas' calls, bit for bit, until
@@ -177,7 +178,7 @@ class FoldSite:
             self._parts(a, i) if p else (a,) * r for i, (a, p) in enumerate(zip(args, self.per))
         ]
         results = [_tuple(self.own(*part)) for part in zip(*columns)]
-        outs = []
+        outs: List[Any] = []
         for j in range(self.n_out):
             col = [res[j] for res in results]
             if col[0] is None:
@@ -198,7 +199,9 @@ def _base_kernel(op: Op, em, dead: frozenset) -> Tuple[Callable, frozenset]:
     if variant is not None:
         return variant, dead
     sizes = [t.nelms for t in op.inputs]
-    return op.opdef.kernel_for(em.program.ir.numerics, sizes), frozenset()
+    kernel = op.opdef.kernel_for(em.program.ir.numerics, sizes)
+    assert kernel is not None  # a folded op is a table op with a kernel
+    return kernel, frozenset()
 
 
 def _folded_call(op: Op, base: Callable, site: FoldSite, em) -> Optional[List[Callable]]:
@@ -211,7 +214,7 @@ def _folded_call(op: Op, base: Callable, site: FoldSite, em) -> Optional[List[Ca
     if not _rows_fold(op, rule, site.per):
         return None
     if rule.kernels:
-        buffers = {} if em.graph in em.program.keeps_buffers else None
+        buffers: Optional[Dict[Any, Any]] = {} if em.graph in em.program.keeps_buffers else None
         return [_own_folded(k, r, site.dead, buffers, op.attrs) for k in rule.kernels]
     attrs = _folded_attrs(op, rule, r)
     return [functools.partial(base, **attrs) if attrs else base]
@@ -238,9 +241,9 @@ def _together(op: Op, site: FoldSite, fold, plain: bool):
     """The op's `fold_together.Together`, where its outputs are computed at the group: the
     site's folded call is then the op's ``rest`` (leaving its operands there)."""
     together = fold.together.get(op)
-    rule = REPLICA_FOLD.get(op.opdef)
     if together is None or not plain or site.folded is None:
         return None
+    rule = REPLICA_FOLD[op.opdef]
     r, attrs, rest, dead = site.replicas, op.attrs, rule.rest, site.dead
     together.sites[op] = site
 
@@ -258,10 +261,11 @@ def _reduced(op: Op, site: FoldSite, em, fold, plain: bool) -> Optional[ReducedO
     if kinds is None:
         return None
     keep = em.graph in em.program.keeps_buffers  # its buffers are dead by the next run
-    rule, r = REPLICA_FOLD.get(op.opdef), site.replicas
+    # `plan_fused` reduces only the outputs of ops with a fold rule (`sole_graph_source`)
+    rule, r = REPLICA_FOLD[op.opdef], site.replicas
     calls = []
     if plain and rule.rows(op.attrs, [tuple(t.shape) for t in op.inputs], site.per):
-        buffers = {} if keep else None
+        buffers: Optional[Dict[Any, Any]] = {} if keep else None
         calls = [_own_reduced(k, r, site.dead, buffers, kinds, op.attrs) for k in rule.reduced]
     return ReducedOutputs(kinds, r, calls, keep)
 

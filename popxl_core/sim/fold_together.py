@@ -24,13 +24,16 @@ as they come).
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 
 import torch
 
 from ..graph import Op
 from .bits import same_bits
 from .fold_reduce import reduce_runs, sole_graph_source
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .fold_site import FoldSite
 from .speed import REPLICA_FOLD
 
 __all__ = ["Together", "plan_together"]
@@ -43,7 +46,7 @@ class Together:
     def __init__(self, ops: List[Op], outputs: List[int], replicas: int) -> None:
         self.ops, self.outputs, self.replicas = ops, outputs, replicas
         self.index = {op: k for k, op in enumerate(ops)}
-        rule = REPLICA_FOLD.get(ops[0].opdef)
+        rule = REPLICA_FOLD[ops[0].opdef]
         self.kernel, self.attrs, self.into = rule.together, dict(ops[0].attrs), rule.together_into
         # group position -> (op index, output position in ``outputs``), set by `plan_together`
         self.members: Dict[int, tuple] = {}
@@ -51,7 +54,7 @@ class Together:
         self.dtypes: Dict[int, torch.dtype] = {}
         self.args: List[Optional[tuple]] = [None] * len(ops)  # this run's operands
         self.want: List[Optional[tuple]] = [None] * len(ops)  # the replicas' values (check)
-        self.sites: Dict[Op, object] = {}  # op -> its `FoldSite` (the fallback's calls)
+        self.sites: Dict[Op, FoldSite] = {}  # op -> its site (the fallback's calls)
         self._at: Optional[List[List[int]]] = None  # `_where`, made once
         self._outs: Optional[tuple] = None  # `write`'s (dest, its views by call and output)
 
@@ -101,7 +104,7 @@ class Together:
             for k, row in enumerate(where)
             for m, p in enumerate(row)
         )
-        if not ok:
+        if not ok and want is not None:  # (not ok: want was made)
             self._copy(dest, want)
         self._done()
         return ok
@@ -117,7 +120,7 @@ class Together:
             for m, p in enumerate(row):
                 dest[p].copy_(made[k][m].view(dest[p].shape))
 
-    def fill(self, values: Sequence) -> list:
+    def fill(self, values: Sequence) -> Sequence:
         """``values`` with the members their sites left None made by the replicas' own
         calls: where the together call did not match."""
         missing = self._missing(values)
@@ -194,6 +197,7 @@ class Together:
         except (RuntimeError, ValueError, IndexError):
             return False
         for got, want in zip(made, self.want):
+            assert want is not None  # checked above: every replica's values are in
             for g, w in zip(got, want):
                 if not same_bits(g.reshape(w.shape), w):
                     return False
@@ -216,13 +220,13 @@ def plan_together(plan, live: Sequence[Op]) -> None:
                 found.setdefault(source[0], {})[source[1]] = p
         classes: Dict[tuple, List[Op]] = {}
         for op, outs in found.items():
-            rule = REPLICA_FOLD.get(op.opdef)
+            rule = REPLICA_FOLD[op.opdef]
             want = [j for j in rule.together_outputs if j < len(op.outputs)]
             if want and sorted(outs) == want and op not in plan.reduced:
                 classes.setdefault(_key(op), []).append(op)
         made = []
         for ops in classes.values():
-            if len(ops) < 2 and not REPLICA_FOLD.get(ops[0].opdef).together_into:
+            if len(ops) < 2 and not REPLICA_FOLD[ops[0].opdef].together_into:
                 continue
             made.append(_together(ops, sorted(found[ops[0]]), found, run, plan))
         if made:
@@ -261,6 +265,6 @@ def _source(t, plan):
 def _key(op: Op) -> tuple:
     attrs = tuple(sorted((k, repr(v)) for k, v in op.attrs.items()))
     dtypes = tuple(t.dtype for t in op.inputs)
-    if REPLICA_FOLD.get(op.opdef).together_into:  # one call per op: any shapes
+    if REPLICA_FOLD[op.opdef].together_into:  # one call per op: any shapes
         return op.type, dtypes, attrs
     return op.type, tuple(tuple(t.shape) for t in op.inputs), dtypes, attrs

@@ -77,14 +77,14 @@ def group_key(op: Op) -> Optional[tuple]:
 
 def _targets(op: Op, key: tuple) -> Targets:
     """(mode, input written) pairs a group of ``op``'s kind may use; empty: always fresh."""
-    targets = FOREACH.get(op.opdef).targets
+    targets = FOREACH[op.opdef].targets
     return targets(key[1:]) if targets is not None else []
 
 
 def _writes_inputs(op: Op) -> bool:
     """Ops of this kind may write into dead inputs (else their group allocates: see
     `foreach_schedule`'s ``reusable``)."""
-    return FOREACH.get(op.opdef).targets is not None
+    return FOREACH[op.opdef].targets is not None
 
 
 def _barrier(op: Op) -> bool:
@@ -158,8 +158,9 @@ def _group_keys(ops: List[Op], reusable) -> Dict[Op, Optional[tuple]]:
     keys = {op: group_key(op) for op in ops}
     if reusable is not None:
         for k, op in enumerate(ops):
-            if keys[op] is not None and _writes_inputs(op):
-                if not any(reusable(op.inputs[i], op, k) for _, i in _targets(op, keys[op])):
+            key = keys[op]
+            if key is not None and _writes_inputs(op):
+                if not any(reusable(op.inputs[i], op, k) for _, i in _targets(op, key)):
                     keys[op] = None
     return keys
 
@@ -246,18 +247,18 @@ def group_kernel(group: Group) -> Callable:
     """``(*inputs of every op, flattened) -> (output of every op)`` for ``group``: the list
     kernel its ops declare (`Foreach.kernel`)."""
     op0 = group.ops[0]
-    return FOREACH.get(op0.opdef).kernel(group.ops, group.key[1:], group.mode)
+    return FOREACH[op0.opdef].kernel(group.ops, group.key[1:], group.mode)
 
 
 def plan_modes(
     groups: List[Group], order: List[Op], reusable, keep_fresh: bool = False
-) -> Tuple[Dict[Op, object], List[Group]]:
+) -> Tuple[Dict[Op, Optional[Tensor]], List[Group]]:
     """Decide each group's mode on the final ``order``; returns op -> the input it writes,
     for the ``out=`` reuse planner, and the groups kept: an add/sub/mul/div/sqrt group that
     cannot write into dead inputs is left to run op by op (see `foreach_schedule`).
     ``reusable(t, op, k)`` says whether op (at position k of ``order``) may overwrite ``t``."""
     pos = {op: k for k, op in enumerate(order)}
-    fixed: Dict[Op, object] = {}
+    fixed: Dict[Op, Optional[Tensor]] = {}
     kept: List[Group] = []
     for grp in groups:
         if _writes_inputs(grp.ops[0]):
@@ -279,7 +280,7 @@ def _mode(grp: Group, pos, reusable) -> str:
     return "fresh"
 
 
-def _written_input(grp: Group, op: Op):
+def _written_input(grp: Group, op: Op) -> Optional[Tensor]:
     if grp.mode == "fresh":
         return None
     return op.inputs[dict(_targets(op, grp.key))[grp.mode]]

@@ -48,5 +48,4 @@ def transposed_matmuls(ops: List[Op], g: Graph) -> Dict[Op, Op]:
 
 def transposed_kernel(src: Op, numerics: str = "ipu") -> Callable:
     """``(a, b) -> src(a, b).T`` with ``src``'s kernel of the Ir's ``numerics``."""
-    # `_fusable` checked that the table has a kernel for src's op
-    return TRANSPOSED_KERNEL.get(src.opdef)(src, numerics)  # type: ignore[misc]
+    return TRANSPOSED_KERNEL[src.opdef](src, numerics)

@@ -170,11 +170,13 @@ class Plan:
     def work(self) -> Work:
         """One Session.run on one replica (replicas run in parallel)."""
         launch = Work(Cycles(launch=self.machine.run_overhead_cycles))
+        assert self.model is not None and self.main is not None  # `build_plan` sets both
         return self.model.graph_work(self.main) + launch
 
     @cached_property
     def ops(self) -> list[OpRow]:
         """One row per op instance of the graphs that run."""
+        assert self.model is not None  # `build_plan` sets it
         return _op_rows(self.reachable, self.model, self.runs)
 
     @property

@@ -176,7 +176,9 @@ class _OpEmitter:
         return self.bind_global("graph_", functools.partial(self.program.run_graph, g))
 
     def function(self) -> Callable[[Dict[Tensor, Any]], None]:
-        self.op.opdef.emit(self.op, self)
+        emit = self.op.opdef.emit
+        assert emit is not None  # the interpreter emits only ops with an emitter
+        emit(self.op, self)
         self.namespace["T"] = self.tensors
         body = "\n    ".join(self.lines) or "pass"
         source = f"def op(E):\n    {body}\n"

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from ..host_data import host_to_torch
-from ..remote_variables import remote_info, shard_source
+from ..remote_variables import RemoteInfo, remote_info, shard_source
 from ..tensor import Variable
 
 __all__ = [
@@ -38,7 +38,7 @@ def _group_members(v: Variable, replicas: int) -> List[List[int]]:
 
 def shard_members(v: Variable, replica: int, replicas: int) -> List[int]:
     """The replicas holding the shards of ``replica``'s copy of ``v``, in shard order."""
-    shards = remote_info(v).shard_over
+    shards = _remote(v).shard_over
     for members in _group_members(v, replicas):
         if replica in members:
             i = members.index(replica)
@@ -139,7 +139,7 @@ class RemoteState:
         self.host = host
         if not self.runtime.remote:
             self.pending = {v for v in self.variables if self.own_buffer(v)}
-            for b in {remote_info(v).buffer for v in self.pending}:
+            for b in {_remote(v).buffer for v in self.pending}:
                 self.runtime.remote[b] = None  # made with its variable's value when used
             for b in self.buffers:
                 if b not in self.runtime.remote:
@@ -175,7 +175,7 @@ class RemoteState:
     def _make(self, v: Variable, value: torch.Tensor) -> torch.Tensor:
         """``value`` (``v``'s whole value, contiguous) becomes the storage of ``v``'s buffers:
         on each replica a view of its shard (of all of it, unsharded)."""
-        info = remote_info(v)
+        info = _remote(v)
         flat, b = value.view(-1), info.buffer
         size = flat.numel() // info.shard_over
         places = [shard_members(v, r, self.replicas).index(r) for r in self.local]
@@ -199,7 +199,7 @@ class RemoteState:
         return self.whole[v]
 
     def entry(self, v: Variable, replica: int) -> torch.Tensor:
-        info = remote_info(v)
+        info = _remote(v)
         if v in self.pending:
             self.whole_value(v)
         return self.runtime.remote[info.buffer][replica - self.local[0]][info.offset]
@@ -214,15 +214,29 @@ class RemoteState:
     def load_shards(self, device: Dict[int, List[torch.Tensor]], only=None) -> None:
         """Copy each on-chip shard from its remote variable's entry (weights to the device)."""
         for shard, i in self.shards.items():
-            if only is None or shard_source(shard) in only:
+            if only is None or _source(shard) in only:
                 for r, state in device.items():
-                    state[i].copy_(self.entry(shard_source(shard), r))
+                    state[i].copy_(self.entry(_source(shard), r))
 
     def store_shards(self, device: Dict[int, List[torch.Tensor]]) -> None:
         """Copy each on-chip shard back into its remote variable's entry."""
         for shard, i in self.shards.items():
             for r, state in device.items():
-                self.entry(shard_source(shard), r).copy_(state[i])
+                self.entry(_source(shard), r).copy_(state[i])
+
+
+def _remote(v: Variable) -> RemoteInfo:
+    """The `RemoteInfo` of ``v``, which the caller knows is a remote variable."""
+    info = remote_info(v)
+    assert info is not None, f"{v.id} is not a remote variable"
+    return info
+
+
+def _source(shard: Variable) -> Variable:
+    """The remote variable of an on-chip shard (`shards` holds only shards)."""
+    source = shard_source(shard)
+    assert source is not None, f"{shard.id} is not a replica shard"
+    return source
 
 
 def _check_not_used_directly(ir, variables: List[Variable]) -> None:
@@ -230,7 +244,7 @@ def _check_not_used_directly(ir, variables: List[Variable]) -> None:
     for op in ir.main_graph._ops:
         for t in op.inputs:
             if t in remote:
-                info = remote_info(t)
+                info = _remote(t)
                 raise ValueError(
                     f"{op.type}.{op.id} reads remote variable {t.id!r}, which lives in remote "
                     f"buffer {info.buffer.remote_buffer_id} entry {info.offset} (Streaming "

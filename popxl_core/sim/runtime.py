@@ -14,7 +14,7 @@ reduces all R values in replica order.
 from __future__ import annotations
 
 import threading
-from typing import Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 import torch
@@ -42,7 +42,7 @@ class Runtime:
         self._local = threading.local()
         self._barrier: Optional[Rendezvous] = None
         n = len(self.local)
-        self._slots: List[List[object]] = [[None] * n, [None] * n]
+        self._slots: List[List[Any]] = [[None] * n, [None] * n]
         self._gathered: List[Optional[list]] = [None, None]
         self._results: List[Optional[list]] = [None, None]  # lock step: per parity
         self.start_replica(self.local[0])
@@ -126,6 +126,7 @@ class Runtime:
         return fn(local.replica, value, self._gathered[parity])
 
     def _exchange_slots(self, parity: int) -> None:
+        assert self._exchange is not None  # `collective` calls it only between processes
         slots = self._slots[parity]
         fn = slots[0][0]
         if any(f is not fn for f, _ in slots):
@@ -160,6 +161,7 @@ class Runtime:
             needs = [s[2] for s in slots]
             self._results[local.parity ^ 1] = collective_results(fn, values, needs)
             slots[:] = [None] * self.replicas
+        assert self._barrier is not None  # `collective` sends only lock-step barriers here
         self._barrier.wait()
         return self._results[local.parity ^ 1][local.replica]
 
@@ -265,7 +267,7 @@ def run_replicas(runtime: Runtime, body: Callable[[int], None], threaded: bool) 
     if LOCKSTEP and runtime._exchange is None:
         run_lockstep(runtime, body)
         return
-    runtime._barrier = Rendezvous(len(local))
+    runtime._barrier = barrier = Rendezvous(len(local))
     errors: List[Optional[BaseException]] = [None] * len(local)
 
     def worker(i: int, r: int) -> None:
@@ -273,10 +275,10 @@ def run_replicas(runtime: Runtime, body: Callable[[int], None], threaded: bool) 
         try:
             with torch.no_grad():
                 body(r)
-            runtime._barrier.finish()
+            barrier.finish()
         except BaseException as e:  # re-raised in the caller's thread
             errors[i] = e
-            runtime._barrier.abort()
+            barrier.abort()
 
     threads = [
         threading.Thread(target=worker, args=(i, r), daemon=True) for i, r in enumerate(local)

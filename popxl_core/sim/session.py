@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Mapping, Optional, Set
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Set, cast
 
 import numpy as np
 import torch
@@ -113,7 +113,7 @@ class Session(SessionStreams, SessionWeights):
             if v.retrieval_mode == "all_replicas" and ir.replication_factor > 1
         }
         # replica -> its variables' device values, for the replicas this process runs
-        self._device: Optional[Dict[int, List[torch.Tensor]]] = None
+        self._device: Optional[Dict[int, List[Any]]] = None  # (`SessionWeights._device`)
         self._shared: Dict[Variable, torch.Tensor] = {}  # `share_variable_storage`
         # with replicas: (indices, shared tensors, their versions after the Session's last
         # write), `_note_shared_versions`
@@ -200,11 +200,11 @@ class Session(SessionStreams, SessionWeights):
         if self._attached and not self._host_in_sync:
             self._sync([t for t in tensors if isinstance(t, Variable)])
         return {
-            t: self._per_replica.get(t)
+            t: self._per_replica[t]
             if t in self._per_replica
             else self._owned(t)
             if isinstance(t, Variable)
-            else t._data
+            else cast(Constant, t)._data  # (checked above: a variable or a constant)
             for t in tensors
         }
 
@@ -236,10 +236,10 @@ class Session(SessionStreams, SessionWeights):
                         self._remote.write(v, self._host[v])
                     continue
                 index = self._variable_index[v]
-                for r, rep in self._device.items():
+                for r, rep in self._device_now().items():
                     if rep[index] is not None:  # a pending copy takes the new host value
                         rep[index].copy_(self._host_tensor(v, r))
-            self._remote.load_shards(self._device, only=set(checked))
+            self._remote.load_shards(self._device_now(), only=set(checked))
             self._note_shared_versions()
 
     def _checked_value(self, v: Variable, data) -> np.ndarray:
@@ -305,12 +305,12 @@ class Session(SessionStreams, SessionWeights):
         local = full if whole else {s: np.zeros(spec[s][4], spec[s][0]) for s in outputs}
         getattr(self._program, "deferred", []).clear()  # the last run's gradients (defer.py)
         self._runtime.start(feeds, local)
-        self._devices()
+        device = self._devices()
         self._remote.materialise()  # the remote buffers not made yet (RemoteState.allocate)
         if self._shared_versions:  # written between runs: to every replica
             self._spread_shared_writes()
         lockstep = whole and (not self._threaded or runtime_module.LOCKSTEP)
-        self._follow = self._sharing.prepare(self._device, feeds, lockstep)
+        self._follow = self._sharing.prepare(device, feeds, lockstep)
         # torch.no_grad() without its context-manager objects (1.5 us -> 0.2 us a run)
         grad = torch.is_grad_enabled()
         torch._C._set_grad_enabled(False)
@@ -329,20 +329,23 @@ class Session(SessionStreams, SessionWeights):
 
     def _run_folded(self, feeds, outputs) -> None:
         """Every replica's run of the main graph as one run over their rows (fold.py)."""
-        fold = self._fold
+        fold, device = self._fold, self._device
+        assert fold is not None and device is not None  # `_run` checked the fold; devices made
         fold.namespace["RT"].start(feeds, outputs)
         try:
-            fold.main.fn(self._device[self._runtime.local[0]])
+            fold.main.fn(device[self._runtime.local[0]])
         except (OpDataError, IndexError) as e:
             raise checks.with_op_context(fold, e) from None
 
     def _replica_body(self, r: int) -> None:
         """One replica's run of the main graph, with the failing op named on a data error."""
+        device = self._device
+        assert device is not None  # `_run` made the device values
         try:
             if self._follow is not None and r != self._runtime.local[0]:
-                self._follow(self._device[r])  # the first replica ran the uniform work
+                self._follow(device[r])  # the first replica ran the uniform work
             else:
-                self._program.main.fn(self._device[r])
+                self._program.main.fn(device[r])
         except (OpDataError, IndexError) as e:
             raise checks.with_op_context(self._program, e) from None
         if self._data_dependent:

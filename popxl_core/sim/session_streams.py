@@ -26,6 +26,7 @@ class SessionStreams:
     # the Session's state these methods use (`Session.__init__`), declared for the type checker
     _ir: "Ir"
     _placement: "Placement"
+    _whole_inputs: Dict[str, np.ndarray]
 
     def _fix_streams(self, ir) -> None:
         """The Session owns the Ir from here on, so its streams are fixed: their numpy dtype,

@@ -11,7 +11,18 @@ from __future__ import annotations
 
 import warnings
 from operator import attrgetter, is_
-from typing import TYPE_CHECKING, Dict, FrozenSet, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Dict,
+    FrozenSet,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Set,
+    Tuple,
+)
 
 import numpy as np
 import torch
@@ -40,7 +51,8 @@ class SessionWeights:
     """Session's methods on variable values (the state is made by `Session._init_state`)."""
 
     # the Session's state these methods use (made by `Session.__init__` and `_init_state`),
-    # declared for the type checker; replica -> its variables' device values (None: pending)
+    # declared for the type checker; replica -> its variables' device values (None at an index
+    # still pending: `_devices` fills them), None until `weights_from_host`
     _ir: "Ir"
     _placement: "Placement"
     _runtime: "Runtime"
@@ -52,7 +64,7 @@ class SessionWeights:
     _host: Dict[Variable, np.ndarray]
     _borrowed: Set[Variable]
     _per_replica: Dict[Variable, np.ndarray]
-    _device: Optional[Dict[int, List[Optional[torch.Tensor]]]]
+    _device: Optional[Dict[int, List[Any]]]
     _shared: Dict[Variable, torch.Tensor]
     _shared_versions: tuple
     _pending: Set[int]
@@ -111,7 +123,9 @@ class SessionWeights:
         replicas = self._ir.replication_factor
         values = self._replica_values(variables)
         for v in variables:
-            self._set_host(v, host_from_replicas(v, lambda r, v=v: values[v, r], replicas))
+            # (v=v binds this variable: mypy cannot type a lambda's defaults)
+            value = host_from_replicas(v, lambda r, v=v: values[v, r], replicas)  # type: ignore[misc]
+            self._set_host(v, value)
             if v in self._per_replica:
                 rows = [
                     replica_whole_value(v, lambda r, v=v: values[v, r], r, replicas)
@@ -143,7 +157,7 @@ class SessionWeights:
     def _local_value(self, v: Variable, replica: int) -> np.ndarray:
         if v in self._remote_set:
             return torch_to_host(self._remote.entry(v, replica))
-        return torch_to_host(self._device[replica][self._variable_index[v]])
+        return torch_to_host(self._device_now()[replica][self._variable_index[v]])
 
     def _host_value(self, v: Variable, replica: int) -> np.ndarray:
         """The host buffer (a view) that ``replica`` holds for ``v``."""
@@ -154,9 +168,15 @@ class SessionWeights:
 
     def _devices(self) -> Dict[int, List[torch.Tensor]]:
         """The device values, the pending copies (`weights_from_host`) made now."""
+        device = self._device_now()
         for i in self._pending:
-            self._device[0][i] = self._to_device(self._variables[i], 0)
+            device[0][i] = self._to_device(self._variables[i], 0)
         self._pending = set()
+        return device
+
+    def _device_now(self) -> Dict[int, List[Any]]:
+        """The device values, which `weights_from_host` made (entering the Session runs it)."""
+        assert self._device is not None, "weights_from_host has not run"
         return self._device
 
     def _load(self, v: Variable, replica: int, shared: Optional[torch.Tensor]) -> torch.Tensor:
@@ -187,7 +207,7 @@ class SessionWeights:
         if not wanted:
             return
         if any(v in self._remote.sources for v in wanted):
-            self._remote.store_shards(self._device)  # the shards' values into their entries
+            self._remote.store_shards(self._device_now())  # the shards' values into their entries
         self._read_back(wanted)
         self._synced.update(wanted)
 
@@ -243,7 +263,7 @@ class SessionWeights:
                 self._remote.share(v, view)
                 continue
             i = self._variable_index[v]
-            self._device[0][i] = view
+            self._device_now()[0][i] = view
             self._copy_to_replicas(i, view)
             self._pending.discard(i)
             self._shared[v] = view
@@ -266,7 +286,7 @@ class SessionWeights:
         if replicas == 1:
             return True
         return (
-            len(self._device) == replicas
+            len(self._device_now()) == replicas
             and v not in self._remote.shards
             and v not in self._per_replica
             and read_replicas(v, replicas) == [0]
@@ -309,7 +329,7 @@ class SessionWeights:
     def _copy_to_replicas(self, i: int, t: torch.Tensor) -> None:
         """Variable ``i``'s value ``t`` (replica 0's, the shared tensor) into every other
         replica's own copy (none without replicas)."""
-        for rep in self._device.values():
+        for rep in self._device_now().values():
             if rep[i] is not t:
                 rep[i].copy_(t)
 

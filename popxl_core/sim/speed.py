@@ -38,7 +38,19 @@ The tables:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, Generic, Iterator, Optional, Tuple, TypeVar
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Dict,
+    Generic,
+    Iterator,
+    Optional,
+    Tuple,
+    TypeVar,
+    Union,
+    overload,
+)
 
 if TYPE_CHECKING:
     from ..ops.registry import OpDef
@@ -61,6 +73,7 @@ __all__ = [
 ]
 
 Rule = TypeVar("Rule")
+_D = TypeVar("_D")  # a default `OpTable.get` returns for an op without a rule
 
 
 class OpTable(Generic[Rule]):
@@ -78,8 +91,21 @@ class OpTable(Generic[Rule]):
         self.rows[opdef] = rule
         return opdef
 
-    def get(self, opdef: "OpDef", default: Any = None) -> Optional[Rule]:
+    @overload
+    def get(self, opdef: "OpDef") -> Optional[Rule]: ...
+
+    @overload
+    def get(self, opdef: "OpDef", default: Rule) -> Rule: ...
+
+    @overload
+    def get(self, opdef: "OpDef", default: _D) -> Union[Rule, _D]: ...
+
+    def get(self, opdef: "OpDef", default: Any = None) -> Any:
         return self.rows.get(opdef, default)
+
+    def __getitem__(self, opdef: "OpDef") -> Rule:
+        """The rule of an op known to have one (KeyError otherwise)."""
+        return self.rows[opdef]
 
     def __contains__(self, opdef: object) -> bool:
         return opdef in self.rows
@@ -97,7 +123,8 @@ DIRECT: OpTable = OpTable("direct")
 TRANSPOSED_KERNEL: OpTable = OpTable("transposed_kernel")
 MATRIX_TRANSPOSE: OpTable = OpTable("matrix_transpose")
 JOINT_GRAD: OpTable = OpTable("joint_grad")
-DEAD_OUTPUT_KERNELS: OpTable = OpTable("dead_output_kernels")
+# op -> {the set of outputs nothing reads: the kernel that skips them}
+DEAD_OUTPUT_KERNELS: OpTable[Dict[frozenset, Callable]] = OpTable("dead_output_kernels")
 BUFFERED_KERNEL: OpTable = OpTable("buffered_kernel")
 REPLICA_STACK: OpTable = OpTable("replica_stack")
 REPLICA_FOLD: OpTable = OpTable("replica_fold")

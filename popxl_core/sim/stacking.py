@@ -22,7 +22,7 @@ finished. ``CompileOptions(stack_replicas=False)`` switches it off; tests compar
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
@@ -111,7 +111,7 @@ def stack_site(op: Op, em, kernel: Callable) -> Optional[StackSite]:
 
 
 def stacked_values(
-    requests: Sequence[object], own: Callable[[int, StackRequest], tuple]
+    requests: Sequence[Any], own: Callable[[int, StackRequest], tuple]
 ) -> Optional[List[tuple]]:
     """Every replica's outputs from one stacked kernel, or None (each replica computes its
     own): ``requests`` holds what each replica waits at; ``own(replica, request)`` runs that

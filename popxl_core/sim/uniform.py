@@ -33,7 +33,7 @@ switches it all off; tests compare both, bit for bit.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, FrozenSet, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, FrozenSet, List, Optional, Set, Tuple
 
 import numpy as np
 import torch
@@ -93,9 +93,9 @@ def _candidate(v: Variable) -> bool:
     return groups == 1 and getattr(v, "_shard_of", None) is None
 
 
-def _top_level_streams(ir) -> Set[object]:
+def _top_level_streams(ir) -> Set[Any]:
     """Small host streams loaded only in the main graph (a fixed number of times per run)."""
-    where: Dict[object, Set[Graph]] = {}
+    where: Dict[Any, Set[Graph]] = {}  # host stream -> the graphs loading it
     for graph in ir._graphs.values():
         for op in graph._ops:
             if op.opdef is HOST_LOAD:
@@ -299,7 +299,7 @@ class SharedRuns:
             and all(_same_replicas(feeds[st]) for st in s.streams if st in feeds)
             and self._share(device)
         )
-        if not ok:
+        if not ok or s is None:  # (ok is False without s)
             self.unshare(device)
             return None
         return s.follow
@@ -308,6 +308,7 @@ class SharedRuns:
         """Make the shared variables one tensor, if their bits are equal on every replica."""
         if self.active:
             return True
+        assert self.sharing is not None  # `prepare` asks only with a sharing plan
         lead, *others = (device[r] for r in sorted(device))
         for i in self.sharing.variables:
             if not all(same_bits(lead[i], rep[i]) for rep in others):
@@ -323,6 +324,7 @@ class SharedRuns:
         if not self.active or device is None:
             self.active = False
             return
+        assert self.sharing is not None  # active only with a sharing plan
         lead, *others = (device[r] for r in sorted(device))
         for rep in others:
             for i in self.sharing.variables:

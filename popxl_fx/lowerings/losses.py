@@ -5,6 +5,8 @@ binary_cross_entropy_with_logits (pos_weight), as functions and as leaf modules.
 
 from __future__ import annotations
 
+from typing import Literal, cast
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -66,7 +68,8 @@ def nll_loss(
     if not target.dtype.is_int:
         raise TypeError(f"nll_loss targets must be class indices, got {target.dtype.name}")
     if weight is None and logp.rank == 2 and reduction != "none":
-        return ops.nll_loss(logp, target, ignore_index, reduction, log_prob=True)
+        mode = cast(Literal["mean", "sum", "none"], reduction)  # one of torch's three
+        return ops.nll_loss(logp, target, ignore_index, mode, log_prob=True)
     loss, w = _picked(logp, target, weight, ignore_index)
     if reduction == "mean":
         return ops.sum(loss) / ops.sum(w)

@@ -107,7 +107,7 @@ def _buffer_of(ctx, arg: int):
     """A context that updates the torch buffer passed as argument ``arg`` of the node (a
     get_attr of the model's buffer), or None when it is not one."""
     node = ctx.node.args[arg] if len(ctx.node.args) > arg else None
-    if getattr(node, "op", None) != "get_attr":
+    if node is None or getattr(node, "op", None) != "get_attr":
         return None
     root = copy.copy(ctx)
     root.module_path = ""

@@ -8,6 +8,8 @@ matmul and the gate arithmetic, in torch's gate order (LSTM: i, f, g, o; GRU: r,
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch.nn as nn
 
@@ -84,7 +86,7 @@ def _direction(ctx, m, x, state, layer: int, reverse: bool):
     w_ih, w_hh, b_ih, b_hh, w_hr = _params(ctx, m, layer, reverse)
     xw = _linear(x, w_ih, b_ih)  # the whole sequence at once
     steps = ops.split(xw, [1] * x.shape[0], 0) if x.shape[0] > 1 else [xw]
-    outs = [None] * x.shape[0]
+    outs: list[Any] = [None] * x.shape[0]  # each step fills its row
     for t in reversed(range(x.shape[0])) if reverse else range(x.shape[0]):
         state = _step(m.mode, ops.squeeze(steps[t], [0]), state, w_hh, b_hh, w_hr)
         outs[t] = ops.unsqueeze(state[0], 0)
@@ -155,7 +157,7 @@ def _cell(ctx, m, x, hx, mode: str):
         x = ops.unsqueeze(x, 0)
     w_ih, w_hh, b_ih, b_hh = _cell_params(ctx, m)
     zeros = const(np.zeros((x.shape[0], m.hidden_size)), x.dtype)
-    state = (zeros, zeros) if mode == "LSTM" else (zeros,)
+    state: tuple[popxl.Tensor, ...] = (zeros, zeros) if mode == "LSTM" else (zeros,)
     if hx is not None:
         state = tuple(hx) if mode == "LSTM" else (hx,)
         state = state if batched else tuple(ops.unsqueeze(s, 0) for s in state)
