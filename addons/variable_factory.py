@@ -89,7 +89,7 @@ class VariableFactory:
         """The first value, kept for the first variable; in planning mode a known sampler's
         shape is read from its size argument (`shape_only`) instead of drawn."""
         shape = known_shape(self.data_iter) if planning and dtype is not None else None
-        if shape is not None:
+        if shape is not None and dtype is not None:
             return np.broadcast_to(np.zeros((), dtype.as_numpy()), shape)
         self._peeked = [self._draw()]
         return np.asarray(self._peeked[0])
@@ -170,7 +170,7 @@ class VariableFactory:
 
     def next_memmap(
         self, memmap_dir: str, name: str, empty: bool = False, read_only_if_exists: bool = False
-    ) -> np.memmap:
+    ) -> np.ndarray:
         """The variable's host data as an ``np.memmap`` of ``memmap_dir/name.npy``.
 
         As popxl.addons: the file holds the raw values (no .npy header; ``num_groups`` values

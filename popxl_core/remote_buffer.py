@@ -138,11 +138,11 @@ class RemoteBuffer:
         if num_shards == 1 and sharded and self._shape == (prod(shape),):
             entry = self._shape
         if entry != self._shape or dtype is not self._dtype:
-            sharded = f" (sharded {num_shards} ways: {entry})" if num_shards > 1 else ""
+            how = f" (sharded {num_shards} ways: {entry})" if num_shards > 1 else ""
             # PopXL's first sentence (scripts match on it), then what differs
             raise ValueError(
                 f"Tensor {name} does not match buffer.\nTensor {name!r} {tuple(shape)} "
-                f"{dtype.name}{sharded} does not fit remote buffer {self._id}, which holds "
+                f"{dtype.name}{how} does not fit remote buffer {self._id}, which holds "
                 f"{self._shape} {self._dtype.name}."
             )
 

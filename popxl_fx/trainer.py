@@ -115,13 +115,13 @@ class Trainer(ProgramView):
             and repeat.holds(inputs, structure, modes, self._active)
         ):
             prog = repeat.prog
-            shared = prog.extra.shared
+            shared = _shared(prog)
             shared.before_step(structure)  # writes and loads since the last step reach the device
             out = repeat.run(inputs)
         else:
             inputs, binding = self._bind(inputs, kwargs)
             prog = self._program(inputs, structure, binding)
-            shared = prog.extra.shared
+            shared = _shared(prog)
             shared.before_step(structure)
             out = self._run_full(prog, inputs, kwargs, structure, modes)
         shared.after_step()
@@ -182,7 +182,7 @@ class Trainer(ProgramView):
 
     def _activate(self, prog: Program, structure: Structure) -> None:
         """The program becomes the active one: its variables become the torch tensors."""
-        prog.extra.shared.attach(structure)
+        _shared(prog).attach(structure)
         self._snapshot = snapshot(self._model, self.optimizer)
 
     def _why(self, old: tuple, new: tuple) -> str:
@@ -356,3 +356,10 @@ def training_model(
         raise TypeError(f"training_model expects a torch.nn.Module, got {type(model).__name__}.")
     _check_arguments(optimizer, loss_fn, options)
     return Trainer(model, optimizer, loss_fn, resolve(options))
+
+
+def _shared(prog: Program) -> SharedState:
+    """The program's `SharedState` (every trainer program has one: `Trainer._program`)."""
+    shared = prog.extra.shared
+    assert shared is not None
+    return shared

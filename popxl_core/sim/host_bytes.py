@@ -65,7 +65,9 @@ def reachable_storages(root) -> Dict[int, int]:
 
     Example: ``reachable_storages([torch.zeros(4)])`` has one entry of 16 bytes; a meta
     tensor has none."""
-    seen, out, todo = set(), {}, [root]
+    seen: set = set()
+    out: Dict[int, int] = {}
+    todo = [root]
     while todo:
         obj = todo.pop()
         if id(obj) in seen or obj is None or isinstance(obj, _SHARED):

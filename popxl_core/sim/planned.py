@@ -10,7 +10,6 @@ planned on a laptop is planned to see whether it fits.
 from __future__ import annotations
 
 import warnings
-from functools import lru_cache
 
 from ..planning import PlanOnlyError
 from .oom import OutOfMemoryError, OutOfMemoryWarning
@@ -75,6 +74,11 @@ def plan_only(session) -> None:
     session.__class__ = _plan_only_class(type(session))
 
 
-@lru_cache(maxsize=None)
+_PLAN_ONLY: dict[type, type] = {}  # Session class -> its plan-only subclass (made once)
+
+
 def _plan_only_class(cls: type) -> type:
-    return type(f"PlanOnly{cls.__name__}", (PlanOnly, cls), {"__module__": cls.__module__})
+    if cls not in _PLAN_ONLY:
+        name = f"PlanOnly{cls.__name__}"
+        _PLAN_ONLY[cls] = type(name, (PlanOnly, cls), {"__module__": cls.__module__})
+    return _PLAN_ONLY[cls]

@@ -123,14 +123,13 @@ class SessionWeights:
         replicas = self._ir.replication_factor
         values = self._replica_values(variables)
         for v in variables:
-            # (v=v binds this variable: mypy cannot type a lambda's defaults)
-            value = host_from_replicas(v, lambda r, v=v: values[v, r], replicas)  # type: ignore[misc]
-            self._set_host(v, value)
+
+            def device(r: int, v: Variable = v) -> np.ndarray:
+                return values[v, r]
+
+            self._set_host(v, host_from_replicas(v, device, replicas))
             if v in self._per_replica:
-                rows = [
-                    replica_whole_value(v, lambda r, v=v: values[v, r], r, replicas)
-                    for r in range(replicas)
-                ]
+                rows = [replica_whole_value(v, device, r, replicas) for r in range(replicas)]
                 self._per_replica[v][...] = np.stack(rows)
 
     def _readable(self) -> List[Variable]:

@@ -24,7 +24,9 @@ def ctc_beam_search_decode(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(log-probabilities [N, top_paths], lengths [N, top_paths], labels [N, top_paths,
     T])`` of the most likely label sequences of ``log_probs`` [T, N, C]."""
-    probs, sizes, labels = CTC_BEAM_SEARCH_DECODER.kernel(
+    kernel = CTC_BEAM_SEARCH_DECODER.kernel
+    assert kernel is not None  # the row's kernel (a table row without one is a control op)
+    probs, sizes, labels = kernel(
         log_probs, lengths.long(), blank=blank, beam_width=beam_width, top_paths=top_paths
     )
     return probs, sizes.int(), labels.int()

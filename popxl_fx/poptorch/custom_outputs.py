@@ -44,6 +44,7 @@ class CustomOutputs:
         self._customs = {}
         for i, value in customs.items():
             parser, (twin, proxies) = parser_for(value), _twin(value)
+            assert parser is not None  # `_is_custom`: a parser is registered for its type
             leaves[i] = tuple(proxies.get(id(t), t) for t in parser.yieldTensors(twin))
             self._customs[i] = (parser, twin)
         return pytree.tree_unflatten(leaves, spec) if customs else out

@@ -17,9 +17,16 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from torch import nn
 
 from . import _logging
 from .errors import Error
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .device_copy import DeviceCopy
+    from .options import Options
 
 __all__ = ["NO_EXECUTABLE", "WeightsLink"]
 
@@ -33,6 +40,15 @@ class WeightsLink:
     _host_weights_version = 0  # copies to the host so far (inference executors compare it)
     _busy = 0  # building or running: reads of the model are the program's, not the user's
     _seen_host_version = 0  # the trainer's ``_host_weights_version`` this device last took
+    # what it reads of `PoplarExecutor`
+    _attached: bool
+    _device: DeviceCopy
+    _training: bool
+    _user_model: nn.Module
+    _options: Options
+
+    def isCompiled(self) -> bool:  # `PoplarExecutor`'s
+        raise NotImplementedError
 
     @contextlib.contextmanager
     def _on_device(self) -> Iterator[None]:
