@@ -13,7 +13,19 @@ from ..module import Module
 from ..named_tensors import NamedTensors
 from .weights_dict import WeightsDict, host_value
 
-__all__ = ["Linear"]
+__all__ = ["Linear", "plus_bias"]
+
+
+def plus_bias(module: Module, y: Tensor, dtype: dtype, replica_grouping) -> Tensor:
+    """``y`` plus ``module``'s zero-initialised variable "bias" (one per output feature):
+    the bias of `Linear` and `LinearFP8`."""
+    b = module.add_variable_input(
+        "bias",
+        partial(np.zeros, y.shape[-1]),
+        dtype,
+        replica_grouping=replica_grouping,
+    )
+    return y + b
 
 
 class Linear(Module):
@@ -36,15 +48,7 @@ class Linear(Module):
             replica_grouping=self.replica_grouping,
         )
         y = x @ w
-        if self.bias:
-            b = self.add_variable_input(
-                "bias",
-                partial(np.zeros, y.shape[-1]),
-                x.dtype,
-                replica_grouping=self.replica_grouping,
-            )
-            y = y + b
-        return y
+        return plus_bias(self, y, x.dtype, self.replica_grouping) if self.bias else y
 
     @staticmethod
     def torch_mapping(

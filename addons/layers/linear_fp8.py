@@ -30,6 +30,7 @@ from ..module import Module
 from ..named_tensors import NamedTensors
 from ..ops.fp8_amax_scale import fp8_amax_scale
 from ..ops.fp8_mse_scale import fp8_mse_scale
+from .linear import plus_bias
 from .weights_dict import WeightsDict, host_value
 
 __all__ = ["LinearFP8"]
@@ -102,15 +103,7 @@ class LinearFP8(Module):
         y = ops.matmul_pow2scaled(x8, w8, log2_scale=-w_scale - x_scale)  # float16
         if x.dtype == float32:
             y = ops.cast(y, float32)
-        if self.bias:
-            b = self.add_variable_input(
-                "bias",
-                partial(np.zeros, y.shape[-1]),
-                x.dtype,
-                replica_grouping=self.replica_grouping,
-            )
-            y = y + b
-        return y
+        return plus_bias(self, y, x.dtype, self.replica_grouping) if self.bias else y
 
     # one gradient per output, as named positional parameters (addons reads the signature);
     # `Module.build_grad`'s ``*grads`` only describes that protocol
