@@ -13,7 +13,6 @@ from functools import partial
 from typing import Optional
 
 import numpy as np
-import torch
 
 from popxl_core import (
     ReplicaGrouping,
@@ -27,11 +26,9 @@ from popxl_core import (
 )
 
 from ..module import Module
-from ..named_tensors import NamedTensors
 from ..ops.fp8_amax_scale import fp8_amax_scale
 from ..ops.fp8_mse_scale import fp8_mse_scale
-from .linear import plus_bias
-from .weights_dict import WeightsDict, host_value
+from .linear import Linear, plus_bias
 
 __all__ = ["LinearFP8"]
 
@@ -119,13 +116,5 @@ class LinearFP8(Module):
             self.var_grad["bias"] = ops.sum(dLdy, 0)
         return dLdx
 
-    @staticmethod
-    def torch_mapping(
-        variables: NamedTensors, nn_layer: torch.nn.Linear, dtype: dtype = float32
-    ) -> WeightsDict:
-        """Host data for ``variables`` from ``nn_layer`` (its (out, in) weight transposed)."""
-        mapping = WeightsDict()
-        mapping[variables.weight] = host_value(variables.weight, nn_layer.weight.detach().T, dtype)
-        if "bias" in variables.keys():
-            mapping[variables.bias] = host_value(variables.bias, nn_layer.bias.detach(), dtype)
-        return mapping
+    # the same variables as `Linear` (weight (in, out), bias): the same host data
+    torch_mapping = staticmethod(Linear.torch_mapping)
