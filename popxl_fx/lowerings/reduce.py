@@ -4,8 +4,6 @@ max/min with a dim return (values, indices), var/std take unbiased or correction
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 import torch.nn as nn
@@ -110,22 +108,6 @@ def var(x: popxl.Tensor, dim=None, correction: float = 1.0, keepdim: bool = Fals
         n *= x.shape[a]
     centred = x - ops.mean(x, axes, keepdims=True)
     return ops.sum(centred * centred, axes, keepdim) * (1.0 / max(n - correction, 0))
-
-
-def _correction(given: tuple, kwargs: dict) -> tuple[Any, float, bool]:
-    """(dim, correction, keepdim) from torch's var/std overloads."""
-    args = list(given)
-    unbiased = kwargs.pop("unbiased", None)
-    if args and isinstance(args[0], bool):  # var(x, unbiased)
-        unbiased = args.pop(0)
-    dim = kwargs.pop("dim", args.pop(0) if args else None)
-    if args and isinstance(args[0], bool) and unbiased is None and len(args) == 2:
-        unbiased = args.pop(0)  # var(x, dim, unbiased, keepdim)
-    keepdim = kwargs.pop("keepdim", args.pop(0) if args else False)
-    correction = kwargs.pop("correction", None)
-    if correction is None:
-        correction = 0.0 if unbiased is False else 1.0
-    return dim, float(correction), bool(keepdim)
 
 
 def vector_norm(x: popxl.Tensor, p=2, dim=None, keepdim: bool = False) -> popxl.Tensor:
