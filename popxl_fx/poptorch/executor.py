@@ -116,9 +116,7 @@ class PoplarExecutor(OptimizerLink, TrainingOutputs, WeightsLink):
     def _planned_call(self, plan: CallPlan, args: tuple) -> Any:
         """A call like the planned one (`call_plan`): its inputs need no binding or checks."""
         impl = plan.impl
-        self._attached = True
-        self._take_loaded_state(impl)
-        out = self._step_outputs(impl, impl(*plan.inputs(self, args)))
+        out = self._run(impl, plan.inputs(self, args))
         return ipu_outputs(out) if plan.narrow or impl._active is not plan.program else out
 
     def _call(self, *args: Any, **kwargs: Any) -> Any:
@@ -131,9 +129,13 @@ class PoplarExecutor(OptimizerLink, TrainingOutputs, WeightsLink):
         impl = self._ensure_impl()
         if impl._active is None:  # PopTorch checks its pipeline when it compiles
             self._build(impl, args)
+        return self._run(impl, args)
+
+    def _run(self, impl, inputs: tuple) -> Any:
+        """One step of ``impl`` on its flat ``inputs`` (attached), as the call returns it."""
         self._attached = True
         self._take_loaded_state(impl)
-        return self._step_outputs(impl, impl(*args))
+        return self._step_outputs(impl, impl(*inputs))
 
     def _step_outputs(self, impl, out: Any) -> Any:
         if self._training:
