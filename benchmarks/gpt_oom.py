@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import popxl_fx  # noqa: E402
-from examples.fx_phased import Decoder  # noqa: E402
+import popxl_fx
+from examples.fx_phased import Decoder
 
 
 def _rss_gib() -> float:

@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import popxl_fx  # noqa: E402  (imported before the baseline in every configuration)
-from examples.fx_phased import Decoder  # noqa: E402
+import popxl_fx
+from examples.fx_phased import Decoder
 
 __all__ = ["CONFIGS", "main", "measure"]
 

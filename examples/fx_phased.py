@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> float:
     twin = copy.deepcopy(model)  # the same initial weights for the unphased run
     g = torch.Generator().manual_seed(1)
     shape = (args.batch, args.context)
-    tokens = lambda: torch.randint(0, args.vocab, shape, generator=g)  # noqa: E731
+    tokens = lambda: torch.randint(0, args.vocab, shape, generator=g)
     batches = [(tokens(), tokens()) for _ in range(args.steps)]
     chosen = dict(memory="auto") if args.memory_auto else dict(phased_execution="blocks")
     phased, p_losses = train(model, popxl_fx.Options(device=args.device, **chosen), batches)

@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-import seed003  # noqa: E402
+import seed003
 
 GLOBAL_BATCH = 8 * 4 * 2  # the seed's micro-batch x gradient accumulation x replicas
 

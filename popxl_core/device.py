@@ -39,7 +39,7 @@ class DeviceInfo:
         self.isAttached = True
         return True
 
-    def tryAttachUntilTimeout(self) -> bool:  # noqa: N802 (PopART's name)
+    def tryAttachUntilTimeout(self) -> bool:
         return self.attach()
 
     def detach(self) -> None:
@@ -60,20 +60,20 @@ class DeviceManager:
     """PopART's DeviceManager over the simulator: CPU and IPU Model devices; no IPU hardware
     is attached to this machine, so none is enumerated or acquired."""
 
-    def createCpuDevice(self) -> DeviceInfo:  # noqa: N802
+    def createCpuDevice(self) -> DeviceInfo:
         return DeviceInfo("cpu")
 
-    def createIpuModelDevice(self, opts: Optional[dict] = None) -> DeviceInfo:  # noqa: N802
+    def createIpuModelDevice(self, opts: Optional[dict] = None) -> DeviceInfo:
         opts = opts or {}
         return DeviceInfo("ipu_model", opts.get("numIPUs", 1), opts.get("tilesPerIPU"))
 
-    def enumerateDevices(self, *args, **kwargs) -> List[DeviceInfo]:  # noqa: N802
+    def enumerateDevices(self, *args, **kwargs) -> List[DeviceInfo]:
         return []
 
-    def acquireAvailableDevice(self, *args, **kwargs) -> None:  # noqa: N802
+    def acquireAvailableDevice(self, *args, **kwargs) -> None:
         return None
 
-    def setOnDemandAttachTimeout(self, seconds: int) -> None:  # noqa: N802
+    def setOnDemandAttachTimeout(self, seconds: int) -> None:
         """Accepted and unused: there is no hardware to wait for."""
 
 

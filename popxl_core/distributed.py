@@ -339,7 +339,7 @@ def check_same_program(exchange: Exchange, lines: List[str]) -> None:
     other = next(r for r, d in enumerate(digests) if d != digests[0])
     a, b = every[0], every[other]
     i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-    at = lambda ls: ls[i] if i < len(ls) else "<end of program>"  # noqa: E731
+    at = lambda ls: ls[i] if i < len(ls) else "<end of program>"
     raise ProgramMismatchError(
         f"The processes built different programs: at line {i + 1}, rank 0 has\n    {at(a)}\n"
         f"and rank {other} has\n    {at(b)}\nEvery process must build the same Ir with the "

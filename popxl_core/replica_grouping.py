@@ -163,13 +163,13 @@ class VariableSettings:
         rg = self._for(replica_count)
         return [rg.replicas_of_group(g) for g in range(rg.num_groups)]
 
-    def getGroupCount(self, replica_count: int) -> int:  # noqa: N802 (PopART's name)
+    def getGroupCount(self, replica_count: int) -> int:
         return self._for(replica_count).num_groups
 
-    def getRetrievalMode(self) -> str:  # noqa: N802
+    def getRetrievalMode(self) -> str:
         return self._retrieval_mode
 
-    def numReplicasReturningVariable(self, replica_count: int) -> int:  # noqa: N802
+    def numReplicasReturningVariable(self, replica_count: int) -> int:
         if self._retrieval_mode == "all_replicas":
             return replica_count
         return self.getGroupCount(replica_count)

@@ -413,5 +413,5 @@ def _same_ops_once_set(first: CaptureTracer, gm: fx.GraphModule, model: nn.Modul
         second = trace_graph(tracer, model)
     except Exception:  # the second call fails: not the same program
         return False
-    ops = lambda g: [(n.op, n.target) for n in g.nodes]  # noqa: E731
+    ops = lambda g: [(n.op, n.target) for n in g.nodes]
     return ops(gm.graph) == ops(second)

@@ -93,7 +93,7 @@ class CompiledForward:
         try:
             return self._run(prog, args)
         except RuntimeCheckError as failed:  # a model's `if bad: raise` (popxl_fx.guards)
-            eager = lambda: type(self.model).forward(self.model, *args)  # noqa: E731
+            eager = lambda: type(self.model).forward(self.model, *args)
             raise_model_error(eager, self.model, failed)
 
     # programs ------------------------------------------------------------------------

@@ -87,7 +87,7 @@ class InferenceModel(ProgramView):
         # torch's grad mode is part of it: eager under no_grad runs other kernels (SDPA with a
         # float mask computed from parameters: flash then, the math kernel with autograd on)
         sig = (*signature_of(self._model, inputs, binding), torch.is_grad_enabled())
-        build = lambda: self._build(sig, inputs, binding)  # noqa: E731
+        build = lambda: self._build(sig, inputs, binding)
         return self._programs.get(sig, build, enter=self._entered)
 
     def _entered(self, prog: Program) -> None:

@@ -254,7 +254,7 @@ def _lower_call(node: fx.Node, env: dict, make_ctx, path_prefix: str, fallback) 
     mutated = mutated_input(node, ctx.owner.torch_module) or out_target(node)
     if mutated is not None:  # later users of the tensor (and of its bases) see the update
         env[node] = _same_dtype(env[node], env[mutated])
-        relower = lambda n: lower_node(n, env, make_ctx(n), fallback)  # noqa: E731
+        relower = lambda n: lower_node(n, env, make_ctx(n), fallback)
         outer, value = write_through(mutated, env[node], env, relower)
         _write_back(outer, value, ctx)
         if is_made_constant(outer):  # fx reads it again through new get_attr nodes

@@ -197,7 +197,7 @@ class OptimizerProgram:
             fused.build(g.streams, names, targets, grads, pg)
         else:
             loaded = self._hyper_loaded.setdefault(g.index, {})
-            hyper = lambda n: self._hyper(g, params[n].dtype, loaded)  # noqa: E731
+            hyper = lambda n: self._hyper(g, params[n].dtype, loaded)
             blocks = self.blocks if self.remote is None else []  # phased: a graph per phase
             for block, chunk in block_chunks(names, blocks):
                 if block:  # one update graph per block shape, called per block

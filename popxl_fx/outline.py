@@ -183,7 +183,7 @@ def _leaf_trace(
     root: nn.Module, examples: tuple, paths: list[str], binding: Binding = POSITIONAL
 ) -> fx.GraphModule:
     ids = {id(root.get_submodule(p)) for p in paths}
-    leaf = lambda m: id(m) in ids or is_leaf(m)  # noqa: E731
+    leaf = lambda m: id(m) in ids or is_leaf(m)
     tracer = CaptureTracer(root, examples, leaf=leaf, binding=binding)
     return trace_module(tracer, root)
 

@@ -175,7 +175,7 @@ def split_pieces(
 ) -> tuple[fx.GraphModule, list[Piece]]:
     """The leaf trace of ``root`` with ``paths`` as leaves, and its pieces in order."""
     ids = {id(root.get_submodule(p)) for p in paths}
-    leaf = lambda m: id(m) in ids or is_leaf(m)  # noqa: E731
+    leaf = lambda m: id(m) in ids or is_leaf(m)
     tracer = CaptureTracer(root, examples, leaf=leaf, binding=binding)
     gm = trace_module(tracer, root)
     pieces = _cut(gm, set(paths), prefix)

@@ -89,7 +89,7 @@ def _check_argmax(name: str, actual: torch.Tensor, expected: torch.Tensor, atol:
 def _make_optimizer(optimizer: OptimizerLike, model: nn.Module, twin: nn.Module):
     """(simulated model's optimizer, the eager twin's), with the same groups and options."""
     if optimizer is None:
-        optimizer = lambda params: torch.optim.SGD(params, lr=0.01, momentum=0.9)  # noqa: E731
+        optimizer = lambda params: torch.optim.SGD(params, lr=0.01, momentum=0.9)
     if not isinstance(optimizer, torch.optim.Optimizer):
         return optimizer(model.parameters()), optimizer(twin.parameters())
     index = {id(p): i for i, p in enumerate(model.parameters())}

@@ -176,8 +176,8 @@ class Trainer(ProgramView):
     ) -> Program:
         modes = self._watch.modes(self._model)  # verified by the `key` call just made
         sig = (signature_of(self._model, inputs, binding, modes), structure)
-        build = lambda: self._build(sig, inputs, binding)  # noqa: E731
-        enter = lambda prog: self._activate(prog, structure)  # noqa: E731
+        build = lambda: self._build(sig, inputs, binding)
+        enter = lambda prog: self._activate(prog, structure)
         return self._programs.get(sig, build, None, enter)
 
     def _activate(self, prog: Program, structure: Structure) -> None:
@@ -208,7 +208,7 @@ class Trainer(ProgramView):
 
     def _choose(self, sig: tuple, inputs: tuple, binding: Binding) -> Choice:
         """memory='auto''s choice of options for the program of ``sig`` (what-if plans)."""
-        plan = lambda options: self._what_if(sig, inputs, options, binding)  # noqa: E731
+        plan = lambda options: self._what_if(sig, inputs, options, binding)
         batch = inputs[0].shape[self.given.device_iterations > 1] if inputs else None
         choice = choose(self._model, self.given, plan, batch)
         log.info("%s", choice.text)

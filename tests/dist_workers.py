@@ -13,8 +13,8 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import popxl_fx  # noqa: E402
-import popxl_fx.fallback  # noqa: E402, F401 - what a build imports beside popxl_fx
+import popxl_fx
+import popxl_fx.fallback
 
 # Each process of a job is a new interpreter that has imported torch and popxl_fx: whether that
 # imported torchvision (an optional package whose lowerings register on first use; the job

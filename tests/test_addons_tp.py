@@ -148,7 +148,7 @@ def test_popart_stand_in_offers_patterns_level_and_names_what_is_missing():
         with pytest.raises(AttributeError, match="popart.SessionOptions is not available"):
             popart.SessionOptions  # noqa: B018 - the attribute access is the test
         with pytest.raises(ImportError):
-            import popart._internal.ir  # noqa: F401
+            import popart._internal.ir
     finally:
         compat.uninstall()
 

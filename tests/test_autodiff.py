@@ -235,7 +235,7 @@ def _repeat_grad_kernel_calls(n: int, monkeypatch) -> int:
 
     monkeypatch.setattr(sim_compile, "_bound_kernel", counting)
     x0 = _data(2, 3)
-    body = lambda a: ops.sin(a) * 0.9  # noqa: E731 - one Sin per body run
+    body = lambda a: ops.sin(a) * 0.9
     _run_fwd_bwd(lambda x: ops.repeat(popxl.gir().create_graph(body, x), n, x)[0], [x0])
     return calls["Sin"]
 

@@ -243,7 +243,7 @@ def test_install_and_uninstall_in_process():
         compat.install()
         compat.install()  # idempotent
         assert sys.meta_path.count(compat._FINDER) == 1
-        import popxl.ops.call  # noqa: F401
+        import popxl.ops.call
 
         import popxl_core
 

@@ -19,11 +19,11 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from dist_launch import finish, start  # noqa: E402
+from dist_launch import finish, start
 
-import popxl_core as popxl  # noqa: E402
-from popxl_core.distributed import LaunchError  # noqa: E402
-from popxl_fx.cli import default_seeds_dir  # noqa: E402
+import popxl_core as popxl
+from popxl_core.distributed import LaunchError
+from popxl_fx.cli import default_seeds_dir
 
 JOB_BOUND_S = 300.0  # a loaded 2-core machine imports torch twice in ~20 s
 COLLECTIVE_TIMEOUT_S = 20  # POPXL_COLLECTIVE_TIMEOUT of the kill test's job

@@ -15,7 +15,7 @@ import torch
 from popxl_core.ops.layer_norm import LAYER_NORM_GRAD
 from popxl_core.ops.linear import LINEAR_GRAD
 from popxl_core.sim import fold_group
-from tests.test_replica_folding import FOLD, _off, fold_fields  # noqa: F401 (cached references)
+from tests.test_replica_folding import FOLD, _off, fold_fields
 from tests.test_replica_stacking import _assert_same, _train
 
 

@@ -72,7 +72,7 @@ def test_lowering_keeps_the_functions_backward(module):
 def test_trains_like_eager():
     assert check(Net(), randn(2, 4)).ok
     model, reference = Net(), Net()
-    loss_fn = lambda out, y: ((out - y) ** 2).mean()  # noqa: E731
+    loss_fn = lambda out, y: ((out - y) ** 2).mean()
     trainer = training_model(model, torch.optim.SGD(model.parameters(), lr=0.1), loss_fn, CPU)
     opt = torch.optim.SGD(reference.parameters(), lr=0.1)
     x, y = randn(6, 4, seed=1), randn(6, 3, seed=2)

@@ -116,7 +116,7 @@ def test_fused_optimizer_on_host_gradients(case):
 @pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step()`")
 @pytest.mark.parametrize("case", ["sgd_momentum_all", "adamw", "adam_l2_maximize"])
 def test_lr_scheduler_changes_fed_lr_without_recompiling(case):
-    sched = lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda k: 0.7**k)  # noqa: E731
+    sched = lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda k: 0.7**k)
     trainer, models = _train(CASES[case], steps=4, scheduler=sched)
     _assert_same(*models)
     assert len(trainer._programs) == 1

@@ -66,7 +66,7 @@ def _model() -> Decoder:
 
 def _batches() -> list:
     g = torch.Generator().manual_seed(1)
-    make = lambda: torch.randint(0, VOCAB, (BATCH, CONTEXT), generator=g)  # noqa: E731
+    make = lambda: torch.randint(0, VOCAB, (BATCH, CONTEXT), generator=g)
     return [(make(), make()) for _ in range(STEPS)]
 
 

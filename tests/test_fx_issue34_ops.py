@@ -84,7 +84,7 @@ def test_grouped_mm_with_an_empty_group():
 
 
 def test_histc_forward():
-    fn = lambda x: torch.histc(x, bins=5, min=-1.0, max=1.0)  # noqa: E731
+    fn = lambda x: torch.histc(x, bins=5, min=-1.0, max=1.0)
     check_lowering(Fn(fn), randn(4, 6), rtol=0, atol=0, grad=False)
 
 

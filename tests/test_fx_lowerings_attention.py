@@ -108,7 +108,7 @@ def test_multihead_attention_unbatched():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Identity())
     model.attn = nn.MultiheadAttention(12, 4)
-    fn = lambda x: model.attn(x, x, x)  # noqa: E731
+    fn = lambda x: model.attn(x, x, x)
     net = Fn(fn)
     net.attn = model.attn
     check_lowering(net, randn(L, 12), **TOL)

@@ -43,7 +43,7 @@ def test_matmul_family(name):
 
 
 def test_einsum_three_operands_and_transposed_output():
-    fn = lambda a, b, c: torch.einsum("ij,jk,kl->li", a, b, c)  # noqa: E731
+    fn = lambda a, b, c: torch.einsum("ij,jk,kl->li", a, b, c)
     check_lowering(
         Fn(fn, 3), randn(3, 4), randn(4, 5, seed=1), randn(5, 2, seed=2), rtol=1e-5, atol=1e-5
     )
@@ -92,7 +92,7 @@ def test_embedding_module(padding_idx):
 
 
 def test_embedding_function():
-    fn = lambda i, w: F.embedding(i, w, padding_idx=1)  # noqa: E731
+    fn = lambda i, w: F.embedding(i, w, padding_idx=1)
     check_lowering(
         Fn(fn, 2),
         torch.tensor([1, 2, 1, 0]),

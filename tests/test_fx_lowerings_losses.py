@@ -43,7 +43,7 @@ def test_cross_entropy(name, ignored):
 
 
 def test_cross_entropy_spatial_with_ignore_index_and_smoothing():
-    fn = lambda x, t: F.cross_entropy(x, t, ignore_index=2, label_smoothing=0.1)  # noqa: E731
+    fn = lambda x, t: F.cross_entropy(x, t, ignore_index=2, label_smoothing=0.1)
     labels = torch.tensor([[[0, 2, 1], [3, 3, 2]], [[1, 0, 0], [2, 3, 1]]])
     check_lowering(Fn(fn, 2), randn(2, 4, 2, 3), labels, rtol=1e-5, atol=1e-6)
 

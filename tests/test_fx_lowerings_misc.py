@@ -50,7 +50,7 @@ def test_floor_division_and_remainder_follow_torch_signs():
     # torch has no derivative for floor_divide: forward only, exact
     fn = lambda x: torch.cat(
         [(x * 3) // 2, (x * 3) % 2, torch.div(x * 3, 2, rounding_mode="trunc")]
-    )  # noqa: E731
+    )
     check_lowering(Fn(fn), randn(3, 5), rtol=0, atol=1e-6, grad=False)
 
 

@@ -74,5 +74,5 @@ def test_3d_modules(name):
 def test_stochastic_depth_batch_mode_eval():
     from torchvision.ops import stochastic_depth
 
-    fn = lambda x: stochastic_depth(x, 0.5, "batch", training=False)  # noqa: E731
+    fn = lambda x: stochastic_depth(x, 0.5, "batch", training=False)
     check_lowering(Fn(fn), randn(2, 3), rtol=0, atol=0)

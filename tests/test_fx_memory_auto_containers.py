@@ -99,7 +99,7 @@ def _model(container: str, **kwargs) -> GPT:
 
 def _batches(steps: int = 2) -> list:
     g = torch.Generator().manual_seed(1)
-    make = lambda: torch.randint(0, VOCAB, (2, CONTEXT), generator=g)  # noqa: E731
+    make = lambda: torch.randint(0, VOCAB, (2, CONTEXT), generator=g)
     return [(make(), make()) for _ in range(steps)]
 
 

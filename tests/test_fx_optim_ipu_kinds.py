@@ -68,7 +68,7 @@ RMSPROP = [
 
 @pytest.mark.parametrize("kwargs", RMSPROP)
 def test_rmsprop_matches_torch(kwargs):
-    make = lambda ps: torch.optim.RMSprop(ps, lr=0.01, **kwargs)  # noqa: E731
+    make = lambda ps: torch.optim.RMSprop(ps, lr=0.01, **kwargs)
     sim, ref, opt = _run(make, _eager(make))
     _assert_same(sim, ref)
     p = next(iter(opt.state))
@@ -105,7 +105,7 @@ def test_rmsprop_tf_step_is_tensorflows_formula():
     "kwargs", [{}, {"bias_correction": False}, {"max_weight_norm": 0.5, "weight_decay": 0.0}]
 )
 def test_lamb_matches_its_eager_step(kwargs):
-    make = lambda ps: LAMB(ps, lr=0.01, **kwargs)  # noqa: E731
+    make = lambda ps: LAMB(ps, lr=0.01, **kwargs)
     sim, ref, opt = _run(make, _eager(make))
     _assert_same(sim, ref)
     assert float(opt.state[next(iter(opt.state))]["step"]) == 4

@@ -54,12 +54,12 @@ def _model(name: str):
 def _data(name: str) -> list:
     g = torch.Generator().manual_seed(1)
     if name == "gpt":
-        make = lambda: (  # noqa: E731
+        make = lambda: (
             torch.randint(0, 64, (BATCH, 16), generator=g),
             torch.randint(0, 64, (BATCH, 16), generator=g),
         )
     else:
-        make = lambda: (  # noqa: E731
+        make = lambda: (
             torch.randn(BATCH, 1, 28, 28, generator=g),
             torch.randint(0, 10, (BATCH,), generator=g),
         )

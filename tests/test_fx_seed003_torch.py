@@ -72,7 +72,7 @@ def seed_run():
 
 
 def _sequential(initial: dict[str, np.ndarray]) -> nn.Sequential:
-    gelu = lambda: nn.GELU(approximate="tanh")  # noqa: E731 - popxl's ops.gelu
+    gelu = lambda: nn.GELU(approximate="tanh")
     model = nn.Sequential(
         nn.Linear(784, 512), gelu(), nn.Linear(512, 512), gelu(), nn.Linear(512, 512), gelu(),
         nn.Linear(512, 10),

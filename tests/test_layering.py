@@ -187,7 +187,7 @@ def _op_recursion(importer: str, imported: str) -> bool:
     `Tensor`'s operators are ops and ops make Tensors (``tensor``), a gradient is built of
     ops (``transforms.autodiff``), and an op's helper calls other ops (between modules of
     ``ops``). These are the only import circles allowed in the three packages."""
-    in_ops = lambda m: m == "popxl_core.ops" or m.startswith("popxl_core.ops.")  # noqa: E731
+    in_ops = lambda m: m == "popxl_core.ops" or m.startswith("popxl_core.ops.")
     callers = {"popxl_core.tensor", "popxl_core.transforms.autodiff"}
     return in_ops(imported) and (in_ops(importer) or importer in callers)
 

@@ -44,7 +44,7 @@ def test_where_needs_bool_condition():
     with (
         g,
         pytest.raises(TypeError, match="Where: the condition must be a bool tensor, got float32"),
-    ):  # noqa: E501
+    ):
         where(c, a, b)
 
 

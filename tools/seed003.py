@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import seed_runner  # noqa: E402
+import seed_runner
 
 __all__ = ["FIRST_DATA_CELL", "definitions", "find", "phased_session", "unphased_program"]
 

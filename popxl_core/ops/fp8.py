@@ -155,7 +155,7 @@ def _cast_samples():
     return out
 
 
-_cast_cost = lambda ins, outs, attrs: Cost(outs[0].nelms, ins[0].nbytes + outs[0].nbytes)  # noqa: E731
+_cast_cost = lambda ins, outs, attrs: Cost(outs[0].nelms, ins[0].nbytes + outs[0].nbytes)
 
 TO_FP8 = register(
     OpDef(

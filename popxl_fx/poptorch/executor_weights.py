@@ -78,7 +78,7 @@ class WeightsLink:
             self.copyWeightsToDevice()
         self._seen_host_version = version
 
-    def copyWeightsToHostIfNeeded(self) -> bool:  # noqa: N802 - PopTorch's name
+    def copyWeightsToHostIfNeeded(self) -> bool:
         """Copy the weights to the host if a training call ran since the last copy."""
         if not self._dirty_host_weights or self._busy:
             return False
@@ -86,7 +86,7 @@ class WeightsLink:
         self.copyWeightsToHost()
         return True
 
-    def copyWeightsToHost(self) -> None:  # noqa: N802
+    def copyWeightsToHost(self) -> None:
         """Write the device's weights and buffers into the model's tensors."""
         self._require_compiled()
         self._dirty_host_weights = False  # the copy reads the model: no second copy
@@ -97,13 +97,13 @@ class WeightsLink:
             self._busy -= 1
         self._host_weights_version += 1
 
-    def copyWeightsToDevice(self) -> None:  # noqa: N802
+    def copyWeightsToDevice(self) -> None:
         """Write the model's weights and buffers to the device (done on the first call)."""
         self._require_compiled()
         self._dirty_host_weights = False  # the host's values are now the device's
         self._device.write()
 
-    def copyNamedBuffersToDevice(self) -> None:  # noqa: N802
+    def copyNamedBuffersToDevice(self) -> None:
         """Write the buffers named by ``Options.updatableNamedBuffers`` to the device."""
         self._require_compiled()
         names = self._options._Popart.options.get("updatableNamedBuffers")

@@ -46,7 +46,7 @@ def load_from_file(options, filepath: str) -> None:
     poptorch = importlib.import_module(__package__)  # what the file's lines call poptorch
 
     try:
-        exec(code, {}, {"poptorch": poptorch, "options": options})  # noqa: S102 - the user's file
+        exec(code, {}, {"poptorch": poptorch, "options": options})
     except SyntaxError as err:
         name = os.path.basename(filepath)
         raise ConfigFileError(

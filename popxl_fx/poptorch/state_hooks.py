@@ -35,18 +35,18 @@ def _hooked_type(base: type, parent: weakref.ref) -> type:
     """``base`` whose attribute reads copy the weights to the host first. Its torch functions
     return plain tensors (``base``'s own results)."""
 
-    def __getattribute__(self, name):  # noqa: N807 - the hook itself
+    def __getattribute__(self, name):
         _copy_if_needed(parent)
         return object.__getattribute__(self, name)
 
-    def __torch_function__(cls, func, types, args=(), kwargs=None):  # noqa: N807
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
         return _PLAIN_TORCH_FUNCTION(func, types, args, kwargs or {})
 
-    def __repr__(self, *args, **kwargs):  # noqa: N807 - printed as the plain tensor
+    def __repr__(self, *args, **kwargs):
         _copy_if_needed(parent)
         return _as_plain(self, base.__repr__, *args, **kwargs)
 
-    def __deepcopy__(self, memo):  # noqa: N807 - a copy is a plain tensor, hooked to nothing
+    def __deepcopy__(self, memo):
         _copy_if_needed(parent)
         return _as_plain(self, base.__deepcopy__, memo)
 
@@ -98,17 +98,17 @@ def unhook_tensors(model: nn.Module) -> None:
 def model_hooks(parent: weakref.ref) -> dict:
     """The methods of a training model's class (`wrapping`) that copy before a read."""
 
-    def copyWeightsToHostIfNeeded(self) -> bool:  # noqa: N802 - PopTorch's name
+    def copyWeightsToHostIfNeeded(self) -> bool:
         """Copy the weights from the device if a training call ran since the last copy."""
         executor = parent()
         return executor.copyWeightsToHostIfNeeded() if executor is not None else False
 
-    def __getattribute__(self, name):  # noqa: N807
+    def __getattribute__(self, name):
         if name in ("_buffers", "_parameters", "forward"):
             _copy_if_needed(parent)
         return object.__getattribute__(self, name)
 
-    def __getattr__(self, name):  # noqa: N807
+    def __getattr__(self, name):
         attribute = super(type(self), self).__getattr__(name)
         if isinstance(attribute, nn.Parameter):
             _copy_if_needed(parent)
