@@ -28,7 +28,7 @@ def _group(session):
 def test_the_group_keeps_its_total_and_result_views(replicas):
     folded, off = _train("gpt", replicas, FOLD), _off("gpt", replicas)
     _assert_same(folded, off)  # steps 2 and 3 reduced in the kept buffers
-    kept = _group(folded[3])["kept"]
+    kept = _group(folded[3]).kept
     base = kept.total.untyped_storage().data_ptr()
     assert len(kept.results) == 53
     assert all(r.untyped_storage().data_ptr() == base for r in kept.results)
@@ -41,7 +41,7 @@ def test_a_kept_layout_with_other_bits_is_not_kept(monkeypatch):
     monkeypatch.setattr(fold_group.KeptGroup, "check", lambda self, values, op, want: False)
     folded, off = _train("gpt", 2, FOLD), _off("gpt", 2)
     _assert_same(folded, off)
-    assert "kept" not in _group(folded[3]) and _group(folded[3])["flat"]
+    assert _group(folded[3]).kept is None and _group(folded[3]).flat
 
 
 @pytest.fixture
@@ -61,8 +61,8 @@ def _sites(session, op_type: str) -> list:
 def _modes(session, op_type: str) -> set:
     """How the group made the values of ``op_type``'s `Together`s in the last run."""
     (togethers,) = session._fold.fold.together_groups.values()
-    modes = _group(session)["together"]
-    return {modes[i] for i, t in enumerate(togethers) if t.ops[0].type == op_type}
+    modes = _group(session).together
+    return {modes[i].value for i, t in enumerate(togethers) if t.ops[0].type == op_type}
 
 
 @pytest.mark.parametrize("replicas", [2, 4])
@@ -83,7 +83,7 @@ def test_parameter_gradients_are_made_at_the_group(replicas):
     assert _modes(session, "LayerNormGrad") == {"blocks"}
     assert _modes(session, "LinearGrad") == {"checked"}
     assert all(t.args == [None] * len(t.ops) for t in togethers)  # operands not kept
-    kept = _group(session)["kept"]
+    kept = _group(session).kept
     assert len(kept.order) == 2 and len(kept.dest) == 33
 
 

@@ -53,14 +53,34 @@ from ..schedule import schedule
 from ..tensor import Tensor, Variable
 from .fold_group import KeptGroup
 from .fold_reduce import check_summed, plan_fused, reduce_group
-from .fold_together import Together, plan_together
-from .runtime import collective_results, next_transfer
+from .fold_together import Together, TogetherMode, plan_together
+from .runtime import Runtime, collective_results, next_transfer
 from .uniform import full_all_reduce
 
 if TYPE_CHECKING:  # pragma: no cover
     from .fold_site import FoldSite
 
-__all__ = ["FoldPlan", "FoldRuntime", "plan_fold"]
+__all__ = ["FoldCollective", "FoldPlan", "FoldRuntime", "GroupState", "plan_fold"]
+
+
+@dataclass(frozen=True)
+class FoldCollective:
+    """A full all-reduce of the folded main graph."""
+
+    per_replica: bool  # its input is per replica (rows of all replicas), else uniform
+    rank: int  # the input's rank on one replica
+    op: Optional[str]  # its reduction ("add", "mean", ...)
+
+
+@dataclass
+class GroupState:
+    """What a group of all-reduces (`FoldRuntime.all_reduce_group`) found at its first call,
+    by which later runs reduce."""
+
+    flat: Optional[bool] = None  # one sum over the values side by side gave their bits
+    kept: Optional[KeptGroup] = None  # its rows, total and result views, kept between runs
+    # per `Together` of the group: how its values are made (`TogetherMode`)
+    together: List[TogetherMode] = field(default_factory=list)
 
 
 @dataclass
@@ -71,9 +91,7 @@ class FoldPlan:
     uniform_streams: FrozenSet[object]
     stacked: Set[Tensor] = field(default_factory=set)
     graphs: Set[Graph] = field(default_factory=set)  # called graphs compiled folded
-    # all-reduce op name -> (its input is per replica, the input's rank on one replica, its
-    # reduction)
-    collectives: Dict[str, tuple] = field(default_factory=dict)
+    collectives: Dict[str, FoldCollective] = field(default_factory=dict)  # by op name
     sites: List[FoldSite] = field(default_factory=list)
     reduce_groups: Dict[Graph, object] = field(default_factory=dict)  # `fold_reduce`
     # folded op -> {output index: "add"/"mean"}: outputs its site returns all-reduced, and
@@ -91,8 +109,8 @@ def plan_fold(program) -> Optional[FoldPlan]:
     ir, sharing, options = program.ir, program.sharing, program.options
     if sharing is None or not options.fold_replicas or options.inductor or options.check_specs:
         return None
-    runtime = program.namespace["RT"]
-    if len(runtime.local) != ir.replication_factor or runtime._exchange is not None:
+    runtime: Runtime = program.namespace["RT"]
+    if len(runtime.local) != ir.replication_factor or runtime.spans_processes:
         return None
     shared = {program.variables[i] for i in sharing.variables}
     plan = FoldPlan(ir.replication_factor, frozenset(sharing.streams))
@@ -118,7 +136,7 @@ def _main_op(op: Op, plan: FoldPlan, ir) -> bool:
         return True
     if d is ALL_REDUCE and full_all_reduce(op, ir):
         name = f"{op.type}.{op.id}"
-        plan.collectives[name] = (per[0], len(op.inputs[0].shape), op.attrs.get("op"))
+        plan.collectives[name] = FoldCollective(per[0], len(op.inputs[0].shape), op.attrs.get("op"))
         return True
     if d is CALL:
         mask = _plan_graph(op.called_graphs[0], per, plan)
@@ -164,14 +182,13 @@ def fold_options(options):
 
 
 class FoldRuntime:
-    """The `Runtime` a folded program's main graph calls: one run for all replicas."""
+    """The `batching.ReplicaRuntime` a folded program's main graph calls: one run for all
+    replicas."""
 
     def __init__(self, plan: FoldPlan) -> None:
         self.replicas = plan.replicas
         self.plan = plan
         self.local = range(1)  # kernels keep one set of buffers: the folded run is one run
-        self._exchange = None
-        self._barrier = None
         self.replica = 0
         self.slot = 0
         self.counts: Dict[object, int] = {}
@@ -182,7 +199,7 @@ class FoldRuntime:
         # all-reduce -> whether one sum over the replicas' rows gives its bits (None: the
         # op's own reduction), and the buffer it sums into
         self.summed: Dict[str, Optional[torch.Tensor]] = {}
-        self.groups: Dict[str, dict] = {}  # `all_reduce_group` -> what its check found
+        self.groups: Dict[str, GroupState] = {}  # `all_reduce_group`'s key -> its state
 
     def start(self, inputs, outputs) -> None:
         self.inputs, self.outputs, self.counts = inputs, outputs, {}
@@ -219,7 +236,8 @@ class FoldRuntime:
         """An all-reduce over every replica (`plan_fold` admits no other): ``fn`` over the
         replicas' values in replica order, once."""
         r = self.replicas
-        per, rank, op = self.plan.collectives[fn.op_name]
+        c = self.plan.collectives[fn.op_name]
+        per, rank, op = c.per_replica, c.rank, c.op
         if not per:
             return _first_result(fn, [value] * r)
         rows = value.view(r, -1, *value.shape[1:]) if rank else value
@@ -236,47 +254,41 @@ class FoldRuntime:
         """Consecutive all-reduces of the main graph as one call (`fold_reduce.py`); ``keep``:
         the graph runs once a run, its buffers and result views are kept (`fold_group.py`)
         once the first call found the one sum equal to the per-value reductions."""
-        state = self.groups.setdefault(key, {})
-        kept = state.get("kept")
+        state = self.groups.setdefault(key, GroupState())
         togethers = self.plan.together_groups.get(key, ())  # values made here
-        if kept is not None:
-            values, blocks = _made_here(togethers, values, state["together"], kept)
-            return kept.reduce(values, op, blocks)
+        if state.kept is not None:
+            values, blocks = _made_here(togethers, values, state.together, state.kept)
+            return state.kept.reduce(values, op, blocks)
         oks = []
         for together in togethers:
             values, ok = together.first(values)
             oks.append(ok)
-        # per `Together`: "fill" (values as they come), "blocks", "into" (its kernel writes
-        # the rows; checked at its first write), "checked", "each" (the replicas' calls, into
-        # the rows)
-        state["together"] = [
-            ("into" if t.into else "blocks") if ok else "fill" for t, ok in zip(togethers, oks)
-        ]
+        state.together = [TogetherMode.first(t, ok) for t, ok in zip(togethers, oks)]
         results = reduce_group(values, op, self.replicas, state)
-        if keep and state.get("flat"):
+        if keep and state.flat:
             made = [t for t, ok in zip(togethers, oks) if ok]  # else: their values as they come
             blocks = [col for t in made if not t.into for col in t.layout()]
             into = [p for t in made if t.into for p in t.members]
             kept = KeptGroup(values, self.replicas, blocks, into)
             if kept.check(values, op, results):  # else: `reduce_group` every run
-                state["kept"] = kept
+                state.kept = kept
         return results
 
 
-def _made_here(togethers, values, modes: list, kept) -> tuple:
+def _made_here(togethers, values, modes: List[TogetherMode], kept) -> tuple:
     """A kept group's run: ``(values, blocks)`` for `KeptGroup.reduce`, each `Together`'s
     values made as its mode says (``modes`` updated where a first write's check failed)."""
     blocks: list = []
     for i, (together, mode) in enumerate(zip(togethers, modes)):
-        if mode == "fill":
+        if mode is TogetherMode.FILL:
             values = together.fill(values)
-        elif mode == "blocks":
+        elif mode is TogetherMode.BLOCKS:
             blocks += together.blocks()
-        elif mode == "each":
+        elif mode is TogetherMode.EACH:
             together.write_each(kept.dest)
         else:
-            ok = together.write(kept.dest, check=mode == "into")
-            modes[i] = "checked" if ok else "each"
+            ok = together.write(kept.dest, check=mode is TogetherMode.INTO)
+            modes[i] = TogetherMode.CHECKED if ok else TogetherMode.EACH
     return values, blocks
 
 

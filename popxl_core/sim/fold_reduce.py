@@ -92,7 +92,7 @@ def reduce_runs(live: Sequence[Op], plan) -> List[List[Op]]:
 def _groupable(op: Op, plan, run: List[Op]) -> bool:
     if op.opdef is not ALL_REDUCE or op in plan.fused:
         return False
-    per, rank, kind = plan.collectives.get(f"{op.type}.{op.id}", (False, 0, None))
+    per, rank, kind = _collective(plan, op)
     t = op.inputs[0]
     if not per or not rank or kind not in ("add", "mean") or t.dtype.as_torch().is_complex:
         return False
@@ -102,16 +102,24 @@ def _groupable(op: Op, plan, run: List[Op]) -> bool:
     return size * plan.replicas <= GROUP_BYTES
 
 
-def reduce_group(values: Sequence[torch.Tensor], op: str, replicas: int, state: dict):
+def _collective(plan, op: Op) -> tuple:
+    """(per replica, rank, reduction) of ``op`` where it is a full all-reduce of the fold
+    (`fold.FoldCollective`), else (False, 0, None)."""
+    c = plan.collectives.get(f"{op.type}.{op.id}")
+    return (False, 0, None) if c is None else (c.per_replica, c.rank, c.op)
+
+
+def reduce_group(values: Sequence[torch.Tensor], op: str, replicas: int, state):
     """Every value's all-reduce (each ``(R*rows, ...)``): one sum over the values side by
-    side where the first call found it equal to the per-value reduction, else that."""
-    ok = state.get("flat")
+    side where the first call found it equal to the per-value reduction (``state.flat``,
+    `fold.GroupState`), else that."""
+    ok = state.flat
     if ok:
         return _flat(values, op, replicas)
     parts = [v.view(replicas, -1, *v.shape[1:]).unbind() for v in values]
     want = [reduce_values(op, list(p)) for p in parts]
     if ok is None:
-        state["flat"] = replicas <= 4 and all(
+        state.flat = replicas <= 4 and all(
             same_bits(a, b) for a, b in zip(_flat(values, op, replicas), want)
         )
     return want
@@ -137,7 +145,7 @@ def plan_fused(plan, live: Sequence[Op]) -> None:
     readers = Counter(t for op in live for t in op.inputs)
     found: Dict[Op, list] = {}
     for op in live:
-        per, rank, kind = plan.collectives.get(f"{op.type}.{op.id}", (False, 0, None))
+        per, rank, kind = _collective(plan, op)
         t = op.inputs[0] if op.inputs else None
         if op.opdef is not ALL_REDUCE or not per or not rank or kind not in ("add", "mean"):
             continue

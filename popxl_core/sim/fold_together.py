@@ -24,6 +24,7 @@ as they come).
 
 from __future__ import annotations
 
+import enum
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 
 import torch
@@ -36,7 +37,24 @@ if TYPE_CHECKING:  # pragma: no cover
     from .fold_site import FoldSite
 from .speed import REPLICA_FOLD
 
-__all__ = ["Together", "plan_together"]
+__all__ = ["Together", "TogetherMode", "plan_together"]
+
+
+class TogetherMode(enum.Enum):
+    """How a kept group (`fold_group.KeptGroup`) gets a `Together`'s values each run."""
+
+    FILL = "fill"  # its sites' values as they come (the together call did not match)
+    BLOCKS = "blocks"  # the together call's values, as blocks of the group's columns
+    INTO = "into"  # its kernel writes into the group's rows: checked at the first write
+    CHECKED = "checked"  # ... and that write matched
+    EACH = "each"  # ... it did not: the replicas' own calls, copied into the rows
+
+    @classmethod
+    def first(cls, together: "Together", ok: bool) -> "TogetherMode":
+        """The mode after the group's first call (``ok``: `Together.first`'s check)."""
+        if not ok:
+            return cls.FILL
+        return cls.INTO if together.into else cls.BLOCKS
 
 
 class Together:

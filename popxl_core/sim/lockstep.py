@@ -19,14 +19,15 @@ in the caller; the other replicas' greenlets are thrown away.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-from typing import Callable, List
+from typing import TYPE_CHECKING, Callable, List
 
 import greenlet
 
 from .rendezvous import ReplicaMismatchError
 from .stacking import StackRequest, stacked_values
 
+if TYPE_CHECKING:  # pragma: no cover
+    from .runtime import Runtime
 __all__ = ["run_lockstep"]
 
 
@@ -43,43 +44,36 @@ class _HubBarrier:
         self.hub.switch()
 
 
-def run_lockstep(runtime, body: Callable[[int], None]) -> None:
-    """``body(replica)`` for every replica of ``runtime``, meeting at each collective."""
+def run_lockstep(runtime: Runtime, body: Callable[[int], None]) -> None:
+    """``body(replica)`` for every replica of ``runtime`` (one process runs them all),
+    meeting at each collective."""
     n = runtime.replicas
-    hub = greenlet.getcurrent()
-    states = [SimpleNamespace(replica=r, slot=r, counts={}, parity=0) for r in range(n)]
+    states = [runtime.replica_state(r) for r in range(n)]
     lets = [greenlet.greenlet(lambda r=r: body(r)) for r in range(n)]
-    saved = runtime._local
-    runtime._barrier = _HubBarrier(hub)
-    runtime._slots = [[None] * n, [None] * n]
-    try:
+    with runtime.meeting(_HubBarrier(greenlet.getcurrent())):
         while not all(g.dead for g in lets):
             waits: List[object] = [None] * n
             for r, g in enumerate(lets):
                 if not g.dead:
-                    runtime._local = states[r]  # the replica's stream counters and parity
+                    runtime.run_as(states[r])  # the replica's stream counters and parity
                     waits[r] = g.switch()  # runs until it waits or ends (errors propagate)
             _answer_stacks(runtime, lets, states, waits)
             _check_met(lets)
-    finally:
-        runtime._barrier = None
-        runtime._local = saved
-        runtime.start_replica(0)
 
 
-def _answer_stacks(runtime, lets, states, waits: List[object]) -> None:
+def _answer_stacks(runtime: Runtime, lets, states, waits: List[object]) -> None:
     """Resume the replicas waiting at stack sites, in replica order, until every replica
     waits at a collective or has finished."""
 
     def own(r: int, request: StackRequest):
-        runtime._local = states[r]  # a replica's own kernel may keep per-replica buffers
+        runtime.run_as(states[r])  # a replica's own kernel may keep per-replica buffers
         return request.site.own_outputs(request.args)
 
     while any(isinstance(w, StackRequest) for w in waits):
         values = stacked_values(waits, own)
         for r, w in enumerate(waits):
             if isinstance(w, StackRequest):
-                runtime._local = states[r]
+                runtime.run_as(states[r])
                 waits[r] = lets[r].switch(None if values is None else values[r])
 
 

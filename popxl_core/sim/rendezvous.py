@@ -21,6 +21,7 @@ class Rendezvous:
     """A reusable barrier for ``parties`` threads that fails instead of waiting forever."""
 
     lockstep = False  # threads: each replica snapshots its value (`Runtime.collective`)
+    stacks = False  # no `stacking.StackSite` waits here: only lock step's hub answers those
 
     def __init__(self, parties: int) -> None:
         self.parties = parties

@@ -14,7 +14,9 @@ reduces all R values in replica order.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Dict, List, Optional
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import numpy as np
 import torch
@@ -24,7 +26,27 @@ from .exchange import bytes_tensor, tensor_bytes
 from .lockstep import run_lockstep
 from .rendezvous import Rendezvous, ReplicaMismatchError
 
-__all__ = ["LOCKSTEP", "Runtime", "collective_results", "next_transfer", "run_replicas"]
+__all__ = [
+    "LOCKSTEP",
+    "ReplicaState",
+    "Runtime",
+    "collective_results",
+    "next_transfer",
+    "run_replicas",
+]
+
+
+@dataclass
+class ReplicaState:
+    """Where one replica is in a run: its number, its index among this process's replicas
+    (host data and Streaming Memory are local), how often it has used each stream, and the
+    parity of its next collective's slots. A thread's own (`threading.local`) when replicas
+    run in threads; one per greenlet in lock step (`lockstep.py`)."""
+
+    replica: int
+    slot: int
+    counts: Dict[object, int] = field(default_factory=dict)
+    parity: int = 0
 
 
 class Runtime:
@@ -39,8 +61,9 @@ class Runtime:
         self._exchange = None if placement is None else placement.exchange
         # remote buffer -> one tensor [entries, *shape] per local replica (Streaming Memory)
         self.remote: Dict[object, List[torch.Tensor]] = {}
-        self._local = threading.local()
-        self._barrier: Optional[Rendezvous] = None
+        # the calling replica's `ReplicaState` (a thread's, or the greenlet's in lock step)
+        self._local: Any = threading.local()
+        self._barrier: Any = None  # a `Rendezvous` or the lock-step hub's barrier
         n = len(self.local)
         self._slots: List[List[Any]] = [[None] * n, [None] * n]
         self._gathered: List[Optional[list]] = [None, None]
@@ -52,11 +75,40 @@ class Runtime:
 
     def start_replica(self, replica: int) -> None:
         """Make the calling thread run as ``replica`` with fresh stream counters."""
-        self._local.replica = replica
-        # its index among this process's replicas: host data and Streaming Memory are local
-        self._local.slot = replica - self.local[0]
-        self._local.counts = {}
-        self._local.parity = 0
+        self._local.__dict__.update(vars(self.replica_state(replica)))
+
+    def replica_state(self, replica: int) -> ReplicaState:
+        """A fresh `ReplicaState` for ``replica`` (one of `local`)."""
+        return ReplicaState(replica, replica - self.local[0])
+
+    def run_as(self, state: ReplicaState) -> None:
+        """Make the calling code run as the replica of ``state`` (lock step's greenlets
+        share one thread: the hub switches states as it switches replicas)."""
+        self._local = state
+
+    @property
+    def spans_processes(self) -> bool:
+        """Whether this run's replicas are in several processes (a torch.distributed job):
+        each collective then exchanges values between them."""
+        return self._exchange is not None
+
+    def stack_hub(self) -> Any:
+        """The lock-step hub a `stacking.StackSite` may wait at (None: not in lock step)."""
+        barrier = self._barrier
+        return barrier.hub if barrier is not None and barrier.stacks else None
+
+    @contextmanager
+    def meeting(self, barrier: Any) -> Iterator[None]:
+        """Replicas meet at ``barrier`` at each collective (a `Rendezvous`, or lock step's
+        hub); afterwards the calling thread runs as the first local replica again."""
+        saved = self._local
+        n = len(self.local)
+        self._barrier, self._slots = barrier, [[None] * n, [None] * n]
+        try:
+            yield
+        finally:
+            self._barrier, self._local = None, saved
+            self.start_replica(self.local[0])
 
     @property
     def replica(self) -> int:
@@ -259,15 +311,15 @@ def run_replicas(runtime: Runtime, body: Callable[[int], None], threaded: bool) 
     must meet, in lock step (greenlets; one process only) or one thread per replica. An error
     in one replica breaks the barrier for the others; the first real error is raised."""
     local = runtime.local
-    if not threaded or (len(local) == 1 and runtime._exchange is None):
+    if not threaded or (len(local) == 1 and not runtime.spans_processes):
         for r in local:
             runtime.start_replica(r)
             body(r)
         return
-    if LOCKSTEP and runtime._exchange is None:
+    if LOCKSTEP and not runtime.spans_processes:
         run_lockstep(runtime, body)
         return
-    runtime._barrier = barrier = Rendezvous(len(local))
+    barrier = Rendezvous(len(local))
     errors: List[Optional[BaseException]] = [None] * len(local)
 
     def worker(i: int, r: int) -> None:
@@ -283,14 +335,11 @@ def run_replicas(runtime: Runtime, body: Callable[[int], None], threaded: bool) 
     threads = [
         threading.Thread(target=worker, args=(i, r), daemon=True) for i, r in enumerate(local)
     ]
-    try:
+    with runtime.meeting(barrier):
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-    finally:
-        runtime._barrier = None
-        runtime.start_replica(local[0])
     real = [e for e in errors if e is not None and not isinstance(e, threading.BrokenBarrierError)]
     if real or any(errors):
         raise (real or [e for e in errors if e is not None])[0]

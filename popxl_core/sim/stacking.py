@@ -58,10 +58,10 @@ class StackSite:
         self.checked: Dict[tuple, bool] = {}  # shapes -> the stacked form gave the same bits
 
     def __call__(self, *args):
-        barrier = self.runtime._barrier
-        if barrier is None or not getattr(barrier, "stacks", False):
+        hub = self.runtime.stack_hub()
+        if hub is None:
             return self.kernel(*args)
-        value = barrier.hub.switch(StackRequest(self, args))  # the hub answers
+        value = hub.switch(StackRequest(self, args))  # the hub answers
         if value is None:
             return self.kernel(*args)
         if self.rule.rest is None:
