@@ -4,7 +4,15 @@ runtimes provide, and no replica module reaching into a runtime's private state.
 import pathlib
 import re
 
-from popxl_core.sim.batching import ReplicaRuntime
+import pytest
+import torch
+
+from popxl_core.ops.elementwise import ADD
+from popxl_core.ops.forms import ReplicaFold
+from popxl_core.ops.linear import LINEAR
+from popxl_core.ops.registry import OpDef, no_cost
+from popxl_core.sim import speed
+from popxl_core.sim.batching import ReplicaRuntime, fold_rule, stack_rule
 from popxl_core.sim.fold import FoldPlan, FoldRuntime
 from popxl_core.sim.runtime import Runtime
 
@@ -41,3 +49,21 @@ def test_no_sim_module_reaches_into_a_runtime():
         p.name for p in SIM.glob("*.py") if p.name != "runtime.py" and reach.search(p.read_text())
     ]
     assert offenders == []
+
+
+def test_an_op_has_one_batching_rule_holding_its_fold_and_stack_forms():
+    """`speed.declare`'s ``replica_fold=`` and ``replica_stack=`` fill one `ReplicaBatching`
+    row of one table; giving the whole rule and a field of it is refused."""
+    rule = speed.REPLICA_BATCHING[LINEAR]
+    assert rule.fold is fold_rule(LINEAR) and rule.stack is stack_rule(LINEAR)
+    assert stack_rule(ADD) is None and fold_rule(ADD) is not None
+    assert not {"replica_fold", "replica_stack"} & {t.name for t in speed.TABLES}
+    row = OpDef("NotRegistered", lambda ins: ins, torch.neg, cost=no_cost)
+    fold = ReplicaFold(rows=lambda attrs, shapes, per: True)
+    try:
+        speed.declare(row, replica_fold=fold)
+        assert speed.REPLICA_BATCHING[row] == speed.ReplicaBatching(fold=fold)
+        with pytest.raises(TypeError, match="not both"):
+            speed.declare(row, replica_batching=speed.ReplicaBatching(), replica_stack=fold)
+    finally:
+        speed.REPLICA_BATCHING.rows.pop(row, None)

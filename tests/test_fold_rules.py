@@ -25,8 +25,9 @@ from popxl_core.ops.reduce import REDUCE_OPS
 from popxl_core.ops.scatter_reduce import SCATTER_REDUCE
 from popxl_core.ops.shape import RESHAPE, TRANSPOSE
 from popxl_core.sim import CompileOptions
+from popxl_core.sim.batching import fold_rule
 from popxl_core.sim.bits import same_bits
-from popxl_core.sim.speed import REPLICA_FOLD
+from tests.test_replica_folding import set_fold
 from tests.test_replica_stacking import _assert_same, _outcome
 
 FOLD, OFF = CompileOptions(), CompileOptions(fold_replicas=False)
@@ -44,7 +45,7 @@ def _own(opdef, args, per, attrs, numerics="torch"):
 
 
 def _folded(opdef, args, attrs, k=0, buffers=None):
-    got = REPLICA_FOLD.get(opdef).kernels[k](tuple(args), R, frozenset(), buffers, **attrs)
+    got = fold_rule(opdef).kernels[k](tuple(args), R, frozenset(), buffers, **attrs)
     return got if isinstance(got, tuple) else (got,)
 
 
@@ -104,18 +105,19 @@ def test_layer_norm_grad_side_by_side_is_each_replicas_bits(
 
 @pytest.fixture
 def side_by_side_off():
-    """LayerNormGrad's side-by-side kernel one ulp off (its row of `speed.REPLICA_FOLD`: set,
-    then put back): the fold site must take the next form, the per-replica sums."""
-    good = REPLICA_FOLD.get(LAYER_NORM_GRAD)
+    """LayerNormGrad's side-by-side kernel one ulp off (its rule's ``fold`` in
+    `speed.REPLICA_BATCHING`: set, then put back): the fold site must take the next form,
+    the per-replica sums."""
+    good = fold_rule(LAYER_NORM_GRAD)
 
     def off(args, replicas, dead, buffers, **attrs):
         outs = good.kernels[0](args, replicas, dead, buffers, **attrs)
         return (outs[0], *(torch.nextafter(t, t + 1) for t in outs[1:]))
 
     kernels = (off, *good.kernels[1:])
-    REPLICA_FOLD.rows[LAYER_NORM_GRAD] = dataclasses.replace(good, kernels=kernels)
+    set_fold(LAYER_NORM_GRAD, dataclasses.replace(good, kernels=kernels))
     yield good
-    REPLICA_FOLD.rows[LAYER_NORM_GRAD] = good
+    set_fold(LAYER_NORM_GRAD, good)
 
 
 def test_a_layer_norm_grad_form_with_other_bits_is_passed_over(side_by_side_off):
@@ -137,7 +139,7 @@ def test_reduce_folds_each_replicas_rows(name, axes, keepdims):
     attrs = {"axes": axes, "keepdims": keepdims}
     for numerics in ("torch", "ipu"):
         want = _own(opdef, [x], [True], attrs, numerics)
-        forms = [_folded(opdef, [x], attrs, k) for k in range(len(REPLICA_FOLD.get(opdef).kernels))]
+        forms = [_folded(opdef, [x], attrs, k) for k in range(len(fold_rule(opdef).kernels))]
         assert any(
             len(f) == len(want) and all(same_bits(a, b) for a, b in zip(f, want)) for f in forms
         ), (name, numerics)
@@ -157,7 +159,7 @@ def test_nll_and_its_gradient_fold(reduction):
     _assert_bits(_folded(NLL, [logp, lab], attrs), _own(NLL, [logp, lab], [True, True], attrs))
     g = torch.rand(() if reduction != "none" else lab.shape, generator=_g(3))
     per = [True, True, reduction == "none"]
-    assert REPLICA_FOLD.get(NLL_GRAD).rows(attrs, [logp.shape, lab.shape, g.shape], per)
+    assert fold_rule(NLL_GRAD).rows(attrs, [logp.shape, lab.shape, g.shape], per)
     want = _own(NLL_GRAD, [logp, lab, g], per, attrs)
     _assert_bits(_folded(NLL_GRAD, [logp, lab, g], attrs), want)
 
@@ -174,7 +176,7 @@ def test_nll_folds_decline_where_a_replica_counts_its_own_labels():
     with pytest.raises(ValueError):
         _folded(NLL_GRAD, [logp, lab, torch.tensor(1.0)], attrs)
     # a per-replica scalar loss gradient is not the shared one the folded gradient needs
-    assert not REPLICA_FOLD.get(NLL_GRAD).rows(attrs, [(24, 5), (24,), ()], [True, True, True])
+    assert not fold_rule(NLL_GRAD).rows(attrs, [(24, 5), (24,), ()], [True, True, True])
 
 
 def test_a_folded_nll_names_the_bad_label_by_its_replicas_index():
@@ -203,21 +205,19 @@ def test_exact_rules_are_each_replicas_bits():
     x, w = torch.randn(R * 3, 5, 8, generator=g), torch.randn(8, generator=g)
     y = torch.randn(x.shape, generator=g)
     for opdef in (ADD, SUB, MUL):
-        assert REPLICA_FOLD.get(opdef).exact
+        assert fold_rule(opdef).exact
         for args, per in (([x, w], [True, False]), ([x, y], [True, True])):
             shapes = [(3, *a.shape[1:]) if p else tuple(a.shape) for a, p in zip(args, per)]
-            assert REPLICA_FOLD.get(opdef).rows({}, shapes, per)
+            assert fold_rule(opdef).rows({}, shapes, per)
             _assert_bits((opdef.kernel(*args),), _own(opdef, args, per, {}))
-    rule = REPLICA_FOLD.get(RESHAPE)
+    rule = fold_rule(RESHAPE)
     attrs = {"shape": (3, 40)}
     got = RESHAPE.kernel(x, **rule.attrs(attrs, R))
     _assert_bits((got,), _own(RESHAPE, [x], [True], attrs))
     attrs = {"permutation": (0, 2, 1)}
-    assert REPLICA_FOLD.get(TRANSPOSE).exact and REPLICA_FOLD.get(TRANSPOSE).rows(
-        attrs, [(3, 5, 8)], [True]
-    )
+    assert fold_rule(TRANSPOSE).exact and fold_rule(TRANSPOSE).rows(attrs, [(3, 5, 8)], [True])
     _assert_bits((TRANSPOSE.kernel(x, **attrs),), _own(TRANSPOSE, [x], [True], attrs))
-    assert not REPLICA_FOLD.get(TRANSPOSE).rows({"permutation": (1, 0, 2)}, [(3, 5, 8)], [True])
+    assert not fold_rule(TRANSPOSE).rows({"permutation": (1, 0, 2)}, [(3, 5, 8)], [True])
 
 
 # folded against unfolded training -------------------------------------------------------

@@ -15,8 +15,9 @@ import torch
 
 from popxl_core.ops.linear import LINEAR_GRAD
 from popxl_core.sim import CompileOptions
+from popxl_core.sim.batching import fold_rule
 from popxl_core.sim.fold_site import FoldSite
-from popxl_core.sim.speed import REPLICA_FOLD
+from popxl_core.sim.speed import REPLICA_BATCHING
 from tests.test_replica_stacking import _assert_same, _train
 
 FOLD, OFF = CompileOptions(), CompileOptions(fold_replicas=False)
@@ -79,16 +80,22 @@ def one_ulp_off(kernel):
 
 
 def fold_fields(opdef):
-    """Sets ``opdef``'s `ReplicaFold` fields for one test (its row of the sim's
-    `speed.REPLICA_FOLD` table: set, then put back); a fixture's body,
+    """Sets ``opdef``'s `ReplicaFold` fields for one test (its rule's ``fold`` in the sim's
+    `speed.REPLICA_BATCHING` table: set, then put back); a fixture's body,
     ``yield from fold_fields(OPDEF)``."""
-    good = REPLICA_FOLD.get(opdef)
+    good = fold_rule(opdef)
 
     def replace(**fields):
-        REPLICA_FOLD.rows[opdef] = dataclasses.replace(good, **fields)
+        set_fold(opdef, dataclasses.replace(good, **fields))
 
     yield good, replace
-    REPLICA_FOLD.rows[opdef] = good
+    set_fold(opdef, good)
+
+
+def set_fold(opdef, fold) -> None:
+    """``opdef``'s rule in `speed.REPLICA_BATCHING` with ``fold`` as its fold form."""
+    rule = REPLICA_BATCHING.rows[opdef]
+    REPLICA_BATCHING.rows[opdef] = dataclasses.replace(rule, fold=fold)
 
 
 @pytest.fixture

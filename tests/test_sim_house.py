@@ -128,7 +128,6 @@ def _names(table: speed.OpTable) -> set[str]:
             {"LinearGrad", "MaxPoolWithIndices", "ScaledDotProductFlashAttention"},
         ),
         (speed.BUFFERED_KERNEL, {"LinearGrad"}),
-        (speed.REPLICA_STACK, {"Linear", "LinearGrad"}),
     ],
 )
 def test_speed_rules_are_declared_on_the_ops_that_had_them(table, names):
@@ -136,8 +135,17 @@ def test_speed_rules_are_declared_on_the_ops_that_had_them(table, names):
     assert _names(table) == names
 
 
+def test_replica_stack_rules():
+    have = {n for n, d in all_opdefs().items() if d in speed.REPLICA_BATCHING}
+    assert {n for n in have if speed.REPLICA_BATCHING[all_opdefs()[n]].stack} == {
+        "Linear",
+        "LinearGrad",
+    }
+
+
 def test_replica_fold_rules():
-    have = _names(speed.REPLICA_FOLD)
+    fold = speed.REPLICA_BATCHING.rows
+    have = {n for n, d in all_opdefs().items() if d in fold and fold[d].fold is not None}
     assert {"Add", "Sub", "Mul", "Reshape", "Transpose", "Linear", "LinearGrad"} <= have
     assert {"LayerNorm", "LayerNormGrad", "Nll", "NllGrad", "Gelu", "GeluGrad"} <= have
     assert {"Softmax", "Concat", "ReduceSum", "Gather", "ScatterReduce"} <= have

@@ -4,9 +4,10 @@ Every replica runs the same main graph over its 1/R of the batch. Run as R progr
 the other, a replication-4 step costs about four one-replica steps of small ops; the
 mechanisms below make it cost about one (`benchmarks/RESULTS.md`, ``*_r4`` rows), each
 keeping every replica's bits. They form one ladder, decided per program at Session build and
-per run, with per-op-type rules (`speed.REPLICA_FOLD`, `speed.REPLICA_STACK`) and one
-fallback everywhere: each replica's own call of the op's table kernel, as the unbatched
-program makes it.
+per run, with per-op-type rules in one table (`speed.REPLICA_BATCHING`: one
+`speed.ReplicaBatching` per op, its ``fold`` and ``stack`` forms) and one fallback
+everywhere: each replica's own call of the op's table kernel, as the unbatched program
+makes it.
 
 1. **Lock step** (`lockstep.py`, per run). A program with collectives runs its replicas as
    greenlets of one thread; at each collective the last to arrive computes every replica's
@@ -21,8 +22,8 @@ program makes it.
    share. Bit check, every run until it holds: the shared variables are the same bits on
    every replica and the checked small streams the same bytes (`SharedRuns.prepare`);
    else the run is unshared (every replica its own main graph).
-3. **Stacking** (`stacking.py`, per site). In lock step, an op with a `speed.REPLICA_STACK`
-   rule (a GEMM of a weight of at least `stacking.MIN_SHARED_BYTES`) waits at the hub;
+3. **Stacking** (`stacking.py`, per site). In lock step, an op whose rule has a ``stack``
+   form (a GEMM of a weight of at least `stacking.MIN_SHARED_BYTES`) waits at the hub;
    where every replica waits at that op with the weight in the same memory, one kernel
    computes all of their outputs. Bit check per site and set of shapes (strides,
    alignment, threads): the stacked outputs against each replica's own kernel; else the
@@ -31,7 +32,7 @@ program makes it.
    and the main graph qualifies (`fold.plan_fold`), the replicas' whole step is a third
    program run once over their values concatenated along dim 0 (`fold.FoldRuntime`). Per
    op of a called graph with a per-replica input (`fold_site.FoldSite`): its
-   `speed.REPLICA_FOLD` forms, tried in order at the site's first call and checked bit for
+   rule's ``fold`` forms, tried in order at the site's first call and checked bit for
    bit against the fallback (per thread count); an ``exact`` form is emitted unchecked. The main
    graph's all-reduces become sums over the replica dim (`fold_reduce.py`, groups of small
    ones in kept buffers: `fold_group.py`; parameter gradients computed at the group:
@@ -51,12 +52,37 @@ What the compiled program and this machinery need of a runtime is `ReplicaRuntim
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Callable, Dict, Optional, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 import torch
 
-__all__ = ["ReplicaRuntime"]
+from .speed import REPLICA_BATCHING
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..ops.forms import ReplicaFold, ReplicaStack
+
+__all__ = ["ReplicaRuntime", "fold_rule", "known_fold", "stack_rule"]
+
+
+def fold_rule(opdef) -> Optional[ReplicaFold]:
+    """How replicas' calls of ``opdef`` fold into one over their rows (None: they do not)."""
+    rule = REPLICA_BATCHING.get(opdef)
+    return None if rule is None else rule.fold
+
+
+def known_fold(opdef) -> ReplicaFold:
+    """`fold_rule` of an op known to have one (a planned fold site's)."""
+    rule = fold_rule(opdef)
+    if rule is None:
+        raise KeyError(f"{opdef.name} has no fold form in speed.REPLICA_BATCHING")
+    return rule
+
+
+def stack_rule(opdef) -> Optional[ReplicaStack]:
+    """How replicas' calls of ``opdef`` stack at lock step's hub (None: they do not)."""
+    rule = REPLICA_BATCHING.get(opdef)
+    return None if rule is None else rule.stack
 
 
 @runtime_checkable

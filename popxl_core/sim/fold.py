@@ -17,7 +17,7 @@ stream) is one tensor of its own shape. Then
   the values only it reads (`fold_together.py`: layer norms' and linear layers' parameter
   gradients);
 - each op of a called graph with a per-replica input runs as a `fold_site.FoldSite`: one
-  kernel call over the concatenated rows where its `speed.REPLICA_FOLD` says the op is
+  kernel call over the concatenated rows where its `speed.ReplicaBatching.fold` says the op is
   row-wise there (checked bit for bit against the replicas' own calls once per shape), else
   the replicas' own calls one by one, their outputs concatenated;
 - ops whose inputs are all uniform (the optimizer update) run once, as in `uniform.py`.
@@ -245,6 +245,7 @@ class FoldRuntime:
         if out is None:
             return _first_result(fn, list(rows.unbind()))
         if out is not rows:
+            assert op is not None  # `check_summed` kept a buffer: op is "add" or "mean"
             return summed(rows, op, out)
         want = _first_result(fn, list(rows.unbind()))
         self.summed[fn.op_name] = check_summed(rows, op, want)

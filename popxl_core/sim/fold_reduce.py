@@ -27,8 +27,8 @@ from ..graph import Op
 from ..ops.call import CALL
 from ..ops.collectives.collectives import reduce_values, summed
 from ..ops.collectives.replicated import ALL_REDUCE
+from .batching import fold_rule
 from .bits import same_bits
-from .speed import REPLICA_FOLD
 
 __all__ = [
     "FUSE_BYTES",
@@ -192,7 +192,7 @@ def _graph_source(t, plan):
     if source is None:
         return None
     op, j = source
-    rule = REPLICA_FOLD.get(op.opdef)
+    rule = fold_rule(op.opdef)
     return source if rule is not None and rule.reduced and j in rule.reduces else None
 
 

@@ -2,10 +2,10 @@
 
 A `FoldSite` holds two ways to compute the op over the replicas' rows (per-replica values
 concatenated along dim 0): the *folded* call (the kernel on the concatenated rows, with the
-attributes `speed.REPLICA_FOLD` gives, or its own folded kernel), and the *replicas' calls*
-(each replica's own kernel on its rows, outputs concatenated: the unfolded run's calls on
-the same values; a replica's rows have the strides its own tensor has, dim 0 being
-outermost). A GEMM's or a reduction's rows need not come out the same bits at R*b
+attributes its `speed.ReplicaBatching.fold` gives, or its own folded kernel), and the
+*replicas' calls* (each replica's own kernel on its rows, outputs concatenated: the
+unfolded run's calls on the same values; a replica's rows have the strides its own tensor
+has, dim 0 being outermost). A GEMM's or a reduction's rows need not come out the same bits at R*b
 rows as at b (MKL picks kernels per shape and CPU), so at its first call a site computes
 both, trying the op's folded forms in order, and compares bit for bit; it keeps the first
 folded form whose every output matched, else the replicas' calls. A compiled graph meets the
@@ -25,10 +25,11 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from ..graph import Op
+from .batching import fold_rule, known_fold
 from .bits import same_bits
 from .fold_reduce import ReducedOutputs, ReduceGroups
 from .kernel_wrappers import fp16_in_fp32, touches_narrow_unsigned
-from .speed import DEAD_OUTPUT_KERNELS, REPLICA_FOLD
+from .speed import DEAD_OUTPUT_KERNELS
 from .variants import all_float32
 
 __all__ = ["FoldSite", "emit_fold"]
@@ -78,7 +79,7 @@ def _emit_reduce_group(op: Op, plan, em, fold) -> bool:
 def _emit_exact(op: Op, em, fold, emit_kernel: Callable) -> bool:
     """An op whose `ReplicaFold.exact` folded call applies: emitted as the compiler emits
     the op itself (inline where `speed.DIRECT` allows), with the folded attributes."""
-    rule = REPLICA_FOLD.get(op.opdef)
+    rule = fold_rule(op.opdef)
     if rule is None or not rule.exact or rule.kernels or not _plain(op):
         return False
     if not _rows_fold(op, rule, [t in fold.stacked for t in op.inputs]):
@@ -207,7 +208,7 @@ def _base_kernel(op: Op, em, dead: frozenset) -> Tuple[Callable, frozenset]:
 def _folded_call(op: Op, base: Callable, site: FoldSite, em) -> Optional[List[Callable]]:
     """The calls over all replicas' rows the op's `ReplicaFold` allows (to try in order), or
     None."""
-    rule = REPLICA_FOLD.get(op.opdef)
+    rule = fold_rule(op.opdef)
     if rule is None:
         return None
     r = site.replicas
@@ -243,7 +244,7 @@ def _together(op: Op, site: FoldSite, fold, plain: bool):
     together = fold.together.get(op)
     if together is None or not plain or site.folded is None:
         return None
-    rule = REPLICA_FOLD[op.opdef]
+    rule = known_fold(op.opdef)
     r, attrs, rest, dead = site.replicas, op.attrs, rule.rest, site.dead
     together.sites[op] = site
 
@@ -262,7 +263,7 @@ def _reduced(op: Op, site: FoldSite, em, fold, plain: bool) -> Optional[ReducedO
         return None
     keep = em.graph in em.program.keeps_buffers  # its buffers are dead by the next run
     # `plan_fused` reduces only the outputs of ops with a fold rule (`sole_graph_source`)
-    rule, r = REPLICA_FOLD[op.opdef], site.replicas
+    rule, r = known_fold(op.opdef), site.replicas
     calls = []
     if plain and rule.rows(op.attrs, [tuple(t.shape) for t in op.inputs], site.per):
         buffers: Optional[Dict[Any, Any]] = {} if keep else None

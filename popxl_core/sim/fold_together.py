@@ -35,7 +35,7 @@ from .fold_reduce import reduce_runs, sole_graph_source
 
 if TYPE_CHECKING:  # pragma: no cover
     from .fold_site import FoldSite
-from .speed import REPLICA_FOLD
+from .batching import fold_rule, known_fold
 
 __all__ = ["Together", "TogetherMode", "plan_together"]
 
@@ -64,7 +64,8 @@ class Together:
     def __init__(self, ops: List[Op], outputs: List[int], replicas: int) -> None:
         self.ops, self.outputs, self.replicas = ops, outputs, replicas
         self.index = {op: k for k, op in enumerate(ops)}
-        rule = REPLICA_FOLD[ops[0].opdef]
+        rule = known_fold(ops[0].opdef)
+        assert rule.together is not None  # `plan_together` groups only ops offering it
         self.kernel, self.attrs, self.into = rule.together, dict(ops[0].attrs), rule.together_into
         # group position -> (op index, output position in ``outputs``), set by `plan_together`
         self.members: Dict[int, tuple] = {}
@@ -238,13 +239,13 @@ def plan_together(plan, live: Sequence[Op]) -> None:
                 found.setdefault(source[0], {})[source[1]] = p
         classes: Dict[tuple, List[Op]] = {}
         for op, outs in found.items():
-            rule = REPLICA_FOLD[op.opdef]
+            rule = known_fold(op.opdef)
             want = [j for j in rule.together_outputs if j < len(op.outputs)]
             if want and sorted(outs) == want and op not in plan.reduced:
                 classes.setdefault(_key(op), []).append(op)
         made = []
         for ops in classes.values():
-            if len(ops) < 2 and not REPLICA_FOLD[ops[0].opdef].together_into:
+            if len(ops) < 2 and not known_fold(ops[0].opdef).together_into:
                 continue
             made.append(_together(ops, sorted(found[ops[0]]), found, run, plan))
         if made:
@@ -276,13 +277,13 @@ def _source(t, plan):
     source = sole_graph_source(t, plan)
     if source is None:
         return None
-    rule = REPLICA_FOLD.get(source[0].opdef)
+    rule = fold_rule(source[0].opdef)
     return source if rule is not None and rule.together is not None else None
 
 
 def _key(op: Op) -> tuple:
     attrs = tuple(sorted((k, repr(v)) for k, v in op.attrs.items()))
     dtypes = tuple(t.dtype for t in op.inputs)
-    if REPLICA_FOLD[op.opdef].together_into:  # one call per op: any shapes
+    if known_fold(op.opdef).together_into:  # one call per op: any shapes
         return op.type, dtypes, attrs
     return op.type, tuple(tuple(t.shape) for t in op.inputs), dtypes, attrs

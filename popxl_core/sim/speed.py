@@ -7,7 +7,7 @@ from its primitives. Each op family registers its variants next to its kernel, a
     ADD = register(OpDef("Add", ...))
     speed.declare(ADD, out_kernel=torch.add, replica_fold=fold_elementwise(exact=True))
 
-and the compiler's passes read them by the op's row (``REPLICA_FOLD.get(op.opdef)``). The
+and the compiler's passes read them by the op's row (``BUFFERED_KERNEL.get(op.opdef)``). The
 rule types are in `popxl_core.ops.forms`. This module imports nothing of the project, so both
 ``ops/`` (which registers) and ``sim/`` (which reads) import it without a circle.
 
@@ -30,14 +30,16 @@ The tables:
 * `BUFFERED_KERNEL`: ``(op, dead output indexes) -> kernel or None``, a float32 kernel that
   writes its outputs into buffers it keeps, used only for an op that runs at most once per
   `Session.run` (variants.py);
-* `REPLICA_STACK`: the op's calls by replicas in lock step as one call where its weight is
-  shared (`forms.ReplicaStack`; stacking.py);
-* `REPLICA_FOLD`: data-parallel replicas' calls of the op as one call over their values
-  concatenated along dim 0 (`forms.ReplicaFold`; fold.py).
+* `REPLICA_BATCHING`: how data-parallel replicas' calls of the op batch into one call, its
+  one `ReplicaBatching` rule (batching.py): ``fold`` over their values concatenated along
+  dim 0 (`forms.ReplicaFold`; fold.py), ``stack`` by replicas in lock step where its weight
+  is shared (`forms.ReplicaStack`; stacking.py). `declare` takes its fields as the keywords
+  ``replica_fold=`` and ``replica_stack=`` (or the whole rule as ``replica_batching=``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import (
     TYPE_CHECKING,
     Any,
@@ -53,6 +55,7 @@ from typing import (
 )
 
 if TYPE_CHECKING:
+    from ..ops.forms import ReplicaFold, ReplicaStack
     from ..ops.registry import OpDef
 
 __all__ = [
@@ -67,8 +70,8 @@ __all__ = [
     "JOINT_GRAD",
     "DEAD_OUTPUT_KERNELS",
     "BUFFERED_KERNEL",
-    "REPLICA_STACK",
-    "REPLICA_FOLD",
+    "REPLICA_BATCHING",
+    "ReplicaBatching",
     "declare",
 ]
 
@@ -126,8 +129,24 @@ JOINT_GRAD: OpTable = OpTable("joint_grad")
 # op -> {the set of outputs nothing reads: the kernel that skips them}
 DEAD_OUTPUT_KERNELS: OpTable[Dict[frozenset, Callable]] = OpTable("dead_output_kernels")
 BUFFERED_KERNEL: OpTable = OpTable("buffered_kernel")
-REPLICA_STACK: OpTable = OpTable("replica_stack")
-REPLICA_FOLD: OpTable = OpTable("replica_fold")
+
+
+@dataclass(frozen=True)
+class ReplicaBatching:
+    """How data-parallel replicas' calls of one op batch into fewer calls (batching.py):
+    ``fold``, one call over all replicas' values concatenated along dim 0 (the folded
+    program, fold.py); ``stack``, one call at lock step's hub over the replicas' values
+    stacked where a weight is one tensor for all (stacking.py). None: not that way. Either
+    is used only where it gives every replica the bits of its own call, which every op
+    without a rule makes."""
+
+    fold: Optional["ReplicaFold"] = None
+    stack: Optional["ReplicaStack"] = None
+
+
+REPLICA_BATCHING: OpTable[ReplicaBatching] = OpTable("replica_batching")
+# `declare`'s keywords for the fields of an op's one `ReplicaBatching` rule
+_REPLICA_FIELDS = {"replica_fold": "fold", "replica_stack": "stack"}
 
 TABLES: Tuple[OpTable, ...] = (
     FOREACH,
@@ -138,20 +157,26 @@ TABLES: Tuple[OpTable, ...] = (
     JOINT_GRAD,
     DEAD_OUTPUT_KERNELS,
     BUFFERED_KERNEL,
-    REPLICA_STACK,
-    REPLICA_FOLD,
+    REPLICA_BATCHING,
 )
 _BY_NAME = {t.name: t for t in TABLES}
-TABLE_NAMES = frozenset(_BY_NAME)
+TABLE_NAMES = frozenset(_BY_NAME) | frozenset(_REPLICA_FIELDS)  # `declare`'s keywords
 
 
 def declare(opdef: "OpDef", **rules: Any) -> "OpDef":
     """Register ``opdef``'s rules in the tables named by the keywords (None: no rule), e.g.
-    ``declare(ADD, out_kernel=torch.add)``; returns ``opdef``. An unknown name is a TypeError.
+    ``declare(ADD, out_kernel=torch.add)``; returns ``opdef``. ``replica_fold=`` and
+    ``replica_stack=`` are the fields of its one `ReplicaBatching` rule. An unknown name is
+    a TypeError.
     """
-    unknown = sorted(set(rules) - _BY_NAME.keys())
+    unknown = sorted(set(rules) - TABLE_NAMES)
     if unknown:
-        raise TypeError(f"{opdef.name}: no speed table {unknown}; the tables: {sorted(_BY_NAME)}")
+        raise TypeError(f"{opdef.name}: no speed table {unknown}; the names: {sorted(TABLE_NAMES)}")
+    batching = {_REPLICA_FIELDS[k]: rules.pop(k) for k in _REPLICA_FIELDS.keys() & rules.keys()}
+    if any(rule is not None for rule in batching.values()):
+        if rules.get("replica_batching") is not None:
+            raise TypeError(f"{opdef.name}: give replica_batching= or its fields, not both.")
+        rules["replica_batching"] = ReplicaBatching(**batching)
     for name, rule in rules.items():
         if rule is not None:
             _BY_NAME[name].register(opdef, rule)

@@ -5,7 +5,7 @@ With R data-parallel replicas every replica runs the same graphs over its 1/R of
 Where `uniform.py` makes the weights one tensor for all replicas, each replica's forward and
 input-gradient GEMM still reads the whole weight for its few rows: at the seed MLP's 8 rows
 a replica, R reads of 1.3 M weights were most of a replication-4 step. Here an op whose
-`speed.REPLICA_STACK` (`forms.ReplicaStack`) says how, emitted as a `StackSite`, meets the
+`speed.ReplicaBatching.stack` (`forms.ReplicaStack`) says how, emitted as a `StackSite`, meets the
 other replicas at the lock-step hub (`lockstep.py`, like a collective without data exchange);
 when every replica is at the same op with the ``shared`` inputs in the same memory, the hub
 computes the op's outputs for all of them with one kernel over the replicas' other inputs
@@ -28,8 +28,8 @@ import torch
 
 from ..graph import Op
 from ..ops.forms import ReplicaStack
+from .batching import stack_rule
 from .bits import same_bits
-from .speed import REPLICA_STACK
 from .variants import all_float32, bounded
 
 __all__ = ["MIN_SHARED_BYTES", "StackRequest", "StackSite", "stack_site", "stacked_values"]
@@ -94,7 +94,7 @@ class StackRequest:
 def stack_site(op: Op, em, kernel: Callable) -> Optional[StackSite]:
     """``kernel`` as a `StackSite` where the op may be stacked across the replicas this
     process runs in lock step, else None."""
-    rule = REPLICA_STACK.get(op.opdef)
+    rule = stack_rule(op.opdef)
     program = em.program
     runtime = program.namespace["RT"]
     if rule is None or not program.options.stack_replicas or program.check_specs:
