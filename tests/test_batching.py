@@ -4,17 +4,22 @@ runtimes provide, and no replica module reaching into a runtime's private state.
 import pathlib
 import re
 
+import numpy as np
 import pytest
 import torch
 
+import popxl_core as popxl
+from popxl_core import ops
+from popxl_core.ops import collectives as coll
 from popxl_core.ops.elementwise import ADD
 from popxl_core.ops.forms import ReplicaFold
 from popxl_core.ops.linear import LINEAR
 from popxl_core.ops.registry import OpDef, no_cost
-from popxl_core.sim import speed
-from popxl_core.sim.batching import ReplicaRuntime, fold_rule, stack_rule
+from popxl_core.sim import runtime, speed
+from popxl_core.sim.batching import ReplicaRuns, ReplicaRuntime
 from popxl_core.sim.fold import FoldPlan, FoldRuntime
-from popxl_core.sim.runtime import Runtime
+from popxl_core.sim.runtime import ReplicaSchedule, Runtime
+from popxl_core.sim.speed import fold_rule, stack_rule
 
 SIM = pathlib.Path(__file__).resolve().parents[1] / "popxl_core" / "sim"
 
@@ -67,3 +72,37 @@ def test_an_op_has_one_batching_rule_holding_its_fold_and_stack_forms():
             speed.declare(row, replica_batching=speed.ReplicaBatching(), replica_stack=fold)
     finally:
         speed.REPLICA_BATCHING.rows.pop(row, None)
+
+
+def _session(collective: bool, replicas: int = 2):
+    """A replicated Ir storing x (plus an all-reduce of it where ``collective``)."""
+    ir = popxl.Ir(replicas)
+    with ir.main_graph, popxl.in_sequence():
+        x = popxl.variable(np.arange(3, dtype=np.float32), name="x")
+        y = coll.replicated_all_reduce(x, "add") if collective else x + 1
+        s = popxl.d2h_stream(y.shape, y.dtype, "y")
+        ops.host_store(s, y)
+    return popxl.Session(ir, "ipu_hw")
+
+
+@pytest.mark.parametrize(
+    "collective, lockstep, want",
+    [
+        (False, True, ReplicaSchedule.ONE_BY_ONE),
+        (True, True, ReplicaSchedule.LOCK_STEP),
+        (True, False, ReplicaSchedule.THREADS),
+    ],
+)
+def test_each_run_picks_one_schedule(monkeypatch, collective, lockstep, want):
+    """`ReplicaRuns.prepare` decides how a run executes its replicas, in one place: one by
+    one without collectives, lock step with them, threads where lock step is off; the
+    stored values are the same whichever runs."""
+    monkeypatch.setattr(runtime, "LOCKSTEP", lockstep)
+    seen = []
+    prepare = ReplicaRuns.prepare
+    monkeypatch.setattr(ReplicaRuns, "prepare", lambda *a: seen.append(prepare(*a)) or seen[-1])
+    with _session(collective) as sess:
+        (out,) = sess.run().values()
+    assert seen == [want]
+    want_rows = [0.0, 2.0, 4.0] if collective else [1.0, 2.0, 3.0]
+    np.testing.assert_array_equal(out, np.array([want_rows] * 2, dtype=np.float32))

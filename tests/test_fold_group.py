@@ -20,7 +20,7 @@ from tests.test_replica_stacking import _assert_same, _train
 
 
 def _group(session):
-    (state,) = session._fold.namespace["RT"].groups.values()
+    (state,) = session._replicas.fold.namespace["RT"].groups.values()
     return state
 
 
@@ -55,12 +55,13 @@ def linear_grad_fold():
 
 
 def _sites(session, op_type: str) -> list:
-    return [s for s in session._fold.fold.sites if s.together is not None and s.op.type == op_type]
+    sites = session._replicas.fold.fold.sites
+    return [s for s in sites if s.together is not None and s.op.type == op_type]
 
 
 def _modes(session, op_type: str) -> set:
     """How the group made the values of ``op_type``'s `Together`s in the last run."""
-    (togethers,) = session._fold.fold.together_groups.values()
+    (togethers,) = session._replicas.fold.fold.together_groups.values()
     modes = _group(session).together
     return {modes[i].value for i, t in enumerate(togethers) if t.ops[0].type == op_type}
 
@@ -77,7 +78,7 @@ def test_parameter_gradients_are_made_at_the_group(replicas):
     ln, lin = _sites(session, "LayerNormGrad"), _sites(session, "LinearGrad")
     assert len(ln) == 9 and len(lin) == 17
     assert all(s.chosen != s._each for s in ln + lin)  # dx matched: rest runs
-    (togethers,) = session._fold.fold.together_groups.values()
+    (togethers,) = session._replicas.fold.fold.together_groups.values()
     # the linear layers with a bias, the head without (a class of its own), the layer norms
     assert sorted(len(t.members) for t in togethers) == [1, 18, 32]
     assert _modes(session, "LayerNormGrad") == {"blocks"}

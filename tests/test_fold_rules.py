@@ -25,8 +25,8 @@ from popxl_core.ops.reduce import REDUCE_OPS
 from popxl_core.ops.scatter_reduce import SCATTER_REDUCE
 from popxl_core.ops.shape import RESHAPE, TRANSPOSE
 from popxl_core.sim import CompileOptions
-from popxl_core.sim.batching import fold_rule
 from popxl_core.sim.bits import same_bits
+from popxl_core.sim.speed import fold_rule
 from tests.test_replica_folding import set_fold
 from tests.test_replica_stacking import _assert_same, _outcome
 
@@ -123,7 +123,7 @@ def side_by_side_off():
 def test_a_layer_norm_grad_form_with_other_bits_is_passed_over(side_by_side_off):
     folded, off = _train(LnNet, FOLD), _ln_off()
     _assert_same(folded, off)
-    sites = [s for s in folded[3]._fold.fold.sites if s.op.type == "LayerNormGrad"]
+    sites = [s for s in folded[3]._replicas.fold.fold.sites if s.op.type == "LayerNormGrad"]
     assert sites and all(s.chosen is s.folded[1] for s in sites)
 
 
@@ -261,8 +261,8 @@ def test_layer_norms_and_reductions_fold_bitwise():
     folded, off = _train(LnNet, FOLD), _ln_off()
     _assert_same(folded, off)
     session = folded[3]
-    assert session._fold.namespace["RT"].runs == 3
-    sites = session._fold.fold.sites
+    assert session._replicas.fold.namespace["RT"].runs == 3
+    sites = session._replicas.fold.fold.sites
     # a replica's batch mean broadcast back over its own rows (its Add and the mean's
     # gradient) has no rule: each replica's own call. Every other site has a folded kernel,
     # chosen where it gives each replica's bits on this CPU: which do is the CPU's to say
@@ -274,7 +274,7 @@ def test_layer_norms_and_reductions_fold_bitwise():
         "ReduceSumGrad",
     ]
     assert {"LayerNormGrad", "Nll", "NllGrad"} <= {s.op.type for s in sites}
-    assert session._fold.stats["exact_folded_ops"] > 0
+    assert session._replicas.fold.stats["exact_folded_ops"] > 0
 
 
 # per-step host work of a replicated step ----------------------------------------------------

@@ -33,19 +33,19 @@ linear = importlib.import_module("popxl_core.ops.linear")  # the module, not ``o
 
 
 def _reduced_sites(session) -> list:
-    return [s for s in session._fold.fold.sites if s.reduced is not None]
+    return [s for s in session._replicas.fold.fold.sites if s.reduced is not None]
 
 
 def _passed_on(session) -> int:
     """Lines of the folded main graph where an all-reduce passes its input on."""
-    return len(re.findall(r"^\s*v\d+ = v\d+$", session._fold.main.source, re.M))
+    return len(re.findall(r"^\s*v\d+ = v\d+$", session._replicas.fold.main.source, re.M))
 
 
 def test_the_mlp_weight_gradients_are_reduced_by_their_linear_grad():
     folded, off = _train("mlp", 4, FOLD), _off("mlp", 4)
     _assert_same(folded, off)
     session = folded[3]
-    plan = session._fold.fold
+    plan = session._replicas.fold.fold
     # the three 512-wide layers' weight gradients (>= FUSE_BYTES) and their biases'; then
     # the last layer's 10 x 512 (20 KiB) and bias, whose two all-reduces alone would make a
     # group call: no all-reduce call is left
@@ -54,8 +54,8 @@ def test_the_mlp_weight_gradients_are_reduced_by_their_linear_grad():
     assert [s.op.type for s in _reduced_sites(session)] == ["LinearGrad"] * 4
     assert all(s.reduced.kinds == {1: "mean", 2: "mean"} for s in _reduced_sites(session))
     assert _passed_on(session) == 8
-    assert "RT.collective" not in session._fold.main.source
-    assert "RT.all_reduce_group" not in session._fold.main.source
+    assert "RT.collective" not in session._replicas.fold.main.source
+    assert "RT.all_reduce_group" not in session._replicas.fold.main.source
     # whether the fused GEMM chain gives the all-reduce's bits is the CPU's GEMM's matter
     # (checked per shape): every site was checked and chose a call
     assert all(s.chosen is not None for s in _reduced_sites(session))
@@ -69,7 +69,7 @@ def test_every_gradient_size_fused_is_bitwise(model, replicas, monkeypatch):
     folded, off = _train(model, replicas, FOLD), _off(model, replicas)
     _assert_same(folded, off)
     sites = _reduced_sites(folded[3])
-    assert sites and _passed_on(folded[3]) == len(folded[3]._fold.fold.fused)
+    assert sites and _passed_on(folded[3]) == len(folded[3]._replicas.fold.fold.fused)
     assert _passed_on(folded[3]) == sum(len(s.reduced.kinds) for s in sites)
 
 
@@ -115,7 +115,7 @@ def test_a_gradient_something_else_reads_is_not_fused(monkeypatch):
     monkeypatch.setattr(fold_reduce, "Counter", lambda xs: {t: 2 for t in xs})
     folded, off = _train("mlp", 2, FOLD), _off("mlp", 2)
     _assert_same(folded, off)
-    assert not folded[3]._fold.fold.fused and not _reduced_sites(folded[3])
+    assert not folded[3]._replicas.fold.fold.fused and not _reduced_sites(folded[3])
 
 
 def _train_with_writes(compiler, replicas: int = 4, steps: int = 3):
@@ -153,7 +153,7 @@ def test_torch_tensors_are_replica_0s_values_and_writes_reach_every_replica():
     assert prog.extra.shared.copied == []
     assert all(p.data_ptr() in device for p in folded[1].values())
     assert all(s.data_ptr() in device for s in folded[2].values())
-    assert prog.session._fold.namespace["RT"].runs == 3
+    assert prog.session._replicas.fold.namespace["RT"].runs == 3
 
 
 def test_the_addmm_chain_variant_is_bitwise(linear_grad_fold):  # noqa: F811
@@ -189,8 +189,8 @@ def test_small_gradients_of_many_ops_stay_in_one_group():
     ops' all-reduces would make a run of their own."""
     folded, off = _train("gpt", 2, FOLD), _off("gpt", 2)
     _assert_same(folded, off)
-    assert not folded[3]._fold.fold.fused
-    assert "RT.all_reduce_group" in folded[3]._fold.main.source
+    assert not folded[3]._replicas.fold.fold.fused
+    assert "RT.all_reduce_group" in folded[3]._replicas.fold.main.source
 
 
 def test_row_blocks_cover_every_row_once():

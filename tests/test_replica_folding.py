@@ -15,9 +15,8 @@ import torch
 
 from popxl_core.ops.linear import LINEAR_GRAD
 from popxl_core.sim import CompileOptions
-from popxl_core.sim.batching import fold_rule
 from popxl_core.sim.fold_site import FoldSite
-from popxl_core.sim.speed import REPLICA_BATCHING
+from popxl_core.sim.speed import REPLICA_BATCHING, fold_rule
 from tests.test_replica_stacking import _assert_same, _train
 
 FOLD, OFF = CompileOptions(), CompileOptions(fold_replicas=False)
@@ -33,7 +32,7 @@ def _off(model: str, replicas: int):
 
 
 def _sites(session) -> list:
-    return list(session._fold.fold.sites)
+    return list(session._replicas.fold.fold.sites)
 
 
 def _each(site) -> bool:
@@ -53,8 +52,8 @@ def test_folded_is_bitwise_the_replicas_run(model, replicas):
     folded, off = _train(model, replicas, FOLD), _off(model, replicas)
     _assert_same(folded, off)
     session = folded[3]
-    assert off[3]._fold is None
-    assert session._fold.namespace["RT"].runs == 3  # every step ran folded
+    assert off[3]._replicas.fold is None
+    assert session._replicas.fold.namespace["RT"].runs == 3  # every step ran folded
     sites = _sites(session)
     # every op with a rule has a folded call; which ones pass their bit check depends on the
     # CPU's kernels (MKL picks GEMMs per shape and CPU: the test does not gate on that), but
@@ -62,7 +61,7 @@ def test_folded_is_bitwise_the_replicas_run(model, replicas):
     # label check) and its gradient (one call: the same value at every label). Every op of
     # both models has a rule
     ruled = [s for s in sites if s.folded is not None]
-    assert session._fold.stats["folded_ops"] == len(ruled) == len(sites)
+    assert session._replicas.fold.stats["folded_ops"] == len(ruled) == len(sites)
     assert all(s.chosen is not None for s in sites)
     moves = {"Reshape", "Transpose", "Split", "Concat", "Gather", "Slice", "SliceGrad"}
     assert [s.op.type for s in ruled if s.op.type in moves and _each(s)] == []
@@ -124,7 +123,7 @@ def test_unshared_runs_are_not_folded():
     made so by a host write of the weights with the replicas' copies unshared) runs the
     replicas as before."""
     unshared = _train("mlp", 2, CompileOptions(share_uniform=False))
-    assert unshared[3]._fold is None
+    assert unshared[3]._replicas.fold is None
     _assert_same(unshared, _off("mlp", 2))
 
 
@@ -133,7 +132,7 @@ def test_a_run_the_session_does_not_share_runs_unfolded(monkeypatch):
 
     monkeypatch.setattr(uniform.SharedRuns, "prepare", lambda self, *a: self.unshare(a[0]))
     folded = _train("mlp", 2, FOLD)
-    assert folded[3]._fold.namespace["RT"].runs == 0
+    assert folded[3]._replicas.fold.namespace["RT"].runs == 0
     _assert_same(folded, _train("mlp", 2, OFF))
 
 
@@ -143,7 +142,7 @@ def test_a_thread_count_change_checks_again():
         folded = _train("gpt", 2, FOLD, steps=1)
         session = folded[3]
         torch.set_num_threads(1 if threads > 1 else 2)
-        session._fold.namespace["RT"].start({}, {})
+        session._replicas.fold.namespace["RT"].start({}, {})
         assert all(s.chosen is None for s in _sites(session))
     finally:
         torch.set_num_threads(threads)
@@ -152,7 +151,7 @@ def test_a_thread_count_change_checks_again():
 def test_sites_are_fold_sites_of_the_folded_program():
     session = _train("mlp", 2, FOLD, steps=1)[3]
     assert all(isinstance(s, FoldSite) for s in _sites(session))
-    assert session._program.fold is None and session._fold.fold is not None
+    assert session._program.fold is None and session._replicas.fold.fold is not None
 
 
 @pytest.mark.parametrize("opt, replicas", [("adam", 2), ("sgd", 4)])
@@ -165,4 +164,4 @@ def test_folded_optimizers_and_rts_are_bitwise(opt, replicas):
         a = _fx_train(opt, replicas, rts, FOLD)
         b = _fx_train(opt, replicas, rts, OFF)
         _assert_same(a, b)
-        assert (a[3]._fold is None) == rts
+        assert (a[3]._replicas.fold is None) == rts

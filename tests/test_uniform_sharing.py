@@ -66,7 +66,7 @@ def test_popxl_fx_training_shared_is_bitwise_the_unshared(opt, replicas, rts):
     assert session0._program.sharing is None
     if not rts:  # the update of every weight (and its optimizer state) ran once per step
         sharing = session._program.sharing
-        assert sharing is not None and session._sharing.active
+        assert sharing is not None and session._replicas.sharing.active
         assert len(sharing.variables) == len(session._program.variables)
     # each replica's weight gradients go into buffers of its own, kept between steps
     assert session._program.stats["buffered_ops"] == 4
@@ -123,7 +123,7 @@ def _runs(compiler, lrs_per_run, hazard=False, grouped=False, write=None):
             res = sess.run({xs: x, lrs: np.asarray(lr, np.float32)})
             got.append([res[s] for s in streams])
             got.append([sess.get_tensor_data(w).copy()])
-        sharing, active = getattr(sess._program, "sharing", None), sess._sharing.active
+        sharing, active = getattr(sess._program, "sharing", None), sess._replicas.sharing.active
     return got, sharing, active
 
 

@@ -9,42 +9,44 @@ per run, with per-op-type rules in one table (`speed.REPLICA_BATCHING`: one
 everywhere: each replica's own call of the op's table kernel, as the unbatched program
 makes it.
 
-1. **Lock step** (`lockstep.py`, per run). A program with collectives runs its replicas as
-   greenlets of one thread; at each collective the last to arrive computes every replica's
-   result (`Runtime.collective`), in replica order as the threads' rendezvous does. Decided
-   by `runtime.run_replicas`: collectives, and every replica in this process
-   (`Runtime.spans_processes` is False); ``runtime.LOCKSTEP = False`` takes threads instead.
-   No bit check: the same calls on the same values.
+1. **Lock step** (`lockstep.py`, per program). A program with collectives runs its
+   replicas as greenlets of one thread; at each collective the last to arrive computes
+   every replica's result (`Runtime.collective`), in replica order as the threads'
+   rendezvous does. Needs every replica in this process (`Runtime.spans_processes` is
+   False); ``runtime.LOCKSTEP = False`` takes threads instead. No bit check: the same calls
+   on the same values. A program without collectives runs its replicas one by one.
 2. **Uniform work once** (`uniform.py`, per program, then per run). A static analysis of the
    main graph finds the work whose inputs are the same on every replica (the optimizer
    update after the all-reduces) and compiles a second main graph without it, which the
    followers run while the leader runs the whole graph on variable storage the replicas
-   share. Bit check, every run until it holds: the shared variables are the same bits on
-   every replica and the checked small streams the same bytes (`SharedRuns.prepare`);
-   else the run is unshared (every replica its own main graph).
+   share. Needs the replicas in order in one process (lock step or one by one: the leader
+   runs first). Bit check, every run until it holds: the shared variables are the same
+   bits on every replica and the checked small streams the same bytes
+   (`SharedRuns.prepare`); else the run is unshared (every replica its own main graph).
 3. **Stacking** (`stacking.py`, per site). In lock step, an op whose rule has a ``stack``
    form (a GEMM of a weight of at least `stacking.MIN_SHARED_BYTES`) waits at the hub;
    where every replica waits at that op with the weight in the same memory, one kernel
    computes all of their outputs. Bit check per site and set of shapes (strides,
    alignment, threads): the stacked outputs against each replica's own kernel; else the
    fallback.
-4. **Folding** (`fold.py`, per program, then per site). Where a run shares its uniform work
-   and the main graph qualifies (`fold.plan_fold`), the replicas' whole step is a third
-   program run once over their values concatenated along dim 0 (`fold.FoldRuntime`). Per
-   op of a called graph with a per-replica input (`fold_site.FoldSite`): its
-   rule's ``fold`` forms, tried in order at the site's first call and checked bit for
-   bit against the fallback (per thread count); an ``exact`` form is emitted unchecked. The main
-   graph's all-reduces become sums over the replica dim (`fold_reduce.py`, groups of small
-   ones in kept buffers: `fold_group.py`; parameter gradients computed at the group:
-   `fold_together.py`), each checked against the all-reduce's own reduction at its first run.
+4. **Folding** (`fold.py`, per program, then per run and per site). Where the main graph
+   qualifies (`fold.plan_fold`), the replicas' whole step is a third program, run once
+   over their values concatenated along dim 0 (`fold.FoldRuntime`) by every run that
+   shares (2). Per op of a called graph with a per-replica input (`fold_site.FoldSite`):
+   its rule's ``fold`` forms, tried in order at the site's first call and checked bit for
+   bit against the fallback (per thread count); an ``exact`` form is emitted unchecked.
+   The main graph's all-reduces become sums over the replica dim (`fold_reduce.py`; groups
+   of small ones in kept buffers, `fold_group.py`; parameter gradients computed at the
+   group, `fold_together.py`), each checked against the all-reduce's own reduction at its
+   first run.
 
-Which switches which off: folding needs a shared run (2) in lock step (1) and replaces the
-follower program and stacking for the runs it takes (`fold_options`: the folded program is
-compiled without them); stacking needs lock step's hub; sharing needs lock step. A run that
-folds is chosen per run by `Session._run` (a shared run, no data-dependent stream counts);
-every other run takes the lock-step or threaded path with sharing and stacking where they
-apply. ``CompileOptions(share_uniform=, stack_replicas=, fold_replicas=)`` switch each off;
-tests compare every setting with the others, bit for bit.
+`ReplicaRuns` holds the per-program part (made with the Session: the follower program is
+the compiled program's `uniform.Sharing`, the folded program is made here) and decides
+each run's `runtime.ReplicaSchedule`: FOLDED where the run shares and folding applies,
+else ONE_BY_ONE, LOCK_STEP or THREADS, with sharing and stacking where those allow. The
+folded program is one run, so it compiles without a follower program or a hub
+(`folded_options`). ``CompileOptions(share_uniform=, stack_replicas=, fold_replicas=)``
+switch each off; tests compare every setting with the others, bit for bit.
 
 What the compiled program and this machinery need of a runtime is `ReplicaRuntime`, which
 `runtime.Runtime` (per replica) and `fold.FoldRuntime` (all replicas' rows at once) provide.
@@ -52,37 +54,36 @@ What the compiled program and this machinery need of a runtime is `ReplicaRuntim
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Dict, Optional, Protocol, Sequence, runtime_checkable
+import dataclasses
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Dict,
+    List,
+    Optional,
+    Protocol,
+    Sequence,
+    runtime_checkable,
+)
 
 import numpy as np
 import torch
 
-from .speed import REPLICA_BATCHING
+from . import runtime as runtime_module
+from .compile import Program
+from .fold import FoldRuntime, plan_fold
+from .runtime import ReplicaSchedule
+from .uniform import SharedRuns
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..ops.forms import ReplicaFold, ReplicaStack
+    from .runtime import Runtime
 
-__all__ = ["ReplicaRuntime", "fold_rule", "known_fold", "stack_rule"]
-
-
-def fold_rule(opdef) -> Optional[ReplicaFold]:
-    """How replicas' calls of ``opdef`` fold into one over their rows (None: they do not)."""
-    rule = REPLICA_BATCHING.get(opdef)
-    return None if rule is None else rule.fold
-
-
-def known_fold(opdef) -> ReplicaFold:
-    """`fold_rule` of an op known to have one (a planned fold site's)."""
-    rule = fold_rule(opdef)
-    if rule is None:
-        raise KeyError(f"{opdef.name} has no fold form in speed.REPLICA_BATCHING")
-    return rule
-
-
-def stack_rule(opdef) -> Optional[ReplicaStack]:
-    """How replicas' calls of ``opdef`` stack at lock step's hub (None: they do not)."""
-    rule = REPLICA_BATCHING.get(opdef)
-    return None if rule is None else rule.stack
+__all__ = [
+    "ReplicaRuns",
+    "ReplicaRuntime",
+    "ReplicaSchedule",
+]
 
 
 @runtime_checkable
@@ -114,3 +115,71 @@ class ReplicaRuntime(Protocol):
     def store(self, stream, value: torch.Tensor) -> None: ...
 
     def collective(self, value: torch.Tensor, fn: Callable, need: bool = True) -> torch.Tensor: ...
+
+
+class ReplicaRuns:
+    """A Session's replica batching: made once with its program (the follower program is
+    the program's `uniform.Sharing`; the folded program is made here), then per run the
+    schedule and whether the run shares its uniform work."""
+
+    def __init__(self, ir, program, runtime: Runtime) -> None:
+        self.runtime = runtime
+        # collectives need every replica at once: lock step or threads
+        self.collectives = any(op.opdef.collective for g in program.graphs_used() for op in g._ops)
+        self.sharing = SharedRuns(getattr(program, "sharing", None))
+        self.fold: Optional[Program] = _fold_program(ir, program)
+        self.follow: Optional[Callable] = None  # this run's followers' main (None: unshared)
+
+    def prepare(self, device, feeds, data_dependent: bool) -> ReplicaSchedule:
+        """This run's schedule; shares the uniform work where the replicas run in order
+        and agree (`SharedRuns.prepare`), and folds where it shares, unless a stream's
+        count depends on the data (checked per replica)."""
+        schedule = self._unfolded()
+        in_order = schedule is not ReplicaSchedule.THREADS and not self.runtime.spans_processes
+        self.follow = self.sharing.prepare(device, feeds, in_order)
+        if self.follow is not None and self.fold is not None and not data_dependent:
+            return ReplicaSchedule.FOLDED
+        return schedule
+
+    def _unfolded(self) -> ReplicaSchedule:
+        spans = self.runtime.spans_processes
+        if not self.collectives or (len(self.runtime.local) == 1 and not spans):
+            return ReplicaSchedule.ONE_BY_ONE
+        if runtime_module.LOCKSTEP and not spans:
+            return ReplicaSchedule.LOCK_STEP
+        return ReplicaSchedule.THREADS
+
+    def main_of(self, replica: int) -> Optional[Callable]:
+        """The followers' main function for ``replica`` in this run (None: the program's
+        own): the first local replica runs the uniform work for all."""
+        if self.follow is not None and replica != self.runtime.local[0]:
+            return self.follow
+        return None
+
+    def unshare(self, device: Optional[Dict[int, List[Any]]]) -> None:
+        """Every replica its own copy of the variables again (before a host write)."""
+        self.sharing.unshare(device)
+
+
+def _fold_program(ir, program) -> Optional[Program]:
+    """The folded program of a replicated ``program`` (fold.py), or None."""
+    plan = plan_fold(program) if isinstance(program, Program) else None
+    if plan is None:
+        return None
+    return Program(ir, FoldRuntime(plan), folded_options(program.options), fold=plan)
+
+
+def folded_options(options):
+    """The options a folded program compiles with. It is one run for all replicas, so no
+    follower program (``share_uniform``) and no lock-step hub (``stack_replicas``); its
+    graphs' ops are emitted one by one (`fold_site`), so no pairs fused across them
+    (``transposed_matmuls``, ``conv_pairs``); and its frees are not deferred to the next run
+    (``defer_release``: `Session._run` empties the unfolded program's deferred list only)."""
+    return dataclasses.replace(
+        options,
+        share_uniform=False,
+        stack_replicas=False,
+        transposed_matmuls=False,
+        conv_pairs=False,
+        defer_release=False,
+    )

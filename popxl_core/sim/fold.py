@@ -30,13 +30,12 @@ replicas, pure ops of uniform inputs, and plain calls (one site each) of graphs 
 are plain kernels (no collectives, streams, remote buffers, in-place writes or nested
 calls; a random op has no `ReplicaFold`: with a seed per replica, each replica's own call
 draws its numbers). Each run folds only where `SharedRuns.prepare` shares it (a host write
-unshares). ``CompileOptions(fold_replicas=False)`` switches it off; tests
-compare both, bit for bit.
+unshares; `batching.ReplicaRuns` decides). ``CompileOptions(fold_replicas=False)``
+switches it off; tests compare both, bit for bit.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Dict, FrozenSet, List, Optional, Set
 
@@ -165,20 +164,6 @@ def _plan_graph(g: Graph, per: List[bool], plan: FoldPlan) -> Optional[List[bool
                 return None
             plan.stacked.update(op.outputs)
     return [t in plan.stacked for t in g._outputs]
-
-
-def fold_options(options):
-    """The options a folded program compiles with: no follower program, no hub stacking,
-    no multi-tensor groups or fused pairs inside folded graphs (`fold_site` emits those ops
-    one by one)."""
-    return dataclasses.replace(
-        options,
-        share_uniform=False,
-        stack_replicas=False,
-        transposed_matmuls=False,
-        conv_pairs=False,
-        defer_release=False,
-    )
 
 
 class FoldRuntime:

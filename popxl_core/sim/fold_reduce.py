@@ -27,8 +27,8 @@ from ..graph import Op
 from ..ops.call import CALL
 from ..ops.collectives.collectives import reduce_values, summed
 from ..ops.collectives.replicated import ALL_REDUCE
-from .batching import fold_rule
 from .bits import same_bits
+from .speed import fold_rule
 
 __all__ = [
     "FUSE_BYTES",

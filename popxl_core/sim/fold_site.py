@@ -25,11 +25,10 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from ..graph import Op
-from .batching import fold_rule, known_fold
 from .bits import same_bits
 from .fold_reduce import ReducedOutputs, ReduceGroups
 from .kernel_wrappers import fp16_in_fp32, touches_narrow_unsigned
-from .speed import DEAD_OUTPUT_KERNELS
+from .speed import DEAD_OUTPUT_KERNELS, fold_rule, known_fold
 from .variants import all_float32
 
 __all__ = ["FoldSite", "emit_fold"]

@@ -35,7 +35,7 @@ from .fold_reduce import reduce_runs, sole_graph_source
 
 if TYPE_CHECKING:  # pragma: no cover
     from .fold_site import FoldSite
-from .batching import fold_rule, known_fold
+from .speed import fold_rule, known_fold
 
 __all__ = ["Together", "TogetherMode", "plan_together"]
 

@@ -13,6 +13,7 @@ reduces all R values in replica order.
 
 from __future__ import annotations
 
+import enum
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -28,12 +29,22 @@ from .rendezvous import Rendezvous, ReplicaMismatchError
 
 __all__ = [
     "LOCKSTEP",
+    "ReplicaSchedule",
     "ReplicaState",
     "Runtime",
     "collective_results",
     "next_transfer",
     "run_replicas",
 ]
+
+
+class ReplicaSchedule(enum.Enum):
+    """How one run executes its replicas (`batching.ReplicaRuns.prepare` picks it)."""
+
+    FOLDED = "folded"  # one run of the folded program over every replica's rows
+    ONE_BY_ONE = "one by one"  # no collectives: each replica's main graph in turn
+    LOCK_STEP = "lock step"  # greenlets of one thread meeting at each collective
+    THREADS = "threads"  # an OS thread per replica (several processes, or LOCKSTEP off)
 
 
 @dataclass
@@ -302,21 +313,21 @@ def _mismatch(slots, first: int = 0) -> None:
 
 
 # replicas with collectives as greenlets in lock step (lockstep.py); False: one OS thread
-# per replica meeting at a `Rendezvous` (tests run both)
+# per replica meeting at a `Rendezvous` (tests run both; `batching.ReplicaRuns` reads it)
 LOCKSTEP = True
 
 
-def run_replicas(runtime: Runtime, body: Callable[[int], None], threaded: bool) -> None:
-    """Run ``body(replica)`` for every replica of this process: in order, or, when collectives
-    must meet, in lock step (greenlets; one process only) or one thread per replica. An error
-    in one replica breaks the barrier for the others; the first real error is raised."""
+def run_replicas(runtime: Runtime, body: Callable[[int], None], schedule: ReplicaSchedule) -> None:
+    """Run ``body(replica)`` for every replica of this process as ``schedule`` (not FOLDED)
+    says: in order, in lock step (greenlets) or one thread per replica. An error in one
+    replica breaks the barrier for the others; the first real error is raised."""
     local = runtime.local
-    if not threaded or (len(local) == 1 and not runtime.spans_processes):
+    if schedule is ReplicaSchedule.ONE_BY_ONE:
         for r in local:
             runtime.start_replica(r)
             body(r)
         return
-    if LOCKSTEP and not runtime.spans_processes:
+    if schedule is ReplicaSchedule.LOCK_STEP:
         run_lockstep(runtime, body)
         return
     barrier = Rendezvous(len(local))

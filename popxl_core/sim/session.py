@@ -16,11 +16,10 @@ from ..schedule import verify
 from ..streams import DeviceToHostStream, HostToDeviceStream
 from ..tensor import Constant, Tensor, Variable
 from . import checks
-from . import runtime as runtime_module
 from .ambiguity import check_inplace_ambiguity
 from .auto_report import auto_report
+from .batching import ReplicaRuns, ReplicaSchedule
 from .compile import Program
-from .fold import FoldRuntime, fold_options, plan_fold
 from .machine import machine_for
 from .options import DEFAULT, CompileOptions
 from .plan import build_plan
@@ -31,7 +30,6 @@ from .remote_state import RemoteState, group_value
 from .runtime import Runtime, run_replicas
 from .session_streams import SessionStreams
 from .session_weights import SessionWeights, is_file
-from .uniform import SharedRuns
 
 __all__ = ["Session", "d2hStreamBufferMaps", "h2dStreamBufferMaps"]
 
@@ -82,13 +80,8 @@ class Session(SessionStreams, SessionWeights):
         if ir.planning:  # weightless: a plan and a report, nothing to compile or run
             return plan_only(self)
         self._program = _program(ir, self._runtime, compile_options or DEFAULT)
-        # collectives need every replica at once: then replicas run in threads
-        self._threaded = _has_collectives(self._program)
-        # replica-uniform work run once, on shared variable storage (uniform.py)
-        self._sharing = SharedRuns(getattr(self._program, "sharing", None))
-        self._follow = None  # this run's followers' main function (None: not shared)
-        # the replicas' step as one run over their rows, where a shared run allows (fold.py)
-        self._fold = _fold_program(ir, self._program)
+        # how the replicas run: uniform work once, folded, in lock step (batching.py)
+        self._replicas = ReplicaRuns(ir, self._program, self._runtime)
         ir._session = self
         dot_checkpoint(ir, "FINAL")  # PopART's last dot check: the program as compiled
         self._init_state(ir)
@@ -229,7 +222,7 @@ class Session(SessionStreams, SessionWeights):
         if self._attached:
             if self._shared_versions:  # writes into shared tensors first: noted after
                 self._spread_shared_writes()
-            self._sharing.unshare(self._device)  # the next run checks the replicas agree
+            self._replicas.unshare(self._device)  # the next run checks the replicas agree
             for v in checked:
                 if v in self._remote.variables:
                     if v not in self._remote.pending:  # else made from the new host value
@@ -309,16 +302,15 @@ class Session(SessionStreams, SessionWeights):
         self._remote.materialise()  # the remote buffers not made yet (RemoteState.allocate)
         if self._shared_versions:  # written between runs: to every replica
             self._spread_shared_writes()
-        lockstep = whole and (not self._threaded or runtime_module.LOCKSTEP)
-        self._follow = self._sharing.prepare(device, feeds, lockstep)
+        schedule = self._replicas.prepare(device, feeds, bool(self._data_dependent))
         # torch.no_grad() without its context-manager objects (1.5 us -> 0.2 us a run)
         grad = torch.is_grad_enabled()
         torch._C._set_grad_enabled(False)
         try:
-            if self._follow is not None and self._fold is not None and not self._data_dependent:
+            if schedule is ReplicaSchedule.FOLDED:
                 self._run_folded(feeds, local)
             else:
-                run_replicas(self._runtime, self._replica_body, self._threaded)
+                run_replicas(self._runtime, self._replica_body, schedule)
         finally:
             torch._C._set_grad_enabled(grad)
             self._note_shared_versions()
@@ -329,7 +321,7 @@ class Session(SessionStreams, SessionWeights):
 
     def _run_folded(self, feeds, outputs) -> None:
         """Every replica's run of the main graph as one run over their rows (fold.py)."""
-        fold, device = self._fold, self._device
+        fold, device = self._replicas.fold, self._device
         assert fold is not None and device is not None  # `_run` checked the fold; devices made
         fold.namespace["RT"].start(feeds, outputs)
         try:
@@ -341,11 +333,9 @@ class Session(SessionStreams, SessionWeights):
         """One replica's run of the main graph, with the failing op named on a data error."""
         device = self._device
         assert device is not None  # `_run` made the device values
+        main = self._replicas.main_of(r) or self._program.main.fn
         try:
-            if self._follow is not None and r != self._runtime.local[0]:
-                self._follow(device[r])  # the first replica ran the uniform work
-            else:
-                self._program.main.fn(device[r])
+            main(device[r])
         except (OpDataError, IndexError) as e:
             raise checks.with_op_context(self._program, e) from None
         if self._data_dependent:
@@ -376,15 +366,3 @@ def _program(ir, runtime: Runtime, options: CompileOptions):
     if options.interpret:
         return ReferenceProgram(ir, runtime, check_specs=options.check_specs)
     return Program(ir, runtime, options)
-
-
-def _fold_program(ir, program) -> Optional[Program]:
-    """The folded program of a replicated ``program`` (fold.py), or None."""
-    plan = plan_fold(program) if isinstance(program, Program) else None
-    if plan is None:
-        return None
-    return Program(ir, FoldRuntime(plan), fold_options(program.options), fold=plan)
-
-
-def _has_collectives(program) -> bool:
-    return any(op.opdef.collective for g in program.graphs_used() for op in g._ops)

@@ -41,8 +41,8 @@ from .remote_state import (
 if TYPE_CHECKING:  # pragma: no cover
     from ..distributed import Placement
     from ..ir import Ir
+    from .batching import ReplicaRuns
     from .runtime import Runtime
-    from .uniform import SharedRuns
 
 __all__ = ["SessionWeights", "is_file"]
 
@@ -56,7 +56,7 @@ class SessionWeights:
     _ir: "Ir"
     _placement: "Placement"
     _runtime: "Runtime"
-    _sharing: "SharedRuns"
+    _replicas: "ReplicaRuns"
     _variables: List[Variable]
     _variable_index: Dict[Variable, int]
     _remote: RemoteState
@@ -91,7 +91,7 @@ class SessionWeights:
             self._pending = set(range(len(self._variables))) - set(shared) - shards
         # the replicas this process runs (all but in a torch.distributed job)
         self._device = {r: self._loaded(r, shared) for r in self._runtime.local}
-        self._sharing.unshare(None)  # fresh copies, one per replica
+        self._replicas.unshare(None)  # fresh copies, one per replica
         self._remote.allocate(self._host)
         self._remote.load_shards(self._device)
         self._host_in_sync = True
@@ -255,7 +255,7 @@ class SessionWeights:
         views = {v: self._shareable(v, t) for v, t in tensors.items()}
         if self._ir.replication_factor > 1:
             self._spread_shared_writes()  # earlier writes first: the versions are noted after
-            self._sharing.unshare(self._device)  # the next run checks the replicas agree
+            self._replicas.unshare(self._device)  # the next run checks the replicas agree
         # (the host copies of the others are read from the device when next asked for)
         for v, view in views.items():
             if v in self._remote_set:  # its own remote buffer becomes the tensor
@@ -319,7 +319,7 @@ class SessionWeights:
         if now == versions:
             return
         moved = [(i, t) for i, t, v, w in zip(indices, tensors, versions, now) if v != w]
-        self._sharing.unshare(self._device)
+        self._replicas.unshare(self._device)
         for i, t in moved:
             self._copy_to_replicas(i, t)
         self._host_in_sync = False

@@ -73,6 +73,9 @@ __all__ = [
     "REPLICA_BATCHING",
     "ReplicaBatching",
     "declare",
+    "fold_rule",
+    "known_fold",
+    "stack_rule",
 ]
 
 Rule = TypeVar("Rule")
@@ -147,6 +150,27 @@ class ReplicaBatching:
 REPLICA_BATCHING: OpTable[ReplicaBatching] = OpTable("replica_batching")
 # `declare`'s keywords for the fields of an op's one `ReplicaBatching` rule
 _REPLICA_FIELDS = {"replica_fold": "fold", "replica_stack": "stack"}
+
+
+def fold_rule(opdef) -> Optional[ReplicaFold]:
+    """How replicas' calls of ``opdef`` fold into one over their rows (None: they do not)."""
+    rule = REPLICA_BATCHING.get(opdef)
+    return None if rule is None else rule.fold
+
+
+def known_fold(opdef) -> ReplicaFold:
+    """`fold_rule` of an op known to have one (a planned fold site's)."""
+    rule = fold_rule(opdef)
+    if rule is None:
+        raise KeyError(f"{opdef.name} has no fold form in speed.REPLICA_BATCHING")
+    return rule
+
+
+def stack_rule(opdef) -> Optional[ReplicaStack]:
+    """How replicas' calls of ``opdef`` stack at lock step's hub (None: they do not)."""
+    rule = REPLICA_BATCHING.get(opdef)
+    return None if rule is None else rule.stack
+
 
 TABLES: Tuple[OpTable, ...] = (
     FOREACH,

@@ -28,8 +28,8 @@ import torch
 
 from ..graph import Op
 from ..ops.forms import ReplicaStack
-from .batching import stack_rule
 from .bits import same_bits
+from .speed import stack_rule
 from .variants import all_float32, bounded
 
 __all__ = ["MIN_SHARED_BYTES", "StackRequest", "StackSite", "stack_site", "stacked_values"]
