@@ -17,6 +17,7 @@ from popxl_core.ops.linear import LINEAR
 from popxl_core.ops.registry import OpDef, no_cost
 from popxl_core.sim import runtime, speed
 from popxl_core.sim.batching import ReplicaRuns, ReplicaRuntime
+from popxl_core.sim.bits import first_match, same_outputs
 from popxl_core.sim.fold import FoldPlan, FoldRuntime
 from popxl_core.sim.runtime import ReplicaSchedule, Runtime
 from popxl_core.sim.speed import fold_rule, stack_rule
@@ -106,3 +107,31 @@ def test_each_run_picks_one_schedule(monkeypatch, collective, lockstep, want):
     assert seen == [want]
     want_rows = [0.0, 2.0, 4.0] if collective else [1.0, 2.0, 3.0]
     np.testing.assert_array_equal(out, np.array([want_rows] * 2, dtype=np.float32))
+
+
+def test_one_bit_check_picks_the_first_form_with_the_fallbacks_bits():
+    """`bits.first_match`: forms tried in order; one that raises or differs in one bit (or
+    in the sign of a zero) is passed over; none matching leaves the fallback."""
+    x = torch.tensor([1.0, -0.0, 3.0])
+    want = (x * 2, None)
+
+    def raises(t):
+        raise RuntimeError("a shape the rule did not foresee")
+
+    def one_ulp_off(t):
+        return torch.nextafter(t * 2, torch.tensor(9.0)), None
+
+    def zero_of_the_other_sign(t):
+        return t.abs() * 2, None
+
+    def exact(t):
+        return t + t, None
+
+    def makes_the_dead_output(t):
+        return t * 2, t
+
+    forms = [raises, one_ulp_off, zero_of_the_other_sign, makes_the_dead_output, exact]
+    found = first_match(forms, (x,), want)
+    assert found is not None and found[0] is exact and same_outputs(found[1], want)
+    assert first_match(forms[:-1], (x,), want) is None
+    assert not same_outputs((x,), want) and same_outputs((None,), (None,))

@@ -1,12 +1,18 @@
 """Bit-for-bit equality of tensors: the check every "the same values computed another way"
 path passes before it is used (replica stacking, replica folding and its reductions, uniform
-sharing's check that replicas hold the same variables)."""
+sharing's check that replicas hold the same variables; batching.py).
+
+A batched form of an op is checked one way wherever it is made: its result against the
+fallback's (each replica's own call) on the same arguments, output by output
+(`same_outputs`), the forms tried in order (`first_match`)."""
 
 from __future__ import annotations
 
+from typing import Any, Callable, Iterable, Optional, Sequence, Tuple
+
 import torch
 
-__all__ = ["same_bits"]
+__all__ = ["as_tuple", "first_match", "same_bits", "same_outputs"]
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -27,3 +33,37 @@ _WORDS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 def _bytes(t: torch.Tensor) -> torch.Tensor:
     flat = t.contiguous().reshape(-1)
     return flat.view(_WORDS.get(t.element_size(), torch.uint8))
+
+
+def as_tuple(result: Any) -> tuple:
+    """A kernel's result as a tuple of its outputs (one output: a 1-tuple)."""
+    return tuple(result) if isinstance(result, (tuple, list)) else (result,)
+
+
+Outputs = Sequence[Optional[torch.Tensor]]  # an op's result, None where not made
+
+
+def same_outputs(got: Outputs, want: Outputs) -> bool:
+    """Two results of one op, output by output, are the same bits (None, an output not made,
+    only where the other is None too)."""
+    if len(got) != len(want):
+        return False
+    return all(
+        (a is None) == (b is None) and (a is None or same_bits(a, b)) for a, b in zip(got, want)
+    )
+
+
+def first_match(
+    forms: Iterable[Callable], args: tuple, want: Outputs
+) -> Optional[Tuple[Callable, Any]]:
+    """``(form, its result)``: the first of ``forms`` whose outputs on ``args`` are
+    ``want``'s bits, or None (the caller falls back to each replica's own call). A form that
+    raises on these arguments (a shape its rule did not foresee) is passed over."""
+    for form in forms:
+        try:
+            got = form(*args)
+        except (RuntimeError, ValueError, IndexError):
+            continue
+        if same_outputs(as_tuple(got), want):
+            return form, got
+    return None

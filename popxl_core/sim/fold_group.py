@@ -21,7 +21,7 @@ from typing import Dict, List, Sequence
 import torch
 
 from ..ops.collectives.collectives import summed
-from .bits import same_bits
+from .bits import same_bits, same_outputs
 
 __all__ = ["KeptGroup"]
 
@@ -76,7 +76,7 @@ class KeptGroup:
             self.one_mean = same_bits(torch.mean(self.rows, 0, out=self.total), two)
         if not self.one_mean:
             summed(self.rows, op, self.total)
-        return all(same_bits(got, w) for got, w in zip(self.results, want))
+        return same_outputs(self.results, want)
 
     def reduce(
         self, values: Sequence[torch.Tensor], op: str, blocks: Sequence[torch.Tensor] = ()

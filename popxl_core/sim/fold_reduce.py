@@ -27,7 +27,7 @@ from ..graph import Op
 from ..ops.call import CALL
 from ..ops.collectives.collectives import reduce_values, summed
 from ..ops.collectives.replicated import ALL_REDUCE
-from .bits import same_bits
+from .bits import as_tuple, first_match, same_bits, same_outputs
 from .speed import fold_rule
 
 __all__ = [
@@ -119,9 +119,7 @@ def reduce_group(values: Sequence[torch.Tensor], op: str, replicas: int, state):
     parts = [v.view(replicas, -1, *v.shape[1:]).unbind() for v in values]
     want = [reduce_values(op, list(p)) for p in parts]
     if ok is None:
-        state.flat = replicas <= 4 and all(
-            same_bits(a, b) for a, b in zip(_flat(values, op, replicas), want)
-        )
+        state.flat = replicas <= 4 and same_outputs(_flat(values, op, replicas), want)
     return want
 
 
@@ -208,21 +206,18 @@ class ReducedOutputs:
         # the unreduced call the last check fell back to (None: a reduced kernel matched)
         self.fallback: Optional[Callable] = None
 
-    def check(self, args: tuple, want: tuple, base: Callable, same: Callable):
+    def check(self, args: tuple, want: tuple, base: Callable):
         """``(result, chosen call)`` given the replicas' values ``want`` and the site's
         chosen unreduced call ``base``."""
         ref = self._reduce(want, {})
         self.fallback = None
-        for call in self.calls:
-            try:
-                got = call(*args)
-            except (RuntimeError, ValueError, IndexError):
-                continue
-            if same(_as_tuple(got), ref):
-                return got, call
+        found = first_match(self.calls, args, ref)
+        if found is not None:
+            call, got = found
+            return got, call
         self.fallback = base
         outs = {j: self._buffer(want[j], kind, ref[j]) for j, kind in self.kinds.items()}
-        return _result(ref), lambda *a: _result(self._reduce(_as_tuple(base(*a)), outs))
+        return _result(ref), lambda *a: _result(self._reduce(as_tuple(base(*a)), outs))
 
     def _rows(self, value: torch.Tensor) -> torch.Tensor:
         return value.view(self.replicas, -1, *value.shape[1:])
@@ -241,10 +236,6 @@ class ReducedOutputs:
 def _reduce(rows: torch.Tensor, kind: str) -> torch.Tensor:
     """The all-reduce's own reduction of the replicas' values (`reduce_values`)."""
     return reduce_values(kind, list(rows.unbind()))
-
-
-def _as_tuple(res) -> tuple:
-    return tuple(res) if isinstance(res, (tuple, list)) else (res,)
 
 
 def _result(res: tuple):

@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from ..graph import Op
-from .bits import same_bits
+from .bits import as_tuple, first_match
 from .fold_reduce import ReducedOutputs, ReduceGroups
 from .kernel_wrappers import fp16_in_fp32, touches_narrow_unsigned
 from .speed import DEAD_OUTPUT_KERNELS, fold_rule, known_fold
@@ -139,19 +139,14 @@ class FoldSite:
         where none did) directly: a compiled graph meets the same shapes and strides every
         run, and `reset` undoes it where the thread count changes."""
         want = self.each(args)
-        chosen = self._each
-        for call in self.folded or ():
-            try:
-                got = call(*args)
-            except (RuntimeError, ValueError, IndexError):  # a shape the rule did not foresee
-                continue
-            if _same(_tuple(got), self._left(_tuple(want))):
-                if self.together is not None:  # the group checks the values it computes
-                    self.together.wanted(self.op, _tuple(want))
-                chosen, want = call, got  # what later runs compute: its layout downstream
-                break
+        chosen: Callable = self._each
+        found = first_match(self.folded or (), args, self._left(as_tuple(want)))
+        if found is not None:
+            if self.together is not None:  # the group checks the values it computes
+                self.together.wanted(self.op, as_tuple(want))
+            chosen, want = found  # what later runs compute: its layout downstream
         if self.reduced is not None:  # outputs only an all-reduce reads: its result
-            want, chosen = self.reduced.check(args, _tuple(want), chosen, _same)
+            want, chosen = self.reduced.check(args, as_tuple(want), chosen)
         self.chosen = chosen
         self.namespace[self.name] = chosen
         return want
@@ -177,7 +172,7 @@ class FoldSite:
         columns = [
             self._parts(a, i) if p else (a,) * r for i, (a, p) in enumerate(zip(args, self.per))
         ]
-        results = [_tuple(self.own(*part)) for part in zip(*columns)]
+        results = [as_tuple(self.own(*part)) for part in zip(*columns)]
         outs: List[Any] = []
         for j in range(self.n_out):
             col = [res[j] for res in results]
@@ -276,18 +271,3 @@ def _own_reduced(kernel: Callable, replicas: int, dead, buffers, kinds, attrs) -
 
 def _own_folded(kernel: Callable, replicas: int, dead, buffers, attrs) -> Callable:
     return lambda *args: kernel(args, replicas, dead, buffers, **attrs)
-
-
-def _tuple(res) -> tuple:
-    return tuple(res) if isinstance(res, (tuple, list)) else (res,)
-
-
-def _same(got: tuple, want: tuple) -> bool:
-    if len(got) != len(want):
-        return False
-    for a, b in zip(got, want):
-        if (a is None) != (b is None):
-            return False
-        if a is not None and not same_bits(a, b):
-            return False
-    return True
