@@ -15,13 +15,15 @@ from popxl_core.ops.elementwise import ADD
 from popxl_core.ops.forms import ReplicaFold
 from popxl_core.ops.linear import LINEAR
 from popxl_core.ops.registry import OpDef, no_cost
-from popxl_core.sim import runtime, speed
+from popxl_core.sim import CompileOptions, runtime, speed
 from popxl_core.sim.batching import ReplicaRuns, ReplicaRuntime
 from popxl_core.sim.bits import first_match, same_outputs
 from popxl_core.sim.fold import FoldPlan, FoldRuntime
 from popxl_core.sim.runtime import ReplicaSchedule, Runtime
 from popxl_core.sim.speed import fold_rule, stack_rule
+from tests.test_replica_stacking import _assert_same, _train
 
+FOLD_OFF = CompileOptions(fold_replicas=False)
 SIM = pathlib.Path(__file__).resolve().parents[1] / "popxl_core" / "sim"
 
 
@@ -135,3 +137,15 @@ def test_one_bit_check_picks_the_first_form_with_the_fallbacks_bits():
     assert found is not None and found[0] is exact and same_outputs(found[1], want)
     assert first_match(forms[:-1], (x,), want) is None
     assert not same_outputs((x,), want) and same_outputs((None,), (None,))
+
+
+def test_the_folded_program_switches_nothing_off_for_sharing_or_stacking():
+    """The folded program compiles with the user's share_uniform and stack_replicas: its
+    runtime runs one run for all replicas, so neither applies (no follower program, no
+    stacked site), and the step is the unfolded one's, bit for bit."""
+    folded, off = _train("mlp", 2, CompileOptions(), steps=2), _train("mlp", 2, FOLD_OFF, steps=2)
+    _assert_same(folded, off)
+    program = folded[3]._replicas.fold
+    assert program is not None and program.namespace["RT"].runs == 2
+    assert program.options.share_uniform and program.options.stack_replicas
+    assert program.sharing is None and program.stats["stacked_ops"] == 0

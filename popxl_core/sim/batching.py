@@ -43,10 +43,11 @@ makes it.
 `ReplicaRuns` holds the per-program part (made with the Session: the follower program is
 the compiled program's `uniform.Sharing`, the folded program is made here) and decides
 each run's `runtime.ReplicaSchedule`: FOLDED where the run shares and folding applies,
-else ONE_BY_ONE, LOCK_STEP or THREADS, with sharing and stacking where those allow. The
-folded program is one run, so it compiles without a follower program or a hub
-(`folded_options`). ``CompileOptions(share_uniform=, stack_replicas=, fold_replicas=)``
-switch each off; tests compare every setting with the others, bit for bit.
+else ONE_BY_ONE, LOCK_STEP or THREADS, with sharing and stacking where those allow. No
+mechanism switches another off: each applies where its runtime allows, and the folded
+program's runtime runs one run for all replicas, so it has no follower program and no hub.
+``CompileOptions(share_uniform=, stack_replicas=, fold_replicas=)`` switch each off;
+tests compare every setting with the others, bit for bit.
 
 What the compiled program and this machinery need of a runtime is `ReplicaRuntime`, which
 `runtime.Runtime` (per replica) and `fold.FoldRuntime` (all replicas' rows at once) provide.
@@ -170,16 +171,11 @@ def _fold_program(ir, program) -> Optional[Program]:
 
 
 def folded_options(options):
-    """The options a folded program compiles with. It is one run for all replicas, so no
-    follower program (``share_uniform``) and no lock-step hub (``stack_replicas``); its
-    graphs' ops are emitted one by one (`fold_site`), so no pairs fused across them
-    (``transposed_matmuls``, ``conv_pairs``); and its frees are not deferred to the next run
-    (``defer_release``: `Session._run` empties the unfolded program's deferred list only)."""
+    """The options a folded program compiles with. Its graphs' ops are emitted one by one
+    (`fold_site`), so no pairs fused across them (``transposed_matmuls``, ``conv_pairs``);
+    its frees are not deferred to the next run (``defer_release``: `Session._run` empties
+    the unfolded program's deferred list only). Sharing and stacking need no switch: they
+    apply where the runtime runs several replicas, and `fold.FoldRuntime` runs one."""
     return dataclasses.replace(
-        options,
-        share_uniform=False,
-        stack_replicas=False,
-        transposed_matmuls=False,
-        conv_pairs=False,
-        defer_release=False,
+        options, transposed_matmuls=False, conv_pairs=False, defer_release=False
     )

@@ -64,9 +64,11 @@ class Sharing:
 
 
 def plan_sharing(program, main_plan: GraphPlan) -> Optional[Sharing]:
-    """The sharing of ``program``'s main graph (None: nothing to share, or switched off)."""
+    """The sharing of ``program``'s main graph (None: nothing to share, or switched off).
+    Only where its runtime runs several replicas: a folded program's runs all replicas'
+    rows as one (`fold.FoldRuntime`), with nothing to share between them."""
     ir = program.ir
-    if ir.replication_factor == 1 or not program.options.share_uniform:
+    if len(program.namespace["RT"].local) < 2 or not program.options.share_uniform:
         return None
     g = ir.main_graph
     candidates = {v for v in program.variables if _candidate(v)}
