@@ -292,12 +292,12 @@ class SharedRuns:
         self.sharing = sharing
         self.active = False  # the replicas' lists hold one tensor per shared variable
 
-    def prepare(self, device: Dict[int, List[torch.Tensor]], feeds, lockstep: bool):
+    def prepare(self, device: Dict[int, List[torch.Tensor]], feeds, in_order: bool):
         """The followers' function for this run, or None (every replica runs main)."""
         s = self.sharing
         ok = (
             s is not None
-            and lockstep
+            and in_order
             and all(_same_replicas(feeds[st]) for st in s.streams if st in feeds)
             and self._share(device)
         )
