@@ -19,7 +19,7 @@ in the caller; the other replicas' greenlets are thrown away.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, List
+from typing import TYPE_CHECKING, Callable, List, Optional
 
 import greenlet
 
@@ -28,6 +28,7 @@ from .stacking import StackRequest, stacked_values
 
 if TYPE_CHECKING:  # pragma: no cover
     from .runtime import Runtime
+
 __all__ = ["run_lockstep"]
 
 
@@ -40,7 +41,8 @@ class _HubBarrier:
     def __init__(self, hub: greenlet.greenlet) -> None:
         self.hub = hub
 
-    def wait(self) -> None:
+    def wait(self, action: Optional[Callable[[], None]] = None) -> None:
+        assert action is None  # every replica is in this process: none exchanges
         self.hub.switch()
 
 

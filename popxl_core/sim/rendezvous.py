@@ -8,9 +8,22 @@ e.g. an If took different branches), and it raises instead of hanging.
 from __future__ import annotations
 
 import threading
-from typing import Callable, Optional
+from typing import Any, Callable, Optional, Protocol
 
-__all__ = ["Rendezvous", "ReplicaMismatchError"]
+__all__ = ["Barrier", "Rendezvous", "ReplicaMismatchError"]
+
+
+class Barrier(Protocol):
+    """Where a run's replicas meet at each collective (`Runtime.meeting`): a `Rendezvous`
+    of threads, or lock step's hub (`lockstep.py`)."""
+
+    # the last replica to arrive computes every replica's result while the others wait,
+    # their values untouched (greenlets); else each replica snapshots its value (threads)
+    lockstep: bool
+    stacks: bool  # `stacking.StackSite`s wait here too, answered by ``hub``
+    hub: Any  # the greenlet a waiting replica switches to (None: threads)
+
+    def wait(self, action: Optional[Callable[[], None]] = None) -> None: ...
 
 
 class ReplicaMismatchError(RuntimeError):
@@ -22,6 +35,7 @@ class Rendezvous:
 
     lockstep = False  # threads: each replica snapshots its value (`Runtime.collective`)
     stacks = False  # no `stacking.StackSite` waits here: only lock step's hub answers those
+    hub = None
 
     def __init__(self, parties: int) -> None:
         self.parties = parties

@@ -25,7 +25,7 @@ import torch
 from ..host_data import host_to_torch, torch_to_host
 from .exchange import bytes_tensor, tensor_bytes
 from .lockstep import run_lockstep
-from .rendezvous import Rendezvous, ReplicaMismatchError
+from .rendezvous import Barrier, Rendezvous, ReplicaMismatchError
 
 __all__ = [
     "LOCKSTEP",
@@ -74,7 +74,7 @@ class Runtime:
         self.remote: Dict[object, List[torch.Tensor]] = {}
         # the calling replica's `ReplicaState` (a thread's, or the greenlet's in lock step)
         self._local: Any = threading.local()
-        self._barrier: Any = None  # a `Rendezvous` or the lock-step hub's barrier
+        self._barrier: Optional[Barrier] = None  # where replicas meet (`meeting`)
         n = len(self.local)
         self._slots: List[List[Any]] = [[None] * n, [None] * n]
         self._gathered: List[Optional[list]] = [None, None]
@@ -109,7 +109,7 @@ class Runtime:
         return barrier.hub if barrier is not None and barrier.stacks else None
 
     @contextmanager
-    def meeting(self, barrier: Any) -> Iterator[None]:
+    def meeting(self, barrier: Barrier) -> Iterator[None]:
         """Replicas meet at ``barrier`` at each collective (a `Rendezvous`, or lock step's
         hub); afterwards the calling thread runs as the first local replica again."""
         saved = self._local
