@@ -71,6 +71,8 @@ from typing import (
 import numpy as np
 import torch
 
+from ..errors import OpDataError
+from . import checks
 from . import runtime as runtime_module
 from .compile import Program
 from .fold import FoldRuntime, plan_fold
@@ -149,6 +151,17 @@ class ReplicaRuns:
         if runtime_module.LOCKSTEP and not spans:
             return ReplicaSchedule.LOCK_STEP
         return ReplicaSchedule.THREADS
+
+    def run_folded(self, device: Dict[int, List[Any]], feeds, outputs) -> None:
+        """Every replica's run of the main graph as one run over their rows (fold.py), on
+        the first local replica's variables (the shared ones: a folded run shares)."""
+        fold = self.fold
+        assert fold is not None  # `prepare` folds only with a folded program
+        fold.namespace["RT"].start(feeds, outputs)
+        try:
+            fold.main.fn(device[self.runtime.local[0]])
+        except (OpDataError, IndexError) as e:
+            raise checks.with_op_context(fold, e) from None
 
     def main_of(self, replica: int) -> Optional[Callable]:
         """The followers' main function for ``replica`` in this run (None: the program's

@@ -308,7 +308,7 @@ class Session(SessionStreams, SessionWeights):
         torch._C._set_grad_enabled(False)
         try:
             if schedule is ReplicaSchedule.FOLDED:
-                self._run_folded(feeds, local)
+                self._replicas.run_folded(device, feeds, local)
             else:
                 run_replicas(self._runtime, self._replica_body, schedule)
         finally:
@@ -318,16 +318,6 @@ class Session(SessionStreams, SessionWeights):
             self._placement.gather_outputs(local, full, self._whole_inputs)
         self._host_in_sync = False
         self._synced = set()
-
-    def _run_folded(self, feeds, outputs) -> None:
-        """Every replica's run of the main graph as one run over their rows (fold.py)."""
-        fold, device = self._replicas.fold, self._device
-        assert fold is not None and device is not None  # `_run` checked the fold; devices made
-        fold.namespace["RT"].start(feeds, outputs)
-        try:
-            fold.main.fn(device[self._runtime.local[0]])
-        except (OpDataError, IndexError) as e:
-            raise checks.with_op_context(fold, e) from None
 
     def _replica_body(self, r: int) -> None:
         """One replica's run of the main graph, with the failing op named on a data error."""
