@@ -2,8 +2,8 @@
 
 popxl.addons' custom C++ ops are ops of the table here (``ReplicatedAllReduceTP``,
 ``RotaryPosEmbed``, ``GradReduceSquareAdd``, ``GroupQuantizeDecompress``,
-``Fp8FindBestScale``) or composites of
-table ops (``cross_entropy_sharded_loss``, ``layer_norm_distributed``), each with its gradient.
+``Fp8FindBestScale``, ``CrossEntropySharded``, ``LayerNormDistributed``), each with its
+gradient.
 """
 
 # modules of their own, imported by their paths as in popxl.addons (which does not re-export
