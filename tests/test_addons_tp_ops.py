@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 import popxl_core as popxl
 from addons.ops.cross_entropy_sharded_loss import cross_entropy_sharded_loss
+from addons.ops.cross_entropy_sharded_wr_loss import cross_entropy_sharded_wr_loss as wr
 from addons.ops.layer_norm_distributed import layer_norm_distributed
 from popxl_core import ops, transforms
 from popxl_core.sim import CompileOptions
@@ -172,3 +173,43 @@ def test_each_is_one_op_of_the_table(name):
     types = _op_types(ir.main_graph)
     assert types.count(name) == 1 and types.count(f"{name}Grad") == 1
     assert not [t for t in types if "AllReduce" in t or t == "ReduceMax"], types
+
+
+def _wr_program(shards: int, rows: int, widths: list):
+    """``cross_entropy_sharded_wr_loss`` over ``shards`` IPUs of one replica and its gradient,
+    the loss and each shard's gradient streamed out."""
+    ir = popxl.Ir()
+    rng = np.random.default_rng(7)
+    with ir.main_graph:
+        xs, ls = [], []
+        labels = popxl.variable(rng.integers(0, sum(widths), rows).astype(np.uint32), popxl.uint32)
+        for i, w in enumerate(widths):
+            with popxl.ipu(i):
+                xs.append(popxl.variable(rng.uniform(-3, 3, (rows, w)).astype(np.float32)) + 0)
+                ls.append(labels.copy_to_ipu(i) if i else labels + 0)
+        ipus = list(range(shards))
+        graph = ir.create_graph(
+            lambda *ts: wr(list(ts[:shards]), list(ts[shards:]), ipus), *xs, *ls
+        )
+        bwd = transforms.autodiff(graph, grads_required=graph.inputs[:shards])
+        site = ops.call_with_info(graph, *xs, *ls)
+        dloss = popxl.variable(rng.standard_normal(rows).astype(np.float32))
+        ops.call(bwd.graph, dloss, inputs_dict=bwd.inputs_dict(site))
+    return ir, graph, bwd.graph
+
+
+def test_cross_entropy_sharded_wr_places_its_outputs_and_costs_its_links():
+    """The loss on the first IPU, each shard's gradient on its own; the report's IPU-Link
+    bytes: the forward's two all-reduces across 4 shards (a ring: 2 x 3/4 of a value per
+    sample each), the 3 partial losses sent to IPU 0, the loss gradient sent to the 3 others,
+    and the 3 label copies."""
+    rows, widths = 6, [3, 3, 2, 2]
+    ir, fwd, bwd = _wr_program(4, rows, widths)
+    (op,) = [op for op in fwd._ops if op.type == "CrossEntropyShardedWR"]
+    (grad,) = [op for op in bwd._ops if op.type == "CrossEntropyShardedGradWR"]
+    assert [t.ipu for t in op.outputs] == [0, 0, 1, 2, 3]
+    assert [t.ipu for t in grad.outputs] == [0, 1, 2, 3]
+    totals = popxl.Session(ir, "ipu_hw").report.totals()
+    value = rows * 4  # one float32 per sample
+    want = 2 * (2 * 3 * value // 4) + 3 * value + 3 * value + 3 * rows * 4
+    assert totals["ipu_link_bytes"] == want

@@ -30,7 +30,13 @@ from popxl_core.sim.ring import RING_FACTOR, Exchanges
 
 from .exchanging_kernel import exchanging_emit, table_kernel, widened
 
-__all__ = ["cross_entropy_sharded_loss", "CROSS_ENTROPY_SHARDED", "CROSS_ENTROPY_SHARDED_GRAD"]
+__all__ = [
+    "cross_entropy_sharded_loss",
+    "label_values",
+    "softmax_grad",
+    "CROSS_ENTROPY_SHARDED",
+    "CROSS_ENTROPY_SHARDED_GRAD",
+]
 
 _REDUCTIONS = ("mean", "sum", "none")
 _OUT_NAMES = ["cross_entropy_sharded_out", "cross_entropy_sharded_soft_max_out"]
@@ -59,6 +65,23 @@ def _on_shard(indices: torch.Tensor, n_local: int):
     return torch.where(here, idx, 0), here
 
 
+def label_values(neg_log_softmax: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """Each row's value at its label where the shard holds the label, else 0."""
+    idx, here = _on_shard(indices, neg_log_softmax.shape[-1])
+    picked = neg_log_softmax.gather(1, idx[:, None])[:, 0]
+    return torch.where(here, picked, torch.zeros_like(picked))
+
+
+def softmax_grad(dloss: torch.Tensor, neg_log_softmax: torch.Tensor, indices, exp) -> torch.Tensor:
+    """``softmax * dloss``, minus ``dloss`` at each label the shard holds (Graphcore's grouped
+    multi-update-add of -1 x dloss), in float32 for narrower inputs."""
+    dl = widened(dloss)[:, None]
+    grad = exp(-widened(neg_log_softmax)) * dl
+    idx, here = _on_shard(indices, grad.shape[-1])
+    minus = torch.where(here[:, None], -dl, torch.zeros_like(dl))
+    return grad.scatter_add_(1, idx[:, None], minus)
+
+
 def _kernel(logits, indices, *, exchange, numerics, available_memory_proportion):
     """(loss, negative log-softmax of the shard), with the all-reduces max, add, add."""
     exp, log = table_kernel("Exp", numerics), table_kernel("Log", numerics)
@@ -66,9 +89,7 @@ def _kernel(logits, indices, *, exchange, numerics, available_memory_proportion)
     shifted = x - exchange(0, torch.amax(x, -1, keepdim=True))
     total = exchange(1, torch.sum(exp(shifted), -1, keepdim=True))
     neg_log_softmax = log(total) - shifted
-    idx, here = _on_shard(indices, x.shape[-1])
-    picked = neg_log_softmax.gather(1, idx[:, None])[:, 0]
-    loss = exchange(2, torch.where(here, picked, torch.zeros_like(picked)))
+    loss = exchange(2, label_values(neg_log_softmax, indices))
     return loss.to(logits.dtype), neg_log_softmax.to(logits.dtype)
 
 
@@ -93,14 +114,8 @@ def _grad_infer(ins, available_memory_proportion):
 
 
 def _grad_kernel(dloss, neg_log_softmax, indices, *, available_memory_proportion, exp=None):
-    """``softmax * dloss``, minus ``dloss`` at each in-range label (Graphcore's grouped
-    multi-update-add of -1 x dloss)."""
-    exp = exp or table_kernel("Exp", "ipu")
-    dl = widened(dloss)[:, None]
-    grad = exp(-widened(neg_log_softmax)) * dl
-    idx, here = _on_shard(indices, grad.shape[-1])
-    minus = torch.where(here[:, None], -dl, torch.zeros_like(dl))
-    return grad.scatter_add_(1, idx[:, None], minus).to(neg_log_softmax.dtype)
+    grad = softmax_grad(dloss, neg_log_softmax, indices, exp or table_kernel("Exp", "ipu"))
+    return grad.to(neg_log_softmax.dtype)
 
 
 def _cost(ins, outs, attrs) -> Cost:

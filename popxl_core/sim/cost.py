@@ -24,7 +24,7 @@ from ..schedule import schedule
 from ..transforms.ipu_concurrency import concurrent_runs
 from .machine import Machine
 from .remote_plan import pays_exchange_sync
-from .ring import RING_FACTOR, Exchanges
+from .ring import IPU_LINKS, RING_FACTOR, Exchanges
 
 __all__ = [
     "CODE_BYTES_PER_OP",
@@ -241,6 +241,10 @@ class CostModel:
         rule = RING_FACTOR.get(op.opdef)
         if isinstance(rule, Exchanges):  # compute with all-reduces of partial results inside
             return self._compute_work(op) + self._exchanges(op, rule)
+        links = IPU_LINKS.get(op.opdef)
+        if links is not None:  # compute spanning a replica's IPUs, exchanging between them
+            ins, outs = [t.spec for t in op.inputs], [t.spec for t in op.outputs]
+            return self._compute_work(op) + self._link(links(ins, outs, op.attrs))
         return self._compute_work(op)
 
     def _exchanges(self, op: Op, rule: Exchanges) -> Work:

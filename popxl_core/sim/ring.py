@@ -9,6 +9,9 @@ traffic depends on them (addons' tensor-parallel all-reduce is the identity in o
 0, no exchange). A row that computes and all-reduces small partial results in between (addons'
 sharded cross entropy and distributed layer norm, one C++ op each in Graphcore's addons) is an
 `Exchanges` rule: its compute is its row's ``cost``, its traffic the all-reduces it lists.
+`IPU_LINKS` holds the rows that span the IPUs of one replica and exchange between them
+(addons' within-replica sharded cross entropy): a function of the op's specs and attributes
+giving the bytes sent over the IPU-Links, added to the row's compute.
 Like `speed`, this module imports nothing of the project but `speed`'s table type.
 """
 
@@ -19,9 +22,10 @@ from typing import Any, Callable, Sequence
 
 from .speed import OpTable
 
-__all__ = ["RING_FACTOR", "Exchanges"]
+__all__ = ["RING_FACTOR", "Exchanges", "IPU_LINKS"]
 
 RING_FACTOR: OpTable = OpTable("ring_factor")
+IPU_LINKS: OpTable = OpTable("ipu_links")
 
 
 @dataclass(frozen=True)
