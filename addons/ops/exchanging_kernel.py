@@ -7,7 +7,9 @@ The kernel is ``kernel(*inputs, exchange, **attrs)``; ``exchange(i, value)`` is 
 In the simulator each exchange is one ``RT.collective`` barrier, so every replica of the
 group runs its kernel up to the exchange, the members' values are reduced in replica order
 (the same bits on every member, as the replicated all-reduce computes them), and each replica
-goes on with the result. On one replica ``exchange`` returns the value.
+goes on with the result. On one replica ``exchange`` returns the value. Float16 operands
+are computed (and their partial results exchanged) in float32; the cost model counts the
+exchanges in the op's dtype, as the IPU sends them.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from popxl_core.ops.registry import get_opdef
 __all__ = ["exchanging_emit", "table_kernel", "widened"]
 
 
-def _reduce(replica, x, values, *, op, table, out=None):
+def _reduce(replica, x, values, *, op, table):
     """One all-reduce of an exchanging op: the group members' values, in replica order."""
     return reduce_values(op, [values[m] for m in table.members[replica]]).to(x.dtype)
 
