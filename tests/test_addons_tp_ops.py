@@ -18,6 +18,8 @@ from addons.ops.cross_entropy_sharded_wr_loss import cross_entropy_sharded_wr_lo
 from addons.ops.layer_norm_distributed import layer_norm_distributed
 from popxl_core import ops, transforms
 from popxl_core.sim import CompileOptions
+from popxl_core.sim.cost import CostModel
+from popxl_core.sim.machine import MK2
 
 R, TP = 4, 2
 GROUPINGS = {"adjacent": (1, TP), "strided": (2, TP)}
@@ -146,17 +148,6 @@ def _same(a, b) -> bool:
     return all(x.tobytes() == y.tobytes() for x, y in zip(a, b))
 
 
-def _op_types(graph, seen=None) -> list:
-    seen = set() if seen is None else seen
-    types = []
-    for op in graph._ops:
-        types.append(op.type)
-        for g in set(op.called_graphs) - seen:
-            seen.add(g)
-            types += _op_types(g, seen)
-    return types
-
-
 def _ce(x, idx, group):
     return cross_entropy_sharded_loss(x, idx, replica_grouping=group)
 
@@ -170,7 +161,7 @@ def test_each_is_one_op_of_the_table(name):
     else:
         fn, arrays = _ln, [np.zeros(s, np.float32) for s in ((R, 3, 6), (R, 6), (R, 6), (R, 3, 6))]
     ir, _, _ = _program(fn, arrays, 1)
-    types = _op_types(ir.main_graph)
+    types = [op.type for g in _graphs(ir.main_graph) for op in g._ops]
     assert types.count(name) == 1 and types.count(f"{name}Grad") == 1
     assert not [t for t in types if "AllReduce" in t or t == "ReduceMax"], types
 
@@ -213,3 +204,50 @@ def test_cross_entropy_sharded_wr_places_its_outputs_and_costs_its_links():
     value = rows * 4  # one float32 per sample
     want = 2 * (2 * 3 * value // 4) + 3 * value + 3 * value + 3 * rows * 4
     assert totals["ipu_link_bytes"] == want
+
+
+@pytest.mark.parametrize("name,values", [("CrossEntropySharded", 3), ("LayerNormDistributed", 2)])
+def test_one_op_costs_its_compute_and_its_all_reduces(name, values):
+    """The row's own cost (`CostModel.leaf_work`): its compute set (FLOPs, compute cycles) plus
+    a ring all-reduce over the group for each exchange, ``values`` per row of 4 bytes, each
+    2 x (TP-1)/TP of it over the IPU-Links, with its own sync."""
+    if name == "CrossEntropySharded":
+        fn, arrays = _ce, _ce_case(1, "mean")[-1]
+    else:
+        fn, arrays = _ln, [np.zeros(s, np.float32) for s in ((R, 3, 6), (R, 6), (R, 6), (R, 3, 6))]
+    ir, _, _ = _program(fn, arrays, 1)
+    (op,) = [op for g in _graphs(ir.main_graph) for op in g._ops if op.type == name]
+    model = CostModel(MK2, num_ipus=R, replicas=R)
+    work, alone = model.leaf_work(op), model._compute_work(op)
+    rows = op.inputs[0].shape[0]
+    assert work.link_bytes == values * 2 * (TP - 1) * rows * 4 // TP
+    assert work.flops == alone.flops > 0 and alone.cycles.compute > 0
+    assert work.cycles.compute == alone.cycles.compute and work.cycles.link > 0
+    assert work.cycles.sync == alone.cycles.sync + values * model.sync
+
+
+def _graphs(graph, seen=None) -> list:
+    seen = [graph] if seen is None else seen
+    for op in graph._ops:
+        for g in op.called_graphs:
+            if g not in seen:
+                seen.append(g)
+                _graphs(g, seen)
+    return seen
+
+
+def test_float16_computes_in_float32_and_rounds():
+    """Float16 shards: the statistics in float32, the outputs rounded to float16, against
+    torch in float32 on the float16 values (to float16's precision)."""
+    rng = np.random.default_rng(3)
+    x = [rng.standard_normal((4, 8)).astype(np.float16) for _ in range(R // TP)]
+    dy = [rng.standard_normal((4, 8)).astype(np.float16) for _ in range(R // TP)]
+    w, b = np.ones(8, np.float16), np.zeros(8, np.float16)
+    ws, bs = (_per_replica([v] * 2, 1, 0) for v in (w, b))
+    y, dx = _run(_ln, [_per_replica(x, 1, 1), ws, bs, _per_replica(dy, 1, 1)], 1)
+    assert y.dtype == dx.dtype == np.float16
+    for r, (g, p) in enumerate(_where(1)):
+        ref = lambda t: F.layer_norm(t, (8,))
+        want_y, want_dx = _torch(ref, x[g].astype(np.float32), dy[g].astype(np.float32))
+        np.testing.assert_allclose(y[r], np.split(want_y, TP, 1)[p], rtol=1e-3, atol=1e-3)
+        np.testing.assert_allclose(dx[r], np.split(want_dx, TP, 1)[p], rtol=1e-2, atol=1e-2)
