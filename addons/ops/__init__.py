@@ -2,14 +2,15 @@
 
 popxl.addons' custom C++ ops are ops of the table here (``ReplicatedAllReduceTP``,
 ``RotaryPosEmbed``, ``GradReduceSquareAdd``, ``GroupQuantizeDecompress``,
-``Fp8FindBestScale``) or composites of
-table ops (``cross_entropy_sharded_loss``, ``layer_norm_distributed``), each with its gradient.
+``Fp8FindBestScale``, ``CrossEntropySharded``, ``CrossEntropyShardedWR``,
+``LayerNormDistributed``), each with its gradient.
 """
 
 # modules of their own, imported by their paths as in popxl.addons (which does not re-export
 # them here); imported so that their ops are in the table
 from . import (  # noqa: F401
     cross_entropy_sharded_loss,
+    cross_entropy_sharded_wr_loss,
     fp8_mse_scale,
     fp8_utils,
     grad_reduce_square_add,

@@ -113,8 +113,15 @@ def _make_call(graph: Graph, inputs, inputs_dict, check_inputs: bool) -> Op:
     _check_callable(graph)
     parents = _prep_inputs(graph, inputs, inputs_dict, check_inputs)
     names = [t.name for t in graph._outputs]
+    # a called graph may span IPUs (addons' within-replica sharded loss takes a shard from
+    # each), so its inputs may too: PopXL's call checks only that they are in the graph
     outs = create_op(
-        CALL, parents, {"graph": graph}, called_graphs=(graph,), out_names=names or None
+        CALL,
+        parents,
+        {"graph": graph},
+        called_graphs=(graph,),
+        out_names=names or None,
+        check_placement=False,
     )
     op = outs[0].producer if outs else gcg()._ops[-1]
     assert op is not None  # an op's output has its producer

@@ -272,11 +272,13 @@ def create_op(
     out_names: Optional[Sequence[str]] = None,
     graph: Optional[Graph] = None,
     check_placement: bool = True,
+    out_ipus: Optional[Sequence[int]] = None,
 ) -> List[Tensor]:
     """Create an op in the current graph and return its output tensors.
 
     Validation (graph membership, shapes, dtypes) happens before anything is added, so a
-    failure leaves the graph unchanged.
+    failure leaves the graph unchanged. ``out_ipus``: the IPU of each output, for an op that
+    spans IPUs (PopART's ``getIntrospectionOutVirtualGraphId``); default: the op's IPU.
     """
     opdef = get_opdef(opdef) if isinstance(opdef, str) else opdef
     g = graph or gcg()
@@ -302,6 +304,8 @@ def create_op(
     op.outputs = [
         Tensor._create(g, g._create_tensor_id(n), s, producer=op) for n, s in zip(names, specs)
     ]
+    for t, ipu in zip(op.outputs, out_ipus or ()):
+        t._ipu = int(ipu)
     g._add_op(op)
     get_current_context().op_created(op)
     return op.outputs

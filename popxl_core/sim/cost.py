@@ -24,7 +24,7 @@ from ..schedule import schedule
 from ..transforms.ipu_concurrency import concurrent_runs
 from .machine import Machine
 from .remote_plan import pays_exchange_sync
-from .ring import RING_FACTOR
+from .ring import IPU_LINKS, RING_FACTOR, Exchanges
 
 __all__ = [
     "CODE_BYTES_PER_OP",
@@ -238,6 +238,23 @@ class CostModel:
         special = self._transfer(op)
         if special is not None:
             return special
+        rule = RING_FACTOR.get(op.opdef)
+        if isinstance(rule, Exchanges):  # compute with all-reduces of partial results inside
+            return self._compute_work(op) + self._exchanges(op, rule)
+        links = IPU_LINKS.get(op.opdef)
+        if links is not None:  # compute spanning a replica's IPUs, exchanging between them
+            ins, outs = [t.spec for t in op.inputs], [t.spec for t in op.outputs]
+            return self._compute_work(op) + self._link(links(ins, outs, op.attrs))
+        return self._compute_work(op)
+
+    def _exchanges(self, op: Op, rule: Exchanges) -> Work:
+        """The ring all-reduces an `Exchanges` row lists, one after another."""
+        ins, outs = [t.spec for t in op.inputs], [t.spec for t in op.outputs]
+        sizes = rule.sizes(ins, outs, op.attrs)
+        return Work.total_of([self.ring_work(n, 2.0, _group_size(op)) for n in sizes])
+
+    def _compute_work(self, op: Op) -> Work:
+        """An op's compute set: its row's FLOPs and bytes over the tiles it uses."""
         ins = [t.spec for t in op.inputs]
         outs = [t.spec for t in op.outputs]
         cost = op.opdef.cost(ins, outs, op.attrs)
@@ -286,6 +303,8 @@ class CostModel:
         if d is IPU_COPY:
             return self._link(nbytes_of(op.inputs[0]))
         factor = RING_FACTOR.get(d)
+        if isinstance(factor, Exchanges):  # a computing op: `_leaf_work` adds its all-reduces
+            return None
         if callable(factor):  # the traffic depends on the op's attributes (sim/ring.py)
             factor = factor(op.attrs)
         if factor and op.attrs.get("op") != "local":  # local or factor 0: no exchange
