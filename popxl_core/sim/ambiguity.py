@@ -1,6 +1,6 @@
 """PopART's inplacing ambiguity check, made when a Session is built if the session option
-``enableInplaceAmbiguityChecking`` is True (PopXL turns it on for every Ir; here a script sets
-it, see `popxl_core.pb_ir`).
+``enableInplaceAmbiguityChecking`` is True (PopXL turns it on for every Ir, and so does
+`popxl_core.pb_ir`; a script may turn it off).
 
 An op that writes a tensor in place (``relu_``, ``+=``, a var update) and another op that reads
 or writes the same storage, with neither ordered before the other by data or by topological
