@@ -19,7 +19,7 @@ import popxl_core as popxl
 from popxl_core import ReplicaGrouping, Tensor, ops
 from popxl_core.ops.collectives import replicated_all_reduce
 
-from .replicated_all_reduce_TP import replicated_all_reduce_identical_grad_inputs
+from .replicated_all_reduce_TP.replicated_all_reduce_TP import _all_reduce_identity_grad
 
 __all__ = ["cross_entropy_sharded_loss"]
 
@@ -62,10 +62,9 @@ def cross_entropy_sharded_loss(
     top = replicated_all_reduce(ops.max(ops.detach(logits), axis=-1, keepdims=True), "max", group)
     shifted = logits - top
     sum_exp = ops.sum(ops.exp(shifted), axis=-1)
-    total = replicated_all_reduce_identical_grad_inputs(sum_exp, "add", group)
-    picked = replicated_all_reduce_identical_grad_inputs(
-        _label_logit(shifted, indices), "add", group
-    )
+    # Graphcore's op is one C++ op with its own gradient: no pattern to run on ours either
+    total = _all_reduce_identity_grad(sum_exp, "add", group)
+    picked = _all_reduce_identity_grad(_label_logit(shifted, indices), "add", group)
     loss = ops.log(total) - picked
     if ignore_index is not None:
         mask = ops.cast(ops.logical_not(ops.equal(indices, ignore_index)), loss.dtype)
