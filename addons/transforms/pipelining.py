@@ -14,6 +14,12 @@ unpipelined loop, so the numbers equal running the stages one micro-batch at a t
 (``tests/test_addons_pipelining.py``); what the pipeline changes is where things live and
 when they run. `stash_and_restore_tensor` and `stash_and_restore_activations` name the
 tensors that cross stages, as in popxl.addons; every crossing tensor is stashed this way.
+
+popxl.addons calls one subgraph per stage and time step inside ``popxl.in_sequence()``. Here
+each stage's copy in a time step, and each stash shift, is a block that runs after the blocks
+before it wherever they share storage (`popxl_core.block_order`), so PopXL's inplacing
+ambiguity check accepts the schedule; inside a block only the user's own order counts (the
+user's ``in_sequence`` in a stage is copied), so an ambiguity of the user's is still refused.
 """
 
 from __future__ import annotations
