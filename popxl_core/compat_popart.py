@@ -9,7 +9,9 @@ enums `SyncPattern`, `DeviceConnectionType`, `DeviceSelectionCriterion` and `Com
 list them), `DeviceManager` (CPU and IPU Model devices of the simulator,
 `popxl_core.device`; no IPU hardware is enumerated), `VirtualGraphMode` (a session option
 scripts set; the simulator places ops by their ``ipu`` context whatever its value),
-`popart_exception` (what PopART's C++ raised; see its comment), `poplar_application_runtime_error`
+`popart_exception` (what PopART's C++ raised; see its comment),
+`initializePoplarDebugInfo` / `closePoplarDebugInfo` (the debug-info file, written from the IR:
+`popxl_core.debug_info`), `poplar_application_runtime_error`
 (a device program failing at run time) and `getLogger` (PopART's logger, a standard
 `logging.Logger` here). Any other name raises an AttributeError that says
 so, at the line that uses it.
@@ -20,6 +22,7 @@ from __future__ import annotations
 import enum
 import logging
 
+from . import debug_info
 from .device import DeviceManager
 from .errors import OpDataError
 
@@ -34,6 +37,8 @@ __all__ = [
     "popart_exception",
     "poplar_application_runtime_error",
     "getLogger",
+    "initializePoplarDebugInfo",
+    "closePoplarDebugInfo",
 ]
 
 # PopART's C++ errors reach Python as ``popart_exception``. The checks PopART made in C++ are
@@ -52,6 +57,16 @@ def getLogger(name: str = "all") -> logging.Logger:  # PopART's spelling
     """PopART's logger for ``name`` (a `logging.Logger` named ``popart.<name>``); user code
     calls ``popart.getLogger().setLevel("DEBUG")`` and the like."""
     return logging.getLogger(f"popart.{name}")
+
+
+def initializePoplarDebugInfo(filename: str, format: str = "json") -> None:
+    """Record the debug contexts of ops and tensors made from now on (PopART's name)."""
+    debug_info.initialize(filename, format)
+
+
+def closePoplarDebugInfo() -> None:
+    """Write the recorded debug contexts to the file and stop recording."""
+    debug_info.close()
 
 
 class PatternsLevel(enum.Enum):

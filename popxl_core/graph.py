@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tuple
 
+from . import debug_info
 from .context import get_current_context
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -257,6 +258,7 @@ class Graph:
 
     def _register_tensor(self, t: "Tensor") -> None:
         self._tensors[t.id] = t
+        debug_info.tensor_created(t)  # popart.initializePoplarDebugInfo's file, when open
 
     def _add_input(self, t: "Tensor", by_ref: bool) -> None:
         self._inputs.append(t)

@@ -39,11 +39,10 @@ class SessionOptions:
         self.useHostCopyOps = True
         self.enableExplicitMainLoops = True
         self.explicitRecomputation = True
-        # PopXL turns PopART's inplacing ambiguity check on for every Ir; here it runs when a
-        # script sets this True (sim/ambiguity.py). Off by default: the simulator runs ops in
-        # creation order, so an unordered in-place write cannot change a number, and programs
-        # that rely on that order (this project's pipelining stashes among them) keep running.
-        self.enableInplaceAmbiguityChecking = False
+        # PopXL turns PopART's inplacing ambiguity check on for every Ir, and so does this
+        # project (sim/ambiguity.py): a program whose answer depends on the schedule is refused.
+        # addons' pipelining orders the copies it makes (popxl_core/block_order.py).
+        self.enableInplaceAmbiguityChecking = True
         self.decomposeGradSum = True
         # False: a float8 op's log2 scale outside [-32, 32) does not raise (popxl_core.ops.fp8)
         self.throwIfLog2ScaleTensorNotInRange = True

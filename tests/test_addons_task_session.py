@@ -206,7 +206,7 @@ def test_factories_reuse_memmaps_and_init_remote(tmp_path):
         s.run()
     np.testing.assert_array_equal(np.fromfile(tmp_path / "m.w.npy", np.float32), [2.0] * 3)
     ir2 = popxl.Ir()
-    with ir2.main_graph:
+    with ir2.main_graph, popxl.in_sequence():  # the store after the update (PopXL's rule)
         bufs = addons.named_variable_buffers(factories(7.0))
         again = factories(7.0).init_remote(bufs, 0, "m", memmap_dir=str(tmp_path))
         loaded = addons.remote.load_remote(bufs)

@@ -2,8 +2,9 @@
 
 The TP all-reduces run on 4 replicas with different data on each, against numpy sums over the
 replica group folded in replica order (as the simulator folds), so forward values and
-gradients match exactly (assert_array_equal). The patterns are checked to change op types but
-no value (exact equality with the program run without them).
+gradients match exactly (assert_array_equal). As in PopXL, a program holding an
+identical-inputs op needs the OpToIdentity pattern before its Session; the pattern changes op
+types but no value.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def _group_sums(a: np.ndarray, group_size: int) -> np.ndarray:
     return out
 
 
-def _run(fn, x: np.ndarray, dy: np.ndarray, group_size: int, patterns: bool = False):
+def _run(fn, x: np.ndarray, dy: np.ndarray, group_size: int, patterns: bool = True):
     """y = fn(x, group) and dx for cotangent dy, with per-replica x and dy; (y, dx, ir)."""
     ir = popxl.Ir(R)
     group = ir.replica_grouping(1, group_size)
@@ -108,14 +109,25 @@ def test_op_to_identity_rewrites_without_changing_values(group_size):
         return replicated_all_reduce_identical_inputs(t, group=group)
 
     x, dy = _data(4)
-    y0, dx0, ir0 = _run(fn, x, dy, group_size)
-    y1, dx1, ir1 = _run(fn, x, dy, group_size, patterns=True)
-    np.testing.assert_array_equal(y1, y0)
-    np.testing.assert_array_equal(dx1, dx0)
-    assert _fwd_types(ir0) == ["Reshape", "Add", "ReplicatedAllReduceTP"]
+    y1, dx1, ir1 = _run(fn, x, dy, group_size)
+    np.testing.assert_array_equal(y1, x + np.float32(1))
+    np.testing.assert_array_equal(dx1, _group_sums(dy, group_size))
     assert _fwd_types(ir1) == ["Identity", "Add", "Identity"]
     # the backward all-reduce is a real one: it stays unless its group is one replica
     assert _op_types(ir1).count("ReplicatedAllReduceTP") == (1 if group_size > 1 else 0)
+
+
+@pytest.mark.parametrize(
+    "fn", [replicated_all_reduce_identical_inputs, replicated_all_reduce_identical_grad_inputs]
+)
+def test_without_the_pattern_the_session_is_refused_as_in_popxl(fn):
+    # popxl.addons' ReplicatedAllReduceTPOpx throws for an identical-inputs op (the forward of
+    # the first, the gradient of the second)
+    x, dy = _data(5)
+    with pytest.raises(RuntimeError, match="You need to run the `OpToIdentityPattern` pattern"):
+        _run(fn, x, dy, 2, patterns=False)
+    y, dx, _ = _run(replicated_all_reduce, x, dy, 2, patterns=False)  # nothing to rewrite
+    np.testing.assert_array_equal(dx, _group_sums(dy, 2))
 
 
 def _fwd_types(ir) -> list:

@@ -105,6 +105,8 @@ def test_through_repeat():
 
 
 def test_inplace_op_in_forward_keeps_the_value_the_grad_needs():
+    # in_sequence: reading a and then writing it in place is otherwise ambiguous in PopXL
+    @popxl.in_sequence()
     def build(x, w):
         a = x * w
         b = a * a  # needs a as it was here
@@ -122,6 +124,7 @@ def test_several_inplace_writes_keep_every_value_the_grads_need():
     # a is written three times and read between the writes (also through its in-place
     # outputs): each gradient rule must see the version it read; exact against torch up to
     # float32 rounding of the same arithmetic.
+    @popxl.in_sequence()
     def build(x, w):
         a = x * w
         b = a * a  # needs a before exp_

@@ -116,10 +116,10 @@ def test_accumulate_integer_tensors_exactly():
     t = np.array([[2**30, -5], [7, 0]], np.int32)
     x = np.array([[3, 4], [-7, 2**29]], np.int32)
 
+    @popxl.in_sequence()  # two unordered writes of a: refused as ambiguous, as in PopXL
     def build(a, b):
         ops.var_updates.accumulate_(a, b)
-        ops.var_updates.accumulate_(a, b, 2.0)
-        return a
+        return ops.var_updates.accumulate_(a, b, 2.0)  # stored after both writes
 
     (out,) = run_main(build, t, x)
     np.testing.assert_array_equal(out, t + 3 * x)

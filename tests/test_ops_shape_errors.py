@@ -26,7 +26,9 @@ def _graph_with(*specs):
 def _run(build, *arrays):
     """Build ``build(*variables)`` in the main graph, run it, return the host outputs."""
     ir = popxl.Ir()
-    with ir.main_graph:
+    # in_sequence: the outputs are stored after the in-place writes of the views (unordered
+    # otherwise, which PopXL's inplacing ambiguity check refuses)
+    with ir.main_graph, popxl.in_sequence():
         vs = [popxl.variable(a, name=f"v{i}") for i, a in enumerate(arrays)]
         outs = build(*vs)
         outs = outs if isinstance(outs, (list, tuple)) else [outs]

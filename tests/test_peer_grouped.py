@@ -25,7 +25,7 @@ def test_variable_settings_groups():
 
 def _sharded_plus_replica(ir, data, rg, buffer_shape=None):
     """A replica-sharded variable whose shards each replica adds 1 to."""
-    with ir.main_graph:
+    with ir.main_graph, popxl.in_sequence():  # the store after the update
         if buffer_shape is None:
             v, shard = popxl.replica_sharded_variable(
                 data, popxl.float32, "W", replica_grouping=rg, retrieval_mode="all_replicas"

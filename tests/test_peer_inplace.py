@@ -1,7 +1,7 @@
 """PopART's inplacing ambiguity check (Graphcore's test_inplacing): with the session option
 enableInplaceAmbiguityChecking set, a Session refuses an in-place write that is not ordered
 against another use of the same storage; ordered programs, and every program with the option
-off (this project's default), run."""
+off, run (it is on by default: tests/test_pipeline_ordering.py)."""
 
 from __future__ import annotations
 

@@ -50,7 +50,7 @@ def _replicated_counter(replicas: int, **variable_kwargs):
     """Each replica adds its replica-dependent input to ``w`` and stores ``w``."""
     ir = popxl.Ir()
     ir.replication_factor = replicas
-    with ir.main_graph:
+    with ir.main_graph, popxl.in_sequence():  # w is stored after the update
         w = popxl.variable(np.zeros(3, np.float32), name="w", **variable_kwargs)
         x = popxl.h2d_stream((3,), popxl.float32, "x")
         popxl.ops.var_updates.accumulate_(w, popxl.ops.host_load(x, "x"))

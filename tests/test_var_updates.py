@@ -173,6 +173,7 @@ def test_adam_updater_increments_step_and_matches_numpy_adam():
     np.testing.assert_allclose(session.get_tensor_data(v), state[1], rtol=1e-5, atol=1e-9)
 
 
+@popxl.in_sequence()  # as the tutorial's: the updates are in place, in this order
 def _tutorial_adam(
     weight: popxl.TensorByRef,
     grad,

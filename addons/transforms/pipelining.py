@@ -14,6 +14,12 @@ unpipelined loop, so the numbers equal running the stages one micro-batch at a t
 (``tests/test_addons_pipelining.py``); what the pipeline changes is where things live and
 when they run. `stash_and_restore_tensor` and `stash_and_restore_activations` name the
 tensors that cross stages, as in popxl.addons; every crossing tensor is stashed this way.
+
+popxl.addons calls one subgraph per stage and time step inside ``popxl.in_sequence()``. Here
+each stage's copy in a time step, and each stash shift, is a block that runs after the blocks
+before it wherever they share storage (`popxl_core.block_order`), so PopXL's inplacing
+ambiguity check accepts the schedule; inside a block only the user's own order counts (the
+user's ``in_sequence`` in a stage is copied), so an ambiguity of the user's is still refused.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 import popxl_core
 from popxl_core import Tensor, ops
+from popxl_core.block_order import add_constraints, constraints_among, order_blocks
 from popxl_core.context import get_current_context
 from popxl_core.graph_edit import remove_ops
 from popxl_core.ops.registry import create_op
@@ -110,21 +117,47 @@ def _check(ctx: StageContext) -> None:
         )
 
 
+class _Plan:
+    """What one pipeline's schedule is built from: the stage templates, the tensors that cross
+    stages, their stash buffers, the user's ordering within each stage, and the block of each
+    op made (a stash shift, or one stage in one time step: `popxl_core.block_order`)."""
+
+    def __init__(self, stages: List[List], cons: List[Tuple]) -> None:
+        self.stages, self.cons = stages, cons
+        self.crossing = _crossing(stages)
+        self.stash: Dict[Tensor, List[Tensor]] = {}
+        self.blocks: Dict = {}
+
+    @contextlib.contextmanager
+    def block(self) -> Iterator[Dict]:
+        """The ops made inside form one block; yields template op -> its copy."""
+        g, copies = popxl_core.gcg(), {}
+        start = len(g.ops)
+        yield copies
+        key = object()
+        for op in g.ops[start:]:
+            self.blocks[op] = key
+        pairs = [(copies[a], copies[b]) for a, b in self.cons if a in copies and b in copies]
+        add_constraints(g, pairs)
+
+
 def _build_schedule(ctx: StageContext) -> None:
     graph, n = ctx.graph, len(ctx.stages)
     stages = [ctx.stages[j] for j in range(n)]
+    # kept before the templates go: the user's `in_sequence` inside a stage orders its copies
+    plan = _Plan(stages, constraints_among(graph, [op for st in stages for op in st]))
     _remove(graph, [op for st in stages for op in st])
-    crossing = _crossing(stages)
     with graph:
-        stash = {t: _stash_buffers(t, depth) for t, (_, depth) in crossing.items()}
+        plan.stash = {t: _stash_buffers(t, depth) for t, (_, depth) in plan.crossing.items()}
         steps = range(ctx.steps + n - 1)
         active_sets = [[j for j in range(n) if 0 <= t - j < ctx.steps] for t in steps]
         for active, count in _runs(active_sets):
             if len(active) == n and count > 1:
-                _repeat_steps(graph, stages, crossing, stash, count)
+                _repeat_steps(graph, plan, count)
             else:
                 for _ in range(count):
-                    _time_step(stages, active, crossing, stash, {})
+                    _time_step(plan, active, {})
+    order_blocks(graph, plan.blocks)
 
 
 def _remove(graph: popxl_core.Graph, moved: List) -> None:
@@ -177,7 +210,7 @@ def _runs(active_sets: List[List[int]]) -> List[Tuple[List[int], int]]:
     return runs
 
 
-def _time_step(stages, active, crossing, stash, remap) -> None:
+def _time_step(plan: _Plan, active: List[int], remap) -> None:
     """One time step in the current graph: shift every stash, then copy the ops of each
     active stage. ``remap``: outside tensor -> what stands for it here (loop-body inputs)."""
 
@@ -185,36 +218,46 @@ def _time_step(stages, active, crossing, stash, remap) -> None:
         return remap.get(t, t)
 
     with concurrent_ipus():  # each stage on its own IPU, at once (the cycle estimate)
-        _time_step_ops(stages, active, crossing, stash, here)
+        _shift_stashes(plan, here)
+        for j in active:
+            with plan.block() as copies:
+                _stage_copy(plan, j, here, copies)
 
 
-def _time_step_ops(stages, active, crossing, stash, here) -> None:
-    for bufs in stash.values():
+def _shift_stashes(plan: _Plan, here) -> None:
+    """Slot k takes slot k - 1's value, the oldest first (each copy a block of its own)."""
+    for bufs in plan.stash.values():
         for k in range(len(bufs) - 1, 0, -1):
-            with popxl_core.ipu(bufs[k].ipu):
+            with plan.block(), popxl_core.ipu(bufs[k].ipu):
                 ops.var_updates.copy_var_update_(here(bufs[k]), here(bufs[k - 1]))
-    for j in active:
-        local: Dict[Tensor, Tensor] = {}
-        for op in stages[j]:
-            args = [_source(t, j, local, crossing, stash, here) for t in op.inputs]
-            for old, new in zip(op.outputs, _clone(op, args)):
-                local[old] = new
-                if old in stash:
-                    with popxl_core.ipu(old.ipu):
-                        ops.var_updates.copy_var_update_(here(stash[old][0]), new)
 
 
-def _source(t, j, local, crossing, stash, here) -> Tensor:
+def _stage_copy(plan: _Plan, j: int, here, copies: Dict) -> None:
+    """A copy of stage ``j``'s ops; a tensor that crosses to a later stage enters slot 0 of
+    its stash."""
+    local: Dict[Tensor, Tensor] = {}
+    for op in plan.stages[j]:
+        args = [_source(plan, t, j, local, here) for t in op.inputs]
+        copies[op], outs = _clone(op, args)
+        for old, new in zip(op.outputs, outs):
+            local[old] = new
+            if old in plan.stash:
+                with popxl_core.ipu(old.ipu):
+                    ops.var_updates.copy_var_update_(here(plan.stash[old][0]), new)
+
+
+def _source(plan: _Plan, t, j, local, here) -> Tensor:
     if t in local:
         return local[t]
-    if t in crossing:
-        a, _ = crossing[t]
-        return here(stash[t][j - a])
+    if t in plan.crossing:
+        a, _ = plan.crossing[t]
+        return here(plan.stash[t][j - a])
     return here(t)
 
 
-def _clone(op, inputs: List[Tensor]) -> List[Tensor]:
-    """A copy of ``op`` on ``inputs`` in the current graph, on the op's IPU and tile set."""
+def _clone(op, inputs: List[Tensor]):
+    """A copy of ``op`` on ``inputs`` in the current graph, on the op's IPU and tile set;
+    returns the new op and its outputs."""
     with popxl_core.ipu(op.ipu), popxl_core.io_tiles() if op.tile_set == "io" else _nothing():
         outs = create_op(
             op.opdef,
@@ -228,7 +271,7 @@ def _clone(op, inputs: List[Tensor]) -> List[Tensor]:
     assert new is not None  # an op's output has its producer
     new.by_ref_modified = set(op.by_ref_modified)
     new.settings = dict(op.settings)
-    return outs
+    return new, outs
 
 
 @contextlib.contextmanager
@@ -236,14 +279,16 @@ def _nothing() -> Iterator[None]:
     yield
 
 
-def _repeat_steps(graph, stages, crossing, stash, count: int) -> None:
+def _repeat_steps(graph, plan: _Plan, count: int) -> None:
     """The main phase: one time step with every stage, in a loop of ``count`` iterations."""
-    outside, modified = _outside_tensors(stages, stash)
+    outside, modified = _outside_tensors(plan)
     body = graph.ir.create_empty_graph("pipeline_main")
     with body:
         remap = {t: _input_like(t, t in modified) for t in outside}
-        _time_step(stages, list(range(len(stages))), crossing, stash, remap)
-    ops.repeat(body, count, inputs_dict={inner: t for t, inner in remap.items()})
+        _time_step(plan, list(range(len(plan.stages))), remap)
+    order_blocks(body, plan.blocks)
+    with plan.block():  # the loop is one block among the ramp-up's and the ramp-down's
+        ops.repeat(body, count, inputs_dict={inner: t for t, inner in remap.items()})
 
 
 def _input_like(t: Tensor, by_ref: bool) -> Tensor:
@@ -254,11 +299,12 @@ def _input_like(t: Tensor, by_ref: bool) -> Tensor:
         )
 
 
-def _outside_tensors(stages, stash) -> Tuple[List[Tensor], set]:
+def _outside_tensors(plan: _Plan) -> Tuple[List[Tensor], set]:
     """Tensors of the pipeline's graph that the stages read (stash buffers first), and those
     that they write (passed to the loop body by reference)."""
+    stages = plan.stages
     made = {t for st in stages for op in st for t in op.outputs}
-    out: List[Tensor] = [b for bufs in stash.values() for b in bufs]
+    out: List[Tensor] = [b for bufs in plan.stash.values() for b in bufs]
     modified = set(out)
     seen = set(out)
     for st in stages:

@@ -1,6 +1,6 @@
 """PopART's inplacing ambiguity check, made when a Session is built if the session option
-``enableInplaceAmbiguityChecking`` is True (PopXL turns it on for every Ir; here a script sets
-it, see `popxl_core.pb_ir`).
+``enableInplaceAmbiguityChecking`` is True (PopXL turns it on for every Ir, and so does
+`popxl_core.pb_ir`; a script may turn it off).
 
 An op that writes a tensor in place (``relu_``, ``+=``, a var update) and another op that reads
 or writes the same storage, with neither ordered before the other by data or by topological
@@ -52,19 +52,20 @@ def _storage(ops: List[Op]) -> Dict[Tensor, Tensor]:
     return root
 
 
-def _before(g: Graph, order: List[Op]) -> Dict[Op, int]:
-    """Op -> a bit set (an int over positions in ``order``) of every op ordered before it."""
-    pos = {op: i for i, op in enumerate(order)}
+def _before(g: Graph, order: List[Op], pos: Dict[Op, int]) -> Dict[Op, int]:
+    """Op -> a bit set (an int over the positions ``pos`` gives the ops the check compares) of
+    those ordered before it. Only those ops have a bit, so a large graph with few in-place
+    writes needs small sets (the order still passes through every op)."""
     after: Dict[Op, List[Op]] = {op: [] for op in order}
     for before, later in g._topocons:
-        if before in pos and later in pos:
+        if before in after and later in after:
             after[later].append(before)
     bits: Dict[Op, int] = {}
     for op in order:
-        preds = [t.producer for t in op.inputs if t.producer in pos] + after[op]
+        preds = [t.producer for t in op.inputs if t.producer in after] + after[op]
         acc = 0
         for p in preds:
-            acc |= bits[p] | (1 << pos[p])
+            acc |= bits[p] | (1 << pos[p] if p in pos else 0)
         bits[op] = acc
     return bits
 
@@ -80,7 +81,10 @@ def _check_graph(g: Graph) -> None:
         if not op.opdef.view or op.opdef.inplace:
             for t in dict.fromkeys(op.inputs):
                 users.setdefault(root.get(t, t), []).append(op)
-    bits, pos = _before(g, order), {op: i for i, op in enumerate(order)}
+    written = {root.get(t, t) for w in writers for t in (w.inputs[i] for i in w.opdef.inplace)}
+    compared = dict.fromkeys(op for t in written for op in users.get(t, ()))
+    pos = {op: i for i, op in enumerate(compared)}
+    bits = _before(g, order, pos)
     for w in writers:
         for t in {root.get(op_in, op_in) for op_in in (w.inputs[i] for i in w.opdef.inplace)}:
             for other in users.get(t, ()):

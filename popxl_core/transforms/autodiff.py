@@ -208,6 +208,17 @@ class _Differentiator:
         graph._ops[:] = ordered
         # in_sequence may have ordered the copies after the last forward op: drop that
         graph._topocons = [c for c in graph._topocons if c[0] not in copies and c[1] not in copies]
+        for (t, index), copy in self._copies.items():
+            self._order_copy(t, index, copy.producer, originals)
+
+    def _order_copy(self, t: Tensor, index: int, copy: Op, originals: List[Op]) -> None:
+        """Order a saved-value copy after the writes of its storage before ``index`` and
+        before those from ``index`` on, so that it reads that version under any schedule
+        (and PopXL's inplacing ambiguity check accepts it)."""
+        root = self._last_write.sets.find(t)
+        for i, op in enumerate(originals):
+            if any(self._last_write.sets.find(op.inputs[k]) == root for k in op.modified_inputs()):
+                self.fwd._add_topocon(*((op, copy) if i < index else (copy, op)))
 
     # main loop ----------------------------------------------------------------------------
     def run(self) -> GradGraphInfo:

@@ -10,9 +10,12 @@ identical tensor. Two all-reduces express this; each is the other's gradient:
   the gradient arriving is identical across the group, so it passes through unchanged.
 
 On the IPU these are one custom op whose forward with identical inputs PopART's
-``OpToIdentity`` pre-alias pattern turns into an Identity; here the op's forward is the
-identity from the start (the pattern, `addons.patterns.apply_pre_alias_patterns`, still
-rewrites it to an Identity op, which changes no value).
+``OpToIdentity`` pre-alias pattern turns into an Identity, and whose Opx refuses to lower such
+an op ("You need to run the `OpToIdentityPattern` pattern before running the IR."): a program
+must call `addons.patterns.apply_pre_alias_patterns` (after autodiff) before its Session. So
+does this one: building a Session of a program that still holds an identical-inputs op raises.
+This project's own composites (`cross_entropy_sharded_loss`) use `_all_reduce_identity_grad`,
+whose gradient is that Identity from the start.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Optional
 
 import numpy as np
 
-from popxl_core import ReplicaGrouping, Tensor
+from popxl_core import ReplicaGrouping, Tensor, ops
 from popxl_core.context import gcg
 from popxl_core.ops.collectives.collectives import (
     group_table,
@@ -44,16 +47,20 @@ __all__ = [
 _GRAD_OPS = ("add", "mean")
 
 
-def _kernel(replica, x, values, *, op, table, identical_inputs, identical_grad_inputs):
+def _kernel(replica, x, values, *, op, table, **_flags):
     return reduce_values(op, [values[m] for m in table.members[replica]]).to(x.dtype)
 
 
 def _emit(op, em) -> None:
     """Identity (a copy) for identical inputs; otherwise an all-reduce over the group."""
+    if op.attrs["identical_inputs"]:  # as the IPU's Opx: the pattern must have removed it
+        raise RuntimeError(
+            f"{op.type}.{op.id} (replicated_all_reduce_identical_inputs, or the gradient of "
+            "replicated_all_reduce_identical_grad_inputs): You need to run the "
+            "`OpToIdentityPattern` pattern before running the IR. Call "
+            "popxl_addons.patterns.apply_pre_alias_patterns(ir) after autodiff."
+        )
     x, out = em.name(op.inputs[0]), em.name(op.outputs[0])
-    if op.attrs["identical_inputs"]:
-        em.emit(f"{out} = {x}.clone()")
-        return
     table = group_table(op.attrs["group"], em.program.ir.replication_factor)
     attrs = {k: v for k, v in op.attrs.items() if k != "group"}
     fn = functools.partial(_kernel, table=table, **attrs)
@@ -71,22 +78,24 @@ def _grad(ctx):
             f"{', '.join(_GRAD_OPS)})."
         )
     g = ctx.grad_output(0)
+    if a.get("identity_grad"):
+        return [ops.identity(g)]
     return [_create(g, a["op"], a["group"], a["identical_grad_inputs"], a["identical_inputs"])]
 
 
 def _samples():
-    # one replica in the op tests: both directions are the identity there
+    # one replica in the op tests: both directions are the identity there. The identical-inputs
+    # flavour needs the pattern before a Session (tests/test_addons_tp.py runs it).
     return [
         Sample(
             [np.random.default_rng(0).uniform(-1, 1, (2, 3)).astype(np.float32)],
             lambda x, f=f: f(x),
             lambda x: x * 1,
-            name=f.__name__,
+            name=name,
         )
-        for f in (
-            replicated_all_reduce_identical_inputs,
-            replicated_all_reduce_identical_grad_inputs,
-            replicated_all_reduce,
+        for name, f in (
+            ("identity_grad", lambda x: _all_reduce_identity_grad(x, "add", None)),
+            ("replicated_all_reduce", replicated_all_reduce),
         )
     ]
 
@@ -127,6 +136,15 @@ def _create(t: Tensor, op: str, group, identical_inputs: bool, identical_grad_in
         "identical_grad_inputs": bool(identical_grad_inputs),
     }
     return create_op(TP_ALL_REDUCE, [t], attrs)[0]
+
+
+def _all_reduce_identity_grad(t: Tensor, op: str, group) -> Tensor:
+    """`replicated_all_reduce_identical_grad_inputs` with the pattern applied to its gradient
+    already (an Identity): for composites standing in for one of Graphcore's C++ ops, whose
+    gradient needs no pattern."""
+    out = _create(t, op, group, False, True)
+    out.producer.attrs["identity_grad"] = True
+    return out
 
 
 def replicated_all_reduce(
