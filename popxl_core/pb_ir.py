@@ -24,6 +24,9 @@ class SessionOptions:
         self.numIOTiles = 0
         self.engineOptions: Dict[str, str] = {}
         self.partialsTypeMatMuls = ""
+        # {"partialsType": "float" | "half"}: what convs without their own type accumulate in
+        # (popxl_core.ops._conv_partials); other poplin options are recorded
+        self.convolutionOptions: Dict[str, str] = {}
         self.enableStochasticRounding = False
         self.aliasZeroCopy = True
         self.cachePath = os.environ.get("POPXL_CACHE_DIR", "")
