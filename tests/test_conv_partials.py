@@ -48,15 +48,22 @@ def _eager(x, w, b, dy):
 
 def _simulated(x, w, b, dy, partials=None, session_partials=None):
     """y, dx, dw, db of ops.conv and its autodiff on the simulator (numerics "torch")."""
+
+    def build(x, w, b):
+        return ops.conv(x, w, partials_types=partials, bias=b)
+
+    return _run(build, (x, w, b), dy, session_partials)
+
+
+def _run(build, inputs, dy, session_partials=None):
+    """``build``'s output and its gradients wrt ``inputs`` for the cotangent ``dy``."""
     ir = popxl.Ir()
     ir.numerics = "torch"
     if session_partials is not None:
         ir._pb_ir.getSessionOptions().convolutionOptions["partialsType"] = session_partials
     with ir.main_graph:
-        vs = [popxl.variable(t.numpy(), popxl.float16) for t in (x, w, b)]
-        graph = ir.create_graph(
-            lambda x, w, b: ops.conv(x, w, partials_types=partials, bias=b), *vs
-        )
+        vs = [popxl.variable(t.numpy(), popxl.float16) for t in inputs]
+        graph = ir.create_graph(build, *vs)
         bwd = transforms.autodiff(graph)
         site = ops.call_with_info(graph, *vs)
         cot = popxl.constant(dy.numpy(), popxl.float16)
@@ -147,3 +154,19 @@ def test_poptorch_partials_default_to_float(partials):
     step(torch.ones(1, dtype=torch.float16))
     dx = _eager(*(t.float() for t in (x, w, torch.zeros(ws[0]), dy)))[1]
     assert torch.equal(-model.p.detach(), dx.half())
+
+
+def test_conv_transpose_takes_the_session_partials():
+    """A transposed conv (its gradients are Conv and ConvWeightsGrad ops) too."""
+    x, w, _, _ = _data((2, 16, 20, 20), (16, 8, 3, 3))
+    dy = torch.randn((2, 8, 22, 22), generator=torch.Generator().manual_seed(1)).half()
+
+    def eager(x, w, dy):
+        x, w = x.detach().requires_grad_(), w.detach().requires_grad_()
+        y = torch.nn.functional.conv_transpose2d(x, w)
+        return [y.detach(), *torch.autograd.grad(y, (x, w), dy)]
+
+    got = _run(lambda x, w: ops.conv_transpose(x, w), (x, w), dy, session_partials="float")
+    want = [t.half() for t in eager(x.float(), w.float(), dy.float())]
+    assert all(torch.equal(g, e) for g, e in zip(got, want))
+    assert not torch.equal(torch.nn.functional.conv_transpose2d(x, w), want[0])  # can fail
