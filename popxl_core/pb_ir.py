@@ -76,6 +76,12 @@ class SessionOptions:
         self._global[1] = int(value)
         self._apply_global()
 
+    @property
+    def conv_partials_type(self) -> str:
+        """``convolutionOptions["partialsType"]`` ("" if unset): the value a Session's convs
+        take when it compiles (`OpDef.session_options`; popxl_core.ops._conv_partials)."""
+        return str(self.convolutionOptions.get("partialsType", ""))
+
     def getGlobalReplicationFactor(self) -> int:
         return self._global[1] if self._global[0] else self.replicatedGraphCount
 

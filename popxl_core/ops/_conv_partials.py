@@ -31,8 +31,9 @@ import torch
 
 __all__ = ["PARTIALS_OPTION", "partials_attr", "with_partials"]
 
-# the kernel keyword that receives the session's ``convolutionOptions`` (`OpDef.session_options`)
-PARTIALS_OPTION = {"conv_options": "convolutionOptions"}
+# the kernel keyword that receives the session's ``convolutionOptions["partialsType"]``, read
+# when a Session compiles (`OpDef.session_options`)
+PARTIALS_OPTION = {"session_partials": "conv_partials_type"}
 
 _NAMES = {"float": "float", "half": "half", "float32": "float", "float16": "half"}
 
@@ -52,21 +53,20 @@ def partials_attr(partials_types: str | Sequence[str] | None) -> str | None:
     return kinds.pop()
 
 
-def _stated(partials_type: str | None, conv_options: dict | None) -> bool:
+def _stated(partials_type: str | None, session_partials: str) -> bool:
     """Whether the conv has a partials type: its own, else the session's."""
-    chosen = partials_type or (conv_options or {}).get("partialsType")
-    return _NAMES.get(str(chosen).lower()) is not None
+    return _NAMES.get(str(partials_type or session_partials).lower()) is not None
 
 
 def with_partials(kernel: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    """``kernel`` taking the ``partials_type`` attribute and the session's ``conv_options``:
+    """``kernel`` taking the ``partials_type`` attribute and the session's partials type:
     float16 arguments computed in float32 and the result rounded to float16 once where a
     partials type is given; otherwise ``kernel`` itself."""
 
     @functools.wraps(kernel)
-    def run(*args: Any, partials_type=None, conv_options=None, **attrs: Any) -> torch.Tensor:
+    def run(*args: Any, partials_type=None, session_partials="", **attrs: Any) -> torch.Tensor:
         half = [isinstance(a, torch.Tensor) and a.dtype == torch.float16 for a in args]
-        if not any(half) or not _stated(partials_type, conv_options):
+        if not any(half) or not _stated(partials_type, session_partials):
             return kernel(*args, **attrs)
         wide = [a.float() if h else a for a, h in zip(args, half)]
         return kernel(*wide, **attrs).to(torch.float16)
