@@ -170,3 +170,20 @@ def test_conv_transpose_takes_the_session_partials():
     want = [t.half() for t in eager(x.float(), w.float(), dy.float())]
     assert all(torch.equal(g, e) for g, e in zip(got, want))
     assert not torch.equal(torch.nn.functional.conv_transpose2d(x, w), want[0])  # can fail
+
+
+def test_float_partials_are_closer_to_exact_than_half_sums():
+    """Against float64, the float path's error is smaller than that of sums kept in float16
+    (what half partials would accumulate), over 256 channels of a 1x1 conv."""
+    g = torch.Generator().manual_seed(2)
+    x, w = torch.rand(2, 256, 4, 4, generator=g).half(), torch.rand(8, 256, 1, 1, generator=g)
+    w, b = w.half(), torch.zeros(8).half()
+    dy = torch.zeros(2, 8, 4, 4).half()
+    got = _simulated(x, w, b, dy, partials=["float"])[0].double()
+    exact = _forward(x.double(), w.double(), None)
+    running = torch.zeros(2, 8, 4, 4, dtype=torch.float16)
+    for c in range(256):
+        running = running + _forward(x[:, c : c + 1], w[:, c : c + 1], None)
+    float_err, half_err = ((t - exact).abs().mean() for t in (got, running.double()))
+    assert float_err <= 2.0**-11 * exact.abs().mean()  # within half an ulp on average
+    assert float_err < half_err / 4
