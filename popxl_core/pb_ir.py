@@ -24,6 +24,9 @@ class SessionOptions:
         self.numIOTiles = 0
         self.engineOptions: Dict[str, str] = {}
         self.partialsTypeMatMuls = ""
+        # {"partialsType": "float" | "half"}: what convs without their own type accumulate in
+        # (popxl_core.ops._conv_partials); other poplin options are recorded
+        self.convolutionOptions: Dict[str, str] = {}
         self.enableStochasticRounding = False
         self.aliasZeroCopy = True
         self.cachePath = os.environ.get("POPXL_CACHE_DIR", "")
@@ -71,6 +74,12 @@ class SessionOptions:
     def globalReplicationFactor(self, value: int) -> None:
         self._global[1] = int(value)
         self._apply_global()
+
+    @property
+    def conv_partials_type(self) -> str:
+        """``convolutionOptions["partialsType"]`` ("" if unset): the value a Session's convs
+        take when it compiles (`OpDef.session_options`; popxl_core.ops._conv_partials)."""
+        return str(self.convolutionOptions.get("partialsType", ""))
 
     def getGlobalReplicationFactor(self) -> int:
         return self._global[1] if self._global[0] else self.replicatedGraphCount

@@ -23,6 +23,7 @@ __all__ = [
     "DEVICES",
     "KERNELS",
     "NUMERICS",
+    "PARTIALS",
     "PHASE_KINDS",
     "PRECISIONS",
     "RNGS",
@@ -35,6 +36,7 @@ PRECISIONS = ("float32", "float16")
 RNGS = ("torch", "ipu")
 KERNELS = ("table", "inductor")
 NUMERICS = ("torch", "ipu")
+PARTIALS = ("", "float", "half")
 _COUNTS = (
     "gradient_accumulation",
     "device_iterations",
@@ -138,6 +140,13 @@ class Options:
             computes as float32. The model is still traced on the inputs as given, so an op
             that wants int64 indices gets them. ``False`` (default): inputs keep their dtype,
             eager's numbers. `training_model` and `inference_model` only (not phased yet).
+        partials_type: what float16 convolutions (and their gradients) accumulate in, PopART's
+            ``convolutionOptions`` ``partialsType``. ``""`` (default): as ``numerics`` says
+            (``"torch"``: torch's float16 kernels, eager's bits). ``"float"``: computed in
+            float32 from the float16 operands and rounded once, as Poplar's default float
+            partials (PopTorch's `Precision.setPartialsType`); much faster on the CPU than
+            torch's float16 weight gradient. ``"half"``: as ``"float"``: the simulator
+            does not round partial sums to float16 (`popxl_core.ops._conv_partials`).
 
     Example:
         >>> Options(device="cpu").device
@@ -161,6 +170,7 @@ class Options:
     rng: str = "torch"
     kernels: str = "table"
     numerics: str = "torch"
+    partials_type: str = ""
     compiler: CompileOptions = DEFAULT_COMPILE
     narrow_64bit: bool = False
 
@@ -169,6 +179,7 @@ class Options:
         _check_choice("rng", self.rng, RNGS)
         _check_choice("kernels", self.kernels, KERNELS)
         _check_choice("numerics", self.numerics, NUMERICS)
+        _check_choice("partials_type", self.partials_type, PARTIALS)
         _check_choice("precision", self.precision, PRECISIONS)
         if not isinstance(self.compiler, CompileOptions):
             raise TypeError(

@@ -24,6 +24,7 @@ from ._conv_common import (
     _public_params,
     _ref_conv,
 )
+from ._conv_partials import PARTIALS_OPTION, partials_attr, with_partials
 from ._utils import rand, same_dtype, spec
 from .conv_grads import CONV_BIAS_GRAD, CONV_DATA_GRAD, CONV_WEIGHTS_GRAD
 from .conv_transpose import conv_transpose
@@ -32,7 +33,7 @@ from .registry import OpDef, Sample, create_op, register
 __all__ = ["PadType", "conv", "conv_transpose"]
 
 
-def _conv_infer(ins, stride, pads, dilation, groups):
+def _conv_infer(ins, stride, pads, dilation, groups, partials_type=None):
     x, w, *bias = ins
     _check_float(x, w)
     if bias:
@@ -59,7 +60,9 @@ def _conv_kernel(x, w, *bias, stride, pads, dilation, groups):
 
 
 def _conv_params(a) -> dict:
-    return {k: a[k] for k in ("stride", "pads", "dilation", "groups")}
+    # the gradient ops accumulate as their conv does (PopART gives them the conv's options)
+    keys = ("stride", "pads", "dilation", "groups", "partials_type")
+    return {k: a[k] for k in keys if k in a}
 
 
 def _conv_grad(ctx):
@@ -149,11 +152,12 @@ CONV = register(
     OpDef(
         "Conv",
         _conv_infer,
-        _conv_kernel,
+        with_partials(_conv_kernel),
         grad=_conv_grad,
         cost=_conv_cost("out"),
         samples=_conv_samples,
         out_name="conv_out",
+        session_options=PARTIALS_OPTION,
     )
 )
 
@@ -176,12 +180,19 @@ def conv(
 
     ``padding`` is ONNX-ordered (all begins, then all ends); ``pad_type`` 'same_upper',
     'same_lower' or 'valid' computes it instead. The IPU tuning options are accepted and
-    have no effect on the numbers. ``bias`` (C_out,), an extension of popxl's signature (ONNX
-    Conv's optional input B), is added inside the conv kernel, as torch's conv does.
+    have no effect on the numbers, except ``partials_types``: ``["float"]`` (or ``["half"]``)
+    computes float16 inputs in float32 and rounds once (None: the session's
+    ``convolutionOptions`` ``partialsType``; `popxl_core.ops._conv_partials`). ``bias``
+    (C_out,), an extension of popxl's signature (ONNX Conv's optional input B), is added
+    inside the conv kernel, as torch's conv does.
     """
     _, stride, pads, dilation = _public_params(
         "conv", t, weight, stride, padding, dilation, pad_type
     )
     pads = sp.auto_pads(pad_type, t.shape[2:], weight.shape[2:], stride, dilation, pads)
     ins = [t, weight] + ([bias] if bias is not None else [])
-    return create_op(CONV, ins, _attrs(stride, pads, dilation, int(groups)))[0]
+    attrs = _attrs(stride, pads, dilation, int(groups))
+    partials = partials_attr(partials_types)
+    if partials is not None:  # only where given: a conv without it prints as before
+        attrs["partials_type"] = partials
+    return create_op(CONV, ins, attrs)[0]

@@ -17,6 +17,7 @@ from ._conv_common import (
     _conv_out_sizes,
     _ref_conv,
 )
+from ._conv_partials import PARTIALS_OPTION, with_partials
 from ._utils import rand, same_dtype, spec
 from .forms import JointGrad
 from .registry import Cost, OpDef, Sample, create_op, register
@@ -185,10 +186,11 @@ CONV_DATA_GRAD = register(
     OpDef(
         "ConvDataGrad",
         _grad_infer("input_shape"),
-        _data_grad_kernel,
+        with_partials(_data_grad_kernel),
         cost=_conv_cost("in"),
         samples=lambda: _conv_grad_samples("data"),
         out_name="conv_data_grad_out",
+        session_options=PARTIALS_OPTION,
         fresh_outputs=True,  # convolution_backward's (or a slice of it, for one-sided pads)
     )
 )
@@ -197,20 +199,22 @@ CONV_BIAS_GRAD = register(
     OpDef(
         "ConvBiasGrad",
         _bias_grad_infer,
-        _bias_grad_kernel,
+        with_partials(_bias_grad_kernel),
         cost=lambda ins, outs, attrs: Cost(ins[0].nelms, ins[0].nbytes),
         samples=lambda: _bias_grad_samples(),
         out_name="conv_bias_grad_out",
+        session_options=PARTIALS_OPTION,
     )
 )
 CONV_WEIGHTS_GRAD = register(
     OpDef(
         "ConvWeightsGrad",
         _grad_infer("weight_shape"),
-        _weights_grad_kernel,
+        with_partials(_weights_grad_kernel),
         cost=_conv_cost("in"),
         samples=lambda: _conv_grad_samples("weights"),
         out_name="conv_weights_grad_out",
+        session_options=PARTIALS_OPTION,
     )
 )
 declare(CONV_WEIGHTS_GRAD, joint_grad=_joint("weight"))

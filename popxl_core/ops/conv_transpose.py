@@ -21,6 +21,7 @@ from ._conv_common import (
     _conv_cost,
     _public_params,
 )
+from ._conv_partials import PARTIALS_OPTION, partials_attr, with_partials
 from ._utils import rand, spec
 from .conv_grads import CONV_WEIGHTS_GRAD
 from .registry import OpDef, Sample, create_op, register
@@ -41,7 +42,7 @@ def _convt_sizes(x_shape, w_shape, stride, pads, dilation, output_padding):
     return tuple(out)
 
 
-def _convt_infer(ins, stride, pads, dilation, groups, output_padding):
+def _convt_infer(ins, stride, pads, dilation, groups, output_padding, partials_type=None):
     x, w = ins
     _check_float(x, w)
     sp.check_rank(x.shape, "conv_transpose")
@@ -63,6 +64,8 @@ def _convt_grad(ctx):
     r = len(a["stride"])
     pads = tuple(a["pads"][:r]) + tuple(p - op for p, op in zip(a["pads"][r:], a["output_padding"]))
     params = _attrs(a["stride"], pads, a["dilation"], a["groups"])
+    if "partials_type" in a:  # its gradients accumulate as it does
+        params["partials_type"] = a["partials_type"]
     from .conv import CONV  # conv.py re-exports this module, so Conv is looked up when needed
 
     dx = dw = None
@@ -121,11 +124,12 @@ CONV_TRANSPOSE = register(
     OpDef(
         "ConvTranspose",
         _convt_infer,
-        _convt_kernel,
+        with_partials(_convt_kernel),
         grad=_convt_grad,
         cost=_conv_cost("in"),
         samples=_convt_samples,
         out_name="conv_transpose_out",
+        session_options=PARTIALS_OPTION,
     )
 )
 
@@ -174,6 +178,7 @@ def conv_transpose(
     """Transposed convolution; ``weight`` is (C_in, C_out/groups, *k) as in ONNX.
 
     ``output_shape`` (spatial sizes) computes the pads the ONNX way and overrides ``padding``.
+    ``partials_types`` as in `conv` (`popxl_core.ops._conv_partials`).
     """
     r, stride, pads, dilation = _public_params(
         "conv_transpose", t, weight, stride, padding, dilation, pad_type
@@ -181,4 +186,7 @@ def conv_transpose(
     out_pad = sp.spatial_tuple(output_padding, r, "conv_transpose output_padding", 0)
     pads = _convt_pads(pad_type, t, weight, stride, pads, dilation, out_pad, output_shape)
     attrs = {**_attrs(stride, pads, dilation, int(groups)), "output_padding": out_pad}
+    partials = partials_attr(partials_types)
+    if partials is not None:
+        attrs["partials_type"] = partials
     return create_op(CONV_TRANSPOSE, [t, weight], attrs)[0]

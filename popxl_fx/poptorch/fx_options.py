@@ -20,8 +20,16 @@ def fx_options(options, training: bool) -> popxl_fx.Options:
         gradient_accumulation=options.Training.gradient_accumulation if training else 1,
         replicated_tensor_sharding=training and _rts(options),
         narrow_64bit=True,  # the IPU has no 64-bit types (`dtypes`)
+        partials_type=_conv_partials(options),
         **_phased(options),
     )
+
+
+def _conv_partials(options) -> str:
+    """What half convolutions accumulate in: ``Precision.setPartialsType``'s type, else float,
+    Poplar's default for convolutions (poplin's ``partialsType``)."""
+    conv_options = options._popart.options.get("convolutionOptions", {})
+    return conv_options.get("partialsType", "float")
 
 
 def _rts(options) -> bool:

@@ -143,10 +143,11 @@ class _PrecisionOptions(OptionsDict):
             raise ValueError(
                 "parameter to setPartialsType should be either torch.float or torch.half"
             )
-        _notes.note(
-            "Precision.setPartialsType",
-            "the simulator's matmuls and convolutions accumulate as torch's kernels do",
-        )
+        if dtype is torch.float16:
+            _notes.note(
+                "Precision.setPartialsType(torch.half)",
+                "the simulator's matmuls and convolutions sum in float32 (float partials)",
+            )
         self._popart_options._store("partialsTypeMatMuls", names[dtype])
         self._popart_options._store("convolutionOptions", {"partialsType": names[dtype]})
         return self
