@@ -128,6 +128,21 @@ class Ir:
         self._numerics = value
 
     @property
+    def conv_partials_type(self) -> str:
+        """What convolutions without their own ``partials_type`` accumulate in: ``"float"``,
+        ``"half"`` or ``""`` (unset: torch's kernels for the inputs' dtype). PopXL sets it as
+        ``ir._pb_ir.getSessionOptions().convolutionOptions["partialsType"]``; this reads and
+        writes that option (`popxl_core.ops._conv_partials`)."""
+        return self._pb_ir.getSessionOptions().conv_partials_type
+
+    @conv_partials_type.setter
+    def conv_partials_type(self, value: str) -> None:
+        if value not in ("float", "half", ""):
+            raise ValueError(f'conv_partials_type must be "float", "half" or "", got {value!r}.')
+        self._check_unowned(f"setting the convolutions' partials type to {value!r}")
+        self._pb_ir.getSessionOptions().convolutionOptions["partialsType"] = value
+
+    @property
     def instance_replication_factor(self) -> int:
         """The replicas this process runs: all of them, or its share in a torch.distributed
         job (`popxl_core.distributed`)."""

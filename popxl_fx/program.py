@@ -227,8 +227,7 @@ def make_session(
     """
     ir.numerics = options.numerics  # "torch" unless Options(numerics="ipu")
     if options.partials_type:  # convs without their own type (popxl_core.ops._conv_partials)
-        conv_options = ir._pb_ir.getSessionOptions().convolutionOptions
-        conv_options["partialsType"] = options.partials_type
+        ir.conv_partials_type = options.partials_type
     try:
         compiler = options.compiler
         if options.kernels == "inductor":  # the opt-in fast mode (popxl_core/sim/inductor.py)

@@ -187,3 +187,13 @@ def test_float_partials_are_closer_to_exact_than_half_sums():
     float_err, half_err = ((t - exact).abs().mean() for t in (got, running.double()))
     assert float_err <= 2.0**-11 * exact.abs().mean()  # within half an ulp on average
     assert float_err < half_err / 4
+
+
+def test_ir_conv_partials_type_is_popxls_session_option():
+    ir = popxl.Ir()
+    ir.conv_partials_type = "float"
+    assert ir._pb_ir.getSessionOptions().convolutionOptions["partialsType"] == "float"
+    ir._pb_ir.getSessionOptions().convolutionOptions["partialsType"] = "half"
+    assert ir.conv_partials_type == "half"
+    with pytest.raises(ValueError, match="conv_partials_type"):
+        ir.conv_partials_type = "fp32"

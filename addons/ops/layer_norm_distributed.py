@@ -163,8 +163,8 @@ RING_FACTOR.register(
 
 def _attrs(t: Tensor, group: Optional[ReplicaGrouping]) -> dict:
     ir = gcg().ir
-    group = resolve_group(group, ir)
-    return {"group": group, "hidden": t.shape[-1] * group_size(group, ir)}
+    resolved = resolve_group(group, ir)
+    return {"group": resolved, "hidden": t.shape[-1] * group_size(resolved, ir)}
 
 
 def layer_norm_distributed(

@@ -131,7 +131,8 @@ class _Plan:
     @contextlib.contextmanager
     def block(self) -> Iterator[Dict]:
         """The ops made inside form one block; yields template op -> its copy."""
-        g, copies = popxl_core.gcg(), {}
+        g = popxl_core.gcg()
+        copies: Dict = {}
         start = len(g.ops)
         yield copies
         key = object()

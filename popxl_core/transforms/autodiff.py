@@ -209,6 +209,7 @@ class _Differentiator:
         # in_sequence may have ordered the copies after the last forward op: drop that
         graph._topocons = [c for c in graph._topocons if c[0] not in copies and c[1] not in copies]
         for (t, index), copy in self._copies.items():
+            assert copy.producer is not None  # made by a copy op in `_place_copies`
             self._order_copy(t, index, copy.producer, originals)
 
     def _order_copy(self, t: Tensor, index: int, copy: Op, originals: List[Op]) -> None:
