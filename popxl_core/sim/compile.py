@@ -29,6 +29,7 @@ from .foreach import Group, group_kernel
 from .fuse import transposed_kernel
 from .handoff import HANDOFF_PARAM, emit_handoff_call, handoff_graph, unpack_lines
 from .inductor import compile_pure_graphs
+from .inductor_step import compile_step
 from .inplace import inplace_kernel
 from .kernel_wrappers import (
     cloning,
@@ -119,7 +120,8 @@ class Program:
         self.main = self._compile(ir.main_graph, is_main=True)
         # replicas: the main graph without the work done once for all (uniform.py), or None
         self.sharing = plan_sharing(self, self.main_plan)
-        if options.inductor:
+        # the fast mode: the whole step as one torch.compile where it can be, else per graph
+        if options.inductor and not compile_step(self):
             compile_pure_graphs(self)
 
     @property

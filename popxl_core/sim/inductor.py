@@ -26,12 +26,12 @@ import torch
 
 from ..graph import Graph
 
-__all__ = ["compile_pure_graphs", "is_pure"]
+__all__ = ["OPTIONS", "compile_pure_graphs", "is_pure", "named_errors"]
 
 # inductor's C++ wrapper: a compiled graph's buffer allocations and kernel calls run in C++,
 # not in a generated Python function (GPT step 1.05-1.08 -> 0.97-1.03 of the torch.compile
 # twin's, measured side by side; benchmarks/RESULTS.md gives the compile time)
-_OPTS = {"cpp_wrapper": True}
+OPTIONS = {"cpp_wrapper": True}
 
 
 def is_pure(g: Graph, source: str) -> bool:
@@ -45,7 +45,7 @@ def is_pure(g: Graph, source: str) -> bool:
     return True
 
 
-def _named_errors(fn: Callable, g: Graph) -> Callable:
+def named_errors(fn: Callable, g: Graph) -> Callable:
     """Inductor's generated code checks indices (a label, a gather index) itself, and its
     message names a temporary of the generated C++; say which graph it was and how to find
     the op."""
@@ -73,8 +73,8 @@ def compile_pure_graphs(program) -> List[Graph]:
         if not is_pure(g, compiled.source):
             continue
         name = program.fn_name(g)
-        fn = torch.compile(compiled.fn, dynamic=False, options=_OPTS)
-        program.namespace[name] = _named_errors(fn, g)
+        fn = torch.compile(compiled.fn, dynamic=False, options=OPTIONS)
+        program.namespace[name] = named_errors(fn, g)
         done.append(g)
     program.stats["inductor_graphs"] = len(done)
     return done
