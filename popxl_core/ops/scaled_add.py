@@ -218,22 +218,12 @@ def _foreach_key(op) -> tuple | None:
     return (op.attrs.get("a"), op.attrs.get("b"), *map(shared_identity, scales))
 
 
-def _traced(inplace: bool, xs, ys, scales, a, b) -> tuple:
-    """The group one op at a time, as torch.compile traces it (``kernels="inductor"``):
-    inductor fuses each update into one loop of its own, where a foreach op becomes one
-    combined kernel over every tensor that its scheduler takes seconds to fuse."""
-    kernel = _inplace_kernel if inplace else _kernel
-    return tuple(kernel(*xy_s, a=a, b=b) for xy_s in zip(xs, ys, *scales))
-
-
 def _foreach_kernel(inplace: bool):
     def kernel(ops, key, mode):
         a, b, n = ops[0].attrs.get("a"), ops[0].attrs.get("b"), len(ops[0].inputs)
 
         def run(*flat):
             xs, ys, *scales = columns(flat, n)
-            if torch.compiler.is_compiling():  # `_traced`
-                return _traced(inplace, xs, ys, scales, a, b)
             sa, sb = (_number(s) for s in _scales([c[0] for c in scales], a, b))
             one = isinstance(sa, (int, float)) and sa == 1
             if inplace:

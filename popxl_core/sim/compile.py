@@ -29,7 +29,7 @@ from .foreach import Group, group_kernel
 from .fuse import transposed_kernel
 from .handoff import HANDOFF_PARAM, emit_handoff_call, handoff_graph, unpack_lines
 from .inductor import compile_pure_graphs
-from .inductor_step import compile_step
+from .inductor_step import compile_step, step_options
 from .inplace import inplace_kernel
 from .kernel_wrappers import (
     cloning,
@@ -95,7 +95,7 @@ class Program:
 
     def __init__(self, ir, runtime: Any, options: CompileOptions = DEFAULT, fold=None) -> None:
         self.ir = ir
-        self.options = options
+        self.options = step_options(ir, options)  # the fast mode's whole step: its passes
         self.fold = fold  # `fold.FoldPlan`: all replicas' step in one run (fold.py), or None
         # how often each optimisation applied (tests check that the fused paths ran)
         self.stats: Dict[str, int] = dict.fromkeys(STATS, 0)

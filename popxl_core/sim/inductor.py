@@ -1,4 +1,6 @@
-"""The opt-in fast mode: a compiled program's called graphs handed to torch.compile (inductor).
+"""The opt-in fast mode's per-graph path: a compiled program's called graphs handed to
+torch.compile (inductor), for programs whose step cannot be compiled whole (inductor_step.py:
+a random draw, a collective, a remote transfer).
 
 ``CompileOptions(inductor=True)`` (popxl_fx: ``Options(kernels="inductor")``) compiles
 the program as usual, then replaces the generated function of every *pure* called graph (the

@@ -21,6 +21,7 @@ program whose replicas share work (uniform.py).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 from typing import Callable, List, Optional, Tuple
@@ -29,8 +30,9 @@ import torch
 
 from ..ops.io import HOST_LOAD, HOST_STORE
 from .inductor import OPTIONS, named_errors
+from .options import CompileOptions
 
-__all__ = ["compile_step", "step_source"]
+__all__ = ["compilable", "compile_step", "only_transfers", "step_options", "step_source"]
 
 _LOAD = re.compile(r"(v\d+) = RT\.load\((s\d+)\)")
 _SKIP = re.compile(r"RT\.skip\((s\d+)\)")
@@ -72,9 +74,30 @@ def _step_line(line: str, transfers: Transfers, stores: List[str]) -> Optional[s
     if m := _STORE.fullmatch(line):
         stores.append(m[1])
         return f"O{len(stores) - 1} = {m[2]}.clone()"
-    if line.startswith("DEFER."):  # inductor frees its own temporaries (defer.py: table kernels)
-        return ""
     return None if "RT." in line or "DEFER" in line else line
+
+
+def only_transfers(ir) -> bool:
+    """No side effect in ``ir``'s step but the main graph's host transfers."""
+    main, seen, todo = ir.main_graph, set(), [ir.main_graph]
+    while todo:
+        g = todo.pop()
+        seen.add(g)
+        for op in g._ops:
+            if op.opdef.side_effect and not (g is main and op.opdef in (HOST_LOAD, HOST_STORE)):
+                return False
+            todo.extend(c for c in op.called_graphs if c not in seen)
+    return True
+
+
+def step_options(ir, options: CompileOptions) -> CompileOptions:
+    """The compile passes for a step compiled whole: no multi-tensor groups (inductor fuses
+    each op's loop itself; a foreach op with a scalar tensor reads it with ``.item()``, a
+    graph break, and its combined kernel takes inductor's scheduler seconds) and no release
+    deferred to the next run (defer.py: inductor frees its temporaries itself)."""
+    if not (options.inductor and only_transfers(ir)):
+        return options
+    return dataclasses.replace(options, foreach=False, defer_release=False)
 
 
 def compilable(program) -> bool:
@@ -82,11 +105,8 @@ def compilable(program) -> bool:
     per replica (no work shared between replicas, no folded run)."""
     if program.fold is not None or program.sharing is not None:
         return False
-    main = program.ir.main_graph
-    for g in program.graphs_used():
-        for op in g._ops:
-            if op.opdef.side_effect and not (g is main and op.opdef in (HOST_LOAD, HOST_STORE)):
-                return False
+    if not only_transfers(program.ir):
+        return False
     return all("RT." not in c.source for c in program.graphs.values())
 
 
