@@ -18,6 +18,7 @@ import popxl_core as popxl
 import popxl_fx
 from popxl_core import ops
 from popxl_core.ops import var_updates
+from popxl_core.ops.adaptive_pool import _grad_kernel
 from popxl_core.sim.inductor_step import step_source
 from popxl_core.sim.options import CompileOptions
 from tests.test_inductor_kernels import ATOL, INDUCTOR, RTOL
@@ -113,3 +114,17 @@ def test_store_keeps_the_value_it_saw():
     assert session._program.stats["inductor_step"] == 1
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize(
+    "shape,out", [((2, 3, 9, 7), (4, 3)), ((2, 3, 10), (4,)), ((1, 2, 5, 4, 3), (2, 3, 2))]
+)
+def test_adaptive_pool_grad_traces_whole(shape, out):
+    """resnet's adaptive pooling gradient in one dynamo graph (``fullgraph``): the backward
+    kernel itself, equal to the bit to the eager kernel's ``autograd.grad``."""
+    dy = torch.randn(*shape[:2], *out)
+    want = _grad_kernel(dy, out, shape)
+    traced = torch.compile(
+        lambda d: _grad_kernel(d, out, shape), fullgraph=True, backend="aot_eager"
+    )
+    assert torch.equal(traced(dy), want)
