@@ -33,7 +33,12 @@ __all__ = ["OPTIONS", "compile_pure_graphs", "is_pure", "named_errors"]
 # inductor's C++ wrapper: a compiled graph's buffer allocations and kernel calls run in C++,
 # not in a generated Python function (GPT step 1.05-1.08 -> 0.97-1.03 of the torch.compile
 # twin's, measured side by side; benchmarks/RESULTS.md gives the compile time)
-OPTIONS = {"cpp_wrapper": True}
+# inductor's layout optimisation off: with it, a graph with convolutions runs them on
+# channels-last copies (a conversion per convolution and step) and its generated loops over
+# those layouts; off, convolutions keep eager's NCHW oneDNN calls. resnet18 b16, thread CPU
+# time: whole step 338 ms with it, 208 ms without (two runs; the per-graph path timed beside
+# it in each: 229 and 216 ms), 2026-12-07 on a loaded 2-core Xeon
+OPTIONS = {"cpp_wrapper": True, "layout_optimization": False}
 
 
 def is_pure(g: Graph, source: str) -> bool:
