@@ -52,11 +52,12 @@ def step_source(source: str) -> Optional[Tuple[str, Transfers, List[str]]]:
         return None
     body, transfers, stores = [], [], []
     for line in lines[1:-1]:
+        indent = line[: len(line) - len(line.lstrip())]
         new = _step_line(line.strip(), transfers, stores)
-        if new is None:
-            return None
+        if new is None or (new != line.strip() and indent != "    "):
+            return None  # a transfer inside a loop runs once per iteration: not hoisted
         if new:
-            body.append("    " + new)
+            body.append(indent + new)
     outs = "".join(f"O{i}, " for i in range(len(stores)))
     text = "\n".join(["def main_step(V, L):", *body, f"    return ({outs})"])
     return text + "\n", transfers, stores
