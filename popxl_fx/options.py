@@ -121,12 +121,13 @@ class Options:
             pass on by default, each bit for bit with the reference interpreter);
             ``CompileOptions(interpret=True)`` runs the plain interpreter instead (tests).
         kernels: ``"table"`` (default): the op table's kernels, eager's numbers bit for bit.
-            ``"inductor"``: the forward and backward graphs (every called graph without
-            streams, collectives, random draws or in-place writes) are handed to
-            ``torch.compile`` (inductor fuses their elementwise chains); the optimizer update
-            keeps the table kernels. Not bitwise: inductor rounds fused arithmetic its own
-            way (tolerance in tests/test_inductor_kernels.py); the first step compiles (seconds
-            to minutes); graphs with dropout keep the table kernels.
+            ``"inductor"``: the whole step (forward, backward and optimizer update) is handed
+            to ``torch.compile`` as one function (inductor fuses its elementwise chains); a
+            program with a random draw, a collective or a remote transfer compiles only its
+            called graphs without them, and its update keeps the table kernels. Not bitwise:
+            inductor rounds fused arithmetic its own way (tolerance in
+            tests/test_inductor_kernels.py); the first step compiles (seconds to minutes;
+            cached on disk across processes as torch.compile's compilations are).
         numerics: ``"torch"`` (default): torch's own kernels, eager's numbers bit for bit.
             ``"ipu"``: what a PopXL program computes on the IPU: the simulator's IPU numerics
             (``popxl_core.Ir.numerics``: a MatMul row independent of the batch size,

@@ -1,12 +1,13 @@
-"""Options(kernels="inductor"): the forward and backward graphs under torch.compile.
+"""Options(kernels="inductor"): the whole step (forward, backward, update) under torch.compile.
 
 Not bitwise: inductor fuses elementwise chains and reassociates reductions. Tolerance against
 eager float32 after 3 SGD-momentum steps, per element of losses, outputs, gradients,
-parameters and optimizer state: rtol 1e-4, atol 1e-6 for the seed MLP (measured: 2.6e-8 max
-abs difference) and the GPT; rtol 1e-3, atol 1e-5 for resnet18 (measured 2.1e-6 abs on a
-logit in the first step). The default stays bit for bit (the
-other tests); here: the fast mode really compiled graphs, and kept the table kernels where
-a graph has a side effect.
+parameters and optimizer state: rtol 1e-4, atol 1e-6 for the seed MLP and the GPT; rtol 1e-3,
+atol 1e-5 for resnet18. Measured max abs differences with the whole step compiled (issue 38,
+2026-12-07): seed MLP 3.0e-8, GPT 9.5e-7 (the loss), resnet18 4.8e-6 (a gradient; 2.1e-6 on a
+logit with the forward and backward graphs compiled apart). The default stays bit for bit
+(the other tests); here: the fast mode really compiled graphs, and kept the table kernels
+where a graph has a side effect (test_inductor_step.py: the whole step).
 """
 
 from __future__ import annotations
@@ -39,17 +40,20 @@ def test_seed_mlp_within_tolerance():
 
 
 def test_graphs_compiled_and_main_kept():
+    """Dropout draws random numbers, so the step is not compiled whole (test_inductor_step.py):
+    the backward graph is compiled alone, the forward (the draw) and the main graph are not."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3))
+    model = nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Dropout(0.5), nn.Linear(5, 3))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     trainer = popxl_fx.training_model(model, opt, nn.CrossEntropyLoss(), INDUCTOR)
     trainer(torch.randn(4, 6), torch.tensor([0, 1, 2, 1]))
     program = trainer.session._program
-    assert program.stats["inductor_graphs"] == 2  # forward and backward
+    assert program.stats["inductor_graphs"] == 1 and "inductor_step" not in program.stats
     # the main graph reads streams and writes the weights: never compiled
     assert not is_pure(program.ir.main_graph, program.main.source)
     for g, compiled in program.graphs.items():  # callers find the compiled function
-        assert program.namespace[program.fn_name(g)] is not compiled.fn
+        pure = is_pure(g, compiled.source)
+        assert (program.namespace[program.fn_name(g)] is not compiled.fn) == pure
 
 
 def test_bad_label_still_raises():

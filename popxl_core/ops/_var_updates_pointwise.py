@@ -50,15 +50,26 @@ def _value(extra, scalar) -> float:
     return float(extra[0].reshape(()).item()) if extra else float(scalar)
 
 
+def _traced(extra) -> bool:
+    """A scalar tensor traced by torch.compile (``kernels="inductor"``, not bitwise): kept a
+    tensor, as ``.item()`` would break the step's graph in two (scaled_add's ``_number``)."""
+    return bool(extra) and torch.compiler.is_compiling()
+
+
 def _lerp_kernel(t, x, *extra, scalar):
-    return t.lerp_(x, _value(extra, scalar))
+    return t.lerp_(x, extra[0].reshape(()) if _traced(extra) else _value(extra, scalar))
 
 
+# traced: torch's own decompositions of addcmul / addcdiv (torch._refs), the value a tensor
 def _addcmul_kernel(t, x, y, *extra, scalar):
+    if _traced(extra):
+        return t.add_(extra[0].reshape(()) * x * y)
     return t.addcmul_(x, y, value=_value(extra, scalar))
 
 
 def _addcdiv_kernel(t, x, y, *extra, scalar):
+    if _traced(extra):
+        return t.add_(extra[0].reshape(()) * (x / y))
     return t.addcdiv_(x, y, value=_value(extra, scalar))
 
 

@@ -44,7 +44,25 @@ def _grad_infer(ins, output_size, input_shape):
     return [spec(input_shape, ins[0].dtype)]
 
 
+# the backward kernels autograd runs for adaptive_avg_pool{2,3}d (1-D pools as 2-D, height 1)
+_BACKWARD = {
+    2: torch.ops.aten._adaptive_avg_pool2d_backward,
+    3: torch.ops.aten._adaptive_avg_pool3d_backward,
+}
+
+
+def _traced_grad(dy, input_shape):
+    """Under torch.compile (``kernels="inductor"``): the backward op itself, which autograd
+    would call; ``torch.autograd.grad`` would break the step's graph (and restart it)."""
+    if len(input_shape) == 3:
+        n, c, width = input_shape
+        return _traced_grad(dy.unsqueeze(-2), (n, c, 1, width)).squeeze(-2)
+    return _BACKWARD[len(input_shape) - 2](dy, dy.new_empty(input_shape))
+
+
 def _grad_kernel(dy, output_size, input_shape):
+    if torch.compiler.is_compiling():
+        return _traced_grad(dy, input_shape)
     # only the input's shape matters to the backward kernel
     x = dy.new_zeros(input_shape).requires_grad_()
     with torch.enable_grad():

@@ -60,8 +60,12 @@ def _scales(scales, a, b):
 def _number(s):
     """A one-element scale tensor read as a number, so that a scale fed per step (a learning
     rate from a stream) rounds exactly like an attribute: torch's ``add(alpha=)`` fuses the
-    multiply-add, which is what optimisers written in torch (``p.add_(g, alpha=-lr)``) do."""
-    return s.item() if isinstance(s, torch.Tensor) and s.numel() == 1 else s
+    multiply-add, which is what optimisers written in torch (``p.add_(g, alpha=-lr)``) do.
+    Traced by torch.compile (``kernels="inductor"``, not bitwise) the tensor stays: ``.item()``
+    would break the step's graph in two, or make the rate a constant compiled in."""
+    if isinstance(s, torch.Tensor) and s.numel() == 1 and not torch.compiler.is_compiling():
+        return s.item()
+    return s
 
 
 def _whole(x: torch.Tensor, s):

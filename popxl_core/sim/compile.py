@@ -29,6 +29,7 @@ from .foreach import Group, group_kernel
 from .fuse import transposed_kernel
 from .handoff import HANDOFF_PARAM, emit_handoff_call, handoff_graph, unpack_lines
 from .inductor import compile_pure_graphs
+from .inductor_step import compile_step, step_options
 from .inplace import inplace_kernel
 from .kernel_wrappers import (
     cloning,
@@ -94,7 +95,7 @@ class Program:
 
     def __init__(self, ir, runtime: Any, options: CompileOptions = DEFAULT, fold=None) -> None:
         self.ir = ir
-        self.options = options
+        self.options = step_options(ir, options)  # the fast mode's whole step: its passes
         self.fold = fold  # `fold.FoldPlan`: all replicas' step in one run (fold.py), or None
         # how often each optimisation applied (tests check that the fused paths ran)
         self.stats: Dict[str, int] = dict.fromkeys(STATS, 0)
@@ -119,7 +120,8 @@ class Program:
         self.main = self._compile(ir.main_graph, is_main=True)
         # replicas: the main graph without the work done once for all (uniform.py), or None
         self.sharing = plan_sharing(self, self.main_plan)
-        if options.inductor:
+        # the fast mode: the whole step as one torch.compile where it can be, else per graph
+        if options.inductor and not compile_step(self):
             compile_pure_graphs(self)
 
     @property

@@ -1,4 +1,6 @@
-"""The opt-in fast mode: a compiled program's called graphs handed to torch.compile (inductor).
+"""The opt-in fast mode's per-graph path: a compiled program's called graphs handed to
+torch.compile (inductor), for programs whose step cannot be compiled whole (inductor_step.py:
+a random draw, a collective, a remote transfer).
 
 ``CompileOptions(inductor=True)`` (popxl_fx: ``Options(kernels="inductor")``) compiles
 the program as usual, then replaces the generated function of every *pure* called graph (the
@@ -26,12 +28,17 @@ import torch
 
 from ..graph import Graph
 
-__all__ = ["compile_pure_graphs", "is_pure"]
+__all__ = ["OPTIONS", "compile_pure_graphs", "is_pure", "named_errors"]
 
 # inductor's C++ wrapper: a compiled graph's buffer allocations and kernel calls run in C++,
 # not in a generated Python function (GPT step 1.05-1.08 -> 0.97-1.03 of the torch.compile
 # twin's, measured side by side; benchmarks/RESULTS.md gives the compile time)
-_OPTS = {"cpp_wrapper": True}
+# inductor's layout optimisation off: with it, a graph with convolutions runs them on
+# channels-last copies (a conversion per convolution and step) and its generated loops over
+# those layouts; off, convolutions keep eager's NCHW oneDNN calls. resnet18 b16, thread CPU
+# time: whole step 338 ms with it, 208 ms without (two runs; the per-graph path timed beside
+# it in each: 229 and 216 ms), 2026-12-07 on a loaded 2-core Xeon
+OPTIONS = {"cpp_wrapper": True, "layout_optimization": False}
 
 
 def is_pure(g: Graph, source: str) -> bool:
@@ -45,7 +52,7 @@ def is_pure(g: Graph, source: str) -> bool:
     return True
 
 
-def _named_errors(fn: Callable, g: Graph) -> Callable:
+def named_errors(fn: Callable, g: Graph) -> Callable:
     """Inductor's generated code checks indices (a label, a gather index) itself, and its
     message names a temporary of the generated C++; say which graph it was and how to find
     the op."""
@@ -73,8 +80,8 @@ def compile_pure_graphs(program) -> List[Graph]:
         if not is_pure(g, compiled.source):
             continue
         name = program.fn_name(g)
-        fn = torch.compile(compiled.fn, dynamic=False, options=_OPTS)
-        program.namespace[name] = _named_errors(fn, g)
+        fn = torch.compile(compiled.fn, dynamic=False, options=OPTIONS)
+        program.namespace[name] = named_errors(fn, g)
         done.append(g)
     program.stats["inductor_graphs"] = len(done)
     return done

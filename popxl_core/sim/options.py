@@ -48,9 +48,11 @@ class CompileOptions:
             replicas' step run once over their values concatenated along dim 0, each op
             one kernel call for all of them where that gives each replica the same bits
             (fold.py); else as ``stack_replicas`` says.
-        inductor: the opt-in fast mode, not bitwise: every pure called graph (no streams,
-            collectives, random draws or in-place writes) runs under ``torch.compile``
-            (inductor.py; popxl_fx ``Options(kernels="inductor")``).
+        inductor: the opt-in fast mode, not bitwise: the whole step under one
+            ``torch.compile`` (inductor_step.py) where its only side effects are the main
+            graph's host transfers; else every pure called graph (no streams, collectives,
+            random draws or in-place writes) apart (inductor.py; popxl_fx
+            ``Options(kernels="inductor")``).
 
     Example:
         >>> CompileOptions(foreach=False).transposed_matmuls
