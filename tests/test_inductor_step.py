@@ -99,7 +99,7 @@ def test_whole_step_one_graph_and_lr_fed(optimizer):
 def _store_then_update(options):
     """Stores a variable, then updates it in place, then stores it again."""
     ir = popxl.Ir()
-    with ir.main_graph:
+    with ir.main_graph, popxl.in_sequence():  # the store, then the update (PopXL's order)
         w = popxl.variable(np.array([1.0, 2.0, 3.0], F32), name="w")
         x_in = popxl.h2d_stream((3,), popxl.float32, "x")
         before, after = (popxl.d2h_stream((3,), popxl.float32, n) for n in ("before", "after"))

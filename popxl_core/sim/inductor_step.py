@@ -50,7 +50,9 @@ def step_source(source: str) -> Optional[Tuple[str, Transfers, List[str]]]:
     lines = source.rstrip("\n").split("\n")
     if lines[0] != _HEAD or lines[-1].strip() != _TAIL:
         return None
-    body, transfers, stores = [], [], []
+    body: List[str] = []
+    transfers: Transfers = []
+    stores: List[str] = []
     for line in lines[1:-1]:
         indent = line[: len(line) - len(line.lstrip())]
         new = _step_line(line.strip(), transfers, stores)
