@@ -40,10 +40,13 @@ def _key(args: tuple) -> tuple | None:
 class CallPlan:
     """What a full call established, for the calls that repeat it."""
 
-    def __init__(self, impl, key: tuple, reshapes: bool, narrow: bool) -> None:
+    def __init__(self, impl, key: tuple, reshapes: bool, narrow: bool, outputs=None) -> None:
         self.impl, self.program, self.key = impl, impl._active, key
         self._reshapes = reshapes  # device iterations or PopART's row order: rows move
         self.narrow = narrow  # the outputs hold 64-bit tensors (`ipu_outputs`)
+        # the training call's outputs from the trainer's ``last``, for this program
+        # (`TrainingOutputs._planned_outputs`); None: the executor's full selection
+        self.outputs = outputs
 
     @classmethod
     def after(cls, executor, args: tuple, kwargs: dict, out: Any) -> CallPlan | None:
@@ -60,16 +63,21 @@ class CallPlan:
             and opts.Training.gradient_accumulation > 1
             and opts.replication_factor > 1
         )
-        return cls(impl, key, reshapes, narrows(out))
+        return cls(impl, key, reshapes, narrows(out), executor._planned_outputs(impl))
 
     def holds(self, impl, args: tuple, kwargs: dict) -> bool:
         """``args`` are inputs like the planned call's, for the same model and program."""
-        return (
-            not kwargs
-            and impl is self.impl
-            and impl._active is self.program
-            and _key(args) == self.key
-        )
+        if kwargs or impl is not self.impl or impl._active is not self.program:
+            return False
+        key = self.key
+        if len(args) != len(key):
+            return False
+        for a, (dtype, shape) in zip(args, key):  # `_key`, without making a new key
+            if type(a) is not torch.Tensor or a.requires_grad or a.dtype != dtype:
+                return False
+            if a.shape != shape:
+                return False
+        return True
 
     def inputs(self, executor, args: tuple) -> tuple:
         """The tensors popxl_fx takes for ``args`` (as `PoplarExecutor._flat_inputs` gives

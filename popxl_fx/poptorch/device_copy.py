@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch import nn
 
-__all__ = ["DeviceCopy", "plain_type"]
+__all__ = ["DeviceCopy", "Swap", "plain_type"]
 
 # the per-executor classes that hook a training model's tensors (`state_hooks`) -> the class
 # each one hooks; a tensor runs in the program as its plain class
@@ -62,6 +62,8 @@ class DeviceCopy:
         self._model = model
         self._device: dict[str, torch.Tensor] = {}
         self._tensors: tuple[int, dict[str, torch.Tensor]] | None = None
+        # the device tensors in the order of `_model_tensors`, for the dict they came from
+        self._listed: tuple[dict, dict, list[torch.Tensor]] | None = None
 
     def _model_tensors(self) -> dict[str, torch.Tensor]:
         """`model_tensors` of the model, walked again only after a registration (each call
@@ -97,20 +99,41 @@ class DeviceCopy:
     def swapped_in(self) -> Iterator[dict[str, tuple[torch.Tensor, torch.Tensor]]]:
         """While open, each parameter and buffer holds the device's values (in its plain
         class: no hook copies while the program runs). Yields name -> (tensor, host data)."""
-        tensors = self._model_tensors()
-        classes = [(t, type(t)) for t in tensors.values()]
-        for t, cls in classes:
-            t.__class__ = plain_type(cls)
-        hosts = {name: (t, t.data) for name, t in tensors.items()}
+        swap = self.swap_in()
         try:
-            for name, (t, host) in hosts.items():
-                t.data = self._device_tensor(name, host)
-            yield hosts
+            yield dict(zip(self._model_tensors(), zip(swap.tensors, swap.hosts)))
         finally:
-            for t, host in hosts.values():
-                t.data = host
-            for t, cls in classes:
-                t.__class__ = cls
+            swap.out()
+
+    def swap_in(self) -> Swap:
+        """`swapped_in` without a context manager (a training call's per-step path): the
+        device's tensors in the model until ``.out()`` on what it returns."""
+        tensors = self._model_tensors()
+        listed = tuple(tensors.values())
+        classes = list(map(type, listed))
+        for t, cls in zip(listed, classes):
+            t.__class__ = HOOKED_TYPES.get(cls, cls)
+        swap = Swap(listed, classes, [t.data for t in listed])
+        try:
+            for t, device in zip(listed, self._device_tensors(tensors, swap.hosts)):
+                t.data = device
+        except BaseException:
+            swap.out()
+            raise
+        return swap
+
+    def _device_tensors(self, tensors: dict, hosts: list) -> list[torch.Tensor]:
+        """The device's tensor of each of ``tensors`` (their ``hosts`` data), as listed for
+        the last call while the walk and the device's dict are the same objects and each
+        host still fits its device tensor (a cheap check: shape and dtype)."""
+        listed = self._listed
+        if listed is not None and listed[0] is tensors and listed[1] is self._device:
+            devices = listed[2]
+            if all(map(_fits, devices, hosts)):
+                return devices
+        devices = [self._device_tensor(n, h) for n, h in zip(tensors, hosts)]
+        self._listed = (tensors, self._device, devices)
+        return devices
 
     def _device_tensor(self, name: str, host: torch.Tensor) -> torch.Tensor:
         """The device's tensor of ``name``: a copy of the host's value when it has none yet
@@ -119,6 +142,22 @@ class DeviceCopy:
         if device is None or not _fits(device, host):
             device = self._device[name] = host.detach().clone()
         return device
+
+
+class Swap:
+    """The model's tensors while the device's are in them: their classes and host data."""
+
+    __slots__ = ("classes", "hosts", "tensors")
+
+    def __init__(self, tensors: tuple, classes: list, hosts: list) -> None:
+        self.tensors, self.classes, self.hosts = tensors, classes, hosts
+
+    def out(self) -> None:
+        """The host's data and the tensors' own classes back."""
+        for t, host in zip(self.tensors, self.hosts):
+            t.data = host
+        for t, cls in zip(self.tensors, self.classes):
+            t.__class__ = cls
 
 
 def _fits(a: torch.Tensor, b: torch.Tensor) -> bool:

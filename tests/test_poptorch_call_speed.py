@@ -1,0 +1,124 @@
+"""The per-call work a planned training call skips (`call_plan`, `device_copy`): its outputs
+come from a getter made once per program, the device's tensors from a list made once per
+walk; each gives what the full path gives, and the full path runs again when what it
+depends on changes."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import popxl_fx.poptorch as poptorch
+from popxl_fx.poptorch import executor_outputs
+from popxl_fx.poptorch.device_copy import DeviceCopy
+
+
+class _Net(nn.Module):
+    def __init__(self, returns: str = "pair") -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = nn.Linear(6, 3)
+        self.loss = nn.CrossEntropyLoss()
+        self.returns = returns
+
+    def forward(self, x, labels):
+        out = self.fc(x)
+        loss = self.loss(out, labels)
+        if self.returns == "loss":
+            return loss
+        if self.returns == "dict":
+            return {"out": out, "loss": loss}
+        return out, loss
+
+
+def _batch(seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(4, 6, generator=g), torch.randint(0, 3, (4,), generator=g)
+
+
+def _trainer(returns: str = "pair"):
+    model = _Net(returns)
+    opt = poptorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    return model, poptorch.trainingModel(model, poptorch.Options(), opt)
+
+
+def _count_selections(monkeypatch) -> list:
+    """The calls of the executor's full selection of a training call's outputs (counted)."""
+    calls, select = [], executor_outputs.TrainingOutputs._training_outputs
+    monkeypatch.setattr(
+        executor_outputs.TrainingOutputs,
+        "_training_outputs",
+        lambda self, *a: calls.append(1) or select(self, *a),
+    )
+    return calls
+
+
+def _eager(model: _Net, x: torch.Tensor, labels: torch.Tensor):
+    with torch.no_grad():
+        out = model.fc(x)
+        return out, model.loss(out, labels)
+
+
+def test_planned_training_outputs_skip_the_selection_and_match_eager(monkeypatch):
+    calls = _count_selections(monkeypatch)
+    model, ipu = _trainer()
+    for seed in range(4):
+        x, labels = _batch(seed)
+        want = _eager(model, x, labels)  # the host model reads the trained weights first
+        got = ipu(x, labels)
+        assert type(got) is tuple and len(got) == 2
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert len(calls) == 1  # the full call's only
+
+
+def test_a_lone_loss_comes_back_as_a_tensor_on_planned_calls():
+    model, ipu = _trainer("loss")
+    for seed in range(3):
+        x, labels = _batch(seed)
+        want = _eager(model, x, labels)[1]
+        got = ipu(x, labels)
+        assert type(got) is torch.Tensor and torch.equal(got, want)
+
+
+def test_a_dict_output_keeps_the_full_selection(monkeypatch):
+    calls = _count_selections(monkeypatch)
+    _, ipu = _trainer("dict")
+    for _ in range(3):
+        out = ipu(*_batch())
+        assert set(out) == {"out", "loss"}
+    assert len(calls) == 3
+
+
+def test_a_program_rebuilt_by_the_step_takes_the_full_selection_again(monkeypatch):
+    calls = _count_selections(monkeypatch)
+    model, ipu = _trainer()
+    x, labels = _batch()
+    ipu(x, labels)
+    ipu(x, labels)
+    assert len(calls) == 1
+    model.fc.bias.requires_grad_(False)  # a new program, built inside the trainer's step
+    want = _eager(model, x, labels)
+    got = ipu(x, labels)
+    assert len(calls) == 2
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    ipu(x, labels)  # a full call (the plan was the old program's), planned again
+    ipu(x, labels)
+    assert len(calls) == 3
+
+
+def test_the_device_copy_follows_host_data_replaced_in_another_shape():
+    model = _Net()
+    device = DeviceCopy(model)
+    device.write()
+    with device.swapped_in() as hosts:
+        first = model.fc.weight.data
+        assert hosts["fc.weight"][0] is model.fc.weight
+    with device.swapped_in():
+        assert model.fc.weight.data.data_ptr() == first.data_ptr()  # the listed tensor
+    model.fc.weight.data = torch.full((2, 6), 3.0)  # no registration: only the data moved
+    with device.swapped_in():
+        assert torch.equal(model.fc.weight, torch.full((2, 6), 3.0))  # a new device copy
+    assert model.fc.weight.shape == (2, 6)
+    device.clear()
+    with device.swapped_in():  # cleared: every device tensor made again from the host
+        assert model.fc.weight.data.data_ptr() != first.data_ptr()
