@@ -5,6 +5,7 @@ depends on changes."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -122,3 +123,78 @@ def test_the_device_copy_follows_host_data_replaced_in_another_shape():
     device.clear()
     with device.swapped_in():  # cleared: every device tensor made again from the host
         assert model.fc.weight.data.data_ptr() != first.data_ptr()
+
+
+def _settling(ipu):
+    """``ipu`` whose calls each put the host's data back at once (the path before parking)."""
+
+    def call(*args):
+        out = ipu(*args)
+        ipu._device.settle()
+        return out
+
+    return call
+
+
+def _twins():
+    model_a, parked = _trainer()
+    model_b, settled = _trainer()
+    return (model_a, parked), (model_b, _settling(settled))
+
+
+def test_training_calls_park_the_device_tensors_until_the_model_is_read():
+    (model, ipu), (twin, settled) = _twins()
+    x, labels = _batch()
+    for _ in range(3):
+        ipu(x, labels)
+        settled(x, labels)
+    device = ipu._device
+    assert device._parked is not None  # nothing swapped back between the calls
+    assert torch.equal(model.fc.weight, twin.fc.weight)  # the read copies, as PopTorch
+    assert device._parked is None
+    with torch.no_grad():  # a host write after the read: the device keeps its own values
+        model.fc.weight.fill_(0.0)
+        twin.fc.weight.fill_(0.0)
+    ipu(x, labels)
+    settled(x, labels)
+    assert torch.equal(model.fc.weight, twin.fc.weight)
+    assert model.fc.weight.abs().sum() > 0
+
+
+def test_data_assigned_while_parked_is_the_hosts_and_the_device_keeps_its_own():
+    (model, ipu), (twin, settled) = _twins()
+    x, labels = _batch()
+    for run in (ipu, settled, ipu, settled):
+        run(x, labels)
+    for m in (model, twin):
+        m.fc.bias.data = torch.full((3,), 5.0)  # the host's (torch's setter calls the hook)
+    ipu(x, labels)  # the device's bias, not 5s
+    settled(x, labels)
+    assert torch.equal(model.fc.bias, twin.fc.bias)
+    assert not torch.equal(model.fc.bias, torch.full((3,), 5.0))
+
+
+def test_a_tensor_gained_while_parked_takes_the_full_swap():
+    (model, ipu), (twin, settled) = _twins()
+    x, labels = _batch()
+    ipu(x, labels)
+    settled(x, labels)
+    parked = ipu._device._parked
+    for m in (model, twin):
+        m.register_buffer("seen", torch.ones(2))  # a registration: a new walk
+    ipu(x, labels)
+    settled(x, labels)
+    assert ipu._device._parked is not parked
+    assert torch.equal(model.fc.weight, twin.fc.weight)
+    assert torch.equal(model.seen, torch.ones(2))
+
+
+def test_a_failed_call_leaves_nothing_parked():
+    model, ipu = _trainer()
+    x, labels = _batch()
+    ipu(x, labels)
+    host = model.fc.weight.data.data_ptr()  # a read: settled
+    with pytest.raises(poptorch.Error):
+        ipu(torch.randn(5, 6), labels)
+    assert ipu._device._parked is None
+    assert model.fc.weight.data.data_ptr() == host

@@ -111,9 +111,12 @@ class PoplarExecutor(OptimizerLink, TrainingOutputs, WeightsLink):
                 raw = self._call(*args, **kwargs)
                 self._plan = CallPlan.after(self, args, kwargs, raw)
                 out = ipu_outputs(raw)
-        finally:
+        except BaseException:
             self._off_device(swap)
-        self._dirty_host_weights = self._training  # the host is stale until copied back
+            raise
+        # a training call leaves the host stale until it is read: the device's tensors stay
+        self._off_device(swap, park=self._training)
+        self._dirty_host_weights = self._training
         return self._wrapped.custom.rebuild(out)
 
     def _planned_call(self, plan: CallPlan, args: tuple) -> Any:

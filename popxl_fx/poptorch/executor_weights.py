@@ -73,9 +73,14 @@ class WeightsLink:
             self._busy -= 1
             raise
 
-    def _off_device(self, swap: Swap) -> None:
+    def _off_device(self, swap: Swap, park: bool = False) -> None:
+        """`_to_device`'s exit; ``park``: after a training call, leave the device's tensors
+        in the model until it is read (`DeviceCopy.park`)."""
         try:
-            swap.out()
+            if park:
+                self._device.park(swap)
+            else:
+                swap.out()
         finally:
             self._busy -= 1
 
@@ -131,8 +136,11 @@ class WeightsLink:
     def __del__(self) -> None:
         # an executor dropped after training: its device's weights go back to the model, which
         # would otherwise be left with the values of its last copy
-        if self._dirty_host_weights and self.__dict__.get("_device"):
-            self._device.read()
+        device = self.__dict__.get("_device")
+        if self._dirty_host_weights and device:
+            device.read()
+        elif device is not None:
+            device.settle()
 
     def _require_compiled(self) -> None:
         if not self.isCompiled():
