@@ -198,3 +198,13 @@ def test_a_failed_call_leaves_nothing_parked():
         ipu(torch.randn(5, 6), labels)
     assert ipu._device._parked is None
     assert model.fc.weight.data.data_ptr() == host
+
+
+def test_a_non_tensor_argument_after_planned_calls_meets_the_full_paths_check():
+    _, ipu = _trainer()
+    x, labels = _batch()
+    ipu(x, labels)
+    ipu(x, labels)
+    with pytest.raises(poptorch.Error, match="labels"):
+        ipu(x, [1, 2, 0, 1])
+    ipu(x, labels)  # the compiled inputs still run

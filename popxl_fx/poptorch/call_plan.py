@@ -16,6 +16,7 @@ checks, recompiles or raises exactly as PopTorch does, and plans again.
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import torch
@@ -25,6 +26,8 @@ from .args import parser_for
 from .dtypes import narrows
 
 __all__ = ["CallPlan"]
+
+_FACTS = operator.attrgetter("__class__", "requires_grad", "dtype", "shape")
 
 
 def _key(args: tuple) -> tuple | None:
@@ -42,6 +45,7 @@ class CallPlan:
 
     def __init__(self, impl, key: tuple, reshapes: bool, narrow: bool, outputs=None) -> None:
         self.impl, self.program, self.key = impl, impl._active, key
+        self._facts = tuple((torch.Tensor, False, *k) for k in key)  # `_FACTS` of the args
         self._reshapes = reshapes  # device iterations or PopART's row order: rows move
         self.narrow = narrow  # the outputs hold 64-bit tensors (`ipu_outputs`)
         # the training call's outputs from the trainer's ``last``, for this program
@@ -69,15 +73,10 @@ class CallPlan:
         """``args`` are inputs like the planned call's, for the same model and program."""
         if kwargs or impl is not self.impl or impl._active is not self.program:
             return False
-        key = self.key
-        if len(args) != len(key):
+        try:  # `_key` as one comparison: each argument's class first, then its facts
+            return tuple(map(_FACTS, args)) == self._facts
+        except AttributeError:  # an argument that is no tensor
             return False
-        for a, (dtype, shape) in zip(args, key):  # `_key`, without making a new key
-            if type(a) is not torch.Tensor or a.requires_grad or a.dtype != dtype:
-                return False
-            if a.shape != shape:
-                return False
-        return True
 
     def inputs(self, executor, args: tuple) -> tuple:
         """The tensors popxl_fx takes for ``args`` (as `PoplarExecutor._flat_inputs` gives
