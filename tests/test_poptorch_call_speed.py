@@ -208,3 +208,21 @@ def test_a_non_tensor_argument_after_planned_calls_meets_the_full_paths_check():
     with pytest.raises(poptorch.Error, match="labels"):
         ipu(x, [1, 2, 0, 1])
     ipu(x, labels)  # the compiled inputs still run
+
+
+def test_data_replaced_where_no_hook_saw_it_is_the_hosts_and_not_the_devices():
+    (model, ipu), (twin, settled) = _twins()
+    x, labels = _batch()
+    for run in (ipu, settled, ipu, settled):
+        run(x, labels)
+    assert ipu._device._parked is not None
+    for m in (model, twin):
+        bias = m.fc.bias
+        hooked = type(bias)
+        bias.__class__ = nn.Parameter  # as the hooks' own plain-class reads do
+        bias.data = torch.full((3,), 5.0)
+        bias.__class__ = hooked
+    ipu(x, labels)  # the parked swap sees other data: the full swap, the device's bias
+    settled(x, labels)
+    assert torch.equal(model.fc.bias, twin.fc.bias)
+    assert torch.equal(model.fc.weight, twin.fc.weight)
