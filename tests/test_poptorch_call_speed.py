@@ -226,3 +226,38 @@ def test_data_replaced_where_no_hook_saw_it_is_the_hosts_and_not_the_devices():
     settled(x, labels)
     assert torch.equal(model.fc.bias, twin.fc.bias)
     assert torch.equal(model.fc.weight, twin.fc.weight)
+
+
+def test_a_detached_executor_takes_the_full_path_which_writes_the_hosts_weights(monkeypatch):
+    from popxl_fx.poptorch import executor
+
+    repeats, repeat = [], executor.PoplarExecutor._repeat
+    monkeypatch.setattr(
+        executor.PoplarExecutor,
+        "_repeat",
+        lambda self, *a: repeats.append(self) or repeat(self, *a),
+    )
+    model, ipu = _trainer()
+    twin = _Net()  # eager: the same SGD with momentum, on the host
+    opt = torch.optim.SGD(twin.parameters(), lr=0.1, momentum=0.9)
+    x, labels = _batch()
+
+    def eager_step():
+        opt.zero_grad()
+        twin.loss(twin.fc(x), labels).backward()
+        opt.step()
+
+    for _ in range(3):
+        ipu(x, labels)
+        eager_step()
+    assert repeats.count(ipu) == 2  # the calls after the first
+    ipu.detachFromDevice()
+    with torch.no_grad():
+        model.fc.weight.fill_(0.5)
+        twin.fc.weight.fill_(0.5)
+    ipu(x, labels)  # re-attaching writes the host's weights
+    eager_step()
+    assert repeats.count(ipu) == 2
+    assert torch.equal(model.fc.weight, twin.fc.weight)
+    ipu(x, labels)
+    assert repeats.count(ipu) == 3

@@ -51,6 +51,8 @@ class CallPlan:
         # the training call's outputs from the trainer's ``last``, for this program
         # (`TrainingOutputs._planned_outputs`); None: the executor's full selection
         self.outputs = outputs
+        # a training call needs nothing but the step and that getter (`PoplarExecutor._repeat`)
+        self.repeats = outputs is not None and not reshapes and not narrow
 
     @classmethod
     def after(cls, executor, args: tuple, kwargs: dict, out: Any) -> CallPlan | None:
@@ -67,7 +69,10 @@ class CallPlan:
             and opts.Training.gradient_accumulation > 1
             and opts.replication_factor > 1
         )
-        return cls(impl, key, reshapes, narrows(out), executor._planned_outputs(impl))
+        outputs = executor._planned_outputs(impl)
+        if not executor._wrapped.custom.plain_only():  # rebuilt around custom types per call
+            outputs = None
+        return cls(impl, key, reshapes, narrows(out), outputs)
 
     def holds(self, impl, args: tuple, kwargs: dict) -> bool:
         """``args`` are inputs like the planned call's, for the same model and program."""
