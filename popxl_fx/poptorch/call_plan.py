@@ -16,6 +16,7 @@ checks, recompiles or raises exactly as PopTorch does, and plans again.
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import torch
@@ -25,6 +26,8 @@ from .args import parser_for
 from .dtypes import narrows
 
 __all__ = ["CallPlan"]
+
+_FACTS = operator.attrgetter("__class__", "requires_grad", "dtype", "shape")
 
 
 def _key(args: tuple) -> tuple | None:
@@ -40,10 +43,16 @@ def _key(args: tuple) -> tuple | None:
 class CallPlan:
     """What a full call established, for the calls that repeat it."""
 
-    def __init__(self, impl, key: tuple, reshapes: bool, narrow: bool) -> None:
+    def __init__(self, impl, key: tuple, reshapes: bool, narrow: bool, outputs=None) -> None:
         self.impl, self.program, self.key = impl, impl._active, key
+        self._facts = tuple((torch.Tensor, False, *k) for k in key)  # `_FACTS` of the args
         self._reshapes = reshapes  # device iterations or PopART's row order: rows move
         self.narrow = narrow  # the outputs hold 64-bit tensors (`ipu_outputs`)
+        # the training call's outputs from the trainer's ``last``, for this program
+        # (`TrainingOutputs._planned_outputs`); None: the executor's full selection
+        self.outputs = outputs
+        # a training call needs nothing but the step and that getter (`PoplarExecutor._repeat`)
+        self.repeats = outputs is not None and not reshapes and not narrow
 
     @classmethod
     def after(cls, executor, args: tuple, kwargs: dict, out: Any) -> CallPlan | None:
@@ -60,16 +69,19 @@ class CallPlan:
             and opts.Training.gradient_accumulation > 1
             and opts.replication_factor > 1
         )
-        return cls(impl, key, reshapes, narrows(out))
+        outputs = executor._planned_outputs(impl)
+        if not executor._wrapped.custom.plain_only():  # rebuilt around custom types per call
+            outputs = None
+        return cls(impl, key, reshapes, narrows(out), outputs)
 
     def holds(self, impl, args: tuple, kwargs: dict) -> bool:
         """``args`` are inputs like the planned call's, for the same model and program."""
-        return (
-            not kwargs
-            and impl is self.impl
-            and impl._active is self.program
-            and _key(args) == self.key
-        )
+        if kwargs or impl is not self.impl or impl._active is not self.program:
+            return False
+        try:  # `_key` as one comparison: each argument's class first, then its facts
+            return tuple(map(_FACTS, args)) == self._facts
+        except AttributeError:  # an argument that is no tensor
+            return False
 
     def inputs(self, executor, args: tuple) -> tuple:
         """The tensors popxl_fx takes for ``args`` (as `PoplarExecutor._flat_inputs` gives

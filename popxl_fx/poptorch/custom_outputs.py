@@ -49,6 +49,10 @@ class CustomOutputs:
             self._customs[i] = (parser, twin)
         return pytree.tree_unflatten(leaves, spec) if customs else out
 
+    def plain_only(self) -> bool:
+        """The last forward traced returns no custom-typed object (`rebuild` keeps all)."""
+        return self._spec is None
+
     def rebuild(self, plain: Any) -> Any:
         """The executor's outputs (`plain`'s structure) with the custom objects rebuilt."""
         if self._spec is None:

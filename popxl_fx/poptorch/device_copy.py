@@ -11,6 +11,14 @@ keeps a second storage for each of the model's tensors and, while an executor bu
 (`DeviceCopy.swapped_in`), points each parameter and buffer object at it (``t.data``): the
 program shares the device copy, and the host's values come back after the call. The tensor
 objects stay the same, so the optimizer's param groups and state keep their keys.
+
+After a training call the device's tensors stay in the model (`DeviceCopy.park`), in their
+hooked classes: the host is stale after such a call until it is read (PopTorch's implicit
+``copyWeightsToHost``), and every read goes through a hook (`state_hooks`) that first puts
+the host's data back (`DeviceCopy.settle`) and then copies the device's values into it. So
+a loop of training calls that does not read the model swaps nothing per call (a read,
+``p.data = x`` included, puts the host's data back first; data replaced where no hook saw
+it is the host's, and the device keeps its own, as in PopTorch).
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch import nn
 
-__all__ = ["DeviceCopy", "plain_type"]
+__all__ = ["DeviceCopy", "Swap", "plain_type"]
 
 # the per-executor classes that hook a training model's tensors (`state_hooks`) -> the class
 # each one hooks; a tensor runs in the program as its plain class
@@ -62,6 +70,9 @@ class DeviceCopy:
         self._model = model
         self._device: dict[str, torch.Tensor] = {}
         self._tensors: tuple[int, dict[str, torch.Tensor]] | None = None
+        # the device tensors in the order of `_model_tensors`, for the dict they came from
+        self._listed: tuple[dict, dict, list[torch.Tensor]] | None = None
+        self._parked: Swap | None = None  # the device's tensors left in the model (`park`)
 
     def _model_tensors(self) -> dict[str, torch.Tensor]:
         """`model_tensors` of the model, walked again only after a registration (each call
@@ -75,6 +86,7 @@ class DeviceCopy:
         return bool(self._device)
 
     def clear(self) -> None:
+        self.settle()
         self._device = {}
 
     def write(self, names: Iterable[str] | None = None) -> None:
@@ -87,6 +99,7 @@ class DeviceCopy:
 
     def read(self) -> None:
         """Device to host: the device's values become the model's."""
+        self.settle()
         with torch.no_grad():
             for name, tensor in self._model_tensors().items():
                 device = self._device.get(name)
@@ -97,20 +110,60 @@ class DeviceCopy:
     def swapped_in(self) -> Iterator[dict[str, tuple[torch.Tensor, torch.Tensor]]]:
         """While open, each parameter and buffer holds the device's values (in its plain
         class: no hook copies while the program runs). Yields name -> (tensor, host data)."""
-        tensors = self._model_tensors()
-        classes = [(t, type(t)) for t in tensors.values()]
-        for t, cls in classes:
-            t.__class__ = plain_type(cls)
-        hosts = {name: (t, t.data) for name, t in tensors.items()}
+        swap = self.swap_in()
         try:
-            for name, (t, host) in hosts.items():
-                t.data = self._device_tensor(name, host)
-            yield hosts
+            yield dict(zip(self._model_tensors(), zip(swap.tensors, swap.hosts)))
         finally:
-            for t, host in hosts.values():
-                t.data = host
-            for t, cls in classes:
-                t.__class__ = cls
+            swap.out()
+
+    def swap_in(self) -> Swap:
+        """`swapped_in` without a context manager (a training call's per-step path): the
+        device's tensors in the model until ``.out()`` on what it returns."""
+        tensors = self._model_tensors()
+        parked, self._parked = self._parked, None
+        if parked is not None:
+            if parked.resumes(tensors):
+                return parked
+            parked.settle()
+        listed = tuple(tensors.values())
+        classes = list(map(type, listed))
+        for t, cls in zip(listed, classes):
+            t.__class__ = HOOKED_TYPES.get(cls, cls)
+        swap = Swap(tensors, classes, [t.data for t in listed])
+        try:
+            devices = self._device_tensors(tensors, swap.hosts)
+            for t, device in zip(listed, devices):
+                t.data = device
+        except BaseException:
+            swap.out()
+            raise
+        swap.pointers = [d.data_ptr() for d in devices]
+        return swap
+
+    def park(self, swap: Swap) -> None:
+        """End a training call leaving the device's tensors in the model, in their own
+        (hooked) classes, until `settle` or the next `swap_in`."""
+        swap.restore_classes()
+        self._parked = swap
+
+    def settle(self) -> None:
+        """The host's data back in the model's tensors (a parked call's)."""
+        parked, self._parked = self._parked, None
+        if parked is not None:
+            parked.settle()
+
+    def _device_tensors(self, tensors: dict, hosts: list) -> list[torch.Tensor]:
+        """The device's tensor of each of ``tensors`` (their ``hosts`` data), as listed for
+        the last call while the walk and the device's dict are the same objects and each
+        host still fits its device tensor (a cheap check: shape and dtype)."""
+        listed = self._listed
+        if listed is not None and listed[0] is tensors and listed[1] is self._device:
+            devices = listed[2]
+            if all(map(_fits, devices, hosts)):
+                return devices
+        devices = [self._device_tensor(n, h) for n, h in zip(tensors, hosts)]
+        self._listed = (tensors, self._device, devices)
+        return devices
 
     def _device_tensor(self, name: str, host: torch.Tensor) -> torch.Tensor:
         """The device's tensor of ``name``: a copy of the host's value when it has none yet
@@ -119,6 +172,54 @@ class DeviceCopy:
         if device is None or not _fits(device, host):
             device = self._device[name] = host.detach().clone()
         return device
+
+
+class Swap:
+    """The model's tensors while the device's are in them: their classes and host data."""
+
+    __slots__ = ("classes", "hosts", "pointers", "tensors", "walk")
+
+    def __init__(self, walk: dict, classes: list, hosts: list) -> None:
+        self.walk, self.tensors = walk, tuple(walk.values())
+        self.classes, self.hosts = classes, hosts
+        self.pointers: list[int] = []  # each device tensor's data, as swapped in
+
+    def out(self) -> None:
+        """The host's data and the tensors' own classes back."""
+        for t, host in zip(self.tensors, self.hosts):
+            t.data = host
+        self.restore_classes()
+
+    def restore_classes(self) -> None:
+        for t, cls in zip(self.tensors, self.classes):
+            t.__class__ = cls
+
+    def resumes(self, walk: dict) -> bool:
+        """A parked swap serves the next call: the walk is the same and each tensor still
+        holds its device data; their classes are plain again, as `swap_in` makes them
+        (before reading the pointers: a hooked class would call its hooks)."""
+        if walk is not self.walk:
+            return False
+        self.classes = list(map(type, self.tensors))
+        for t, cls in zip(self.tensors, self.classes):
+            t.__class__ = HOOKED_TYPES.get(cls, cls)
+        if list(map(_DATA_PTR, self.tensors)) != self.pointers:
+            self.restore_classes()
+            return False
+        return True
+
+    def settle(self) -> None:
+        """Each tensor's host data back, but where the user assigned other data meanwhile
+        (``p.data = x``): that is the host's now."""
+        for t, host, pointer in zip(self.tensors, self.hosts, self.pointers):
+            cls = type(t)
+            t.__class__ = HOOKED_TYPES.get(cls, cls)  # no hook while it is read
+            if t.data_ptr() == pointer:
+                t.data = host
+            t.__class__ = cls
+
+
+_DATA_PTR = torch.Tensor.data_ptr
 
 
 def _fits(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -4,6 +4,8 @@ loss in its place, per micro-batch and replica as PopTorch's output modes select
 from __future__ import annotations
 
 import functools
+import operator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -42,6 +44,20 @@ class TrainingOutputs:
             leaves = batching.select_outputs(leaves, self._options, fx.device_iterations)
         return prog.lowered.fxm.unflatten(leaves)[1]
 
+    def _planned_outputs(self, impl) -> Callable[[dict], Any] | None:
+        """What `_training_outputs` returns, as a function of the trainer's ``last`` made
+        once per program (`call_plan`), where the model's outputs are one tensor or a plain
+        tuple of them, each fetched once per step (no accumulation, replication or device
+        iterations to select over); else None."""
+        if not self._training:
+            return None
+        fx, fxm = impl.options, impl._active.lowered.fxm
+        if not fetches_outputs(fx) or fxm._nones:
+            return None
+        if max(fx.gradient_accumulation, fx.replication_factor, fx.device_iterations) > 1:
+            return None
+        return _tail_getter(fxm.out_spec.child(1), _output_names(fxm.out_spec.num_leaves))
+
     def _per_micro_batch(self, impl, n: int) -> list[torch.Tensor]:
         """The outputs of every micro-batch of every replica, as PopTorch returns them: one
         value per replica (the loss: ``[R]``), per the output mode over the micro-batches."""
@@ -68,6 +84,18 @@ class TrainingOutputs:
         if self._wrapped.loss_factor != 1.0:
             return loss / self._wrapped.loss_factor
         return loss
+
+
+def _tail_getter(spec, names: tuple[str, ...]) -> Callable[[dict], Any] | None:
+    """The model's outputs (``spec``: their structure; ``names``: the trainer's names of its
+    leaves) from the trainer's ``last``: a tensor, or a plain tuple of tensors."""
+    if spec.is_leaf():
+        return operator.itemgetter(names[0])
+    if spec.type is not tuple or not all(c.is_leaf() for c in spec.children()):
+        return None
+    if len(names) == 1:  # itemgetter of one name gives the value, not a 1-tuple
+        return lambda last: (last[names[0]],)
+    return operator.itemgetter(*names)
 
 
 @functools.lru_cache(maxsize=64)

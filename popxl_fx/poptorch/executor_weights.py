@@ -25,7 +25,7 @@ from . import _logging
 from .errors import Error
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .device_copy import DeviceCopy
+    from .device_copy import DeviceCopy, Swap
     from .options import Options
 
 __all__ = ["NO_EXECUTABLE", "WeightsLink"]
@@ -53,13 +53,34 @@ class WeightsLink:
     @contextlib.contextmanager
     def _on_device(self) -> Iterator[None]:
         """Build or run with the device's copy in the model's tensors (`DeviceCopy`)."""
-        self._sync_from_trainer()
+        swap = self._to_device()
+        try:
+            yield
+        finally:
+            self._off_device(swap)
+
+    def _to_device(self) -> Swap:
+        """`_on_device`'s entry (each call runs between it and `_off_device`, without a
+        context manager's generator: a small model's step is a fraction of a millisecond)."""
+        if not self._training:
+            self._sync_from_trainer()
         self._busy += 1
         try:
             if not self._attached:  # PopTorch's attach writes the weights
                 self._device.write()
-            with self._device.swapped_in():
-                yield
+            return self._device.swap_in()
+        except BaseException:
+            self._busy -= 1
+            raise
+
+    def _off_device(self, swap: Swap, park: bool = False) -> None:
+        """`_to_device`'s exit; ``park``: after a training call, leave the device's tensors
+        in the model until it is read (`DeviceCopy.park`)."""
+        try:
+            if park:
+                self._device.park(swap)
+            else:
+                swap.out()
         finally:
             self._busy -= 1
 
@@ -115,8 +136,11 @@ class WeightsLink:
     def __del__(self) -> None:
         # an executor dropped after training: its device's weights go back to the model, which
         # would otherwise be left with the values of its last copy
-        if self._dirty_host_weights and self.__dict__.get("_device"):
-            self._device.read()
+        device = self.__dict__.get("_device")
+        if self._dirty_host_weights and device:
+            device.read()
+        elif device is not None:
+            device.settle()
 
     def _require_compiled(self) -> None:
         if not self.isCompiled():
