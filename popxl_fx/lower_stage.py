@@ -24,7 +24,15 @@ from .program import log
 if TYPE_CHECKING:  # pragma: no cover (pipeline.py re-exports this module)
     from .pipeline import Build
 
-__all__ = ["Lowered", "accumulating_backward", "backward", "entered", "lower", "lower_module"]
+__all__ = [
+    "Lowered",
+    "accumulating_backward",
+    "backward",
+    "entered",
+    "lower",
+    "lower_module",
+    "lower_piece",
+]
 
 
 @dataclass
@@ -74,19 +82,37 @@ def lower(
     the "recompute" stage is recorded after "backward", which calls those graphs. With
     ``precision="float16"`` the traced module is a float16 copy (`popxl_fx.precision`).
     """
+    lowered, captured = _lowered(build, root, specs, examples, contexts, differentiated)
+    build.record("capture", f"torch.fx graph of {len(captured.gm.graph.nodes)} nodes")
+    blocks = lowered.fxm.block_graphs(build.ir)
+    build.record("lower", _lower_detail(lowered.fxm, specs), [lowered.forward, *blocks])
+    return lowered
+
+
+def lower_piece(build: Build, gm: nn.Module, examples: Sequence[Any], contexts=()) -> Lowered:
+    """One phase's piece of the traced step (`phases.Piece.gm`) lowered as `lower` lowers the
+    whole model (the same `Module`, options and captures), to a forward graph taking the
+    examples' specs; unrecorded: the phased shape records its pieces' stages once."""
+    specs = [popxl.TensorSpec(tuple(x.shape), popxl.dtype.as_dtype(x.dtype)) for x in examples]
+    return _lowered(build, gm, specs, examples, contexts, True, POSITIONAL)[0]
+
+
+def _lowered(
+    build: Build, root: nn.Module, specs, examples, contexts, differentiated, binding=None
+) -> tuple:
+    """`lower` without its records: (the lowered graphs, the capture). ``binding``: how the
+    inputs reach ``root`` (the build's when None; a phase's piece takes them positionally)."""
     opts = build.options
     recompute = opts.recompute and differentiated
-    fxm = _module(opts, root, build.prefix, recompute, build.weightless, build.binding)
+    binding = build.binding if binding is None else binding
+    fxm = _module(opts, root, build.prefix, recompute, build.weightless, binding)
     if opts.precision == "float16":
         examples = half_inputs(examples)
     fxm.grad_enabled = build.grad_enabled
     fxm.writes_inputs = build.entry == "inference_model"  # eager updates the caller's inputs
     build.captures.append(fxm)
     captured, facts, fwd = lower_module(fxm, examples, specs, contexts)
-    build.record("capture", f"torch.fx graph of {len(captured.gm.graph.nodes)} nodes")
-    blocks = fxm.block_graphs(build.ir)
-    build.record("lower", _lower_detail(fxm, specs), [fwd, *blocks])
-    return Lowered(fxm, facts, fwd)
+    return Lowered(fxm, facts, fwd), captured
 
 
 def lower_module(

@@ -39,8 +39,7 @@ from popxl_core.sim.machine import machine_for
 
 from .built import BuiltStep, Extras, StepShape
 from .loss import check_scalar_loss, loss_index
-from .lower_stage import Lowered, entered, lower_module
-from .module import Module
+from .lower_stage import Lowered, entered, lower_piece
 from .optim_groups import state_slots
 from .optim_remote import RemoteState
 from .phase_report import PhaseSteps
@@ -60,16 +59,22 @@ class _Lowered:
     """One piece in the Ir: its graphs, variables and what crosses its boundary."""
 
     piece: Piece
-    fxm: Module
-    forward: addons.GraphWithNamedArgs
+    graphs: Lowered  # `lower_stage.lower_piece`'s: module, factories, forward (+ backward)
     remote: list[str]  # trainable parameter keys (remote)
     local: dict[str, popxl.Tensor]  # on-chip variables by key (buffers, seeds, frozen)
     buffers: Any = None  # NamedRemoteBuffers of the remote parameters
     remote_vars: dict[str, popxl.Variable] = field(default_factory=dict)
     needs: list[bool] = field(default_factory=list)  # per input: its gradient is wanted
     provided: list[int] = field(default_factory=list)  # outputs given a gradient
-    backward: addons.GraphWithNamedArgs | None = None
     accum: Any = None  # with several slices: the backward's gradient accumulators' factories
+
+    @property
+    def forward(self) -> addons.GraphWithNamedArgs:
+        return self.graphs.forward
+
+    @property
+    def backward(self) -> addons.GraphWithNamedArgs | None:
+        return self.graphs.backward
 
 
 class PhasedShape(StepShape):
@@ -94,9 +99,8 @@ class PhasedShape(StepShape):
         variables = {k: v for lp in lowered for k, v in lp.local.items()}
         variables.update({k: v for lp in lowered for k, v in lp.remote_vars.items()})
         weights = Weights.from_named(variables, names, build.prefix)
-        first = lowered[0]
-        view = Lowered(first.fxm, None, first.forward, first.backward)
-        return BuiltStep(ins, outputs, weights, view, Extras(phases=steps))  # Trainer.report
+        # Trainer.report reads the phases' steps
+        return BuiltStep(ins, outputs, weights, lowered[0].graphs, Extras(phases=steps))
 
 
 def _capture_pieces(build: Build, req: Any) -> tuple:
@@ -193,27 +197,18 @@ def _torch_names(root: torch.nn.Module) -> dict[str, tuple[str, torch.Tensor]]:
     return names
 
 
-def _spec(x: torch.Tensor) -> popxl.TensorSpec:
-    return popxl.TensorSpec(tuple(x.shape), popxl.dtype.as_dtype(x.dtype))
-
-
 def _lower_piece(piece: Piece, names: dict, contexts, shards: int, build: Build) -> _Lowered:
     """The piece's forward graph and variables: trainable parameters remote (sharded over
     ``shards`` replicas when more than 1), the rest on chip."""
-    numerics = build.options.numerics
-    fxm = Module(piece.gm, flatten_outputs=True, weightless=build.weightless, numerics=numerics)
-    _, facts, fwd = lower_module(
-        fxm, piece.examples(), [_spec(x) for x in piece.examples()], contexts
-    )
-    factories = facts.to_dict()
+    graphs = lower_piece(build, piece.gm, piece.examples(), contexts)
+    factories = graphs.facts.to_dict()
     remote = [k for k in factories if k in names and _trainable(names[k])]
     local = {
         k: f.create_tensor(k if k in names else f"{piece.label}.{k}")
         for k, f in factories.items()
         if k not in remote
     }
-    build.captures.append(fxm)
-    lp = _Lowered(piece, fxm, fwd, remote, local)
+    lp = _Lowered(piece, graphs, remote, local)
     if remote:
         chosen = addons.NamedVariableFactories.from_dict({k: factories[k] for k in remote})
         lp.buffers = named_variable_buffers(chosen, 1, shard_over_dict=shards)
@@ -270,11 +265,13 @@ def _differentiate(lp: _Lowered, accumulate: bool) -> None:
     provided = [graph.outputs[i] for i in lp.provided]
     if accumulate and lp.remote:
         params = [args[k] for k in lp.remote]
-        lp.accum, lp.backward = addons.autodiff_with_accumulation(
+        lp.accum, lp.graphs.backward = addons.autodiff_with_accumulation(
             lp.forward, params, grads_provided=provided, grads_required=required[: -len(params)]
         )
         return
-    lp.backward = addons.autodiff(lp.forward, grads_provided=provided, grads_required=required)
+    lp.graphs.backward = addons.autodiff(
+        lp.forward, grads_provided=provided, grads_required=required
+    )
 
 
 def _load(lp: _Lowered) -> dict[str, popxl.Tensor]:
