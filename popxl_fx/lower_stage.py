@@ -29,6 +29,7 @@ __all__ = [
     "accumulating_backward",
     "backward",
     "entered",
+    "gradient_graph",
     "lower",
     "lower_module",
     "lower_piece",
@@ -217,8 +218,7 @@ def backward(
 ) -> addons.GraphWithNamedArgs:
     """The gradient graph of the forward (autodiff), kept on ``lowered``.
     [accumulation uses `addons.autodiff_with_accumulation`]"""
-    grad = addons.autodiff(lowered.forward, grads_provided=provided, grads_required=required)
-    lowered.backward = grad
+    grad = gradient_graph(lowered, provided, required)[1]
     build.record("backward", f"autodiff: {len(required)} gradients", [grad])
     _record_recompute(build, lowered)
     return grad
@@ -230,10 +230,29 @@ def accumulating_backward(
     """The gradient graph that mean-accumulates the gradients of ``required`` into
     ``accum.<name>`` variables (`addons.autodiff_with_accumulation`); returns their
     factories and the graph (kept on ``lowered``)."""
-    facts, grad = addons.autodiff_with_accumulation(
-        lowered.forward, required, grads_provided=[loss]
-    )
-    lowered.backward = grad
+    facts, grad = gradient_graph(lowered, [loss], (), accumulated=required)
     build.record("backward", f"autodiff: {len(required)} gradients, accumulated", [grad])
     _record_recompute(build, lowered)
+    return facts, grad
+
+
+def gradient_graph(
+    lowered: Lowered,
+    provided: Sequence[popxl.Tensor],
+    required: Sequence[popxl.Tensor],
+    accumulated: Sequence[popxl.Tensor] = (),
+) -> tuple[Any, addons.GraphWithNamedArgs]:
+    """The forward's gradient graph (autodiff), kept on ``lowered``, unrecorded: every
+    training step's backward (`backward`, `accumulating_backward`, each phase's piece). The
+    gradients of ``accumulated`` are mean-accumulated into ``accum.<name>`` variables
+    (`addons.autodiff_with_accumulation`): returns their factories (None without) and the
+    graph."""
+    facts = None
+    if accumulated:
+        facts, grad = addons.autodiff_with_accumulation(
+            lowered.forward, accumulated, grads_provided=provided, grads_required=required
+        )
+    else:
+        grad = addons.autodiff(lowered.forward, grads_provided=provided, grads_required=required)
+    lowered.backward = grad
     return facts, grad

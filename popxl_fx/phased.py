@@ -39,7 +39,7 @@ from popxl_core.sim.machine import machine_for
 
 from .built import BuiltStep, Extras, StepShape
 from .loss import check_scalar_loss, loss_index
-from .lower_stage import Lowered, entered, lower_piece
+from .lower_stage import Lowered, entered, gradient_graph, lower_piece
 from .optim_groups import state_slots
 from .optim_remote import RemoteState
 from .phase_report import PhaseSteps
@@ -48,8 +48,8 @@ from .phases import Piece, check_phase_sizes, phase_paths, split_pieces
 from .pipeline import Build
 from .program import Weights, store
 from .refusals import refuse
-from .replication import reduce_each, replica_examples, replication_of, split_replicas
-from .step_parts import load_step_inputs, training_contexts
+from .replication import replica_examples, replication_of, split_replicas
+from .step_parts import load_step_inputs, training_contexts, update_parameters
 
 __all__ = ["PhasedShape"]
 
@@ -263,15 +263,9 @@ def _differentiate(lp: _Lowered, accumulate: bool) -> None:
         lp.provided = []
         return
     provided = [graph.outputs[i] for i in lp.provided]
-    if accumulate and lp.remote:
-        params = [args[k] for k in lp.remote]
-        lp.accum, lp.graphs.backward = addons.autodiff_with_accumulation(
-            lp.forward, params, grads_provided=provided, grads_required=required[: -len(params)]
-        )
-        return
-    lp.graphs.backward = addons.autodiff(
-        lp.forward, grads_provided=provided, grads_required=required
-    )
+    params = [args[k] for k in lp.remote] if accumulate else []
+    inputs_only = required[: len(required) - len(params)]
+    lp.accum, _ = gradient_graph(lp.graphs, provided, inputs_only, accumulated=params)
 
 
 def _load(lp: _Lowered) -> dict[str, popxl.Tensor]:
@@ -354,7 +348,7 @@ def _backward_and_update(build: Build, lp: _Lowered, calls, where, optim) -> Non
         got = {k: sums[f"accum.{k}"] for k in lp.remote}
     else:
         got = {k: by_input[loaded[k]] for k in lp.remote}
-    optim.build(params, reduce_each(build.options, {short[k]: got[k] for k in lp.remote}))
+    update_parameters(build, optim, params, {short[k]: got[k] for k in lp.remote}, record=False)
     store_remote(lp.buffers, addons.NamedTensors.from_dict(reloaded), 0)
 
 
