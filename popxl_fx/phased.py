@@ -15,6 +15,11 @@ seeds stay on chip. The main graph then runs, in order:
               parameters on loaded state (`optim_remote.RemoteState`), store parameters and
               state back
 
+Each piece is lowered, differentiated and updated by the stages every shape of step uses
+(`lower_stage.lower_piece`, `lower_stage.gradient_graph`, `step_parts.update_parameters`:
+gradients reduced over replicas, unscaled, the optimizer's updates); what is phased is here:
+the cut into pieces, the remote buffers, and each phase's loads and stores.
+
 This is seed 003's shape (phased execution by hand) for any traced model. Every op is the
 plain program's op on the same values, and each piece's backward is autodiff of its forward,
 so numbers equal the plain program's; only where a value feeds several pieces are its

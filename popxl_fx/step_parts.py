@@ -1,6 +1,6 @@
-"""What the plain and the looped training steps share (`steps`, `step_loops`): the request of
+"""What the training steps share (`steps`, `step_loops`, `phased`): the request of
 `training_model` for one signature, the forward lowered with its loss, and the optimizer
-update of the parameters from their gradients.
+update of the parameters from their gradients (`update_parameters`, every shape's).
 """
 
 from __future__ import annotations
