@@ -61,13 +61,24 @@ def pytest_unconfigure(config):
 # The test modules that take longest (subprocess jobs, many programs built), heaviest first:
 # they run before the rest, so that with two workers (setup.cfg: -n 2 --dist loadscope
 # --no-loadscope-reorder, a module a unit) neither worker starts one of them while the other
-# is finishing; the many small modules and the doctests after them even out the two.
+# is finishing; the many small modules and the doctests after them even out the two. The
+# subprocess jobs lead (their children run beside the other worker's tests); then the rest by
+# their seconds in one loaded whole-suite run (--durations=0 summed per module, load 10:
+# 160, 122, 84, 37, 29, 26, 26, 25, 23 + 20 (one unit: `SHARED_IMPORTS`), 22 and 21 s).
 HEAVY_FIRST = (
     "test_distributed.py",
     "test_seeds.py",
+    "test_poptorch_compat_children.py",
     "test_fx_replication.py",
-    "test_fx_core_aten.py",
+    "test_fx_memory_auto_containers.py",
     "test_fx_phased_accumulation.py",
+    "test_fx_core_aten.py",
+    "test_fx_outline.py",
+    "test_fx_phased.py",
+    "test_fx_outline_optimizer.py",
+    "test_fx_batch_serialisation.py",
+    "test_fx_hf.py",
+    "test_fold_group.py",
 )
 
 

@@ -20,7 +20,7 @@ import torch
 
 from benchmarks.cases import seed_mlp
 from popxl_fx.program import signature_of
-from popxl_fx.torch_state import structure_key
+from popxl_fx.torch_structure import structure_key
 
 __all__ = ["main", "measure"]
 

@@ -12,13 +12,13 @@ Standard ``torch.nn`` modules with a lowering (or without children) stay leaves;
 and containers are traced through. What cannot become a static graph (``.item()``, control
 flow on tensor values, data-dependent shapes and lengths) is recorded as `Issue`s, and tracing
 goes on with the example's concrete value so that one pass finds every problem (the proxy
-that answers those questions is `popxl_fx.capture_proxy`).
+that answers those questions is `popxl_fx.capture_proxy`, the checks `capture_static`).
 """
 
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,10 +31,10 @@ from .calls import POSITIONAL, Binding
 from .capture_calls import RootCalls, static_index
 from .capture_proxy import CaptureProxy, describe
 from .capture_state import preserved, trace_graph, trace_module
+from .capture_static import StaticChecks
 from .capture_watch import call_args, notify, trace_through
 from .capture_writes import note_write, written_node
 from .errors import Issue, user_frame, user_stack
-from .guards import data_check, find_guard
 from .inplace import is_made_constant
 from .lowering import lookup
 from .replay import MISSING, Replay, module_state
@@ -67,11 +67,6 @@ _FOLDED_METHODS = frozenset(
     }
 )
 _FOLDED_FUNCTIONS = frozenset({torch.numel, torch.is_floating_point, torch.is_complex})
-# Ops whose output shape (or python value) depends on the tensor data.
-_DATA_METHODS = frozenset({"item", "tolist", "nonzero", "masked_select", "unique", "argwhere"})
-_DATA_FUNCTIONS = frozenset(
-    {torch.nonzero, torch.masked_select, torch.unique, torch.argwhere, torch.unique_consecutive}
-)
 
 
 def is_leaf(module: nn.Module) -> bool:
@@ -117,11 +112,7 @@ def _copy(x: Any) -> Any:
     return x.detach().clone().requires_grad_(x.requires_grad)  # folded: ``x.requires_grad``
 
 
-def _data_dependent(node: fx.Node) -> bool:
-    return any(n.meta.get("data_dependent") for n in node.all_input_nodes)
-
-
-class CaptureTracer(RootCalls, fx.Tracer):
+class CaptureTracer(StaticChecks, RootCalls, fx.Tracer):
     """The tracer behind `capture` (see the module docstring); ``binding`` says how the
     example inputs reach the root's ``forward`` (`calls.Binding`)."""
 
@@ -245,16 +236,7 @@ class CaptureTracer(RootCalls, fx.Tracer):
             return
         if node.op == "call_module" and self._replay is None:  # what a replay compares
             node.meta["module_state"] = module_state(self.root_module.get_submodule(node.target))
-        if (
-            node.target in _DATA_METHODS
-            if node.op == "call_method"
-            else node.target in _DATA_FUNCTIONS
-        ) or _bool_mask_index(node):
-            kind = ".item()" if node.target in ("item", "tolist") else "data-dependent shape"
-            self.record(node, kind, describe(node), _DATA_HINT[kind])
-            node.meta["data_dependent"] = True
-        elif _data_dependent(node):
-            node.meta["data_dependent"] = True
+        self.mark_data_dependent(node)
 
     def _evaluate(self, node: fx.Node) -> Any:
         value = self._evaluated(node)
@@ -316,60 +298,6 @@ class CaptureTracer(RootCalls, fx.Tracer):
         if node.args:  # a parameter with a default value
             return node.args[0]
         raise TypeError(f"forward() argument '{node.target}' has no example input.")
-
-    # static-graph violations -----------------------------------------------------------
-    def record(self, node: fx.Node | None, kind: str, what: str, hint: str = "") -> None:
-        source = user_frame()
-        path = (
-            node.meta.get("module_path", "")
-            if node is not None
-            else (self._paths[-1] if self._paths else "")
-        )
-        issue = Issue(kind, what, source, path, node.name if node is not None else "", hint)
-        if all((i.kind, i.source) != (kind, source) for i in self.issues):
-            self.issues.append(issue)
-
-    def check_static(self, proxy: fx.Proxy, kind: str, what: str) -> None:
-        if proxy.node.meta.get("data_dependent"):
-            self.record(proxy.node, kind, what, _DATA_HINT[kind])
-
-    def to_bool(self, obj: fx.Proxy) -> bool:
-        value = bool(obj.node.meta["example_value"])
-        guard = find_guard()
-        if guard is not None:  # `if bad: raise`: a run-time check instead of a branch
-            self.create_proxy(
-                "call_function", data_check, (obj, value, guard.where, guard.text), {}
-            )
-            return value
-        self.record(
-            obj.node,
-            "data-dependent control flow",
-            f"bool({describe(obj.node)})",
-            "a Python `if`/`while` on a tensor value; use torch.where or compute both branches.",
-        )
-        return value
-
-    def iter(self, obj: fx.Proxy) -> Iterator:
-        self.check_static(obj, "data-dependent length", f"iteration over {describe(obj.node)}")
-        n = len(obj.node.meta["example_value"])
-        return iter([obj[i] for i in range(n)])
-
-
-_DATA_HINT = {
-    ".item()": "a Python number read from a tensor freezes one step's data into the graph; "
-    "keep it a tensor.",
-    "data-dependent shape": "its output shape depends on the data, so no static graph exists; "
-    "use a fixed-size form (masking with torch.where, topk).",
-    "data-dependent length": "the number of items depends on the data; pad to a fixed size.",
-}
-
-
-def _bool_mask_index(node: fx.Node) -> bool:
-    if node.op != "call_function" or node.target is not operator.getitem:
-        return False
-    index = _value(node.args[1])
-    items = index if isinstance(index, tuple) else (index,)
-    return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in items)
 
 
 def _fetch(root: nn.Module, target: str) -> Any:

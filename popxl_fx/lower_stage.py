@@ -24,7 +24,16 @@ from .program import log
 if TYPE_CHECKING:  # pragma: no cover (pipeline.py re-exports this module)
     from .pipeline import Build
 
-__all__ = ["Lowered", "accumulating_backward", "backward", "entered", "lower", "lower_module"]
+__all__ = [
+    "Lowered",
+    "accumulating_backward",
+    "backward",
+    "entered",
+    "gradient_graph",
+    "lower",
+    "lower_module",
+    "lower_piece",
+]
 
 
 @dataclass
@@ -74,19 +83,37 @@ def lower(
     the "recompute" stage is recorded after "backward", which calls those graphs. With
     ``precision="float16"`` the traced module is a float16 copy (`popxl_fx.precision`).
     """
+    lowered, captured = _lowered(build, root, specs, examples, contexts, differentiated)
+    build.record("capture", f"torch.fx graph of {len(captured.gm.graph.nodes)} nodes")
+    blocks = lowered.fxm.block_graphs(build.ir)
+    build.record("lower", _lower_detail(lowered.fxm, specs), [lowered.forward, *blocks])
+    return lowered
+
+
+def lower_piece(build: Build, gm: nn.Module, examples: Sequence[Any], contexts=()) -> Lowered:
+    """One phase's piece of the traced step (`phases.Piece.gm`) lowered as `lower` lowers the
+    whole model (the same `Module`, options and captures), to a forward graph taking the
+    examples' specs; unrecorded: the phased shape records its pieces' stages once."""
+    specs = [popxl.TensorSpec(tuple(x.shape), popxl.dtype.as_dtype(x.dtype)) for x in examples]
+    return _lowered(build, gm, specs, examples, contexts, True, POSITIONAL)[0]
+
+
+def _lowered(
+    build: Build, root: nn.Module, specs, examples, contexts, differentiated, binding=None
+) -> tuple:
+    """`lower` without its records: (the lowered graphs, the capture). ``binding``: how the
+    inputs reach ``root`` (the build's when None; a phase's piece takes them positionally)."""
     opts = build.options
     recompute = opts.recompute and differentiated
-    fxm = _module(opts, root, build.prefix, recompute, build.weightless, build.binding)
+    binding = build.binding if binding is None else binding
+    fxm = _module(opts, root, build.prefix, recompute, build.weightless, binding)
     if opts.precision == "float16":
         examples = half_inputs(examples)
     fxm.grad_enabled = build.grad_enabled
     fxm.writes_inputs = build.entry == "inference_model"  # eager updates the caller's inputs
     build.captures.append(fxm)
     captured, facts, fwd = lower_module(fxm, examples, specs, contexts)
-    build.record("capture", f"torch.fx graph of {len(captured.gm.graph.nodes)} nodes")
-    blocks = fxm.block_graphs(build.ir)
-    build.record("lower", _lower_detail(fxm, specs), [fwd, *blocks])
-    return Lowered(fxm, facts, fwd)
+    return Lowered(fxm, facts, fwd), captured
 
 
 def lower_module(
@@ -191,8 +218,7 @@ def backward(
 ) -> addons.GraphWithNamedArgs:
     """The gradient graph of the forward (autodiff), kept on ``lowered``.
     [accumulation uses `addons.autodiff_with_accumulation`]"""
-    grad = addons.autodiff(lowered.forward, grads_provided=provided, grads_required=required)
-    lowered.backward = grad
+    grad = gradient_graph(lowered, provided, required)[1]
     build.record("backward", f"autodiff: {len(required)} gradients", [grad])
     _record_recompute(build, lowered)
     return grad
@@ -204,10 +230,29 @@ def accumulating_backward(
     """The gradient graph that mean-accumulates the gradients of ``required`` into
     ``accum.<name>`` variables (`addons.autodiff_with_accumulation`); returns their
     factories and the graph (kept on ``lowered``)."""
-    facts, grad = addons.autodiff_with_accumulation(
-        lowered.forward, required, grads_provided=[loss]
-    )
-    lowered.backward = grad
+    facts, grad = gradient_graph(lowered, [loss], (), accumulated=required)
     build.record("backward", f"autodiff: {len(required)} gradients, accumulated", [grad])
     _record_recompute(build, lowered)
+    return facts, grad
+
+
+def gradient_graph(
+    lowered: Lowered,
+    provided: Sequence[popxl.Tensor],
+    required: Sequence[popxl.Tensor],
+    accumulated: Sequence[popxl.Tensor] = (),
+) -> tuple[Any, addons.GraphWithNamedArgs]:
+    """The forward's gradient graph (autodiff), kept on ``lowered``, unrecorded: every
+    training step's backward (`backward`, `accumulating_backward`, each phase's piece). The
+    gradients of ``accumulated`` are mean-accumulated into ``accum.<name>`` variables
+    (`addons.autodiff_with_accumulation`): returns their factories (None without) and the
+    graph."""
+    facts = None
+    if accumulated:
+        facts, grad = addons.autodiff_with_accumulation(
+            lowered.forward, accumulated, grads_provided=provided, grads_required=required
+        )
+    else:
+        grad = addons.autodiff(lowered.forward, grads_provided=provided, grads_required=required)
+    lowered.backward = grad
     return facts, grad

@@ -15,6 +15,11 @@ seeds stay on chip. The main graph then runs, in order:
               parameters on loaded state (`optim_remote.RemoteState`), store parameters and
               state back
 
+Each piece is lowered, differentiated and updated by the stages every shape of step uses
+(`lower_stage.lower_piece`, `lower_stage.gradient_graph`, `step_parts.update_parameters`:
+gradients reduced over replicas, unscaled, the optimizer's updates); what is phased is here:
+the cut into pieces, the remote buffers, and each phase's loads and stores.
+
 This is seed 003's shape (phased execution by hand) for any traced model. Every op is the
 plain program's op on the same values, and each piece's backward is autodiff of its forward,
 so numbers equal the plain program's; only where a value feeds several pieces are its
@@ -39,8 +44,7 @@ from popxl_core.sim.machine import machine_for
 
 from .built import BuiltStep, Extras, StepShape
 from .loss import check_scalar_loss, loss_index
-from .lower_stage import Lowered, entered, lower_module
-from .module import Module
+from .lower_stage import Lowered, entered, gradient_graph, lower_piece
 from .optim_groups import state_slots
 from .optim_remote import RemoteState
 from .phase_report import PhaseSteps
@@ -49,8 +53,8 @@ from .phases import Piece, check_phase_sizes, phase_paths, split_pieces
 from .pipeline import Build
 from .program import Weights, store
 from .refusals import refuse
-from .replication import reduce_each, replica_examples, replication_of, split_replicas
-from .step_parts import load_step_inputs, training_contexts
+from .replication import replica_examples, replication_of, split_replicas
+from .step_parts import load_step_inputs, training_contexts, update_parameters
 
 __all__ = ["PhasedShape"]
 
@@ -60,16 +64,22 @@ class _Lowered:
     """One piece in the Ir: its graphs, variables and what crosses its boundary."""
 
     piece: Piece
-    fxm: Module
-    forward: addons.GraphWithNamedArgs
+    graphs: Lowered  # `lower_stage.lower_piece`'s: module, factories, forward (+ backward)
     remote: list[str]  # trainable parameter keys (remote)
     local: dict[str, popxl.Tensor]  # on-chip variables by key (buffers, seeds, frozen)
     buffers: Any = None  # NamedRemoteBuffers of the remote parameters
     remote_vars: dict[str, popxl.Variable] = field(default_factory=dict)
     needs: list[bool] = field(default_factory=list)  # per input: its gradient is wanted
     provided: list[int] = field(default_factory=list)  # outputs given a gradient
-    backward: addons.GraphWithNamedArgs | None = None
     accum: Any = None  # with several slices: the backward's gradient accumulators' factories
+
+    @property
+    def forward(self) -> addons.GraphWithNamedArgs:
+        return self.graphs.forward
+
+    @property
+    def backward(self) -> addons.GraphWithNamedArgs | None:
+        return self.graphs.backward
 
 
 class PhasedShape(StepShape):
@@ -94,9 +104,8 @@ class PhasedShape(StepShape):
         variables = {k: v for lp in lowered for k, v in lp.local.items()}
         variables.update({k: v for lp in lowered for k, v in lp.remote_vars.items()})
         weights = Weights.from_named(variables, names, build.prefix)
-        first = lowered[0]
-        view = Lowered(first.fxm, None, first.forward, first.backward)
-        return BuiltStep(ins, outputs, weights, view, Extras(phases=steps))  # Trainer.report
+        # Trainer.report reads the phases' steps
+        return BuiltStep(ins, outputs, weights, lowered[0].graphs, Extras(phases=steps))
 
 
 def _capture_pieces(build: Build, req: Any) -> tuple:
@@ -193,27 +202,18 @@ def _torch_names(root: torch.nn.Module) -> dict[str, tuple[str, torch.Tensor]]:
     return names
 
 
-def _spec(x: torch.Tensor) -> popxl.TensorSpec:
-    return popxl.TensorSpec(tuple(x.shape), popxl.dtype.as_dtype(x.dtype))
-
-
 def _lower_piece(piece: Piece, names: dict, contexts, shards: int, build: Build) -> _Lowered:
     """The piece's forward graph and variables: trainable parameters remote (sharded over
     ``shards`` replicas when more than 1), the rest on chip."""
-    numerics = build.options.numerics
-    fxm = Module(piece.gm, flatten_outputs=True, weightless=build.weightless, numerics=numerics)
-    _, facts, fwd = lower_module(
-        fxm, piece.examples(), [_spec(x) for x in piece.examples()], contexts
-    )
-    factories = facts.to_dict()
+    graphs = lower_piece(build, piece.gm, piece.examples(), contexts)
+    factories = graphs.facts.to_dict()
     remote = [k for k in factories if k in names and _trainable(names[k])]
     local = {
         k: f.create_tensor(k if k in names else f"{piece.label}.{k}")
         for k, f in factories.items()
         if k not in remote
     }
-    build.captures.append(fxm)
-    lp = _Lowered(piece, fxm, fwd, remote, local)
+    lp = _Lowered(piece, graphs, remote, local)
     if remote:
         chosen = addons.NamedVariableFactories.from_dict({k: factories[k] for k in remote})
         lp.buffers = named_variable_buffers(chosen, 1, shard_over_dict=shards)
@@ -268,13 +268,9 @@ def _differentiate(lp: _Lowered, accumulate: bool) -> None:
         lp.provided = []
         return
     provided = [graph.outputs[i] for i in lp.provided]
-    if accumulate and lp.remote:
-        params = [args[k] for k in lp.remote]
-        lp.accum, lp.backward = addons.autodiff_with_accumulation(
-            lp.forward, params, grads_provided=provided, grads_required=required[: -len(params)]
-        )
-        return
-    lp.backward = addons.autodiff(lp.forward, grads_provided=provided, grads_required=required)
+    params = [args[k] for k in lp.remote] if accumulate else []
+    inputs_only = required[: len(required) - len(params)]
+    lp.accum, _ = gradient_graph(lp.graphs, provided, inputs_only, accumulated=params)
 
 
 def _load(lp: _Lowered) -> dict[str, popxl.Tensor]:
@@ -357,7 +353,7 @@ def _backward_and_update(build: Build, lp: _Lowered, calls, where, optim) -> Non
         got = {k: sums[f"accum.{k}"] for k in lp.remote}
     else:
         got = {k: by_input[loaded[k]] for k in lp.remote}
-    optim.build(params, reduce_each(build.options, {short[k]: got[k] for k in lp.remote}))
+    update_parameters(build, optim, params, {short[k]: got[k] for k in lp.remote}, record=False)
     store_remote(lp.buffers, addons.NamedTensors.from_dict(reloaded), 0)
 
 

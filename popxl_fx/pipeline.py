@@ -223,26 +223,37 @@ def new_ir(options: Options) -> popxl.Ir:
     return popxl.Ir(replication=options.replication_factor)
 
 
-def reduce_gradients(build: Build, grads: dict[str, popxl.Tensor]) -> dict[str, popxl.Tensor]:
+def reduce_gradients(
+    build: Build, grads: dict[str, popxl.Tensor], record: bool = True
+) -> dict[str, popxl.Tensor]:
     """The gradients the optimizer steps with, by torch parameter name, in the graph that
     runs the optimizer: with replication mean all-reduced over the replicas, or with
     replicated_tensor_sharding reduce-scattered into this replica's shard (the optimizer then
     updates the shard: `optim_replicated`); records the "replication" stage. With one
-    replica they are the step's own gradients."""
-    return replication.reduce_gradients(build, grads)
+    replica they are the step's own gradients. ``record=False``: the caller records it
+    (the phased step reduces phase by phase and records the stage once)."""
+    return replication.reduce_gradients(build, grads, record)
 
 
-def master_gradients(build: Build, grads: dict[str, popxl.Tensor]) -> dict[str, popxl.Tensor]:
+def master_gradients(
+    build: Build, grads: dict[str, popxl.Tensor], record: bool = True
+) -> dict[str, popxl.Tensor]:
     """The gradients of the scaled loss, divided by ``loss_scaling`` (float32 master
-    gradients); records the "precision" stage when the program is float16."""
+    gradients); records the "precision" stage when the program is float16 (and ``record``)."""
     if build.options.precision != "float16":
         return grads
+    if record:
+        record_precision(build)
+    return {n: unscale(g, build.options) for n, g in grads.items()}
+
+
+def record_precision(build: Build) -> None:
+    """The "precision" stage of a float16 program."""
     build.record(
         "precision",
         f"float16 weights (cast from float32 masters) and activations; loss scaled by "
         f"{build.options.loss_scaling:g}, gradients unscaled in float32",
     )
-    return {n: unscale(g, build.options) for n, g in grads.items()}
 
 
 def weights_of(variables: Any, lowered: Lowered, prefix: str = "") -> Weights:

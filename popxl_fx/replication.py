@@ -113,12 +113,19 @@ def reduce_each(options: Options, grads: Mapping[str, Any]) -> dict:
     return {n: reduce(g) for n, g in grads.items()}
 
 
-def reduce_gradients(build, grads: Mapping[str, Any]) -> dict:
+def reduce_gradients(build, grads: Mapping[str, Any], record: bool = True) -> dict:
     """`pipeline.reduce_gradients` for a `pipeline.Build`: the gradients reduced over the
-    replicas (`Replication.reduce_gradient`), and the "replication" stage record."""
+    replicas (`Replication.reduce_gradient`), and (``record``) the "replication" stage."""
     opts = build.options
     if opts.replication_factor == 1:
         return dict(grads)
+    reduced = reduce_each(opts, grads)
+    if record:
+        build.record("replication", _replication_detail(opts))
+    return reduced
+
+
+def _replication_detail(opts: Options) -> str:
     r, how = (
         opts.replication_factor,
         "gradients mean all-reduced, every replica applies the same update",
@@ -128,9 +135,7 @@ def reduce_gradients(build, grads: Mapping[str, Any]) -> dict:
             "gradients reduce-scattered (mean), optimizer state sharded ceil(n/R) per replica, "
             "updated weights all-gathered"
         )
-    reduced = reduce_each(opts, grads)
-    build.record("replication", f"{r} replicas, each on 1/{r} of the batch; {how}")
-    return reduced
+    return f"{r} replicas, each on 1/{r} of the batch; {how}"
 
 
 class ReplicaFeeds:

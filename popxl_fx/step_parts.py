@@ -1,16 +1,17 @@
-"""What the plain and the looped training steps share (`steps`, `step_loops`): the request of
+"""What the training steps share (`steps`, `step_loops`, `phased`): the request of
 `training_model` for one signature, the forward lowered with its loss, and the optimizer
-update of the parameters from their gradients.
+update of the parameters from their gradients (`update_parameters`, every shape's).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from torch import nn
 
 import addons
+import popxl_core as popxl
 
 from .checks import integer_inputs_explained
 from .loss import check_scalar_loss, loss_index
@@ -28,6 +29,7 @@ __all__ = [
     "named_locals",
     "optimizer_update",
     "training_contexts",
+    "update_parameters",
 ]
 
 
@@ -91,10 +93,28 @@ def optimizer_update(
     params = {name: weights.variables[name] for name in weights.names("param")}
     stepped = params if local is None else {name: local(v) for name, v in params.items()}
     grads = {name: grads_of[v] for name, v in params.items() if v in grads_of}
-    grads = master_gradients(build, reduce_gradients(build, grads))
     blocks = lowered.outlined_blocks(build.prefix) if lowered is not None else []
-    req.optimizer.build(stepped, grads, local=local, blocks=blocks)
-    build.record("optimizer", f"{type(req.optimizer.optimizer).__name__} var updates")
+    return update_parameters(build, req.optimizer, stepped, grads, local=local, blocks=blocks)
+
+
+def update_parameters(
+    build: Build,
+    optimizer: OptimizerProgram,
+    params: Mapping[str, popxl.Tensor],
+    grads: Mapping[str, popxl.Tensor],
+    record: bool = True,
+    **where,
+) -> dict:
+    """The optimizer update that every shape of step builds, from ``grads`` by parameter
+    name: reduced over replicas (`pipeline.reduce_gradients`), unscaled to float32 masters
+    (`pipeline.master_gradients`), then the optimizer's var updates of ``params``; returns
+    the gradients it steps with. ``where``: `OptimizerProgram.build`'s ``local`` and
+    ``blocks``. ``record=False``: the caller records the stages (the phased step updates
+    phase by phase and records them once)."""
+    grads = master_gradients(build, reduce_gradients(build, dict(grads), record), record)
+    optimizer.build(params, grads, **where)
+    if record:
+        build.record("optimizer", f"{type(optimizer.optimizer).__name__} var updates")
     return grads
 
 

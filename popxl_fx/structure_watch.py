@@ -1,4 +1,4 @@
-"""`StructureWatch`: the per-step `torch_state.structure_key`, answered from the last one.
+"""`StructureWatch`: the per-step `torch_structure.structure_key`, answered from the last one.
 
 A trainer checks its model's and optimizer's structure before every step. Building the key
 walks every module in Python and makes a ~360-entry tuple for GPT (60 us alone, 130-180 us in a
@@ -22,7 +22,7 @@ from torch import nn
 
 from .optim import group_structure
 from .program_key import same_key
-from .torch_state import BUFFER_FIELDS, PARAMETER_FIELDS, Structure, _modules, structure_key
+from .torch_structure import BUFFER_FIELDS, PARAMETER_FIELDS, Structure, modules_of, structure_key
 
 __all__ = ["StructureWatch"]
 
@@ -49,7 +49,7 @@ class _Plan:
 
     def __init__(self, model: nn.Module, optimizer, structure: Structure) -> None:
         self.model, self.optimizer, self.structure = model, optimizer, structure
-        self.modules = list(_modules(model))
+        self.modules = list(modules_of(model))
         self.dicts = [self._layout(get) for get in (_CHILDREN, _PARAMS, _BUFFERS)]
         self.params = [p for p in self.dicts[1][1] if p is not None]
         self.buffers = [b for b in self.dicts[2][1] if b is not None]

@@ -1,7 +1,7 @@
 """`training_model`: forward, loss, autodiff and a torch optimizer as one PopXL program.
 
 One Ir and one Session are built per signature (input shapes and dtypes, train/eval modes,
-and the `torch_state.structure_key` of the model and optimizer: parameters, buffers,
+and the `torch_structure.structure_key` of the model and optimizer: parameters, buffers,
 requires_grad flags, submodules, param groups and their built-in options) and cached. The
 torch model and optimizer are the one source of truth: the program's variables are their
 tensors (`torch_state.SharedState`), so after each step ``model.fc.weight``,
@@ -34,7 +34,8 @@ from .replication import replication_of, unreplicated
 from .step_repeat import RepeatStep, hyper_feeds
 from .steps import Program, TrainingRequest, build_training
 from .structure_watch import StructureWatch
-from .torch_state import SharedState, Structure, describe, snapshot
+from .torch_state import SharedState
+from .torch_structure import Structure, describe, snapshot
 
 __all__ = ["StepLoss", "Trainer", "training_model"]
 

@@ -7,7 +7,7 @@ import numpy as np
 
 import popxl_core as popxl
 from popxl_core import ops
-from popxl_core.ops.gather import gather_elements as popxl_gather_elements
+from popxl_core.ops.scatter import gather_elements as popxl_gather_elements
 
 from .misuse_cases_common import (
     F32,

@@ -15,6 +15,7 @@ blocks as one row first, and every ``Options(...)`` the OOM error offers trains 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 
 import pytest
@@ -110,9 +111,17 @@ def _train(model: nn.Module, options: popxl_fx.Options):
     return trainer, losses
 
 
+@functools.lru_cache(maxsize=None)
+def _plain(container: str, tuple_embed: bool = False) -> tuple:
+    """(model, trainer, losses) of the plain program on "cpu", built once per module: the
+    reference of every test on this container and the program the OOM tests plan."""
+    model = _model(container, tuple_embed=tuple_embed)
+    trainer, losses = _train(model, popxl_fx.Options(device="cpu"))
+    return model, trainer, losses
+
+
 def _assert_same_as_cpu(model: nn.Module, trainer, losses) -> None:
-    twin = _model(model.container, tuple_embed=model.embed.tuple_out)
-    _, expected = _train(twin, popxl_fx.Options(device="cpu"))
+    twin, _, expected = _plain(model.container, model.embed.tuple_out)
     assert torch.equal(losses, expected), (losses, expected)
     for key, value in twin.state_dict().items():
         assert torch.equal(model.state_dict()[key], value), key
@@ -153,8 +162,7 @@ def _oom_text(container: str) -> str:
     """The OOM error's text for the model planned on an "ipu_hw" of 4 tiles: the capacity of
     "ipu_model" (2.44 MiB), where a Session only warns; the options it offers are then tried
     on "ipu_model"."""
-    model = _model(container)
-    trainer, _ = _train(model, popxl_fx.Options(device="cpu"))
+    model, trainer, _ = _plain(container)
     with pytest.raises(OutOfMemoryError) as info:
         build_plan(trainer.ir, dataclasses.replace(machine_for("ipu_hw"), tiles_per_ipu=4))
     return _model_oom_message(info.value, popxl_fx.Options(device="ipu_model"), "", model)

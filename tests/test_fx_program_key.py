@@ -6,7 +6,7 @@ from torch import nn
 
 from popxl_fx.pipeline import Programs
 from popxl_fx.program_key import same_key
-from popxl_fx.torch_state import structure_key
+from popxl_fx.torch_structure import structure_key
 
 
 def test_the_very_object_is_the_same_key_even_when_it_is_unequal_to_itself():

@@ -2,12 +2,18 @@
 checks the inputs, enters the main graph and makes the `Program` once, and asks the shape
 for the rest, in a fixed order."""
 
+import importlib
+import inspect
+
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+import addons
 import popxl_fx
-from popxl_fx import steps
+from popxl_fx import lower_stage, steps
+from popxl_fx.optim import OptimizerProgram
 from popxl_fx.phased import PhasedShape
 from popxl_fx.step_loops import LoopShape
 from popxl_fx.steps import PlainShape, shape_of
@@ -61,3 +67,45 @@ def test_the_builder_asks_the_shape_it_is_given_in_order(monkeypatch):
     monkeypatch.setattr(steps, "shape_of", lambda opts: _Recorded(calls))
     assert torch.equal(_losses(options), plain)  # bit for bit: the same program
     assert calls == ["refuse", "step_inputs", "capture", "build"]  # one build, 3 steps
+
+
+# the module, not the function that `addons.transforms` exports under its name
+autodiff_module = importlib.import_module("addons.transforms.autodiff")
+SHAPES = {
+    "plain": {},
+    "loops": {"gradient_accumulation": 2},
+    "phased": {"phased_execution": "children"},
+    "phased_sliced": {"phased_execution": "children", "gradient_accumulation": 2},
+    "phased_replicated": {"phased_execution": "children", "replication_factor": 2},
+}
+
+
+def _callers(calls: list, fn):
+    """``fn`` recording, per call, the names of the functions on the stack that called it."""
+
+    def recorded(*args, **kwargs):
+        calls.append({f.function for f in inspect.stack()[1:12]})
+        return fn(*args, **kwargs)
+
+    return recorded
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_every_shape_lowers_differentiates_and_updates_through_the_shared_stages(
+    monkeypatch, shape
+):
+    """Each shape's graphs are made by the shared stages (issue 39): every traced module by
+    `lower_stage._module`, every gradient graph by `lower_stage.gradient_graph`, every
+    optimizer update by `step_parts.update_parameters` (the phased shape once per phase)."""
+    made, grads, updates = [], [], []
+    monkeypatch.setattr(lower_stage, "_module", _callers(made, lower_stage._module))
+    monkeypatch.setattr(addons, "autodiff", _callers(grads, addons.autodiff))
+    # autodiff_with_accumulation calls its own module's autodiff
+    monkeypatch.setattr(autodiff_module, "autodiff", _callers(grads, autodiff_module.autodiff))
+    monkeypatch.setattr(OptimizerProgram, "build", _callers(updates, OptimizerProgram.build))
+    _losses(popxl_fx.Options(device="cpu", **SHAPES[shape]))
+    assert made and grads and updates
+    assert all("gradient_graph" in callers for callers in grads)
+    assert all("update_parameters" in callers for callers in updates)
+    if shape.startswith("phased"):  # a piece per child and the loss's; an update per Linear
+        assert (len(made), len(updates)) == (4, 2)

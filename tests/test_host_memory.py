@@ -8,6 +8,8 @@ buffer of its own shares a given tensor's storage, and its buffer is not made be
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -34,15 +36,25 @@ def _torch_tensors(model, opt) -> list[torch.Tensor]:
     return [*model.parameters(), *model.buffers(), *state]
 
 
-def _train(phased, count=None, **extra) -> tuple:
-    """(losses, bytes the Session holds beside torch's tensors, torch's tensors' bytes);
-    ``count``: what is counted as held (`held_storages` of the Session by default)."""
+RTS = (("replication_factor", 2), ("replicated_tensor_sharding", True))
+
+
+@functools.lru_cache(maxsize=None)
+def _trained(phased, extra: tuple = ()) -> tuple:
+    """(trainer, model, optimizer, losses) after `STEPS` steps; built once per module for
+    the tests that count what one trainer holds (``extra``: more `Options` fields)."""
     torch.manual_seed(0)
     model = GPT()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    options = popxl_fx.Options(device="cpu", phased_execution=phased, **extra)
+    options = popxl_fx.Options(device="cpu", phased_execution=phased, **dict(extra))
     trainer = popxl_fx.training_model(model, opt, options=options)
-    losses = [float(trainer(x, y)) for x, y in _data()]
+    return trainer, model, opt, [float(trainer(x, y)) for x, y in _data()]
+
+
+def _train(phased, count=None, extra: tuple = ()) -> tuple:
+    """(losses, bytes the Session holds beside torch's tensors, torch's tensors' bytes);
+    ``count``: what is counted as held (`held_storages` of the Session by default)."""
+    trainer, model, opt, losses = _trained(phased, extra)
     tensors = _torch_tensors(model, opt)
     theirs = {storage_key(t)[0] for t in tensors}
     held = count(trainer) if count else held_storages(trainer.session)
@@ -106,9 +118,8 @@ def test_replicated_remote_variables_are_not_shareable(replicas):
 
 
 def test_phased_rts_shards_are_slices_of_the_torch_tensors():
-    rts = dict(replication_factor=2, replicated_tensor_sharding=True)
-    plain, _, _ = _train(False, **rts)
-    phased, phased_beside, weights_and_state = _train("blocks", **rts)
+    plain, _, _ = _train(False, extra=RTS)
+    phased, phased_beside, weights_and_state = _train("blocks", extra=RTS)
     assert phased == plain  # bit for bit
     # before: every shard had a remote buffer and the host a copy of the whole (2x)
     assert phased_beside < weights_and_state / 100, (phased_beside, weights_and_state)
@@ -126,7 +137,7 @@ def test_writing_a_remote_variable_not_made_yet_keeps_it_unmade_until_a_run():
         np.testing.assert_array_equal(session.get_tensor_data(var), np.full((3, 4), 5.0))
 
 
-@pytest.mark.parametrize("extra", [{}, dict(replication_factor=2, replicated_tensor_sharding=True)])
+@pytest.mark.parametrize("extra", [(), RTS])
 def test_a_phased_trainer_keeps_no_buffers_between_steps(extra):
     """Everything the trainer keeps alive between steps (kernels' kept buffers included),
     beside torch's tensors. Before: each phase's weight gradient GEMMs kept their output
@@ -134,7 +145,7 @@ def test_a_phased_trainer_keeps_no_buffers_between_steps(extra):
     reduction its result (435,760 bytes); now 23,908 and 26,160: a phased step holds one
     phase's gradients at a time, as phasing means to."""
     params = sum(p.nbytes for p in GPT().parameters())
-    _, beside, _ = _train("blocks", count=reachable_storages, **extra)
+    _, beside, _ = _train("blocks", count=reachable_storages, extra=extra)
     assert beside < params / 4, (beside, params)
 
 

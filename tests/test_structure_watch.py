@@ -12,7 +12,7 @@ from torch import nn
 
 from popxl_fx.program import _modes
 from popxl_fx.structure_watch import StructureWatch
-from popxl_fx.torch_state import structure_key
+from popxl_fx.torch_structure import structure_key
 
 
 def _model():

@@ -1,4 +1,4 @@
-"""Gather / scatter ops: gather, tied_gather, gather_elements, scatter.
+"""Gather ops: gather, tied_gather (gather_elements and scatter: `scatter`).
 
 `scatter_reduce` and `onehot` have their own modules.
 
@@ -22,27 +22,13 @@ import numpy as np
 import torch
 
 from ..sim.speed import declare
-from ..tensor import Constant, Tensor, constant
+from ..tensor import Tensor, constant
 from ._utils import rand, randint, spec
 from .forms import fold_indexed
-from .registry import Cost, OpDef, Sample, _user_frame, create_op, register
+from .index_checks import check_axis, check_constant_indices, check_indices, move_cost
+from .registry import OpDef, Sample, create_op, register
 
-__all__ = ["GatherIndexWarning", "gather", "gather_elements", "scatter", "tied_gather"]
-
-
-def _move_cost(ins, outs, attrs) -> Cost:
-    return Cost(0, 2 * sum(s.nbytes for s in outs) + sum(s.nbytes for s in ins[1:2]))
-
-
-def _check_indices(idx, what: str) -> None:
-    if not idx.dtype.is_int:
-        raise TypeError(f"{what} indices must be an integer tensor, got {idx.dtype.name}")
-
-
-def _check_axis(axis: int, rank: int, what: str) -> int:
-    if not -rank <= axis < rank:
-        raise ValueError(f"{what} axis {axis} is out of range for rank {rank}")
-    return axis % rank
+__all__ = ["GatherIndexWarning", "gather", "tied_gather"]
 
 
 def _along(mask: torch.Tensor, axis: int, rank: int) -> torch.Tensor:
@@ -53,8 +39,8 @@ def _along(mask: torch.Tensor, axis: int, rank: int) -> torch.Tensor:
 # Gather / TiedGather ----------------------------------------------------------------------
 def _gather_infer(ins, axis, zero_OOR, available_memory_proportion):
     t, idx = ins
-    _check_indices(idx, "gather")
-    a = _check_axis(axis, len(t.shape), "gather")
+    check_indices(idx, "gather")
+    a = check_axis(axis, len(t.shape), "gather")
     return [spec(t.shape[:a] + idx.shape + t.shape[a + 1 :], t.dtype)]
 
 
@@ -193,7 +179,7 @@ GATHER = register(
         _gather_infer,
         _gather_kernel,
         grad=_gather_grad,
-        cost=_move_cost,
+        cost=move_cost,
         out_name="gather_out",
         fp16_in_fp32=False,
         samples=_gather_samples(lambda *a, **k: gather(*a, **k), True),
@@ -208,29 +194,12 @@ TIED_GATHER = register(
         _gather_infer,
         _gather_kernel,
         grad=_gather_grad,
-        cost=_move_cost,
+        cost=move_cost,
         out_name="tiedgather_out",
         fp16_in_fp32=False,
         samples=_gather_samples(lambda *a, **k: tied_gather(*a, **k)),
     )
 )
-
-
-def _check_constant_indices(t: Tensor, idx, axis: int, what: str) -> None:
-    """Indices known at build time (a Constant or host data) are checked at build time."""
-    if isinstance(idx, Tensor) and not isinstance(idx, Constant):
-        return
-    data = np.asarray(idx._data if isinstance(idx, Constant) else idx)
-    if not np.issubdtype(data.dtype, np.integer) or not -t.rank <= axis < t.rank:
-        return
-    n = t.shape[axis]
-    bad = data[(data < 0) | (data >= n)]
-    if bad.size:
-        name = f" of {idx.id!r}" if isinstance(idx, Tensor) else ""
-        raise IndexError(
-            f"{what}: constant indices {bad[:5].tolist()}{name} are outside [0, {n}) "
-            f"on axis {axis} of {t.id!r} {t.shape}{_user_frame()}"
-        )
 
 
 def _gather_attrs(axis, zero_OOR, available_memory_proportion) -> dict:
@@ -251,7 +220,7 @@ def _gather(opdef: OpDef, what: str, t, indices, axis, amp, zero_OOR) -> Tensor:
     """`gather` and `tied_gather`: the op ``opdef`` (``what`` names it in errors)."""
     attrs = _gather_attrs(axis, zero_OOR, amp)
     if not zero_OOR:
-        _check_constant_indices(t, indices, int(axis), what)
+        check_constant_indices(t, indices, int(axis), what)
     return create_op(opdef, [t, _index_tensor(indices, t)], attrs)[0]
 
 
@@ -276,132 +245,3 @@ def tied_gather(
     """`gather` for a weight shared with a matmul (a TiedGather op)."""
     amp = available_memory_proportion
     return _gather(TIED_GATHER, "tied_gather", t, indices, axis, amp, zero_OOR)
-
-
-# GatherElements (the adjoint of Scatter's values) ------------------------------------------
-def _gather_elements_infer(ins, axis):
-    x, idx = ins
-    _check_indices(idx, "gather_elements")
-    a = _check_axis(axis, len(x.shape), "gather_elements")
-    if len(idx.shape) != len(x.shape) or any(
-        i != s for d, (i, s) in enumerate(zip(idx.shape, x.shape)) if d != a
-    ):
-        raise ValueError(
-            f"gather_elements indices {idx.shape} must match {x.shape} on every axis but {a}"
-        )
-    return [spec(idx.shape, x.dtype)]
-
-
-def _gather_elements_kernel(x, idx, axis):
-    return torch.gather(x, axis, idx.long())
-
-
-def _gather_elements_grad(ctx):
-    x, a = ctx.op.inputs[0], ctx.attrs["axis"] % ctx.op.inputs[0].rank
-    from .scatter_reduce import scatter_reduce
-
-    return [
-        scatter_reduce(ctx.grad_output(0), ctx.input(1), "sum", axis=a, axis_size=x.shape[a]),
-        None,
-    ]
-
-
-GATHER_ELEMENTS = register(
-    OpDef(
-        "GatherElements",
-        _gather_elements_infer,
-        _gather_elements_kernel,
-        grad=_gather_elements_grad,
-        cost=_move_cost,
-        out_name="gatherelements_out",
-        fp16_in_fp32=False,
-        samples=lambda: [
-            Sample(
-                [rand(3, 4, seed=4), np.array([[0, 2, 1, 1], [2, 2, 0, 0]], np.int32)],
-                lambda x, i: gather_elements(x, i, 0),
-                lambda x, i: torch.gather(x, 0, i.long()),
-            ),
-            Sample(
-                [rand(3, 4, seed=5), np.array([[3, 3], [0, 1], [2, 0]], np.int32)],
-                lambda x, i: gather_elements(x, i, -1),
-                lambda x, i: torch.gather(x, 1, i.long()),
-                name="axis-1",
-            ),
-        ],
-    )
-)
-
-
-def gather_elements(t: Tensor, indices: Tensor, axis: int = 0) -> Tensor:
-    """``out[..i..] = t[..indices[..i..]..]`` along ``axis`` (ONNX GatherElements)."""
-    _check_constant_indices(t, indices, int(axis), "gather_elements")
-    return create_op(GATHER_ELEMENTS, [t, indices], {"axis": int(axis)})[0]
-
-
-# Scatter (ONNX ScatterElements) ------------------------------------------------------------
-def _scatter_infer(ins, axis, available_memory_proportion):
-    t, idx, values = ins
-    _check_indices(idx, "scatter")
-    _check_axis(axis, len(t.shape), "scatter")
-    if idx.shape != values.shape or len(idx.shape) != len(t.shape):
-        raise ValueError(
-            f"scatter indices {idx.shape} and values {values.shape} must have the "
-            f"same shape and the rank of t {t.shape}"
-        )
-    if values.dtype != t.dtype:
-        raise TypeError(f"scatter values are {values.dtype.name}, t is {t.dtype.name}")
-    return [t]
-
-
-def _scatter_kernel(x, idx, values, axis, available_memory_proportion):
-    return x.scatter(axis, idx.long(), values)
-
-
-def _scatter_grad(ctx):
-    from . import init
-
-    a, values = ctx.attrs["axis"], ctx.op.inputs[2]
-    g, idx = ctx.grad_output(0), ctx.input(1)
-    zeros = init(values.shape, values.dtype, "zeros", "zero")
-    return [scatter(g, idx, zeros, a), None, gather_elements(g, idx, a)]
-
-
-SCATTER = register(
-    OpDef(
-        "Scatter",
-        _scatter_infer,
-        _scatter_kernel,
-        grad=_scatter_grad,
-        cost=_move_cost,
-        out_name="scatter_out",
-        fp16_in_fp32=False,
-        samples=lambda: [
-            Sample(
-                [rand(3, 4), np.array([[0, 2, 1, 1], [2, 1, 0, 2]], np.int32), rand(2, 4, seed=1)],
-                lambda t, i, v: scatter(t, i, v),
-                lambda t, i, v: t.scatter(0, i.long(), v),
-            ),
-            Sample(
-                [rand(2, 5, seed=2), np.array([[4, 1], [0, 3]], np.int32), rand(2, 2, seed=3)],
-                lambda t, i, v: scatter(t, i, v, axis=1),
-                lambda t, i, v: t.scatter(1, i.long(), v),
-                name="axis1",
-            ),
-        ],
-    )
-)
-
-
-def scatter(
-    t: Tensor,
-    indices: Tensor,
-    values: Tensor,
-    axis: int = 0,
-    available_memory_proportion: float | None = None,
-) -> Tensor:
-    """A copy of ``t`` with ``values`` written at ``indices`` along ``axis`` (ScatterElements)."""
-    amp = None if available_memory_proportion is None else float(available_memory_proportion)
-    _check_constant_indices(t, indices, int(axis), "scatter")
-    return create_op(
-        SCATTER, [t, indices, values], {"axis": int(axis), "available_memory_proportion": amp}
-    )[0]

@@ -19,8 +19,9 @@ import numpy as np
 import torch
 
 from ..tensor import Tensor, constant
-from .gather import gather, scatter, tied_gather
+from .gather import gather, tied_gather
 from .onehot import onehot
+from .scatter import scatter
 from .scatter_reduce import scatter_reduce
 
 # getitem is used by Tensor.__getitem__ and is not a popxl.ops name.

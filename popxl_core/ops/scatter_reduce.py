@@ -107,7 +107,8 @@ def _torch_kernel(data, idx, *initial, reduction, axis, axis_size, enable_index_
 
 def _grad(ctx):
     from . import init
-    from .gather import gather, gather_elements
+    from .gather import gather
+    from .scatter import gather_elements
 
     reduction, axis = ctx.attrs["reduction"], ctx.attrs["axis"]
     if reduction not in ("sum", "none"):

@@ -14,8 +14,8 @@ from torch.nn import _reduction
 
 import popxl_core as popxl
 from popxl_core import ops
-from popxl_core.ops.gather import gather_elements
 from popxl_core.ops.nll_direct import nll_with_direct_grad
+from popxl_core.ops.scatter import gather_elements
 
 from ..lowering import lowers
 from ._common import const, promote

@@ -17,7 +17,7 @@ import torch.nn as nn
 
 import popxl_core as popxl
 from popxl_core import ops
-from popxl_core.ops.gather import gather_elements
+from popxl_core.ops.scatter import gather_elements
 
 from ..lowering import lowers
 from ._common import const, is_t, norm_dim, norm_dims, promote, tuple_of
