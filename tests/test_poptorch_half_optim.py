@@ -57,6 +57,37 @@ def test_half_weights_train_as_the_eager_step(name):
     assert torch.equal(model.lin.bias, eager.lin.bias)
 
 
+KEEP_WORKING = {
+    "adamw_clipped": lambda ps: poptorch.optim.AdamW(ps, lr=0.01, max_grad_norm=0.01),
+    "sgd_scaled": lambda ps: poptorch.optim.SGD(
+        ps, lr=0.01, momentum=0.9, velocity_scaling=8.0, loss_scaling=64.0
+    ),
+    "adamw_loss_scaled": lambda ps: poptorch.optim.AdamW(ps, lr=0.01, loss_scaling=1024.0),
+    "lamb_half_state": lambda ps: poptorch.optim.LAMB(
+        ps, lr=0.01, second_order_momentum_accum_type=torch.float16
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(KEEP_WORKING))
+def test_scaling_clipping_and_half_state_with_half_weights(name):
+    torch.manual_seed(0)
+    model, x = _Model().half(), _data()
+    eager = copy.deepcopy(model)
+    ipu = poptorch.trainingModel(model, optimizer=KEEP_WORKING[name](model.parameters()))
+    eager_opt = KEEP_WORKING[name](eager.parameters())
+    for _ in range(3):
+        ipu(x)
+        eager_opt.zero_grad()
+        eager(x).backward()
+        if "clipped" in name:
+            torch.nn.utils.clip_grad_norm_(eager.parameters(), 0.01)
+        eager_opt.step()
+    assert torch.isfinite(model.lin.weight).all()
+    assert torch.equal(model.lin.weight, eager.lin.weight)
+    assert torch.equal(model.lin.bias, eager.lin.bias)
+
+
 def _adamw64(p, g, lr=0.01, wd=0.1, betas=(0.9, 0.999), eps=1e-8):
     """One AdamW step from zero state in float64."""
     p, g = p.double(), g.double()
