@@ -96,11 +96,37 @@ def _adamw64(p, g, lr=0.01, wd=0.1, betas=(0.9, 0.999), eps=1e-8):
     return p * (1 - lr * wd) - lr * (m / (1 - betas[0])) / denom
 
 
+def _adam64(p, g):
+    return _adamw64(p, g, wd=0.0)
+
+
 def _sgd64(p, g, lr=0.01):
     return p.double() - lr * g.double()
 
 
-@pytest.mark.parametrize("name, ref", [("adamw", _adamw64), ("sgd", _sgd64)])
+def _rmsprop64(p, g, lr=0.01, alpha=0.99, eps=1e-8):
+    g = g.double()
+    return p.double() - lr * g / (((1 - alpha) * g * g).sqrt() + eps)
+
+
+def _lamb64(p, g, lr=0.01, wd=1e-2, eps=1e-8):
+    """One step of PopTorch's LAMB from zero state (bias corrected, max_weight_norm 65500)."""
+    p, g = p.double(), g.double()
+    upd = g / (g.abs() + eps) + wd * p  # m / bc1 = g, sqrt(v) / bc2_sqrt = |g|
+    trust = p.norm().clamp(max=65500.0) / upd.norm()
+    return p - lr * trust * upd
+
+
+@pytest.mark.parametrize(
+    "name, ref",
+    [
+        ("adamw", _adamw64),
+        ("adam", _adam64),
+        ("sgd", _sgd64),
+        ("rmsprop", _rmsprop64),
+        ("lamb", _lamb64),
+    ],
+)
 def test_the_eager_step_is_the_float64_rule_rounded_once(name, ref):
     torch.manual_seed(1)
     p = nn.Parameter(torch.randn(64).half())
