@@ -153,6 +153,9 @@ def test_accumulators_are_float32_unless_given_float16():
         assert state["exp_avg"].dtype == torch.float16
         assert state["exp_avg_sq"].dtype == torch.float32
     assert torch.equal(model.lin.weight, eager.lin.weight)
+    ipu_state = opt.state_dict()["ipu_state"]  # PopART's names: Accl1 / Accl2 the moments
+    assert ipu_state["Accl1___lin.weight"].dtype == torch.float16
+    assert ipu_state["Accl2___lin.weight"].dtype == torch.float32
 
 
 def test_sgd_velocity_is_float32_for_half_weights():
