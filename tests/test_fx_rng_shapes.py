@@ -135,3 +135,28 @@ def test_ipu_stream_draws_what_the_unphased_program_draws(shape, rand):
 @pytest.mark.parametrize("phased", [False, "blocks"])
 def test_torch_stream_stays_eagers_bit_for_bit(rand, phased):
     assert torch.equal(_train(rand, "torch", phased)[0], _eager(rand))
+
+
+def _auto_model() -> nn.Module:
+    """tests/test_fx_memory_auto.py's model (too big for "ipu_model" as given) with dropout."""
+    torch.manual_seed(0)
+    blocks = [nn.Sequential(nn.Linear(192, 192), nn.GELU(), nn.Dropout(0.1)) for _ in range(8)]
+    return nn.Sequential(nn.Linear(64, 192), *blocks, nn.Linear(192, 10)).train()
+
+
+def _auto_losses(**options) -> tuple:
+    model = _auto_model()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    trainer = popxl_fx.training_model(
+        model, opt, nn.CrossEntropyLoss(), popxl_fx.Options(rng="ipu", **options)
+    )
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(8, 64, generator=g), torch.randint(0, 10, (8,), generator=g)
+    losses = torch.stack([trainer(x, y) for _ in range(2)])
+    return trainer.options.phased_execution, losses  # (memory="auto" chooses at the first call)
+
+
+def test_memory_auto_choosing_phases_keeps_the_ipu_stream():
+    phased, losses = _auto_losses(device="ipu_model", memory="auto")
+    assert phased == "blocks"
+    assert torch.equal(losses, _auto_losses(device="cpu")[1])
