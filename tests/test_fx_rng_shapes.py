@@ -160,3 +160,28 @@ def test_memory_auto_choosing_phases_keeps_the_ipu_stream():
     phased, losses = _auto_losses(device="ipu_model", memory="auto")
     assert phased == "blocks"
     assert torch.equal(losses, _auto_losses(device="cpu")[1])
+
+
+def _twice(rand: bool, replicas: int, phased) -> tuple:
+    """Trained on each batch's first half, repeated once per replica (each replica's share
+    is that half)."""
+    model = _model(rand)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    options = popxl_fx.Options(
+        device="cpu", rng="ipu", phased_execution=phased, replication_factor=replicas
+    )
+    trainer = popxl_fx.training_model(model, opt, nn.MSELoss(), options)
+    half = [
+        (x[: BATCH // 2].repeat(replicas, 1), y[: BATCH // 2].repeat(replicas, 1))
+        for x, y in _data()
+    ]
+    losses = torch.stack([trainer(x, y) for x, y in half])
+    return losses, {k: v.clone() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("phased", [False, "blocks"])
+def test_replicas_share_one_seed(phased):
+    """PopXL's rule, not eager's: the seed variable is one value broadcast to the replicas,
+    so replicas fed the same rows draw the same masks, and the replicated step equals one
+    replica's step on those rows."""
+    assert _same(_twice(True, 2, phased), _twice(True, 1, False))
