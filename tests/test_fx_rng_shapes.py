@@ -7,8 +7,8 @@ once per forward. Phasing only cuts the program into graphs, so a phased step dr
 same step unphased draws, bit for bit. What the reference is, per shape:
 
 - plain and device_iterations: the plain rng="ipu" program, called once per batch;
-- gradient_accumulation: the unphased accumulating program. Each micro-batch's forward draws
-  masks of the micro-batch's shape (PopXL draws per call), so not the plain step's masks;
+- gradient_accumulation, batch_serialisation: the unphased looping program. Each slice's
+  forward draws masks of the slice's shape (PopXL draws per call), not the plain step's;
 - replication: the unphased replicated program. Every replica holds the same seed (a
   variable is one value broadcast to the replicas), and each draws for its share of the batch.
 
@@ -110,6 +110,7 @@ def _same(a: tuple, b: tuple) -> bool:
 
 REPLICAS = {"replication_factor": 2}
 ACCUM = {"gradient_accumulation": 2}
+SERIAL_RTS = {"batch_serialisation": 2, **REPLICAS, "replicated_tensor_sharding": True}
 # (the shape's options, the options of the unphased reference)
 SHAPES = {
     "plain": ({}, {}),
@@ -119,6 +120,7 @@ SHAPES = {
     "phased_children": ({"phased": "children"}, {}),
     "phased_accumulation": ({"phased": "blocks", **ACCUM}, ACCUM),
     "phased_replication": ({"phased": "blocks", **REPLICAS}, REPLICAS),
+    "phased_serialised_rts": ({"phased": "blocks", **SERIAL_RTS}, SERIAL_RTS),
 }
 
 
