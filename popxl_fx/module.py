@@ -116,6 +116,9 @@ class Module(Outputs, addons.Module):
     # torch's grad mode around eager's forward (the pipeline sets it per build): under
     # no_grad only leaves require grad (`requires_grad`)
     grad_enabled = True
+    # seeds split off the seed variable by the last build: how far one forward advances it
+    # (a phased step's slices start that far apart, `phased_seed`)
+    draws = 0
 
     def __init__(
         self,
@@ -218,7 +221,7 @@ class Module(Outputs, addons.Module):
         if issues:
             raise UnsupportedError(type(self.torch_module).__name__, issues)
         popxl.gcg().ir.numerics = self.numerics  # "torch": eager PyTorch's kernels
-        self._vars, self._seed, self.working_copies = {}, [], {}
+        self._vars, self._seed, self.working_copies, self.draws = {}, [], {}, 0
         traced = named_tensors(self.torch_module)
         self._canonical = {id(t): n for n, (_, t) in traced.items()}
         self._kinds = {n: kind for n, (kind, _) in traced.items()}
@@ -366,6 +369,7 @@ class Module(Outputs, addons.Module):
             )
             self._seed = [var, var]
         fresh, self._seed[1] = ops.split_random_seed(self._seed[1], 2)
+        self.draws += 1
         return fresh
 
     def _advance_seed(self) -> None:
