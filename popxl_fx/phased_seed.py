@@ -62,6 +62,7 @@ class SeedStream:
     def finish(self) -> None:
         """The variable ends where the last slice's forward left the stream."""
         if len(self.seeds) > 1:
+            assert self.var is not None  # seeds are made only from the variable
             ops.var_updates.copy_var_update_(self.var, self.seeds[-1])
 
 
