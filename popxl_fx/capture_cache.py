@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 from .example_values import forget_examples
 
-__all__ = ["SharedCaptures", "shared_or_made"]
+__all__ = ["SharedCaptures", "shared_or_made", "unshared"]
 
 T = TypeVar("T")
 
@@ -67,3 +67,8 @@ class SharedCaptures:
 def shared_or_made(shared: SharedCaptures | None, key: tuple, owner: object, make: Callable):
     """``make()``, or the shared value for ``owner`` and ``key`` when ``shared`` is given."""
     return make() if shared is None else shared.get(key, owner, make)
+
+
+def unshared(shared: SharedCaptures | None, items: Iterable[Any]) -> list[Any]:
+    """``items`` less those ``shared`` holds: what a build may forget itself."""
+    return list(items) if shared is None else shared.unshared(items)

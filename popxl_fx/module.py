@@ -35,7 +35,7 @@ from popxl_core import ops
 from . import fallback
 from .calls import POSITIONAL, Binding
 from .capture import Captured, capture
-from .capture_cache import SharedCaptures, shared_or_made
+from .capture_cache import SharedCaptures, shared_or_made, unshared
 from .capture_effects import WARN_KINDS
 from .errors import Issue, UnsupportedError
 from .example_values import forget_examples
@@ -182,9 +182,8 @@ class Module(Outputs, addons.Module):
 
     def forget_examples(self) -> None:
         """Once built: the captures' example tensors become meta tensors (`example_values`)."""
-        held = list(self._captures.values())  # the shared ones are their owner's to forget
-        held = held if self.shared is None else self.shared.unshared(held)
-        forget_examples(*held, *self._plans.values())
+        # the shared captures are their owner's to forget (`capture_cache`)
+        forget_examples(*unshared(self.shared, self._captures.values()), *self._plans.values())
 
     def outline_plan(self, *example_inputs: Any) -> OutlinePlan | None:
         """Which call sites outline for these inputs (None without ``outline``); planned on

@@ -63,7 +63,7 @@ from popxl_core.sim.plan import build_plan
 
 from . import lowerings, replication  # noqa: F401  (lowerings fills the lowering table)
 from .calls import POSITIONAL, Binding
-from .capture_cache import SharedCaptures
+from .capture_cache import SharedCaptures, unshared
 from .example_values import forget_examples
 from .lower_stage import Lowered, accumulating_backward, backward, lower
 from .options import Options
@@ -186,8 +186,8 @@ class Build:
         """The Session of the built Ir, attached (the weights live on the device between
         calls); its plan is the `session` stage's record. A ``plan_only`` build plans the
         Ir on the options' target (never fatal), keeps it in ``plan`` and returns None."""
-        held = self.captures if self.shared is None else self.shared.unshared(self.captures)
-        forget_examples(*held)  # the graphs are built: no activations kept
+        # the graphs are built: no activations kept (the shared ones: by their owner)
+        forget_examples(*unshared(self.shared, self.captures))
         if self.plan_only:
             self.plan = build_plan(self.ir, _no_oom(self.options), observe=False)
             return None

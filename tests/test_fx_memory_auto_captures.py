@@ -42,11 +42,14 @@ def _traced(model) -> object:
 def traces(monkeypatch) -> collections.Counter:
     """Every whole-model or piece capture and every phased split, by what it traces."""
     seen: collections.Counter = collections.Counter()
+    seen.made = made = []  # type: ignore[attr-defined]  (the captures, in order)
     capture, split = popxl_fx.module.capture, popxl_fx.phased.split_pieces
 
     def counted_capture(model, examples, *args):
         seen["capture", _traced(model), _shapes(examples)] += 1
-        return capture(model, examples, *args)
+        captured = capture(model, examples, *args)
+        made.append(captured)
+        return captured
 
     def counted_split(root, examples, paths, *args):
         seen["split", id(root), _shapes(examples), tuple(paths)] += 1
@@ -74,6 +77,14 @@ def test_auto_traces_each_model_split_and_piece_once_per_signature(traces):
     twice = {key: n for key, n in traces.items() if n > 1}
     assert not twice, f"traced more than once: {[(k[0], k[2], n) for k, n in twice.items()]}"
     assert sum(traces.values()) == 18  # 26 before the builds shared their captures
+
+
+def test_the_shared_captures_keep_no_example_values_once_built(traces):
+    trainer, batch = _auto_trainer()
+    trainer.build(*batch)
+    # the what-if builds left the shared captures' values real; the chosen build's end forgot
+    examples = [x for captured in traces.made for x in captured.example_inputs]
+    assert examples and all(x.is_meta for x in examples if isinstance(x, torch.Tensor))
 
 
 def test_shared_captures_make_once_per_owner_and_key_and_forget_their_examples():
