@@ -251,12 +251,13 @@ class Trainer(ProgramView):
         sig: tuple,
         inputs: tuple,
         options: Options,
-        binding: Binding,
-        shared: SharedCaptures,
-        root,
+        binding: Binding = POSITIONAL,
+        shared: SharedCaptures | None = None,
+        root: nn.Module | None = None,
     ) -> Planned:
         """Plan the training program under ``options`` without copying weights or making a
-        Session (`auto.choose`'s candidates)."""
+        Session (`auto.choose`'s candidates, sharing ``shared``'s captures of ``root``)."""
+        root = self._root(inputs, binding) if root is None else root
         build = self._new_build(options, binding, plan_only=True, shared=shared)
         build_training(build, sig, self._request(inputs, options, binding, root))
         peak = max(m.total for m in build.plan.memory.values())
