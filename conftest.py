@@ -19,8 +19,7 @@ os.environ["OMP_NUM_THREADS"] = str(THREADS)
 
 def _runs_tests(config) -> bool:
     """False in pytest-xdist's controller (setup.cfg -n 2), which only hands tests to the
-    workers: it imports neither torch nor the product, and the workers need not wait for that
-    (~2 s) before they start."""
+    workers and runs none (it imports the product only for the workers' warnings)."""
     return hasattr(config, "workerinput") or not config.getoption("numprocesses", None)
 
 
@@ -38,6 +37,19 @@ def pytest_configure(config):
 
         torch.set_num_threads(THREADS)
         gc.set_threshold(*GC_THRESHOLD)
+    else:
+        _import_warning_modules()
+
+
+def _import_warning_modules() -> None:
+    """The xdist controller rebuilds a worker's warning by importing its category's module,
+    in the thread that reads that worker. Two such threads first importing popxl_core's
+    modules at once (say `sim.checks` and `ir`, each taking its own module's import lock and
+    then the package's) deadlocked: "deadlock detected by _ModuleLock", the worker lost and
+    the run ended in an INTERNALERROR. Imported here once, before any worker starts, those
+    imports find the modules loaded (~2 s of the controller's start)."""
+    import popxl_core  # noqa: F401
+    import popxl_fx  # noqa: F401
 
 
 def pytest_collection_finish(session):

@@ -119,6 +119,9 @@ class Module(Outputs, addons.Module):
     grad_enabled = True
     # the captures this module shares with other builds (`capture_cache`), when it does
     shared: SharedCaptures | None = None
+    # seeds split off the seed variable by the last build: how far one forward advances it
+    # (a phased step's slices start that far apart, `phased_seed`)
+    draws = 0
 
     def __init__(
         self,
@@ -223,7 +226,7 @@ class Module(Outputs, addons.Module):
         if issues:
             raise UnsupportedError(type(self.torch_module).__name__, issues)
         popxl.gcg().ir.numerics = self.numerics  # "torch": eager PyTorch's kernels
-        self._vars, self._seed, self.working_copies = {}, [], {}
+        self._vars, self._seed, self.working_copies, self.draws = {}, [], {}, 0
         traced = named_tensors(self.torch_module)
         self._canonical = {id(t): n for n, (_, t) in traced.items()}
         self._kinds = {n: kind for n, (kind, _) in traced.items()}
@@ -371,6 +374,7 @@ class Module(Outputs, addons.Module):
             )
             self._seed = [var, var]
         fresh, self._seed[1] = ops.split_random_seed(self._seed[1], 2)
+        self.draws += 1
         return fresh
 
     def _advance_seed(self) -> None:

@@ -197,7 +197,9 @@ class OptimizerProgram:
             fused.build(g.streams, names, targets, grads, pg)
         else:
             loaded = self._hyper_loaded.setdefault(g.index, {})
-            hyper = lambda n: self._hyper(g, params[n].dtype, loaded)
+            # a PopTorch group's float16 weights update in float32 (`optim_storage`)
+            dtype = lambda n: optim_storage.compute_dtype(pg, params[n].dtype)
+            hyper = lambda n: self._hyper(g, dtype(n), loaded)
             blocks = self.blocks if self.remote is None else []  # phased: a graph per phase
             for block, chunk in block_chunks(names, blocks):
                 if block:  # one update graph per block shape, called per block
@@ -271,7 +273,7 @@ class OptimizerProgram:
         tensors made by ``state(name, key, like, dtype=None)`` (`_state_var`, or an outlined
         update graph's inputs)."""
         update = {"sgd": self._sgd, "adam": self._adam}.get(self.kind, self._lowered)
-        stored = optim_storage.with_storage(self.kind, update)  # float16 state, if asked
+        stored = optim_storage.with_storage(self.kind, update)  # PopTorch's accum dtypes
         return lambda *args: stored(*args, state=state)
 
     def _sgd(self, name: str, p, grad, hp, pg, state: Callable) -> None:

@@ -49,6 +49,7 @@ from .module import signature
 from .optim_groups import state_slots
 from .optim_remote import RemoteState
 from .phase_report import PhaseSteps
+from .phased_seed import SeedStream
 from .phased_slices import Slices, SliceStore
 from .phases import Piece, check_phase_sizes, phase_paths, split_pieces
 from .pipeline import Build
@@ -56,6 +57,7 @@ from .program import Weights, store
 from .refusals import refuse
 from .replication import replica_examples, replication_of, split_replicas
 from .step_parts import load_step_inputs, training_contexts, update_parameters
+from .variable_data import SEED_NAME
 
 __all__ = ["PhasedShape"]
 
@@ -147,6 +149,7 @@ def _lower_and_schedule(build: Build, req: Any, contexts, gm, pieces, names) -> 
     loss_node = leaves[loss_index(out_spec, len(leaves), req.model)]
     shards = opts.replication_factor if opts.replicated_tensor_sharding else 1
     lowered = [_lower_piece(p, names, contexts, shards, build) for p in pieces]
+    seed = SeedStream.shared(lowered)  # one stream through every piece
     build.record("lower", _lower_detail(lowered))
     _plan_gradients(lowered, loss_node)
     for lp in lowered:
@@ -156,7 +159,9 @@ def _lower_and_schedule(build: Build, req: Any, contexts, gm, pieces, names) -> 
         build.record("accumulation", _slices_detail(slices))
     steps = [PhaseSteps(lp.piece.label, lp.piece.phase) for lp in lowered]
     kept = SliceStore(slices.count)
-    fwd_calls = _forwards(build, lowered, steps, envs, kept)
+    seed.start(slices.count)
+    fwd_calls = _forwards(build, lowered, steps, envs, kept, seed)
+    seed.finish()
     loss = slices.loss([kept.fetch(env[loss_node]) for env in envs])
     check_scalar_loss(loss, req.model, req.has_loss_fn)
     build.planned = True
@@ -164,13 +169,14 @@ def _lower_and_schedule(build: Build, req: Any, contexts, gm, pieces, names) -> 
     return ins, lowered, steps, {"loss": store(loss, "loss")}
 
 
-def _forwards(build: Build, lowered: list, steps: list, envs: list, kept: SliceStore) -> list:
-    """Every piece's forward in phase order; each phase's ops kept for the report."""
+def _forwards(build: Build, lowered: list, steps: list, envs: list, kept, seed) -> list:
+    """Every piece's forward in phase order, drawing from ``seed`` (`SeedStream`); each
+    phase's ops kept for the report."""
     main = build.ir.main_graph
     fwd_calls = []
     for i, (lp, st) in enumerate(zip(lowered, steps)):
         n = len(main.ops)
-        fwd_calls.append(_forward(lp, i, envs, kept))
+        fwd_calls.append(_forward(lp, i, envs, kept, seed))
         st.forward = list(main.ops[n:])  # the report's per-phase rows
     return fwd_calls
 
@@ -223,7 +229,7 @@ def _lower_piece(piece: Piece, names: dict, contexts, shards: int, build: Build)
     local = {
         k: f.create_tensor(k if k in names else f"{piece.label}.{k}")
         for k, f in factories.items()
-        if k not in remote
+        if k not in remote and k != SEED_NAME  # one seed for all pieces: `SeedStream`
     }
     lp = _Lowered(piece, graphs, remote, local)
     if remote:
@@ -299,13 +305,18 @@ def _whole(loaded: dict[str, popxl.Tensor]) -> dict[str, popxl.Tensor]:
     }
 
 
-def _forward(lp: _Lowered, i: int, envs: list[dict], kept: SliceStore) -> tuple:
-    """Load the piece's parameters once and call its forward on every slice; its outputs
-    join each slice's env. Returns the loaded parameters and, per slice, the call's info,
-    its inputs and what its backward reads (`_call_slice`)."""
+def _forward(lp: _Lowered, i: int, envs: list[dict], kept: SliceStore, seed) -> tuple:
+    """Load the piece's parameters once and call its forward on every slice, each slice's
+    draws from its own seed (``seed``'s); its outputs join each slice's env. Returns the
+    loaded parameters and, per slice, the call's info, its inputs and what its backward
+    reads (`_call_slice`)."""
     loaded = _whole(_load(lp))
-    graph = lp.forward.bind(addons.NamedTensors.from_dict({**lp.local, **loaded}))
-    return loaded, [_call_slice(lp, graph, f"p{i}", j, env, kept) for j, env in enumerate(envs)]
+    calls = []
+    for j, env in enumerate(envs):
+        drawn = seed.bound(j) if SEED_NAME in lp.local else {}
+        named = addons.NamedTensors.from_dict({**lp.local, **loaded, **drawn})
+        calls.append(_call_slice(lp, lp.forward.bind(named), f"p{i}", j, env, kept))
+    return loaded, calls
 
 
 def _call_slice(lp: _Lowered, graph, role: str, j: int, env: dict, kept: SliceStore) -> tuple:

@@ -15,6 +15,8 @@ import torch
 
 from .. import optim_lamb, optim_rmsprop
 from ..optim_groups import adam_hyper
+from ..optim_storage import DTYPE_KEYS
+from .optim_half import ipu_step
 
 __all__ = ["LAMB", "SGD", "Adam", "AdamW", "Optimizer", "RMSprop", "VariableAttributes"]
 
@@ -51,11 +53,13 @@ class Optimizer:
     """What PopTorch's optimizers share: their IPU arguments and variable attributes."""
 
     _ipu_defaults: dict = {}
+    _kind = ""  # `popxl_fx.optim_storage`'s optimizer kind (its state keys' dtypes)
 
     def _ipu_init(self, given: dict, variable: list[str]) -> None:
         """The IPU arguments ``given`` (None: PopTorch's default) into defaults and groups;
         ``variable``: the arguments given explicitly (PopTorch's variable attributes)."""
         ipu = {k: (v if given.get(k) is None else given[k]) for k, v in self._ipu_defaults.items()}
+        _check_accum_types(ipu)
         for key, value in ipu.items():
             self.defaults[key] = value
             for group in self.param_groups:
@@ -125,9 +129,27 @@ class Optimizer:
             return
         super().__setattr__(name, value)
 
+    @torch.no_grad()
+    def step(self, closure=None):
+        """The torch step with PopTorch's accumulator dtypes: float16 weights updated in
+        float32, the state in its ``*_accum_type`` (`optim_half`)."""
+        return ipu_step(self, self._plain_step, closure)
+
+    def _plain_step(self, closure=None):
+        return super(Optimizer, self).step(closure)  # the torch optimizer's (next in the MRO)
+
     def ipu(self, key: str):
         """An IPU argument's value (the defaults'; per group in ``param_groups``)."""
         return self.defaults[key]
+
+
+def _check_accum_types(ipu: dict) -> None:
+    """PopTorch asserts that the accumulators are float32 or float16."""
+    for key in ("accum_type", *DTYPE_KEYS):
+        if key in ipu and ipu[key] not in (torch.float16, torch.float32):
+            raise AssertionError(
+                f"{key}={ipu[key]}: accumulation types must be torch.float32 or torch.float16."
+            )
 
 
 def _torch_kwargs(**kwargs) -> dict:
@@ -167,6 +189,7 @@ class SGD(Optimizer, torch.optim.SGD):
     """``poptorch.optim.SGD``: torch's SGD plus loss_scaling, velocity_scaling,
     use_combined_accum, accum_type, velocity_accum_type and max_grad_norm."""
 
+    _kind = "sgd"
     _ipu_defaults = {
         "loss_scaling": 1.0,
         "velocity_scaling": 1.0,
@@ -210,6 +233,7 @@ class Adam(Optimizer, torch.optim.Adam):
     """``poptorch.optim.Adam``: torch's Adam plus loss_scaling, the accumulators' dtypes and
     max_grad_norm."""
 
+    _kind = "adam"
     _ipu_defaults = dict(_ADAM_IPU)
 
     def __init__(
@@ -238,6 +262,7 @@ class AdamW(Optimizer, torch.optim.AdamW):
     """``poptorch.optim.AdamW``: torch's AdamW plus bias_correction, loss_scaling, the
     accumulators' dtypes and max_grad_norm."""
 
+    _kind = "adam"
     _ipu_defaults = {**_ADAM_IPU, "bias_correction": True}
 
     def __init__(
@@ -262,8 +287,7 @@ class AdamW(Optimizer, torch.optim.AdamW):
     ) -> None:
         self._init_from(torch.optim.AdamW, locals())
 
-    @torch.no_grad()
-    def step(self, closure=None):
+    def _plain_step(self, closure=None):
         """torch's step; without bias correction, the same arithmetic with the moments
         uncorrected (what the training program computes)."""
         if all(g["bias_correction"] for g in self.param_groups):
@@ -281,6 +305,7 @@ class RMSprop(Optimizer, torch.optim.RMSprop):
     dtypes and use_tf_variant. Its eager step is torch's; a training executor refuses it
     (`optim_map`)."""
 
+    _kind = "rmsprop"
     _ipu_defaults = {**_ADAM_IPU, "use_tf_variant": False}
     del _ipu_defaults["max_grad_norm"]
 
@@ -304,8 +329,7 @@ class RMSprop(Optimizer, torch.optim.RMSprop):
     ) -> None:
         self._init_from(torch.optim.RMSprop, locals())
 
-    @torch.no_grad()
-    def step(self, closure=None):
+    def _plain_step(self, closure=None):
         """torch's step; a group with ``use_tf_variant`` takes TensorFlow's
         (`popxl_fx.optim_rmsprop.tf_step`, what the training program computes)."""
         tf = [g for g in self.param_groups if g["use_tf_variant"]]
@@ -329,6 +353,7 @@ class LAMB(Optimizer, optim_lamb.LAMB):
     """``poptorch.optim.LAMB``: `popxl_fx.optim_lamb.LAMB` (its eager step and the simulated
     update agree bit for bit) plus loss_scaling and the accumulators' dtypes."""
 
+    _kind = "lamb"
     _ipu_defaults = dict(_ADAM_IPU)
     del _ipu_defaults["max_grad_norm"]
     _more_globals = ("bias_correction",)
