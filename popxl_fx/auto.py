@@ -9,7 +9,9 @@ gradient accumulation (each phase then holds one micro-batch's activations) -- e
 build on weightless variables (broadcast zeros: no weight copies, no host memory for them) that
 stops at the simulator's plan, and keeps the candidate that fits with the lowest estimated step
 time. When none fits, `NoPlanFitsError` gives the best plan's
-shortfall and every candidate's peak.
+shortfall and every candidate's peak. The what-if builds and the chosen one share their
+captures (the trainer's `capture_cache.SharedCaptures`): a candidate traces only what no
+earlier build traced (another micro-batch, another split into phases).
 """
 
 from __future__ import annotations

@@ -107,6 +107,7 @@ def _lowered(
     recompute = opts.recompute and differentiated
     binding = build.binding if binding is None else binding
     fxm = _module(opts, root, build.prefix, recompute, build.weightless, binding)
+    fxm.shared = build.shared  # the captures of the other builds of this signature
     if opts.precision == "float16":
         examples = half_inputs(examples)
     fxm.grad_enabled = build.grad_enabled

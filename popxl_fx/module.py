@@ -35,6 +35,7 @@ from popxl_core import ops
 from . import fallback
 from .calls import POSITIONAL, Binding
 from .capture import Captured, capture
+from .capture_cache import SharedCaptures, shared_or_made, unshared
 from .capture_effects import WARN_KINDS
 from .errors import Issue, UnsupportedError
 from .example_values import forget_examples
@@ -116,6 +117,8 @@ class Module(Outputs, addons.Module):
     # torch's grad mode around eager's forward (the pipeline sets it per build): under
     # no_grad only leaves require grad (`requires_grad`)
     grad_enabled = True
+    # the captures this module shares with other builds (`capture_cache`), when it does
+    shared: SharedCaptures | None = None
     # seeds split off the seed variable by the last build: how far one forward advances it
     # (a phased step's slices start that far apart, `phased_seed`)
     draws = 0
@@ -167,7 +170,8 @@ class Module(Outputs, addons.Module):
         key = signature(self.torch_module, example_inputs), self.binding.key()
         if key not in self._captures:
             examples = tuple(_example(x) for x in example_inputs)
-            self._captures[key] = capture(self.torch_module, examples, self.binding)
+            make = lambda: capture(self.torch_module, examples, self.binding)
+            self._captures[key] = shared_or_made(self.shared, key, self.torch_module, make)
         return self._captures[key]
 
     def issues(self, *example_inputs: Any) -> list[Issue]:
@@ -181,7 +185,8 @@ class Module(Outputs, addons.Module):
 
     def forget_examples(self) -> None:
         """Once built: the captures' example tensors become meta tensors (`example_values`)."""
-        forget_examples(*self._captures.values(), *self._plans.values())
+        # the shared captures are their owner's to forget (`capture_cache`)
+        forget_examples(*unshared(self.shared, self._captures.values()), *self._plans.values())
 
     def outline_plan(self, *example_inputs: Any) -> OutlinePlan | None:
         """Which call sites outline for these inputs (None without ``outline``); planned on

@@ -45,6 +45,7 @@ from popxl_core.sim.machine import machine_for
 from .built import BuiltStep, Extras, StepShape
 from .loss import check_scalar_loss, loss_index
 from .lower_stage import Lowered, entered, gradient_graph, lower_piece
+from .module import signature
 from .optim_groups import state_slots
 from .optim_remote import RemoteState
 from .phase_report import PhaseSteps
@@ -119,11 +120,22 @@ def _capture_pieces(build: Build, req: Any) -> tuple:
     assert not isinstance(spec, bool)  # phased: a kind or module names (`Options` checked)
     with entered(contexts):
         paths = phase_paths(req.root, spec, examples, build.prefix)
-        gm, pieces = split_pieces(req.root, examples, paths, build.prefix, build.binding)
+        gm, pieces = _split(build, req.root, examples, paths)
     _check_sizes(build, req, pieces)
     build.captures += [gm, *(p.gm for p in pieces)]
     build.record("capture", f"torch.fx graph of {len(gm.graph.nodes)} nodes, {len(pieces)} pieces")
     return contexts, gm, pieces
+
+
+def _split(build: Build, root: Any, examples: tuple, paths: list[str]) -> tuple:
+    """`split_pieces`, made once per key for the builds sharing captures (`capture_cache`):
+    the same pieces then hit the same piece captures."""
+    make = lambda: split_pieces(root, examples, paths, build.prefix, build.binding)
+    if build.shared is None:
+        return make()
+    key = tuple(paths), signature(root, examples), build.prefix, build.binding.key()
+    parts = lambda split: (split[0], *(p.gm for p in split[1]))
+    return build.shared.get(key, root, make, parts)
 
 
 def _lower_and_schedule(build: Build, req: Any, contexts, gm, pieces, names) -> tuple:

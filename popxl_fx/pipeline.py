@@ -63,6 +63,7 @@ from popxl_core.sim.plan import build_plan
 
 from . import lowerings, replication  # noqa: F401  (lowerings fills the lowering table)
 from .calls import POSITIONAL, Binding
+from .capture_cache import SharedCaptures, unshared
 from .example_values import forget_examples
 from .lower_stage import Lowered, accumulating_backward, backward, lower
 from .options import Options
@@ -149,6 +150,9 @@ class Build:
         # what holds the capture's example values (the lowered `Module`s, phased pieces):
         # only the build reads them, so they become meta tensors before the Session is made
         self.captures: list[Any] = []
+        # captures shared with the other builds of one signature (memory="auto"'s what-if
+        # builds and the chosen one, `capture_cache`): their owner forgets them, not the build
+        self.shared: SharedCaptures | None = None
 
     def record(
         self, name: str, detail: str, new_graphs: Iterable[Any] = (), plan: Any = None
@@ -182,7 +186,8 @@ class Build:
         """The Session of the built Ir, attached (the weights live on the device between
         calls); its plan is the `session` stage's record. A ``plan_only`` build plans the
         Ir on the options' target (never fatal), keeps it in ``plan`` and returns None."""
-        forget_examples(*self.captures)  # the graphs are built: no activations kept
+        # the graphs are built: no activations kept (the shared ones: by their owner)
+        forget_examples(*unshared(self.shared, self.captures))
         if self.plan_only:
             self.plan = build_plan(self.ir, _no_oom(self.options), observe=False)
             return None

@@ -21,6 +21,7 @@ from popxl_core.ops import RuntimeCheckError
 
 from .auto import Choice, Planned, choose
 from .calls import POSITIONAL, Binding, bind
+from .capture_cache import SharedCaptures
 from .checks import check_no_autocast, check_step_arity
 from .guards import raise_model_error
 from .loss import PREFIX, user_terms, with_loss
@@ -196,31 +197,44 @@ class Trainer(ProgramView):
         n_keywords = len(binding.keywords)
         check_step_arity(self._model, inputs, self.loss_fn, n_keywords)
         notes = []
+        root = self._root(inputs, binding)  # one traced root: the builds share its captures
+        shared = None
         if self.choice is None and self.given.memory == "auto":  # chosen once
-            self.choice = self._choose(sig, inputs, binding)
+            shared = SharedCaptures()  # every what-if build and the chosen one capture once
+            self.choice = self._choose(sig, inputs, binding, shared, root)
             notes.append(self.choice.text)
         # weightless: `SharedState.attach` shares or writes every parameter and buffer
-        build = self._new_build(self.options, binding, weightless=True)
+        build = self._new_build(self.options, binding, weightless=True, shared=shared)
         build.notes += notes
-        prog = build_training(build, sig, self._request(inputs, self.options, binding))
+        prog = build_training(build, sig, self._request(inputs, self.options, binding, root))
+        if shared is not None:  # built: the shared captures' example values are not needed
+            shared.forget()
         assert prog.session is not None  # (not a plan-only build)
         prog.extra.shared = SharedState(prog.session, prog.weights, prog.optim)
         return prog
 
-    def _choose(self, sig: tuple, inputs: tuple, binding: Binding) -> Choice:
-        """memory='auto''s choice of options for the program of ``sig`` (what-if plans)."""
-        plan = lambda options: self._what_if(sig, inputs, options, binding)
+    def _choose(
+        self, sig: tuple, inputs: tuple, binding: Binding, shared: SharedCaptures, root
+    ) -> Choice:
+        """memory='auto''s choice of options for the program of ``sig`` (what-if plans, all
+        of one traced ``root``, sharing their captures: `capture_cache`)."""
+        plan = lambda options: self._what_if(sig, inputs, options, binding, shared, root)
         batch = inputs[0].shape[self.given.device_iterations > 1] if inputs else None
         choice = choose(self._model, self.given, plan, batch)
         log.info("%s", choice.text)
         return choice
 
     def _new_build(
-        self, options: Options, binding: Binding, plan_only: bool = False, weightless: bool = False
+        self,
+        options: Options,
+        binding: Binding,
+        plan_only: bool = False,
+        weightless: bool = False,
+        shared: SharedCaptures | None = None,
     ) -> Build:
         # with a loss_fn the traced root is the loss wrapper: it binds the model's inputs
         root_binding = POSITIONAL if self.loss_fn is not None else binding
-        return Build(
+        build = Build(
             "training_model",
             self._model,
             options,
@@ -229,21 +243,39 @@ class Trainer(ProgramView):
             root_binding,
             weightless=weightless,
         )
+        build.shared = shared
+        return build
 
-    def _what_if(self, sig: tuple, inputs: tuple, options: Options, binding: Binding) -> Planned:
+    def _what_if(
+        self,
+        sig: tuple,
+        inputs: tuple,
+        options: Options,
+        binding: Binding = POSITIONAL,
+        shared: SharedCaptures | None = None,
+        root: nn.Module | None = None,
+    ) -> Planned:
         """Plan the training program under ``options`` without copying weights or making a
-        Session (`auto.choose`'s candidates)."""
-        build = self._new_build(options, binding, plan_only=True)
-        build_training(build, sig, self._request(inputs, options, binding))
+        Session (`auto.choose`'s candidates, sharing ``shared``'s captures of ``root``)."""
+        root = self._root(inputs, binding) if root is None else root
+        build = self._new_build(options, binding, plan_only=True, shared=shared)
+        build_training(build, sig, self._request(inputs, options, binding, root))
         peak = max(m.total for m in build.plan.memory.values())
         return Planned(options, peak, build.plan.cycles)
 
-    def _request(self, inputs: tuple, options: Options, binding: Binding) -> TrainingRequest:
+    def _root(self, inputs: tuple, binding: Binding) -> nn.Module:
+        """The traced root: the model, or with a loss_fn the loss wrapper that binds the
+        model's inputs and the target."""
+        if self.loss_fn is None:
+            return self._model
+        return with_loss(self._model, self.loss_fn, len(inputs) - 1, self._record, binding)
+
+    def _request(
+        self, inputs: tuple, options: Options, binding: Binding, root: nn.Module
+    ) -> TrainingRequest:
         has_loss_fn = self.loss_fn is not None
-        root = self._model
         names = [f"input{i}" for i in range(len(inputs))]
-        if self.loss_fn is not None:
-            root = with_loss(self._model, self.loss_fn, len(inputs) - 1, self._record, binding)
+        if has_loss_fn:
             names[-1] = "target"
         return TrainingRequest(
             model=self._model,
