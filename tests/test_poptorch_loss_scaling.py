@@ -38,21 +38,27 @@ def _half_model_and_input():
     return model, x
 
 
-def _train_once(loss_scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _train_once(loss_scaling: float, accumulation: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One step on ``accumulation`` micro-batches of the same row (their mean gradient is
+    the row's)."""
     model, x = _half_model_and_input()
     before = model.lin.weight.detach().clone()
+    opts = poptorch.Options()
+    opts.Training.gradientAccumulation(accumulation)
     opt = poptorch.optim.SGD(model.parameters(), lr=_LR, loss_scaling=loss_scaling)
-    poptorch.trainingModel(model, optimizer=opt)(x)
+    poptorch.trainingModel(model, opts, optimizer=opt)(x.repeat(accumulation, 1))
     return before, model.lin.weight.detach().clone()
 
 
-def test_half_model_gradients_underflow_without_loss_scaling():
-    before, after = _train_once(1.0)
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_half_model_gradients_underflow_without_loss_scaling(accumulation):
+    before, after = _train_once(1.0, accumulation)
     assert torch.equal(after, before)  # float16 gradients of 0: nothing moves
 
 
-def test_loss_scaling_keeps_half_gradients_from_underflowing():
-    before, after = _train_once(1024.0)
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_loss_scaling_keeps_half_gradients_from_underflowing(accumulation):
+    before, after = _train_once(1024.0, accumulation)
     assert after.dtype == torch.float16
     assert not torch.equal(after, before)
     # the rule in float64: w - lr * (S * g) / S with g = x * 2**-28 the true gradient
