@@ -116,3 +116,21 @@ def test_a_half_loss_scale_must_fit_float16():
     opt = poptorch.optim.SGD(model.parameters(), lr=0.1, loss_scaling=2.0**17)
     with pytest.raises(ValueError, match="larger than float16 can hold"):
         poptorch.trainingModel(model, optimizer=opt)(x)
+
+
+def _phased_params(**options) -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    opts = popxl_fx.Options(device="cpu", **options)
+    trainer = popxl_fx.training_model(model, opt, nn.functional.cross_entropy, opts)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(2):
+        trainer(torch.randn(4, 6, generator=g), torch.randint(0, 3, (4,), generator=g))
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_a_phased_step_seeds_the_loss_scale_it_divides_back():
+    want = _phased_params()  # the plain program, unscaled
+    got = _phased_params(phased_execution="children", loss_scaling=1024.0)
+    assert all(torch.equal(p, q) for p, q in zip(got, want))
