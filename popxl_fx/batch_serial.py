@@ -33,6 +33,7 @@ import popxl_core as popxl
 from popxl_core import ops
 
 from .options import Options
+from .precision import scaled_seed
 
 __all__ = ["SerialStep", "check_batch", "mean_in_order", "serialise_step"]
 
@@ -138,7 +139,7 @@ def _call_backward(
     the loss's dtype), on the variables, the accumulators and the working copies cast once
     here."""
     seed_in = _grad_seed_input(backward, bwd)
-    seed = popxl.constant(float(seed_value[0]), seed_value[1], "loss_grad")
+    seed = scaled_seed(*seed_value)
     casts = _casts(variables, copies, bwd.graph.args.keys_flat())
     bwd.graph.bind(_merged(variables, accumulators, casts)).call(0, args={seed_in: seed})
 

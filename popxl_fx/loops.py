@@ -25,6 +25,8 @@ import addons
 import popxl_core as popxl
 from popxl_core import ops
 
+from .precision import scaled_seed
+
 __all__ = ["check_batches", "lifted_graph", "micro_batch_loop", "repeat_step"]
 
 Local = Callable[[popxl.Tensor], popxl.Tensor]
@@ -96,7 +98,7 @@ def micro_batch_loop(
         else:
             site = fwd.bind(_named(variables, local)).call_with_info(*xs)
             outs, loss = site.outputs, site.outputs[loss_index]
-            seed = popxl.constant(float(loss_scale), loss.dtype, "loss_grad")
+            seed = scaled_seed(loss_scale, loss.dtype)
             bwd.bind(_named(accum, local)).call(seed, args=bwd.grad_graph_info.inputs_dict(site))
         step = popxl.constant(np.array([rows], np.uint32), popxl.uint32, "rows")
         return offset + step, loss_sum + loss, *_kept_next(rest, [outs[i] for i in keep])

@@ -92,9 +92,10 @@ class Options:
             traced in float16 (PopTorch ``model.half()``), its weights cast per step from
             float32 master variables, gradients accumulated and the optimizer (and its state)
             in float32 (`popxl_fx.precision`).
-        loss_scaling: static loss scale with ``precision="float16"``: the backward starts from
-            ``loss_scaling`` and the gradients are divided by it before the optimizer
-            (PopTorch ``opts.Training.setLossScaling``/``loss_scaling``).
+        loss_scaling: static loss scale: the backward starts from ``loss_scaling`` and the
+            gradients are divided by it in float32 before the optimizer (PopTorch's optimizers'
+            ``loss_scaling``, for every model: with ``precision="float16"`` or a
+            ``model.half()`` model the float16 gradients are computed scaled).
         phased_execution: keep each phase's parameters and optimizer state in Streaming
             Memory (remote buffers) and run the step phase by phase: load a phase's weights,
             run its forward; then, in reverse, reload them, run its backward and its optimizer

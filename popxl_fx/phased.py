@@ -53,6 +53,7 @@ from .phased_seed import SeedStream
 from .phased_slices import Slices, SliceStore
 from .phases import Piece, check_phase_sizes, phase_paths, split_pieces
 from .pipeline import Build
+from .precision import scaled_seed
 from .program import Weights, store
 from .refusals import refuse
 from .replication import replica_examples, replication_of, split_replicas
@@ -189,7 +190,8 @@ def _backwards(build: Build, req: Any, lowered, fwd_calls, steps, where, loss_no
     optimizer = req.optimizer
     optimizer.remote = RemoteState(replication_of(opts))
     dtype = loss_node.meta["example_value"].dtype
-    seed = popxl.constant(1.0, popxl.dtype.as_dtype(dtype), "loss_grad")
+    # the loss scale, as every step shape seeds it (`update_parameters` divides it back)
+    seed = scaled_seed(opts.loss_scaling, popxl.dtype.as_dtype(dtype))
     grads: list[dict] = [{loss_node: seed} for _ in envs]  # per slice
     for lp, calls, st in reversed(list(zip(lowered, fwd_calls, steps))):
         n = len(main.ops)

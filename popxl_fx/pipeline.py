@@ -243,21 +243,29 @@ def reduce_gradients(
 def master_gradients(
     build: Build, grads: dict[str, popxl.Tensor], record: bool = True
 ) -> dict[str, popxl.Tensor]:
-    """The gradients of the scaled loss, divided by ``loss_scaling`` (float32 master
-    gradients); records the "precision" stage when the program is float16 (and ``record``)."""
-    if build.options.precision != "float16":
+    """The gradients of the scaled loss, divided by ``loss_scaling`` in float32 (float32
+    master gradients; a float16 weight's are read into float32 first, as its update is, so
+    that what scaling kept from underflowing survives); records the "precision" stage when
+    the program is float16 or scales its loss (and ``record``)."""
+    opts = build.options
+    if opts.precision != "float16" and opts.loss_scaling == 1.0:
         return grads
     if record:
         record_precision(build)
-    return {n: unscale(g, build.options) for n, g in grads.items()}
+    return {n: unscale(g, opts) for n, g in grads.items()}
 
 
 def record_precision(build: Build) -> None:
-    """The "precision" stage of a float16 program."""
+    """The "precision" stage of a float16 program (or of a loss-scaled one)."""
+    opts = build.options
+    what = (
+        "float16 weights (cast from float32 masters) and activations; "
+        if opts.precision == "float16"
+        else "the model's own dtypes; "
+    )
     build.record(
         "precision",
-        f"float16 weights (cast from float32 masters) and activations; loss scaled by "
-        f"{build.options.loss_scaling:g}, gradients unscaled in float32",
+        f"{what}loss scaled by {opts.loss_scaling:g}, gradients unscaled in float32",
     )
 
 

@@ -13,7 +13,9 @@ The lowering (`pipeline.lower`; training_model and inference_model apply it):
 * floating inputs (and a floating target) are rounded to float16 on the host;
 * static loss scaling: the backward is seeded with ``S`` in float16 (the gradient of
   ``loss * S``), and the float32 gradients are divided by ``S`` before the optimizer, which
-  updates the float32 master weights and keeps its state in float32.
+  updates the float32 master weights and keeps its state in float32. ``loss_scaling`` applies
+  in float32 precision too (PopTorch scales every model's loss): a ``model.half()`` model's
+  float16 gradients are computed scaled and read into float32 before they are divided.
 
 Eager PyTorch doing the same by hand (`half_step_reference` in the tests) is::
 
@@ -45,6 +47,7 @@ __all__ = [
     "half_inputs",
     "loss_seed",
     "narrow_64bit",
+    "scaled_seed",
     "stream_values",
     "unscale",
 ]
@@ -88,22 +91,37 @@ def stream_values(options: Options, inputs: Sequence[object]) -> tuple:
 
 def check_loss_scale(options: Options) -> None:
     """A float16 program seeds its backward with the loss scale in float16: it must fit."""
-    scale = float(options.loss_scaling)
-    if options.precision == "float16" and scale > FLOAT16_MAX:
+    if options.precision == "float16":
+        _check_fits(float(options.loss_scaling))
+
+
+def _check_fits(scale: float) -> None:
+    if scale > FLOAT16_MAX:
         raise ValueError(
             f"Options(loss_scaling={scale:g}) is larger than float16 can hold ({FLOAT16_MAX:g}); "
             "use a smaller loss scale (a power of two such as 1024 keeps the unscaling exact)."
         )
 
 
+def scaled_seed(scale: float, dtype: popxl.dtype) -> popxl.Tensor:
+    """The backward's seed ``scale`` (d(loss * scale)/d(loss)) in the loss's ``dtype``; a
+    float16 loss (``precision="float16"`` or a ``model.half()`` model) must hold it."""
+    if dtype == popxl.float16:
+        _check_fits(float(scale))
+    return popxl.constant(float(scale), dtype, "loss_grad")
+
+
 def loss_seed(loss: popxl.Tensor, options: Options) -> popxl.Tensor:
-    """The backward's seed: d(loss * loss_scaling)/d(loss), in the loss's dtype (1 for
-    float32)."""
-    return popxl.constant(float(options.loss_scaling), loss.dtype, "loss_grad")
+    """The backward's seed: d(loss * loss_scaling)/d(loss), in the loss's dtype."""
+    return scaled_seed(options.loss_scaling, loss.dtype)
 
 
 def unscale(grad: popxl.Tensor, options: Options) -> popxl.Tensor:
-    """A gradient of the scaled loss, divided by the loss scale (float32 master gradients)."""
+    """A gradient of the scaled loss, divided by the loss scale in float32 (PopTorch folds
+    ``1 / loss_scaling`` into its float32 update, so a float16 gradient is read into float32
+    first: dividing it in float16 would underflow again what scaling kept)."""
     if options.loss_scaling == 1.0:
         return grad
+    if grad.dtype == popxl.float16:
+        grad = ops.cast(grad, popxl.float32)
     return ops.div(grad, popxl.constant(float(options.loss_scaling), grad.dtype, "loss_scale"))

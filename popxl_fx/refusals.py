@@ -98,14 +98,6 @@ def _auto_chooses(name: str, free: object) -> Refusal:
 _OPTIONS = (
     Refusal(
         ("options",),
-        lambda o: o.loss_scaling != 1.0 and o.precision != "float16",
-        lambda o: (
-            f"Options(loss_scaling={o.loss_scaling}) scales float16 gradients; "
-            "it needs precision='float16'."
-        ),
-    ),
-    Refusal(
-        ("options",),
         lambda o: o.replicated_tensor_sharding and o.replication_factor < 2,
         lambda o: (
             "Options(replicated_tensor_sharding=True) shards over replicas: set "
@@ -193,6 +185,11 @@ _COMPILE = tuple(
             "training_model",
         ),
         ("narrow_64bit", "is applied by training_model and inference_model only so far"),
+        (
+            "loss_scaling",
+            "scales the loss of training_model's backward; compile's backward is torch's "
+            "autograd (scale the loss before .backward() there)",
+        ),
         ("memory", "plans training programs (memory='auto'); use training_model"),
     )
 )

@@ -20,8 +20,6 @@ def test_unknown_check_point_raises():
 
 
 def test_options_rows_checked_when_options_are_made():
-    with pytest.raises(ValueError, match=r"loss_scaling=2.0\) scales float16 gradients"):
-        Options(loss_scaling=2.0)
     with pytest.raises(ValueError, match="chooses outline itself"):
         Options(memory="auto", outline="auto")
 
@@ -41,3 +39,10 @@ def test_first_applying_row_is_raised():
     with pytest.raises(ValueError, match="does not combine with outline='auto' yet"):
         refuse("phased", opts)
     refuse("training_model", opts)  # phased rows are checked by the phased step only
+
+
+def test_loss_scaling_applies_to_any_training_precision_but_not_to_compile():
+    opts = Options(device="cpu", loss_scaling=2.0)  # PopTorch scales every model's loss
+    refuse("training_model", opts)
+    with pytest.raises(ValueError, match=r"loss_scaling=2.0\) scales the loss of training_model"):
+        popxl_fx.compile(nn.Linear(2, 2), opts)

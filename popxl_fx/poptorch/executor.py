@@ -363,7 +363,8 @@ class PoplarExecutor(OptimizerLink, TrainingOutputs, WeightsLink):
             return self._impl
         view = optim_map.torch_view(self._optimizer)
         optim_map.check_accum_type(self._optimizer, fx.gradient_accumulation)
-        fx = fx.replace(loss_scaling=_loss_scale(self._optimizer, fx))
+        # PopTorch scales every model's loss by the optimizer's loss_scaling
+        fx = fx.replace(loss_scaling=optim_map.loss_scaling(self._optimizer))
         outputs = fetches_outputs(fx)
         # PopTorch trains a loss that reaches no trainable parameter (PopART has no
         # gradient to apply): the step runs and updates nothing
@@ -371,12 +372,6 @@ class PoplarExecutor(OptimizerLink, TrainingOutputs, WeightsLink):
             self._wrapped, view, None, fx, outputs=outputs, untrained_ok=True
         )
         return self._impl
-
-
-def _loss_scale(optimizer, fx: popxl_fx.Options) -> float:
-    """The optimizer's loss scale where it changes numbers (half precision), else 1."""
-    scale = optim_map.loss_scaling(optimizer)
-    return scale if fx.precision == "float16" else 1.0
 
 
 def _loss_factor(options: Options, training: bool) -> float:

@@ -6,9 +6,11 @@ an optimizer of the torch class whose ``param_groups``, ``state`` and ``defaults
 PopTorch optimizer's own objects. A learning rate changed on the PopTorch optimizer (or by a
 scheduler) and the state written back after each step are therefore the same objects.
 
-The IPU arguments: in float32, loss_scaling multiplies the loss and divides the gradients
-before the update, the same update up to rounding (exact for powers of two), so it is run as
-the unscaled update; with a half-precision model it is popxl_fx's static loss scale.
+The IPU arguments: loss_scaling is popxl_fx's ``Options.loss_scaling`` for every model (the
+backward seeded with it, the gradients divided by it in float32 before the update), so a
+``model.half()`` model's small float16 gradients survive. The eager ``step`` is torch's, as
+PopTorch's CPU step is: it gets the gradients the user's ``backward`` made, and for a
+power-of-two scale with nothing under- or overflowing both give the same bits.
 velocity_scaling likewise scales the momentum and divides it back. ``max_grad_norm`` and
 AdamW's ``bias_correction`` are read from the shared param groups by popxl_fx
 (`popxl_fx.optim_clip`, `popxl_fx.optim_groups.adam_hyper`), RMSprop's ``use_tf_variant`` by
