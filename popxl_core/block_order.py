@@ -42,13 +42,8 @@ def order_blocks(graph: Graph, block_of: Dict[Op, Hashable]) -> None:
 
 def _follow_alias(op: Op, root: Dict[Tensor, Tensor]) -> None:
     """An in-place op's or a view's output shares its input's storage (as sim/ambiguity)."""
-    if op.opdef.inplace:
-        src = op.inputs[op.opdef.inplace[0]]
-    elif op.opdef.view and op.inputs:
-        src = op.inputs[0]
-    else:
-        return
-    if op.outputs:
+    src = op.aliased_input()
+    if src is not None and op.outputs:
         root[op.outputs[0]] = root.get(src, src)
 
 

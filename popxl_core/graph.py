@@ -96,6 +96,15 @@ class Op:
         """Indexes of inputs this op writes to (in-place ops and by-ref call inputs)."""
         return set(self.opdef.inplace) | self.by_ref_modified
 
+    def aliased_input(self) -> "Optional[Tensor]":
+        """The input whose storage output 0 shares (an in-place op's written input, a view's
+        source), or None when the output is storage of its own."""
+        if self.opdef.inplace:
+            return self.inputs[self.opdef.inplace[0]]
+        if self.opdef.view and self.inputs:
+            return self.inputs[0]
+        return None
+
     def __repr__(self) -> str:
         return f"Op[{self.opType()}.{self.id} in {self.graph.name!r}]"
 

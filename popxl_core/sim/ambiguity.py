@@ -42,13 +42,9 @@ def _storage(ops: List[Op]) -> Dict[Tensor, Tensor]:
     """Each tensor that shares storage with another -> the first tensor of that storage."""
     root: Dict[Tensor, Tensor] = {}
     for op in ops:
-        if op.opdef.inplace:
-            src = op.inputs[op.opdef.inplace[0]]
-        elif op.opdef.view and op.inputs:
-            src = op.inputs[0]
-        else:
-            continue
-        root[op.outputs[0]] = root.get(src, src)
+        src = op.aliased_input()
+        if src is not None:
+            root[op.outputs[0]] = root.get(src, src)
     return root
 
 
