@@ -133,12 +133,9 @@ class PoplarExecutor(OptimizerLink, TrainingOutputs, WeightsLink, DeviceLink):
         try:
             swap = self._device.swap_in()
             try:
-                self._take_loaded_state(impl)
-                loss = impl(*args)
-                if impl._active is plan.program:
-                    out = plan.outputs(impl.last)
-                else:
-                    out = self._wrapped.custom.rebuild(ipu_outputs(self._step_outputs(impl, loss)))
+                out = self._planned_call(plan, args)
+                if impl._active is not plan.program:  # rebuilt: the full path's outputs
+                    out = self._wrapped.custom.rebuild(out)
             except BaseException:
                 swap.out()
                 raise
