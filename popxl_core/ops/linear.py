@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from ..sim.speed import declare
 from ..tensor import Tensor
-from ._linear_fold import dx_rest, grads_into
+from ._linear_fold import dx_rest, folded_forward, grads_into
 from ._utils import rand, same_dtype, spec
 from .collectives.collectives import divide_mean, summed
 from .forms import ReplicaFold, ReplicaStack, fold_rows
@@ -58,6 +58,11 @@ def _kernel(x, w, *bias, fold):
         if bias:
             y.add_(bias[0])
     return y.view(*x.shape[:-1], w.shape[0])
+
+
+_FOLDED_FORWARD = tuple(  # tried in order (sim/fold_site.py), the first with the bits used
+    functools.partial(folded_forward, kernel=_kernel, batched=b) for b in (0, 1)
+)
 
 
 def _grad_infer(ins, has_bias):
@@ -355,7 +360,7 @@ LINEAR = register(
 declare(
     LINEAR,
     replica_stack=ReplicaStack(shared=(1, 2), outputs=(0,), stacked=_stacked),
-    replica_fold=fold_rows(0),
+    replica_fold=ReplicaFold(rows=fold_rows(0).rows, kernels=_FOLDED_FORWARD),
 )
 LINEAR_GRAD = register(
     OpDef(
