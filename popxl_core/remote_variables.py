@@ -81,10 +81,31 @@ def remote_variable(
     if one_group and spec.shape[:1] == (1,) and spec.shape[1:] == remote_buffer.tensor_shape:
         # PopXL accepts a leading dim of 1 for a single replica group
         arr, spec = arr[0], TensorSpec(spec.shape[1:], spec.dtype)
-    remote_buffer.check_spec(name or "t", spec.shape, spec.dtype)
+    _check_entry(remote_buffer, name or "t", spec)
     v = variable(arr, spec.dtype, name, False, replica_grouping, retrieval_mode)
     v._remote = RemoteInfo(remote_buffer, offset, 1)
     return v
+
+
+def _check_entry(buffer: RemoteBuffer, name: str, spec: TensorSpec) -> None:
+    """ValueError unless ``spec`` fits one entry of ``buffer``, or is larger with its dtype.
+
+    PopXL's `remote_variable` does not compare the variable with the buffer, and PopART
+    streams one entry's bytes from the start of the variable's host data (Poplar's
+    copyToRemoteBuffer) and back: a larger variable runs, its leading elements in the entry
+    (popart's test_d2hWeightBuffer_elision builds one). A smaller one, or one of another dtype,
+    would have Poplar read past or reinterpret the host data, so it stays refused."""
+    entry = prod(buffer.tensor_shape)
+    if spec.dtype is not buffer.tensor_dtype or prod(spec.shape) <= entry:
+        buffer.check_spec(name, spec.shape, spec.dtype)
+        return
+    warnings.warn(
+        f"remote_variable({name!r}): {tuple(spec.shape)} does not match remote buffer "
+        f"{buffer.remote_buffer_id}, which holds {buffer.tensor_shape}. As PopART streams "
+        f"it, the entry holds the variable's first {entry} elements (C order), and only those "
+        "are read back to the host.",
+        stacklevel=3,
+    )
 
 
 def _shard_over(buffer: RemoteBuffer, replica_grouping, ir) -> int:

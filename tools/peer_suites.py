@@ -15,6 +15,9 @@ exported at run time from git mirrors into a temporary folder, with a conftest t
 ``files.txt`` to report only the files beyond that selection. Every test gets ``--timeout``
 seconds (SIGALRM in the test process), so one hung test cannot stall the report.
 Prints one line per file (passed / failed / errors / skipped) and the totals.
+``PYTHONPATH`` is kept, after the project's root: a package a test needs from outside the
+project (an overlay made with ``pip install --target``) goes there, as
+``tools/peer_suites_left_out.txt`` lists for each such test.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from typing import Callable, Dict, List, Mapping
 import numpy as np
 import torch
 
-from ..host_data import host_to_torch
+from ..host_data import host_to_torch, torch_to_host
 from ..remote_variables import RemoteInfo, remote_info, shard_source
 from ..tensor import Variable
 
@@ -158,6 +158,8 @@ class RemoteState:
         info = remote_info(v)
         if info is None or info.buffer.entries != 1 or v in self.sources:
             return False
+        if info.shard_over == 1 and v.nelms != prod(info.buffer.tensor_shape):
+            return False  # an entry holds only its leading elements (`_check_entry`)
         if info.shard_over == 1:
             return self.replicas == 1
         rg = v.replica_grouping
@@ -205,11 +207,22 @@ class RemoteState:
         return self.runtime.remote[info.buffer][replica - self.local[0]][info.offset]
 
     def write(self, v: Variable, host: np.ndarray) -> None:
-        """Put the host value of remote variable ``v`` into its entry on every local replica."""
+        """Put the host value of remote variable ``v`` into its entry on every local replica
+        (a value larger than an entry: its leading elements, as PopART streams it)."""
         for r in self.local:
-            value = replica_value(v, host, r, self.replicas)
+            value = replica_value(v, host, r, self.replicas).reshape(-1)
             entry = self.entry(v, r)  # a one-shard entry may hold the value flat (check_spec)
-            entry.copy_(host_to_torch(np.array(value, copy=True)).reshape(entry.shape))
+            entry.copy_(host_to_torch(value[: entry.numel()].copy()).reshape(entry.shape))
+
+    def value(self, v: Variable, replica: int) -> np.ndarray:
+        """What ``replica`` holds of ``v``, as the host reads it back: its entry, or for a
+        value larger than an entry the host value with its leading elements read back."""
+        entry = torch_to_host(self.entry(v, replica))
+        if _remote(v).shard_over > 1 or entry.size == v.nelms:
+            return entry
+        whole = np.array(group_value(v, self.host[v], replica), copy=True)
+        whole.reshape(-1)[: entry.size] = entry.reshape(-1)
+        return whole
 
     def load_shards(self, device: Dict[int, List[torch.Tensor]], only=None) -> None:
         """Copy each on-chip shard from its remote variable's entry (weights to the device)."""

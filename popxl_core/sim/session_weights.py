@@ -155,7 +155,7 @@ class SessionWeights:
 
     def _local_value(self, v: Variable, replica: int) -> np.ndarray:
         if v in self._remote_set:
-            return torch_to_host(self._remote.entry(v, replica))
+            return self._remote.value(v, replica)
         return torch_to_host(self._device_now()[replica][self._variable_index[v]])
 
     def _host_value(self, v: Variable, replica: int) -> np.ndarray:
