@@ -49,6 +49,43 @@ program's runtime runs one run for all replicas, so it has no follower program a
 ``CompileOptions(share_uniform=, stack_replicas=, fold_replicas=)`` switch each off;
 tests compare every setting with the others, bit for bit.
 
+Stacking and folding are two ways one op's R replica calls become one call; what each
+decides, and where (read from their code, December 2026):
+
+=================  ===============================  ==============================================
+                   stacking (3)                     folding (4)
+=================  ===============================  ==============================================
+per program        nothing: every unfolded program  `fold.plan_fold`: every variable shared, the
+                   with 2+ replicas in this         main graph's ops loads, stores, full
+                   process may have sites           all-reduces, uniform pure ops and single-site
+                                                    calls of graphs of plain kernels
+per run            the schedule is LOCK_STEP (the   the schedule is FOLDED (the run shares, no
+                   hub exists)                      count depends on the data)
+per site, at       rule's ``stack``; float32; a     every op of a folded graph with a per-replica
+compile time       stacked output read; shared      input: ``exact`` (inline, unchecked), else a
+                   inputs of at least               `fold_site.FoldSite` (its forms where the op
+                   `stacking.MIN_SHARED_BYTES`      is float32 without dtype wrappers and
+                                                    ``rows`` holds, else the fallback alone)
+per site, at run   every call: all replicas at the  first call: the forms against the fallback;
+time               op, shared inputs one memory,    then the chosen callable is bound in place of
+                   the others one shape; checked    the site; checked again where the thread
+                   once per shapes, strides,        count changes
+                   alignment and threads
+values             R tensors, stacked by the form   one tensor of R*b rows (uniform: one tensor)
+fallback           the replica's own kernel         each replica's own kernel on its rows,
+                                                    outputs concatenated (`FoldSite.each`)
+emitted code       ``outs = k(ins)``, ``k`` the     ``outs = fold(ins)``, ``fold`` the site, then
+                   site: a greenlet switch to the   the chosen call (no per-call cost); an
+                   hub per call                     ``exact`` op as the op's own code
+=================  ===============================  ==============================================
+
+What they share: the op's one rule row, the site's facts (float32 operands, outputs nothing
+reads, whether the graph may keep output buffers), one bit check (`bits.first_match`)
+remembered per key, and the fallback's meaning (each replica's own call of the table
+kernel). Folding alone batches the main graph's all-reduces (sums over the replica dim,
+`fold_reduce.py`, `fold_group.py`, `fold_together.py`): stacking leaves collectives to the
+lock-step hub.
+
 What the compiled program and this machinery need of a runtime is `ReplicaRuntime`, which
 `runtime.Runtime` (per replica) and `fold.FoldRuntime` (all replicas' rows at once) provide.
 """
