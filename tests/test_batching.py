@@ -149,3 +149,11 @@ def test_the_folded_program_switches_nothing_off_for_sharing_or_stacking():
     assert program is not None and program.namespace["RT"].runs == 2
     assert program.options.share_uniform and program.options.stack_replicas
     assert program.sharing is None and program.stats["stacked_ops"] == 0
+
+
+def test_the_compiler_asks_one_batching_entry_per_site():
+    """compile.py hands every op it emits to `batching.emit_batched`, which decides whether
+    it is a folded site, a stacked site or neither: the compiler imports neither mechanism."""
+    source = (SIM / "compile.py").read_text()
+    assert "emit_batched(op, plan, em" in source
+    assert not re.search(r"from \.(fold|fold_site|stacking) import", source)

@@ -86,6 +86,9 @@ kernel). Folding alone batches the main graph's all-reduces (sums over the repli
 `fold_reduce.py`, `fold_group.py`, `fold_together.py`): stacking leaves collectives to the
 lock-step hub.
 
+`emit_batched` is the per-site half: the compiler asks it about every op it emits, and it
+alone decides which of the two (if either) makes the op's site.
+
 What the compiled program and this machinery need of a runtime is `ReplicaRuntime`, which
 `runtime.Runtime` (per replica) and `fold.FoldRuntime` (all replicas' rows at once) provide.
 """
@@ -111,18 +114,22 @@ import torch
 from ..errors import OpDataError
 from . import checks
 from . import runtime as runtime_module
-from .compile import Program
 from .fold import FoldRuntime, plan_fold
+from .fold_site import emit_fold
 from .runtime import ReplicaSchedule
+from .stacking import stack_site
 from .uniform import SharedRuns
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ..graph import Op
+    from .compile import Program
     from .runtime import Runtime
 
 __all__ = [
     "ReplicaRuns",
     "ReplicaRuntime",
     "ReplicaSchedule",
+    "emit_batched",
 ]
 
 
@@ -213,11 +220,31 @@ class ReplicaRuns:
 
 
 def _fold_program(ir, program) -> Optional[Program]:
-    """The folded program of a replicated ``program`` (fold.py), or None."""
-    plan = plan_fold(program) if isinstance(program, Program) else None
+    """The folded program of a replicated ``program`` (fold.py), compiled as ``program``
+    is, or None (the reference interpreter's program has no uniform sharing to fold on)."""
+    plan = plan_fold(program) if getattr(program, "sharing", None) is not None else None
     if plan is None:
         return None
-    return Program(ir, FoldRuntime(plan), folded_options(program.options), fold=plan)
+    return type(program)(ir, FoldRuntime(plan), folded_options(program.options), fold=plan)
+
+
+def emit_batched(op: Op, plan, em, emit_kernel: Callable, bound_kernel: Callable) -> bool:
+    """The per-site half of replica batching, asked by the compiler for every op it emits
+    (after foreach groups and handoff calls): emit ``op`` as a batched site (True), or leave
+    it to the compiler (False). A folded program folds every op of its folded graphs and
+    batches its main graph's all-reduces (`fold_site.emit_fold`); in another program an op
+    whose rule has a ``stack`` form and that no pass rewrote may be a `stacking.StackSite`
+    (taken before `speed.DIRECT`'s torch call: no op has both). ``emit_kernel``,
+    ``bound_kernel``: the compiler's default emission and its table kernel with its dtype
+    wrappers (the fallback's kernel)."""
+    if em.program.fold is not None:
+        return emit_fold(op, plan, em, emit_kernel, bound_kernel)
+    if op.opdef.emit is not None or op in plan.fused or op in plan.pairs or op in plan.reuse:
+        return False
+    site = stack_site(op, em, bound_kernel)
+    if site is not None:
+        em.emit_call("k", site, op)
+    return site is not None
 
 
 def folded_options(options):

@@ -98,14 +98,8 @@ def _plain(op: Op) -> bool:
 def _emit_site(op: Op, em, fold, bound_kernel: Callable) -> None:
     site = FoldSite(op, em, fold, bound_kernel)
     em.program.stats["folded_ops"] += site.folded is not None
-    k = em.bind_global("fold", site)
-    site.name, site.namespace = k, em.program.namespace
+    site.name, site.namespace = em.emit_call("fold", site, op), em.program.namespace
     fold.sites.append(site)
-    em.program.kernel_ops[k] = op
-    ins = ", ".join(em.name(t) for t in op.inputs)
-    outs = [em.name(t) for t in op.outputs]
-    lhs = f"{', '.join(outs)}{',' if len(outs) > 1 else ''} = " if outs else ""
-    em.emit(f"{lhs}{k}({ins})")
 
 
 class FoldSite:

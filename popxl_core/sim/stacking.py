@@ -91,9 +91,10 @@ class StackRequest:
         self.args = args
 
 
-def stack_site(op: Op, em, kernel: Callable) -> Optional[StackSite]:
-    """``kernel`` as a `StackSite` where the op may be stacked across the replicas this
-    process runs in lock step, else None."""
+def stack_site(op: Op, em, bound_kernel: Callable) -> Optional[StackSite]:
+    """The op as a `StackSite` over its kernel (``bound_kernel(op, em)``, made only for a
+    site) where it may be stacked across the replicas this process runs in lock step, else
+    None."""
     rule = stack_rule(op.opdef)
     program = em.program
     runtime = program.namespace["RT"]
@@ -107,7 +108,7 @@ def stack_site(op: Op, em, kernel: Callable) -> Optional[StackSite]:
     if sum(t.spec.nbytes for t in shared) < MIN_SHARED_BYTES:
         return None
     program.stats["stacked_ops"] += 1
-    return StackSite(op, kernel, rule, runtime, em)
+    return StackSite(op, bound_kernel(op, em), rule, runtime, em)
 
 
 def stacked_values(
