@@ -157,3 +157,22 @@ def test_the_compiler_asks_one_batching_entry_per_site():
     source = (SIM / "compile.py").read_text()
     assert "emit_batched(op, plan, em" in source
     assert not re.search(r"from \.(fold|fold_site|stacking) import", source)
+
+
+def test_stacked_and_folded_sites_read_one_site_analysis():
+    """`variants.site_facts` is the one analysis of an op's use that kernel variants and
+    both batched forms read: the seed MLP's first layer's gradient op (its input gradient
+    unread: dead) has the same facts as a stack site (folding off) and as a fold site."""
+    from popxl_core.ops.linear import LINEAR_GRAD
+    from popxl_core.sim.stacking import StackSite
+    from popxl_core.sim.variants import SiteFacts
+
+    stacked = _train("mlp", 2, FOLD_OFF, steps=1)[3]
+    folded = _train("mlp", 2, CompileOptions(), steps=1)[3]
+    namespace = stacked._program.namespace.values()
+    stack_sites = [s for s in namespace if isinstance(s, StackSite) and s.op.opdef is LINEAR_GRAD]
+    fold_sites = [s for s in folded._replicas.fold.fold.sites if s.op.opdef is LINEAR_GRAD]
+    first = SiteFacts(plain=True, dead=frozenset({0}), keeps=True)
+    (stack,) = [s for s in stack_sites if s.facts == first]
+    assert stack.live == (False, True)  # the stacked call does not make the unread one
+    assert [s.facts for s in fold_sites].count(first) == 1

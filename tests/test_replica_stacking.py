@@ -19,6 +19,7 @@ import popxl_fx
 from popxl_core.ops.forms import ReplicaStack
 from popxl_core.sim import CompileOptions, stacking
 from popxl_core.sim.stacking import StackRequest, StackSite, stacked_values
+from popxl_core.sim.variants import SiteFacts
 from tests.fx_zoo import GPT, SeedMLP, small_cnn
 
 # replica folding (fold.py, tests/test_replica_folding.py) off: the replicas run in lock
@@ -162,9 +163,9 @@ class _Out:
 def _site(stacked, rest=None):
     y = _Out()
     op = SimpleNamespace(attrs={}, outputs=[y])
-    em = SimpleNamespace(read={y}, graph=None, program=SimpleNamespace(keeps_buffers=()))
+    facts = SiteFacts(plain=True, dead=frozenset(), keeps=False)
     rule = ReplicaStack(shared=(1,), outputs=(0,), stacked=stacked, rest=rest)
-    return StackSite(op, lambda x, w: x @ w, rule, runtime=None, em=em)
+    return StackSite(op, lambda x, w: x @ w, rule, runtime=None, facts=facts)
 
 
 def _own(r, q):

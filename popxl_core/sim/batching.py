@@ -79,8 +79,9 @@ emitted code       ``outs = k(ins)``, ``k`` the     ``outs = fold(ins)``, ``fold
                    hub per call                     ``exact`` op as the op's own code
 =================  ===============================  ==============================================
 
-What they share: the op's one rule row, the site's facts (float32 operands, outputs nothing
-reads, whether the graph may keep output buffers), one bit check (`bits.first_match`)
+What they share: the op's one rule row, one analysis of the site (`variants.site_facts`:
+float32 operands without dtype wrappers, outputs nothing reads, whether the graph may keep
+output buffers; kernel variants read it too), one bit check (`bits.first_match`)
 remembered per key, and the fallback's meaning (each replica's own call of the table
 kernel). Folding alone batches the main graph's all-reduces (sums over the replica dim,
 `fold_reduce.py`, `fold_group.py`, `fold_together.py`): stacking leaves collectives to the

@@ -27,9 +27,8 @@ import torch
 from ..graph import Op
 from .bits import as_tuple, first_match
 from .fold_reduce import ReducedOutputs, ReduceGroups
-from .kernel_wrappers import fp16_in_fp32, touches_narrow_unsigned
 from .speed import DEAD_OUTPUT_KERNELS, fold_rule, known_fold
-from .variants import all_float32
+from .variants import site_facts
 
 __all__ = ["FoldSite", "emit_fold"]
 
@@ -70,7 +69,7 @@ def _emit_reduce_group(op: Op, plan, em, fold) -> bool:
     outs = ", ".join(em.name(x.outputs[0]) for x in run)
     ins = ", ".join(em.name(x.inputs[0]) for x in run)
     kind, key = op.attrs["op"], f"{op.type}.{op.id}"
-    keep = em.graph in em.program.keeps_buffers  # its results are dead by the next run
+    keep = site_facts(op, em).keeps  # its results are dead by the next run
     em.emit(f"{outs}, = RT.all_reduce_group(({ins},), {kind!r}, {key!r}, {keep})")
     return True
 
@@ -79,7 +78,7 @@ def _emit_exact(op: Op, em, fold, emit_kernel: Callable) -> bool:
     """An op whose `ReplicaFold.exact` folded call applies: emitted as the compiler emits
     the op itself (inline where `speed.DIRECT` allows), with the folded attributes."""
     rule = fold_rule(op.opdef)
-    if rule is None or not rule.exact or rule.kernels or not _plain(op):
+    if rule is None or not rule.exact or rule.kernels or not site_facts(op, em).plain:
         return False
     if not _rows_fold(op, rule, [t in fold.stacked for t in op.inputs]):
         return False
@@ -88,11 +87,6 @@ def _emit_exact(op: Op, em, fold, emit_kernel: Callable) -> bool:
     emit_kernel(folded, em)
     em.program.stats["exact_folded_ops"] += 1
     return True
-
-
-def _plain(op: Op) -> bool:
-    """float32 throughout, no dtype wrapper: the folded call is the kernel's own."""
-    return all_float32(op) and not fp16_in_fp32(op) and not touches_narrow_unsigned(op)
 
 
 def _emit_site(op: Op, em, fold, bound_kernel: Callable) -> None:
@@ -113,9 +107,9 @@ class FoldSite:
         self.scalar_out = tuple(len(t.shape) == 0 for t in op.outputs)
         self.n_out = len(op.outputs)
         self.op = op
-        dead = frozenset(i for i, t in enumerate(op.outputs) if t not in em.read)
-        plain = _plain(op)
-        base, self.dead = _base_kernel(op, em, dead if plain else frozenset())
+        facts = self.facts = site_facts(op, em)
+        plain = facts.plain
+        base, self.dead = _base_kernel(op, em, facts.dead if plain else frozenset())
         attrs = op.kernel_attrs()
         self.own = functools.partial(base, **attrs) if attrs else base
         if not plain:  # the table kernel with its dtype wrappers
@@ -203,7 +197,7 @@ def _folded_call(op: Op, base: Callable, site: FoldSite, em) -> Optional[List[Ca
     if not _rows_fold(op, rule, site.per):
         return None
     if rule.kernels:
-        buffers: Optional[Dict[Any, Any]] = {} if em.graph in em.program.keeps_buffers else None
+        buffers = site.facts.buffers()
         return [_own_folded(k, r, site.dead, buffers, op.attrs) for k in rule.kernels]
     attrs = _folded_attrs(op, rule, r)
     return [functools.partial(base, **attrs) if attrs else base]
@@ -249,14 +243,13 @@ def _reduced(op: Op, site: FoldSite, em, fold, plain: bool) -> Optional[ReducedO
     kinds = fold.reduced.get(op)
     if kinds is None:
         return None
-    keep = em.graph in em.program.keeps_buffers  # its buffers are dead by the next run
     # `plan_fused` reduces only the outputs of ops with a fold rule (`sole_graph_source`)
     rule, r = known_fold(op.opdef), site.replicas
     calls = []
     if plain and rule.rows(op.attrs, [tuple(t.shape) for t in op.inputs], site.per):
-        buffers: Optional[Dict[Any, Any]] = {} if keep else None
+        buffers = site.facts.buffers()
         calls = [_own_reduced(k, r, site.dead, buffers, kinds, op.attrs) for k in rule.reduced]
-    return ReducedOutputs(kinds, r, calls, keep)
+    return ReducedOutputs(kinds, r, calls, site.facts.keeps)
 
 
 def _own_reduced(kernel: Callable, replicas: int, dead, buffers, kinds, attrs) -> Callable:

@@ -30,7 +30,7 @@ from ..graph import Op
 from ..ops.forms import ReplicaStack
 from .bits import same_outputs
 from .speed import stack_rule
-from .variants import all_float32, bounded
+from .variants import SiteFacts, bounded, site_facts
 
 __all__ = ["MIN_SHARED_BYTES", "StackRequest", "StackSite", "stack_site", "stacked_values"]
 
@@ -44,17 +44,19 @@ MIN_SHARED_BYTES = 256 * 1024
 class StackSite:
     """An op's kernel as called by a replica: alone, or stacked at the lock-step hub."""
 
-    def __init__(self, op: Op, kernel: Callable, rule: ReplicaStack, runtime, em) -> None:
+    def __init__(
+        self, op: Op, kernel: Callable, rule: ReplicaStack, runtime, facts: SiteFacts
+    ) -> None:
         self.op = op  # the leader's and followers' main graphs bind a site each per op
         self.kernel = kernel
         self.rule = rule
         self.attrs = dict(op.attrs)
         self.runtime = runtime
-        self.live = tuple(op.outputs[i] in em.read for i in rule.outputs)
+        self.facts = facts  # `variants.site_facts`: the analysis a fold site reads too
+        self.live = tuple(i not in facts.dead for i in rule.outputs)
         # output buffers kept between runs where the op runs at most once per run of each
         # replica (what `variants.py` keeps per replica, kept here for the stacked call)
-        once = em.graph in em.program.keeps_buffers
-        self.buffers: Optional[dict] = {} if once and bounded(op) else None
+        self.buffers = facts.buffers() if facts.keeps and bounded(op) else None
         self.checked: Dict[tuple, bool] = {}  # shapes -> the stacked form gave the same bits
 
     def __call__(self, *args):
@@ -102,13 +104,14 @@ def stack_site(op: Op, em, bound_kernel: Callable) -> Optional[StackSite]:
         return None
     if program.options.inductor or len(runtime.local) < 2:
         return None
-    if not any(op.outputs[i] in em.read for i in rule.outputs) or not all_float32(op):
+    facts = site_facts(op, em)
+    if all(i in facts.dead for i in rule.outputs) or not facts.plain:
         return None
     shared = [op.inputs[i] for i in rule.shared if i < len(op.inputs)]
     if sum(t.spec.nbytes for t in shared) < MIN_SHARED_BYTES:
         return None
     program.stats["stacked_ops"] += 1
-    return StackSite(op, bound_kernel(op, em), rule, runtime, em)
+    return StackSite(op, bound_kernel(op, em), rule, runtime, facts)
 
 
 def stacked_values(
