@@ -17,7 +17,7 @@ from popxl_core.ops.linear import LINEAR
 from popxl_core.ops.registry import OpDef, no_cost
 from popxl_core.sim import CompileOptions, runtime, speed
 from popxl_core.sim.batching import ReplicaRuns, ReplicaRuntime
-from popxl_core.sim.bits import first_match, same_outputs
+from popxl_core.sim.bits import Checked, first_match, same_outputs
 from popxl_core.sim.fold import FoldPlan, FoldRuntime
 from popxl_core.sim.runtime import ReplicaSchedule, Runtime
 from popxl_core.sim.speed import fold_rule, stack_rule
@@ -176,3 +176,21 @@ def test_stacked_and_folded_sites_read_one_site_analysis():
     (stack,) = [s for s in stack_sites if s.facts == first]
     assert stack.live == (False, True)  # the stacked call does not make the unread one
     assert [s.facts for s in fold_sites].count(first) == 1
+
+
+def test_a_sites_check_is_remembered_per_key():
+    """`bits.Checked`: a key's first check tries the forms in order and remembers the one
+    with the fallback's bits, or None (the fallback); each key is checked on its own, and
+    `clear` forgets them all (a thread count change)."""
+    x = torch.tensor([1.0, 2.0])
+
+    def double(t):
+        return t * 2
+
+    checked = Checked([double])
+    found = checked.check("rows 2", (x,), (x + x,))
+    assert found is not None and found[0] is double and checked.form("rows 2") is double
+    assert checked.check("other bits", (x,), (x + x + 1,)) is None
+    assert "other bits" in checked and checked.form("other bits") is None
+    checked.clear()
+    assert "rows 2" not in checked and checked.form("rows 2") is None

@@ -81,11 +81,11 @@ emitted code       ``outs = k(ins)``, ``k`` the     ``outs = fold(ins)``, ``fold
 
 What they share: the op's one rule row, one analysis of the site (`variants.site_facts`:
 float32 operands without dtype wrappers, outputs nothing reads, whether the graph may keep
-output buffers; kernel variants read it too), one bit check (`bits.first_match`)
-remembered per key, and the fallback's meaning (each replica's own call of the table
-kernel). Folding alone batches the main graph's all-reduces (sums over the replica dim,
-`fold_reduce.py`, `fold_group.py`, `fold_together.py`): stacking leaves collectives to the
-lock-step hub.
+output buffers; kernel variants read it too), one bit check (`bits.Checked`: the forms
+tried by `bits.first_match`, the outcome remembered per key; a form that raises is passed
+over), and the fallback's meaning (each replica's own call of the table kernel). Folding
+alone batches the main graph's all-reduces (sums over the replica dim, `fold_reduce.py`,
+`fold_group.py`, `fold_together.py`): stacking leaves collectives to the lock-step hub.
 
 `emit_batched` is the per-site half: the compiler asks it about every op it emits, and it
 alone decides which of the two (if either) makes the op's site.

@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from ..graph import Op
-from .bits import as_tuple, first_match
+from .bits import Checked, as_tuple
 from .fold_reduce import ReducedOutputs, ReduceGroups
 from .speed import DEAD_OUTPUT_KERNELS, fold_rule, known_fold
 from .variants import site_facts
@@ -117,6 +117,8 @@ class FoldSite:
         self.folded = _folded_call(op, base, self, em) if plain else None
         self.together = _together(op, self, fold, plain)
         self.reduced = _reduced(op, self, em, fold, plain)
+        # a compiled graph meets one set of shapes and strides: one key (`reset` clears it)
+        self.checked = Checked(self.folded or ())
         self.chosen: Optional[Callable] = None  # the call checked equal (or `_each`)
         self.name = ""  # its global in the generated code
         self.namespace: Dict[str, Any] = {}
@@ -128,7 +130,7 @@ class FoldSite:
         run, and `reset` undoes it where the thread count changes."""
         want = self.each(args)
         chosen: Callable = self._each
-        found = first_match(self.folded or (), args, self._left(as_tuple(want)))
+        found = self.checked.check((), args, self._left(as_tuple(want)))
         if found is not None:
             if self.together is not None:  # the group checks the values it computes
                 self.together.wanted(self.op, as_tuple(want))
@@ -149,6 +151,7 @@ class FoldSite:
     def reset(self) -> None:
         """Check again at the next call."""
         self.chosen = None
+        self.checked.clear()
         self.namespace[self.name] = self
 
     def _each(self, *args):

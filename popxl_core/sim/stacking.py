@@ -22,13 +22,13 @@ finished. ``CompileOptions(stack_replicas=False)`` switches it off; tests compar
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 import torch
 
 from ..graph import Op
 from ..ops.forms import ReplicaStack
-from .bits import same_outputs
+from .bits import Checked
 from .speed import stack_rule
 from .variants import SiteFacts, bounded, site_facts
 
@@ -57,7 +57,9 @@ class StackSite:
         # output buffers kept between runs where the op runs at most once per run of each
         # replica (what `variants.py` keeps per replica, kept here for the stacked call)
         self.buffers = facts.buffers() if facts.keeps and bounded(op) else None
-        self.checked: Dict[tuple, bool] = {}  # shapes -> the stacked form gave the same bits
+        # shapes, strides, alignment, threads (`_key`) -> the stacked form gave every
+        # replica's bits (the outputs some op reads)
+        self.checked = Checked([self.stacked], outputs=self.read)
 
     def __call__(self, *args):
         hub = self.runtime.stack_hub()
@@ -81,6 +83,10 @@ class StackSite:
 
     def stacked(self, args: List[tuple]) -> List[tuple]:
         return self.rule.stacked(args, self.live, self.buffers, **self.attrs)
+
+    def read(self, values: Sequence[tuple]) -> tuple:
+        """Every replica's outputs (of the stacked call's) that some op reads, in order."""
+        return tuple(t for v in values for t, use in zip(v, self.live) if use)
 
 
 class StackRequest:
@@ -129,17 +135,13 @@ def stacked_values(
     args = [q.args for q in requests]
     if not _stackable(args, site.rule.shared):
         return None
-    key = _key(args)
-    ok = site.checked.get(key)
-    if ok is False:
-        return None
-    values = site.stacked(args)
-    if ok is None:
-        ok = all(
-            _same_outputs(v, own(r, q), site.live) for r, (v, q) in enumerate(zip(values, requests))
-        )
-        site.checked[key] = ok
-    return values if ok else None
+    key, checked = _key(args), site.checked
+    if key in checked:
+        form = checked.form(key)
+        return None if form is None else form(args)
+    want = site.read([own(r, q) for r, q in enumerate(requests)])
+    found = checked.check(key, (args,), want)
+    return None if found is None else found[1]
 
 
 def _stackable(args: List[tuple], shared: Sequence[int]) -> bool:
@@ -171,12 +173,3 @@ def _key(args: List[tuple]) -> tuple:
     return (torch.get_num_threads(),) + tuple(
         (tuple(t.shape), t.stride(), t.data_ptr() % 16) for a in args for t in a
     )
-
-
-def _same_outputs(got: tuple, want: tuple, live: tuple) -> bool:
-    """The outputs some op reads (``live``) are the same bits (the others are not made)."""
-    return same_outputs(_read(got, live), _read(want, live))
-
-
-def _read(outputs: tuple, live: tuple) -> tuple:
-    return tuple(t for t, use in zip(outputs, live) if use)
