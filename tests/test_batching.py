@@ -194,3 +194,15 @@ def test_a_sites_check_is_remembered_per_key():
     assert "other bits" in checked and checked.form("other bits") is None
     checked.clear()
     assert "rows 2" not in checked and checked.form("rows 2") is None
+
+
+def test_a_program_checking_specs_neither_folds_nor_stacks():
+    """The per-program half of the decision (`batching._folds`, `_stacks`): a program that
+    checks every kernel's output specs runs each replica's own kernels (a batched call is
+    not the op's own), with the same bits as the batched program."""
+    checking = _train("mlp", 2, CompileOptions(check_specs=True), steps=2)
+    batched = _train("mlp", 2, CompileOptions(), steps=2)
+    _assert_same(checking, batched)
+    session = checking[3]
+    assert session._replicas.fold is None and session._program.stats["stacked_ops"] == 0
+    assert batched[3]._replicas.fold is not None and batched[3]._program.stats["stacked_ops"] > 0

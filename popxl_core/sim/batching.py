@@ -55,10 +55,11 @@ decides, and where (read from their code, December 2026):
 =================  ===============================  ==============================================
                    stacking (3)                     folding (4)
 =================  ===============================  ==============================================
-per program        nothing: every unfolded program  `fold.plan_fold`: every variable shared, the
-                   with 2+ replicas in this         main graph's ops loads, stores, full
-                   process may have sites           all-reduces, uniform pure ops and single-site
-                                                    calls of graphs of plain kernels
+per program        `_stacks`: an unfolded program   `_folds`: the program shares its uniform work,
+                   with 2+ replicas in this         every replica runs here; then `fold.plan_fold`:
+                   process (no spec checks, no      every variable shared, the main graph's ops
+                   inductor: `_batched`, both)      loads, stores, full all-reduces, uniform pure
+                                                    ops and one-site calls of plain-kernel graphs
 per run            the schedule is LOCK_STEP (the   the schedule is FOLDED (the run shares, no
                    hub exists)                      count depends on the data)
 per site, at       rule's ``stack``; float32; a     every op of a folded graph with a per-replica
@@ -223,7 +224,7 @@ class ReplicaRuns:
 def _fold_program(ir, program) -> Optional[Program]:
     """The folded program of a replicated ``program`` (fold.py), compiled as ``program``
     is, or None (the reference interpreter's program has no uniform sharing to fold on)."""
-    plan = plan_fold(program) if getattr(program, "sharing", None) is not None else None
+    plan = plan_fold(program) if _folds(program) else None
     if plan is None:
         return None
     return type(program)(ir, FoldRuntime(plan), folded_options(program.options), fold=plan)
@@ -240,12 +241,39 @@ def emit_batched(op: Op, plan, em, emit_kernel: Callable, bound_kernel: Callable
     wrappers (the fallback's kernel)."""
     if em.program.fold is not None:
         return emit_fold(op, plan, em, emit_kernel, bound_kernel)
-    if op.opdef.emit is not None or op in plan.fused or op in plan.pairs or op in plan.reuse:
+    if not _stacks(em.program) or op.opdef.emit is not None:
+        return False
+    if op in plan.fused or op in plan.pairs or op in plan.reuse:
         return False
     site = stack_site(op, em, bound_kernel)
     if site is not None:
         em.emit_call("k", site, op)
     return site is not None
+
+
+# which forms a program's sites may take: the per-program half of the decision
+def _batched(program) -> bool:
+    """Neither form where the program checks each kernel's output specs (a batched call is
+    not the op's own) or runs under inductor (its compiled graphs replace the kernels)."""
+    return not program.options.inductor and not program.check_specs
+
+
+def _folds(program) -> bool:
+    """Folding may apply (`fold.plan_fold` then asks the graphs): the program shares its
+    uniform work and its runtime runs every replica, in this process."""
+    if getattr(program, "sharing", None) is None or not program.options.fold_replicas:
+        return False  # (the reference interpreter's program shares nothing)
+    runtime = program.namespace["RT"]
+    every = len(runtime.local) == program.ir.replication_factor and not runtime.spans_processes
+    return every and _batched(program)
+
+
+def _stacks(program) -> bool:
+    """Stacking may apply: the runtime runs several replicas here (in lock step where the
+    schedule is LOCK_STEP; elsewhere the sites are not met and each replica computes its
+    own)."""
+    runtime = program.namespace["RT"]
+    return program.options.stack_replicas and len(runtime.local) >= 2 and _batched(program)
 
 
 def folded_options(options):

@@ -101,14 +101,10 @@ class StackRequest:
 
 def stack_site(op: Op, em, bound_kernel: Callable) -> Optional[StackSite]:
     """The op as a `StackSite` over its kernel (``bound_kernel(op, em)``, made only for a
-    site) where it may be stacked across the replicas this process runs in lock step, else
-    None."""
+    site) where its rule and use allow, else None; asked only in a program whose replicas
+    may stack (`batching.emit_batched`)."""
     rule = stack_rule(op.opdef)
-    program = em.program
-    runtime = program.namespace["RT"]
-    if rule is None or not program.options.stack_replicas or program.check_specs:
-        return None
-    if program.options.inductor or len(runtime.local) < 2:
+    if rule is None:
         return None
     facts = site_facts(op, em)
     if all(i in facts.dead for i in rule.outputs) or not facts.plain:
@@ -116,8 +112,8 @@ def stack_site(op: Op, em, bound_kernel: Callable) -> Optional[StackSite]:
     shared = [op.inputs[i] for i in rule.shared if i < len(op.inputs)]
     if sum(t.spec.nbytes for t in shared) < MIN_SHARED_BYTES:
         return None
-    program.stats["stacked_ops"] += 1
-    return StackSite(op, bound_kernel(op, em), rule, runtime, facts)
+    em.program.stats["stacked_ops"] += 1
+    return StackSite(op, bound_kernel(op, em), rule, em.program.namespace["RT"], facts)
 
 
 def stacked_values(
