@@ -117,7 +117,7 @@ from ..errors import OpDataError
 from . import checks
 from . import runtime as runtime_module
 from .fold import FoldRuntime, plan_fold
-from .fold_site import emit_fold
+from .fold_site import FoldSite, emit_exact, emit_folded_main
 from .runtime import ReplicaSchedule
 from .stacking import stack_site
 from .uniform import SharedRuns
@@ -232,23 +232,51 @@ def _fold_program(ir, program) -> Optional[Program]:
 
 def emit_batched(op: Op, plan, em, emit_kernel: Callable, bound_kernel: Callable) -> bool:
     """The per-site half of replica batching, asked by the compiler for every op it emits
-    (after foreach groups and handoff calls): emit ``op`` as a batched site (True), or leave
-    it to the compiler (False). A folded program folds every op of its folded graphs and
-    batches its main graph's all-reduces (`fold_site.emit_fold`); in another program an op
-    whose rule has a ``stack`` form and that no pass rewrote may be a `stacking.StackSite`
-    (taken before `speed.DIRECT`'s torch call: no op has both). ``emit_kernel``,
-    ``bound_kernel``: the compiler's default emission and its table kernel with its dtype
-    wrappers (the fallback's kernel)."""
-    if em.program.fold is not None:
-        return emit_fold(op, plan, em, emit_kernel, bound_kernel)
+    (after foreach groups and handoff calls): emit ``op`` as its batched site (True), or
+    leave it to the compiler (False). In a folded program every op of a folded graph is
+    folded (`_emit_folded`) and the main graph's all-reduces batched
+    (`fold_site.emit_folded_main`); in another, an op may be stacked (`_emit_stacked`).
+    ``emit_kernel``, ``bound_kernel``: the compiler's default emission and its table
+    kernel with its dtype wrappers (the fallback's kernel)."""
+    fold = em.program.fold
+    if fold is not None and em.graph in fold.graphs:
+        _emit_folded(op, em, emit_kernel, bound_kernel)
+        return True
+    if fold is not None:
+        return emit_folded_main(op, plan, em, emit_kernel)
+    return _emit_stacked(op, plan, em, bound_kernel)
+
+
+def _emit_folded(op: Op, em, emit_kernel: Callable, bound_kernel: Callable) -> None:
+    """An op of a folded graph: with uniform inputs it runs once, as on one replica; with a
+    per-replica input its rule's ``exact`` fold is its own code with folded attributes,
+    else a `fold_site.FoldSite` checks its forms against the fallback (none: the
+    fallback)."""
+    program = em.program
+    fold = program.fold
+    if not any(t in fold.stacked for t in op.inputs):
+        (op.opdef.emit or emit_kernel)(op, em)
+    elif not emit_exact(op, em, fold, emit_kernel):
+        site = FoldSite(op, em, fold, bound_kernel)
+        program.stats["folded_ops"] += site.folded is not None
+        site.name, site.namespace = em.emit_call("fold", site, op), program.namespace
+        fold.sites.append(site)
+
+
+def _emit_stacked(op: Op, plan, em, bound_kernel: Callable) -> bool:
+    """An op of an unfolded program whose replicas may stack (`_stacks`), that no pass
+    rewrote, as a `stacking.StackSite` where its rule's ``stack`` form and its use allow
+    (taken before `speed.DIRECT`'s torch call: no op has both)."""
     if not _stacks(em.program) or op.opdef.emit is not None:
         return False
     if op in plan.fused or op in plan.pairs or op in plan.reuse:
         return False
     site = stack_site(op, em, bound_kernel)
-    if site is not None:
-        em.emit_call("k", site, op)
-    return site is not None
+    if site is None:
+        return False
+    em.program.stats["stacked_ops"] += 1
+    em.emit_call("k", site, op)
+    return True
 
 
 # which forms a program's sites may take: the per-program half of the decision

@@ -30,23 +30,15 @@ from .fold_reduce import ReducedOutputs, ReduceGroups
 from .speed import DEAD_OUTPUT_KERNELS, fold_rule, known_fold
 from .variants import site_facts
 
-__all__ = ["FoldSite", "emit_fold"]
+__all__ = ["FoldSite", "emit_exact", "emit_folded_main"]
 
 
-def emit_fold(op: Op, plan, em, emit_kernel: Callable, bound_kernel: Callable) -> bool:
-    """Emit ``op`` of a folded program where folding decides how (True), else leave it to
-    the compiler (False): in a folded graph every op (a `FoldSite` where an input is per
-    replica); in the main graph an ``out=`` reuse of a per-replica tensor's storage is
-    not made (its shape is all replicas'). ``emit_kernel``, ``bound_kernel``: the
-    compiler's default emission and its table kernel with its dtype wrappers."""
+def emit_folded_main(op: Op, plan, em, emit_kernel: Callable) -> bool:
+    """Emit ``op`` of a folded program's main graph where folding decides how (True), else
+    leave it to the compiler (False): an ``out=`` reuse of a per-replica tensor's storage
+    is not made (its shape is all replicas'), and the all-reduces are sums over the
+    replicas' rows (`fold_reduce.py`). ``emit_kernel``: the compiler's default emission."""
     fold = em.program.fold
-    if em.graph in fold.graphs:
-        if any(t in fold.stacked for t in op.inputs):
-            if not _emit_exact(op, em, fold, emit_kernel):
-                _emit_site(op, em, fold, bound_kernel)
-        else:  # uniform inputs: the op runs once, as on one replica
-            (op.opdef.emit or emit_kernel)(op, em)
-        return True
     if op in plan.reuse and plan.reuse[op] in fold.stacked:
         (op.opdef.emit or emit_kernel)(op, em)
         return True
@@ -74,7 +66,7 @@ def _emit_reduce_group(op: Op, plan, em, fold) -> bool:
     return True
 
 
-def _emit_exact(op: Op, em, fold, emit_kernel: Callable) -> bool:
+def emit_exact(op: Op, em, fold, emit_kernel: Callable) -> bool:
     """An op whose `ReplicaFold.exact` folded call applies: emitted as the compiler emits
     the op itself (inline where `speed.DIRECT` allows), with the folded attributes."""
     rule = fold_rule(op.opdef)
@@ -87,13 +79,6 @@ def _emit_exact(op: Op, em, fold, emit_kernel: Callable) -> bool:
     emit_kernel(folded, em)
     em.program.stats["exact_folded_ops"] += 1
     return True
-
-
-def _emit_site(op: Op, em, fold, bound_kernel: Callable) -> None:
-    site = FoldSite(op, em, fold, bound_kernel)
-    em.program.stats["folded_ops"] += site.folded is not None
-    site.name, site.namespace = em.emit_call("fold", site, op), em.program.namespace
-    fold.sites.append(site)
 
 
 class FoldSite:

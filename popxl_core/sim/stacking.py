@@ -112,7 +112,6 @@ def stack_site(op: Op, em, bound_kernel: Callable) -> Optional[StackSite]:
     shared = [op.inputs[i] for i in rule.shared if i < len(op.inputs)]
     if sum(t.spec.nbytes for t in shared) < MIN_SHARED_BYTES:
         return None
-    em.program.stats["stacked_ops"] += 1
     return StackSite(op, bound_kernel(op, em), rule, em.program.namespace["RT"], facts)
 
 
