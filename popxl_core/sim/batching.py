@@ -91,6 +91,15 @@ alone batches the main graph's all-reduces (sums over the replica dim, `fold_red
 `emit_batched` is the per-site half: the compiler asks it about every op it emits, and it
 alone decides which of the two (if either) makes the op's site.
 
+Still two, and the next step: the forms' signatures differ with the values (R tensors at the
+hub, `forms.ReplicaStack.stacked`; rows of one tensor, `forms.ReplicaFold`), yet the only
+stacked forms are fold forms over the replicas' rows concatenated: `linear._stacked` is the
+kernel on those rows, `linear._stacked_grads` calls `_folded_grads`. A hub that concatenates
+the unshared inputs and splits the outputs could call the op's ``fold`` forms, deleting
+``stack`` (and `forms.ReplicaStack`) from the rule; what that changes: which inputs are
+per replica is then found at the call (the inputs not in one memory) instead of declared,
+and ``db``'s bits would join the checked outputs (today the replica's own kernel makes it).
+
 What the compiled program and this machinery need of a runtime is `ReplicaRuntime`, which
 `runtime.Runtime` (per replica) and `fold.FoldRuntime` (all replicas' rows at once) provide.
 """
