@@ -174,7 +174,7 @@ def test_stacked_and_folded_sites_read_one_site_analysis():
     fold_sites = [s for s in folded._replicas.fold.fold.sites if s.op.opdef is LINEAR_GRAD]
     first = SiteFacts(plain=True, dead=frozenset({0}), keeps=True)
     (stack,) = [s for s in stack_sites if s.facts == first]
-    assert stack.live == (False, True)  # the stacked call does not make the unread one
+    assert stack.live == (False, True, True)  # the stacked call does not make the unread dx
     assert [s.facts for s in fold_sites].count(first) == 1
 
 
@@ -206,3 +206,22 @@ def test_a_program_checking_specs_neither_folds_nor_stacks():
     session = checking[3]
     assert session._replicas.fold is None and session._program.stats["stacked_ops"] == 0
     assert batched[3]._replicas.fold is not None and batched[3]._program.stats["stacked_ops"] > 0
+
+
+def test_the_hub_stacks_with_the_ops_fold_forms():
+    """An op's stack rule says only which inputs must be one memory on every replica
+    (`forms.ReplicaStack.shared`); the stacked call is the op's ``fold`` forms over the
+    replicas' other inputs concatenated: the linear layer's kernel on all rows, the linear
+    gradient's four folded kernels, tried in order."""
+    import dataclasses
+
+    from popxl_core.ops.forms import ReplicaStack
+    from popxl_core.ops.linear import LINEAR_GRAD
+    from popxl_core.sim.stacking import StackSite
+
+    assert [f.name for f in dataclasses.fields(ReplicaStack)] == ["shared"]
+    session = _train("mlp", 2, FOLD_OFF, steps=1)[3]
+    sites = [s for s in session._program.namespace.values() if isinstance(s, StackSite)]
+    forms = {(s.op.opdef, len(s.checked.forms)) for s in sites}
+    assert forms == {(LINEAR, 1), (LINEAR_GRAD, len(fold_rule(LINEAR_GRAD).kernels))}
+    assert all(s.checked.found for s in sites)  # met at the hub and checked there

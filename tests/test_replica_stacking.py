@@ -8,6 +8,7 @@ do not share the weights (stacking then falls back to each replica's own kernel)
 
 from __future__ import annotations
 
+import functools
 from types import SimpleNamespace
 
 import pytest
@@ -16,7 +17,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import popxl_fx
-from popxl_core.ops.forms import ReplicaStack
 from popxl_core.sim import CompileOptions, stacking
 from popxl_core.sim.stacking import StackRequest, StackSite, stacked_values
 from popxl_core.sim.variants import SiteFacts
@@ -160,12 +160,12 @@ class _Out:
     spec = SimpleNamespace(nbytes=4)
 
 
-def _site(stacked, rest=None):
+def _site(stacked):
     y = _Out()
     op = SimpleNamespace(attrs={}, outputs=[y])
     facts = SiteFacts(plain=True, dead=frozenset(), keeps=False)
-    rule = ReplicaStack(shared=(1,), outputs=(0,), stacked=stacked, rest=rest)
-    return StackSite(op, lambda x, w: x @ w, rule, runtime=None, facts=facts)
+    form = functools.partial(stacked, live=(True,), buffers=None)
+    return StackSite(op, lambda x, w: x @ w, [form], (1,), runtime=None, facts=facts)
 
 
 def _own(r, q):
@@ -183,7 +183,7 @@ def test_hub_stacks_only_the_same_op_with_one_weight():
     xs = [torch.randn(2, 5) for _ in range(3)]
     got = stacked_values([StackRequest(site, (x, w)) for x in xs], _own)
     assert got is not None and all(torch.equal(g[0], x @ w) for g, x in zip(got, xs))
-    assert list(site.checked.found.values()) == [site.stacked]
+    assert list(site.checked.found.values()) == list(site.checked.forms)
     # another op, a replica at a collective (None), or weights in different memory: no
     mixed = [StackRequest(site, (xs[0], w)), StackRequest(other, (xs[1], w))]
     assert stacked_values(mixed, _own) is None

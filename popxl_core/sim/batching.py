@@ -50,7 +50,7 @@ program's runtime runs one run for all replicas, so it has no follower program a
 tests compare every setting with the others, bit for bit.
 
 Stacking and folding are two ways one op's R replica calls become one call; what each
-decides, and where (read from their code, December 2026):
+decides, and where:
 
 =================  ===============================  ==============================================
                    stacking (3)                     folding (4)
@@ -62,9 +62,9 @@ per program        `_stacks`: an unfolded program   `_folds`: the program shares
                                                     ops and one-site calls of plain-kernel graphs
 per run            the schedule is LOCK_STEP (the   the schedule is FOLDED (the run shares, no
                    hub exists)                      count depends on the data)
-per site, at       rule's ``stack``; float32; a     every op of a folded graph with a per-replica
-compile time       stacked output read; shared      input: ``exact`` (inline, unchecked), else a
-                   inputs of at least               `fold_site.FoldSite` (its forms where the op
+per site, at       rule's ``stack`` and ``fold``    every op of a folded graph with a per-replica
+compile time       forms; float32; an output read;  input: ``exact`` (inline, unchecked), else a
+                   shared inputs of at least        `fold_site.FoldSite` (its forms where the op
                    `stacking.MIN_SHARED_BYTES`      is float32 without dtype wrappers and
                                                     ``rows`` holds, else the fallback alone)
 per site, at run   every call: all replicas at the  first call: the forms against the fallback;
@@ -72,7 +72,8 @@ time               op, shared inputs one memory,    then the chosen callable is 
                    the others one shape; checked    the site; checked again where the thread
                    once per shapes, strides,        count changes
                    alignment and threads
-values             R tensors, stacked by the form   one tensor of R*b rows (uniform: one tensor)
+values             R tensors, concatenated per      one tensor of R*b rows (uniform: one tensor)
+                   call into the fold form's rows
 fallback           the replica's own kernel         each replica's own kernel on its rows,
                                                     outputs concatenated (`FoldSite.each`)
 emitted code       ``outs = k(ins)``, ``k`` the     ``outs = fold(ins)``, ``fold`` the site, then
@@ -91,14 +92,11 @@ alone batches the main graph's all-reduces (sums over the replica dim, `fold_red
 `emit_batched` is the per-site half: the compiler asks it about every op it emits, and it
 alone decides which of the two (if either) makes the op's site.
 
-Still two, and the next step: the forms' signatures differ with the values (R tensors at the
-hub, `forms.ReplicaStack.stacked`; rows of one tensor, `forms.ReplicaFold`), yet the only
-stacked forms are fold forms over the replicas' rows concatenated: `linear._stacked` is the
-kernel on those rows, `linear._stacked_grads` calls `_folded_grads`. A hub that concatenates
-the unshared inputs and splits the outputs could call the op's ``fold`` forms, deleting
-``stack`` (and `forms.ReplicaStack`) from the rule; what that changes: which inputs are
-per replica is then found at the call (the inputs not in one memory) instead of declared,
-and ``db``'s bits would join the checked outputs (today the replica's own kernel makes it).
+One form per op: the hub stacks with the op's ``fold`` forms (`stacking.StackSite`: the
+replicas' unshared inputs concatenated along dim 0, as a folded program holds them, each
+replica given its part of every output); an op's ``stack`` rule says only which inputs must
+be one memory on every replica (`forms.ReplicaStack.shared`). What still differs is where
+the rows are made: once for the whole step (folding), or per call at the hub (stacking).
 
 What the compiled program and this machinery need of a runtime is `ReplicaRuntime`, which
 `runtime.Runtime` (per replica) and `fold.FoldRuntime` (all replicas' rows at once) provide.

@@ -30,7 +30,7 @@ from .fold_reduce import ReducedOutputs, ReduceGroups
 from .speed import DEAD_OUTPUT_KERNELS, fold_rule, known_fold
 from .variants import site_facts
 
-__all__ = ["FoldSite", "emit_exact", "emit_folded_main"]
+__all__ = ["FoldSite", "base_kernel", "emit_exact", "emit_folded_main", "folded_calls"]
 
 
 def emit_folded_main(op: Op, plan, em, emit_kernel: Callable) -> bool:
@@ -94,12 +94,13 @@ class FoldSite:
         self.op = op
         facts = self.facts = site_facts(op, em)
         plain = facts.plain
-        base, self.dead = _base_kernel(op, em, facts.dead if plain else frozenset())
+        base, self.dead = base_kernel(op, em, facts.dead if plain else frozenset())
         attrs = op.kernel_attrs()
         self.own = functools.partial(base, **attrs) if attrs else base
         if not plain:  # the table kernel with its dtype wrappers
             self.own = bound_kernel(op, em)
-        self.folded = _folded_call(op, base, self, em) if plain else None
+        r, buffers = self.replicas, facts.buffers()
+        self.folded = folded_calls(op, base, r, self.per, self.dead, buffers) if plain else None
         self.together = _together(op, self, fold, plain)
         self.reduced = _reduced(op, self, em, fold, plain)
         # a compiled graph meets one set of shapes and strides: one key (`reset` clears it)
@@ -164,7 +165,7 @@ class FoldSite:
         return a.unbind() if rows is None else a.split(rows)
 
 
-def _base_kernel(op: Op, em, dead: frozenset) -> Tuple[Callable, frozenset]:
+def base_kernel(op: Op, em, dead: frozenset) -> Tuple[Callable, frozenset]:
     """The table kernel, or its variant skipping the outputs nothing reads."""
     variant = DEAD_OUTPUT_KERNELS.get(op.opdef, {}).get(dead) if dead else None
     if variant is not None:
@@ -175,19 +176,18 @@ def _base_kernel(op: Op, em, dead: frozenset) -> Tuple[Callable, frozenset]:
     return kernel, frozenset()
 
 
-def _folded_call(op: Op, base: Callable, site: FoldSite, em) -> Optional[List[Callable]]:
-    """The calls over all replicas' rows the op's `ReplicaFold` allows (to try in order), or
-    None."""
+def folded_calls(
+    op: Op, base: Callable, replicas: int, per, dead: frozenset, buffers: Optional[dict]
+) -> Optional[List[Callable]]:
+    """The calls over all replicas' rows (``per``: which inputs are per replica) the op's
+    `ReplicaFold` allows, to try in order, or None; ``base``: `base_kernel`'s kernel,
+    ``dead`` its skipped outputs; ``buffers``: a dict its own kernels may keep outputs in."""
     rule = fold_rule(op.opdef)
-    if rule is None:
-        return None
-    r = site.replicas
-    if not _rows_fold(op, rule, site.per):
+    if rule is None or not _rows_fold(op, rule, per):
         return None
     if rule.kernels:
-        buffers = site.facts.buffers()
-        return [_own_folded(k, r, site.dead, buffers, op.attrs) for k in rule.kernels]
-    attrs = _folded_attrs(op, rule, r)
+        return [_own_folded(k, replicas, dead, buffers, op.attrs) for k in rule.kernels]
+    attrs = _folded_attrs(op, rule, replicas)
     return [functools.partial(base, **attrs) if attrs else base]
 
 

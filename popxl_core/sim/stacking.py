@@ -5,11 +5,12 @@ With R data-parallel replicas every replica runs the same graphs over its 1/R of
 Where `uniform.py` makes the weights one tensor for all replicas, each replica's forward and
 input-gradient GEMM still reads the whole weight for its few rows: at the seed MLP's 8 rows
 a replica, R reads of 1.3 M weights were most of a replication-4 step. Here an op whose
-`speed.ReplicaBatching.stack` (`forms.ReplicaStack`) says how, emitted as a `StackSite`, meets the
-other replicas at the lock-step hub (`lockstep.py`, like a collective without data exchange);
-when every replica is at the same op with the ``shared`` inputs in the same memory, the hub
-computes the op's outputs for all of them with one kernel over the replicas' other inputs
-stacked (same shapes on every replica), and each replica gets its part.
+`speed.ReplicaBatching.stack` (`forms.ReplicaStack`) names its shared inputs, emitted as a
+`StackSite`, meets the other replicas at the lock-step hub (`lockstep.py`, like a collective
+without data exchange); when every replica is at the same op with the ``shared`` inputs in
+the same memory, the hub computes the op's outputs for all of them with the op's ``fold``
+forms (`forms.ReplicaFold`, as a folded program calls them) over the replicas' other inputs
+concatenated along dim 0 (same shapes on every replica), and each replica gets its part.
 
 Bits: a GEMM's row need not come out the same whatever rows it is computed with (MKL picks
 kernels per shape and CPU). So the first time a site meets a set of shapes (and strides,
@@ -27,8 +28,8 @@ from typing import Any, Callable, List, Optional, Sequence
 import torch
 
 from ..graph import Op
-from ..ops.forms import ReplicaStack
-from .bits import Checked
+from .bits import Checked, as_tuple
+from .fold_site import base_kernel, folded_calls
 from .speed import stack_rule
 from .variants import SiteFacts, bounded, site_facts
 
@@ -45,47 +46,37 @@ class StackSite:
     """An op's kernel as called by a replica: alone, or stacked at the lock-step hub."""
 
     def __init__(
-        self, op: Op, kernel: Callable, rule: ReplicaStack, runtime, facts: SiteFacts
+        self,
+        op: Op,
+        kernel: Callable,
+        forms: Sequence[Callable],
+        shared: Sequence[int],
+        runtime,
+        facts: SiteFacts,
     ) -> None:
         self.op = op  # the leader's and followers' main graphs bind a site each per op
-        self.kernel = kernel
-        self.rule = rule
-        self.attrs = dict(op.attrs)
+        self.kernel = kernel  # the replica's own: the fallback
+        self.shared = tuple(shared)  # the inputs one memory on every replica (the weights)
         self.runtime = runtime
         self.facts = facts  # `variants.site_facts`: the analysis a fold site reads too
-        self.live = tuple(i not in facts.dead for i in rule.outputs)
-        # output buffers kept between runs where the op runs at most once per run of each
-        # replica (what `variants.py` keeps per replica, kept here for the stacked call)
-        self.buffers = facts.buffers() if facts.keeps and bounded(op) else None
-        # shapes, strides, alignment, threads (`_key`) -> the stacked form gave every
-        # replica's bits (the outputs some op reads)
-        self.checked = Checked([self.stacked], outputs=self.read)
+        self.live = tuple(i not in facts.dead for i in range(len(op.outputs)))
+        # stacked forms (every replica's arguments -> every replica's outputs), checked per
+        # shapes, strides, alignment and threads (`_key`) on the outputs some op reads
+        self.checked = Checked(forms, outputs=self.read)
 
     def __call__(self, *args):
         hub = self.runtime.stack_hub()
-        if hub is None:
-            return self.kernel(*args)
-        value = hub.switch(StackRequest(self, args))  # the hub answers
+        value = None if hub is None else hub.switch(StackRequest(self, args))  # it answers
         if value is None:
             return self.kernel(*args)
-        if self.rule.rest is None:
-            return value[0] if len(value) == 1 else value
-        result = list(self.rule.rest(self.kernel, args))
-        for i, v in zip(self.rule.outputs, value):
-            result[i] = v
-        return tuple(result)
+        return value[0] if len(value) == 1 else tuple(value)
 
     def own_outputs(self, args) -> tuple:
-        """The outputs the stacked call computes, by this replica's own kernel."""
-        res = self.kernel(*args)
-        res = res if isinstance(res, tuple) else (res,)
-        return tuple(res[i] for i in self.rule.outputs)
-
-    def stacked(self, args: List[tuple]) -> List[tuple]:
-        return self.rule.stacked(args, self.live, self.buffers, **self.attrs)
+        """This replica's outputs by its own kernel (the fallback, for the check)."""
+        return as_tuple(self.kernel(*args))
 
     def read(self, values: Sequence[tuple]) -> tuple:
-        """Every replica's outputs (of the stacked call's) that some op reads, in order."""
+        """Every replica's outputs that some op reads, in order."""
         return tuple(t for v in values for t, use in zip(v, self.live) if use)
 
 
@@ -107,12 +98,44 @@ def stack_site(op: Op, em, bound_kernel: Callable) -> Optional[StackSite]:
     if rule is None:
         return None
     facts = site_facts(op, em)
-    if all(i in facts.dead for i in rule.outputs) or not facts.plain:
+    if len(facts.dead) == len(op.outputs) or not facts.plain:
         return None
     shared = [op.inputs[i] for i in rule.shared if i < len(op.inputs)]
     if sum(t.spec.nbytes for t in shared) < MIN_SHARED_BYTES:
         return None
-    return StackSite(op, bound_kernel(op, em), rule, em.program.namespace["RT"], facts)
+    runtime = em.program.namespace["RT"]
+    forms = _fold_forms(op, em, rule.shared, facts, len(runtime.local))
+    if not forms:
+        return None
+    return StackSite(op, bound_kernel(op, em), forms, rule.shared, runtime, facts)
+
+
+def _fold_forms(op: Op, em, shared, facts: SiteFacts, replicas: int) -> List[Callable]:
+    """The op's ``fold`` forms (`fold_site.folded_calls`) as stacked forms: each over the
+    replicas' unshared inputs concatenated along dim 0 (the rows a folded program holds),
+    each replica given its part of every output (a folded output is the replicas' values
+    one after the other along dim 0)."""
+    per = tuple(i not in shared for i in range(len(op.inputs)))
+    base, dead = base_kernel(op, em, facts.dead)
+    # output buffers kept between runs where the op runs at most once per run of each
+    # replica (what `variants.py` keeps per replica, kept here for the stacked call)
+    buffers = facts.buffers() if facts.keeps and bounded(op) else None
+    calls = folded_calls(op, base, replicas, per, dead, buffers) or []
+    shapes = [tuple(t.shape) for t in op.outputs]
+    return [_stacked(call, per, shapes) for call in calls]
+
+
+def _stacked(call: Callable, per: Sequence[bool], shapes: Sequence[tuple]) -> Callable:
+    def stacked(args: Sequence[tuple]) -> List[tuple]:
+        ins = [torch.cat([a[i] for a in args]) if p else args[0][i] for i, p in enumerate(per)]
+        r = len(args)
+        parts = [
+            (None,) * r if t is None else t.reshape(r, *shape).unbind()
+            for t, shape in zip(as_tuple(call(*ins)), shapes)
+        ]
+        return list(zip(*parts))
+
+    return stacked
 
 
 def stacked_values(
@@ -128,7 +151,7 @@ def stacked_values(
         return None
     site = first.site
     args = [q.args for q in requests]
-    if not _stackable(args, site.rule.shared):
+    if not _stackable(args, site.shared):
         return None
     key, checked = _key(args), site.checked
     if key in checked:
