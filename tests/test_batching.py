@@ -17,7 +17,7 @@ from popxl_core.ops.linear import LINEAR
 from popxl_core.ops.registry import OpDef, no_cost
 from popxl_core.sim import CompileOptions, runtime, speed
 from popxl_core.sim.batching import ReplicaRuns, ReplicaRuntime
-from popxl_core.sim.bits import first_match, same_outputs
+from popxl_core.sim.bits import Checked, first_match, same_outputs
 from popxl_core.sim.fold import FoldPlan, FoldRuntime
 from popxl_core.sim.runtime import ReplicaSchedule, Runtime
 from popxl_core.sim.speed import fold_rule, stack_rule
@@ -149,3 +149,80 @@ def test_the_folded_program_switches_nothing_off_for_sharing_or_stacking():
     assert program is not None and program.namespace["RT"].runs == 2
     assert program.options.share_uniform and program.options.stack_replicas
     assert program.sharing is None and program.stats["stacked_ops"] == 0
+
+
+def test_the_compiler_asks_one_batching_entry_per_site():
+    """compile.py hands every op it emits to `batching.emit_batched`, which decides whether
+    it is a folded site, a stacked site or neither: the compiler imports neither mechanism."""
+    source = (SIM / "compile.py").read_text()
+    assert "emit_batched(op, plan, em" in source
+    assert not re.search(r"from \.(fold|fold_site|stacking) import", source)
+
+
+def test_stacked_and_folded_sites_read_one_site_analysis():
+    """`variants.site_facts` is the one analysis of an op's use that kernel variants and
+    both batched forms read: the seed MLP's first layer's gradient op (its input gradient
+    unread: dead) has the same facts as a stack site (folding off) and as a fold site."""
+    from popxl_core.ops.linear import LINEAR_GRAD
+    from popxl_core.sim.stacking import StackSite
+    from popxl_core.sim.variants import SiteFacts
+
+    stacked = _train("mlp", 2, FOLD_OFF, steps=1)[3]
+    folded = _train("mlp", 2, CompileOptions(), steps=1)[3]
+    namespace = stacked._program.namespace.values()
+    stack_sites = [s for s in namespace if isinstance(s, StackSite) and s.op.opdef is LINEAR_GRAD]
+    fold_sites = [s for s in folded._replicas.fold.fold.sites if s.op.opdef is LINEAR_GRAD]
+    first = SiteFacts(plain=True, dead=frozenset({0}), keeps=True)
+    (stack,) = [s for s in stack_sites if s.facts == first]
+    assert stack.live == (False, True, True)  # the stacked call does not make the unread dx
+    assert [s.facts for s in fold_sites].count(first) == 1
+
+
+def test_a_sites_check_is_remembered_per_key():
+    """`bits.Checked`: a key's first check tries the forms in order and remembers the one
+    with the fallback's bits, or None (the fallback); each key is checked on its own, and
+    `clear` forgets them all (a thread count change)."""
+    x = torch.tensor([1.0, 2.0])
+
+    def double(t):
+        return t * 2
+
+    checked = Checked([double])
+    found = checked.check("rows 2", (x,), (x + x,))
+    assert found is not None and found[0] is double and checked.form("rows 2") is double
+    assert checked.check("other bits", (x,), (x + x + 1,)) is None
+    assert "other bits" in checked and checked.form("other bits") is None
+    checked.clear()
+    assert "rows 2" not in checked and checked.form("rows 2") is None
+
+
+def test_a_program_checking_specs_neither_folds_nor_stacks():
+    """The per-program half of the decision (`batching._folds`, `_stacks`): a program that
+    checks every kernel's output specs runs each replica's own kernels (a batched call is
+    not the op's own), with the same bits as the batched program."""
+    checking = _train("mlp", 2, CompileOptions(check_specs=True), steps=2)
+    batched = _train("mlp", 2, CompileOptions(), steps=2)
+    _assert_same(checking, batched)
+    session = checking[3]
+    assert session._replicas.fold is None and session._program.stats["stacked_ops"] == 0
+    assert batched[3]._replicas.fold is not None and batched[3]._program.stats["stacked_ops"] > 0
+
+
+def test_the_hub_stacks_with_the_ops_fold_forms():
+    """An op's stack rule says only which inputs must be one memory on every replica
+    (`forms.ReplicaStack.shared`); the stacked call is the op's ``fold`` forms over the
+    replicas' other inputs concatenated: the linear layer's two (one GEMM over all rows, one
+    a replica), the linear gradient's four folded kernels, tried in order."""
+    import dataclasses
+
+    from popxl_core.ops.forms import ReplicaStack
+    from popxl_core.ops.linear import LINEAR_GRAD
+    from popxl_core.sim.stacking import StackSite
+
+    assert [f.name for f in dataclasses.fields(ReplicaStack)] == ["shared"]
+    session = _train("mlp", 2, FOLD_OFF, steps=1)[3]
+    sites = [s for s in session._program.namespace.values() if isinstance(s, StackSite)]
+    forms = {(s.op.opdef, len(s.checked.forms)) for s in sites}
+    rules = [(op, len(fold_rule(op).kernels)) for op in (LINEAR, LINEAR_GRAD)]
+    assert forms == set(rules) and rules[0][1] == 2
+    assert all(s.checked.found for s in sites)  # met at the hub and checked there

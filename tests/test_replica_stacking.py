@@ -8,6 +8,7 @@ do not share the weights (stacking then falls back to each replica's own kernel)
 
 from __future__ import annotations
 
+import functools
 from types import SimpleNamespace
 
 import pytest
@@ -16,9 +17,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import popxl_fx
-from popxl_core.ops.forms import ReplicaStack
 from popxl_core.sim import CompileOptions, stacking
 from popxl_core.sim.stacking import StackRequest, StackSite, stacked_values
+from popxl_core.sim.variants import SiteFacts
 from tests.fx_zoo import GPT, SeedMLP, small_cnn
 
 # replica folding (fold.py, tests/test_replica_folding.py) off: the replicas run in lock
@@ -107,11 +108,11 @@ def test_stacked_is_bitwise_each_replicas_own(model, replicas, rts, accum, share
     sites = _sites(stacked[3])
     assert sites and stacked[3]._program.stats["stacked_ops"] == len(sites)
     if shares:  # each site met its shapes (and was checked there)
-        assert all(s.checked for s in sites)
+        assert all(s.checked.found for s in sites)
     if shares and model == "mlp" and _rows_invariant(replicas):
         # on a CPU whose GEMMs give a row the same bits whatever rows come with it (the
         # AMD EPYC here; not the Intel Xeon's MKL), every site's stacked form holds
-        assert all(all(s.checked.values()) for s in sites)
+        assert all(all(s.checked.found.values()) for s in sites)
 
 
 def _rows_invariant(replicas: int, rows: int = 4) -> bool:
@@ -135,7 +136,7 @@ def test_unshared_weights_fall_back_to_each_replicas_own():
     own = _train("mlp", 2, CompileOptions(share_uniform=False, stack_replicas=False))
     _assert_same(stacked, own)
     sites = _sites(stacked[3])
-    assert sites and all(not s.checked for s in sites)
+    assert sites and all(not s.checked.found for s in sites)
 
 
 def test_one_replica_has_no_sites():
@@ -159,12 +160,12 @@ class _Out:
     spec = SimpleNamespace(nbytes=4)
 
 
-def _site(stacked, rest=None):
+def _site(stacked):
     y = _Out()
     op = SimpleNamespace(attrs={}, outputs=[y])
-    em = SimpleNamespace(read={y}, graph=None, program=SimpleNamespace(keeps_buffers=()))
-    rule = ReplicaStack(shared=(1,), outputs=(0,), stacked=stacked, rest=rest)
-    return StackSite(op, lambda x, w: x @ w, rule, runtime=None, em=em)
+    facts = SiteFacts(plain=True, dead=frozenset(), keeps=False)
+    form = functools.partial(stacked, live=(True,), buffers=None)
+    return StackSite(op, lambda x, w: x @ w, [form], (1,), runtime=None, facts=facts)
 
 
 def _own(r, q):
@@ -182,7 +183,7 @@ def test_hub_stacks_only_the_same_op_with_one_weight():
     xs = [torch.randn(2, 5) for _ in range(3)]
     got = stacked_values([StackRequest(site, (x, w)) for x in xs], _own)
     assert got is not None and all(torch.equal(g[0], x @ w) for g, x in zip(got, xs))
-    assert list(site.checked.values()) == [True]
+    assert list(site.checked.found.values()) == list(site.checked.forms)
     # another op, a replica at a collective (None), or weights in different memory: no
     mixed = [StackRequest(site, (xs[0], w)), StackRequest(other, (xs[1], w))]
     assert stacked_values(mixed, _own) is None
@@ -207,8 +208,21 @@ def test_hub_falls_back_where_the_stacked_bits_differ():
     site, w = _site(off_by_one_ulp), torch.randn(5, 3)
     requests = [StackRequest(site, (torch.randn(2, 5), w)) for _ in range(2)]
     assert stacked_values(requests, _own) is None
-    assert list(site.checked.values()) == [False]
+    assert list(site.checked.found.values()) == [None]
     assert stacked_values(requests, _own) is None  # not tried again
+
+
+def test_hub_falls_back_where_the_stacked_form_raises():
+    """A stacked form that raises on the replicas' arguments (shapes its rule did not
+    foresee) is passed over as one with other bits is (`bits.Checked`): each replica's own."""
+
+    def unforeseen(inputs, live, buffers):
+        raise RuntimeError("shapes the rule did not foresee")
+
+    site, w = _site(unforeseen), torch.randn(5, 3)
+    requests = [StackRequest(site, (torch.randn(2, 5), w)) for _ in range(2)]
+    assert stacked_values(requests, _own) is None
+    assert list(site.checked.found.values()) == [None]
 
 
 # the lock-step hub with replicas at different waits -----------------------------------
@@ -241,7 +255,7 @@ def test_lockstep_replicas_at_different_waits_each_compute_their_own():
     run_lockstep(runtime, body)
     assert torch.equal(got["y0"], xs[0] @ w) and torch.equal(got["y1"], xs[1] @ w)
     assert got["c0"].item() == got["c1"].item() == 3.0
-    assert not site.checked  # never stacked
+    assert not site.checked.found  # never stacked
 
 
 def test_threaded_replicas_run_their_own_kernels(monkeypatch):
@@ -252,4 +266,4 @@ def test_threaded_replicas_run_their_own_kernels(monkeypatch):
     monkeypatch.setattr(runtime, "LOCKSTEP", False)
     threaded = _train("mlp", 2, STACKED, steps=2)
     _assert_same(threaded, _train("mlp", 2, OWN, steps=2))
-    assert all(not s.checked for s in _sites(threaded[3]))
+    assert all(not s.checked.found for s in _sites(threaded[3]))

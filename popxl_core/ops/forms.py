@@ -12,7 +12,8 @@ there next to its kernel (``speed.declare(ROW, ...)``), with these types:
 * ``speed.TRANSPOSED_KERNEL`` / ``speed.MATRIX_TRANSPOSE``: ``(a op b).T`` in one kernel
   (sim/fuse.py);
 * `JointGrad`: two gradient ops computed by one call (sim/conv_pairs.py);
-* `ReplicaStack`: data-parallel replicas' calls of the op as one call (sim/stacking.py).
+* `ReplicaStack`: where replicas in lock step call the op's `ReplicaFold` forms as one call
+  (sim/stacking.py).
 
 This module also holds the helpers the multi-tensor forms share.
 """
@@ -93,31 +94,21 @@ class JointGrad:
 
 @dataclass(frozen=True)
 class ReplicaStack:
-    """How the calls of this op by replicas in lock step become one call (sim/stacking.py):
-    where the ``shared`` inputs are the same memory on every replica (the weights that
-    sim/uniform.py shares) and the others have the same shape on every replica, outputs
-    ``outputs`` of every replica are computed by one kernel over the replicas' other inputs
-    stacked along a new leading dim (a GEMM over R*b rows reads the weight once instead of
-    R times; R weight gradients in one batched GEMM). Used only where, on the actual
-    shapes, the stacked call gives every replica the bits its own kernel gives (checked
-    once per shape at run time).
+    """Where the calls of this op by replicas in lock step may become one call
+    (sim/stacking.py): where the ``shared`` inputs are the same memory on every replica (the
+    weights that sim/uniform.py shares) and the others have the same shape on every
+    replica, the op's `ReplicaFold` forms run once over those others concatenated along
+    dim 0 (a GEMM over R*b rows reads the weight once instead of R times; R weight
+    gradients in one batched GEMM), each replica given its part. Used only where, on the
+    actual shapes, that gives every replica the bits its own kernel gives (checked once
+    per shape at run time).
 
     Args:
-        shared: indexes of the inputs that must be one tensor on every replica.
-        outputs: the indexes of the outputs the stacked call computes; the op is stacked
-            where some op reads one of them.
-        stacked: ``(per-replica input tuples, live, buffers, **attrs) -> per replica, a tuple
-            of its ``outputs`` (None where ``live`` is False: nothing reads it)``;
-            ``buffers``: a dict the call may keep output buffers in between runs, or None
-            (the op may run more than once a run).
-        rest: ``(kernel, inputs) -> the kernel's result, None at outputs``: the replica's
-            own kernel for the other outputs (None: ``outputs`` are the whole result).
+        shared: indexes of the inputs that must be one tensor on every replica; the
+            others are per replica in the op's ``fold`` rule.
     """
 
     shared: Tuple[int, ...]
-    outputs: Tuple[int, ...]
-    stacked: Callable[..., List[tuple]]
-    rest: Optional[Callable[..., Tuple[object, ...]]] = None
 
 
 @dataclass(frozen=True)

@@ -71,15 +71,14 @@ def _grad_infer(ins, has_bias):
     return outs + [spec((w.shape[0],), w.dtype)] if has_bias else outs
 
 
-def _grad_kernel(g, x, w, has_bias, skip_dx=False, dw_out=None, skip_dw=False):
+def _grad_kernel(g, x, w, has_bias, skip_dx=False, dw_out=None):
     """``dx``, ``dw`` (and ``db``). The compiler's variants (`speed.DEAD_OUTPUT_KERNELS`,
     `speed.BUFFERED_KERNEL`): ``skip_dx`` when
     nothing reads ``dx`` (a first layer: eager skips that GEMM too), ``dw_out`` a buffer
-    ``dw`` is written into (``mm(..., out=)`` is the same GEMM call: same bits);
-    ``skip_dw``: ``db`` alone (replicas stacked, sim/stacking.py, compute ``dx``/``dw``)."""
+    ``dw`` is written into (``mm(..., out=)`` is the same GEMM call: same bits)."""
     g2 = g.reshape(-1, g.shape[-1])
     dx = None if skip_dx else g2.mm(w).view(x.shape)
-    dw = None if skip_dw else torch.mm(g2.t(), x.reshape(-1, x.shape[-1]), out=dw_out)
+    dw = torch.mm(g2.t(), x.reshape(-1, x.shape[-1]), out=dw_out)
     return (dx, dw, g2.sum(0)) if has_bias else (dx, dw)
 
 
@@ -96,31 +95,9 @@ def _buffered_grad_kernel(op, dead: frozenset):
     return functools.partial(_grad_kernel, skip_dx=0 in dead, dw_out=buf)
 
 
-def _stacked(inputs, live, buffers, fold):
-    """Every replica's ``linear`` of one shared weight (and bias) as one GEMM over the
-    replicas' rows; each replica gets its rows (a view)."""
-    y = _kernel(torch.cat([a[0] for a in inputs]), *inputs[0][1:], fold=fold)
-    return [(part,) for part in y.split(inputs[0][0].shape[0])]
-
-
-def _stacked_grads(inputs, live, buffers, has_bias):
-    """Every replica's ``dx = g @ w`` of one shared weight as one GEMM over the replicas'
-    rows, and their ``dw = g.T @ x`` as one batched GEMM (into a buffer kept in
-    ``buffers`` where given): `_folded_grads` over the replicas' rows, each replica given
-    its rows of ``dx`` and its ``dw`` (views)."""
-    r, w = len(inputs), inputs[0][2]
-    g = torch.cat([a[0] for a in inputs])
-    x = torch.cat([a[1] for a in inputs]) if live[1] else None
-    dead = frozenset(i for i in (0, 1) if not live[i])
-    dx, dw = _folded_grads((g, x, w), r, dead, buffers, has_bias=False)
-    dxs = dx.split(inputs[0][0].shape[0]) if dx is not None else (None,) * r
-    dws = dw.view(r, *w.shape).unbind() if dw is not None else (None,) * r
-    return list(zip(dxs, dws))
-
-
 def _folded_grads(args, replicas, dead, buffers, has_bias, batched=True, sums=True):
     """Replicas folded (sim/fold.py): ``g``, ``x`` every replica's rows, ``w`` shared.
-    ``dx`` as one GEMM over all rows, the R ``dw`` as one batched GEMM (as `_stacked_grads`;
+    ``dx`` as one GEMM over all rows, the R ``dw`` as one batched GEMM (replicas stacked too;
     ``batched=False``: each replica's own GEMM, into its part of one buffer), the R ``db``
     as one sum over each replica's rows (``sums=False``: each replica's own sum); ``dw``,
     ``db`` as ``(R*out, ...)``."""
@@ -128,8 +105,6 @@ def _folded_grads(args, replicas, dead, buffers, has_bias, batched=True, sums=Tr
     g2 = g.reshape(-1, g.shape[-1])
     dx = None if 0 in dead else g2.mm(w).view(*g.shape[:-1], w.shape[1])
     gs = g2.view(replicas, -1, g.shape[-1])
-    if 1 in dead:  # replicas stacked (`_stacked_grads`) where nothing reads ``dw``
-        return dx, None
     xs = x.reshape(replicas, -1, x.shape[-1])
     out = _kept(buffers, (replicas, *w.shape), w.dtype)
     if batched:
@@ -268,11 +243,6 @@ def _kept(buffers, shape, dtype):
     return buffers[shape]
 
 
-def _bias_grad(kernel, inputs):
-    """The replica's own kernel for ``db`` alone."""
-    return kernel(*inputs, skip_dx=True, skip_dw=True)
-
-
 def _cost(ins, outs, attrs) -> Cost:
     x, w = ins[0], ins[1]
     rows = x.nelms // x.shape[-1]
@@ -359,7 +329,7 @@ LINEAR = register(
 )
 declare(
     LINEAR,
-    replica_stack=ReplicaStack(shared=(1, 2), outputs=(0,), stacked=_stacked),
+    replica_stack=ReplicaStack(shared=(1, 2)),
     replica_fold=ReplicaFold(rows=fold_rows(0).rows, kernels=_FOLDED_FORWARD),
 )
 LINEAR_GRAD = register(
@@ -376,9 +346,7 @@ declare(
     LINEAR_GRAD,
     dead_output_kernels={frozenset({0}): functools.partial(_grad_kernel, skip_dx=True)},
     buffered_kernel=_buffered_grad_kernel,
-    replica_stack=ReplicaStack(
-        shared=(2,), outputs=(0, 1), stacked=_stacked_grads, rest=_bias_grad
-    ),
+    replica_stack=ReplicaStack(shared=(2,)),
     replica_fold=ReplicaFold(
         rows=fold_rows(0, 1).rows,
         kernels=_FOLDED_GRADS,

@@ -49,6 +49,55 @@ program's runtime runs one run for all replicas, so it has no follower program a
 ``CompileOptions(share_uniform=, stack_replicas=, fold_replicas=)`` switch each off;
 tests compare every setting with the others, bit for bit.
 
+Stacking and folding are two ways one op's R replica calls become one call; what each
+decides, and where:
+
+=================  ===============================  ==============================================
+                   stacking (3)                     folding (4)
+=================  ===============================  ==============================================
+per program        `_stacks`: an unfolded program   `_folds`: the program shares its uniform work,
+                   with 2+ replicas in this         every replica runs here; then `fold.plan_fold`:
+                   process (no spec checks, no      every variable shared, the main graph's ops
+                   inductor: `_batched`, both)      loads, stores, full all-reduces, uniform pure
+                                                    ops and one-site calls of plain-kernel graphs
+per run            the schedule is LOCK_STEP (the   the schedule is FOLDED (the run shares, no
+                   hub exists)                      count depends on the data)
+per site, at       rule's ``stack`` and ``fold``    every op of a folded graph with a per-replica
+compile time       forms; float32; an output read;  input: ``exact`` (inline, unchecked), else a
+                   shared inputs of at least        `fold_site.FoldSite` (its forms where the op
+                   `stacking.MIN_SHARED_BYTES`      is float32 without dtype wrappers and
+                                                    ``rows`` holds, else the fallback alone)
+per site, at run   every call: all replicas at the  first call: the forms against the fallback;
+time               op, shared inputs one memory,    then the chosen callable is bound in place of
+                   the others one shape; checked    the site; checked again where the thread
+                   once per shapes, strides,        count changes
+                   alignment and threads
+values             R tensors, concatenated per      one tensor of R*b rows (uniform: one tensor)
+                   call into the fold form's rows
+fallback           the replica's own kernel         each replica's own kernel on its rows,
+                                                    outputs concatenated (`FoldSite.each`)
+emitted code       ``outs = k(ins)``, ``k`` the     ``outs = fold(ins)``, ``fold`` the site, then
+                   site: a greenlet switch to the   the chosen call (no per-call cost); an
+                   hub per call                     ``exact`` op as the op's own code
+=================  ===============================  ==============================================
+
+What they share: the op's one rule row, one analysis of the site (`variants.site_facts`:
+float32 operands without dtype wrappers, outputs nothing reads, whether the graph may keep
+output buffers; kernel variants read it too), one bit check (`bits.Checked`: the forms
+tried by `bits.first_match`, the outcome remembered per key; a form that raises is passed
+over), and the fallback's meaning (each replica's own call of the table kernel). Folding
+alone batches the main graph's all-reduces (sums over the replica dim, `fold_reduce.py`,
+`fold_group.py`, `fold_together.py`): stacking leaves collectives to the lock-step hub.
+
+`emit_batched` is the per-site half: the compiler asks it about every op it emits, and it
+alone decides which of the two (if either) makes the op's site.
+
+One form per op: the hub stacks with the op's ``fold`` forms (`stacking.StackSite`: the
+replicas' unshared inputs concatenated along dim 0, as a folded program holds them, each
+replica given its part of every output); an op's ``stack`` rule says only which inputs must
+be one memory on every replica (`forms.ReplicaStack.shared`). What still differs is where
+the rows are made: once for the whole step (folding), or per call at the hub (stacking).
+
 What the compiled program and this machinery need of a runtime is `ReplicaRuntime`, which
 `runtime.Runtime` (per replica) and `fold.FoldRuntime` (all replicas' rows at once) provide.
 """
@@ -74,18 +123,22 @@ import torch
 from ..errors import OpDataError
 from . import checks
 from . import runtime as runtime_module
-from .compile import Program
 from .fold import FoldRuntime, plan_fold
+from .fold_site import FoldSite, emit_exact, emit_folded_main
 from .runtime import ReplicaSchedule
+from .stacking import stack_site
 from .uniform import SharedRuns
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ..graph import Op
+    from .compile import Program
     from .runtime import Runtime
 
 __all__ = [
     "ReplicaRuns",
     "ReplicaRuntime",
     "ReplicaSchedule",
+    "emit_batched",
 ]
 
 
@@ -176,11 +229,86 @@ class ReplicaRuns:
 
 
 def _fold_program(ir, program) -> Optional[Program]:
-    """The folded program of a replicated ``program`` (fold.py), or None."""
-    plan = plan_fold(program) if isinstance(program, Program) else None
+    """The folded program of a replicated ``program`` (fold.py), compiled as ``program``
+    is, or None (the reference interpreter's program has no uniform sharing to fold on)."""
+    plan = plan_fold(program) if _folds(program) else None
     if plan is None:
         return None
-    return Program(ir, FoldRuntime(plan), folded_options(program.options), fold=plan)
+    return type(program)(ir, FoldRuntime(plan), folded_options(program.options), fold=plan)
+
+
+def emit_batched(op: Op, plan, em, emit_kernel: Callable, bound_kernel: Callable) -> bool:
+    """The per-site half of replica batching, asked by the compiler for every op it emits
+    (after foreach groups and handoff calls): emit ``op`` as its batched site (True), or
+    leave it to the compiler (False). In a folded program every op of a folded graph is
+    folded (`_emit_folded`) and the main graph's all-reduces batched
+    (`fold_site.emit_folded_main`); in another, an op may be stacked (`_emit_stacked`).
+    ``emit_kernel``, ``bound_kernel``: the compiler's default emission and its table
+    kernel with its dtype wrappers (the fallback's kernel)."""
+    fold = em.program.fold
+    if fold is not None and em.graph in fold.graphs:
+        _emit_folded(op, em, emit_kernel, bound_kernel)
+        return True
+    if fold is not None:
+        return emit_folded_main(op, plan, em, emit_kernel)
+    return _emit_stacked(op, plan, em, bound_kernel)
+
+
+def _emit_folded(op: Op, em, emit_kernel: Callable, bound_kernel: Callable) -> None:
+    """An op of a folded graph: with uniform inputs it runs once, as on one replica; with a
+    per-replica input its rule's ``exact`` fold is its own code with folded attributes,
+    else a `fold_site.FoldSite` checks its forms against the fallback (none: the
+    fallback)."""
+    program = em.program
+    fold = program.fold
+    if not any(t in fold.stacked for t in op.inputs):
+        (op.opdef.emit or emit_kernel)(op, em)
+    elif not emit_exact(op, em, fold, emit_kernel):
+        site = FoldSite(op, em, fold, bound_kernel)
+        program.stats["folded_ops"] += site.folded is not None
+        site.name, site.namespace = em.emit_call("fold", site, op), program.namespace
+        fold.sites.append(site)
+
+
+def _emit_stacked(op: Op, plan, em, bound_kernel: Callable) -> bool:
+    """An op of an unfolded program whose replicas may stack (`_stacks`), that no pass
+    rewrote, as a `stacking.StackSite` where its rule's ``stack`` form and its use allow
+    (taken before `speed.DIRECT`'s torch call: no op has both)."""
+    if not _stacks(em.program) or op.opdef.emit is not None:
+        return False
+    if op in plan.fused or op in plan.pairs or op in plan.reuse:
+        return False
+    site = stack_site(op, em, bound_kernel)
+    if site is None:
+        return False
+    em.program.stats["stacked_ops"] += 1
+    em.emit_call("k", site, op)
+    return True
+
+
+# which forms a program's sites may take: the per-program half of the decision
+def _batched(program) -> bool:
+    """Neither form where the program checks each kernel's output specs (a batched call is
+    not the op's own) or runs under inductor (its compiled graphs replace the kernels)."""
+    return not program.options.inductor and not program.check_specs
+
+
+def _folds(program) -> bool:
+    """Folding may apply (`fold.plan_fold` then asks the graphs): the program shares its
+    uniform work and its runtime runs every replica, in this process."""
+    if getattr(program, "sharing", None) is None or not program.options.fold_replicas:
+        return False  # (the reference interpreter's program shares nothing)
+    runtime = program.namespace["RT"]
+    every = len(runtime.local) == program.ir.replication_factor and not runtime.spans_processes
+    return every and _batched(program)
+
+
+def _stacks(program) -> bool:
+    """Stacking may apply: the runtime runs several replicas here (in lock step where the
+    schedule is LOCK_STEP; elsewhere the sites are not met and each replica computes its
+    own)."""
+    runtime = program.namespace["RT"]
+    return program.options.stack_replicas and len(runtime.local) >= 2 and _batched(program)
 
 
 def folded_options(options):

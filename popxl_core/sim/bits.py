@@ -4,15 +4,16 @@ sharing's check that replicas hold the same variables; batching.py).
 
 A batched form of an op is checked one way wherever it is made: its result against the
 fallback's (each replica's own call) on the same arguments, output by output
-(`same_outputs`), the forms tried in order (`first_match`)."""
+(`same_outputs`), the forms tried in order (`first_match`); a site remembers the outcome
+per key (`Checked`)."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Hashable, Iterable, Optional, Sequence, Tuple
 
 import torch
 
-__all__ = ["as_tuple", "first_match", "same_bits", "same_outputs"]
+__all__ = ["Checked", "as_tuple", "first_match", "same_bits", "same_outputs"]
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -54,16 +55,50 @@ def same_outputs(got: Outputs, want: Outputs) -> bool:
 
 
 def first_match(
-    forms: Iterable[Callable], args: tuple, want: Outputs
+    forms: Iterable[Callable],
+    args: tuple,
+    want: Outputs,
+    outputs: Callable[[Any], Outputs] = as_tuple,
 ) -> Optional[Tuple[Callable, Any]]:
-    """``(form, its result)``: the first of ``forms`` whose outputs on ``args`` are
-    ``want``'s bits, or None (the caller falls back to each replica's own call). A form that
-    raises on these arguments (a shape its rule did not foresee) is passed over."""
+    """``(form, its result)``: the first of ``forms`` whose outputs on ``args`` (the result
+    as ``outputs`` lists them) are ``want``'s bits, or None (the caller falls back to each
+    replica's own call). A form that raises on these arguments (a shape its rule did not
+    foresee) is passed over."""
     for form in forms:
         try:
             got = form(*args)
         except (RuntimeError, ValueError, IndexError):
             continue
-        if same_outputs(as_tuple(got), want):
+        if same_outputs(outputs(got), want):
             return form, got
     return None
+
+
+class Checked:
+    """A batched site's forms, checked by `first_match` at the first call of a key (what may
+    change the kernels torch picks: shapes, strides, threads) and the outcome remembered for
+    that key: the one bit check of `stacking.StackSite` and `fold_site.FoldSite`."""
+
+    def __init__(
+        self, forms: Iterable[Callable], outputs: Callable[[Any], Outputs] = as_tuple
+    ) -> None:
+        self.forms = tuple(forms)
+        self.outputs = outputs  # a form's result -> its outputs, as the fallback's are given
+        self.found: Dict[Hashable, Optional[Callable]] = {}  # key -> its form (None: fallback)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self.found
+
+    def form(self, key: Hashable) -> Optional[Callable]:
+        """The form checked equal for ``key`` (None: the fallback, or not checked)."""
+        return self.found.get(key)
+
+    def check(self, key: Hashable, args: tuple, want: Outputs) -> Optional[Tuple[Callable, Any]]:
+        """`first_match` on ``args`` against the fallback's outputs ``want``, remembered."""
+        found = first_match(self.forms, args, want, self.outputs)
+        self.found[key] = None if found is None else found[0]
+        return found
+
+    def clear(self) -> None:
+        """Check again at every key's next call."""
+        self.found.clear()

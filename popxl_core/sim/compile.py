@@ -19,12 +19,12 @@ from ..remote_variables import remote_info
 from ..schedule import schedule
 from ..tensor import Constant, Tensor, Variable
 from .alias import ViewOutputs
+from .batching import emit_batched
 from .call_outputs import kept_outputs
 from .code_cache import compiled as compiled_code
 from .conv_pairs import conv_pair_kernel
 from .defer import DEFER_NAME, deferred_at, emit_deferred
 from .direct import direct_call
-from .fold_site import emit_fold
 from .foreach import Group, group_kernel
 from .fuse import transposed_kernel
 from .handoff import HANDOFF_PARAM, emit_handoff_call, handoff_graph, unpack_lines
@@ -42,7 +42,6 @@ from .kernel_wrappers import (
 from .options import DEFAULT, CompileOptions
 from .passes import STATS, GraphPlan, live_ops, run_passes
 from .remote_views import view_loads
-from .stacking import stack_site
 from .uniform import plan_sharing
 from .variants import buffer_graphs, graphs_run_once, variant_kernel
 
@@ -83,6 +82,16 @@ class Emitter:
 
     def emit(self, line: str) -> None:
         self.lines.append(line)
+
+    def emit_call(self, prefix: str, fn: Callable, op: Op) -> str:
+        """``outs = fn(ins)`` for ``op``: ``fn`` a global of the generated code recorded as
+        ``op``'s (errors name it); returns the global's name."""
+        k = self.bind_global(prefix, fn)
+        self.program.kernel_ops[k] = op
+        ins = ", ".join(self.name(t) for t in op.inputs)
+        outs = ", ".join(self.name(t) for t in op.outputs)
+        self.emit(f"{outs} = {k}({ins})" if outs else f"{k}({ins})")
+        return k
 
     def graph_fn(self, g: Graph) -> str:
         """The global name of the compiled function of subgraph ``g``."""
@@ -265,7 +274,7 @@ def _emit_handoff(op: Op, released, em: Emitter) -> Set[Tensor]:
 
 
 def _emit_op(op: Op, plan: GraphPlan, em: Emitter) -> None:
-    if em.program.fold is not None and emit_fold(op, plan, em, _emit_kernel, _bound_kernel):
+    if emit_batched(op, plan, em, _emit_kernel, _bound_kernel):  # replicas' batched sites
         return
     if op in plan.fused:
         _emit_transposed_matmul(op, plan.fused[op], em)
@@ -286,16 +295,7 @@ def _emit_kernel(op: Op, em: Emitter) -> None:
             if call is not None:
                 em.emit(f"{em.name(op.outputs[0])} = {call}")
                 return
-    kernel = _bound_kernel(op, em)
-    k = _bind_kernel(em, stack_site(op, em, kernel) or kernel, op)
-    ins = ", ".join(em.name(t) for t in op.inputs)
-    outs = [em.name(t) for t in op.outputs]
-    if not outs:
-        em.emit(f"{k}({ins})")
-    elif len(outs) == 1:
-        em.emit(f"{outs[0]} = {k}({ins})")
-    else:
-        em.emit(f"{', '.join(outs)} = {k}({ins})")
+    em.emit_call("k", _bound_kernel(op, em), op)
 
 
 def _emit_transposed_matmul(op: Op, mm: Op, em: Emitter) -> None:

@@ -53,7 +53,7 @@ from ..tensor import Tensor, Variable
 from .fold_group import KeptGroup
 from .fold_reduce import check_summed, plan_fused, reduce_group
 from .fold_together import Together, TogetherMode, plan_together
-from .runtime import Runtime, collective_results, next_transfer
+from .runtime import collective_results, next_transfer
 from .uniform import full_all_reduce
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -104,13 +104,9 @@ class FoldPlan:
 
 
 def plan_fold(program) -> Optional[FoldPlan]:
-    """The fold of ``program``'s main graph, or None where a precondition fails."""
-    ir, sharing, options = program.ir, program.sharing, program.options
-    if sharing is None or not options.fold_replicas or options.inductor or options.check_specs:
-        return None
-    runtime: Runtime = program.namespace["RT"]
-    if len(runtime.local) != ir.replication_factor or runtime.spans_processes:
-        return None
+    """The fold of ``program``'s main graph, or None where a precondition on its graphs
+    fails (the program's own, its runtime and options, are `batching.ReplicaRuns`')."""
+    ir, sharing = program.ir, program.sharing
     shared = {program.variables[i] for i in sharing.variables}
     plan = FoldPlan(ir.replication_factor, frozenset(sharing.streams))
     for op in program.main_plan.live:

@@ -25,29 +25,20 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from ..graph import Op
-from .bits import as_tuple, first_match
+from .bits import Checked, as_tuple
 from .fold_reduce import ReducedOutputs, ReduceGroups
-from .kernel_wrappers import fp16_in_fp32, touches_narrow_unsigned
 from .speed import DEAD_OUTPUT_KERNELS, fold_rule, known_fold
-from .variants import all_float32
+from .variants import site_facts
 
-__all__ = ["FoldSite", "emit_fold"]
+__all__ = ["FoldSite", "base_kernel", "emit_exact", "emit_folded_main", "folded_calls"]
 
 
-def emit_fold(op: Op, plan, em, emit_kernel: Callable, bound_kernel: Callable) -> bool:
-    """Emit ``op`` of a folded program where folding decides how (True), else leave it to
-    the compiler (False): in a folded graph every op (a `FoldSite` where an input is per
-    replica); in the main graph an ``out=`` reuse of a per-replica tensor's storage is
-    not made (its shape is all replicas'). ``emit_kernel``, ``bound_kernel``: the
-    compiler's default emission and its table kernel with its dtype wrappers."""
+def emit_folded_main(op: Op, plan, em, emit_kernel: Callable) -> bool:
+    """Emit ``op`` of a folded program's main graph where folding decides how (True), else
+    leave it to the compiler (False): an ``out=`` reuse of a per-replica tensor's storage
+    is not made (its shape is all replicas'), and the all-reduces are sums over the
+    replicas' rows (`fold_reduce.py`). ``emit_kernel``: the compiler's default emission."""
     fold = em.program.fold
-    if em.graph in fold.graphs:
-        if any(t in fold.stacked for t in op.inputs):
-            if not _emit_exact(op, em, fold, emit_kernel):
-                _emit_site(op, em, fold, bound_kernel)
-        else:  # uniform inputs: the op runs once, as on one replica
-            (op.opdef.emit or emit_kernel)(op, em)
-        return True
     if op in plan.reuse and plan.reuse[op] in fold.stacked:
         (op.opdef.emit or emit_kernel)(op, em)
         return True
@@ -70,16 +61,16 @@ def _emit_reduce_group(op: Op, plan, em, fold) -> bool:
     outs = ", ".join(em.name(x.outputs[0]) for x in run)
     ins = ", ".join(em.name(x.inputs[0]) for x in run)
     kind, key = op.attrs["op"], f"{op.type}.{op.id}"
-    keep = em.graph in em.program.keeps_buffers  # its results are dead by the next run
+    keep = site_facts(op, em).keeps  # its results are dead by the next run
     em.emit(f"{outs}, = RT.all_reduce_group(({ins},), {kind!r}, {key!r}, {keep})")
     return True
 
 
-def _emit_exact(op: Op, em, fold, emit_kernel: Callable) -> bool:
+def emit_exact(op: Op, em, fold, emit_kernel: Callable) -> bool:
     """An op whose `ReplicaFold.exact` folded call applies: emitted as the compiler emits
     the op itself (inline where `speed.DIRECT` allows), with the folded attributes."""
     rule = fold_rule(op.opdef)
-    if rule is None or not rule.exact or rule.kernels or not _plain(op):
+    if rule is None or not rule.exact or rule.kernels or not site_facts(op, em).plain:
         return False
     if not _rows_fold(op, rule, [t in fold.stacked for t in op.inputs]):
         return False
@@ -88,24 +79,6 @@ def _emit_exact(op: Op, em, fold, emit_kernel: Callable) -> bool:
     emit_kernel(folded, em)
     em.program.stats["exact_folded_ops"] += 1
     return True
-
-
-def _plain(op: Op) -> bool:
-    """float32 throughout, no dtype wrapper: the folded call is the kernel's own."""
-    return all_float32(op) and not fp16_in_fp32(op) and not touches_narrow_unsigned(op)
-
-
-def _emit_site(op: Op, em, fold, bound_kernel: Callable) -> None:
-    site = FoldSite(op, em, fold, bound_kernel)
-    em.program.stats["folded_ops"] += site.folded is not None
-    k = em.bind_global("fold", site)
-    site.name, site.namespace = k, em.program.namespace
-    fold.sites.append(site)
-    em.program.kernel_ops[k] = op
-    ins = ", ".join(em.name(t) for t in op.inputs)
-    outs = [em.name(t) for t in op.outputs]
-    lhs = f"{', '.join(outs)}{',' if len(outs) > 1 else ''} = " if outs else ""
-    em.emit(f"{lhs}{k}({ins})")
 
 
 class FoldSite:
@@ -119,16 +92,19 @@ class FoldSite:
         self.scalar_out = tuple(len(t.shape) == 0 for t in op.outputs)
         self.n_out = len(op.outputs)
         self.op = op
-        dead = frozenset(i for i, t in enumerate(op.outputs) if t not in em.read)
-        plain = _plain(op)
-        base, self.dead = _base_kernel(op, em, dead if plain else frozenset())
+        facts = self.facts = site_facts(op, em)
+        plain = facts.plain
+        base, self.dead = base_kernel(op, em, facts.dead if plain else frozenset())
         attrs = op.kernel_attrs()
         self.own = functools.partial(base, **attrs) if attrs else base
         if not plain:  # the table kernel with its dtype wrappers
             self.own = bound_kernel(op, em)
-        self.folded = _folded_call(op, base, self, em) if plain else None
+        r, buffers = self.replicas, facts.buffers()
+        self.folded = folded_calls(op, base, r, self.per, self.dead, buffers) if plain else None
         self.together = _together(op, self, fold, plain)
         self.reduced = _reduced(op, self, em, fold, plain)
+        # a compiled graph meets one set of shapes and strides: one key (`reset` clears it)
+        self.checked = Checked(self.folded or ())
         self.chosen: Optional[Callable] = None  # the call checked equal (or `_each`)
         self.name = ""  # its global in the generated code
         self.namespace: Dict[str, Any] = {}
@@ -140,7 +116,7 @@ class FoldSite:
         run, and `reset` undoes it where the thread count changes."""
         want = self.each(args)
         chosen: Callable = self._each
-        found = first_match(self.folded or (), args, self._left(as_tuple(want)))
+        found = self.checked.check((), args, self._left(as_tuple(want)))
         if found is not None:
             if self.together is not None:  # the group checks the values it computes
                 self.together.wanted(self.op, as_tuple(want))
@@ -161,6 +137,7 @@ class FoldSite:
     def reset(self) -> None:
         """Check again at the next call."""
         self.chosen = None
+        self.checked.clear()
         self.namespace[self.name] = self
 
     def _each(self, *args):
@@ -188,7 +165,7 @@ class FoldSite:
         return a.unbind() if rows is None else a.split(rows)
 
 
-def _base_kernel(op: Op, em, dead: frozenset) -> Tuple[Callable, frozenset]:
+def base_kernel(op: Op, em, dead: frozenset) -> Tuple[Callable, frozenset]:
     """The table kernel, or its variant skipping the outputs nothing reads."""
     variant = DEAD_OUTPUT_KERNELS.get(op.opdef, {}).get(dead) if dead else None
     if variant is not None:
@@ -199,19 +176,18 @@ def _base_kernel(op: Op, em, dead: frozenset) -> Tuple[Callable, frozenset]:
     return kernel, frozenset()
 
 
-def _folded_call(op: Op, base: Callable, site: FoldSite, em) -> Optional[List[Callable]]:
-    """The calls over all replicas' rows the op's `ReplicaFold` allows (to try in order), or
-    None."""
+def folded_calls(
+    op: Op, base: Callable, replicas: int, per, dead: frozenset, buffers: Optional[dict]
+) -> Optional[List[Callable]]:
+    """The calls over all replicas' rows (``per``: which inputs are per replica) the op's
+    `ReplicaFold` allows, to try in order, or None; ``base``: `base_kernel`'s kernel,
+    ``dead`` its skipped outputs; ``buffers``: a dict its own kernels may keep outputs in."""
     rule = fold_rule(op.opdef)
-    if rule is None:
-        return None
-    r = site.replicas
-    if not _rows_fold(op, rule, site.per):
+    if rule is None or not _rows_fold(op, rule, per):
         return None
     if rule.kernels:
-        buffers: Optional[Dict[Any, Any]] = {} if em.graph in em.program.keeps_buffers else None
-        return [_own_folded(k, r, site.dead, buffers, op.attrs) for k in rule.kernels]
-    attrs = _folded_attrs(op, rule, r)
+        return [_own_folded(k, replicas, dead, buffers, op.attrs) for k in rule.kernels]
+    attrs = _folded_attrs(op, rule, replicas)
     return [functools.partial(base, **attrs) if attrs else base]
 
 
@@ -255,14 +231,13 @@ def _reduced(op: Op, site: FoldSite, em, fold, plain: bool) -> Optional[ReducedO
     kinds = fold.reduced.get(op)
     if kinds is None:
         return None
-    keep = em.graph in em.program.keeps_buffers  # its buffers are dead by the next run
     # `plan_fused` reduces only the outputs of ops with a fold rule (`sole_graph_source`)
     rule, r = known_fold(op.opdef), site.replicas
     calls = []
     if plain and rule.rows(op.attrs, [tuple(t.shape) for t in op.inputs], site.per):
-        buffers: Optional[Dict[Any, Any]] = {} if keep else None
+        buffers = site.facts.buffers()
         calls = [_own_reduced(k, r, site.dead, buffers, kinds, op.attrs) for k in rule.reduced]
-    return ReducedOutputs(kinds, r, calls, keep)
+    return ReducedOutputs(kinds, r, calls, site.facts.keeps)
 
 
 def _own_reduced(kernel: Callable, replicas: int, dead, buffers, kinds, attrs) -> Callable:

@@ -32,9 +32,10 @@ The tables:
   `Session.run` (variants.py);
 * `REPLICA_BATCHING`: how data-parallel replicas' calls of the op batch into one call, its
   one `ReplicaBatching` rule (batching.py): ``fold`` over their values concatenated along
-  dim 0 (`forms.ReplicaFold`; fold.py), ``stack`` by replicas in lock step where its weight
-  is shared (`forms.ReplicaStack`; stacking.py). `declare` takes its fields as the keywords
-  ``replica_fold=`` and ``replica_stack=`` (or the whole rule as ``replica_batching=``).
+  dim 0 (`forms.ReplicaFold`; fold.py), ``stack``: where replicas in lock step make that call
+  at the hub, its weight shared (`forms.ReplicaStack`; stacking.py). `declare` takes its
+  fields as the keywords ``replica_fold=`` and ``replica_stack=`` (or the whole rule as
+  ``replica_batching=``).
 """
 
 from __future__ import annotations
@@ -138,10 +139,10 @@ BUFFERED_KERNEL: OpTable = OpTable("buffered_kernel")
 class ReplicaBatching:
     """How data-parallel replicas' calls of one op batch into fewer calls (batching.py):
     ``fold``, one call over all replicas' values concatenated along dim 0 (the folded
-    program, fold.py); ``stack``, one call at lock step's hub over the replicas' values
-    stacked where a weight is one tensor for all (stacking.py). None: not that way. Either
-    is used only where it gives every replica the bits of its own call, which every op
-    without a rule makes."""
+    program, fold.py); ``stack``, where lock step's hub may make that call over the
+    replicas' values (stacking.py): the inputs that must be one tensor for all (a weight).
+    None: not that way. Either is used only where it gives every replica the bits of its
+    own call, which every op without a rule makes."""
 
     fold: Optional["ReplicaFold"] = None
     stack: Optional["ReplicaStack"] = None

@@ -5,11 +5,12 @@ With R data-parallel replicas every replica runs the same graphs over its 1/R of
 Where `uniform.py` makes the weights one tensor for all replicas, each replica's forward and
 input-gradient GEMM still reads the whole weight for its few rows: at the seed MLP's 8 rows
 a replica, R reads of 1.3 M weights were most of a replication-4 step. Here an op whose
-`speed.ReplicaBatching.stack` (`forms.ReplicaStack`) says how, emitted as a `StackSite`, meets the
-other replicas at the lock-step hub (`lockstep.py`, like a collective without data exchange);
-when every replica is at the same op with the ``shared`` inputs in the same memory, the hub
-computes the op's outputs for all of them with one kernel over the replicas' other inputs
-stacked (same shapes on every replica), and each replica gets its part.
+`speed.ReplicaBatching.stack` (`forms.ReplicaStack`) names its shared inputs, emitted as a
+`StackSite`, meets the other replicas at the lock-step hub (`lockstep.py`, like a collective
+without data exchange); when every replica is at the same op with the ``shared`` inputs in
+the same memory, the hub computes the op's outputs for all of them with the op's ``fold``
+forms (`forms.ReplicaFold`, as a folded program calls them) over the replicas' other inputs
+concatenated along dim 0 (same shapes on every replica), and each replica gets its part.
 
 Bits: a GEMM's row need not come out the same whatever rows it is computed with (MKL picks
 kernels per shape and CPU). So the first time a site meets a set of shapes (and strides,
@@ -22,15 +23,15 @@ finished. ``CompileOptions(stack_replicas=False)`` switches it off; tests compar
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 import torch
 
 from ..graph import Op
-from ..ops.forms import ReplicaStack
-from .bits import same_outputs
+from .bits import Checked, as_tuple
+from .fold_site import base_kernel, folded_calls
 from .speed import stack_rule
-from .variants import all_float32, bounded
+from .variants import SiteFacts, bounded, site_facts
 
 __all__ = ["MIN_SHARED_BYTES", "StackRequest", "StackSite", "stack_site", "stacked_values"]
 
@@ -44,41 +45,39 @@ MIN_SHARED_BYTES = 256 * 1024
 class StackSite:
     """An op's kernel as called by a replica: alone, or stacked at the lock-step hub."""
 
-    def __init__(self, op: Op, kernel: Callable, rule: ReplicaStack, runtime, em) -> None:
+    def __init__(
+        self,
+        op: Op,
+        kernel: Callable,
+        forms: Sequence[Callable],
+        shared: Sequence[int],
+        runtime,
+        facts: SiteFacts,
+    ) -> None:
         self.op = op  # the leader's and followers' main graphs bind a site each per op
-        self.kernel = kernel
-        self.rule = rule
-        self.attrs = dict(op.attrs)
+        self.kernel = kernel  # the replica's own: the fallback
+        self.shared = tuple(shared)  # the inputs one memory on every replica (the weights)
         self.runtime = runtime
-        self.live = tuple(op.outputs[i] in em.read for i in rule.outputs)
-        # output buffers kept between runs where the op runs at most once per run of each
-        # replica (what `variants.py` keeps per replica, kept here for the stacked call)
-        once = em.graph in em.program.keeps_buffers
-        self.buffers: Optional[dict] = {} if once and bounded(op) else None
-        self.checked: Dict[tuple, bool] = {}  # shapes -> the stacked form gave the same bits
+        self.facts = facts  # `variants.site_facts`: the analysis a fold site reads too
+        self.live = tuple(i not in facts.dead for i in range(len(op.outputs)))
+        # stacked forms (every replica's arguments -> every replica's outputs), checked per
+        # shapes, strides, alignment and threads (`_key`) on the outputs some op reads
+        self.checked = Checked(forms, outputs=self.read)
 
     def __call__(self, *args):
         hub = self.runtime.stack_hub()
-        if hub is None:
-            return self.kernel(*args)
-        value = hub.switch(StackRequest(self, args))  # the hub answers
+        value = None if hub is None else hub.switch(StackRequest(self, args))  # it answers
         if value is None:
             return self.kernel(*args)
-        if self.rule.rest is None:
-            return value[0] if len(value) == 1 else value
-        result = list(self.rule.rest(self.kernel, args))
-        for i, v in zip(self.rule.outputs, value):
-            result[i] = v
-        return tuple(result)
+        return value[0] if len(value) == 1 else tuple(value)
 
     def own_outputs(self, args) -> tuple:
-        """The outputs the stacked call computes, by this replica's own kernel."""
-        res = self.kernel(*args)
-        res = res if isinstance(res, tuple) else (res,)
-        return tuple(res[i] for i in self.rule.outputs)
+        """This replica's outputs by its own kernel (the fallback, for the check)."""
+        return as_tuple(self.kernel(*args))
 
-    def stacked(self, args: List[tuple]) -> List[tuple]:
-        return self.rule.stacked(args, self.live, self.buffers, **self.attrs)
+    def read(self, values: Sequence[tuple]) -> tuple:
+        """Every replica's outputs that some op reads, in order."""
+        return tuple(t for v in values for t, use in zip(v, self.live) if use)
 
 
 class StackRequest:
@@ -91,23 +90,52 @@ class StackRequest:
         self.args = args
 
 
-def stack_site(op: Op, em, kernel: Callable) -> Optional[StackSite]:
-    """``kernel`` as a `StackSite` where the op may be stacked across the replicas this
-    process runs in lock step, else None."""
+def stack_site(op: Op, em, bound_kernel: Callable) -> Optional[StackSite]:
+    """The op as a `StackSite` over its kernel (``bound_kernel(op, em)``, made only for a
+    site) where its rule and use allow, else None; asked only in a program whose replicas
+    may stack (`batching.emit_batched`)."""
     rule = stack_rule(op.opdef)
-    program = em.program
-    runtime = program.namespace["RT"]
-    if rule is None or not program.options.stack_replicas or program.check_specs:
+    if rule is None:
         return None
-    if program.options.inductor or len(runtime.local) < 2:
-        return None
-    if not any(op.outputs[i] in em.read for i in rule.outputs) or not all_float32(op):
+    facts = site_facts(op, em)
+    if len(facts.dead) == len(op.outputs) or not facts.plain:
         return None
     shared = [op.inputs[i] for i in rule.shared if i < len(op.inputs)]
     if sum(t.spec.nbytes for t in shared) < MIN_SHARED_BYTES:
         return None
-    program.stats["stacked_ops"] += 1
-    return StackSite(op, kernel, rule, runtime, em)
+    runtime = em.program.namespace["RT"]
+    forms = _fold_forms(op, em, rule.shared, facts, len(runtime.local))
+    if not forms:
+        return None
+    return StackSite(op, bound_kernel(op, em), forms, rule.shared, runtime, facts)
+
+
+def _fold_forms(op: Op, em, shared, facts: SiteFacts, replicas: int) -> List[Callable]:
+    """The op's ``fold`` forms (`fold_site.folded_calls`) as stacked forms: each over the
+    replicas' unshared inputs concatenated along dim 0 (the rows a folded program holds),
+    each replica given its part of every output (a folded output is the replicas' values
+    one after the other along dim 0)."""
+    per = tuple(i not in shared for i in range(len(op.inputs)))
+    base, dead = base_kernel(op, em, facts.dead)
+    # output buffers kept between runs where the op runs at most once per run of each
+    # replica (what `variants.py` keeps per replica, kept here for the stacked call)
+    buffers = facts.buffers() if facts.keeps and bounded(op) else None
+    calls = folded_calls(op, base, replicas, per, dead, buffers) or []
+    shapes = [tuple(t.shape) for t in op.outputs]
+    return [_stacked(call, per, shapes) for call in calls]
+
+
+def _stacked(call: Callable, per: Sequence[bool], shapes: Sequence[tuple]) -> Callable:
+    def stacked(args: Sequence[tuple]) -> List[tuple]:
+        ins = [torch.cat([a[i] for a in args]) if p else args[0][i] for i, p in enumerate(per)]
+        r = len(args)
+        parts = [
+            (None,) * r if t is None else t.reshape(r, *shape).unbind()
+            for t, shape in zip(as_tuple(call(*ins)), shapes)
+        ]
+        return list(zip(*parts))
+
+    return stacked
 
 
 def stacked_values(
@@ -123,19 +151,15 @@ def stacked_values(
         return None
     site = first.site
     args = [q.args for q in requests]
-    if not _stackable(args, site.rule.shared):
+    if not _stackable(args, site.shared):
         return None
-    key = _key(args)
-    ok = site.checked.get(key)
-    if ok is False:
-        return None
-    values = site.stacked(args)
-    if ok is None:
-        ok = all(
-            _same_outputs(v, own(r, q), site.live) for r, (v, q) in enumerate(zip(values, requests))
-        )
-        site.checked[key] = ok
-    return values if ok else None
+    key, checked = _key(args), site.checked
+    if key in checked:
+        form = checked.form(key)
+        return None if form is None else form(args)
+    want = site.read([own(r, q) for r, q in enumerate(requests)])
+    found = checked.check(key, (args,), want)
+    return None if found is None else found[1]
 
 
 def _stackable(args: List[tuple], shared: Sequence[int]) -> bool:
@@ -167,12 +191,3 @@ def _key(args: List[tuple]) -> tuple:
     return (torch.get_num_threads(),) + tuple(
         (tuple(t.shape), t.stride(), t.data_ptr() % 16) for a in args for t in a
     )
-
-
-def _same_outputs(got: tuple, want: tuple, live: tuple) -> bool:
-    """The outputs some op reads (``live``) are the same bits (the others are not made)."""
-    return same_outputs(_read(got, live), _read(want, live))
-
-
-def _read(outputs: tuple, live: tuple) -> tuple:
-    return tuple(t for t, use in zip(outputs, live) if use)

@@ -11,23 +11,55 @@ Both compute the outputs they return with the same calls as the table kernel: sa
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Set
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Set
 
 import torch
 
 from ..graph import Graph, Op
 from ..ops.call import CALL
 from ..ops.remote import REMOTE_LOAD, REMOTE_LOAD_INPLACE
+from .kernel_wrappers import fp16_in_fp32, touches_narrow_unsigned
 from .speed import BUFFERED_KERNEL, DEAD_OUTPUT_KERNELS
 
 __all__ = [
     "MAX_BUFFER_BYTES",
+    "SiteFacts",
     "all_float32",
     "bounded",
     "buffer_graphs",
     "graphs_run_once",
+    "site_facts",
     "variant_kernel",
 ]
+
+
+@dataclass(frozen=True)
+class SiteFacts:
+    """What the compiler knows about one op's use, from which its kernel variants and its
+    replica-batched site (batching.py: folded or stacked) are decided; found once per op
+    by `site_facts`."""
+
+    # float32 operands (integer ones pass) and no dtype wrapper: a variant or batched form
+    # is the table kernel's own arithmetic
+    plain: bool
+    dead: frozenset  # indexes of the outputs nothing reads (a variant need not make them)
+    # its graph runs at most once per run of each replica (and not under inductor, whose
+    # compiled graphs allocate their outputs): output buffers may be kept between runs
+    keeps: bool
+
+    def buffers(self) -> Optional[dict]:
+        """A dict a kernel may keep its output buffers in between runs, or None."""
+        return {} if self.keeps else None
+
+
+def site_facts(op: Op, em) -> SiteFacts:
+    """``op``'s `SiteFacts` in the graph ``em`` emits."""
+    program = em.program
+    plain = all_float32(op) and not fp16_in_fp32(op) and not touches_narrow_unsigned(op)
+    dead = frozenset(i for i, t in enumerate(op.outputs) if t not in em.read)
+    keeps = not program.options.inductor and em.graph in program.keeps_buffers
+    return SiteFacts(plain, dead, keeps)
 
 
 def variant_kernel(op: Op, em) -> Callable | None:
@@ -36,11 +68,9 @@ def variant_kernel(op: Op, em) -> Callable | None:
     variants, buffered = DEAD_OUTPUT_KERNELS.get(op.opdef, {}), BUFFERED_KERNEL.get(op.opdef)
     if not (variants or buffered) or em.program.check_specs or not all_float32(op):
         return None
-    dead = frozenset(i for i, t in enumerate(op.outputs) if t not in em.read)
-    kernel = None
-    # (not under inductor: its compiled graphs allocate their outputs themselves)
-    kept = not em.program.options.inductor and em.graph in em.program.keeps_buffers
-    if buffered is not None and kept and bounded(op):
+    facts = site_facts(op, em)
+    dead, kernel = facts.dead, None
+    if buffered is not None and facts.keeps and bounded(op):
         kernel = _per_replica(op, dead, buffered, em.program.namespace["RT"])
         em.program.stats["buffered_ops"] += kernel is not None
     kernel = kernel or variants.get(dead)
