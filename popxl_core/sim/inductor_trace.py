@@ -20,6 +20,7 @@ Python branches on data (no fake tensor can answer) cannot be traced so: that st
 from __future__ import annotations
 
 import operator
+import threading
 from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
@@ -46,6 +47,10 @@ UNTRACEABLE = (
     UnsupportedOperatorException,
 )
 
+# one trace at a time: replicas run as threads (runtime.run_replicas), and the trace sets
+# torch.compiler's process-wide "compiling" flag
+_BUILDING = threading.Lock()
+
 
 def trace_step(fn: Callable, args: Sequence[torch.Tensor]) -> torch.fx.GraphModule:
     """``fn(*args)`` as an aten-level FX graph, traced on fake tensors. The kernels see
@@ -58,10 +63,12 @@ def trace_step(fn: Callable, args: Sequence[torch.Tensor]) -> torch.fx.GraphModu
 
 def _getter(used: List[int]) -> Callable[[list], list]:
     """The variables the step reads, out of ``V``, in one C call."""
+    if not used:
+        return lambda V: []
     pick = operator.itemgetter(*used)
     if len(used) == 1:
         return lambda V: [pick(V)]
-    return lambda V: list(pick(V)) if used else []
+    return lambda V: list(pick(V))
 
 
 class TracedStep:
@@ -82,7 +89,8 @@ class TracedStep:
             return self.dynamo(V, L)
         args = [*self.pick(V), *L]
         if self.guards is None or not self.guards.check(*args):
-            args = self._build(V, L)
+            with _BUILDING:
+                args = self._build(V, L)
             if self.dynamo is not None:
                 return self.dynamo(V, L)
         return self.compiled(*args)
