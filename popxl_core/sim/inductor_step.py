@@ -1,4 +1,4 @@
-"""The fast mode's whole step: the compiled main program handed to torch.compile as one function.
+"""The fast mode's whole step: the compiled main program handed to inductor as one function.
 
 torch.compile of an eager training step sees forward, backward and (when the optimizer is
 compiled too) the update in one trace. The per-graph path (inductor.py) compiled the forward
@@ -8,10 +8,11 @@ call per step. Here the main graph's generated function is rewritten so that it 
 runtime object: its host stream reads become an input list ``L`` (read before the step, in
 their order, so each stream's transfers keep their order), its host stream writes become its
 outputs (written after the step), and the variables stay the list ``V`` it is given, written
-in place (dynamo functionalises the mutation of inputs and inductor writes them back). Dynamo
-inlines the called graphs' functions, so forward, backward and update are one FX graph and one
-inductor compilation, cached on disk across processes as torch.compile's are (inductor's FX
-graph cache keys on the graph, not on this process).
+in place (AOT autograd functionalises the mutation of inputs and inductor writes them back).
+The trace (inductor_trace.py: ``make_fx``, no dynamo) runs through the called graphs'
+functions, so forward, backward and update are one FX graph and one inductor compilation,
+cached on disk across processes as torch.compile's are (inductor's FX graph cache keys on the
+graph, not on this process).
 
 Only programs whose every side effect is a host stream transfer of the main graph are compiled
 so: a collective, a remote transfer, a random draw, a runtime check or a stream read inside a
@@ -26,10 +27,9 @@ import itertools
 import re
 from typing import Callable, List, Optional, Tuple
 
-import torch
-
 from ..ops.io import HOST_LOAD, HOST_STORE
-from .inductor import OPTIONS, named_errors
+from .inductor import named_errors
+from .inductor_trace import TracedStep
 from .options import CompileOptions
 
 __all__ = ["compilable", "compile_step", "only_transfers", "step_options", "step_source"]
@@ -38,7 +38,7 @@ _LOAD = re.compile(r"(v\d+) = RT\.load\((s\d+)\)")
 _SKIP = re.compile(r"RT\.skip\((s\d+)\)")
 _STORE = re.compile(r"RT\.store\((s\d+), (v\d+)\)")
 _HEAD, _TAIL = "def main(V):", "return ()"
-_NAMES = itertools.count()  # each step its own code object: dynamo keeps one cache per code
+_NAMES = itertools.count()  # each step its own code object, named in tracebacks
 
 # (stream global, read) per host transfer in order; stream globals written, in order
 Transfers = List[Tuple[str, bool]]
@@ -114,15 +114,16 @@ def compilable(program) -> bool:
 
 
 def compile_step(program) -> bool:
-    """Replace ``program``'s main function with one that runs the whole step under
-    ``torch.compile``; False (nothing changed) where the program is not `compilable`."""
+    """Replace ``program``'s main function with one that runs the whole step compiled by
+    inductor (inductor_trace.py); False (nothing changed) where the program is not
+    `compilable`."""
     made = step_source(program.main.source) if compilable(program) else None
     if made is None:
         return False
     source, transfers, stores = made
     name = f"<popxl step {next(_NAMES)}>"
     exec(compile(source, name, "exec"), program.namespace)
-    step = torch.compile(program.namespace["main_step"], dynamic=False, options=OPTIONS)
+    step = TracedStep(program.namespace["main_step"], program.stats)
     step = named_errors(step, program.ir.main_graph)
     program.main.fn = _runner(step, program.namespace, transfers, stores)
     program.stats["inductor_step"], program.stats["inductor_graphs"] = 1, 0

@@ -48,8 +48,8 @@ class CompileOptions:
             replicas' step run once over their values concatenated along dim 0, each op
             one kernel call for all of them where that gives each replica the same bits
             (fold.py); else as ``stack_replicas`` says.
-        inductor: the opt-in fast mode, not bitwise: the whole step under one
-            ``torch.compile`` (inductor_step.py) where its only side effects are the main
+        inductor: the opt-in fast mode, not bitwise: the whole step traced and compiled by
+            inductor as one graph (inductor_step.py) where its only side effects are the main
             graph's host transfers; else every pure called graph (no streams, collectives,
             random draws or in-place writes) apart (inductor.py; popxl_fx
             ``Options(kernels="inductor")``).
