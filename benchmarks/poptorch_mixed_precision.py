@@ -13,6 +13,10 @@ eager float32's. Run with ``OMP_NUM_THREADS=1`` on a shared machine.
 Usage::
 
     OMP_NUM_THREADS=1 python benchmarks/poptorch_mixed_precision.py --rounds 30 [--loader]
+    OMP_NUM_THREADS=1 python benchmarks/poptorch_mixed_precision.py --learn 1500 --flags accum_fp16
+
+``--learn STEPS`` trains the hook's half model on Fashion-MNIST (torchvision's files under
+``--data-root``; nothing is downloaded) and prints its accuracy on 2,000 test images.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from torch import nn
 
 import popxl_fx.poptorch as poptorch
 
-__all__ = ["CLOCKS", "FLAG_SETS", "TutorialCNN", "loader_seconds", "main", "run"]
+__all__ = ["CLOCKS", "FLAG_SETS", "TutorialCNN", "learn", "loader_seconds", "main", "run"]
 
 # the tutorial tests' flag sets: (execution_half, optimizer_half, stochastic_rounding,
 # partials_half)
@@ -52,12 +56,12 @@ class TutorialCNN(nn.Module):
         self.log_softmax = nn.LogSoftmax(dim=0)
         self.loss = nn.NLLLoss()
 
-    def forward(self, x, labels):
+    def forward(self, x, labels=None):
         x = self.pool(self.relu(self.conv1(x)))
         x = self.norm(self.relu(self.conv2(x)))
         x = self.relu(self.fc1(torch.flatten(x, start_dim=1)))
         x = self.log_softmax(self.fc2(x))
-        return x, self.loss(x, labels)
+        return (x, self.loss(x, labels)) if self.training else x
 
 
 def _eager_step(model: nn.Module, optimizer: torch.optim.Optimizer):
@@ -123,13 +127,7 @@ def run(rounds: int, warmup: int, names: list[str], clock: str = "wall") -> dict
 def loader_seconds(batches: int, workers: int) -> float:
     """Seconds per batch of 12 of the tutorial's Fashion-MNIST pipeline (Resize(128),
     ToTensor, Normalize, ConvertImageDtype(half)) through ``poptorch.DataLoader``."""
-    import torchvision
-    import torchvision.transforms as T
-
-    transform = T.Compose(
-        [T.Resize(128), T.ToTensor(), T.Normalize((0.5,), (0.5,)), T.ConvertImageDtype(torch.half)]
-    )
-    data = torchvision.datasets.FashionMNIST("~/.torch/datasets", transform=transform, train=True)
+    data = _fashion_mnist("~/.torch/datasets", True)
     loader = poptorch.DataLoader(
         poptorch.Options(), data, batch_size=12, shuffle=True, num_workers=workers
     )
@@ -141,6 +139,40 @@ def loader_seconds(batches: int, workers: int) -> float:
     return (time.perf_counter() - start) / batches
 
 
+def _fashion_mnist(root: str, train: bool):
+    import torchvision
+    import torchvision.transforms as T
+
+    transform = T.Compose(
+        [T.Resize(128), T.ToTensor(), T.Normalize((0.5,), (0.5,)), T.ConvertImageDtype(torch.half)]
+    )
+    return torchvision.datasets.FashionMNIST(root, transform=transform, train=train)
+
+
+def learn(name: str, steps: int, root: str, test_images: int = 2000) -> float:
+    """Train the hook's half model ``steps`` steps of the tutorial's shuffled Fashion-MNIST
+    batches (flag set ``name``) and return its accuracy (%) on the first ``test_images`` test
+    images: does the half model learn?"""
+    torch.manual_seed(0)
+    model = TutorialCNN()
+    ipu = _hook_step(model, FLAG_SETS[name])
+    loader = torch.utils.data.DataLoader(
+        _fashion_mnist(root, True), batch_size=12, shuffle=True, num_workers=2, drop_last=True
+    )
+    for _, (x, labels) in zip(range(steps), loader):
+        ipu(x, labels)
+    ipu.detachFromDevice()
+    model.eval()
+    infer = poptorch.inferenceModel(model)
+    correct = seen = 0
+    for x, labels in torch.utils.data.DataLoader(_fashion_mnist(root, False), batch_size=32):
+        correct += int((infer(x).float().argmax(1) == labels).sum())
+        seen += len(labels)
+        if seen >= test_images:
+            break
+    return 100 * correct / seen
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=30)
@@ -149,7 +181,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall")
     parser.add_argument("--loader", action="store_true", help="also time the data loading")
     parser.add_argument("--workers", type=int, default=40)
+    parser.add_argument("--learn", type=int, default=0, help="train STEPS on Fashion-MNIST")
+    parser.add_argument("--data-root", default="~/.torch/datasets")
     args = parser.parse_args(argv)
+    if args.learn:
+        for name in args.flags.split(","):
+            accuracy = learn(name, args.learn, args.data_root)
+            print(f"{name}: {args.learn} steps, test accuracy {accuracy:.2f}%")
+        return
     times = run(args.rounds, args.warmup, args.flags.split(","), args.clock)
     med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
     for name, ms in med.items():
