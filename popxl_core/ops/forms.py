@@ -91,7 +91,7 @@ class JointGrad:
     role: str
     eligible: Callable[[Op], bool]
     matches: Callable[[Op, Op], bool]
-    kernel: Callable[[Op], Callable]
+    kernel: Callable[[Op, Tuple[bool, bool, bool]], Callable]
 
 
 @dataclass(frozen=True)

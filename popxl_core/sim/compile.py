@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Dict, List, Set
+from typing import Any, Callable, Dict, List, Set, cast
 
 import torch
 
@@ -306,7 +306,7 @@ def _emit_transposed_matmul(op: Op, mm: Op, em: Emitter) -> None:
 def _emit_conv_pair(ops: JointOps, em: Emitter) -> None:
     data, weight, bias = ops
     k = _bind_kernel(em, conv_pair_kernel(ops), weight)
-    w = data.inputs[1] if data is not None else bias.inputs[2]
+    w = data.inputs[1] if data is not None else cast(Op, bias).inputs[2]
     args = ", ".join(em.name(t) for t in (weight.inputs[0], weight.inputs[1], w))
     outs = ", ".join(em.name(op.outputs[0]) if op is not None else "_" for op in ops)
     em.emit(f"{outs} = {k}({args})")

@@ -42,6 +42,10 @@ def keep_freed_memory() -> bool:
     """Set glibc's thresholds (module docstring) once per process; True when set."""
     if not _done:
         libc = None if any(k in os.environ for k in _ENV) else _glibc()
-        ok = libc is not None and bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
-        _done.append(ok and bool(libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)))
+        _done.append(libc is not None and _set(libc))
     return _done[0]
+
+
+def _set(libc) -> bool:
+    mmap = libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+    return bool(mmap) and bool(libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
