@@ -61,17 +61,28 @@ def _model() -> nn.Module:
     )
 
 
-def _train(opt_name: str, reference: bool, make=None, x_shape=(6, 4, 5), **options: bool):
+def _train(
+    opt_name: str,
+    reference: bool,
+    make=None,
+    x_shape=(6, 4, 5),
+    dtype=torch.float32,
+    fx_options=None,
+    **options: bool,
+):
     model = (make or _model)()
     opt = OPTIMIZERS[opt_name](model.parameters())
     g = torch.Generator().manual_seed(1)
     batches = [
-        (torch.randn(*x_shape, generator=g), torch.randint(0, 5, (6,), generator=g))
+        (torch.randn(*x_shape, generator=g).to(dtype), torch.randint(0, 5, (6,), generator=g))
         for _ in range(3)
     ]
     compiler = CompileOptions(interpret=reference, **options)
     trainer = popxl_fx.training_model(
-        model, opt, nn.CrossEntropyLoss(), options=popxl_fx.Options(compiler=compiler)
+        model,
+        opt,
+        nn.CrossEntropyLoss(),
+        options=popxl_fx.Options(compiler=compiler, **(fx_options or {})),
     )
     losses = [trainer(x, y).clone() for x, y in batches]
     state = {k: v.clone() for k, v in model.state_dict().items()}
@@ -152,13 +163,29 @@ def _cnn() -> nn.Module:
 
 
 def test_conv_gradients_in_one_call_match_reference():
-    """conv_pairs.py: dx and dw from one convolution_backward are the separate calls' bits
-    (the first conv's input needs no gradient, so two of the three convs pair)."""
+    """conv_pairs.py: dx, dw and db from one convolution_backward are the separate calls'
+    bits. Each conv joins: the first's dw and db (its input needs no gradient), the second's
+    dx and dw (no bias), the third's three."""
     cnn = {"make": _cnn, "x_shape": (6, 3, 8, 8)}
     ref = _train("sgd_momentum", reference=True, **cnn)
     paired = _train("sgd_momentum", reference=False, **cnn)
-    assert paired[0].session._program.stats["conv_pairs"] == 2
+    assert paired[0].session._program.stats["conv_pairs"] == 3
     _compare(paired, ref, _bits_equal)
     apart = _train("sgd_momentum", reference=False, conv_pairs=False, **cnn)
     assert apart[0].session._program.stats["conv_pairs"] == 0
+    _compare(apart, ref, _bits_equal)
+
+
+def test_half_conv_gradients_in_one_call_match_reference():
+    """A float16 CNN with float partials (PopTorch's default): the joint call computes its
+    float16 operands in float32 and rounds each gradient once, the separate kernels' bits
+    (the mixed_precision tutorial's half step: one call per conv, as eager's)."""
+    half = {"make": lambda: _cnn().half(), "x_shape": (6, 3, 8, 8), "dtype": torch.float16}
+    half["fx_options"] = {"partials_type": "float"}
+    ref = _train("sgd_momentum", reference=True, **half)
+    joint = _train("sgd_momentum", reference=False, **half)
+    apart = _train("sgd_momentum", reference=False, conv_pairs=False, **half)
+    assert joint[0].session._program.stats["conv_pairs"] == 3
+    assert apart[0].session._program.stats["conv_pairs"] == 0
+    _compare(joint, ref, _bits_equal)
     _compare(apart, ref, _bits_equal)

@@ -122,7 +122,7 @@ def _names(table: speed.OpTable) -> set[str]:
         (speed.DIRECT, {"Add", "Sub", "Mul", "MatMul", "Reshape", "Transpose"}),
         (speed.TRANSPOSED_KERNEL, {"MatMul"}),
         (speed.MATRIX_TRANSPOSE, {"Transpose"}),
-        (speed.JOINT_GRAD, {"ConvDataGrad", "ConvWeightsGrad"}),
+        (speed.JOINT_GRAD, {"ConvDataGrad", "ConvWeightsGrad", "ConvBiasGrad"}),
         (
             speed.DEAD_OUTPUT_KERNELS,
             {"LinearGrad", "MaxPoolWithIndices", "ScaledDotProductFlashAttention"},

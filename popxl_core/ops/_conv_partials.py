@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["PARTIALS_OPTION", "partials_attr", "with_partials"]
+__all__ = ["PARTIALS_OPTION", "partials_attr", "stated", "with_partials"]
 
 # the kernel keyword that receives the session's ``convolutionOptions["partialsType"]``, read
 # when a Session compiles (`OpDef.session_options`)
@@ -53,7 +53,7 @@ def partials_attr(partials_types: str | Sequence[str] | None) -> str | None:
     return kinds.pop()
 
 
-def _stated(partials_type: str | None, session_partials: str) -> bool:
+def stated(partials_type: str | None, session_partials: str) -> bool:
     """Whether the conv has a partials type: its own, else the session's."""
     return _NAMES.get(str(partials_type or session_partials).lower()) is not None
 
@@ -66,7 +66,7 @@ def with_partials(kernel: Callable[..., torch.Tensor]) -> Callable[..., torch.Te
     @functools.wraps(kernel)
     def run(*args: Any, partials_type=None, session_partials="", **attrs: Any) -> torch.Tensor:
         half = [isinstance(a, torch.Tensor) and a.dtype == torch.float16 for a in args]
-        if not any(half) or not _stated(partials_type, session_partials):
+        if not any(half) or not stated(partials_type, session_partials):
             return kernel(*args, **attrs)
         wide = [a.float() if h else a for a, h in zip(args, half)]
         return kernel(*wide, **attrs).to(torch.float16)

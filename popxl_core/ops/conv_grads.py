@@ -1,5 +1,5 @@
 """A Conv's gradient ops, as in PopART: ConvDataGrad, ConvWeightsGrad and ConvBiasGrad, and the
-joint data+weights kernel (`speed.JOINT_GRAD`).
+joint kernel computing them in one call (`speed.JOINT_GRAD`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from ._conv_common import (
     _conv_out_sizes,
     _ref_conv,
 )
-from ._conv_partials import PARTIALS_OPTION, with_partials
+from ._conv_partials import PARTIALS_OPTION, stated, with_partials
 from ._utils import rand, same_dtype, spec
 from .forms import JointGrad
 from .registry import Cost, OpDef, Sample, create_op, register
@@ -147,35 +147,52 @@ def _bias_grad_samples():
     ]
 
 
-# ConvDataGrad and ConvWeightsGrad of one Conv in one ``convolution_backward`` call
-# (`speed.JOINT_GRAD`, sim/conv_pairs.py): eager PyTorch asks for both results at once, and
-# each is the same computation as the single one (separate GEMMs), so the same bits
+# A Conv's gradient ops in one ``convolution_backward`` call (`speed.JOINT_GRAD`,
+# sim/conv_pairs.py): eager PyTorch asks for them at once, and each result is the same
+# computation as the single one (separate GEMMs for dx and dw; db in the weight pass either
+# way), so the same bits
 _JOINT_KEYS = ("stride", "pads", "dilation", "groups")
 
 
 def _joint_eligible(op) -> bool:
     if not sp.is_symmetric(op.attrs["pads"]):
         return False  # the kernels pre-pad x / crop dx themselves
-    return all(t.dtype is dtypes.float32 for t in (*op.inputs, *op.outputs))
+    types = {t.dtype for t in (*op.inputs, *op.outputs)}
+    if types == {dtypes.float16}:  # the kernels compute it in float32 (`with_partials`)
+        attrs = op.kernel_attrs()
+        return stated(attrs.get("partials_type"), attrs.get("session_partials", ""))
+    return types == {dtypes.float32}
 
 
-def _joint_matches(data, weight) -> bool:
-    if any(data.attrs[k] != weight.attrs[k] for k in _JOINT_KEYS):
+def _joint_matches(other, weight) -> bool:
+    """``other`` (a data- or bias-gradient op) and ``weight`` are one Conv's gradients."""
+    if any(other.attrs[k] != weight.attrs[k] for k in _JOINT_KEYS):
         return False
-    x, w = weight.inputs[1], data.inputs[1]
-    shapes = tuple(data.attrs["input_shape"]), tuple(weight.attrs["weight_shape"])
-    return shapes == (tuple(x.shape), tuple(w.shape))
+    if other.inputs[0].dtype != weight.inputs[0].dtype:
+        return False
+    x_shape, w_shape = tuple(weight.inputs[1].shape), tuple(weight.attrs["weight_shape"])
+    if "input_shape" in other.attrs:  # ConvDataGrad(dy, w)
+        return (tuple(other.attrs["input_shape"]), tuple(other.inputs[1].shape)) == (
+            x_shape,
+            w_shape,
+        )
+    return other.inputs[1] is weight.inputs[1] and tuple(other.inputs[2].shape) == w_shape
 
 
-def _joint_kernel(data):
-    """``(dy, x, w) -> (dx, dw)`` in one ``convolution_backward`` call."""
-    a = {k: data.attrs[k] for k in _JOINT_KEYS}
+def _joint_kernel(weight, mask: tuple):
+    """``(dy, x, w) -> (dx, dw, db)`` in one ``convolution_backward`` call, None where
+    ``mask`` is False; float16 operands computed in float32 and each result rounded once,
+    as the single kernels do (`with_partials`)."""
+    a = {k: weight.attrs[k] for k in _JOINT_KEYS}
+    half = weight.inputs[0].dtype == dtypes.float16
 
-    def dx_dw(dy, x, w):
-        dx, dw, _ = _conv_backward(dy, x, w, mask=(True, True, False), **a)
-        return dx, dw
+    def joint(dy, x, w):
+        if half:
+            dy, x, w = dy.float(), x.float(), w.float()
+        out = _conv_backward(dy, x, w, mask=mask, **a)
+        return tuple(t.half() if half and t is not None else t for t in out)
 
-    return dx_dw
+    return joint
 
 
 def _joint(role: str) -> JointGrad:
@@ -218,3 +235,4 @@ CONV_WEIGHTS_GRAD = register(
     )
 )
 declare(CONV_WEIGHTS_GRAD, joint_grad=_joint("weight"))
+declare(CONV_BIAS_GRAD, joint_grad=_joint("bias"))

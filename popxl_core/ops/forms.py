@@ -75,21 +75,24 @@ class Foreach:
 
 @dataclass(frozen=True)
 class JointGrad:
-    """Two gradient ops of one forward op (a "data" and a "weight" role) that read the same
-    output gradient (input 0) and may be computed by one call (sim/conv_pairs.py).
+    """Gradient ops of one forward op (a "weight" role and a "data" and/or a "bias" one) that
+    read the same output gradient (input 0) and may be computed by one call
+    (sim/conv_pairs.py).
 
     Args:
-        role: "data" or "weight".
-        eligible: ``op -> bool``: this op may join a pair (attributes, dtypes).
-        matches: ``(data op, weight op) -> bool``: the two are one forward op's gradients.
-        kernel: ``data op -> fn`` with ``fn(dy, x, w) -> (dx, dw)``; ``x`` is the weight op's
-            input 1, ``w`` the data op's input 1.
+        role: "data", "weight" or "bias".
+        eligible: ``op -> bool``: this op may join a call (attributes, dtypes).
+        matches: ``(data or bias op, weight op) -> bool``: the two are one forward op's
+            gradients.
+        kernel: ``(weight op, (data?, True, bias?)) -> fn`` with ``fn(dy, x, w) -> (dx, dw,
+            db)`` (None where not asked); ``x`` is the weight op's input 1, ``w`` the data
+            op's input 1 or the bias op's input 2.
     """
 
     role: str
     eligible: Callable[[Op], bool]
     matches: Callable[[Op, Op], bool]
-    kernel: Callable[[Op], Callable]
+    kernel: Callable[[Op, Tuple[bool, bool, bool]], Callable]
 
 
 @dataclass(frozen=True)

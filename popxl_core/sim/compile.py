@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Dict, List, Set
+from typing import Any, Callable, Dict, List, Set, cast
 
 import torch
 
@@ -22,7 +22,7 @@ from .alias import ViewOutputs
 from .batching import emit_batched
 from .call_outputs import kept_outputs
 from .code_cache import compiled as compiled_code
-from .conv_pairs import conv_pair_kernel
+from .conv_pairs import JointOps, conv_pair_kernel
 from .defer import DEFER_NAME, deferred_at, emit_deferred
 from .direct import direct_call
 from .foreach import Group, group_kernel
@@ -279,7 +279,7 @@ def _emit_op(op: Op, plan: GraphPlan, em: Emitter) -> None:
     if op in plan.fused:
         _emit_transposed_matmul(op, plan.fused[op], em)
     elif op in plan.pairs:
-        _emit_conv_pair(*plan.pairs[op], em)
+        _emit_conv_pair(plan.pairs[op], em)
     elif op in plan.reuse:
         _emit_into(op, plan.reuse[op], em)
     else:
@@ -303,10 +303,13 @@ def _emit_transposed_matmul(op: Op, mm: Op, em: Emitter) -> None:
     em.emit(f"{em.name(op.outputs[0])} = {k}({em.name(mm.inputs[0])}, {em.name(mm.inputs[1])})")
 
 
-def _emit_conv_pair(data: Op, weight: Op, em: Emitter) -> None:
-    k = _bind_kernel(em, conv_pair_kernel(data), data)
-    dy, w, x = (em.name(t) for t in (data.inputs[0], data.inputs[1], weight.inputs[1]))
-    em.emit(f"{em.name(data.outputs[0])}, {em.name(weight.outputs[0])} = {k}({dy}, {x}, {w})")
+def _emit_conv_pair(ops: JointOps, em: Emitter) -> None:
+    data, weight, bias = ops
+    k = _bind_kernel(em, conv_pair_kernel(ops), weight)
+    w = data.inputs[1] if data is not None else cast(Op, bias).inputs[2]
+    args = ", ".join(em.name(t) for t in (weight.inputs[0], weight.inputs[1], w))
+    outs = ", ".join(em.name(op.outputs[0]) if op is not None else "_" for op in ops)
+    em.emit(f"{outs} = {k}({args})")
 
 
 def _emit_into(op: Op, storage: Tensor, em: Emitter) -> None:

@@ -15,7 +15,7 @@ from typing import Callable, Dict, List, Set, Tuple
 from ..graph import Graph, Op
 from ..schedule import schedule
 from ..tensor import Tensor
-from .conv_pairs import conv_backward_pairs
+from .conv_pairs import JointOps, conv_backward_pairs, joined
 from .foreach import Group, foreach_schedule, plan_modes
 from .fuse import transposed_matmuls
 from .inplace import reusable_in, reuse_plan
@@ -34,24 +34,22 @@ class GraphPlan:
     live: List[Op]  # the schedule without dead ops, reordered by the passes
     fused: Dict[Op, Op] = field(default_factory=dict)  # transpose -> the matmul it computes
     groups: List[Group] = field(default_factory=list)  # multi-tensor kernels
-    pairs: Dict[Op, Tuple[Op, Op]] = field(default_factory=dict)  # first -> (data, weight)
+    pairs: Dict[Op, JointOps] = field(default_factory=dict)  # first -> (data, weight, bias)
     reuse: Dict[Op, Tensor] = field(default_factory=dict)  # op -> storage it writes into
     released: Dict[int, List[Tensor]] = field(default_factory=dict)  # index -> names to del
 
     def computed_at(self) -> Dict[Op, Op]:
-        """The op emitted at each fused site -> the op it also computes."""
-        other = {first: _other(first, pair) for first, pair in self.pairs.items()}
-        return {**self.fused, **other}
+        """Each op a fused kernel computes at another op's site -> that site's op."""
+        at = {mm: transpose for transpose, mm in self.fused.items()}
+        for first, ops in self.pairs.items():
+            at.update((op, first) for op in joined(ops) if op is not first)
+        return at
 
     def skipped(self) -> Set[Op]:
         """Ops computed by a fused kernel or a group emitted at another op."""
-        skip = set(self.computed_at().values())
+        skip = set(self.computed_at())
         skip.update(op for grp in self.groups for op in grp.ops[1:])
         return skip
-
-
-def _other(first: Op, pair: Tuple[Op, Op]) -> Op:
-    return pair[1] if pair[0] is first else pair[0]
 
 
 def live_ops(g: Graph, outputs: List[Tensor]) -> List[Op]:

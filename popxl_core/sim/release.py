@@ -19,17 +19,18 @@ __all__ = ["release_points"]
 
 
 def release_points(
-    live: List[Op], groups, fused: Dict[Op, Op], reuse: Dict[Op, Tensor], g: Graph
+    live: List[Op], groups, computed_at: Dict[Op, Op], reuse: Dict[Op, Tensor], g: Graph
 ) -> Dict[int, List[Tensor]]:
     """Index in ``live`` of the emitting op -> tensors no later emitted op reads. Ops of a
-    group are emitted at its first op, a fused MatMul at the Transpose that computes it; an
+    group are emitted at its first op, an op a fused kernel computes at the op
+    ``computed_at`` names (a MatMul at its Transpose, a Conv's gradients at the first); an
     op writing into a dead temporary (``reuse``) reads that temporary's name."""
     at: Dict[Op, int] = {op: k for k, op in enumerate(live)}
     for grp in groups:
         for op in grp.ops[1:]:
             at[op] = at[grp.ops[0]]
-    for transpose, mm in fused.items():
-        at[mm] = at[transpose]
+    for op, site in computed_at.items():
+        at[op] = at[site]
     last: Dict[Tensor, int] = {}
     for op in live:
         for t in op.outputs:

@@ -50,7 +50,7 @@ def _emitted_at(plan: GraphPlan) -> Dict[Op, int]:
     for grp in plan.groups:
         for op in grp.ops[1:]:
             at[op] = at[grp.ops[0]]
-    for site, other in plan.computed_at().items():
+    for other, site in plan.computed_at().items():
         at[other] = at[site]
     return at
 

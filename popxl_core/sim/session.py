@@ -20,6 +20,7 @@ from .ambiguity import check_inplace_ambiguity
 from .auto_report import auto_report
 from .batching import ReplicaRuns, ReplicaSchedule
 from .compile import Program
+from .host_malloc import keep_freed_memory
 from .machine import machine_for
 from .options import DEFAULT, CompileOptions
 from .plan import build_plan
@@ -79,6 +80,7 @@ class Session(SessionStreams, SessionWeights):
         auto_report(self)  # POPXL_SIM_REPORT, as Poplar's autoReport: before a build can fail
         if ir.planning:  # weightless: a plan and a report, nothing to compile or run
             return plan_only(self)
+        keep_freed_memory()  # a step's temporaries reuse the last step's pages (host_malloc.py)
         self._program = _program(ir, self._runtime, compile_options or DEFAULT)
         # how the replicas run: uniform work once, folded, in lock step (batching.py)
         self._replicas = ReplicaRuns(ir, self._program, self._runtime)

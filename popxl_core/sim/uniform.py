@@ -251,7 +251,7 @@ def _pure_graph(g: Graph, memo: Dict[Graph, bool]) -> bool:
 def _positions(plan: GraphPlan) -> Dict[Op, int]:
     """Op -> the index of the op emitting it (groups and fused pairs at one site)."""
     pos = {op: k for k, op in enumerate(plan.live)}
-    for at, other in plan.computed_at().items():
+    for other, at in plan.computed_at().items():
         pos[other] = pos[at]
     for grp in plan.groups:
         for op in grp.ops:
