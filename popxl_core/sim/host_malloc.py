@@ -42,10 +42,10 @@ def keep_freed_memory() -> bool:
     """Set glibc's thresholds (module docstring) once per process; True when set."""
     if not _done:
         libc = None if any(k in os.environ for k in _ENV) else _glibc()
-        _done.append(libc is not None and _set(libc))
+        _done.append(libc is not None and _keep_freed(libc))
     return _done[0]
 
 
-def _set(libc) -> bool:
+def _keep_freed(libc) -> bool:
     mmap = libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
     return bool(mmap) and bool(libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))

@@ -123,8 +123,8 @@ def compile_step(program) -> bool:
     source, transfers, stores = made
     name = f"<popxl step {next(_NAMES)}>"
     exec(compile(source, name, "exec"), program.namespace)
-    step = TracedStep(program.namespace["main_step"], program.stats)
-    step = named_errors(step, program.ir.main_graph)
+    traced = TracedStep(program.namespace["main_step"], program.stats)
+    step = named_errors(traced, program.ir.main_graph)
     program.main.fn = _runner(step, program.namespace, transfers, stores)
     program.stats["inductor_step"], program.stats["inductor_graphs"] = 1, 0
     return True

@@ -93,6 +93,7 @@ class TracedStep:
                 args = self._build(V, L)
             if self.dynamo is not None:
                 return self.dynamo(V, L)
+        assert self.compiled is not None  # made by _build, or the fallback returned above
         return self.compiled(*args)
 
     def _build(self, V: list, L: list) -> list:
