@@ -20,8 +20,8 @@
 # OMP_NUM_THREADS (default 1): torch's threads per process. On a shared 2-core host, two OpenMP
 # threads wait for each other at every kernel: a tutorial's MNIST step took 85-230 ms with 2,
 # 5 ms with 1 (eager PyTorch alike; benchmarks/RESULTS.md). Tests compare within one process,
-# so both sides of a comparison run with the same count. APP_TIMEOUT (default 3000): seconds per
-# app's pytest; the tutorials' 13 tests took about an hour at load average 10.
+# so both sides of a comparison run with the same count. APP_TIMEOUT (default 4800): seconds per
+# app's pytest; the tutorials' 13 tests took 53 minutes at load average 8 to 11.
 set -u
 GITDIR=${1:?usage: tools/run_apps.sh EXAMPLES_GIT_DIR [APP...] [-- PYTEST_ARGS...]}; shift
 APPS=(); while [[ $# -gt 0 && $1 != -- ]]; do APPS+=("$1"); shift; done; [[ ${1:-} == -- ]] && shift
@@ -117,10 +117,10 @@ PY
   fi
   ( cd "$dir" && HOME="$work/home" PATH="$(dirname "$PY"):$PATH" POPXL_SIM_REPORT="$work/reports/$a" \
     PYTHONPATH="$overlay:$ROOT:$dir:$work/utils:$work/tutorials/utils" \
-    timeout "${APP_TIMEOUT:-3000}" "$PY" -m pytest -q -p no:cacheprovider --continue-on-collection-errors -rfEs --tb=short --rootdir="$dir" $tests "$@" ) \
+    timeout "${APP_TIMEOUT:-4800}" "$PY" -m pytest -q -p no:cacheprovider --continue-on-collection-errors -rfEs --tb=short --rootdir="$dir" $tests "$@" ) \
     >"$work/$a.out" 2>&1
   line=$(grep -E "[0-9]+ (passed|failed|errors?|skipped)" "$work/$a.out" | tail -1)
-  [[ -z $line ]] && line="no pytest summary: past APP_TIMEOUT (${APP_TIMEOUT:-3000} s) or killed"
+  [[ -z $line ]] && line="no pytest summary: past APP_TIMEOUT (${APP_TIMEOUT:-4800} s) or killed"
   grep -E "^(FAILED|ERROR|SKIPPED)" "$work/$a.out" | cut -c1-220
   echo "== $a: $line"
   [[ -n ${KEEP_LOGS:-} ]] && cp "$work/$a.out" "$KEEP_LOGS/$a.out"
