@@ -43,3 +43,32 @@ def test_the_tests_subprocesses_get_the_hook_and_this_python(monkeypatch):
     assert os.environ["PATH"].split(os.pathsep)[0] == os.path.dirname(sys.executable)
     paths = os.environ["PYTHONPATH"].split(os.pathsep)
     assert paths[0].endswith("_child_path") and paths[-1] == "/somewhere"
+
+
+def test_an_overlay_pytest_leads_here_and_in_the_tests_subprocesses(tmp_path):
+    """``--overlay DIR``: PopTorch's pinned pytest in DIR is the one imported, and the one its
+    tests' own ``python -m pytest`` children import, with no autoloaded plugins of this env."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "pytest").mkdir()
+    (tmp_path / "pytest" / "__init__.py").write_text("__version__ = 'pinned'\n")
+    script = (
+        "import importlib.util, os, sys\n"
+        f"spec = importlib.util.spec_from_file_location('suite', {str(_TOOL)!r})\n"
+        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+        f"print(m.pytest_from({str(tmp_path)!r}).__version__)\n"
+        "print(os.environ['PYTHONPATH'].split(os.pathsep)[0])\n"
+        "print(sorted(m.pytest_plugins_loadable()))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_DISABLE_PLUGIN_AUTOLOAD"}
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+    ).stdout.split("\n")
+    assert out[:3] == ["pinned", str(tmp_path), "[]"]
+
+
+def test_an_overlay_after_pytest_was_imported_is_refused(tmp_path):
+    with pytest.raises(RuntimeError, match="imported before the overlay"):
+        _tool().pytest_from(str(tmp_path))
