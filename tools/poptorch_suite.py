@@ -1,7 +1,8 @@
 """Run PopTorch's own Python tests, unchanged, against popxl_fx's PopTorch layer.
 
     python tools/poptorch_suite.py MIRROR [--files a_test.py,b_test.py] [--json OUT]
-                                          [--overlay DIR] [-- PYTEST ARGS]
+                                          [--overlay DIR] [--legacy-torch-load]
+                                          [-- PYTEST ARGS]
 
 MIRROR is a git directory of github.com/graphcore/poptorch (the `fetch` tool's bare mirror).
 Its ``tests/*.py`` (and nothing else: no C++ tests, custom ops or ``tests/gnn``) are written to
@@ -15,6 +16,11 @@ tests match its wording of ``pytest.raises`` messages): DIR is made by
 ``pip install --no-deps --target DIR pytest==6.2.5 pluggy==0.13.1 py attrs==21.4.0 iniconfig
 toml``. It leads ``sys.path`` here and PYTHONPATH in the tests' subprocesses, and this
 environment's pytest plugins (xdist, ...) are not loaded, as they need a newer pytest.
+
+``--legacy-torch-load`` gives ``torch.load`` the default of the torch PopTorch pins (2.0.1:
+``weights_only=False``; torch 2.6 made it True) through torch's own switch for it,
+``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``, here and in the tests' subprocesses: a test that saves
+and loads a whole module is refused by the installed torch itself, in eager too, without it.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-__all__ = ["extract", "left_out", "main", "pytest_from", "run"]
+__all__ = ["extract", "left_out", "main", "legacy_torch_load", "pytest_from", "run"]
 
 # What is left out, each with why: tools/poptorch_left_out/*.txt, lines "NODEID | WHY". A node
 # id without "::" leaves a whole file out; one with it, the tests it prefixes (pytest --deselect).
@@ -112,6 +118,11 @@ def pytest_from(overlay: str = ""):
     return pytest
 
 
+def legacy_torch_load() -> None:
+    """``torch.load``'s default as PopTorch's pinned torch had it (`--legacy-torch-load`)."""
+    os.environ["TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"] = "1"  # read by torch.load at each call
+
+
 def run(mirror: str, files: list[str] | None, pytest_args: list[str], overlay: str = "") -> dict:
     pytest = pytest_from(overlay)
 
@@ -181,8 +192,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--json", default="", help="write the per-file counts here")
     parser.add_argument("--overlay", default="", help="a folder holding PopTorch's pinned pytest")
+    parser.add_argument(
+        "--legacy-torch-load", action="store_true", help="torch.load(weights_only=False) default"
+    )
     args, rest = parser.parse_known_args(argv)  # the rest (after --) goes to pytest
     files = [f for f in args.files.split(",") if f] or None
+    if args.legacy_torch_load:
+        legacy_torch_load()
     result = run(args.mirror, files, [a for a in rest if a != "--"], args.overlay)
     total = collections.Counter()
     for name, counts in result["files"].items():
