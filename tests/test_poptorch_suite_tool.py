@@ -43,3 +43,61 @@ def test_the_tests_subprocesses_get_the_hook_and_this_python(monkeypatch):
     assert os.environ["PATH"].split(os.pathsep)[0] == os.path.dirname(sys.executable)
     paths = os.environ["PYTHONPATH"].split(os.pathsep)
     assert paths[0].endswith("_child_path") and paths[-1] == "/somewhere"
+
+
+def test_an_overlay_pytest_leads_here_and_in_the_tests_subprocesses(tmp_path):
+    """``--overlay DIR``: PopTorch's pinned pytest in DIR is the one imported, and the one its
+    tests' own ``python -m pytest`` children import, with no autoloaded plugins of this env."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "pytest").mkdir()
+    (tmp_path / "pytest" / "__init__.py").write_text("__version__ = 'pinned'\n")
+    script = (
+        "import importlib.util, os, sys\n"
+        f"spec = importlib.util.spec_from_file_location('suite', {str(_TOOL)!r})\n"
+        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+        f"print(m.pytest_from({str(tmp_path)!r}).__version__)\n"
+        "print(os.environ['PYTHONPATH'].split(os.pathsep)[0])\n"
+        "print(sorted(m.pytest_plugins_loadable()))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_DISABLE_PLUGIN_AUTOLOAD"}
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+    ).stdout.split("\n")
+    assert out[:3] == ["pinned", str(tmp_path), "[]"]
+
+
+def test_an_overlay_after_pytest_was_imported_is_refused(tmp_path):
+    with pytest.raises(RuntimeError, match="imported before the overlay"):
+        _tool().pytest_from(str(tmp_path))
+
+
+_LOAD_A_MODULE = (
+    "import importlib.util, io, sys, torch\n"
+    f"spec = importlib.util.spec_from_file_location('suite', {str(_TOOL)!r})\n"
+    "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+    "if sys.argv[1] == 'legacy': m.legacy_torch_load()\n"
+    "f = io.BytesIO(); torch.save(torch.nn.Sequential(torch.nn.ReLU()), f); f.seek(0)\n"
+    "print(type(torch.load(f)).__name__)\n"
+)
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_legacy_torch_load_lets_a_whole_module_load_as_under_poptorchs_torch(legacy):
+    """The installed torch refuses ``torch.load`` of a whole module (eager, no hook), as
+    PopTorch's pinned torch 2.0.1 did not; ``--legacy-torch-load`` gives its default back."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_FORCE_")}
+    arg = "legacy" if legacy else "installed"
+    run = subprocess.run(
+        [sys.executable, "-c", _LOAD_A_MODULE, arg], env=env, capture_output=True, text=True
+    )
+    if legacy:
+        assert run.stdout.strip() == "Sequential", run.stderr
+    else:
+        assert "Weights only load failed" in run.stderr

@@ -1,6 +1,7 @@
 """Run PopTorch's own Python tests, unchanged, against popxl_fx's PopTorch layer.
 
     python tools/poptorch_suite.py MIRROR [--files a_test.py,b_test.py] [--json OUT]
+                                          [--overlay DIR] [--legacy-torch-load]
                                           [-- PYTEST ARGS]
 
 MIRROR is a git directory of github.com/graphcore/poptorch (the `fetch` tool's bare mirror).
@@ -9,6 +10,17 @@ a temporary folder, never into this repository; pytest runs there in this proces
 `popxl_fx.compat.install()`, so ``import poptorch`` in their conftest, helpers and tests
 resolves to ``popxl_fx.poptorch``. Prints passed / failed / skipped per file (and writes them
 as JSON with ``--json``).
+
+``--overlay DIR`` runs them under the pytest that PopTorch's requirements.txt pins (6.2.5; some
+tests match its wording of ``pytest.raises`` messages): DIR is made by
+``pip install --no-deps --target DIR pytest==6.2.5 pluggy==0.13.1 py attrs==21.4.0 iniconfig
+toml``. It leads ``sys.path`` here and PYTHONPATH in the tests' subprocesses, and this
+environment's pytest plugins (xdist, ...) are not loaded, as they need a newer pytest.
+
+``--legacy-torch-load`` gives ``torch.load`` the default of the torch PopTorch pins (2.0.1:
+``weights_only=False``; torch 2.6 made it True) through torch's own switch for it,
+``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``, here and in the tests' subprocesses: a test that saves
+and loads a whole module is refused by the installed torch itself, in eager too, without it.
 """
 
 from __future__ import annotations
@@ -22,7 +34,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-__all__ = ["extract", "left_out", "main", "run"]
+__all__ = ["extract", "left_out", "main", "legacy_torch_load", "pytest_from", "run"]
 
 # What is left out, each with why: tools/poptorch_left_out/*.txt, lines "NODEID | WHY". A node
 # id without "::" leaves a whole file out; one with it, the tests it prefixes (pytest --deselect).
@@ -90,8 +102,29 @@ class _Tally:
         return {f: dict(c) for f, c in sorted(files.items())}
 
 
-def run(mirror: str, files: list[str] | None, pytest_args: list[str]) -> dict:
+def pytest_from(overlay: str = ""):
+    """The ``pytest`` module to run with: the overlay's (first on ``sys.path``, and in the tests'
+    subprocesses' PYTHONPATH, without autoloaded plugins) or else this environment's."""
+    if overlay:
+        if "pytest" in sys.modules or "_pytest" in sys.modules:
+            raise RuntimeError("--overlay: pytest was imported before the overlay could lead")
+        overlay = os.path.abspath(overlay)
+        sys.path.insert(0, overlay)
+        paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        os.environ["PYTHONPATH"] = os.pathsep.join([overlay, *paths])
+        os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     import pytest
+
+    return pytest
+
+
+def legacy_torch_load() -> None:
+    """``torch.load``'s default as PopTorch's pinned torch had it (`--legacy-torch-load`)."""
+    os.environ["TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"] = "1"  # read by torch.load at each call
+
+
+def run(mirror: str, files: list[str] | None, pytest_args: list[str], overlay: str = "") -> dict:
+    pytest = pytest_from(overlay)
 
     from popxl_fx import compat
 
@@ -116,8 +149,7 @@ def run(mirror: str, files: list[str] | None, pytest_args: list[str]) -> dict:
                 str(dest / "pytest.ini"),
                 "--rootdir",
                 str(dest),
-                "-n",
-                "0",
+                *(["-n", "0"] if "xdist" in pytest_plugins_loadable() else []),
                 *deselect,
                 *pytest_args,
                 *chosen,
@@ -129,6 +161,15 @@ def run(mirror: str, files: list[str] | None, pytest_args: list[str]) -> dict:
             os.environ.clear()
             os.environ.update(saved_env)
     return {"exit_code": int(code), "files": tally.per_file()}
+
+
+def pytest_plugins_loadable() -> set[str]:
+    """The autoloaded plugins' names that pytest would load here (none with autoload off)."""
+    if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
+        return set()
+    from importlib.metadata import entry_points
+
+    return {e.name for e in entry_points(group="pytest11")}
 
 
 def _children_get_the_hook() -> dict[str, str]:
@@ -150,9 +191,15 @@ def main(argv: list[str] | None = None) -> None:
         "--files", default="", help="comma-separated test files (default: all but those left out)"
     )
     parser.add_argument("--json", default="", help="write the per-file counts here")
+    parser.add_argument("--overlay", default="", help="a folder holding PopTorch's pinned pytest")
+    parser.add_argument(
+        "--legacy-torch-load", action="store_true", help="torch.load(weights_only=False) default"
+    )
     args, rest = parser.parse_known_args(argv)  # the rest (after --) goes to pytest
     files = [f for f in args.files.split(",") if f] or None
-    result = run(args.mirror, files, [a for a in rest if a != "--"])
+    if args.legacy_torch_load:
+        legacy_torch_load()
+    result = run(args.mirror, files, [a for a in rest if a != "--"], args.overlay)
     total = collections.Counter()
     for name, counts in result["files"].items():
         total.update(counts)
