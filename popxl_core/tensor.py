@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Optional, Tuple, Type, TypeVar
+from typing import TYPE_CHECKING, Any, Optional, Tuple, Type, TypeVar
 
 import numpy as np
 import torch
@@ -14,6 +14,7 @@ from .dtypes import dtype
 from .host_data import to_numpy
 from .planning import weightless
 from .tensor_data import check_data, grouped_data, host_array
+from .tensor_methods import TensorMethods
 from .tensor_spec import TensorByRef, TensorSpec
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -42,19 +43,9 @@ host_tensor_types = (np.ndarray, torch.Tensor, int, float, bool, list, tuple)
 _T = TypeVar("_T", bound="Tensor")
 
 
-def _binary(op: str, reflected: bool = False) -> Callable[[Any, Any], Any]:
-    """The Tensor method for a binary operator: ``ops.<op>(self, other)``, or
-    ``ops.<op>(other, self)`` for the reflected one (``__radd__``, ...)."""
-
-    def operator(self, other):
-        lhs, rhs = self, self._ensure_tensor(other)
-        return getattr(_ops(), op)(*((rhs, lhs) if reflected else (lhs, rhs)))
-
-    return operator
-
-
-class Tensor:
-    """A value in a graph. Made by ops and factories, never constructed directly."""
+class Tensor(TensorMethods):
+    """A value in a graph. Made by ops and factories, never constructed directly; its shape
+    methods and operators are `TensorMethods` (tensor_methods.py)."""
 
     # set by `_create` (object.__new__, no __init__): declared here for the type checker
     _id: str
@@ -160,39 +151,6 @@ class Tensor:
             acc *= s
         return tuple(reversed(out))
 
-    # methods -----------------------------------------------------------------
-    def transpose(self, permutation=None) -> "Tensor":
-        return _ops().transpose(self, permutation)
-
-    def transpose_(self, permutation=None) -> "Tensor":
-        return _ops().transpose_(self, permutation)
-
-    @property
-    def T(self) -> "Tensor":
-        return self.transpose()
-
-    @property
-    def T_(self) -> "Tensor":
-        return self.transpose_()
-
-    def reshape(self, shape) -> "Tensor":
-        return _ops().reshape(self, shape)
-
-    def reshape_(self, shape) -> "Tensor":
-        return _ops().reshape_(self, shape)
-
-    def flatten(self) -> "Tensor":
-        return _ops().flatten(self)
-
-    def flatten_(self) -> "Tensor":
-        return _ops().flatten_(self)
-
-    def detach(self) -> "Tensor":
-        return _ops().detach(self)
-
-    def detach_(self) -> "Tensor":
-        return _ops().detach_(self)
-
     def diag(self) -> "Tensor":
         if self.rank != 2:
             raise ValueError(f"diag() needs a 2-D tensor, {self.id!r} has shape {self.shape}.")
@@ -201,9 +159,6 @@ class Tensor:
         idx = np.arange(n, dtype=np.int32) * (self.shape[1] + 1)
         return _ops().gather(self.flatten(), constant(idx, dtypes.int32))
 
-    def copy_to_ipu(self, destination: int, source: Optional[int] = None) -> "Tensor":
-        return _ops().ipu_copy(self, destination, source)
-
     def _ensure_tensor(self, value, dtype=None) -> "Tensor":
         if isinstance(value, Tensor):
             return value
@@ -211,42 +166,6 @@ class Tensor:
         if data.size == 0:
             raise ValueError(f"Cannot combine {self.id!r} with an empty value {value!r}.")
         return scalar_operand(value, dtype or self.dtype, self)
-
-    # dunders: a Python operand becomes a constant of the tensor's dtype (`scalar_operand`)
-    __add__ = _binary("add")
-    __radd__ = _binary("add", reflected=True)
-
-    def __iadd__(self, other: Any) -> Any:
-        _ops().add_(self, self._ensure_tensor(other))
-        return self
-
-    __sub__ = _binary("sub")
-    __rsub__ = _binary("sub", reflected=True)
-    __mul__ = _binary("mul")
-    __rmul__ = _binary("mul", reflected=True)
-    __truediv__ = _binary("div")
-    __rtruediv__ = _binary("div", reflected=True)
-    __mod__ = _binary("fmod")
-    __rmod__ = _binary("fmod", reflected=True)
-    __pow__ = _binary("pow")
-    __rpow__ = _binary("pow", reflected=True)
-    __matmul__ = _binary("matmul")
-    __rmatmul__ = _binary("matmul", reflected=True)
-    __and__ = _binary("logical_and")
-    __rand__ = _binary("logical_and", reflected=True)
-    __or__ = _binary("logical_or")
-    __ror__ = _binary("logical_or", reflected=True)
-
-    def __neg__(self):
-        return _ops().negate(self)
-
-    def __invert__(self):
-        return _ops().logical_not(self)
-
-    def __getitem__(self, key):
-        from .ops.indexing import getitem
-
-        return getitem(self, key)
 
     def __len__(self) -> int:
         if not self.shape:

@@ -24,6 +24,7 @@ import torch.utils._pytree as pytree
 from torch import nn
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
+from . import trace_patch
 from .capture_autograd import autograd_functions_recorded
 from .capture_effects import python_effects_recorded
 from .capture_random import random_draws_recorded
@@ -178,7 +179,7 @@ def _traced(tracer: fx.Tracer, model: nn.Module, keep: Callable[[fx.Graph], Any]
                 python_effects_recorded(tracer, model),
                 plain_writes_recorded(tracer),
             ):
-                graph = tracer.trace(model)
+                graph = trace_patch.trace(tracer, model)
             tracer.issues += plain_update_issues(graph, changed_plain_tensors(model, plain))
         return keep(graph)
     finally:

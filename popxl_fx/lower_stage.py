@@ -14,7 +14,10 @@ from torch import nn
 import addons
 import popxl_core as popxl
 
-from . import lowerings  # noqa: F401  (fills the lowering table)
+from . import (
+    lowerings,  # noqa: F401  (fills the lowering table)
+    trace_patch,
+)
 from .calls import POSITIONAL, Binding
 from .module import Module
 from .options import Options
@@ -126,10 +129,11 @@ def lower_module(
     """Capture ``fxm`` on ``examples`` and lower it to a forward graph taking ``specs``, both
     inside ``contexts``: (captured, variable factories, forward graph). The whole model's
     (`lower`) and each phase's piece (`phased`) are lowered so."""
-    with entered(contexts):
-        captured = fxm.capture(*examples)
-    with entered(contexts):
-        facts, fwd = fxm.create_graph(*specs)
+    with trace_patch.kept_patches():  # its traces patch nn.Module once (trace_patch)
+        with entered(contexts):
+            captured = fxm.capture(*examples)
+        with entered(contexts):
+            facts, fwd = fxm.create_graph(*specs)
     return captured, facts, fwd
 
 

@@ -14,7 +14,8 @@ bound (``"blocks.3.attn.weight"``): the ``addons.Module.call_module`` pattern. W
 ``recompute=True`` each block's gradient graph is ``addons.transforms.recompute_graph`` of its
 autodiff, registered before the call sites exist, so the backward recomputes the block's
 activations instead of reading them from the forward. The variables' data (torch tensors as
-factory data, a call site's own factories) comes from `popxl_fx.variable_data`.
+factory data, a call site's own factories) comes from `popxl_fx.variable_data`; the variables
+themselves are made by `ModuleVariables` (module_variables.py).
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from torch import nn
 
 import addons
 import popxl_core as popxl
-from popxl_core import ops
 
 from . import fallback
 from .calls import POSITIONAL, Binding
@@ -41,15 +41,9 @@ from .errors import Issue, UnsupportedError
 from .example_values import forget_examples
 from .lowering import LoweringContext, run_graph
 from .module_outputs import Outputs
-from .names import unescape
+from .module_variables import ModuleVariables
 from .outline import Group, OutlinePlan, plan_outline
-from .variable_data import (
-    SEED_NAME,
-    host_data,
-    named_tensors,
-    site_factories,
-    zeros_for,
-)
+from .variable_data import SEED_NAME, named_tensors, site_factories
 
 __all__ = ["Module", "SEED_NAME", "signature"]
 
@@ -85,7 +79,7 @@ def _example(x: Any) -> Any:
     return torch.zeros(tuple(x.shape), dtype=dt)
 
 
-class Module(Outputs, addons.Module):
+class Module(Outputs, ModuleVariables):
     """A torch module whose `build` lowers its fx trace with the lowering table.
 
     Args:
@@ -114,14 +108,8 @@ class Module(Outputs, addons.Module):
             `popxl_fx.calls.Binding`); positional by default.
     """
 
-    # torch's grad mode around eager's forward (the pipeline sets it per build): under
-    # no_grad only leaves require grad (`requires_grad`)
-    grad_enabled = True
     # the captures this module shares with other builds (`capture_cache`), when it does
     shared: SharedCaptures | None = None
-    # seeds split off the seed variable by the last build: how far one forward advances it
-    # (a phased step's slices start that far apart, `phased_seed`)
-    draws = 0
 
     def __init__(
         self,
@@ -300,86 +288,6 @@ class Module(Outputs, addons.Module):
         if isinstance(value, torch.Tensor):
             return popxl.constant(value.detach().numpy(), popxl.dtype.as_dtype(value.dtype))
         return value
-
-    # variables -------------------------------------------------------------------------
-    def variable(self, qualname: str) -> popxl.Tensor:
-        """The variable of the torch parameter/buffer ``qualname`` (tied tensors share one;
-        ``qualname`` is the torch name, or the escaped variable name)."""
-        qualname = unescape(qualname)
-        value: Any = self.torch_module
-        try:
-            for part in qualname.split("."):
-                value = getattr(value, part)
-        except AttributeError:
-            raise AttributeError(
-                f"{type(self.torch_module).__name__} has no parameter or buffer {qualname!r}."
-            ) from None
-        return self.variable_for(value)
-
-    def variable_for(self, tensor: torch.Tensor) -> popxl.Tensor:
-        name = self._canonical.get(id(tensor))
-        if name is None:
-            raise KeyError(
-                f"the tensor is not a parameter or buffer of {type(self.torch_module).__name__}."
-            )
-        if name not in self._vars:
-            kind, master = self._kinds[name], self._masters.get(name, tensor)
-            # a buffer is updated in place (by_ref): it lives in the traced dtype
-            data = master.detach() if kind == "param" else master.detach().to(tensor.dtype)
-            # overwrite=True: "fc.bias" merges into the "fc" sub-tree that "fc.weight" made
-            # (each name is added once: self._vars guards it).
-            var = self.add_variable_input(
-                name,
-                host_data(data, zeros_for(self.weightless, name)),
-                popxl.dtype.as_dtype(data.dtype),
-                by_ref=kind == "buffer",
-                overwrite=True,
-            )
-            if data.dtype != tensor.dtype:  # a master weight: its working copy, once per graph
-                var = self.working_copies[name] = ops.cast(var, popxl.dtype.as_dtype(tensor.dtype))
-            self._vars[name] = var
-        return self._vars[name]
-
-    def requires_grad(self, t: popxl.Tensor) -> bool:
-        """Whether eager's twin of ``t`` requires grad: it is computed from a parameter that
-        requires grad. Torch picks some kernels by it (a float attention mask that requires
-        grad runs SDPA's math kernel), so a lowering asks to pick the same one. Inputs count
-        where `inputs_require_grad` says so; with ``grad_enabled`` False (an inference program
-        called under ``torch.no_grad``) only the parameters and inputs themselves."""
-        trainable = set(self._grad_inputs) | {
-            id(v)
-            for n, v in self._vars.items()
-            if self._kinds[n] == "param" and self._masters[n].requires_grad
-        }
-        if not self.grad_enabled:  # eager under no_grad: computed tensors never require grad
-            return id(t) in trainable
-        seen, stack = set(), [t]
-        while stack:
-            x = stack.pop()
-            if id(x) in trainable:
-                return True
-            if id(x) in seen or x.producer is None:
-                continue
-            seen.add(id(x))
-            if not x.producer.opdef.stops_gradient:
-                stack.extend(x.producer.inputs)
-        return False
-
-    def seed(self) -> popxl.Tensor:
-        """A fresh seed, split from one seed variable that advances every run."""
-        if not self._seed:
-            start = int(torch.initial_seed() % (2**31))
-            var = self.add_variable_input(
-                SEED_NAME, lambda: popxl.create_seeds(start), popxl.uint32, by_ref=True
-            )
-            self._seed = [var, var]
-        fresh, self._seed[1] = ops.split_random_seed(self._seed[1], 2)
-        self.draws += 1
-        return fresh
-
-    def _advance_seed(self) -> None:
-        if self._seed:
-            ops.var_updates.copy_var_update_(self._seed[0], self._seed[1])
 
 
 def _builder(group: Group) -> Module:

@@ -184,11 +184,12 @@ def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def _op_recursion(importer: str, imported: str) -> bool:
     """The late imports (inside functions) that the PopXL API's own recursion needs: a
-    `Tensor`'s operators are ops and ops make Tensors (``tensor``), a gradient is built of
-    ops (``transforms.autodiff``), and an op's helper calls other ops (between modules of
-    ``ops``). These are the only import circles allowed in the three packages."""
+    `Tensor`'s operators are ops and ops make Tensors (``tensor``, ``tensor_methods``), a
+    gradient is built of ops (``transforms.autodiff``), and an op's helper calls other ops
+    (between modules of ``ops``). These are the only import circles allowed in the three
+    packages."""
     in_ops = lambda m: m == "popxl_core.ops" or m.startswith("popxl_core.ops.")
-    callers = {"popxl_core.tensor", "popxl_core.transforms.autodiff"}
+    callers = {"popxl_core.tensor", "popxl_core.tensor_methods", "popxl_core.transforms.autodiff"}
     return in_ops(imported) and (in_ops(importer) or importer in callers)
 
 

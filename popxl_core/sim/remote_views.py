@@ -20,6 +20,7 @@ loaded tensor's storage (`inplace._owned`: only temporaries its graph made by a 
 
 from __future__ import annotations
 
+import heapq
 from typing import Dict, List, Optional, Set, Tuple
 
 from ..graph import Op
@@ -37,11 +38,23 @@ def view_loads(plan: GraphPlan) -> Set[Op]:
     at = _emitted_at(plan)
     accesses = _accesses(plan.live, at)
     outputs = set(plan.graph._outputs)
+    readers = _readers(plan.live)
     return {
         op
         for op in plan.live
-        if op.opdef is REMOTE_LOAD and _viewable(op, plan.live, at, accesses, outputs)
+        if op.opdef is REMOTE_LOAD and _viewable(op, plan.live, at, accesses, outputs, readers)
     }
+
+
+def _readers(live: List[Op]) -> Dict[Tensor, List[int]]:
+    """Tensor -> the indices in ``live`` of the ops that read it: each load's aliases are
+    followed from its readers, not found by scanning every op per load (which was quadratic
+    in the program: a phased step's loads times its ops)."""
+    out: Dict[Tensor, List[int]] = {}
+    for k, op in enumerate(live):
+        for t in dict.fromkeys(op.inputs):
+            out.setdefault(t, []).append(k)
+    return out
 
 
 def _emitted_at(plan: GraphPlan) -> Dict[Op, int]:
@@ -72,34 +85,56 @@ def _accesses(live: List[Op], at: Dict[Op, int]) -> Dict[object, List[Tuple[int,
     return out
 
 
-def _aliases(v: Tensor, live: List[Op]) -> Tuple[Set[Tensor], Set[Tensor]]:
+def _aliases(
+    v: Tensor, live: List[Op], readers: Dict[Tensor, List[int]]
+) -> Tuple[Set[Tensor], Set[Tensor]]:
     """(the tensors that are ``v``'s whole storage: ``v`` and in-place updates of it, every
     tensor that may share its storage). A call or a custom-emitted op may return what it
-    was given; a view op views its input 0; any other kernel returns new tensors."""
+    was given; a view op views its input 0; any other kernel returns new tensors. The ops
+    are taken in ``live`` order, each once it reads a tensor found before it."""
     whole, every = {v}, {v}
-    for op in live:
-        if not any(t in every for t in op.inputs):
-            continue
-        written = [op.inputs[i] for i in sorted(op.modified_inputs())]
-        if op.opdef.inplace and written and written[0] in every:
-            (whole if written[0] in whole else every).add(op.outputs[0])
-            every.add(op.outputs[0])
-        elif op.called_graphs or op.opdef.emit is not None:
-            every.update(op.outputs)
-        elif op.opdef.view and op.inputs[0] in every:
-            every.update(op.outputs)
+    todo = list(readers.get(v, ()))
+    heapq.heapify(todo)
+    queued = set(todo)
+    while todo:
+        k = heapq.heappop(todo)
+        for t in _alias_step(live[k], whole, every):
+            later = [j for j in readers.get(t, ()) if j > k and j not in queued]
+            queued.update(later)
+            for j in later:
+                heapq.heappush(todo, j)
     return whole, every
 
 
-def _viewable(load: Op, live: List[Op], at, accesses, outputs) -> bool:
+def _alias_step(op: Op, whole: Set[Tensor], every: Set[Tensor]) -> List[Tensor]:
+    """Add what ``op`` (which reads a tensor of ``every``) makes alias it; returns the
+    tensors new to ``every``."""
+    written = [op.inputs[i] for i in sorted(op.modified_inputs())]
+    if op.opdef.inplace and written and written[0] in every:
+        if written[0] in whole:
+            whole.add(op.outputs[0])
+        added = [op.outputs[0]]
+    elif op.called_graphs or op.opdef.emit is not None:
+        added = list(op.outputs)
+    elif op.opdef.view and op.inputs[0] in every:
+        added = list(op.outputs)
+    else:
+        return []
+    new = [t for t in dict.fromkeys(added) if t not in every]
+    every.update(new)
+    return new
+
+
+def _viewable(load: Op, live: List[Op], at, accesses, outputs, readers) -> bool:
     buffer, offset = _entry(load)
     if offset is None:
         return False
-    whole, every = _aliases(load.outputs[0], live)
+    whole, every = _aliases(load.outputs[0], live, readers)
     if every & outputs:
         return False
-    last = max((at[op] for op in live if any(t in every for t in op.inputs)), default=at[load])
-    writes = [at[op] for op in live if any(op.inputs[i] in every for i in op.modified_inputs())]
+    reading = [live[k] for k in sorted({k for t in every for k in readers.get(t, ())})]
+    last = max((at[op] for op in reading), default=at[load])
+    writes = [at[op] for op in reading if any(op.inputs[i] in every for i in op.modified_inputs())]
     later = [
         (k, op) for k, op in accesses[buffer] if k > at[load] and _entry(op)[1] in (offset, None)
     ]

@@ -1,0 +1,108 @@
+"""`popxl_fx.trace_patch`: inside a lowering, the capture traces patch `nn.Module` once, not
+once per trace, and trace the same graphs as torch.fx's own patches."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.fx as fx
+import torch.fx._symbolic_trace as fx_trace
+import torch.nn.functional as F
+from torch import nn
+
+import popxl_fx
+from popxl_fx import trace_patch
+from popxl_fx.capture import CaptureTracer
+
+
+class Inner(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.scale = nn.Parameter(torch.ones(4))
+        self.register_buffer("shift", torch.zeros(4))
+
+    def forward(self, x):
+        return self.fc(x) * self.scale + self.shift
+
+
+class Outer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner, self.norm = Inner(), nn.LayerNorm(4)
+
+    def forward(self, x):
+        # math.sqrt of a traced value is autowrapped by fx (its `_autowrap_check`)
+        root = math.sqrt(self.inner.scale.detach().sum())
+        return self.norm(self.inner(x)) / math.sqrt(x.shape[-1]) + root
+
+
+def _module_patches(monkeypatch) -> list:
+    """The patches of `nn.Module`'s methods torch.fx makes from now on."""
+    made: list = []
+    patch = fx_trace._PatchedFnSetAttr.patch
+
+    def counted(self):
+        if self.frame_dict is nn.Module:
+            made.append(self.fn_name)
+        patch(self)
+
+    monkeypatch.setattr(fx_trace._PatchedFnSetAttr, "patch", counted)
+    return made
+
+
+def _traces(monkeypatch) -> list:
+    """The `CaptureTracer` traces run from now on."""
+    run: list = []
+    trace = CaptureTracer.trace
+
+    def counted(self, *args, **kwargs):
+        run.append(self)
+        return trace(self, *args, **kwargs)
+
+    monkeypatch.setattr(CaptureTracer, "trace", counted)
+    return run
+
+
+def test_a_lowering_traces_without_patching_nn_module_per_trace(monkeypatch):
+    patches, traces = _module_patches(monkeypatch), _traces(monkeypatch)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 5), nn.ReLU(), nn.Linear(5, 3))
+    trainer = popxl_fx.training_model(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), F.cross_entropy
+    )
+    trainer(torch.randn(2, 4), torch.tensor([0, 2]))
+    assert len(traces) >= 2  # the capture and check's second trace at least
+    assert patches == []  # fx patched nn.Module for none of them
+    assert nn.Module.__dict__["__call__"] is fx_trace._orig_module_call  # put back
+    assert nn.Module.__dict__["__getattr__"] is fx_trace._orig_module_getattr
+
+
+@pytest.mark.parametrize("leaf", [False, True])
+def test_a_trace_through_the_kept_patches_is_fxs_own(leaf):
+    class Tracer(fx.Tracer):
+        def is_leaf_module(self, m, qualname):
+            return (leaf and isinstance(m, Inner)) or super().is_leaf_module(m, qualname)
+
+    model = Outer()
+    plain = Tracer().trace(model)
+    with trace_patch.kept_patches():
+        kept = [trace_patch.trace(Tracer(), model) for _ in range(2)]
+    assert [str(g) for g in kept] == [str(plain)] * 2
+    assert ("call_module", "inner") in {(n.op, n.target) for n in plain.nodes} if leaf else True
+    assert any(n.target is math.sqrt for n in plain.nodes)
+
+
+def test_the_window_leaves_eager_calls_and_nn_module_as_they_were():
+    model, x = Outer(), torch.randn(2, 4)
+    expected = model(x)
+    with pytest.raises(RuntimeError, match="inside"):
+        with trace_patch.kept_patches():
+            trace_patch.trace(fx.Tracer(), model)
+            assert torch.equal(model(x), expected)  # eager, between traces
+            assert model.inner.scale is model.inner._parameters["scale"]
+            raise RuntimeError("inside")
+    assert nn.Module.__dict__["__call__"] is fx_trace._orig_module_call
+    assert nn.Module.__dict__["__getattr__"] is fx_trace._orig_module_getattr
