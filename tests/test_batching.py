@@ -164,18 +164,20 @@ def test_stacked_and_folded_sites_read_one_site_analysis():
     both batched forms read: the seed MLP's first layer's gradient op (its input gradient
     unread: dead) has the same facts as a stack site (folding off) and as a fold site."""
     from popxl_core.ops.linear import LINEAR_GRAD
-    from popxl_core.sim.stacking import StackSite
+    from popxl_core.sim.batched_site import BatchedSite, RowsAt
     from popxl_core.sim.variants import SiteFacts
 
     stacked = _train("mlp", 2, FOLD_OFF, steps=1)[3]
     folded = _train("mlp", 2, CompileOptions(), steps=1)[3]
     namespace = stacked._program.namespace.values()
-    stack_sites = [s for s in namespace if isinstance(s, StackSite) and s.op.opdef is LINEAR_GRAD]
+    stack_sites = [s for s in namespace if isinstance(s, BatchedSite) and s.op.opdef is LINEAR_GRAD]
     fold_sites = [s for s in folded._replicas.fold.fold.sites if s.op.opdef is LINEAR_GRAD]
     first = SiteFacts(plain=True, dead=frozenset({0}), keeps=True)
     (stack,) = [s for s in stack_sites if s.facts == first]
-    assert stack.live == (False, True, True)  # the stacked call does not make the unread dx
+    assert stack.skip == frozenset({0})  # the stacked call does not make the unread dx
     assert [s.facts for s in fold_sites].count(first) == 1
+    # one site class: only when the rows are made differs
+    assert stack.rows_at is RowsAt.CALL and {s.rows_at for s in fold_sites} == {RowsAt.STEP}
 
 
 def test_a_sites_check_is_remembered_per_key():
@@ -217,11 +219,11 @@ def test_the_hub_stacks_with_the_ops_fold_forms():
 
     from popxl_core.ops.forms import ReplicaStack
     from popxl_core.ops.linear import LINEAR_GRAD
-    from popxl_core.sim.stacking import StackSite
+    from popxl_core.sim.batched_site import BatchedSite
 
     assert [f.name for f in dataclasses.fields(ReplicaStack)] == ["shared"]
     session = _train("mlp", 2, FOLD_OFF, steps=1)[3]
-    sites = [s for s in session._program.namespace.values() if isinstance(s, StackSite)]
+    sites = [s for s in session._program.namespace.values() if isinstance(s, BatchedSite)]
     forms = {(s.op.opdef, len(s.checked.forms)) for s in sites}
     rules = [(op, len(fold_rule(op).kernels)) for op in (LINEAR, LINEAR_GRAD)]
     assert forms == set(rules) and rules[0][1] == 2

@@ -1,6 +1,6 @@
 """The replica-fold rules of LayerNormGrad, Nll, NllGrad, the Reduce ops and the exact ones
 (Reshape, Transpose, Add, Sub, Mul): each folded call over all replicas' rows against every
-replica's own call on its rows (what a `FoldSite` compares; tolerance 0, bit for bit), the
+replica's own call on its rows (what a `BatchedSite` compares; tolerance 0, bit for bit), the
 cases where a rule declines (its site then runs each replica's call), and folded against
 unfolded replicated training of a model using them (tolerance 0).
 """
@@ -36,7 +36,7 @@ R = 4
 
 def _own(opdef, args, per, attrs, numerics="torch"):
     """Every replica's own kernel call on its rows, outputs in replica order (concatenated;
-    rank-0 outputs stacked): what `FoldSite.each` computes."""
+    rank-0 outputs stacked): what `BatchedSite.each` computes."""
     kernel = opdef.kernel_for(numerics)
     cols = [a.split(a.shape[0] // R) if p else (a,) * R for a, p in zip(args, per)]
     outs = [kernel(*part, **attrs) for part in zip(*cols)]
@@ -124,7 +124,7 @@ def test_a_layer_norm_grad_form_with_other_bits_is_passed_over(side_by_side_off)
     folded, off = _train(LnNet, FOLD), _ln_off()
     _assert_same(folded, off)
     sites = [s for s in folded[3]._replicas.fold.fold.sites if s.op.type == "LayerNormGrad"]
-    assert sites and all(s.chosen is s.folded[1] for s in sites)
+    assert sites and all(s.chosen is s.checked.forms[1] for s in sites)
 
 
 # Reduce ops ----------------------------------------------------------------------------
@@ -268,7 +268,7 @@ def test_layer_norms_and_reductions_fold_bitwise():
     # chosen where it gives each replica's bits on this CPU: which do is the CPU's to say
     # (on an Intel Xeon with torch 2.11 one Linear's did not), so not asserted here; the
     # bits of the run are (`_assert_same` above)
-    assert sorted(s.op.type for s in sites if s.folded is None) == [
+    assert sorted(s.op.type for s in sites if not s.checked.forms) == [
         "Add",
         "ReduceSumGrad",
         "ReduceSumGrad",

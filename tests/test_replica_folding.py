@@ -15,7 +15,7 @@ import torch
 
 from popxl_core.ops.linear import LINEAR_GRAD
 from popxl_core.sim import CompileOptions
-from popxl_core.sim.fold_site import FoldSite
+from popxl_core.sim.batched_site import BatchedSite, RowsAt
 from popxl_core.sim.speed import REPLICA_BATCHING, fold_rule
 from tests.test_replica_stacking import _assert_same, _train
 
@@ -60,7 +60,7 @@ def test_folded_is_bitwise_the_replicas_run(model, replicas):
     # pure data movement folds everywhere, and so do the loss (each replica's own sum, one
     # label check) and its gradient (one call: the same value at every label). Every op of
     # both models has a rule
-    ruled = [s for s in sites if s.folded is not None]
+    ruled = [s for s in sites if s.checked.forms]
     assert session._replicas.fold.stats["folded_ops"] == len(ruled) == len(sites)
     assert all(s.chosen is not None for s in sites)
     moves = {"Reshape", "Transpose", "Split", "Concat", "Gather", "Slice", "SliceGrad"}
@@ -150,7 +150,8 @@ def test_a_thread_count_change_checks_again():
 
 def test_sites_are_fold_sites_of_the_folded_program():
     session = _train("mlp", 2, FOLD, steps=1)[3]
-    assert all(isinstance(s, FoldSite) for s in _sites(session))
+    assert all(isinstance(s, BatchedSite) for s in _sites(session))
+    assert {s.rows_at for s in _sites(session)} == {RowsAt.STEP}
     assert session._program.fold is None and session._replicas.fold.fold is not None
 
 

@@ -8,7 +8,6 @@ do not share the weights (stacking then falls back to each replica's own kernel)
 
 from __future__ import annotations
 
-import functools
 from types import SimpleNamespace
 
 import pytest
@@ -18,7 +17,8 @@ import torch.nn.functional as F
 
 import popxl_fx
 from popxl_core.sim import CompileOptions, stacking
-from popxl_core.sim.stacking import StackRequest, StackSite, stacked_values
+from popxl_core.sim.batched_site import BatchedSite, RowsAt, StackRequest
+from popxl_core.sim.stacking import stacked_values
 from popxl_core.sim.variants import SiteFacts
 from tests.fx_zoo import GPT, SeedMLP, small_cnn
 
@@ -83,7 +83,7 @@ def _assert_same(a, b) -> None:
 
 def _sites(session) -> list:
     ns = session._program.namespace
-    return [v for v in ns.values() if isinstance(v, StackSite)]
+    return [v for v in ns.values() if isinstance(v, BatchedSite)]
 
 
 @pytest.mark.parametrize(
@@ -156,30 +156,28 @@ def test_seed_mlp_weights_are_stacked_at_the_default_size(monkeypatch):
 
 
 # the hub's decision, on hand-made requests -------------------------------------------
-class _Out:
-    spec = SimpleNamespace(nbytes=4)
-
-
-def _site(stacked):
-    y = _Out()
-    op = SimpleNamespace(attrs={}, outputs=[y])
+def _site(form, replicas=2):
+    """A site of ``x @ w`` (x: 2 x 5 a replica, w shared) whose one form over the rows is
+    ``form``."""
+    shapes = [(2, 5), (5, 3)]
+    op = SimpleNamespace(attrs={}, inputs=[SimpleNamespace(shape=s) for s in shapes])
+    op.outputs = [SimpleNamespace(shape=(2, 3))]
     facts = SiteFacts(plain=True, dead=frozenset(), keeps=False)
-    form = functools.partial(stacked, live=(True,), buffers=None)
-    return StackSite(op, lambda x, w: x @ w, [form], (1,), runtime=None, facts=facts)
+    own, per = (lambda x, w: x @ w), (True, False)
+    return BatchedSite(op, RowsAt.CALL, facts, own, per, [form], replicas)
 
 
 def _own(r, q):
-    return q.site.own_outputs(q.args)
+    return (q.site.own(*q.args),)
 
 
-def _rows(inputs, live, buffers):
-    y = torch.cat([x for x, _ in inputs]) @ inputs[0][1]
-    return [(part,) for part in y.split(inputs[0][0].shape[0])]
+def _rows(x, w):
+    return x @ w
 
 
 def test_hub_stacks_only_the_same_op_with_one_weight():
     w = torch.randn(5, 3)
-    site, other = _site(_rows), _site(_rows)
+    site, other = _site(_rows, 3), _site(_rows, 3)
     xs = [torch.randn(2, 5) for _ in range(3)]
     got = stacked_values([StackRequest(site, (x, w)) for x in xs], _own)
     assert got is not None and all(torch.equal(g[0], x @ w) for g, x in zip(got, xs))
@@ -199,11 +197,8 @@ def test_hub_falls_back_where_the_stacked_bits_differ():
     """A stacked form whose bits differ from each replica's own kernel is used never again
     for those shapes: the replicas compute their own."""
 
-    def off_by_one_ulp(inputs, live, buffers):
-        return [
-            (torch.nextafter(y, torch.tensor(float("inf"))),)
-            for (y,) in _rows(inputs, live, buffers)
-        ]
+    def off_by_one_ulp(x, w):
+        return torch.nextafter(x @ w, torch.tensor(float("inf")))
 
     site, w = _site(off_by_one_ulp), torch.randn(5, 3)
     requests = [StackRequest(site, (torch.randn(2, 5), w)) for _ in range(2)]
@@ -216,7 +211,7 @@ def test_hub_falls_back_where_the_stacked_form_raises():
     """A stacked form that raises on the replicas' arguments (shapes its rule did not
     foresee) is passed over as one with other bits is (`bits.Checked`): each replica's own."""
 
-    def unforeseen(inputs, live, buffers):
+    def unforeseen(x, w):
         raise RuntimeError("shapes the rule did not foresee")
 
     site, w = _site(unforeseen), torch.randn(5, 3)

@@ -60,7 +60,7 @@ def _kernel(x, w, *bias, fold):
     return y.view(*x.shape[:-1], w.shape[0])
 
 
-_FOLDED_FORWARD = tuple(  # tried in order (sim/fold_site.py), the first with the bits used
+_FOLDED_FORWARD = tuple(  # tried in order (sim/batched_site.py), the first with the bits used
     functools.partial(folded_forward, kernel=_kernel, batched=b) for b in (0, 1)
 )
 
@@ -225,7 +225,7 @@ def _folded_variant(batched: bool, sums: bool):
     return grads
 
 
-# tried in order (sim/fold_site.py): the first giving every replica's bits is used
+# tried in order (sim/batched_site.py): the first giving every replica's bits is used
 _FOLDED_GRADS = tuple(_folded_variant(b, s) for b in (True, False) for s in (True, False))
 _REDUCED_GRADS = tuple(
     functools.partial(_reduced_grads, batched=b, sums=s, blocked=k)

@@ -24,17 +24,19 @@ makes it.
    bits on every replica and the checked small streams the same bytes
    (`SharedRuns.prepare`); else the run is unshared (every replica its own main graph).
 3. **Stacking** (`stacking.py`, per site). In lock step, an op whose rule has a ``stack``
-   form (a GEMM of a weight of at least `stacking.MIN_SHARED_BYTES`) waits at the hub;
-   where every replica waits at that op with the weight in the same memory, one kernel
-   computes all of their outputs. Bit check per site and set of shapes (strides,
+   form (a GEMM of a weight of at least `stacking.MIN_SHARED_BYTES`) is a
+   `batched_site.BatchedSite` whose rows are made per call (`RowsAt.CALL`): it waits at the
+   hub, and where every replica waits at that op with the weight in the same memory, one
+   kernel computes all of their outputs. Bit check per site and set of shapes (strides,
    alignment, threads): the stacked outputs against each replica's own kernel; else the
    fallback.
 4. **Folding** (`fold.py`, per program, then per run and per site). Where the main graph
    qualifies (`fold.plan_fold`), the replicas' whole step is a third program, run once
    over their values concatenated along dim 0 (`fold.FoldRuntime`) by every run that
-   shares (2). Per op of a called graph with a per-replica input (`fold_site.FoldSite`):
-   its rule's ``fold`` forms, tried in order at the site's first call and checked bit for
-   bit against the fallback (per thread count); an ``exact`` form is emitted unchecked.
+   shares (2). Per op of a called graph with a per-replica input, a `BatchedSite` whose
+   rows are made for the step (`RowsAt.STEP`, `fold_site.fold_site`): its rule's ``fold``
+   forms, tried in order at the site's first call and checked bit for bit against the
+   fallback (per thread count); an ``exact`` form is emitted unchecked.
    The main graph's all-reduces become sums over the replica dim (`fold_reduce.py`; groups
    of small ones in kept buffers, `fold_group.py`; parameter gradients computed at the
    group, `fold_together.py`), each checked against the all-reduce's own reduction at its
@@ -49,7 +51,8 @@ program's runtime runs one run for all replicas, so it has no follower program a
 ``CompileOptions(share_uniform=, stack_replicas=, fold_replicas=)`` switch each off;
 tests compare every setting with the others, bit for bit.
 
-Stacking and folding are two ways one op's R replica calls become one call; what each
+Stacking and folding are two ways one op's R replica calls become one call, at one site
+class (`batched_site.BatchedSite`) whose `RowsAt` says when the rows are made; what each
 decides, and where:
 
 =================  ===============================  ==============================================
@@ -64,8 +67,9 @@ per run            the schedule is LOCK_STEP (the   the schedule is FOLDED (the 
                    hub exists)                      count depends on the data)
 per site, at       rule's ``stack`` and ``fold``    every op of a folded graph with a per-replica
 compile time       forms; float32; an output read;  input: ``exact`` (inline, unchecked), else a
-                   shared inputs of at least        `fold_site.FoldSite` (its forms where the op
-                   `stacking.MIN_SHARED_BYTES`      is float32 without dtype wrappers and
+                   shared inputs of at least        `RowsAt.STEP` site (its forms where the op
+                   `stacking.MIN_SHARED_BYTES`:     is float32 without dtype wrappers and
+                   a `RowsAt.CALL` site
                                                     ``rows`` holds, else the fallback alone)
 per site, at run   every call: all replicas at the  first call: the forms against the fallback;
 time               op, shared inputs one memory,    then the chosen callable is bound in place of
@@ -75,28 +79,30 @@ time               op, shared inputs one memory,    then the chosen callable is 
 values             R tensors, concatenated per      one tensor of R*b rows (uniform: one tensor)
                    call into the fold form's rows
 fallback           the replica's own kernel         each replica's own kernel on its rows,
-                                                    outputs concatenated (`FoldSite.each`)
+                                                    outputs concatenated (`BatchedSite.each`)
 emitted code       ``outs = k(ins)``, ``k`` the     ``outs = fold(ins)``, ``fold`` the site, then
                    site: a greenlet switch to the   the chosen call (no per-call cost); an
                    hub per call                     ``exact`` op as the op's own code
 =================  ===============================  ==============================================
 
-What they share: the op's one rule row, one analysis of the site (`variants.site_facts`:
-float32 operands without dtype wrappers, outputs nothing reads, whether the graph may keep
-output buffers; kernel variants read it too), one bit check (`bits.Checked`: the forms
-tried by `bits.first_match`, the outcome remembered per key; a form that raises is passed
-over), and the fallback's meaning (each replica's own call of the table kernel). Folding
-alone batches the main graph's all-reduces (sums over the replica dim, `fold_reduce.py`,
-`fold_group.py`, `fold_together.py`): stacking leaves collectives to the lock-step hub.
+What they share: one site class, the op's one rule row, one analysis of the site
+(`variants.site_facts`: float32 operands without dtype wrappers, outputs nothing reads,
+whether the graph may keep output buffers; kernel variants read it too), one bit check
+(`BatchedSite.check`, `bits.Checked`: the forms tried by `bits.first_match`, the outcome
+remembered per key; a form that raises is passed over), and the fallback's meaning (each
+replica's own call of the table kernel). Folding alone batches the main graph's
+all-reduces (sums over the replica dim, `fold_reduce.py`, `fold_group.py`,
+`fold_together.py`): stacking leaves collectives to the lock-step hub.
 
 `emit_batched` is the per-site half: the compiler asks it about every op it emits, and it
 alone decides which of the two (if either) makes the op's site.
 
-One form per op: the hub stacks with the op's ``fold`` forms (`stacking.StackSite`: the
-replicas' unshared inputs concatenated along dim 0, as a folded program holds them, each
-replica given its part of every output); an op's ``stack`` rule says only which inputs must
-be one memory on every replica (`forms.ReplicaStack.shared`). What still differs is where
-the rows are made: once for the whole step (folding), or per call at the hub (stacking).
+One form per op: the hub stacks with the op's ``fold`` forms (`BatchedSite.stacked`: the
+replicas' unshared inputs concatenated along dim 0, as a folded program holds them;
+`BatchedSite.split`: each replica given its part of every output); an op's ``stack`` rule
+says only which inputs must be one memory on every replica (`forms.ReplicaStack.shared`).
+What differs is a field of the site, `RowsAt`: the rows made once for the whole step
+(folding), or per call at the hub (stacking).
 
 What the compiled program and this machinery need of a runtime is `ReplicaRuntime`, which
 `runtime.Runtime` (per replica) and `fold.FoldRuntime` (all replicas' rows at once) provide.
@@ -124,7 +130,7 @@ from ..errors import OpDataError
 from . import checks
 from . import runtime as runtime_module
 from .fold import FoldRuntime, plan_fold
-from .fold_site import FoldSite, emit_exact, emit_folded_main
+from .fold_site import emit_exact, emit_folded_main, fold_site
 from .runtime import ReplicaSchedule
 from .stacking import stack_site
 from .uniform import SharedRuns
@@ -257,23 +263,23 @@ def emit_batched(op: Op, plan, em, emit_kernel: Callable, bound_kernel: Callable
 def _emit_folded(op: Op, em, emit_kernel: Callable, bound_kernel: Callable) -> None:
     """An op of a folded graph: with uniform inputs it runs once, as on one replica; with a
     per-replica input its rule's ``exact`` fold is its own code with folded attributes,
-    else a `fold_site.FoldSite` checks its forms against the fallback (none: the
-    fallback)."""
+    else a `RowsAt.STEP` site (`fold_site.fold_site`) checks its forms against the
+    fallback (none: the fallback)."""
     program = em.program
     fold = program.fold
     if not any(t in fold.stacked for t in op.inputs):
         (op.opdef.emit or emit_kernel)(op, em)
     elif not emit_exact(op, em, fold, emit_kernel):
-        site = FoldSite(op, em, fold, bound_kernel)
-        program.stats["folded_ops"] += site.folded is not None
+        site = fold_site(op, em, fold, bound_kernel)
+        program.stats["folded_ops"] += bool(site.checked.forms)
         site.name, site.namespace = em.emit_call("fold", site, op), program.namespace
         fold.sites.append(site)
 
 
 def _emit_stacked(op: Op, plan, em, bound_kernel: Callable) -> bool:
     """An op of an unfolded program whose replicas may stack (`_stacks`), that no pass
-    rewrote, as a `stacking.StackSite` where its rule's ``stack`` form and its use allow
-    (taken before `speed.DIRECT`'s torch call: no op has both)."""
+    rewrote, as a `RowsAt.CALL` site (`stacking.stack_site`) where its rule's ``stack``
+    form and its use allow (taken before `speed.DIRECT`'s torch call: no op has both)."""
     if not _stacks(em.program) or op.opdef.emit is not None:
         return False
     if op in plan.fused or op in plan.pairs or op in plan.reuse:

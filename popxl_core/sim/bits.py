@@ -77,7 +77,7 @@ def first_match(
 class Checked:
     """A batched site's forms, checked by `first_match` at the first call of a key (what may
     change the kernels torch picks: shapes, strides, threads) and the outcome remembered for
-    that key: the one bit check of `stacking.StackSite` and `fold_site.FoldSite`."""
+    that key: the one bit check of `batched_site.BatchedSite`, whenever its rows are made."""
 
     def __init__(
         self, forms: Iterable[Callable], outputs: Callable[[Any], Outputs] = as_tuple

@@ -16,10 +16,11 @@ stream) is one tensor of its own shape. Then
   a run of small ones is one group call in kept buffers (`fold_group.py`), which also makes
   the values only it reads (`fold_together.py`: layer norms' and linear layers' parameter
   gradients);
-- each op of a called graph with a per-replica input runs as a `fold_site.FoldSite`: one
-  kernel call over the concatenated rows where its `speed.ReplicaBatching.fold` says the op is
-  row-wise there (checked bit for bit against the replicas' own calls once per shape), else
-  the replicas' own calls one by one, their outputs concatenated;
+- each op of a called graph with a per-replica input runs as a `batched_site.BatchedSite`
+  whose rows are made for the step (`RowsAt.STEP`): one kernel call over the concatenated
+  rows where its `speed.ReplicaBatching.fold` says the op is row-wise there (checked bit
+  for bit against the replicas' own calls once per shape), else the replicas' own calls one
+  by one, their outputs concatenated;
 - ops whose inputs are all uniform (the optimizer update) run once, as in `uniform.py`.
 
 Preconditions, checked at Session build (`plan_fold`; else the replicas run as before):
@@ -57,7 +58,7 @@ from .runtime import collective_results, next_transfer
 from .uniform import full_all_reduce
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .fold_site import FoldSite
+    from .batched_site import BatchedSite
 
 __all__ = ["FoldCollective", "FoldPlan", "FoldRuntime", "GroupState", "plan_fold"]
 
@@ -91,7 +92,7 @@ class FoldPlan:
     stacked: Set[Tensor] = field(default_factory=set)
     graphs: Set[Graph] = field(default_factory=set)  # called graphs compiled folded
     collectives: Dict[str, FoldCollective] = field(default_factory=dict)  # by op name
-    sites: List[FoldSite] = field(default_factory=list)
+    sites: List[BatchedSite] = field(default_factory=list)
     reduce_groups: Dict[Graph, object] = field(default_factory=dict)  # `fold_reduce`
     # folded op -> {output index: "add"/"mean"}: outputs its site returns all-reduced, and
     # the all-reduces that then pass them on (`fold_reduce.plan_fused`)

@@ -17,7 +17,7 @@ Checked like every fold: each site's ``dx`` against the replicas' own calls at i
 call (which also hands this module the replicas' other values), and the group's first call
 compares the together call's values with those, bit for bit (a ``together_into`` kernel's:
 at its first write into the kept rows); where any differs, or a site fell back, every later
-run computes those ops' values with the replicas' own calls (`FoldSite.each`) instead. A
+run computes those ops' values with the replicas' own calls (`BatchedSite.each`) instead. A
 site whose ``dx`` did not match makes all of its outputs itself (the group then reads them
 as they come).
 """
@@ -34,7 +34,7 @@ from .bits import same_bits, same_outputs
 from .fold_reduce import reduce_runs, sole_graph_source
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .fold_site import FoldSite
+    from .batched_site import BatchedSite
 from .speed import fold_rule, known_fold
 
 __all__ = ["Together", "TogetherMode", "plan_together"]
@@ -73,7 +73,7 @@ class Together:
         self.dtypes: Dict[int, torch.dtype] = {}
         self.args: List[Optional[tuple]] = [None] * len(ops)  # this run's operands
         self.want: List[Optional[tuple]] = [None] * len(ops)  # the replicas' values (check)
-        self.sites: Dict[Op, FoldSite] = {}  # op -> its site (the fallback's calls)
+        self.sites: Dict[Op, BatchedSite] = {}  # op -> its site (the fallback's calls)
         self._at: Optional[List[List[int]]] = None  # `_where`, made once
         self._outs: Optional[tuple] = None  # `write`'s (dest, its views by call and output)
 

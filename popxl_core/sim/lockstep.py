@@ -8,9 +8,10 @@ each thread a core: with threads, a replication-4 step of the seed MLP took 6x t
 step over the same global batch on a loaded 2-core machine, most of it threads waiting for a
 core at each of its collectives.
 
-A replica may also wait at a `stacking.StackSite` (an op the replicas may compute as one
-kernel): the hub answers those waits before it goes on, with every replica's share of one
-stacked call where all of them wait at the same op, else with None (each computes its own).
+A replica may also wait at a `batched_site.BatchedSite` whose rows are made per call
+(`RowsAt.CALL`: an op the replicas may compute as one kernel; stacking.py): the hub
+answers those waits before it goes on, with every replica's share of one stacked call
+where all of them wait at the same op, else with None (each computes its own).
 
 A replica that finishes while another waits at a collective means the replicas ran different
 collectives: `ReplicaMismatchError`, as with `Rendezvous`. An error in a replica is raised
@@ -23,8 +24,10 @@ from typing import TYPE_CHECKING, Callable, List, Optional
 
 import greenlet
 
+from .batched_site import StackRequest
+from .bits import as_tuple
 from .rendezvous import ReplicaMismatchError
-from .stacking import StackRequest, stacked_values
+from .stacking import stacked_values
 
 if TYPE_CHECKING:  # pragma: no cover
     from .runtime import Runtime
@@ -36,7 +39,7 @@ class _HubBarrier:
     """`Runtime.collective`'s barrier: the calling replica's greenlet yields to the hub."""
 
     lockstep = True
-    stacks = True  # `stacking.StackSite`s wait here too
+    stacks = True  # `RowsAt.CALL` sites wait here too (stacking.py)
 
     def __init__(self, hub: greenlet.greenlet) -> None:
         self.hub = hub
@@ -69,7 +72,7 @@ def _answer_stacks(runtime: Runtime, lets, states, waits: List[object]) -> None:
 
     def own(r: int, request: StackRequest):
         runtime.run_as(states[r])  # a replica's own kernel may keep per-replica buffers
-        return request.site.own_outputs(request.args)
+        return as_tuple(request.site.own(*request.args))
 
     while any(isinstance(w, StackRequest) for w in waits):
         values = stacked_values(waits, own)

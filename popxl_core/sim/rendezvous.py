@@ -20,7 +20,7 @@ class Barrier(Protocol):
     # the last replica to arrive computes every replica's result while the others wait,
     # their values untouched (greenlets); else each replica snapshots its value (threads)
     lockstep: bool
-    stacks: bool  # `stacking.StackSite`s wait here too, answered by ``hub``
+    stacks: bool  # `RowsAt.CALL` sites (stacking.py) wait here too, answered by ``hub``
     hub: Any  # the greenlet a waiting replica switches to (None: threads)
 
     def wait(self, action: Optional[Callable[[], None]] = None) -> None: ...
@@ -34,7 +34,7 @@ class Rendezvous:
     """A reusable barrier for ``parties`` threads that fails instead of waiting forever."""
 
     lockstep = False  # threads: each replica snapshots its value (`Runtime.collective`)
-    stacks = False  # no `stacking.StackSite` waits here: only lock step's hub answers those
+    stacks = False  # no `RowsAt.CALL` site waits here: only lock step's hub answers those
     hub = None
 
     def __init__(self, parties: int) -> None:

@@ -104,7 +104,8 @@ class Runtime:
         return self._exchange is not None
 
     def stack_hub(self) -> Any:
-        """The lock-step hub a `stacking.StackSite` may wait at (None: not in lock step)."""
+        """The lock-step hub a `RowsAt.CALL` site (stacking.py) may wait at (None: not in
+        lock step)."""
         barrier = self._barrier
         return barrier.hub if barrier is not None and barrier.stacks else None
 
