@@ -36,6 +36,12 @@ def _reduced_sites(session) -> list:
     return [s for s in session._replicas.fold.fold.sites if s.reduced is not None]
 
 
+def _fused(session) -> list:
+    """The all-reduces the folded ops making their inputs compute (`ReduceBy.SITE`)."""
+    reduce_by = session._replicas.fold.fold.reduce_by
+    return [op for op, by in reduce_by.items() if by is fold_reduce.ReduceBy.SITE]
+
+
 def _passed_on(session) -> int:
     """Lines of the folded main graph where an all-reduce passes its input on."""
     return len(re.findall(r"^\s*v\d+ = v\d+$", session._replicas.fold.main.source, re.M))
@@ -45,11 +51,10 @@ def test_the_mlp_weight_gradients_are_reduced_by_their_linear_grad():
     folded, off = _train("mlp", 4, FOLD), _off("mlp", 4)
     _assert_same(folded, off)
     session = folded[3]
-    plan = session._replicas.fold.fold
     # the three 512-wide layers' weight gradients (>= FUSE_BYTES) and their biases'; then
     # the last layer's 10 x 512 (20 KiB) and bias, whose two all-reduces alone would make a
     # group call: no all-reduce call is left
-    shapes = sorted(tuple(op.inputs[0].shape) for op in plan.fused)
+    shapes = sorted(tuple(op.inputs[0].shape) for op in _fused(session))
     assert shapes == [(10,), (10, 512)] + [(512,)] * 3 + [(512, 512), (512, 512), (512, 784)]
     assert [s.op.type for s in _reduced_sites(session)] == ["LinearGrad"] * 4
     assert all(s.reduced.kinds == {1: "mean", 2: "mean"} for s in _reduced_sites(session))
@@ -69,7 +74,7 @@ def test_every_gradient_size_fused_is_bitwise(model, replicas, monkeypatch):
     folded, off = _train(model, replicas, FOLD), _off(model, replicas)
     _assert_same(folded, off)
     sites = _reduced_sites(folded[3])
-    assert sites and _passed_on(folded[3]) == len(folded[3]._replicas.fold.fold.fused)
+    assert sites and _passed_on(folded[3]) == len(_fused(folded[3]))
     assert _passed_on(folded[3]) == sum(len(s.reduced.kinds) for s in sites)
 
 
@@ -115,7 +120,7 @@ def test_a_gradient_something_else_reads_is_not_fused(monkeypatch):
     monkeypatch.setattr(fold_reduce, "Counter", lambda xs: {t: 2 for t in xs})
     folded, off = _train("mlp", 2, FOLD), _off("mlp", 2)
     _assert_same(folded, off)
-    assert not folded[3]._replicas.fold.fold.fused and not _reduced_sites(folded[3])
+    assert not _fused(folded[3]) and not _reduced_sites(folded[3])
 
 
 def _train_with_writes(compiler, replicas: int = 4, steps: int = 3):
@@ -184,12 +189,31 @@ def test_a_bias_gradient_alone_is_reduced_bitwise(monkeypatch):
     assert len(sites) == 4 and all(s.reduced.kinds == {2: "mean"} for s in sites)
 
 
+def test_each_all_reduce_of_the_folded_main_graph_has_one_case():
+    """`fold.plan_reduces` decides every full all-reduce's `ReduceBy` once, and the
+    emitted code follows it: the seed MLP's are all passed on from their LinearGrads
+    (SITE), GPT's all made by one group call at its first (GROUP, one run)."""
+    from popxl_core.ops.collectives.replicated import ALL_REDUCE
+
+    for model, want in (("mlp", fold_reduce.ReduceBy.SITE), ("gpt", fold_reduce.ReduceBy.GROUP)):
+        folded = _train(model, 2, FOLD, steps=1)[3]._replicas.fold
+        main = folded.ir.main_graph._ops
+        all_reduces = [op for op in main if op.opdef is ALL_REDUCE]
+        assert all_reduces and set(folded.fold.reduce_by) == set(all_reduces)
+        assert set(folded.fold.reduce_by.values()) == {want}
+        groups = folded.main.source.count("RT.all_reduce_group")
+        assert groups == len(folded.fold.runs) == (want is fold_reduce.ReduceBy.GROUP)
+        if groups:
+            (run,) = folded.fold.runs.values()
+            assert run == [op for op in main if op in set(all_reduces)]
+
+
 def test_small_gradients_of_many_ops_stay_in_one_group():
     """GPT's gradients (all under FUSE_BYTES) are all-reduced by one group call: none of its
     ops' all-reduces would make a run of their own."""
     folded, off = _train("gpt", 2, FOLD), _off("gpt", 2)
     _assert_same(folded, off)
-    assert not folded[3]._replicas.fold.fold.fused
+    assert not _fused(folded[3])
     assert "RT.all_reduce_group" in folded[3]._replicas.fold.main.source
 
 

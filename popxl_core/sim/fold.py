@@ -52,7 +52,7 @@ from ..ops.io import HOST_LOAD, HOST_STORE
 from ..schedule import schedule
 from ..tensor import Tensor, Variable
 from .fold_group import KeptGroup
-from .fold_reduce import check_summed, plan_fused, reduce_group
+from .fold_reduce import ReduceBy, check_summed, plan_fused, reduce_group, reduce_runs
 from .fold_together import Together, TogetherMode, plan_together
 from .runtime import collective_results, next_transfer
 from .uniform import full_all_reduce
@@ -60,7 +60,7 @@ from .uniform import full_all_reduce
 if TYPE_CHECKING:  # pragma: no cover
     from .batched_site import BatchedSite
 
-__all__ = ["FoldCollective", "FoldPlan", "FoldRuntime", "GroupState", "plan_fold"]
+__all__ = ["FoldCollective", "FoldPlan", "FoldRuntime", "GroupState", "plan_fold", "plan_reduces"]
 
 
 @dataclass(frozen=True)
@@ -93,11 +93,12 @@ class FoldPlan:
     graphs: Set[Graph] = field(default_factory=set)  # called graphs compiled folded
     collectives: Dict[str, FoldCollective] = field(default_factory=dict)  # by op name
     sites: List[BatchedSite] = field(default_factory=list)
-    reduce_groups: Dict[Graph, object] = field(default_factory=dict)  # `fold_reduce`
-    # folded op -> {output index: "add"/"mean"}: outputs its site returns all-reduced, and
-    # the all-reduces that then pass them on (`fold_reduce.plan_fused`)
+    # main graph all-reduce -> its case (`plan_reduces`; none: `FoldRuntime.collective`)
+    reduce_by: Dict[Op, ReduceBy] = field(default_factory=dict)
+    runs: Dict[Op, List[Op]] = field(default_factory=dict)  # a group's first -> its run
+    # folded op -> {output index: "add"/"mean"}: outputs its site returns all-reduced (the
+    # all-reduces reading them are `ReduceBy.SITE`; `fold_reduce.plan_fused`)
     reduced: Dict[Op, Dict[int, str]] = field(default_factory=dict)
-    fused: Set[Op] = field(default_factory=set)
     # folded op -> the `fold_together.Together` computing some of its outputs at the group;
     # group key -> that `Together`
     together: Dict[Op, Together] = field(default_factory=dict)
@@ -115,9 +116,22 @@ def plan_fold(program) -> Optional[FoldPlan]:
             return None
         if not _main_op(op, plan, ir):
             return None
-    plan_fused(plan, program.main_plan.live)
-    plan_together(plan, program.main_plan.live)
+    plan_reduces(plan, program.main_plan.live)
     return plan
+
+
+def plan_reduces(plan: FoldPlan, live: List[Op]) -> None:
+    """The one decision of how each full all-reduce of the folded main graph is computed
+    (`fold_reduce.ReduceBy`), from the rules of the ops whose outputs they read: passed on
+    from its input's folded op (`fold_reduce.plan_fused`), else in a run of consecutive
+    ones made in one call (`fold_reduce.reduce_runs`), some of whose values the group makes
+    itself (`fold_together.plan_together`), else alone."""
+    plan_fused(plan, live)
+    runs = [run for run in reduce_runs(live, plan) if len(run) > 1]
+    for run in runs:
+        plan.runs[run[0]] = run
+        plan.reduce_by.update(dict.fromkeys(run, ReduceBy.GROUP))
+    plan_together(plan, runs)
 
 
 def _main_op(op: Op, plan: FoldPlan, ir) -> bool:

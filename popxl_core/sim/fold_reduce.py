@@ -18,6 +18,7 @@ run finds it gives the same bits (else the op's own reduction runs, as before):
 
 from __future__ import annotations
 
+import enum
 from collections import Counter
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -33,7 +34,7 @@ from .speed import fold_rule
 __all__ = [
     "FUSE_BYTES",
     "GROUP_BYTES",
-    "ReduceGroups",
+    "ReduceBy",
     "ReducedOutputs",
     "plan_fused",
     "reduce_group",
@@ -62,21 +63,20 @@ def check_summed(rows: torch.Tensor, op, want: torch.Tensor) -> Optional[torch.T
     return out if same_bits(summed(rows, op, out), want) else None
 
 
-class ReduceGroups:
-    """Runs of consecutive foldable all-reduces of a folded main graph's schedule."""
+class ReduceBy(enum.Enum):
+    """How a folded main graph's full all-reduce is computed: its one case, decided at
+    Session build (`fold.plan_reduces`) from its input's source op and that op's rule
+    (`ReplicaFold.reduced`, `ReplicaFold.together`). An all-reduce without one is
+    `FoldRuntime.collective`'s (its own reduction, or one sum into a kept buffer where
+    `check_summed` found it the same bits)."""
 
-    def __init__(self, live: Sequence[Op], plan) -> None:
-        self.first: Dict[Op, List[Op]] = {}
-        self.member: set = set()
-        for run in reduce_runs(live, plan):
-            if len(run) > 1:
-                self.first[run[0]] = run
-                self.member.update(run[1:])
+    SITE = "site"  # the folded op making its input returns it all-reduced: passed on
+    GROUP = "group"  # one of a run made in one call at the run's first (`all_reduce_group`)
 
 
 def reduce_runs(live: Sequence[Op], plan) -> List[List[Op]]:
-    """The runs of consecutive all-reduces `ReduceGroups` makes one call each (a run of one:
-    an all-reduce that could join one), in schedule order."""
+    """The runs of consecutive all-reduces that may make one call each (a run of one: an
+    all-reduce that could join one), in schedule order."""
     runs: List[List[Op]] = []
     run: List[Op] = []
     for op in (*live, None):
@@ -90,7 +90,7 @@ def reduce_runs(live: Sequence[Op], plan) -> List[List[Op]]:
 
 
 def _groupable(op: Op, plan, run: List[Op]) -> bool:
-    if op.opdef is not ALL_REDUCE or op in plan.fused:
+    if op.opdef is not ALL_REDUCE or plan.reduce_by.get(op) is ReduceBy.SITE:
         return False
     per, rank, kind = _collective(plan, op)
     t = op.inputs[0]
@@ -132,14 +132,14 @@ def _flat(values: Sequence[torch.Tensor], op: str, replicas: int) -> List[torch.
 
 
 def plan_fused(plan, live: Sequence[Op]) -> None:
-    """Fill ``plan.reduced`` (folded op -> {output index: reduction}) and ``plan.fused``
-    (the all-reduces they compute). A full ``add``/``mean`` all-reduce of the main graph can
-    be fused where its per-replica floating point input is a call's output that nothing else
-    reads, made by an op of the called graph that nothing else there reads it from, and the
-    op's `ReplicaFold.reduced` offers that output; an op with such an output of `FUSE_BYTES`
-    or more (one replica's) reduces all of its own (a weight gradient and its bias's), and so
-    does an op whose all-reduces would make a `ReduceGroups` run (or a lone all-reduce) of
-    their own: its reduced kernel then replaces that run's call."""
+    """Fill ``plan.reduced`` (folded op -> {output index: reduction}) and mark the all-reduces they
+    compute `ReduceBy.SITE`. A full ``add``/``mean`` all-reduce of the main graph can be fused where
+    its per-replica floating point input is a call's output that nothing else reads, made by an op
+    of the called graph that nothing else there reads it from, and the op's `ReplicaFold.reduced`
+    offers that output; an op with such an output of `FUSE_BYTES` or more (one replica's) reduces
+    all of its own (a weight gradient and its bias's), and so does an op whose all-reduces would
+    make a `reduce_runs` run (or a lone all-reduce) of their own: its reduced kernel then replaces
+    that run's call."""
     readers = Counter(t for op in live for t in op.inputs)
     found: Dict[Op, list] = {}
     for op in live:
@@ -167,7 +167,7 @@ def plan_fused(plan, live: Sequence[Op]) -> None:
 
 def _fuse(plan, site: Op, outputs: list) -> None:
     plan.reduced[site] = {j: kind for j, kind, _ in outputs}
-    plan.fused.update(all_reduce for *_, all_reduce in outputs)
+    plan.reduce_by.update((all_reduce, ReduceBy.SITE) for *_, all_reduce in outputs)
 
 
 def sole_graph_source(t, plan):

@@ -6,7 +6,7 @@ rule's forms over all replicas' rows, checked bit for bit against each replica's
 at the first call, then the chosen call bound in its place. Where the rule's ``exact`` fold
 applies, the op is emitted as its own code with the folded attributes, unchecked
 (`emit_exact`). In the main graph the all-reduces are sums over the replicas' rows
-(`emit_folded_main`; fold_reduce.py).
+(`emit_folded_main`, each as its `fold_reduce.ReduceBy` says).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Callable, Optional
 
 from ..graph import Op
 from .batched_site import BatchedSite, RowsAt, base_kernel, folded_attrs, folded_calls, rows_fold
-from .fold_reduce import ReducedOutputs, ReduceGroups
+from .fold_reduce import ReduceBy, ReducedOutputs
 from .speed import fold_rule, known_fold
 from .variants import site_facts
 
@@ -27,34 +27,27 @@ __all__ = ["emit_exact", "emit_folded_main", "fold_site"]
 def emit_folded_main(op: Op, plan, em, emit_kernel: Callable) -> bool:
     """Emit ``op`` of a folded program's main graph where folding decides how (True), else
     leave it to the compiler (False): an ``out=`` reuse of a per-replica tensor's storage
-    is not made (its shape is all replicas'), and the all-reduces are sums over the
-    replicas' rows (`fold_reduce.py`). ``emit_kernel``: the compiler's default emission."""
+    is not made (its shape is all replicas'), and the all-reduces are as their
+    `fold_reduce.ReduceBy` says. ``emit_kernel``: the compiler's default emission."""
     fold = em.program.fold
     if op in plan.reuse and plan.reuse[op] in fold.stacked:
         (op.opdef.emit or emit_kernel)(op, em)
         return True
-    if op in fold.fused:  # its input is already its result (`fold_reduce.plan_fused`)
+    by = fold.reduce_by.get(op)
+    if by is ReduceBy.SITE:  # its input is already its result
         em.emit(f"{em.name(op.outputs[0])} = {em.name(op.inputs[0])}")
-        return True
-    return _emit_reduce_group(op, plan, em, fold)
+    elif by is ReduceBy.GROUP and op in fold.runs:  # the others are computed here
+        _emit_reduce_group(op, fold.runs[op], em)
+    return by is not None
 
 
-def _emit_reduce_group(op: Op, plan, em, fold) -> bool:
+def _emit_reduce_group(op: Op, run, em) -> None:
     """A run of consecutive all-reduces as one call at its first op (`fold_reduce.py`)."""
-    if em.graph not in fold.reduce_groups:
-        fold.reduce_groups[em.graph] = ReduceGroups(plan.live, fold)
-    groups = fold.reduce_groups[em.graph]
-    if op in groups.member:  # computed at its run's first op
-        return True
-    run = groups.first.get(op)
-    if run is None:
-        return False
     outs = ", ".join(em.name(x.outputs[0]) for x in run)
     ins = ", ".join(em.name(x.inputs[0]) for x in run)
     kind, key = op.attrs["op"], f"{op.type}.{op.id}"
     keep = site_facts(op, em).keeps  # its results are dead by the next run
     em.emit(f"{outs}, = RT.all_reduce_group(({ins},), {kind!r}, {key!r}, {keep})")
-    return True
 
 
 def emit_exact(op: Op, em, fold, emit_kernel: Callable) -> bool:

@@ -31,7 +31,7 @@ import torch
 
 from ..graph import Op
 from .bits import same_bits, same_outputs
-from .fold_reduce import reduce_runs, sole_graph_source
+from .fold_reduce import sole_graph_source
 
 if TYPE_CHECKING:  # pragma: no cover
     from .batched_site import BatchedSite
@@ -222,15 +222,13 @@ class Together:
         return True
 
 
-def plan_together(plan, live: Sequence[Op]) -> None:
+def plan_together(plan, runs: Sequence[List[Op]]) -> None:
     """Fill ``plan.together`` (op -> its `Together`) and ``plan.together_groups`` (group
-    key -> its `Together`s): in each run of all-reduces that makes one group call, the
+    key -> its `Together`s): in each of ``runs`` (all-reduces making one group call), the
     folded ops whose `ReplicaFold.together` outputs only that run's all-reduces read, by
     class: one type and attributes, and for a side-by-side kernel (not ``together_into``)
     one set of shapes and at least two ops."""
-    for run in reduce_runs(live, plan):
-        if len(run) < 2:
-            continue
+    for run in runs:
         found: Dict[Op, Dict[int, int]] = {}  # op -> {output index: group position}
         for p, all_reduce in enumerate(run):
             source = _source(all_reduce.inputs[0], plan)
