@@ -37,10 +37,12 @@ makes it.
    rows are made for the step (`RowsAt.STEP`, `fold_site.fold_site`): its rule's ``fold``
    forms, tried in order at the site's first call and checked bit for bit against the
    fallback (per thread count); an ``exact`` form is emitted unchecked.
-   The main graph's all-reduces become sums over the replica dim (`fold_reduce.py`; groups
-   of small ones in kept buffers, `fold_group.py`; parameter gradients computed at the
-   group, `fold_together.py`), each checked against the all-reduce's own reduction at its
-   first run.
+   The main graph's all-reduces become sums over the replica dim, each one's case decided
+   once from the rules of the ops making their inputs (`fold.plan_reduces`,
+   `fold_reduce.ReduceBy`): passed on from an op whose ``reduced`` form all-reduces its
+   output (SITE), one call for a run of small ones in kept buffers (GROUP, `fold_group.py`;
+   parameter gradients computed at the group, `fold_together.py`), else alone; each
+   checked against the all-reduce's own reduction at its first run.
 
 `ReplicaRuns` holds the per-program part (made with the Session: the follower program is
 the compiled program's `uniform.Sharing`, the folded program is made here) and decides
