@@ -65,7 +65,7 @@ def test_an_op_has_one_batching_rule_holding_its_fold_and_stack_forms():
     rule = speed.REPLICA_BATCHING[LINEAR]
     assert rule.fold is fold_rule(LINEAR) and rule.stack is stack_rule(LINEAR)
     assert stack_rule(ADD) is None and fold_rule(ADD) is not None
-    assert not {"replica_fold", "replica_stack"} & {t.name for t in speed.TABLES}
+    assert not {"replica_fold", "replica_stack", "replica_reduce"} & {t.name for t in speed.TABLES}
     row = OpDef("NotRegistered", lambda ins: ins, torch.neg, cost=no_cost)
     fold = ReplicaFold(rows=lambda attrs, shapes, per: True)
     try:
@@ -75,6 +75,29 @@ def test_an_op_has_one_batching_rule_holding_its_fold_and_stack_forms():
             speed.declare(row, replica_batching=speed.ReplicaBatching(), replica_stack=fold)
     finally:
         speed.REPLICA_BATCHING.rows.pop(row, None)
+
+
+def test_a_folded_all_reduce_is_its_rule_in_the_one_table(monkeypatch):
+    """How an all-reduce runs in a folded program is its `ReplicaReduce` row: which
+    reductions one sum over the replica dim may make. Without the row no program holding
+    one folds (each replica runs its own step, the same bits); with ``summed`` empty the
+    program folds but every all-reduce is its own reduction, alone (no `ReduceBy`)."""
+    from popxl_core.ops.collectives.replicated import ALL_REDUCE, ALL_REDUCE_INPLACE
+    from popxl_core.ops.forms import ReplicaReduce
+    from popxl_core.sim.speed import reduce_rule
+
+    assert reduce_rule(ALL_REDUCE).summed == ("add", "mean") and not reduce_rule(ADD)
+    assert reduce_rule(ALL_REDUCE_INPLACE) is None
+    want = _train("mlp", 2, CompileOptions(), steps=2)
+    rows = speed.REPLICA_BATCHING.rows
+    for rule in (None, ReplicaReduce()):
+        monkeypatch.setitem(rows, ALL_REDUCE, speed.ReplicaBatching(reduce=rule))
+        got = _train("mlp", 2, CompileOptions(), steps=2)
+        _assert_same(got, want)
+        fold = got[3]._replicas.fold
+        assert (fold is None) == (rule is None)
+        if fold is not None:
+            assert not fold.fold.reduce_by and "RT.collective" in fold.main.source
 
 
 def _session(collective: bool, replicas: int = 2):

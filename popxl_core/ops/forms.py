@@ -13,7 +13,9 @@ there next to its kernel (``speed.declare(ROW, ...)``), with these types:
   (sim/fuse.py);
 * `JointGrad`: two gradient ops computed by one call (sim/conv_pairs.py);
 * `ReplicaStack`: where replicas in lock step call the op's `ReplicaFold` forms as one call
-  (sim/stacking.py).
+  (sim/stacking.py);
+* `ReplicaReduce`: how a collective over every replica runs in a folded program
+  (sim/fold.py, sim/fold_reduce.py).
 
 This module also holds the helpers the multi-tensor forms share.
 """
@@ -31,6 +33,7 @@ __all__ = [
     "Foreach",
     "JointGrad",
     "ReplicaFold",
+    "ReplicaReduce",
     "ReplicaStack",
     "FOLD_ROWS",
     "fold_rows",
@@ -112,6 +115,24 @@ class ReplicaStack:
     """
 
     shared: Tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ReplicaReduce:
+    """How this collective over every replica runs in a folded program (sim/fold.py), where
+    each replica's value is its rows of one tensor: the op's own reduction of the replicas'
+    values in replica order, once (the same function of the same values: the same bits),
+    one result for all replicas.
+
+    Args:
+        summed: the reductions (the op's ``op`` attribute) that one sum over the replica
+            dim may make instead (`collectives.summed`; sim/fold_reduce.py): alone into a
+            kept buffer, in one call for a run of consecutive ones, or by the folded op
+            making the value (`ReplicaFold.reduced`); each checked bit for bit against the
+            op's own reduction at its first run.
+    """
+
+    summed: Tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,6 @@ from ..graph import Graph, Op
 from ..host_data import host_to_torch, torch_to_host
 from ..ops.call import CALL
 from ..ops.collectives.collectives import summed
-from ..ops.collectives.replicated import ALL_REDUCE
 from ..ops.io import HOST_LOAD, HOST_STORE
 from ..schedule import schedule
 from ..tensor import Tensor, Variable
@@ -55,6 +54,7 @@ from .fold_group import KeptGroup
 from .fold_reduce import ReduceBy, check_summed, plan_fused, reduce_group, reduce_runs
 from .fold_together import Together, TogetherMode, plan_together
 from .runtime import collective_results, next_transfer
+from .speed import reduce_rule
 from .uniform import full_all_reduce
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -70,6 +70,7 @@ class FoldCollective:
     per_replica: bool  # its input is per replica (rows of all replicas), else uniform
     rank: int  # the input's rank on one replica
     op: Optional[str]  # its reduction ("add", "mean", ...)
+    summed: bool  # one sum over the replica dim may make it (its rule's `ReplicaReduce`)
 
 
 @dataclass
@@ -144,9 +145,11 @@ def _main_op(op: Op, plan: FoldPlan, ir) -> bool:
         return True
     if d is HOST_STORE:
         return True
-    if d is ALL_REDUCE and full_all_reduce(op, ir):
-        name = f"{op.type}.{op.id}"
-        plan.collectives[name] = FoldCollective(per[0], len(op.inputs[0].shape), op.attrs.get("op"))
+    rule = reduce_rule(d)
+    if rule is not None and full_all_reduce(op, ir):
+        kind, rank = op.attrs.get("op"), len(op.inputs[0].shape)
+        c = FoldCollective(per[0], rank, kind, kind in rule.summed)
+        plan.collectives[f"{op.type}.{op.id}"] = c
         return True
     if d is CALL:
         mask = _plan_graph(op.called_graphs[0], per, plan)
@@ -234,17 +237,17 @@ class FoldRuntime:
         r = self.replicas
         c = self.plan.collectives[fn.op_name]
         per, rank, op = c.per_replica, c.rank, c.op
-        if not per:
+        if not per:  # every replica's value is this one
             return _first_result(fn, [value] * r)
         rows = value.view(r, -1, *value.shape[1:]) if rank else value
         out = self.summed.get(fn.op_name, rows)
         if out is None:
             return _first_result(fn, list(rows.unbind()))
         if out is not rows:
-            assert op is not None  # `check_summed` kept a buffer: op is "add" or "mean"
+            assert op is not None  # `check_summed` kept a buffer: ``c.summed`` holds
             return summed(rows, op, out)
         want = _first_result(fn, list(rows.unbind()))
-        self.summed[fn.op_name] = check_summed(rows, op, want)
+        self.summed[fn.op_name] = check_summed(rows, op, want) if c.summed else None
         return want
 
     def all_reduce_group(self, values, op: str, key: str, keep: bool) -> List[torch.Tensor]:

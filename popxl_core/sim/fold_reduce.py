@@ -27,7 +27,6 @@ import torch
 from ..graph import Op
 from ..ops.call import CALL
 from ..ops.collectives.collectives import reduce_values, summed
-from ..ops.collectives.replicated import ALL_REDUCE
 from .bits import as_tuple, first_match, same_bits, same_outputs
 from .speed import fold_rule
 
@@ -56,8 +55,9 @@ FUSE_BYTES = 128 * 2**10
 
 
 def check_summed(rows: torch.Tensor, op, want: torch.Tensor) -> Optional[torch.Tensor]:
-    """A buffer for `summed`, where it gives the all-reduce's bits on these values."""
-    if op not in ("add", "mean") or not rows.is_floating_point() or rows.shape[0] > 4:
+    """A buffer for `summed`, where it gives the all-reduce's bits on these values (``op``:
+    a reduction its rule's `ReplicaReduce.summed` names)."""
+    if not rows.is_floating_point() or rows.shape[0] > 4:
         return None
     out = torch.empty_like(want)
     return out if same_bits(summed(rows, op, out), want) else None
@@ -90,11 +90,10 @@ def reduce_runs(live: Sequence[Op], plan) -> List[List[Op]]:
 
 
 def _groupable(op: Op, plan, run: List[Op]) -> bool:
-    if op.opdef is not ALL_REDUCE or plan.reduce_by.get(op) is ReduceBy.SITE:
+    if not _summed(plan, op) or plan.reduce_by.get(op) is ReduceBy.SITE:
         return False
-    per, rank, kind = _collective(plan, op)
-    t = op.inputs[0]
-    if not per or not rank or kind not in ("add", "mean") or t.dtype.as_torch().is_complex:
+    t, kind = op.inputs[0], op.attrs["op"]
+    if t.dtype.as_torch().is_complex:
         return False
     if not t.dtype.as_torch().is_floating_point or (run and run[0].attrs["op"] != kind):
         return False
@@ -102,11 +101,12 @@ def _groupable(op: Op, plan, run: List[Op]) -> bool:
     return size * plan.replicas <= GROUP_BYTES
 
 
-def _collective(plan, op: Op) -> tuple:
-    """(per replica, rank, reduction) of ``op`` where it is a full all-reduce of the fold
-    (`fold.FoldCollective`), else (False, 0, None)."""
+def _summed(plan, op: Op) -> bool:
+    """``op`` is a full all-reduce of the fold (`fold.FoldCollective`) of a per-replica
+    value with rows that one sum over the replica dim may make (its rule's
+    `ReplicaReduce.summed`)."""
     c = plan.collectives.get(f"{op.type}.{op.id}")
-    return (False, 0, None) if c is None else (c.per_replica, c.rank, c.op)
+    return c is not None and c.summed and c.per_replica and c.rank > 0
 
 
 def reduce_group(values: Sequence[torch.Tensor], op: str, replicas: int, state):
@@ -143,11 +143,9 @@ def plan_fused(plan, live: Sequence[Op]) -> None:
     readers = Counter(t for op in live for t in op.inputs)
     found: Dict[Op, list] = {}
     for op in live:
-        per, rank, kind = _collective(plan, op)
-        t = op.inputs[0] if op.inputs else None
-        if op.opdef is not ALL_REDUCE or not per or not rank or kind not in ("add", "mean"):
+        if not _summed(plan, op):
             continue
-        assert t is not None  # an all-reduce has its input
+        t, kind = op.inputs[0], op.attrs["op"]
         dtype = t.dtype.as_torch()
         if readers[t] != 1 or not dtype.is_floating_point or dtype.is_complex:
             continue

@@ -33,9 +33,10 @@ The tables:
 * `REPLICA_BATCHING`: how data-parallel replicas' calls of the op batch into one call, its
   one `ReplicaBatching` rule (batching.py): ``fold`` over their values concatenated along
   dim 0 (`forms.ReplicaFold`; fold.py), ``stack``: where replicas in lock step make that call
-  at the hub, its weight shared (`forms.ReplicaStack`; stacking.py). `declare` takes its
-  fields as the keywords ``replica_fold=`` and ``replica_stack=`` (or the whole rule as
-  ``replica_batching=``).
+  at the hub, its weight shared (`forms.ReplicaStack`; stacking.py); ``reduce``: how a
+  collective over every replica runs over the replicas' rows (`forms.ReplicaReduce`;
+  fold.py). `declare` takes its fields as the keywords ``replica_fold=``,
+  ``replica_stack=`` and ``replica_reduce=`` (or the whole rule as ``replica_batching=``).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ from typing import (
 )
 
 if TYPE_CHECKING:
-    from ..ops.forms import ReplicaFold, ReplicaStack
+    from ..ops.forms import ReplicaFold, ReplicaReduce, ReplicaStack
     from ..ops.registry import OpDef
 
 __all__ = [
@@ -76,6 +77,7 @@ __all__ = [
     "declare",
     "fold_rule",
     "known_fold",
+    "reduce_rule",
     "stack_rule",
 ]
 
@@ -140,17 +142,19 @@ class ReplicaBatching:
     """How data-parallel replicas' calls of one op batch into fewer calls (batching.py):
     ``fold``, one call over all replicas' values concatenated along dim 0 (the folded
     program, fold.py); ``stack``, where lock step's hub may make that call over the
-    replicas' values (stacking.py): the inputs that must be one tensor for all (a weight).
+    replicas' values (stacking.py): the inputs that must be one tensor for all (a weight);
+    ``reduce``, how a collective over every replica runs over their rows (fold.py).
     None: not that way. Either is used only where it gives every replica the bits of its
     own call, which every op without a rule makes."""
 
     fold: Optional["ReplicaFold"] = None
     stack: Optional["ReplicaStack"] = None
+    reduce: Optional["ReplicaReduce"] = None
 
 
 REPLICA_BATCHING: OpTable[ReplicaBatching] = OpTable("replica_batching")
 # `declare`'s keywords for the fields of an op's one `ReplicaBatching` rule
-_REPLICA_FIELDS = {"replica_fold": "fold", "replica_stack": "stack"}
+_REPLICA_FIELDS = {"replica_fold": "fold", "replica_stack": "stack", "replica_reduce": "reduce"}
 
 
 def fold_rule(opdef) -> Optional[ReplicaFold]:
@@ -173,6 +177,13 @@ def stack_rule(opdef) -> Optional[ReplicaStack]:
     return None if rule is None else rule.stack
 
 
+def reduce_rule(opdef) -> Optional[ReplicaReduce]:
+    """How ``opdef``, a collective over every replica, runs over the replicas' rows (None:
+    a folded program does not hold it)."""
+    rule = REPLICA_BATCHING.get(opdef)
+    return None if rule is None else rule.reduce
+
+
 TABLES: Tuple[OpTable, ...] = (
     FOREACH,
     OUT_KERNEL,
@@ -190,8 +201,9 @@ TABLE_NAMES = frozenset(_BY_NAME) | frozenset(_REPLICA_FIELDS)  # `declare`'s ke
 
 def declare(opdef: "OpDef", **rules: Any) -> "OpDef":
     """Register ``opdef``'s rules in the tables named by the keywords (None: no rule), e.g.
-    ``declare(ADD, out_kernel=torch.add)``; returns ``opdef``. ``replica_fold=`` and
-    ``replica_stack=`` are the fields of its one `ReplicaBatching` rule. An unknown name is
+    ``declare(ADD, out_kernel=torch.add)``; returns ``opdef``. ``replica_fold=``,
+    ``replica_stack=`` and ``replica_reduce=`` are the fields of its one `ReplicaBatching`
+    rule. An unknown name is
     a TypeError.
     """
     unknown = sorted(set(rules) - TABLE_NAMES)

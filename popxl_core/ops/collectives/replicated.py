@@ -16,8 +16,10 @@ import torch
 
 from ...context import gcg
 from ...sim.ring import RING_FACTOR
+from ...sim.speed import declare
 from ...tensor import Tensor, TensorSpec
 from .._utils import rand
+from ..forms import ReplicaReduce
 from ..registry import Cost, OpDef, Sample, create_op, register
 from .collectives import group_size, group_table, reduce_values, resolve_group, to_collective_op
 
@@ -128,6 +130,11 @@ ALL_REDUCE_INPLACE = register(
         collective=True,
     )
 )
+
+
+# in a folded program (sim/fold.py): the reduction over the replicas' rows, once; a sum or
+# mean may be one sum over the replica dim where that gives its bits (sim/fold_reduce.py)
+declare(ALL_REDUCE, replica_reduce=ReplicaReduce(summed=("add", "mean")))
 
 
 def _all_reduce(opdef, t: Tensor, op: str, group) -> Tensor:
