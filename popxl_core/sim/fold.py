@@ -23,16 +23,16 @@ stream) is one tensor of its own shape. Then
   by one, their outputs concatenated;
 - ops whose inputs are all uniform (the optimizer update) run once, as in `uniform.py`.
 
-Preconditions, checked at Session build (`plan_fold`; else the replicas run as before):
-one process runs every replica in lock step, the run shares (`uniform.Sharing`), every
-variable the main graph reads is a shared one (no RTS shards, no replica groupings), and
-the main graph's other ops are host loads and stores, non-in-place all-reduces over all
-replicas, pure ops of uniform inputs, and plain calls (one site each) of graphs whose ops
-are plain kernels (no collectives, streams, remote buffers, in-place writes or nested
-calls; a random op has no `ReplicaFold`: with a seed per replica, each replica's own call
-draws its numbers). Each run folds only where `SharedRuns.prepare` shares it (a host write
-unshares; `batching.ReplicaRuns` decides). ``CompileOptions(fold_replicas=False)``
-switches it off; tests compare both, bit for bit.
+Preconditions, checked at Session build (`plan_fold`; else the replicas run as before): one
+process runs every replica in lock step, the run shares (`uniform.Sharing`), every variable
+the main graph reads is a shared one (no RTS shards, no replica groupings), and the main
+graph's other ops are host loads and stores, collectives over all replicas whose rule has a
+`forms.ReplicaReduce` (the non-in-place all-reduce), pure ops of uniform inputs, and plain
+calls (one site each) of graphs whose ops are plain kernels (no collectives, streams, remote
+buffers, in-place writes or nested calls; a random op has no `ReplicaFold`: with a seed per
+replica, each replica's own call draws its numbers). Each run folds only where
+`SharedRuns.prepare` shares it (a host write unshares; `batching.ReplicaRuns` decides).
+``CompileOptions(fold_replicas=False)`` switches it off; tests compare both, bit for bit.
 """
 
 from __future__ import annotations

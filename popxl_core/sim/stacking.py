@@ -33,7 +33,7 @@ from .batched_site import BatchedSite, RowsAt, StackRequest, base_kernel, folded
 from .speed import stack_rule
 from .variants import bounded, site_facts
 
-__all__ = ["MIN_SHARED_BYTES", "StackRequest", "stack_site", "stacked_values"]
+__all__ = ["MIN_SHARED_BYTES", "stack_site", "stacked_values"]
 
 # below this many bytes of shared inputs a weight stays in cache between the replicas' calls:
 # the hub round (greenlet switches, copies to stack the inputs) then costs more than it saves
