@@ -136,7 +136,7 @@ class BatchedSite:
         """The inputs of every replica (``args[r][i]``) as rows; an input without rows is
         the first replica's (one memory for all)."""
         return tuple(
-            torch.cat([a[i] for a in args]) if p else args[0][i] for i, p in enumerate(self.per)
+            [torch.cat([a[i] for a in args]) if p else args[0][i] for i, p in enumerate(self.per)]
         )
 
     def split(self, result) -> List[tuple]:
