@@ -5,9 +5,9 @@ the other, a replication-4 step costs about four one-replica steps of small ops;
 mechanisms below make it cost about one (`benchmarks/RESULTS.md`, ``*_r4`` rows), each
 keeping every replica's bits. They form one ladder, decided per program at Session build and
 per run, with per-op-type rules in one table (`speed.REPLICA_BATCHING`: one
-`speed.ReplicaBatching` per op, its ``fold`` and ``stack`` forms) and one fallback
-everywhere: each replica's own call of the op's table kernel, as the unbatched program
-makes it.
+`speed.ReplicaBatching` per op, its ``fold`` and ``stack`` forms, and for a collective its
+``reduce`` form) and one fallback everywhere: each replica's own call of the op's table
+kernel, as the unbatched program makes it.
 
 1. **Lock step** (`lockstep.py`, per program). A program with collectives runs its
    replicas as greenlets of one thread; at each collective the last to arrive computes
