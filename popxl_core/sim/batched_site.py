@@ -41,6 +41,7 @@ __all__ = [
     "folded_attrs",
     "folded_calls",
     "rows_fold",
+    "rule_forms",
 ]
 
 
@@ -183,6 +184,17 @@ class StackRequest:
 
 
 # the op's forms over the rows, from its rule --------------------------------------------
+def rule_forms(
+    op: Op, em, facts: SiteFacts, per, replicas: int, buffers: Optional[dict]
+) -> Tuple[List[Callable], Callable, frozenset]:
+    """``(forms, base, dead)``: the calls over all replicas' rows the op's rule allows
+    (`folded_calls`; none where its operands are not plain float32), over ``base``, the
+    table kernel or its variant skipping the outputs ``dead`` (`base_kernel`)."""
+    base, dead = base_kernel(op, em, facts.dead if facts.plain else frozenset())
+    forms = folded_calls(op, base, replicas, per, dead, buffers) if facts.plain else []
+    return forms, base, dead
+
+
 def base_kernel(op: Op, em, dead: frozenset) -> Tuple[Callable, frozenset]:
     """The table kernel, or its variant skipping the outputs nothing reads."""
     variant = DEAD_OUTPUT_KERNELS.get(op.opdef, {}).get(dead) if dead else None

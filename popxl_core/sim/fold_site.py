@@ -16,7 +16,7 @@ import functools
 from typing import Callable, Optional
 
 from ..graph import Op
-from .batched_site import BatchedSite, RowsAt, base_kernel, folded_attrs, folded_calls, rows_fold
+from .batched_site import BatchedSite, RowsAt, folded_attrs, rows_fold, rule_forms
 from .fold_reduce import ReduceBy, ReducedOutputs
 from .speed import fold_rule, known_fold
 from .variants import site_facts
@@ -73,10 +73,9 @@ def fold_site(op: Op, em, fold, bound_kernel: Callable) -> BatchedSite:
     (`fold_reduce.plan_fused`)."""
     facts, r = site_facts(op, em), fold.replicas
     per = tuple(t in fold.stacked for t in op.inputs)
-    base, dead = base_kernel(op, em, facts.dead if facts.plain else frozenset())
+    forms, base, dead = rule_forms(op, em, facts, per, r, facts.buffers())
     attrs = op.kernel_attrs()
     own = functools.partial(base, **attrs) if attrs else base
-    forms = folded_calls(op, base, r, per, dead, facts.buffers()) if facts.plain else []
     together = fold.together.get(op) if forms else None
     if not facts.plain:
         own = bound_kernel(op, em)

@@ -29,7 +29,7 @@ from typing import Callable, List, Optional, Sequence
 import torch
 
 from ..graph import Op
-from .batched_site import BatchedSite, RowsAt, StackRequest, base_kernel, folded_calls
+from .batched_site import BatchedSite, RowsAt, StackRequest, rule_forms
 from .speed import stack_rule
 from .variants import bounded, site_facts
 
@@ -59,12 +59,11 @@ def stack_site(op: Op, em, bound_kernel: Callable) -> Optional[BatchedSite]:
         return None
     runtime = em.program.namespace["RT"]
     per = tuple(i not in rule.shared for i in range(len(op.inputs)))
-    base, dead = base_kernel(op, em, facts.dead)
     # output buffers kept between runs where the op runs at most once per run of each
     # replica (what `variants.py` keeps per replica, kept here for the stacked call)
     buffers = facts.buffers() if facts.keeps and bounded(op) else None
     replicas = len(runtime.local)
-    forms = folded_calls(op, base, replicas, per, dead, buffers)
+    forms, _, _ = rule_forms(op, em, facts, per, replicas, buffers)
     if not forms:
         return None
     own = bound_kernel(op, em)
