@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.poptorch_overhead import PAIRINGS
+from benchmarks.poptorch_overhead import PAIRINGS, paired_ratio
 
 
 @pytest.mark.parametrize("pairing", sorted(PAIRINGS))
@@ -28,3 +28,10 @@ def test_blocks_run_a_block_of_one_twin_then_the_next_reversing_each_round():
         (2, "b"), (3, "b"), (2, "a"), (3, "a"),  # round 1: b first
         (4, "a"), (4, "b"),  # the last, short block
     ]  # fmt: skip
+
+
+def test_the_paired_ratio_is_the_median_of_each_steps_ratio():
+    # a step slowed on both sides (load moved) stays a ratio of 1; the ratio of the medians
+    # would be 3 / 2.25 here
+    times = {"poptorch": [2.0, 3.0, 30.0, 3.0], "popxl_fx": [2.0, 2.5, 30.0, 1.0]}
+    assert paired_ratio(times, "popxl_fx") == pytest.approx((1.0 + 1.2) / 2)
