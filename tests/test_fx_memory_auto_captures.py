@@ -18,6 +18,7 @@ import collections
 
 import pytest
 import torch
+import torch.utils._pytree as pytree
 from torch import fx
 
 import popxl_fx
@@ -25,6 +26,7 @@ import popxl_fx.module
 import popxl_fx.phased
 from examples.fx_phased import Decoder
 from popxl_fx.capture_cache import SharedCaptures
+from popxl_fx.example_values import _NO_TENSORS
 
 VOCAB, CONTEXT = 64, 16
 
@@ -38,9 +40,10 @@ def _traced(model) -> object:
     return model.code if isinstance(model, fx.GraphModule) else id(model)
 
 
-@pytest.fixture
-def traces(monkeypatch) -> collections.Counter:
-    """Every whole-model or piece capture and every phased split, by what it traces."""
+@pytest.fixture(scope="module")
+def traces() -> collections.Counter:
+    """Every whole-model or piece capture and every phased split, by what it traces, while
+    `_auto_trainer`'s trainer builds (once for the module: the tests only read what it made)."""
     seen: collections.Counter = collections.Counter()
     seen.made = made = []  # type: ignore[attr-defined]  (the captures, in order)
     capture, split = popxl_fx.module.capture, popxl_fx.phased.split_pieces
@@ -55,8 +58,12 @@ def traces(monkeypatch) -> collections.Counter:
         seen["split", id(root), _shapes(examples), tuple(paths)] += 1
         return split(root, examples, paths, *args)
 
-    monkeypatch.setattr(popxl_fx.module, "capture", counted_capture)
-    monkeypatch.setattr(popxl_fx.phased, "split_pieces", counted_split)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(popxl_fx.module, "capture", counted_capture)
+        patch.setattr(popxl_fx.phased, "split_pieces", counted_split)
+        trainer, batch = _auto_trainer()
+        trainer.build(*batch)
+    seen.trainer = trainer  # type: ignore[attr-defined]
     return seen
 
 
@@ -71,17 +78,13 @@ def _auto_trainer() -> tuple:
 
 
 def test_auto_traces_each_model_split_and_piece_once_per_signature(traces):
-    trainer, batch = _auto_trainer()
-    trainer.build(*batch)
-    assert trainer.options.phased_execution == "blocks"  # the candidates above were planned
+    assert traces.trainer.options.phased_execution == "blocks"  # the candidates above were planned
     twice = {key: n for key, n in traces.items() if n > 1}
     assert not twice, f"traced more than once: {[(k[0], k[2], n) for k, n in twice.items()]}"
     assert sum(traces.values()) == 18  # 26 before the builds shared their captures
 
 
 def test_the_shared_captures_keep_no_example_values_once_built(traces):
-    trainer, batch = _auto_trainer()
-    trainer.build(*batch)
     # the what-if builds left the shared captures' values real; the chosen build's end forgot
     examples = [x for captured in traces.made for x in captured.example_inputs]
     assert examples and all(x.is_meta for x in examples if isinstance(x, torch.Tensor))
@@ -98,3 +101,13 @@ def test_shared_captures_make_once_per_owner_and_key_and_forget_their_examples()
     assert shared.holds(first) and shared.unshared([first, owner]) == [owner]
     shared.forget()
     assert not shared.holds(first)
+
+
+def test_the_annotations_forget_examples_skips_hold_no_tensor(traces):
+    """`example_values._NO_TENSORS` names the node annotations `forget_examples` does not walk:
+    none of them may hold a tensor (it would stay alive with its data)."""
+    metas = [node.meta for captured in traces.made for node in captured.gm.graph.nodes]
+    skipped = [(key, m[key]) for m in metas for key in sorted(_NO_TENSORS) if key in m]
+    assert {key for key, _ in skipped} == _NO_TENSORS  # each appears: the check sees them
+    held = [key for key, value in skipped if any(map(torch.is_tensor, pytree.tree_leaves(value)))]
+    assert not held, held
