@@ -24,6 +24,7 @@ from torch import fx
 import popxl_fx
 import popxl_fx.module
 import popxl_fx.phased
+import popxl_fx.pipeline
 from examples.fx_phased import Decoder
 from popxl_fx.capture_cache import SharedCaptures
 from popxl_fx.example_values import _NO_TENSORS
@@ -58,9 +59,17 @@ def traces() -> collections.Counter:
         seen["split", id(root), _shapes(examples), tuple(paths)] += 1
         return split(root, examples, paths, *args)
 
+    stage_plan = popxl_fx.pipeline.Build._plan
+    seen.stage_plans = stage_plans = []  # type: ignore[attr-defined]  (plan_only, per plan)
+
+    def counted_stage_plan(build):
+        stage_plans.append(build.plan_only)
+        return stage_plan(build)
+
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(popxl_fx.module, "capture", counted_capture)
         patch.setattr(popxl_fx.phased, "split_pieces", counted_split)
+        patch.setattr(popxl_fx.pipeline.Build, "_plan", counted_stage_plan)
         trainer, batch = _auto_trainer()
         trainer.build(*batch)
     seen.trainer = trainer  # type: ignore[attr-defined]
@@ -111,3 +120,10 @@ def test_the_annotations_forget_examples_skips_hold_no_tensor(traces):
     assert {key for key, _ in skipped} == _NO_TENSORS  # each appears: the check sees them
     held = [key for key, value in skipped if any(map(torch.is_tensor, pytree.tree_leaves(value)))]
     assert not held, held
+
+
+def test_only_the_chosen_build_plans_its_stages(traces):
+    """The what-if builds of the candidates plan once each, at their end (`Build.plan`):
+    their stage records are never read, so no stage of theirs is planned (they took 5 % of
+    test_fx_memory_auto_containers's CPU). The chosen build's stages are."""
+    assert traces.stage_plans and not any(traces.stage_plans), traces.stage_plans
