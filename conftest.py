@@ -97,8 +97,13 @@ HEAVY_FIRST = (
 # Test modules that import a large optional package of their own, grouped so that one worker
 # runs all of a group's modules and imports the package once (setup.cfg: --dist loadscope hands
 # each group out as one unit): transformers (~0.85 s of CPU with its GPT2 classes; the HF
-# models and the GPT2 example of docs/popxl_fx.md), matplotlib (~0.45 s; the liveness plots).
+# models and the GPT2 example of docs/popxl_fx.md), matplotlib (~0.45 s; the liveness plots),
+# torch._inductor (~1 s beyond the torch._dynamo that any torch optimizer imports; the fast mode's
+# tests, the only ones that compile with it).
 SHARED_IMPORTS = {
+    "test_inductor_kernels.py": "torch._inductor",
+    "test_inductor_step.py": "torch._inductor",
+    "test_inductor_trace.py": "torch._inductor",
     "test_fx_hf.py": "transformers",
     "test_docs.py": "transformers",
     "test_examples_sim_report.py": "matplotlib",

@@ -170,8 +170,10 @@ class Build:
         made = {_graph_of(g).name: len(_graph_of(g).ops) for g in new_graphs}
         if plan is not None:
             rows, memory = _plan_rows(plan)
-        else:
-            rows, memory = self._plan() if self.planned else ((), {})
+        elif self.planned and not self.plan_only:
+            rows, memory = self._plan()
+        else:  # a what-if build's records are never read: only its last plan is (`plan`)
+            rows, memory = (), {}
         stage = Stage(name, detail, made, rows, memory)
         self.stages.append(stage)
         return stage

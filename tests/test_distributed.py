@@ -171,6 +171,14 @@ def test_import_popxl_fx_does_not_import_torchvision(job):
         assert "torchvision imported by popxl_fx: False" in d.stdout, d.stdout[-2000:]
 
 
+def test_the_product_imports_none_of_torchs_compiler(job):
+    """Nor torch._inductor, torch._dynamo or sympy (with popxl_fx.poptorch too): the fast
+    mode imports inductor when it compiles (sim/inductor_step.py), and a torch optimizer
+    imports dynamo when first used, neither at import."""
+    for d in job[0]:
+        assert "compiler modules imported by the product: []" in d.stdout, d.stdout[-2000:]
+
+
 @pytest.fixture(scope="module")
 def seed003() -> Path:
     found = sorted(default_seeds_dir().glob("003_*.txt"))

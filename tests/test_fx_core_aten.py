@@ -17,7 +17,6 @@ import torch.utils._pytree as pytree
 from torch import nn
 from torch._decomp import core_aten_decompositions
 from torch.fx.experimental.proxy_tensor import make_fx
-from torch.testing._internal.common_utils import SEED, set_rng_seed
 
 import popxl_fx.lowerings  # noqa: F401 - registers the table
 from popxl_fx.lowering import lookup
@@ -174,6 +173,10 @@ def _cpu_float32_samples(op):
     test function (two ``inspect.stack()`` per call, ~40 ms each here; under pytest it finds
     none): the same samples, the generator seeded with ``SEED`` before each, as the wrapper
     does when it finds none."""
+    # torch's test utilities (~0.3 s of CPU to import): imported where used, not in every
+    # xdist worker's collection (test_fx_table_opinfo imports this module too)
+    from torch.testing._internal.common_utils import SEED, set_rng_seed
+
     samples = iter(op.sample_inputs_func(op, "cpu", torch.float32, False))
     while True:
         set_rng_seed(SEED)

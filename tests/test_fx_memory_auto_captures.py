@@ -18,13 +18,16 @@ import collections
 
 import pytest
 import torch
+import torch.utils._pytree as pytree
 from torch import fx
 
 import popxl_fx
 import popxl_fx.module
 import popxl_fx.phased
+import popxl_fx.pipeline
 from examples.fx_phased import Decoder
 from popxl_fx.capture_cache import SharedCaptures
+from popxl_fx.example_values import _NO_TENSORS
 
 VOCAB, CONTEXT = 64, 16
 
@@ -38,9 +41,10 @@ def _traced(model) -> object:
     return model.code if isinstance(model, fx.GraphModule) else id(model)
 
 
-@pytest.fixture
-def traces(monkeypatch) -> collections.Counter:
-    """Every whole-model or piece capture and every phased split, by what it traces."""
+@pytest.fixture(scope="module")
+def traces() -> collections.Counter:
+    """Every whole-model or piece capture and every phased split, by what it traces, while
+    `_auto_trainer`'s trainer builds (once for the module: the tests only read what it made)."""
     seen: collections.Counter = collections.Counter()
     seen.made = made = []  # type: ignore[attr-defined]  (the captures, in order)
     capture, split = popxl_fx.module.capture, popxl_fx.phased.split_pieces
@@ -55,8 +59,20 @@ def traces(monkeypatch) -> collections.Counter:
         seen["split", id(root), _shapes(examples), tuple(paths)] += 1
         return split(root, examples, paths, *args)
 
-    monkeypatch.setattr(popxl_fx.module, "capture", counted_capture)
-    monkeypatch.setattr(popxl_fx.phased, "split_pieces", counted_split)
+    stage_plan = popxl_fx.pipeline.Build._plan
+    seen.stage_plans = stage_plans = []  # type: ignore[attr-defined]  (plan_only, per plan)
+
+    def counted_stage_plan(build):
+        stage_plans.append(build.plan_only)
+        return stage_plan(build)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(popxl_fx.module, "capture", counted_capture)
+        patch.setattr(popxl_fx.phased, "split_pieces", counted_split)
+        patch.setattr(popxl_fx.pipeline.Build, "_plan", counted_stage_plan)
+        trainer, batch = _auto_trainer()
+        trainer.build(*batch)
+    seen.trainer = trainer  # type: ignore[attr-defined]
     return seen
 
 
@@ -71,17 +87,13 @@ def _auto_trainer() -> tuple:
 
 
 def test_auto_traces_each_model_split_and_piece_once_per_signature(traces):
-    trainer, batch = _auto_trainer()
-    trainer.build(*batch)
-    assert trainer.options.phased_execution == "blocks"  # the candidates above were planned
+    assert traces.trainer.options.phased_execution == "blocks"  # the candidates above were planned
     twice = {key: n for key, n in traces.items() if n > 1}
     assert not twice, f"traced more than once: {[(k[0], k[2], n) for k, n in twice.items()]}"
     assert sum(traces.values()) == 18  # 26 before the builds shared their captures
 
 
 def test_the_shared_captures_keep_no_example_values_once_built(traces):
-    trainer, batch = _auto_trainer()
-    trainer.build(*batch)
     # the what-if builds left the shared captures' values real; the chosen build's end forgot
     examples = [x for captured in traces.made for x in captured.example_inputs]
     assert examples and all(x.is_meta for x in examples if isinstance(x, torch.Tensor))
@@ -98,3 +110,20 @@ def test_shared_captures_make_once_per_owner_and_key_and_forget_their_examples()
     assert shared.holds(first) and shared.unshared([first, owner]) == [owner]
     shared.forget()
     assert not shared.holds(first)
+
+
+def test_the_annotations_forget_examples_skips_hold_no_tensor(traces):
+    """`example_values._NO_TENSORS` names the node annotations `forget_examples` does not walk:
+    none of them may hold a tensor (it would stay alive with its data)."""
+    metas = [node.meta for captured in traces.made for node in captured.gm.graph.nodes]
+    skipped = [(key, m[key]) for m in metas for key in sorted(_NO_TENSORS) if key in m]
+    assert {key for key, _ in skipped} == _NO_TENSORS  # each appears: the check sees them
+    held = [key for key, value in skipped if any(map(torch.is_tensor, pytree.tree_leaves(value)))]
+    assert not held, held
+
+
+def test_only_the_chosen_build_plans_its_stages(traces):
+    """The what-if builds of the candidates plan once each, at their end (`Build.plan`):
+    their stage records are never read, so no stage of theirs is planned (they took 5 % of
+    test_fx_memory_auto_containers's CPU). The chosen build's stages are."""
+    assert traces.stage_plans and not any(traces.stage_plans), traces.stage_plans

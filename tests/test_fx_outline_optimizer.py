@@ -3,7 +3,9 @@
 The GPT-style decoder of tests/fx_zoo.py with Adam: before, the forward and backward of its
 blocks were one graph each but every block's update stayed inline (a 6-block GPT kept 72 % of
 the inlined program's code, a 24-block one 66 %). Now one update graph per block shape is
-called once per block: measured 23.6 % (6 blocks) and 6.8 % (24 blocks) of the inlined code.
+called once per block: measured 23.6 % (6 blocks), 12.6 % (12) and 6.8 % (24) of the inlined
+code. The test builds 6 and 12 blocks (a 24-block pair took 8 s of CPU, the 12-block one 4.5 s,
+and shows the same fall).
 The update graph holds the inline update's ops in the same order, so every comparison here
 is bit for bit against the inlined program (losses, parameters, optimizer state after 2
 steps), also with param groups that split a block, a frozen parameter, gradient
@@ -58,7 +60,7 @@ def _adam(model):
     return torch.optim.Adam(model.parameters(), lr=1e-3)
 
 
-@pytest.mark.parametrize("layers, share", [(6, 0.5), (24, 0.25)])
+@pytest.mark.parametrize("layers, share", [(6, 0.5), (12, 0.25)])
 def test_adam_update_is_one_graph_per_block_shape(layers, share):
     inlined = _train(layers, CPU, _adam)
     outlined = _train(layers, CPU.replace(outline="auto"), _adam)

@@ -9,10 +9,21 @@ kernels see ``is_compiling()`` as under torch.compile; the trace is the same gra
 
 from __future__ import annotations
 
+import importlib
+
+import pytest
 import torch
 
-from popxl_core.sim.inductor_trace import TracedStep, trace_step
 from tests.test_inductor_kernels import ATOL, RTOL
+
+
+@pytest.fixture(scope="module")
+def it():
+    """sim/inductor_trace.py, imported as the tests run rather than as the module is collected:
+    every xdist worker collects every module, and this import (torch._inductor and
+    torch._dynamo, ~2.5 s of CPU) is then paid only by the worker that runs the inductor tests
+    (conftest.py SHARED_IMPORTS puts them in one unit)."""
+    return importlib.import_module("popxl_core.sim.inductor_trace")
 
 
 def _sgd_step(V, L):
@@ -33,11 +44,11 @@ def _state():
     return [w, None, b], [x, torch.tensor(0.1)]
 
 
-def _run_both():
+def _run_both(it):
     """Two steps compiled and two eager, from the same state."""
     V, L = _state()
     eager_V = [None if v is None else v.clone() for v in V]
-    step = TracedStep(_sgd_step, {})
+    step = it.TracedStep(_sgd_step, {})
     for _ in range(2):
         got, want = step(V, L), _sgd_step(eager_V, L)
         torch.testing.assert_close(got, want, rtol=RTOL, atol=ATOL)
@@ -45,11 +56,11 @@ def _run_both():
     return step, V, L, eager_V
 
 
-def test_changed_strides_trace_again():
+def test_changed_strides_trace_again(it):
     """Compiled once for steps with the same inputs, matching eager (the variables written
     in place); a variable replaced by a tensor of other strides (dynamo would recompile):
     traced and compiled again, and the update lands in the new tensor."""
-    step, V, L, eager_V = _run_both()
+    step, V, L, eager_V = _run_both(it)
     torch.testing.assert_close(V[2], eager_V[2], rtol=RTOL, atol=ATOL)
     assert step.stats == {"inductor_traces": 1}
     V[0] = V[0].t().contiguous().t()  # same values, column-major
@@ -66,16 +77,16 @@ def _branchy(V, L):
     return (V[0] * 2,)
 
 
-def test_branch_on_data_falls_back_to_torch_compile():
+def test_branch_on_data_falls_back_to_torch_compile(it):
     V, L = [torch.zeros(3)], [torch.ones(3)]
-    step = TracedStep(_branchy, {})
+    step = it.TracedStep(_branchy, {})
     for _ in range(2):
         step(V, L)
     assert step.stats == {"inductor_dynamo": 1}
     assert torch.equal(V[0], torch.full((3,), 2.0))
 
 
-def test_kernels_see_compiling_and_trace_is_deterministic():
+def test_kernels_see_compiling_and_trace_is_deterministic(it):
     """Inside the trace ``torch.compiler.is_compiling()`` is true (the kernels' in-graph
     forms); two traces of one step print the same code (inductor's cache key)."""
     seen = []
@@ -85,9 +96,9 @@ def test_kernels_see_compiling_and_trace_is_deterministic():
         return (x * 2,)
 
     x = torch.ones(2)
-    codes = {trace_step(step, [x]).code for _ in range(2)}
+    codes = {it.trace_step(step, [x]).code for _ in range(2)}
     assert seen == [True, True] and len(codes) == 1 and not torch.compiler.is_compiling()
     V, L = _state()
     f = lambda *a: _sgd_step([a[0], None, a[1]], list(a[2:]))
-    codes = {trace_step(f, [V[0], V[2], *L]).code for _ in range(2)}
+    codes = {it.trace_step(f, [V[0], V[2], *L]).code for _ in range(2)}
     assert len(codes) == 1

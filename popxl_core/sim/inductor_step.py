@@ -29,7 +29,6 @@ from typing import Callable, List, Optional, Tuple
 
 from ..ops.io import HOST_LOAD, HOST_STORE
 from .inductor import named_errors
-from .inductor_trace import TracedStep
 from .options import CompileOptions
 
 __all__ = ["compilable", "compile_step", "only_transfers", "step_options", "step_source"]
@@ -123,6 +122,10 @@ def compile_step(program) -> bool:
     source, transfers, stores = made
     name = f"<popxl step {next(_NAMES)}>"
     exec(compile(source, name, "exec"), program.namespace)
+    # imported here, as the fast mode is chosen: inductor_trace imports torch._inductor and
+    # torch._dynamo, ~2.5 s of CPU a process that builds only default-mode programs never uses
+    from .inductor_trace import TracedStep
+
     traced = TracedStep(program.namespace["main_step"], program.stats)
     step = named_errors(traced, program.ir.main_graph)
     program.main.fn = _runner(step, program.namespace, transfers, stores)
