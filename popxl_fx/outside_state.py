@@ -64,6 +64,7 @@ _IMPURE_BUILTINS = frozenset(
     {"open", "input", "exec", "eval", "compile", "globals", "__import__", "breakpoint"}
 )
 _WRITES = frozenset({"STORE_GLOBAL", "DELETE_GLOBAL"})
+_Pair = collections.namedtuple("_Pair", "a")
 _CONSTANTS = (
     type(None),
     bool,
@@ -80,7 +81,7 @@ _CONSTANTS = (
     torch.layout,
     torch.memory_format,
     enum.Enum,
-    type(collections.namedtuple("_Pair", "a").a),  # a namedtuple's field: reads its tuple
+    type(_Pair.a),  # a namedtuple's field: reads its tuple
 )
 # a user module's own are swapped for recording copies at capture; torch's modules' own
 # (a GraphModule's line table) only torch's code uses
