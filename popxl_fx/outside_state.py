@@ -87,6 +87,9 @@ _CONSTANTS = (
 # (a GraphModule's line table) only torch's code uses
 _HELD = (list, dict, set)
 _MODULE_INTERNALS = frozenset(vars(nn.Module()))  # _parameters, _modules, hooks, ...
+_OWN_TENSORS_AND_CHILDREN = frozenset({"_parameters", "_buffers", "_modules"})
+# the plain values most attributes of a module are
+_TRIVIAL = frozenset({type(None), bool, int, float, str, torch.dtype, torch.device})
 _NAMEDTUPLE = frozenset({"_field_defaults", "_fields"})
 _LIMIT = 3000  # code objects scanned before the answer is "cannot tell"
 _MISSING = object()
@@ -159,10 +162,12 @@ class _Scan:
         (`capture_effects`: shallow copies, so what they hold is scanned as values); a torch
         module's containers (an RNN's weight lists) only torch's code uses; hook tables are
         read for the hooks in them."""
-        if name in ("_parameters", "_buffers", "_modules"):
-            return True
+        if type(v) in _TRIVIAL or name in _OWN_TENSORS_AND_CHILDREN:
+            return True  # most of a module's attributes: a quick answer
         if name in _MODULE_INTERNALS and isinstance(v, dict):
             v = list(v.values())
+        if type(v) in _HELD and not v:
+            return True
         return self._held(v, deep)
 
     def _held(self, v: Any, deep: bool) -> bool:
@@ -240,24 +245,12 @@ class _Scan:
         """A code object and the code objects nested in it (lambdas, comprehensions)."""
         if not self._first(co):
             return True
-        instructions = list(dis.get_instructions(co))
-        for i, ins in enumerate(instructions):
-            if not self._instruction(co, globals_, instructions, i, ins):
-                return False
+        reads = _global_reads(co)
+        if reads is None:
+            return False
         nested = [c for c in co.co_consts if isinstance(c, types.CodeType)]
-        return all(self.code(c, globals_) for c in nested)
-
-    def _instruction(self, co, globals_: dict, instructions: list, i: int, ins) -> bool:
-        op = ins.opname
-        if op in _WRITES or (op == "STORE_DEREF" and ins.argval in co.co_freevars):
-            return False  # a write to a global or an enclosing function's variable
-        if op in ("LOAD_GLOBAL", "LOAD_NAME"):
-            return self._global(globals_, ins.argval)
-        if op in ("STORE_ATTR", "DELETE_ATTR"):
-            return _on_self(co, instructions, i)
-        if op == "IMPORT_NAME":
-            return _trusted_module(ins.argval)
-        return True
+        closed = all(self._global(globals_, name) for name in reads)
+        return closed and all(self.code(c, globals_) for c in nested)
 
     def _global(self, globals_: dict, name: str) -> bool:
         value = globals_.get(name, _MISSING)
@@ -266,6 +259,27 @@ class _Scan:
                 return False
             value = vars(builtins).get(name, _MISSING)
         return value is not _MISSING and self.value(value)
+
+
+@functools.lru_cache(maxsize=8192)
+def _global_reads(co: types.CodeType) -> tuple[str, ...] | None:
+    """The global names ``co`` reads (their values are looked at on each scan), or None when
+    it writes a global, an enclosing function's variable or an attribute of anything but its
+    first argument, or imports a module that is not trusted. A fact of the code alone: each
+    code object is disassembled once per process."""
+    instructions = list(dis.get_instructions(co))
+    names: dict[str, None] = {}
+    for i, ins in enumerate(instructions):
+        op = ins.opname
+        if op in _WRITES or (op == "STORE_DEREF" and ins.argval in co.co_freevars):
+            return None
+        if op in ("STORE_ATTR", "DELETE_ATTR") and not _on_self(co, instructions, i):
+            return None
+        if op == "IMPORT_NAME" and not _trusted_module(ins.argval):
+            return None
+        if op in ("LOAD_GLOBAL", "LOAD_NAME"):
+            names[ins.argval] = None
+    return tuple(names)
 
 
 def _on_self(co: types.CodeType, instructions: list, i: int) -> bool:
