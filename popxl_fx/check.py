@@ -7,7 +7,9 @@ decomposition, shapes that change with the data (the traced graph re-run on othe
 shapes that change between calls (the model traced twice).
 
 When the second trace runs: only when `outside_state.reads_outside_state` cannot prove that
-forward's Python reads nothing but the model and constants. Everything forward changes inside
+forward's Python reads nothing but the model and constants (asked once, when the model is
+captured and before its forward runs: `Captured.outside_state`; the first trace keeps the leaf
+modules' states a second trace compares only then). Everything forward changes inside
 the model (attributes, their lists/dicts/sets, a leaf module's configuration, a replaced
 parameter or tensor) the first trace already reports ("Python state in forward", "hidden
 state") and puts back, so a second trace starts where the first did and retraces the same
@@ -95,9 +97,7 @@ def all_issues(captured: Captured, model: nn.Module) -> list[Issue]:
     """`check_captured`, plus shapes that change between calls (a second trace) or with the
     data (the graph re-run on other inputs)."""
     issues = check_captured(captured, model)
-    second = None
-    if reads_outside_state(model, captured.example_inputs):  # else the same trace again
-        second = _retrace(captured, model)
+    second = _retrace(captured, model) if captured.outside_state else None
     found = [_rerun_with_other_data(captured.gm, model, captured.example_inputs)]
     if second is not None:
         found.insert(0, _compare(captured.gm.graph, second, "between calls"))
@@ -156,7 +156,8 @@ def _trace(
     binding: Binding = POSITIONAL,
 ) -> Captured | None:
     """Capture, turning an exception while tracing into an issue at the user's line."""
-    tracer = CaptureTracer(model, inputs, replay=replay, binding=binding)
+    outside = replay is not None or reads_outside_state(model, inputs)
+    tracer = CaptureTracer(model, inputs, replay=replay, binding=binding, keep_state=outside)
     try:
         gm = trace_module(tracer, model)
         if replay is None:
@@ -175,7 +176,7 @@ def _trace(
             )
         )
         return None
-    return Captured(gm, tracer.issues, None, tuple(inputs), tracer.out_spec, binding)
+    return Captured(gm, tracer.issues, None, tuple(inputs), tracer.out_spec, binding, outside)
 
 
 def _retrace(captured: Captured, model: nn.Module) -> fx.Graph | None:

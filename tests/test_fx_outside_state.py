@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from popxl_fx.capture import capture
 from popxl_fx.check import check
 from popxl_fx.outside_state import reads_outside_state
 
@@ -160,3 +161,23 @@ def test_check_traces_twice_and_reports_a_model_that_reads_a_global_counter(monk
     report = check(Forward(_global_count), torch.randn(2, 4))
     assert calls == ["Forward"]
     assert [i.kind for i in report.issues] == ["shape changes between calls"]
+
+
+class GlobalScaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.fc(x) * _SIZES[0]
+
+
+def _module_states(captured):
+    return [n.name for n in captured.gm.graph.nodes if "module_state" in n.meta]
+
+
+def test_a_capture_keeps_what_a_second_trace_compares_only_for_a_model_traced_again():
+    closed = capture(Plain(), (torch.randn(2, 4),))
+    assert not closed.outside_state and _module_states(closed) == []
+    outside = capture(GlobalScaled(), (torch.randn(2, 4),))
+    assert outside.outside_state and _module_states(outside) == ["fc"]
