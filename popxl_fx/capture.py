@@ -37,6 +37,7 @@ from .capture_writes import note_write, written_node
 from .errors import Issue, user_frame, user_stack
 from .inplace import is_made_constant
 from .lowering import lookup
+from .outside_state import reads_outside_state
 from .replay import MISSING, Replay, module_state
 
 __all__ = [
@@ -96,6 +97,8 @@ class Captured:
     example_inputs: tuple = ()
     out_spec: Any = None  # the pytree structure forward returns (`calls.flat_outputs`)
     binding: Binding = POSITIONAL  # how the example inputs reached forward
+    # forward may read Python state outside the model (`outside_state`): `check` traces again
+    outside_state: bool = True
 
 
 def _value(arg: Any) -> Any:
@@ -123,6 +126,7 @@ class CaptureTracer(StaticChecks, RootCalls, fx.Tracer):
         leaf: Callable[[nn.Module], bool] = is_leaf,
         replay: Replay | None = None,
         binding: Binding = POSITIONAL,
+        keep_state: bool = True,
     ) -> None:
         super().__init__()  # shapes fold in CaptureProxy (also for parameters)
         self.binding = binding
@@ -141,6 +145,8 @@ class CaptureTracer(StaticChecks, RootCalls, fx.Tracer):
         # `capture_effects`: (module, attribute, issue) of the flags forward set once
         self.first_call_flags: list[tuple[nn.Module, str, Issue]] = []
         self._replay = replay  # a first trace whose example values this one may reuse
+        # what a replay compares leaf modules by: only kept for a model traced again
+        self._keep_state = keep_state
 
     # hierarchy --------------------------------------------------------------------------
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
@@ -234,7 +240,7 @@ class CaptureTracer(StaticChecks, RootCalls, fx.Tracer):
         node.meta["example_value"] = self._evaluate(node)
         if node.op == "placeholder":
             return
-        if node.op == "call_module" and self._replay is None:  # what a replay compares
+        if node.op == "call_module" and self._replay is None and self._keep_state:
             node.meta["module_state"] = module_state(self.root_module.get_submodule(node.target))
         self.mark_data_dependent(node)
 
@@ -316,10 +322,12 @@ def capture(
     The model's buffers and the torch RNG are restored afterwards, so capture has no effect
     on the model even in train mode (batch-norm statistics, dropout).
     """
-    tracer = CaptureTracer(model, example_inputs, binding=binding)
+    outside = reads_outside_state(model, example_inputs)  # before forward runs
+    tracer = CaptureTracer(model, example_inputs, binding=binding, keep_state=outside)
     gm = trace_module(tracer, model)
     settle_first_call_flags(tracer, gm, model)
-    return Captured(gm, tracer.issues, None, tuple(example_inputs), tracer.out_spec, binding)
+    inputs = tuple(example_inputs)
+    return Captured(gm, tracer.issues, None, inputs, tracer.out_spec, binding, outside)
 
 
 def settle_first_call_flags(tracer: CaptureTracer, gm: fx.GraphModule, model: nn.Module) -> None:

@@ -66,10 +66,22 @@ def _traces(monkeypatch) -> list:
     return run
 
 
+_SCALES = [2.0]  # a global list forward reads: `check` traces the model a second time
+
+
+class Scaled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Sequential(nn.Linear(4, 5), nn.ReLU(), nn.Linear(5, 3))
+
+    def forward(self, x):
+        return self.fc(x) * _SCALES[0]
+
+
 def test_a_lowering_traces_without_patching_nn_module_per_trace(monkeypatch):
     patches, traces = _module_patches(monkeypatch), _traces(monkeypatch)
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 5), nn.ReLU(), nn.Linear(5, 3))
+    model = Scaled()
     trainer = popxl_fx.training_model(
         model, torch.optim.SGD(model.parameters(), lr=0.1), F.cross_entropy
     )
