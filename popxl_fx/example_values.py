@@ -50,12 +50,6 @@ def meta_twin(t: torch.Tensor) -> torch.Tensor:
     return twin.requires_grad_(t.requires_grad)
 
 
-# the node annotations that never hold a tensor (names, source text, the capture's
-# `replay.module_state` keys of ids, shapes and dtypes): walking them with pytree took 3 in 4
-# of `forget_examples`'s time (1.1 s of CPU over tests/test_fx_memory_auto_containers.py)
-_NO_TENSORS = frozenset({"module_state", "nn_module_stack", "module_path", "source", "stack_trace"})
-
-
 def _forget_value(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return meta_twin(value)
