@@ -127,25 +127,19 @@ class PoplarExecutor(OptimizerLink, TrainingOutputs, WeightsLink, DeviceLink):
         """An attached training call like the planned one whose outputs the plan's getter
         gives (`CallPlan.repeats`: no rows to move, no 64-bit or custom-typed outputs): the
         work of `__call__` without the cases it does not have, for a step of a fraction of
-        a millisecond, in one frame (`_planned_call` and `_run` inlined: their inputs are
-        the arguments, and the executor is attached already). A step that rebuilt its
-        program takes the full path's outputs."""
-        impl, device = plan.impl, self._device
+        a millisecond. A step that rebuilt its program takes the full path's outputs."""
+        impl = plan.impl
         self._busy += 1
         try:
-            swap = device.swap_in()
+            swap = self._device.swap_in()
             try:
-                if getattr(self._optimizer, "_ipu_loaded", None) is not None:
-                    self._take_loaded_state(impl)
-                loss = impl(*args)
-                if impl._active is plan.program:
-                    out = plan.outputs(impl.last)
-                else:  # rebuilt: the full path's outputs
-                    out = self._wrapped.custom.rebuild(ipu_outputs(self._step_outputs(impl, loss)))
+                out = self._planned_call(plan, args)
+                if impl._active is not plan.program:  # rebuilt: the full path's outputs
+                    out = self._wrapped.custom.rebuild(out)
             except BaseException:
                 swap.out()
                 raise
-            device.park(swap)  # the host is stale until it is read (`DeviceCopy.park`)
+            self._device.park(swap)  # the host is stale until it is read (`DeviceCopy.park`)
         finally:
             self._busy -= 1
         self._dirty_host_weights = True
