@@ -20,6 +20,9 @@ which the scan keeps the trace for; `tests/test_fx_outside_state.py` lists what 
 (a global list, a closure's cell, ``random``, ``time``, a held iterator, a global write). On
 the fx test files the second trace now runs in 84 of 2,081 checks (it ran in all 2,079), HF
 models among them (their modules read mutable registries); the scan costs ~0.2 ms a model.
+
+The run on other data runs only where some op's output shape could depend on the data
+(`check_shapes`): on eight fx test files it ran in 28 of 648 checks (~3 ms each).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from . import lowerings  # noqa: F401  (registers the table)
 from .calls import POSITIONAL, Binding, bind
 from .capture import Captured, CaptureTracer, preserved, settle_first_call_flags, trace_module
 from .capture_state import trace_graph
+from .check_shapes import shapes_static
 from .checks import dtype_issues
 from .errors import Issue, UnsupportedError, user_frame
 from .fallback import decomposition_issue
@@ -264,7 +268,10 @@ def _updated_in_place(gm: fx.GraphModule, model: nn.Module) -> set[fx.Node]:
 def _rerun_with_other_data(
     gm: fx.GraphModule, model: nn.Module, inputs: Sequence[Any]
 ) -> Issue | None:
-    """The traced graph run on other data: an issue at the first node whose shape changes."""
+    """The traced graph run on other data: an issue at the first node whose shape changes.
+    Not run where no node's shape can depend on the data (`check_shapes`)."""
+    if shapes_static(gm, model):
+        return None
     recorder = _ShapeRecorder(gm)
     recorder.shapes = {}
     try:
