@@ -37,7 +37,10 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from . import lowerings  # noqa: F401  (registers the table)
+from . import (
+    lowerings,  # noqa: F401  (registers the table)
+    trace_patch,
+)
 from .calls import POSITIONAL, Binding, bind
 from .capture import Captured, CaptureTracer, preserved, settle_first_call_flags, trace_module
 from .capture_state import trace_graph
@@ -86,8 +89,12 @@ def check(model: nn.Module, *example_inputs: Any, **example_kwargs: Any) -> Chec
         >>> report = popxl_fx.check(model, torch.randn(2, 3))  # doctest: +SKIP
         >>> report.raise_if_any()  # doctest: +SKIP
     """
+    with trace_patch.kept_patches():  # its traces patch nn.Module once (`trace_patch`)
+        return _checked(model, *bind(example_inputs, example_kwargs))
+
+
+def _checked(model: nn.Module, example_inputs: tuple, binding: Binding) -> CheckReport:
     report = CheckReport(type(model).__name__)
-    example_inputs, binding = bind(example_inputs, example_kwargs)
     report.issues += dtype_issues(model, example_inputs)
     if report.issues:  # the trace would only fail on the same dtypes
         return report

@@ -24,6 +24,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 
+from . import trace_patch
 from .calls import POSITIONAL, Binding
 from .capture import Captured, CaptureTracer, capture, is_leaf, preserved, trace_module
 from .capture_effects import WARN_KINDS
@@ -157,6 +158,13 @@ def plan_outline(
         examples: the torch inputs the model was captured with.
         prefix: where the user's model sits in ``root`` (the loss wrapper's ``"model."``).
     """
+    with trace_patch.kept_patches():  # its traces (leaf trace, each site's) patch nn.Module once
+        return _planned(root, spec, examples, prefix, binding)
+
+
+def _planned(
+    root: nn.Module, spec: str | tuple, examples: tuple, prefix: str, binding: Binding
+) -> OutlinePlan:
     strict = spec != "auto"
     repeated = [p for group in candidates(root).values() for p in group]
     excluded: set[str] = set()

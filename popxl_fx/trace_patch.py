@@ -6,8 +6,9 @@ each makes CPython update the call or getattr slot of every subclass of `nn.Modu
 800 in a test-suite process: ~1.4 ms a trace, 7 % of the suite's sampled time). Lowering a
 model traces it several times (its capture, `check`'s second trace, the outline plan's).
 
-Inside `kept_patches()` (one `lower_stage.lower_module`), the first capture trace installs two
-dispatchers on `nn.Module` instead, left in place until the window closes. While a
+Inside `kept_patches()` (one `lower_stage.lower_module`, `outline.plan_outline` or `check`),
+the first capture trace installs two dispatchers on `nn.Module` instead, left in place until
+the window closes. While a
 `capture.CaptureTracer` traces, they are marked as fx's own patches (so fx writes nothing)
 and route module calls and attribute reads to that tracer exactly as fx's
 ``module_call_wrapper`` and ``module_getattr_wrapper`` do; otherwise they call what they

@@ -15,6 +15,7 @@ from torch import nn
 import popxl_fx
 from popxl_fx import trace_patch
 from popxl_fx.capture import CaptureTracer
+from popxl_fx.outline import plan_outline
 
 
 class Inner(nn.Module):
@@ -116,5 +117,26 @@ def test_the_window_leaves_eager_calls_and_nn_module_as_they_were():
             assert torch.equal(model(x), expected)  # eager, between traces
             assert model.inner.scale is model.inner._parameters["scale"]
             raise RuntimeError("inside")
+    assert nn.Module.__dict__["__call__"] is fx_trace._orig_module_call
+    assert nn.Module.__dict__["__getattr__"] is fx_trace._orig_module_getattr
+
+
+class Twice(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = Inner(), Inner()
+
+    def forward(self, x):
+        return self.second(self.first(x))
+
+
+def test_an_outline_plan_and_a_check_outside_a_lowering_patch_nn_module_once(monkeypatch):
+    patches, traces = _module_patches(monkeypatch), _traces(monkeypatch)
+    x = torch.randn(2, 4)
+    plan = plan_outline(Twice(), "auto", (x,))
+    assert [g.paths for g in plan.groups] == [["first", "second"]]
+    assert popxl_fx.check(Scaled(), x).ok
+    assert len(traces) >= 5  # the leaf trace, each site's capture, check's two traces
+    assert patches == []
     assert nn.Module.__dict__["__call__"] is fx_trace._orig_module_call
     assert nn.Module.__dict__["__getattr__"] is fx_trace._orig_module_getattr
