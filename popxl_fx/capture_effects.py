@@ -115,6 +115,54 @@ def _typed_as_example(original):
     return isinstance_
 
 
+# The internal modules whose ``isinstance`` calls are nearly all of a trace's (fx's tracer,
+# graph and proxies, pytree, parameters): ~8,000 calls in a 100-node trace, each through the
+# Python `_typed_as_example` wrapper. `_typed_caller` is False for every one of them (their
+# code is internal and not in `_TYPED_LIBRARIES`), so the wrapper answers as the builtin does:
+# a module-level ``isinstance`` bound to the builtin in these modules' globals, for the trace,
+# gives the same answers without the wrapper.
+_PLAIN_ISINSTANCE_MODULES = (
+    "torch.fx._symbolic_trace",
+    "torch.fx.graph",
+    "torch.fx.node",
+    "torch.fx.proxy",
+    "torch._library.opaque_object",
+    "torch.utils._pytree",
+    "torch.nn.parameter",
+    "torch.nn.modules.module",
+    "copy",
+    "traceback",
+    "popxl_fx.capture",
+)
+
+
+@contextlib.contextmanager
+def _plain_isinstance(original: Any) -> Iterator[None]:
+    """The builtin ``isinstance`` in `_PLAIN_ISINSTANCE_MODULES`' globals while tracing (each
+    checked internal; a module with its own ``isinstance``, or a nested trace's, is left)."""
+    bound = []
+    for name in _PLAIN_ISINSTANCE_MODULES:
+        module = sys.modules.get(name)
+        if module is None or "isinstance" in vars(module) or _typed_file(module.__file__):
+            continue
+        vars(module)["isinstance"] = original
+        bound.append(module)
+    try:
+        yield
+    finally:
+        for module in bound:
+            del vars(module)["isinstance"]
+
+
+def _typed_file(filename: str | None) -> bool:
+    """Whether ``isinstance`` called from code in ``filename`` sees example types."""
+    return (
+        not filename
+        or not _internal_file(filename)
+        or any(lib in filename for lib in _TYPED_LIBRARIES)
+    )
+
+
 def _same(old: Any, new: Any) -> bool:
     if old is new:
         return True
@@ -315,7 +363,8 @@ def python_effects_recorded(tracer, model: nn.Module) -> Iterator[None]:
     for cls in owners:
         cls.__setattr__ = setting  # type: ignore[method-assign]
     try:
-        yield
+        with _plain_isinstance(original_isinstance):
+            yield
     finally:
         builtins.print, builtins.isinstance = original_print, original_isinstance
         for cls, old in saved.items():
