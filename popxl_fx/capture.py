@@ -291,12 +291,17 @@ class CaptureTracer(StaticChecks, RootCalls, fx.Tracer):
             if is_made_constant(node):  # ``torch.zeros(...)`` folded: forward may update it
                 return value.clone()
             return value
-        with torch.no_grad():
+        # torch.no_grad()'s own two calls, without its context-manager objects (once a node)
+        grad = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)
+        try:
             if node.op == "call_module":
                 return self.root_module.get_submodule(node.target)(*args, **kwargs)
             if node.op == "call_method":
                 return getattr(args[0], node.target)(*args[1:], **kwargs)
             return node.target(*args, **kwargs)
+        finally:
+            torch._C._set_grad_enabled(grad)
 
     def _next_input(self, node: fx.Node) -> Any:
         if self._inputs:
