@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import linecache
 import os
 import sys
 import traceback
@@ -110,7 +111,9 @@ def user_stack() -> tuple[str, str]:
     frames.reverse()  # outermost first, as tracebacks print
     start = next((i for i, f in enumerate(frames) if f.f_code.co_name == "forward"), None)
     kept = [
-        traceback.FrameSummary(f.f_code.co_filename, f.f_lineno, f.f_code.co_name)
+        traceback.FrameSummary(
+            f.f_code.co_filename, f.f_lineno, f.f_code.co_name, lookup_line=False
+        )
         for f in (frames[start:] if start is not None else ())
         if not _internal_file(f.f_code.co_filename)
     ]
@@ -122,4 +125,30 @@ def user_stack() -> tuple[str, str]:
         ),
         "<unknown>",
     )
-    return source, "".join(traceback.StackSummary.from_list(kept).format()).strip()
+    return source, "".join(_Stack(kept).format()).strip()
+
+
+class _Stack(traceback.StackSummary):
+    """`traceback.StackSummary` whose frames' text is formatted once per frame (file, line,
+    function) while linecache holds the same entry for the file: a traced model's nodes share
+    most frames (the outer forwards' calls), and formatting them was ~15 % of a capture."""
+
+    # (file, line, function) -> (the linecache entry the text was read from, the text)
+    _texts: dict[tuple, tuple] = {}
+
+    def format_frame_summary(self, frame_summary: traceback.FrameSummary) -> str:
+        key = (frame_summary.filename, frame_summary.lineno, frame_summary.name)
+        held = self._texts.get(key)
+        entry = linecache.cache.get(frame_summary.filename)
+        # the text depends on the key and the file's lines: the same entry object (linecache
+        # makes a new one when it reads the file again) means the same lines
+        if held is not None and entry is not None and held[0] is entry:
+            return held[1]
+        text = super().format_frame_summary(frame_summary)
+        entry = linecache.cache.get(frame_summary.filename)
+        if entry is not None and len(self._texts) < _TEXTS_HELD:
+            self._texts[key] = (entry, text)
+        return text
+
+
+_TEXTS_HELD = 8192  # frames whose text is kept (a bound: generated code's frames come and go)
