@@ -318,13 +318,16 @@ def _writes_placeholder(node: fx.Node, module: nn.Module) -> bool:
 
 
 def _shared_tensors(root: nn.Module, module: nn.Module) -> str | None:
+    """The first name (in ``root``'s order) of a tensor of ``module`` that a module outside
+    it also holds."""
     inside = {id(t) for t in (*module.parameters(), *module.buffers())}
+    own = {id(m) for m in module.modules()}
+    owners = dict(root.named_modules(remove_duplicate=False))  # each tensor's module, by path
     for name, t in (
         *root.named_parameters(remove_duplicate=False),
         *root.named_buffers(remove_duplicate=False),
     ):
-        owner = root.get_submodule(name.rsplit(".", 1)[0]) if "." in name else root
-        if id(t) in inside and not any(owner is m for m in module.modules()):
+        if id(t) in inside and id(owners[name.rsplit(".", 1)[0] if "." in name else ""]) not in own:
             return name
     return None
 
