@@ -68,6 +68,10 @@ _FOLDED_METHODS = frozenset(
     }
 )
 _FOLDED_FUNCTIONS = frozenset({torch.numel, torch.is_floating_point, torch.is_complex})
+# Arguments fx's ``Tracer.create_arg`` hands back as they are (none is a tensor, module, named
+# tuple or registered opaque type: torch registers ``Enum``, and only these exact types are
+# matched, so an ``IntEnum`` takes fx's path): its chain of type tests skipped for them.
+_PLAIN_ARGS = frozenset({int, float, bool, str, type(None)})
 
 
 def is_leaf(module: nn.Module) -> bool:
@@ -177,6 +181,11 @@ class CaptureTracer(StaticChecks, RootCalls, fx.Tracer):
         return CaptureProxy(node, self)
 
     def create_arg(self, a: Any) -> Any:
+        kind = type(a)  # the common arguments first: what fx makes of them, without its tests
+        if kind is CaptureProxy:
+            return a.node
+        if kind in _PLAIN_ARGS:
+            return a
         # a plain tensor a traced call wrote or drew into reads as its node (`capture_writes`)
         written = written_node(self, a) if isinstance(a, torch.Tensor) else None
         return written if written is not None else super().create_arg(a)
