@@ -14,12 +14,16 @@ and route module calls and attribute reads to that tracer exactly as fx's
 ``module_call_wrapper`` and ``module_getattr_wrapper`` do; otherwise they call what they
 replaced, and any other tracer (``make_fx``'s) patches as before. As fx's own patches, they
 are process-wide: a trace is not expected to run beside other threads' module calls.
+
+Every `trace` also hands fx one wrapper per builtin function it autowraps (``math``'s), made
+once, instead of new ones per trace (`_wrapped_once`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import types
 from typing import Any, Iterator
 
 import torch.fx as fx
@@ -97,13 +101,43 @@ def kept_patches() -> Iterator[None]:
 
 def trace(tracer: fx.Tracer, root: nn.Module) -> fx.Graph:
     """``tracer.trace(root)``; inside `kept_patches`, through the kept dispatchers."""
-    if _WINDOW.depth == 0:
-        return tracer.trace(root)
-    _install()
-    _WINDOW.tracers.append((tracer, {}))
-    _mark(True)
+    with _wrappers_kept():
+        if _WINDOW.depth == 0:
+            return tracer.trace(root)
+        _install()
+        _WINDOW.tracers.append((tracer, {}))
+        _mark(True)
+        try:
+            return tracer.trace(root)
+        finally:
+            _WINDOW.tracers.pop()
+            _mark(bool(_WINDOW.tracers))
+
+
+# Each fx trace wraps every function of ``math`` (its default ``autowrap_modules``) anew:
+# ~56 ``functools.wraps`` wrappers, a quarter of a small model's trace. fx's wrapper of a
+# function holds nothing of the trace (it finds the tracer through its proxy arguments), and
+# a builtin function's name, module and doc, all `functools.wraps` copies, never change: the
+# wrapper of a builtin function is made once and handed to every trace.
+_FX_WRAP = fx_trace._create_wrapped_func
+_WRAPPERS: dict[int, tuple[Any, Any]] = {}  # id(function) -> (function, its fx wrapper)
+
+
+def _wrapped_once(fn: Any) -> Any:
+    if not isinstance(fn, types.BuiltinFunctionType):
+        return _FX_WRAP(fn)
+    held = _WRAPPERS.get(id(fn))
+    if held is None or held[0] is not fn:  # (a function held here keeps its id)
+        held = _WRAPPERS[id(fn)] = (fn, _FX_WRAP(fn))
+    return held[1]
+
+
+@contextlib.contextmanager
+def _wrappers_kept() -> Iterator[None]:
+    """fx's traces use `_wrapped_once` (fx looks ``_create_wrapped_func`` up per call)."""
+    before = fx_trace._create_wrapped_func
+    fx_trace._create_wrapped_func = _wrapped_once
     try:
-        return tracer.trace(root)
+        yield
     finally:
-        _WINDOW.tracers.pop()
-        _mark(bool(_WINDOW.tracers))
+        fx_trace._create_wrapped_func = before

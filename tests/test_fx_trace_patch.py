@@ -14,7 +14,7 @@ from torch import nn
 
 import popxl_fx
 from popxl_fx import trace_patch
-from popxl_fx.capture import CaptureTracer
+from popxl_fx.capture import CaptureTracer, capture
 from popxl_fx.outline import plan_outline
 
 
@@ -140,3 +140,21 @@ def test_an_outline_plan_and_a_check_outside_a_lowering_patch_nn_module_once(mon
     assert patches == []
     assert nn.Module.__dict__["__call__"] is fx_trace._orig_module_call
     assert nn.Module.__dict__["__getattr__"] is fx_trace._orig_module_getattr
+
+
+_SQRTS: list = []  # what forward's ``math.sqrt`` was in each trace
+
+
+class Rooted(nn.Module):
+    def forward(self, x):
+        _SQRTS.append(math.sqrt)  # fx's wrapper of it while tracing
+        return x * math.sqrt(x.shape[-1]) + math.sqrt(x.detach().abs().sum())
+
+
+def test_fx_wraps_a_builtin_function_once_for_every_trace():
+    _SQRTS.clear()
+    sqrt = math.sqrt
+    graphs = [capture(Rooted(), (torch.randn(2, 4),)).gm for _ in range(2)]
+    assert len(_SQRTS) == 2 and _SQRTS[0] is _SQRTS[1] and _SQRTS[0] is not sqrt
+    assert math.sqrt is sqrt  # put back
+    assert [[n.target for n in g.graph.nodes if n.target is sqrt] for g in graphs] == [[sqrt]] * 2
