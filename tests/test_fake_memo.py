@@ -1,4 +1,4 @@
-"""The memo of the Aten ops' fake-tensor shape rules (`popxl_core.ops._fake_memo`): a repeated
+"""The memo of the Aten ops' fake-tensor shape rules (`popxl_core.ops.fake_memo`): a repeated
 call is answered without a fake run, and nothing the answer depends on is left out of the key
 (argument types, torch's default dtype, the wrapped operator, eager-layout flags)."""
 
@@ -10,7 +10,7 @@ import torch
 
 import popxl_core as popxl
 from popxl_core.ops import aten as aten_mod
-from popxl_core.ops._fake_memo import typed
+from popxl_core.ops.fake_memo import typed
 from popxl_fx.lowerings.eager_layout import EagerLayout
 
 ATEN = torch.ops.aten

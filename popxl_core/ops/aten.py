@@ -25,8 +25,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from .. import dtypes
 from ..tensor import Tensor, TensorSpec
-from ._fake_memo import memo, typed
 from ._utils import rand
+from .fake_memo import memo, typed
 from .registry import Cost, OpDef, Sample, create_op, no_grad, register
 from .unary import detach
 

@@ -40,6 +40,9 @@ def typed(value: Any) -> Any:
     if kind is tuple:
         items = tuple(typed(v) for v in value)
         return None if any(v is None for v in items) else (tuple, items)
+    if kind is slice:  # a subscript's
+        parts = typed((value.start, value.stop, value.step))
+        return None if parts is None else (slice, parts)
     if kind in (float, complex):
         return (kind, repr(value))  # repr keeps the sign of zero and tells nan from inf
     if kind in _PLAIN:
