@@ -86,16 +86,17 @@ _TABLES: dict[int, dict] = {}
 
 
 def _table_key() -> int:
+    """Which `_decompositions` table holds now: the number of ops registered with torch."""
     return len(torch._C._dispatch_get_all_op_names())
 
 
-def _decompositions() -> dict:
+def _decompositions(key: int) -> dict:
     """``core_aten_decompositions`` without the ones that change eager's arithmetic.
 
     torch builds that table anew on every call (0.1-0.3 s, most of a small fallback's cost), so
     it is built once per set of registered ops: a package imported later (torchvision, a custom
-    op library) registers ops that add to it, and then it is built again."""
-    key = _table_key()
+    op library) registers ops that add to it, and then it is built again (``key``: `_table_key`
+    now)."""
     if key not in _TABLES:
         table = core_aten_decompositions()
         kept = {getattr(p, o) for p in _KEPT for o in p.overloads()}
@@ -134,8 +135,9 @@ def _decompose(node: fx.Node, root: torch.nn.Module) -> Decomposition:
     inputs = [*state, *(leaves[i] for i in positions)]
     module = root.get_submodule(node.target) if node.op == "call_module" else None
     before = _plain_snapshot(module)
-    key = call_key(node, leaves, spec, _table_key())
-    gm = traced_once(key, lambda: _traced(flat_call, inputs))
+    table = _table_key()  # ~2 ms: asked once per call
+    key = call_key(node, leaves, spec, table)
+    gm = traced_once(key, lambda: _traced(flat_call, inputs, table))
     # x.tanh_(), F.relu(x, inplace=True): the update of x is the call's own result, which
     # the driver rebinds x to (`mutated_input`)
     updates_self = mutated_input(node, root) is not None
@@ -145,8 +147,9 @@ def _decompose(node: fx.Node, root: torch.nn.Module) -> Decomposition:
     return Decomposition(gm, names)
 
 
-def _traced(flat_call: Callable, inputs: list) -> fx.GraphModule:
-    """``flat_call`` traced on copies of ``inputs`` into a pure graph of core ATen ops."""
+def _traced(flat_call: Callable, inputs: list, table_key: int) -> fx.GraphModule:
+    """``flat_call`` traced on copies of ``inputs`` into a pure graph of core ATen ops
+    (`_decompositions` of ``table_key``)."""
 
     def fresh() -> list[torch.Tensor]:  # tracing runs the call: keep the model's tensors intact
         return [_clone_in_storage(t) for t in inputs]
@@ -155,7 +158,7 @@ def _traced(flat_call: Callable, inputs: list) -> fx.GraphModule:
         # Decompose, then functionalize the ATen graph: in-place ops (also those that the
         # decompositions introduce) become pure ones; a mutated input shows as one
         # aten.copy_ into it at the end (a buffer update).
-        table = _decompositions()
+        table = _decompositions(table_key)
         with _one_fake_mode():
             aten_gm = make_fx(flat_call, decomposition_table=table)(*fresh())
             pure = torch.func.functionalize(aten_gm, remove="mutations")
