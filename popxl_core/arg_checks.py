@@ -6,6 +6,7 @@ PopXL with an AttributeError. Here the same mistakes fail at the call, naming th
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal, Optional, Tuple, overload
 
 import numpy as np
@@ -104,6 +105,21 @@ def check_host_data(data: Any, where: str) -> None:
         )
 
 
+def _scalar_kept(data: Any, arr: np.ndarray) -> bool:
+    """True where `check_conversion` would find nothing to report, for the commonest case (a
+    Python int or float made a scalar of its own kind: the optimizers' and operators'
+    constants), decided without numpy's machinery; False sends the case down the full check."""
+    if arr.ndim or type(data) not in (int, float):
+        return False
+    kind = "i" if type(data) is int else "f"
+    if arr.dtype.kind != kind:
+        return False
+    value = arr.item()
+    if kind == "i":
+        return value == data
+    return not math.isfinite(data) or math.isfinite(value)
+
+
 def check_conversion(data: Any, arr: np.ndarray, where: str, downcast: bool = False) -> None:
     """Raise if converting host ``data`` to ``arr``'s dtype changed a value: a fraction or an
     out-of-range number into an integer type (numpy would truncate or wrap it), or a finite
@@ -113,6 +129,8 @@ def check_conversion(data: Any, arr: np.ndarray, where: str, downcast: bool = Fa
     float64 -> float32 overflow to inf is let through as PopXL documents it (and Graphcore's
     own examples pass uninitialised ``np.ndarray(shape)`` data); an int64 that wraps is not.
     """
+    if _scalar_kept(data, arr):
+        return
     if isinstance(data, torch.Tensor):
         data = data.detach().cpu().numpy()
     src = np.asarray(data)

@@ -215,7 +215,8 @@ class Ir:
         return f"{name}_subgraph({next(self._graph_counter)})"
 
     def _unique_tensor_id(self, base: str) -> str:
-        self.check_editable(f"creating tensor {base!r}")
+        if self._session is not None:  # (the message is formatted only when it may be shown)
+            self.check_editable(f"creating tensor {base!r}")
         tid = base
         while tid in self._tensor_ids:
             tid = f"{base}__t{next(self._dedup_counter)}"

@@ -30,6 +30,7 @@ import popxl_core as popxl
 
 from .capture_state import plain_tensors
 from .errors import Issue, UnsupportedError
+from .fallback_memo import call_key, traced_once
 from .inplace import mutated_input
 from .lowering import LOWERINGS, LoweringContext, lookup, run_graph, target_name, unsupported
 from .lowerings.aten_kernels import EAGER_KERNEL_PACKETS, REFUSED
@@ -84,13 +85,18 @@ _KEPT = EAGER_KERNEL_PACKETS
 _TABLES: dict[int, dict] = {}
 
 
-def _decompositions() -> dict:
+def _table_key() -> int:
+    """Which `_decompositions` table holds now: the number of ops registered with torch."""
+    return len(torch._C._dispatch_get_all_op_names())
+
+
+def _decompositions(key: int) -> dict:
     """``core_aten_decompositions`` without the ones that change eager's arithmetic.
 
     torch builds that table anew on every call (0.1-0.3 s, most of a small fallback's cost), so
     it is built once per set of registered ops: a package imported later (torchvision, a custom
-    op library) registers ops that add to it, and then it is built again."""
-    key = len(torch._C._dispatch_get_all_op_names())
+    op library) registers ops that add to it, and then it is built again (``key``: `_table_key`
+    now)."""
     if key not in _TABLES:
         table = core_aten_decompositions()
         kept = {getattr(p, o) for p in _KEPT for o in p.overloads()}
@@ -127,22 +133,11 @@ def _decompose(node: fx.Node, root: torch.nn.Module) -> Decomposition:
         return call(*tensors[: len(state)], *a, **k)
 
     inputs = [*state, *(leaves[i] for i in positions)]
-
-    def fresh() -> list[torch.Tensor]:  # tracing runs the call: keep the model's tensors intact
-        return [_clone_in_storage(t) for t in inputs]
-
     module = root.get_submodule(node.target) if node.op == "call_module" else None
     before = _plain_snapshot(module)
-    with torch.random.fork_rng(devices=[]):
-        # Decompose, then functionalize the ATen graph: in-place ops (also those that the
-        # decompositions introduce) become pure ones; a mutated input shows as one
-        # aten.copy_ into it at the end (a buffer update).
-        table = _decompositions()
-        with _one_fake_mode():
-            aten_gm = make_fx(flat_call, decomposition_table=table)(*fresh())
-            pure = torch.func.functionalize(aten_gm, remove="mutations")
-            gm = make_fx(pure, decomposition_table=table)(*fresh())
-        record_storage(gm, fresh())
+    table = _table_key()  # ~2 ms: asked once per call
+    key = call_key(node, leaves, spec, table)
+    gm = traced_once(key, lambda: _traced(flat_call, inputs, table))
     # x.tanh_(), F.relu(x, inplace=True): the update of x is the call's own result, which
     # the driver rebinds x to (`mutated_input`)
     updates_self = mutated_input(node, root) is not None
@@ -150,6 +145,26 @@ def _decompose(node: fx.Node, root: torch.nn.Module) -> Decomposition:
     _mark_updates(gm, names, updates_self, owners)
     _restore(module, before)
     return Decomposition(gm, names)
+
+
+def _traced(flat_call: Callable, inputs: list, table_key: int) -> fx.GraphModule:
+    """``flat_call`` traced on copies of ``inputs`` into a pure graph of core ATen ops
+    (`_decompositions` of ``table_key``)."""
+
+    def fresh() -> list[torch.Tensor]:  # tracing runs the call: keep the model's tensors intact
+        return [_clone_in_storage(t) for t in inputs]
+
+    with torch.random.fork_rng(devices=[]):
+        # Decompose, then functionalize the ATen graph: in-place ops (also those that the
+        # decompositions introduce) become pure ones; a mutated input shows as one
+        # aten.copy_ into it at the end (a buffer update).
+        table = _decompositions(table_key)
+        with _one_fake_mode():
+            aten_gm = make_fx(flat_call, decomposition_table=table)(*fresh())
+            pure = torch.func.functionalize(aten_gm, remove="mutations")
+            gm = make_fx(pure, decomposition_table=table)(*fresh())
+        record_storage(gm, fresh())
+    return gm
 
 
 def _clone_in_storage(t: torch.Tensor) -> torch.Tensor:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from types import BuiltinFunctionType, FunctionType
 from typing import Any, Sequence
 
 import torch
@@ -25,10 +26,11 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from .. import dtypes
 from ..tensor import Tensor, TensorSpec
 from ._utils import rand
+from .fake_memo import memo, typed
 from .registry import Cost, OpDef, Sample, create_op, no_grad, register
 from .unary import detach
 
-__all__ = ["DropoutNoise", "Slot", "aten_op", "torch_random"]
+__all__ = ["DropoutNoise", "Slot", "aten_op", "fake_key", "torch_random"]
 
 
 @dataclass(frozen=True)
@@ -126,6 +128,54 @@ def _fake_mode() -> FakeTensorMode:
 def _infer(ins: Sequence[TensorSpec], fn: Any, torch_dtypes: tuple) -> list[TensorSpec]:
     if isinstance(fn, Vjp):  # gradients have the shapes and dtypes of their inputs
         return [ins[i] for i in fn.wrt]
+    return list(_by_call("specs", fn, [s.shape for s in ins], torch_dtypes, _fake_specs, ins))
+
+
+def _by_call(kind: str, fn: Any, shapes: list, torch_dtypes: tuple, compute, specs) -> tuple:
+    """``compute(specs, fn, torch_dtypes)`` (a fake-tensor run), memoised where `fake_key`
+    keys ``fn`` and no torch function mode could intercept torch's functions. The key is
+    complete: the fake inputs are made from the shapes and dtypes alone; torch's default
+    dtype types Python scalars and factory outputs; inference mode changes what autograd
+    records."""
+    key = fake_key(fn)
+    if key is None or torch._C._len_torch_function_stack():
+        return tuple(compute(specs, fn, torch_dtypes))
+    state = (torch.get_default_dtype(), torch.is_inference_mode_enabled())
+    full = (kind, key, tuple(shapes), torch_dtypes, state)
+    return memo(full, lambda: tuple(compute(specs, fn, torch_dtypes)))
+
+
+def fake_key(fn: Any) -> Any:
+    """What a fake-tensor run of ``fn`` depends on besides its inputs' shapes and dtypes, as a
+    hashable key, or None where that is not known: a `Call` (its operator's key and its
+    arguments by value); an operator of torch's ``aten`` namespace or a function of torch's
+    own modules (fixed by the torch build; a custom op may have its fake kernel registered
+    again, a user's function may read state); the eager dropout noise (this module's code);
+    an object whose class gives ``fake_parts()``: (the operator it wraps, its own plain
+    values), as the frontend's eager-layout wrapper does."""
+    if type(fn) is Call:
+        return _combined(Call, fn.op, (fn.args, fn.kwargs))
+    if type(fn) is DropoutNoise:
+        values = typed((fn.p, fn.shape))
+        return None if values is None else (DropoutNoise, values)
+    if isinstance(fn, torch._ops.OpOverload):
+        return fn if fn.namespace == "aten" else None
+    if isinstance(fn, (BuiltinFunctionType, FunctionType)) and _of_torch(fn):
+        return fn
+    parts = getattr(type(fn), "fake_parts", None)
+    return None if parts is None else _combined(type(fn), *parts(fn))
+
+
+def _combined(kind: type, op: Any, values: Any) -> Any:
+    op_key, values_key = fake_key(op), typed(values)
+    return None if op_key is None or values_key is None else (kind, op_key, values_key)
+
+
+def _of_torch(fn: Any) -> bool:
+    return (getattr(fn, "__module__", None) or "").split(".")[0] == "torch"
+
+
+def _fake_specs(ins: Sequence[TensorSpec], fn: Any, torch_dtypes: tuple) -> list[TensorSpec]:
     with _fake_mode():
         outs = _as_tuple(getattr(fn, "fake", fn)(*_fake(ins, torch_dtypes)))
     bad = [type(o).__name__ for o in outs if not isinstance(o, torch.Tensor)]
@@ -197,8 +247,14 @@ def aten_op(fn: Any, inputs: Sequence[Tensor], args: tuple = (), kwargs: dict | 
 
 
 def _differentiable_outputs(call: Call, inputs: Sequence[Tensor], torch_dtypes: tuple) -> list:
+    specs = [t.spec for t in inputs]
+    shapes = [s.shape for s in specs]
+    return list(_by_call("held", call, shapes, torch_dtypes, _fake_held, specs))
+
+
+def _fake_held(specs: Sequence[TensorSpec], call: Call, torch_dtypes: tuple) -> list:
     with _fake_mode(), torch.enable_grad():
-        xs = _fake([t.spec for t in inputs], torch_dtypes)
+        xs = _fake(specs, torch_dtypes)
         xs = [x.requires_grad_() if _differentiable(x.dtype) else x for x in xs]
         try:
             outs = _as_tuple(call.fake(*xs))

@@ -283,7 +283,8 @@ def create_op(
     opdef = get_opdef(opdef) if isinstance(opdef, str) else opdef
     g = graph or gcg()
     attrs = dict(attrs or {})
-    g.ir.check_editable(f"creating a {opdef.name} op in graph {g.name or 'main'!r}")
+    if g.ir._session is not None:  # (the message is formatted only when it may be shown)
+        g.ir.check_editable(f"creating a {opdef.name} op in graph {g.name or 'main'!r}")
     # the checks name every input, so they run only when the quick test finds a problem
     # (every op of every build passes here: formatting the names each time is measurable)
     if not _all_in_graph(g, inputs):
@@ -291,10 +292,10 @@ def create_op(
             check_in_graph(g, **{f"{opdef.name} input {i}": t for i, t in enumerate(inputs)})
         except (TypeError, ValueError) as e:
             raise type(e)(f"{e}{_user_frame()}") from None
-    placed = {(t.ipu, t.tile_set) for t in inputs if t._producer is not None}
+    placed = {(t._ipu, t._tile_set) for t in inputs if t._producer is not None}
     if check_placement and len(placed) > 1:
         check_tensor_ipu_and_tile_set(**{f"input {i}": t for i, t in enumerate(inputs)})
-    specs = _infer(opdef, [t.spec for t in inputs], attrs, inputs)
+    specs = _infer(opdef, [t._spec for t in inputs], attrs, inputs)
     op = Op(g.ir._next_op_id(), opdef, g, list(inputs), attrs, tuple(called_graphs), opdef.name)
     names = (
         list(out_names)
@@ -328,6 +329,10 @@ def _infer(opdef: OpDef, specs: List[TensorSpec], attrs: Dict, inputs) -> List[T
     return list(out)
 
 
+def _int_dims(shape: tuple) -> bool:
+    return all(type(d) is int for d in shape)
+
+
 def _describe(inputs: Sequence[Tensor]) -> str:
     return ", ".join(f"{t.id} {t.shape} {t.dtype.name}" for t in inputs) or "none"
 
@@ -343,6 +348,9 @@ def _user_frame() -> str:
 
 def broadcast_shapes(*shapes: Sequence[int]) -> Tuple[int, ...]:
     """numpy broadcasting of shapes; ValueError naming both shapes if incompatible."""
+    first = shapes[0] if shapes else None
+    if type(first) is tuple and all(s == first for s in shapes) and _int_dims(first):
+        return first  # most elementwise ops: what numpy returns, without its ~5 us
     try:
         return tuple(np.broadcast_shapes(*[tuple(s) for s in shapes]))
     except ValueError:

@@ -12,6 +12,7 @@ uncloned: their output aliases input 0, as in popxl.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -58,11 +59,12 @@ __all__ = [
 def resolve_shape(in_shape: Sequence[int], shape: Sequence[int]) -> tuple:
     """``shape`` with its (single) -1 resolved; ValueError naming both shapes on a mismatch."""
     shape = tuple(int(s) for s in shape)
-    n_in = int(np.prod(in_shape, dtype=np.int64))
+    # math.prod: exact, and ~20x quicker than numpy's on a handful of dims (every reshape)
+    n_in = int(math.prod(in_shape))
     unknown = [i for i, s in enumerate(shape) if s == -1]
     if len(unknown) > 1 or any(s < -1 for s in shape):
         raise ValueError(f"invalid reshape target {shape}: sizes must be >= 0, with at most one -1")
-    known = int(np.prod([s for s in shape if s != -1], dtype=np.int64))
+    known = math.prod(s for s in shape if s != -1)
     if unknown:
         if known == 0 or n_in % known:
             raise ValueError(

@@ -62,6 +62,11 @@ class EagerLayout:
     def __str__(self) -> str:
         return str(self.fn)
 
+    def fake_parts(self) -> tuple:
+        """What its shape rule's answer depends on (`popxl_core.ops.fake_key`): the wrapped
+        operator, and the layouts and flags it gives the arguments."""
+        return self.fn, (self.strides, self.requires_grad)
+
 
 def _restride(x: Any, stride: tuple | None) -> Any:
     if stride is None or not isinstance(x, torch.Tensor) or x.stride() == stride:
