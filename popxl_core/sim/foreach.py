@@ -146,10 +146,26 @@ def foreach_schedule(ops: List[Op], reusable=None) -> Tuple[List[Op], List[Group
     fresh results allocates every tensor's result at once (as torch.optim's foreach path
     does), where one op at a time reuses the previous tensor's dead temporaries. The compiler
     passes ``reusable`` when its ``foreach_fresh`` option is off (see the module docstring)."""
-    order, groups = _ReadyQueue(ops, _dependencies(ops), _group_keys(ops, reusable)).drain()
+    keys = _group_keys(ops, reusable)
+    if not _repeated(keys):
+        return list(ops), []
+    order, groups = _ReadyQueue(ops, _dependencies(ops), keys).drain()
     if len(order) != len(ops):
         raise RuntimeError("foreach_schedule: dependency cycle (a bug in the pass).")
     return order, groups
+
+
+def _repeated(keys: Dict[Op, Optional[tuple]]) -> bool:
+    """Some group key is shared by two ops. Else no group can form and the sort returns
+    ``ops`` as they are: every dependency points forward in ``ops`` (a live schedule), so the
+    op of the smallest index left is always ready, and the queue takes ops by index."""
+    seen: set = set()
+    for key in keys.values():
+        if key is not None:
+            if key in seen:
+                return True
+            seen.add(key)
+    return False
 
 
 def _group_keys(ops: List[Op], reusable) -> Dict[Op, Optional[tuple]]:

@@ -115,6 +115,7 @@ class Session(SessionStreams, SessionWeights):
         self._shared_versions: tuple = ()
         self._pending: Set[int] = set()  # device values not copied in yet (weights_from_host)
         self._synced: Set[Variable] = set()  # host == device since the last run (`_sync`)
+        self._shards_stored_for: Optional[Set[Variable]] = None  # (`_store_shards`)
         self._attached = False
         self._host_in_sync = True
         self._context_stack: List[bool] = []

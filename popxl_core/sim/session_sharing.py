@@ -62,6 +62,7 @@ class SharedStorage:
     _shared_versions: tuple
     _pending: Set[int]
     _synced: Set[Variable]
+    _shards_stored_for: Optional[Set[Variable]]
     _host_in_sync: bool
 
     if TYPE_CHECKING:  # pragma: no cover (Session's and SessionWeights' methods)

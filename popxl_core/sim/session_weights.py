@@ -159,9 +159,23 @@ class SessionWeights(SharedStorage):
         if not wanted:
             return
         if any(v in self._remote.sources for v in wanted):
-            self._remote.store_shards(self._device_now())  # the shards' values into their entries
+            self._store_shards()
         self._read_back(wanted)
         self._synced.update(wanted)
+
+    def _store_shards(self) -> None:
+        """The on-chip shards' values into their remote variables' entries, once between runs:
+        reading N remote variables one by one stored every shard N times. The entries then
+        hold the shards' values until the device values change: by a run or a write into a
+        shared tensor, both of which give `_synced` a new set (as every reset of it does), so
+        the stored state is keyed by that set's identity. A shard whose storage a framework
+        holds (one replica: shared or handed out) may be written between runs unseen: while
+        one is, every read stores them all, as before."""
+        shared = any(s in self._shared for s in self._remote.shards)
+        if self._shards_stored_for is self._synced and not shared:
+            return
+        self._remote.store_shards(self._device_now())
+        self._shards_stored_for = self._synced
 
     def _set_host(self, v: Variable, value: np.ndarray) -> None:
         """Write ``v``'s host buffer; a borrowed one is replaced (one pass, not two)."""
