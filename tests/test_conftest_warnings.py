@@ -36,7 +36,7 @@ def reported(tmp_path, monkeypatch):
     module = __import__(_MODULE)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        warnings.warn(module.OddWarning(3))
+        warnings.warn(module.OddWarning(3), stacklevel=1)
     monkeypatch.delitem(sys.modules, _MODULE)
     return serialize_warning_message(caught[0]), warning_record_to_str(caught[0])
 
@@ -60,7 +60,7 @@ def test_a_warning_of_an_unloaded_module_prints_as_in_the_worker(reported):
 def test_a_loaded_class_is_the_class_itself():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        warnings.warn("plain", DeprecationWarning)
+        warnings.warn("plain", DeprecationWarning, stacklevel=1)
     data = serialize_warning_message(caught[0])
     rebuilt = conftest.unserialize_warning(data, workermanage.unserialize_warning_message)
     assert rebuilt.category is DeprecationWarning and rebuilt.message.args == ("plain",)
