@@ -140,10 +140,14 @@ SHARED_IMPORTS = {
     "test_inductor_step.py": "torch._inductor",
     "test_inductor_trace.py": "torch._inductor",
     "test_fx_hf.py": "transformers",
+    "test_fx_hf_exact.py": "transformers",
+    "test_fx_hf_more.py": "transformers",
+    "test_poptorch_custom_outputs.py": "transformers",
     "test_docs.py": "transformers",
     "test_examples_sim_report.py": "matplotlib",
     "test_examples_phased_report.py": "matplotlib",
     "test_sim_report.py": "matplotlib",
+    "test_sim_planning.py": "matplotlib",  # popxl_core.report.main plots the liveness
 }
 
 

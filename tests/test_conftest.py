@@ -1,11 +1,14 @@
 """conftest.py: the xdist controller rebuilds the warnings its workers report without importing
 the modules that define their classes (no torch import in a process that runs no test, and no
-two reader threads importing one package at once)."""
+two reader threads importing one package at once); the test modules that import a large optional
+package run in one worker (`SHARED_IMPORTS`)."""
 
 from __future__ import annotations
 
+import re
 import sys
 import warnings
+from pathlib import Path
 
 import pytest
 from _pytest.warnings import warning_record_to_str
@@ -72,3 +75,18 @@ def test_the_controller_rebuilds_through_it(reported, monkeypatch):
     conftest._rebuild_warnings_without_imports()  # pytest_configure's, in the controller
     passed_on = workermanage.unserialize_warning_message(reported[0])
     assert passed_on["category_module"] == conftest._STAND_INS.__name__
+
+
+def _importers(package: str) -> set[str]:
+    """The test modules whose text imports ``package`` (or a module of it)."""
+    imports = re.compile(rf"^\s*(import|from) {package}\b|importorskip\(\"{package}\b", re.M)
+    tests = Path(__file__).parent.glob("test_*.py")
+    return {p.name for p in tests if imports.search(p.read_text(encoding="utf-8"))}
+
+
+@pytest.mark.parametrize("package", ["transformers", "matplotlib"])
+def test_every_module_importing_a_shared_package_is_in_its_group(package):
+    """Else both workers may import it (transformers: ~1 s of CPU each)."""
+    grouped = {name for name, group in conftest.SHARED_IMPORTS.items() if group == package}
+    assert _importers(package) <= grouped, _importers(package) - grouped
+    assert len(_importers(package)) >= 2  # the pattern finds them
