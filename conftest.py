@@ -148,6 +148,12 @@ SHARED_IMPORTS = {
     "test_examples_phased_report.py": "matplotlib",
     "test_sim_report.py": "matplotlib",
     "test_sim_planning.py": "matplotlib",  # popxl_core.report.main plots the liveness
+    # not an import but a cache: the unfolded reference runs (`_off`, one per model and replica
+    # count) that these modules share; each worker running some of them built them again
+    "test_replica_folding.py": "tests.test_replica_folding._off",
+    "test_replica_fold_reduce.py": "tests.test_replica_folding._off",
+    "test_replica_fold_linear.py": "tests.test_replica_folding._off",
+    "test_fold_group.py": "tests.test_replica_folding._off",
 }
 
 

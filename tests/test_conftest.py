@@ -90,3 +90,13 @@ def test_every_module_importing_a_shared_package_is_in_its_group(package):
     grouped = {name for name, group in conftest.SHARED_IMPORTS.items() if group == package}
     assert _importers(package) <= grouped, _importers(package) - grouped
     assert len(_importers(package)) >= 2  # the pattern finds them
+
+
+def test_the_modules_sharing_the_unfolded_runs_are_one_unit():
+    # one line, or a parenthesised list up to its closing line
+    imports = re.compile(r"^from tests\.test_replica_folding import (\(.*?^\)|.*?$)", re.M | re.S)
+    tests = {p.name: p.read_text(encoding="utf-8") for p in Path(__file__).parent.glob("test_*.py")}
+    names = {name: " ".join(imports.findall(text)) for name, text in tests.items()}
+    sharing = {name for name, imported in names.items() if re.search(r"\b_off\b", imported)}
+    grouped = {n for n, g in conftest.SHARED_IMPORTS.items() if g.endswith("folding._off")}
+    assert len(sharing) >= 2 and sharing | {"test_replica_folding.py"} == grouped, sharing
