@@ -3,6 +3,8 @@ packages use (`pytest --doctest-modules`)."""
 
 import gc
 import os
+import sys
+import types
 
 import pytest
 
@@ -38,18 +40,51 @@ def pytest_configure(config):
         torch.set_num_threads(THREADS)
         gc.set_threshold(*GC_THRESHOLD)
     else:
-        _import_warning_modules()
+        _rebuild_warnings_without_imports()
 
 
-def _import_warning_modules() -> None:
-    """The xdist controller rebuilds a worker's warning by importing its category's module,
-    in the thread that reads that worker. Two such threads first importing popxl_core's
-    modules at once (say `sim.checks` and `ir`, each taking its own module's import lock and
-    then the package's) deadlocked: "deadlock detected by _ModuleLock", the worker lost and
-    the run ended in an INTERNALERROR. Imported here once, before any worker starts, those
-    imports find the modules loaded (~2 s of the controller's start)."""
-    import popxl_core  # noqa: F401
-    import popxl_fx  # noqa: F401
+# The xdist controller rebuilds each warning a worker reports from its class's module and name
+# (xdist.workermanage.unserialize_warning_message), importing that module, in the thread that
+# reads that worker. Two such threads first importing popxl_core's modules at once (say
+# `sim.checks` and `ir`, each taking its own module's lock and then the package's) deadlocked:
+# "deadlock detected by _ModuleLock", the worker lost, the run ended in an INTERNALERROR.
+# Importing popxl_core and popxl_fx in the controller first cost 2.5 s of CPU (torch's import)
+# in a process that runs no test. The controller only prints the warnings it receives (the
+# summary: "file:line: ClassName: message"; workers apply the -W filters), so a class not
+# already loaded here is rebuilt as a stand-in: a UserWarning subclass of the same module and
+# name, holding the worker's text of the message, which prints what the original prints.
+_STAND_INS = types.ModuleType("conftest_warning_stand_ins")
+sys.modules[_STAND_INS.__name__] = _STAND_INS
+
+
+def _stand_in(module: str, name: str) -> str:
+    """The attribute of `_STAND_INS` holding the stand-in for ``module.name``."""
+    attr = f"{module}:{name}"  # two modules may each define a class of one name
+    if not hasattr(_STAND_INS, attr):
+        attrs = {"__module__": module, "__qualname__": name}
+        setattr(_STAND_INS, attr, type(name, (UserWarning,), attrs))
+    return attr
+
+
+def unserialize_warning(data: dict, rebuild) -> object:
+    """``rebuild(data)`` (xdist's function) with every class whose module is not loaded in
+    this process replaced by its stand-in: nothing is imported."""
+    data = dict(data)
+    for key in ("message", "category"):
+        module = data[f"{key}_module"]
+        if module and module not in sys.modules:
+            data[f"{key}_class_name"] = _stand_in(module, data[f"{key}_class_name"])
+            data[f"{key}_module"] = _STAND_INS.__name__
+            if key == "message":  # the text the worker printed, whatever the class's __init__
+                data["message_args"] = [data["message_str"]]
+    return rebuild(data)
+
+
+def _rebuild_warnings_without_imports() -> None:
+    from xdist import workermanage
+
+    rebuild = workermanage.unserialize_warning_message
+    workermanage.unserialize_warning_message = lambda data: unserialize_warning(data, rebuild)
 
 
 def pytest_collection_finish(session):
@@ -105,10 +140,20 @@ SHARED_IMPORTS = {
     "test_inductor_step.py": "torch._inductor",
     "test_inductor_trace.py": "torch._inductor",
     "test_fx_hf.py": "transformers",
+    "test_fx_hf_exact.py": "transformers",
+    "test_fx_hf_more.py": "transformers",
+    "test_poptorch_custom_outputs.py": "transformers",
     "test_docs.py": "transformers",
     "test_examples_sim_report.py": "matplotlib",
     "test_examples_phased_report.py": "matplotlib",
     "test_sim_report.py": "matplotlib",
+    "test_sim_planning.py": "matplotlib",  # popxl_core.report.main plots the liveness
+    # not an import but a cache: the unfolded reference runs (`_off`, one per model and replica
+    # count) that these modules share; each worker running some of them built them again
+    "test_replica_folding.py": "tests.test_replica_folding._off",
+    "test_replica_fold_reduce.py": "tests.test_replica_folding._off",
+    "test_replica_fold_linear.py": "tests.test_replica_folding._off",
+    "test_fold_group.py": "tests.test_replica_folding._off",
 }
 
 
