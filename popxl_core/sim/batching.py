@@ -235,6 +235,11 @@ class ReplicaRuns:
         """Every replica its own copy of the variables again (before a host write)."""
         self.sharing.unshare(device)
 
+    def adopt(self, device: Dict[int, List[Any]], i: int, tensor: torch.Tensor) -> bool:
+        """``tensor`` as every replica's value of variable ``i`` where they share it now
+        (`uniform.SharedRuns.adopt`); False: the caller copies it to each replica."""
+        return self.sharing.adopt(device, i, tensor)
+
 
 def _fold_program(ir, program) -> Optional[Program]:
     """The folded program of a replicated ``program`` (fold.py), compiled as ``program``

@@ -190,11 +190,13 @@ class Program:
         return compiled
 
     def _main_params(self, em: Emitter) -> List[str]:
-        """The main function takes the variables' values as one list ``V``; remote variables
-        live in Streaming Memory, not in the on-chip state."""
+        """The main function takes the variables' values as one list ``V`` (every caller
+        passes one value per variable), unpacked in one line: a line per variable made the
+        largest part of a big main graph's source, which Python parses at every build; remote
+        variables live in Streaming Memory, not in the on-chip state."""
         self.variables: List[Variable] = [v for v in em.graph.variables if not is_remote(v)]
-        for i, v in enumerate(self.variables):
-            em.emit(f"{em.name(v)} = V[{i}]")
+        if self.variables:
+            em.emit(f"{', '.join(em.name(v) for v in self.variables)}, = V")
         return ["V"]
 
     def _plan(self, g: Graph, skipped, stats: Dict[str, int]) -> GraphPlan:

@@ -100,7 +100,6 @@ class SharedStorage:
         views = {v: self._shareable(v, t) for v, t in tensors.items()}
         if self._ir.replication_factor > 1:
             self._spread_shared_writes()  # earlier writes first: the versions are noted after
-            self._replicas.unshare(self._device)  # the next run checks the replicas agree
         # (the host copies of the others are read from the device when next asked for)
         for v, view in views.items():
             if v in self._remote_set:  # its own remote buffer becomes the tensor
@@ -108,7 +107,10 @@ class SharedStorage:
                 continue
             i = self._variable_index[v]
             self._device_now()[0][i] = view
-            self._copy_to_replicas(i, view)
+            # a variable the replicas share now becomes the tensor on every replica (what the
+            # next run's check would make of copies of it); the others get copies
+            if not self._replicas.adopt(self._device_now(), i, view):
+                self._copy_to_replicas(i, view)
             self._pending.discard(i)
             self._shared[v] = view
         self._host_in_sync = False  # the host copies are now older than the shared tensors

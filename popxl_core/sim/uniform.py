@@ -321,6 +321,18 @@ class SharedRuns:
         self.active = True
         return True
 
+    def adopt(self, device: Dict[int, List[torch.Tensor]], i: int, tensor: torch.Tensor) -> bool:
+        """Where the replicas share variable ``i`` now: ``tensor`` becomes its one value on
+        every replica (True), as `_share` would make copies of it at the next run, without
+        the copies and their bit check (the sharing stays active; a later unshared run or
+        host write gives each replica its copy, `unshare`). Else False."""
+        s = self.sharing
+        if not self.active or s is None or i not in s.variables:
+            return False
+        for rep in device.values():
+            rep[i] = tensor
+        return True
+
     def unshare(self, device: Optional[Dict[int, List[torch.Tensor]]]) -> None:
         """Every replica its own copy again (before a host write or an unshared run)."""
         if not self.active or device is None:
