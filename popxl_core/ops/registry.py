@@ -292,8 +292,8 @@ def create_op(
             check_in_graph(g, **{f"{opdef.name} input {i}": t for i, t in enumerate(inputs)})
         except (TypeError, ValueError) as e:
             raise type(e)(f"{e}{_user_frame()}") from None
-    placed = {(t._ipu, t._tile_set) for t in inputs if t._producer is not None}
-    if check_placement and len(placed) > 1:
+    placed = check_placement and {(t._ipu, t._tile_set) for t in inputs if t._producer is not None}
+    if placed and len(placed) > 1:
         check_tensor_ipu_and_tile_set(**{f"input {i}": t for i, t in enumerate(inputs)})
     specs = _infer(opdef, [t._spec for t in inputs], attrs, inputs)
     op = Op(g.ir._next_op_id(), opdef, g, list(inputs), attrs, tuple(called_graphs), opdef.name)
