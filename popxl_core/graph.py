@@ -262,7 +262,7 @@ class Graph:
     # construction (used by factories and the op builder) ------------------
     def _create_tensor_id(self, name: Optional[str] = None) -> str:
         scopes = get_current_context().name_scopes
-        base = "/".join((*scopes, name or "t"))
+        base = "/".join((*scopes, name or "t")) if scopes else name or "t"
         return self._ir._unique_tensor_id(self._scope_prefix + base)
 
     def _register_tensor(self, t: "Tensor") -> None:

@@ -71,8 +71,9 @@ class Tensor(TensorMethods):
         t._graph = graph
         t._spec = spec
         t._producer = producer
-        t._ipu = get_current_context().ipu_id
-        t._tile_set = "io" if get_current_context().io_tile_set else "compute"
+        context = get_current_context()
+        t._ipu = context.ipu_id
+        t._tile_set = "io" if context.io_tile_set else "compute"
         graph._register_tensor(t)
         return t
 

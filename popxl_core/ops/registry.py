@@ -285,16 +285,7 @@ def create_op(
     attrs = dict(attrs or {})
     if g.ir._session is not None:  # (the message is formatted only when it may be shown)
         g.ir.check_editable(f"creating a {opdef.name} op in graph {g.name or 'main'!r}")
-    # the checks name every input, so they run only when the quick test finds a problem
-    # (every op of every build passes here: formatting the names each time is measurable)
-    if not _all_in_graph(g, inputs):
-        try:
-            check_in_graph(g, **{f"{opdef.name} input {i}": t for i, t in enumerate(inputs)})
-        except (TypeError, ValueError) as e:
-            raise type(e)(f"{e}{_user_frame()}") from None
-    placed = {(t._ipu, t._tile_set) for t in inputs if t._producer is not None}
-    if check_placement and len(placed) > 1:
-        check_tensor_ipu_and_tile_set(**{f"input {i}": t for i, t in enumerate(inputs)})
+    _check_inputs(g, opdef, inputs, check_placement)
     specs = _infer(opdef, [t._spec for t in inputs], attrs, inputs)
     op = Op(g.ir._next_op_id(), opdef, g, list(inputs), attrs, tuple(called_graphs), opdef.name)
     names = (
@@ -310,6 +301,21 @@ def create_op(
     g._add_op(op)
     get_current_context().op_created(op)
     return op.outputs
+
+
+def _check_inputs(g: Graph, opdef: OpDef, inputs: Sequence[Tensor], placement: bool) -> None:
+    """Raise unless every input is a tensor of ``g`` (and, with ``placement``, all the inputs
+    that ops make sit on one IPU and tile set)."""
+    # the checks name every input, so they run only when the quick test finds a problem
+    # (every op of every build passes here: formatting the names each time is measurable)
+    if not _all_in_graph(g, inputs):
+        try:
+            check_in_graph(g, **{f"{opdef.name} input {i}": t for i, t in enumerate(inputs)})
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"{e}{_user_frame()}") from None
+    placed = placement and {(t._ipu, t._tile_set) for t in inputs if t._producer is not None}
+    if placed and len(placed) > 1:
+        check_tensor_ipu_and_tile_set(**{f"input {i}": t for i, t in enumerate(inputs)})
 
 
 def _all_in_graph(graph: Graph, inputs: Sequence[Tensor]) -> bool:
