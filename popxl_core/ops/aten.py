@@ -30,7 +30,7 @@ from .fake_memo import memo, typed
 from .registry import Cost, OpDef, Sample, create_op, no_grad, register
 from .unary import detach
 
-__all__ = ["DropoutNoise", "Slot", "aten_op", "fake_key", "torch_random"]
+__all__ = ["DropoutNoise", "Slot", "aten_op", "torch_random"]
 
 
 @dataclass(frozen=True)

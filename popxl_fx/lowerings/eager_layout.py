@@ -63,7 +63,7 @@ class EagerLayout:
         return str(self.fn)
 
     def fake_parts(self) -> tuple:
-        """What its shape rule's answer depends on (`popxl_core.ops.fake_key`): the wrapped
+        """What its shape rule's answer depends on (`popxl_core.ops.aten.fake_key`): the wrapped
         operator, and the layouts and flags it gives the arguments."""
         return self.fn, (self.strides, self.requires_grad)
 
