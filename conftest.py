@@ -21,7 +21,7 @@ os.environ["OMP_NUM_THREADS"] = str(THREADS)
 
 def _runs_tests(config) -> bool:
     """False in pytest-xdist's controller (setup.cfg -n 2), which only hands tests to the
-    workers and runs none (it imports the product only for the workers' warnings)."""
+    workers and runs none (nor imports the product: `_rebuild_warnings_without_imports`)."""
     return hasattr(config, "workerinput") or not config.getoption("numprocesses", None)
 
 
