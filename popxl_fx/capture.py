@@ -241,7 +241,7 @@ class CaptureTracer(StaticChecks, RootCalls, fx.Tracer):
     def _annotate(self, node: fx.Node) -> None:
         node.meta["module_path"] = self._paths[-1] if self._paths else ""
         if self._replay is None:
-            node.meta["source"], stack = user_stack()
+            node.meta["source"], stack = user_stack(*(self.stack_outside or ()))
             if stack:
                 node.stack_trace = stack
         else:  # a replay keeps no stack trace: the same source line without formatting one

@@ -23,7 +23,9 @@
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -31,6 +33,7 @@ import torch.fx as fx
 from torch import nn
 
 from .calls import POSITIONAL, Binding, flat_outputs
+from .errors import StackPart, stack_part
 from .inplace import setitem
 
 __all__ = ["RootCalls", "setitem", "static_index"]
@@ -75,6 +78,8 @@ class RootCalls(_TracerBase):
 
     binding: Binding = POSITIONAL
     out_spec: Any = None  # the pytree structure of what the root forward returned
+    # while forward runs: the root call's frame and the `errors.StackPart` from it out
+    stack_outside: tuple[FrameType, StackPart] | None = None
 
     def create_args_for_root(
         self, root_fn: Callable, is_module: bool, concrete_args: Any = None
@@ -88,7 +93,14 @@ class RootCalls(_TracerBase):
 
         def root_call(root: nn.Module, *xs: Any) -> Any:
             fn = own if own is not None else functools.partial(root_fn, root)
-            return self._root_outputs(self.binding.call(fn, *xs))
+            # the frames from here out wait while forward runs: each node's stack reads
+            # them once (`errors.stack_part`)
+            anchor = sys._getframe(0)
+            self.stack_outside = anchor, stack_part(anchor)
+            try:
+                return self._root_outputs(self.binding.call(fn, *xs))
+            finally:
+                self.stack_outside = None
 
         return root_call, [self.root, *proxies]
 

@@ -13,7 +13,7 @@ from types import FrameType
 
 import torch
 
-__all__ = ["Issue", "UnsupportedError", "user_frame", "user_stack"]
+__all__ = ["Issue", "StackPart", "UnsupportedError", "stack_part", "user_frame", "user_stack"]
 
 
 @dataclass(frozen=True)
@@ -98,34 +98,64 @@ def user_frame(stack: Sequence[traceback.FrameSummary] | None = None) -> str:
     return "<unknown>"
 
 
-def user_stack() -> tuple[str, str]:
-    """`user_frame` and the user's part of the stack as text (from the outermost ``forward``
-    in, without torch's, popxl_fx's or the standard library's frames: what a traced node
-    keeps as ``node.stack_trace``), from one walk of the live frames; only the kept frames'
-    source lines are read."""
+@dataclass(frozen=True)
+class StackPart:
+    """What `user_stack` needs of a run of frames (outermost first): whether one is a
+    ``forward``, the user's frames from the first such on, and the innermost user frame."""
+
+    has_forward: bool
+    kept: list[traceback.FrameSummary]
+    source: str | None
+
+
+def _summary(f: FrameType) -> traceback.FrameSummary:
+    return traceback.FrameSummary(
+        f.f_code.co_filename, f.f_lineno, f.f_code.co_name, lookup_line=False
+    )
+
+
+def _part(frames: list[FrameType]) -> StackPart:
+    start = next((i for i, f in enumerate(frames) if f.f_code.co_name == "forward"), None)
+    tail = frames[start:] if start is not None else []
+    ours = [f for f in tail if not _internal_file(f.f_code.co_filename)]
+    users = (f for f in reversed(frames) if not _internal_file(f.f_code.co_filename))
+    source = next((f"{f.f_code.co_filename}:{f.f_lineno}" for f in users), None)
+    return StackPart(start is not None, [_summary(f) for f in ours], source)
+
+
+def _frames(frame: FrameType | None, stop: FrameType | None = None) -> list[FrameType]:
+    """``frame`` and its callers up to ``stop`` (not included), outermost first."""
     frames = []
-    frame: FrameType | None = sys._getframe(1)
-    while frame is not None:
+    while frame is not None and frame is not stop:
         frames.append(frame)
         frame = frame.f_back
     frames.reverse()  # outermost first, as tracebacks print
-    start = next((i for i, f in enumerate(frames) if f.f_code.co_name == "forward"), None)
-    kept = [
-        traceback.FrameSummary(
-            f.f_code.co_filename, f.f_lineno, f.f_code.co_name, lookup_line=False
-        )
-        for f in (frames[start:] if start is not None else ())
-        if not _internal_file(f.f_code.co_filename)
-    ]
-    source = next(
-        (
-            f"{f.f_code.co_filename}:{f.f_lineno}"
-            for f in reversed(frames)
-            if not _internal_file(f.f_code.co_filename)
-        ),
-        "<unknown>",
-    )
-    return source, "".join(_Stack(kept).format()).strip()
+    return frames
+
+
+def stack_part(anchor: FrameType) -> StackPart:
+    """The `StackPart` of ``anchor`` and its callers, for `user_stack` calls made while
+    ``anchor`` runs: its callers wait for it, so their frames' lines stay as they are."""
+    return _part(_frames(anchor))
+
+
+def user_stack(anchor: FrameType | None = None, outer: StackPart | None = None) -> tuple[str, str]:
+    """`user_frame` and the user's part of the stack as text (from the outermost ``forward``
+    in, without torch's, popxl_fx's or the standard library's frames: what a traced node
+    keeps as ``node.stack_trace``), from one walk of the live frames; only the kept frames'
+    source lines are read. With ``outer`` (`stack_part` of ``anchor``, a frame on the stack,
+    such as a trace's root call), the frames from ``anchor`` out are not walked again."""
+    frames = _frames(sys._getframe(1), anchor if outer is not None else None)
+    if outer is None or not frames or frames[0].f_back is not anchor:  # the whole stack
+        part = _part(frames if outer is None else _frames(sys._getframe(1)))
+    elif outer.has_forward:  # the outermost forward is outside: each user frame inside is kept
+        inside = [f for f in frames if not _internal_file(f.f_code.co_filename)]
+        source = f"{inside[-1].f_code.co_filename}:{inside[-1].f_lineno}" if inside else None
+        part = StackPart(True, outer.kept + [_summary(f) for f in inside], source or outer.source)
+    else:
+        part = _part(frames)
+        part = StackPart(part.has_forward, part.kept, part.source or outer.source)
+    return part.source or "<unknown>", "".join(_Stack(part.kept).format()).strip()
 
 
 class _Stack(traceback.StackSummary):
