@@ -120,12 +120,26 @@ def _capture_pieces(build: Build, req: Any) -> tuple:
     spec = opts.phased_execution
     assert not isinstance(spec, bool)  # phased: a kind or module names (`Options` checked)
     with entered(contexts):
-        paths = phase_paths(req.root, spec, examples, build.prefix)
+        paths = _phase_paths(build, req.root, spec, examples)
         gm, pieces = _split(build, req.root, examples, paths)
     _check_sizes(build, req, pieces)
     build.captures += [gm, *(p.gm for p in pieces)]
     build.record("capture", f"torch.fx graph of {len(gm.graph.nodes)} nodes, {len(pieces)} pieces")
     return contexts, gm, pieces
+
+
+def _phase_paths(build: Build, root: Any, spec: Any, examples: tuple) -> list[str]:
+    """`phase_paths`, found once per key for the builds sharing captures (`capture_cache`):
+    ``"blocks"`` traces the model to find its repeated blocks (`plan_outline`), the same trace
+    for the candidate and the chosen build of ``memory="auto"``. The key is complete: the
+    result depends only on the root (the cache's owner, by identity), the spec, the examples'
+    signature (the builds of one trainer signature trace the same inputs, as every shared
+    capture does) and the prefix; the paths hold no example values, so nothing to forget."""
+    make = lambda: phase_paths(root, spec, examples, build.prefix)
+    if build.shared is None:
+        return make()
+    key = "phase_paths", spec, signature(root, examples), build.prefix
+    return list(build.shared.get(key, root, make, lambda paths: ()))
 
 
 def _split(build: Build, root: Any, examples: tuple, paths: list[str]) -> tuple:
