@@ -43,6 +43,7 @@ from popxl_core import ops
 from popxl_core.sim.machine import machine_for
 
 from .built import BuiltStep, Extras, StepShape
+from .calls import POSITIONAL
 from .loss import check_scalar_loss, loss_index
 from .lower_stage import Lowered, entered, gradient_graph, lower_piece
 from .module import signature
@@ -51,7 +52,7 @@ from .optim_remote import RemoteState
 from .phase_report import PhaseSteps
 from .phased_seed import SeedStream
 from .phased_slices import Slices, SliceStore
-from .phases import Piece, check_phase_sizes, phase_paths, split_pieces
+from .phases import Piece, check_phase_sizes, phase_plan, split_pieces
 from .pipeline import Build
 from .precision import scaled_seed
 from .program import Weights, store
@@ -120,32 +121,41 @@ def _capture_pieces(build: Build, req: Any) -> tuple:
     spec = opts.phased_execution
     assert not isinstance(spec, bool)  # phased: a kind or module names (`Options` checked)
     with entered(contexts):
-        paths = _phase_paths(build, req.root, spec, examples)
-        gm, pieces = _split(build, req.root, examples, paths)
+        paths, traced = _phase_paths(build, req.root, spec, examples)
+        gm, pieces = _split(build, req.root, examples, paths, traced)
     _check_sizes(build, req, pieces)
     build.captures += [gm, *(p.gm for p in pieces)]
     build.record("capture", f"torch.fx graph of {len(gm.graph.nodes)} nodes, {len(pieces)} pieces")
     return contexts, gm, pieces
 
 
-def _phase_paths(build: Build, root: Any, spec: Any, examples: tuple) -> list[str]:
-    """`phase_paths`, found once per key for the builds sharing captures (`capture_cache`):
-    ``"blocks"`` traces the model to find its repeated blocks (`plan_outline`), the same trace
-    for the candidate and the chosen build of ``memory="auto"``. The key is complete: the
-    result depends only on the root (the cache's owner, by identity), the spec, the examples'
-    signature (the builds of one trainer signature trace the same inputs, as every shared
-    capture does) and the prefix; the paths hold no example values, so nothing to forget."""
-    make = lambda: phase_paths(root, spec, examples, build.prefix)
+def _phase_paths(build: Build, root: Any, spec: Any, examples: tuple) -> tuple:
+    """`phase_plan`: the phases' paths, found once per key for the builds sharing captures
+    (`capture_cache`; ``"blocks"`` traces the model to find its repeated blocks, the same
+    trace for the candidate and the chosen build of ``memory="auto"``), and the leaf trace
+    finding them made when `split_pieces` may take it for its own (None otherwise).
+
+    The key is complete: the paths depend only on the root (the cache's owner, by identity),
+    the spec, the examples' signature (the builds of one trainer signature trace the same
+    inputs, as every shared capture does) and the prefix; they hold no example values, so
+    there is nothing to forget. A shared hit gives no trace (the split is shared too)."""
+    made: list = []
+    make = lambda: made.append(phase_plan(root, spec, examples, build.prefix)) or made[0][0]
     if build.shared is None:
-        return make()
-    key = "phase_paths", spec, signature(root, examples), build.prefix
-    return list(build.shared.get(key, root, make, lambda paths: ()))
+        paths = make()
+    else:
+        key = "phase_paths", spec, signature(root, examples), build.prefix
+        paths = list(build.shared.get(key, root, make, lambda paths: ()))
+    # the trace was made with positional inputs: another binding traces the split itself
+    traced = made[0][1] if made and build.binding == POSITIONAL else None
+    return paths, traced
 
 
-def _split(build: Build, root: Any, examples: tuple, paths: list[str]) -> tuple:
-    """`split_pieces`, made once per key for the builds sharing captures (`capture_cache`):
-    the same pieces then hit the same piece captures."""
-    make = lambda: split_pieces(root, examples, paths, build.prefix, build.binding)
+def _split(build: Build, root: Any, examples: tuple, paths: list[str], traced) -> tuple:
+    """`split_pieces` (on ``traced``, the leaf trace `phase_plan` made, when not None), made
+    once per key for the builds sharing captures (`capture_cache`): the same pieces then hit
+    the same piece captures."""
+    make = lambda: split_pieces(root, examples, paths, build.prefix, build.binding, traced)
     if build.shared is None:
         return make()
     key = tuple(paths), signature(root, examples), build.prefix, build.binding.key()

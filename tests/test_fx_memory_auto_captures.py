@@ -66,15 +66,15 @@ def traces() -> collections.Counter:
         stage_plans.append(build.plan_only)
         return stage_plan(build)
 
-    find_paths = popxl_fx.phased.phase_paths
-    seen.paths = paths = collections.Counter()  # type: ignore[attr-defined]  (phase_paths)
+    find_paths = popxl_fx.phased.phase_plan
+    seen.paths = paths = collections.Counter()  # type: ignore[attr-defined]  (phase_plan)
 
     def counted_paths(root, spec, examples, *args):
         paths[id(root), spec, _shapes(examples)] += 1
         return find_paths(root, spec, examples, *args)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(popxl_fx.phased, "phase_paths", counted_paths)
+        patch.setattr(popxl_fx.phased, "phase_plan", counted_paths)
         patch.setattr(popxl_fx.module, "capture", counted_capture)
         patch.setattr(popxl_fx.phased, "split_pieces", counted_split)
         patch.setattr(popxl_fx.pipeline.Build, "_plan", counted_stage_plan)
