@@ -42,6 +42,7 @@ from addons.remote import load_remote, named_variable_buffers, store_remote
 from popxl_core import ops
 from popxl_core.sim.machine import machine_for
 
+from . import trace_patch
 from .built import BuiltStep, Extras, StepShape
 from .calls import POSITIONAL
 from .loss import check_scalar_loss, loss_index
@@ -100,7 +101,10 @@ class PhasedShape(StepShape):
             )
 
     def capture(self, build: Build, req: Any, step_inputs: tuple) -> tuple:
-        return _capture_pieces(build, req)
+        # one window for the phases' traces and the split's (`trace_patch`): nn.Module is
+        # patched once, not once per trace
+        with trace_patch.kept_patches():
+            return _capture_pieces(build, req)
 
     def build(self, build: Build, req: Any, step_inputs: tuple, captured: tuple) -> BuiltStep:
         contexts, gm, pieces = captured
@@ -173,7 +177,8 @@ def _lower_and_schedule(build: Build, req: Any, contexts, gm, pieces, names) -> 
     leaves, out_spec = pytree.tree_flatten(next(iter(reversed(gm.graph.nodes))).args[0])
     loss_node = leaves[loss_index(out_spec, len(leaves), req.model)]
     shards = opts.replication_factor if opts.replicated_tensor_sharding else 1
-    lowered = [_lower_piece(p, names, contexts, shards, build) for p in pieces]
+    with trace_patch.kept_patches():  # every piece's capture in one window (`trace_patch`)
+        lowered = [_lower_piece(p, names, contexts, shards, build) for p in pieces]
     seed = SeedStream.shared(lowered)  # one stream through every piece
     build.record("lower", _lower_detail(lowered))
     _plan_gradients(lowered, loss_node)
