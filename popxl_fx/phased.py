@@ -226,9 +226,12 @@ def _backwards(build: Build, req: Any, lowered, fwd_calls, steps, where, loss_no
         n = len(main.ops)
         _backward_and_update(build, lp, calls, (grads, kept), optimizer)
         st.backward = list(main.ops[n:])
-    if opts.replication_factor > 1:
+    replicated = opts.replication_factor > 1
+    if replicated:
         build.record("replication", _replication_detail(opts))
-    build.record("optimizer", f"{type(optimizer.optimizer).__name__} per phase, state remote")
+    # every phase's reduction and update is built: the two records share one plan
+    detail = f"{type(optimizer.optimizer).__name__} per phase, state remote"
+    build.record("optimizer", detail, unchanged=replicated)
 
 
 def _check_sizes(build: Build, req: Any, pieces: list[Piece]) -> None:
