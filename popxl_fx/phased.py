@@ -42,7 +42,9 @@ from addons.remote import load_remote, named_variable_buffers, store_remote
 from popxl_core import ops
 from popxl_core.sim.machine import machine_for
 
+from . import trace_patch
 from .built import BuiltStep, Extras, StepShape
+from .calls import POSITIONAL
 from .loss import check_scalar_loss, loss_index
 from .lower_stage import Lowered, entered, gradient_graph, lower_piece
 from .module import signature
@@ -51,7 +53,7 @@ from .optim_remote import RemoteState
 from .phase_report import PhaseSteps
 from .phased_seed import SeedStream
 from .phased_slices import Slices, SliceStore
-from .phases import Piece, check_phase_sizes, phase_paths, split_pieces
+from .phases import Piece, check_phase_sizes, phase_plan, split_pieces
 from .pipeline import Build
 from .precision import scaled_seed
 from .program import Weights, store
@@ -99,7 +101,10 @@ class PhasedShape(StepShape):
             )
 
     def capture(self, build: Build, req: Any, step_inputs: tuple) -> tuple:
-        return _capture_pieces(build, req)
+        # one window for the phases' traces and the split's (`trace_patch`): nn.Module is
+        # patched once, not once per trace
+        with trace_patch.kept_patches():
+            return _capture_pieces(build, req)
 
     def build(self, build: Build, req: Any, step_inputs: tuple, captured: tuple) -> BuiltStep:
         contexts, gm, pieces = captured
@@ -120,18 +125,41 @@ def _capture_pieces(build: Build, req: Any) -> tuple:
     spec = opts.phased_execution
     assert not isinstance(spec, bool)  # phased: a kind or module names (`Options` checked)
     with entered(contexts):
-        paths = phase_paths(req.root, spec, examples, build.prefix)
-        gm, pieces = _split(build, req.root, examples, paths)
+        paths, traced = _phase_paths(build, req.root, spec, examples)
+        gm, pieces = _split(build, req.root, examples, paths, traced)
     _check_sizes(build, req, pieces)
     build.captures += [gm, *(p.gm for p in pieces)]
     build.record("capture", f"torch.fx graph of {len(gm.graph.nodes)} nodes, {len(pieces)} pieces")
     return contexts, gm, pieces
 
 
-def _split(build: Build, root: Any, examples: tuple, paths: list[str]) -> tuple:
-    """`split_pieces`, made once per key for the builds sharing captures (`capture_cache`):
-    the same pieces then hit the same piece captures."""
-    make = lambda: split_pieces(root, examples, paths, build.prefix, build.binding)
+def _phase_paths(build: Build, root: Any, spec: Any, examples: tuple) -> tuple:
+    """`phase_plan`: the phases' paths, found once per key for the builds sharing captures
+    (`capture_cache`; ``"blocks"`` traces the model to find its repeated blocks, the same
+    trace for the candidate and the chosen build of ``memory="auto"``), and the leaf trace
+    finding them made when `split_pieces` may take it for its own (None otherwise).
+
+    The key is complete: the paths depend only on the root (the cache's owner, by identity),
+    the spec, the examples' signature (the builds of one trainer signature trace the same
+    inputs, as every shared capture does) and the prefix; they hold no example values, so
+    there is nothing to forget. A shared hit gives no trace (the split is shared too)."""
+    made: list = []
+    make = lambda: made.append(phase_plan(root, spec, examples, build.prefix)) or made[0][0]
+    if build.shared is None:
+        paths = make()
+    else:
+        key = "phase_paths", spec, signature(root, examples), build.prefix
+        paths = list(build.shared.get(key, root, make, lambda paths: ()))
+    # the trace was made with positional inputs: another binding traces the split itself
+    traced = made[0][1] if made and build.binding == POSITIONAL else None
+    return paths, traced
+
+
+def _split(build: Build, root: Any, examples: tuple, paths: list[str], traced) -> tuple:
+    """`split_pieces` (on ``traced``, the leaf trace `phase_plan` made, when not None), made
+    once per key for the builds sharing captures (`capture_cache`): the same pieces then hit
+    the same piece captures."""
+    make = lambda: split_pieces(root, examples, paths, build.prefix, build.binding, traced)
     if build.shared is None:
         return make()
     key = tuple(paths), signature(root, examples), build.prefix, build.binding.key()
@@ -149,7 +177,8 @@ def _lower_and_schedule(build: Build, req: Any, contexts, gm, pieces, names) -> 
     leaves, out_spec = pytree.tree_flatten(next(iter(reversed(gm.graph.nodes))).args[0])
     loss_node = leaves[loss_index(out_spec, len(leaves), req.model)]
     shards = opts.replication_factor if opts.replicated_tensor_sharding else 1
-    lowered = [_lower_piece(p, names, contexts, shards, build) for p in pieces]
+    with trace_patch.kept_patches():  # every piece's capture in one window (`trace_patch`)
+        lowered = [_lower_piece(p, names, contexts, shards, build) for p in pieces]
     seed = SeedStream.shared(lowered)  # one stream through every piece
     build.record("lower", _lower_detail(lowered))
     _plan_gradients(lowered, loss_node)
@@ -197,9 +226,12 @@ def _backwards(build: Build, req: Any, lowered, fwd_calls, steps, where, loss_no
         n = len(main.ops)
         _backward_and_update(build, lp, calls, (grads, kept), optimizer)
         st.backward = list(main.ops[n:])
-    if opts.replication_factor > 1:
+    replicated = opts.replication_factor > 1
+    if replicated:
         build.record("replication", _replication_detail(opts))
-    build.record("optimizer", f"{type(optimizer.optimizer).__name__} per phase, state remote")
+    # every phase's reduction and update is built: the two records share one plan
+    detail = f"{type(optimizer.optimizer).__name__} per phase, state remote"
+    build.record("optimizer", detail, unchanged=replicated)
 
 
 def _check_sizes(build: Build, req: Any, pieces: list[Piece]) -> None:

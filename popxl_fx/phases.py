@@ -33,6 +33,7 @@ __all__ = [
     "marked",
     "phase",
     "phase_paths",
+    "phase_plan",
     "split_pieces",
 ]
 
@@ -96,7 +97,15 @@ def _model(root: nn.Module, prefix: str) -> nn.Module:
 
 def phase_paths(root: nn.Module, spec: str | tuple, examples: tuple, prefix: str = "") -> list:
     """The module paths (in ``root``) of the phases ``spec`` asks for."""
+    return phase_plan(root, spec, examples, prefix)[0]
+
+
+def phase_plan(root: nn.Module, spec: str | tuple, examples: tuple, prefix: str = "") -> tuple:
+    """`phase_paths`, and the leaf trace of ``root`` on ``examples`` (positional binding)
+    whose leaves are exactly those paths when finding them made one, else None: ``"blocks"``
+    keeps `plan_outline`'s last trace, so that `split_pieces` need not trace it again."""
     model = _model(root, prefix)
+    traced = None
     if spec == "children":
         paths = _callable_children(model)
         if not paths:
@@ -105,27 +114,40 @@ def phase_paths(root: nn.Module, spec: str | tuple, examples: tuple, prefix: str
                 "modules; phases need modules holding the parameters."
             )
     elif spec == "blocks":
-        plan = plan_outline(root, "auto", examples, prefix)
-        paths = [p[len(prefix) :] for g in plan.groups for p in g.paths]
-        if not paths:
-            raise PhaseError(
-                "Options(phased_execution='blocks'): the model has no repeated blocks that "
-                "outline='auto' would outline; use phased_execution='children' or a list of "
-                "module names."
-            )
+        paths, traced = _blocks(root, examples, prefix)
     elif spec == "marked":
-        paths = marked(model)
-        if not paths:
-            raise PhaseError(
-                "Options(phased_execution='marked'): no submodule of "
-                f"{type(model).__name__} is marked; mark each phase with "
-                "popxl_fx.phase(module) (e.g. model.blocks[0] = popxl_fx.phase(model.blocks[0])), "
-                "or use 'children' / 'blocks' / a list of module names."
-            )
-        paths = _listed(model, paths, "popxl_fx.phase")
+        paths = _marked(model)
     else:
         paths = _listed(model, spec)
-    return [prefix + p for p in paths]
+    return [prefix + p for p in paths], traced
+
+
+def _blocks(root: nn.Module, examples: tuple, prefix: str) -> tuple[list[str], fx.GraphModule]:
+    """The repeated blocks ``outline="auto"`` outlines, and `plan_outline`'s trace. Its
+    leaves are exactly these blocks: a plan returns its trace only when no leaf of it was
+    dropped (every one called, each in a group of two or more sites: `outline._group_sites`),
+    so its groups' paths are its leaves."""
+    plan = plan_outline(root, "auto", examples, prefix)
+    paths = [p[len(prefix) :] for g in plan.groups for p in g.paths]
+    if not paths:
+        raise PhaseError(
+            "Options(phased_execution='blocks'): the model has no repeated blocks that "
+            "outline='auto' would outline; use phased_execution='children' or a list of "
+            "module names."
+        )
+    return paths, plan.gm
+
+
+def _marked(model: nn.Module) -> list[str]:
+    paths = marked(model)
+    if not paths:
+        raise PhaseError(
+            "Options(phased_execution='marked'): no submodule of "
+            f"{type(model).__name__} is marked; mark each phase with "
+            "popxl_fx.phase(module) (e.g. model.blocks[0] = popxl_fx.phase(model.blocks[0])), "
+            "or use 'children' / 'blocks' / a list of module names."
+        )
+    return _listed(model, paths, "popxl_fx.phase")
 
 
 def _callable_children(module: nn.Module, prefix: str = "") -> list[str]:
@@ -172,12 +194,11 @@ def split_pieces(
     paths: list[str],
     prefix: str = "",
     binding: Binding = POSITIONAL,
+    traced: fx.GraphModule | None = None,
 ) -> tuple[fx.GraphModule, list[Piece]]:
-    """The leaf trace of ``root`` with ``paths`` as leaves, and its pieces in order."""
-    ids = {id(root.get_submodule(p)) for p in paths}
-    leaf = lambda m: id(m) in ids or is_leaf(m)
-    tracer = CaptureTracer(root, examples, leaf=leaf, binding=binding)
-    gm = trace_module(tracer, root)
+    """The leaf trace of ``root`` with ``paths`` as leaves, and its pieces in order.
+    ``traced``: that trace, when one was made already (`phase_plan`'s, with ``binding``)."""
+    gm = _leaf_trace(root, examples, paths, binding) if traced is None else traced
     pieces = _cut(gm, set(paths), prefix)
     called = {p.nodes[0].target for p in pieces if p.phase}
     for path in paths:
@@ -191,6 +212,12 @@ def split_pieces(
     for p in pieces:
         p.gm = _piece_module(gm, p, training)
     return gm, pieces
+
+
+def _leaf_trace(root: nn.Module, examples: tuple, paths: list[str], binding: Binding):
+    ids = {id(root.get_submodule(p)) for p in paths}
+    leaf = lambda m: id(m) in ids or is_leaf(m)
+    return trace_module(CaptureTracer(root, examples, leaf=leaf, binding=binding), root)
 
 
 def _cut(gm: fx.GraphModule, wanted: set[str], prefix: str) -> list[Piece]:

@@ -155,11 +155,18 @@ class Build:
         self.shared: SharedCaptures | None = None
 
     def record(
-        self, name: str, detail: str, new_graphs: Iterable[Any] = (), plan: Any = None
+        self,
+        name: str,
+        detail: str,
+        new_graphs: Iterable[Any] = (),
+        plan: Any = None,
+        unchanged: bool = False,
     ) -> Stage:
         """Append the record of stage ``name`` (one of `STAGES`, after the last recorded); its
         rows and memory from ``plan`` when given (the Session's), else from a plan of the
-        program so far once the main graph calls the step."""
+        program so far once the main graph calls the step. ``unchanged``: the caller made no
+        op or graph since the last record (the two calls follow each other), so the program
+        and its plan are that record's: its rows and memory, not a second plan."""
         if name not in STAGES:
             raise ValueError(f"unknown pipeline stage {name!r}; the stages are {STAGES}.")
         if self.stages and STAGES.index(name) <= STAGES.index(self.stages[-1].name):
@@ -170,6 +177,8 @@ class Build:
         made = {_graph_of(g).name: len(_graph_of(g).ops) for g in new_graphs}
         if plan is not None:
             rows, memory = _plan_rows(plan)
+        elif unchanged and self.stages:
+            rows, memory = self.stages[-1].graphs, dict(self.stages[-1].memory)
         elif self.planned and not self.plan_only:
             rows, memory = self._plan()
         else:  # a what-if build's records are never read: only its last plan is (`plan`)

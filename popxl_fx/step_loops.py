@@ -208,11 +208,12 @@ def _accumulated_step(
         _record_accumulation(build, k, micro[0].shape[0] * s)
     else:
         loss = sliced(named, accum, ins.tensors)
-    if s > 1:
+    if s > 1:  # (right after the accumulation's record with k > 1: the same program)
         build.record(
             "batch_serialisation",
             f"{s} slices per micro-batch, {micro[0].shape[0]} rows each: forward and backward "
             "loops, activations through remote buffers, gradients mean-accumulated",
+            unchanged=k > 1,
         )
     return loss, list(zip(keep, kept))
 

@@ -66,7 +66,15 @@ def traces() -> collections.Counter:
         stage_plans.append(build.plan_only)
         return stage_plan(build)
 
+    find_paths = popxl_fx.phased.phase_plan
+    seen.paths = paths = collections.Counter()  # type: ignore[attr-defined]  (phase_plan)
+
+    def counted_paths(root, spec, examples, *args):
+        paths[id(root), spec, _shapes(examples)] += 1
+        return find_paths(root, spec, examples, *args)
+
     with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(popxl_fx.phased, "phase_plan", counted_paths)
         patch.setattr(popxl_fx.module, "capture", counted_capture)
         patch.setattr(popxl_fx.phased, "split_pieces", counted_split)
         patch.setattr(popxl_fx.pipeline.Build, "_plan", counted_stage_plan)
@@ -91,6 +99,12 @@ def test_auto_traces_each_model_split_and_piece_once_per_signature(traces):
     twice = {key: n for key, n in traces.items() if n > 1}
     assert not twice, f"traced more than once: {[(k[0], k[2], n) for k, n in twice.items()]}"
     assert sum(traces.values()) == 18  # 26 before the builds shared their captures
+
+
+def test_auto_finds_each_phase_split_once_per_signature(traces):
+    """The blocks' phases are found (a trace of their own, `outline.plan_outline`) once for
+    the candidate and the chosen build, as the split and the pieces are traced once."""
+    assert traces.paths and max(traces.paths.values()) == 1, traces.paths
 
 
 def test_the_shared_captures_keep_no_example_values_once_built(traces):
