@@ -7,9 +7,10 @@ micro-batches, then builds the chosen phases of the blocks. Before the builds sh
 captures (`popxl_fx.capture_cache`) each build traced again what an earlier one had traced:
 the whole model at the full batch twice (the options as given, outlining), the split into the
 blocks' phases twice and each of its 6 pieces twice (the candidate, the chosen build): 26
-captures and splits where 18 now do (38 torch.fx traces where 30 now do, counting the
-outlining candidate's per-block traces). The candidates that trace other inputs (a
-micro-batch) or another split (the children's phases) still trace their own.
+captures and splits where 18 now do. The search for the blocks is made once too
+(`phased._phase_paths`), and the blocks' split reuses that search's trace
+(`phases.phase_plan`). The candidates that trace other inputs (a micro-batch) or another
+split (the children's phases) still trace their own.
 """
 
 from __future__ import annotations
