@@ -143,8 +143,12 @@ def _phase_paths(build: Build, root: Any, spec: Any, examples: tuple) -> tuple:
     the spec, the examples' signature (the builds of one trainer signature trace the same
     inputs, as every shared capture does) and the prefix; they hold no example values, so
     there is nothing to forget. A shared hit gives no trace (the split is shared too)."""
-    made: list = []
-    make = lambda: made.append(phase_plan(root, spec, examples, build.prefix)) or made[0][0]
+    made: list = []  # the (paths, trace) this build made, where it made them
+
+    def make() -> list:
+        made.append(phase_plan(root, spec, examples, build.prefix))
+        return made[0][0]
+
     if build.shared is None:
         paths = make()
     else:
