@@ -179,13 +179,16 @@ class Ir:
         """Every graph of this Ir, the main graph first, then in creation order."""
         return tuple(self._graphs.values())
 
-    def check_editable(self, what: str) -> None:
+    def check_editable(self, what: str, *args: Any) -> None:
         """Warn (`IrChangedWarning`, once per Session) of a change to the program once a
         Session has compiled this Ir, as PopXL allows it: that Session keeps running the
-        program it compiled, and a Session built after runs the changed Ir."""
+        program it compiled, and a Session built after runs the changed Ir. ``what % args``
+        names the change, formatted only when it warns (every op and tensor a build makes
+        passes here, nearly always with no Session)."""
         if self._session is None or self._warned_for is self._session:
             return
         self._warned_for = self._session
+        what = what % args if args else what
         warnings.warn(
             IrChangedWarning(
                 f"{self!r} is owned by {self._session!r}, which compiled it when it was built; "
@@ -215,8 +218,7 @@ class Ir:
         return f"{name}_subgraph({next(self._graph_counter)})"
 
     def _unique_tensor_id(self, base: str) -> str:
-        if self._session is not None:  # (the message is formatted only when it may be shown)
-            self.check_editable(f"creating tensor {base!r}")
+        self.check_editable("creating tensor %r", base)
         tid = base
         while tid in self._tensor_ids:
             tid = f"{base}__t{next(self._dedup_counter)}"

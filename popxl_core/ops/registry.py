@@ -283,8 +283,7 @@ def create_op(
     opdef = get_opdef(opdef) if isinstance(opdef, str) else opdef
     g = graph or gcg()
     attrs = dict(attrs or {})
-    if g.ir._session is not None:  # (the message is formatted only when it may be shown)
-        g.ir.check_editable(f"creating a {opdef.name} op in graph {g.name or 'main'!r}")
+    g.ir.check_editable("creating a %s op in graph %r", opdef.name, g.name or "main")
     _check_inputs(g, opdef, inputs, check_placement)
     specs = _infer(opdef, [t._spec for t in inputs], attrs, inputs)
     op = Op(g.ir._next_op_id(), opdef, g, list(inputs), attrs, tuple(called_graphs), opdef.name)
