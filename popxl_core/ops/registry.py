@@ -312,8 +312,10 @@ def _check_inputs(g: Graph, opdef: OpDef, inputs: Sequence[Tensor], placement: b
             check_in_graph(g, **{f"{opdef.name} input {i}": t for i, t in enumerate(inputs)})
         except (TypeError, ValueError) as e:
             raise type(e)(f"{e}{_user_frame()}") from None
-    placed = placement and {(t._ipu, t._tile_set) for t in inputs if t._producer is not None}
-    if placed and len(placed) > 1:
+    if not placement:
+        return
+    placed = {(t._ipu, t._tile_set) for t in inputs if t._producer is not None}
+    if len(placed) > 1:
         check_tensor_ipu_and_tile_set(**{f"input {i}": t for i, t in enumerate(inputs)})
 
 
