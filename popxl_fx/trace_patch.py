@@ -8,12 +8,12 @@ model traces it several times (its capture, `check`'s second trace, the outline 
 
 Inside `kept_patches()` (one `lower_stage.lower_module`, `outline.plan_outline` or `check`),
 the first capture trace installs two dispatchers on `nn.Module` instead, left in place until
-the window closes. While a
-`capture.CaptureTracer` traces, they are marked as fx's own patches (so fx writes nothing)
-and route module calls and attribute reads to that tracer exactly as fx's
-``module_call_wrapper`` and ``module_getattr_wrapper`` do; otherwise they call what they
-replaced, and any other tracer (``make_fx``'s) patches as before. As fx's own patches, they
-are process-wide: a trace is not expected to run beside other threads' module calls.
+the window closes. While a `capture.CaptureTracer` traces, they are marked as fx's own
+patches (so fx writes nothing) and route module calls and attribute reads to that tracer
+exactly as fx's ``module_call_wrapper`` and ``module_getattr_wrapper`` do; otherwise they call
+what they replaced, and any other tracer (``make_fx``'s) patches as before. As fx's own
+patches, they are process-wide: a trace is not expected to run beside other threads' module
+calls.
 
 Every `trace` also hands fx one wrapper per builtin function it autowraps (``math``'s), made
 once, instead of new ones per trace (`_wrapped_once`).
